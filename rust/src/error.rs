@@ -1,0 +1,32 @@
+//! The one error type of the core. The Python bindings map each variant onto one class of the
+//! `taps.TapsError` hierarchy, so the variants follow what a caller can act on.
+
+use std::fmt;
+
+/// Everything the core can reject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A malformed layout, or two layouts that cannot describe the same tensor.
+    Layout(String),
+    /// Two layouts for which no rewrite to a common device matrix and shape preserves both
+    /// distributions.
+    Unify(String),
+    /// Bad input to strategy enumeration.
+    Strategy(String),
+    /// A bad cluster, or a collective that does not fit the layout or the cluster.
+    Topology(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Layout(m) | Error::Unify(m) | Error::Strategy(m) | Error::Topology(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;

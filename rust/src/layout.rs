@@ -1,0 +1,268 @@
+//! Tensor layouts in MindSpore's convention (SPEC section 1): a device matrix listed outermost
+//! first, device dim 0 innermost, and a tensor map giving each tensor dim the device dim it is
+//! split along (or -1).
+
+use crate::error::{Error, Result};
+
+/// How a tensor is spread over the devices. Immutable once validated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Vec<u64>,
+    device_matrix: Vec<u64>,
+    tensor_map: Vec<i64>,
+}
+
+/// `log2(x)` for a power of two.
+pub(crate) fn log2(x: u64) -> u32 {
+    debug_assert!(x.is_power_of_two());
+    x.trailing_zeros()
+}
+
+impl Layout {
+    /// Validates and builds a layout.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] when the lengths differ, a device-matrix entry is not a positive power of
+    /// two, a map entry is out of range or used twice, a dim is not positive, or a split does not
+    /// divide its dim.
+    pub fn new(shape: Vec<u64>, device_matrix: Vec<u64>, tensor_map: Vec<i64>) -> Result<Self> {
+        if shape.len() != tensor_map.len() {
+            return Err(Error::Layout(format!(
+                "tensor map {tensor_map:?} has {} entries but shape {shape:?} has {} dims",
+                tensor_map.len(),
+                shape.len()
+            )));
+        }
+        if let Some(d) = device_matrix.iter().find(|d| !d.is_power_of_two()) {
+            return Err(Error::Layout(format!(
+                "device matrix {device_matrix:?}: entry {d} is not a positive power of two"
+            )));
+        }
+        if device_matrix
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_none()
+        {
+            return Err(Error::Layout(format!(
+                "device matrix {device_matrix:?} has too many devices"
+            )));
+        }
+        if let Some(s) = shape.iter().find(|&&s| s == 0) {
+            return Err(Error::Layout(format!(
+                "shape {shape:?}: dim of size {s} is not positive"
+            )));
+        }
+        if shape
+            .iter()
+            .try_fold(1u64, |acc, &s| acc.checked_mul(s))
+            .is_none()
+        {
+            return Err(Error::Layout(format!(
+                "shape {shape:?} has too many elements"
+            )));
+        }
+        let h = device_matrix.len() as i64;
+        for (i, &m) in tensor_map.iter().enumerate() {
+            if m < -1 || m >= h {
+                return Err(Error::Layout(format!(
+                    "tensor map {tensor_map:?}: entry {m} of dim {i} is not -1 or a device dim \
+                     of the {h}-dim device matrix {device_matrix:?}"
+                )));
+            }
+            if m >= 0 && tensor_map[..i].contains(&m) {
+                return Err(Error::Layout(format!(
+                    "tensor map {tensor_map:?}: device dim {m} is used by more than one tensor dim"
+                )));
+            }
+        }
+        let layout = Layout {
+            shape,
+            device_matrix,
+            tensor_map,
+        };
+        for i in 0..layout.shape.len() {
+            let g = layout.split_degree(i);
+            if layout.shape[i] % g != 0 {
+                return Err(Error::Layout(format!(
+                    "dim {i} of shape {:?} (size {}) cannot be split {g} ways along device dim {}",
+                    layout.shape, layout.shape[i], layout.tensor_map[i]
+                )));
+            }
+        }
+        Ok(layout)
+    }
+
+    #[must_use]
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    #[must_use]
+    pub fn device_matrix(&self) -> &[u64] {
+        &self.device_matrix
+    }
+
+    #[must_use]
+    pub fn tensor_map(&self) -> &[i64] {
+        &self.tensor_map
+    }
+
+    /// Number of tensor dims.
+    #[must_use]
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of device dims.
+    #[must_use]
+    pub fn num_device_dims(&self) -> usize {
+        self.device_matrix.len()
+    }
+
+    /// `d_k`, the size of device dim `k` (0 innermost). Panics if `k` is out of range.
+    #[must_use]
+    pub fn dim_size(&self, k: usize) -> u64 {
+        self.device_matrix[self.device_matrix.len() - 1 - k]
+    }
+
+    #[must_use]
+    pub fn num_devices(&self) -> u64 {
+        self.device_matrix.iter().product()
+    }
+
+    #[must_use]
+    pub fn num_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// The number of blocks tensor dim `i` is split into (1 if it is not split).
+    #[must_use]
+    pub fn split_degree(&self, i: usize) -> u64 {
+        match self.tensor_map[i] {
+            -1 => 1,
+            k => self.dim_size(k as usize),
+        }
+    }
+
+    /// Whether some tensor dim is split along device dim `k`.
+    #[must_use]
+    pub fn uses(&self, k: usize) -> bool {
+        self.tensor_map.contains(&(k as i64))
+    }
+
+    /// The tensor dim split along device dim `k`, if any.
+    #[must_use]
+    pub fn tensor_dim_on(&self, k: usize) -> Option<usize> {
+        self.tensor_map.iter().position(|&m| m == k as i64)
+    }
+
+    #[must_use]
+    pub fn shard_shape(&self) -> Vec<u64> {
+        (0..self.ndim())
+            .map(|i| self.shape[i] / self.split_degree(i))
+            .collect()
+    }
+
+    /// Elements each device holds.
+    #[must_use]
+    pub fn shard_size(&self) -> u64 {
+        self.shard_shape().iter().product()
+    }
+
+    /// Coordinate of `rank` along device dim `k`.
+    #[must_use]
+    pub fn coordinate(&self, rank: u64, k: usize) -> u64 {
+        let inner: u64 = (0..k).map(|j| self.dim_size(j)).product();
+        (rank / inner) % self.dim_size(k)
+    }
+
+    /// The half-open range of every tensor dim that `rank` holds.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if `rank` is not a device of this layout.
+    pub fn shard_index(&self, rank: u64) -> Result<Vec<(u64, u64)>> {
+        if rank >= self.num_devices() {
+            return Err(Error::Layout(format!(
+                "rank {rank} is not one of the {} devices of the layout",
+                self.num_devices()
+            )));
+        }
+        let shard = self.shard_shape();
+        Ok((0..self.ndim())
+            .map(|i| match self.tensor_map[i] {
+                -1 => (0, self.shape[i]),
+                k => {
+                    let start = self.coordinate(rank, k as usize) * shard[i];
+                    (start, start + shard[i])
+                }
+            })
+            .collect())
+    }
+
+    /// The bit range `[lo, hi)` of the rank that device dim `k` occupies.
+    #[must_use]
+    pub(crate) fn bit_range(&self, k: usize) -> (u32, u32) {
+        let lo: u32 = (0..k).map(|j| log2(self.dim_size(j))).sum();
+        (lo, lo + log2(self.dim_size(k)))
+    }
+
+    /// A layout from parts the caller has already made consistent (derived from valid layouts).
+    pub(crate) fn from_parts(
+        shape: Vec<u64>,
+        device_matrix: Vec<u64>,
+        tensor_map: Vec<i64>,
+    ) -> Self {
+        let layout = Layout {
+            shape,
+            device_matrix,
+            tensor_map,
+        };
+        debug_assert!(Layout::new(
+            layout.shape.clone(),
+            layout.device_matrix.clone(),
+            layout.tensor_map.clone()
+        )
+        .is_ok());
+        layout
+    }
+
+    /// The same layout with another tensor map, for maps the planner derives from a valid one.
+    pub(crate) fn with_map(&self, tensor_map: Vec<i64>) -> Layout {
+        debug_assert_eq!(tensor_map.len(), self.ndim());
+        Layout {
+            shape: self.shape.clone(),
+            device_matrix: self.device_matrix.clone(),
+            tensor_map,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_index_follows_innermost_first_coordinates() {
+        // [2, 4]: dim 0 has 4 devices (inner), dim 1 has 2. Rank 5 = (c1 = 1, c0 = 1).
+        let l = Layout::new(vec![8, 12], vec![2, 4], vec![1, 0]).unwrap();
+        assert_eq!(l.shard_shape(), vec![4, 3]);
+        assert_eq!(l.shard_index(5).unwrap(), vec![(4, 8), (3, 6)]);
+        assert_eq!(l.bit_range(0), (0, 2));
+        assert_eq!(l.bit_range(1), (2, 3));
+    }
+
+    #[test]
+    fn rejects_bad_layouts() {
+        for (shape, dm, map) in [
+            (vec![8], vec![3], vec![0]),
+            (vec![8], vec![0], vec![0]),
+            (vec![8, 8], vec![2, 2], vec![0, 0]),
+            (vec![8], vec![2], vec![1]),
+            (vec![8], vec![2], vec![0, -1]),
+            (vec![6], vec![4], vec![0]),
+            (vec![0], vec![2], vec![-1]),
+        ] {
+            assert!(matches!(Layout::new(shape, dm, map), Err(Error::Layout(_))));
+        }
+    }
+}

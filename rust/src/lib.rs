@@ -1,0 +1,24 @@
+//! The core of taps: layouts, unification, the redistribution planner, the topology-aware cost
+//! model, strategy enumeration and the batch cost kernels. Plain Rust; the PyO3 bindings live in
+//! [`python`] behind the `python` feature.
+
+pub mod error;
+pub mod layout;
+pub mod unify;
+
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use unify::unify;
+pub mod planner;
+pub mod topology;
+
+pub use planner::{plan_redistribution, CommOp, OpKind, Redistribution};
+pub use topology::{inter_node_groups, Cluster, Collective, CostModel};
+pub mod batch;
+pub mod strategies;
+
+pub use batch::redistribution_costs;
+pub use strategies::{enumerate_strategies, Strategy};
+
+#[cfg(feature = "python")]
+pub mod python;

@@ -1,0 +1,246 @@
+//! Strategy enumeration (SPEC section 4): every way to give an operator's partitionable axes
+//! power-of-two degrees whose product is the device count, and the split axes an order in the
+//! device matrix.
+
+use crate::error::{Error, Result};
+use crate::layout::{log2, Layout};
+
+/// Degrees and device dims for the axes of one operator.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Strategy {
+    pub degrees: Vec<u64>,
+    /// The device dim of each axis (0 innermost), -1 where the degree is 1.
+    pub device_map: Vec<i64>,
+}
+
+impl Strategy {
+    /// A strategy given by hand: power-of-two degrees, and device dims `0..h` over the axes of
+    /// degree above 1 (-1 for the others).
+    ///
+    /// # Errors
+    /// [`Error::Strategy`] if the lengths differ, a degree is not a positive power of two, or
+    /// the device map is not a permutation of `0..h` over the split axes.
+    pub fn new(degrees: Vec<u64>, device_map: Vec<i64>) -> Result<Self> {
+        if degrees.len() != device_map.len() {
+            return Err(Error::Strategy(format!(
+                "degrees {degrees:?} and device map {device_map:?} differ in length"
+            )));
+        }
+        if let Some(d) = degrees.iter().find(|d| !d.is_power_of_two()) {
+            return Err(Error::Strategy(format!(
+                "degrees {degrees:?}: {d} is not a positive power of two"
+            )));
+        }
+        let h = degrees.iter().filter(|&&d| d > 1).count() as i64;
+        let mut seen: Vec<i64> = device_map.iter().copied().filter(|&m| m >= 0).collect();
+        seen.sort_unstable();
+        let split_ok = degrees
+            .iter()
+            .zip(&device_map)
+            .all(|(&d, &m)| (d > 1) == (m >= 0));
+        if !split_ok || seen != (0..h).collect::<Vec<_>>() {
+            return Err(Error::Strategy(format!(
+                "device map {device_map:?} must give the {h} axes of degree above 1 in {degrees:?} \
+                 the device dims 0..{h} once each, and -1 to the others"
+            )));
+        }
+        Ok(Strategy {
+            degrees,
+            device_map,
+        })
+    }
+
+    /// One dim per split axis, sized by its degree, outermost first.
+    #[must_use]
+    pub fn device_matrix(&self) -> Vec<u64> {
+        let h = self.device_map.iter().filter(|&&m| m >= 0).count();
+        (0..h)
+            .rev()
+            .map(|k| {
+                let axis = self
+                    .device_map
+                    .iter()
+                    .position(|&m| m == k as i64)
+                    .expect("device dims of a strategy are 0..h");
+                self.degrees[axis]
+            })
+            .collect()
+    }
+
+    /// The layout of a tensor whose dims are the axes `axes` (indices; -1 for a dim of no
+    /// partitionable axis, which stays whole) with the given shape.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if an axis index is out of range or the shape does not fit.
+    pub fn tensor_layout(&self, axes: &[i64], shape: Vec<u64>) -> Result<Layout> {
+        let map = axes
+            .iter()
+            .map(|&a| match a {
+                -1 => Ok(-1),
+                a if a >= 0 && (a as usize) < self.device_map.len() => {
+                    Ok(self.device_map[a as usize])
+                }
+                a => Err(Error::Layout(format!(
+                    "axis {a} is not one of the strategy's {} axes",
+                    self.device_map.len()
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Layout::new(shape, self.device_matrix(), map)
+    }
+}
+
+/// All permutations of `0..n`, lexicographically.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut out = Vec::new();
+    for first in 0..n {
+        for rest in permutations(n - 1) {
+            let mut p = vec![first];
+            p.extend(rest.into_iter().map(|x| if x >= first { x + 1 } else { x }));
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Exponent tuples of length `p` summing to `n`, lexicographically ascending.
+fn compositions(p: usize, n: u32, prefix: &mut Vec<u32>, out: &mut Vec<Vec<u32>>) {
+    if prefix.len() + 1 == p {
+        prefix.push(n);
+        out.push(prefix.clone());
+        prefix.pop();
+        return;
+    }
+    for e in 0..=n {
+        prefix.push(e);
+        compositions(p, n - e, prefix, out);
+        prefix.pop();
+    }
+}
+
+/// Every strategy of `axis_sizes` on `num_devices` devices whose degrees divide the sizes, in a
+/// fixed order: degrees ascending lexicographically, then device maps descending (the order of the
+/// paper's table "Auxiliary nodes").
+///
+/// # Errors
+/// [`Error::Strategy`] if `num_devices` is not a positive power of two or a size is 0.
+pub fn enumerate_strategies(axis_sizes: &[u64], num_devices: u64) -> Result<Vec<Strategy>> {
+    if !num_devices.is_power_of_two() {
+        return Err(Error::Strategy(format!(
+            "the device count must be a power of two, got {num_devices}"
+        )));
+    }
+    if let Some(i) = axis_sizes.iter().position(|&s| s == 0) {
+        return Err(Error::Strategy(format!("axis {i} has size 0")));
+    }
+    let n = log2(num_devices);
+    let p = axis_sizes.len();
+    if p == 0 {
+        return Ok(if n == 0 {
+            vec![Strategy {
+                degrees: vec![],
+                device_map: vec![],
+            }]
+        } else {
+            vec![]
+        });
+    }
+    let mut exps = Vec::new();
+    compositions(p, n, &mut Vec::new(), &mut exps);
+    let mut out = Vec::new();
+    for e in exps {
+        let degrees: Vec<u64> = e.iter().map(|&x| 1u64 << x).collect();
+        if degrees.iter().zip(axis_sizes).any(|(&d, &s)| s % d != 0) {
+            continue;
+        }
+        let split: Vec<usize> = (0..p).filter(|&i| degrees[i] > 1).collect();
+        let mut maps: Vec<Vec<i64>> = permutations(split.len())
+            .into_iter()
+            .map(|perm| {
+                let mut map = vec![-1; p];
+                for (&axis, &k) in split.iter().zip(&perm) {
+                    map[axis] = k as i64;
+                }
+                map
+            })
+            .collect();
+        maps.sort_unstable_by(|a, b| b.cmp(a));
+        out.extend(maps.into_iter().map(|device_map| Strategy {
+            degrees: degrees.clone(),
+            device_map,
+        }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binom(n: u64, k: u64) -> u64 {
+        if k > n {
+            return 0;
+        }
+        (0..k).fold(1, |acc, i| acc * (n - i) / (i + 1))
+    }
+
+    #[test]
+    fn count_matches_the_closed_form() {
+        for p in 1..=5u64 {
+            for n in 0..=6u32 {
+                let got = enumerate_strategies(&vec![1 << 12; p as usize], 1 << n)
+                    .unwrap()
+                    .len() as u64;
+                let want = if n == 0 {
+                    1
+                } else {
+                    (1..=p.min(u64::from(n)))
+                        .map(|i| {
+                            (1..=i).product::<u64>() * binom(p, i) * binom(u64::from(n) - 1, i - 1)
+                        })
+                        .sum()
+                };
+                assert_eq!(got, want, "p={p} n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_on_four_devices_is_the_papers_table() {
+        let s = enumerate_strategies(&[64, 64, 64], 4).unwrap();
+        let rows: Vec<(Vec<u64>, Vec<i64>)> = s
+            .iter()
+            .map(|s| (s.degrees.clone(), s.device_map.clone()))
+            .collect();
+        let want: Vec<(Vec<u64>, Vec<i64>)> = vec![
+            (vec![1, 1, 4], vec![-1, -1, 0]),
+            (vec![1, 2, 2], vec![-1, 1, 0]),
+            (vec![1, 2, 2], vec![-1, 0, 1]),
+            (vec![1, 4, 1], vec![-1, 0, -1]),
+            (vec![2, 1, 2], vec![1, -1, 0]),
+            (vec![2, 1, 2], vec![0, -1, 1]),
+            (vec![2, 2, 1], vec![1, 0, -1]),
+            (vec![2, 2, 1], vec![0, 1, -1]),
+            (vec![4, 1, 1], vec![0, -1, -1]),
+        ];
+        assert_eq!(rows, want);
+        assert_eq!(s[1].device_matrix(), vec![2, 2]);
+        let w = s[3].tensor_layout(&[1, 2], vec![64, 64]).unwrap();
+        assert_eq!(w.shard_shape(), vec![16, 64]);
+    }
+
+    #[test]
+    fn non_dividing_degrees_are_dropped_and_bad_counts_rejected() {
+        assert!(enumerate_strategies(&[3, 64], 4)
+            .unwrap()
+            .iter()
+            .all(|s| s.degrees[0] == 1));
+        assert!(matches!(
+            enumerate_strategies(&[8], 6),
+            Err(Error::Strategy(_))
+        ));
+    }
+}

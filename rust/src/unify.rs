@@ -1,0 +1,405 @@
+//! Unification (SPEC section 2): rewrite two layouts of one tensor to a common device matrix and a
+//! common shape without moving any element, so that redistribution operators can be read off the
+//! two tensor maps.
+//!
+//! A layout is handled as a list of *pieces* (tensor dims, outermost first), each with a size and
+//! the bit range `[lo, hi)` of the rank it is split along. Two refinements alternate until neither
+//! changes anything: every device boundary of either side cuts the pieces split across it (the
+//! outer bits take the outer part of the dim), and every dim boundary of either side, taken as a
+//! suffix product of the flat index, cuts the piece it falls in (the split stays on the outer part,
+//! or is cut itself when the outer part is smaller than the split). A boundary that lands where no
+//! cut preserves the distribution is a [`Blocker`]; callers resolve it by merging unsplit dims
+//! (a pure reshape) or, in the planner, by gathering.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, Result};
+use crate::layout::{log2, Layout};
+
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    size: u64,
+    split: Option<(u32, u32)>,
+    /// The tensor dim of the input layout the piece comes from.
+    origin: usize,
+}
+
+/// Which input of a unification a blocker belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    First,
+    Second,
+}
+
+/// A dim of one input that a boundary of the other cannot be placed in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Blocker {
+    pub side: Side,
+    pub dim: usize,
+}
+
+fn pieces_of(l: &Layout) -> Vec<Piece> {
+    (0..l.ndim())
+        .filter(|&i| l.shape()[i] > 1)
+        .map(|i| {
+            let split = match l.tensor_map()[i] {
+                -1 => None,
+                k => Some(l.bit_range(k as usize)).filter(|(lo, hi)| lo < hi),
+            };
+            Piece {
+                size: l.shape()[i],
+                split,
+                origin: i,
+            }
+        })
+        .collect()
+}
+
+fn device_bounds(l: &Layout, into: &mut BTreeSet<u32>) {
+    for k in 0..l.num_device_dims() {
+        let (lo, hi) = l.bit_range(k);
+        into.insert(lo);
+        into.insert(hi);
+    }
+}
+
+/// Cuts every split piece that a device boundary falls inside; the outer bits keep the outer part.
+fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: &BTreeSet<u32>) -> bool {
+    let mut changed = false;
+    let mut i = 0;
+    while i < pieces.len() {
+        let p = pieces[i];
+        if let Some((lo, hi)) = p.split {
+            if let Some(&b) = bounds.range(lo + 1..hi).next_back() {
+                let outer = 1u64 << (hi - b);
+                pieces[i] = Piece {
+                    size: outer,
+                    split: Some((b, hi)),
+                    origin: p.origin,
+                };
+                pieces.insert(
+                    i + 1,
+                    Piece {
+                        size: p.size / outer,
+                        split: Some((lo, b)),
+                        origin: p.origin,
+                    },
+                );
+                changed = true;
+            }
+        }
+        i += 1;
+    }
+    changed
+}
+
+/// The flat-index boundaries between pieces, as products of the sizes inside them.
+fn dim_bounds(pieces: &[Piece], into: &mut BTreeSet<u64>) {
+    let mut suffix = 1u64;
+    for p in pieces.iter().rev().take(pieces.len().saturating_sub(1)) {
+        suffix *= p.size;
+        into.insert(suffix);
+    }
+}
+
+/// Cuts every piece a dim boundary falls inside. `Err(origin)` names a piece it cannot cut.
+fn cut_at_dim_bounds(
+    pieces: &mut Vec<Piece>,
+    bounds: &BTreeSet<u64>,
+    device: &mut BTreeSet<u32>,
+) -> std::result::Result<bool, usize> {
+    let mut changed = false;
+    let mut inner = 1u64;
+    let mut i = pieces.len();
+    while i > 0 {
+        i -= 1;
+        let p = pieces[i];
+        let top = inner * p.size;
+        let Some(&bound) = bounds.range(inner + 1..top).next() else {
+            inner = top;
+            continue;
+        };
+        if bound % inner != 0 || p.size % (bound / inner) != 0 {
+            return Err(p.origin);
+        }
+        let q = bound / inner;
+        let outer = p.size / q;
+        let piece = |size, split| Piece {
+            size,
+            split,
+            origin: p.origin,
+        };
+        let (o, n) = match p.split {
+            None => (piece(outer, None), piece(q, None)),
+            Some((lo, hi)) => {
+                let g = 1u64 << (hi - lo);
+                if outer % g == 0 {
+                    (piece(outer, Some((lo, hi))), piece(q, None))
+                } else if g % outer == 0 {
+                    // The outer part is smaller than the split: the device dim is cut as well.
+                    let b = hi - log2(outer);
+                    device.insert(b);
+                    (piece(outer, Some((b, hi))), piece(q, Some((lo, b))))
+                } else {
+                    return Err(p.origin);
+                }
+            }
+        };
+        pieces[i] = n;
+        pieces.insert(i, o);
+        // Look at the outer part again: more boundaries may fall inside it.
+        inner = bound;
+        i += 1;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
+    let bits: Vec<u32> = bounds.iter().copied().collect();
+    let device_matrix: Vec<u64> = bits
+        .windows(2)
+        .rev()
+        .map(|w| 1u64 << (w[1] - w[0]))
+        .collect();
+    let tensor_map = pieces
+        .iter()
+        .map(|p| match p.split {
+            None => -1,
+            Some((lo, hi)) => {
+                let k = bits
+                    .binary_search(&lo)
+                    .expect("split starts on a device boundary");
+                debug_assert_eq!(bits[k + 1], hi);
+                k as i64
+            }
+        })
+        .collect();
+    Layout::from_parts(
+        pieces.iter().map(|p| p.size).collect(),
+        device_matrix,
+        tensor_map,
+    )
+}
+
+/// One attempt at unification with the layouts as they are.
+pub(crate) fn try_unify(a: &Layout, b: &Layout) -> std::result::Result<(Layout, Layout), Blocker> {
+    let mut pa = pieces_of(a);
+    let mut pb = pieces_of(b);
+    let mut device = BTreeSet::from([0, log2(a.num_devices())]);
+    device_bounds(a, &mut device);
+    device_bounds(b, &mut device);
+    loop {
+        let mut changed = cut_at_device_bounds(&mut pa, &device);
+        changed |= cut_at_device_bounds(&mut pb, &device);
+        let mut dims = BTreeSet::new();
+        dim_bounds(&pa, &mut dims);
+        dim_bounds(&pb, &mut dims);
+        changed |= cut_at_dim_bounds(&mut pa, &dims, &mut device).map_err(|dim| Blocker {
+            side: Side::First,
+            dim,
+        })?;
+        changed |= cut_at_dim_bounds(&mut pb, &dims, &mut device).map_err(|dim| Blocker {
+            side: Side::Second,
+            dim,
+        })?;
+        if !changed {
+            return Ok((build(&pa, &device), build(&pb, &device)));
+        }
+    }
+}
+
+/// Both layouts must describe one tensor on one set of devices.
+pub(crate) fn check_same_tensor(a: &Layout, b: &Layout) -> Result<()> {
+    if a.num_devices() != b.num_devices() {
+        return Err(Error::Layout(format!(
+            "layouts on {} and {} devices cannot describe one tensor on one set of devices",
+            a.num_devices(),
+            b.num_devices()
+        )));
+    }
+    if a.num_elements() != b.num_elements() {
+        return Err(Error::Layout(format!(
+            "shapes {:?} and {:?} hold {} and {} elements: not one tensor",
+            a.shape(),
+            b.shape(),
+            a.num_elements(),
+            b.num_elements()
+        )));
+    }
+    Ok(())
+}
+
+/// A layout seen with runs of its original dims merged (a reshape that moves nothing, since only
+/// unsplit dims are merged). The map of the original dims can be changed by the planner.
+#[derive(Debug, Clone)]
+pub(crate) struct Grouped {
+    pub layout: Layout,
+    groups: Vec<(usize, usize)>,
+}
+
+impl Grouped {
+    pub fn new(layout: Layout) -> Self {
+        let groups = (0..layout.ndim()).map(|i| (i, i + 1)).collect();
+        Grouped { layout, groups }
+    }
+
+    fn group_split(&self, j: usize) -> Option<usize> {
+        let (s, e) = self.groups[j];
+        (e - s == 1 && self.layout.tensor_map()[s] != -1).then_some(s)
+    }
+
+    /// The original dim behind merged dim `j` if it is split.
+    pub fn split_dim(&self, j: usize) -> Option<usize> {
+        self.group_split(j)
+    }
+
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn view(&self) -> Layout {
+        let l = &self.layout;
+        let shape = self
+            .groups
+            .iter()
+            .map(|&(s, e)| l.shape()[s..e].iter().product())
+            .collect();
+        let map = (0..self.groups.len())
+            .map(|j| self.group_split(j).map_or(-1, |i| l.tensor_map()[i]))
+            .collect();
+        Layout::from_parts(shape, l.device_matrix().to_vec(), map)
+    }
+
+    fn merge(&mut self, j: usize) {
+        self.groups[j].1 = self.groups[j + 1].1;
+        self.groups.remove(j + 1);
+    }
+
+    /// Merges unsplit group `j` with an unsplit neighbour, the inner one first.
+    pub fn merge_around(&mut self, j: usize) -> bool {
+        let unsplit = |g: &Grouped, j: usize| g.group_split(j).is_none();
+        if j + 1 < self.len() && unsplit(self, j + 1) {
+            self.merge(j);
+            true
+        } else if j > 0 && unsplit(self, j - 1) {
+            self.merge(j - 1);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Merges every run of adjacent unsplit groups.
+    pub fn merge_all(&mut self) -> bool {
+        let mut changed = false;
+        let mut j = 0;
+        while j + 1 < self.len() {
+            if self.group_split(j).is_none() && self.group_split(j + 1).is_none() {
+                self.merge(j);
+                changed = true;
+            } else {
+                j += 1;
+            }
+        }
+        changed
+    }
+}
+
+/// Resolves a blocker by reshaping alone: merge around the blocked dim, else merge every run of
+/// unsplit dims on the other side, then on this side. `false` when nothing is left to merge.
+pub(crate) fn merge_for(blocker: Blocker, a: &mut Grouped, b: &mut Grouped) -> bool {
+    let (this, other) = match blocker.side {
+        Side::First => (a, b),
+        Side::Second => (b, a),
+    };
+    let j = blocker.dim;
+    (this.split_dim(j).is_none() && this.merge_around(j)) || other.merge_all() || this.merge_all()
+}
+
+/// Rewrites `a` and `b` to one device matrix and one shape, moving no element (SPEC section 2).
+///
+/// # Errors
+/// [`Error::Layout`] if the two layouts do not describe one tensor on one set of devices,
+/// [`Error::Unify`] if no such rewrite exists (a split boundary that does not line up with the
+/// other shape).
+pub fn unify(a: &Layout, b: &Layout) -> Result<(Layout, Layout)> {
+    check_same_tensor(a, b)?;
+    let mut ga = Grouped::new(a.clone());
+    let mut gb = Grouped::new(b.clone());
+    loop {
+        match try_unify(&ga.view(), &gb.view()) {
+            Ok(pair) => return Ok(pair),
+            Err(blocker) => {
+                if !merge_for(blocker, &mut ga, &mut gb) {
+                    return Err(Error::Unify(format!(
+                        "layouts {a:?} and {b:?} cannot be unified without moving data: a dim \
+                         boundary of one falls inside a split of the other"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(shape: &[u64], dm: &[u64], map: &[i64]) -> Layout {
+        Layout::new(shape.to_vec(), dm.to_vec(), map.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn paper_example() {
+        let (s0, s1) = (16, 32);
+        let a = layout(&[s0, s1], &[2, 8], &[1, 0]);
+        let b = layout(&[s0, s1], &[8, 2], &[1, 0]);
+        let (ua, ub) = unify(&a, &b).unwrap();
+        assert_eq!(ua.device_matrix(), &[2, 4, 2]);
+        assert_eq!(ua.shape(), &[2, s0 / 2, 4, s1 / 4]);
+        assert_eq!(ua.tensor_map(), &[2, -1, 1, 0]);
+        assert_eq!(ub.device_matrix(), &[2, 4, 2]);
+        assert_eq!(ub.shape(), &[2, s0 / 2, 4, s1 / 4]);
+        assert_eq!(ub.tensor_map(), &[2, 1, 0, -1]);
+    }
+
+    #[test]
+    fn reshape_of_replicated_dims_merges() {
+        let a = layout(&[6, 4], &[2], &[-1, -1]);
+        let b = layout(&[4, 6], &[2], &[-1, -1]);
+        let (ua, ub) = unify(&a, &b).unwrap();
+        assert_eq!(ua, ub);
+        assert_eq!(ua.shape(), &[4, 6]);
+    }
+
+    #[test]
+    fn flatten_keeps_channel_split() {
+        // [b, c, h, w] -> [b, c*h*w] with c split 4 ways: the split stays on the channel part.
+        let a = layout(&[8, 16, 3, 3], &[4], &[-1, 0, -1, -1]);
+        let b = layout(&[8, 144], &[4], &[-1, 0]);
+        let (ua, ub) = unify(&a, &b).unwrap();
+        assert_eq!(ua, ub);
+    }
+
+    #[test]
+    fn misaligned_split_is_a_unify_error() {
+        // Each rank holds a column of [6, 16], but a run of 6 consecutive elements of [96].
+        let a = layout(&[6, 16], &[16], &[-1, 0]);
+        let b = layout(&[96], &[16], &[0]);
+        assert!(matches!(unify(&a, &b), Err(Error::Unify(_))));
+    }
+
+    #[test]
+    fn different_device_or_element_counts_are_layout_errors() {
+        let a = layout(&[8], &[2], &[0]);
+        assert!(matches!(
+            unify(&a, &layout(&[8], &[4], &[0])),
+            Err(Error::Layout(_))
+        ));
+        assert!(matches!(
+            unify(&a, &layout(&[16], &[2], &[0])),
+            Err(Error::Layout(_))
+        ));
+    }
+}

@@ -1,0 +1,114 @@
+"""taps.redistribution_costs: the batch matrix agrees entry by entry with the single plans, and
+bad input raises a taps error (never a Rust panic)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import strategies_gen as sg
+import taps
+
+
+def _not_a_panic(exc):
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    assert "PanicException" not in names, repr(exc)
+
+
+@settings(max_examples=80)
+@given(st.integers(0, 6), st.data())
+def test_matrix_matches_single_plans(log2, data):
+    sources, targets = data.draw(sg.layout_sets(log2))
+    srcs = [sg.to_layout(t) for t in sources]
+    tgts = [sg.to_layout(t) for t in targets]
+    n = 2**log2
+    L = data.draw(st.sampled_from([2**e for e in range(log2 + 1)]))
+    cl = taps.Cluster(n // L, L)
+    dtype_bytes = data.draw(st.sampled_from([1, 2, 4]))
+    for model in ("topology", "volume"):
+        got = taps.redistribution_costs(srcs, tgts, cl, dtype_bytes, model)
+        assert isinstance(got, np.ndarray)
+        assert got.dtype == np.float64
+        assert got.shape == (len(srcs), len(tgts))
+        for i, a in enumerate(srcs):
+            for j, b in enumerate(tgts):
+                want = taps.plan_redistribution(a, b).cost(cl, dtype_bytes, model)
+                assert got[i, j] == pytest.approx(want, rel=1e-12, abs=1e-300), (i, j, model)
+        kw = taps.redistribution_costs(srcs, tgts, cl, dtype_bytes=dtype_bytes, model=model)
+        assert np.array_equal(kw, got)
+
+
+def test_defaults_and_known_values():
+    a = taps.Layout([8, 8], [4], [0, -1])
+    b = taps.Layout([8, 8], [4], [-1, 0])
+    c = taps.Layout([8, 8], [4], [-1, -1])
+    cl = taps.Cluster(2, 2)
+    got = taps.redistribution_costs([a, c], [a, b, c], cl, model="volume")
+    # a->a: 0; a->b: all_to_all 3/4*16; a->c: gather 3*16; c->a, c->b: slices; c->c: 0
+    want = np.array([[0, 12, 48], [0, 0, 0]], dtype=np.float64) * 2
+    assert np.array_equal(got, want)
+    topo = taps.redistribution_costs([a, c], [a, b, c], cl)
+    for i, s in enumerate([a, c]):
+        for j, t in enumerate([a, b, c]):
+            assert topo[i, j] == pytest.approx(taps.plan_redistribution(s, t).cost(cl), rel=1e-12)
+
+
+def test_empty_inputs():
+    a = taps.Layout([8], [4], [0])
+    cl = taps.Cluster(1, 4)
+    assert taps.redistribution_costs([], [a], cl).shape == (0, 1)
+    assert taps.redistribution_costs([a], [], cl).shape == (1, 0)
+
+
+def test_bad_inputs_raise_taps_errors():
+    cl = taps.Cluster(2, 2)
+    a = taps.Layout([8, 8], [4], [0, -1])
+    wrong_devices = taps.Layout([8, 8], [8], [0, -1])
+    wrong_size = taps.Layout([8, 4], [4], [0, -1])
+    cases = [
+        (([a], [wrong_devices], cl), {}, taps.TopologyError),
+        (([wrong_devices], [a], cl), {}, taps.TopologyError),
+        (([a], [wrong_size], cl), {}, taps.LayoutError),
+        (([a], [a], cl), {"model": "bogus"}, taps.TopologyError),
+    ]
+    for args, kwargs, err in cases:
+        try:
+            taps.redistribution_costs(*args, **kwargs)
+        except BaseException as exc:
+            _not_a_panic(exc)
+            assert isinstance(exc, err), repr(exc)
+        else:
+            raise AssertionError(f"no error for {args} {kwargs}")
+
+
+def test_non_layouts_do_not_panic():
+    cl = taps.Cluster(2, 2)
+    a = taps.Layout([8, 8], [4], [0, -1])
+    for args in (([a], [42], cl), ([a], [a], "cluster"), (a, [a], cl)):
+        try:
+            taps.redistribution_costs(*args)
+        except BaseException as exc:
+            _not_a_panic(exc)
+            assert isinstance(exc, TypeError | ValueError), repr(exc)
+        else:
+            raise AssertionError(f"no error for {args}")
+
+
+@settings(max_examples=40)
+@given(sg.layout_pairs(max_log2_devices=4))
+def test_mismatched_plans_never_panic(pair):
+    """Whatever two layouts, planning either works or raises a taps error."""
+    ta, tb = pair
+    a, b = sg.to_layout(ta), sg.to_layout(tb)
+    bad = taps.Layout([prod_plus(ta[0])], [1], [-1])
+    cl = taps.Cluster(1, a.num_devices)
+    for s, t in ((a, b), (a, bad), (bad, b)):
+        try:
+            taps.redistribution_costs([s], [t], cl)
+        except BaseException as exc:
+            _not_a_panic(exc)
+            assert isinstance(exc, taps.TapsError), repr(exc)
+
+
+def prod_plus(shape):
+    return int(np.prod(shape)) + 1
