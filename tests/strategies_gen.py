@@ -13,8 +13,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-POW2_ATOMS = (1, 2, 2, 2, 4, 8)
-MIXED_ATOMS = (1, 2, 2, 3, 4, 5, 6)
+POW2_ATOMS = (2, 4, 2, 8, 2, 4, 1)
+MIXED_ATOMS = (2, 4, 3, 2, 8, 6, 2, 5, 4, 1)
 MAX_ELEMENTS = 2048
 
 
@@ -48,7 +48,7 @@ def tensor_maps(draw: Any, shape: list[int], dm: list[int]) -> list[int]:
     order = draw(st.permutations(range(len(shape))))
     for i in order:
         options = [k for k in free if shape[i] % dm[h - 1 - k] == 0]
-        if options and draw(st.integers(0, 3)) > 0:
+        if options and draw(st.integers(0, 3)) < 3:
             k = draw(st.sampled_from(options))
             tm[i] = k
             free.remove(k)
@@ -58,7 +58,7 @@ def tensor_maps(draw: Any, shape: list[int], dm: list[int]) -> list[int]:
 @st.composite
 def atom_lists(draw: Any, atoms: tuple[int, ...], max_atoms: int = 7) -> list[int]:
     out: list[int] = []
-    n = draw(st.integers(1, max_atoms))
+    n = draw(st.integers(1, max_atoms)) if draw(st.integers(0, 3)) == 0 else max_atoms
     for _ in range(n):
         a = draw(st.sampled_from(atoms))
         if prod(out) * a > MAX_ELEMENTS:
@@ -72,7 +72,8 @@ def groupings(draw: Any, atoms: list[int], max_rank: int = 4) -> list[int]:
     """A shape made by grouping consecutive atoms into at most ``max_rank`` dims."""
     if len(atoms) == 1:
         return list(atoms)
-    ncuts = draw(st.integers(0, min(max_rank - 1, len(atoms) - 1)))
+    most = min(max_rank - 1, len(atoms) - 1)
+    ncuts = draw(st.sampled_from(range(most, -1, -1)))  # shrinks towards more dims
     cuts = sorted(draw(st.sets(st.integers(1, len(atoms) - 1), min_size=ncuts, max_size=ncuts)))
     bounds = [0, *cuts, len(atoms)]
     return [prod(atoms[a:b]) for a, b in itertools.pairwise(bounds)]
@@ -83,7 +84,7 @@ def layouts(
     draw: Any, max_log2_devices: int = 6, atoms: tuple[int, ...] = MIXED_ATOMS, log2=None
 ) -> tuple[list[int], list[int], list[int]]:
     """A random valid layout (up to ``2**max_log2_devices`` devices, rank up to 4)."""
-    n = log2 if log2 is not None else draw(st.integers(0, max_log2_devices))
+    n = log2 if log2 is not None else max_log2_devices - draw(st.integers(0, max_log2_devices))
     shape = draw(groupings(draw(atom_lists(atoms))))
     dm = draw(device_matrices(n))
     return shape, dm, draw(tensor_maps(shape, dm))
@@ -102,7 +103,7 @@ def layout_pairs(
     The second shape is the first (same shape), a different grouping of the same factors (a
     reshape), or -- when ``reshape`` -- a grouping of the factors in another order.
     """
-    n = log2 if log2 is not None else draw(st.integers(0, max_log2_devices))
+    n = log2 if log2 is not None else max_log2_devices - draw(st.integers(0, max_log2_devices))
     base = draw(atom_lists(atoms))
     shape_a = draw(groupings(base))
     mode = draw(st.sampled_from(["same", "regroup", "permute"] if reshape else ["same"]))
@@ -134,3 +135,40 @@ def layout_sets(
     ns = draw(st.integers(1, max_count))
     nt = draw(st.integers(1, max_count))
     return [one() for _ in range(ns)], [one() for _ in range(nt)]
+
+
+@st.composite
+def dense_pairs(
+    draw: Any, min_log2_devices: int = 2, max_log2_devices: int = 6, max_rank: int = 5
+) -> tuple[tuple[list[int], list[int], list[int]], tuple[list[int], list[int], list[int]]]:
+    """Two layouts on ONE device matrix and ONE shape that split along most device dims: the
+    shape is sized so that both maps divide (Algorithm 1's own ground, no unification needed)."""
+    n = draw(st.integers(min_log2_devices, max_log2_devices))
+    dm = draw(device_matrices(n))
+    h = len(dm)
+    rank = draw(st.integers(1, max_rank))
+
+    def one_map() -> list[int]:
+        tm = [-1] * rank
+        for k in draw(st.permutations(range(h))):
+            free = [i for i in range(rank) if tm[i] == -1]
+            if free and draw(st.integers(0, 4)) < 4:
+                tm[draw(st.sampled_from(free))] = k
+        return tm
+
+    ta, tb = one_map(), one_map()
+    shape = []
+    for i in range(rank):
+        need = max(dm[h - 1 - m] if m >= 0 else 1 for m in (ta[i], tb[i]))
+        shape.append(need * draw(st.sampled_from([1, 2, 3])))
+    while prod(shape) > 4 * MAX_ELEMENTS:
+        i = shape.index(max(shape))
+        shape[i] = max(
+            dm[h - 1 - m] if m >= 0 else 1 for m in (ta[i], tb[i])
+        )  # drop the extra factor
+        if prod(shape) > 4 * MAX_ELEMENTS and all(
+            s == max(dm[h - 1 - m] if m >= 0 else 1 for m in (ta[j], tb[j]))
+            for j, s in enumerate(shape)
+        ):
+            break
+    return (shape, dm, ta), (list(shape), list(dm), tb)

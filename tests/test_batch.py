@@ -65,9 +65,15 @@ def test_bad_inputs_raise_taps_errors():
     a = taps.Layout([8, 8], [4], [0, -1])
     wrong_devices = taps.Layout([8, 8], [8], [0, -1])
     wrong_size = taps.Layout([8, 4], [4], [0, -1])
+    wrong_replicated = taps.Layout([8, 8], [8], [-1, -1])
+    # a pair on different device counts is both a layout and a topology mismatch: either is fine
+    either = (taps.TopologyError, taps.LayoutError)
     cases = [
-        (([a], [wrong_devices], cl), {}, taps.TopologyError),
-        (([wrong_devices], [a], cl), {}, taps.TopologyError),
+        (([a], [wrong_devices], cl), {}, either),
+        (([wrong_devices], [a], cl), {}, either),
+        (([wrong_devices], [wrong_devices], cl), {}, taps.TopologyError),
+        (([wrong_devices], [wrong_replicated], cl), {}, taps.TopologyError),
+        (([wrong_replicated], [wrong_devices], cl), {}, taps.TopologyError),
         (([a], [wrong_size], cl), {}, taps.LayoutError),
         (([a], [a], cl), {"model": "bogus"}, taps.TopologyError),
     ]

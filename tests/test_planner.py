@@ -1,6 +1,7 @@
 """taps.plan_redistribution: the paper's worked example and, on random layout pairs, exact replay
 (numpy simulation), volumes counted from the moved data, and costs against the oracle."""
 
+import math
 from math import prod
 
 import pytest
@@ -84,7 +85,12 @@ def test_identity_plan_is_empty():
     assert plan.ops == []
     assert plan.all_ops == []
     assert plan.volume == 0
-    assert plan.cost(taps.Cluster(2, 4)) == 0
+    for model in ("topology", "volume"):
+        cost = plan.cost(taps.Cluster(2, 4), model=model)
+        assert cost == 0
+        assert math.copysign(1.0, cost) == 1.0, f"{model} cost of an empty plan is {cost!r}"
+    with pytest.raises(taps.TopologyError):
+        plan.cost(taps.Cluster(1, 4))  # the layout spans 8 devices, the cluster 4
 
 
 def test_op_attributes():
@@ -224,3 +230,33 @@ def test_pure_gathering_gathers_only_what_is_needed(t, data):
     assert all(op.kind == "all_gather" for op in plan.all_ops), [op.kind for op in plan.all_ops]
     g = prod(dm[h - 1 - m] for m, n in zip(tm, tgt, strict=True) if m >= 0 and n < 0)
     assert plan.volume == prod(sim.shard_shape(t)) * (g - 1)
+
+
+@settings(max_examples=300)
+@given(sg.layout_pairs(), st.booleans(), st.data())
+def test_no_communication_when_every_rank_already_holds_its_target(pair, replicate, data):
+    """If every rank already holds all the elements its target shard needs, the redistribution is
+    local slicing only: volume 0 (a replicated source makes this hold for any target)."""
+    ta, tb = pair
+    if replicate:
+        ta = (ta[0], ta[1], [-1] * len(ta[0]))
+    held = sim.element_sets(sim.shards(ta))
+    need = sim.element_sets(sim.shards(tb))
+    if not all(n <= h for h, n in zip(held, need, strict=True)):
+        return
+    plan = _check_plan(ta, tb, data)
+    assert plan.volume == 0, [(op.kind, op.device_dim, op.tensor_dim) for op in plan.all_ops]
+
+
+@settings(max_examples=200)
+@given(sg.dense_pairs(), st.data())
+def test_dense_plans_on_one_matrix(pair, data):
+    """Same matrix and shape, most device dims used on both sides: Algorithm 1 proper."""
+    ta, tb = pair
+    plan = _check_plan(ta, tb, data)
+    assert plan.prelude == [] and plan.epilogue == []
+    a, b = sg.to_layout(ta), sg.to_layout(tb)
+    if all(a.device_dim_size(k) == 1 or (k in ta[2] and k in tb[2]) for k in range(len(ta[1]))):
+        # Both use every real device dim: unification only drops the size-1 dims.
+        assert plan.source == a.normalized()
+        assert plan.target == b.normalized()

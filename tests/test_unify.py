@@ -31,7 +31,7 @@ def _check_unified(a, b, ua, ub):
     assert taps.Layout(ub.shape, ub.device_matrix, ub.tensor_map) == ub
 
 
-@pytest.mark.parametrize(("s0", "s1"), [(16, 32), (8, 8), (2, 4), (6, 12)])
+@pytest.mark.parametrize(("s0", "s1"), [(16, 32), (8, 8), (24, 8), (8, 40)])
 def test_paper_example(s0, s1):
     a = taps.Layout([s0, s1], [2, 8], [1, 0])
     b = taps.Layout([s0, s1], [8, 2], [1, 0])
@@ -87,11 +87,22 @@ def test_doc_merge_example():
     a = taps.Layout([6, 4], [2], [-1, -1])
     b = taps.Layout([4, 6], [2], [-1, -1])
     ua, ub = taps.unify(a, b)
-    assert ua.shape == [24]
-    assert ub.shape == [24]
-    assert ua.tensor_map == [-1]
-    assert ub.tensor_map == [-1]
+    # docs/core.md: both replicated, they unify to [4, 6] (the source merged to [24], then cut).
+    assert ua.shape == ub.shape == [4, 6]
+    assert ua.tensor_map == ub.tensor_map == [-1, -1]
     _check_unified(a, b, ua, ub)
+
+
+def test_cut_then_merge():
+    """[6, 4] and [4, 6], both split in two along dim 0: rank 0 holds elements 0..11 in both, so
+    the distributions are identical. Cutting 6 = 2 * 3 (the split goes to the 2) and merging the
+    unsplit [3, 4] lines the shapes up as [2, 12]."""
+    a = taps.Layout([6, 4], [2], [0, -1])
+    b = taps.Layout([4, 6], [2], [0, -1])
+    assert _sets(a) == _sets(b)
+    ua, ub = taps.unify(a, b)
+    _check_unified(a, b, ua, ub)
+    assert ua.tensor_map == ub.tensor_map
 
 
 def test_mismatched_counts_raise():

@@ -18,6 +18,9 @@ pub fn redistribution_costs(
     dtype_bytes: f64,
     model: CostModel,
 ) -> Result<Vec<f64>> {
+    for layout in sources.iter().chain(targets) {
+        cluster.check(layout)?;
+    }
     let rows: Vec<Vec<f64>> = sources
         .par_iter()
         .map(|a| {

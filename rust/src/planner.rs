@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{Cluster, Collective, CostModel};
-use crate::unify::{check_same_tensor, merge_for, try_unify, Grouped, Side};
+use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side};
 
 /// What a redistribution step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,6 +138,8 @@ impl Redistribution {
     /// # Errors
     /// [`Error::Topology`] if the layouts are not on the cluster's devices.
     pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
+        // Checked even when no op runs: the plan must be for this cluster.
+        cluster.check(&self.source)?;
         // A fold from +0.0: an empty f64 sum is -0.0.
         self.all_ops().try_fold(0.0, |acc, op| {
             Ok(acc + op.cost(cluster, dtype_bytes, model)?)
@@ -203,8 +205,8 @@ fn plan_unified(source: &Layout, target: &Layout) -> Vec<CommOp> {
 /// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.
 pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
     check_same_tensor(a, b)?;
-    let mut src = Grouped::new(a.clone());
-    let mut tgt = Grouped::new(b.clone());
+    let mut src = Reshaped::new(a.clone());
+    let mut tgt = Reshaped::new(b.clone());
     let mut prelude = Vec::new();
     let mut relaxed = Vec::new();
     let (source, target) = loop {
@@ -212,7 +214,7 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
             Ok(pair) => break pair,
             Err(blocker) => blocker,
         };
-        if merge_for(blocker, &mut src, &mut tgt) {
+        if reshape_for(blocker, &mut src, &mut tgt) {
             continue;
         }
         // Reshaping alone cannot line the two up: give up a split, the blocked dim's or, if that
@@ -225,7 +227,6 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
         let dim = [Some(j), j.checked_add(1), j.checked_sub(1)]
             .into_iter()
             .flatten()
-            .filter(|&j| j < side.len())
             .find_map(|j| side.split_dim(j))
             .ok_or_else(|| {
                 Error::Unify(format!("no split to give up to unify {a:?} with {b:?}"))

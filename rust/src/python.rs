@@ -159,6 +159,12 @@ impl PyLayout {
         }
     }
 
+    /// The same distribution with the device matrix cut only where the map needs it: two layouts
+    /// hold the same elements on every rank iff their normal forms are equal.
+    fn normalized(&self) -> PyLayout {
+        unification::normalized(&self.inner).into()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Layout(shape={:?}, device_matrix={:?}, tensor_map={:?})",

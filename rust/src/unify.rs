@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
 #[derive(Debug, Clone, Copy)]
-struct Piece {
+pub(crate) struct Piece {
     size: u64,
     split: Option<(u32, u32)>,
     /// The tensor dim of the input layout the piece comes from.
@@ -38,7 +38,7 @@ pub(crate) struct Blocker {
     pub dim: usize,
 }
 
-fn pieces_of(l: &Layout) -> Vec<Piece> {
+pub(crate) fn pieces_of(l: &Layout) -> Vec<Piece> {
     (0..l.ndim())
         .filter(|&i| l.shape()[i] > 1)
         .map(|i| {
@@ -55,8 +55,10 @@ fn pieces_of(l: &Layout) -> Vec<Piece> {
         .collect()
 }
 
+/// The device boundaries of the dims the map uses. Unused dims only replicate, so their
+/// factorization carries nothing: cutting at it would price one collective as several.
 fn device_bounds(l: &Layout, into: &mut BTreeSet<u32>) {
-    for k in 0..l.num_device_dims() {
+    for k in (0..l.num_device_dims()).filter(|&k| l.uses(k) && l.dim_size(k) > 1) {
         let (lo, hi) = l.bit_range(k);
         into.insert(lo);
         into.insert(hi);
@@ -155,7 +157,7 @@ fn cut_at_dim_bounds(
     Ok(changed)
 }
 
-fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
+pub(crate) fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
     let bits: Vec<u32> = bounds.iter().copied().collect();
     let device_matrix: Vec<u64> = bits
         .windows(2)
@@ -180,6 +182,14 @@ fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
         device_matrix,
         tensor_map,
     )
+}
+
+/// The layout with its device matrix cut only where the map needs it, size-1 dims dropped:
+/// two layouts hold the same elements on every rank iff their normal forms are equal.
+pub fn normalized(l: &Layout) -> Layout {
+    let mut bounds = BTreeSet::from([0, log2(l.num_devices())]);
+    device_bounds(l, &mut bounds);
+    build(&pieces_of(l), &bounds)
 }
 
 /// One attempt at unification with the layouts as they are.
@@ -230,45 +240,68 @@ pub(crate) fn check_same_tensor(a: &Layout, b: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// A layout seen with runs of its original dims merged (a reshape that moves nothing, since only
-/// unsplit dims are merged). The map of the original dims can be changed by the planner.
+/// A layout seen through a reshape that moves nothing: runs of unsplit dims merged, or, in the
+/// canonical form, every split dim cut into its split part and its local rest and every run of
+/// unsplit parts merged (two layouts with equal distributions have equal canonical forms up to
+/// device cuts). The map of the original dims can be changed by the planner.
 #[derive(Debug, Clone)]
-pub(crate) struct Grouped {
+pub(crate) struct Reshaped {
     pub layout: Layout,
     groups: Vec<(usize, usize)>,
+    canonical: bool,
 }
 
-impl Grouped {
+/// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
+type ViewDim = (u64, i64, Option<usize>);
+
+impl Reshaped {
     pub fn new(layout: Layout) -> Self {
         let groups = (0..layout.ndim()).map(|i| (i, i + 1)).collect();
-        Grouped { layout, groups }
+        Reshaped {
+            layout,
+            groups,
+            canonical: false,
+        }
     }
 
-    fn group_split(&self, j: usize) -> Option<usize> {
-        let (s, e) = self.groups[j];
-        (e - s == 1 && self.layout.tensor_map()[s] != -1).then_some(s)
-    }
-
-    /// The original dim behind merged dim `j` if it is split.
-    pub fn split_dim(&self, j: usize) -> Option<usize> {
-        self.group_split(j)
-    }
-
-    pub fn len(&self) -> usize {
-        self.groups.len()
+    fn dims(&self) -> Vec<ViewDim> {
+        let l = &self.layout;
+        let split = |i: usize| (l.split_degree(i) > 1).then_some(i);
+        if !self.canonical {
+            return self
+                .groups
+                .iter()
+                .map(|&(s, e)| {
+                    let carried = if e - s == 1 { split(s) } else { None };
+                    let size = l.shape()[s..e].iter().product();
+                    (size, carried.map_or(-1, |i| l.tensor_map()[i]), carried)
+                })
+                .collect();
+        }
+        let mut out: Vec<ViewDim> = Vec::new();
+        let unsplit = |out: &mut Vec<ViewDim>, size: u64| match out.last_mut() {
+            _ if size == 1 => {}
+            Some(last) if last.1 == -1 => last.0 *= size,
+            _ => out.push((size, -1, None)),
+        };
+        for i in 0..l.ndim() {
+            let g = l.split_degree(i);
+            if g > 1 {
+                out.push((g, l.tensor_map()[i], Some(i)));
+            }
+            unsplit(&mut out, l.shape()[i] / g);
+        }
+        out
     }
 
     pub fn view(&self) -> Layout {
-        let l = &self.layout;
-        let shape = self
-            .groups
-            .iter()
-            .map(|&(s, e)| l.shape()[s..e].iter().product())
-            .collect();
-        let map = (0..self.groups.len())
-            .map(|j| self.group_split(j).map_or(-1, |i| l.tensor_map()[i]))
-            .collect();
-        Layout::from_parts(shape, l.device_matrix().to_vec(), map)
+        let (shape, map): (Vec<u64>, Vec<i64>) = self.dims().iter().map(|d| (d.0, d.1)).unzip();
+        Layout::from_parts(shape, self.layout.device_matrix().to_vec(), map)
+    }
+
+    /// The original dim whose split view dim `j` carries, if any.
+    pub fn split_dim(&self, j: usize) -> Option<usize> {
+        self.dims().get(j).and_then(|d| d.2)
     }
 
     fn merge(&mut self, j: usize) {
@@ -276,10 +309,13 @@ impl Grouped {
         self.groups.remove(j + 1);
     }
 
-    /// Merges unsplit group `j` with an unsplit neighbour, the inner one first.
-    pub fn merge_around(&mut self, j: usize) -> bool {
-        let unsplit = |g: &Grouped, j: usize| g.group_split(j).is_none();
-        if j + 1 < self.len() && unsplit(self, j + 1) {
+    /// Merges unsplit view dim `j` with an unsplit neighbour, the inner one first.
+    fn merge_around(&mut self, j: usize) -> bool {
+        if self.canonical || self.split_dim(j).is_some() {
+            return false;
+        }
+        let unsplit = |r: &Reshaped, j: usize| r.split_dim(j).is_none();
+        if j + 1 < self.groups.len() && unsplit(self, j + 1) {
             self.merge(j);
             true
         } else if j > 0 && unsplit(self, j - 1) {
@@ -290,12 +326,15 @@ impl Grouped {
         }
     }
 
-    /// Merges every run of adjacent unsplit groups.
-    pub fn merge_all(&mut self) -> bool {
+    /// Merges every run of adjacent unsplit view dims.
+    fn merge_all(&mut self) -> bool {
+        if self.canonical {
+            return false;
+        }
         let mut changed = false;
         let mut j = 0;
-        while j + 1 < self.len() {
-            if self.group_split(j).is_none() && self.group_split(j + 1).is_none() {
+        while j + 1 < self.groups.len() {
+            if self.split_dim(j).is_none() && self.split_dim(j + 1).is_none() {
                 self.merge(j);
                 changed = true;
             } else {
@@ -306,15 +345,21 @@ impl Grouped {
     }
 }
 
-/// Resolves a blocker by reshaping alone: merge around the blocked dim, else merge every run of
-/// unsplit dims on the other side, then on this side. `false` when nothing is left to merge.
-pub(crate) fn merge_for(blocker: Blocker, a: &mut Grouped, b: &mut Grouped) -> bool {
+/// Resolves a blocker by reshaping alone, trying the gentlest reshape first: merge around the
+/// blocked dim, merge every run of unsplit dims on the other side, then on this side, then take
+/// both to the canonical form. `false` when nothing is left to try.
+pub(crate) fn reshape_for(blocker: Blocker, a: &mut Reshaped, b: &mut Reshaped) -> bool {
     let (this, other) = match blocker.side {
-        Side::First => (a, b),
-        Side::Second => (b, a),
+        Side::First => (&mut *a, &mut *b),
+        Side::Second => (&mut *b, &mut *a),
     };
-    let j = blocker.dim;
-    (this.split_dim(j).is_none() && this.merge_around(j)) || other.merge_all() || this.merge_all()
+    if this.merge_around(blocker.dim) || other.merge_all() || this.merge_all() {
+        return true;
+    }
+    let changed = !(a.canonical && b.canonical);
+    a.canonical = true;
+    b.canonical = true;
+    changed
 }
 
 /// Rewrites `a` and `b` to one device matrix and one shape, moving no element (SPEC section 2).
@@ -325,13 +370,13 @@ pub(crate) fn merge_for(blocker: Blocker, a: &mut Grouped, b: &mut Grouped) -> b
 /// other shape).
 pub fn unify(a: &Layout, b: &Layout) -> Result<(Layout, Layout)> {
     check_same_tensor(a, b)?;
-    let mut ga = Grouped::new(a.clone());
-    let mut gb = Grouped::new(b.clone());
+    let mut ga = Reshaped::new(a.clone());
+    let mut gb = Reshaped::new(b.clone());
     loop {
         match try_unify(&ga.view(), &gb.view()) {
             Ok(pair) => return Ok(pair),
             Err(blocker) => {
-                if !merge_for(blocker, &mut ga, &mut gb) {
+                if !reshape_for(blocker, &mut ga, &mut gb) {
                     return Err(Error::Unify(format!(
                         "layouts {a:?} and {b:?} cannot be unified without moving data: a dim \
                          boundary of one falls inside a split of the other"
@@ -362,6 +407,18 @@ mod tests {
         assert_eq!(ub.device_matrix(), &[2, 4, 2]);
         assert_eq!(ub.shape(), &[2, s0 / 2, 4, s1 / 4]);
         assert_eq!(ub.tensor_map(), &[2, 1, 0, -1]);
+    }
+
+    #[test]
+    fn normal_form_ignores_unused_factorization() {
+        let a = layout(&[8, 1, 8], &[2, 1, 2, 4], &[-1, -1, 0]);
+        let b = layout(&[8, 8], &[4, 4], &[-1, 0]);
+        assert_eq!(normalized(&a), normalized(&b));
+        assert_eq!(normalized(&a).device_matrix(), &[4, 4]);
+        assert_ne!(
+            normalized(&a),
+            normalized(&layout(&[8, 8], &[4, 4], &[0, -1]))
+        );
     }
 
     #[test]

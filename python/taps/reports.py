@@ -1,0 +1,212 @@
+"""Terminal reports: rich tables for redistribution plans and search results."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from taps._core import Cluster, Layout, Redistribution, inter_node_groups
+
+if TYPE_CHECKING:
+    from taps.search import Comparison, SearchResult
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration with a unit a reader can take in at a glance."""
+    if seconds == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3f} {unit}"
+    return f"{seconds / 1e-9:.3f} ns"
+
+
+def format_bytes(n: float) -> str:
+    """A byte count in binary units."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_cost(cost: float, model: str) -> str:
+    return format_seconds(cost) if model == "topology" else format_bytes(cost)
+
+
+def layout_text(layout: Layout) -> str:
+    return f"shape {layout.shape}  device matrix {layout.device_matrix}  map {layout.tensor_map}"
+
+
+def plan_table(plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2) -> Table:
+    """One row per op of the plan: what it does, its group, volume, ct and cost."""
+    table = Table(title="Redistribution", title_justify="left")
+    for name in ("step", "op", "dev dim", "tensor dims", "group", "volume", "ct", "cost"):
+        justify = "left" if name in ("step", "op", "tensor dims") else "right"
+        table.add_column(name, justify=justify, no_wrap=True)
+    steps = (
+        [("prelude", op) for op in plan.prelude]
+        + [("unified", op) for op in plan.ops]
+        + [("epilogue", op) for op in plan.epilogue]
+    )
+    for step, op in steps:
+        dims = str(op.tensor_dim)
+        if op.to_tensor_dim is not None:
+            dims = f"{op.tensor_dim} -> {op.to_tensor_dim}"
+        table.add_row(
+            step,
+            op.kind,
+            str(op.device_dim),
+            dims,
+            str(op.group_size),
+            f"{op.volume:,}",
+            str(op.inter_node_groups(cluster.devices_per_node)),
+            format_seconds(op.cost(cluster, dtype_bytes)),
+        )
+    table.caption = (
+        f"total: {plan.volume:,} elements per device, "
+        f"{format_bytes(plan.cost(cluster, dtype_bytes, 'volume'))}, "
+        f"{format_seconds(plan.cost(cluster, dtype_bytes))}"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
+    parts = [
+        f"{axis}={d}@{m}" for axis, d, m in zip(op_axes, strategy.degrees, strategy.device_map)
+        if d > 1
+    ]
+    return " ".join(parts) or "replicated"
+
+
+def strategy_table(result: SearchResult) -> Table:
+    """One row per operator: its strategy, device matrix and the cost it adds."""
+    model = result.cost_model
+    table = Table(
+        title=f"{result.graph.name}: {result.cost_model} search on "
+        f"{result.cluster.nodes} x {result.cluster.devices_per_node} devices",
+        title_justify="left",
+    )
+    for name, justify in (("operator", "left"), ("strategy (axis=degree@device dim)", "left"),
+                          ("device matrix", "left"), ("collectives", "right"),
+                          ("redistribution", "right"), ("total", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "strategy (axis=degree@device dim)")
+    for row in result.breakdown:
+        op = result.graph.op(row.name)
+        table.add_row(
+            row.name,
+            _strategy_text(op.partitionable, row.strategy),
+            str(row.strategy.device_matrix),
+            format_cost(row.intra_cost, model),
+            format_cost(row.incoming_cost, model),
+            format_cost(row.total, model),
+        )
+    intra = sum(r.intra_cost for r in result.breakdown)
+    incoming = sum(r.incoming_cost for r in result.breakdown)
+    table.add_section()
+    table.add_row("total", "", "", format_cost(intra, model), format_cost(incoming, model),
+                  format_cost(result.cost, model))
+    layers = result.graph.layers
+    table.caption = (
+        f"SCIP {result.status}, gap {result.gap:.2%}, {result.num_aux_edges:,} auxiliary edges, "
+        f"ILP {result.ilp.binaries:,} binaries + {result.ilp.continuous:,} continuous, "
+        f"{result.ilp.constraints:,} constraints; search {result.timings['total']:.3f} s; "
+        f"memory {format_bytes(result.memory_per_device)} per device"
+        + (f" for {layers} layers" if layers > 1 else "")
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def collectives_table(result: SearchResult) -> Table:
+    """Every collective of the chosen assignment: intra-operator all_reduces and the ops of each
+    incoming redistribution, with ct and cost, so a reader sees where the time goes."""
+    model = result.cost_model
+    cluster = result.cluster
+    table = Table(title="Collectives", title_justify="left")
+    for name in ("operator", "tensor", "why", "collective", "group", "ct", "cost"):
+        table.add_column(name, justify="right" if name in ("group", "ct", "cost") else "left")
+    for row in result.breakdown:
+        for c, cost in row.collectives:
+            unused = [k for k in range(len(c.layout.device_matrix)) if k not in c.layout.tensor_map]
+            group = 1
+            for k in unused:
+                group *= c.layout.device_dim_size(k)
+            ct = inter_node_groups(c.layout, "all_reduce", cluster.devices_per_node)
+            table.add_row(row.name, c.tensor, c.reason, c.kind, str(group), str(ct),
+                          format_cost(cost, model))
+        for inc in row.incoming:
+            dtype = result.graph.tensors[inc.edge.tensor].dtype_bytes
+            for op in inc.plan.all_ops:
+                if op.kind == "slice":
+                    continue
+                table.add_row(row.name, inc.edge.tensor, f"from {inc.edge.producer}", op.kind,
+                              str(op.group_size),
+                              str(op.inter_node_groups(cluster.devices_per_node)),
+                              format_cost(op.cost(cluster, dtype, model), model))
+    return table
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    """Both searches priced under the topology model."""
+    topo, vol = comparison.topology, comparison.volume
+    table = Table(title="Topology-aware vs volume-based search (both priced under the topology "
+                        "model)", title_justify="left")
+    for name in ("search", "topology cost", "volume (bytes/device)", "search time"):
+        table.add_column(name, justify="left" if name == "search" else "right")
+    table.add_row("topology-aware", format_seconds(topo.cost),
+                  format_bytes(comparison.topology_under_volume),
+                  f"{topo.timings['total']:.3f} s")
+    table.add_row("volume-based", format_seconds(comparison.volume_under_topology),
+                  format_bytes(vol.cost), f"{vol.timings['total']:.3f} s")
+    table.caption = f"reduction: {comparison.reduction:.1f}% less communication time"
+    table.caption_justify = "left"
+    return table
+
+
+def result_dict(result: SearchResult) -> dict[str, Any]:
+    """A search result as plain JSON-ready data: strategies, costs and the full breakdown."""
+    ops = []
+    for row in result.breakdown:
+        op = result.graph.op(row.name)
+        ops.append({
+            "name": row.name,
+            "axes": list(op.partitionable),
+            "degrees": row.strategy.degrees,
+            "device_map": row.strategy.device_map,
+            "device_matrix": row.strategy.device_matrix,
+            "intra_cost": row.intra_cost,
+            "incoming_cost": row.incoming_cost,
+            "collectives": [
+                {"tensor": c.tensor, "reason": c.reason, "kind": c.kind, "cost": cost,
+                 "layout": {"shape": c.layout.shape, "device_matrix": c.layout.device_matrix,
+                            "tensor_map": c.layout.tensor_map}}
+                for c, cost in row.collectives
+            ],
+            "incoming": [
+                {"from": inc.edge.producer, "tensor": inc.edge.tensor, "cost": inc.cost,
+                 "ops": [{"kind": o.kind, "device_dim": o.device_dim, "tensor_dim": o.tensor_dim,
+                          "to_tensor_dim": o.to_tensor_dim, "group_size": o.group_size,
+                          "volume": o.volume} for o in inc.plan.all_ops]}
+                for inc in row.incoming
+            ],
+        })
+    c = result.cluster
+    return {
+        "graph": result.graph.name,
+        "layers": result.graph.layers,
+        "cluster": {"nodes": c.nodes, "devices_per_node": c.devices_per_node,
+                    "intra_bandwidth": c.intra_bandwidth, "inter_bandwidth": c.inter_bandwidth,
+                    "device_memory": c.device_memory},
+        "cost_model": result.cost_model,
+        "cost": result.cost,
+        "status": result.status,
+        "gap": result.gap,
+        "num_aux_edges": result.num_aux_edges,
+        "ilp": {"binaries": result.ilp.binaries, "continuous": result.ilp.continuous,
+                "constraints": result.ilp.constraints},
+        "memory_per_device": result.memory_per_device,
+        "timings": result.timings,
+        "operators": ops,
+    }

@@ -1,0 +1,106 @@
+"""The search: the best strategy for every operator of a graph on a cluster (TAPS)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from taps._core import Cluster, Strategy
+from taps.costs import BYTES_PER_PARAMETER, OpCost, breakdown, build_tables, evaluate
+from taps.graph import Graph
+from taps.ilp import IlpSize, solve
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search chose and what it costs.
+
+    ``cost`` is in seconds for the topology model and bytes per device for the volume model;
+    ``breakdown`` says per operator where it goes. ``num_aux_edges`` is the paper's |E_A| (one per
+    pair of strategies across a graph edge); ``ilp`` is the size of the problem SCIP solved.
+    """
+
+    graph: Graph
+    cluster: Cluster
+    cost_model: str
+    strategies: dict[str, Strategy]
+    cost: float
+    breakdown: list[OpCost]
+    status: str
+    gap: float
+    solve_time: float
+    num_aux_edges: int
+    ilp: IlpSize
+    memory_per_device: float
+    timings: dict[str, float]
+
+
+def search(graph: Graph, cluster: Cluster, cost_model: str = "topology",
+           memory_limit: float | None = None, time_limit: float | None = None,
+           bytes_per_parameter: float = BYTES_PER_PARAMETER) -> SearchResult:
+    """Find the strategy of every operator that minimises communication (SPEC section 7).
+
+    ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
+    (seconds) bounds SCIP, which then returns its best assignment and its gap.
+    """
+    t0 = time.perf_counter()
+    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
+    limit = memory_limit if memory_limit is not None else cluster.device_memory
+    solution = solve(tables, limit, time_limit)
+    t1 = time.perf_counter()
+    strategies = {
+        name: tables.ops[name].strategies[i] for name, i in solution.choice.items()
+    }
+    memory = graph.layers * sum(
+        float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
+    )
+    timings = dict(tables.timings)
+    timings.update(build=solution.build_time, solve=solution.solve_time, total=t1 - t0)
+    return SearchResult(
+        graph=graph,
+        cluster=cluster,
+        cost_model=cost_model,
+        strategies=strategies,
+        cost=tables.evaluate(solution.choice),
+        breakdown=breakdown(graph, cluster, strategies, cost_model),
+        status=solution.status,
+        gap=solution.gap,
+        solve_time=solution.solve_time,
+        num_aux_edges=tables.num_aux_edges,
+        ilp=solution.size,
+        memory_per_device=memory,
+        timings=timings,
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Topology-aware against volume-based search, both priced under the topology model."""
+
+    topology: SearchResult
+    volume: SearchResult
+    #: The volume-based result priced under the topology model (seconds).
+    volume_under_topology: float
+    #: The topology-aware result priced under the volume model (bytes per device).
+    topology_under_volume: float
+
+    @property
+    def reduction(self) -> float:
+        """Percent less communication time of the topology-aware result."""
+        if self.volume_under_topology == 0:
+            return 0.0
+        return 100.0 * (1.0 - self.topology.cost / self.volume_under_topology)
+
+
+def compare(graph: Graph, cluster: Cluster, memory_limit: float | None = None,
+            time_limit: float | None = None,
+            bytes_per_parameter: float = BYTES_PER_PARAMETER) -> Comparison:
+    """Search under both cost models and price both results under the topology model."""
+    topo = search(graph, cluster, "topology", memory_limit, time_limit, bytes_per_parameter)
+    vol = search(graph, cluster, "volume", memory_limit, time_limit, bytes_per_parameter)
+    return Comparison(
+        topo,
+        vol,
+        evaluate(graph, cluster, vol.strategies, "topology"),
+        evaluate(graph, cluster, topo.strategies, "volume"),
+    )
