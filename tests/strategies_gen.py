@@ -157,18 +157,8 @@ def dense_pairs(
         return tm
 
     ta, tb = one_map(), one_map()
-    shape = []
-    for i in range(rank):
-        need = max(dm[h - 1 - m] if m >= 0 else 1 for m in (ta[i], tb[i]))
-        shape.append(need * draw(st.sampled_from([1, 2, 3])))
-    while prod(shape) > 4 * MAX_ELEMENTS:
-        i = shape.index(max(shape))
-        shape[i] = max(
-            dm[h - 1 - m] if m >= 0 else 1 for m in (ta[i], tb[i])
-        )  # drop the extra factor
-        if prod(shape) > 4 * MAX_ELEMENTS and all(
-            s == max(dm[h - 1 - m] if m >= 0 else 1 for m in (ta[j], tb[j]))
-            for j, s in enumerate(shape)
-        ):
-            break
+    need = [max(dm[h - 1 - m] if m >= 0 else 1 for m in (ta[i], tb[i])) for i in range(rank)]
+    shape = [d * draw(st.sampled_from([1, 2, 3])) for d in need]
+    if prod(shape) > 4 * MAX_ELEMENTS:
+        shape = need  # at most 64 * 64 elements
     return (shape, dm, ta), (list(shape), list(dm), tb)

@@ -118,3 +118,25 @@ def test_mismatched_plans_never_panic(pair):
 
 def prod_plus(shape):
     return int(np.prod(shape)) + 1
+
+
+@pytest.mark.parametrize("num_devices", [8, 16])
+def test_matmul_strategy_matrix(num_devices):
+    """A realistic batch: every MatMul strategy's output Y against every strategy's input X."""
+    b, i, o = 32, 64, 32
+    strategies = taps.enumerate_strategies([b, i, o], num_devices)
+    ys = [s.tensor_layout([0, 2], [b, o]) for s in strategies]
+    # the next MatMul's X has shape (b, o): its in-axis is this one's out-axis
+    xs = [s.tensor_layout([0, 1], [b, o]) for s in strategies]
+    cl = taps.Cluster(num_devices // 4, 4)
+    got = taps.redistribution_costs(ys, xs, cl)
+    assert got.shape == (len(ys), len(xs))
+    assert np.all(got >= 0)
+    for r, y in enumerate(ys):
+        for c, x in enumerate(xs):
+            assert got[r, c] == pytest.approx(
+                taps.plan_redistribution(y, x).cost(cl), rel=1e-12, abs=1e-300
+            )
+    # a layout to itself costs nothing
+    same = taps.redistribution_costs(ys, ys, cl)
+    assert np.all(np.diag(same) == 0)

@@ -1,6 +1,8 @@
 """taps.Layout: validation, attributes, immutability, shard_index, equality; and the simulator's
 own sanity on hand-computed examples (so the references the other tests rely on are checked)."""
 
+from math import prod
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -220,3 +222,82 @@ def test_breaking_divisibility_is_rejected(t, data):
     bad[i] += 1  # d_{m_i} >= 2 divides shape[i], so it cannot divide shape[i] + 1
     with pytest.raises(taps.LayoutError):
         taps.Layout(bad, dm, tm)
+
+
+# --------------------------------------------------------------------------- normalized()
+
+
+@st.composite
+def equivalent_rewrites(draw, t):
+    """A layout of the same shape holding the same elements on every rank as ``t``, made by
+    rewriting only what cannot matter: splitting/merging device dims no tensor dim uses, inserting
+    size-1 device dims, and unsplitting tensor dims split along a size-1 device dim."""
+    shape, dm, tm = t
+    h = len(dm)
+    # entries outermost first: [size, tensor dim using it or None]
+    entries = [[dm[p], None] for p in range(h)]
+    for i, m in enumerate(tm):
+        if m >= 0:
+            entries[h - 1 - m][1] = i
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["split", "merge", "insert", "unsplit"]))
+        if kind == "split":
+            cands = [p for p, (s, u) in enumerate(entries) if u is None and s > 1]
+            if cands:
+                p = draw(st.sampled_from(cands))
+                e = entries[p][0].bit_length() - 1
+                b = draw(st.integers(0, e))
+                entries[p : p + 1] = [[2**b, None], [2 ** (e - b), None]]
+        elif kind == "merge":
+            cands = [
+                p
+                for p in range(len(entries) - 1)
+                if entries[p][1] is None and entries[p + 1][1] is None
+            ]
+            if cands and len(entries) > 1:
+                p = draw(st.sampled_from(cands))
+                entries[p : p + 2] = [[entries[p][0] * entries[p + 1][0], None]]
+        elif kind == "insert":
+            entries.insert(draw(st.integers(0, len(entries))), [1, None])
+        else:
+            cands = [p for p, (s, u) in enumerate(entries) if u is not None and s == 1]
+            if cands:
+                entries[draw(st.sampled_from(cands))][1] = None
+    h2 = len(entries)
+    new_tm = [-1] * len(shape)
+    for p, (_, u) in enumerate(entries):
+        if u is not None:
+            new_tm[u] = h2 - 1 - p
+    return list(shape), [s for s, _ in entries], new_tm
+
+
+@settings(max_examples=200)
+@given(sg.layouts(), st.data())
+def test_normalized_equal_for_equivalent_rewrites(t, data):
+    u = data.draw(equivalent_rewrites(t))
+    assert sim.element_sets(sim.shards(u)) == sim.element_sets(sim.shards(t))  # sanity
+    a, b = sg.to_layout(t), sg.to_layout(u)
+    assert a.normalized() == b.normalized(), (t, u)
+
+
+@settings(max_examples=200)
+@given(sg.layouts())
+def test_normalized_preserves_elements(t):
+    a = sg.to_layout(t)
+    n = a.normalized()
+    assert n.num_devices == a.num_devices
+    assert prod(n.shape) == prod(a.shape)
+    assert [s for s in n.shape if s != 1] == [s for s in a.shape if s != 1]
+    if a.num_devices > 1:
+        assert 1 not in n.device_matrix, n
+    assert sim.element_sets(sim.shards(n)) == sim.element_sets(sim.shards(a))
+    assert n.normalized() == n
+
+
+@settings(max_examples=300)
+@given(sg.layout_pairs(reshape=False))
+def test_normalized_equal_iff_same_elements(pair):
+    ta, tb = pair
+    same = sim.element_sets(sim.shards(ta)) == sim.element_sets(sim.shards(tb))
+    a, b = sg.to_layout(ta), sg.to_layout(tb)
+    assert (a.normalized() == b.normalized()) == same, (ta, tb)

@@ -204,3 +204,34 @@ def test_bad_collective_inputs():
         taps.inter_node_groups(lay, "all_gather", 4)
     with pytest.raises(taps.TapsError):
         taps.inter_node_groups(lay, "all_gather", 0, device_dim=0)
+
+
+def spec_closed_form_ct(t, kind, L, k):
+    """SPEC section 6's closed form (power-of-two layouts, node = first L ranks)."""
+    _, dm, tm = t
+    h = len(dm)
+    e = []
+    inner = 1
+    for j in range(h):
+        d = sim.dev_size(dm, j)
+        e.append(min(d, max(1, L // inner)))
+        inner *= d
+    gdims = oracle.group_dims(t, kind, k)
+    if all(e[j] == sim.dev_size(dm, j) for j in gdims):
+        return 0
+    if kind == "all_reduce":
+        data = [j for j in range(h) if j not in gdims]
+    else:
+        data = [j for j in {m for m in tm if m >= 0} if j not in gdims]
+    out = 1
+    for j in data:
+        out *= e[j]
+    return out
+
+
+@settings(max_examples=300)
+@given(collective_cases())
+def test_oracle_agrees_with_spec_closed_form(case):
+    """The brute force and SPEC's closed form agree (a check of the reference itself)."""
+    t, kind, k, L = case
+    assert oracle.inter_node_groups(t, kind, L, k) == spec_closed_form_ct(t, kind, L, k)

@@ -23,6 +23,10 @@ def _check_unified(a, b, ua, ub):
     assert prod(ua.shape) == prod(a.shape)
     if prod(a.device_matrix) > 1:
         assert 1 not in ua.device_matrix, ua.device_matrix
+    # boundaries between adjacent device dims that neither map uses are dropped
+    h = len(ua.device_matrix)
+    unused = [k not in ua.tensor_map and k not in ub.tensor_map for k in range(h)]
+    assert not any(unused[k] and unused[k + 1] for k in range(h - 1)), (ua, ub)
     # every rank holds exactly the same elements as before (flat row-major index)
     assert _sets(ua) == _sets(a)
     assert _sets(ub) == _sets(b)
@@ -71,10 +75,17 @@ def test_reshape_flatten():
     assert ua.tensor_map == ub.tensor_map
 
 
-def test_doc_unify_error_example():
-    # [6, 8] split along dim 1 against [48] split 16 ways
-    a = taps.Layout([6, 8], [2, 8], [-1, 0])
-    b = taps.Layout([48], [16], [0])
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # docs/core.md: [6, 16] split 16 ways along dim 1 against [96] split 16 ways
+        (([6, 16], [16], [-1, 0]), ([96], [16], [0])),
+        # [6, 8] split along dim 1 against [48] split 16 ways
+        (([6, 8], [2, 8], [-1, 0]), ([48], [16], [0])),
+    ],
+)
+def test_doc_unify_error_example(a, b):
+    a, b = taps.Layout(*a), taps.Layout(*b)
     with pytest.raises(taps.UnifyError) as info:
         taps.unify(a, b)
     assert isinstance(info.value, taps.LayoutError)

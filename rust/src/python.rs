@@ -1,6 +1,14 @@
 //! The PyO3 bindings: `taps._core`. Thin wrappers over the plain-Rust core; every error becomes
 //! one class of the `taps.TapsError` hierarchy here and nowhere else.
 
+// PyO3 extracts arguments as owned values and wants `PyResult` from methods that may fail in
+// other builds; these lints argue against the signatures the bindings need.
+#![allow(
+    clippy::needless_pass_by_value,
+    clippy::unnecessary_wraps,
+    clippy::type_complexity
+)]
+
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use pyo3::create_exception;

@@ -54,17 +54,13 @@ impl Strategy {
     #[must_use]
     pub fn device_matrix(&self) -> Vec<u64> {
         let h = self.device_map.iter().filter(|&&m| m >= 0).count();
-        (0..h)
-            .rev()
-            .map(|k| {
-                let axis = self
-                    .device_map
-                    .iter()
-                    .position(|&m| m == k as i64)
-                    .expect("device dims of a strategy are 0..h");
-                self.degrees[axis]
-            })
-            .collect()
+        let mut matrix = vec![1; h];
+        for (&m, &d) in self.device_map.iter().zip(&self.degrees) {
+            if let Ok(k) = usize::try_from(m) {
+                matrix[h - 1 - k] = d;
+            }
+        }
+        matrix
     }
 
     /// The layout of a tensor whose dims are the axes `axes` (indices; -1 for a dim of no

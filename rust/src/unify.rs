@@ -115,40 +115,40 @@ fn cut_at_dim_bounds(
     let mut i = pieces.len();
     while i > 0 {
         i -= 1;
-        let p = pieces[i];
-        let top = inner * p.size;
+        let piece = pieces[i];
+        let top = inner * piece.size;
         let Some(&bound) = bounds.range(inner + 1..top).next() else {
             inner = top;
             continue;
         };
-        if bound % inner != 0 || p.size % (bound / inner) != 0 {
-            return Err(p.origin);
+        if bound % inner != 0 || piece.size % (bound / inner) != 0 {
+            return Err(piece.origin);
         }
-        let q = bound / inner;
-        let outer = p.size / q;
-        let piece = |size, split| Piece {
+        let rest = bound / inner;
+        let outer = piece.size / rest;
+        let make = |size, split| Piece {
             size,
             split,
-            origin: p.origin,
+            origin: piece.origin,
         };
-        let (o, n) = match p.split {
-            None => (piece(outer, None), piece(q, None)),
+        let (outer_piece, inner_piece) = match piece.split {
+            None => (make(outer, None), make(rest, None)),
             Some((lo, hi)) => {
                 let g = 1u64 << (hi - lo);
                 if outer % g == 0 {
-                    (piece(outer, Some((lo, hi))), piece(q, None))
+                    (make(outer, Some((lo, hi))), make(rest, None))
                 } else if g % outer == 0 {
                     // The outer part is smaller than the split: the device dim is cut as well.
                     let b = hi - log2(outer);
                     device.insert(b);
-                    (piece(outer, Some((b, hi))), piece(q, Some((lo, b))))
+                    (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
                 } else {
-                    return Err(p.origin);
+                    return Err(piece.origin);
                 }
             }
         };
-        pieces[i] = n;
-        pieces.insert(i, o);
+        pieces[i] = inner_piece;
+        pieces.insert(i, outer_piece);
         // Look at the outer part again: more boundaries may fall inside it.
         inner = bound;
         i += 1;
@@ -186,6 +186,7 @@ pub(crate) fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
 
 /// The layout with its device matrix cut only where the map needs it, size-1 dims dropped:
 /// two layouts hold the same elements on every rank iff their normal forms are equal.
+#[must_use]
 pub fn normalized(l: &Layout) -> Layout {
     let mut bounds = BTreeSet::from([0, log2(l.num_devices())]);
     device_bounds(l, &mut bounds);

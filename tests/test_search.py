@@ -1,0 +1,186 @@
+"""The search against brute force, and the cost model against the paper's closed forms."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import taps
+from taps.costs import build_tables, candidates, intra_collectives, memory
+
+CLUSTERS = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (4, 1), (1, 8), (2, 4), (4, 2), (2, 8), (4, 4)]
+
+
+@st.composite
+def small_graphs(draw) -> taps.Graph:
+    """Chains, branches and joins of linear, elementwise and reshape ops on small tensors."""
+    g = taps.Graph(name="random")
+    b = draw(st.sampled_from([4, 8, 16]))
+    h = draw(st.sampled_from([4, 8, 12]))
+    x = g.input("x", (b, h), requires_grad=draw(st.booleans()))
+    live = [x]
+    for k in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["linear", "relu", "add", "reshape_linear"]))
+        src = draw(st.sampled_from(live))
+        if kind == "linear":
+            out = g.linear(f"fc{k}", src, draw(st.sampled_from([4, 8])))
+        elif kind == "relu":
+            out = g.relu(f"relu{k}", src)
+        elif kind == "add":
+            same = [t for t in live if t.shape == src.shape]
+            out = g.add(f"add{k}", src, draw(st.sampled_from(same)))
+        else:
+            flat = g.reshape(f"view{k}", src, (math.prod(src.shape),))
+            out = g.einsum(f"scale{k}", "n,n->n", flat, g.parameter(f"w{k}", flat.shape))
+        live.append(out)
+    return g
+
+
+def _brute_force(tables) -> float:
+    names = list(tables.ops)
+    best = math.inf
+    for choice in itertools.product(*(range(len(tables.ops[n].strategies)) for n in names)):
+        best = min(best, tables.evaluate(dict(zip(names, choice))))
+    return best
+
+
+def _small_enough(graph, cluster) -> bool:
+    sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
+    return math.prod(sizes) <= 3000
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.sampled_from(["topology", "volume"]))
+def test_search_equals_brute_force(graph, shape, cost_model):
+    cluster = taps.Cluster(*shape)
+    if not _small_enough(graph, cluster):
+        return
+    result = taps.search(graph, cluster, cost_model)
+    tables = build_tables(graph, cluster, cost_model)
+    assert result.status == "optimal" and result.gap == 0
+    assert result.cost == pytest.approx(_brute_force(tables), rel=1e-9, abs=1e-18)
+    # The cost is what the independent evaluation of the chosen strategies gives.
+    assert taps.evaluate(graph, cluster, result.strategies, cost_model) == pytest.approx(
+        result.cost, rel=1e-9, abs=1e-18
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.data())
+def test_tables_agree_with_direct_evaluation(graph, shape, data):
+    """The search's tables (batch kernel, layout classes) price any assignment exactly as the
+    direct path does (plan_redistribution per edge, collectives per op)."""
+    cluster = taps.Cluster(*shape)
+    for cost_model in ("topology", "volume"):
+        tables = build_tables(graph, cluster, cost_model)
+        choice = {
+            name: data.draw(st.integers(0, len(t.strategies) - 1)) for name, t in tables.ops.items()
+        }
+        strategies = {name: tables.ops[name].strategies[i] for name, i in choice.items()}
+        assert tables.evaluate(choice) == pytest.approx(
+            taps.evaluate(graph, cluster, strategies, cost_model), rel=1e-9, abs=1e-18
+        )
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_graphs(), st.sampled_from([s for s in CLUSTERS if s[0] > 1]))
+def test_topology_search_never_worse_under_topology(graph, shape):
+    cluster = taps.Cluster(*shape)
+    c = taps.compare(graph, cluster)
+    assert c.topology.cost <= c.volume_under_topology * (1 + 1e-9)
+    assert c.reduction >= -1e-7
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_graphs(), st.sampled_from([1, 2, 4, 8]))
+def test_one_node_both_searches_cost_the_same(graph, devices):
+    """On one node every link is an intra-node link: time is bytes over one bandwidth, so both
+    searches minimise the same thing."""
+    cluster = taps.Cluster(1, devices)
+    c = taps.compare(graph, cluster)
+    assert c.topology.cost == pytest.approx(c.volume_under_topology, rel=1e-9, abs=1e-18)
+
+
+def test_matmul_volume_is_the_papers_formula():
+    b, i, o = 64, 32, 16
+    g = taps.Graph(name="matmul")
+    x = g.input("x", (b, i), requires_grad=True)
+    w = g.parameter("w", (i, o))
+    g.einsum("mm", "bi,io->bo", x, w)
+    op = g.op("mm")
+    cluster = taps.Cluster(1, 8)
+    for s in candidates(op, 8):
+        d, r, c = s.degrees
+        want = 2 * ((d - 1) * i * o + (r - 1) * b * o + (c - 1) * b * i) / (d * r * c)
+        got = sum(col.cost(cluster, "volume") for col in intra_collectives(g, op, s))
+        assert got == pytest.approx(want * 2), s  # fp16: two bytes per element
+
+
+def test_memory_limit():
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    cluster = taps.Cluster(1, 4)
+    tables = build_tables(g, cluster)
+    need = g.layers * sum(float(t.memory.min()) for t in tables.ops.values())
+    with pytest.raises(taps.InfeasibleError, match=f"{need:.4g}"):
+        taps.search(g, cluster, memory_limit=need * 0.999)
+    result = taps.search(g, cluster, memory_limit=need)
+    assert result.memory_per_device <= need * (1 + 1e-9)
+    free = taps.search(g, cluster)
+    assert result.cost >= free.cost * (1 - 1e-9)
+
+
+def test_memory_counts_parameter_shards_and_saved_output():
+    g = taps.Graph(name="m")
+    x = g.input("x", (8, 16))
+    g.linear("fc", x, 32)
+    op = g.op("fc")
+    for s in candidates(op, 4):
+        deg = dict(zip(op.partitionable, s.degrees))
+        in_axis, out_axis = op.partitionable[-2], op.partitionable[-1]
+        weight = 16 * 32 / (deg[in_axis] * deg[out_axis])
+        out = 8 * 32 / (deg[op.partitionable[0]] * deg[out_axis])
+        assert memory(g, op, s) == pytest.approx(weight * 16 + out * 2)
+
+
+def test_search_is_deterministic():
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 256, 64))
+    cluster = taps.Cluster(2, 4)
+    a, b = taps.search(g, cluster), taps.search(g, cluster)
+    assert a.strategies == b.strategies and a.cost == b.cost
+
+
+def test_result_reports_sizes():
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    cluster = taps.Cluster(2, 4)
+    r = taps.search(g, cluster)
+    tables = build_tables(g, cluster)
+    assert r.num_aux_edges == sum(
+        len(tables.ops[e.producer].strategies) * len(tables.ops[e.consumer].strategies)
+        for e in g.edges
+    )
+    assert r.ilp.binaries == sum(len(t.strategies) for t in tables.ops.values())
+    assert [row.name for row in r.breakdown] == [op.name for op in g.ops]
+    assert sum(row.total for row in r.breakdown) == pytest.approx(r.cost)
+    assert np.isfinite(r.solve_time) and r.solve_time >= 0
+
+
+def test_strategies_for_is_the_candidate_list():
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    cluster = taps.Cluster(2, 4)
+    r = taps.search(g, cluster)
+    for op in g.ops:
+        assert r.strategies[op.name] in taps.strategies_for(g, op.name, cluster)
+
+
+def test_wrong_cost_model_and_missing_strategy():
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    cluster = taps.Cluster(1, 2)
+    with pytest.raises(taps.TapsError, match="cost model"):
+        taps.search(g, cluster, cost_model="bytes")
+    with pytest.raises(taps.TapsError, match="no strategy"):
+        taps.evaluate(g, cluster, {})
