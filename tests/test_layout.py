@@ -1,6 +1,7 @@
 """taps.Layout: validation, attributes, immutability, shard_index, equality; and the simulator's
 own sanity on hand-computed examples (so the references the other tests rely on are checked)."""
 
+import pickle
 from math import prod
 
 import numpy as np
@@ -176,6 +177,13 @@ def test_equality_and_hash():
         assert not a.__eq__(o)
     assert len({a, *others}) == 1 + len(others)
     assert {a: 1}[b] == 1
+
+
+def test_pickle_round_trip():
+    lay = taps.Layout([8, 6, 4], [2, 1, 4], [0, -1, 2])
+    back = pickle.loads(pickle.dumps(lay))
+    assert back == lay
+    assert back.shard_shape == [2, 6, 2]
 
 
 def test_shard_index_out_of_range_is_an_error():

@@ -147,6 +147,11 @@ def _check_plan(ta, tb, data):
     # volume = what the replay actually moved, per device
     assert plan.volume == sum(op.volume for op in plan.all_ops)
     assert rep.received == [plan.volume] * n
+    # dims already split the same way in the unified source and target are never touched
+    src, tgt = plan.source.tensor_map, plan.target.tensor_map
+    done = {i for i, (m, t) in enumerate(zip(src, tgt, strict=True)) if m == t and m >= 0}
+    for op in plan.ops:
+        assert op.tensor_dim not in done and op.to_tensor_dim not in done, (src, tgt, op)
     # never worse than gathering everything and slicing locally
     s = prod(a.shard_shape)
     assert plan.volume <= prod(a.shape) - s, (plan.volume, prod(a.shape), s)

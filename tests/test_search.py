@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import taps
@@ -50,7 +51,12 @@ def _brute_force(tables) -> float:
 
 
 def _small_enough(graph, cluster) -> bool:
-    sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
+    """Brute force is affordable, and every op has a candidate (a 4-element op has none on 8
+    devices: that is a StrategyError, tested elsewhere)."""
+    try:
+        sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
+    except taps.StrategyError:
+        return False
     return math.prod(sizes) <= 3000
 
 
@@ -58,8 +64,7 @@ def _small_enough(graph, cluster) -> bool:
 @given(small_graphs(), st.sampled_from(CLUSTERS), st.sampled_from(["topology", "volume"]))
 def test_search_equals_brute_force(graph, shape, cost_model):
     cluster = taps.Cluster(*shape)
-    if not _small_enough(graph, cluster):
-        return
+    assume(_small_enough(graph, cluster))
     result = taps.search(graph, cluster, cost_model)
     tables = build_tables(graph, cluster, cost_model)
     assert result.status == "optimal" and result.gap == 0
@@ -76,6 +81,7 @@ def test_tables_agree_with_direct_evaluation(graph, shape, data):
     """The search's tables (batch kernel, layout classes) price any assignment exactly as the
     direct path does (plan_redistribution per edge, collectives per op)."""
     cluster = taps.Cluster(*shape)
+    assume(_small_enough(graph, cluster))
     for cost_model in ("topology", "volume"):
         tables = build_tables(graph, cluster, cost_model)
         choice = {
@@ -91,6 +97,7 @@ def test_tables_agree_with_direct_evaluation(graph, shape, data):
 @given(small_graphs(), st.sampled_from([s for s in CLUSTERS if s[0] > 1]))
 def test_topology_search_never_worse_under_topology(graph, shape):
     cluster = taps.Cluster(*shape)
+    assume(_small_enough(graph, cluster))
     c = taps.compare(graph, cluster)
     assert c.topology.cost <= c.volume_under_topology * (1 + 1e-9)
     assert c.reduction >= -1e-7
@@ -102,6 +109,7 @@ def test_one_node_both_searches_cost_the_same(graph, devices):
     """On one node every link is an intra-node link: time is bytes over one bandwidth, so both
     searches minimise the same thing."""
     cluster = taps.Cluster(1, devices)
+    assume(_small_enough(graph, cluster))
     c = taps.compare(graph, cluster)
     assert c.topology.cost == pytest.approx(c.volume_under_topology, rel=1e-9, abs=1e-18)
 
@@ -126,7 +134,7 @@ def test_memory_limit():
     cluster = taps.Cluster(1, 4)
     tables = build_tables(g, cluster)
     need = g.layers * sum(float(t.memory.min()) for t in tables.ops.values())
-    with pytest.raises(taps.InfeasibleError, match=f"{need:.4g}"):
+    with pytest.raises(taps.InfeasibleError, match=re.escape(f"smallest needs {need:,.0f} bytes")):
         taps.search(g, cluster, memory_limit=need * 0.999)
     result = taps.search(g, cluster, memory_limit=need)
     assert result.memory_per_device <= need * (1 + 1e-9)
@@ -175,6 +183,13 @@ def test_strategies_for_is_the_candidate_list():
     r = taps.search(g, cluster)
     for op in g.ops:
         assert r.strategies[op.name] in taps.strategies_for(g, op.name, cluster)
+
+
+def test_op_too_small_for_the_cluster_is_named():
+    g = taps.Graph(name="tiny")
+    g.relu("r", g.input("x", (2, 2)))
+    with pytest.raises(taps.StrategyError, match=r"'r'.*8 devices"):
+        taps.search(g, taps.Cluster(1, 8))
 
 
 def test_wrong_cost_model_and_missing_strategy():

@@ -182,3 +182,13 @@ def test_non_power_of_two_devices(num_devices):
 def test_bad_axis_sizes(sizes):
     with pytest.raises(taps.StrategyError):
         taps.enumerate_strategies(sizes, 4)
+
+
+def test_strategy_pickle_and_equality():
+    import pickle
+
+    got = taps.enumerate_strategies([8, 16, 32], 4)
+    back = pickle.loads(pickle.dumps(got))
+    assert back == got
+    assert as_tuples(back) == as_tuples(got)
+    assert len(set(got)) == len(got)

@@ -197,6 +197,13 @@ def test_bad_collective_inputs():
     with pytest.raises(taps.TopologyError):
         taps.inter_node_groups(lay, "broadcast", 4, device_dim=0)
     with pytest.raises(taps.TapsError):
+        cl.collective_cost(lay, "all_reduce", device_dim=0)
+    for kind in ("all_gather", "all_to_all"):
+        with pytest.raises(taps.TapsError):
+            cl.collective_cost(lay, kind)
+        with pytest.raises(taps.TapsError):
+            cl.collective_cost(lay, kind, device_dim=2)
+    with pytest.raises(taps.TapsError):
         taps.inter_node_groups(lay, "all_reduce", 4, device_dim=0)
     with pytest.raises(taps.TapsError):
         taps.inter_node_groups(lay, "all_gather", 4, device_dim=5)
@@ -235,3 +242,27 @@ def test_oracle_agrees_with_spec_closed_form(case):
     """The brute force and SPEC's closed form agree (a check of the reference itself)."""
     t, kind, k, L = case
     assert oracle.inter_node_groups(t, kind, L, k) == spec_closed_form_ct(t, kind, L, k)
+
+
+def test_cluster_pickle_and_equality():
+    import pickle
+
+    cl = taps.Cluster(4, 2, intra_bandwidth=1e9, inter_bandwidth=2e8, device_memory=2**30)
+    back = pickle.loads(pickle.dumps(cl))
+    assert back == cl
+    assert back != taps.Cluster(4, 2)
+    assert (back.nodes, back.devices_per_node, back.device_memory) == (4, 2, 2**30)
+
+
+def test_negative_arguments_raise_taps_errors():
+    """docs/core.md: every entry point validates its input and raises a taps error."""
+    cl = taps.Cluster(2, 2)
+    lay = taps.Layout([4], [4], [0])
+    with pytest.raises(taps.TapsError):
+        taps.inter_node_groups(lay, "all_gather", -8, device_dim=0)
+    with pytest.raises(taps.TapsError):
+        taps.inter_node_groups(lay, "all_gather", 2, device_dim=-1)
+    with pytest.raises(taps.TapsError):
+        cl.collective_cost(lay, "all_gather", device_dim=-1)
+    with pytest.raises(taps.TapsError):
+        cl.collective_cost(lay, "all_gather", device_dim=0, dtype_bytes=-1)

@@ -4,6 +4,7 @@ The layout, redistribution and cost core is Rust (``taps._core``); the graph mod
 reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
 """
 
+from taps import models
 from taps._core import (
     Cluster,
     CommOp,
@@ -23,26 +24,43 @@ from taps._core import (
     redistribution_costs,
     unify,
 )
+from taps.costs import OpCost, breakdown, evaluate, strategies_for
+from taps.graph import Edge, Graph, Operand, Operator, Tensor
+from taps.search import Comparison, SearchResult, compare, search
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cluster",
     "CommOp",
+    "Comparison",
+    "Edge",
+    "Graph",
     "GraphError",
     "InfeasibleError",
     "Layout",
     "LayoutError",
+    "OpCost",
+    "Operand",
+    "Operator",
     "Redistribution",
+    "SearchResult",
     "Strategy",
     "StrategyError",
     "TapsError",
+    "Tensor",
     "TopologyError",
     "UnifyError",
     "__version__",
+    "breakdown",
+    "compare",
     "enumerate_strategies",
+    "evaluate",
     "inter_node_groups",
+    "models",
     "plan_redistribution",
     "redistribution_costs",
+    "search",
+    "strategies_for",
     "unify",
 ]

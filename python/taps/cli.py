@@ -47,7 +47,7 @@ def _matrix_map(text: str) -> tuple[list[int], list[int]]:
     matrix, sep, tensor_map = text.partition(":")
     if not sep:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not DEVICE_MATRIX:TENSOR_MAP, e.g. \"[2,8]:[1,0]\""
+            f'{text!r} is not DEVICE_MATRIX:TENSOR_MAP, e.g. "[2,8]:[1,0]"'
         )
     return _ints(matrix), _ints(tensor_map)
 
@@ -58,9 +58,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--intra-bandwidth", type=float, default=60e9, help="bytes/s inside a node (60e9)"
     )
-    p.add_argument(
-        "--inter-bandwidth", type=float, default=6e9, help="bytes/s between nodes (6e9)"
-    )
+    p.add_argument("--inter-bandwidth", type=float, default=6e9, help="bytes/s between nodes (6e9)")
 
 
 def _cluster(args: argparse.Namespace, memory: float | None = None) -> Cluster:
@@ -82,15 +80,25 @@ def _plan(args: argparse.Namespace, console: Console) -> None:
     console.print(plan_table(plan, cluster, args.dtype_bytes))
 
 
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def _bytes(text: str) -> float:
     """``"80GB"``, ``"16GiB"`` or ``"1.6e10"`` -> bytes."""
     t = text.strip().upper()
     number = t.rstrip("KMGTIB")
-    unit = t[len(number):]
+    unit = t[len(number) :]
     try:
         value = float(number) * _UNITS[unit]
     except (ValueError, KeyError):
@@ -116,7 +124,7 @@ def load_model(name: str, batch: int | None) -> Graph:
     if key == "mlp":
         return models.mlp(**kwargs)
     if key.startswith("megatron-"):
-        return models.megatron(name[len("megatron-"):], **kwargs)
+        return models.megatron(name[len("megatron-") :], **kwargs)
     if name.endswith(".json"):
         try:
             with open(name, encoding="utf-8") as f:
@@ -125,7 +133,8 @@ def load_model(name: str, batch: int | None) -> Graph:
             raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
         return Graph.from_json(text)
     raise GraphError(
-        f"unknown model {name!r}: expected a graph JSON file or one of {', '.join(builtin_models())}"
+        f"unknown model {name!r}: expected a graph JSON file or one of "
+        f"{', '.join(builtin_models())}"
     )
 
 
@@ -168,13 +177,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan the redistribution of one tensor between two layouts",
         description="Plan the redistribution of a tensor between two layouts and price it.",
     )
-    p.add_argument("--from", dest="source", type=_matrix_map, required=True,
-                   metavar="DM:MAP", help='source device matrix and tensor map, e.g. "[2,8]:[1,0]"')
-    p.add_argument("--to", dest="target", type=_matrix_map, required=True,
-                   metavar="DM:MAP", help="target device matrix and tensor map")
+    p.add_argument(
+        "--from",
+        dest="source",
+        type=_matrix_map,
+        required=True,
+        metavar="DM:MAP",
+        help='source device matrix and tensor map, e.g. "[2,8]:[1,0]"',
+    )
+    p.add_argument(
+        "--to",
+        dest="target",
+        type=_matrix_map,
+        required=True,
+        metavar="DM:MAP",
+        help="target device matrix and tensor map",
+    )
     p.add_argument("--shape", type=_ints, required=True, help="tensor shape, e.g. 1024,1024")
-    p.add_argument("--target-shape", type=_ints, default=None,
-                   help="the consumer's shape if it reshapes the tensor (same element count)")
+    p.add_argument(
+        "--target-shape",
+        type=_ints,
+        default=None,
+        help="the consumer's shape if it reshapes the tensor (same element count)",
+    )
     p.add_argument("--dtype-bytes", type=float, default=2, help="bytes per element (2)")
     _add_cluster_args(p)
     p.set_defaults(run=_plan)
@@ -188,13 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
     _add_cluster_args(p)
     p.add_argument("--batch", type=int, default=None, help="batch size (model default)")
-    p.add_argument("--memory", type=_bytes, default=None,
-                   help="device memory limit, e.g. 80GB or 16GiB (none)")
-    p.add_argument("--cost-model", choices=("topology", "volume", "both"), default="topology",
-                   help="what the search minimises; both compares the two (topology)")
+    p.add_argument(
+        "--memory", type=_bytes, default=None, help="device memory limit, e.g. 80GB or 16GiB (none)"
+    )
+    p.add_argument(
+        "--cost-model",
+        choices=("topology", "volume", "both"),
+        default="topology",
+        help="what the search minimises; both compares the two (topology)",
+    )
     p.add_argument("--time-limit", type=float, default=None, help="SCIP time limit in seconds")
-    p.add_argument("--collectives", action="store_true",
-                   help="also list every collective of the chosen strategies")
+    p.add_argument(
+        "--collectives",
+        action="store_true",
+        help="also list every collective of the chosen strategies",
+    )
     p.add_argument("--json", metavar="FILE", default=None, help="write the result(s) as JSON")
     p.set_defaults(run=_search)
     return parser
@@ -203,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
+    # Wide enough for the tables when the output is a file or a pipe.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
         args.run(args, console)
     except TapsError as e:

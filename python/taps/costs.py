@@ -30,9 +30,7 @@ COST_MODELS = ("topology", "volume")
 
 def check_cost_model(cost_model: str) -> None:
     if cost_model not in COST_MODELS:
-        raise TopologyError(
-            f"unknown cost model {cost_model!r}: expected 'topology' or 'volume'"
-        )
+        raise TopologyError(f"unknown cost model {cost_model!r}: expected 'topology' or 'volume'")
 
 
 def candidates(op: Operator, num_devices: int) -> list[Strategy]:
@@ -82,9 +80,7 @@ class Collective:
     kind: str = "all_reduce"
 
     def cost(self, cluster: Cluster, cost_model: str = "topology") -> float:
-        return cluster.collective_cost(
-            self.layout, self.kind, None, self.dtype_bytes, cost_model
-        )
+        return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
 
 
 def _replicated(layout: Layout) -> bool:
@@ -100,8 +96,12 @@ def intra_collectives(graph: Graph, op: Operator, strategy: Strategy) -> list[Co
     if split & set(op.contracted):
         t = graph.tensors[op.output.tensor]
         out.append(
-            Collective(t.name, "forward partial sum", operand_layout(op, op.output, strategy),
-                       t.dtype_bytes)
+            Collective(
+                t.name,
+                "forward partial sum",
+                operand_layout(op, op.output, strategy),
+                t.dtype_bytes,
+            )
         )
     for operand in op.inputs:
         if not needs_gradient(graph, operand.tensor):
@@ -113,8 +113,9 @@ def intra_collectives(graph: Graph, op: Operator, strategy: Strategy) -> list[Co
     return out
 
 
-def memory(graph: Graph, op: Operator, strategy: Strategy,
-           bytes_per_parameter: float = BYTES_PER_PARAMETER) -> float:
+def memory(
+    graph: Graph, op: Operator, strategy: Strategy, bytes_per_parameter: float = BYTES_PER_PARAMETER
+) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
     optimizer state, and its output shard, saved for the backward pass."""
     total = 0.0
@@ -189,8 +190,12 @@ def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
     return cls, list(index)
 
 
-def build_tables(graph: Graph, cluster: Cluster, cost_model: str = "topology",
-                 bytes_per_parameter: float = BYTES_PER_PARAMETER) -> CostTables:
+def build_tables(
+    graph: Graph,
+    cluster: Cluster,
+    cost_model: str = "topology",
+    bytes_per_parameter: float = BYTES_PER_PARAMETER,
+) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search."""
     import time
 
@@ -203,8 +208,10 @@ def build_tables(graph: Graph, cluster: Cluster, cost_model: str = "topology",
     for op in graph.ops:
         cands = strategies[op.name]
         node = np.array(
-            [sum(c.cost(cluster, cost_model) for c in intra_collectives(graph, op, s))
-             for s in cands]
+            [
+                sum(c.cost(cluster, cost_model) for c in intra_collectives(graph, op, s))
+                for s in cands
+            ]
         )
         mem = np.array([memory(graph, op, s, bytes_per_parameter) for s in cands])
         ops[op.name] = OpTable(op, cands, node, mem)
@@ -223,8 +230,15 @@ def build_tables(graph: Graph, cluster: Cluster, cost_model: str = "topology",
             cache[key] = redistribution_costs(src_layouts, dst_layouts, cluster, dtype, cost_model)
         edges.append(EdgeTable(edge, src_cls, dst_cls, cache[key]))
     t2 = time.perf_counter()
-    return CostTables(graph, cluster, cost_model, ops, edges, bytes_per_parameter,
-                      {"enumerate": t1 - t0, "costs": t2 - t1})
+    return CostTables(
+        graph,
+        cluster,
+        cost_model,
+        ops,
+        edges,
+        bytes_per_parameter,
+        {"enumerate": t1 - t0, "costs": t2 - t1},
+    )
 
 
 @dataclass(frozen=True)
@@ -258,8 +272,9 @@ class OpCost:
         return self.intra_cost + self.incoming_cost
 
 
-def breakdown(graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy],
-              cost_model: str = "topology") -> list[OpCost]:
+def breakdown(
+    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+) -> list[OpCost]:
     """Per operator, in topological order: its collectives and incoming redistributions with
     their costs. Computed directly from the plans, independently of the search's tables."""
     check_cost_model(cost_model)
@@ -287,7 +302,8 @@ def breakdown(graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy]
     return out
 
 
-def evaluate(graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy],
-             cost_model: str = "topology") -> float:
+def evaluate(
+    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+) -> float:
     """The communication cost of an assignment: seconds ("topology") or bytes ("volume")."""
     return sum(c.total for c in breakdown(graph, cluster, strategies, cost_model))

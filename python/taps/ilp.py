@@ -52,16 +52,17 @@ def smallest_memory(tables: CostTables) -> float:
     return per_layer * tables.graph.layers
 
 
-def solve(tables: CostTables, memory_limit: float | None = None,
-          time_limit: float | None = None) -> IlpSolution:
+def solve(
+    tables: CostTables, memory_limit: float | None = None, time_limit: float | None = None
+) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit."""
     if memory_limit is not None:
         need = smallest_memory(tables)
         if need > memory_limit:
             raise InfeasibleError(
-                f"no assignment fits in {memory_limit:.4g} bytes per device: the smallest needs "
-                f"{need:.4g} bytes ({tables.graph.layers} layer(s))"
+                f"no assignment fits in the memory limit of {memory_limit:,.0f} bytes per device: "
+                f"the smallest needs {need:,.0f} bytes for {tables.graph.layers} layer(s)"
             )
     t0 = time.perf_counter()
     coeffs = [t.node_cost for t in tables.ops.values()] + [e.cost for e in tables.edges]
@@ -91,19 +92,19 @@ def solve(tables: CostTables, memory_limit: float | None = None,
             model.addCons(quicksum(f[a]) == quicksum(mine), name=f"out[{k},{a}]")
         for b in range(nb):
             mine = [w[j] for j in np.flatnonzero(e.target_class == b)]
-            model.addCons(quicksum(f[a][b] for a in range(na)) == quicksum(mine),
-                          name=f"in[{k},{b}]")
+            model.addCons(
+                quicksum(f[a][b] for a in range(na)) == quicksum(mine), name=f"in[{k},{b}]"
+            )
         constraints += na + nb
-        objective += [
-            c * scale * f[a][b]
-            for (a, b), c in np.ndenumerate(e.cost)
-            if c != 0
-        ]
+        objective += [c * scale * f[a][b] for (a, b), c in np.ndenumerate(e.cost) if c != 0]
     if memory_limit is not None:
         layers = tables.graph.layers
         model.addCons(
-            quicksum(m * layers * x for t in tables.ops.values()
-                     for m, x in zip(t.memory.tolist(), s[t.op.name]))
+            quicksum(
+                m * layers * x
+                for t in tables.ops.values()
+                for m, x in zip(t.memory.tolist(), s[t.op.name])
+            )
             <= memory_limit,
             name="memory",
         )
@@ -124,5 +125,6 @@ def solve(tables: CostTables, memory_limit: float | None = None,
         name: int(np.argmax([model.getSolVal(best, x) for x in xs])) for name, xs in s.items()
     }
     size = IlpSize(sum(len(x) for x in s.values()), continuous, constraints)
-    return IlpSolution(choice, status, float(model.getGap()), float(model.getSolvingTime()),
-                       build_time, size)
+    return IlpSolution(
+        choice, status, float(model.getGap()), float(model.getSolvingTime()), build_time, size
+    )

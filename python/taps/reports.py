@@ -74,7 +74,8 @@ def plan_table(plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2) -
 
 def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
     parts = [
-        f"{axis}={d}@{m}" for axis, d, m in zip(op_axes, strategy.degrees, strategy.device_map)
+        f"{axis}={d}@{m}"
+        for axis, d, m in zip(op_axes, strategy.degrees, strategy.device_map)
         if d > 1
     ]
     return " ".join(parts) or "replicated"
@@ -88,10 +89,15 @@ def strategy_table(result: SearchResult) -> Table:
         f"{result.cluster.nodes} x {result.cluster.devices_per_node} devices",
         title_justify="left",
     )
-    for name, justify in (("operator", "left"), ("strategy (axis=degree@device dim)", "left"),
-                          ("device matrix", "left"), ("collectives", "right"),
-                          ("redistribution", "right"), ("total", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "strategy (axis=degree@device dim)")
+    for name, justify in (
+        ("operator", "left"),
+        ("strategy", "left"),
+        ("device matrix", "left"),
+        ("collectives", "right"),
+        ("redistribution", "right"),
+        ("total", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)
     for row in result.breakdown:
         op = result.graph.op(row.name)
         table.add_row(
@@ -105,10 +111,17 @@ def strategy_table(result: SearchResult) -> Table:
     intra = sum(r.intra_cost for r in result.breakdown)
     incoming = sum(r.incoming_cost for r in result.breakdown)
     table.add_section()
-    table.add_row("total", "", "", format_cost(intra, model), format_cost(incoming, model),
-                  format_cost(result.cost, model))
+    table.add_row(
+        "total",
+        "",
+        "",
+        format_cost(intra, model),
+        format_cost(incoming, model),
+        format_cost(result.cost, model),
+    )
     layers = result.graph.layers
     table.caption = (
+        "strategy: axis=degree@device dim (0 innermost); "
         f"SCIP {result.status}, gap {result.gap:.2%}, {result.num_aux_edges:,} auxiliary edges, "
         f"ILP {result.ilp.binaries:,} binaries + {result.ilp.continuous:,} continuous, "
         f"{result.ilp.constraints:,} constraints; search {result.timings['total']:.3f} s; "
@@ -134,32 +147,47 @@ def collectives_table(result: SearchResult) -> Table:
             for k in unused:
                 group *= c.layout.device_dim_size(k)
             ct = inter_node_groups(c.layout, "all_reduce", cluster.devices_per_node)
-            table.add_row(row.name, c.tensor, c.reason, c.kind, str(group), str(ct),
-                          format_cost(cost, model))
+            table.add_row(
+                row.name, c.tensor, c.reason, c.kind, str(group), str(ct), format_cost(cost, model)
+            )
         for inc in row.incoming:
             dtype = result.graph.tensors[inc.edge.tensor].dtype_bytes
             for op in inc.plan.all_ops:
                 if op.kind == "slice":
                     continue
-                table.add_row(row.name, inc.edge.tensor, f"from {inc.edge.producer}", op.kind,
-                              str(op.group_size),
-                              str(op.inter_node_groups(cluster.devices_per_node)),
-                              format_cost(op.cost(cluster, dtype, model), model))
+                table.add_row(
+                    row.name,
+                    inc.edge.tensor,
+                    f"from {inc.edge.producer}",
+                    op.kind,
+                    str(op.group_size),
+                    str(op.inter_node_groups(cluster.devices_per_node)),
+                    format_cost(op.cost(cluster, dtype, model), model),
+                )
     return table
 
 
 def comparison_table(comparison: Comparison) -> Table:
     """Both searches priced under the topology model."""
     topo, vol = comparison.topology, comparison.volume
-    table = Table(title="Topology-aware vs volume-based search (both priced under the topology "
-                        "model)", title_justify="left")
+    table = Table(
+        title="Topology-aware vs volume-based search (both priced under the topology model)",
+        title_justify="left",
+    )
     for name in ("search", "topology cost", "volume (bytes/device)", "search time"):
         table.add_column(name, justify="left" if name == "search" else "right")
-    table.add_row("topology-aware", format_seconds(topo.cost),
-                  format_bytes(comparison.topology_under_volume),
-                  f"{topo.timings['total']:.3f} s")
-    table.add_row("volume-based", format_seconds(comparison.volume_under_topology),
-                  format_bytes(vol.cost), f"{vol.timings['total']:.3f} s")
+    table.add_row(
+        "topology-aware",
+        format_seconds(topo.cost),
+        format_bytes(comparison.topology_under_volume),
+        f"{topo.timings['total']:.3f} s",
+    )
+    table.add_row(
+        "volume-based",
+        format_seconds(comparison.volume_under_topology),
+        format_bytes(vol.cost),
+        f"{vol.timings['total']:.3f} s",
+    )
     table.caption = f"reduction: {comparison.reduction:.1f}% less communication time"
     table.caption_justify = "left"
     return table
@@ -170,42 +198,71 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
     ops = []
     for row in result.breakdown:
         op = result.graph.op(row.name)
-        ops.append({
-            "name": row.name,
-            "axes": list(op.partitionable),
-            "degrees": row.strategy.degrees,
-            "device_map": row.strategy.device_map,
-            "device_matrix": row.strategy.device_matrix,
-            "intra_cost": row.intra_cost,
-            "incoming_cost": row.incoming_cost,
-            "collectives": [
-                {"tensor": c.tensor, "reason": c.reason, "kind": c.kind, "cost": cost,
-                 "layout": {"shape": c.layout.shape, "device_matrix": c.layout.device_matrix,
-                            "tensor_map": c.layout.tensor_map}}
-                for c, cost in row.collectives
-            ],
-            "incoming": [
-                {"from": inc.edge.producer, "tensor": inc.edge.tensor, "cost": inc.cost,
-                 "ops": [{"kind": o.kind, "device_dim": o.device_dim, "tensor_dim": o.tensor_dim,
-                          "to_tensor_dim": o.to_tensor_dim, "group_size": o.group_size,
-                          "volume": o.volume} for o in inc.plan.all_ops]}
-                for inc in row.incoming
-            ],
-        })
+        ops.append(
+            {
+                "name": row.name,
+                "axes": list(op.partitionable),
+                "degrees": row.strategy.degrees,
+                "device_map": row.strategy.device_map,
+                "device_matrix": row.strategy.device_matrix,
+                "intra_cost": row.intra_cost,
+                "incoming_cost": row.incoming_cost,
+                "collectives": [
+                    {
+                        "tensor": c.tensor,
+                        "reason": c.reason,
+                        "kind": c.kind,
+                        "cost": cost,
+                        "layout": {
+                            "shape": c.layout.shape,
+                            "device_matrix": c.layout.device_matrix,
+                            "tensor_map": c.layout.tensor_map,
+                        },
+                    }
+                    for c, cost in row.collectives
+                ],
+                "incoming": [
+                    {
+                        "from": inc.edge.producer,
+                        "tensor": inc.edge.tensor,
+                        "cost": inc.cost,
+                        "ops": [
+                            {
+                                "kind": o.kind,
+                                "device_dim": o.device_dim,
+                                "tensor_dim": o.tensor_dim,
+                                "to_tensor_dim": o.to_tensor_dim,
+                                "group_size": o.group_size,
+                                "volume": o.volume,
+                            }
+                            for o in inc.plan.all_ops
+                        ],
+                    }
+                    for inc in row.incoming
+                ],
+            }
+        )
     c = result.cluster
     return {
         "graph": result.graph.name,
         "layers": result.graph.layers,
-        "cluster": {"nodes": c.nodes, "devices_per_node": c.devices_per_node,
-                    "intra_bandwidth": c.intra_bandwidth, "inter_bandwidth": c.inter_bandwidth,
-                    "device_memory": c.device_memory},
+        "cluster": {
+            "nodes": c.nodes,
+            "devices_per_node": c.devices_per_node,
+            "intra_bandwidth": c.intra_bandwidth,
+            "inter_bandwidth": c.inter_bandwidth,
+            "device_memory": c.device_memory,
+        },
         "cost_model": result.cost_model,
         "cost": result.cost,
         "status": result.status,
         "gap": result.gap,
         "num_aux_edges": result.num_aux_edges,
-        "ilp": {"binaries": result.ilp.binaries, "continuous": result.ilp.continuous,
-                "constraints": result.ilp.constraints},
+        "ilp": {
+            "binaries": result.ilp.binaries,
+            "continuous": result.ilp.continuous,
+            "constraints": result.ilp.constraints,
+        },
         "memory_per_device": result.memory_per_device,
         "timings": result.timings,
         "operators": ops,

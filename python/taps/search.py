@@ -35,9 +35,14 @@ class SearchResult:
     timings: dict[str, float]
 
 
-def search(graph: Graph, cluster: Cluster, cost_model: str = "topology",
-           memory_limit: float | None = None, time_limit: float | None = None,
-           bytes_per_parameter: float = BYTES_PER_PARAMETER) -> SearchResult:
+def search(
+    graph: Graph,
+    cluster: Cluster,
+    cost_model: str = "topology",
+    memory_limit: float | None = None,
+    time_limit: float | None = None,
+    bytes_per_parameter: float = BYTES_PER_PARAMETER,
+) -> SearchResult:
     """Find the strategy of every operator that minimises communication (SPEC section 7).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
@@ -48,9 +53,7 @@ def search(graph: Graph, cluster: Cluster, cost_model: str = "topology",
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     solution = solve(tables, limit, time_limit)
     t1 = time.perf_counter()
-    strategies = {
-        name: tables.ops[name].strategies[i] for name, i in solution.choice.items()
-    }
+    strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )
@@ -92,9 +95,13 @@ class Comparison:
         return 100.0 * (1.0 - self.topology.cost / self.volume_under_topology)
 
 
-def compare(graph: Graph, cluster: Cluster, memory_limit: float | None = None,
-            time_limit: float | None = None,
-            bytes_per_parameter: float = BYTES_PER_PARAMETER) -> Comparison:
+def compare(
+    graph: Graph,
+    cluster: Cluster,
+    memory_limit: float | None = None,
+    time_limit: float | None = None,
+    bytes_per_parameter: float = BYTES_PER_PARAMETER,
+) -> Comparison:
     """Search under both cost models and price both results under the topology model."""
     topo = search(graph, cluster, "topology", memory_limit, time_limit, bytes_per_parameter)
     vol = search(graph, cluster, "volume", memory_limit, time_limit, bytes_per_parameter)

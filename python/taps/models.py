@@ -1,0 +1,143 @@
+"""Built-in models: AlexNet, the Megatron-LM transformer layers of the paper, a GPT-style layer and
+an MLP. Every default is listed in docs/graph.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taps._core import GraphError
+from taps.graph import Graph
+
+
+def alexnet(batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2) -> Graph:
+    """torchvision's AlexNet on 224x224 images: 5 convolutions and 3 fully connected layers.
+
+    By default ReLU and max-pooling are folded into the convolution before them (its output has
+    the pooled shape): they split along batch and channels like the convolution's output, so the
+    best strategy gives them its layout at no cost, and the graph has the paper's 8 operators and
+    7 edges. ``elementwise=True`` makes them explicit operators.
+    """
+    g = Graph(name=f"alexnet(batch={batch})")
+    x = g.input("images", (batch, 3, 224, 224), dtype_bytes)
+    convs = [  # out channels, kernel, stride, padding, pool after
+        (64, 11, 4, 2, True),
+        (192, 5, 1, 2, True),
+        (384, 3, 1, 1, False),
+        (256, 3, 1, 1, False),
+        (256, 3, 1, 1, True),
+    ]
+    for i, (cout, k, s, p, pooled) in enumerate(convs, start=1):
+        if elementwise:
+            x = g.conv2d(f"conv{i}", x, cout, k, s, p)
+            x = g.relu(f"relu{i}", x)
+            if pooled:
+                x = g.pool(f"pool{i}", x, 3, 2)
+        else:
+            x = g.conv2d(f"conv{i}", x, cout, k, s, p, pool=(3, 2) if pooled else None)
+    x = g.reshape("flatten", x, (batch, 256 * 6 * 6))
+    for i, out in enumerate((4096, 4096, 1000), start=1):
+        x = g.linear(f"fc{i}", x, out)
+        if elementwise and i < 3:
+            x = g.relu(f"fc{i}.relu", x)
+    return g
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    """One row of Narayanan et al. 2021, table 1."""
+
+    heads: int
+    hidden: int
+    layers: int
+    gpus: int
+    global_batch: int
+
+
+MEGATRON_CONFIGS: dict[str, MegatronConfig] = {
+    "1.7B": MegatronConfig(24, 2304, 24, 32, 512),
+    "3.6B": MegatronConfig(32, 3072, 30, 64, 512),
+    "7.5B": MegatronConfig(32, 4096, 36, 128, 512),
+    "18.4B": MegatronConfig(48, 6144, 40, 256, 1024),
+    "39.1B": MegatronConfig(64, 8192, 48, 512, 1536),
+    "76.1B": MegatronConfig(80, 10240, 60, 1024, 1792),
+    "145.6B": MegatronConfig(96, 12288, 80, 1536, 2304),
+    "310.1B": MegatronConfig(128, 16384, 96, 1920, 2160),
+    "529.6B": MegatronConfig(128, 20480, 105, 2520, 2520),
+    "1008.0B": MegatronConfig(160, 25600, 128, 3072, 3072),
+}
+
+
+def megatron(name: str, batch: int | None = None, seq: int = 2048) -> Graph:
+    """One transformer layer of a Megatron-LM configuration (``"1.7B"`` ... ``"1008.0B"``, or
+    ``"1T"``); ``batch`` defaults to the configuration's global batch, and the graph's ``layers``
+    is the configuration's layer count."""
+    key = "1008.0B" if name.upper() == "1T" else name
+    if key not in MEGATRON_CONFIGS:
+        raise GraphError(
+            f"unknown Megatron configuration {name!r}: expected one of "
+            f"{', '.join(MEGATRON_CONFIGS)} or 1T"
+        )
+    c = MEGATRON_CONFIGS[key]
+    return gpt(
+        c.hidden,
+        c.heads,
+        seq,
+        c.global_batch if batch is None else batch,
+        layers=c.layers,
+        name=f"megatron-{key}",
+    )
+
+
+def gpt(
+    hidden: int,
+    heads: int,
+    seq: int,
+    batch: int,
+    layers: int = 1,
+    ffn_multiplier: int = 4,
+    name: str | None = None,
+    dtype_bytes: int = 2,
+) -> Graph:
+    """One pre-norm transformer layer: layernorm, q/k/v projections, attention scores, softmax,
+    context, output projection, residual add, layernorm, two-layer MLP with GeLU, residual add."""
+    if hidden % heads:
+        raise GraphError(f"hidden size {hidden} is not a multiple of {heads} heads")
+    hd = hidden // heads
+    g = Graph(
+        name=name or f"gpt(h={hidden}, heads={heads}, seq={seq}, batch={batch})", layers=layers
+    )
+    x = g.input("x", (batch, seq, hidden), dtype_bytes, requires_grad=True)
+    h = g.layernorm("ln1", x)
+    q, k, v = (
+        g.reshape(f"{n}.heads", g.linear(n, h, hidden), (batch, seq, heads, hd))
+        for n in ("q", "k", "v")
+    )
+    scores = g.einsum("scores", "bsnd,btnd->bnst", q, k)
+    probs = g.softmax("softmax", scores)
+    ctx = g.einsum("context", "bnst,btnd->bsnd", probs, v)
+    attn = g.linear("proj", g.reshape("context.flat", ctx, (batch, seq, hidden)), hidden)
+    x = g.add("residual1", x, attn)
+    h = g.layernorm("ln2", x)
+    h = g.gelu("gelu", g.linear("fc1", h, ffn_multiplier * hidden))
+    g.add("residual2", x, g.linear("fc2", h, hidden))
+    return g
+
+
+def mlp(
+    batch: int = 1024,
+    sizes: tuple[int, ...] = (1024, 4096, 4096, 1024),
+    activation: str = "gelu",
+    dtype_bytes: int = 2,
+) -> Graph:
+    """A chain of linear layers ``sizes[0] -> sizes[1] -> ...`` with an activation between."""
+    if activation not in ("gelu", "relu"):
+        raise GraphError(f"activation must be 'gelu' or 'relu', got {activation!r}")
+    if len(sizes) < 2:
+        raise GraphError(f"an MLP needs at least two sizes, got {sizes!r}")
+    g = Graph(name=f"mlp(batch={batch}, sizes={list(sizes)})")
+    x = g.input("x", (batch, sizes[0]), dtype_bytes)
+    for i, out in enumerate(sizes[1:], start=1):
+        x = g.linear(f"fc{i}", x, out)
+        if i < len(sizes) - 1:
+            x = getattr(g, activation)(f"act{i}", x)
+    return g
