@@ -491,11 +491,12 @@ class Graph:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
             return NotImplemented
-        return (self.name, self.layers, self.tensors, self._ops) == (
+        # The order of operators is part of the graph; that of tensors is not.
+        return (self.name, self.layers, self.tensors, list(self._ops.items())) == (
             other.name,
             other.layers,
             other.tensors,
-            other._ops,
+            list(other._ops.items()),
         )
 
     def __repr__(self) -> str:
@@ -602,14 +603,15 @@ class Graph:
     def _add_in_order(self, pending: list[_Pending]) -> None:
         """Add views and operators once what they use exists (in file order where possible);
         whatever is left waits on a tensor nobody makes, or on a cycle."""
-        while pending:
-            ready = [p for p in pending if all(t in self.tensors for _, t in p.uses)]
-            if not ready:
-                break
-            for p in ready:
-                with _Reader().at(p.path):
-                    p.add(self)
-                pending.remove(p)
+        progress = True
+        while pending and progress:
+            progress = False
+            for p in list(pending):
+                if all(t in self.tensors for _, t in p.uses):
+                    with _Reader().at(p.path):
+                        p.add(self)
+                    pending.remove(p)
+                    progress = True
         made = {p.makes for p in pending}
         for p in pending:
             for field, t in p.uses:

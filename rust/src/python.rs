@@ -91,6 +91,14 @@ fn dtype(bytes: f64) -> Result<f64, Error> {
     }
 }
 
+fn device_dim(k: Option<i64>) -> Result<Option<usize>, Error> {
+    k.map(|k| {
+        usize::try_from(k)
+            .map_err(|_| Error::Topology(format!("device dim {k} is negative: dims count from 0")))
+    })
+    .transpose()
+}
+
 /// How a tensor is spread over the devices (SPEC section 1). Immutable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "Layout")]
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -255,14 +263,14 @@ impl PyCluster {
         &self,
         layout: &PyLayout,
         collective: &str,
-        device_dim: Option<usize>,
+        device_dim: Option<i64>,
         dtype_bytes: f64,
         model: &str,
     ) -> PyResult<f64> {
         Ok(self.inner.collective_cost(
             &layout.inner,
             Collective::parse(collective)?,
-            device_dim,
+            self::device_dim(device_dim)?,
             dtype(dtype_bytes)?,
             CostModel::parse(model)?,
         )?)
@@ -531,14 +539,14 @@ fn inter_node_groups(
     layout: &PyLayout,
     collective: &str,
     devices_per_node: i64,
-    device_dim: Option<usize>,
+    device_dim: Option<i64>,
 ) -> PyResult<u64> {
     let l = u64::try_from(devices_per_node).unwrap_or(0);
     Ok(topology::inter_node_groups(
         &layout.inner,
         Collective::parse(collective)?,
         l,
-        device_dim,
+        self::device_dim(device_dim)?,
     )?)
 }
 

@@ -1,0 +1,151 @@
+"""The command line: output of ``taps plan`` and ``taps search``, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import taps
+from taps.cli import main
+
+PLAN = [
+    "plan",
+    "--from",
+    "[2,8]:[1,0]",
+    "--to",
+    "[8,2]:[1,0]",
+    "--shape",
+    "1024,1024",
+    "--nodes",
+    "2",
+    "--devices-per-node",
+    "8",
+]
+
+
+def test_plan_prints_unified_layouts_and_ops(capsys):
+    assert main(PLAN) == 0
+    out = capsys.readouterr().out
+    assert "device matrix [2, 4, 2]  map [2, -1, 1, 0]" in out
+    assert "device matrix [2, 4, 2]  map [2, 1, 0, -1]" in out
+    plan = taps.plan_redistribution(
+        taps.Layout([1024, 1024], [2, 8], [1, 0]), taps.Layout([1024, 1024], [8, 2], [1, 0])
+    )
+    assert out.count("all_to_all") == len(plan.ops)
+    assert f"{plan.volume:,} elements per device" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [
+                "plan",
+                "--from",
+                "[2,8",
+                "--to",
+                "[8,2]:[1,0]",
+                "--shape",
+                "8,8",
+                "--nodes",
+                "2",
+                "--devices-per-node",
+                "8",
+            ],
+            "is not DEVICE_MATRIX:TENSOR_MAP",
+        ),
+        (PLAN[:-1], "expected one argument"),
+        (
+            [
+                "plan",
+                "--from",
+                "[3,8]:[1,0]",
+                "--to",
+                "[8,2]:[1,0]",
+                "--shape",
+                "1024,1024",
+                "--nodes",
+                "2",
+                "--devices-per-node",
+                "8",
+            ],
+            "not a positive power of two",
+        ),
+        (["search", "resnet", "--nodes", "1", "--devices-per-node", "2"], "unknown model"),
+        (["search", "mlp", "--nodes", "3", "--devices-per-node", "8"], "power of two"),
+        (
+            ["search", "mlp", "--nodes", "1", "--devices-per-node", "2", "--memory", "1KB"],
+            "smallest needs",
+        ),
+        (
+            ["search", "mlp", "--nodes", "1", "--devices-per-node", "2", "--memory", "lots"],
+            "not a memory size",
+        ),
+        (
+            ["search", "missing.json", "--nodes", "1", "--devices-per-node", "2"],
+            "cannot read graph file",
+        ),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        code = main(argv)
+        raise SystemExit(code)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_search_table_and_json(tmp_path, capsys):
+    path = tmp_path / "graph.json"
+    graph = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    path.write_text(graph.to_json())
+    out_json = tmp_path / "result.json"
+    argv = [
+        "search",
+        str(path),
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+        "--cost-model",
+        "both",
+        "--collectives",
+        "--json",
+        str(out_json),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for op in graph.ops:
+        assert op.name in out
+    assert "reduction" in out and "Collectives" in out
+    data = json.loads(out_json.read_text())
+    cluster = taps.Cluster(2, 4)
+    topo = taps.search(graph, cluster)
+    assert data["topology"]["cost"] == pytest.approx(topo.cost)
+    assert [o["name"] for o in data["topology"]["operators"]] == [op.name for op in graph.ops]
+    assert data["comparison"]["reduction_percent"] >= -1e-7
+
+
+def test_builtin_model_with_batch(capsys):
+    assert (
+        main(
+            [
+                "search",
+                "alexnet",
+                "--batch",
+                "16",
+                "--nodes",
+                "1",
+                "--devices-per-node",
+                "2",
+                "--cost-model",
+                "volume",
+            ]
+        )
+        == 0
+    )
+    assert "alexnet(batch=16)" in capsys.readouterr().out
