@@ -32,12 +32,13 @@ bench: install ## Run the Rust and Python benchmarks
 	cargo bench --bench core
 	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only
 
-lint: install ## cargo fmt, clippy (pedantic), ruff and the stub check
+lint: install ## cargo fmt, clippy (pedantic), ruff, mypy and the stub check (stubtest)
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --features python -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
+	$(PY) -m mypy python/taps
 	$(PY) -m mypy.stubtest taps._core
 
 fmt: ## Format Rust and Python sources

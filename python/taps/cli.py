@@ -117,14 +117,13 @@ def builtin_models() -> list[str]:
 
 def load_model(name: str, batch: int | None) -> Graph:
     """A built-in model by name, or a graph JSON file."""
-    kwargs = {} if batch is None else {"batch": batch}
     key = name.lower()
     if key == "alexnet":
-        return models.alexnet(**kwargs)
+        return models.alexnet() if batch is None else models.alexnet(batch=batch)
     if key == "mlp":
-        return models.mlp(**kwargs)
+        return models.mlp() if batch is None else models.mlp(batch=batch)
     if key.startswith("megatron-"):
-        return models.megatron(name[len("megatron-") :], **kwargs)
+        return models.megatron(name[len("megatron-") :], batch=batch)
     if name.endswith(".json"):
         try:
             with open(name, encoding="utf-8") as f:

@@ -42,8 +42,8 @@ def plan_table(plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2) -
     """One row per op of the plan: what it does, its group, volume, ct and cost."""
     table = Table(title="Redistribution", title_justify="left")
     for name in ("step", "op", "dev dim", "tensor dims", "group", "volume", "ct", "cost"):
-        justify = "left" if name in ("step", "op", "tensor dims") else "right"
-        table.add_column(name, justify=justify, no_wrap=True)
+        right = name not in ("step", "op", "tensor dims")
+        table.add_column(name, justify="right" if right else "left", no_wrap=True)
     steps = (
         [("prelude", op) for op in plan.prelude]
         + [("unified", op) for op in plan.ops]
@@ -89,15 +89,10 @@ def strategy_table(result: SearchResult) -> Table:
         f"{result.cluster.nodes} x {result.cluster.devices_per_node} devices",
         title_justify="left",
     )
-    for name, justify in (
-        ("operator", "left"),
-        ("strategy", "left"),
-        ("device matrix", "left"),
-        ("collectives", "right"),
-        ("redistribution", "right"),
-        ("total", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=True)
+    for name in ("operator", "strategy", "device matrix"):
+        table.add_column(name, no_wrap=True)
+    for name in ("collectives", "redistribution", "total"):
+        table.add_column(name, justify="right", no_wrap=True)
     for row in result.breakdown:
         op = result.graph.op(row.name)
         table.add_row(
@@ -138,8 +133,10 @@ def collectives_table(result: SearchResult) -> Table:
     model = result.cost_model
     cluster = result.cluster
     table = Table(title="Collectives", title_justify="left")
-    for name in ("operator", "tensor", "why", "collective", "group", "ct", "cost"):
-        table.add_column(name, justify="right" if name in ("group", "ct", "cost") else "left")
+    for name in ("operator", "tensor", "why", "collective"):
+        table.add_column(name)
+    for name in ("group", "ct", "cost"):
+        table.add_column(name, justify="right")
     for row in result.breakdown:
         for c, cost in row.collectives:
             unused = [k for k in range(len(c.layout.device_matrix)) if k not in c.layout.tensor_map]
