@@ -221,9 +221,15 @@ impl PyCluster {
         inter_bandwidth: f64,
         device_memory: Option<f64>,
     ) -> PyResult<Self> {
-        let [nodes, l] = [nodes, devices_per_node].map(|v| u64::try_from(v).unwrap_or(0));
+        let (Ok(n), Ok(l)) = (u64::try_from(nodes), u64::try_from(devices_per_node)) else {
+            return Err(Error::Topology(format!(
+                "a cluster needs a positive number of nodes and devices per node, got {nodes} \
+                 nodes of {devices_per_node}"
+            ))
+            .into());
+        };
         Ok(PyCluster {
-            inner: Cluster::new(nodes, l, intra_bandwidth, inter_bandwidth, device_memory)?,
+            inner: Cluster::new(n, l, intra_bandwidth, inter_bandwidth, device_memory)?,
         })
     }
 
@@ -541,7 +547,11 @@ fn inter_node_groups(
     devices_per_node: i64,
     device_dim: Option<i64>,
 ) -> PyResult<u64> {
-    let l = u64::try_from(devices_per_node).unwrap_or(0);
+    let l = u64::try_from(devices_per_node).map_err(|_| {
+        Error::Topology(format!(
+            "devices_per_node must be a positive power of two, got {devices_per_node}"
+        ))
+    })?;
     Ok(topology::inter_node_groups(
         &layout.inner,
         Collective::parse(collective)?,
@@ -554,7 +564,11 @@ fn inter_node_groups(
 #[pyfunction]
 fn enumerate_strategies(axis_sizes: Vec<i64>, num_devices: i64) -> PyResult<Vec<PyStrategy>> {
     let sizes = unsigned(axis_sizes, "axis sizes", Error::Strategy)?;
-    let n = u64::try_from(num_devices).unwrap_or(0);
+    let n = u64::try_from(num_devices).map_err(|_| {
+        Error::Strategy(format!(
+            "the device count must be a power of two, got {num_devices}"
+        ))
+    })?;
     Ok(strategies::enumerate_strategies(&sizes, n)?
         .into_iter()
         .map(|inner| PyStrategy { inner })
