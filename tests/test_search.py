@@ -199,3 +199,27 @@ def test_wrong_cost_model_and_missing_strategy():
         taps.search(g, cluster, cost_model="bytes")
     with pytest.raises(taps.TapsError, match="no strategy"):
         taps.evaluate(g, cluster, {})
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_graphs(), st.sampled_from([s for s in CLUSTERS if s[0] > 1]))
+def test_tie_break_is_lexicographic(graph, shape):
+    """Among volume-optimal assignments, the best and worst topology costs bracket every one of
+    them: checked against brute force over all assignments."""
+    from taps.ilp import solve
+
+    cluster = taps.Cluster(*shape)
+    assume(_small_enough(graph, cluster))
+    vol, topo = build_tables(graph, cluster, "volume"), build_tables(graph, cluster, "topology")
+    names = list(vol.ops)
+    every = [
+        dict(zip(names, c))
+        for c in itertools.product(*(range(len(vol.ops[n].strategies)) for n in names))
+    ]
+    best_volume = min(vol.evaluate(c) for c in every)
+    ties = [topo.evaluate(c) for c in every if vol.evaluate(c) <= best_volume * (1 + 1e-12)]
+    lo, hi = solve(vol, tie_break=(topo, "min")), solve(vol, tie_break=(topo, "max"))
+    for sol in (lo, hi):
+        assert vol.evaluate(sol.choice) == pytest.approx(best_volume, rel=1e-9, abs=1e-9)
+    assert topo.evaluate(lo.choice) == pytest.approx(min(ties), rel=1e-9, abs=1e-18)
+    assert topo.evaluate(hi.choice) == pytest.approx(max(ties), rel=1e-9, abs=1e-18)

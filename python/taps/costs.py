@@ -60,12 +60,9 @@ def operand_layout(op: Operator, operand: Operand, strategy: Strategy) -> Layout
 
 
 def needs_gradient(graph: Graph, tensor: str) -> bool:
-    """Parameters and activations get gradients; graph inputs only if they ask for one."""
-    t = graph.tensors[tensor]
-    if t.kind == "view":
-        assert t.base is not None
-        return needs_gradient(graph, t.base)
-    return t.kind in ("parameter", "activation") or t.requires_grad
+    """Parameters always get a gradient; an input only if it asks for one (an earlier layer's
+    output); an activation or view if anything upstream of it needs one."""
+    return graph.tensors[tensor].requires_grad
 
 
 @dataclass(frozen=True)

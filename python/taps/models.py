@@ -9,13 +9,16 @@ from taps._core import GraphError
 from taps.graph import Graph
 
 
-def alexnet(batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2) -> Graph:
+def alexnet(
+    batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2, bias: bool = False
+) -> Graph:
     """torchvision's AlexNet on 224x224 images: 5 convolutions and 3 fully connected layers.
 
-    By default ReLU and max-pooling are folded into the convolution before them (its output has
-    the pooled shape): they split along batch and channels like the convolution's output, so the
-    best strategy gives them its layout at no cost, and the graph has the paper's 8 operators and
-    7 edges. ``elementwise=True`` makes them explicit operators.
+    By default ReLU and max-pooling are folded into the operator before them (a convolution's
+    output has the pooled shape): every axis of their tensors that the producer can split they can
+    split too, so taking the producer's layout costs them nothing, and the graph has the paper's 8
+    operators and 7 edges (docs/graph.md gives the argument). ``elementwise=True`` makes them
+    explicit operators; ``bias=True`` adds torchvision's biases (61,100,840 parameters in all).
     """
     g = Graph(name=f"alexnet(batch={batch})")
     x = g.input("images", (batch, 3, 224, 224), dtype_bytes)
@@ -28,15 +31,15 @@ def alexnet(batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2) -
     ]
     for i, (cout, k, s, p, pooled) in enumerate(convs, start=1):
         if elementwise:
-            x = g.conv2d(f"conv{i}", x, cout, k, s, p)
+            x = g.conv2d(f"conv{i}", x, cout, k, s, p, bias)
             x = g.relu(f"relu{i}", x)
             if pooled:
                 x = g.pool(f"pool{i}", x, 3, 2)
         else:
-            x = g.conv2d(f"conv{i}", x, cout, k, s, p, pool=(3, 2) if pooled else None)
+            x = g.conv2d(f"conv{i}", x, cout, k, s, p, bias, pool=(3, 2) if pooled else None)
     x = g.reshape("flatten", x, (batch, 256 * 6 * 6))
     for i, out in enumerate((4096, 4096, 1000), start=1):
-        x = g.linear(f"fc{i}", x, out)
+        x = g.linear(f"fc{i}", x, out, bias)
         if elementwise and i < 3:
             x = g.relu(f"fc{i}.relu", x)
     return g
@@ -98,24 +101,36 @@ def gpt(
     name: str | None = None,
     dtype_bytes: int = 2,
 ) -> Graph:
-    """One pre-norm transformer layer: layernorm, q/k/v projections, attention scores, softmax,
-    context, output projection, residual add, layernorm, two-layer MLP with GeLU, residual add."""
+    """One pre-norm transformer layer on ``batch * seq`` tokens: layernorm, q/k/v projections,
+    attention scores, softmax, context, output projection, residual add, layernorm, two-layer MLP
+    with GeLU, residual add.
+
+    As in the 2-D MatMuls of Megatron-LM and MindSpore, the projections and the MLP see the tokens
+    as one axis (splitting it is data parallelism); attention sees batch, sequence and heads, and
+    splits any of them but the head dim, the key sequence it normalises over and contracts.
+    """
+    sizes = {"hidden": hidden, "heads": heads, "seq": seq, "batch": batch, "ffn": ffn_multiplier}
+    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise GraphError(f"gpt: sizes must be positive ints, got {bad}")
     if hidden % heads:
         raise GraphError(f"hidden size {hidden} is not a multiple of {heads} heads")
     hd = hidden // heads
+    tokens = batch * seq
     g = Graph(
         name=name or f"gpt(h={hidden}, heads={heads}, seq={seq}, batch={batch})", layers=layers
     )
-    x = g.input("x", (batch, seq, hidden), dtype_bytes, requires_grad=True)
+    # The previous layer's output: its gradient flows back.
+    x = g.input("x", (tokens, hidden), dtype_bytes, requires_grad=True)
     h = g.layernorm("ln1", x)
     q, k, v = (
         g.reshape(f"{n}.heads", g.linear(n, h, hidden), (batch, seq, heads, hd))
         for n in ("q", "k", "v")
     )
-    scores = g.einsum("scores", "bsnd,btnd->bnst", q, k)
+    scores = g.einsum("scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
     probs = g.softmax("softmax", scores)
-    ctx = g.einsum("context", "bnst,btnd->bsnd", probs, v)
-    attn = g.linear("proj", g.reshape("context.flat", ctx, (batch, seq, hidden)), hidden)
+    ctx = g.einsum("context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
+    attn = g.linear("proj", g.reshape("context.flat", ctx, (tokens, hidden)), hidden)
     x = g.add("residual1", x, attn)
     h = g.layernorm("ln2", x)
     h = g.gelu("gelu", g.linear("fc1", h, ffn_multiplier * hidden))
