@@ -237,6 +237,12 @@ impl Layout {
     }
 }
 
+/// A valid layout from literals, for the tests of every module.
+#[cfg(test)]
+pub(crate) fn layout(shape: &[u64], device_matrix: &[u64], tensor_map: &[i64]) -> Layout {
+    Layout::new(shape.to_vec(), device_matrix.to_vec(), tensor_map.to_vec()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -270,10 +270,7 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn layout(shape: &[u64], dm: &[u64], map: &[i64]) -> Layout {
-        Layout::new(shape.to_vec(), dm.to_vec(), map.to_vec()).unwrap()
-    }
+    use crate::layout::layout;
 
     /// The paper's table "Tensor Redistribution" (caption erratum applied).
     #[test]

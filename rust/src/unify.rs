@@ -391,10 +391,7 @@ pub fn unify(a: &Layout, b: &Layout) -> Result<(Layout, Layout)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn layout(shape: &[u64], dm: &[u64], map: &[i64]) -> Layout {
-        Layout::new(shape.to_vec(), dm.to_vec(), map.to_vec()).unwrap()
-    }
+    use crate::layout::layout;
 
     #[test]
     fn paper_example() {

@@ -1,0 +1,169 @@
+//! Property tests of the core without Python: unification keeps every rank's elements, every plan
+//! step moves exactly the elements it claims, and `ct` matches brute-force group enumeration.
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use taps::{inter_node_groups, plan_redistribution, unify, Collective, Layout};
+
+/// Flat (row-major) indices of the elements `rank` holds.
+fn elements(l: &Layout, rank: u64) -> BTreeSet<u64> {
+    let ranges = l.shard_index(rank).unwrap();
+    let mut out = BTreeSet::from([0u64]);
+    for (i, &(start, stop)) in ranges.iter().enumerate() {
+        let size = l.shape()[i];
+        out = out
+            .iter()
+            .flat_map(|&prefix| (start..stop).map(move |x| prefix * size + x))
+            .collect();
+    }
+    out
+}
+
+/// A random layout of `2^n` devices: a factorization of the devices, a shape whose split dims
+/// divide, and a map using each device dim at most once.
+fn layout(n: u32) -> impl Strategy<Value = Layout> {
+    (
+        proptest::collection::vec(0u32..=n, 0..4),
+        proptest::collection::vec(prop::sample::select(vec![1u64, 2, 3, 4, 6, 8]), 1..4),
+        any::<u64>(),
+    )
+        .prop_map(move |(cuts, base, seed)| {
+            let mut bounds: Vec<u32> = cuts.into_iter().chain([0, n]).collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let dims: Vec<u64> = bounds.windows(2).map(|w| 1u64 << (w[1] - w[0])).collect();
+            let matrix: Vec<u64> = dims.iter().rev().copied().collect();
+            let mut free: Vec<i64> = (0..dims.len() as i64).collect();
+            let mut state = seed;
+            let mut shape = Vec::new();
+            let mut map = Vec::new();
+            for b in base {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                let pick = (state >> 33) as usize % (free.len() + 1);
+                if pick < free.len() {
+                    let k = free.remove(pick);
+                    shape.push(b * dims[k as usize]);
+                    map.push(k);
+                } else {
+                    shape.push(b);
+                    map.push(-1);
+                }
+            }
+            Layout::new(shape, matrix, map).unwrap()
+        })
+}
+
+/// Two layouts of one tensor on 2^n devices; the second reshaped to a random shape of the same
+/// element count when it can be.
+fn pair() -> impl Strategy<Value = (Layout, Layout)> {
+    (0u32..=4)
+        .prop_flat_map(|n| (layout(n), layout(n)))
+        .prop_filter_map("same element count", |(a, b)| {
+            if a.num_elements() == b.num_elements() {
+                return Some((a, b));
+            }
+            // Reuse b's device matrix and map on a reshaped copy of a's shape when possible.
+            let total = a.num_elements();
+            let mut shape = b.shape().to_vec();
+            let last = shape.len() - 1;
+            let rest: u64 = shape[..last].iter().product();
+            if total % rest != 0 {
+                return None;
+            }
+            shape[last] = total / rest;
+            Layout::new(shape, b.device_matrix().to_vec(), b.tensor_map().to_vec())
+                .ok()
+                .map(|b2| (a, b2))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn unify_keeps_every_ranks_elements((a, b) in pair()) {
+        if let Ok((ua, ub)) = unify(&a, &b) {
+            prop_assert_eq!(ua.device_matrix(), ub.device_matrix());
+            prop_assert_eq!(ua.shape(), ub.shape());
+            for r in 0..a.num_devices() {
+                prop_assert_eq!(elements(&a, r), elements(&ua, r));
+                prop_assert_eq!(elements(&b, r), elements(&ub, r));
+            }
+        }
+    }
+
+    #[test]
+    fn every_step_moves_what_it_claims((a, b) in pair()) {
+        let plan = plan_redistribution(&a, &b).unwrap();
+        // The unified ops: each step's new elements are exactly its volume.
+        let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
+        states.push(&plan.target);
+        if let Some(first) = plan.ops.first() {
+            prop_assert_eq!(&first.layout, &plan.source);
+        }
+        for (op, after) in plan.ops.iter().zip(states.iter().skip(1)) {
+            for r in 0..a.num_devices() {
+                let before = elements(&op.layout, r);
+                let now = elements(after, r);
+                prop_assert_eq!(now.difference(&before).count() as u64, op.volume);
+            }
+        }
+        for r in 0..a.num_devices() {
+            prop_assert_eq!(elements(&plan.target, r), elements(&b, r));
+        }
+        // Never more than gathering every split of the source.
+        let splits: u64 = (0..a.ndim()).map(|i| a.split_degree(i)).product();
+        prop_assert!(plan.volume() <= (splits - 1) * a.shard_size());
+    }
+
+    #[test]
+    fn ct_matches_brute_force(l in (1u32..=5).prop_flat_map(layout), node_bits in 0u32..=5) {
+        let per_node = 1u64 << node_bits.min(l.num_devices().trailing_zeros());
+        let h = l.num_device_dims();
+        let groups: Vec<(Collective, Vec<usize>)> = std::iter::once(
+            (Collective::AllReduce, (0..h).filter(|&k| !l.uses(k)).collect()),
+        )
+        .chain((0..h).map(|k| (Collective::AllGather, vec![k])))
+        .collect();
+        for (collective, group) in groups {
+            let dim = (collective != Collective::AllReduce).then(|| group[0]);
+            let got = inter_node_groups(&l, collective, per_node, dim).unwrap();
+            prop_assert_eq!(got, brute_ct(&l, collective, &group, per_node));
+        }
+    }
+}
+
+/// Count, in the busiest node, the groups with members inside and outside it, groups that hold
+/// the same data (they differ only in unused device dims) counting once for gathers.
+fn brute_ct(l: &Layout, collective: Collective, group: &[usize], per_node: u64) -> u64 {
+    let n = l.num_devices();
+    let key = |r: u64, dims: &dyn Fn(usize) -> bool| -> Vec<u64> {
+        (0..l.num_device_dims())
+            .filter(|&k| dims(k))
+            .map(|k| l.coordinate(r, k))
+            .collect()
+    };
+    (0..n / per_node)
+        .map(|node| {
+            let inside = |r: u64| r / per_node == node;
+            let mut crossing = BTreeSet::new();
+            for r in (node * per_node)..((node + 1) * per_node) {
+                let id = key(r, &|k| !group.contains(&k));
+                let leaves = (0..n).any(|q| !inside(q) && key(q, &|k| !group.contains(&k)) == id);
+                if leaves {
+                    let data = if collective == Collective::AllReduce {
+                        id
+                    } else {
+                        key(r, &|k| !group.contains(&k) && l.uses(k))
+                    };
+                    crossing.insert(data);
+                }
+            }
+            crossing.len() as u64
+        })
+        .max()
+        .unwrap_or(0)
+}
