@@ -223,3 +223,12 @@ def test_tie_break_is_lexicographic(graph, shape):
         assert vol.evaluate(sol.choice) == pytest.approx(best_volume, rel=1e-9, abs=1e-9)
     assert topo.evaluate(lo.choice) == pytest.approx(min(ties), rel=1e-9, abs=1e-18)
     assert topo.evaluate(hi.choice) == pytest.approx(max(ties), rel=1e-9, abs=1e-18)
+
+
+def test_time_limit_returns_the_best_assignment_found():
+    g = taps.models.alexnet()
+    cluster = taps.Cluster(8, 8)
+    r = taps.search(g, cluster, time_limit=0.001)
+    assert r.status == "timelimit" and r.gap > 0
+    assert r.cost == pytest.approx(taps.evaluate(g, cluster, r.strategies), rel=1e-9)
+    assert r.cost >= taps.search(g, cluster).cost * (1 - 1e-9)

@@ -9,6 +9,7 @@ objective is exact, and the LP relaxation is far tighter than one binary per str
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,29 @@ def _check_memory(tables: CostTables, memory_limit: float | None) -> None:
         )
 
 
+def _add_start(
+    model: Model,
+    tables: CostTables,
+    s: dict[str, list],
+    f: list[list[list]],
+    memory_limit: float | None,
+) -> None:
+    """Hand SCIP a first assignment, so that a time limit always leaves one to return: every
+    operator's cheapest candidate on its own, if it fits the memory limit."""
+    choice = {name: int(np.argmin(t.node_cost)) for name, t in tables.ops.items()}
+    memory = tables.graph.layers * sum(float(tables.ops[n].memory[i]) for n, i in choice.items())
+    if memory_limit is not None and memory > memory_limit:
+        return
+    sol = model.createSol()
+    for name, xs in s.items():
+        model.setSolVal(sol, xs[choice[name]], 1.0)
+    for e, fe in zip(tables.edges, f):
+        a = e.source_class[choice[e.edge.producer]]
+        b = e.target_class[choice[e.edge.consumer]]
+        model.setSolVal(sol, fe[a][b], 1.0)
+    model.addSol(sol)
+
+
 def solve(
     tables: CostTables,
     memory_limit: float | None = None,
@@ -142,6 +166,7 @@ def solve(
         model.setParam("limits/time", float(time_limit))
     if not presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
+    _add_start(model, tables, s, f, memory_limit)
     build_time = time.perf_counter() - t0
 
     model.optimize()
@@ -168,6 +193,13 @@ def solve(
     size = IlpSize(
         sum(len(x) for x in s.values()), sum(len(fe) * len(fe[0]) for fe in f if fe), constraints
     )
+    # SCIP says 1e20 when it has no dual bound yet.
+    gap = float(model.getGap())
     return IlpSolution(
-        choice, status, float(model.getGap()), float(model.getSolvingTime()), build_time, size
+        choice,
+        status,
+        math.inf if gap >= 1e20 else gap,
+        float(model.getSolvingTime()),
+        build_time,
+        size,
     )
