@@ -60,12 +60,24 @@ def _small_enough(graph, cluster) -> bool:
     return math.prod(sizes) <= 3000
 
 
+OPTIONS = [
+    taps.IlpOptions(),
+    taps.IlpOptions(prune=False, warm_start=False),
+    taps.IlpOptions(formulation="pairwise", prune=False, presolve=True),
+]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_graphs(), st.sampled_from(CLUSTERS), st.sampled_from(["topology", "volume"]))
-def test_search_equals_brute_force(graph, shape, cost_model):
+@given(
+    small_graphs(),
+    st.sampled_from(CLUSTERS),
+    st.sampled_from(["topology", "volume"]),
+    st.sampled_from(OPTIONS),
+)
+def test_search_equals_brute_force(graph, shape, cost_model, options):
     cluster = taps.Cluster(*shape)
     assume(_small_enough(graph, cluster))
-    result = taps.search(graph, cluster, cost_model)
+    result = taps.search(graph, cluster, cost_model, options=options)
     tables = build_tables(graph, cluster, cost_model)
     assert result.status == "optimal" and result.gap == 0
     assert result.cost == pytest.approx(_brute_force(tables), rel=1e-9, abs=1e-18)
@@ -165,7 +177,7 @@ def test_search_is_deterministic():
 def test_result_reports_sizes():
     g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
     cluster = taps.Cluster(2, 4)
-    r = taps.search(g, cluster)
+    r = taps.search(g, cluster, options=taps.IlpOptions(prune=False))
     tables = build_tables(g, cluster)
     assert r.num_aux_edges == sum(
         len(tables.ops[e.producer].strategies) * len(tables.ops[e.consumer].strategies)
@@ -219,10 +231,16 @@ def test_tie_break_is_lexicographic(graph, shape):
     best_volume = min(vol.evaluate(c) for c in every)
     ties = [topo.evaluate(c) for c in every if vol.evaluate(c) <= best_volume * (1 + 1e-12)]
     lo, hi = solve(vol, tie_break=(topo, "min")), solve(vol, tie_break=(topo, "max"))
-    for sol in (lo, hi):
+    # Without pruning the answers are the same.
+    plain = taps.IlpOptions(prune=False)
+    plain_lo = solve(vol, options=plain, tie_break=(topo, "min"))
+    plain_hi = solve(vol, options=plain, tie_break=(topo, "max"))
+    for sol in (lo, hi, plain_lo, plain_hi):
         assert vol.evaluate(sol.choice) == pytest.approx(best_volume, rel=1e-9, abs=1e-9)
-    assert topo.evaluate(lo.choice) == pytest.approx(min(ties), rel=1e-9, abs=1e-18)
-    assert topo.evaluate(hi.choice) == pytest.approx(max(ties), rel=1e-9, abs=1e-18)
+    for sol in (lo, plain_lo):
+        assert topo.evaluate(sol.choice) == pytest.approx(min(ties), rel=1e-9, abs=1e-18)
+    for sol in (hi, plain_hi):
+        assert topo.evaluate(sol.choice) == pytest.approx(max(ties), rel=1e-9, abs=1e-18)
 
 
 def test_time_limit_returns_the_best_assignment_found():
@@ -232,3 +250,32 @@ def test_time_limit_returns_the_best_assignment_found():
     assert r.status == "timelimit" and r.gap > 0
     assert r.cost == pytest.approx(taps.evaluate(g, cluster, r.strategies), rel=1e-9)
     assert r.cost >= taps.search(g, cluster).cost * (1 - 1e-9)
+
+
+def _profile(tables, name: str, i: int) -> np.ndarray:
+    """Candidate ``i``'s node cost and its costs towards every neighbour candidate."""
+    parts = [tables.ops[name].node_cost[i : i + 1]]
+    for e in tables.edges:
+        if e.edge.producer == name:
+            parts.append(e.cost[e.source_class[i]])
+        if e.edge.consumer == name:
+            parts.append(e.cost[:, e.target_class[i]])
+    return np.concatenate(parts)
+
+
+def test_pruning_removes_only_dominated_candidates():
+    from taps.prune import dominance_survivors
+
+    g, cluster = taps.models.alexnet(), taps.Cluster(8, 8)
+    tables = build_tables(g, cluster)
+    keep = dominance_survivors([tables], use_memory=False)
+    removed = sum(len(t.strategies) - len(keep[n]) for n, t in tables.ops.items())
+    assert removed > 0
+    for name, t in tables.ops.items():
+        for j in sorted(set(range(len(t.strategies))) - set(keep[name].tolist())):
+            worst = _profile(tables, name, j)
+            assert any(np.all(_profile(tables, name, i) <= worst) for i in keep[name])
+    pruned = taps.search(g, cluster)
+    full = taps.search(g, cluster, options=taps.IlpOptions(prune=False))
+    assert pruned.ilp.binaries < full.ilp.binaries
+    assert pruned.cost == pytest.approx(full.cost, rel=1e-12)

@@ -26,6 +26,7 @@ from taps._core import (
 )
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
+from taps.ilp import IlpOptions
 from taps.search import Comparison, SearchResult, compare, search
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "Edge",
     "Graph",
     "GraphError",
+    "IlpOptions",
     "InfeasibleError",
     "Layout",
     "LayoutError",

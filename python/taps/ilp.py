@@ -19,10 +19,34 @@ from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
 from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
+from taps.prune import dominance_survivors, negated, restrict, ungroup
 
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
 _OBJECTIVE_SCALE = 1e6
+
+
+@dataclass(frozen=True)
+class IlpOptions:
+    """Switches of the ILP; every setting finds the same optimum. The search benchmark
+    (``benches/search_stages.py``) shows what each buys."""
+
+    #: "grouped": a continuous flow per pair of layout classes of an edge (SPEC section 7);
+    #: "pairwise": the plain Alpa-style formulation, a binary per pair of strategies.
+    formulation: str = "grouped"
+    #: Drop dominated candidates first (exact, see taps.prune).
+    prune: bool = True
+    #: SCIP's presolve: off by default, it costs far more than it saves on these models
+    #: (AlexNet on 32 devices: 5.8 s with it, 0.13 s without).
+    presolve: bool = False
+    #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
+    warm_start: bool = True
+
+    def __post_init__(self) -> None:
+        if self.formulation not in ("grouped", "pairwise"):
+            raise TapsError(
+                f"formulation must be 'grouped' or 'pairwise', got {self.formulation!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -108,21 +132,36 @@ def solve(
     tables: CostTables,
     memory_limit: float | None = None,
     time_limit: float | None = None,
-    presolve: bool = False,
+    options: IlpOptions = IlpOptions(),
     tie_break: tuple[CostTables, str] | None = None,
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
-    limit if given. Raises InfeasibleError if no assignment fits the memory limit.
+    limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
+    indexes the candidates of ``tables`` whatever the options.
 
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
     the same graph and cluster under another cost model. Status, gap and time are those of the
-    second solve.
-
-    SCIP's presolve is off by default: on these models it costs far more than it saves (AlexNet
-    on 32 devices: 5.8 s with it, 0.13 s without, the same optimum)."""
+    second solve."""
     _check_memory(tables, memory_limit)
+    if tie_break is not None and tie_break[1] not in ("min", "max"):
+        raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
     t0 = time.perf_counter()
+    keep = {name: np.arange(len(t.strategies)) for name, t in tables.ops.items()}
+    if options.prune:
+        both = [tables]
+        if tie_break is not None:
+            other, sense = tie_break
+            both.append(other if sense == "min" else negated(other))
+        keep = dominance_survivors(both, use_memory=memory_limit is not None)
+        tables = restrict(tables, keep)
+        if tie_break is not None:
+            tie_break = (restrict(tie_break[0], keep), tie_break[1])
+    if options.formulation == "pairwise":
+        tables = ungroup(tables)
+        if tie_break is not None:
+            tie_break = (ungroup(tie_break[0]), tie_break[1])
+    flow_type = "B" if options.formulation == "pairwise" else "C"
     model = Model("taps")
     model.hideOutput()
     s = {
@@ -136,7 +175,10 @@ def solve(
     f = []
     for k, e in enumerate(tables.edges):
         na, nb = e.cost.shape
-        fe = [[model.addVar(lb=0.0, name=f"f[{k},{a},{b}]") for b in range(nb)] for a in range(na)]
+        fe = [
+            [model.addVar(lb=0.0, vtype=flow_type, name=f"f[{k},{a},{b}]") for b in range(nb)]
+            for a in range(na)
+        ]
         f.append(fe)
         u, w = s[e.edge.producer], s[e.edge.consumer]
         for a in range(na):
@@ -164,16 +206,15 @@ def solve(
     model.setObjective(primary, "minimize")
     if time_limit is not None:
         model.setParam("limits/time", float(time_limit))
-    if not presolve:
+    if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
-    _add_start(model, tables, s, f, memory_limit)
+    if options.warm_start:
+        _add_start(model, tables, s, f, memory_limit)
     build_time = time.perf_counter() - t0
 
     model.optimize()
     if tie_break is not None and model.getNSols() > 0:
         other, sense = tie_break
-        if sense not in ("min", "max"):
-            raise TapsError(f"tie_break sense must be 'min' or 'max', got {sense!r}")
         best = model.getObjVal()
         model.freeTransform()
         # Optimal for the first objective up to float noise in the scaled units.
@@ -189,9 +230,16 @@ def solve(
             raise InfeasibleError("no assignment satisfies the constraints")
         raise TapsError(f"SCIP stopped ({status}) before finding any assignment")
     sol = model.getBestSol()
-    choice = {name: int(np.argmax([model.getSolVal(sol, x) for x in xs])) for name, xs in s.items()}
-    size = IlpSize(
-        sum(len(x) for x in s.values()), sum(len(fe) * len(fe[0]) for fe in f if fe), constraints
+    choice = {
+        name: int(keep[name][np.argmax([model.getSolVal(sol, x) for x in xs])])
+        for name, xs in s.items()
+    }
+    flows = sum(len(fe) * len(fe[0]) for fe in f if fe)
+    binaries = sum(len(x) for x in s.values())
+    size = (
+        IlpSize(binaries + flows, 0, constraints)
+        if flow_type == "B"
+        else IlpSize(binaries, flows, constraints)
     )
     # SCIP says 1e20 when it has no dual bound yet.
     gap = float(model.getGap())

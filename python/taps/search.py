@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from taps._core import Cluster, Strategy
 from taps.costs import BYTES_PER_PARAMETER, OpCost, breakdown, build_tables, evaluate
 from taps.graph import Graph
-from taps.ilp import IlpSize, solve
+from taps.ilp import IlpOptions, IlpSize, solve
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,18 @@ def search(
     memory_limit: float | None = None,
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
+    options: IlpOptions = IlpOptions(),
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (SPEC section 7).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
-    (seconds) bounds SCIP, which then returns its best assignment and its gap.
+    (seconds) bounds SCIP, which then returns its best assignment and its gap. ``options``
+    switches the ILP's formulation and speed-ups (all exact).
     """
     t0 = time.perf_counter()
     tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    solution = solve(tables, limit, time_limit)
+    solution = solve(tables, limit, time_limit, options)
     t1 = time.perf_counter()
     strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
     memory = graph.layers * sum(
