@@ -28,9 +28,10 @@ test: install ## Run the Python test suite
 test-rust: ## Run the Rust tests (no Python needed)
 	cargo test
 
-bench: install ## Run the Rust and Python benchmarks
+bench: install ## Run the Rust and Python benchmarks, then the search stage by stage
 	cargo bench --bench core
 	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only
+	$(PY) benches/search_stages.py
 
 lint: install ## cargo fmt, clippy (pedantic), ruff, mypy and the stub check (stubtest)
 	cargo fmt --check

@@ -59,15 +59,19 @@ def search(
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )
+    rows = breakdown(graph, cluster, strategies, cost_model)
+    t2 = time.perf_counter()
     timings = dict(tables.timings)
-    timings.update(build=solution.build_time, solve=solution.solve_time, total=t1 - t0)
+    timings.update(
+        build=solution.build_time, solve=solution.solve_time, extract=t2 - t1, total=t2 - t0
+    )
     return SearchResult(
         graph=graph,
         cluster=cluster,
         cost_model=cost_model,
         strategies=strategies,
         cost=tables.evaluate(solution.choice),
-        breakdown=breakdown(graph, cluster, strategies, cost_model),
+        breakdown=rows,
         status=solution.status,
         gap=solution.gap,
         solve_time=solution.solve_time,

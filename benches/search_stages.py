@@ -1,0 +1,149 @@
+"""The search, stage by stage, on the paper's search-time cases and beyond, against the plain
+Alpa-style formulation (a binary per strategy pair, SCIP's defaults) on the same graphs in the
+same run, and with each speed-up switched off in turn.
+
+Run: ``.venv/bin/python benches/search_stages.py`` (``--quick`` for the small cases only,
+``--large`` adds the GPT layer on 1024 and 4096 devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+import taps
+
+PLAIN = taps.IlpOptions(formulation="pairwise", prune=False, presolve=True, warm_start=False)
+ABLATIONS = {
+    "taps": taps.IlpOptions(),
+    "no pruning": taps.IlpOptions(prune=False),
+    "no warm start": taps.IlpOptions(warm_start=False),
+    "with presolve": taps.IlpOptions(presolve=True),
+    "pairwise": taps.IlpOptions(formulation="pairwise"),
+}
+#: The plain formulation is given this long (the issue's cut-off).
+PLAIN_LIMIT = 120.0
+
+
+@dataclass
+class Case:
+    name: str
+    graph: taps.Graph
+    cluster: taps.Cluster
+    paper_seconds: float | None
+
+
+def cases(quick: bool, large: bool) -> list[Case]:
+    out = [
+        Case("AlexNet 8", taps.models.alexnet(), taps.Cluster(1, 8), 0.1),
+        Case("AlexNet 16", taps.models.alexnet(), taps.Cluster(2, 8), 0.2),
+        Case("Megatron 1T 8", taps.models.megatron("1T"), taps.Cluster(1, 8), 0.1),
+    ]
+    if not quick:
+        out += [
+            Case("AlexNet 64", taps.models.alexnet(), taps.Cluster(8, 8), 0.8),
+            Case("Megatron 1.7B 32", taps.models.megatron("1.7B"), taps.Cluster(4, 8), 0.4),
+            Case("Megatron 3.6B 32", taps.models.megatron("3.6B"), taps.Cluster(4, 8), 0.4),
+        ]
+    if large:
+        gpt = taps.models.gpt(hidden=12288, heads=96, seq=2048, batch=16)
+        out += [
+            Case("GPT 12288 1024", gpt, taps.Cluster(128, 8), None),
+            Case("GPT 12288 4096", gpt, taps.Cluster(512, 8), None),
+        ]
+    return out
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the small cases only")
+    parser.add_argument("--large", action="store_true", help="add GPT on 1024 and 4096 devices")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain formulation")
+    args = parser.parse_args()
+    console = Console(width=200)
+
+    stages = Table(title="taps.search by stage (seconds)", title_justify="left")
+    for col in (
+        "case",
+        "|E_A|",
+        "binaries",
+        "continuous",
+        "constraints",
+        "enumerate",
+        "costs",
+        "build",
+        "solve",
+        "extract",
+        "total",
+        "paper",
+        "gap",
+        "peak RSS MiB",
+    ):
+        stages.add_column(col, justify="left" if col == "case" else "right")
+    versus = Table(
+        title="Against the plain formulation and without each switch (end to end, s)",
+        title_justify="left",
+    )
+    versus.add_column("case")
+    for col in ("plain vars", "plain cons", "plain total", *ABLATIONS, "speed-up", "smaller"):
+        versus.add_column(col, justify="right")
+
+    for case in cases(args.quick, args.large):
+        results = {}
+        # The quick run measures taps only.
+        for label, options in list(ABLATIONS.items())[: 1 if args.quick else None]:
+            results[label] = taps.search(case.graph, case.cluster, options=options)
+            if label == "taps":
+                r = results[label]
+                t = r.timings
+                stages.add_row(
+                    case.name,
+                    f"{r.num_aux_edges:,}",
+                    f"{r.ilp.binaries:,}",
+                    f"{r.ilp.continuous:,}",
+                    f"{r.ilp.constraints:,}",
+                    *(
+                        f"{t[k]:.3f}"
+                        for k in ("enumerate", "costs", "build", "solve", "extract", "total")
+                    ),
+                    "" if case.paper_seconds is None else f"< {case.paper_seconds}",
+                    f"{r.gap:.1%}",
+                    f"{peak_rss_mib():.0f}",
+                )
+        taps_result = results["taps"]
+        row = [case.name]
+        if args.no_plain:
+            row += ["", "", ""]
+            speed, smaller = "", ""
+        else:
+            t0 = time.perf_counter()
+            plain = taps.search(case.graph, case.cluster, options=PLAIN, time_limit=PLAIN_LIMIT)
+            plain_time = time.perf_counter() - t0
+            done = plain.status == "optimal"
+            row += [
+                f"{plain.ilp.variables:,}",
+                f"{plain.ilp.constraints:,}",
+                f"{plain_time:.2f}" + ("" if done else " (limit)"),
+            ]
+            speed = f"{plain_time / taps_result.timings['total']:.0f}x" + ("" if done else "+")
+            smaller = f"{plain.ilp.variables / taps_result.ilp.variables:.0f}x"
+            assert not done or abs(plain.cost - taps_result.cost) <= 1e-9 * plain.cost
+        row += [f"{results[k].timings['total']:.2f}" if k in results else "" for k in ABLATIONS]
+        row += [speed, smaller]
+        versus.add_row(*row)
+        console.print(f"done: {case.name}")
+    console.print(stages)
+    console.print(versus)
+
+
+if __name__ == "__main__":
+    main()
