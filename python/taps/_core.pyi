@@ -19,6 +19,7 @@ __all__ = [
     "TapsError",
     "TopologyError",
     "UnifyError",
+    "allreduce_costs",
     "enumerate_strategies",
     "inter_node_groups",
     "plan_redistribution",
@@ -167,5 +168,12 @@ def redistribution_costs(
     targets: Sequence[Layout],
     cluster: Cluster,
     dtype_bytes: float = 2.0,
+    model: _CostModel = "topology",
+) -> npt.NDArray[np.float64]: ...
+def allreduce_costs(
+    degrees: npt.NDArray[np.int64],
+    device_maps: npt.NDArray[np.int64],
+    tensors: Sequence[tuple[Sequence[int], Sequence[int], float]],
+    cluster: Cluster,
     model: _CostModel = "topology",
 ) -> npt.NDArray[np.float64]: ...

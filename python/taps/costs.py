@@ -15,6 +15,7 @@ from taps._core import (
     Strategy,
     StrategyError,
     TopologyError,
+    allreduce_costs,
     enumerate_strategies,
     plan_redistribution,
     redistribution_costs,
@@ -108,6 +109,24 @@ def intra_collectives(graph: Graph, op: Operator, strategy: Strategy) -> list[Co
             t = graph.tensors[operand.tensor]
             out.append(Collective(t.name, "gradient", layout, t.dtype_bytes))
     return out
+
+
+def _reduced_tensors(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
+    """The tensors of ``op`` that :func:`intra_collectives` may reduce, in its order, as
+    ``(strategy axes, shape, dtype bytes)`` for the Rust kernel ``allreduce_costs``. The output's
+    map leaves a device dim unused exactly when a contracted axis is split, and a reduction over no
+    device dim costs 0, so listing a tensor whenever it can need a reduction gives the same sums."""
+    sizes = dict(zip(op.axes, op.axis_sizes))
+    operands = [op.output] if set(op.contracted) & set(op.partitionable) else []
+    operands += [o for o in op.inputs if needs_gradient(graph, o.tensor)]
+    return [
+        (
+            op.operand_axis_indices(o),
+            [sizes[d] for d in o.dims],
+            float(graph.tensors[o.tensor].dtype_bytes),
+        )
+        for o in operands
+    ]
 
 
 def memory(
@@ -204,11 +223,12 @@ def build_tables(
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
         cands = strategies[op.name]
-        node = np.array(
-            [
-                sum(c.cost(cluster, cost_model) for c in intra_collectives(graph, op, s))
-                for s in cands
-            ]
+        node = allreduce_costs(
+            np.array([s.degrees for s in cands], dtype=np.int64),
+            np.array([s.device_map for s in cands], dtype=np.int64),
+            _reduced_tensors(graph, op),
+            cluster,
+            cost_model,
         )
         mem = np.array([memory(graph, op, s, bytes_per_parameter) for s in cands])
         ops[op.name] = OpTable(op, cands, node, mem)

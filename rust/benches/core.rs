@@ -2,15 +2,19 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rayon::ThreadPoolBuilder;
+use taps::batch::{allreduce_costs, AxesTensor};
 use taps::{
     enumerate_strategies, plan_redistribution, redistribution_costs, Cluster, CostModel, Layout,
 };
 
+/// The axes `(b, s, h, o)` of a Megatron-sized linear layer `(b, s, h) x (h, o)`.
+const LINEAR: [u64; 4] = [64, 2048, 4096, 4096];
+
 /// The output layouts of every strategy of a linear layer `(b, s, h) x (h, o)` on `n` devices.
 fn linear_outputs(n: u64) -> Vec<Layout> {
-    let sizes = [64, 2048, 4096, 4096];
-    enumerate_strategies(&sizes, n)
+    enumerate_strategies(&LINEAR, n)
         .unwrap()
         .iter()
         .map(|s| s.tensor_layout(&[0, 1, 3], vec![64, 2048, 4096]).unwrap())
@@ -35,17 +39,64 @@ fn planner(c: &mut Criterion) {
     g.finish();
 }
 
+/// The cost kernel on every output layout of the linear layer against every other, on thread
+/// pools of 1 and 2 threads: the thread scaling of the kernel, in layout pairs per second.
 fn cost_kernel(c: &mut Criterion) {
     let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
     let layouts = linear_outputs(32);
     let mut g = c.benchmark_group("cost_kernel");
     g.throughput(Throughput::Elements((layouts.len() * layouts.len()) as u64));
     g.sample_size(20);
-    g.bench_function("redistribution_costs/linear-32dev", |bench| {
+    for threads in [1, 2] {
+        let pool = ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        g.bench_function(
+            BenchmarkId::new("redistribution_costs/linear-32dev", threads),
+            |bench| {
+                bench.iter(|| {
+                    pool.install(|| {
+                        black_box(
+                            redistribution_costs(
+                                &layouts,
+                                &layouts,
+                                &cluster,
+                                2.0,
+                                CostModel::Topology,
+                            )
+                            .unwrap(),
+                        )
+                    })
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
+/// The node-cost kernel on every strategy of the linear layer `(b, s, h, o)`: the forward
+/// all_reduce of Y and the gradients of X and W, in strategies per second.
+fn allreduce_kernel(c: &mut Criterion) {
+    let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
+    let strategies = enumerate_strategies(&LINEAR, 32).unwrap();
+    let [batch, seq, hidden, out] = LINEAR;
+    let tensor = |axes: Vec<i64>, shape: Vec<u64>| AxesTensor {
+        axes,
+        shape,
+        dtype_bytes: 2.0,
+    };
+    let tensors = [
+        tensor(vec![0, 1, 3], vec![batch, seq, out]),
+        tensor(vec![0, 1, 2], vec![batch, seq, hidden]),
+        tensor(vec![2, 3], vec![hidden, out]),
+    ];
+    let mut g = c.benchmark_group("allreduce_kernel");
+    g.throughput(Throughput::Elements(strategies.len() as u64));
+    g.bench_function("allreduce_costs/linear-32dev", |bench| {
         bench.iter(|| {
             black_box(
-                redistribution_costs(&layouts, &layouts, &cluster, 2.0, CostModel::Topology)
-                    .unwrap(),
+                allreduce_costs(&strategies, &tensors, &cluster, CostModel::Topology).unwrap(),
             )
         });
     });
@@ -58,5 +109,5 @@ fn strategies(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, planner, cost_kernel, strategies);
+criterion_group!(benches, planner, cost_kernel, allreduce_kernel, strategies);
 criterion_main!(benches);

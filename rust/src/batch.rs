@@ -1,16 +1,38 @@
-//! Batch cost kernels for the search: many layout pairs at once, on all cores.
+//! Batch cost kernels for the search: many layout pairs, or many strategies, at once, on all cores.
+
+use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::planner::plan_redistribution;
-use crate::topology::{Cluster, CostModel};
+use crate::strategies::Strategy;
+use crate::topology::{Cluster, Collective, CostModel};
+
+/// The distinct layouts of `layouts`, and the index of each layout among them.
+fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
+    let mut seen: HashMap<&Layout, usize> = HashMap::with_capacity(layouts.len());
+    let mut distinct = Vec::new();
+    let index = layouts
+        .iter()
+        .map(|l| {
+            *seen.entry(l).or_insert_with(|| {
+                distinct.push(l);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    (distinct, index)
+}
 
 /// The row-major `sources.len() x targets.len()` matrix of redistribution costs.
 ///
+/// Each distinct (source, target) pair is planned once, in parallel over the pairs so that one
+/// source against many targets uses every core too.
+///
 /// # Errors
-/// The first error of any pair (layouts of different tensors, or not on the cluster).
+/// An error of some pair (layouts of different tensors, or not on the cluster).
 pub fn redistribution_costs(
     sources: &[Layout],
     targets: &[Layout],
@@ -21,14 +43,165 @@ pub fn redistribution_costs(
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
     }
-    let rows: Vec<Vec<f64>> = sources
+    let (src, src_index) = dedupe(sources);
+    let (tgt, tgt_index) = dedupe(targets);
+    let width = tgt.len();
+    let mut distinct = vec![0.0; src.len() * width];
+    distinct
+        .par_iter_mut()
+        .enumerate()
+        .try_for_each(|(k, cost)| {
+            let (a, b) = (src[k / width], tgt[k % width]);
+            // A layout to itself needs no op: exactly 0 without planning.
+            if a != b {
+                *cost = plan_redistribution(a, b)?.cost(cluster, dtype_bytes, model)?;
+            }
+            Ok::<_, Error>(())
+        })?;
+    let distinct = &distinct;
+    Ok(src_index
+        .iter()
+        .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j]))
+        .collect())
+}
+
+/// A tensor of an operator, as [`allreduce_costs`] sees it: the strategy axis of each dim (-1 for
+/// a dim of no partitionable axis), the shape, and the bytes per element.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AxesTensor {
+    pub axes: Vec<i64>,
+    pub shape: Vec<u64>,
+    pub dtype_bytes: f64,
+}
+
+/// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
+/// dims its layout leaves unused (SPEC sections 5-6): 0 for a tensor split along every device dim.
+/// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
+///
+/// # Errors
+/// [`Error::Topology`] if a strategy is not on the cluster's devices, [`Error::Layout`] if a
+/// tensor does not fit a strategy (an axis out of range, a split that does not divide).
+pub fn allreduce_costs(
+    strategies: &[Strategy],
+    tensors: &[AxesTensor],
+    cluster: &Cluster,
+    model: CostModel,
+) -> Result<Vec<f64>> {
+    strategies
         .par_iter()
-        .map(|a| {
-            targets
-                .iter()
-                .map(|b| plan_redistribution(a, b)?.cost(cluster, dtype_bytes, model))
-                .collect()
+        .map(|s| {
+            let devices: u64 = s.degrees.iter().product();
+            if devices != cluster.num_devices() {
+                return Err(Error::Topology(format!(
+                    "strategy {s:?} spans {devices} devices but the cluster has {}",
+                    cluster.num_devices()
+                )));
+            }
+            tensors.iter().try_fold(0.0, |total, t| {
+                let layout = s.tensor_layout(&t.axes, t.shape.clone())?;
+                let cost = cluster.collective_cost(
+                    &layout,
+                    Collective::AllReduce,
+                    None,
+                    t.dtype_bytes,
+                    model,
+                )?;
+                Ok(total + cost)
+            })
         })
-        .collect::<Result<_>>()?;
-    Ok(rows.concat())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::layout;
+    use crate::strategies::enumerate_strategies;
+
+    #[test]
+    fn duplicates_get_the_cost_of_their_first_copy() {
+        let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();
+        let a = layout(&[8, 8], &[4], &[0, -1]);
+        let b = layout(&[8, 8], &[4], &[-1, 0]);
+        let sources = [a.clone(), b.clone(), a.clone()];
+        let targets = [b.clone(), a.clone(), b.clone(), b.clone()];
+        for model in [CostModel::Topology, CostModel::Volume] {
+            let got = redistribution_costs(&sources, &targets, &cluster, 2.0, model).unwrap();
+            for (i, s) in sources.iter().enumerate() {
+                for (j, t) in targets.iter().enumerate() {
+                    let want = plan_redistribution(s, t)
+                        .unwrap()
+                        .cost(&cluster, 2.0, model)
+                        .unwrap();
+                    assert_eq!(got[i * targets.len() + j].to_bits(), want.to_bits());
+                }
+            }
+        }
+    }
+
+    /// MatMul `(b, in, out)` with degrees (d, r, c): the dW all_reduce moves `2(d-1)/d` of the
+    /// W shard, the forward one `2(r-1)/r` of the Y shard (SPEC section 5).
+    #[test]
+    fn matmul_volumes() {
+        let (batch, inner, outer) = (64u64, 32, 16);
+        let cluster = Cluster::new(2, 4, 60e9, 6e9, None).unwrap();
+        let strategies = enumerate_strategies(&[batch, inner, outer], 8).unwrap();
+        let tensors = [
+            AxesTensor {
+                axes: vec![0, 2],
+                shape: vec![batch, outer],
+                dtype_bytes: 1.0,
+            },
+            AxesTensor {
+                axes: vec![1, 2],
+                shape: vec![inner, outer],
+                dtype_bytes: 1.0,
+            },
+        ];
+        let got = allreduce_costs(&strategies, &tensors, &cluster, CostModel::Volume).unwrap();
+        for (s, cost) in strategies.iter().zip(got) {
+            let [d, r, c] = [0, 1, 2].map(|k| s.degrees[k] as f64);
+            let y_size = (batch * outer) as f64;
+            let w_size = (inner * outer) as f64;
+            let want = 2.0 * ((r - 1.0) * y_size + (d - 1.0) * w_size) / (d * r * c);
+            assert!((cost - want).abs() <= 1e-9 * want.max(1.0), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_strategies_of_another_cluster_and_misfit_tensors() {
+        let cluster = Cluster::new(1, 4, 60e9, 6e9, None).unwrap();
+        let s = Strategy::new(vec![2, 4], vec![1, 0]).unwrap();
+        let t = AxesTensor {
+            axes: vec![0],
+            shape: vec![8],
+            dtype_bytes: 2.0,
+        };
+        assert!(matches!(
+            allreduce_costs(
+                &[s],
+                std::slice::from_ref(&t),
+                &cluster,
+                CostModel::Topology
+            ),
+            Err(Error::Topology(_))
+        ));
+        let s = Strategy::new(vec![4, 1], vec![0, -1]).unwrap();
+        let odd = AxesTensor {
+            shape: vec![6],
+            ..t.clone()
+        };
+        let far = AxesTensor { axes: vec![2], ..t };
+        for bad in [odd, far] {
+            assert!(matches!(
+                allreduce_costs(
+                    std::slice::from_ref(&s),
+                    &[bad],
+                    &cluster,
+                    CostModel::Topology
+                ),
+                Err(Error::Layout(_))
+            ));
+        }
+    }
 }

@@ -10,7 +10,7 @@
 )]
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -599,6 +599,55 @@ fn redistribution_costs<'py>(
     Ok(array.into_pyarray(py))
 }
 
+/// Per strategy (rows of `degrees` and `device_maps`), the summed all_reduce cost of the tensors
+/// (strategy axes, shape, dtype bytes) over the device dims each leaves unused, on all cores.
+#[pyfunction]
+#[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology"))]
+fn allreduce_costs<'py>(
+    py: Python<'py>,
+    degrees: PyReadonlyArray2<'py, i64>,
+    device_maps: PyReadonlyArray2<'py, i64>,
+    tensors: Vec<(Vec<i64>, Vec<i64>, f64)>,
+    cluster: &PyCluster,
+    model: &str,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let (degrees, device_maps) = (degrees.as_array(), device_maps.as_array());
+    if degrees.shape() != device_maps.shape() {
+        return Err(Error::Strategy(format!(
+            "degrees {:?} and device_maps {:?} must have one shape: strategies x axes",
+            degrees.shape(),
+            device_maps.shape()
+        ))
+        .into());
+    }
+    let strategies = degrees
+        .rows()
+        .into_iter()
+        .zip(device_maps.rows())
+        .map(|(d, m)| {
+            Strategy::new(
+                unsigned(d.to_vec(), "degrees", Error::Strategy)?,
+                m.to_vec(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tensors = tensors
+        .into_iter()
+        .map(|(axes, shape, bytes)| {
+            Ok(batch::AxesTensor {
+                axes,
+                shape: unsigned(shape, "shape", Error::Layout)?,
+                dtype_bytes: dtype(bytes)?,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let cluster = cluster.inner.clone();
+    let model = CostModel::parse(model)?;
+    let costs =
+        py.detach(move || batch::allreduce_costs(&strategies, &tensors, &cluster, model))?;
+    Ok(costs.into_pyarray(py))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -619,5 +668,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inter_node_groups, m)?)?;
     m.add_function(wrap_pyfunction!(enumerate_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(redistribution_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(allreduce_costs, m)?)?;
     Ok(())
 }
