@@ -3,7 +3,9 @@ Alpa-style formulation (a binary per strategy pair, SCIP's defaults) on the same
 same run, and with each speed-up switched off in turn.
 
 Run: ``.venv/bin/python benches/search_stages.py`` (``--quick`` for the small cases only,
-``--large`` adds the GPT layer on 1024 and 4096 devices).
+``--large`` adds the GPT layer on 1024 and 4096 devices). Every taps configuration is run
+``--repeat`` times after one warm-up run and its median run is reported; the plain formulation
+runs once.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from rich.table import Table
 
 import taps
 
-PLAIN = taps.IlpOptions(formulation="pairwise", prune=False, presolve=True, warm_start=False)
+PLAIN = taps.IlpOptions(
+    formulation="pairwise", prune=False, presolve=True, warm_start=False, reduce=False
+)
 ABLATIONS = {
     "taps": taps.IlpOptions(),
+    "no reductions": taps.IlpOptions(reduce=False),
     "no pruning": taps.IlpOptions(prune=False),
     "no warm start": taps.IlpOptions(warm_start=False),
     "with presolve": taps.IlpOptions(presolve=True),
@@ -59,6 +64,19 @@ def cases(quick: bool, large: bool) -> list[Case]:
     return out
 
 
+def median_run(case: Case, options: taps.IlpOptions, repeat: int) -> taps.SearchResult:
+    """The run of median end-to-end time among ``repeat`` runs after a warm-up."""
+    taps.search(case.graph, case.cluster, options=options)
+    runs = [taps.search(case.graph, case.cluster, options=options) for _ in range(repeat)]
+    return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
+
+
+def ilp_seconds(result: taps.SearchResult) -> float:
+    """Everything after the cost tables: reductions, pruning, building and solving the ILP."""
+    t = result.timings
+    return t["reduce"] + t["build"] + t["solve"]
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -68,6 +86,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the small cases only")
     parser.add_argument("--large", action="store_true", help="add GPT on 1024 and 4096 devices")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain formulation")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per taps configuration")
     args = parser.parse_args()
     console = Console(width=200)
 
@@ -75,11 +94,13 @@ def main() -> None:
     for col in (
         "case",
         "|E_A|",
+        "ops left",
         "binaries",
         "continuous",
         "constraints",
         "enumerate",
         "costs",
+        "reduce",
         "build",
         "solve",
         "extract",
@@ -94,51 +115,75 @@ def main() -> None:
         title_justify="left",
     )
     versus.add_column("case")
-    for col in ("plain vars", "plain cons", "plain total", *ABLATIONS, "speed-up", "smaller"):
+    for col in (
+        "plain vars",
+        "plain cons",
+        "plain ILP",
+        "plain total",
+        *ABLATIONS,
+        "ILP speed-up",
+        "total speed-up",
+        "smaller",
+    ):
         versus.add_column(col, justify="right")
 
     for case in cases(args.quick, args.large):
         results = {}
         # The quick run measures taps only.
         for label, options in list(ABLATIONS.items())[: 1 if args.quick else None]:
-            results[label] = taps.search(case.graph, case.cluster, options=options)
+            results[label] = median_run(case, options, args.repeat)
             if label == "taps":
                 r = results[label]
                 t = r.timings
                 stages.add_row(
                     case.name,
                     f"{r.num_aux_edges:,}",
+                    f"{r.ilp.operators} of {len(case.graph.ops)}",
                     f"{r.ilp.binaries:,}",
                     f"{r.ilp.continuous:,}",
                     f"{r.ilp.constraints:,}",
                     *(
                         f"{t[k]:.3f}"
-                        for k in ("enumerate", "costs", "build", "solve", "extract", "total")
+                        for k in (
+                            "enumerate",
+                            "costs",
+                            "reduce",
+                            "build",
+                            "solve",
+                            "extract",
+                            "total",
+                        )
                     ),
-                    "" if case.paper_seconds is None else f"< {case.paper_seconds}",
+                    ""
+                    if case.paper_seconds is None
+                    else f"< {case.paper_seconds} ({case.paper_seconds / t['total']:.0f}x)",
                     f"{r.gap:.1%}",
                     f"{peak_rss_mib():.0f}",
                 )
         taps_result = results["taps"]
         row = [case.name]
         if args.no_plain:
-            row += ["", "", ""]
-            speed, smaller = "", ""
+            row += ["", "", "", ""]
+            ilp_speed, speed, smaller = "", "", ""
         else:
             t0 = time.perf_counter()
             plain = taps.search(case.graph, case.cluster, options=PLAIN, time_limit=PLAIN_LIMIT)
             plain_time = time.perf_counter() - t0
             done = plain.status == "optimal"
+            plain_ilp = ilp_seconds(plain)
             row += [
                 f"{plain.ilp.variables:,}",
                 f"{plain.ilp.constraints:,}",
+                f"{plain_ilp:.2f}",
                 f"{plain_time:.2f}" + ("" if done else " (limit)"),
             ]
-            speed = f"{plain_time / taps_result.timings['total']:.0f}x" + ("" if done else "+")
+            mark = "" if done else "+"
+            ilp_speed = f"{plain_ilp / ilp_seconds(taps_result):.0f}x{mark}"
+            speed = f"{plain_time / taps_result.timings['total']:.0f}x{mark}"
             smaller = f"{plain.ilp.variables / taps_result.ilp.variables:.0f}x"
             assert not done or abs(plain.cost - taps_result.cost) <= 1e-9 * plain.cost
-        row += [f"{results[k].timings['total']:.2f}" if k in results else "" for k in ABLATIONS]
-        row += [speed, smaller]
+        row += [f"{results[k].timings['total']:.3f}" if k in results else "" for k in ABLATIONS]
+        row += [ilp_speed, speed, smaller]
         versus.add_row(*row)
         console.print(f"done: {case.name}")
     console.print(stages)

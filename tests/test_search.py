@@ -43,27 +43,42 @@ def small_graphs(draw) -> taps.Graph:
 
 
 def _brute_force(tables) -> float:
+    """The least cost over every assignment: one array axis per operator, every cost added along
+    its axes."""
     names = list(tables.ops)
-    best = math.inf
-    for choice in itertools.product(*(range(len(tables.ops[n].strategies)) for n in names)):
-        best = min(best, tables.evaluate(dict(zip(names, choice))))
-    return best
+    axis = {n: k for k, n in enumerate(names)}
+    total = np.zeros([len(tables.ops[n].strategies) for n in names])
+
+    def along(values: np.ndarray, axes: list[int]) -> np.ndarray:
+        shape = [1] * len(names)
+        for a, size in zip(axes, values.shape):
+            shape[a] = size
+        return values.reshape(shape)
+
+    for n, t in tables.ops.items():
+        total = total + along(t.node_cost, [axis[n]])
+    for e in tables.edges:
+        u, w = axis[e.edge.producer], axis[e.edge.consumer]
+        pair = e.cost[np.ix_(e.source_class, e.target_class)]
+        total = total + (along(pair, [u, w]) if u < w else along(pair.T, [w, u]))
+    return float(total.min())
 
 
-def _small_enough(graph, cluster) -> bool:
+def _small_enough(graph, cluster, limit: int = 3000) -> bool:
     """Brute force is affordable, and every op has a candidate (a 4-element op has none on 8
     devices: that is a StrategyError, tested elsewhere)."""
     try:
         sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
     except taps.StrategyError:
         return False
-    return math.prod(sizes) <= 3000
+    return math.prod(sizes) <= limit
 
 
 OPTIONS = [
     taps.IlpOptions(),
+    taps.IlpOptions(reduce=False),
     taps.IlpOptions(prune=False, warm_start=False),
-    taps.IlpOptions(formulation="pairwise", prune=False, presolve=True),
+    taps.IlpOptions(formulation="pairwise", prune=False, presolve=True, reduce=False),
 ]
 
 
@@ -76,7 +91,7 @@ OPTIONS = [
 )
 def test_search_equals_brute_force(graph, shape, cost_model, options):
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster))
+    assume(_small_enough(graph, cluster, 200_000))
     result = taps.search(graph, cluster, cost_model, options=options)
     tables = build_tables(graph, cluster, cost_model)
     assert result.status == "optimal" and result.gap == 0
@@ -154,6 +169,31 @@ def test_memory_limit():
     assert result.cost >= free.cost * (1 - 1e-9)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.floats(0, 1), st.sampled_from(OPTIONS[:2]))
+def test_memory_limited_search_equals_brute_force(graph, shape, position, options):
+    """A limit between the least and the most memory: the optimum over the assignments that fit
+    (with reductions, the unconstrained optimum is only taken when it fits)."""
+    cluster = taps.Cluster(*shape)
+    assume(_small_enough(graph, cluster))
+    tables = build_tables(graph, cluster)
+    names = list(tables.ops)
+
+    def mem(choice):
+        return graph.layers * sum(float(tables.ops[n].memory[i]) for n, i in choice.items())
+
+    every = [
+        dict(zip(names, c))
+        for c in itertools.product(*(range(len(tables.ops[n].strategies)) for n in names))
+    ]
+    lo, hi = min(map(mem, every)), max(map(mem, every))
+    limit = lo + position * (hi - lo)
+    best = min(tables.evaluate(c) for c in every if mem(c) <= limit)
+    result = taps.search(graph, cluster, memory_limit=limit, options=options)
+    assert result.memory_per_device <= limit * (1 + 1e-9)
+    assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-18)
+
+
 def test_memory_counts_parameter_shards_and_saved_output():
     g = taps.Graph(name="m")
     x = g.input("x", (8, 16))
@@ -177,13 +217,19 @@ def test_search_is_deterministic():
 def test_result_reports_sizes():
     g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
     cluster = taps.Cluster(2, 4)
-    r = taps.search(g, cluster, options=taps.IlpOptions(prune=False))
+    r = taps.search(g, cluster, options=taps.IlpOptions(prune=False, reduce=False))
     tables = build_tables(g, cluster)
     assert r.num_aux_edges == sum(
         len(tables.ops[e.producer].strategies) * len(tables.ops[e.consumer].strategies)
         for e in g.edges
     )
     assert r.ilp.binaries == sum(len(t.strategies) for t in tables.ops.values())
+    assert (r.ilp.operators, r.ilp.eliminated) == (len(g.ops), 0)
+    # A chain reduces completely: SCIP is not needed.
+    reduced = taps.search(g, cluster)
+    assert (reduced.ilp.operators, reduced.ilp.eliminated) == (0, len(g.ops))
+    assert reduced.ilp.variables == reduced.ilp.constraints == 0
+    assert reduced.cost == pytest.approx(r.cost, rel=1e-12)
     assert [row.name for row in r.breakdown] == [op.name for op in g.ops]
     assert sum(row.total for row in r.breakdown) == pytest.approx(r.cost)
     assert np.isfinite(r.solve_time) and r.solve_time >= 0
@@ -246,7 +292,8 @@ def test_tie_break_is_lexicographic(graph, shape):
 def test_time_limit_returns_the_best_assignment_found():
     g = taps.models.alexnet()
     cluster = taps.Cluster(8, 8)
-    r = taps.search(g, cluster, time_limit=0.001)
+    # Without reductions: AlexNet is a chain, which they solve before SCIP starts.
+    r = taps.search(g, cluster, time_limit=0.001, options=taps.IlpOptions(reduce=False))
     assert r.status == "timelimit" and r.gap > 0
     assert r.cost == pytest.approx(taps.evaluate(g, cluster, r.strategies), rel=1e-9)
     assert r.cost >= taps.search(g, cluster).cost * (1 - 1e-9)
@@ -265,17 +312,42 @@ def _profile(tables, name: str, i: int) -> np.ndarray:
 
 def test_pruning_removes_only_dominated_candidates():
     from taps.prune import dominance_survivors
+    from taps.reductions import Problem
 
     g, cluster = taps.models.alexnet(), taps.Cluster(8, 8)
     tables = build_tables(g, cluster)
-    keep = dominance_survivors([tables], use_memory=False)
+    keep = dominance_survivors([Problem.from_tables(tables)])
     removed = sum(len(t.strategies) - len(keep[n]) for n, t in tables.ops.items())
     assert removed > 0
     for name, t in tables.ops.items():
         for j in sorted(set(range(len(t.strategies))) - set(keep[name].tolist())):
             worst = _profile(tables, name, j)
             assert any(np.all(_profile(tables, name, i) <= worst) for i in keep[name])
-    pruned = taps.search(g, cluster)
-    full = taps.search(g, cluster, options=taps.IlpOptions(prune=False))
+    pruned = taps.search(g, cluster, options=taps.IlpOptions(reduce=False))
+    full = taps.search(g, cluster, options=taps.IlpOptions(prune=False, reduce=False))
     assert pruned.ilp.binaries < full.ilp.binaries
     assert pruned.cost == pytest.approx(full.cost, rel=1e-12)
+
+
+def _k4_graph(b: int, h: int) -> taps.Graph:
+    """Four operators all joined to each other: no reduction applies, SCIP solves the core."""
+    g = taps.Graph(name="k4")
+    a = g.relu("a", g.input("x", (b, h), requires_grad=True))
+    bb = g.linear("b", a, h)
+    c = g.add("c", a, bb)
+    g.einsum("d", "ij,ij,ij->ij", a, bb, c)
+    return g
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([8, 16]), st.sampled_from([8, 16]), st.sampled_from(CLUSTERS))
+def test_irreducible_core_goes_to_scip(b, h, shape):
+    graph, cluster = _k4_graph(b, h), taps.Cluster(*shape)
+    assume(_small_enough(graph, cluster, 200_000))
+    for cost_model in ("topology", "volume"):
+        result = taps.search(graph, cluster, cost_model)
+        tables = build_tables(graph, cluster, cost_model)
+        assert result.cost == pytest.approx(_brute_force(tables), rel=1e-9, abs=1e-18)
+        if cluster.num_devices > 1:
+            assert (result.ilp.operators, result.ilp.eliminated) == (4, 0)
+            assert result.ilp.continuous > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,8 @@ from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
 from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
-from taps.prune import dominance_survivors, negated, restrict, ungroup
+from taps.prune import dominance_survivors, negated, restrict
+from taps.reductions import PairCost, Problem, reduce
 
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
@@ -41,6 +42,11 @@ class IlpOptions:
     presolve: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
+    #: Eliminate operators exactly before SCIP (taps.reductions): leaves and series operators,
+    #: parallel edges merged; SCIP solves the core left, and is not called when nothing joins
+    #: the operators left. With a memory limit, used when the optimum without the limit fits it.
+    #: Not used by a lexicographic (tie-break) solve.
+    reduce: bool = True
 
     def __post_init__(self) -> None:
         if self.formulation not in ("grouped", "pairwise"):
@@ -56,6 +62,9 @@ class IlpSize:
     binaries: int
     continuous: int
     constraints: int
+    #: Operators in the ILP, and operators decided before it (taps.reductions).
+    operators: int
+    eliminated: int = 0
 
     @property
     def variables(self) -> int:
@@ -69,6 +78,7 @@ class IlpSolution:
     gap: float
     solve_time: float
     build_time: float
+    reduce_time: float
     size: IlpSize
 
 
@@ -76,22 +86,6 @@ def smallest_memory(tables: CostTables) -> float:
     """The least memory per device any assignment needs (memory adds up per operator)."""
     per_layer = sum(float(t.memory.min()) for t in tables.ops.values())
     return per_layer * tables.graph.layers
-
-
-def _scale(tables: CostTables) -> float:
-    coeffs = [t.node_cost for t in tables.ops.values()] + [e.cost for e in tables.edges]
-    top = max((float(np.abs(c).max()) for c in coeffs if c.size), default=0.0)
-    return _OBJECTIVE_SCALE / top if top > 0 else 1.0
-
-
-def _objective(tables: CostTables, s: dict[str, list], f: list[list[list]], scale: float) -> Any:
-    """The scaled cost of the tables over the selection variables ``s`` and edge flows ``f``."""
-    terms = []
-    for name, t in tables.ops.items():
-        terms += [c * scale * x for c, x in zip(t.node_cost.tolist(), s[name]) if c != 0]
-    for e, fe in zip(tables.edges, f):
-        terms += [c * scale * fe[a][b] for (a, b), c in np.ndenumerate(e.cost) if c != 0]
-    return quicksum(terms)
 
 
 def _check_memory(tables: CostTables, memory_limit: float | None) -> None:
@@ -105,27 +99,191 @@ def _check_memory(tables: CostTables, memory_limit: float | None) -> None:
         )
 
 
-def _add_start(
-    model: Model,
-    tables: CostTables,
-    s: dict[str, list],
-    f: list[list[list]],
-    memory_limit: float | None,
-) -> None:
+def _ungrouped(problem: Problem) -> Problem:
+    """Every candidate its own class: the pairwise (Alpa-style) view of the pair costs."""
+    pairs = [
+        PairCost(
+            p.u,
+            p.w,
+            np.arange(len(p.u_class)),
+            np.arange(len(p.w_class)),
+            p.cost[np.ix_(p.u_class, p.w_class)],
+        )
+        for p in problem.pairs
+    ]
+    return Problem(problem.node_cost, pairs)
+
+
+def _scale(problem: Problem) -> float:
+    coeffs = [*problem.node_cost.values(), *(p.cost for p in problem.pairs)]
+    top = max((float(np.abs(c).max()) for c in coeffs if c.size), default=0.0)
+    return _OBJECTIVE_SCALE / top if top > 0 else 1.0
+
+
+@dataclass
+class _Model:
+    """A built SCIP model: the selection variables per operator and the flows per pair cost."""
+
+    model: Model
+    s: dict[str, list[Any]]
+    f: list[list[list[Any]]]
+    size: IlpSize
+
+    def objective(self, problem: Problem) -> Any:
+        """The scaled cost of ``problem`` (same operators and classes) over the variables."""
+        scale = _scale(problem)
+        terms = []
+        for name, cost in problem.node_cost.items():
+            terms += [c * scale * x for c, x in zip(cost.tolist(), self.s[name]) if c != 0]
+        for p, fp in zip(problem.pairs, self.f):
+            terms += [c * scale * fp[a][b] for (a, b), c in np.ndenumerate(p.cost) if c != 0]
+        return quicksum(terms)
+
+    def choice(self) -> dict[str, int]:
+        sol = self.model.getBestSol()
+        return {
+            name: int(np.argmax([self.model.getSolVal(sol, x) for x in xs]))
+            for name, xs in self.s.items()
+        }
+
+
+def _build(problem: Problem, binary_flows: bool, memory: _Memory | None) -> _Model:
+    model = Model("taps")
+    model.hideOutput()
+    s = {
+        name: [model.addVar(vtype="B", name=f"s[{name},{i}]") for i in range(len(cost))]
+        for name, cost in problem.node_cost.items()
+    }
+    for name, xs in s.items():
+        model.addCons(quicksum(xs) == 1, name=f"one[{name}]")
+    constraints = len(s)
+    flow_type = "B" if binary_flows else "C"
+    f = []
+    for k, p in enumerate(problem.pairs):
+        na, nb = p.cost.shape
+        fp = [
+            [model.addVar(lb=0.0, vtype=flow_type, name=f"f[{k},{a},{b}]") for b in range(nb)]
+            for a in range(na)
+        ]
+        f.append(fp)
+        u, w = s[p.u], s[p.w]
+        for a in range(na):
+            mine = [u[i] for i in np.flatnonzero(p.u_class == a)]
+            model.addCons(quicksum(fp[a]) == quicksum(mine), name=f"out[{k},{a}]")
+        for b in range(nb):
+            mine = [w[j] for j in np.flatnonzero(p.w_class == b)]
+            model.addCons(
+                quicksum(fp[a][b] for a in range(na)) == quicksum(mine), name=f"in[{k},{b}]"
+            )
+        constraints += na + nb
+    if memory is not None:
+        model.addCons(
+            quicksum(
+                m * memory.layers * x
+                for name, xs in s.items()
+                for m, x in zip(memory.per_op[name].tolist(), xs)
+            )
+            <= memory.limit,
+            name="memory",
+        )
+        constraints += 1
+    flows = sum(p.cost.size for p in problem.pairs)
+    binaries = sum(len(xs) for xs in s.values())
+    size = IlpSize(
+        binaries + flows if binary_flows else binaries,
+        0 if binary_flows else flows,
+        constraints,
+        len(s),
+    )
+    return _Model(model, s, f, size)
+
+
+@dataclass(frozen=True)
+class _Memory:
+    per_op: dict[str, np.ndarray]
+    layers: int
+    limit: float
+
+    def of(self, choice: dict[str, int]) -> float:
+        return self.layers * sum(float(self.per_op[n][i]) for n, i in choice.items())
+
+
+def _add_start(built: _Model, problem: Problem, memory: _Memory | None) -> None:
     """Hand SCIP a first assignment, so that a time limit always leaves one to return: every
     operator's cheapest candidate on its own, if it fits the memory limit."""
-    choice = {name: int(np.argmin(t.node_cost)) for name, t in tables.ops.items()}
-    memory = tables.graph.layers * sum(float(tables.ops[n].memory[i]) for n, i in choice.items())
-    if memory_limit is not None and memory > memory_limit:
+    choice = {name: int(np.argmin(cost)) for name, cost in problem.node_cost.items()}
+    if memory is not None and memory.of(choice) > memory.limit:
         return
+    model = built.model
     sol = model.createSol()
-    for name, xs in s.items():
+    for name, xs in built.s.items():
         model.setSolVal(sol, xs[choice[name]], 1.0)
-    for e, fe in zip(tables.edges, f):
-        a = e.source_class[choice[e.edge.producer]]
-        b = e.target_class[choice[e.edge.consumer]]
-        model.setSolVal(sol, fe[a][b], 1.0)
+    for p, fp in zip(problem.pairs, built.f):
+        model.setSolVal(sol, fp[p.u_class[choice[p.u]]][p.w_class[choice[p.w]]], 1.0)
     model.addSol(sol)
+
+
+@dataclass(frozen=True)
+class _Run:
+    choice: dict[str, int]
+    status: str
+    gap: float
+    build_time: float
+    solve_time: float
+    size: IlpSize
+
+
+def _run(
+    problem: Problem,
+    options: IlpOptions,
+    memory: _Memory | None,
+    time_limit: float | None,
+    second: tuple[Problem, str] | None = None,
+) -> _Run:
+    """Build and solve the ILP of ``problem``; ``second`` = (problem, sense) solves
+    lexicographically."""
+    t0 = time.perf_counter()
+    if options.formulation == "pairwise":
+        problem = _ungrouped(problem)
+        if second is not None:
+            second = (_ungrouped(second[0]), second[1])
+    built = _build(problem, options.formulation == "pairwise", memory)
+    model = built.model
+    primary = built.objective(problem)
+    model.setObjective(primary, "minimize")
+    if time_limit is not None:
+        model.setParam("limits/time", float(time_limit))
+    if not options.presolve:
+        model.setPresolve(SCIP_PARAMSETTING.OFF)
+    if options.warm_start:
+        _add_start(built, problem, memory)
+    build_time = time.perf_counter() - t0
+    model.optimize()
+    size = built.size
+    if second is not None and model.getNSols() > 0:
+        other, sense = second
+        best = model.getObjVal()
+        model.freeTransform()
+        # Optimal for the first objective up to float noise in the scaled units.
+        model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
+        size = replace(size, constraints=size.constraints + 1)
+        model.setObjective(built.objective(other), "minimize" if sense == "min" else "maximize")
+        model.optimize()
+    status = model.getStatus()
+    if model.getNSols() == 0:
+        if status == "infeasible":
+            raise InfeasibleError("no assignment satisfies the constraints")
+        raise TapsError(f"SCIP stopped ({status}) before finding any assignment")
+    # SCIP says 1e20 when it has no dual bound yet.
+    gap = float(model.getGap())
+    return _Run(
+        built.choice(),
+        status,
+        math.inf if gap >= 1e20 else gap,
+        build_time,
+        float(model.getSolvingTime()),
+        size,
+    )
 
 
 def solve(
@@ -146,108 +304,75 @@ def solve(
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
-    t0 = time.perf_counter()
-    keep = {name: np.arange(len(t.strategies)) for name, t in tables.ops.items()}
-    if options.prune:
-        both = [tables]
-        if tie_break is not None:
-            other, sense = tie_break
-            both.append(other if sense == "min" else negated(other))
-        keep = dominance_survivors(both, use_memory=memory_limit is not None)
-        tables = restrict(tables, keep)
-        if tie_break is not None:
-            tie_break = (restrict(tie_break[0], keep), tie_break[1])
-    if options.formulation == "pairwise":
-        tables = ungroup(tables)
-        if tie_break is not None:
-            tie_break = (ungroup(tie_break[0]), tie_break[1])
-    flow_type = "B" if options.formulation == "pairwise" else "C"
-    model = Model("taps")
-    model.hideOutput()
-    s = {
-        name: [model.addVar(vtype="B", name=f"s[{name},{i}]") for i in range(len(t.strategies))]
-        for name, t in tables.ops.items()
-    }
-    constraints = 0
-    for name in tables.ops:
-        model.addCons(quicksum(s[name]) == 1, name=f"one[{name}]")
-        constraints += 1
-    f = []
-    for k, e in enumerate(tables.edges):
-        na, nb = e.cost.shape
-        fe = [
-            [model.addVar(lb=0.0, vtype=flow_type, name=f"f[{k},{a},{b}]") for b in range(nb)]
-            for a in range(na)
-        ]
-        f.append(fe)
-        u, w = s[e.edge.producer], s[e.edge.consumer]
-        for a in range(na):
-            mine = [u[i] for i in np.flatnonzero(e.source_class == a)]
-            model.addCons(quicksum(fe[a]) == quicksum(mine), name=f"out[{k},{a}]")
-        for b in range(nb):
-            mine = [w[j] for j in np.flatnonzero(e.target_class == b)]
-            model.addCons(
-                quicksum(fe[a][b] for a in range(na)) == quicksum(mine), name=f"in[{k},{b}]"
-            )
-        constraints += na + nb
-    if memory_limit is not None:
-        layers = tables.graph.layers
-        model.addCons(
-            quicksum(
-                m * layers * x
-                for t in tables.ops.values()
-                for m, x in zip(t.memory.tolist(), s[t.op.name])
-            )
-            <= memory_limit,
-            name="memory",
+    problem = Problem.from_tables(tables)
+    memory = (
+        None
+        if memory_limit is None
+        else _Memory(
+            {n: t.memory for n, t in tables.ops.items()}, tables.graph.layers, memory_limit
         )
-        constraints += 1
-    primary = _objective(tables, s, f, _scale(tables))
-    model.setObjective(primary, "minimize")
-    if time_limit is not None:
-        model.setParam("limits/time", float(time_limit))
-    if not options.presolve:
-        model.setPresolve(SCIP_PARAMSETTING.OFF)
-    if options.warm_start:
-        _add_start(model, tables, s, f, memory_limit)
-    build_time = time.perf_counter() - t0
-
-    model.optimize()
-    if tie_break is not None and model.getNSols() > 0:
-        other, sense = tie_break
-        best = model.getObjVal()
-        model.freeTransform()
-        # Optimal for the first objective up to float noise in the scaled units.
-        model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
-        constraints += 1
-        model.setObjective(
-            _objective(other, s, f, _scale(other)), "minimize" if sense == "min" else "maximize"
-        )
-        model.optimize()
-    status = model.getStatus()
-    if model.getNSols() == 0:
-        if status == "infeasible":
-            raise InfeasibleError("no assignment satisfies the constraints")
-        raise TapsError(f"SCIP stopped ({status}) before finding any assignment")
-    sol = model.getBestSol()
-    choice = {
-        name: int(keep[name][np.argmax([model.getSolVal(sol, x) for x in xs])])
-        for name, xs in s.items()
-    }
-    flows = sum(len(fe) * len(fe[0]) for fe in f if fe)
-    binaries = sum(len(x) for x in s.values())
-    size = (
-        IlpSize(binaries + flows, 0, constraints)
-        if flow_type == "B"
-        else IlpSize(binaries, flows, constraints)
     )
-    # SCIP says 1e20 when it has no dual bound yet.
-    gap = float(model.getGap())
+    if options.reduce and tie_break is None:
+        t0 = time.perf_counter()
+        reduction = reduce(problem, list(tables.ops))
+        reduce_time = time.perf_counter() - t0
+        core = reduction.core
+        if core.pairs:
+            run = _pruned_run(core, options, None, time_limit, None)
+            eliminated = reduction.eliminated
+        else:
+            # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
+            choice = {v: int(np.argmin(c)) for v, c in core.node_cost.items()}
+            run = _Run(choice, "optimal", 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
+            eliminated = len(tables.ops)
+        t1 = time.perf_counter()
+        choice = reduction.expand(run.choice)
+        reduce_time += time.perf_counter() - t1
+        # The optimum without the memory limit is optimal with it if it fits.
+        if memory is None or memory.of(choice) <= memory.limit:
+            return IlpSolution(
+                choice,
+                run.status,
+                run.gap,
+                run.solve_time,
+                run.build_time,
+                reduce_time,
+                replace(run.size, eliminated=eliminated),
+            )
+    second = None
+    if tie_break is not None:
+        second = (Problem.from_tables(tie_break[0]), tie_break[1])
+    run = _pruned_run(problem, options, memory, time_limit, second)
     return IlpSolution(
-        choice,
-        status,
-        math.inf if gap >= 1e20 else gap,
-        float(model.getSolvingTime()),
-        build_time,
-        size,
+        run.choice, run.status, run.gap, run.solve_time, run.build_time, 0.0, run.size
+    )
+
+
+def _pruned_run(
+    problem: Problem,
+    options: IlpOptions,
+    memory: _Memory | None,
+    time_limit: float | None,
+    second: tuple[Problem, str] | None,
+) -> _Run:
+    """:func:`_run` on the candidates that survive pruning (if on); the choice indexes the
+    candidates of ``problem``, and the build time includes the pruning."""
+    if not options.prune:
+        return _run(problem, options, memory, time_limit, second)
+    t0 = time.perf_counter()
+    objectives = [problem]
+    if second is not None:
+        objectives.append(second[0] if second[1] == "min" else negated(second[0]))
+    keep = dominance_survivors(objectives, None if memory is None else memory.per_op)
+    problem = restrict(problem, keep)
+    if second is not None:
+        second = (restrict(second[0], keep), second[1])
+    if memory is not None:
+        memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    prune_time = time.perf_counter() - t0
+    run = _run(problem, options, memory, time_limit, second)
+    return replace(
+        run,
+        choice={v: int(keep[v][i]) for v, i in run.choice.items()},
+        build_time=prune_time + run.build_time,
     )

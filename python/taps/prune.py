@@ -1,18 +1,16 @@
 """Exact pruning of the search space: drop every candidate that another candidate of the same
-operator dominates (no more node cost, no more memory when memory is limited, and no more
-redistribution cost towards every remaining candidate of every neighbour, under every cost table
-given). Any assignment that uses a dominated candidate can switch to its dominator without costing
-more, so the optimum is unchanged. Pruning an operator shrinks its neighbours' profiles, so it
-repeats to a fixpoint."""
+operator dominates (no more node cost, no more memory when memory is limited, and no more pair cost
+towards every remaining candidate of every neighbour, under every objective given). Any assignment
+that uses a dominated candidate can switch to its dominator without costing more, so the optimum is
+unchanged. Pruning an operator shrinks its neighbours' profiles, so it repeats to a fixpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from taps.costs import CostTables, EdgeTable, OpTable
+from taps.reductions import PairCost, Problem
 
 
 def _dominated(profile: np.ndarray) -> np.ndarray:
@@ -27,69 +25,53 @@ def _dominated(profile: np.ndarray) -> np.ndarray:
     return ~keep
 
 
-def negated(tables: CostTables) -> CostTables:
-    """The tables with every cost negated: what dominance must see of an objective maximised."""
-    ops = {n: replace(t, node_cost=-t.node_cost) for n, t in tables.ops.items()}
-    return replace(tables, ops=ops, edges=[replace(e, cost=-e.cost) for e in tables.edges])
+def negated(problem: Problem) -> Problem:
+    """The problem with every cost negated: what dominance must see of an objective maximised."""
+    return Problem(
+        {v: -c for v, c in problem.node_cost.items()},
+        [PairCost(p.u, p.w, p.u_class, p.w_class, -p.cost) for p in problem.pairs],
+    )
 
 
-def dominance_survivors(tables: Sequence[CostTables], use_memory: bool) -> dict[str, np.ndarray]:
-    """Per operator, the candidate indices no other candidate dominates in all of ``tables``
-    (tables of one graph and cluster to be minimised, e.g. both objectives of a lexicographic
-    solve; pass :func:`negated` tables for an objective that is maximised)."""
-    first = tables[0]
-    alive = {name: np.ones(len(t.strategies), dtype=bool) for name, t in first.ops.items()}
+def dominance_survivors(
+    problems: Sequence[Problem], memory: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Per operator, the candidate indices no other candidate dominates in all of ``problems``
+    (problems over the same operators and candidates to be minimised, e.g. both objectives of a
+    lexicographic solve; pass :func:`negated` problems for an objective that is maximised), and
+    in ``memory`` (per operator and candidate) if given."""
+    first = problems[0]
+    alive = {v: np.ones(len(c), dtype=bool) for v, c in first.node_cost.items()}
     changed = True
     while changed:
         changed = False
-        for name, t in first.ops.items():
-            idx = np.flatnonzero(alive[name])
-            parts = [t.memory[idx, None]] if use_memory else []
-            for tab in tables:
-                parts.append(tab.ops[name].node_cost[idx, None])
-                for e in tab.edges:
-                    if e.edge.producer == name:
-                        cols = np.unique(e.target_class[alive[e.edge.consumer]])
-                        parts.append(e.cost[np.ix_(e.source_class[idx], cols)])
-                    if e.edge.consumer == name:
-                        rows = np.unique(e.source_class[alive[e.edge.producer]])
-                        parts.append(e.cost[np.ix_(rows, e.target_class[idx])].T)
+        for v in first.node_cost:
+            idx = np.flatnonzero(alive[v])
+            parts = [] if memory is None else [memory[v][idx, None]]
+            for problem in problems:
+                parts.append(problem.node_cost[v][idx, None])
+                for p in problem.pairs:
+                    if p.u == v:
+                        cols = np.unique(p.w_class[alive[p.w]])
+                        parts.append(p.cost[np.ix_(p.u_class[idx], cols)])
+                    if p.w == v:
+                        rows = np.unique(p.u_class[alive[p.u]])
+                        parts.append(p.cost[np.ix_(rows, p.w_class[idx])].T)
             dead = _dominated(np.hstack(parts))
             if dead.any():
-                alive[name][idx[dead]] = False
+                alive[v][idx[dead]] = False
                 changed = True
-    return {name: np.flatnonzero(a) for name, a in alive.items()}
+    return {v: np.flatnonzero(a) for v, a in alive.items()}
 
 
-def restrict(tables: CostTables, keep: dict[str, np.ndarray]) -> CostTables:
-    """The tables with only the candidates ``keep`` (indices per operator), and only the layout
+def restrict(problem: Problem, keep: Mapping[str, np.ndarray]) -> Problem:
+    """The problem with only the candidates ``keep`` (indices per operator), and only the
     classes those candidates use."""
-    ops = {
-        name: OpTable(
-            t.op,
-            [t.strategies[i] for i in keep[name]],
-            t.node_cost[keep[name]],
-            t.memory[keep[name]],
+    pairs = []
+    for p in problem.pairs:
+        rows, u_class = np.unique(p.u_class[keep[p.u]], return_inverse=True)
+        cols, w_class = np.unique(p.w_class[keep[p.w]], return_inverse=True)
+        pairs.append(
+            PairCost(p.u, p.w, u_class.reshape(-1), w_class.reshape(-1), p.cost[np.ix_(rows, cols)])
         )
-        for name, t in tables.ops.items()
-    }
-    edges = []
-    for e in tables.edges:
-        rows, src = np.unique(e.source_class[keep[e.edge.producer]], return_inverse=True)
-        cols, dst = np.unique(e.target_class[keep[e.edge.consumer]], return_inverse=True)
-        edges.append(EdgeTable(e.edge, src, dst, e.cost[np.ix_(rows, cols)]))
-    return replace(tables, ops=ops, edges=edges)
-
-
-def ungroup(tables: CostTables) -> CostTables:
-    """Every candidate its own layout class: the pairwise (Alpa-style) view of the edges."""
-    edges = [
-        EdgeTable(
-            e.edge,
-            np.arange(len(e.source_class)),
-            np.arange(len(e.target_class)),
-            e.cost[np.ix_(e.source_class, e.target_class)],
-        )
-        for e in tables.edges
-    ]
-    return replace(tables, edges=edges)
+    return Problem({v: c[keep[v]] for v, c in problem.node_cost.items()}, pairs)

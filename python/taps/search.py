@@ -63,7 +63,11 @@ def search(
     t2 = time.perf_counter()
     timings = dict(tables.timings)
     timings.update(
-        build=solution.build_time, solve=solution.solve_time, extract=t2 - t1, total=t2 - t0
+        build=solution.build_time,
+        reduce=solution.reduce_time,
+        solve=solution.solve_time,
+        extract=t2 - t1,
+        total=t2 - t0,
     )
     return SearchResult(
         graph=graph,

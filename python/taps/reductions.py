@@ -1,0 +1,240 @@
+"""Exact graph reductions of the strategy-selection problem before the ILP.
+
+Without a memory limit the problem is a sum of node costs (one vector per operator) and pair costs
+(one matrix per graph edge, over the layout classes of its two ends), minimised over one choice per
+operator. Three reductions keep the optimum exactly (they are the optimal reductions R1 and R2 of
+the partitioned Boolean quadratic problem, with parallel edges merged):
+
+- **parallel**: two pair costs between the same operators become one, over the pairs of classes;
+- **leaf** (an operator with one neighbour): its best choice for each class of the neighbour is
+  folded into the neighbour's node cost;
+- **series** (an operator with two neighbours): eliminated by a min-plus product, leaving one pair
+  cost between the neighbours.
+
+On a chain or a tree this is dynamic programming and leaves one operator; on a transformer layer
+the residual connections reduce the same way. What is left (the core) goes to SCIP, and the
+eliminated choices follow from the core's, in reverse order of elimination
+(:meth:`Reduction.expand`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from taps.costs import CostTables
+
+#: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
+#: distinct choices) stays below this; otherwise it stays for SCIP.
+MAX_SERIES_WORK = 50_000_000
+#: Elements of the temporary of one min-plus chunk.
+_CHUNK = 2_000_000
+
+
+@dataclass
+class PairCost:
+    """A cost between the choices of operators ``u`` and ``w``: ``cost[u_class[i], w_class[j]]``
+    for candidate ``i`` of ``u`` and ``j`` of ``w``."""
+
+    u: str
+    w: str
+    u_class: np.ndarray
+    w_class: np.ndarray
+    cost: np.ndarray
+
+    def oriented(self, u: str) -> PairCost:
+        """The same cost with ``u`` as its first end."""
+        if self.u == u:
+            return self
+        return PairCost(self.w, self.u, self.w_class, self.u_class, self.cost.T)
+
+    def other(self, v: str) -> str:
+        return self.w if self.u == v else self.u
+
+
+@dataclass
+class Problem:
+    """Choose one candidate per operator minimising the node costs plus the pair costs."""
+
+    node_cost: dict[str, np.ndarray]
+    pairs: list[PairCost]
+
+    @classmethod
+    def from_tables(cls, tables: CostTables) -> Problem:
+        """The search's cost tables as a problem: a pair cost per graph edge."""
+        return cls(
+            {name: t.node_cost for name, t in tables.ops.items()},
+            [
+                PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
+                for e in tables.edges
+            ],
+        )
+
+    def evaluate(self, choice: dict[str, int]) -> float:
+        total = sum(float(c[choice[v]]) for v, c in self.node_cost.items())
+        for p in self.pairs:
+            total += float(p.cost[p.u_class[choice[p.u]], p.w_class[choice[p.w]]])
+        return total
+
+
+def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows)."""
+    distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+    return inverse.reshape(-1)[classes], distinct
+
+
+def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
+    """A pair cost with equal rows and equal columns merged (a smaller ILP, the same costs)."""
+    u_class, cost = _compact(u_class, cost)
+    w_class, cost_t = _compact(w_class, cost.T)
+    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(cost_t.T))
+
+
+def _class_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Number the distinct pairs ``(a[i], b[i])``: (pair per i, a of each pair, b of each pair)."""
+    keys = a.astype(np.int64) * (int(b.max(initial=0)) + 1) + b
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), a[first], b[first]
+
+
+def _merge(p: PairCost, q: PairCost) -> PairCost:
+    """Two pair costs between the same operators as one."""
+    q = q.oriented(p.u)
+    u_class, pu, qu = _class_pairs(p.u_class, q.u_class)
+    w_class, pw, qw = _class_pairs(p.w_class, q.w_class)
+    cost = p.cost[np.ix_(pu, pw)] + q.cost[np.ix_(qu, qw)]
+    return _pair(p.u, p.w, u_class, w_class, cost)
+
+
+def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``out[a, b] = min_k x[a, k] + y[k, b]``, in chunks of rows to bound the temporary."""
+    rows, inner = x.shape
+    out = np.empty((rows, y.shape[1]))
+    step = max(1, _CHUNK // max(1, inner * y.shape[1]))
+    for start in range(0, rows, step):
+        block = x[start : start + step, :, None] + y[None, :, :]
+        out[start : start + step] = block.min(axis=1)
+    return out
+
+
+@dataclass
+class _Leaf:
+    v: str
+    edge: PairCost  # oriented (neighbour, v)
+    node: np.ndarray
+
+    def choose(self, choice: dict[str, int]) -> int:
+        row = self.edge.cost[self.edge.u_class[choice[self.edge.u]]]
+        return int(np.argmin(row[self.edge.w_class] + self.node))
+
+
+@dataclass
+class _Series:
+    v: str
+    left: PairCost  # oriented (u, v)
+    right: PairCost  # oriented (v, w)
+    node: np.ndarray
+
+    def choose(self, choice: dict[str, int]) -> int:
+        into = self.left.cost[self.left.u_class[choice[self.left.u]]][self.left.w_class]
+        out = self.right.cost[:, self.right.w_class[choice[self.right.w]]][self.right.u_class]
+        return int(np.argmin(into + self.node + out))
+
+
+@dataclass
+class Reduction:
+    """The core left for SCIP, and how to complete its solution."""
+
+    core: Problem
+    steps: list[_Leaf | _Series] = field(default_factory=list)
+
+    @property
+    def eliminated(self) -> int:
+        return len(self.steps)
+
+    def expand(self, core_choice: dict[str, int]) -> dict[str, int]:
+        """The optimal choice of every operator, given an optimal choice of the core's."""
+        choice = dict(core_choice)
+        for step in reversed(self.steps):
+            choice[step.v] = step.choose(choice)
+        return choice
+
+
+def reduce(problem: Problem, order: list[str]) -> Reduction:
+    """Apply the reductions until none applies, visiting operators in ``order`` (deterministic)."""
+    node = {v: c.astype(np.float64, copy=True) for v, c in problem.node_cost.items()}
+    pairs: dict[int, PairCost] = dict(enumerate(problem.pairs))
+    incident: dict[str, set[int]] = {v: set() for v in node}
+    for k, p in pairs.items():
+        incident[p.u].add(k)
+        incident[p.w].add(k)
+    next_id = len(pairs)
+    steps: list[_Leaf | _Series] = []
+
+    def add(p: PairCost) -> None:
+        nonlocal next_id
+        pairs[next_id] = p
+        incident[p.u].add(next_id)
+        incident[p.w].add(next_id)
+        next_id += 1
+
+    def drop(k: int) -> PairCost:
+        p = pairs.pop(k)
+        incident[p.u].discard(k)
+        incident[p.w].discard(k)
+        return p
+
+    def neighbours(v: str) -> dict[str, PairCost]:
+        """The one pair cost towards each neighbour, merging parallel ones first."""
+        by: dict[str, list[int]] = {}
+        for k in sorted(incident[v]):
+            by.setdefault(pairs[k].other(v), []).append(k)
+        out = {}
+        for other, ks in by.items():
+            if len(ks) > 1:
+                merged = pairs[ks[0]]
+                for k in ks[1:]:
+                    merged = _merge(merged, pairs[k])
+                for k in ks:
+                    drop(k)
+                add(merged)
+            out[other] = pairs[max(incident[v] & incident[other])]
+        return out
+
+    def eliminate(v: str) -> bool:
+        near = neighbours(v)
+        if len(near) == 1:
+            (u,) = near
+            e = near[u].oriented(u)
+            best = np.full(e.cost.shape[1], np.inf)
+            np.minimum.at(best, e.w_class, node[v])
+            node[u] += (e.cost + best).min(axis=1)[e.u_class]
+            steps.append(_Leaf(v, e, node[v]))
+        elif len(near) == 2:
+            u, w = near
+            left, right = near[u].oriented(u), near[w].oriented(v)
+            mid, p, q = _class_pairs(left.w_class, right.u_class)
+            work = left.cost.shape[0] * len(p) * right.cost.shape[1]
+            if work > MAX_SERIES_WORK:
+                return False
+            best = np.full(len(p), np.inf)
+            np.minimum.at(best, mid, node[v])
+            cost = _min_plus(left.cost[:, p] + best, right.cost[q])
+            add(_pair(u, w, left.u_class, right.w_class, cost))
+            steps.append(_Series(v, left, right, node[v]))
+        else:
+            return False
+        for k in list(incident[v]):
+            drop(k)
+        del node[v]
+        return True
+
+    changed = True
+    while changed:
+        changed = False
+        for v in order:
+            if v in node and incident[v] and eliminate(v):
+                changed = True
+    core_pairs = [pairs[k] for k in sorted(pairs)]
+    return Reduction(Problem(node, core_pairs), steps)

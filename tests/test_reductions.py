@@ -1,0 +1,113 @@
+"""The exact reductions (taps.reductions) against brute force over every assignment, on random
+problems: multigraphs with cycles and parallel edges, layout classes shared by candidates, ties."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taps
+from taps import reductions
+from taps.reductions import PairCost, Problem, reduce
+
+
+@st.composite
+def problems(draw) -> Problem:
+    n = draw(st.integers(1, 6))
+    names = [f"v{i}" for i in range(n)]
+    sizes = {v: draw(st.integers(1, 4)) for v in names}
+    # Small integer costs: many ties, so the choice among equals is exercised too.
+    costs = st.integers(0, 5).map(float)
+    node = {v: np.array(draw(st.lists(costs, min_size=k, max_size=k))) for v, k in sizes.items()}
+    pairs = []
+    if n > 1:
+        for _ in range(draw(st.integers(0, 9))):
+            u, w = draw(st.permutations(names))[:2]
+            classes = {}
+            for v in (u, w):
+                k = draw(st.integers(1, sizes[v]))
+                classes[v] = np.array(
+                    draw(st.lists(st.integers(0, k - 1), min_size=sizes[v], max_size=sizes[v]))
+                )
+            shape = (int(classes[u].max()) + 1, int(classes[w].max()) + 1)
+            cost = np.array(
+                draw(st.lists(costs, min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]))
+            ).reshape(shape)
+            pairs.append(PairCost(u, w, classes[u], classes[w], cost))
+    return Problem(node, pairs)
+
+
+def _brute_force(problem: Problem) -> tuple[float, dict[str, int]]:
+    names = list(problem.node_cost)
+    best, arg = math.inf, {}
+    for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
+        choice = dict(zip(names, c))
+        cost = problem.evaluate(choice)
+        if cost < best:
+            best, arg = cost, choice
+    return best, arg
+
+
+def _check(problem: Problem) -> reductions.Reduction:
+    want, _ = _brute_force(problem)
+    reduction = reduce(problem, list(problem.node_cost))
+    core_best, core_choice = _brute_force(reduction.core)
+    # The core's optimum is the whole problem's, and expanding it attains it.
+    assert core_best == pytest.approx(want, abs=1e-9)
+    choice = reduction.expand(core_choice)
+    assert sorted(choice) == sorted(problem.node_cost)
+    assert problem.evaluate(choice) == pytest.approx(want, abs=1e-9)
+    assert reduction.eliminated + len(reduction.core.node_cost) == len(problem.node_cost)
+    return reduction
+
+
+@settings(max_examples=400, deadline=None)
+@given(problems())
+def test_reductions_keep_the_optimum(problem):
+    _check(problem)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_without_series_reductions(problem):
+    """With no work allowed for min-plus products, only leaves and parallel edges go."""
+    saved, reductions.MAX_SERIES_WORK = reductions.MAX_SERIES_WORK, -1
+    try:
+        reduction = _check(problem)
+    finally:
+        reductions.MAX_SERIES_WORK = saved
+    # Only leaves go: every operator left has zero or at least two neighbours.
+    for v in reduction.core.node_cost:
+        near = {p.other(v) for p in reduction.core.pairs if v in (p.u, p.w)}
+        assert len(near) != 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 7), st.data())
+def test_trees_reduce_to_one_operator(n, data):
+    """A random tree (each operator joined to an earlier one) leaves a single operator."""
+    node = {f"v{i}": np.arange(3, dtype=float)[::-1] + i for i in range(n)}
+    pairs = []
+    for i in range(1, n):
+        j = data.draw(st.integers(0, i - 1))
+        cost = np.array(data.draw(st.lists(st.floats(0, 9), min_size=9, max_size=9))).reshape(3, 3)
+        pairs.append(PairCost(f"v{j}", f"v{i}", np.arange(3), np.arange(3), cost))
+    reduction = _check(Problem(node, pairs))
+    assert len(reduction.core.node_cost) == 1 and not reduction.core.pairs
+
+
+def test_transformer_layer_reduces_completely():
+    """The residual connections of a transformer layer are series-parallel: nothing is left for
+    SCIP, and the optimum is that of the full ILP."""
+    graph = taps.models.gpt(hidden=256, heads=4, seq=64, batch=4)
+    cluster = taps.Cluster(2, 4)
+    full = taps.search(graph, cluster, options=taps.IlpOptions(reduce=False))
+    reduced = taps.search(graph, cluster)
+    assert reduced.ilp.operators == 0 and reduced.ilp.eliminated == len(graph.ops)
+    assert reduced.cost == pytest.approx(full.cost, rel=1e-9)
+    assert reduced.status == "optimal" and reduced.gap == 0
