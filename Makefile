@@ -3,10 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test test-rust bench lint fmt clean
+.PHONY: help install demo test test-rust bench bench-search lint fmt clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,8 +30,11 @@ test-rust: ## Run the Rust tests (no Python needed)
 
 bench: install ## Run the Rust and Python benchmarks, then the search stage by stage
 	cargo bench --bench core
-	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only
-	$(PY) benches/search_stages.py
+	$(PY) -m pytest benches -q -s --benchmark-enable
+	$(PY) benches/search_stages.py --large
+
+bench-search: install ## The search stage by stage against the plain formulation (one table)
+	$(PY) benches/search_stages.py --large
 
 lint: install ## cargo fmt, clippy (pedantic), ruff, mypy and the stub check (stubtest)
 	cargo fmt --check

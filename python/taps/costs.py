@@ -3,6 +3,7 @@ needs per device, and the redistributions between operators (edge cost). SPEC se
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -211,10 +212,13 @@ def build_tables(
     cluster: Cluster,
     cost_model: str = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
+    share_edge_costs: bool = True,
 ) -> CostTables:
-    """Enumerate candidates and compute node costs, memory and edge costs for the search."""
-    import time
+    """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
+    Edges whose two ends give the same lists of layout classes (the same tensor between operators
+    of the same kind, as in repeated blocks) share one cost matrix unless ``share_edge_costs`` is
+    off (for the benchmark)."""
     check_cost_model(cost_model)
     n = cluster.num_devices
     t0 = time.perf_counter()
@@ -243,7 +247,7 @@ def build_tables(
         dst_cls, dst_layouts = _classes(dst)
         dtype = graph.tensors[edge.tensor].dtype_bytes
         key = (tuple(src_layouts), tuple(dst_layouts), dtype)
-        if key not in cache:
+        if key not in cache or not share_edge_costs:
             cache[key] = redistribution_costs(src_layouts, dst_layouts, cluster, dtype, cost_model)
         edges.append(EdgeTable(edge, src_cls, dst_cls, cache[key]))
     t2 = time.perf_counter()

@@ -5,6 +5,10 @@ small transportation problem between the layout classes of its two ends: continu
 ``f[e,a,b] >= 0`` whose row sums are the producer's choice of output class ``a`` and column sums
 the consumer's choice of input class ``b``. For binary ``s`` exactly one ``f`` is 1, so the
 objective is exact, and the LP relaxation is far tighter than one binary per strategy pair.
+
+Before SCIP, the exact reductions of :mod:`taps.reductions` eliminate what dynamic programming can
+(chains, trees, series-parallel blocks such as residual connections), and dominated candidates of
+what is left are pruned (:mod:`taps.prune`); SCIP gets the core, if anything is left to decide.
 """
 
 from __future__ import annotations

@@ -117,14 +117,25 @@ def strategy_table(result: SearchResult) -> Table:
     layers = result.graph.layers
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
-        f"SCIP {result.status}, gap {result.gap:.2%}, {result.num_aux_edges:,} auxiliary edges, "
-        f"ILP {result.ilp.binaries:,} binaries + {result.ilp.continuous:,} continuous, "
-        f"{result.ilp.constraints:,} constraints; search {result.timings['total']:.3f} s; "
+        f"{result.status}, gap {result.gap:.2%}, {result.num_aux_edges:,} auxiliary edges; "
+        f"{result.ilp.eliminated} of {len(result.graph.ops)} operators decided by exact "
+        f"reductions, {ilp_text(result)}; search {result.timings['total']:.3f} s; "
         f"memory {format_bytes(result.memory_per_device)} per device"
         + (f" for {layers} layers" if layers > 1 else "")
     )
     table.caption_justify = "left"
     return table
+
+
+def ilp_text(result: SearchResult) -> str:
+    """What SCIP was handed, in words."""
+    ilp = result.ilp
+    if ilp.operators == 0:
+        return "no ILP left for SCIP"
+    return (
+        f"SCIP: {ilp.operators} operators, {ilp.binaries:,} binaries + "
+        f"{ilp.continuous:,} continuous, {ilp.constraints:,} constraints"
+    )
 
 
 def collectives_table(result: SearchResult) -> Table:
@@ -259,6 +270,8 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
             "binaries": result.ilp.binaries,
             "continuous": result.ilp.continuous,
             "constraints": result.ilp.constraints,
+            "operators": result.ilp.operators,
+            "eliminated": result.ilp.eliminated,
         },
         "memory_per_device": result.memory_per_device,
         "timings": result.timings,
