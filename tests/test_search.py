@@ -169,14 +169,21 @@ def test_memory_limit():
     assert result.cost >= free.cost * (1 - 1e-9)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_graphs(), st.sampled_from(CLUSTERS), st.floats(0, 1), st.sampled_from(OPTIONS[:2]))
-def test_memory_limited_search_equals_brute_force(graph, shape, position, options):
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    small_graphs(),
+    st.sampled_from(CLUSTERS),
+    st.floats(0, 1),
+    st.sampled_from(OPTIONS[:3]),
+    st.sampled_from([16, 1e9]),
+)
+def test_memory_limited_search_equals_brute_force(graph, shape, position, options, per_parameter):
     """A limit between the least and the most memory: the optimum over the assignments that fit
-    (with reductions, the unconstrained optimum is only taken when it fits)."""
+    (with reductions, the unconstrained optimum is only taken when it fits). Memory in the
+    billions of bytes, as for real models, must not upset SCIP's numerics."""
     cluster = taps.Cluster(*shape)
     assume(_small_enough(graph, cluster))
-    tables = build_tables(graph, cluster)
+    tables = build_tables(graph, cluster, bytes_per_parameter=per_parameter)
     names = list(tables.ops)
 
     def mem(choice):
@@ -189,7 +196,9 @@ def test_memory_limited_search_equals_brute_force(graph, shape, position, option
     lo, hi = min(map(mem, every)), max(map(mem, every))
     limit = lo + position * (hi - lo)
     best = min(tables.evaluate(c) for c in every if mem(c) <= limit)
-    result = taps.search(graph, cluster, memory_limit=limit, options=options)
+    result = taps.search(
+        graph, cluster, memory_limit=limit, options=options, bytes_per_parameter=per_parameter
+    )
     assert result.memory_per_device <= limit * (1 + 1e-9)
     assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-18)
 
@@ -351,3 +360,20 @@ def test_irreducible_core_goes_to_scip(b, h, shape):
         if cluster.num_devices > 1:
             assert (result.ilp.operators, result.ilp.eliminated) == (4, 0)
             assert result.ilp.continuous > 0
+
+
+def test_binding_memory_limit_in_bytes_of_a_real_model():
+    """48 layers of a GPT block with a limit that binds: the memory row holds billions of bytes.
+    Every option set (different pruning and branching) must find the same optimum; with the row
+    in bytes SCIP once returned a 0.25% worse assignment as optimal without pruning."""
+    g = taps.models.gpt(hidden=1024, heads=16, seq=2048, batch=8, layers=48)
+    cluster = taps.Cluster(2, 8)
+    free = taps.search(g, cluster)
+    limit = free.memory_per_device * 0.8
+    costs = []
+    for options in (OPTIONS[0], taps.IlpOptions(prune=False), taps.IlpOptions(presolve=True)):
+        r = taps.search(g, cluster, memory_limit=limit, options=options)
+        assert r.status == "optimal" and r.memory_per_device <= limit
+        costs.append(r.cost)
+    assert costs[0] > free.cost
+    assert costs == pytest.approx([costs[0]] * len(costs), rel=1e-9)

@@ -181,13 +181,16 @@ def _build(problem: Problem, binary_flows: bool, memory: _Memory | None) -> _Mod
             )
         constraints += na + nb
     if memory is not None:
+        # In units of the limit: coefficients near 1, not 1e9 bytes, keep the LP well conditioned
+        # (in bytes SCIP has pruned the optimum as infeasible).
+        scale = memory.layers / memory.limit
         model.addCons(
             quicksum(
-                m * memory.layers * x
+                m * scale * x
                 for name, xs in s.items()
                 for m, x in zip(memory.per_op[name].tolist(), xs)
             )
-            <= memory.limit,
+            <= 1.0,
             name="memory",
         )
         constraints += 1
@@ -367,7 +370,10 @@ def _pruned_run(
     objectives = [problem]
     if second is not None:
         objectives.append(second[0] if second[1] == "min" else negated(second[0]))
-    keep = dominance_survivors(objectives, None if memory is None else memory.per_op)
+    if memory is None:
+        keep = dominance_survivors(objectives)
+    else:
+        keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
     problem = restrict(problem, keep)
     if second is not None:
         second = (restrict(second[0], keep), second[1])

@@ -34,14 +34,26 @@ def negated(problem: Problem) -> Problem:
 
 
 def dominance_survivors(
-    problems: Sequence[Problem], memory: Mapping[str, np.ndarray] | None = None
+    problems: Sequence[Problem],
+    memory: Mapping[str, np.ndarray] | None = None,
+    budget: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Per operator, the candidate indices no other candidate dominates in all of ``problems``
     (problems over the same operators and candidates to be minimised, e.g. both objectives of a
     lexicographic solve; pass :func:`negated` problems for an objective that is maximised), and
-    in ``memory`` (per operator and candidate) if given."""
+    in ``memory`` (per operator and candidate) if given.
+
+    With a ``budget`` (the memory limit in the units of ``memory``), candidates that exceed it even
+    with every other operator at its least memory go first."""
     first = problems[0]
     alive = {v: np.ones(len(c), dtype=bool) for v, c in first.node_cost.items()}
+    if memory is not None and budget is not None:
+        least = {v: float(m.min()) for v, m in memory.items()}
+        rest = sum(least.values())
+        for v, m in memory.items():
+            alive[v] = m <= budget - (rest - least[v])
+            # Rounding must not drop the least candidate, which fits whenever anything does.
+            alive[v][np.argmin(m)] = True
     changed = True
     while changed:
         changed = False
