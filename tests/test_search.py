@@ -195,12 +195,16 @@ def test_memory_limited_search_equals_brute_force(graph, shape, position, option
     ]
     lo, hi = min(map(mem, every)), max(map(mem, every))
     limit = lo + position * (hi - lo)
-    best = min(tables.evaluate(c) for c in every if mem(c) <= limit)
     result = taps.search(
         graph, cluster, memory_limit=limit, options=options, bytes_per_parameter=per_parameter
     )
-    assert result.memory_per_device <= limit * (1 + 1e-9)
-    assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-18)
+    # SCIP holds the limit to 1e-9 of it: the optimum lies between those of the strict limit and
+    # of the limit with that tolerance (they differ only when memories differ by less).
+    tolerance = 1e-9
+    strict = min(tables.evaluate(c) for c in every if mem(c) <= limit)
+    loose = min(tables.evaluate(c) for c in every if mem(c) <= limit * (1 + tolerance))
+    assert result.memory_per_device <= limit * (1 + tolerance)
+    assert loose * (1 - 1e-9) - 1e-18 <= result.cost <= strict * (1 + 1e-9) + 1e-18
 
 
 def test_memory_counts_parameter_shards_and_saved_output():

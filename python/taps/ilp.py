@@ -29,6 +29,8 @@ from taps.reductions import PairCost, Problem, reduce
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
 _OBJECTIVE_SCALE = 1e6
+#: How far SCIP may exceed the memory limit, relative to it.
+_MEMORY_FEASTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,10 @@ def _build(problem: Problem, binary_flows: bool, memory: _Memory | None) -> _Mod
         constraints += na + nb
     if memory is not None:
         # In units of the limit: coefficients near 1, not 1e9 bytes, keep the LP well conditioned
-        # (in bytes SCIP has pruned the optimum as infeasible).
+        # (in bytes SCIP has pruned the optimum as infeasible). SCIP takes a row as satisfied up
+        # to its feasibility tolerance: 1e-9 of the limit (4 bytes in 4 GB), not the default 1e-6.
         scale = memory.layers / memory.limit
+        model.setParam("numerics/feastol", _MEMORY_FEASTOL)
         model.addCons(
             quicksum(
                 m * scale * x
