@@ -324,38 +324,64 @@ def solve(
         )
     )
     if options.reduce and tie_break is None:
-        t0 = time.perf_counter()
-        reduction = reduce(problem, list(tables.ops))
-        reduce_time = time.perf_counter() - t0
-        core = reduction.core
-        if core.pairs:
-            run = _pruned_run(core, options, None, time_limit, None)
-            eliminated = reduction.eliminated
-        else:
-            # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
-            choice = {v: int(np.argmin(c)) for v, c in core.node_cost.items()}
-            run = _Run(choice, "optimal", 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
-            eliminated = len(tables.ops)
-        t1 = time.perf_counter()
-        choice = reduction.expand(run.choice)
-        reduce_time += time.perf_counter() - t1
+        order = list(tables.ops)
+        solution = _reduced(problem, order, None, options, time_limit)
         # The optimum without the memory limit is optimal with it if it fits.
-        if memory is None or memory.of(choice) <= memory.limit:
-            return IlpSolution(
-                choice,
-                run.status,
-                run.gap,
-                run.solve_time,
-                run.build_time,
-                reduce_time,
-                replace(run.size, eliminated=eliminated),
-            )
+        if memory is None or memory.of(solution.choice) <= memory.limit:
+            return solution
+        # Operators whose memory is the same whatever their candidate (elementwise ones, whose
+        # every split shards the output evenly) can still go exactly: SCIP gets the others.
+        steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
+        again = _reduced(problem, order, memory, options, time_limit, steady)
+        return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
     second = None
     if tie_break is not None:
         second = (Problem.from_tables(tie_break[0]), tie_break[1])
     run = _pruned_run(problem, options, memory, time_limit, second)
     return IlpSolution(
         run.choice, run.status, run.gap, run.solve_time, run.build_time, 0.0, run.size
+    )
+
+
+def _reduced(
+    problem: Problem,
+    order: list[str],
+    memory: _Memory | None,
+    options: IlpOptions,
+    time_limit: float | None,
+    eliminable: set[str] | None = None,
+) -> IlpSolution:
+    """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
+    must have the same memory for every candidate when ``memory`` is given)."""
+    t0 = time.perf_counter()
+    reduction = reduce(problem, order, eliminable)
+    reduce_time = time.perf_counter() - t0
+    core = reduction.core
+    if memory is not None:
+        gone = [v for v in memory.per_op if v not in core.node_cost]
+        fixed = memory.layers * sum(float(memory.per_op[v][0]) for v in gone)
+        memory = _Memory(
+            {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
+        )
+    if core.pairs or memory is not None:
+        run = _pruned_run(core, options, memory, time_limit, None)
+        eliminated = reduction.eliminated
+    else:
+        # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
+        choice = {v: int(np.argmin(c)) for v, c in core.node_cost.items()}
+        run = _Run(choice, "optimal", 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
+        eliminated = len(problem.node_cost)
+    t1 = time.perf_counter()
+    choice = reduction.expand(run.choice)
+    reduce_time += time.perf_counter() - t1
+    return IlpSolution(
+        choice,
+        run.status,
+        run.gap,
+        run.solve_time,
+        run.build_time,
+        reduce_time,
+        replace(run.size, eliminated=eliminated),
     )
 
 

@@ -2,14 +2,16 @@
 
 Without a memory limit the problem is a sum of node costs (one vector per operator) and pair costs
 (one matrix per graph edge, over the layout classes of its two ends), minimised over one choice per
-operator. Three reductions keep the optimum exactly (they are the optimal reductions R1 and R2 of
-the partitioned Boolean quadratic problem, with parallel edges merged):
+operator. Four reductions keep the optimum exactly (the optimal reductions R1 and R2 of the
+partitioned Boolean quadratic problem, with parallel edges merged and fixed operators folded):
 
 - **parallel**: two pair costs between the same operators become one, over the pairs of classes;
 - **leaf** (an operator with one neighbour): its best choice for each class of the neighbour is
   folded into the neighbour's node cost;
 - **series** (an operator with two neighbours): eliminated by a min-plus product, leaving one pair
-  cost between the neighbours.
+  cost between the neighbours;
+- **fixed** (an operator with one candidate, any number of neighbours): its pair costs are node
+  costs of its neighbours.
 
 On a chain or a tree this is dynamic programming and leaves one operator; on a transformer layer
 the residual connections reduce the same way. What is left (the core) goes to SCIP, and the
@@ -19,6 +21,7 @@ eliminated choices follow from the core's, in reverse order of elimination
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,6 +133,15 @@ class _Leaf:
 
 
 @dataclass
+class _Fixed:
+    v: str
+
+    def choose(self, choice: dict[str, int]) -> int:
+        del choice
+        return 0
+
+
+@dataclass
 class _Series:
     v: str
     left: PairCost  # oriented (u, v)
@@ -147,7 +159,7 @@ class Reduction:
     """The core left for SCIP, and how to complete its solution."""
 
     core: Problem
-    steps: list[_Leaf | _Series] = field(default_factory=list)
+    steps: list[_Fixed | _Leaf | _Series] = field(default_factory=list)
 
     @property
     def eliminated(self) -> int:
@@ -161,8 +173,12 @@ class Reduction:
         return choice
 
 
-def reduce(problem: Problem, order: list[str]) -> Reduction:
-    """Apply the reductions until none applies, visiting operators in ``order`` (deterministic)."""
+def reduce(
+    problem: Problem, order: list[str], eliminable: Collection[str] | None = None
+) -> Reduction:
+    """Apply the reductions until none applies, visiting operators in ``order`` (deterministic).
+    Only operators in ``eliminable`` (all if None) are eliminated; the others may still take in
+    what is folded into them."""
     node = {v: c.astype(np.float64, copy=True) for v, c in problem.node_cost.items()}
     pairs: dict[int, PairCost] = dict(enumerate(problem.pairs))
     incident: dict[str, set[int]] = {v: set() for v in node}
@@ -170,7 +186,7 @@ def reduce(problem: Problem, order: list[str]) -> Reduction:
         incident[p.u].add(k)
         incident[p.w].add(k)
     next_id = len(pairs)
-    steps: list[_Leaf | _Series] = []
+    steps: list[_Fixed | _Leaf | _Series] = []
 
     def add(p: PairCost) -> None:
         nonlocal next_id
@@ -204,7 +220,16 @@ def reduce(problem: Problem, order: list[str]) -> Reduction:
 
     def eliminate(v: str) -> bool:
         near = neighbours(v)
-        if len(near) == 1:
+        if len(node[v]) == 1:
+            # One candidate, whatever the degree: each pair cost is a node cost of the neighbour
+            # (the operator's own cost goes to one of them, to keep the total).
+            own = float(node[v][0])
+            for u, pair in near.items():
+                e = pair.oriented(u)
+                node[u] += e.cost[:, e.w_class[0]][e.u_class] + own
+                own = 0.0
+            steps.append(_Fixed(v))
+        elif len(near) == 1:
             (u,) = near
             e = near[u].oriented(u)
             best = np.full(e.cost.shape[1], np.inf)
@@ -233,7 +258,7 @@ def reduce(problem: Problem, order: list[str]) -> Reduction:
     changed = True
     while changed:
         changed = False
-        for v in order:
+        for v in order if eliminable is None else [v for v in order if v in eliminable]:
             if v in node and incident[v] and eliminate(v):
                 changed = True
     core_pairs = [pairs[k] for k in sorted(pairs)]
