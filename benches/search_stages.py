@@ -33,6 +33,8 @@ ABLATIONS = {
     "with presolve": taps.IlpOptions(presolve=True),
     "pairwise": taps.IlpOptions(formulation="pairwise"),
 }
+#: The stages of SearchResult.timings, in order.
+STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
 #: The plain formulation is given this long (the issue's cut-off).
 PLAIN_LIMIT = 120.0
 
@@ -122,13 +124,7 @@ def main() -> None:
         "binaries",
         "continuous",
         "constraints",
-        "enumerate",
-        "costs",
-        "reduce",
-        "build",
-        "solve",
-        "extract",
-        "total",
+        *STAGES,
         "paper",
         "gap",
         "peak RSS MiB (own process)",
@@ -167,18 +163,7 @@ def main() -> None:
                     f"{r.ilp.binaries:,}",
                     f"{r.ilp.continuous:,}",
                     f"{r.ilp.constraints:,}",
-                    *(
-                        f"{t[k]:.3f}"
-                        for k in (
-                            "enumerate",
-                            "costs",
-                            "reduce",
-                            "build",
-                            "solve",
-                            "extract",
-                            "total",
-                        )
-                    ),
+                    *(f"{t[k]:.3f}" for k in STAGES),
                     ""
                     if case.paper_seconds is None
                     else f"< {case.paper_seconds} ({case.paper_seconds / t['total']:.0f}x)",

@@ -234,23 +234,13 @@ def _add_start(built: _Model, problem: Problem, memory: _Memory | None) -> None:
     model.addSol(sol)
 
 
-@dataclass(frozen=True)
-class _Run:
-    choice: dict[str, int]
-    status: str
-    gap: float
-    build_time: float
-    solve_time: float
-    size: IlpSize
-
-
 def _run(
     problem: Problem,
     options: IlpOptions,
     memory: _Memory | None,
     time_limit: float | None,
     second: tuple[Problem, str] | None = None,
-) -> _Run:
+) -> IlpSolution:
     """Build and solve the ILP of ``problem``; ``second`` = (problem, sense) solves
     lexicographically."""
     t0 = time.perf_counter()
@@ -287,12 +277,13 @@ def _run(
         raise TapsError(f"SCIP stopped ({status}) before finding any assignment")
     # SCIP says 1e20 when it has no dual bound yet.
     gap = float(model.getGap())
-    return _Run(
+    return IlpSolution(
         built.choice(),
         status,
         math.inf if gap >= 1e20 else gap,
-        build_time,
         float(model.getSolvingTime()),
+        build_time,
+        0.0,
         size,
     )
 
@@ -337,10 +328,7 @@ def solve(
     second = None
     if tie_break is not None:
         second = (Problem.from_tables(tie_break[0]), tie_break[1])
-    run = _pruned_run(problem, options, memory, time_limit, second)
-    return IlpSolution(
-        run.choice, run.status, run.gap, run.solve_time, run.build_time, 0.0, run.size
-    )
+    return _pruned_run(problem, options, memory, time_limit, second)
 
 
 def _reduced(
@@ -369,19 +357,16 @@ def _reduced(
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
         choice = {v: int(np.argmin(c)) for v, c in core.node_cost.items()}
-        run = _Run(choice, "optimal", 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
+        run = IlpSolution(choice, "optimal", 0.0, 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
         eliminated = len(problem.node_cost)
     t1 = time.perf_counter()
     choice = reduction.expand(run.choice)
     reduce_time += time.perf_counter() - t1
-    return IlpSolution(
-        choice,
-        run.status,
-        run.gap,
-        run.solve_time,
-        run.build_time,
-        reduce_time,
-        replace(run.size, eliminated=eliminated),
+    return replace(
+        run,
+        choice=choice,
+        reduce_time=reduce_time,
+        size=replace(run.size, eliminated=eliminated),
     )
 
 
@@ -391,7 +376,7 @@ def _pruned_run(
     memory: _Memory | None,
     time_limit: float | None,
     second: tuple[Problem, str] | None,
-) -> _Run:
+) -> IlpSolution:
     """:func:`_run` on the candidates that survive pruning (if on); the choice indexes the
     candidates of ``problem``, and the build time includes the pruning."""
     if not options.prune:
