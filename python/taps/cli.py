@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from taps import models
+from taps import models, reproduce
 from taps._core import Cluster, GraphError, Layout, TapsError, plan_redistribution
 from taps.graph import Graph
 from taps.reports import (
@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the result(s) as JSON")
     p.set_defaults(run=_search)
+    reproduce.register(sub)
     return parser
 
 
