@@ -55,14 +55,14 @@ def _brute_force(problem: Problem) -> tuple[float, dict[str, int]]:
 
 def _check(problem: Problem) -> reductions.Reduction:
     want, _ = _brute_force(problem)
-    reduction = reduce(problem, list(problem.node_cost))
-    core_best, core_choice = _brute_force(reduction.core)
+    reduction = reduce([problem], list(problem.node_cost))
+    core_best, core_choice = _brute_force(reduction.cores[0])
     # The core's optimum is the whole problem's, and expanding it attains it.
     assert core_best == pytest.approx(want, abs=1e-9)
     choice = reduction.expand(core_choice)
     assert sorted(choice) == sorted(problem.node_cost)
     assert problem.evaluate(choice) == pytest.approx(want, abs=1e-9)
-    assert reduction.eliminated + len(reduction.core.node_cost) == len(problem.node_cost)
+    assert reduction.eliminated + len(reduction.cores[0].node_cost) == len(problem.node_cost)
     return reduction
 
 
@@ -82,8 +82,9 @@ def test_without_series_reductions(problem):
     finally:
         reductions.MAX_SERIES_WORK = saved
     # Only leaves go: every operator left has zero or at least two neighbours.
-    for v in reduction.core.node_cost:
-        near = {p.other(v) for p in reduction.core.pairs if v in (p.u, p.w)}
+    core = reduction.cores[0]
+    for v in core.node_cost:
+        near = {p.other(v) for p in core.pairs if v in (p.u, p.w)}
         assert len(near) != 1
 
 
@@ -98,7 +99,50 @@ def test_trees_reduce_to_one_operator(n, data):
         cost = np.array(data.draw(st.lists(st.floats(0, 9), min_size=9, max_size=9))).reshape(3, 3)
         pairs.append(PairCost(f"v{j}", f"v{i}", np.arange(3), np.arange(3), cost))
     reduction = _check(Problem(node, pairs))
-    assert len(reduction.core.node_cost) == 1 and not reduction.core.pairs
+    assert len(reduction.cores[0].node_cost) == 1 and not reduction.cores[0].pairs
+
+
+def _lex_brute_force(first: Problem, second: Problem) -> tuple[tuple[float, float], dict]:
+    names = list(first.node_cost)
+    best: tuple[float, float] = (math.inf, math.inf)
+    arg: dict[str, int] = {}
+    for c in itertools.product(*(range(len(first.node_cost[v])) for v in names)):
+        choice = dict(zip(names, c))
+        key = (first.evaluate(choice), second.evaluate(choice))
+        if key < best:
+            best, arg = key, choice
+    return best, arg
+
+
+def _recosted(problem: Problem, costs: st.SearchStrategy, data: st.DataObject) -> Problem:
+    """The same operators, candidates and classes with other costs."""
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        n = math.prod(shape)
+        return np.array(data.draw(st.lists(costs, min_size=n, max_size=n))).reshape(shape)
+
+    return Problem(
+        {v: draw(c.shape) for v, c in problem.node_cost.items()},
+        [PairCost(p.u, p.w, p.u_class, p.w_class, draw(p.cost.shape)) for p in problem.pairs],
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(), st.data())
+def test_lexicographic_reductions_keep_the_optimum(problem, data):
+    """Two objectives: the least second cost among the optima of the first (integer costs, so
+    the first has exact ties), the second possibly negative (a maximised cost, negated)."""
+    second = _recosted(problem, st.integers(-5, 5).map(float), data)
+    want, _ = _lex_brute_force(problem, second)
+    reduction = reduce([problem, second], list(problem.node_cost))
+    core_want, core_choice = _lex_brute_force(*reduction.cores)
+    assert core_want == pytest.approx(want, abs=1e-9)
+    choice = reduction.expand(core_choice)
+    assert (problem.evaluate(choice), second.evaluate(choice)) == pytest.approx(want, abs=1e-9)
+    if not reduction.cores[0].pairs:
+        isolated = reduction.expand(reduction.isolated_choice())
+        got = (problem.evaluate(isolated), second.evaluate(isolated))
+        assert got == pytest.approx(want, abs=1e-9)
 
 
 def test_transformer_layer_reduces_completely():

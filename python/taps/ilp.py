@@ -48,10 +48,10 @@ class IlpOptions:
     presolve: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
-    #: Eliminate operators exactly before SCIP (taps.reductions): leaves and series operators,
-    #: parallel edges merged; SCIP solves the core left, and is not called when nothing joins
-    #: the operators left. With a memory limit, used when the optimum without the limit fits it.
-    #: Not used by a lexicographic (tie-break) solve.
+    #: Eliminate operators exactly before SCIP (taps.reductions): fixed, leaf and series
+    #: operators, parallel edges merged; SCIP solves the core left, and is not called when nothing
+    #: joins the operators left. Under a binding memory limit only operators whose memory does
+    #: not depend on their candidate go.
     reduce: bool = True
 
     def __post_init__(self) -> None:
@@ -314,25 +314,27 @@ def solve(
             {n: t.memory for n, t in tables.ops.items()}, tables.graph.layers, memory_limit
         )
     )
-    if options.reduce and tie_break is None:
+    objectives = [problem]
+    if tie_break is not None:
+        other = Problem.from_tables(tie_break[0])
+        # Minimised from here on: the most of the other cost is the least of its negation.
+        objectives.append(other if tie_break[1] == "min" else negated(other))
+    if options.reduce:
         order = list(tables.ops)
-        solution = _reduced(problem, order, None, options, time_limit)
+        solution = _reduced(objectives, order, None, options, time_limit)
         # The optimum without the memory limit is optimal with it if it fits.
         if memory is None or memory.of(solution.choice) <= memory.limit:
             return solution
         # Operators whose memory is the same whatever their candidate (elementwise ones, whose
         # every split shards the output evenly) can still go exactly: SCIP gets the others.
         steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(problem, order, memory, options, time_limit, steady)
+        again = _reduced(objectives, order, memory, options, time_limit, steady)
         return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
-    second = None
-    if tie_break is not None:
-        second = (Problem.from_tables(tie_break[0]), tie_break[1])
-    return _pruned_run(problem, options, memory, time_limit, second)
+    return _pruned_run(objectives, options, memory, time_limit)
 
 
 def _reduced(
-    problem: Problem,
+    objectives: list[Problem],
     order: list[str],
     memory: _Memory | None,
     options: IlpOptions,
@@ -342,9 +344,9 @@ def _reduced(
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
     must have the same memory for every candidate when ``memory`` is given)."""
     t0 = time.perf_counter()
-    reduction = reduce(problem, order, eliminable)
+    reduction = reduce(objectives, order, eliminable)
     reduce_time = time.perf_counter() - t0
-    core = reduction.core
+    core = reduction.cores[0]
     if memory is not None:
         gone = [v for v in memory.per_op if v not in core.node_cost]
         fixed = memory.layers * sum(float(memory.per_op[v][0]) for v in gone)
@@ -352,13 +354,13 @@ def _reduced(
             {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
         )
     if core.pairs or memory is not None:
-        run = _pruned_run(core, options, memory, time_limit, None)
+        run = _pruned_run(reduction.cores, options, memory, time_limit)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
-        choice = {v: int(np.argmin(c)) for v, c in core.node_cost.items()}
+        choice = reduction.isolated_choice()
         run = IlpSolution(choice, "optimal", 0.0, 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
-        eliminated = len(problem.node_cost)
+        eliminated = len(core.node_cost) + reduction.eliminated
     t1 = time.perf_counter()
     choice = reduction.expand(run.choice)
     reduce_time += time.perf_counter() - t1
@@ -371,27 +373,26 @@ def _reduced(
 
 
 def _pruned_run(
-    problem: Problem,
+    objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
     time_limit: float | None,
-    second: tuple[Problem, str] | None,
 ) -> IlpSolution:
-    """:func:`_run` on the candidates that survive pruning (if on); the choice indexes the
-    candidates of ``problem``, and the build time includes the pruning."""
+    """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
+    candidates that survive pruning (if on); the choice indexes the candidates of the problems,
+    and the build time includes the pruning."""
+    problem = objectives[0]
+    second = None if len(objectives) == 1 else (objectives[1], "min")
     if not options.prune:
         return _run(problem, options, memory, time_limit, second)
     t0 = time.perf_counter()
-    objectives = [problem]
-    if second is not None:
-        objectives.append(second[0] if second[1] == "min" else negated(second[0]))
     if memory is None:
         keep = dominance_survivors(objectives)
     else:
         keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
     problem = restrict(problem, keep)
     if second is not None:
-        second = (restrict(second[0], keep), second[1])
+        second = (restrict(second[0], keep), "min")
     if memory is not None:
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
     prune_time = time.perf_counter() - t0

@@ -21,7 +21,7 @@ eliminated choices follow from the core's, in reverse order of elimination
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +33,8 @@ from taps.costs import CostTables
 MAX_SERIES_WORK = 50_000_000
 #: Elements of the temporary of one min-plus chunk.
 _CHUNK = 2_000_000
+#: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
+_TIE = 1e-12
 
 
 @dataclass
@@ -50,7 +52,7 @@ class PairCost:
         """The same cost with ``u`` as its first end."""
         if self.u == u:
             return self
-        return PairCost(self.w, self.u, self.w_class, self.u_class, self.cost.T)
+        return PairCost(self.w, self.u, self.w_class, self.u_class, np.swapaxes(self.cost, 0, 1))
 
     def other(self, v: str) -> str:
         return self.w if self.u == v else self.u
@@ -81,17 +83,43 @@ class Problem:
         return total
 
 
+def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:
+    """The index along ``axis`` of the least cost, the last axis holding the objectives: the
+    first objective decides, up to a relative 1e-12 (float noise of sums taken in another
+    order), then the second; the first index of equals."""
+    primary = values[..., 0]
+    if values.shape[-1] == 1:
+        return primary.argmin(axis=axis)
+    least = primary.min(axis=axis, keepdims=True)
+    tied = primary <= least + _TIE * np.abs(least)
+    return np.where(tied, values[..., 1], np.inf).argmin(axis=axis)
+
+
+def _lex_min(values: np.ndarray, axis: int) -> np.ndarray:
+    """The least cost along ``axis`` (see :func:`_lex_argmin`), that axis removed."""
+    index = np.expand_dims(_lex_argmin(values, axis), axis)
+    return np.take_along_axis(values, index[..., None], axis).squeeze(axis)
+
+
+def _class_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
+    """Per class ``0..count-1``, the least of the ``values`` (candidates x objectives) of its
+    members."""
+    member = classes[None, :] == np.arange(count)[:, None]
+    return _lex_min(np.where(member[..., None], values[None], np.inf), axis=1)
+
+
 def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows)."""
-    distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
-    return inverse.reshape(-1)[classes], distinct
+    flat = rows.reshape(len(rows), -1)
+    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
+    return inverse.reshape(-1)[classes], distinct.reshape(-1, *rows.shape[1:])
 
 
 def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
     """A pair cost with equal rows and equal columns merged (a smaller ILP, the same costs)."""
     u_class, cost = _compact(u_class, cost)
-    w_class, cost_t = _compact(w_class, cost.T)
-    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(cost_t.T))
+    w_class, cost_t = _compact(w_class, np.swapaxes(cost, 0, 1))
+    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(np.swapaxes(cost_t, 0, 1)))
 
 
 def _class_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,13 +139,14 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
 
 
 def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]``, in chunks of rows to bound the temporary."""
-    rows, inner = x.shape
-    out = np.empty((rows, y.shape[1]))
-    step = max(1, _CHUNK // max(1, inner * y.shape[1]))
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis), in chunks of rows
+    to bound the temporary."""
+    rows, inner, k = x.shape
+    out = np.empty((rows, y.shape[1], k))
+    step = max(1, _CHUNK // max(1, inner * y.shape[1] * k))
     for start in range(0, rows, step):
-        block = x[start : start + step, :, None] + y[None, :, :]
-        out[start : start + step] = block.min(axis=1)
+        block = x[start : start + step, :, None] + y[None]
+        out[start : start + step] = _lex_min(block, axis=1)
     return out
 
 
@@ -129,7 +158,7 @@ class _Leaf:
 
     def choose(self, choice: dict[str, int]) -> int:
         row = self.edge.cost[self.edge.u_class[choice[self.edge.u]]]
-        return int(np.argmin(row[self.edge.w_class] + self.node))
+        return int(_lex_argmin(row[self.edge.w_class] + self.node, axis=0))
 
 
 @dataclass
@@ -151,19 +180,29 @@ class _Series:
     def choose(self, choice: dict[str, int]) -> int:
         into = self.left.cost[self.left.u_class[choice[self.left.u]]][self.left.w_class]
         out = self.right.cost[:, self.right.w_class[choice[self.right.w]]][self.right.u_class]
-        return int(np.argmin(into + self.node + out))
+        return int(_lex_argmin(into + self.node + out, axis=0))
 
 
 @dataclass
 class Reduction:
-    """The core left for SCIP, and how to complete its solution."""
+    """The core left for SCIP (one problem per objective, alike but for their costs), and how to
+    complete its solution."""
 
-    core: Problem
+    cores: list[Problem]
     steps: list[_Fixed | _Leaf | _Series] = field(default_factory=list)
 
     @property
     def eliminated(self) -> int:
         return len(self.steps)
+
+    def isolated_choice(self) -> dict[str, int]:
+        """The best choice of a core whose operators no pair cost joins: each its cheapest."""
+        assert not self.cores[0].pairs
+        names = list(self.cores[0].node_cost)
+        return {
+            v: int(_lex_argmin(np.stack([c.node_cost[v] for c in self.cores], axis=-1), axis=0))
+            for v in names
+        }
 
     def expand(self, core_choice: dict[str, int]) -> dict[str, int]:
         """The optimal choice of every operator, given an optimal choice of the core's."""
@@ -174,13 +213,30 @@ class Reduction:
 
 
 def reduce(
-    problem: Problem, order: list[str], eliminable: Collection[str] | None = None
+    objectives: Sequence[Problem], order: list[str], eliminable: Collection[str] | None = None
 ) -> Reduction:
     """Apply the reductions until none applies, visiting operators in ``order`` (deterministic).
     Only operators in ``eliminable`` (all if None) are eliminated; the others may still take in
-    what is folded into them."""
-    node = {v: c.astype(np.float64, copy=True) for v, c in problem.node_cost.items()}
-    pairs: dict[int, PairCost] = dict(enumerate(problem.pairs))
+    what is folded into them.
+
+    ``objectives`` are one problem, or two alike but for their costs to be minimised
+    lexicographically (the second among the optima of the first)."""
+    first = objectives[0]
+    if len(objectives) > 2 or any(
+        len(o.pairs) != len(first.pairs) or o.node_cost.keys() != first.node_cost.keys()
+        for o in objectives
+    ):
+        raise ValueError("reduce takes one or two problems over the same operators and pairs")
+    node = {
+        v: np.stack([o.node_cost[v] for o in objectives], axis=-1).astype(np.float64)
+        for v in first.node_cost
+    }
+    pairs: dict[int, PairCost] = {
+        k: PairCost(
+            p.u, p.w, p.u_class, p.w_class, np.stack([o.pairs[k].cost for o in objectives], -1)
+        )
+        for k, p in enumerate(first.pairs)
+    }
     incident: dict[str, set[int]] = {v: set() for v in node}
     for k, p in pairs.items():
         incident[p.u].add(k)
@@ -223,18 +279,17 @@ def reduce(
         if len(node[v]) == 1:
             # One candidate, whatever the degree: each pair cost is a node cost of the neighbour
             # (the operator's own cost goes to one of them, to keep the total).
-            own = float(node[v][0])
+            own = node[v][0]
             for u, pair in near.items():
                 e = pair.oriented(u)
                 node[u] += e.cost[:, e.w_class[0]][e.u_class] + own
-                own = 0.0
+                own = np.zeros_like(own)
             steps.append(_Fixed(v))
         elif len(near) == 1:
             (u,) = near
             e = near[u].oriented(u)
-            best = np.full(e.cost.shape[1], np.inf)
-            np.minimum.at(best, e.w_class, node[v])
-            node[u] += (e.cost + best).min(axis=1)[e.u_class]
+            best = _class_min(node[v], e.w_class, e.cost.shape[1])
+            node[u] += _lex_min(e.cost + best[None], axis=1)[e.u_class]
             steps.append(_Leaf(v, e, node[v]))
         elif len(near) == 2:
             u, w = near
@@ -243,9 +298,8 @@ def reduce(
             work = left.cost.shape[0] * len(p) * right.cost.shape[1]
             if work > MAX_SERIES_WORK:
                 return False
-            best = np.full(len(p), np.inf)
-            np.minimum.at(best, mid, node[v])
-            cost = _min_plus(left.cost[:, p] + best, right.cost[q])
+            best = _class_min(node[v], mid, len(p))
+            cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
             add(_pair(u, w, left.u_class, right.w_class, cost))
             steps.append(_Series(v, left, right, node[v]))
         else:
@@ -261,5 +315,14 @@ def reduce(
         for v in order if eliminable is None else [v for v in order if v in eliminable]:
             if v in node and incident[v] and eliminate(v):
                 changed = True
-    core_pairs = [pairs[k] for k in sorted(pairs)]
-    return Reduction(Problem(node, core_pairs), steps)
+    cores = [
+        Problem(
+            {v: c[:, i] for v, c in node.items()},
+            [
+                PairCost(p.u, p.w, p.u_class, p.w_class, p.cost[..., i])
+                for _, p in sorted(pairs.items())
+            ],
+        )
+        for i in range(len(objectives))
+    ]
+    return Reduction(cores, steps)
