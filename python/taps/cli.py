@@ -1,4 +1,4 @@
-"""The ``taps`` command line: ``taps plan`` and ``taps search``."""
+"""The ``taps`` command line: ``taps plan``, ``taps search`` and ``taps reproduce``."""
 
 from __future__ import annotations
 
