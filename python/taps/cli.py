@@ -110,20 +110,8 @@ def _bytes(text: str) -> float:
     return value
 
 
-def builtin_models() -> list[str]:
-    """The MODEL names ``taps search`` knows besides graph JSON files."""
-    return ["alexnet", "mlp"] + [f"megatron-{name}" for name in models.MEGATRON_CONFIGS]
-
-
 def load_model(name: str, batch: int | None) -> Graph:
     """A built-in model by name, or a graph JSON file."""
-    key = name.lower()
-    if key == "alexnet":
-        return models.alexnet() if batch is None else models.alexnet(batch=batch)
-    if key == "mlp":
-        return models.mlp() if batch is None else models.mlp(batch=batch)
-    if key.startswith("megatron-"):
-        return models.megatron(name[len("megatron-") :], batch=batch)
     if name.endswith(".json"):
         try:
             with open(name, encoding="utf-8") as f:
@@ -131,9 +119,10 @@ def load_model(name: str, batch: int | None) -> Graph:
         except OSError as e:
             raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
         return Graph.from_json(text)
+    if name.lower() in models.names() or name.lower().startswith("megatron-"):
+        return models.by_name(name, batch)
     raise GraphError(
-        f"unknown model {name!r}: expected a graph JSON file or one of "
-        f"{', '.join(builtin_models())}"
+        f"unknown model {name!r}: expected a graph JSON file or one of {', '.join(models.names())}"
     )
 
 
@@ -207,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "search",
         help="search the strategy of every operator of a model",
         description="Search the best intra-operator strategy of every operator of MODEL on a "
-        f"cluster. MODEL is one of {', '.join(builtin_models())} or a graph JSON file.",
+        f"cluster. MODEL is one of {', '.join(models.names())} or a graph JSON file.",
     )
     p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
     _add_cluster_args(p)

@@ -156,3 +156,21 @@ def mlp(
         if i < len(sizes) - 1:
             x = getattr(g, activation)(f"act{i}", x)
     return g
+
+
+def names() -> list[str]:
+    """The built-in models by the names the command line takes."""
+    return ["alexnet", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
+
+
+def by_name(name: str, batch: int | None = None) -> Graph:
+    """A built-in model by its command-line name (:func:`names`, ``megatron-1T`` too), at its
+    default batch unless ``batch`` is given."""
+    key = name.lower()
+    if key == "alexnet":
+        return alexnet() if batch is None else alexnet(batch=batch)
+    if key == "mlp":
+        return mlp() if batch is None else mlp(batch=batch)
+    if key.startswith("megatron-"):
+        return megatron(name[len("megatron-") :], batch=batch)
+    raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")

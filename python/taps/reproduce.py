@@ -67,17 +67,6 @@ def default_batch(model: str) -> int:
     raise GraphError(f"unknown model {model!r}: expected alexnet or megatron-NAME")
 
 
-def build_graph(model: str, batch: int) -> Graph:
-    """A built-in model by the name ``taps search`` uses."""
-    if model == "alexnet":
-        return models.alexnet(batch=batch)
-    if model == "mlp":
-        return models.mlp(batch=batch)
-    if model.startswith("megatron-"):
-        return models.megatron(model[len("megatron-") :], batch=batch)
-    raise GraphError(f"unknown model {model!r}: expected alexnet, mlp or megatron-NAME")
-
-
 @dataclass(frozen=True)
 class Case:
     """One (model, topology) of an experiment; ``sweep`` names the experiment."""
@@ -96,7 +85,7 @@ class Case:
         )
 
     def graph(self) -> Graph:
-        return build_graph(self.model, self.batch)
+        return models.by_name(self.model, self.batch)
 
     @property
     def label(self) -> str:
@@ -343,7 +332,7 @@ def time_search(case: TimingCase, repeat: int = 3) -> TimingRow:
     """``taps.search`` as a user runs it: one warm-up, then the median of ``repeat`` runs; and
     the median without the exact reductions."""
     batch = default_batch(case.model)
-    graph = build_graph(case.model, batch)
+    graph = models.by_name(case.model, batch)
     cluster = Cluster(case.nodes, DEVICES_PER_NODE, INTRA_BANDWIDTH, INTER_BANDWIDTH)
 
     def median(options: IlpOptions) -> SearchResult:
