@@ -26,13 +26,58 @@ impl Layout {
     /// two, a map entry is out of range or used twice, a dim is not positive, or a split does not
     /// divide its dim.
     pub fn new(shape: Vec<u64>, device_matrix: Vec<u64>, tensor_map: Vec<i64>) -> Result<Self> {
-        if shape.len() != tensor_map.len() {
-            return Err(Error::Layout(format!(
-                "tensor map {tensor_map:?} has {} entries but shape {shape:?} has {} dims",
-                tensor_map.len(),
-                shape.len()
-            )));
+        let layout = Layout {
+            shape,
+            device_matrix,
+            tensor_map,
+        };
+        layout.validate()?;
+        Ok(layout)
+    }
+
+    /// An empty layout (a scalar on one device) whose buffers [`Layout::refill`] reuses.
+    pub(crate) fn scratch() -> Self {
+        Layout {
+            shape: Vec::new(),
+            device_matrix: Vec::new(),
+            tensor_map: Vec::new(),
         }
+    }
+
+    /// Refills the layout's buffers with `fill` and validates the result as [`Layout::new`] does:
+    /// a kernel that builds a layout per item allocates once. After an error the layout is invalid
+    /// and must be refilled before any other use.
+    pub(crate) fn refill(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>) -> Result<()>,
+    ) -> Result<()> {
+        self.shape.clear();
+        self.device_matrix.clear();
+        self.tensor_map.clear();
+        fill(
+            &mut self.shape,
+            &mut self.device_matrix,
+            &mut self.tensor_map,
+        )?;
+        self.validate()
+    }
+
+    /// [`Layout::refill`] of the shape and map alone, on the same device matrix: what a kernel
+    /// pricing every tensor of one strategy changes between tensors.
+    pub(crate) fn refill_tensor(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<i64>) -> Result<()>,
+    ) -> Result<()> {
+        self.shape.clear();
+        self.tensor_map.clear();
+        fill(&mut self.shape, &mut self.tensor_map)?;
+        self.check_lengths()?;
+        self.validate_tensor()
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check_lengths()?;
+        let device_matrix = &self.device_matrix;
         if let Some(d) = device_matrix.iter().find(|d| !d.is_power_of_two()) {
             return Err(Error::Layout(format!(
                 "device matrix {device_matrix:?}: entry {d} is not a positive power of two"
@@ -47,6 +92,29 @@ impl Layout {
                 "device matrix {device_matrix:?} has too many devices"
             )));
         }
+        self.validate_tensor()
+    }
+
+    fn check_lengths(&self) -> Result<()> {
+        let (shape, tensor_map) = (&self.shape, &self.tensor_map);
+        if shape.len() == tensor_map.len() {
+            Ok(())
+        } else {
+            Err(Error::Layout(format!(
+                "tensor map {tensor_map:?} has {} entries but shape {shape:?} has {} dims",
+                tensor_map.len(),
+                shape.len()
+            )))
+        }
+    }
+
+    /// The checks of the shape and map against a valid device matrix.
+    fn validate_tensor(&self) -> Result<()> {
+        let Layout {
+            shape,
+            device_matrix,
+            tensor_map,
+        } = self;
         if let Some(s) = shape.iter().find(|&&s| s == 0) {
             return Err(Error::Layout(format!(
                 "shape {shape:?}: dim of size {s} is not positive"
@@ -75,21 +143,18 @@ impl Layout {
                 )));
             }
         }
-        let layout = Layout {
-            shape,
-            device_matrix,
-            tensor_map,
-        };
-        for i in 0..layout.shape.len() {
-            let g = layout.split_degree(i);
-            if layout.shape[i] % g != 0 {
+        for i in 0..shape.len() {
+            let g = self.split_degree(i);
+            // `g` is a power of two: `shape[i] % g` as a mask.
+            if shape[i] & (g - 1) != 0 {
                 return Err(Error::Layout(format!(
-                    "dim {i} of shape {:?} (size {}) cannot be split {g} ways along device dim {}",
-                    layout.shape, layout.shape[i], layout.tensor_map[i]
+                    "dim {i} of shape {shape:?} (size {}) cannot be split {g} ways along device \
+                     dim {}",
+                    shape[i], tensor_map[i]
                 )));
             }
         }
-        Ok(layout)
+        Ok(())
     }
 
     #[must_use]
@@ -166,7 +231,10 @@ impl Layout {
     /// Elements each device holds.
     #[must_use]
     pub fn shard_size(&self) -> u64 {
-        self.shard_shape().iter().product()
+        // Split degrees are powers of two: a shift, not a division, in the cost kernels' hot loop.
+        (0..self.ndim())
+            .map(|i| self.shape[i] >> self.split_degree(i).trailing_zeros())
+            .product()
     }
 
     /// Coordinate of `rank` along device dim `k`.
@@ -217,13 +285,14 @@ impl Layout {
             device_matrix,
             tensor_map,
         };
-        debug_assert!(Layout::new(
-            layout.shape.clone(),
-            layout.device_matrix.clone(),
-            layout.tensor_map.clone()
-        )
-        .is_ok());
+        debug_assert!(layout.validate().is_ok());
         layout
+    }
+
+    /// The tensor map, for the planner to step through maps derived from a valid one in place;
+    /// the caller keeps the layout valid between its reads.
+    pub(crate) fn tensor_map_mut(&mut self) -> &mut [i64] {
+        &mut self.tensor_map
     }
 
     /// The same layout with another tensor map, for maps the planner derives from a valid one.

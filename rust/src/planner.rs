@@ -1,10 +1,12 @@
 //! The redistribution planner (SPEC section 3, the paper's Algorithm 1): the sequence of slices,
 //! all-to-alls and all-gathers that turns one layout of a tensor into another.
 
+use std::borrow::Cow;
+
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{Cluster, Collective, CostModel};
-use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side};
+use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Unified};
 
 /// What a redistribution step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,20 +63,13 @@ impl CommOp {
         to: Option<usize>,
         layout: Layout,
     ) -> Self {
-        let g = layout.dim_size(device_dim);
-        let s = layout.shard_size();
-        let volume = match kind {
-            OpKind::Slice => 0,
-            OpKind::AllGather => (g - 1) * s,
-            OpKind::AllToAll => (g - 1) * (s / g),
-        };
         CommOp {
             kind,
             device_dim,
             tensor_dim,
             to_tensor_dim: to,
-            group_size: g,
-            volume,
+            group_size: layout.dim_size(device_dim),
+            volume: step_volume(kind, device_dim, &layout),
             layout,
         }
     }
@@ -85,7 +80,11 @@ impl CommOp {
         if self.kind == OpKind::Slice {
             0
         } else {
-            crate::topology::groups_crossing(&self.layout, &[self.device_dim], devices_per_node)
+            crate::topology::groups_crossing(
+                &self.layout,
+                |k| k == self.device_dim,
+                devices_per_node,
+            )
         }
     }
 
@@ -94,19 +93,50 @@ impl CommOp {
     /// # Errors
     /// [`Error::Topology`] if the layout is not on the cluster's devices.
     pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
-        match self.kind.collective() {
-            None => Ok(0.0),
-            Some(c) => {
-                cluster.check(&self.layout)?;
-                let bytes = self.volume as f64 * dtype_bytes;
-                Ok(match model {
-                    CostModel::Volume => bytes,
-                    CostModel::Topology => {
-                        cluster.seconds(&self.layout, c, &[self.device_dim], bytes)
-                    }
-                })
-            }
+        if self.kind != OpKind::Slice {
+            cluster.check(&self.layout)?;
         }
+        Ok(step_cost(
+            self.kind,
+            self.device_dim,
+            self.volume,
+            &self.layout,
+            cluster,
+            dtype_bytes,
+            model,
+        ))
+    }
+}
+
+/// Elements received per device by an op along `device_dim` of `layout`.
+fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
+    let g = layout.dim_size(device_dim);
+    let s = layout.shard_size();
+    match kind {
+        OpKind::Slice => 0,
+        OpKind::AllGather => (g - 1) * s,
+        // `g` is a power of two: `s / g` as a shift.
+        OpKind::AllToAll => (g - 1) * (s >> g.trailing_zeros()),
+    }
+}
+
+/// The cost of an op moving `volume` elements per device; the layout is on the cluster's devices.
+fn step_cost(
+    kind: OpKind,
+    device_dim: usize,
+    volume: u64,
+    layout: &Layout,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> f64 {
+    let Some(c) = kind.collective() else {
+        return 0.0;
+    };
+    let bytes = volume as f64 * dtype_bytes;
+    match model {
+        CostModel::Volume => bytes,
+        CostModel::Topology => cluster.seconds(layout, c, |k| k == device_dim, bytes),
     }
 }
 
@@ -147,36 +177,34 @@ impl Redistribution {
     }
 }
 
-/// Algorithm 1 on two unified layouts: slice what can be sliced and turn gather-then-slice pairs
-/// on one device dim into all-to-alls until neither applies, then gather one dim that is split
-/// differently in the target, and repeat.
-fn plan_unified(source: &Layout, target: &Layout) -> Vec<CommOp> {
-    let t = target.tensor_map();
-    let mut m = source.tensor_map().to_vec();
-    let mut ops = Vec::new();
-    let mut push = |m: &[i64], kind, k: i64, i, to| {
-        ops.push(CommOp::new(
-            kind,
-            k as usize,
-            i,
-            to,
-            source.with_map(m.to_vec()),
-        ));
-    };
+/// Algorithm 1 from a unified layout to the unified target map `t`: slice what can be sliced and
+/// turn gather-then-slice pairs on one device dim into all-to-alls until neither applies, then
+/// gather one dim that is split differently in the target, and repeat. `step` gets each op (kind,
+/// device dim, tensor dim, dim split by an all-to-all) with the layout before it; `current` is
+/// stepped in place so that pricing the ops allocates nothing.
+fn plan_unified(
+    mut current: Layout,
+    t: &[i64],
+    mut step: impl FnMut(OpKind, usize, usize, Option<usize>, &Layout),
+) {
+    let n = t.len();
     loop {
         loop {
             let mut progress = false;
-            for i in 0..m.len() {
+            for i in 0..n {
+                let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
-                    push(&m, OpKind::Slice, t[i], i, None);
-                    m[i] = t[i];
+                    step(OpKind::Slice, t[i] as usize, i, None, &current);
+                    current.tensor_map_mut()[i] = t[i];
                     progress = true;
                 }
             }
-            for i in 0..m.len() {
+            for i in 0..n {
+                let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
-                        push(&m, OpKind::AllToAll, t[i], j, Some(i));
+                        step(OpKind::AllToAll, t[i] as usize, j, Some(i), &current);
+                        let m = current.tensor_map_mut();
                         m[j] = -1;
                         m[i] = t[i];
                         progress = true;
@@ -189,29 +217,33 @@ fn plan_unified(source: &Layout, target: &Layout) -> Vec<CommOp> {
         }
         // Left over: dims split in the source and not the same way in the target. (A dim that
         // waits for a device dim held elsewhere would have been served by an all-to-all.)
-        let Some(i) = (0..m.len()).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+        let m = current.tensor_map();
+        let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
             break;
         };
-        push(&m, OpKind::AllGather, m[i], i, None);
-        m[i] = -1;
+        step(OpKind::AllGather, m[i] as usize, i, None, &current);
+        current.tensor_map_mut()[i] = -1;
     }
-    debug_assert_eq!(m, t);
-    ops
+    debug_assert_eq!(current.tensor_map(), t);
 }
 
-/// Plans the redistribution of a tensor from layout `a` to layout `b` (SPEC section 3).
-///
-/// # Errors
-/// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.
-pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
+/// Two layouts made unifiable: the unified pair, and the fallback steps around it.
+struct LinedUp {
+    unified: Unified,
+    prelude: Vec<CommOp>,
+    epilogue: Vec<CommOp>,
+}
+
+/// Unifies `a` with `b`, reshaping and, where reshaping cannot line them up, giving up splits.
+fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
     check_same_tensor(a, b)?;
-    let mut src = Reshaped::new(a.clone());
-    let mut tgt = Reshaped::new(b.clone());
+    let mut src = Reshaped::new(a);
+    let mut tgt = Reshaped::new(b);
     let mut prelude = Vec::new();
     let mut relaxed = Vec::new();
-    let (source, target) = loop {
-        let blocker = match try_unify(&src.view(), &tgt.view()) {
-            Ok(pair) => break pair,
+    let unified = loop {
+        let blocker = match try_unify(&src, &tgt) {
+            Ok(unified) => break unified,
             Err(blocker) => blocker,
         };
         if reshape_for(blocker, &mut src, &mut tgt) {
@@ -231,11 +263,11 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
             .ok_or_else(|| {
                 Error::Unify(format!("no split to give up to unify {a:?} with {b:?}"))
             })?;
-        let before = side.layout.clone();
+        let before = side.layout.clone().into_owned();
         let k = before.tensor_map()[dim];
         let mut map = before.tensor_map().to_vec();
         map[dim] = -1;
-        side.layout = before.with_map(map);
+        side.layout = Cow::Owned(before.with_map(map));
         match blocker.side {
             Side::First => prelude.push(CommOp::new(
                 OpKind::AllGather,
@@ -247,9 +279,8 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
             Side::Second => relaxed.push((dim, k)),
         }
     };
-    let ops = plan_unified(&source, &target);
     let mut epilogue = Vec::new();
-    let mut current = tgt.layout;
+    let mut current = tgt.layout.into_owned();
     for &(dim, k) in relaxed.iter().rev() {
         let mut map = current.tensor_map().to_vec();
         map[dim] = k;
@@ -258,12 +289,61 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
         current = after;
     }
     debug_assert_eq!(&current, b);
+    Ok(LinedUp {
+        unified,
+        prelude,
+        epilogue,
+    })
+}
+
+/// Plans the redistribution of a tensor from layout `a` to layout `b` (SPEC section 3).
+///
+/// # Errors
+/// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.
+pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
+    let lined = line_up(a, b)?;
+    let source = lined.unified.layout(Side::First);
+    let target = lined.unified.layout(Side::Second);
+    let mut ops = Vec::new();
+    plan_unified(source.clone(), target.tensor_map(), |kind, k, i, to, l| {
+        ops.push(CommOp::new(kind, k, i, to, l.clone()));
+    });
     Ok(Redistribution {
         source,
         target,
         ops,
-        prelude,
-        epilogue,
+        prelude: lined.prelude,
+        epilogue: lined.epilogue,
+    })
+}
+
+/// `plan_redistribution(a, b)?.cost(cluster, dtype_bytes, model)`, bit for bit, without building
+/// the ops of the unified pair: the batch kernel's inner loop.
+///
+/// # Errors
+/// As [`plan_redistribution`] and [`Redistribution::cost`].
+pub(crate) fn redistribution_cost(
+    a: &Layout,
+    b: &Layout,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> Result<f64> {
+    let lined = line_up(a, b)?;
+    let source = lined.unified.layout(Side::First);
+    // Every layout of the plan has the source's device count.
+    cluster.check(&source)?;
+    // In plan order, from +0.0 as the plan's own sum.
+    let mut total = lined.prelude.iter().try_fold(0.0, |acc, op| {
+        Ok::<_, Error>(acc + op.cost(cluster, dtype_bytes, model)?)
+    })?;
+    let target = lined.unified.tensor_map(Side::Second);
+    plan_unified(source, &target, |kind, k, _, _, l| {
+        let volume = step_volume(kind, k, l);
+        total += step_cost(kind, k, volume, l, cluster, dtype_bytes, model);
+    });
+    lined.epilogue.iter().try_fold(total, |acc, op| {
+        Ok(acc + op.cost(cluster, dtype_bytes, model)?)
     })
 }
 

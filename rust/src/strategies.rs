@@ -32,13 +32,20 @@ impl Strategy {
             )));
         }
         let h = degrees.iter().filter(|&&d| d > 1).count() as i64;
-        let mut seen: Vec<i64> = device_map.iter().copied().filter(|&m| m >= 0).collect();
-        seen.sort_unstable();
-        let split_ok = degrees
+        // Device dims exactly where the degree is above 1, distinct and below h: a permutation of
+        // 0..h. Checked in place, as the node-cost kernel builds a strategy per row.
+        let valid = degrees
             .iter()
             .zip(&device_map)
-            .all(|(&d, &m)| (d > 1) == (m >= 0));
-        if !split_ok || seen != (0..h).collect::<Vec<_>>() {
+            .enumerate()
+            .all(|(i, (&d, &m))| {
+                if d > 1 {
+                    (0..h).contains(&m) && !device_map[..i].contains(&m)
+                } else {
+                    m < 0
+                }
+            });
+        if !valid {
             return Err(Error::Strategy(format!(
                 "device map {device_map:?} must give the {h} axes of degree above 1 in {degrees:?} \
                  the device dims 0..{h} once each, and -1 to the others"
@@ -53,14 +60,36 @@ impl Strategy {
     /// One dim per split axis, sized by its degree, outermost first.
     #[must_use]
     pub fn device_matrix(&self) -> Vec<u64> {
+        let mut matrix = Vec::new();
+        self.device_matrix_into(&mut matrix);
+        matrix
+    }
+
+    fn device_matrix_into(&self, matrix: &mut Vec<u64>) {
         let h = self.device_map.iter().filter(|&&m| m >= 0).count();
-        let mut matrix = vec![1; h];
+        matrix.resize(h, 1);
         for (&m, &d) in self.device_map.iter().zip(&self.degrees) {
             if let Ok(k) = usize::try_from(m) {
                 matrix[h - 1 - k] = d;
             }
         }
-        matrix
+    }
+
+    /// The tensor map of a tensor whose dims are the axes `axes`, pushed onto `map`.
+    fn tensor_map_into(&self, axes: &[i64], map: &mut Vec<i64>) -> Result<()> {
+        for &a in axes {
+            map.push(match a {
+                -1 => -1,
+                a if a >= 0 && (a as usize) < self.device_map.len() => self.device_map[a as usize],
+                a => {
+                    return Err(Error::Layout(format!(
+                        "axis {a} is not one of the strategy's {} axes",
+                        self.device_map.len()
+                    )))
+                }
+            });
+        }
+        Ok(())
     }
 
     /// The layout of a tensor whose dims are the axes `axes` (indices; -1 for a dim of no
@@ -69,20 +98,36 @@ impl Strategy {
     /// # Errors
     /// [`Error::Layout`] if an axis index is out of range or the shape does not fit.
     pub fn tensor_layout(&self, axes: &[i64], shape: Vec<u64>) -> Result<Layout> {
-        let map = axes
-            .iter()
-            .map(|&a| match a {
-                -1 => Ok(-1),
-                a if a >= 0 && (a as usize) < self.device_map.len() => {
-                    Ok(self.device_map[a as usize])
-                }
-                a => Err(Error::Layout(format!(
-                    "axis {a} is not one of the strategy's {} axes",
-                    self.device_map.len()
-                ))),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut map = Vec::with_capacity(axes.len());
+        self.tensor_map_into(axes, &mut map)?;
         Layout::new(shape, self.device_matrix(), map)
+    }
+
+    /// Empties `layout` onto this strategy's device matrix, for [`Strategy::tensor_layout_into`].
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if the matrix has too many devices for a u64.
+    pub(crate) fn device_layout_into(&self, layout: &mut Layout) -> Result<()> {
+        layout.refill(|_, matrix, _| {
+            self.device_matrix_into(matrix);
+            Ok(())
+        })
+    }
+
+    /// [`Strategy::tensor_layout`] in the buffers of `layout`, which holds this strategy's device
+    /// matrix: a kernel pricing many tensors allocates nothing per tensor.
+    pub(crate) fn tensor_layout_into(
+        &self,
+        axes: &[i64],
+        shape: &[u64],
+        layout: &mut Layout,
+    ) -> Result<()> {
+        debug_assert_eq!(layout.device_matrix(), self.device_matrix());
+        layout.refill_tensor(|s, map| {
+            self.tensor_map_into(axes, map)?;
+            s.extend_from_slice(shape);
+            Ok(())
+        })
     }
 }
 

@@ -148,35 +148,88 @@ impl Cluster {
     ) -> Result<f64> {
         self.check(layout)?;
         let group = group_dims(layout, collective, device_dim)?;
-        let bytes = collective_volume(layout, collective, &group) * dtype_bytes;
-        Ok(match model {
-            CostModel::Volume => bytes,
-            CostModel::Topology => self.seconds(layout, collective, &group, bytes),
-        })
+        let size = group.iter().map(|&k| layout.dim_size(k)).product();
+        Ok(self.priced(
+            layout,
+            collective,
+            size,
+            |k| group.contains(&k),
+            dtype_bytes,
+            model,
+        ))
     }
 
-    /// Seconds to move `bytes` per device in a collective over `group`; the group is valid.
+    /// [`Cluster::collective_cost`] of an all_reduce, for a layout on this cluster's devices,
+    /// without listing its group: the node-cost kernel's inner loop.
+    pub(crate) fn allreduce_cost(
+        &self,
+        layout: &Layout,
+        dtype_bytes: f64,
+        model: CostModel,
+    ) -> f64 {
+        let unused = |k| !layout.uses(k);
+        let size = (0..layout.num_device_dims())
+            .filter(|&k| unused(k))
+            .map(|k| layout.dim_size(k))
+            .product();
+        self.priced(
+            layout,
+            Collective::AllReduce,
+            size,
+            unused,
+            dtype_bytes,
+            model,
+        )
+    }
+
+    /// The cost of a collective over the group of `size` devices whose device dims pass
+    /// `in_group`.
+    fn priced(
+        &self,
+        layout: &Layout,
+        collective: Collective,
+        size: u64,
+        in_group: impl Fn(usize) -> bool,
+        dtype_bytes: f64,
+        model: CostModel,
+    ) -> f64 {
+        let bytes = collective_volume(layout, collective, size) * dtype_bytes;
+        match model {
+            CostModel::Volume => bytes,
+            CostModel::Topology => self.seconds(layout, collective, in_group, bytes),
+        }
+    }
+
+    /// Seconds to move `bytes` per device in a collective over the device dims that pass
+    /// `in_group` (a test rather than a list, so that pricing allocates nothing); the group is
+    /// valid.
     pub(crate) fn seconds(
         &self,
         layout: &Layout,
         collective: Collective,
-        group: &[usize],
+        in_group: impl Fn(usize) -> bool,
         bytes: f64,
     ) -> f64 {
         if bytes == 0.0 {
             return 0.0;
         }
         let l = self.devices_per_node;
-        let ct = groups_crossing(layout, group, l);
+        let ct = groups_crossing(layout, &in_group, l);
         if ct == 0 {
             return bytes / self.intra_bandwidth;
         }
         let effective = self.inter_bandwidth / ct as f64;
         let factor = if collective == Collective::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the node use the slow link.
-            let p = group.iter().map(|&k| layout.dim_size(k)).product::<u64>() as f64;
-            let inside = extents_in_node(layout, l);
-            let k = group.iter().map(|&k| inside[k]).product::<u64>() as f64;
+            let p = (0..layout.num_device_dims())
+                .filter(|&k| in_group(k))
+                .map(|k| layout.dim_size(k))
+                .product::<u64>() as f64;
+            let k = extents(layout, l)
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, e)| e)
+                .product::<u64>() as f64;
             k * (p - k) / (p - 1.0)
         } else {
             1.0
@@ -188,15 +241,19 @@ impl Cluster {
 /// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
 #[must_use]
 pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {
+    extents(layout, l).collect()
+}
+
+/// [`extents_in_node`] without the vector, for the cost kernels.
+fn extents(layout: &Layout, l: u64) -> impl Iterator<Item = u64> + '_ {
     let mut inner = 1u64;
-    (0..layout.num_device_dims())
-        .map(|k| {
-            let d = layout.dim_size(k);
-            let e = d.min((l / inner).max(1));
-            inner = inner.saturating_mul(d);
-            e
-        })
-        .collect()
+    (0..layout.num_device_dims()).map(move |k| {
+        let d = layout.dim_size(k);
+        // `inner` is a power of two: `l / inner` as a shift.
+        let e = d.min((l >> inner.trailing_zeros()).max(1));
+        inner = inner.saturating_mul(d);
+        e
+    })
 }
 
 /// The device dims a collective runs over: the unused dims for an all_reduce of partial sums,
@@ -226,9 +283,9 @@ pub(crate) fn group_dims(
     }
 }
 
-/// Elements received per device by a collective over `group` of `layout`.
-pub(crate) fn collective_volume(layout: &Layout, collective: Collective, group: &[usize]) -> f64 {
-    let g = group.iter().map(|&k| layout.dim_size(k)).product::<u64>() as f64;
+/// Elements received per device by a collective over a group of `size` devices of `layout`.
+fn collective_volume(layout: &Layout, collective: Collective, size: u64) -> f64 {
+    let g = size as f64;
     let s = layout.shard_size() as f64;
     match collective {
         Collective::AllReduce => 2.0 * (g - 1.0) / g * s,
@@ -237,18 +294,25 @@ pub(crate) fn collective_volume(layout: &Layout, collective: Collective, group: 
     }
 }
 
-/// `ct` for a valid group: 0 if the group stays inside a node, else the number of groups with
-/// distinct data that leave one node at once. Replicas (device dims the map does not use) share
-/// one transfer, so only the used dims outside the group count.
-pub(crate) fn groups_crossing(layout: &Layout, group: &[usize], l: u64) -> u64 {
-    let e = extents_in_node(layout, l);
-    if group.iter().all(|&k| e[k] == layout.dim_size(k)) {
-        return 0;
+/// `ct` for a valid group, the device dims that pass `in_group`: 0 if the group stays inside a
+/// node, else the number of groups with distinct data that leave one node at once. Replicas
+/// (device dims the map does not use) share one transfer, so only the used dims outside the group
+/// count.
+pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
+    let mut inside = true;
+    let mut ct = 1;
+    for (k, e) in extents(layout, l).enumerate() {
+        if in_group(k) {
+            inside &= e == layout.dim_size(k);
+        } else if layout.uses(k) {
+            ct *= e;
+        }
     }
-    (0..layout.num_device_dims())
-        .filter(|&k| layout.uses(k) && !group.contains(&k))
-        .map(|k| e[k])
-        .product()
+    if inside {
+        0
+    } else {
+        ct
+    }
 }
 
 /// The exact `ct` of SPEC section 6 for a collective of `layout` on nodes of `devices_per_node`.
@@ -268,7 +332,11 @@ pub fn inter_node_groups(
         )));
     }
     let group = group_dims(layout, collective, device_dim)?;
-    Ok(groups_crossing(layout, &group, devices_per_node))
+    Ok(groups_crossing(
+        layout,
+        |k| group.contains(&k),
+        devices_per_node,
+    ))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! cut preserves the distribution is a [`Blocker`]; callers resolve it by merging unsplit dims
 //! (a pure reshape) or, in the planner, by gathering.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
@@ -55,24 +55,40 @@ pub(crate) fn pieces_of(l: &Layout) -> Vec<Piece> {
         .collect()
 }
 
-/// The device boundaries of the dims the map uses. Unused dims only replicate, so their
-/// factorization carries nothing: cutting at it would price one collective as several.
-fn device_bounds(l: &Layout, into: &mut BTreeSet<u32>) {
-    for k in (0..l.num_device_dims()).filter(|&k| l.uses(k) && l.dim_size(k) > 1) {
-        let (lo, hi) = l.bit_range(k);
-        into.insert(lo);
-        into.insert(hi);
-    }
+/// Device boundaries as a mask, bit `b` set for a boundary at rank bit `b`: a device count fits in
+/// a u64, so no boundary lies above bit 63 and a set costs no allocation.
+type DeviceBounds = u64;
+
+/// The boundaries of a device count's rank bits: its first and last bit.
+fn outer_bounds(num_devices: u64) -> DeviceBounds {
+    1 | 1 << log2(num_devices)
+}
+
+/// The boundaries strictly between rank bits `lo` and `hi`.
+fn bounds_inside(bounds: DeviceBounds, lo: u32, hi: u32) -> DeviceBounds {
+    bounds & ((1 << hi) - 1) & !((2 << lo) - 1)
+}
+
+/// The device boundaries of the split pieces. Only the dims a map uses split a piece: unused dims
+/// only replicate, so their factorization carries nothing and cutting at it would price one
+/// collective as several.
+fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
+    pieces
+        .iter()
+        .filter_map(|p| p.split)
+        .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
 /// Cuts every split piece that a device boundary falls inside; the outer bits keep the outer part.
-fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: &BTreeSet<u32>) -> bool {
+fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) -> bool {
     let mut changed = false;
     let mut i = 0;
     while i < pieces.len() {
         let p = pieces[i];
         if let Some((lo, hi)) = p.split {
-            if let Some(&b) = bounds.range(lo + 1..hi).next_back() {
+            let inside = bounds_inside(bounds, lo, hi);
+            if inside != 0 {
+                let b = inside.ilog2();
                 let outer = 1u64 << (hi - b);
                 pieces[i] = Piece {
                     size: outer,
@@ -95,20 +111,26 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: &BTreeSet<u32>) -> bool
     changed
 }
 
-/// The flat-index boundaries between pieces, as products of the sizes inside them.
-fn dim_bounds(pieces: &[Piece], into: &mut BTreeSet<u64>) {
-    let mut suffix = 1u64;
-    for p in pieces.iter().rev().take(pieces.len().saturating_sub(1)) {
-        suffix *= p.size;
-        into.insert(suffix);
+/// The flat-index boundaries between the pieces of either side, as products of the sizes inside
+/// them, sorted and distinct (a handful, so a vector beats a tree).
+fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
+    into.clear();
+    for pieces in [a, b] {
+        let mut suffix = 1u64;
+        for p in pieces.iter().skip(1).rev() {
+            suffix *= p.size;
+            into.push(suffix);
+        }
     }
+    into.sort_unstable();
+    into.dedup();
 }
 
 /// Cuts every piece a dim boundary falls inside. `Err(origin)` names a piece it cannot cut.
 fn cut_at_dim_bounds(
     pieces: &mut Vec<Piece>,
-    bounds: &BTreeSet<u64>,
-    device: &mut BTreeSet<u32>,
+    bounds: &[u64],
+    device: &mut DeviceBounds,
 ) -> std::result::Result<bool, usize> {
     let mut changed = false;
     let mut inner = 1u64;
@@ -117,7 +139,8 @@ fn cut_at_dim_bounds(
         i -= 1;
         let piece = pieces[i];
         let top = inner * piece.size;
-        let Some(&bound) = bounds.range(inner + 1..top).next() else {
+        let next = bounds.partition_point(|&b| b <= inner);
+        let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
             inner = top;
             continue;
         };
@@ -140,7 +163,7 @@ fn cut_at_dim_bounds(
                 } else if g % outer == 0 {
                     // The outer part is smaller than the split: the device dim is cut as well.
                     let b = hi - log2(outer);
-                    device.insert(b);
+                    *device |= 1 << b;
                     (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
                 } else {
                     return Err(piece.origin);
@@ -157,30 +180,41 @@ fn cut_at_dim_bounds(
     Ok(changed)
 }
 
-pub(crate) fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
-    let bits: Vec<u32> = bounds.iter().copied().collect();
-    let device_matrix: Vec<u64> = bits
-        .windows(2)
-        .rev()
-        .map(|w| 1u64 << (w[1] - w[0]))
-        .collect();
-    let tensor_map = pieces
+/// The device matrix whose dims lie between consecutive boundaries, outermost (highest bits)
+/// first.
+fn device_matrix(bounds: DeviceBounds) -> Vec<u64> {
+    let mut matrix = Vec::with_capacity(bounds.count_ones() as usize - 1);
+    let mut hi = bounds.ilog2();
+    let mut below = bounds & ((1 << hi) - 1);
+    while below != 0 {
+        let lo = below.ilog2();
+        matrix.push(1u64 << (hi - lo));
+        below &= !(1 << lo);
+        hi = lo;
+    }
+    matrix
+}
+
+/// The tensor map of the pieces on the device matrix of `bounds`.
+fn tensor_map(pieces: &[Piece], bounds: DeviceBounds) -> Vec<i64> {
+    pieces
         .iter()
         .map(|p| match p.split {
             None => -1,
             Some((lo, hi)) => {
-                let k = bits
-                    .binary_search(&lo)
-                    .expect("split starts on a device boundary");
-                debug_assert_eq!(bits[k + 1], hi);
-                k as i64
+                debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
+                debug_assert_eq!((bounds >> (lo + 1)).trailing_zeros() + lo + 1, hi);
+                i64::from((bounds & ((1 << lo) - 1)).count_ones())
             }
         })
-        .collect();
+        .collect()
+}
+
+fn build(pieces: &[Piece], bounds: DeviceBounds) -> Layout {
     Layout::from_parts(
         pieces.iter().map(|p| p.size).collect(),
-        device_matrix,
-        tensor_map,
+        device_matrix(bounds),
+        tensor_map(pieces, bounds),
     )
 }
 
@@ -188,24 +222,53 @@ pub(crate) fn build(pieces: &[Piece], bounds: &BTreeSet<u32>) -> Layout {
 /// two layouts hold the same elements on every rank iff their normal forms are equal.
 #[must_use]
 pub fn normalized(l: &Layout) -> Layout {
-    let mut bounds = BTreeSet::from([0, log2(l.num_devices())]);
-    device_bounds(l, &mut bounds);
-    build(&pieces_of(l), &bounds)
+    let pieces = pieces_of(l);
+    build(
+        &pieces,
+        outer_bounds(l.num_devices()) | split_bounds(&pieces),
+    )
 }
 
-/// One attempt at unification with the layouts as they are.
-pub(crate) fn try_unify(a: &Layout, b: &Layout) -> std::result::Result<(Layout, Layout), Blocker> {
-    let mut pa = pieces_of(a);
-    let mut pb = pieces_of(b);
-    let mut device = BTreeSet::from([0, log2(a.num_devices())]);
-    device_bounds(a, &mut device);
-    device_bounds(b, &mut device);
+/// Two views cut until they line up: one shape, one device matrix.
+pub(crate) struct Unified {
+    first: Vec<Piece>,
+    second: Vec<Piece>,
+    device: DeviceBounds,
+}
+
+impl Unified {
+    fn pieces(&self, side: Side) -> &[Piece] {
+        match side {
+            Side::First => &self.first,
+            Side::Second => &self.second,
+        }
+    }
+
+    /// The unified layout of one side.
+    pub fn layout(&self, side: Side) -> Layout {
+        build(self.pieces(side), self.device)
+    }
+
+    /// The tensor map of [`Unified::layout`] alone, for callers that need no more of it.
+    pub fn tensor_map(&self, side: Side) -> Vec<i64> {
+        tensor_map(self.pieces(side), self.device)
+    }
+}
+
+/// One attempt at unification of the two views as they are.
+pub(crate) fn try_unify(
+    a: &Reshaped<'_>,
+    b: &Reshaped<'_>,
+) -> std::result::Result<Unified, Blocker> {
+    let mut pa = a.pieces();
+    let mut pb = b.pieces();
+    let mut device = outer_bounds(a.layout.num_devices()) | split_bounds(&pa) | split_bounds(&pb);
+    // Room for the boundaries of both sides, reused by every round.
+    let mut dims = Vec::with_capacity(pa.capacity() + pb.capacity());
     loop {
-        let mut changed = cut_at_device_bounds(&mut pa, &device);
-        changed |= cut_at_device_bounds(&mut pb, &device);
-        let mut dims = BTreeSet::new();
-        dim_bounds(&pa, &mut dims);
-        dim_bounds(&pb, &mut dims);
+        let mut changed = cut_at_device_bounds(&mut pa, device);
+        changed |= cut_at_device_bounds(&mut pb, device);
+        dim_bounds(&pa, &pb, &mut dims);
         changed |= cut_at_dim_bounds(&mut pa, &dims, &mut device).map_err(|dim| Blocker {
             side: Side::First,
             dim,
@@ -215,7 +278,11 @@ pub(crate) fn try_unify(a: &Layout, b: &Layout) -> std::result::Result<(Layout, 
             dim,
         })?;
         if !changed {
-            return Ok((build(&pa, &device), build(&pb, &device)));
+            return Ok(Unified {
+                first: pa,
+                second: pb,
+                device,
+            });
         }
     }
 }
@@ -244,10 +311,11 @@ pub(crate) fn check_same_tensor(a: &Layout, b: &Layout) -> Result<()> {
 /// A layout seen through a reshape that moves nothing: runs of unsplit dims merged, or, in the
 /// canonical form, every split dim cut into its split part and its local rest and every run of
 /// unsplit parts merged (two layouts with equal distributions have equal canonical forms up to
-/// device cuts). The map of the original dims can be changed by the planner.
+/// device cuts). The map of the original dims can be changed by the planner; until then the
+/// layout is borrowed.
 #[derive(Debug, Clone)]
-pub(crate) struct Reshaped {
-    pub layout: Layout,
+pub(crate) struct Reshaped<'a> {
+    pub layout: Cow<'a, Layout>,
     groups: Vec<(usize, usize)>,
     canonical: bool,
 }
@@ -255,54 +323,76 @@ pub(crate) struct Reshaped {
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
 type ViewDim = (u64, i64, Option<usize>);
 
-impl Reshaped {
-    pub fn new(layout: Layout) -> Self {
+impl<'a> Reshaped<'a> {
+    pub fn new(layout: &'a Layout) -> Self {
         let groups = (0..layout.ndim()).map(|i| (i, i + 1)).collect();
         Reshaped {
-            layout,
+            layout: Cow::Borrowed(layout),
             groups,
             canonical: false,
         }
     }
 
-    fn dims(&self) -> Vec<ViewDim> {
-        let l = &self.layout;
+    /// Calls `f` with every dim of the view, outermost first.
+    fn each_dim(&self, mut f: impl FnMut(ViewDim)) {
+        let l = &*self.layout;
         let split = |i: usize| (l.split_degree(i) > 1).then_some(i);
         if !self.canonical {
-            return self
-                .groups
-                .iter()
-                .map(|&(s, e)| {
-                    let carried = if e - s == 1 { split(s) } else { None };
-                    let size = l.shape()[s..e].iter().product();
-                    (size, carried.map_or(-1, |i| l.tensor_map()[i]), carried)
-                })
-                .collect();
+            for &(s, e) in &self.groups {
+                let carried = if e - s == 1 { split(s) } else { None };
+                let size = l.shape()[s..e].iter().product();
+                f((size, carried.map_or(-1, |i| l.tensor_map()[i]), carried));
+            }
+            return;
         }
-        let mut out: Vec<ViewDim> = Vec::new();
-        let unsplit = |out: &mut Vec<ViewDim>, size: u64| match out.last_mut() {
-            _ if size == 1 => {}
-            Some(last) if last.1 == -1 => last.0 *= size,
-            _ => out.push((size, -1, None)),
-        };
+        // The product of the unsplit parts since the last split one, which make one dim.
+        let mut run = 1;
         for i in 0..l.ndim() {
             let g = l.split_degree(i);
             if g > 1 {
-                out.push((g, l.tensor_map()[i], Some(i)));
+                if run > 1 {
+                    f((run, -1, None));
+                }
+                run = 1;
+                f((g, l.tensor_map()[i], Some(i)));
             }
-            unsplit(&mut out, l.shape()[i] / g);
+            run *= l.shape()[i] / g;
         }
-        out
+        if run > 1 {
+            f((run, -1, None));
+        }
     }
 
-    pub fn view(&self) -> Layout {
-        let (shape, map): (Vec<u64>, Vec<i64>) = self.dims().iter().map(|d| (d.0, d.1)).unzip();
-        Layout::from_parts(shape, self.layout.device_matrix().to_vec(), map)
+    /// The pieces of the view: its dims of size above 1, with the rank bits of their splits.
+    fn pieces(&self) -> Vec<Piece> {
+        // Room for the cuts unification makes, so that they seldom reallocate.
+        let mut out = Vec::with_capacity(2 * self.groups.len());
+        let mut j = 0;
+        self.each_dim(|(size, k, _)| {
+            if size > 1 {
+                out.push(Piece {
+                    size,
+                    // Only a split of degree above 1 is carried, so the range is not empty.
+                    split: (k >= 0).then(|| self.layout.bit_range(k as usize)),
+                    origin: j,
+                });
+            }
+            j += 1;
+        });
+        out
     }
 
     /// The original dim whose split view dim `j` carries, if any.
     pub fn split_dim(&self, j: usize) -> Option<usize> {
-        self.dims().get(j).and_then(|d| d.2)
+        let mut found = None;
+        let mut at = 0;
+        self.each_dim(|d| {
+            if at == j {
+                found = d.2;
+            }
+            at += 1;
+        });
+        found
     }
 
     fn merge(&mut self, j: usize) {
@@ -315,7 +405,7 @@ impl Reshaped {
         if self.canonical || self.split_dim(j).is_some() {
             return false;
         }
-        let unsplit = |r: &Reshaped, j: usize| r.split_dim(j).is_none();
+        let unsplit = |r: &Reshaped<'_>, j: usize| r.split_dim(j).is_none();
         if j + 1 < self.groups.len() && unsplit(self, j + 1) {
             self.merge(j);
             true
@@ -349,7 +439,11 @@ impl Reshaped {
 /// Resolves a blocker by reshaping alone, trying the gentlest reshape first: merge around the
 /// blocked dim, merge every run of unsplit dims on the other side, then on this side, then take
 /// both to the canonical form. `false` when nothing is left to try.
-pub(crate) fn reshape_for(blocker: Blocker, a: &mut Reshaped, b: &mut Reshaped) -> bool {
+pub(crate) fn reshape_for<'a>(
+    blocker: Blocker,
+    a: &mut Reshaped<'a>,
+    b: &mut Reshaped<'a>,
+) -> bool {
     let (this, other) = match blocker.side {
         Side::First => (&mut *a, &mut *b),
         Side::Second => (&mut *b, &mut *a),
@@ -371,11 +465,11 @@ pub(crate) fn reshape_for(blocker: Blocker, a: &mut Reshaped, b: &mut Reshaped) 
 /// other shape).
 pub fn unify(a: &Layout, b: &Layout) -> Result<(Layout, Layout)> {
     check_same_tensor(a, b)?;
-    let mut ga = Reshaped::new(a.clone());
-    let mut gb = Reshaped::new(b.clone());
+    let mut ga = Reshaped::new(a);
+    let mut gb = Reshaped::new(b);
     loop {
-        match try_unify(&ga.view(), &gb.view()) {
-            Ok(pair) => return Ok(pair),
+        match try_unify(&ga, &gb) {
+            Ok(u) => return Ok((u.layout(Side::First), u.layout(Side::Second))),
             Err(blocker) => {
                 if !reshape_for(blocker, &mut ga, &mut gb) {
                     return Err(Error::Unify(format!(
