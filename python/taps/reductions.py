@@ -16,7 +16,8 @@ partitioned Boolean quadratic problem, with parallel edges merged and fixed oper
 On a chain or a tree this is dynamic programming and leaves one operator; on a transformer layer
 the residual connections reduce the same way. What is left (the core) goes to SCIP, and the
 eliminated choices follow from the core's, in reverse order of elimination
-(:meth:`Reduction.expand`).
+(:meth:`Reduction.expand`). With two objectives (a lexicographic solve) every cost is a pair,
+compared on the first and, on ties, on the second.
 """
 
 from __future__ import annotations
