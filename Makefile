@@ -28,13 +28,14 @@ test: install ## Run the Python test suite
 test-rust: ## Run the Rust tests (no Python needed)
 	cargo test
 
+# numpy's OpenBLAS threads spin on the cores the kernels measure; the benchmarks need none.
 bench: install ## Run the Rust and Python benchmarks, then the search stage by stage
 	cargo bench --bench core
-	$(PY) -m pytest benches -q -s --benchmark-enable
-	$(PY) benches/search_stages.py --large
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest benches -q -s --benchmark-enable
+	OPENBLAS_NUM_THREADS=1 $(PY) benches/search_stages.py --large
 
 bench-search: install ## The search stage by stage against the plain formulation (one table)
-	$(PY) benches/search_stages.py --large
+	OPENBLAS_NUM_THREADS=1 $(PY) benches/search_stages.py --large
 
 lint: install ## cargo fmt, clippy (pedantic), ruff, mypy and the stub check (stubtest)
 	cargo fmt --check

@@ -625,10 +625,13 @@ fn allreduce_costs<'py>(
         .into_iter()
         .zip(device_maps.rows())
         .map(|(d, m)| {
-            Strategy::new(
-                unsigned(d.to_vec(), "degrees", Error::Strategy)?,
-                m.to_vec(),
-            )
+            // Straight from the row: one vector per row, not a copy and then a conversion.
+            let degrees = d
+                .iter()
+                .map(|&v| u64::try_from(v))
+                .collect::<Result<Vec<u64>, _>>()
+                .map_err(|_| Error::Strategy(format!("degrees {d}: an entry is negative")))?;
+            Strategy::new(degrees, m.to_vec())
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors
