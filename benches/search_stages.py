@@ -22,6 +22,8 @@ from rich.table import Table
 
 import taps
 from taps.costs import build_tables
+from taps.reproduce import DEVICES_PER_NODE, median_search, timing_cases
+from taps.search import STAGES
 
 PLAIN = taps.IlpOptions(
     formulation="pairwise", prune=False, presolve=True, warm_start=False, reduce=False
@@ -34,8 +36,6 @@ ABLATIONS = {
     "with presolve": taps.IlpOptions(presolve=True),
     "pairwise": taps.IlpOptions(formulation="pairwise"),
 }
-#: The stages of SearchResult.timings, in order.
-STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
 #: The plain formulation is given this long (the issue's cut-off).
 PLAIN_LIMIT = 120.0
 
@@ -61,16 +61,18 @@ def dense_block(layers: int, batch: int, hidden: int) -> taps.Graph:
 
 
 def cases(quick: bool, large: bool) -> list[Case]:
+    """The paper's search-time cases (those of ``taps reproduce``), then ours."""
     out = [
-        Case("AlexNet 8", taps.models.alexnet(), taps.Cluster(1, 8), 0.1),
-        Case("AlexNet 16", taps.models.alexnet(), taps.Cluster(2, 8), 0.2),
-        Case("Megatron 1T 8", taps.models.megatron("1T"), taps.Cluster(1, 8), 0.1),
+        Case(
+            f"{t.label} {t.nodes * DEVICES_PER_NODE}",
+            taps.models.by_name(t.model),
+            taps.Cluster(t.nodes, DEVICES_PER_NODE),
+            t.paper_seconds,
+        )
+        for t in timing_cases(quick)
     ]
     if not quick:
         out += [
-            Case("AlexNet 64", taps.models.alexnet(), taps.Cluster(8, 8), 0.8),
-            Case("Megatron 1.7B 32", taps.models.megatron("1.7B"), taps.Cluster(4, 8), 0.4),
-            Case("Megatron 3.6B 32", taps.models.megatron("3.6B"), taps.Cluster(4, 8), 0.4),
             Case("Dense block 6 32", dense_block(6, 1024, 1024), taps.Cluster(4, 8), None),
             Case("Dense block 8 64", dense_block(8, 1024, 1024), taps.Cluster(8, 8), None),
         ]
@@ -81,13 +83,6 @@ def cases(quick: bool, large: bool) -> list[Case]:
             Case("GPT 12288 4096", gpt, taps.Cluster(512, 8), None),
         ]
     return out
-
-
-def median_run(case: Case, options: taps.IlpOptions, repeat: int) -> taps.SearchResult:
-    """The run of median end-to-end time among ``repeat`` runs after a warm-up."""
-    taps.search(case.graph, case.cluster, options=options)
-    runs = [taps.search(case.graph, case.cluster, options=options) for _ in range(repeat)]
-    return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
 
 
 def ilp_seconds(result: taps.SearchResult) -> float:
@@ -160,7 +155,7 @@ def main() -> None:
         results = {}
         # The quick run measures taps only.
         for label, options in list(ABLATIONS.items())[: 1 if args.quick else None]:
-            results[label] = median_run(case, options, args.repeat)
+            results[label] = median_search(case.graph, case.cluster, options, args.repeat)
             if label == "taps":
                 r = results[label]
                 t = r.timings

@@ -325,11 +325,10 @@ def _profile(tables, name: str, i: int) -> np.ndarray:
 
 def test_pruning_removes_only_dominated_candidates():
     from taps.prune import dominance_survivors
-    from taps.reductions import Problem
 
     g, cluster = taps.models.alexnet(), taps.Cluster(8, 8)
     tables = build_tables(g, cluster)
-    keep = dominance_survivors([Problem.from_tables(tables)])
+    keep = dominance_survivors([tables.problem()])
     removed = sum(len(t.strategies) - len(keep[n]) for n, t in tables.ops.items())
     assert removed > 0
     for name, t in tables.ops.items():

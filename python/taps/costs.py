@@ -22,6 +22,7 @@ from taps._core import (
     redistribution_costs,
 )
 from taps.graph import Edge, Graph, Operand, Operator
+from taps.reductions import PairCost, Problem
 
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
@@ -87,46 +88,38 @@ def _replicated(layout: Layout) -> bool:
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
+def _reducible(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
+    """SPEC section 5: the operands of ``op`` whose shard can be a partial sum, in order: the
+    output if a contracted axis can be split (forward), and every input that needs a gradient
+    (backward). Each needs an all_reduce over the device dims its layout leaves unused; for the
+    output that is exactly when a contracted axis is split."""
+    out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
+    return out + [(o, "gradient") for o in op.inputs if needs_gradient(graph, o.tensor)]
+
+
 def intra_collectives(graph: Graph, op: Operator, strategy: Strategy) -> list[Collective]:
-    """SPEC section 5: a forward all_reduce when a contracted axis is split, and for every input
-    that needs a gradient an all_reduce over the split axes it lacks."""
+    """The all_reduces a strategy of ``op`` needs (:func:`_reducible`), one per operand whose
+    layout leaves a device dim unused."""
     out: list[Collective] = []
-    split = {a for a, d in zip(op.partitionable, strategy.degrees) if d > 1}
-    if split & set(op.contracted):
-        t = graph.tensors[op.output.tensor]
-        out.append(
-            Collective(
-                t.name,
-                "forward partial sum",
-                operand_layout(op, op.output, strategy),
-                t.dtype_bytes,
-            )
-        )
-    for operand in op.inputs:
-        if not needs_gradient(graph, operand.tensor):
-            continue
+    for operand, reason in _reducible(graph, op):
         layout = operand_layout(op, operand, strategy)
         if _replicated(layout):
             t = graph.tensors[operand.tensor]
-            out.append(Collective(t.name, "gradient", layout, t.dtype_bytes))
+            out.append(Collective(t.name, reason, layout, t.dtype_bytes))
     return out
 
 
 def _reduced_tensors(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
-    """The tensors of ``op`` that :func:`intra_collectives` may reduce, in its order, as
-    ``(strategy axes, shape, dtype bytes)`` for the Rust kernel ``allreduce_costs``. The output's
-    map leaves a device dim unused exactly when a contracted axis is split, and a reduction over no
-    device dim costs 0, so listing a tensor whenever it can need a reduction gives the same sums."""
+    """The operands of :func:`_reducible` as ``(strategy axes, shape, dtype bytes)`` for the Rust
+    kernel ``allreduce_costs``, which prices a reduction over no device dim at 0."""
     sizes = dict(zip(op.axes, op.axis_sizes))
-    operands = [op.output] if set(op.contracted) & set(op.partitionable) else []
-    operands += [o for o in op.inputs if needs_gradient(graph, o.tensor)]
     return [
         (
             op.operand_axis_indices(o),
             [sizes[d] for d in o.dims],
             float(graph.tensors[o.tensor].dtype_bytes),
         )
-        for o in operands
+        for o, _ in _reducible(graph, op)
     ]
 
 
@@ -188,14 +181,19 @@ class CostTables:
     def num_aux_edges(self) -> int:
         return sum(e.num_aux_edges for e in self.edges)
 
+    def problem(self) -> Problem:
+        """The tables as the problem the ILP and the reductions decide: a pair cost per edge."""
+        return Problem(
+            {name: t.node_cost for name, t in self.ops.items()},
+            [
+                PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
+                for e in self.edges
+            ],
+        )
+
     def evaluate(self, choice: Mapping[str, int]) -> float:
         """The objective of one assignment (op name -> index into its candidates)."""
-        total = sum(float(t.node_cost[choice[name]]) for name, t in self.ops.items())
-        for e in self.edges:
-            a = e.source_class[choice[e.edge.producer]]
-            b = e.target_class[choice[e.edge.consumer]]
-            total += float(e.cost[a, b])
-        return total
+        return self.problem().evaluate(choice)
 
 
 def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:

@@ -235,19 +235,17 @@ def _add_start(built: _Model, problem: Problem, memory: _Memory | None) -> None:
 
 
 def _run(
-    problem: Problem,
+    objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
     time_limit: float | None,
-    second: tuple[Problem, str] | None = None,
 ) -> IlpSolution:
-    """Build and solve the ILP of ``problem``; ``second`` = (problem, sense) solves
-    lexicographically."""
+    """Build and solve the ILP of the first objective, then, if there is a second, minimise it
+    among the optima of the first (a lexicographic solve)."""
     t0 = time.perf_counter()
     if options.formulation == "pairwise":
-        problem = _ungrouped(problem)
-        if second is not None:
-            second = (_ungrouped(second[0]), second[1])
+        objectives = [_ungrouped(o) for o in objectives]
+    problem = objectives[0]
     built = _build(problem, options.formulation == "pairwise", memory)
     model = built.model
     primary = built.objective(problem)
@@ -261,14 +259,13 @@ def _run(
     build_time = time.perf_counter() - t0
     model.optimize()
     size = built.size
-    if second is not None and model.getNSols() > 0:
-        other, sense = second
+    if len(objectives) > 1 and model.getNSols() > 0:
         best = model.getObjVal()
         model.freeTransform()
         # Optimal for the first objective up to float noise in the scaled units.
         model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
         size = replace(size, constraints=size.constraints + 1)
-        model.setObjective(built.objective(other), "minimize" if sense == "min" else "maximize")
+        model.setObjective(built.objective(objectives[1]), "minimize")
         model.optimize()
     status = model.getStatus()
     if model.getNSols() == 0:
@@ -306,7 +303,7 @@ def solve(
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
-    problem = Problem.from_tables(tables)
+    problem = tables.problem()
     memory = (
         None
         if memory_limit is None
@@ -316,7 +313,7 @@ def solve(
     )
     objectives = [problem]
     if tie_break is not None:
-        other = Problem.from_tables(tie_break[0])
+        other = tie_break[0].problem()
         # Minimised from here on: the most of the other cost is the least of its negation.
         objectives.append(other if tie_break[1] == "min" else negated(other))
     if options.reduce:
@@ -381,22 +378,17 @@ def _pruned_run(
     """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
     candidates that survive pruning (if on); the choice indexes the candidates of the problems,
     and the build time includes the pruning."""
-    problem = objectives[0]
-    second = None if len(objectives) == 1 else (objectives[1], "min")
     if not options.prune:
-        return _run(problem, options, memory, time_limit, second)
+        return _run(objectives, options, memory, time_limit)
     t0 = time.perf_counter()
     if memory is None:
         keep = dominance_survivors(objectives)
     else:
         keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
-    problem = restrict(problem, keep)
-    if second is not None:
-        second = (restrict(second[0], keep), "min")
-    if memory is not None:
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    objectives = [restrict(o, keep) for o in objectives]
     prune_time = time.perf_counter() - t0
-    run = _run(problem, options, memory, time_limit, second)
+    run = _run(objectives, options, memory, time_limit)
     return replace(
         run,
         choice={v: int(keep[v][i]) for v, i in run.choice.items()},

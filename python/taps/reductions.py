@@ -22,12 +22,10 @@ compared on the first and, on ties, on the second.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from taps.costs import CostTables
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
 #: distinct choices) stays below this; otherwise it stays for SCIP.
@@ -66,18 +64,8 @@ class Problem:
     node_cost: dict[str, np.ndarray]
     pairs: list[PairCost]
 
-    @classmethod
-    def from_tables(cls, tables: CostTables) -> Problem:
-        """The search's cost tables as a problem: a pair cost per graph edge."""
-        return cls(
-            {name: t.node_cost for name, t in tables.ops.items()},
-            [
-                PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
-                for e in tables.edges
-            ],
-        )
-
-    def evaluate(self, choice: dict[str, int]) -> float:
+    def evaluate(self, choice: Mapping[str, int]) -> float:
+        """The cost of one assignment (operator name -> index into its candidates)."""
         total = sum(float(c[choice[v]]) for v, c in self.node_cost.items())
         for p in self.pairs:
             total += float(p.cost[p.u_class[choice[p.u]], p.w_class[choice[p.w]]])

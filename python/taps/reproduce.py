@@ -34,7 +34,7 @@ from taps._core import Cluster, GraphError, TapsError
 from taps.costs import build_tables
 from taps.graph import Graph
 from taps.ilp import IlpOptions, solve
-from taps.search import SearchResult, search
+from taps.search import STAGES, SearchResult, search
 
 INTRA_BANDWIDTH = 60e9
 INTER_BANDWIDTH = 6e9
@@ -295,7 +295,6 @@ TIMING_CASES = (
     TimingCase("Megatron-LM 3.6B", "megatron-3.6B", 4, "> 3e4", 0.4),
     TimingCase("Megatron-LM 1T", "megatron-1T", 1, "> 4e3", 0.1),
 )
-STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
 
 
 @dataclass(frozen=True)
@@ -328,20 +327,23 @@ def timing_cases(quick: bool = False) -> list[TimingCase]:
     return [c for c in TIMING_CASES if not quick or c.nodes * DEVICES_PER_NODE <= 16]
 
 
+def median_search(
+    graph: Graph, cluster: Cluster, options: IlpOptions, repeat: int = 3
+) -> SearchResult:
+    """``taps.search`` as a user runs it: one warm-up, then the run of median end-to-end time
+    among ``repeat``."""
+    search(graph, cluster, options=options)
+    runs = [search(graph, cluster, options=options) for _ in range(repeat)]
+    return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
+
+
 def time_search(case: TimingCase, repeat: int = 3) -> TimingRow:
-    """``taps.search`` as a user runs it: one warm-up, then the median of ``repeat`` runs; and
-    the median without the exact reductions."""
+    """The median search of a case, and the median without the exact reductions."""
     batch = default_batch(case.model)
     graph = models.by_name(case.model, batch)
     cluster = Cluster(case.nodes, DEVICES_PER_NODE, INTRA_BANDWIDTH, INTER_BANDWIDTH)
-
-    def median(options: IlpOptions) -> SearchResult:
-        search(graph, cluster, options=options)
-        runs = [search(graph, cluster, options=options) for _ in range(repeat)]
-        return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
-
-    result = median(IlpOptions())
-    whole = median(IlpOptions(reduce=False))
+    result = median_search(graph, cluster, IlpOptions(), repeat)
+    whole = median_search(graph, cluster, IlpOptions(reduce=False), repeat)
     return TimingRow(
         label=case.label,
         model=case.model,

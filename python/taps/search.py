@@ -10,6 +10,9 @@ from taps.costs import BYTES_PER_PARAMETER, OpCost, breakdown, build_tables, eva
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
 
+#: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
+STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
+
 
 @dataclass(frozen=True)
 class SearchResult:

@@ -72,7 +72,7 @@ impl From<Error> for PyErr {
     }
 }
 
-fn unsigned(values: Vec<i64>, what: &str, error: fn(String) -> Error) -> Result<Vec<u64>, Error> {
+fn unsigned(values: &[i64], what: &str, error: fn(String) -> Error) -> Result<Vec<u64>, Error> {
     values
         .iter()
         .map(|&v| {
@@ -116,7 +116,7 @@ impl From<Layout> for PyLayout {
 impl PyLayout {
     #[new]
     fn new(shape: Vec<i64>, device_matrix: Vec<i64>, tensor_map: Vec<i64>) -> PyResult<Self> {
-        let shape = unsigned(shape, "shape", Error::Layout)?;
+        let shape = unsigned(&shape, "shape", Error::Layout)?;
         let dm = device_matrix
             .iter()
             .map(|&d| {
@@ -477,7 +477,7 @@ impl PyStrategy {
     #[new]
     fn new(degrees: Vec<i64>, device_map: Vec<i64>) -> PyResult<Self> {
         Ok(PyStrategy {
-            inner: Strategy::new(unsigned(degrees, "degrees", Error::Strategy)?, device_map)?,
+            inner: Strategy::new(unsigned(&degrees, "degrees", Error::Strategy)?, device_map)?,
         })
     }
 
@@ -503,7 +503,7 @@ impl PyStrategy {
 
     /// The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim).
     fn tensor_layout(&self, axes: Vec<i64>, shape: Vec<i64>) -> PyResult<PyLayout> {
-        let shape = unsigned(shape, "shape", Error::Layout)?;
+        let shape = unsigned(&shape, "shape", Error::Layout)?;
         Ok(self.inner.tensor_layout(&axes, shape)?.into())
     }
 
@@ -563,7 +563,7 @@ fn inter_node_groups(
 /// Every strategy of `axis_sizes` on `num_devices` devices (SPEC section 4), in a fixed order.
 #[pyfunction]
 fn enumerate_strategies(axis_sizes: Vec<i64>, num_devices: i64) -> PyResult<Vec<PyStrategy>> {
-    let sizes = unsigned(axis_sizes, "axis sizes", Error::Strategy)?;
+    let sizes = unsigned(&axis_sizes, "axis sizes", Error::Strategy)?;
     let n = u64::try_from(num_devices).map_err(|_| {
         Error::Strategy(format!(
             "the device count must be a power of two, got {num_devices}"
@@ -625,12 +625,11 @@ fn allreduce_costs<'py>(
         .into_iter()
         .zip(device_maps.rows())
         .map(|(d, m)| {
-            // Straight from the row: one vector per row, not a copy and then a conversion.
-            let degrees = d
-                .iter()
-                .map(|&v| u64::try_from(v))
-                .collect::<Result<Vec<u64>, _>>()
-                .map_err(|_| Error::Strategy(format!("degrees {d}: an entry is negative")))?;
+            // Straight from the row (a copy only if it is not contiguous).
+            let degrees = match d.as_slice() {
+                Some(row) => unsigned(row, "degrees", Error::Strategy)?,
+                None => unsigned(&d.to_vec(), "degrees", Error::Strategy)?,
+            };
             Strategy::new(degrees, m.to_vec())
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -639,7 +638,7 @@ fn allreduce_costs<'py>(
         .map(|(axes, shape, bytes)| {
             Ok(batch::AxesTensor {
                 axes,
-                shape: unsigned(shape, "shape", Error::Layout)?,
+                shape: unsigned(&shape, "shape", Error::Layout)?,
                 dtype_bytes: dtype(bytes)?,
             })
         })
