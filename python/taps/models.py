@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from taps._core import GraphError
 from taps.graph import Graph
 
+#: AlexNet's default batch (the paper gives none).
+ALEXNET_BATCH = 128
+
 
 def alexnet(
-    batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2, bias: bool = False
+    batch: int = ALEXNET_BATCH, elementwise: bool = False, dtype_bytes: int = 2, bias: bool = False
 ) -> Graph:
     """torchvision's AlexNet on 224x224 images: 5 convolutions and 3 fully connected layers.
 
@@ -70,17 +73,27 @@ MEGATRON_CONFIGS: dict[str, MegatronConfig] = {
 }
 
 
+#: Other names of Megatron configurations.
+MEGATRON_ALIASES = {"1T": "1008.0B"}
+
+
+def megatron_config(name: str) -> tuple[str, MegatronConfig]:
+    """The key and configuration of a Megatron-LM name (``"1.7B"`` ... ``"1008.0B"``, or an alias
+    such as ``"1T"``)."""
+    key = MEGATRON_ALIASES.get(name.upper(), name)
+    if key not in MEGATRON_CONFIGS:
+        raise GraphError(
+            f"unknown Megatron configuration {name!r}: expected one of "
+            f"{', '.join([*MEGATRON_CONFIGS, *MEGATRON_ALIASES])}"
+        )
+    return key, MEGATRON_CONFIGS[key]
+
+
 def megatron(name: str, batch: int | None = None, seq: int = 2048) -> Graph:
     """One transformer layer of a Megatron-LM configuration (``"1.7B"`` ... ``"1008.0B"``, or
     ``"1T"``); ``batch`` defaults to the configuration's global batch, and the graph's ``layers``
     is the configuration's layer count."""
-    key = "1008.0B" if name.upper() == "1T" else name
-    if key not in MEGATRON_CONFIGS:
-        raise GraphError(
-            f"unknown Megatron configuration {name!r}: expected one of "
-            f"{', '.join(MEGATRON_CONFIGS)} or 1T"
-        )
-    c = MEGATRON_CONFIGS[key]
+    key, c = megatron_config(name)
     return gpt(
         c.hidden,
         c.heads,
@@ -138,8 +151,12 @@ def gpt(
     return g
 
 
+#: The MLP's default batch.
+MLP_BATCH = 1024
+
+
 def mlp(
-    batch: int = 1024,
+    batch: int = MLP_BATCH,
     sizes: tuple[int, ...] = (1024, 4096, 4096, 1024),
     activation: str = "gelu",
     dtype_bytes: int = 2,
@@ -163,14 +180,25 @@ def names() -> list[str]:
     return ["alexnet", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
 
 
+def default_batch(name: str) -> int:
+    """The batch :func:`by_name` builds ``name`` with when none is given."""
+    key = name.lower()
+    if key == "alexnet":
+        return ALEXNET_BATCH
+    if key == "mlp":
+        return MLP_BATCH
+    if key.startswith("megatron-"):
+        return megatron_config(name[len("megatron-") :])[1].global_batch
+    raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")
+
+
 def by_name(name: str, batch: int | None = None) -> Graph:
     """A built-in model by its command-line name (:func:`names`, ``megatron-1T`` too), at its
     default batch unless ``batch`` is given."""
     key = name.lower()
-    if key == "alexnet":
-        return alexnet() if batch is None else alexnet(batch=batch)
-    if key == "mlp":
-        return mlp() if batch is None else mlp(batch=batch)
     if key.startswith("megatron-"):
         return megatron(name[len("megatron-") :], batch=batch)
+    if key in ("alexnet", "mlp"):
+        build = alexnet if key == "alexnet" else mlp
+        return build(batch=default_batch(key) if batch is None else batch)
     raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")
