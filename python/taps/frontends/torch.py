@@ -1,0 +1,357 @@
+"""The PyTorch front end: ``torch.export`` a module on the meta device (or fake tensors), then turn
+the training IR into a :class:`~taps.graph.Graph` with the op rules of
+:mod:`taps.frontends.aten_rules`. Nothing is allocated: shapes come from the exported graph's
+metadata. docs/frontends.md describes what each operator becomes.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from taps._core import GraphError
+from taps.extras import require
+from taps.frontends.aten_rules import RULES, Unsupported, flat
+from taps.frontends.builder import Builder, Value, constant
+from taps.graph import Graph
+
+UNKNOWN = ("error", "replicate")
+
+#: Operators whose output is their first input seen another way: the output order of the
+#: operator before them looks through these.
+_THROUGH = {
+    "clone",
+    "contiguous",
+    "detach",
+    "alias",
+    "dropout",
+    "_to_copy",
+    "to",
+    "type_as",
+}
+_PERMUTES = {"transpose", "permute", "t", "swapaxes", "swapdims", "numpy_T"}
+
+
+def _torch() -> Any:
+    return require("torch", "torch", "taps.from_torch")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A converted program: the graph, and the module path of each operator."""
+
+    graph: Graph
+    module_of: dict[str, str]
+
+
+def from_torch(
+    module: Any,
+    *example_inputs: Any,
+    unknown: str = "error",
+    tie: bool = True,
+    name: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> Graph:
+    """The graph of ``module`` called on ``example_inputs`` (and keyword ``kwargs``).
+
+    Build the module and the inputs on the meta device (``with torch.device("meta"):``) to
+    convert a model of any size without allocating it. Parameter names are the module's
+    ``state_dict`` keys, operator names its module paths (``layers.3.attention.wo``; a module
+    that makes several operators gives ``path.kind``). An input with ``requires_grad`` stands
+    for an earlier layer's output (its gradient flows back).
+
+    ``unknown="error"`` raises :class:`taps.GraphError` listing every operator without a rule;
+    ``"replicate"`` keeps such operators whole (no partitionable axis). With ``tie``, identical
+    repeated blocks (children of a ``ModuleList``, ``ModuleDict`` or ``Sequential``) are declared
+    with :meth:`Graph.tie`.
+    """
+    torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        raise GraphError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
+    check_unknown(unknown)
+    try:
+        program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+    except Exception as e:  # torch raises many kinds; the user needs the message, once
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
+    grads = [
+        bool(getattr(t, "requires_grad", False))
+        for t in flat([*example_inputs, *(kwargs or {}).values()])
+        if isinstance(t, torch.Tensor)
+    ]
+    conversion = convert(program, unknown, name or type(module).__name__, grads)
+    if tie:
+        for instances in repeated_blocks(conversion, module):
+            conversion.graph.tie(instances)
+    return conversion.graph
+
+
+def check_unknown(unknown: str) -> None:
+    if unknown not in UNKNOWN:
+        raise GraphError(f"unknown= must be 'error' or 'replicate', got {unknown!r}")
+
+
+def _dtype_bytes(torch: Any, dtype: Any) -> int:
+    size = int(dtype.itemsize)
+    return size // 2 if dtype.is_complex else size
+
+
+def _target_name(target: Any) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        return str(packet.__name__)
+    return str(getattr(target, "__name__", target))
+
+
+class _Context:
+    """What a rule sees of one node (see :class:`taps.frontends.aten_rules.Context`)."""
+
+    def __init__(
+        self, torch: Any, b: Builder, node: Any, env: dict[Any, Any], kind: str, path: str
+    ) -> None:
+        self.b, self.node, self.kind, self.path = b, node, kind, path
+        resolve = _resolver(env)
+        self.args = [resolve(a) for a in node.args]
+        self.kwargs = {k: resolve(a) for k, a in node.kwargs.items()}
+        vals = _tensor_vals(torch, node.meta.get("val"))
+        self.shapes = [tuple(int(d) for d in v.shape) for v in vals]
+        self.dtypes = [_dtype_bytes(torch, v.dtype) for v in vals]
+        self.complex_out = bool(vals) and vals[0].dtype.is_complex
+
+    def arg(self, i: int, name: str, default: Any = None) -> Any:
+        if i < len(self.args):
+            return self.args[i]
+        return self.kwargs.get(name, default)
+
+    def order(self) -> list[int] | None:
+        """The framework dims of this node's output in the order the transposes that read it
+        (and nothing else) want them, so that they and a following reshape cost nothing."""
+        node, dims = self.node, None
+        while len(node.users) == 1:
+            (user,) = node.users
+            name = _target_name(user.target)
+            if name in _PERMUTES:
+                rank = len(self.shapes[0])
+                dims = list(range(rank)) if dims is None else dims
+                if name == "permute":
+                    p = [d % rank for d in user.args[1]]
+                elif name in ("t", "numpy_T"):
+                    p = list(range(rank))[::-1]
+                else:
+                    p = list(range(rank))
+                    a, c = user.args[1] % rank, user.args[2] % rank
+                    p[a], p[c] = p[c], p[a]
+                dims = [dims[i] for i in p]
+            elif name not in _THROUGH:
+                break
+            node = user
+        return dims
+
+
+def _resolver(env: dict[Any, Any]) -> Callable[[Any], Any]:
+    def resolve(a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return type(a)(resolve(x) for x in a)
+        if hasattr(a, "op") and hasattr(a, "users"):  # an fx.Node
+            return env.get(a)
+        return a
+
+    return resolve
+
+
+def _tensor_vals(torch: Any, val: Any) -> list[Any]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _module_path(node: Any) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = str(list(stack.values())[-1][0])
+    return path
+
+
+def convert(
+    program: Any,
+    unknown: str = "error",
+    name: str = "model",
+    input_grads: Sequence[bool] = (),
+) -> Conversion:
+    """Convert an ``ExportedProgram`` (its training IR) into a graph.
+
+    ``input_grads`` says, for each user input in order, whether it stands for an earlier
+    layer's output (requires a gradient)."""
+    torch = _torch()
+    check_unknown(unknown)
+    b = Builder()
+    env: dict[Any, Any] = {}
+    sig = program.graph_signature
+    kinds = {spec.arg.name: spec for spec in sig.input_specs}
+    nodes = list(program.graph.nodes)
+    user = 0
+    # Parameters first, in state_dict order, so every parameter is in the graph (also one the
+    # forward pass does not use) and the count matches the module's.
+    placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
+    param_kind = type(sig.input_specs[0].kind).PARAMETER if sig.input_specs else None
+    for spec in sig.input_specs:
+        if spec.kind == param_kind:
+            val = placeholders[spec.arg.name].meta["val"]
+            env[placeholders[spec.arg.name]] = b.parameter(
+                spec.target, tuple(int(d) for d in val.shape), _dtype_bytes(torch, val.dtype)
+            )
+    unsupported: list[str] = []
+    for node in nodes:
+        if node.op == "placeholder":
+            if node in env:
+                continue
+            val = node.meta.get("val")
+            spec = kinds.get(node.name)
+            kind = spec.kind.name if spec is not None else "USER_INPUT"
+            if not isinstance(val, torch.Tensor):
+                env[node] = val
+            elif kind == "USER_INPUT":
+                grad = input_grads[user] if user < len(input_grads) else False
+                user += 1
+                env[node] = b.input(
+                    node.name,
+                    tuple(int(d) for d in val.shape),
+                    _dtype_bytes(torch, val.dtype),
+                    grad,
+                )
+            else:  # buffers and lifted constants: the same on every device, no gradient
+                target = spec.target if spec is not None else node.name
+                env[node] = constant(
+                    tuple(int(d) for d in val.shape), _dtype_bytes(torch, val.dtype), str(target)
+                )
+            continue
+        if node.op != "call_function":
+            continue
+        kind = _target_name(node.target)
+        path = _module_path(node)
+        cx = _Context(torch, b, node, env, kind, path)
+        tensors = [a for a in flat([*cx.args, *cx.kwargs.values()]) if isinstance(a, Value)]
+        if kind != "getitem" and all(v.constant for v in tensors) and cx.shapes:
+            # Made from constants alone (a mask, rotary tables): computed on every device.
+            env[node] = _constants(cx)
+            continue
+        rule = RULES.get(kind)
+        try:
+            if rule is None:
+                raise Unsupported("no rule")
+            env[node] = rule(cx)
+        except Unsupported as e:
+            where = path or "the top-level module"
+            reason = "" if str(e) == "no rule" else f" ({e})"
+            unsupported.append(f"{node.target} in {where}{reason}")
+            env[node] = _replicate(cx, tensors)
+    if unsupported and unknown == "error":
+        listed = "".join(f"\n  {u}" for u in unsupported)
+        raise GraphError(
+            f"{len(unsupported)} operator(s) of {name} have no rule in taps "
+            f"(unknown='replicate' keeps them whole):{listed}"
+        )
+    graph, op_names = b.build(name)
+    return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)})
+
+
+def _constants(cx: _Context) -> Any:
+    values = [constant(s, d) for s, d in zip(cx.shapes, cx.dtypes)]
+    val = cx.node.meta.get("val")
+    return values if isinstance(val, (list, tuple)) else values[0]
+
+
+def _replicate(cx: _Context, tensors: list[Value]) -> Any:
+    """An operator without a rule kept whole: no axis can be split. One per tensor output."""
+    inputs = [(v, [f"x{k}_{i}" for i in range(len(v.shape))]) for k, v in enumerate(tensors)]
+    inputs = [(v, labels) for v, labels in inputs if not v.constant]
+    outs = []
+    for shape, dtype in zip(cx.shapes, cx.dtypes):
+        if not inputs:
+            outs.append(constant(shape, dtype))
+            continue
+        out_l = [f"y{i}" for i in range(len(shape))]
+        outs.append(cx.b.op(cx.kind, cx.path, inputs, shape, out_l, dtype, partitionable=()))
+    val = cx.node.meta.get("val")
+    return outs if isinstance(val, (list, tuple)) else (outs[0] if outs else None)
+
+
+# -- repeated blocks --------------------------------------------------------------------------
+
+
+def _block_signature(graph: Graph, names: Sequence[str]) -> tuple[Any, ...]:
+    """What makes two blocks repeats of each other: per operator, everything but names, and
+    where each input comes from (an operator of the block by position, or outside)."""
+    index = {n: i for i, n in enumerate(names)}
+    sig = []
+    for n in names:
+        op = graph.op(n)
+        inputs = []
+        for o in op.inputs:
+            t, root = graph.tensors[o.tensor], graph.root(o.tensor)
+            source = index.get(root.producer or "", -1) if root.kind == "activation" else -1
+            inputs.append((o.dims, t.shape, t.kind, root.kind, root.shape, t.dtype_bytes, source))
+        sig.append(
+            (op.kind, op.axes, op.axis_sizes, op.partitionable, op.output.dims, tuple(inputs))
+        )
+    return tuple(sig)
+
+
+def repeated_blocks(conversion: Conversion, module: Any) -> list[list[list[str]]]:
+    """Identical repeated blocks of a converted module: for every ``ModuleList``,
+    ``ModuleDict`` or ``Sequential`` (outermost first), its children whose operators have the
+    same signature (kinds, axes, sizes, operand shapes and the wiring inside the block), grouped.
+    Each group lists its instances (two or more), each the operator names of one child in graph
+    order, aligned by position. A block inside an instance already grouped is not grouped
+    again."""
+    torch = _torch()
+    containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+    ops_of: dict[str, list[str]] = {}
+    for op_name, path in conversion.module_of.items():
+        ops_of.setdefault(path, []).append(op_name)
+    order = {op.name: i for i, op in enumerate(conversion.graph.ops)}
+    covered: set[str] = set()
+    found: list[list[list[str]]] = []
+    for path, mod in module.named_modules():
+        if not isinstance(mod, containers) or any(
+            path == c or path.startswith(c + ".") for c in covered
+        ):
+            continue
+        by_sig: dict[tuple[Any, ...], list[tuple[str, list[str]]]] = {}
+        for child_name, child in mod.named_children():
+            child_path = f"{path}.{child_name}" if path else child_name
+            names = sorted(
+                (
+                    n
+                    for p, ns in ops_of.items()
+                    if p == child_path or p.startswith(child_path + ".")
+                    for n in ns
+                ),
+                key=order.__getitem__,
+            )
+            if not names:
+                continue
+            key = (type(child).__qualname__, _block_signature(conversion.graph, names))
+            by_sig.setdefault(key, []).append((child_path, names))
+        for members in by_sig.values():
+            if len(members) > 1:
+                found.append([names for _, names in members])
+                covered.update(p for p, _ in members)
+    return found
+
+
+def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
+    """The graph of a saved ``torch.export`` archive (``.pt2``)."""
+    torch = _torch()
+    try:
+        program = torch.export.load(path)
+    except Exception as e:
+        raise GraphError(f"cannot load torch.export archive {path!r}: {e}") from None
+    return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
