@@ -31,6 +31,7 @@ _THROUGH = {
     "to",
     "type_as",
 }
+_VIEWS = {"view", "reshape", "_unsafe_view"}
 _PERMUTES = {"transpose", "permute", "t", "swapaxes", "swapdims", "numpy_T"}
 
 
@@ -146,10 +147,17 @@ class _Context:
                     a, c = user.args[1] % rank, user.args[2] % rank
                     p[a], p[c] = p[c], p[a]
                 dims = [dims[i] for i in p]
-            elif name not in _THROUGH:
+            elif name not in _THROUGH and not (
+                name in _VIEWS and _shape(user) == _shape(node)
+            ):
                 break
             node = user
         return dims
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    val = node.meta.get("val")
+    return tuple(val.shape) if hasattr(val, "shape") else None
 
 
 def _resolver(env: dict[Any, Any]) -> Callable[[Any], Any]:
@@ -235,6 +243,10 @@ def convert(
         if node.op != "call_function":
             continue
         kind = _target_name(node.target)
+        # An in-place variant (relu_, add_) converts as its functional form; later readers of
+        # the mutated tensor see the result.
+        in_place = kind.endswith("_") and not kind.startswith("_") and kind[:-1] in RULES
+        kind = kind[:-1] if in_place else kind
         path = _module_path(node)
         cx = _Context(torch, b, node, env, kind, path)
         tensors = [a for a in flat([*cx.args, *cx.kwargs.values()]) if isinstance(a, Value)]
@@ -247,6 +259,8 @@ def convert(
             if rule is None:
                 raise Unsupported("no rule")
             env[node] = rule(cx)
+            if in_place and node.args and node.args[0] in env:
+                env[node.args[0]] = env[node]
         except Unsupported as e:
             where = path or "the top-level module"
             reason = "" if str(e) == "no rule" else f" ({e})"
@@ -336,7 +350,7 @@ def repeated_blocks(conversion: Conversion, module: Any) -> list[list[list[str]]
                 ),
                 key=order.__getitem__,
             )
-            if not names:
+            if len(names) < 2:  # a single operator gains nothing from a tie
                 continue
             key = (type(child).__qualname__, _block_signature(conversion.graph, names))
             by_sig.setdefault(key, []).append((child_path, names))
