@@ -10,7 +10,6 @@ a rule: its output is a constant too.
 
 from __future__ import annotations
 
-import math
 import operator
 import string
 from collections.abc import Callable, Sequence
@@ -28,7 +27,8 @@ class Context(Protocol):
     """What a rule sees of the node it converts."""
 
     b: Builder
-    path: str
+    kind: str  # the operator's name without overload (``add`` for ``aten.add_.Tensor``)
+    path: str  # the module path of the node
     args: list[Any]
     kwargs: dict[str, Any]
     shapes: list[tuple[int, ...]]  # of each tensor output
@@ -752,9 +752,3 @@ def expand(cx: Context) -> Value:
     )
 
 
-def describe(kind: str) -> str:
-    """How the table treats an operator, for messages."""
-    return "free" if RULES.get(kind) is free else "converted" if kind in RULES else "no rule"
-
-
-__all__ = ["RULES", "Context", "Pieces", "Unsupported", "math"]
