@@ -280,9 +280,15 @@ class Builder:
     ) -> Value | None:
         assert v.tensor is not None
         pairs = groups(v.shape, shape)
+        graph_shape = self.shape(v.tensor)
         for src, _ in pairs:
+            # The group's dims must follow each other in the graph tensor (dims of size 1
+            # between them do not matter to a row-major reshape).
             pos = [v.perm[i] for i in src]
-            if pos != list(range(pos[0], pos[0] + len(pos))):
+            if any(
+                q <= p or any(graph_shape[k] != 1 for k in range(p + 1, q))
+                for p, q in zip(pos, pos[1:])
+            ):
                 return None
         dsts = [list(dst) for _, dst in pairs]
         # Dims of size 1 join the group of the dim before them (the first group if none).
