@@ -1,0 +1,89 @@
+"""The PyTorch front end at scale: torchtitan's Llama 3 built from its config on the meta device
+(no weights), exported, converted and searched.
+
+    python benches/frontend_torch.py            # 8B: export + convert, search on 8 x 8 (80 GB)
+    python benches/frontend_torch.py --rss 70B  # peak RSS of converting 70B (run on its own)
+
+Prints one line per measurement; times are wall clock on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+import taps
+from taps.frontends.torch import convert, repeated_blocks
+
+
+def llama3(flavor: str) -> torch.nn.Module:
+    """torchtitan's Llama 3 with SDPA attention (flex attention needs a block mask built on a
+    real device), in bf16, on the meta device."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs
+
+    config = llama3_configs[flavor](attn_backend="flex")
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    with torch.device("meta"):
+        return config.build().to(torch.bfloat16)
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flavor", default="8B")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--devices-per-node", type=int, default=8)
+    parser.add_argument("--memory", type=float, default=80e9, help="bytes per device")
+    parser.add_argument("--no-search", action="store_true")
+    parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
+    args = parser.parse_args()
+    flavor = args.rss or args.flavor
+    t0 = time.perf_counter()
+    module = llama3(flavor)
+    tokens = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
+    t1 = time.perf_counter()
+    program = torch.export.export(module, (tokens,))
+    t2 = time.perf_counter()
+    conversion = convert(program, name=f"llama3-{flavor}")
+    graph = conversion.graph
+    t3 = time.perf_counter()
+    groups = repeated_blocks(conversion, module)
+    for instances in groups:
+        graph.tie(instances)
+    t4 = time.perf_counter()
+    params = sum(p.numel() for p in module.parameters())
+    print(
+        f"llama3-{flavor}: {params / 1e9:.2f}B parameters ({graph.num_parameters() / 1e9:.2f}B in "
+        f"the graph), {len(graph.ops)} operators, ties {[len(g) for g in groups]}"
+    )
+    print(
+        f"  build {t1 - t0:.2f} s, export {t2 - t1:.2f} s, convert {t3 - t2:.2f} s, "
+        f"repeated blocks {t4 - t3:.2f} s; peak RSS {peak_rss_gib():.2f} GiB"
+    )
+    if args.rss or args.no_search:
+        return
+    cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=args.memory)
+    t5 = time.perf_counter()
+    result = taps.search(graph, cluster)
+    t6 = time.perf_counter()
+    print(
+        f"  search on {args.nodes} x {args.devices_per_node} ({args.memory / 1e9:g} GB): "
+        f"{t6 - t5:.2f} s, status {result.status}, gap {result.gap:g}, cost "
+        f"{result.cost * 1e3:.2f} ms, memory {result.memory_per_device / 1e9:.1f} GB/device; "
+        f"stages {', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
+    )
+    print(f"  end to end {t6 - t0:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
