@@ -6,6 +6,7 @@ metadata. docs/frontends.md describes what each operator becomes.
 
 from __future__ import annotations
 
+import importlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -369,3 +370,25 @@ def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     except Exception as e:
         raise GraphError(f"cannot load torch.export archive {path!r}: {e}") from None
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
+
+
+def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
+    """The graph of ``package.module:factory``, a callable returning ``(module, inputs)`` (the
+    example inputs a tuple or a single tensor), converted by :func:`from_torch`."""
+    torch = _torch()
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise GraphError(f"{spec!r} is not package.module:factory")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as e:
+        raise GraphError(f"cannot import {module_name!r}: {e}") from None
+    except AttributeError:
+        raise GraphError(f"module {module_name!r} has no {attr!r}") from None
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise GraphError(f"{spec} must return (module, inputs), got {type(made).__name__}")
+    module, inputs = made
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=attr)

@@ -1,0 +1,53 @@
+"""``taps import``: a graph JSON from a PyTorch model (a factory or a saved ``torch.export``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+from rich.console import Console
+
+from taps.graph import Graph
+
+
+def read_torch(source: str, unknown: str) -> Graph:
+    """The graph of a ``.pt2`` archive or of a ``package.module:factory``."""
+    from taps.frontends import torch as frontend
+
+    if source.endswith(".pt2"):
+        return frontend.load(source, unknown)
+    return frontend.from_factory(source, unknown)
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    graph = read_torch(args.source, args.unknown)
+    # Write to a temporary file first: a failure leaves no half-written graph behind.
+    folder = os.path.dirname(os.path.abspath(args.out))
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+        f.write(graph.to_json())
+    os.replace(f.name, args.out)
+    console.print(
+        f"wrote {args.out}: {graph.name}, {len(graph.ops)} operators, "
+        f"{graph.num_parameters():,} parameters, {len(graph.tied)} tied groups"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``taps import`` to the CLI."""
+    p = subparsers.add_parser(
+        "import",
+        help="write the graph JSON of a PyTorch model",
+        description="Convert a PyTorch model into a taps graph JSON: SOURCE is "
+        "package.module:factory (a callable returning (module, inputs); build them on the meta "
+        "device) or a torch.export archive (.pt2). Needs pip install 'taps[torch]'.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="package.module:factory or FILE.pt2")
+    p.add_argument("out", metavar="OUT", help="the graph JSON file to write")
+    p.add_argument(
+        "--unknown",
+        choices=("error", "replicate"),
+        default="error",
+        help="operators without a rule: list them and fail, or keep them whole (error)",
+    )
+    p.set_defaults(run=run)

@@ -1,0 +1,56 @@
+"""``taps import`` and ``taps search --torch``, in process."""
+
+from __future__ import annotations
+
+import torch
+
+import taps
+from taps.cli import main
+from taps.frontends import from_torch
+from torch_factories import mlp
+
+
+def test_import_writes_the_graph_of_a_factory(tmp_path, capsys):
+    out = tmp_path / "mlp.json"
+    assert main(["import", "torch_factories:mlp", str(out)]) == 0
+    assert taps.Graph.from_json(out.read_text()) == from_torch(*_pair(), name="mlp")
+    assert "3 operators" in capsys.readouterr().out
+
+
+def _pair():
+    module, x = mlp()
+    return module, x
+
+
+def test_import_reads_a_saved_export(tmp_path):
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    archive, out = tmp_path / "net.pt2", tmp_path / "net.json"
+    torch.export.save(torch.export.export(module, (torch.randn(4, 8),)), str(archive))
+    assert main(["import", str(archive), str(out)]) == 0
+    assert [op.kind for op in taps.Graph.from_json(out.read_text()).ops] == ["linear", "relu"]
+
+
+def test_import_errors_are_one_line_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "x.json"
+    for source, message in [
+        ("no_such_module:f", "cannot import 'no_such_module'"),
+        ("torch_factories:missing", "has no 'missing'"),
+        ("torch_factories:not_a_pair", "must return (module, inputs)"),
+        ("torch_factories", "is not package.module:factory"),
+    ]:
+        assert main(["import", source, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not out.exists()
+
+
+def test_search_takes_a_torch_factory(capsys, tmp_path):
+    result = tmp_path / "r.json"
+    code = main(
+        ["search", "--torch", "torch_factories:mlp", "--nodes", "1", "--devices-per-node", "8",
+         "--json", str(result)]
+    )  # fmt: skip
+    assert code == 0
+    assert "0.2" in capsys.readouterr().out and result.exists()
+    assert main(["search", "mlp", "--torch", "torch_factories:mlp", "--nodes", "1",
+                 "--devices-per-node", "8"]) == 2  # fmt: skip
