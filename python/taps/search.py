@@ -101,7 +101,7 @@ class Comparison:
     topology_under_volume: float
 
     @property
-    def reduction(self) -> float:
+    def saving(self) -> float:
         """Percent less communication time of the topology-aware result."""
         if self.volume_under_topology == 0:
             return 0.0
