@@ -19,6 +19,7 @@ LAYERS = {
     "taps.models": 2,
     "taps.sharding": 2,
     "taps.reductions": 2,
+    "taps.tying": 3,
     "taps.prune": 3,
     "taps.costs": 3,
     "taps.ilp": 4,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -190,52 +191,60 @@ def build_tables(
     cluster: Cluster,
     cost_model: str = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
-    share_edge_costs: bool = True,
+    share: bool = True,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
-    Edges whose two ends give the same lists of layout classes (the same tensor between operators
-    of the same kind, as in repeated blocks) share one cost matrix unless ``share_edge_costs`` is
-    off (for the benchmark)."""
+    Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
+    candidate list, node cost and memory vector, and edges between operators of the same two
+    signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
+    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark)."""
     check_cost_model(cost_model)
     n = cluster.num_devices
-    t0 = time.perf_counter()
-    found = {op.name: candidates(op, n) for op in graph.ops}
-    t1 = time.perf_counter()
+    timings = {"enumerate": 0.0, "costs": 0.0}
+    signature = {op.name: graph.signature(op.name) if share else op.name for op in graph.ops}
+    distinct: dict[Any, OpTable] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
-        cands = found[op.name]
-        node = allreduce_costs(
-            np.array([c.strategy.degrees for c in cands], dtype=np.int64),
-            np.array([c.strategy.device_map for c in cands], dtype=np.int64),
-            all_reduce_operands(graph, op),
-            cluster,
-            cost_model,
-        )
-        mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
-        ops[op.name] = OpTable(op, cands, node, mem)
-    cache: dict[tuple, np.ndarray] = {}
+        key = signature[op.name]
+        if key not in distinct:
+            t0 = time.perf_counter()
+            cands = candidates(op, n)
+            t1 = time.perf_counter()
+            node = allreduce_costs(
+                np.array([c.strategy.degrees for c in cands], dtype=np.int64),
+                np.array([c.strategy.device_map for c in cands], dtype=np.int64),
+                all_reduce_operands(graph, op),
+                cluster,
+                cost_model,
+            )
+            mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
+            distinct[key] = OpTable(op, cands, node, mem)
+            timings["enumerate"] += t1 - t0
+            timings["costs"] += time.perf_counter() - t1
+        shared = distinct[key]
+        ops[op.name] = shared if shared.op is op else replace(shared, op=op)
+    t0 = time.perf_counter()
+    cache: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # Different operators can still give a tensor the same layout classes at both ends.
+    by_layouts: dict[Any, np.ndarray] = {}
     edges: list[EdgeTable] = []
     for edge in graph.edges:
-        src = [c.output for c in found[edge.producer]]
-        dst = [c.inputs[edge.slot] for c in found[edge.consumer]]
-        src_cls, src_layouts = _classes(src)
-        dst_cls, dst_layouts = _classes(dst)
-        dtype = graph.tensors[edge.tensor].dtype_bytes
-        key = (tuple(src_layouts), tuple(dst_layouts), dtype)
-        if key not in cache or not share_edge_costs:
-            cache[key] = redistribution_costs(src_layouts, dst_layouts, cluster, dtype, cost_model)
-        edges.append(EdgeTable(edge, src_cls, dst_cls, cache[key]))
-    t2 = time.perf_counter()
-    return CostTables(
-        graph,
-        cluster,
-        cost_model,
-        ops,
-        edges,
-        bytes_per_parameter,
-        {"enumerate": t1 - t0, "costs": t2 - t1},
-    )
+        key = (signature[edge.producer], signature[edge.consumer], edge.slot)
+        if key not in cache:
+            src_cls, src_layouts = _classes([c.output for c in ops[edge.producer].candidates])
+            dst = [c.inputs[edge.slot] for c in ops[edge.consumer].candidates]
+            dst_cls, dst_layouts = _classes(dst)
+            dtype = graph.tensors[edge.tensor].dtype_bytes
+            layouts = (tuple(src_layouts), tuple(dst_layouts), dtype)
+            if layouts not in by_layouts or not share:
+                by_layouts[layouts] = redistribution_costs(
+                    src_layouts, dst_layouts, cluster, dtype, cost_model
+                )
+            cache[key] = (src_cls, dst_cls, by_layouts[layouts])
+        edges.append(EdgeTable(edge, *cache[key]))
+    timings["costs"] += time.perf_counter() - t0
+    return CostTables(graph, cluster, cost_model, ops, edges, bytes_per_parameter, timings)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
 from taps.prune import dominance_survivors, negated, restrict
 from taps.reductions import PairCost, Problem, reduce
+from taps.tying import Ties
 
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
@@ -291,6 +292,7 @@ def solve(
     time_limit: float | None = None,
     options: IlpOptions = IlpOptions(),
     tie_break: tuple[CostTables, str] | None = None,
+    tie: bool = True,
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
@@ -299,25 +301,38 @@ def solve(
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
     the same graph and cluster under another cost model. Status, gap and time are those of the
-    second solve."""
+    second solve.
+
+    With ``tie`` (the default) the graph's tied repeats (:meth:`taps.Graph.tie`) take one set of
+    choices (:mod:`taps.tying`); ``tie=False`` searches every operator on its own."""
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
-    problem = tables.problem()
-    memory = (
-        None
-        if memory_limit is None
-        else _Memory(
-            {n: t.memory for n, t in tables.ops.items()}, tables.graph.layers, memory_limit
-        )
-    )
-    objectives = [problem]
+    objectives = [tables.problem()]
     if tie_break is not None:
         other = tie_break[0].problem()
         # Minimised from here on: the most of the other cost is the least of its negation.
         objectives.append(other if tie_break[1] == "min" else negated(other))
+    per_op = {n: t.memory for n, t in tables.ops.items()}
+    ties = Ties.of(list(tables.ops), tables.graph.tied) if tie and tables.graph.tied else None
+    if ties is not None:
+        objectives = ties.fold(objectives)
+        per_op = ties.fold_memory(per_op)
+    memory = None if memory_limit is None else _Memory(per_op, tables.graph.layers, memory_limit)
+    solution = _solve(objectives, memory, options, time_limit)
+    if ties is not None:
+        solution = replace(solution, choice=ties.expand(solution.choice))
+    return solution
+
+
+def _solve(
+    objectives: list[Problem],
+    memory: _Memory | None,
+    options: IlpOptions,
+    time_limit: float | None,
+) -> IlpSolution:
     if options.reduce:
-        order = list(tables.ops)
+        order = list(objectives[0].node_cost)
         solution = _reduced(objectives, order, None, options, time_limit)
         # The optimum without the memory limit is optimal with it if it fits.
         if memory is None or memory.of(solution.choice) <= memory.limit:
