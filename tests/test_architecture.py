@@ -20,6 +20,7 @@ LAYERS = {
     "taps.sharding": 2,
     "taps.reductions": 2,
     "taps.tying": 3,
+    "taps.lagrange": 3,
     "taps.prune": 3,
     "taps.costs": 3,
     "taps.ilp": 4,
