@@ -55,6 +55,10 @@ class IlpOptions:
     #: joins the operators left. Under a binding memory limit only operators whose memory does
     #: not depend on their candidate go.
     reduce: bool = True
+    #: Under a binding memory limit, price memory (taps.lagrange) before SCIP: series-parallel
+    #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
+    #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
+    price: bool = True
 
     def __post_init__(self) -> None:
         if self.formulation not in ("grouped", "pairwise"):
@@ -343,7 +347,7 @@ def _solve(
             return solution
         t0 = time.perf_counter()
         priced = None
-        if len(objectives) == 1:
+        if len(objectives) == 1 and options.price:
             scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
             priced = price_memory(objectives[0], scaled, memory.limit)
         reduce_time = solution.reduce_time + time.perf_counter() - t0
