@@ -347,7 +347,10 @@ pub struct PyCluster {
 #[pymethods]
 impl PyCluster {
     #[new]
-    #[pyo3(signature = (nodes, devices_per_node, intra_bandwidth=Num::Fits(60e9), inter_bandwidth=Num::Fits(6e9), device_memory=None))]
+    #[pyo3(
+        signature = (nodes, devices_per_node, intra_bandwidth=Num::Fits(60e9), inter_bandwidth=Num::Fits(6e9), device_memory=None),
+        text_signature = "(nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None)"
+    )]
     fn new(
         nodes: Num<i64>,
         devices_per_node: Num<i64>,
@@ -409,7 +412,10 @@ impl PyCluster {
     /// Seconds (topology model) or bytes per device (volume model) of a collective of `layout`:
     /// an `"all_reduce"` over the device dims the map does not use (no `device_dim`), or an
     /// `"all_gather"` / `"all_to_all"` along `device_dim`.
-    #[pyo3(signature = (layout, collective, device_dim=None, dtype_bytes=Num::Fits(2.0), model="topology"))]
+    #[pyo3(
+        signature = (layout, collective, device_dim=None, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, layout, collective, device_dim=None, dtype_bytes=2.0, model='topology')"
+    )]
     fn collective_cost(
         &self,
         layout: &PyLayout,
@@ -521,7 +527,10 @@ impl PyCommOp {
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of the op.
-    #[pyo3(signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"))]
+    #[pyo3(
+        signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
+    )]
     fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
         Ok(self.inner.cost(
             &cluster.inner,
@@ -605,7 +614,10 @@ impl PyRedistribution {
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of the whole plan.
-    #[pyo3(signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"))]
+    #[pyo3(
+        signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
+    )]
     fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
         Ok(self.inner.cost(
             &cluster.inner,
@@ -751,7 +763,10 @@ fn enumerate_strategies(
 
 /// The matrix of redistribution costs from each source to each target, on all cores.
 #[pyfunction]
-#[pyo3(signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"))]
+#[pyo3(
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology')"
+)]
 fn redistribution_costs<'py>(
     py: Python<'py>,
     sources: Vec<Bound<'py, PyLayout>>,
