@@ -81,7 +81,8 @@ pub struct AxesTensor {
 }
 
 /// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
-/// dims its layout leaves unused (SPEC sections 5-6): 0 for a tensor split along every device dim.
+/// dims its layout leaves unused (docs/conventions.md#intra-operator-communication, priced as in
+/// #topology-aware-cost): 0 for a tensor split along every device dim.
 /// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
 ///
 /// # Errors
@@ -196,7 +197,8 @@ mod tests {
     }
 
     /// MatMul `(b, in, out)` with degrees (d, r, c): the dW all_reduce moves `2(d-1)/d` of the
-    /// W shard, the forward one `2(r-1)/r` of the Y shard (SPEC section 5).
+    /// W shard, the forward one `2(r-1)/r` of the Y shard (the paper's MatMul volume,
+    /// docs/conventions.md#intra-operator-communication).
     #[test]
     fn matmul_volumes() {
         let (batch, inner, outer) = (64u64, 32, 16);

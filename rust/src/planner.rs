@@ -1,5 +1,5 @@
-//! The redistribution planner (SPEC section 3, the paper's Algorithm 1): the sequence of slices,
-//! all-to-alls and all-gathers that turns one layout of a tensor into another.
+//! The redistribution planner (docs/conventions.md#redistribution, the paper's Algorithm 1): the
+//! sequence of slices, all-to-alls and all-gathers that turns one layout of a tensor into another.
 
 use std::borrow::Cow;
 
@@ -303,7 +303,8 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
     })
 }
 
-/// Plans the redistribution of a tensor from layout `a` to layout `b` (SPEC section 3).
+/// Plans the redistribution of a tensor from layout `a` to layout `b`
+/// (docs/conventions.md#redistribution).
 ///
 /// # Errors
 /// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.

@@ -1,6 +1,6 @@
-//! The topology-aware cost model (SPEC section 6): how many communication groups of a node cross
-//! the node boundary at once (`ct`), the effective bandwidth that leaves each, and the cost of a
-//! collective in seconds, or in bytes under the volume model.
+//! The topology-aware cost model (docs/conventions.md#topology-aware-cost): how many communication
+//! groups of a node cross the node boundary at once (`ct`), the effective bandwidth that leaves
+//! each, and the cost of a collective in seconds, or in bytes under the volume model.
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -377,7 +377,8 @@ pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool,
     }
 }
 
-/// The exact `ct` of SPEC section 6 for a collective of `layout` on nodes of `devices_per_node`.
+/// The exact `ct` (docs/conventions.md#ct) of a collective of `layout` on nodes of
+/// `devices_per_node` devices.
 ///
 /// # Errors
 /// [`Error::Topology`] if `devices_per_node` is not a positive power of two or the group is

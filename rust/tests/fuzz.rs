@@ -233,7 +233,11 @@ proptest! {
         };
         let single = plan.cost(&cluster, dtype_bytes, model(volume));
         let batch = redistribution_costs(
-            std::slice::from_ref(&a), std::slice::from_ref(&b), &cluster, dtype_bytes, model(volume),
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&b),
+            &cluster,
+            dtype_bytes,
+            model(volume),
         );
         match (single, batch) {
             (Ok(cost), Ok(costs)) => {
