@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import taps
+from taps import _core
 from taps._core import allreduce_costs
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -142,7 +143,7 @@ FLOAT_ARGS: list[tuple[str, str, Callable[[object], object]]] = [
         "dtype_bytes",
         lambda v: taps.redistribution_costs([LAYOUT], [TARGET], CLUSTER, dtype_bytes=v),
     ),
-    ("allreduce_costs", "dtype_bytes", lambda v: _allreduce(([0], [8], v))),  # type: ignore[arg-type]
+    ("allreduce_costs", "dtype_bytes", lambda v: _allreduce(([0], [8], v))),
 ]
 
 
@@ -219,3 +220,17 @@ def test_getters_have_docstrings():
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 assert member.__doc__, f"{cls.__name__}.{name}"
+
+
+def test_option_names_come_from_the_core():
+    """COST_MODELS and COLLECTIVE_KINDS are the names the core parses, and no others."""
+    assert _core.COST_MODELS == ("topology", "volume")
+    assert _core.COLLECTIVE_KINDS == ("all_reduce", "all_gather", "all_to_all")
+    for model in _core.COST_MODELS:
+        for kind in _core.COLLECTIVE_KINDS:
+            dim = None if kind == "all_reduce" else 0
+            assert CLUSTER.collective_cost(LAYOUT, kind, dim, model=model) >= 0
+    with pytest.raises(taps.TopologyError, match='expected "topology" or "volume"'):
+        CLUSTER.collective_cost(LAYOUT, "all_reduce", model="bytes")
+    with pytest.raises(taps.TopologyError, match='"all_gather" or "all_to_all"'):
+        CLUSTER.collective_cost(LAYOUT, "broadcast")

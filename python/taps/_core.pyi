@@ -1,12 +1,14 @@
 """Type stubs of the Rust extension ``taps._core`` (see docs/core.md and docs/conventions.md)."""
 
 from collections.abc import Sequence
-from typing import Literal, TypeAlias, final
+from typing import Final, Literal, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "COLLECTIVE_KINDS",
+    "COST_MODELS",
     "Cluster",
     "CommOp",
     "GraphError",
@@ -31,6 +33,11 @@ __all__ = [
 _CollectiveKind: TypeAlias = Literal["all_reduce", "all_gather", "all_to_all"]
 _CostModel: TypeAlias = Literal["topology", "volume"]
 _OpKind: TypeAlias = Literal["slice", "all_gather", "all_to_all"]
+
+COLLECTIVE_KINDS: Final[tuple[_CollectiveKind, ...]]
+"""The collective names the cost functions accept, from the core's enum (the one list of them)."""
+COST_MODELS: Final[tuple[_CostModel, ...]]
+"""The cost model names the cost functions accept, from the core's enum (the one list of them)."""
 
 class TapsError(ValueError):
     """Base class of every error taps raises."""

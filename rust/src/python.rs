@@ -16,6 +16,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use crate::batch;
 use crate::error::Error;
@@ -854,6 +855,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TopologyError", py.get_type::<TopologyError>())?;
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
+    m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
+    m.add("COST_MODELS", PyTuple::new(py, CostModel::NAMES)?)?;
     m.add_class::<PyLayout>()?;
     m.add_class::<PyCluster>()?;
     m.add_class::<PyCommOp>()?;

@@ -26,19 +26,27 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
-    /// The kind named `all_reduce`, `all_gather` or `all_to_all`.
+    /// Every kind, in the order of [`CollectiveKind::NAMES`].
+    pub const ALL: [CollectiveKind; 3] = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::AllToAll,
+    ];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 3] = ["all_reduce", "all_gather", "all_to_all"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The kind named `name`, one of [`CollectiveKind::NAMES`].
     ///
     /// # Errors
-    /// [`Error::Topology`] for a name other than `all_reduce`, `all_gather`, `all_to_all`.
+    /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "all_reduce" => Ok(CollectiveKind::AllReduce),
-            "all_gather" => Ok(CollectiveKind::AllGather),
-            "all_to_all" => Ok(CollectiveKind::AllToAll),
-            _ => Err(Error::Topology(format!(
-                "unknown collective {name:?}: expected \"all_reduce\", \"all_gather\" or \"all_to_all\""
-            ))),
-        }
+        parse_name(name, "collective", &Self::NAMES).map(|i| Self::ALL[i])
     }
 }
 
@@ -50,19 +58,36 @@ pub enum CostModel {
 }
 
 impl CostModel {
-    /// The model named `topology` or `volume`.
+    /// Every model, in the order of [`CostModel::NAMES`].
+    pub const ALL: [CostModel; 2] = [CostModel::Topology, CostModel::Volume];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 2] = ["topology", "volume"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The model named `name`, one of [`CostModel::NAMES`].
     ///
     /// # Errors
-    /// [`Error::Topology`] for a name other than `topology` or `volume`.
+    /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "topology" => Ok(CostModel::Topology),
-            "volume" => Ok(CostModel::Volume),
-            _ => Err(Error::Topology(format!(
-                "unknown cost model {name:?}: expected \"topology\" or \"volume\""
-            ))),
-        }
+        parse_name(name, "cost model", &Self::NAMES).map(|i| Self::ALL[i])
     }
+}
+
+/// The index of `name` in `names`, or an error listing them.
+fn parse_name(name: &str, what: &str, names: &[&str]) -> Result<usize> {
+    names.iter().position(|&n| n == name).ok_or_else(|| {
+        let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+        let (last, rest) = quoted.split_last().expect("names are not empty");
+        Error::Topology(format!(
+            "unknown {what} {name:?}: expected {} or {last}",
+            rest.join(", ")
+        ))
+    })
 }
 
 /// Checks the bytes per element that every cost takes: positive and finite.
@@ -449,6 +474,7 @@ mod tests {
         use crate::batch::{allreduce_costs, redistribution_costs, AxesTensor};
         use crate::planner::plan_redistribution;
         use crate::strategies::Strategy;
+        use std::slice::from_ref;
 
         let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();
         let a = Layout::new(vec![8, 8], vec![4], vec![0, -1]).unwrap();
@@ -466,9 +492,9 @@ mod tests {
                 cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),
                 plan.cost(&cluster, bad, model),
                 plan.ops[0].cost(&cluster, bad, model),
-                redistribution_costs(&[a.clone()], &[b.clone()], &cluster, bad, model)
+                redistribution_costs(from_ref(&a), from_ref(&b), &cluster, bad, model)
                     .map(|c| c[0]),
-                allreduce_costs(&[strategy.clone()], &[tensor], &cluster, model).map(|c| c[0]),
+                allreduce_costs(from_ref(&strategy), &[tensor], &cluster, model).map(|c| c[0]),
             ];
             for r in results {
                 match r {
@@ -478,7 +504,7 @@ mod tests {
             }
         }
         // A layout pair with no op is still checked: the answer must not depend on the plan.
-        assert!(redistribution_costs(&[a.clone()], &[a.clone()], &cluster, 0.0, model).is_err());
+        assert!(redistribution_costs(from_ref(&a), from_ref(&a), &cluster, 0.0, model).is_err());
     }
 
     /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power
@@ -511,6 +537,24 @@ mod tests {
                 assert_eq!(op.inter_node_groups(l), want);
             }
         }
+    }
+
+    #[test]
+    fn names_parse_back_and_others_are_rejected() {
+        for kind in CollectiveKind::ALL {
+            assert_eq!(CollectiveKind::parse(kind.name()), Ok(kind));
+        }
+        for model in CostModel::ALL {
+            assert_eq!(CostModel::parse(model.name()), Ok(model));
+        }
+        let Err(Error::Topology(m)) = CostModel::parse("bytes") else {
+            panic!("an unknown cost model parsed")
+        };
+        assert_eq!(
+            m,
+            r#"unknown cost model "bytes": expected "topology" or "volume""#
+        );
+        assert!(CollectiveKind::parse("broadcast").is_err());
     }
 
     #[test]
