@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             data["comparison"] = {
                 "volume_under_topology": comparison.volume_under_topology,
                 "topology_under_volume": comparison.topology_under_volume,
-                "reduction_percent": comparison.reduction,
+                "saving_percent": comparison.saving,
             }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)

@@ -222,8 +222,7 @@ class GraphIR:
 
     def tie(self, instances: Sequence[Sequence[str]]) -> None:
         """Declare the operator lists ``instances`` repeats of one block (a model's identical
-        layers): operator ``i`` of every instance has the same signature (kind, axes, sizes,
-        partitionable axes, operand dims, and the shapes, kinds and dtypes of its tensors).
+        layers): operator ``i`` of every instance has the same kind and :meth:`signature`.
         A search may then give every instance the same strategies. An operator belongs to at most
         one tie."""
         groups = [tuple(inst) for inst in instances]
@@ -242,31 +241,33 @@ class GraphIR:
                     raise GraphError(f"tie: operator {name!r} is in two instances or ties")
                 taken.add(name)
         for position, first in enumerate(groups[0]):
-            want = self._signature(first)
+            want = (self._ops[first].kind, self.signature(first))
             for inst in groups[1:]:
-                if self._signature(inst[position]) != want:
+                other = inst[position]
+                if (self._ops[other].kind, self.signature(other)) != want:
                     raise GraphError(
-                        f"tie: operator {inst[position]!r} differs from {first!r} (position "
+                        f"tie: operator {other!r} differs from {first!r} (position "
                         f"{position}): kind, axes, sizes or operand tensors do not match"
                     )
         self._tied.append(tuple(groups))
 
-    def _signature(self, op_name: str) -> tuple[Any, ...]:
-        """What must agree between tied operators: all but the names."""
-        op = self._ops[op_name]
+    def signature(self, op_name: str) -> tuple[Any, ...]:
+        """Everything about an operator but its name and kind: its axes with their sizes, its
+        partitionable axes, and per operand its dims, whether it is a parameter, whether it needs
+        a gradient, and its element size. Operators of one signature have the same candidates,
+        costs and memory (the search shares their tables)."""
+        op = self.op(op_name)
 
-        def tensor(operand: Operand) -> tuple[Any, ...]:
-            t = self.tensors[operand.tensor]
-            root = self.root(t.name)
-            return (operand.dims, t.shape, t.dtype_bytes, t.kind, root.kind, t.requires_grad)
+        def operand(o: Operand) -> tuple[Any, ...]:
+            t = self.tensors[o.tensor]
+            return (o.dims, t.kind == "parameter", t.requires_grad, t.dtype_bytes)
 
         return (
-            op.kind,
             op.axes,
             op.axis_sizes,
             op.partitionable,
-            tuple(tensor(o) for o in op.inputs),
-            tensor(op.output),
+            tuple(operand(o) for o in op.inputs),
+            operand(op.output),
         )
 
     @property

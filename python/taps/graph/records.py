@@ -94,16 +94,6 @@ class Operator:
         used = {d for operand in self.inputs for d in operand.dims}
         return tuple(a for a in self.axes if a in used and a not in self.output.dims)
 
-    def operand_axis_indices(self, operand: Operand) -> list[int]:
-        """For each dim of ``operand``, its axis's index in ``partitionable``, or -1 (whole).
-
-        A strategy over the partitionable axes gives the tensor the map
-        ``[strategy.device_map[i] if i >= 0 else -1 for i in indices]``.
-        """
-        return [
-            self.partitionable.index(d) if d in self.partitionable else -1 for d in operand.dims
-        ]
-
     @property
     def input_tensors(self) -> tuple[str, ...]:
         return tuple(o.tensor for o in self.inputs)
