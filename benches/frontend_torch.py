@@ -2,6 +2,7 @@
 (no weights), exported, converted and searched.
 
     python benches/frontend_torch.py            # 8B: export + convert, search on 8 x 8 (80 GB)
+    python benches/frontend_torch.py --untied   # also the search without ties
     python benches/frontend_torch.py --rss 70B  # peak RSS of converting 70B (run on its own)
 
 Prints one line per measurement; times are wall clock on this machine.
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--devices-per-node", type=int, default=8)
     parser.add_argument("--memory", type=float, default=80e9, help="bytes per device")
     parser.add_argument("--no-search", action="store_true")
+    parser.add_argument("--untied", action="store_true", help="also search without the ties")
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
     args = parser.parse_args()
     flavor = args.rss or args.flavor
@@ -73,16 +75,19 @@ def main() -> None:
     if args.rss or args.no_search:
         return
     cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=args.memory)
-    t5 = time.perf_counter()
-    result = taps.search(graph, cluster)
-    t6 = time.perf_counter()
-    print(
-        f"  search on {args.nodes} x {args.devices_per_node} ({args.memory / 1e9:g} GB): "
-        f"{t6 - t5:.2f} s, status {result.status}, gap {result.gap:g}, cost "
-        f"{result.cost * 1e3:.2f} ms, memory {result.memory_per_device / 1e9:.1f} GB/device; "
-        f"stages {', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
-    )
-    print(f"  end to end {t6 - t0:.2f} s")
+    for tie in (True, False) if args.untied else (True,):
+        t5 = time.perf_counter()
+        result = taps.search(graph, cluster, tie=tie)
+        t6 = time.perf_counter()
+        print(
+            f"  search ({'tied' if tie else 'untied'}) on {args.nodes} x {args.devices_per_node} "
+            f"({args.memory / 1e9:g} GB): {t6 - t5:.2f} s, status {result.status}, gap "
+            f"{result.gap:g}, cost {result.cost * 1e3:.2f} ms, memory "
+            f"{result.memory_per_device / 1e9:.1f} GB/device; stages "
+            f"{', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
+        )
+        if tie:
+            print(f"  end to end (tied) {t6 - t0:.2f} s")
 
 
 if __name__ == "__main__":

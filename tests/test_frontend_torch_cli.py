@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 import taps
@@ -51,6 +53,8 @@ def test_search_takes_a_torch_factory(capsys, tmp_path):
          "--json", str(result)]
     )  # fmt: skip
     assert code == 0
-    assert "0.2" in capsys.readouterr().out and result.exists()
+    assert "mlp: topology search on 1 x 8 devices" in capsys.readouterr().out
+    ops = {row["name"] for row in json.loads(result.read_text())["topology"]["operators"]}
+    assert ops == {"0", "1", "2"}  # the Sequential's children
     assert main(["search", "mlp", "--torch", "torch_factories:mlp", "--nodes", "1",
                  "--devices-per-node", "8"]) == 2  # fmt: skip

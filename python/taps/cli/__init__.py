@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from taps._core import TapsError
-from taps.cli import plan, reproduce, search
+from taps.cli import imports, plan, reproduce, search
 from taps.cli.args import Parser
 
-COMMANDS = (plan, search, reproduce)
+COMMANDS = (plan, search, imports, reproduce)
 
 
 def build_parser() -> argparse.ArgumentParser:

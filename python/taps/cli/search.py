@@ -8,13 +8,21 @@ import json
 from rich.console import Console
 
 from taps import models
+from taps._core import GraphError
 from taps.cli.args import add_cluster_args, cluster, load_model, memory_size
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
 from taps.search import compare, search
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    graph = load_model(args.model, args.batch)
+    if (args.model is None) == (args.torch is None):
+        raise GraphError("give either MODEL or --torch package.module:factory")
+    if args.torch is not None:
+        from taps.cli.imports import read_torch
+
+        graph = read_torch(args.torch, "error")
+    else:
+        graph = load_model(args.model, args.batch)
     c = cluster(args, args.memory)
     if args.cost_model == "both":
         comparison = compare(graph, c, time_limit=args.time_limit)
@@ -49,7 +57,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Search the best intra-operator strategy of every operator of MODEL on a "
         f"cluster. MODEL is one of {', '.join(models.names())} or a graph JSON file.",
     )
-    p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
+    )
+    p.add_argument(
+        "--torch",
+        metavar="SOURCE",
+        default=None,
+        help="search a PyTorch model instead: package.module:factory (returning (module, "
+        "inputs)) or a torch.export archive .pt2; needs pip install 'taps[torch]'",
+    )
     add_cluster_args(p)
     p.add_argument("--batch", type=int, default=None, help="batch size (model default)")
     p.add_argument(

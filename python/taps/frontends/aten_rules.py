@@ -234,22 +234,91 @@ def view_as_real(cx: Context) -> Value:
     v = tensor_arg(cx, 0, "self")
     if len(v.hidden) != 1:
         raise Unsupported("view_as_real of a tensor that is not complex")
-    return Value(v.tensor, v.shape + (2,), v.perm + v.hidden, v.dtype_bytes)
+    return Value(v.tensor, (*v.shape, 2), v.perm + v.hidden, v.dtype_bytes)
 
 
 # -- elementwise ------------------------------------------------------------------------------
 
-UNARY = (
-    "relu gelu silu tanh sigmoid exp exp2 expm1 log log1p log2 rsqrt sqrt neg abs reciprocal sin "
-    "cos erf hardtanh leaky_relu elu selu celu softplus hardswish hardsigmoid mish relu6 clamp "
-    "clamp_min clamp_max pow square logical_not bitwise_not sign floor ceil round trunc "
-    "nan_to_num triu tril sgn"
-).split()
-BINARY = (
-    "add sub rsub mul div true_divide floor_divide maximum minimum eq ne lt le gt ge logical_and "
-    "logical_or logical_xor bitwise_and bitwise_or bitwise_xor masked_fill where remainder fmod "
-    "atan2 copysign lerp addcmul addcdiv hypot"
-).split()
+UNARY = [
+    "relu",
+    "gelu",
+    "silu",
+    "tanh",
+    "sigmoid",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "rsqrt",
+    "sqrt",
+    "neg",
+    "abs",
+    "reciprocal",
+    "sin",
+    "cos",
+    "erf",
+    "hardtanh",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "celu",
+    "softplus",
+    "hardswish",
+    "hardsigmoid",
+    "mish",
+    "relu6",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "pow",
+    "square",
+    "logical_not",
+    "bitwise_not",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "nan_to_num",
+    "triu",
+    "tril",
+    "sgn",
+]
+BINARY = [
+    "add",
+    "sub",
+    "rsub",
+    "mul",
+    "div",
+    "true_divide",
+    "floor_divide",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "masked_fill",
+    "where",
+    "remainder",
+    "fmod",
+    "atan2",
+    "copysign",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "hypot",
+]
 
 
 def _elementwise_rule(cx: Context) -> Value:
@@ -411,7 +480,10 @@ def pool2d(cx: Context) -> Any:
 
 def _norm(cx: Context, kind: str, x: Value, params: Sequence[Any], normalized: int) -> Value:
     n = len(x.shape)
-    labels = [*lead(n - normalized), *(f"h{i}" if normalized > 1 else "h" for i in range(normalized))]
+    labels = [
+        *lead(n - normalized),
+        *(f"h{i}" if normalized > 1 else "h" for i in range(normalized)),
+    ]
     inputs: list[tuple[Value | None, Sequence[str]]] = [(x, labels)]
     for p in params:
         if isinstance(p, Value) and not p.constant:
@@ -534,7 +606,9 @@ def sdpa(cx: Context) -> Value:
         nb = len(batch)
         order = [o + (o > nb) for o in order]
         order.insert(order.index(nb) + 1, nb + 1)
-    ctx = b.op("context", cx.path, [(probs, scores_l), (v, v_l)], out_shape, out_l, dtype, part, order)
+    ctx = b.op(
+        "context", cx.path, [(probs, scores_l), (v, v_l)], out_shape, out_l, dtype, part, order
+    )
     if hs == 2:
         return b.reshape(ctx, cx.shapes[0], cx.path, "heads")
     return ctx
@@ -557,7 +631,7 @@ def reduction(cx: Context) -> Any:
     if dims is None or dims == [] or isinstance(dims, float):
         dims = list(range(n))
     dims = {norm_dim(d, n) for d in ([dims] if isinstance(dims, int) else dims)}
-    keep = bool(cx.kwargs.get("keepdim", cx.args[2] if len(cx.args) > 2 and cx.kind != "norm" else False))
+    keep = len(cx.shapes[0]) == n  # keepdim: the reduced dims stay, of size 1
     labels = lead(n) if n <= 4 else dim_labels(n)
     out_labels = []
     for i, lab in enumerate(labels):
@@ -577,12 +651,12 @@ def reduction(cx: Context) -> Any:
 @dataclass(frozen=True)
 class Pieces:
     """The outputs of a split along ``dim`` at ``bounds``; each piece becomes an operator when
-    something reads it."""
+    something reads it. Equal pieces read ``chunks``, a view with the dim as (pieces, size)."""
 
     value: Value
     dim: int
     bounds: tuple[int, ...]
-    equal: bool
+    chunks: Value | None
 
 
 def _take(cx: Context, v: Value, dim: int, start: int, stop: int, kind: str) -> Value:
@@ -602,6 +676,8 @@ def _select(cx: Context, v: Value, dim: int, kind: str) -> Value:
     """One index of ``dim``: the dim is a whole axis the output lacks. If ``v`` views an
     operator's output of which ``dim`` is one factor, the operator is factored first (so a fused
     QKV projection can still be split by heads)."""
+    if v.constant:
+        return constant(v.shape[:dim] + v.shape[dim + 1 :], v.dtype_bytes)
     cx.b.factor(v, dim, cx.path)
     n = len(v.shape)
     labels = lead(n) if n <= 4 else dim_labels(n)
@@ -613,18 +689,14 @@ def _select(cx: Context, v: Value, dim: int, kind: str) -> Value:
 
 def piece(cx: Context, p: Pieces, i: int) -> Value:
     start, stop = p.bounds[i], p.bounds[i + 1]
-    v = p.value
-    if v.constant:
-        shape = list(v.shape)
+    if p.chunks is not None:
+        return _select(cx, p.chunks, p.dim, "split")
+    if p.value.constant:
+        shape = list(p.value.shape)
         shape[p.dim] = stop - start
-        return constant(shape, v.dtype_bytes)
-    if p.equal and len(p.bounds) > 2:
-        k = len(p.bounds) - 1
-        shape = (*v.shape[: p.dim], k, v.shape[p.dim] // k, *v.shape[p.dim + 1 :])
-        chunks = cx.b.reshape(v, shape, cx.path, "chunks")
-        return _select(cx, chunks, p.dim, "split")
-    cx.b.factor(v, p.dim, cx.path)
-    return _take(cx, v, p.dim, start, stop, "split")
+        return constant(shape, p.value.dtype_bytes)
+    cx.b.factor(p.value, p.dim, cx.path)
+    return _take(cx, p.value, p.dim, start, stop, "split")
 
 
 def _split(cx: Context, sizes: Sequence[int], dim: int) -> Pieces:
@@ -632,7 +704,11 @@ def _split(cx: Context, sizes: Sequence[int], dim: int) -> Pieces:
     bounds = [0]
     for s in sizes:
         bounds.append(bounds[-1] + s)
-    return Pieces(v, norm_dim(dim, len(v.shape)), tuple(bounds), len(set(sizes)) == 1)
+    chunks = None
+    if len(sizes) > 1 and len(set(sizes)) == 1:
+        shape = (*v.shape[:dim], len(sizes), sizes[0], *v.shape[dim + 1 :])
+        chunks = cx.b.reshape(v, shape, cx.path, "chunks")
+    return Pieces(v, dim, tuple(bounds), chunks)
 
 
 @rule("split", "split_with_sizes")
@@ -656,29 +732,17 @@ def chunk(cx: Context) -> Pieces:
 
 
 @rule("unbind")
-def unbind(cx: Context) -> list[Value]:
+def unbind(cx: Context) -> Pieces:
+    """Pieces of size 1 along ``dim``, each a ``select``."""
     v = tensor_arg(cx, 0, "self")
     dim = norm_dim(cx.arg(1, "dim", 0), len(v.shape))
-    return [_Lazy(lambda cx, i=i: _index(cx, v, dim, i)) for i in range(v.shape[dim])]  # type: ignore[misc]
-
-
-def _index(cx: Context, v: Value, dim: int, index: int) -> Value:
-    if v.constant:
-        return constant(v.shape[:dim] + v.shape[dim + 1 :], v.dtype_bytes)
-    return _select(cx, v, dim, "select")
-
-
-@dataclass(frozen=True)
-class _Lazy:
-    """A piece made when read (``getitem``)."""
-
-    make: Callable[[Context], Value]
+    return Pieces(v, dim, tuple(range(v.shape[dim] + 1)), v)
 
 
 @rule("select")
 def select(cx: Context) -> Value:
     v = tensor_arg(cx, 0, "self")
-    return _index(cx, v, norm_dim(cx.args[1], len(v.shape)), cx.args[2])
+    return _select(cx, v, norm_dim(cx.args[1], len(v.shape)), "select")
 
 
 @rule("slice", "narrow")
@@ -698,8 +762,7 @@ def getitem(cx: Context) -> Any:
     seq, i = cx.args[0], cx.args[1]
     if isinstance(seq, Pieces):
         return piece(cx, seq, i)
-    item = operator.getitem(seq, i)
-    return item.make(cx) if isinstance(item, _Lazy) else item
+    return operator.getitem(seq, i)
 
 
 @rule("cat", "concat", "concatenate")
@@ -750,5 +813,3 @@ def expand(cx: Context) -> Value:
         cx.dtypes[0],
         order=cx.order(),
     )
-
-

@@ -14,6 +14,7 @@ and names depend on how many operators a module makes.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -153,7 +154,10 @@ class Builder:
         it); named after what made it."""
         if not v.constant:
             return v
-        tid = self._tensor(TensorRecord("input", v.shape, v.dtype_bytes, path, v.hint))
+        # A buffer keeps its name (its state_dict key); other constants are named after the
+        # module that reads them.
+        where = path if v.hint == "constant" else ""
+        tid = self._tensor(TensorRecord("input", v.shape, v.dtype_bytes, where, v.hint))
         return replace(v, tensor=tid, perm=tuple(range(len(v.shape))))
 
     def _view(self, base: int, shape: tuple[int, ...], path: str, label: str) -> int:
@@ -256,7 +260,9 @@ class Builder:
             return replace(v, shape=shape, perm=tuple(range(len(shape))))
         if v.hidden:
             # The hidden dims trail the framework's: reshape with them, then hide them again.
-            full = replace(v, shape=v.shape + (2,) * len(v.hidden), perm=v.perm + v.hidden, hidden=())
+            full = replace(
+                v, shape=v.shape + (2,) * len(v.hidden), perm=v.perm + v.hidden, hidden=()
+            )
             out = self.reshape(full, shape + (2,) * len(v.hidden), path, label)
             n = len(shape)
             return replace(out, shape=shape, perm=out.perm[:n], hidden=out.perm[n:])
@@ -287,7 +293,7 @@ class Builder:
             pos = [v.perm[i] for i in src]
             if any(
                 q <= p or any(graph_shape[k] != 1 for k in range(p + 1, q))
-                for p, q in zip(pos, pos[1:])
+                for p, q in itertools.pairwise(pos)
             ):
                 return None
         dsts = [list(dst) for _, dst in pairs]
@@ -326,7 +332,8 @@ class Builder:
         views split (the heads of a fused QKV projection, ``(3h) -> (3, h)``), that output dim
         becomes one axis per piece in the operator, with views of its operands to match. A
         strategy can then split a projection by heads, as Megatron-LM does for a fused QKV
-        weight by storing its columns head by head."""
+        weight by storing its columns head by head. The axis of ``dim`` itself (q, k or v)
+        stays whole: whatever splits the tensor along it reads it whole."""
         if v.constant or v.hidden:
             return
         assert v.tensor is not None
@@ -381,10 +388,12 @@ class Builder:
         op.inputs, op.output, op.out_dims = inputs, out, out_dims
         op.post.insert(0, root)
         if label in op.partitionable:
+            # The piece being split off stays whole: its reader keeps it whole anyway.
+            whole = new[pieces[1].index(v.perm[dim])]
             i = op.partitionable.index(label)
             op.partitionable = (
                 op.partitionable[:i]
-                + tuple(n for n, s in zip(new, sizes) if s > 1)
+                + tuple(n for n, s in zip(new, sizes) if s > 1 and n != whole)
                 + op.partitionable[i + 1 :]
             )
         if label in op.axis_sizes:

@@ -148,9 +148,7 @@ class _Context:
                     a, c = user.args[1] % rank, user.args[2] % rank
                     p[a], p[c] = p[c], p[a]
                 dims = [dims[i] for i in p]
-            elif name not in _THROUGH and not (
-                name in _VIEWS and _shape(user) == _shape(node)
-            ):
+            elif name not in _THROUGH and not (name in _VIEWS and _shape(user) == _shape(node)):
                 break
             node = user
         return dims
