@@ -333,7 +333,10 @@ def test_torchtitan_llama3_converts_and_searches():
     # The fused wqkv (n_kv_heads, heads per kv + 2, head_dim) is factored by the split: the kv
     # heads are an axis of the projection.
     wqkv = g.op("layers.0.attention.qkv_linear.wqkv")
-    assert len(wqkv.output.dims) == 5
+    kv_heads, r, head_dim = 16, 3, 16  # the debug model: 16 heads, 16 kv heads, dim 256
+    assert [wqkv.axis_size(a) for a in wqkv.output.dims] == [8 * 128, kv_heads, r, head_dim]
+    kv, piece = wqkv.output.dims[1:3]
+    assert kv in wqkv.partitionable and piece not in wqkv.partitionable
     # Complex rotary embeddings: the real/imaginary pair is an axis no strategy splits.
     rope = [op for op in g.ops if op.name.startswith("layers.0.attention.rope")]
     assert rope and all("ri0" not in op.partitionable for op in rope)

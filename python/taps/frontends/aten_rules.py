@@ -34,6 +34,7 @@ class Context(Protocol):
     shapes: list[tuple[int, ...]]  # of each tensor output
     dtypes: list[int]  # bytes per element (per real part) of each tensor output
     complex_out: bool
+    rows: bool  # see (batch, seq, ...) tensors as (batch * seq, ...) rows (:func:`rowable`)
 
     def arg(self, i: int, name: str, default: Any = None) -> Any: ...
 
@@ -94,14 +95,47 @@ def broadcast_labels(v: Value, out_labels: Sequence[str], out_shape: Sequence[in
     return labels
 
 
+def rowable(cx: Context, v: Value) -> bool:
+    """Whether ``v``, a (batch, seq, ...) operand of a node with a rank-3 output that no
+    transpose reads, can be seen as (batch * seq, ...): its first two dims follow each other in
+    its graph tensor."""
+    return (
+        cx.rows
+        and len(cx.shapes[0]) == 3
+        and cx.order() is None
+        and len(v.shape) >= 2
+        and v.shape[:2] == cx.shapes[0][:2]
+        and not v.hidden
+        and v.perm[1] == v.perm[0] + 1
+    )
+
+
+def rows(cx: Context, v: Value) -> Value:
+    """``v`` with its (batch, seq) dims seen as one rows axis (a view)."""
+    return cx.b.reshape(v, (v.shape[0] * v.shape[1], *v.shape[2:]), cx.path, "rows")
+
+
+def unrows(cx: Context, out: Value) -> Value:
+    """An operator's rows output seen with the node's (batch, seq) dims again (a view)."""
+    return cx.b.reshape(out, cx.shapes[0], cx.path, "view")
+
+
 def elementwise(cx: Context, kind: str, values: Sequence[Any]) -> Value:
     """An elementwise operator over the live tensors among ``values`` (constants are computed
     on every device and need no operand), broadcast to the output shape; every axis
-    partitionable but a complex tensor's real/imaginary pair."""
+    partitionable but a complex tensor's real/imaginary pair. A (batch, seq, hidden) operator
+    sees (batch * seq, hidden) rows, as Megatron-LM's 2-D matmuls do."""
     shape = cx.shapes[0]
-    labels = lead(len(shape))
-    inputs = [(v, broadcast_labels(v, labels, shape)) for v in live(values)]
+    values = live(values)
     hidden = (2,) if cx.complex_out else ()
+    if not hidden and all(len(v.shape) <= 1 or rowable(cx, v) for v in values):
+        shape2 = (shape[0] * shape[1], shape[2])
+        operands = [rows(cx, v) if len(v.shape) > 1 else v for v in values]
+        labels = ["b", "h"]
+        inputs = [(v, broadcast_labels(v, labels, shape2)) for v in operands]
+        return unrows(cx, cx.b.op(kind, cx.path, inputs, shape2, labels, cx.dtypes[0]))
+    labels = lead(len(shape))
+    inputs = [(v, broadcast_labels(v, labels, shape)) for v in values]
     return cx.b.op(
         kind, cx.path, inputs, shape, labels, cx.dtypes[0], order=cx.order(), hidden=hidden
     )
@@ -334,15 +368,22 @@ for _name in (*UNARY, *BINARY):
 
 @rule("linear")
 def linear(cx: Context) -> Value:
-    """``x (..., in) @ weight (out, in)^T + bias (out)``."""
+    """``x (..., in) @ weight (out, in)^T + bias (out)``; ``x (batch, seq, in)`` as rows."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
+    params = [(w, ["out", "in"]), (bias, ["out"])]
+    if rowable(cx, x):
+        r = rows(cx, x)
+        out = cx.b.op(
+            "linear",
+            cx.path,
+            [(v, labels) for v, labels in [(r, ["b", "in"]), *params] if v is not None],
+            (r.shape[0], cx.shapes[0][-1]),
+            ["b", "out"],
+            cx.dtypes[0],
+        )
+        return unrows(cx, out)
     labels = lead(len(x.shape) - 1)
-    return op(
-        cx,
-        "linear",
-        [(x, [*labels, "in"]), (w, ["out", "in"]), (bias, ["out"])],
-        [*labels, "out"],
-    )
+    return op(cx, "linear", [(x, [*labels, "in"]), *params], [*labels, "out"])
 
 
 @rule("mm")
@@ -480,14 +521,15 @@ def pool2d(cx: Context) -> Any:
 
 def _norm(cx: Context, kind: str, x: Value, params: Sequence[Any], normalized: int) -> Value:
     n = len(x.shape)
-    labels = [
-        *lead(n - normalized),
-        *(f"h{i}" if normalized > 1 else "h" for i in range(normalized)),
-    ]
+    whole = [f"h{i}" if normalized > 1 else "h" for i in range(normalized)]
+    ps = [p for p in params if isinstance(p, Value) and not p.constant]
+    if normalized == 1 and rowable(cx, x):
+        r = rows(cx, x)
+        inputs = [(r, ["b", "h"]), *((p, ["h"]) for p in ps)]
+        return unrows(cx, cx.b.op(kind, cx.path, inputs, r.shape, ["b", "h"], cx.dtypes[0], ["b"]))
+    labels = [*lead(n - normalized), *whole]
     inputs: list[tuple[Value | None, Sequence[str]]] = [(x, labels)]
-    for p in params:
-        if isinstance(p, Value) and not p.constant:
-            inputs.append((p, labels[n - len(p.shape) :]))
+    inputs += [(p, labels[n - len(p.shape) :]) for p in ps]
     return op(cx, kind, inputs, labels, labels[: n - normalized])
 
 
@@ -551,6 +593,17 @@ def embedding(cx: Context) -> Value:
     """``ids (b, s) x table (v, h) -> (b, s, h)``, a one-hot matmul: a split vocabulary leaves
     partial sums."""
     w, ids = tensor_arg(cx, 0, "weight"), tensor_arg(cx, 1, "indices")
+    if len(ids.shape) == 2 and rowable(cx, ids):
+        r = rows(cx, ids)
+        out = cx.b.op(
+            "embedding",
+            cx.path,
+            [(r, ["b"]), (w, ["v", "h"])],
+            (r.shape[0], w.shape[1]),
+            ["b", "h"],
+            cx.dtypes[0],
+        )
+        return unrows(cx, out)
     labels = lead(len(ids.shape))
     return op(cx, "embedding", [(ids, labels), (w, ["v", "h"])], [*labels, "h"])
 
@@ -632,14 +685,21 @@ def reduction(cx: Context) -> Any:
         dims = list(range(n))
     dims = {norm_dim(d, n) for d in ([dims] if isinstance(dims, int) else dims)}
     keep = len(cx.shapes[0]) == n  # keepdim: the reduced dims stay, of size 1
-    labels = lead(n) if n <= 4 else dim_labels(n)
-    out_labels = []
-    for i, lab in enumerate(labels):
-        if i not in dims:
-            out_labels.append(lab)
-        elif keep:
-            out_labels.append(f"kept{i}")
-    result = cx.b.op(cx.kind, cx.path, [(x, labels)], cx.shapes[0], out_labels, cx.dtypes[0])
+    if keep and n == 3 and dims == {2} and rowable(cx, x):  # (batch, seq, h) -> (batch, seq, 1)
+        r = rows(cx, x)
+        made = cx.b.op(
+            cx.kind, cx.path, [(r, ["b", "h"])], (r.shape[0], 1), ["b", "kept"], cx.dtypes[0]
+        )
+        result: Value = unrows(cx, made)
+    else:
+        labels = lead(n) if n <= 4 else dim_labels(n)
+        out_labels = []
+        for i, lab in enumerate(labels):
+            if i not in dims:
+                out_labels.append(lab)
+            elif keep:
+                out_labels.append(f"kept{i}")
+        result = cx.b.op(cx.kind, cx.path, [(x, labels)], cx.shapes[0], out_labels, cx.dtypes[0])
     if len(cx.shapes) > 1:  # (values, indices)
         return [result, constant(cx.shapes[1], 8)]
     return result

@@ -349,7 +349,10 @@ class Builder:
             ),
             None,
         )
-        if pieces is None or len(pieces[0]) != 1 or len(pieces[1]) < 2:
+        # Only an operator's last output dim (its features: a projection's out axis) is
+        # factored; a split of rows or batch needs no new axis.
+        last = len(self.shape(root)) - 1
+        if pieces is None or pieces[0] != [last] or len(pieces[1]) < 2:
             return
         r, sizes = pieces[0][0], [self.shape(v.tensor)[j] for j in pieces[1]]
         label = op.out_dims[r]

@@ -55,6 +55,7 @@ def from_torch(
     tie: bool = True,
     name: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    rows: bool = True,
 ) -> Graph:
     """The graph of ``module`` called on ``example_inputs`` (and keyword ``kwargs``).
 
@@ -63,6 +64,11 @@ def from_torch(
     ``state_dict`` keys, operator names its module paths (``layers.3.attention.wo``; a module
     that makes several operators gives ``path.kind``). An input with ``requires_grad`` stands
     for an earlier layer's output (its gradient flows back).
+
+    With ``rows`` (the default), operators on (batch, seq, features) tensors other than
+    attention (linear layers, norms, elementwise operators, embeddings) see batch * seq as one
+    rows axis, as Megatron-LM's 2-D matmuls and :func:`taps.models.gpt` do: far fewer
+    strategies to search; ``rows=False`` keeps batch and sequence apart (sequence splits too).
 
     ``unknown="error"`` raises :class:`taps.GraphError` listing every operator without a rule;
     ``"replicate"`` keeps such operators whole (no partitionable axis). With ``tie``, identical
@@ -83,7 +89,7 @@ def from_torch(
         for t in flat([*example_inputs, *(kwargs or {}).values()])
         if isinstance(t, torch.Tensor)
     ]
-    conversion = convert(program, unknown, name or type(module).__name__, grads)
+    conversion = convert(program, unknown, name or type(module).__name__, grads, rows)
     if tie:
         for instances in repeated_blocks(conversion, module):
             conversion.graph.tie(instances)
@@ -95,7 +101,8 @@ def check_unknown(unknown: str) -> None:
         raise GraphError(f"unknown= must be 'error' or 'replicate', got {unknown!r}")
 
 
-def _dtype_bytes(torch: Any, dtype: Any) -> int:
+def _dtype_bytes(dtype: Any) -> int:
+    """Bytes per element; a complex element is two real ones (its hidden axis)."""
     size = int(dtype.itemsize)
     return size // 2 if dtype.is_complex else size
 
@@ -113,15 +120,22 @@ class _Context:
     """What a rule sees of one node (see :class:`taps.frontends.aten_rules.Context`)."""
 
     def __init__(
-        self, torch: Any, b: Builder, node: Any, env: dict[Any, Any], kind: str, path: str
+        self,
+        torch: Any,
+        b: Builder,
+        node: Any,
+        env: dict[Any, Any],
+        kind: str,
+        path: str,
+        rows: bool,
     ) -> None:
-        self.b, self.node, self.kind, self.path = b, node, kind, path
+        self.b, self.node, self.kind, self.path, self.rows = b, node, kind, path, rows
         resolve = _resolver(env)
         self.args = [resolve(a) for a in node.args]
         self.kwargs = {k: resolve(a) for k, a in node.kwargs.items()}
         vals = _tensor_vals(torch, node.meta.get("val"))
         self.shapes = [tuple(int(d) for d in v.shape) for v in vals]
-        self.dtypes = [_dtype_bytes(torch, v.dtype) for v in vals]
+        self.dtypes = [_dtype_bytes(v.dtype) for v in vals]
         self.complex_out = bool(vals) and vals[0].dtype.is_complex
 
     def arg(self, i: int, name: str, default: Any = None) -> Any:
@@ -182,8 +196,7 @@ def _module_path(node: Any) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return ""
-    path = str(list(stack.values())[-1][0])
-    return path
+    return str(list(stack.values())[-1][0])
 
 
 def convert(
@@ -191,11 +204,12 @@ def convert(
     unknown: str = "error",
     name: str = "model",
     input_grads: Sequence[bool] = (),
+    rows: bool = True,
 ) -> Conversion:
     """Convert an ``ExportedProgram`` (its training IR) into a graph.
 
     ``input_grads`` says, for each user input in order, whether it stands for an earlier
-    layer's output (requires a gradient)."""
+    layer's output (requires a gradient); ``rows`` as in :func:`from_torch`."""
     torch = _torch()
     check_unknown(unknown)
     b = Builder()
@@ -207,12 +221,11 @@ def convert(
     # Parameters first, in state_dict order, so every parameter is in the graph (also one the
     # forward pass does not use) and the count matches the module's.
     placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
-    param_kind = type(sig.input_specs[0].kind).PARAMETER if sig.input_specs else None
     for spec in sig.input_specs:
-        if spec.kind == param_kind:
+        if spec.kind.name == "PARAMETER":
             val = placeholders[spec.arg.name].meta["val"]
             env[placeholders[spec.arg.name]] = b.parameter(
-                spec.target, tuple(int(d) for d in val.shape), _dtype_bytes(torch, val.dtype)
+                spec.target, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
             )
     unsupported: list[str] = []
     for node in nodes:
@@ -230,13 +243,13 @@ def convert(
                 env[node] = b.input(
                     node.name,
                     tuple(int(d) for d in val.shape),
-                    _dtype_bytes(torch, val.dtype),
+                    _dtype_bytes(val.dtype),
                     grad,
                 )
             else:  # buffers and lifted constants: the same on every device, no gradient
                 target = spec.target if spec is not None else node.name
                 env[node] = constant(
-                    tuple(int(d) for d in val.shape), _dtype_bytes(torch, val.dtype), str(target)
+                    tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype), str(target)
                 )
             continue
         if node.op != "call_function":
@@ -247,7 +260,7 @@ def convert(
         in_place = kind.endswith("_") and not kind.startswith("_") and kind[:-1] in RULES
         kind = kind[:-1] if in_place else kind
         path = _module_path(node)
-        cx = _Context(torch, b, node, env, kind, path)
+        cx = _Context(torch, b, node, env, kind, path, rows)
         tensors = [a for a in flat([*cx.args, *cx.kwargs.values()]) if isinstance(a, Value)]
         if kind != "getitem" and all(v.constant for v in tensors) and cx.shapes:
             # Made from constants alone (a mask, rotary tables): computed on every device.
@@ -310,7 +323,10 @@ def _block_signature(graph: Graph, names: Sequence[str]) -> tuple[Any, ...]:
         for o in op.inputs:
             t, root = graph.tensors[o.tensor], graph.root(o.tensor)
             source = index.get(root.producer or "", -1) if root.kind == "activation" else -1
-            inputs.append((o.dims, t.shape, t.kind, root.kind, root.shape, t.dtype_bytes, source))
+            # An input from outside the block comes from a different producer in every
+            # instance (the one before it): its root's shape need not agree.
+            root_shape = root.shape if source >= 0 else None
+            inputs.append((o.dims, t.shape, t.kind, root.kind, root_shape, t.dtype_bytes, source))
         sig.append(
             (op.kind, op.axes, op.axis_sizes, op.partitionable, op.output.dims, tuple(inputs))
         )
