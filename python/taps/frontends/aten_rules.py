@@ -525,8 +525,9 @@ def _norm(cx: Context, kind: str, x: Value, params: Sequence[Any], normalized: i
     ps = [p for p in params if isinstance(p, Value) and not p.constant]
     if normalized == 1 and rowable(cx, x):
         r = rows(cx, x)
-        inputs = [(r, ["b", "h"]), *((p, ["h"]) for p in ps)]
-        return unrows(cx, cx.b.op(kind, cx.path, inputs, r.shape, ["b", "h"], cx.dtypes[0], ["b"]))
+        row_inputs = [(r, ["b", "h"]), *((p, ["h"]) for p in ps)]
+        made = cx.b.op(kind, cx.path, row_inputs, r.shape, ["b", "h"], cx.dtypes[0], ["b"])
+        return unrows(cx, made)
     labels = [*lead(n - normalized), *whole]
     inputs: list[tuple[Value | None, Sequence[str]]] = [(x, labels)]
     inputs += [(p, labels[n - len(p.shape) :]) for p in ps]
