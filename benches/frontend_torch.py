@@ -20,13 +20,15 @@ import taps
 from taps.frontends.torch import convert, repeated_blocks
 
 
-def llama3(flavor: str) -> torch.nn.Module:
+def llama3(flavor: str, layers: int | None = None) -> torch.nn.Module:
     """torchtitan's Llama 3 with SDPA attention (flex attention needs a block mask built on a
     real device), in bf16, on the meta device."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import llama3_configs
 
     config = llama3_configs[flavor](attn_backend="flex")
+    if layers is not None:
+        config.layers = config.layers[:layers]
     for layer in config.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     with torch.device("meta"):
@@ -40,6 +42,7 @@ def peak_rss_gib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flavor", default="8B")
+    parser.add_argument("--layers", type=int, default=None, help="keep the first N layers")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--nodes", type=int, default=8)
@@ -51,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     flavor = args.rss or args.flavor
     t0 = time.perf_counter()
-    module = llama3(flavor)
+    module = llama3(flavor, args.layers)
     tokens = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
     t1 = time.perf_counter()
     program = torch.export.export(module, (tokens,))

@@ -96,22 +96,28 @@ def broadcast_labels(v: Value, out_labels: Sequence[str], out_shape: Sequence[in
 
 
 def rowable(cx: Context, v: Value) -> bool:
-    """Whether ``v``, a (batch, seq, ...) operand of a node with a rank-3 output that no
-    transpose reads, can be seen as (batch * seq, ...): its first two dims follow each other in
-    its graph tensor."""
-    return (
+    """Whether ``v``, an operand of a node whose output no transpose reads, can be seen with
+    its first two dims (batch, seq) as one rows dim: it has the output's first two dims, they
+    follow each other in its graph tensor, and the output has rank 3 (batch, seq, features) or
+    ``v`` already comes from rows (the heads of a projection's output; not the channels and
+    pixels of a convolution's)."""
+    out = cx.shapes[0]
+    if not (
         cx.rows
-        and len(cx.shapes[0]) == 3
+        and len(out) >= 3
         and cx.order() is None
-        and len(v.shape) >= 2
-        and v.shape[:2] == cx.shapes[0][:2]
-        and not v.hidden
+        and len(v.shape) == len(out)
+        and v.shape[:2] == out[:2]
         and v.perm[1] == v.perm[0] + 1
-    )
+    ):
+        return False
+    if len(out) == 3 or v.tensor is None:
+        return True
+    return cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1]
 
 
 def rows(cx: Context, v: Value) -> Value:
-    """``v`` with its (batch, seq) dims seen as one rows axis (a view)."""
+    """``v`` with its (batch, seq) dims seen as one rows dim (a view)."""
     return cx.b.reshape(v, (v.shape[0] * v.shape[1], *v.shape[2:]), cx.path, "rows")
 
 
@@ -123,17 +129,18 @@ def unrows(cx: Context, out: Value) -> Value:
 def elementwise(cx: Context, kind: str, values: Sequence[Any]) -> Value:
     """An elementwise operator over the live tensors among ``values`` (constants are computed
     on every device and need no operand), broadcast to the output shape; every axis
-    partitionable but a complex tensor's real/imaginary pair. A (batch, seq, hidden) operator
-    sees (batch * seq, hidden) rows, as Megatron-LM's 2-D matmuls do."""
+    partitionable but a complex tensor's real/imaginary pair. A (batch, seq, ...) operator
+    sees (batch * seq, ...) rows, as Megatron-LM's 2-D matmuls do."""
     shape = cx.shapes[0]
     values = live(values)
     hidden = (2,) if cx.complex_out else ()
-    if not hidden and all(len(v.shape) <= 1 or rowable(cx, v) for v in values):
-        shape2 = (shape[0] * shape[1], shape[2])
-        operands = [rows(cx, v) if len(v.shape) > 1 else v for v in values]
-        labels = ["b", "h"]
+    if values and all(len(v.shape) <= len(shape) - 2 or rowable(cx, v) for v in values):
+        shape2 = (shape[0] * shape[1], *shape[2:])
+        operands = [rows(cx, v) if len(v.shape) == len(shape) else v for v in values]
+        labels = lead(len(shape2))
         inputs = [(v, broadcast_labels(v, labels, shape2)) for v in operands]
-        return unrows(cx, cx.b.op(kind, cx.path, inputs, shape2, labels, cx.dtypes[0]))
+        made = cx.b.op(kind, cx.path, inputs, shape2, labels, cx.dtypes[0], hidden=hidden)
+        return unrows(cx, made)
     labels = lead(len(shape))
     inputs = [(v, broadcast_labels(v, labels, shape)) for v in values]
     return cx.b.op(
@@ -373,12 +380,13 @@ def linear(cx: Context) -> Value:
     params = [(w, ["out", "in"]), (bias, ["out"])]
     if rowable(cx, x):
         r = rows(cx, x)
+        lead_r = lead(len(r.shape) - 1)
         out = cx.b.op(
             "linear",
             cx.path,
-            [(v, labels) for v, labels in [(r, ["b", "in"]), *params] if v is not None],
-            (r.shape[0], cx.shapes[0][-1]),
-            ["b", "out"],
+            [(v, labels) for v, labels in [(r, [*lead_r, "in"]), *params] if v is not None],
+            (*r.shape[:-1], cx.shapes[0][-1]),
+            [*lead_r, "out"],
             cx.dtypes[0],
         )
         return unrows(cx, out)
@@ -525,8 +533,11 @@ def _norm(cx: Context, kind: str, x: Value, params: Sequence[Any], normalized: i
     ps = [p for p in params if isinstance(p, Value) and not p.constant]
     if normalized == 1 and rowable(cx, x):
         r = rows(cx, x)
-        row_inputs = [(r, ["b", "h"]), *((p, ["h"]) for p in ps)]
-        made = cx.b.op(kind, cx.path, row_inputs, r.shape, ["b", "h"], cx.dtypes[0], ["b"])
+        row_labels = [*lead(len(r.shape) - 1), "h"]
+        row_inputs = [(r, row_labels), *((p, ["h"]) for p in ps)]
+        made = cx.b.op(
+            kind, cx.path, row_inputs, r.shape, row_labels, cx.dtypes[0], row_labels[:-1]
+        )
         return unrows(cx, made)
     labels = [*lead(n - normalized), *whole]
     inputs: list[tuple[Value | None, Sequence[str]]] = [(x, labels)]
@@ -594,7 +605,7 @@ def embedding(cx: Context) -> Value:
     """``ids (b, s) x table (v, h) -> (b, s, h)``, a one-hot matmul: a split vocabulary leaves
     partial sums."""
     w, ids = tensor_arg(cx, 0, "weight"), tensor_arg(cx, 1, "indices")
-    if len(ids.shape) == 2 and rowable(cx, ids):
+    if cx.rows and cx.order() is None and len(ids.shape) == 2 and ids.perm[1] == ids.perm[0] + 1:
         r = rows(cx, ids)
         out = cx.b.op(
             "embedding",
@@ -722,7 +733,9 @@ class Pieces:
 
 def _take(cx: Context, v: Value, dim: int, start: int, stop: int, kind: str) -> Value:
     """``v`` narrowed to ``[start, stop)`` along ``dim``: an operator whose input dim is whole
-    and whose output dim is its own axis."""
+    and whose output dim is its own axis (on rows when the dim is not batch or seq)."""
+    if dim >= 2 and rowable(cx, v):
+        return unrows(cx, _take(_Rowless(cx), rows(cx, v), dim - 1, start, stop, kind))
     n = len(v.shape)
     labels = lead(n) if n <= 4 else dim_labels(n)
     in_l = [f"{lab}_in" if i == dim else lab for i, lab in enumerate(labels)]
@@ -740,12 +753,38 @@ def _select(cx: Context, v: Value, dim: int, kind: str) -> Value:
     if v.constant:
         return constant(v.shape[:dim] + v.shape[dim + 1 :], v.dtype_bytes)
     cx.b.factor(v, dim, cx.path)
+    if (
+        dim >= 2
+        and cx.rows
+        and cx.order() is None
+        and len(v.shape) == len(cx.shapes[0]) + 1 >= 3
+        and v.shape[:2] == cx.shapes[0][:2]
+        and v.perm[1] == v.perm[0] + 1
+        and (len(v.shape) == 3 or cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1])
+    ):
+        return unrows(cx, _select(_Rowless(cx), rows(cx, v), dim - 1, kind))
     n = len(v.shape)
     labels = lead(n) if n <= 4 else dim_labels(n)
     in_l = [f"{lab}_sel" if i == dim else lab for i, lab in enumerate(labels)]
     out_l = [lab for i, lab in enumerate(labels) if i != dim]
     shape = v.shape[:dim] + v.shape[dim + 1 :]
     return cx.b.op(kind, cx.path, [(v, in_l)], shape, out_l, cx.dtypes[0], None, cx.order())
+
+
+class _Rowless:
+    """The context of a node already seen as rows: no second merge, and the rows shape."""
+
+    def __init__(self, cx: Context) -> None:
+        self._cx = cx
+        out = cx.shapes[0]
+        self.shapes = [(out[0] * out[1], *out[2:])]
+        self.rows = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cx, name)
+
+    def order(self) -> None:
+        return None
 
 
 def piece(cx: Context, p: Pieces, i: int) -> Value:
