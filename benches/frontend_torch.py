@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--devices-per-node", type=int, default=8)
-    parser.add_argument("--memory", type=float, default=80e9, help="bytes per device")
+    parser.add_argument("--memory", type=float, default=80e9, help="bytes per device (0: none)")
     parser.add_argument("--no-search", action="store_true")
     parser.add_argument("--untied", action="store_true", help="also search without the ties")
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
@@ -77,14 +77,15 @@ def main() -> None:
     )
     if args.rss or args.no_search:
         return
-    cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=args.memory)
+    memory = args.memory or None
+    cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=memory)
     for tie in (True, False) if args.untied else (True,):
         t5 = time.perf_counter()
         result = taps.search(graph, cluster, tie=tie)
         t6 = time.perf_counter()
         print(
             f"  search ({'tied' if tie else 'untied'}) on {args.nodes} x {args.devices_per_node} "
-            f"({args.memory / 1e9:g} GB): {t6 - t5:.2f} s, status {result.status}, gap "
+            f"({f'{memory / 1e9:g} GB' if memory else 'no memory limit'}): {t6 - t5:.2f} s, status {result.status}, gap "
             f"{result.gap:g}, cost {result.cost * 1e3:.2f} ms, memory "
             f"{result.memory_per_device / 1e9:.1f} GB/device; stages "
             f"{', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
