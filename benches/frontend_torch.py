@@ -83,9 +83,10 @@ def main() -> None:
         t5 = time.perf_counter()
         result = taps.search(graph, cluster, tie=tie)
         t6 = time.perf_counter()
+        limit = f"{memory / 1e9:g} GB" if memory else "no memory limit"
         print(
             f"  search ({'tied' if tie else 'untied'}) on {args.nodes} x {args.devices_per_node} "
-            f"({f'{memory / 1e9:g} GB' if memory else 'no memory limit'}): {t6 - t5:.2f} s, status {result.status}, gap "
+            f"({limit}): {t6 - t5:.2f} s, status {result.status}, gap "
             f"{result.gap:g}, cost {result.cost * 1e3:.2f} ms, memory "
             f"{result.memory_per_device / 1e9:.1f} GB/device; stages "
             f"{', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
