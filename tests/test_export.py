@@ -8,9 +8,9 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies_gen import POW2_ATOMS, layouts, to_layout
 
 import taps
+from strategies_gen import POW2_ATOMS, layouts, to_layout
 from taps.export import ExportError, layout_placements, layout_spec, mesh_for, to_dtensor, to_jax
 from taps.verify.devices import jax_with_devices
 

@@ -10,6 +10,7 @@ order a dim sharded over several mesh axes (the first axis is the major one).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -115,6 +116,6 @@ def mesh_for(layouts: Iterable[Layout], num_devices: int) -> Mesh:
             raise ExportError(f"{layout!r} spans {layout.num_devices} devices, not {num_devices}")
         cuts.update(_cuts(layout.device_matrix))
     edges = sorted(cuts)
-    bits = list(zip(edges, edges[1:]))[::-1] or [(0, 0)]
+    bits = list(itertools.pairwise(edges))[::-1] or [(0, 0)]
     names = [f"d{i}" for i in range(len(bits))][::-1]
     return Mesh(tuple(2 ** (b - a) for a, b in bits), tuple(names), tuple(bits))
