@@ -21,6 +21,9 @@ MISSING = "missing"
 UNEXPECTED = "unexpected"
 #: Compiled in the backward pass of a redistribution, which taps' cost model leaves out.
 UNPRICED = "unpriced"
+#: Predicted on an edge whose tensor another edge already takes to the same layout: the compiler
+#: computes it once, taps prices it per edge.
+SHARED = "shared"
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,15 @@ def match(
     measured: list[tuple[str, str, HloCollective]],
     describe: dict[str, str],
     devices_per_node: int | None = None,
+    shared: dict[str, str] | None = None,
 ) -> list[CollectiveCheck]:
     """Pair each prediction with a compiled collective of the same scope and phase (``measured``
     holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
-    kind alone. Leftover compiled collectives are ``unpriced`` when they are the backward pass of
-    a redistribution (scope ``e...``), else ``unexpected``."""
+    kind alone. A prediction left over in a scope that ``shared`` maps to another scope (an edge
+    redistributing the same tensor to the same layout as an earlier edge) is ``shared``. Leftover
+    compiled collectives are ``unpriced`` when they are the backward pass of a redistribution
+    (scope ``e...``), else ``unexpected``."""
+    shared = shared or {}
     left = list(measured)
     rows: list[CollectiveCheck] = []
     unmatched: list[Predicted] = []
@@ -118,7 +125,9 @@ def match(
             ),
             None,
         )
-        if hit is None:
+        if hit is None and p.scope in shared:
+            row(SHARED, p, None, f"{p.what} (computed once, for {describe[shared[p.scope]]})")
+        elif hit is None:
             row(MISSING, p, None, p.what)
         else:
             row(DIFFERS, p, left.pop(hit)[2], p.what)
@@ -204,7 +213,7 @@ def result_table(result: VerifyResult, title: str) -> Table:
     for name in ("phase", "collective", "group", "what", "predicted B", "measured B", "ct", ""):
         right = name in ("group", "predicted B", "measured B", "ct")
         table.add_column(name, justify="right" if right else "left", overflow="fold")
-    style = {OK: "green", UNPRICED: "yellow"}
+    style = {OK: "green", UNPRICED: "yellow", SHARED: "yellow"}
     for c in result.collectives:
         table.add_row(
             c.phase,
