@@ -1,7 +1,7 @@
 """Exact replay: taps' own plan, step by step, under ``shard_map`` on XLA.
 
 The graph becomes JAX code, one operator at a time (:mod:`.operators`), each edge's input
-redistributed by exactly the steps taps plans (:mod:`.collectives`), each forward partial sum
+redistributed by exactly the steps taps plans (:mod:`.steps`), each forward partial sum
 summed by the all_reduce taps prices. The program is differentiated (``jax.vjp``), compiled, and
 every collective of the optimized HLO is paired with a predicted one (:mod:`.result`): the
 forward collectives of every edge and operator, and the gradient all_reduces of every operator.
@@ -31,10 +31,10 @@ from taps.export.mesh import Mesh, mesh_for
 from taps.graph import Graph
 
 from . import hlo
-from .collectives import step
 from .devices import VerifyError, jax_with_devices
 from .operators import compute
 from .result import Predicted, VerifyResult, match, verdict
+from .steps import step
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -56,9 +56,7 @@ def layout_groups(layout: Layout, device_dims: Sequence[int]) -> tuple[tuple[int
     strides = [math.prod(sizes[:k]) for k in range(len(sizes))]
     groups: dict[tuple[int, ...], list[int]] = {}
     for r in range(layout.num_devices):
-        key = tuple(
-            (r // strides[k]) % sizes[k] for k in range(len(sizes)) if k not in device_dims
-        )
+        key = tuple((r // strides[k]) % sizes[k] for k in range(len(sizes)) if k not in device_dims)
         groups.setdefault(key, []).append(r)
     return tuple(sorted(tuple(g) for g in groups.values()))
 
@@ -152,7 +150,9 @@ def verify_graph(
     one_node = Cluster(1, n)
 
     edges = {(e.consumer, e.slot): (i, e, plan) for i, (e, plan) in enumerate(layouts.plans)}
-    describe = {f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)}
+    describe = {
+        f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)
+    }
     rng = np.random.default_rng(seed)
     roots: dict[str, np.ndarray] = {}
     diff: dict[str, Any] = {}
