@@ -66,7 +66,7 @@ ENTRY %main {
   %rs = f32[1,8]{1,0} reduce-scatter(%p), channel_id=7, replica_groups=[4,2]<=[8], dimensions={0}, to_apply=%add
   ROOT %t = f32[4,8]{1,0} copy(%ag)
 }
-"""
+"""  # noqa: E501
 
 
 def test_collectives_of_a_module():

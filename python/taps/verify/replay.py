@@ -184,7 +184,7 @@ def verify_graph(
                     f"{c.reason} of {c.tensor}",
                 )
             )
-    for i, (e, plan) in enumerate(layouts.plans):
+    for i, (_, plan) in enumerate(layouts.plans):
         predicted += predicted_steps(plan, one_node, itemsize, f"e{i}", describe[f"e{i}"])
 
     def body(d: dict[str, Any], f: dict[str, Any], sharded: bool) -> dict[str, Any]:
@@ -256,9 +256,9 @@ def verify_graph(
     first: dict[tuple[str, Layout], str] = {}
     shared = {}
     for i, (e, _) in enumerate(layouts.plans):
-        key = (e.producer, layouts.inputs[e.consumer][e.slot])
-        if first.setdefault(key, f"e{i}") != f"e{i}":
-            shared[f"e{i}"] = first[key]
+        same = (e.producer, layouts.inputs[e.consumer][e.slot])
+        if first.setdefault(same, f"e{i}") != f"e{i}":
+            shared[f"e{i}"] = first[same]
     rows = match(
         predicted, _measured(compiled.as_text(), n), describe, cluster.devices_per_node, shared
     )
