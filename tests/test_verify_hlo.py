@@ -41,6 +41,14 @@ def test_mesh_groups_with_sub_axes():
     ]  # fmt: skip
     # An explicit device order: position i of the mesh is device ids[i].
     assert replica_groups("mesh[a=2,b=2], device_ids=(3,2,1,0) {b}", 4) == [[3, 2], [1, 0]]
+    # As XLA prints it: quoted names, the device order in the short iota form.
+    ids = "device_ids=([2,2,4]T(2,1,0))"
+    assert _sorted(replica_groups(f"mesh['a'=4,'b'=2,'c'=2], {ids} {{'a'}}", 16)) == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]
+    ]  # fmt: skip
+    assert _sorted(replica_groups(f"mesh['a'=4,'b'=2,'c'=2], {ids} {{'c'}}", 16)) == [
+        [0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]
+    ]  # fmt: skip
     with pytest.raises(VerifyError, match="mesh axis"):
         replica_groups("mesh[a=2,b=4] {c}", 8)
 
