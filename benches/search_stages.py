@@ -200,7 +200,7 @@ def main() -> None:
             )
             assert not done or abs(plain.cost - taps_result.cost) <= 1e-9 * plain.cost
         row += [f"{results[k].timings['total']:.3f}" if k in results else "" for k in ABLATIONS]
-        unshared = build_tables(case.graph, case.cluster, share_edge_costs=False)
+        unshared = build_tables(case.graph, case.cluster, share=False)
         shared = taps_result.timings["costs"]
         row += [f"{shared:.3f} / {unshared.timings['costs']:.3f}", ilp_speed, speed, smaller]
         versus.add_row(*row)

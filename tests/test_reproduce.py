@@ -14,7 +14,6 @@ from taps.reproduce import (
     FILES,
     TOLERANCE,
     Case,
-    default_batch,
     experiment_cases,
     run_case,
 )
@@ -81,11 +80,11 @@ def test_costs_are_deterministic():
 
 
 def test_default_batches():
-    assert default_batch("alexnet") == taps.models.alexnet().tensors["images"].shape[0]
-    assert default_batch("megatron-1.7B") == 512
-    assert default_batch("megatron-1T") == 3072
+    assert taps.models.default_batch("alexnet") == taps.models.alexnet().tensors["images"].shape[0]
+    assert taps.models.default_batch("megatron-1.7B") == 512
+    assert taps.models.default_batch("megatron-1T") == 3072
     with pytest.raises(taps.GraphError):
-        default_batch("resnet")
+        taps.models.default_batch("resnet")
 
 
 def test_quick_command_writes_every_file(tmp_path, capsys):

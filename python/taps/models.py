@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from taps._core import GraphError
 from taps.graph import Graph
 
+#: AlexNet's default batch (the paper gives none).
+ALEXNET_BATCH = 128
+
 
 def alexnet(
-    batch: int = 128, elementwise: bool = False, dtype_bytes: int = 2, bias: bool = False
+    batch: int = ALEXNET_BATCH, elementwise: bool = False, dtype_bytes: int = 2, bias: bool = False
 ) -> Graph:
     """torchvision's AlexNet on 224x224 images: 5 convolutions and 3 fully connected layers.
 
@@ -70,17 +73,27 @@ MEGATRON_CONFIGS: dict[str, MegatronConfig] = {
 }
 
 
+#: Other names of Megatron configurations.
+MEGATRON_ALIASES = {"1T": "1008.0B"}
+
+
+def megatron_config(name: str) -> tuple[str, MegatronConfig]:
+    """The key and configuration of a Megatron-LM name (``"1.7B"`` ... ``"1008.0B"``, or an alias
+    such as ``"1T"``)."""
+    key = MEGATRON_ALIASES.get(name.upper(), name)
+    if key not in MEGATRON_CONFIGS:
+        raise GraphError(
+            f"unknown Megatron configuration {name!r}: expected one of "
+            f"{', '.join([*MEGATRON_CONFIGS, *MEGATRON_ALIASES])}"
+        )
+    return key, MEGATRON_CONFIGS[key]
+
+
 def megatron(name: str, batch: int | None = None, seq: int = 2048) -> Graph:
     """One transformer layer of a Megatron-LM configuration (``"1.7B"`` ... ``"1008.0B"``, or
     ``"1T"``); ``batch`` defaults to the configuration's global batch, and the graph's ``layers``
     is the configuration's layer count."""
-    key = "1008.0B" if name.upper() == "1T" else name
-    if key not in MEGATRON_CONFIGS:
-        raise GraphError(
-            f"unknown Megatron configuration {name!r}: expected one of "
-            f"{', '.join(MEGATRON_CONFIGS)} or 1T"
-        )
-    c = MEGATRON_CONFIGS[key]
+    key, c = megatron_config(name)
     return gpt(
         c.hidden,
         c.heads,
@@ -100,16 +113,29 @@ def gpt(
     ffn_multiplier: int = 4,
     name: str | None = None,
     dtype_bytes: int = 2,
+    blocks: int = 1,
+    tie: bool = False,
 ) -> Graph:
     """One pre-norm transformer layer on ``batch * seq`` tokens: layernorm, q/k/v projections,
     attention scores, softmax, context, output projection, residual add, layernorm, two-layer MLP
     with GeLU, residual add.
 
+    ``blocks > 1`` stacks that many layers in the graph, their names prefixed ``h0.``, ``h1.``,
+    ...; ``tie=True`` declares them repeats (:meth:`Graph.tie`), so a search gives them one set of
+    strategies. ``layers`` still multiplies the memory of the whole graph.
+
     As in the 2-D MatMuls of Megatron-LM and MindSpore, the projections and the MLP see the tokens
     as one axis (splitting it is data parallelism); attention sees batch, sequence and heads, and
     splits any of them but the head dim, the key sequence it normalises over and contracts.
     """
-    sizes = {"hidden": hidden, "heads": heads, "seq": seq, "batch": batch, "ffn": ffn_multiplier}
+    sizes = {
+        "hidden": hidden,
+        "heads": heads,
+        "seq": seq,
+        "batch": batch,
+        "ffn": ffn_multiplier,
+        "blocks": blocks,
+    }
     bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 1}
     if bad:
         raise GraphError(f"gpt: sizes must be positive ints, got {bad}")
@@ -122,24 +148,35 @@ def gpt(
     )
     # The previous layer's output: its gradient flows back.
     x = g.input("x", (tokens, hidden), dtype_bytes, requires_grad=True)
-    h = g.layernorm("ln1", x)
-    q, k, v = (
-        g.reshape(f"{n}.heads", g.linear(n, h, hidden), (batch, seq, heads, hd))
-        for n in ("q", "k", "v")
-    )
-    scores = g.einsum("scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
-    probs = g.softmax("softmax", scores)
-    ctx = g.einsum("context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
-    attn = g.linear("proj", g.reshape("context.flat", ctx, (tokens, hidden)), hidden)
-    x = g.add("residual1", x, attn)
-    h = g.layernorm("ln2", x)
-    h = g.gelu("gelu", g.linear("fc1", h, ffn_multiplier * hidden))
-    g.add("residual2", x, g.linear("fc2", h, hidden))
+    instances = []
+    for i in range(blocks):
+        p = f"h{i}." if blocks > 1 else ""
+        first = len(g.ops)
+        h = g.layernorm(f"{p}ln1", x)
+        q, k, v = (
+            g.reshape(f"{p}{n}.heads", g.linear(f"{p}{n}", h, hidden), (batch, seq, heads, hd))
+            for n in ("q", "k", "v")
+        )
+        scores = g.einsum(f"{p}scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
+        probs = g.softmax(f"{p}softmax", scores)
+        ctx = g.einsum(f"{p}context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
+        flat = g.reshape(f"{p}context.flat", ctx, (tokens, hidden))
+        x = g.add(f"{p}residual1", x, g.linear(f"{p}proj", flat, hidden))
+        h = g.layernorm(f"{p}ln2", x)
+        h = g.gelu(f"{p}gelu", g.linear(f"{p}fc1", h, ffn_multiplier * hidden))
+        x = g.add(f"{p}residual2", x, g.linear(f"{p}fc2", h, hidden))
+        instances.append([op.name for op in g.ops[first:]])
+    if tie and blocks > 1:
+        g.tie(instances)
     return g
 
 
+#: The MLP's default batch.
+MLP_BATCH = 1024
+
+
 def mlp(
-    batch: int = 1024,
+    batch: int = MLP_BATCH,
     sizes: tuple[int, ...] = (1024, 4096, 4096, 1024),
     activation: str = "gelu",
     dtype_bytes: int = 2,
@@ -163,14 +200,25 @@ def names() -> list[str]:
     return ["alexnet", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
 
 
+def default_batch(name: str) -> int:
+    """The batch :func:`by_name` builds ``name`` with when none is given."""
+    key = name.lower()
+    if key == "alexnet":
+        return ALEXNET_BATCH
+    if key == "mlp":
+        return MLP_BATCH
+    if key.startswith("megatron-"):
+        return megatron_config(name[len("megatron-") :])[1].global_batch
+    raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")
+
+
 def by_name(name: str, batch: int | None = None) -> Graph:
     """A built-in model by its command-line name (:func:`names`, ``megatron-1T`` too), at its
     default batch unless ``batch`` is given."""
     key = name.lower()
-    if key == "alexnet":
-        return alexnet() if batch is None else alexnet(batch=batch)
-    if key == "mlp":
-        return mlp() if batch is None else mlp(batch=batch)
     if key.startswith("megatron-"):
         return megatron(name[len("megatron-") :], batch=batch)
+    if key in ("alexnet", "mlp"):
+        build = alexnet if key == "alexnet" else mlp
+        return build(batch=default_batch(key) if batch is None else batch)
     raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")

@@ -46,17 +46,21 @@ def search(
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
+    tie: bool = True,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (SPEC section 7).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds SCIP, which then returns its best assignment and its gap. ``options``
-    switches the ILP's formulation and speed-ups (all exact).
+    switches the ILP's formulation and speed-ups (all exact). With ``tie`` (the default) the
+    graph's tied repeats (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs
+    what one repeat does; every repeat's cost and memory is still counted. ``tie=False`` searches
+    every operator on its own.
     """
     t0 = time.perf_counter()
     tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    solution = solve(tables, limit, time_limit, options)
+    solution = solve(tables, limit, time_limit, options, tie=tie)
     t1 = time.perf_counter()
     strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
     memory = graph.layers * sum(
@@ -101,7 +105,7 @@ class Comparison:
     topology_under_volume: float
 
     @property
-    def reduction(self) -> float:
+    def saving(self) -> float:
         """Percent less communication time of the topology-aware result."""
         if self.volume_under_topology == 0:
             return 0.0

@@ -1,0 +1,113 @@
+"""What the commands share: the one-line-error parser, argument types, the cluster options and
+model loading."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from taps import models
+from taps._core import Cluster, GraphError
+from taps.graph import Graph
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def ints(text: str) -> list[int]:
+    """``"1024,1024"`` or ``"[1024, 1024]"`` -> ``[1024, 1024]``."""
+    try:
+        values = json.loads(text if text.strip().startswith("[") else f"[{text}]")
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers")
+    return values
+
+
+def matrix_map(text: str) -> tuple[list[int], list[int]]:
+    """``"[2,8]:[1,0]"`` -> device matrix and tensor map."""
+    matrix, sep, tensor_map = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is not DEVICE_MATRIX:TENSOR_MAP, e.g. "[2,8]:[1,0]"'
+        )
+    return ints(matrix), ints(tensor_map)
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's)."""
+    defaults = Cluster(1, 1)
+    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    p.add_argument("--devices-per-node", type=int, required=True, help="devices in one node")
+    p.add_argument(
+        "--intra-bandwidth",
+        type=float,
+        default=defaults.intra_bandwidth,
+        help=f"bytes/s inside a node ({defaults.intra_bandwidth:g})",
+    )
+    p.add_argument(
+        "--inter-bandwidth",
+        type=float,
+        default=defaults.inter_bandwidth,
+        help=f"bytes/s between nodes ({defaults.inter_bandwidth:g})",
+    )
+
+
+def cluster(args: argparse.Namespace, memory: float | None = None) -> Cluster:
+    """The cluster the cluster options describe."""
+    return Cluster(
+        args.nodes, args.devices_per_node, args.intra_bandwidth, args.inter_bandwidth, memory
+    )
+
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def memory_size(text: str) -> float:
+    """``"80GB"``, ``"16GiB"`` or ``"1.6e10"`` -> bytes."""
+    t = text.strip().upper()
+    number = t.rstrip("KMGTIB")
+    unit = t[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size such as 80GB, 16GiB or 1.6e10"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"memory size {text!r} is not positive")
+    return value
+
+
+def load_model(name: str, batch: int | None) -> Graph:
+    """A built-in model by name, or a graph JSON file."""
+    if name.endswith(".json"):
+        try:
+            with open(name, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
+        return Graph.from_json(text)
+    if name.lower() in models.names() or name.lower().startswith("megatron-"):
+        return models.by_name(name, batch)
+    raise GraphError(
+        f"unknown model {name!r}: expected a graph JSON file or one of {', '.join(models.names())}"
+    )

@@ -1,0 +1,59 @@
+"""``taps plan``: the redistribution of one tensor between two layouts, priced."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from taps._core import Layout, plan_redistribution
+from taps.cli.args import add_cluster_args, cluster, ints, matrix_map
+from taps.reports import layout_text, plan_table
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    (dm_a, map_a), (dm_b, map_b) = args.source, args.target
+    c = cluster(args)
+    a = Layout(args.shape, dm_a, map_a)
+    b = Layout(args.target_shape or args.shape, dm_b, map_b)
+    plan = plan_redistribution(a, b)
+    console.print(f"from    {layout_text(a)}")
+    console.print(f"to      {layout_text(b)}")
+    console.print(f"unified {layout_text(plan.source)}")
+    console.print(f"        {layout_text(plan.target)}")
+    console.print(plan_table(plan, c, args.dtype_bytes))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``taps plan`` to the CLI."""
+    p = subparsers.add_parser(
+        "plan",
+        help="plan the redistribution of one tensor between two layouts",
+        description="Plan the redistribution of a tensor between two layouts and price it.",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        type=matrix_map,
+        required=True,
+        metavar="DM:MAP",
+        help='source device matrix and tensor map, e.g. "[2,8]:[1,0]"',
+    )
+    p.add_argument(
+        "--to",
+        dest="target",
+        type=matrix_map,
+        required=True,
+        metavar="DM:MAP",
+        help="target device matrix and tensor map",
+    )
+    p.add_argument("--shape", type=ints, required=True, help="tensor shape, e.g. 1024,1024")
+    p.add_argument(
+        "--target-shape",
+        type=ints,
+        default=None,
+        help="the consumer's shape if it reshapes the tensor (same element count)",
+    )
+    p.add_argument("--dtype-bytes", type=float, default=2, help="bytes per element (2)")
+    add_cluster_args(p)
+    p.set_defaults(run=run)
