@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
+from taps.extras import require
 
 from .layouts import PlanLayouts
 from .mesh import ExportError, Mesh
@@ -61,10 +62,8 @@ class DTensorPlan:
 
     def placements(self, tensor: str) -> list[Any]:
         """The torch placement objects of a graph tensor."""
-        try:
-            from torch.distributed.tensor import Replicate, Shard
-        except ImportError:
-            raise ExportError("PyTorch is not installed: pip install 'taps[torch]'") from None
+        dtensor = require("torch.distributed.tensor", "torch", "DTensor placements")
+        Replicate, Shard = dtensor.Replicate, dtensor.Shard
         if tensor not in self.tensors:
             raise ExportError(f"unknown tensor {tensor!r}")
         return [

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
+from taps.extras import require
 
 from .layouts import PlanLayouts
 from .mesh import ExportError, Mesh
@@ -24,12 +25,8 @@ VERSION = 1
 
 
 def import_jax() -> Any:
-    """``jax``, or an :class:`ExportError` naming the extra to install."""
-    try:
-        import jax
-    except ImportError:
-        raise ExportError("JAX is not installed: pip install 'taps[jax]'") from None
-    return jax
+    """``jax``, or a ``MissingExtraError`` naming the extra to install."""
+    return require("jax", "jax", "a JAX mesh and shardings")
 
 
 def layout_spec(mesh: Mesh, layout: Layout) -> Spec:

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taps._core import Cluster, Layout, Redistribution, Strategy, plan_redistribution
-from taps.costs import operand_layout
 from taps.graph import Edge, Graph
+from taps.sharding import Candidate
 
 from .mesh import ExportError, Mesh, mesh_for
 
@@ -53,8 +53,9 @@ def plan_layouts(
                 f"operator {op.name!r}: strategy spans {s.num_devices} devices, the cluster "
                 f"{cluster.num_devices}"
             )
-        inputs[op.name] = [operand_layout(op, o, s) for o in op.inputs]
-        outputs[op.name] = operand_layout(op, op.output, s)
+        candidate = Candidate.of(op, s)
+        inputs[op.name] = list(candidate.inputs)
+        outputs[op.name] = candidate.output
         tensors[op.output.tensor] = outputs[op.name]
     for op in graph.ops:
         for o, layout in zip(op.inputs, inputs[op.name]):

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from taps._core import TapsError
+from taps.extras import require
 
 _FLAG = "--xla_force_host_platform_device_count"
 
@@ -38,10 +39,7 @@ def jax_with_devices(n: int) -> Any:
     """``jax`` with at least ``n`` devices (simulated on CPU if need be), or a
     :class:`VerifyError` that says how to get them."""
     simulate_cpu_devices(n)
-    try:
-        import jax
-    except ImportError:
-        raise VerifyError("JAX is not installed: pip install 'taps[jax]'") from None
+    jax = require("jax", "jax", "verifying a plan on XLA")
     have = jax.device_count()
     if have < n:
         raise VerifyError(

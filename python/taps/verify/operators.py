@@ -9,6 +9,7 @@ pooling, embeddings) are a :class:`VerifyError`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,9 +56,7 @@ def _linear(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
     """``x @ W``, summed, then the bias (added once, after the partial sums)."""
     if len(xs) == 2:
         return _einsum(op, xs, reduce)
-    head = Operator(op.name, op.kind, op.axes, op.axis_sizes, op.partitionable, op.inputs[:2],
-                    op.output)  # fmt: skip
-    y = _einsum(head, xs[:2], reduce)
+    y = _einsum(dataclasses.replace(op, inputs=op.inputs[:2]), xs[:2], reduce)
     return y + _align(xs[2], op.inputs[2].dims, op.output.dims)
 
 

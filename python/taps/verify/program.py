@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
-from taps.costs import intra_collectives
+from taps.costs import Collective, intra_collectives
 from taps.export.jax import import_jax, jax_mesh, layout_spec
 from taps.export.layouts import plan_layouts
 from taps.export.mesh import Mesh
-from taps.graph import Graph
+from taps.graph import Graph, Operator
+from taps.sharding import Candidate
 
 from . import hlo
 from .devices import VerifyError, jax_with_devices
@@ -173,6 +174,10 @@ class GraphProgram:
         }
         self._reference: tuple[Any, Any] | None = None
 
+    def _intra(self, op: Operator) -> list[Collective]:
+        """taps' all_reduces of ``op`` (forward partial sums and gradients)."""
+        return intra_collectives(self.graph, op, Candidate.of(op, self.strategies[op.name]))
+
     def spec(self, layout: Layout) -> Any:
         return self.jax.sharding.PartitionSpec(*layout_spec(self.mesh, layout))
 
@@ -201,7 +206,7 @@ class GraphProgram:
         itemsize = self.dtype.itemsize
         out = []
         for j, op in enumerate(self.graph.ops):
-            for c in intra_collectives(self.graph, op, self.strategies[op.name]):
+            for c in self._intra(op):
                 cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
                 out.append(
                     Predicted(
@@ -247,7 +252,7 @@ class GraphProgram:
                         xs.append(fix(x, target))
             axes: tuple[str, ...] = ()
             if mode == "shard_map":
-                for c in intra_collectives(self.graph, op, self.strategies[op.name]):
+                for c in self._intra(op):
                     if c.reason == "forward partial sum":
                         axes = self.mesh.unused_axes(c.layout)
 
