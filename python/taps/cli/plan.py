@@ -11,7 +11,7 @@ from taps.cli.args import add_cluster_args, cluster, ints, matrix_map
 from taps.reports import layout_text, plan_table
 
 
-def run(args: argparse.Namespace, console: Console) -> None:
+def run(args: argparse.Namespace, console: Console) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
@@ -22,6 +22,13 @@ def run(args: argparse.Namespace, console: Console) -> None:
     console.print(f"unified {layout_text(plan.source)}")
     console.print(f"        {layout_text(plan.target)}")
     console.print(plan_table(plan, c, args.dtype_bytes))
+    if args.verify:
+        from taps.cli.verify import report
+        from taps.verify import verify_redistribution
+
+        result = verify_redistribution(a, b, c.devices_per_node)
+        return report(result, console, None, "Verified on XLA")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,4 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype-bytes", type=float, default=2, help="bytes per element (2)")
     add_cluster_args(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the plan on simulated XLA devices and check it (exit code 1 on mismatch)",
+    )
     p.set_defaults(run=run)

@@ -14,6 +14,10 @@ from taps.search import compare, search
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
+    if args.export:
+        from taps.export import check_framework
+
+        check_framework(args.export[0])
     graph = load_model(args.model, args.batch)
     c = cluster(args, args.memory)
     if args.cost_model == "both":
@@ -39,6 +43,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
         console.print(f"wrote {args.json}")
+    if args.export:
+        from taps.cli.verify import write_json
+        from taps.export import export
+
+        framework, path = args.export
+        write_json(path, export(results[0], framework).to_json(), console)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,4 +81,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also list every collective of the chosen strategies",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the result(s) as JSON")
+    p.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("jax|dtensor", "FILE"),
+        default=None,
+        help="write the (topology-aware) plan as a JAX or DTensor sharding plan (JSON)",
+    )
     p.set_defaults(run=run)

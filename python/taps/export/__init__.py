@@ -52,10 +52,15 @@ def to_dtensor(
     return DTensorPlan.from_layouts(layouts_of(source, cluster, strategies))
 
 
-def export(source: SearchResult | Graph, framework: str, **kwargs: object) -> JaxPlan | DTensorPlan:
-    """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``)."""
+def check_framework(framework: str) -> None:
+    """An :class:`ExportError` unless ``framework`` is one :func:`export` knows."""
     if framework not in FRAMEWORKS:
         raise ExportError(f"unknown framework {framework!r}: expected 'jax' or 'dtensor'")
+
+
+def export(source: SearchResult | Graph, framework: str, **kwargs: object) -> JaxPlan | DTensorPlan:
+    """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``)."""
+    check_framework(framework)
     fn = to_jax if framework == "jax" else to_dtensor
     return fn(source, **kwargs)  # type: ignore[arg-type]
 
@@ -67,6 +72,7 @@ __all__ = [
     "JaxPlan",
     "Mesh",
     "PlanLayouts",
+    "check_framework",
     "export",
     "layout_placements",
     "layout_spec",
