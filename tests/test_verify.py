@@ -28,16 +28,23 @@ def _check(results, pairs):
         assert all(c.predicted_bytes == c.measured_bytes for c in r.collectives)
 
 
+def _moves_data(spec) -> bool:
+    """A pair whose plan communicates (identity and slice-only plans prove little here)."""
+    plan = taps.plan_redistribution(to_layout(spec[0]), to_layout(spec[1]))
+    return any(op.kind != "slice" for op in plan.all_ops)
+
+
 @settings(max_examples=2)
-@given(st.lists(layout_pairs(log2=3), min_size=60, max_size=60))
+@given(st.lists(layout_pairs(log2=3).filter(_moves_data), min_size=50, max_size=50))
 def test_random_redistributions_on_8_devices(specs):
-    """120 random redistributions (reshapes and fallbacks included) in two compiled programs."""
+    """100 random redistributions that communicate (reshapes and fallbacks included), in two
+    compiled programs."""
     pairs = [(to_layout(a), to_layout(b)) for a, b in specs]
     _check(verify_redistributions(pairs, devices_per_node=4), pairs)
 
 
 @settings(max_examples=2)
-@given(st.lists(layout_pairs(log2=4), min_size=60, max_size=60))
+@given(st.lists(layout_pairs(log2=4).filter(_moves_data), min_size=50, max_size=50))
 def test_random_redistributions_on_16_devices(specs):
     pairs = [(to_layout(a), to_layout(b)) for a, b in specs]
     _check(verify_redistributions(pairs, devices_per_node=8), pairs)
