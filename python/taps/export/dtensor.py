@@ -9,13 +9,13 @@ splits in mesh-dim order, the first the major one, which is the taps order (see 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
 from taps.extras import require
 
+from .document import to_text
 from .layouts import PlanLayouts
 from .mesh import ExportError, Mesh
 
@@ -84,4 +84,5 @@ class DTensorPlan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+        """The JSON document as text, one line per tensor and operator."""
+        return to_text(self.to_dict())

@@ -6,13 +6,13 @@ Computing the plan needs no JAX; :meth:`JaxPlan.mesh`, :meth:`JaxPlan.partition_
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
 from taps.extras import require
 
+from .document import to_text
 from .layouts import PlanLayouts
 from .mesh import ExportError, Mesh
 
@@ -127,4 +127,5 @@ class JaxPlan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+        """The JSON document as text, one line per tensor and operator."""
+        return to_text(self.to_dict())
