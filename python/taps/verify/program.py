@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from . import hlo
 from .devices import VerifyError, jax_with_devices
 from .operators import compute
 from .result import Predicted
-from .steps import step
+from .steps import layout_groups, step
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -38,18 +38,6 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 _SCOPE = re.compile(r"taps_([eo]\d+)")
 
 MODES = ("shard_map", "gspmd", "reference")
-
-
-def layout_groups(layout: Layout, device_dims: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """The groups of ranks that differ only in ``device_dims`` of ``layout``, from the rank
-    coordinates (``c_k = (r // (d_0 ... d_{k-1})) mod d_k``), sorted."""
-    sizes = layout.device_matrix[::-1]
-    strides = [math.prod(sizes[:k]) for k in range(len(sizes))]
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for r in range(layout.num_devices):
-        key = tuple((r // strides[k]) % sizes[k] for k in range(len(sizes)) if k not in device_dims)
-        groups.setdefault(key, []).append(r)
-    return tuple(sorted(tuple(g) for g in groups.values()))
 
 
 def _unused_dims(layout: Layout) -> list[int]:
@@ -66,7 +54,8 @@ def redistribute(x: Any, plan: Redistribution, target: Layout, mesh: Mesh) -> An
     jnp = import_jax().numpy
 
     def run(x: Any, op: CommOp) -> Any:
-        return step(op.kind).run(x, op, mesh.axes(op.layout, op.device_dim))
+        row = step(op.kind)
+        return row.run(x, op, mesh.group_axes(op.layout, row.dims(op)))
 
     for op in plan.prelude:
         x = run(x, op)
@@ -86,11 +75,12 @@ def predicted_steps(
     return [
         Predicted(
             step(op.kind).hlo_kind or "",
-            layout_groups(op.layout, [op.device_dim]),
+            step(op.kind).groups(op),
             _volume_bytes(cluster, op, itemsize),
             scope,
             "forward",
-            f"{what}: {op.kind} of dim {op.tensor_dim}"
+            f"{what}: {op.kind}"
+            + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
         )
         for op in plan.all_ops
