@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies_gen import layouts, to_layout
 
 import taps
+from strategies_gen import layouts, to_layout
 from taps.export import layout_placements, mesh_for, to_dtensor
 from taps.extras import require
 
