@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from taps._core import Cluster, Strategy
 from taps.costs import BYTES_PER_PARAMETER, OpCost, breakdown, build_tables, evaluate
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
+
+if TYPE_CHECKING:
+    from taps.costs import CostModel
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
@@ -25,7 +29,7 @@ class SearchResult:
 
     graph: Graph
     cluster: Cluster
-    cost_model: str
+    cost_model: CostModel
     strategies: dict[str, Strategy]
     cost: float
     breakdown: list[OpCost]
@@ -41,7 +45,7 @@ class SearchResult:
 def search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str = "topology",
+    cost_model: CostModel = "topology",
     memory_limit: float | None = None,
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 
 from taps import models
+from taps._core import COST_MODELS
 from taps.cli.args import add_cluster_args, cluster, load_model, memory_size
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
 from taps.search import compare, search
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if comparison is not None:
         console.print(comparison_table(comparison))
     if args.json:
-        data = {r.cost_model: result_dict(r) for r in results}
+        data: dict[str, Any] = {r.cost_model: result_dict(r) for r in results}
         if comparison is not None:
             data["comparison"] = {
                 "volume_under_topology": comparison.volume_under_topology,
@@ -60,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--cost-model",
-        choices=("topology", "volume", "both"),
+        choices=(*COST_MODELS, "both"),
         default="topology",
         help="what the search minimises; both compares the two (topology)",
     )
