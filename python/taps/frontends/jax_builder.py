@@ -1,0 +1,212 @@
+"""The graph a jaxpr becomes, built in two passes: record operators and views over symbolic values,
+then emit them through the public :class:`taps.Graph` API.
+
+A jaxpr value is not always a graph tensor: a transpose, a broadcast or a squeeze only relabels the
+dims of a tensor, so a :class:`Value` is a *source* tensor plus, for each of its dims, which axis of
+the source it reads (or none: a broadcast dim). Operators read sources with axis labels, so those
+relabellings cost nothing. Only a reshape needs the source's dims in a fixed row-major order; an
+operator's output has no order of its own until a reshape asks for one, which is why emission waits
+for the end: the reshape then becomes a view of the operator's output with no copy in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taps._core import GraphError
+from taps.graph import Graph
+
+
+@dataclass(eq=False)
+class Source:
+    """A graph tensor to be: an example argument, an operator's output or a view.
+
+    Attributes:
+        sizes: the size of each of its axes (its logical dims).
+        order: the axes in the tensor's row-major dim order; ``None`` for an operator output that
+            no reshape has read yet (any order will do, the identity at emission).
+        tensor: the graph tensor's name, once it exists.
+    """
+
+    sizes: tuple[int, ...]
+    order: tuple[int, ...] | None = None
+    tensor: str | None = None
+
+
+@dataclass(frozen=True)
+class Value:
+    """A jaxpr value: ``source`` read through ``dims``, the source axis behind each of its dims
+    (``None`` for a broadcast dim). A value with no source is a constant: it depends on no
+    example argument (literals, iota, closed-over arrays), and operators drop it as an operand."""
+
+    source: Source | None
+    dims: tuple[int | None, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def constant(self) -> bool:
+        return self.source is None
+
+
+def constant(shape: tuple[int, ...]) -> Value:
+    """A value that depends on no example argument."""
+    return Value(None, (None,) * len(shape), shape)
+
+
+@dataclass(frozen=True)
+class _OpRecord:
+    name: str
+    kind: str
+    operands: tuple[tuple[Source, tuple[str, ...]], ...]  # labels in the source's axis order
+    output: Source
+    out_labels: tuple[str, ...]  # in the output source's axis order
+    sizes: dict[str, int]
+    partitionable: tuple[str, ...]
+    dtype_bytes: int
+
+
+@dataclass(frozen=True)
+class _ViewRecord:
+    name: str
+    base: Source
+    output: Source
+
+
+@dataclass
+class Builder:
+    """Records operators and views over :class:`Value` s; :meth:`emit` adds them to a graph."""
+
+    graph: Graph
+    _records: list[_OpRecord | _ViewRecord] = field(default_factory=list)
+    _used: set[str] = field(default_factory=set)
+
+    def unique(self, name: str) -> str:
+        """``name``, or ``name.1``, ``name.2``, ... if taken (with its ``.out`` tensor)."""
+        candidate, k = name, 0
+        while candidate in self._used or f"{candidate}.out" in self._used:
+            k += 1
+            candidate = f"{name}.{k}"
+        self._used.update((candidate, f"{candidate}.out"))
+        return candidate
+
+    def argument(
+        self, name: str, shape: tuple[int, ...], dtype_bytes: int, kind: str, requires_grad: bool
+    ) -> Value:
+        """An example argument: a graph input or parameter, added now."""
+        if name in self._used:
+            raise GraphError(f"two example arguments are both named {name!r}")
+        self._used.add(name)
+        if kind == "parameter":
+            t = self.graph.parameter(name, shape, dtype_bytes)
+        else:
+            t = self.graph.input(name, shape, dtype_bytes, requires_grad)
+        source = Source(tuple(shape), tuple(range(len(shape))), t.name)
+        return Value(source, tuple(range(len(shape))), tuple(shape))
+
+    def op(
+        self,
+        name: str,
+        kind: str,
+        inputs: list[tuple[Value, tuple[str, ...]]],
+        out_labels: tuple[str, ...],
+        out_shape: tuple[int, ...],
+        dtype_bytes: int,
+        partitionable: tuple[str, ...] | None = None,
+    ) -> Value:
+        """An operator reading each input value with one label per value dim, writing a new tensor
+        with ``out_labels``; ``partitionable=None`` means every label. Constant inputs are not
+        operands; an operator of constants only is a constant. Labels of size 1 are never split."""
+        sizes = dict(zip(out_labels, out_shape))
+        operands = []
+        fresh = 0
+        for value, labels in inputs:
+            if value.source is None:
+                continue
+            by_axis = {a: label for a, label in zip(value.dims, labels) if a is not None}
+            axis_labels = []
+            for a, size in enumerate(value.source.sizes):
+                if a in by_axis:
+                    label = by_axis[a]
+                else:  # a size-1 dim the value squeezed away
+                    label, fresh = f"_{fresh}", fresh + 1
+                sizes.setdefault(label, size)
+                axis_labels.append(label)
+            operands.append((value.source, tuple(axis_labels)))
+        if not operands:
+            return constant(out_shape)
+        used = {label for _, labels in operands for label in labels} | set(out_labels)
+        sizes = {label: size for label, size in sizes.items() if label in used}
+        wanted = sizes if partitionable is None else partitionable
+        part = tuple(label for label in sizes if label in wanted and sizes[label] > 1)
+        output = Source(tuple(out_shape))
+        self._records.append(
+            _OpRecord(
+                self.unique(name),
+                kind,
+                tuple(operands),
+                output,
+                out_labels,
+                sizes,
+                part,
+                dtype_bytes,
+            )
+        )
+        return Value(output, tuple(range(len(out_shape))), tuple(out_shape))
+
+    def copy(self, name: str, value: Value, dtype_bytes: int) -> Value:
+        """Materialise ``value`` (a transpose or broadcast of its source) as a tensor of its own
+        shape, in row-major order."""
+        labels = tuple(f"d{i}" for i in range(len(value.shape)))
+        out = self.op(name, "copy", [(value, labels)], labels, value.shape, dtype_bytes)
+        assert out.source is not None
+        out.source.order = tuple(range(len(value.shape)))
+        return out
+
+    def reshape(self, name: str, value: Value, shape: tuple[int, ...], dtype_bytes: int) -> Value:
+        """``value`` with another shape of the same element count: a relabelling when only size-1
+        dims come or go, else a view of the source in the value's dim order (a copy first when the
+        source is already fixed in another order or the value broadcasts)."""
+        if value.source is None:
+            return constant(shape)
+        if [s for s in value.shape if s != 1] == [s for s in shape if s != 1]:
+            kept = iter(a for a, s in zip(value.dims, value.shape) if s != 1)
+            return Value(value.source, tuple(next(kept) if s != 1 else None for s in shape), shape)
+        source = value.source
+        wanted = [a for a, s in zip(value.dims, value.shape) if s != 1]
+        broadcasts = None in wanted
+        if not broadcasts and source.order is None:
+            rest = [a for a in range(len(source.sizes)) if a not in wanted]
+            source.order = (*wanted, *rest)  # type: ignore[arg-type]
+        elif broadcasts or [a for a in source.order or () if a in wanted] != wanted:
+            source = self.copy(f"{name}.copy", value, dtype_bytes).source
+            assert source is not None
+        view = Source(shape, tuple(range(len(shape))))
+        self._records.append(_ViewRecord(self.unique(name), source, view))
+        return Value(view, tuple(range(len(shape))), shape)
+
+    def emit(self) -> Graph:
+        """Add every recorded operator and view to the graph, in recording (topological) order."""
+        g = self.graph
+        for record in self._records:
+            out = record.output
+            if out.order is None:
+                out.order = tuple(range(len(out.sizes)))
+            if isinstance(record, _ViewRecord):
+                base = record.base
+                assert base.tensor is not None
+                out.tensor = g.reshape(record.name, base.tensor, out.sizes).name
+                continue
+            inputs = []
+            for source, labels in record.operands:
+                assert source.tensor is not None and source.order is not None
+                inputs.append((source.tensor, tuple(labels[a] for a in source.order)))
+            out.tensor = g.add_operator(
+                record.name,
+                record.kind,
+                inputs,
+                tuple(record.out_labels[a] for a in out.order),
+                record.partitionable,
+                record.sizes,
+                record.dtype_bytes,
+            ).name
+        return g
