@@ -46,6 +46,8 @@ def from_jax(
     params_argnums: int | Sequence[int] = (0,),
     grad_argnums: int | Sequence[int] = (),
     unknown: str = "error",
+    split_reductions: bool = True,
+    fuse: bool = True,
     name: str | None = None,
     layers: int = 1,
 ) -> Graph:
@@ -62,6 +64,12 @@ def from_jax(
     primitive, ``attn/dot_general``, with ``.1``, ``.2``, ... for repeats. A primitive with no rule
     raises :class:`taps.GraphError` listing every unsupported primitive and where it is;
     ``unknown="replicate"`` keeps such operators whole instead (no axis may be split).
+
+    A reduction (``reduce_sum``, ``reduce_max``, ...) may split the dims it reduces, leaving
+    partial results that an all_reduce combines; ``split_reductions=False`` keeps them whole, as
+    ``taps.models`` does for layer norm and softmax. ``fuse`` makes a chain of elementwise
+    primitives one operator (as XLA fuses them), so a tensor the chain reads twice is not
+    redistributed twice; its kind lists the primitives (``mul+erfc``).
     ``name`` and ``layers`` are the graph's (``name`` defaults to the function's name).
     """
     jax = _import_jax()
@@ -89,7 +97,7 @@ def from_jax(
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphError(f"tracing {fn_name} failed: {type(e).__name__}: {first}") from None
 
-    b = Builder(Graph(name or fn_name, layers))
+    b = Builder(Graph(name or fn_name, layers), split_reductions, fuse)
     arg_names = _arg_names(fn, len(example_args))
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
     values = []
@@ -108,14 +116,14 @@ def from_jax(
     consts = [constant(tuple(getattr(c, "shape", ()))) for c in closed.consts]
 
     missing: dict[str, list[str]] = {}
-    _run(b, RULES, closed.jaxpr, consts, values, "", missing, jax)
+    outputs = _run(b, RULES, closed.jaxpr, consts, values, "", missing, jax)
     if missing and unknown == "error":
         where = "; ".join(f"{prim} at {', '.join(places)}" for prim, places in missing.items())
         raise GraphError(
             f"{fn_name}: no rule for {len(missing)} primitive(s): {where} "
             "(unknown='replicate' keeps them whole)"
         )
-    return b.emit()
+    return b.emit(outputs)
 
 
 def _argnums(option: str, value: int | Sequence[int], count: int) -> tuple[int, ...]:

@@ -63,6 +63,7 @@ class _OpRecord:
     sizes: dict[str, int]
     partitionable: tuple[str, ...]
     dtype_bytes: int
+    fusible: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,17 @@ class _ViewRecord:
 
 @dataclass
 class Builder:
-    """Records operators and views over :class:`Value` s; :meth:`emit` adds them to a graph."""
+    """Records operators and views over :class:`Value` s; :meth:`emit` adds them to a graph.
+    ``split_reductions`` (the rules' choice for reduced dims) and ``fuse`` (elementwise chains
+    become one operator) are the options of :func:`taps.frontends.jax.from_jax`."""
 
     graph: Graph
+    split_reductions: bool = True
+    fuse: bool = True
     _records: list[_OpRecord | _ViewRecord] = field(default_factory=list)
     _used: set[str] = field(default_factory=set)
+    _makers: dict[int, _OpRecord] = field(default_factory=dict)  # id(source) -> its operator
+    _absorbed: set[int] = field(default_factory=set)  # ids of operators fused into others
 
     def unique(self, name: str) -> str:
         """``name``, or ``name.1``, ``name.2``, ... if taken (with its ``.out`` tensor)."""
@@ -112,15 +119,41 @@ class Builder:
         out_shape: tuple[int, ...],
         dtype_bytes: int,
         partitionable: tuple[str, ...] | None = None,
+        fuse: bool = False,
     ) -> Value:
         """An operator reading each input value with one label per value dim, writing a new tensor
         with ``out_labels``; ``partitionable=None`` means every label. Constant inputs are not
-        operands; an operator of constants only is a constant. Labels of size 1 are never split."""
+        operands; an operator of constants only is a constant. Labels of size 1 are never split.
+
+        ``fuse`` (elementwise operators, when the builder fuses): an input made by another fusible
+        operator, read as it is, is replaced by that operator's operands, as a compiler fuses
+        elementwise chains; the absorbed operator is emitted only if something else reads it. An
+        operand read twice is read once."""
         sizes = dict(zip(out_labels, out_shape))
-        operands = []
+        operands: list[tuple[Source, tuple[str, ...]]] = []
+        kinds = [kind]
         fresh = 0
         for value, labels in inputs:
             if value.source is None:
+                continue
+            made_by = self._makers.get(id(value.source))
+            if (
+                fuse
+                and self.fuse
+                and made_by is not None
+                and made_by.fusible
+                and value.dims == tuple(range(len(value.shape)))
+                and value.shape == out_shape
+            ):
+                rename = dict(zip(made_by.out_labels, labels))
+                for label in made_by.sizes:
+                    if label not in rename:
+                        rename[label], fresh = f"_{fresh}", fresh + 1
+                for label, size in made_by.sizes.items():
+                    sizes.setdefault(rename[label], size)
+                operands += [(src, tuple(rename[x] for x in lab)) for src, lab in made_by.operands]
+                kinds += made_by.kind.split("+")
+                self._absorbed.add(id(made_by))
                 continue
             by_axis = {a: label for a, label in zip(value.dims, labels) if a is not None}
             axis_labels = []
@@ -134,23 +167,25 @@ class Builder:
             operands.append((value.source, tuple(axis_labels)))
         if not operands:
             return constant(out_shape)
+        operands = list({(id(src), lab): (src, lab) for src, lab in operands}.values())
         used = {label for _, labels in operands for label in labels} | set(out_labels)
         sizes = {label: size for label, size in sizes.items() if label in used}
         wanted = sizes if partitionable is None else partitionable
         part = tuple(label for label in sizes if label in wanted and sizes[label] > 1)
         output = Source(tuple(out_shape))
-        self._records.append(
-            _OpRecord(
-                self.unique(name),
-                kind,
-                tuple(operands),
-                output,
-                out_labels,
-                sizes,
-                part,
-                dtype_bytes,
-            )
+        record = _OpRecord(
+            self.unique(name),
+            "+".join(dict.fromkeys(reversed(kinds))),
+            tuple(operands),
+            output,
+            out_labels,
+            sizes,
+            part,
+            dtype_bytes,
+            fuse,
         )
+        self._records.append(record)
+        self._makers[id(output)] = record
         return Value(output, tuple(range(len(out_shape))), tuple(out_shape))
 
     def copy(self, name: str, value: Value, dtype_bytes: int) -> Value:
@@ -184,10 +219,21 @@ class Builder:
         self._records.append(_ViewRecord(self.unique(name), source, view))
         return Value(view, tuple(range(len(shape))), shape)
 
-    def emit(self) -> Graph:
-        """Add every recorded operator and view to the graph, in recording (topological) order."""
+    def emit(self, outputs: list[Value]) -> Graph:
+        """Add the recorded operators and views to the graph, in recording (topological) order:
+        all but fused operators that nothing else reads (``outputs`` are the function's)."""
         g = self.graph
-        for record in self._records:
+        live = {id(v.source) for v in outputs if v.source is not None}
+        keep = []
+        for record in reversed(self._records):
+            if id(record) in self._absorbed and id(record.output) not in live:
+                continue
+            keep.append(record)
+            if isinstance(record, _ViewRecord):
+                live.add(id(record.base))
+            else:
+                live.update(id(source) for source, _ in record.operands)
+        for record in reversed(keep):
             out = record.output
             if out.order is None:
                 out.order = tuple(range(len(out.sizes)))

@@ -54,7 +54,7 @@ def elementwise(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value
     shape, dtype = _out(eqn)
     labels = _labels(len(shape))
     inputs = [(_stretch(v, shape), labels) for v in ins]
-    return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype)]
+    return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, fuse=True)]
 
 
 def alias(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
@@ -92,13 +92,14 @@ def reshape(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
 
 def reduction(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
     """Reduced dims are contracted: split, each device reduces its part and an all_reduce
-    combines them."""
+    combines them. With ``split_reductions=False`` they stay whole."""
     (v,) = ins
     shape, dtype = _out(eqn)
     axes = {a % len(v.shape) for a in eqn.params["axes"]}
     labels = _labels(len(v.shape))
     out = tuple(label for i, label in enumerate(labels) if i not in axes)
-    return [b.op(name, eqn.primitive.name, [(v, labels)], out, shape, dtype)]
+    part = None if b.split_reductions else out
+    return [b.op(name, eqn.primitive.name, [(v, labels)], out, shape, dtype, part)]
 
 
 def dot_general(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
@@ -189,6 +190,56 @@ def reduce_window(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Val
     return [b.op(name, "pool", [(v, tuple(inl))], tuple(outl), shape, dtype, tuple(part))]
 
 
+def _windowed(
+    b: Builder, eqn: Any, ins: list[Value], name: str, touched: set[int], out: int = 0
+) -> Value:
+    """An operator that keeps some dims of its array operands as they are and cuts, pads or
+    joins the others: the kept dims are shared and may be split; each other dim stays whole, with
+    an axis per operand and one for the output. Scalar operands (indices, pad values) only feed
+    it."""
+    shape, dtype = _out(eqn, out)
+    inputs = []
+    for slot, v in enumerate(ins):
+        if len(v.shape) != len(shape):
+            inputs.append((v, ()))
+            continue
+        labels = tuple(f"i{d}_{slot}" if d in touched else f"d{d}" for d in range(len(shape)))
+        inputs.append((v, labels))
+    labels = tuple(f"o{d}" if d in touched else f"d{d}" for d in range(len(shape)))
+    part = tuple(label for label in labels if label.startswith("d"))
+    return b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, part)
+
+
+def slicing(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """``slice``, ``dynamic_slice`` and ``pad``: the dims they cut or pad stay whole."""
+    shape, _ = _out(eqn)
+    v = ins[0]
+    cut = {d for d, (n, m) in enumerate(zip(v.shape, shape)) if n != m}
+    if eqn.primitive.name == "slice":
+        cut |= {d for d, s in enumerate(eqn.params["start_indices"]) if s}
+    if eqn.primitive.name == "pad":
+        cut |= {d for d, config in enumerate(eqn.params["padding_config"]) if any(config)}
+    return [_windowed(b, eqn, ins, name, cut)]
+
+
+def dynamic_update_slice(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """The dims the update does not cover stay whole."""
+    v, update = ins[:2]
+    cut = {d for d, (n, m) in enumerate(zip(v.shape, update.shape)) if n != m}
+    return [_windowed(b, eqn, ins, name, cut)]
+
+
+def concatenate(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """The joined dim stays whole."""
+    return [_windowed(b, eqn, ins, name, {eqn.params["dimension"]})]
+
+
+def split(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """One operator per part; the split dim stays whole."""
+    axis = eqn.params["axis"] % len(ins[0].shape)
+    return [_windowed(b, eqn, ins, name, {axis}, i) for i in range(len(eqn.outvars))]
+
+
 def gather(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value] | None:
     """``table[ids]``: rows of a table looked up by an index array, as an embedding (the table's
     row axis ``v`` contracted). Other gathers have no rule."""
@@ -253,6 +304,10 @@ RULES: dict[str, Rule] = _table(
         (conv_general_dilated, "conv_general_dilated"),
         (reduce_window, "reduce_window_max reduce_window_min reduce_window_sum"),
         (gather, "gather"),
+        (slicing, "slice dynamic_slice pad"),
+        (dynamic_update_slice, "dynamic_update_slice"),
+        (concatenate, "concatenate"),
+        (split, "split"),
         (no_inputs, "iota"),
     ]
 )
