@@ -11,6 +11,7 @@ for the end: the reshape then becomes a view of the operator's output with no co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from taps._core import GraphError
@@ -54,16 +55,23 @@ def constant(shape: tuple[int, ...]) -> Value:
 
 
 @dataclass(frozen=True)
+class _Operand:
+    source: Source
+    labels: tuple[str, ...]  # in the source's axis order
+    whole: bool  # read as it is, by an elementwise operator of its shape: it may fuse
+
+
+@dataclass(frozen=True)
 class _OpRecord:
     name: str
     kind: str
-    operands: tuple[tuple[Source, tuple[str, ...]], ...]  # labels in the source's axis order
+    operands: tuple[_Operand, ...]
     output: Source
     out_labels: tuple[str, ...]  # in the output source's axis order
     sizes: dict[str, int]
     partitionable: tuple[str, ...]
     dtype_bytes: int
-    fusible: bool = False
+    fusible: bool
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,6 @@ class Builder:
     fuse: bool = True
     _records: list[_OpRecord | _ViewRecord] = field(default_factory=list)
     _used: set[str] = field(default_factory=set)
-    _makers: dict[int, _OpRecord] = field(default_factory=dict)  # id(source) -> its operator
-    _absorbed: set[int] = field(default_factory=set)  # ids of operators fused into others
 
     def unique(self, name: str) -> str:
         """``name``, or ``name.1``, ``name.2``, ... if taken (with its ``.out`` tensor)."""
@@ -119,41 +125,18 @@ class Builder:
         out_shape: tuple[int, ...],
         dtype_bytes: int,
         partitionable: tuple[str, ...] | None = None,
-        fuse: bool = False,
+        fusible: bool = False,
     ) -> Value:
         """An operator reading each input value with one label per value dim, writing a new tensor
         with ``out_labels``; ``partitionable=None`` means every label. Constant inputs are not
-        operands; an operator of constants only is a constant. Labels of size 1 are never split.
-
-        ``fuse`` (elementwise operators, when the builder fuses): an input made by another fusible
-        operator, read as it is, is replaced by that operator's operands, as a compiler fuses
-        elementwise chains; the absorbed operator is emitted only if something else reads it. An
-        operand read twice is read once."""
+        operands, and an operand read twice is read once; an operator of constants only is a
+        constant. Labels of size 1 are never split. ``fusible``: an elementwise operator, which
+        :meth:`emit` may fuse with the elementwise operators that feed it."""
         sizes = dict(zip(out_labels, out_shape))
-        operands: list[tuple[Source, tuple[str, ...]]] = []
-        kinds = [kind]
+        operands: dict[tuple[int, tuple[str, ...]], _Operand] = {}
         fresh = 0
         for value, labels in inputs:
             if value.source is None:
-                continue
-            made_by = self._makers.get(id(value.source))
-            if (
-                fuse
-                and self.fuse
-                and made_by is not None
-                and made_by.fusible
-                and value.dims == tuple(range(len(value.shape)))
-                and value.shape == out_shape
-            ):
-                rename = dict(zip(made_by.out_labels, labels))
-                for label in made_by.sizes:
-                    if label not in rename:
-                        rename[label], fresh = f"_{fresh}", fresh + 1
-                for label, size in made_by.sizes.items():
-                    sizes.setdefault(rename[label], size)
-                operands += [(src, tuple(rename[x] for x in lab)) for src, lab in made_by.operands]
-                kinds += made_by.kind.split("+")
-                self._absorbed.add(id(made_by))
                 continue
             by_axis = {a: label for a, label in zip(value.dims, labels) if a is not None}
             axis_labels = []
@@ -164,28 +147,28 @@ class Builder:
                     label, fresh = f"_{fresh}", fresh + 1
                 sizes.setdefault(label, size)
                 axis_labels.append(label)
-            operands.append((value.source, tuple(axis_labels)))
+            whole = value.dims == tuple(range(len(value.shape))) and value.shape == out_shape
+            key = (id(value.source), tuple(axis_labels))
+            operands[key] = _Operand(value.source, tuple(axis_labels), fusible and whole)
         if not operands:
             return constant(out_shape)
-        operands = list({(id(src), lab): (src, lab) for src, lab in operands}.values())
-        used = {label for _, labels in operands for label in labels} | set(out_labels)
+        used = {label for o in operands.values() for label in o.labels} | set(out_labels)
         sizes = {label: size for label, size in sizes.items() if label in used}
         wanted = sizes if partitionable is None else partitionable
         part = tuple(label for label in sizes if label in wanted and sizes[label] > 1)
         output = Source(tuple(out_shape))
         record = _OpRecord(
             self.unique(name),
-            "+".join(dict.fromkeys(reversed(kinds))),
-            tuple(operands),
+            kind,
+            tuple(operands.values()),
             output,
             out_labels,
             sizes,
             part,
             dtype_bytes,
-            fuse,
+            fusible,
         )
         self._records.append(record)
-        self._makers[id(output)] = record
         return Value(output, tuple(range(len(out_shape))), tuple(out_shape))
 
     def copy(self, name: str, value: Value, dtype_bytes: int) -> Value:
@@ -219,21 +202,60 @@ class Builder:
         self._records.append(_ViewRecord(self.unique(name), source, view))
         return Value(view, tuple(range(len(shape))), shape)
 
-    def emit(self, outputs: list[Value]) -> Graph:
-        """Add the recorded operators and views to the graph, in recording (topological) order:
-        all but fused operators that nothing else reads (``outputs`` are the function's)."""
-        g = self.graph
-        live = {id(v.source) for v in outputs if v.source is not None}
-        keep = []
-        for record in reversed(self._records):
-            if id(record) in self._absorbed and id(record.output) not in live:
+    def _fused(self, outputs: list[Value]) -> list[_OpRecord | _ViewRecord]:
+        """The records with each elementwise operator fused into the elementwise operator that
+        reads it, when that is its only reader (a compiler fuses such chains; fusing a tensor
+        with more readers would recompute it for each). The fused operator reads the operands of
+        both once, so a tensor the chain reads twice costs one edge."""
+        readers: dict[int, set[int]] = {id(v.source): {-1} for v in outputs if v.source}
+        for record in self._records:
+            reads = [record.base] if isinstance(record, _ViewRecord) else [
+                o.source for o in record.operands
+            ]
+            for source in reads:
+                readers.setdefault(id(source), set()).add(id(record))
+        makers: dict[int, _OpRecord] = {}
+        out: list[_OpRecord | _ViewRecord] = []
+        absorbed: set[int] = set()
+        for record in self._records:
+            if isinstance(record, _ViewRecord) or not record.fusible:
+                out.append(record)
                 continue
-            keep.append(record)
-            if isinstance(record, _ViewRecord):
-                live.add(id(record.base))
-            else:
-                live.update(id(source) for source, _ in record.operands)
-        for record in reversed(keep):
+            operands: dict[tuple[int, tuple[str, ...]], _Operand] = {}
+            sizes, kinds = dict(record.sizes), [record.kind]
+            for o in record.operands:
+                maker = makers.pop(id(o.source), None)
+                if maker is None or not o.whole or readers[id(o.source)] != {id(record)}:
+                    if maker is not None:
+                        makers[id(o.source)] = maker
+                    operands.setdefault((id(o.source), o.labels), o)
+                    continue
+                absorbed.add(id(maker))
+                rename = dict(zip(maker.out_labels, o.labels))
+                for label, size in maker.sizes.items():
+                    if label not in rename:
+                        rename[label] = f"_f{len(sizes)}"
+                    sizes.setdefault(rename[label], size)
+                kinds = [*maker.kind.split("+"), *kinds]
+                for m in maker.operands:
+                    labels = tuple(rename[x] for x in m.labels)
+                    operands.setdefault((id(m.source), labels), _Operand(m.source, labels, m.whole))
+            if len(kinds) > 1:
+                record = dataclasses.replace(
+                    record,
+                    kind="+".join(dict.fromkeys(kinds)),
+                    operands=tuple(operands.values()),
+                    sizes=sizes,
+                )
+            makers[id(record.output)] = record
+            out.append(record)
+        return [record for record in out if id(record) not in absorbed]
+
+    def emit(self, outputs: list[Value]) -> Graph:
+        """Add the recorded operators (elementwise chains fused, :meth:`_fused`) and views to the
+        graph, in recording (topological) order; ``outputs`` are the function's."""
+        g = self.graph
+        for record in self._fused(outputs) if self.fuse else self._records:
             out = record.output
             if out.order is None:
                 out.order = tuple(range(len(out.sizes)))
@@ -243,9 +265,9 @@ class Builder:
                 out.tensor = g.reshape(record.name, base.tensor, out.sizes).name
                 continue
             inputs = []
-            for source, labels in record.operands:
-                assert source.tensor is not None and source.order is not None
-                inputs.append((source.tensor, tuple(labels[a] for a in source.order)))
+            for o in record.operands:
+                assert o.source.tensor is not None and o.source.order is not None
+                inputs.append((o.source.tensor, tuple(o.labels[a] for a in o.source.order)))
             out.tensor = g.add_operator(
                 record.name,
                 record.kind,

@@ -54,7 +54,7 @@ def elementwise(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value
     shape, dtype = _out(eqn)
     labels = _labels(len(shape))
     inputs = [(_stretch(v, shape), labels) for v in ins]
-    return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, fuse=True)]
+    return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, fusible=True)]
 
 
 def alias(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
