@@ -7,6 +7,7 @@ import functools
 import math
 import string
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -397,3 +398,88 @@ def test_elementwise_chains_fuse_and_read_each_tensor_once():
     assert [o.tensor for o in fused.inputs] == ["dot_general.out", "tanh.out"]
     unfused = from_jax(fn, S((8, 8), BF16), S((4, 8), BF16), fuse=False)
     assert len(g.ops) == 4 < len(unfused.ops)
+
+
+# -- a Llama-like decoder: rotary embeddings, grouped-query attention, SwiGLU, embedding ---------
+
+
+def _rms_norm(x: jax.Array, w: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return (x32 * lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-5)).astype(x.dtype) * w
+
+
+def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    a, b = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-b, a], axis=-1) * sin
+
+
+def _llama_block(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, heads: int, kv: int):
+    batch, seq, hidden = x.shape
+    d = hidden // heads
+    with jax.named_scope("attention"):
+        y = _rms_norm(x, p["attention_norm"])
+        q = _rope((y @ p["wq"]).reshape(batch, seq, heads, d), cos, sin)
+        k = _rope((y @ p["wk"]).reshape(batch, seq, kv, d), cos, sin)
+        v = (y @ p["wv"]).reshape(batch, seq, kv, d)
+        q = q.reshape(batch, seq, kv, heads // kv, d)
+        s = jnp.einsum("bsgrd,btgd->bgrst", q, k) / jnp.sqrt(d).astype(x.dtype)
+        s = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), s, -jnp.inf)
+        a = jax.nn.softmax(s, axis=-1)
+        x = x + jnp.einsum("bgrst,btgd->bsgrd", a, v).reshape(batch, seq, hidden) @ p["wo"]
+    with jax.named_scope("feed_forward"):
+        y = _rms_norm(x, p["ffn_norm"])
+        return x + (jax.nn.silu(y @ p["w1"]) * (y @ p["w3"])) @ p["w2"]
+
+
+def _llama(p: dict, tokens: jax.Array, *, heads: int, kv: int) -> jax.Array:
+    seq = tokens.shape[1]
+    d = p["tok_embeddings"].shape[1] // heads
+    angle = jnp.arange(seq)[:, None] * 10000.0 ** (-jnp.arange(d // 2) / (d // 2))
+    angle = jnp.concatenate([angle, angle], -1)[None, :, None, :]
+    cos, sin = jnp.cos(angle).astype(BF16), jnp.sin(angle).astype(BF16)
+    x = p["tok_embeddings"][tokens]
+    for i, layer in enumerate(p["layers"]):
+        with jax.named_scope(f"layers.{i}"):
+            x = _llama_block(layer, x, cos, sin, heads, kv)
+    return _rms_norm(x, p["norm"]) @ p["output"]
+
+
+def _llama_params(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int) -> dict:
+    def f(*shape: int) -> S:
+        return S(shape, BF16)
+
+    kv_dim = hidden // heads * kv
+    layer = {
+        "attention_norm": f(hidden),
+        **{"wq": f(hidden, hidden), "wk": f(hidden, kv_dim), "wv": f(hidden, kv_dim)},
+        **{"wo": f(hidden, hidden), "ffn_norm": f(hidden)},
+        **{"w1": f(hidden, ffn), "w3": f(hidden, ffn), "w2": f(ffn, hidden)},
+    }
+    return {
+        "tok_embeddings": f(vocab, hidden),
+        "layers": [dict(layer) for _ in range(layers)],
+        "norm": f(hidden),
+        "output": f(hidden, vocab),
+    }
+
+
+def test_a_small_llama_converts_and_searches():
+    params = _llama_params(layers=2, hidden=256, heads=8, kv=2, ffn=512, vocab=1024)
+    g = from_jax(functools.partial(_llama, heads=8, kv=2), params, S((4, 64), jnp.int32))
+    assert g.num_parameters() == _param_count(params)
+    assert "layers.1.w3" in g.tensors
+    kinds = [op.kind for op in g.ops]
+    assert kinds.count("dot_general") == 2 * 9 + 1 and kinds.count("embedding") == 1
+    assert kinds.count("split") == 2 * 2 * 2 and kinds.count("concatenate") == 2 * 2
+    names = [op.name for op in g.ops]
+    assert "layers.1/feed_forward/dot_general.2" in names
+    assert _search_cost(g) > 0
+
+
+def test_a_32_layer_llama_8b_converts_in_seconds():
+    """Llama 3 8B's shapes (32 layers, hidden 4096, 8 KV heads, vocab 128256): shapes only."""
+    params = _llama_params(layers=32, hidden=4096, heads=32, kv=8, ffn=14336, vocab=128256)
+    start = time.perf_counter()
+    g = from_jax(functools.partial(_llama, heads=32, kv=8), params, S((8, 2048), jnp.int32))
+    assert time.perf_counter() - start < 10
+    assert g.num_parameters() == _param_count(params) == 8_030_261_248
