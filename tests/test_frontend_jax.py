@@ -4,6 +4,7 @@ optimal cost), and a numpy replay of the converted graph on real data against JA
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import string
 import sys
@@ -66,7 +67,13 @@ def _gpt_params(hidden: int) -> dict:
 
     norm = {"gamma": f(hidden), "beta": f(hidden)}
     square = {n: f(hidden, hidden) for n in ("wq", "wk", "wv", "wo")}
-    return {"ln1": norm, **square, "ln2": dict(norm), "w1": f(hidden, 4 * hidden), "w2": f(4 * hidden, hidden)}
+    return {
+        "ln1": norm,
+        **square,
+        "ln2": dict(norm),
+        "w1": f(hidden, 4 * hidden),
+        "w2": f(4 * hidden, hidden),
+    }
 
 
 def _mlp(p: list, x: jax.Array) -> jax.Array:
@@ -106,7 +113,7 @@ def _alexnet_params() -> dict:
 
 def test_mlp_matches_the_built_in_mlp():
     sizes = (1024, 4096, 4096, 1024)
-    params = [S((a, b), BF16) for a, b in zip(sizes, sizes[1:])]
+    params = [S((a, b), BF16) for a, b in itertools.pairwise(sizes)]
     g = from_jax(_mlp, params, S((1024, sizes[0]), BF16))
     ref = taps.models.mlp(batch=1024, sizes=sizes)
     assert g.num_parameters() == ref.num_parameters() == _param_count(params)
@@ -329,10 +336,14 @@ def _replay(g: taps.Graph, values: dict[str, np.ndarray]) -> dict[str, np.ndarra
         elif op.kind in _REDUCE:
             ((array, dims),) = operands
             keep = tuple(d for d in dims if d in op.output.dims)
-            reduced = _REDUCE[op.kind](array, axis=tuple(i for i, d in enumerate(dims) if d not in keep))
+            reduced = _REDUCE[op.kind](
+                array, axis=tuple(i for i, d in enumerate(dims) if d not in keep)
+            )
             env[name] = _align(reduced, keep, op.output.dims)
         else:
-            aligned = [np.broadcast_to(_align(a, dims, op.output.dims), full) for a, dims in operands]
+            aligned = [
+                np.broadcast_to(_align(a, dims, op.output.dims), full) for a, dims in operands
+            ]
             env[name] = _UFUNCS[op.kind](*aligned)
     return env
 

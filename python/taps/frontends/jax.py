@@ -1,8 +1,9 @@
 """``taps.from_jax``: a taps graph from a JAX function, through its jaxpr.
 
 The function is traced with :func:`jax.make_jaxpr` on ``jax.ShapeDtypeStruct`` arguments, so no
-array is allocated; each equation goes through its primitive's rule (:mod:`taps.frontends.jax_rules`)
-and calls (``jit``, ``custom_jvp_call``, ...) are inlined. docs/frontends_jax.md has the details.
+array is allocated; each equation goes through its primitive's rule
+(:mod:`taps.frontends.jax_rules`) and calls (``jit``, ``custom_jvp_call``, ...) are inlined.
+docs/frontends_jax.md has the details.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ UNKNOWN = ("error", "replicate")
 def _import_jax() -> Any:
     try:
         import jax
+        import jax.extend  # Literal, to tell constants in a jaxpr from variables
     except ImportError:
         raise GraphError("from_jax needs JAX: pip install 'taps[jax]'") from None
     return jax
@@ -73,7 +75,6 @@ def from_jax(
     ``name`` and ``layers`` are the graph's (``name`` defaults to the function's name).
     """
     jax = _import_jax()
-    import jax.extend
     from taps.frontends.jax_rules import RULES
 
     if unknown not in UNKNOWN:
@@ -182,7 +183,11 @@ def _run(
         if prim in _CALLS:
             inner = eqn.params[_CALLS[prim]]
             body = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr or an open Jaxpr
-            inner_consts = [constant(tuple(getattr(c, "shape", ()))) for c in inner.consts] if hasattr(inner, "consts") else []
+            inner_consts = (
+                [constant(tuple(getattr(c, "shape", ()))) for c in inner.consts]
+                if hasattr(inner, "consts")
+                else []
+            )
             inner_scope = _scope(where, str(eqn.params.get("name", "")))
             outs = _run(b, rules, body, inner_consts, ins, inner_scope, missing, jax)
         elif all(v.constant for v in ins) and (prim in rules or not eqn.effects):

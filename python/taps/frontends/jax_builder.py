@@ -191,13 +191,13 @@ class Builder:
             return Value(value.source, tuple(next(kept) if s != 1 else None for s in shape), shape)
         source = value.source
         wanted = [a for a, s in zip(value.dims, value.shape) if s != 1]
-        broadcasts = None in wanted
-        if not broadcasts and source.order is None:
-            rest = [a for a in range(len(source.sizes)) if a not in wanted]
-            source.order = (*wanted, *rest)  # type: ignore[arg-type]
-        elif broadcasts or [a for a in source.order or () if a in wanted] != wanted:
-            source = self.copy(f"{name}.copy", value, dtype_bytes).source
-            assert source is not None
+        axes = [a for a in wanted if a is not None]
+        if len(axes) == len(wanted) and source.order is None:
+            source.order = (*axes, *(a for a in range(len(source.sizes)) if a not in axes))
+        elif len(axes) < len(wanted) or [a for a in source.order or () if a in axes] != axes:
+            copied = self.copy(f"{name}.copy", value, dtype_bytes).source
+            assert copied is not None
+            source = copied
         view = Source(shape, tuple(range(len(shape))))
         self._records.append(_ViewRecord(self.unique(name), source, view))
         return Value(view, tuple(range(len(shape))), shape)
@@ -209,9 +209,11 @@ class Builder:
         both once, so a tensor the chain reads twice costs one edge."""
         readers: dict[int, set[int]] = {id(v.source): {-1} for v in outputs if v.source}
         for record in self._records:
-            reads = [record.base] if isinstance(record, _ViewRecord) else [
-                o.source for o in record.operands
-            ]
+            reads = (
+                [record.base]
+                if isinstance(record, _ViewRecord)
+                else [o.source for o in record.operands]
+            )
             for source in reads:
                 readers.setdefault(id(source), set()).add(id(record))
         makers: dict[int, _OpRecord] = {}

@@ -198,7 +198,7 @@ def _windowed(
     an axis per operand and one for the output. Scalar operands (indices, pad values) only feed
     it."""
     shape, dtype = _out(eqn, out)
-    inputs = []
+    inputs: list[tuple[Value, tuple[str, ...]]] = []
     for slot, v in enumerate(ins):
         if len(v.shape) != len(shape):
             inputs.append((v, ()))
@@ -294,12 +294,18 @@ RULES: dict[str, Rule] = _table(
             "floor ceil round is_finite nextafter select_n clamp eq ne lt le gt ge and or not "
             "xor",
         ),
-        (alias, "convert_element_type copy copy_p stop_gradient reduce_precision optimization_barrier"),
+        (
+            alias,
+            "convert_element_type copy copy_p stop_gradient reduce_precision optimization_barrier",
+        ),
         (broadcast_in_dim, "broadcast_in_dim"),
         (transpose, "transpose"),
         (squeeze, "squeeze"),
         (reshape, "reshape"),
-        (reduction, "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin"),
+        (
+            reduction,
+            "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin",
+        ),
         (dot_general, "dot_general"),
         (conv_general_dilated, "conv_general_dilated"),
         (reduce_window, "reduce_window_max reduce_window_min reduce_window_sum"),
