@@ -274,8 +274,9 @@ def unsupported(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value
     return outs
 
 
-def no_inputs(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
-    """A primitive that makes an array from nothing (iota): a constant."""
+def local(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """A primitive each device computes alone, from no model data (``iota``, random numbers
+    drawn from a key, as for a dropout mask): a constant."""
     return [constant(_out(eqn, i)[0]) for i in range(len(eqn.outvars))]
 
 
@@ -314,6 +315,10 @@ RULES: dict[str, Rule] = _table(
         (dynamic_update_slice, "dynamic_update_slice"),
         (concatenate, "concatenate"),
         (split, "split"),
-        (no_inputs, "iota"),
+        (
+            local,
+            "iota random_bits random_seed random_wrap random_unwrap random_split random_fold_in "
+            "threefry2x32",
+        ),
     ]
 )
