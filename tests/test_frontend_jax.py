@@ -521,3 +521,55 @@ def test_a_32_layer_llama_8b_converts_in_seconds():
     g = from_jax(functools.partial(_llama, heads=32, kv=8), params, S((8, 2048), jnp.int32))
     assert time.perf_counter() - start < 10
     assert g.num_parameters() == _param_count(params) == 8_030_261_248
+
+
+# -- scan: one copy of the body per step ----------------------------------------------------------
+
+
+def _block(x: jax.Array, layer: dict) -> jax.Array:
+    with jax.named_scope("block"):
+        return x + jax.nn.gelu(x @ layer["w1"]) @ layer["w2"]
+
+
+def test_a_scan_over_stacked_layers_is_the_python_loop():
+    n, hidden = 4, 256
+    stacked = {"w1": S((n, hidden, 4 * hidden), BF16), "w2": S((n, 4 * hidden, hidden), BF16)}
+    listed = [{k: S(v.shape[1:], BF16) for k, v in stacked.items()} for _ in range(n)]
+
+    def scanned(p, x):
+        return lax.scan(lambda x, layer: (_block(x, layer), None), x, p)[0]
+
+    def looped(p, x):
+        for i, layer in enumerate(p):
+            with jax.named_scope(f"scan.{i}"):
+                x = _block(x, layer)
+        return x
+
+    x = S((1024, hidden), BF16)
+    g, ref = from_jax(scanned, stacked, x), from_jax(looped, listed, x)
+    assert g.num_parameters() == ref.num_parameters() == _param_count(stacked)
+    # Each step's slice of a stacked weight is a parameter of its own, named by its index.
+    assert [t.name for t in g.tensors.values() if t.kind == "parameter"][:2] == ["w1.0", "w1.1"]
+    assert [op.name for op in g.ops] == [op.name for op in ref.ops]
+    assert "scan.3/block/dot_general.1" in [op.name for op in g.ops]
+    _same_search(g, ref)
+
+
+def test_a_scan_stacks_its_outputs_and_slices_a_weight_read_whole_with_operators():
+    def fn(p, x):
+        first = x @ p[0]  # the stack read whole: its slices become index operators
+
+        def body(h, w):
+            h = jnp.tanh(h @ w)
+            return h, h * 2
+
+        return lax.scan(body, first, p, reverse=True)[1]
+
+    p = S((3, 8, 8), BF16)
+    g = from_jax(fn, p, S((16, 8), BF16))
+    assert g.num_parameters() == _param_count(p)
+    assert [op.name for op in g.ops if op.kind == "index"] == ["p.0", "p.1", "p.2"]
+    stack = g.ops[-1]
+    assert stack.kind == "stack" and stack.output.dims[0] == "l" and "l" not in stack.partitionable
+    # Steps run last to first; the stack lists them in index order.
+    assert [o.tensor.split("/")[0] for o in stack.inputs] == ["scan.0", "scan.1", "scan.2"]

@@ -190,6 +190,8 @@ def _run(
             )
             inner_scope = _scope(where, str(eqn.params.get("name", "")))
             outs = _run(b, rules, body, inner_consts, ins, inner_scope, missing, jax)
+        elif prim == "scan":
+            outs = _unroll(b, rules, eqn, ins, where, missing, jax)
         elif all(v.constant for v in ins) and (prim in rules or not eqn.effects):
             outs = [constant(tuple(v.aval.shape)) for v in eqn.outvars]
         else:
@@ -204,3 +206,45 @@ def _run(
         for var, value in zip(eqn.outvars, outs):
             env[var] = value
     return [read(a) for a in jaxpr.outvars]
+
+
+def _unroll(
+    b: Builder,
+    rules: dict[str, Any],
+    eqn: Any,
+    ins: list[Value],
+    scope: str,
+    missing: dict[str, list[str]],
+    jax: Any,
+) -> list[Value]:
+    """A ``scan``, one copy of its body per step under ``scan.<step>``: each step reads one
+    slice of every stacked operand (:meth:`Builder.index`) and the carry of the step before; the
+    per-step outputs are stacked by a ``stack`` operator."""
+    from taps.frontends.jax_rules import stack
+
+    p = eqn.params
+    body = p["jaxpr"]
+    consts = [constant(tuple(getattr(c, "shape", ()))) for c in body.consts]
+    fixed, carry = ins[: p["num_consts"]], ins[p["num_consts"] : p["num_consts"] + p["num_carry"]]
+    stacked = list(
+        zip(ins[p["num_consts"] + p["num_carry"] :], eqn.invars[len(fixed) + len(carry) :])
+    )
+    steps = range(p["length"])
+    per_step: list[list[Value]] = []
+    for step in reversed(steps) if p["reverse"] else steps:
+        where = _scope(scope, f"scan.{step}")
+        xs = [
+            b.index(f"{where}/index", v, step, int(var.aval.dtype.itemsize)) for v, var in stacked
+        ]
+        outs = _run(b, rules, body.jaxpr, consts, [*fixed, *carry, *xs], where, missing, jax)
+        carry = outs[: p["num_carry"]]
+        per_step.append(outs[p["num_carry"] :])
+    if p["reverse"]:
+        per_step.reverse()
+    ys = [
+        stack(
+            b, [step[k] for step in per_step], _scope(scope, "scan/stack"), eqn, p["num_carry"] + k
+        )
+        for k in range(len(eqn.outvars) - p["num_carry"])
+    ]
+    return [*carry, *ys]

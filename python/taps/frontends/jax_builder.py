@@ -18,6 +18,16 @@ from taps._core import GraphError
 from taps.graph import Graph
 
 
+@dataclass(frozen=True)
+class _Argument:
+    """What makes an example argument's leaf a graph input or parameter."""
+
+    name: str
+    kind: str  # "input" or "parameter"
+    dtype_bytes: int
+    requires_grad: bool
+
+
 @dataclass(eq=False)
 class Source:
     """A graph tensor to be: an example argument, an operator's output or a view.
@@ -27,11 +37,17 @@ class Source:
         order: the axes in the tensor's row-major dim order; ``None`` for an operator output that
             no reshape has read yet (any order will do, the identity at emission).
         tensor: the graph tensor's name, once it exists.
+        argument: for an example argument's leaf (or one slice of it), its graph input or
+            parameter.
+        slices: for an argument, the slices a ``scan`` takes of it, by index along ``axis``.
     """
 
     sizes: tuple[int, ...]
     order: tuple[int, ...] | None = None
     tensor: str | None = None
+    argument: _Argument | None = None
+    slices: dict[int, Source] = field(default_factory=dict)
+    axis: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,7 @@ class Builder:
     split_reductions: bool = True
     fuse: bool = True
     _records: list[_OpRecord | _ViewRecord] = field(default_factory=list)
+    _arguments: list[Source] = field(default_factory=list)
     _used: set[str] = field(default_factory=set)
 
     def unique(self, name: str) -> str:
@@ -105,16 +122,42 @@ class Builder:
     def argument(
         self, name: str, shape: tuple[int, ...], dtype_bytes: int, kind: str, requires_grad: bool
     ) -> Value:
-        """An example argument: a graph input or parameter, added now."""
+        """An example argument's leaf: a graph input or parameter (added by :meth:`emit`)."""
         if name in self._used:
             raise GraphError(f"two example arguments are both named {name!r}")
         self._used.add(name)
-        if kind == "parameter":
-            t = self.graph.parameter(name, shape, dtype_bytes)
-        else:
-            t = self.graph.input(name, shape, dtype_bytes, requires_grad)
-        source = Source(tuple(shape), tuple(range(len(shape))), t.name)
-        return Value(source, tuple(range(len(shape))), tuple(shape))
+        identity = tuple(range(len(shape)))
+        source = Source(
+            tuple(shape), identity, argument=_Argument(name, kind, dtype_bytes, requires_grad)
+        )
+        self._arguments.append(source)
+        return Value(source, identity, tuple(shape))
+
+    def index(self, name: str, value: Value, i: int, dtype_bytes: int) -> Value:
+        """``value[i]``, as a ``scan`` hands its body one slice of each stacked operand per step.
+        A slice of an example argument is an argument of its own, ``name.i`` (so a stack of
+        per-layer weights becomes per-layer parameters, which need no operator to read); a
+        slice of anything else is an ``index`` operator, the stacked dim whole."""
+        shape = value.shape[1:]
+        axis = value.dims[0]
+        if value.source is None:
+            return constant(shape)
+        source = value.source
+        if axis is None:  # a broadcast along the scanned dim: every step reads the same
+            return Value(source, value.dims[1:], shape)
+        rest = tuple(d if d is None or d < axis else d - 1 for d in value.dims[1:])
+        arg = source.argument
+        if arg is not None and (not source.slices or source.axis == axis):
+            source.axis = axis
+            if i not in source.slices:
+                sizes = source.sizes[:axis] + source.sizes[axis + 1 :]
+                piece = _Argument(
+                    self.unique(f"{arg.name}.{i}"), arg.kind, arg.dtype_bytes, arg.requires_grad
+                )
+                source.slices[i] = Source(sizes, tuple(range(len(sizes))), argument=piece)
+            return Value(source.slices[i], rest, shape)
+        labels = tuple(f"d{j}" for j in range(len(shape)))
+        return self.op(name, "index", [(value, ("i", *labels))], labels, shape, dtype_bytes)
 
     def op(
         self,
@@ -202,13 +245,15 @@ class Builder:
         self._records.append(_ViewRecord(self.unique(name), source, view))
         return Value(view, tuple(range(len(shape))), shape)
 
-    def _fused(self, outputs: list[Value]) -> list[_OpRecord | _ViewRecord]:
+    def _fused(
+        self, records: list[_OpRecord | _ViewRecord], outputs: list[Value]
+    ) -> list[_OpRecord | _ViewRecord]:
         """The records with each elementwise operator fused into the elementwise operator that
         reads it, when that is its only reader (a compiler fuses such chains; fusing a tensor
         with more readers would recompute it for each). The fused operator reads the operands of
         both once, so a tensor the chain reads twice costs one edge."""
         readers: dict[int, set[int]] = {id(v.source): {-1} for v in outputs if v.source}
-        for record in self._records:
+        for record in records:
             reads = (
                 [record.base]
                 if isinstance(record, _ViewRecord)
@@ -219,7 +264,7 @@ class Builder:
         makers: dict[int, _OpRecord] = {}
         out: list[_OpRecord | _ViewRecord] = []
         absorbed: set[int] = set()
-        for record in self._records:
+        for record in records:
             if isinstance(record, _ViewRecord) or not record.fusible:
                 out.append(record)
                 continue
@@ -253,11 +298,69 @@ class Builder:
             out.append(record)
         return [record for record in out if id(record) not in absorbed]
 
-    def emit(self, outputs: list[Value]) -> Graph:
-        """Add the recorded operators (elementwise chains fused, :meth:`_fused`) and views to the
-        graph, in recording (topological) order; ``outputs`` are the function's."""
+    def _live(
+        self, records: list[_OpRecord | _ViewRecord], outputs: list[Value]
+    ) -> tuple[list[_OpRecord | _ViewRecord], set[int]]:
+        """The records whose output reaches the function's outputs, and the ids of every source
+        they (or the outputs) read: computations that reach no output cost nothing."""
+        live = {id(v.source) for v in outputs if v.source is not None}
+        kept = []
+        for record in reversed(records):
+            if id(record.output) not in live:
+                continue
+            kept.append(record)
+            if isinstance(record, _ViewRecord):
+                live.add(id(record.base))
+            else:
+                live.update(id(o.source) for o in record.operands)
+        return kept[::-1], live
+
+    def _emit_arguments(self, live: set[int]) -> None:
+        """Every example argument's leaf as an input or parameter, whether it is used or not (so
+        the graph's parameters are the pytree's). A leaf a ``scan`` slices is its slices, unless
+        it is also read whole: then its slices are ``index`` operators reading it."""
         g = self.graph
-        for record in self._fused(outputs) if self.fuse else self._records:
+
+        def add(source: Source) -> None:
+            arg = source.argument
+            assert arg is not None
+            if arg.kind == "parameter":
+                source.tensor = g.parameter(arg.name, source.sizes, arg.dtype_bytes).name
+            else:
+                source.tensor = g.input(
+                    arg.name, source.sizes, arg.dtype_bytes, arg.requires_grad
+                ).name
+
+        for source in self._arguments:
+            whole = id(source) in live or not source.slices
+            if whole:
+                add(source)
+            for _, piece in sorted(source.slices.items()):
+                if not whole:
+                    add(piece)
+                    continue
+                assert piece.argument is not None and source.tensor is not None
+                labels = [f"d{j}" for j in range(len(piece.sizes))]
+                dims = [*labels]
+                dims.insert(source.axis, "i")
+                piece.tensor = g.add_operator(
+                    piece.argument.name,
+                    "index",
+                    [(source.tensor, dims)],
+                    labels,
+                    [x for x, n in zip(labels, piece.sizes) if n > 1],
+                ).name
+
+    def emit(self, outputs: list[Value]) -> Graph:
+        """Add the example arguments, then the recorded operators (elementwise chains fused,
+        :meth:`_fused`) and views that reach ``outputs`` (the function's), to the graph in
+        recording (topological) order."""
+        g = self.graph
+        records, live = self._live(self._records, outputs)
+        if self.fuse:
+            records, live = self._live(self._fused(records, outputs), outputs)
+        self._emit_arguments(live)
+        for record in records:
             out = record.output
             if out.order is None:
                 out.order = tuple(range(len(out.sizes)))

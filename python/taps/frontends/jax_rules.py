@@ -280,6 +280,14 @@ def local(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
     return [constant(_out(eqn, i)[0]) for i in range(len(eqn.outvars))]
 
 
+def stack(b: Builder, values: list[Value], name: str, eqn: Any, out: int) -> Value:
+    """The per-step outputs of a ``scan`` stacked along a new leading dim (whole)."""
+    shape, dtype = _out(eqn, out)
+    labels = _labels(len(shape) - 1)
+    inputs = [(v, labels) for v in values]
+    return b.op(name, "stack", inputs, ("l", *labels), shape, dtype, labels)
+
+
 def _table(rules: Sequence[tuple[Rule, str]]) -> dict[str, Rule]:
     return {prim: rule for rule, prims in rules for prim in prims.split()}
 
