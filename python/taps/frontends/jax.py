@@ -114,14 +114,15 @@ def from_jax(
         else:
             leaf = ".".join(p for p in (arg_names[argnum], sub) if p)
             values.append(b.argument(leaf, shape, dtype_bytes, "input", argnum in grads))
-    consts = [constant(tuple(getattr(c, "shape", ()))) for c in closed.consts]
 
-    missing: dict[str, list[str]] = {}
-    outputs = _run(b, RULES, closed.jaxpr, consts, values, "", missing, jax)
-    if missing and unknown == "error":
-        where = "; ".join(f"{prim} at {', '.join(places)}" for prim, places in missing.items())
+    converter = _Converter(b, RULES, jax)
+    outputs = converter.run(closed.jaxpr, _consts(closed), values, "")
+    if converter.missing and unknown == "error":
+        where = "; ".join(
+            f"{prim} at {', '.join(places)}" for prim, places in converter.missing.items()
+        )
         raise GraphError(
-            f"{fn_name}: no rule for {len(missing)} primitive(s): {where} "
+            f"{fn_name}: no rule for {len(converter.missing)} primitive(s): {where} "
             "(unknown='replicate' keeps them whole)"
         )
     return b.emit(outputs)
@@ -154,97 +155,84 @@ def _scope(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
-def _run(
-    b: Builder,
-    rules: dict[str, Any],
-    jaxpr: Any,
-    consts: list[Value],
-    args: list[Value],
-    scope: str,
-    missing: dict[str, list[str]],
-    jax: Any,
-) -> list[Value]:
-    """Record the operators of ``jaxpr`` applied to ``args``; returns its output values.
-    Unsupported primitives are added to ``missing`` (primitive -> where) and kept whole."""
-    from taps.frontends.jax_rules import unsupported
-
-    env: dict[Any, Value] = dict(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-
-    def read(atom: Any) -> Value:
-        if isinstance(atom, jax.extend.core.Literal):
-            return constant(tuple(getattr(atom.aval, "shape", ())))
-        return env[atom]
-
-    for eqn in jaxpr.eqns:
-        ins = [read(a) for a in eqn.invars]
-        prim = eqn.primitive.name
-        where = _scope(scope, str(eqn.source_info.name_stack))
-        if prim in _CALLS:
-            inner = eqn.params[_CALLS[prim]]
-            body = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr or an open Jaxpr
-            inner_consts = (
-                [constant(tuple(getattr(c, "shape", ()))) for c in inner.consts]
-                if hasattr(inner, "consts")
-                else []
-            )
-            inner_scope = _scope(where, str(eqn.params.get("name", "")))
-            outs = _run(b, rules, body, inner_consts, ins, inner_scope, missing, jax)
-        elif prim == "scan":
-            outs = _unroll(b, rules, eqn, ins, where, missing, jax)
-        elif all(v.constant for v in ins) and (prim in rules or not eqn.effects):
-            outs = [constant(tuple(v.aval.shape)) for v in eqn.outvars]
-        else:
-            name = _scope(where, prim)
-            result = rules[prim](b, eqn, ins, name) if prim in rules else None
-            if result is None:
-                places = missing.setdefault(prim, [])
-                if (where or "top level") not in places:
-                    places.append(where or "top level")
-                result = unsupported(b, eqn, ins, name)
-            outs = result
-        for var, value in zip(eqn.outvars, outs):
-            env[var] = value
-    return [read(a) for a in jaxpr.outvars]
+def _consts(closed: Any) -> list[Value]:
+    """The values of a closed jaxpr's constants (arrays it closed over): constants."""
+    return [constant(tuple(getattr(c, "shape", ()))) for c in getattr(closed, "consts", ())]
 
 
-def _unroll(
-    b: Builder,
-    rules: dict[str, Any],
-    eqn: Any,
-    ins: list[Value],
-    scope: str,
-    missing: dict[str, list[str]],
-    jax: Any,
-) -> list[Value]:
-    """A ``scan``, one copy of its body per step under ``scan.<step>``: each step reads one
-    slice of every stacked operand (:meth:`Builder.index`) and the carry of the step before; the
-    per-step outputs are stacked by a ``stack`` operator."""
-    from taps.frontends.jax_rules import stack
+class _Converter:
+    """Walks a jaxpr, inlining calls and unrolling scans, and records every equation through its
+    rule; ``missing`` collects the primitives with no rule (primitive -> where), which are kept
+    whole."""
 
-    p = eqn.params
-    body = p["jaxpr"]
-    consts = [constant(tuple(getattr(c, "shape", ()))) for c in body.consts]
-    fixed, carry = ins[: p["num_consts"]], ins[p["num_consts"] : p["num_consts"] + p["num_carry"]]
-    stacked = list(
-        zip(ins[p["num_consts"] + p["num_carry"] :], eqn.invars[len(fixed) + len(carry) :])
-    )
-    steps = range(p["length"])
-    per_step: list[list[Value]] = []
-    for step in reversed(steps) if p["reverse"] else steps:
-        where = _scope(scope, f"scan.{step}")
-        xs = [
-            b.index(f"{where}/index", v, step, int(var.aval.dtype.itemsize)) for v, var in stacked
+    def __init__(self, b: Builder, rules: dict[str, Any], jax: Any) -> None:
+        from taps.frontends import jax_rules
+
+        self.b, self.rules, self.jax = b, rules, jax
+        self._unsupported, self._stack = jax_rules.unsupported, jax_rules.stack
+        self.missing: dict[str, list[str]] = {}
+
+    def run(self, jaxpr: Any, consts: list[Value], args: list[Value], scope: str) -> list[Value]:
+        """Record the operators of ``jaxpr`` applied to ``args``; returns its output values."""
+        env: dict[Any, Value] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        literal = self.jax.extend.core.Literal
+
+        def read(atom: Any) -> Value:
+            if isinstance(atom, literal):
+                return constant(tuple(getattr(atom.aval, "shape", ())))
+            return env[atom]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            prim = eqn.primitive.name
+            where = _scope(scope, str(eqn.source_info.name_stack))
+            if prim in _CALLS:
+                inner = eqn.params[_CALLS[prim]]
+                body = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr or an open Jaxpr
+                called = _scope(where, str(eqn.params.get("name", "")))
+                outs = self.run(body, _consts(inner), ins, called)
+            elif prim == "scan":
+                outs = self.unroll(eqn, ins, where)
+            elif all(v.constant for v in ins) and (prim in self.rules or not eqn.effects):
+                outs = [constant(tuple(v.aval.shape)) for v in eqn.outvars]
+            else:
+                name = _scope(where, prim)
+                result = self.rules[prim](self.b, eqn, ins, name) if prim in self.rules else None
+                if result is None:
+                    places = self.missing.setdefault(prim, [])
+                    if (where or "top level") not in places:
+                        places.append(where or "top level")
+                    result = self._unsupported(self.b, eqn, ins, name)
+                outs = result
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    def unroll(self, eqn: Any, ins: list[Value], scope: str) -> list[Value]:
+        """A ``scan``, one copy of its body per step under ``scan.<step>``: each step reads one
+        slice of every stacked operand (:meth:`Builder.index`) and the carry of the step before;
+        the per-step outputs are stacked by a ``stack`` operator."""
+        p = eqn.params
+        body = p["jaxpr"]
+        n_fixed, n_carry = p["num_consts"], p["num_carry"]
+        fixed, carry = ins[:n_fixed], ins[n_fixed : n_fixed + n_carry]
+        stacked = list(zip(ins[n_fixed + n_carry :], eqn.invars[n_fixed + n_carry :]))
+        steps = range(p["length"])
+        per_step: list[list[Value]] = []
+        for step in reversed(steps) if p["reverse"] else steps:
+            where = _scope(scope, f"scan.{step}")
+            xs = [
+                self.b.index(f"{where}/index", v, step, int(var.aval.dtype.itemsize))
+                for v, var in stacked
+            ]
+            outs = self.run(body.jaxpr, _consts(body), [*fixed, *carry, *xs], where)
+            carry = outs[:n_carry]
+            per_step.append(outs[n_carry:])
+        if p["reverse"]:
+            per_step.reverse()
+        name = _scope(scope, "scan/stack")
+        ys = [
+            self._stack(self.b, [step[k] for step in per_step], name, eqn, n_carry + k)
+            for k in range(len(eqn.outvars) - n_carry)
         ]
-        outs = _run(b, rules, body.jaxpr, consts, [*fixed, *carry, *xs], where, missing, jax)
-        carry = outs[: p["num_carry"]]
-        per_step.append(outs[p["num_carry"] :])
-    if p["reverse"]:
-        per_step.reverse()
-    ys = [
-        stack(
-            b, [step[k] for step in per_step], _scope(scope, "scan/stack"), eqn, p["num_carry"] + k
-        )
-        for k in range(len(eqn.outvars) - p["num_carry"])
-    ]
-    return [*carry, *ys]
+        return [*carry, *ys]
