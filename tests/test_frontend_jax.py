@@ -573,3 +573,18 @@ def test_a_scan_stacks_its_outputs_and_slices_a_weight_read_whole_with_operators
     assert stack.kind == "stack" and stack.output.dims[0] == "l" and "l" not in stack.partitionable
     # Steps run last to first; the stack lists them in index order.
     assert [o.tensor.split("/")[0] for o in stack.inputs] == ["scan.0", "scan.1", "scan.2"]
+
+
+def test_nested_scans_slice_a_stack_twice():
+    def fn(p, x):
+        def outer(h, group):
+            return lax.scan(lambda h, w: (jnp.tanh(h @ w), None), h, group)[0], None
+
+        return lax.scan(outer, x, p)[0]
+
+    p = S((2, 3, 8, 8), BF16)
+    g = from_jax(fn, p, S((16, 8), BF16))
+    params = [t.name for t in g.tensors.values() if t.kind == "parameter"]
+    assert params == ["p.0.0", "p.0.1", "p.0.2", "p.1.0", "p.1.1", "p.1.2"]
+    assert g.num_parameters() == _param_count(p)
+    assert g.ops[-1].name == "scan.1/scan.2/tanh"

@@ -318,7 +318,7 @@ class Builder:
     def _emit_arguments(self, live: set[int]) -> None:
         """Every example argument's leaf as an input or parameter, whether it is used or not (so
         the graph's parameters are the pytree's). A leaf a ``scan`` slices is its slices, unless
-        it is also read whole: then its slices are ``index`` operators reading it."""
+        it is also read whole: then the slices read are ``index`` operators reading it."""
         g = self.graph
 
         def add(source: Source) -> None:
@@ -331,25 +331,29 @@ class Builder:
                     arg.name, source.sizes, arg.dtype_bytes, arg.requires_grad
                 ).name
 
-        for source in self._arguments:
-            whole = id(source) in live or not source.slices
-            if whole:
+        def place(source: Source, made: bool) -> None:
+            """Add ``source`` if it is read whole or not sliced (``made``: it is already an
+            operator's output), then its slices."""
+            if not made and (id(source) in live or not source.slices):
                 add(source)
+                made = True
             for _, piece in sorted(source.slices.items()):
-                if not whole:
-                    add(piece)
-                    continue
-                assert piece.argument is not None and source.tensor is not None
-                labels = [f"d{j}" for j in range(len(piece.sizes))]
-                dims = [*labels]
-                dims.insert(source.axis, "i")
-                piece.tensor = g.add_operator(
-                    piece.argument.name,
-                    "index",
-                    [(source.tensor, dims)],
-                    labels,
-                    [x for x, n in zip(labels, piece.sizes) if n > 1],
-                ).name
+                if made and (id(piece) in live or piece.slices):
+                    assert piece.argument is not None and source.tensor is not None
+                    labels = [f"d{j}" for j in range(len(piece.sizes))]
+                    dims = [*labels]
+                    dims.insert(source.axis, "i")
+                    piece.tensor = g.add_operator(
+                        piece.argument.name,
+                        "index",
+                        [(source.tensor, dims)],
+                        labels,
+                        [x for x, n in zip(labels, piece.sizes) if n > 1],
+                    ).name
+                place(piece, made)
+
+        for source in self._arguments:
+            place(source, False)
 
     def emit(self, outputs: list[Value]) -> Graph:
         """Add the example arguments, then the recorded operators (elementwise chains fused,
