@@ -588,3 +588,36 @@ def test_nested_scans_slice_a_stack_twice():
     assert params == ["p.0.0", "p.0.1", "p.0.2", "p.1.0", "p.1.1", "p.1.2"]
     assert g.num_parameters() == _param_count(p)
     assert g.ops[-1].name == "scan.1/scan.2/tanh"
+
+
+_KEYS = st.text(alphabet="abcxyz", min_size=1, max_size=3)
+_MATRIX = st.tuples(st.sampled_from([4, 8]), st.sampled_from([1, 2, 8])).map(
+    lambda shape: S(shape, BF16)
+)
+_PYTREES = st.recursive(
+    _MATRIX,
+    lambda inner: (
+        st.lists(inner, min_size=1, max_size=3)
+        | st.dictionaries(_KEYS, inner, min_size=1, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_PYTREES)
+def test_parameters_are_the_pytrees_leaves_whatever_the_function_reads(params):
+    """Every leaf is a parameter named by its key path, read or not; the graph's parameter count
+    is the pytree's."""
+
+    def fn(p, x):
+        leaves = [w for w in jax.tree_util.tree_leaves(p) if w.shape[0] == x.shape[1]]
+        return [x @ w for w in leaves[::2]]
+
+    g = from_jax(fn, params, S((16, 8), BF16))
+    assert g.num_parameters() == _param_count(params)
+    paths = [
+        jax.tree_util.keystr(path, simple=True, separator=".") or "p"
+        for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+    assert [t.name for t in g.tensors.values() if t.kind == "parameter"] == paths
