@@ -504,6 +504,7 @@ def _llama_params(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab
 def test_a_small_llama_converts_and_searches():
     params = _llama_params(layers=2, hidden=256, heads=8, kv=2, ffn=512, vocab=1024)
     g = from_jax(functools.partial(_llama, heads=8, kv=2), params, S((4, 64), jnp.int32))
+    assert g.name == "_llama" and "tokens" in g.tensors  # through the partial
     assert g.num_parameters() == _param_count(params)
     assert "layers.1.w3" in g.tensors
     kinds = [op.kind for op in g.ops]

@@ -8,6 +8,7 @@ docs/frontends_jax.md has the details.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,7 +80,7 @@ def from_jax(
 
     if unknown not in UNKNOWN:
         raise GraphError(f"unknown must be 'error' or 'replicate', got {unknown!r}")
-    fn_name = getattr(fn, "__name__", type(fn).__name__)
+    fn_name = _name(fn)
     params = _argnums("params_argnums", params_argnums, len(example_args))
     grads = _argnums("grad_argnums", grad_argnums, len(example_args))
     both = sorted(set(params) & set(grads))
@@ -126,6 +127,13 @@ def from_jax(
             "(unknown='replicate' keeps them whole)"
         )
     return b.emit(outputs)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """The function's name, through ``functools.partial``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def _argnums(option: str, value: int | Sequence[int], count: int) -> tuple[int, ...]:
