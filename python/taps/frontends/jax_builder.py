@@ -124,7 +124,10 @@ class Builder:
     ) -> Value:
         """An example argument's leaf: a graph input or parameter (added by :meth:`emit`)."""
         if name in self._used:
-            raise GraphError(f"two example arguments are both named {name!r}")
+            raise GraphError(
+                f"two example arguments are both named {name!r}: rename the function's parameter "
+                "or the pytree key"
+            )
         self._used.add(name)
         identity = tuple(range(len(shape)))
         source = Source(
