@@ -25,6 +25,7 @@ from taps._core import (
     unify,
 )
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
+from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
 from taps.search import Comparison, SearchResult, compare, search
@@ -58,6 +59,7 @@ __all__ = [
     "compare",
     "enumerate_strategies",
     "evaluate",
+    "from_jax",
     "inter_node_groups",
     "models",
     "plan_redistribution",
