@@ -25,6 +25,7 @@ from taps._core import (
     unify,
 )
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
+from taps.extras import MissingExtraError
 from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
@@ -43,6 +44,7 @@ __all__ = [
     "InfeasibleError",
     "Layout",
     "LayoutError",
+    "MissingExtraError",
     "OpCost",
     "Operand",
     "Operator",
