@@ -14,6 +14,7 @@ what is left are pruned (:mod:`taps.prune`); SCIP gets the core, if anything is 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -234,14 +235,41 @@ def _add_start(built: _Model, problem: Problem, memory: _Memory | None) -> None:
     model.addSol(sol)
 
 
+def _optimize(model: Model) -> None:
+    """``model.optimize()`` that Ctrl-C stops at once: SCIP solves in a thread without the GIL
+    while this one waits, so the KeyboardInterrupt is raised here, and it interrupts SCIP. (SCIP's
+    own Ctrl-C handler would end the solve as if it were done, and print a line of its own.)"""
+    model.setParam("misc/catchctrlc", False)
+    failure: list[BaseException] = []
+
+    def solve() -> None:
+        try:
+            model.optimizeNogil()
+        except BaseException as e:  # re-raised in the caller's thread
+            failure.append(e)
+
+    worker = threading.Thread(target=solve, name="taps-scip")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        model.interruptSolve()
+        worker.join()
+        raise
+    if failure:
+        raise failure[0]
+
+
 def _run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
 ) -> IlpSolution:
     """Build and solve the ILP of the first objective, then, if there is a second, minimise it
-    among the optima of the first (a lexicographic solve)."""
+    among the optima of the first (a lexicographic solve). SCIP stops at ``deadline`` (a
+    ``time.perf_counter()`` value) with its best assignment so far."""
     t0 = time.perf_counter()
     if options.formulation == "pairwise":
         objectives = [_ungrouped(o) for o in objectives]
@@ -250,14 +278,14 @@ def _run(
     model = built.model
     primary = built.objective(problem)
     model.setObjective(primary, "minimize")
-    if time_limit is not None:
-        model.setParam("limits/time", float(time_limit))
+    if deadline is not None:
+        model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
     if options.warm_start:
         _add_start(built, problem, memory)
     build_time = time.perf_counter() - t0
-    model.optimize()
+    _optimize(model)
     size = built.size
     if len(objectives) > 1 and model.getNSols() > 0:
         best = model.getObjVal()
@@ -266,7 +294,7 @@ def _run(
         model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
         size = replace(size, constraints=size.constraints + 1)
         model.setObjective(built.objective(objectives[1]), "minimize")
-        model.optimize()
+        _optimize(model)
     status = model.getStatus()
     if model.getNSols() == 0:
         if status == "infeasible":
@@ -300,6 +328,7 @@ def solve(
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
     the same graph and cluster under another cost model. Status, gap and time are those of the
     second solve."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
@@ -318,16 +347,16 @@ def solve(
         objectives.append(other if tie_break[1] == "min" else negated(other))
     if options.reduce:
         order = list(tables.ops)
-        solution = _reduced(objectives, order, None, options, time_limit)
+        solution = _reduced(objectives, order, None, options, deadline)
         # The optimum without the memory limit is optimal with it if it fits.
         if memory is None or memory.of(solution.choice) <= memory.limit:
             return solution
         # Operators whose memory is the same whatever their candidate (elementwise ones, whose
         # every split shards the output evenly) can still go exactly: SCIP gets the others.
         steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(objectives, order, memory, options, time_limit, steady)
+        again = _reduced(objectives, order, memory, options, deadline, steady)
         return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
-    return _pruned_run(objectives, options, memory, time_limit)
+    return _pruned_run(objectives, options, memory, deadline)
 
 
 def _reduced(
@@ -335,7 +364,7 @@ def _reduced(
     order: list[str],
     memory: _Memory | None,
     options: IlpOptions,
-    time_limit: float | None,
+    deadline: float | None,
     eliminable: set[str] | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
@@ -351,7 +380,7 @@ def _reduced(
             {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
         )
     if core.pairs or memory is not None:
-        run = _pruned_run(reduction.cores, options, memory, time_limit)
+        run = _pruned_run(reduction.cores, options, memory, deadline)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
@@ -373,13 +402,13 @@ def _pruned_run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
 ) -> IlpSolution:
     """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
     candidates that survive pruning (if on); the choice indexes the candidates of the problems,
     and the build time includes the pruning."""
     if not options.prune:
-        return _run(objectives, options, memory, time_limit)
+        return _run(objectives, options, memory, deadline)
     t0 = time.perf_counter()
     if memory is None:
         keep = dominance_survivors(objectives)
@@ -388,7 +417,7 @@ def _pruned_run(
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
     objectives = [restrict(o, keep) for o in objectives]
     prune_time = time.perf_counter() - t0
-    run = _run(objectives, options, memory, time_limit)
+    run = _run(objectives, options, memory, deadline)
     return replace(
         run,
         choice={v: int(keep[v][i]) for v, i in run.choice.items()},
