@@ -22,6 +22,7 @@ from taps._core import (
     redistribution_costs,
 )
 from taps.graph import Edge, Graph, Operand, Operator
+from taps.limits import check_candidates
 from taps.reductions import PairCost, Problem
 
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
@@ -39,6 +40,7 @@ def check_cost_model(cost_model: str) -> None:
 def candidates(op: Operator, num_devices: int) -> list[Strategy]:
     """The strategies the search considers for ``op``: every power-of-two split of its
     partitionable axes over ``num_devices`` whose degrees divide the axis sizes."""
+    check_candidates(op, num_devices)  # counted first: too many would exhaust the memory
     strategies = enumerate_strategies(list(op.partitionable_sizes), num_devices)
     if not strategies:
         raise StrategyError(

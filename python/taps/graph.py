@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from taps._core import GraphError
+from taps.checks import MAX_INT
 
 TENSOR_KINDS = ("input", "parameter", "activation", "view")
 
@@ -147,7 +148,8 @@ class Edge:
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    """A positive int that fits the core's 64-bit integers."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT
 
 
 def _shape(name: str, shape: Iterable[int]) -> tuple[int, ...]:
@@ -155,8 +157,11 @@ def _shape(name: str, shape: Iterable[int]) -> tuple[int, ...]:
         dims = tuple(shape)
     except TypeError:
         raise GraphError(f"tensor {name!r}: shape {shape!r} is not a sequence of ints") from None
-    if not all(_positive_int(d) for d in dims):
-        raise GraphError(f"tensor {name!r}: shape {list(dims)} must hold positive ints")
+    if not all(_positive_int(d) for d in dims) or math.prod(dims) > MAX_INT:
+        raise GraphError(
+            f"tensor {name!r}: shape {list(dims)} must hold positive ints whose product is "
+            "below 2**63"
+        )
     return dims
 
 
@@ -731,6 +736,8 @@ class Graph:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise GraphError(f"not JSON: {e}") from None
+        except RecursionError:
+            raise GraphError("not a graph: JSON nested too deeply") from None
         return cls.from_dict(data)
 
     @classmethod
