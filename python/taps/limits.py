@@ -62,7 +62,7 @@ def check_candidates(op: Operator, num_devices: int) -> int:
         raise ResourceError(
             f"operator {op.name!r}: {count:,} candidate strategies ({len(op.partitionable)} "
             f"partitionable axes on {num_devices:,} devices, about "
-            f"{_gib(count * CANDIDATE_BYTES)} to enumerate), more than the {MAX_CANDIDATES:,} "
+            f"{_gib(count * CANDIDATE_BYTES)} of tables), more than the {MAX_CANDIDATES:,} "
             "the search takes; make fewer axes partitionable or search fewer devices"
         )
     return count

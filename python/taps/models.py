@@ -174,6 +174,11 @@ def gpt(
     return g
 
 
+#: The layer of :func:`gpt` the command line builds as ``gpt``: GPT-3 175B's shape (Brown et al.
+#: 2020: 96 layers of hidden size 12288, 96 heads, sequences of 2048), at batch 16.
+GPT3 = {"hidden": 12288, "heads": 96, "seq": 2048, "layers": 96}
+GPT_BATCH = 16
+
 #: The MLP's default batch.
 MLP_BATCH = 1024
 
@@ -202,7 +207,7 @@ def mlp(
 
 def names() -> list[str]:
     """The built-in models by the names the command line takes."""
-    return ["alexnet", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
+    return ["alexnet", "gpt", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
 
 
 def default_batch(name: str) -> int:
@@ -212,6 +217,8 @@ def default_batch(name: str) -> int:
         return ALEXNET_BATCH
     if key == "mlp":
         return MLP_BATCH
+    if key == "gpt":
+        return GPT_BATCH
     if key.startswith("megatron-"):
         return megatron_config(name[len("megatron-") :])[1].global_batch
     raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")
@@ -223,6 +230,8 @@ def by_name(name: str, batch: int | None = None) -> Graph:
     key = name.lower()
     if key.startswith("megatron-"):
         return megatron(name[len("megatron-") :], batch=batch)
+    if key == "gpt":
+        return gpt(**GPT3, batch=default_batch(key) if batch is None else batch)
     if key in ("alexnet", "mlp"):
         build = alexnet if key == "alexnet" else mlp
         return build(batch=default_batch(key) if batch is None else batch)
