@@ -67,8 +67,13 @@ def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
 
 
 def plot_plan(result: SearchResult, path: str | os.PathLike[str]) -> None:
-    """Draw the strategy and cost of every operator of ``result`` into ``path`` (PNG, or any
-    format matplotlib knows by the suffix); the size is :func:`figure_size`."""
+    """Draw :func:`plan_figure` of ``result`` into ``path`` (PNG, or any format matplotlib knows
+    by the suffix); the size in pixels is :func:`figure_size`."""
+    plan_figure(result).savefig(os.fspath(path), dpi=DPI)
+
+
+def plan_figure(result: SearchResult) -> Any:
+    """The figure of ``result``: the strategies on its first axes, the costs on its second."""
     rows = result.breakdown
     width, height = figure_size(len(rows))
     fig = new_figure(width / DPI, height / DPI)
@@ -95,7 +100,7 @@ def plot_plan(result: SearchResult, path: str | os.PathLike[str]) -> None:
         f"{cluster.devices_per_node} devices, {total} per step ({result.status})",
         fontsize=10,
     )
-    fig.savefig(os.fspath(path), dpi=DPI)
+    return fig
 
 
 def _draw_strategies(ax: Any, result: SearchResult) -> None:
