@@ -92,5 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """The ``taps`` program: :func:`main` on the command line, then exit. After Ctrl-C the
+    process ends at once: an interrupted solve leaves a large SCIP model whose teardown would
+    take seconds, and every output file is already cleaned up."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()
