@@ -256,8 +256,13 @@ def _run(argv, capsys):
         ),
         (
             ["search", "gpt", "--nodes", "1", "--devices-per-node", "2", "--batch", str(2**70)],
-            "batch must be a positive int below 2**63",
+            f"--batch: '{2**70}' is beyond 2**63",
         ),
+        (
+            ["search", "gpt", "--nodes", "1", "--devices-per-node", "2", "--batch", "0"],
+            "gpt: batch must be a positive int below 2**63, got 0",
+        ),
+        ([*SEARCH[:2], "--nodes", str(2**63), "--devices-per-node", "8"], "beyond 2**63"),
         ([*SEARCH, "--json", "/no/such/dir/x.json"], "No such file or directory"),
         ([*SEARCH, "--json", "/dev/full"], "not a regular file"),
         ([*SEARCH, "--plot", "/no/such/dir/plan.png"], "No such file or directory"),

@@ -51,6 +51,8 @@ class OutputFile:
             )
         except OSError as e:
             raise OutputError(f"cannot write {str(self.path)!r}: {e.strerror}") from None
+        except ValueError as e:  # a NUL in the path
+            raise OutputError(f"cannot write {str(self.path)!r}: {e}") from None
         os.close(fd)
         self.temp = Path(temp)
 

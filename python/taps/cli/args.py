@@ -38,6 +38,17 @@ def ints(text: str) -> list[int]:
     return values
 
 
+def integer(text: str) -> int:
+    """An integer that fits the core's 64 bits (the library says what else is wrong with it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond 2**63")
+    return value
+
+
 def matrix_map(text: str) -> tuple[list[int], list[int]]:
     """``"[2,8]:[1,0]"`` -> device matrix and tensor map."""
     matrix, sep, tensor_map = text.partition(":")
@@ -51,8 +62,8 @@ def matrix_map(text: str) -> tuple[list[int], list[int]]:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's)."""
     defaults = Cluster(1, 1)
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
-    p.add_argument("--devices-per-node", type=int, required=True, help="devices in one node")
+    p.add_argument("--nodes", type=integer, required=True, help="number of nodes")
+    p.add_argument("--devices-per-node", type=integer, required=True, help="devices in one node")
     p.add_argument(
         "--intra-bandwidth",
         type=positive("the intra-node bandwidth"),
@@ -175,6 +186,8 @@ def load_model(name: str, batch: int | None) -> Graph:
                 data = f.read()
         except OSError as e:
             raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
+        except ValueError as e:  # a NUL in the path
+            raise GraphError(f"cannot read graph file {name!r}: {e}") from None
         try:
             return Graph.from_json(data)
         except GraphError as e:

@@ -9,7 +9,14 @@ from typing import Any
 from rich.console import Console
 
 from taps import models
-from taps.cli.args import add_cluster_args, cluster, load_model, memory_size, positive
+from taps.cli.args import (
+    add_cluster_args,
+    cluster,
+    integer,
+    load_model,
+    memory_size,
+    positive,
+)
 from taps.outputs import Outputs
 from taps.plot import check_available, plot_plan
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
@@ -72,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
     add_cluster_args(p)
-    p.add_argument("--batch", type=int, default=None, help="batch size (model default)")
+    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
     p.add_argument(
         "--memory",
         type=memory_size,
