@@ -176,7 +176,7 @@ def gpt(
 
 #: The layer of :func:`gpt` the command line builds as ``gpt``: GPT-3 175B's shape (Brown et al.
 #: 2020: 96 layers of hidden size 12288, 96 heads, sequences of 2048), at batch 16.
-GPT3 = {"hidden": 12288, "heads": 96, "seq": 2048, "layers": 96}
+GPT3_HIDDEN, GPT3_HEADS, GPT3_SEQ, GPT3_LAYERS = 12288, 96, 2048, 96
 GPT_BATCH = 16
 
 #: The MLP's default batch.
@@ -231,7 +231,8 @@ def by_name(name: str, batch: int | None = None) -> Graph:
     if key.startswith("megatron-"):
         return megatron(name[len("megatron-") :], batch=batch)
     if key == "gpt":
-        return gpt(**GPT3, batch=default_batch(key) if batch is None else batch)
+        size = GPT_BATCH if batch is None else batch
+        return gpt(GPT3_HIDDEN, GPT3_HEADS, GPT3_SEQ, size, layers=GPT3_LAYERS)
     if key in ("alexnet", "mlp"):
         build = alexnet if key == "alexnet" else mlp
         return build(batch=default_batch(key) if batch is None else batch)
