@@ -404,3 +404,12 @@ def test_json_output_is_valid_json_with_status_and_gap(tmp_path, capsys):
 
 def _no_constant(name):
     raise AssertionError(f"{name} is not JSON")
+
+
+def test_two_outputs_to_one_file_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    same = str(tmp_path / "out")
+    code, out, err = _run([*SEARCH, "--json", same, "--plot", same], capsys)
+    assert (code, out) == (2, "")
+    assert "same file" in err
+    assert list(tmp_path.iterdir()) == []

@@ -66,6 +66,9 @@ class Outputs:
     Leaving the block without a commit (an error, Ctrl-C) removes every temporary file."""
 
     def __init__(self, *paths: str | os.PathLike[str] | None) -> None:
+        given = [Path(p) for p in paths if p is not None]
+        if len({os.path.abspath(p) for p in given}) < len(given):
+            raise OutputError(f"two outputs go to the same file: {', '.join(map(str, given))}")
         self.files: list[OutputFile] = []
         try:
             for p in paths:

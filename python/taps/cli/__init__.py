@@ -69,13 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BAD_INPUT
-    except (TapsError, OSError, MemoryError, RecursionError) as e:
-        if isinstance(e, MemoryError):
-            message = "out of memory"
-        elif isinstance(e, RecursionError):
-            message = "input nested too deeply"
-        else:
-            message = _describe(e)
+    except (TapsError, OSError, MemoryError) as e:
+        message = "out of memory" if isinstance(e, MemoryError) else _describe(e)
         if os.environ.get("TAPS_DEBUG"):
             traceback.print_exc()
         sys.stderr.write(f"{prog}: error: {message}\n")
