@@ -19,8 +19,9 @@ import pytest
 
 import taps
 from taps._core import allreduce_costs
-from taps.costs import _reduced_tensors, candidates, intra_collectives
+from taps.costs import all_reduce_operands, intra_collectives
 from taps.graph import Operator
+from taps.sharding import Candidate, strategies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import reference as ref
@@ -98,16 +99,16 @@ class _Node:
 def _nodes(graph: taps.Graph, cluster: taps.Cluster) -> list[_Node]:
     out = []
     for op in graph.ops:
-        strategies = candidates(op, cluster.num_devices)
-        degrees = [list(st.degrees) for st in strategies]
-        maps = [list(st.device_map) for st in strategies]
+        found = strategies(op, cluster.num_devices)
+        degrees = [list(st.degrees) for st in found]
+        maps = [list(st.device_map) for st in found]
         out.append(
             _Node(
                 op,
-                strategies,
+                found,
                 np.array(degrees, dtype=np.int64),
                 np.array(maps, dtype=np.int64),
-                _reduced_tensors(graph, op),
+                all_reduce_operands(graph, op),
                 degrees,
                 maps,
             )
@@ -145,7 +146,8 @@ def test_allreduce_costs_vs_reference(benchmark, graph, params):
     for n, costs, want in zip(nodes, got, reference()):
         # Exactly the node costs of the per-strategy loop over taps collectives it replaced.
         loop = [
-            sum(c.cost(cluster) for c in intra_collectives(graph, n.op, st)) for st in n.strategies
+            sum(c.cost(cluster) for c in intra_collectives(graph, n.op, Candidate.of(n.op, st)))
+            for st in n.strategies
         ]
         assert np.array_equal(costs, loop)
         np.testing.assert_allclose(costs, want, rtol=1e-12)

@@ -109,13 +109,13 @@ def test_search_table_and_json(tmp_path, capsys):
     out = capsys.readouterr().out
     for op in graph.ops:
         assert op.name in out
-    assert "reduction" in out and "Collectives" in out
+    assert "saving" in out and "Collectives" in out
     data = json.loads(out_json.read_text())
     cluster = taps.Cluster(2, 4)
     topo = taps.search(graph, cluster)
     assert data["topology"]["cost"] == pytest.approx(topo.cost)
     assert [o["name"] for o in data["topology"]["operators"]] == [op.name for op in graph.ops]
-    assert data["comparison"]["reduction_percent"] >= -1e-7
+    assert data["comparison"]["saving_percent"] >= -1e-7
 
 
 def test_builtin_model_with_batch(capsys):

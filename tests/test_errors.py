@@ -20,7 +20,7 @@ from taps import limits
 from taps.checks import ArgumentError
 from taps.cli import main
 from taps.ilp import IlpOptions
-from taps.limits import ResourceError, candidate_count, check_search_size
+from taps.limits import ResourceError, candidate_count
 from taps.reports import result_dict
 
 NAN, INF = float("nan"), float("inf")
@@ -169,16 +169,16 @@ def test_eight_axes_on_8192_devices_are_refused_before_enumerating():
 
 
 def test_search_larger_than_the_memory_is_refused_with_the_estimate(alexnet, monkeypatch):
-    need, candidates, pairs = limits.table_bytes(alexnet, CLUSTER)
-    assert candidates == sum(
-        len(taps.strategies_for(alexnet, op.name, CLUSTER)) for op in alexnet.ops
-    )
-    assert pairs == taps.search(alexnet, CLUSTER).num_aux_edges
+    candidates = sum(len(taps.strategies_for(alexnet, op.name, CLUSTER)) for op in alexnet.ops)
+    pairs = taps.search(alexnet, CLUSTER).num_aux_edges
+    need = limits.table_bytes(candidates, pairs)
     monkeypatch.setattr(limits, "available_memory", lambda: need - 1)
-    with pytest.raises(ResourceError, match=f"{candidates:,} candidate strategies"):
+    with pytest.raises(ResourceError, match=f"{candidates:,} candidate strategies, {pairs:,}"):
         taps.search(alexnet, CLUSTER)
+    with pytest.raises(ResourceError, match="GiB available"):
+        taps.compare(alexnet, CLUSTER)
     monkeypatch.setattr(limits, "available_memory", lambda: need)
-    check_search_size(alexnet, CLUSTER)
+    assert taps.search(alexnet, CLUSTER).status == "optimal"
 
 
 def test_available_memory_is_known_here():

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import taps
 from taps.graph import conv_output_size
+from taps.sharding import operand_axis_indices
 
 
 def closed_form(size: int, kernel: int, stride: int, padding: int = 0) -> int:
@@ -39,8 +40,8 @@ def test_linear_shapes_axes_and_parameters():
     assert op.input_tensors == ("x", "fc.weight", "fc.bias")
     assert g.tensors["fc.weight"].shape == (32, 64) and g.tensors["fc.bias"].shape == (64,)
     assert g.tensors["fc.weight"].kind == "parameter" and g.tensors["fc.weight"].requires_grad
-    assert op.operand_axis_indices(op.inputs[1]) == [2, 3]
-    assert op.operand_axis_indices(op.output) == [0, 1, 3]
+    assert operand_axis_indices(op, op.inputs[1]) == [2, 3]
+    assert operand_axis_indices(op, op.output) == [0, 1, 3]
 
 
 def test_linear_makes_every_leading_dim_an_axis():
@@ -62,9 +63,9 @@ def test_conv_output_is_the_closed_form(h, k, s, p):
     assert op.partitionable == ("b", "ci", "co")
     assert op.contracted == ("ci", "hi", "wi", "kh", "kw")
     # Spatial dims stay whole: their operand entries are -1.
-    assert op.operand_axis_indices(op.inputs[0]) == [0, 1, -1, -1]
-    assert op.operand_axis_indices(op.inputs[1]) == [2, 1, -1, -1]
-    assert op.operand_axis_indices(op.output) == [0, 2, -1, -1]
+    assert operand_axis_indices(op, op.inputs[0]) == [0, 1, -1, -1]
+    assert operand_axis_indices(op, op.inputs[1]) == [2, 1, -1, -1]
+    assert operand_axis_indices(op, op.output) == [0, 2, -1, -1]
     assert g.tensors["c.weight"].shape == (8, 3, k, k)
 
 
@@ -128,7 +129,7 @@ def test_layernorm_softmax_keep_their_axis_whole():
     assert g.op("ln").partitionable == ("b", "s")
     assert g.tensors["ln.gamma"].shape == g.tensors["ln.beta"].shape == (16,)
     assert g.op("sm").partitionable == ("b", "h")
-    assert g.op("sm").operand_axis_indices(g.op("sm").inputs[0]) == [0, -1, 1]
+    assert operand_axis_indices(g.op("sm"), g.op("sm").inputs[0]) == [0, -1, 1]
     with pytest.raises(taps.GraphError, match="out of range"):
         g.softmax("bad", x, axis=3)
 
@@ -151,8 +152,8 @@ def test_einsum_axes_follow_first_appearance_and_partitionable_is_ordered():
     assert y.shape == (2, 7, 3)
     assert op.axes == ("b", "s", "i", "o") and op.axis_sizes == (2, 3, 5, 7)
     assert op.partitionable == ("b", "o") and op.partitionable_sizes == (2, 7)
-    assert op.operand_axis_indices(op.inputs[0]) == [0, -1, -1]
-    assert op.operand_axis_indices(op.output) == [0, 1, -1]
+    assert operand_axis_indices(op, op.inputs[0]) == [0, -1, -1]
+    assert operand_axis_indices(op, op.output) == [0, 1, -1]
 
 
 def test_operand_axis_indices_give_each_tensor_its_layout():
@@ -166,7 +167,7 @@ def test_operand_axis_indices_give_each_tensor_its_layout():
         degree = dict(zip(op.partitionable, strategy.degrees))
         for operand in (*op.inputs, op.output):
             shape = [op.axis_size(d) for d in operand.dims]
-            layout = strategy.tensor_layout(op.operand_axis_indices(operand), shape)
+            layout = strategy.tensor_layout(operand_axis_indices(op, operand), shape)
             assert layout.shard_shape == [
                 s // degree.get(d, 1) for d, s in zip(operand.dims, shape)
             ]
@@ -433,7 +434,7 @@ def test_the_files_axis_order_is_kept():
     op = taps.Graph.from_json(json.dumps(d)).op("fc1")
     assert op.axes == ("out", "b", "in") and op.axis_sizes == (16, 64, 8)
     assert op.partitionable == ("out", "in")
-    assert op.operand_axis_indices(op.inputs[0]) == [-1, 1]
+    assert operand_axis_indices(op, op.inputs[0]) == [-1, 1]
 
 
 def test_to_json_writes_one_line_per_entry():

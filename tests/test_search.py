@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import re
 
 import numpy as np
@@ -12,34 +11,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import taps
-from taps.costs import build_tables, candidates, intra_collectives, memory
-
-CLUSTERS = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (4, 1), (1, 8), (2, 4), (4, 2), (2, 8), (4, 4)]
-
-
-@st.composite
-def small_graphs(draw) -> taps.Graph:
-    """Chains, branches and joins of linear, elementwise and reshape ops on small tensors."""
-    g = taps.Graph(name="random")
-    b = draw(st.sampled_from([4, 8, 16]))
-    h = draw(st.sampled_from([4, 8, 12]))
-    x = g.input("x", (b, h), requires_grad=draw(st.booleans()))
-    live = [x]
-    for k in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["linear", "relu", "add", "reshape_linear"]))
-        src = draw(st.sampled_from(live))
-        if kind == "linear":
-            out = g.linear(f"fc{k}", src, draw(st.sampled_from([4, 8])))
-        elif kind == "relu":
-            out = g.relu(f"relu{k}", src)
-        elif kind == "add":
-            same = [t for t in live if t.shape == src.shape]
-            out = g.add(f"add{k}", src, draw(st.sampled_from(same)))
-        else:
-            flat = g.reshape(f"view{k}", src, (math.prod(src.shape),))
-            out = g.einsum(f"scale{k}", "n,n->n", flat, g.parameter(f"w{k}", flat.shape))
-        live.append(out)
-    return g
+from graphs_gen import CLUSTERS, small_enough, small_graphs
+from taps.costs import build_tables, intra_collectives, memory
+from taps.sharding import candidates
 
 
 def _brute_force(tables) -> float:
@@ -64,16 +38,6 @@ def _brute_force(tables) -> float:
     return float(total.min())
 
 
-def _small_enough(graph, cluster, limit: int = 3000) -> bool:
-    """Brute force is affordable, and every op has a candidate (a 4-element op has none on 8
-    devices: that is a StrategyError, tested elsewhere)."""
-    try:
-        sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
-    except taps.StrategyError:
-        return False
-    return math.prod(sizes) <= limit
-
-
 OPTIONS = [
     taps.IlpOptions(),
     taps.IlpOptions(reduce=False),
@@ -91,7 +55,7 @@ OPTIONS = [
 )
 def test_search_equals_brute_force(graph, shape, cost_model, options):
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster, 200_000))
+    assume(small_enough(graph, cluster, 200_000))
     result = taps.search(graph, cluster, cost_model, options=options)
     tables = build_tables(graph, cluster, cost_model)
     assert result.status == "optimal" and result.gap == 0
@@ -108,7 +72,7 @@ def test_tables_agree_with_direct_evaluation(graph, shape, data):
     """The search's tables (batch kernel, layout classes) price any assignment exactly as the
     direct path does (plan_redistribution per edge, collectives per op)."""
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster))
+    assume(small_enough(graph, cluster))
     for cost_model in ("topology", "volume"):
         tables = build_tables(graph, cluster, cost_model)
         choice = {
@@ -124,10 +88,10 @@ def test_tables_agree_with_direct_evaluation(graph, shape, data):
 @given(small_graphs(), st.sampled_from([s for s in CLUSTERS if s[0] > 1]))
 def test_topology_search_never_worse_under_topology(graph, shape):
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster))
+    assume(small_enough(graph, cluster))
     c = taps.compare(graph, cluster)
     assert c.topology.cost <= c.volume_under_topology * (1 + 1e-9)
-    assert c.reduction >= -1e-7
+    assert c.saving >= -1e-7
 
 
 @settings(max_examples=25, deadline=None)
@@ -136,7 +100,7 @@ def test_one_node_both_searches_cost_the_same(graph, devices):
     """On one node every link is an intra-node link: time is bytes over one bandwidth, so both
     searches minimise the same thing."""
     cluster = taps.Cluster(1, devices)
-    assume(_small_enough(graph, cluster))
+    assume(small_enough(graph, cluster))
     c = taps.compare(graph, cluster)
     assert c.topology.cost == pytest.approx(c.volume_under_topology, rel=1e-9, abs=1e-18)
 
@@ -149,11 +113,11 @@ def test_matmul_volume_is_the_papers_formula():
     g.einsum("mm", "bi,io->bo", x, w)
     op = g.op("mm")
     cluster = taps.Cluster(1, 8)
-    for s in candidates(op, 8):
-        d, r, c = s.degrees
+    for cand in candidates(op, 8):
+        d, r, c = cand.strategy.degrees
         want = 2 * ((d - 1) * i * o + (r - 1) * b * o + (c - 1) * b * i) / (d * r * c)
-        got = sum(col.cost(cluster, "volume") for col in intra_collectives(g, op, s))
-        assert got == pytest.approx(want * 2), s  # fp16: two bytes per element
+        got = sum(col.cost(cluster, "volume") for col in intra_collectives(g, op, cand))
+        assert got == pytest.approx(want * 2), cand.strategy  # fp16: two bytes per element
 
 
 def test_memory_limit():
@@ -182,7 +146,7 @@ def test_memory_limited_search_equals_brute_force(graph, shape, position, option
     (with reductions, the unconstrained optimum is only taken when it fits). Memory in the
     billions of bytes, as for real models, must not upset SCIP's numerics."""
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster))
+    assume(small_enough(graph, cluster))
     tables = build_tables(graph, cluster, bytes_per_parameter=per_parameter)
     names = list(tables.ops)
 
@@ -212,12 +176,12 @@ def test_memory_counts_parameter_shards_and_saved_output():
     x = g.input("x", (8, 16))
     g.linear("fc", x, 32)
     op = g.op("fc")
-    for s in candidates(op, 4):
-        deg = dict(zip(op.partitionable, s.degrees))
+    for cand in candidates(op, 4):
+        deg = dict(zip(op.partitionable, cand.strategy.degrees))
         in_axis, out_axis = op.partitionable[-2], op.partitionable[-1]
         weight = 16 * 32 / (deg[in_axis] * deg[out_axis])
         out = 8 * 32 / (deg[op.partitionable[0]] * deg[out_axis])
-        assert memory(g, op, s) == pytest.approx(weight * 16 + out * 2)
+        assert memory(g, op, cand) == pytest.approx(weight * 16 + out * 2)
 
 
 def test_search_is_deterministic():
@@ -280,7 +244,7 @@ def test_tie_break_is_lexicographic(graph, shape):
     from taps.ilp import solve
 
     cluster = taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster))
+    assume(small_enough(graph, cluster))
     vol, topo = build_tables(graph, cluster, "volume"), build_tables(graph, cluster, "topology")
     names = list(vol.ops)
     every = [
@@ -355,7 +319,7 @@ def _k4_graph(b: int, h: int) -> taps.Graph:
 @given(st.sampled_from([8, 16]), st.sampled_from([8, 16]), st.sampled_from(CLUSTERS))
 def test_irreducible_core_goes_to_scip(b, h, shape):
     graph, cluster = _k4_graph(b, h), taps.Cluster(*shape)
-    assume(_small_enough(graph, cluster, 200_000))
+    assume(small_enough(graph, cluster, 200_000))
     for cost_model in ("topology", "volume"):
         result = taps.search(graph, cluster, cost_model)
         tables = build_tables(graph, cluster, cost_model)

@@ -1,14 +1,18 @@
 """What a strategy costs: the intra-operator collectives of an operator (node cost), the memory it
-needs per device, and the redistributions between operators (edge cost). SPEC sections 5 and 6."""
+needs per device, and the redistributions between operators (edge cost). The layouts come from
+:mod:`taps.sharding`; this module only prices them (docs/conventions.md: "Intra-operator
+communication" and "Topology-aware cost")."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from taps import sharding
 from taps._core import (
     Cluster,
     Layout,
@@ -17,13 +21,12 @@ from taps._core import (
     StrategyError,
     TopologyError,
     allreduce_costs,
-    enumerate_strategies,
     plan_redistribution,
     redistribution_costs,
 )
 from taps.graph import Edge, Graph, Operand, Operator
-from taps.limits import check_candidates
 from taps.reductions import PairCost, Problem
+from taps.sharding import Candidate, candidates, operand_axis_indices, operand_shape
 
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
@@ -37,37 +40,9 @@ def check_cost_model(cost_model: str) -> None:
         raise TopologyError(f"unknown cost model {cost_model!r}: expected 'topology' or 'volume'")
 
 
-def candidates(op: Operator, num_devices: int) -> list[Strategy]:
-    """The strategies the search considers for ``op``: every power-of-two split of its
-    partitionable axes over ``num_devices`` whose degrees divide the axis sizes."""
-    check_candidates(op, num_devices)  # counted first: too many would exhaust the memory
-    strategies = enumerate_strategies(list(op.partitionable_sizes), num_devices)
-    if not strategies:
-        raise StrategyError(
-            f"operator {op.name!r}: no split of its partitionable axes "
-            f"{dict(zip(op.partitionable, op.partitionable_sizes))} onto {num_devices} devices "
-            "has degrees that divide the axis sizes"
-        )
-    return strategies
-
-
 def strategies_for(graph: Graph, op_name: str, cluster: Cluster) -> list[Strategy]:
-    """The candidate list the search uses for one operator of ``graph`` on ``cluster``."""
-    return candidates(graph.op(op_name), cluster.num_devices)
-
-
-def operand_layout(op: Operator, operand: Operand, strategy: Strategy) -> Layout:
-    """The layout a strategy gives one operand (input or output) of ``op``."""
-    sizes = dict(zip(op.axes, op.axis_sizes))
-    return strategy.tensor_layout(
-        op.operand_axis_indices(operand), [sizes[d] for d in operand.dims]
-    )
-
-
-def needs_gradient(graph: Graph, tensor: str) -> bool:
-    """Parameters always get a gradient; an input only if it asks for one (an earlier layer's
-    output); an activation or view if anything upstream of it needs one."""
-    return graph.tensors[tensor].requires_grad
+    """The strategies the search considers for one operator of ``graph`` on ``cluster``."""
+    return sharding.strategies(graph.op(op_name), cluster.num_devices)
 
 
 @dataclass(frozen=True)
@@ -86,58 +61,58 @@ class Collective:
 
 
 def _replicated(layout: Layout) -> bool:
-    """Whether some device dim is unused by the map (so a reduction over it is needed)."""
+    """Whether some device dim is unused by the map (so an all_reduce over it is needed)."""
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
-def _reducible(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
-    """SPEC section 5: the operands of ``op`` whose shard can be a partial sum, in order: the
+def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
+    """The operands of ``op`` whose shard can be a partial sum, in order: the
     output if a contracted axis can be split (forward), and every input that needs a gradient
     (backward). Each needs an all_reduce over the device dims its layout leaves unused; for the
     output that is exactly when a contracted axis is split."""
     out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
-    return out + [(o, "gradient") for o in op.inputs if needs_gradient(graph, o.tensor)]
+    return out + [(o, "gradient") for o in op.inputs if graph.tensors[o.tensor].requires_grad]
 
 
-def intra_collectives(graph: Graph, op: Operator, strategy: Strategy) -> list[Collective]:
-    """The all_reduces a strategy of ``op`` needs (:func:`_reducible`), one per operand whose
-    layout leaves a device dim unused."""
+def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:
+    """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
+    operand whose layout leaves a device dim unused."""
     out: list[Collective] = []
-    for operand, reason in _reducible(graph, op):
-        layout = operand_layout(op, operand, strategy)
+    for operand, reason in _all_reduced_operands(graph, op):
+        layout = candidate.layout(op, operand)
         if _replicated(layout):
             t = graph.tensors[operand.tensor]
             out.append(Collective(t.name, reason, layout, t.dtype_bytes))
     return out
 
 
-def _reduced_tensors(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
-    """The operands of :func:`_reducible` as ``(strategy axes, shape, dtype bytes)`` for the Rust
-    kernel ``allreduce_costs``, which prices a reduction over no device dim at 0."""
-    sizes = dict(zip(op.axes, op.axis_sizes))
+def all_reduce_operands(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
+    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes)``
+    for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no device dim at 0."""
     return [
         (
-            op.operand_axis_indices(o),
-            [sizes[d] for d in o.dims],
+            operand_axis_indices(op, o),
+            operand_shape(op, o),
             float(graph.tensors[o.tensor].dtype_bytes),
         )
-        for o, _ in _reducible(graph, op)
+        for o, _ in _all_reduced_operands(graph, op)
     ]
 
 
 def memory(
-    graph: Graph, op: Operator, strategy: Strategy, bytes_per_parameter: float = BYTES_PER_PARAMETER
+    graph: Graph,
+    op: Operator,
+    candidate: Candidate,
+    bytes_per_parameter: float = BYTES_PER_PARAMETER,
 ) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
     optimizer state, and its output shard, saved for the backward pass."""
     total = 0.0
-    for operand in op.inputs:
+    for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.tensors[operand.tensor].kind == "parameter":
-            shard = operand_layout(op, operand, strategy).shard_shape
-            total += float(np.prod(shard)) * bytes_per_parameter
+            total += float(np.prod(layout.shard_shape)) * bytes_per_parameter
     out = graph.tensors[op.output.tensor]
-    total += float(np.prod(operand_layout(op, op.output, strategy).shard_shape)) * out.dtype_bytes
-    return total
+    return total + float(np.prod(candidate.output.shard_shape)) * out.dtype_bytes
 
 
 @dataclass
@@ -145,9 +120,13 @@ class OpTable:
     """The candidates of one operator with their node costs and memory."""
 
     op: Operator
-    strategies: list[Strategy]
+    candidates: list[Candidate]
     node_cost: np.ndarray
     memory: np.ndarray
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        return [c.strategy for c in self.candidates]
 
 
 @dataclass
@@ -212,54 +191,60 @@ def build_tables(
     cluster: Cluster,
     cost_model: str = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
-    share_edge_costs: bool = True,
+    share: bool = True,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
-    Edges whose two ends give the same lists of layout classes (the same tensor between operators
-    of the same kind, as in repeated blocks) share one cost matrix unless ``share_edge_costs`` is
-    off (for the benchmark)."""
+    Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
+    candidate list, node cost and memory vector, and edges between operators of the same two
+    signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
+    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark)."""
     check_cost_model(cost_model)
     n = cluster.num_devices
-    t0 = time.perf_counter()
-    strategies = {op.name: candidates(op, n) for op in graph.ops}
-    t1 = time.perf_counter()
+    timings = {"enumerate": 0.0, "costs": 0.0}
+    signature = {op.name: graph.signature(op.name) if share else op.name for op in graph.ops}
+    distinct: dict[Any, OpTable] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
-        cands = strategies[op.name]
-        node = allreduce_costs(
-            np.array([s.degrees for s in cands], dtype=np.int64),
-            np.array([s.device_map for s in cands], dtype=np.int64),
-            _reduced_tensors(graph, op),
-            cluster,
-            cost_model,
-        )
-        mem = np.array([memory(graph, op, s, bytes_per_parameter) for s in cands])
-        ops[op.name] = OpTable(op, cands, node, mem)
-    cache: dict[tuple, np.ndarray] = {}
+        key = signature[op.name]
+        if key not in distinct:
+            t0 = time.perf_counter()
+            cands = candidates(op, n)
+            t1 = time.perf_counter()
+            node = allreduce_costs(
+                np.array([c.strategy.degrees for c in cands], dtype=np.int64),
+                np.array([c.strategy.device_map for c in cands], dtype=np.int64),
+                all_reduce_operands(graph, op),
+                cluster,
+                cost_model,
+            )
+            mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
+            distinct[key] = OpTable(op, cands, node, mem)
+            timings["enumerate"] += t1 - t0
+            timings["costs"] += time.perf_counter() - t1
+        shared = distinct[key]
+        ops[op.name] = shared if shared.op is op else replace(shared, op=op)
+    t0 = time.perf_counter()
+    cache: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # Different operators can still give a tensor the same layout classes at both ends.
+    by_layouts: dict[Any, np.ndarray] = {}
     edges: list[EdgeTable] = []
     for edge in graph.edges:
-        producer, consumer = graph.op(edge.producer), graph.op(edge.consumer)
-        src = [operand_layout(producer, producer.output, s) for s in strategies[producer.name]]
-        dst_operand = consumer.inputs[edge.slot]
-        dst = [operand_layout(consumer, dst_operand, s) for s in strategies[consumer.name]]
-        src_cls, src_layouts = _classes(src)
-        dst_cls, dst_layouts = _classes(dst)
-        dtype = graph.tensors[edge.tensor].dtype_bytes
-        key = (tuple(src_layouts), tuple(dst_layouts), dtype)
-        if key not in cache or not share_edge_costs:
-            cache[key] = redistribution_costs(src_layouts, dst_layouts, cluster, dtype, cost_model)
-        edges.append(EdgeTable(edge, src_cls, dst_cls, cache[key]))
-    t2 = time.perf_counter()
-    return CostTables(
-        graph,
-        cluster,
-        cost_model,
-        ops,
-        edges,
-        bytes_per_parameter,
-        {"enumerate": t1 - t0, "costs": t2 - t1},
-    )
+        key = (signature[edge.producer], signature[edge.consumer], edge.slot)
+        if key not in cache:
+            src_cls, src_layouts = _classes([c.output for c in ops[edge.producer].candidates])
+            dst = [c.inputs[edge.slot] for c in ops[edge.consumer].candidates]
+            dst_cls, dst_layouts = _classes(dst)
+            dtype = graph.tensors[edge.tensor].dtype_bytes
+            layouts = (tuple(src_layouts), tuple(dst_layouts), dtype)
+            if layouts not in by_layouts or not share:
+                by_layouts[layouts] = redistribution_costs(
+                    src_layouts, dst_layouts, cluster, dtype, cost_model
+                )
+            cache[key] = (src_cls, dst_cls, by_layouts[layouts])
+        edges.append(EdgeTable(edge, *cache[key]))
+    timings["costs"] += time.perf_counter() - t0
+    return CostTables(graph, cluster, cost_model, ops, edges, bytes_per_parameter, timings)
 
 
 @dataclass(frozen=True)
@@ -302,15 +287,6 @@ def breakdown(
     missing = [op.name for op in graph.ops if op.name not in strategies]
     if missing:
         raise StrategyError(f"no strategy given for operators {missing}")
-    incoming: dict[str, list[Incoming]] = {op.name: [] for op in graph.ops}
-    for edge in graph.edges:
-        producer, consumer = graph.op(edge.producer), graph.op(edge.consumer)
-        a = operand_layout(producer, producer.output, strategies[producer.name])
-        b = operand_layout(consumer, consumer.inputs[edge.slot], strategies[consumer.name])
-        plan = plan_redistribution(a, b)
-        dtype = graph.tensors[edge.tensor].dtype_bytes
-        incoming[consumer.name].append(Incoming(edge, plan, plan.cost(cluster, dtype, cost_model)))
-    out = []
     for op in graph.ops:
         s = strategies[op.name]
         if s.num_devices != cluster.num_devices:
@@ -318,8 +294,19 @@ def breakdown(
                 f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the cluster "
                 f"{cluster.num_devices}"
             )
-        colls = tuple((c, c.cost(cluster, cost_model)) for c in intra_collectives(graph, op, s))
-        out.append(OpCost(op.name, s, colls, tuple(incoming[op.name])))
+    chosen = {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
+    incoming: dict[str, list[Incoming]] = {op.name: [] for op in graph.ops}
+    for edge in graph.edges:
+        a, b = chosen[edge.producer].output, chosen[edge.consumer].inputs[edge.slot]
+        plan = plan_redistribution(a, b)
+        dtype = graph.tensors[edge.tensor].dtype_bytes
+        incoming[edge.consumer].append(Incoming(edge, plan, plan.cost(cluster, dtype, cost_model)))
+    out = []
+    for op in graph.ops:
+        colls = tuple(
+            (c, c.cost(cluster, cost_model)) for c in intra_collectives(graph, op, chosen[op.name])
+        )
+        out.append(OpCost(op.name, strategies[op.name], colls, tuple(incoming[op.name])))
     return out
 
 

@@ -24,8 +24,10 @@ from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
 from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
+from taps.lagrange import price_memory, prune_by_price
 from taps.prune import dominance_survivors, negated, restrict
 from taps.reductions import PairCost, Problem, reduce
+from taps.tying import Ties
 
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
@@ -54,6 +56,10 @@ class IlpOptions:
     #: joins the operators left. Under a binding memory limit only operators whose memory does
     #: not depend on their candidate go.
     reduce: bool = True
+    #: Under a binding memory limit, price memory (taps.lagrange) before SCIP: series-parallel
+    #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
+    #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
+    price: bool = True
 
     def __post_init__(self) -> None:
         if self.formulation not in ("grouped", "pairwise"):
@@ -220,11 +226,13 @@ class _Memory:
         return self.layers * sum(float(self.per_op[n][i]) for n, i in choice.items())
 
 
-def _add_start(built: _Model, problem: Problem, memory: _Memory | None) -> None:
-    """Hand SCIP a first assignment, so that a time limit always leaves one to return: every
-    operator's cheapest candidate on its own, if it fits the memory limit."""
-    choice = {name: int(np.argmin(cost)) for name, cost in problem.node_cost.items()}
-    if memory is not None and memory.of(choice) > memory.limit:
+def _add_start(
+    built: _Model, problem: Problem, memory: _Memory | None, start: dict[str, int] | None
+) -> None:
+    """Hand SCIP a first assignment, so that a time limit always leaves one to return: ``start``
+    if given, else every operator's cheapest candidate on its own, if it fits the memory limit."""
+    choice = start or {name: int(np.argmin(cost)) for name, cost in problem.node_cost.items()}
+    if memory is not None and memory.of(choice) > memory.limit * (1 + _MEMORY_FEASTOL):
         return
     model = built.model
     sol = model.createSol()
@@ -266,6 +274,7 @@ def _run(
     options: IlpOptions,
     memory: _Memory | None,
     deadline: float | None,
+    start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Build and solve the ILP of the first objective, then, if there is a second, minimise it
     among the optima of the first (a lexicographic solve). SCIP stops at ``deadline`` (a
@@ -283,7 +292,7 @@ def _run(
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
     if options.warm_start:
-        _add_start(built, problem, memory)
+        _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
     _optimize(model)
     size = built.size
@@ -319,43 +328,79 @@ def solve(
     time_limit: float | None = None,
     options: IlpOptions = IlpOptions(),
     tie_break: tuple[CostTables, str] | None = None,
+    tie: bool = True,
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
-    indexes the candidates of ``tables`` whatever the options.
+    indexes the candidates of ``tables`` whatever the options. ``time_limit`` (seconds) bounds
+    the whole call: every SCIP solve in it gets what is left.
 
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
     the same graph and cluster under another cost model. Status, gap and time are those of the
-    second solve."""
+    second solve.
+
+    With ``tie`` (the default) the graph's tied repeats (:meth:`taps.Graph.tie`) take one set of
+    choices (:mod:`taps.tying`); ``tie=False`` searches every operator on its own."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
-    problem = tables.problem()
-    memory = (
-        None
-        if memory_limit is None
-        else _Memory(
-            {n: t.memory for n, t in tables.ops.items()}, tables.graph.layers, memory_limit
-        )
-    )
-    objectives = [problem]
+    objectives = [tables.problem()]
     if tie_break is not None:
         other = tie_break[0].problem()
         # Minimised from here on: the most of the other cost is the least of its negation.
         objectives.append(other if tie_break[1] == "min" else negated(other))
+    per_op = {n: t.memory for n, t in tables.ops.items()}
+    ties = Ties.of(list(tables.ops), tables.graph.tied) if tie and tables.graph.tied else None
+    if ties is not None:
+        objectives = ties.fold(objectives)
+        per_op = ties.fold_memory(per_op)
+    memory = None if memory_limit is None else _Memory(per_op, tables.graph.layers, memory_limit)
+    solution = _solve(objectives, memory, options, deadline)
+    if ties is not None:
+        solution = replace(solution, choice=ties.expand(solution.choice))
+    return solution
+
+
+def _solve(
+    objectives: list[Problem],
+    memory: _Memory | None,
+    options: IlpOptions,
+    deadline: float | None,
+) -> IlpSolution:
     if options.reduce:
-        order = list(tables.ops)
+        order = list(objectives[0].node_cost)
         solution = _reduced(objectives, order, None, options, deadline)
         # The optimum without the memory limit is optimal with it if it fits.
         if memory is None or memory.of(solution.choice) <= memory.limit:
             return solution
+        t0 = time.perf_counter()
+        priced = None
+        if len(objectives) == 1 and options.price:
+            scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
+            priced = price_memory(objectives[0], scaled, memory.limit)
+        reduce_time = solution.reduce_time + time.perf_counter() - t0
+        if priced is not None and priced.optimal and priced.choice is not None:
+            # A price on memory decided it: no ILP.
+            size = IlpSize(0, 0, 0, 0, eliminated=len(order))
+            return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, reduce_time, size)
+        start = None
+        keep = {v: np.arange(len(c)) for v, c in objectives[0].node_cost.items()}
+        if priced is not None and priced.choice is not None:
+            # The price's best assignment is the one to beat: candidates that cannot are dropped.
+            t0 = time.perf_counter()
+            keep = prune_by_price(objectives[0], scaled, memory.limit, priced.price, priced.cost)
+            reduce_time += time.perf_counter() - t0
+            start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
+            objectives = [restrict(o, keep) for o in objectives]
+            memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
         # Operators whose memory is the same whatever their candidate (elementwise ones, whose
         # every split shards the output evenly) can still go exactly: SCIP gets the others.
         steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(objectives, order, memory, options, deadline, steady)
-        return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
+        again = _reduced(objectives, order, memory, options, deadline, steady, start)
+        choice = {v: int(keep[v][i]) for v, i in again.choice.items()}
+        return replace(again, choice=choice, reduce_time=again.reduce_time + reduce_time)
     return _pruned_run(objectives, options, memory, deadline)
 
 
@@ -366,6 +411,7 @@ def _reduced(
     options: IlpOptions,
     deadline: float | None,
     eliminable: set[str] | None = None,
+    start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
     must have the same memory for every candidate when ``memory`` is given)."""
@@ -380,7 +426,8 @@ def _reduced(
             {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
         )
     if core.pairs or memory is not None:
-        run = _pruned_run(reduction.cores, options, memory, deadline)
+        core_start = None if start is None else {v: start[v] for v in core.node_cost}
+        run = _pruned_run(reduction.cores, options, memory, deadline, core_start)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
@@ -403,21 +450,27 @@ def _pruned_run(
     options: IlpOptions,
     memory: _Memory | None,
     deadline: float | None,
+    start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
     candidates that survive pruning (if on); the choice indexes the candidates of the problems,
-    and the build time includes the pruning."""
+    and the build time includes the pruning. ``start`` (a first assignment for SCIP) is kept
+    through the pruning: keeping a candidate never loses the optimum."""
     if not options.prune:
-        return _run(objectives, options, memory, deadline)
+        return _run(objectives, options, memory, deadline, start)
     t0 = time.perf_counter()
     if memory is None:
         keep = dominance_survivors(objectives)
     else:
         keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
+    if start is not None:
+        keep = {v: np.union1d(k, [start[v]]) for v, k in keep.items()}
+        start = {v: int(np.searchsorted(keep[v], i)) for v, i in start.items()}
+    if memory is not None:
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
     objectives = [restrict(o, keep) for o in objectives]
     prune_time = time.perf_counter() - t0
-    run = _run(objectives, options, memory, deadline)
+    run = _run(objectives, options, memory, deadline, start)
     return replace(
         run,
         choice={v: int(keep[v][i]) for v, i in run.choice.items()},

@@ -9,8 +9,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from taps._core import Cluster, TapsError
-from taps.graph import Graph, Operator
+from taps._core import TapsError
 
 #: The most candidate strategies the search takes for one operator (its tables, layouts and ILP
 #: rows grow with them; the built-in models need at most a few thousand).
@@ -55,26 +54,24 @@ def candidate_count(sizes: Sequence[int], num_devices: int) -> int:
     return sum(math.factorial(i) * ways[i][n] for i in range(len(sizes) + 1))
 
 
-def check_candidates(op: Operator, num_devices: int) -> int:
-    """The candidate count of ``op``; :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
-    count = candidate_count(op.partitionable_sizes, num_devices)
+def check_candidates(name: str, sizes: Sequence[int], num_devices: int) -> int:
+    """The candidate count of operator ``name`` (partitionable axis ``sizes``);
+    :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
+    count = candidate_count(sizes, num_devices)
     if count > MAX_CANDIDATES:
         raise ResourceError(
-            f"operator {op.name!r}: {count:,} candidate strategies ({len(op.partitionable)} "
-            f"partitionable axes on {num_devices:,} devices, about "
-            f"{_gib(count * CANDIDATE_BYTES)} of tables), more than the {MAX_CANDIDATES:,} "
-            "the search takes; make fewer axes partitionable or search fewer devices"
+            f"operator {name!r}: {count:,} candidate strategies ({len(sizes)} partitionable axes "
+            f"on {num_devices:,} devices, about {_gib(count * CANDIDATE_BYTES)} of tables), more "
+            f"than the {MAX_CANDIDATES:,} the search takes; make fewer axes partitionable or "
+            "search fewer devices"
         )
     return count
 
 
-def table_bytes(graph: Graph, cluster: Cluster) -> tuple[int, int, int]:
-    """An upper bound of the memory of the search's cost tables, with the candidate count and
-    the number of strategy pairs across edges (the paper's |E_A|) it is made of."""
-    counts = {op.name: check_candidates(op, cluster.num_devices) for op in graph.ops}
-    pairs = sum(counts[e.producer] * counts[e.consumer] for e in graph.edges)
-    candidates = sum(counts.values())
-    return candidates * CANDIDATE_BYTES + pairs * PAIR_BYTES, candidates, pairs
+def table_bytes(candidates: int, pairs: int) -> int:
+    """An upper bound of the memory of cost tables over ``candidates`` strategies in all and
+    ``pairs`` pairs of strategies across edges (the paper's |E_A|)."""
+    return candidates * CANDIDATE_BYTES + pairs * PAIR_BYTES
 
 
 def available_memory() -> int | None:
@@ -92,15 +89,16 @@ def available_memory() -> int | None:
         return None
 
 
-def check_search_size(graph: Graph, cluster: Cluster) -> None:
-    """Refuse, before any work, a search whose tables would not fit this machine's memory."""
-    need, candidates, pairs = table_bytes(graph, cluster)
+def check_table_memory(what: str, candidates: int, pairs: int) -> None:
+    """Refuse, before any work, a search (``what``) whose tables would not fit this machine's
+    memory."""
+    need = table_bytes(candidates, pairs)
     have = available_memory()
     if have is not None and need > have:
         raise ResourceError(
-            f"the search of {graph.name!r} on {cluster.num_devices:,} devices would need about "
-            f"{_gib(need)} for its cost tables ({candidates:,} candidate strategies, {pairs:,} "
-            f"strategy pairs across edges), more than the {_gib(have)} available"
+            f"the search of {what} would need about {_gib(need)} for its cost tables "
+            f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges), more "
+            f"than the {_gib(have)} available"
         )
 
 

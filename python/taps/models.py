@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taps._core import GraphError
-from taps.checks import size
 from taps.graph import Graph
+from taps.graph.records import checked_size
 
 
 def _sizes(where: str, **values: object) -> None:
     """Every value a positive int below 2**63 (TypeError if not an int, GraphError if out of
     range), checked before anything is built."""
     for name, value in values.items():
-        size(where, name, value, GraphError)
+        checked_size(where, name, value)
 
 
 #: AlexNet's default batch (the paper gives none).
@@ -125,10 +125,16 @@ def gpt(
     ffn_multiplier: int = 4,
     name: str | None = None,
     dtype_bytes: int = 2,
+    blocks: int = 1,
+    tie: bool = False,
 ) -> Graph:
     """One pre-norm transformer layer on ``batch * seq`` tokens: layernorm, q/k/v projections,
     attention scores, softmax, context, output projection, residual add, layernorm, two-layer MLP
     with GeLU, residual add.
+
+    ``blocks > 1`` stacks that many layers in the graph, their names prefixed ``h0.``, ``h1.``,
+    ...; ``tie=True`` declares them repeats (:meth:`Graph.tie`), so a search gives them one set of
+    strategies. ``layers`` still multiplies the memory of the whole graph.
 
     As in the 2-D MatMuls of Megatron-LM and MindSpore, the projections and the MLP see the tokens
     as one axis (splitting it is data parallelism); attention sees batch, sequence and heads, and
@@ -143,6 +149,7 @@ def gpt(
         layers=layers,
         ffn_multiplier=ffn_multiplier,
         dtype_bytes=dtype_bytes,
+        blocks=blocks,
     )
     # The largest tensors: the scores (batch, heads, seq, seq) and the MLP's hidden activation.
     _sizes("gpt", **{"batch * heads * seq * seq": batch * heads * seq * seq})
@@ -158,19 +165,26 @@ def gpt(
     )
     # The previous layer's output: its gradient flows back.
     x = g.input("x", (tokens, hidden), dtype_bytes, requires_grad=True)
-    h = g.layernorm("ln1", x)
-    q, k, v = (
-        g.reshape(f"{n}.heads", g.linear(n, h, hidden), (batch, seq, heads, hd))
-        for n in ("q", "k", "v")
-    )
-    scores = g.einsum("scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
-    probs = g.softmax("softmax", scores)
-    ctx = g.einsum("context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
-    attn = g.linear("proj", g.reshape("context.flat", ctx, (tokens, hidden)), hidden)
-    x = g.add("residual1", x, attn)
-    h = g.layernorm("ln2", x)
-    h = g.gelu("gelu", g.linear("fc1", h, ffn_multiplier * hidden))
-    g.add("residual2", x, g.linear("fc2", h, hidden))
+    instances = []
+    for i in range(blocks):
+        p = f"h{i}." if blocks > 1 else ""
+        first = len(g.ops)
+        h = g.layernorm(f"{p}ln1", x)
+        q, k, v = (
+            g.reshape(f"{p}{n}.heads", g.linear(f"{p}{n}", h, hidden), (batch, seq, heads, hd))
+            for n in ("q", "k", "v")
+        )
+        scores = g.einsum(f"{p}scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
+        probs = g.softmax(f"{p}softmax", scores)
+        ctx = g.einsum(f"{p}context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
+        flat = g.reshape(f"{p}context.flat", ctx, (tokens, hidden))
+        x = g.add(f"{p}residual1", x, g.linear(f"{p}proj", flat, hidden))
+        h = g.layernorm(f"{p}ln2", x)
+        h = g.gelu(f"{p}gelu", g.linear(f"{p}fc1", h, ffn_multiplier * hidden))
+        x = g.add(f"{p}residual2", x, g.linear(f"{p}fc2", h, hidden))
+        instances.append([op.name for op in g.ops[first:]])
+    if tie and blocks > 1:
+        g.tie(instances)
     return g
 
 

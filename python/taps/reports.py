@@ -202,7 +202,7 @@ def comparison_table(comparison: Comparison) -> Table:
         format_bytes(vol.cost),
         f"{vol.timings['total']:.3f} s",
     )
-    table.caption = f"reduction: {comparison.reduction:.1f}% less communication time"
+    table.caption = f"saving: {comparison.saving:.1f}% less communication time"
     table.caption_justify = "left"
     return table
 

@@ -17,7 +17,7 @@ from taps.costs import (
 )
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
-from taps.limits import check_search_size
+from taps.limits import check_candidates, check_table_memory
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
@@ -55,14 +55,18 @@ def search(
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
+    tie: bool = True,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (SPEC section 7).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
     best assignment so far, with its gap (``status`` "timelimit"). ``options`` switches the ILP's
-    formulation and speed-ups (all exact). A search whose cost tables would not fit this
-    machine's memory is refused up front (:class:`taps.limits.ResourceError`).
+    formulation and speed-ups (all exact). With ``tie`` (the default) the graph's tied repeats
+    (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs what one repeat does;
+    every repeat's cost and memory is still counted. ``tie=False`` searches every operator on its
+    own. A search whose cost tables would not fit this machine's memory is refused up front
+    (:class:`taps.limits.ResourceError`); so is an operator with too many candidates.
     """
     t0 = time.perf_counter()
     _check("search", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
@@ -70,7 +74,9 @@ def search(
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
     check_cost_model(cost_model)
     deadline = None if time_limit is None else t0 + time_limit
-    return _search(graph, cluster, cost_model, memory_limit, deadline, bytes_per_parameter, options)
+    return _search(
+        graph, cluster, cost_model, memory_limit, deadline, bytes_per_parameter, options, tie
+    )
 
 
 def _check(
@@ -91,7 +97,14 @@ def _check(
     if time_limit is not None:
         number(where, "time_limit", time_limit)
     number(where, "bytes_per_parameter", bytes_per_parameter, positive=False)
-    check_search_size(graph, cluster)
+    counts = {
+        op.name: check_candidates(op.name, op.partitionable_sizes, cluster.num_devices)
+        for op in graph.ops
+    }
+    pairs = sum(counts[e.producer] * counts[e.consumer] for e in graph.edges)
+    check_table_memory(
+        f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
+    )
 
 
 def _search(
@@ -102,13 +115,14 @@ def _search(
     deadline: float | None,
     bytes_per_parameter: float,
     options: IlpOptions,
+    tie: bool = True,
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
     tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-    solution = solve(tables, limit, left, options)
+    solution = solve(tables, limit, left, options, tie=tie)
     t1 = time.perf_counter()
     strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
     memory = graph.layers * sum(
@@ -153,7 +167,7 @@ class Comparison:
     topology_under_volume: float
 
     @property
-    def reduction(self) -> float:
+    def saving(self) -> float:
         """Percent less communication time of the topology-aware result."""
         if self.volume_under_topology == 0:
             return 0.0

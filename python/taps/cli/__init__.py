@@ -7,6 +7,7 @@ traceback)."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 import traceback
@@ -14,7 +15,6 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-import taps
 from taps._core import TapsError
 from taps.cli import plan, reproduce, search
 from taps.cli.args import Parser, attach_values
@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="taps",
         description="Topology-aware intra-operator parallelism strategy search.",
     )
-    parser.add_argument("--version", action="version", version=f"taps {taps.__version__}")
+    # The installed distribution's version: the package itself is a layer above the CLI.
+    version = importlib.metadata.version("taps")
+    parser.add_argument("--version", action="version", version=f"taps {version}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)

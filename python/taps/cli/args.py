@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 from taps import models
 from taps._core import Cluster, GraphError
-from taps.checks import MAX_INT
 from taps.graph import Graph
+from taps.graph.records import MAX_INT
 
 
 class Parser(argparse.ArgumentParser):

@@ -62,7 +62,7 @@ def _json(results: list[SearchResult], comparison: Comparison | None) -> str:
         data["comparison"] = {
             "volume_under_topology": comparison.volume_under_topology,
             "topology_under_volume": comparison.topology_under_volume,
-            "reduction_percent": comparison.reduction,
+            "saving_percent": comparison.saving,
         }
     # allow_nan=False: JSON has no NaN or Infinity, and no reader should meet them.
     return json.dumps(data, indent=2, allow_nan=False) + "\n"

@@ -50,7 +50,7 @@ def plot_comparison(rows: list[Row], path: Path) -> None:
         for x, r in zip(xs, mine):
             if r.nodes > 1:
                 ax.annotate(
-                    f"{-round(r.reduction_vs_best_tie) or 0}%",
+                    f"{-round(r.saving_vs_best_tie) or 0}%",
                     (x + 0.2, r.topology_cost * 1e3),
                     textcoords="offset points",
                     xytext=(0, 2),
@@ -68,7 +68,7 @@ def plot_comparison(rows: list[Row], path: Path) -> None:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8)
     fig.suptitle(
         "Topology-aware vs volume-based search, both priced under the topology model "
-        "(labels: reduction vs best tie)",
+        "(labels: saving vs best tie)",
         fontsize=10,
     )
     fig.savefig(path)

@@ -44,7 +44,7 @@ class Headline:
 
     #: The paper's 85% case (AlexNet on 2 x 8), if it ran.
     alexnet_2x8: Row | None
-    #: The multi-node comparison case with the largest reduction against the best tie.
+    #: The multi-node comparison case with the largest saving against the best tie.
     best: Row | None
     multi_node: int
     #: Multi-node comparison cases more than 20% faster than the best tie.
@@ -57,15 +57,15 @@ class Headline:
         if self.alexnet_2x8 is not None:
             r = self.alexnet_2x8
             out.append(
-                f"AlexNet on 2 x 8 (the paper's 85% case): {_pct(r.reduction_vs_best_tie)} less "
-                f"time than the best volume-optimal tie, {_pct(r.reduction_vs_returned)} less "
-                f"than the tie the search returns, {_pct(r.reduction_vs_worst_tie)} less than "
+                f"AlexNet on 2 x 8 (the paper's 85% case): {_pct(r.saving_vs_best_tie)} less "
+                f"time than the best volume-optimal tie, {_pct(r.saving_vs_returned)} less "
+                f"than the tie the search returns, {_pct(r.saving_vs_worst_tie)} less than "
                 "the worst"
             )
         if self.best is not None:
             b = self.best
             out.append(
-                f"Largest reduction against the best tie: {_pct(b.reduction_vs_best_tie)} "
+                f"Largest saving against the best tie: {_pct(b.saving_vs_best_tie)} "
                 f"({b.model} on {b.nodes} x {b.devices_per_node}); more than 20% in "
                 f"{self.above_20} of {self.multi_node} multi-node comparison cases"
             )
@@ -81,9 +81,9 @@ def headline(rows: list[Row]) -> Headline:
     alexnet = [r for r in multi if r.model == "alexnet" and r.nodes == 2]
     return Headline(
         alexnet_2x8=alexnet[0] if alexnet else None,
-        best=max(multi, key=lambda r: r.reduction_vs_best_tie) if multi else None,
+        best=max(multi, key=lambda r: r.saving_vs_best_tie) if multi else None,
         multi_node=len(multi),
-        above_20=sum(r.reduction_vs_best_tie > 20 for r in multi),
+        above_20=sum(r.saving_vs_best_tie > 20 for r in multi),
         max_ratio=max(r.cost_ratio for r in rows),
     )
 
@@ -98,9 +98,9 @@ def _comparison_table(rows: list[Row]) -> str:
             _ms(r.volume_cost_returned),
             _ms(r.volume_cost_best_tie),
             _ms(r.volume_cost_worst_tie),
-            _pct(r.reduction_vs_returned),
-            _pct(r.reduction_vs_best_tie),
-            _pct(r.reduction_vs_worst_tie),
+            _pct(r.saving_vs_returned),
+            _pct(r.saving_vs_best_tie),
+            _pct(r.saving_vs_worst_tie),
             f"{r.volume_ratio:.2f}",
         ]
         for r in rows
@@ -113,7 +113,7 @@ def _comparison_table(rows: list[Row]) -> str:
         "volume: returned (ms)",
         "best tie (ms)",
         "worst tie (ms)",
-        "reduction vs returned",
+        "saving vs returned",
         "vs best tie",
         "vs worst tie",
         "volume ratio",
@@ -126,7 +126,7 @@ def _pivot(rows: list[Row], column: Callable[[Row], float], header: str) -> str:
     ``column`` value."""
     cols = sorted({column(r) for r in rows})
     keys = list(dict.fromkeys((r.model, r.nodes) for r in rows))
-    cell = {(r.model, r.nodes, column(r)): _pct(r.reduction_vs_best_tie) for r in rows}
+    cell = {(r.model, r.nodes, column(r)): _pct(r.saving_vs_best_tie) for r in rows}
     lines = [[f"{m}, {n}"] + [cell.get((m, n, c), "") for c in cols] for m, n in keys]
     return _table(["model, nodes"] + [f"{header}{c:g}" for c in cols], lines)
 

@@ -61,16 +61,16 @@ class Row:
     tie_solve_time: float
 
     @property
-    def reduction_vs_returned(self) -> float:
-        return _reduction(self.topology_cost, self.volume_cost_returned)
+    def saving_vs_returned(self) -> float:
+        return _saving(self.topology_cost, self.volume_cost_returned)
 
     @property
-    def reduction_vs_best_tie(self) -> float:
-        return _reduction(self.topology_cost, self.volume_cost_best_tie)
+    def saving_vs_best_tie(self) -> float:
+        return _saving(self.topology_cost, self.volume_cost_best_tie)
 
     @property
-    def reduction_vs_worst_tie(self) -> float:
-        return _reduction(self.topology_cost, self.volume_cost_worst_tie)
+    def saving_vs_worst_tie(self) -> float:
+        return _saving(self.topology_cost, self.volume_cost_worst_tie)
 
     @property
     def volume_ratio(self) -> float:
@@ -96,9 +96,9 @@ class Row:
 
 
 DERIVED_COLUMNS = (
-    "reduction_vs_returned",
-    "reduction_vs_best_tie",
-    "reduction_vs_worst_tie",
+    "saving_vs_returned",
+    "saving_vs_best_tie",
+    "saving_vs_worst_tie",
     "volume_ratio",
     "cost_ratio",
     "cost_ratio_returned",
@@ -111,7 +111,7 @@ def _ratio(a: float, b: float) -> float:
     return 1.0 if a == b else a / b
 
 
-def _reduction(cost: float, baseline: float) -> float:
+def _saving(cost: float, baseline: float) -> float:
     """Percent less time than ``baseline``."""
     return 100.0 * (1.0 - _ratio(cost, baseline))
 

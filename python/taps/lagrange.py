@@ -1,0 +1,163 @@
+"""A Lagrangian price on memory: the memory-limited search decided by the exact reductions.
+
+Memory adds up per operator, so pricing it at ``lam`` per byte turns the limited problem into an
+unlimited one with node costs ``cost + lam * memory``, which the exact reductions
+(:mod:`taps.reductions`) solve when they eliminate the whole graph (chains, trees, series-parallel
+blocks). For every price the minimiser ``x`` gives a lower bound on the limited optimum,
+``cost(x) + lam * (memory(x) - limit)``, and, when ``memory(x)`` fits, a feasible assignment. A
+bisection on the price finds the cheapest feasible assignment this way and the best bound; when
+they meet (the usual case when one price separates the fitting assignments from the others) the
+assignment is optimal without an ILP. Otherwise the ILP gets the assignment as its first solution
+and the bound says how far it can be from the optimum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from taps.reductions import Problem, reduce
+
+#: Prices tried at most; each is one run of the reductions.
+MAX_STEPS = 40
+#: Bound and assignment closer than this (relative) are taken as equal: the assignment is optimal.
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The outcome of the bisection."""
+
+    #: The cheapest assignment found that fits the limit (None: none did).
+    choice: dict[str, int] | None
+    cost: float
+    #: The best lower bound on the cost of any assignment that fits, and the price giving it.
+    bound: float
+    price: float
+    steps: int
+
+    @property
+    def optimal(self) -> bool:
+        return self.choice is not None and self.cost - self.bound <= TOLERANCE * max(
+            abs(self.cost), abs(self.bound), 1e-300
+        )
+
+
+def _minimise(
+    problem: Problem, memory: Mapping[str, np.ndarray], lam: float
+) -> dict[str, int] | None:
+    """The assignment minimising cost + lam * memory, if the reductions decide the whole problem;
+    ties go to the least memory (a second objective)."""
+    priced = Problem({v: c + lam * memory[v] for v, c in problem.node_cost.items()}, problem.pairs)
+    by_memory = Problem(
+        {v: np.asarray(memory[v], dtype=np.float64) for v in problem.node_cost},
+        [type(p)(p.u, p.w, p.u_class, p.w_class, np.zeros_like(p.cost)) for p in problem.pairs],
+    )
+    reduction = reduce([priced, by_memory], list(problem.node_cost))
+    if reduction.cores[0].pairs:
+        return None
+    return reduction.expand(reduction.isolated_choice())
+
+
+def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: float) -> Priced | None:
+    """The best price of memory (``memory`` per operator and candidate, already scaled
+    by the layer count; ``limit`` in the same unit). None if the reductions cannot decide the
+    problem on their own (a core is left for the ILP)."""
+
+    def total(x: dict[str, int]) -> tuple[float, float]:
+        used = sum(float(memory[v][i]) for v, i in x.items())
+        return problem.evaluate(x), used
+
+    best: dict[str, int] | None = None
+    best_cost = np.inf
+    bound, price = -np.inf, 0.0
+    steps = 0
+
+    def visit(lam: float) -> tuple[float, float] | None:
+        """Minimise at ``lam``; record the bound and any fitting assignment; return the
+        minimiser's cost and memory (None if the reductions leave a core)."""
+        nonlocal best, best_cost, bound, price, steps
+        steps += 1
+        x = _minimise(problem, memory, lam)
+        if x is None:
+            return None
+        cost, used = total(x)
+        if cost + lam * (used - limit) > bound:
+            bound, price = cost + lam * (used - limit), lam
+        if used <= limit and cost < best_cost:
+            best, best_cost = x, cost
+        return cost, used
+
+    at_zero = visit(0.0)
+    if at_zero is None:
+        return None
+    if at_zero[1] <= limit:
+        return Priced(best, best_cost, best_cost, 0.0, steps)
+    # A price at which the least-memory assignments win: every cost spread over the smallest
+    # step of memory.
+    spread = sum(float(np.ptp(c)) for c in problem.node_cost.values())
+    spread += sum(float(np.ptp(p.cost)) for p in problem.pairs)
+    steps_of_memory = [np.diff(np.unique(m)) for m in memory.values()]
+    smallest = min((float(d.min()) for d in steps_of_memory if d.size), default=1.0)
+    at_top = visit(max(spread, 1e-300) / smallest * 2)
+    if at_top is None or best is None:
+        return Priced(None, np.inf, bound, price, steps)
+    # The dual is concave and piecewise linear, one line cost(x) + lam * (memory(x) - limit) per
+    # assignment: try the price where the lines of the last assignment that does not fit and of
+    # the last that does cross; no assignment below both lines there means that price is the
+    # best (Lagrangian) bound.
+    over, under = at_zero, at_top
+    while steps < MAX_STEPS and best_cost - bound > TOLERANCE * max(abs(best_cost), 1e-300):
+        lam = (under[0] - over[0]) / (over[1] - under[1])
+        x = visit(lam)
+        if x is None:
+            break
+        if x[0] + lam * x[1] >= over[0] + lam * over[1] * (1 - TOLERANCE) - TOLERANCE * abs(
+            over[0]
+        ):
+            break
+        if x[1] > limit:
+            over = x
+        else:
+            under = x
+    return Priced(best, best_cost, bound, price, steps)
+
+
+def prune_by_price(
+    problem: Problem,
+    memory: Mapping[str, np.ndarray],
+    limit: float,
+    price: float,
+    cutoff: float,
+) -> dict[str, np.ndarray]:
+    """The candidates that can still be in an assignment that fits and costs less than
+    ``cutoff`` (exact: Lagrangian reduced-cost fixing).
+
+    For any fitting assignment ``x``, ``cost(x) >= cost(x) + price * (memory(x) - limit)``. The
+    least of the right side over the assignments giving operator ``v`` candidate ``i`` (its
+    min-marginal, what the reductions leave on ``v`` when every other operator is eliminated)
+    bounds every fitting assignment with that choice; above ``cutoff``, the candidate goes. An
+    operator the reductions cannot isolate keeps every candidate."""
+    priced = Problem(
+        {v: c + price * memory[v] for v, c in problem.node_cost.items()}, problem.pairs
+    )
+    names = list(problem.node_cost)
+    keep = {}
+    for v in names:
+        everything = np.arange(len(problem.node_cost[v]))
+        if len(everything) == 1:
+            keep[v] = everything
+            continue
+        reduction = reduce([priced], names, [u for u in names if u != v])
+        core = reduction.cores[0]
+        if len(core.node_cost) != 1:
+            keep[v] = everything
+            continue
+        marginal = core.node_cost[v] - price * limit
+        slack = TOLERANCE * max(abs(cutoff), 1e-300)
+        keep[v] = np.flatnonzero(marginal <= cutoff + slack)
+        if not keep[v].size:
+            keep[v] = everything  # nothing fits below the cutoff: leave it to the ILP
+    return keep

@@ -1,0 +1,86 @@
+"""How a strategy shards an operator: the layout it gives every operand.
+
+A strategy splits an operator's partitionable axes; each operand (input or output) takes the
+device dims of the axes it has, so its tensor map follows from the operand's dims. This module is
+the one place that rule lives. :func:`candidates` builds, once per operator, a :class:`Candidate`
+per strategy with the layout of every operand (as DTensor's op strategies carry the placements of
+their inputs and output); the cost model, the memory model, the reports and the exports read
+those layouts rather than working them out again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taps._core import Layout, Strategy, StrategyError, enumerate_strategies
+from taps.graph import Operand, Operator
+from taps.limits import check_candidates
+
+
+def operand_axis_indices(op: Operator, operand: Operand) -> list[int]:
+    """For each dim of ``operand``, its axis's index in ``op.partitionable``, or -1 (whole).
+
+    A strategy over the partitionable axes gives the tensor the map
+    ``[strategy.device_map[i] if i >= 0 else -1 for i in indices]``.
+    """
+    return [op.partitionable.index(d) if d in op.partitionable else -1 for d in operand.dims]
+
+
+def operand_shape(op: Operator, operand: Operand) -> list[int]:
+    """The operand's shape, read from the operator's axis sizes."""
+    return [op.axis_size(d) for d in operand.dims]
+
+
+def operand_layout(op: Operator, operand: Operand, strategy: Strategy) -> Layout:
+    """The layout ``strategy`` gives one operand (input or output) of ``op``."""
+    return strategy.tensor_layout(operand_axis_indices(op, operand), operand_shape(op, operand))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy of an operator with the layout it gives every operand.
+
+    Attributes:
+        strategy: the degrees and device dims of the partitionable axes.
+        inputs: the layout of each input, in slot order.
+        output: the layout of the output.
+    """
+
+    strategy: Strategy
+    inputs: tuple[Layout, ...]
+    output: Layout
+
+    @classmethod
+    def of(cls, op: Operator, strategy: Strategy) -> Candidate:
+        return cls(
+            strategy,
+            tuple(operand_layout(op, o, strategy) for o in op.inputs),
+            operand_layout(op, op.output, strategy),
+        )
+
+    def layout(self, op: Operator, operand: Operand) -> Layout:
+        """The layout of ``operand``, one of ``op``'s inputs or its output."""
+        if operand == op.output:
+            return self.output
+        return self.inputs[op.inputs.index(operand)]
+
+
+def strategies(op: Operator, num_devices: int) -> list[Strategy]:
+    """Every power-of-two split of ``op``'s partitionable axes over ``num_devices`` whose
+    degrees divide the axis sizes, in :func:`taps.enumerate_strategies` order. They are counted
+    first: more than :data:`taps.limits.MAX_CANDIDATES` is a :class:`taps.limits.ResourceError`
+    (enumerating them could exhaust the memory)."""
+    check_candidates(op.name, op.partitionable_sizes, num_devices)
+    found = enumerate_strategies(list(op.partitionable_sizes), num_devices)
+    if not found:
+        raise StrategyError(
+            f"operator {op.name!r}: no split of its partitionable axes "
+            f"{dict(zip(op.partitionable, op.partitionable_sizes))} onto {num_devices} devices "
+            "has degrees that divide the axis sizes"
+        )
+    return found
+
+
+def candidates(op: Operator, num_devices: int) -> list[Candidate]:
+    """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
+    return [Candidate.of(op, s) for s in strategies(op, num_devices)]

@@ -1,0 +1,48 @@
+"""The Lagrangian price on memory (taps.lagrange) against brute force: its bound is a bound, its
+assignment fits, and its pruning keeps an optimal assignment."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import taps
+from graphs_gen import CLUSTERS, small_enough, small_graphs
+from taps.costs import build_tables
+from taps.lagrange import price_memory, prune_by_price
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.floats(0.05, 0.95))
+def test_price_bound_assignment_and_pruning(graph, shape, position):
+    cluster = taps.Cluster(*shape)
+    assume(small_enough(graph, cluster))
+    tables = build_tables(graph, cluster)
+    problem = tables.problem()
+    memory = {n: t.memory * graph.layers for n, t in tables.ops.items()}
+    names = list(tables.ops)
+    every = [
+        dict(zip(names, c)) for c in itertools.product(*(range(len(memory[n])) for n in names))
+    ]
+
+    def mem(choice):
+        return sum(float(memory[n][i]) for n, i in choice.items())
+
+    lo, hi = min(map(mem, every)), max(map(mem, every))
+    limit = lo + position * (hi - lo)
+    fitting = [c for c in every if mem(c) <= limit]
+    best = min(problem.evaluate(c) for c in fitting)
+    priced = price_memory(problem, memory, limit)
+    assume(priced is not None)  # a graph the reductions cannot decide alone
+    assert priced.bound <= best * (1 + 1e-9) + 1e-15
+    assert priced.choice is not None
+    assert mem(priced.choice) <= limit
+    assert priced.cost == problem.evaluate(priced.choice) >= best * (1 - 1e-9) - 1e-15
+    if priced.optimal:
+        assert priced.cost <= best * (1 + 1e-9) + 1e-15
+    keep = prune_by_price(problem, memory, limit, priced.price, priced.cost)
+    # Some optimal fitting assignment survives the pruning whole.
+    optimal = [c for c in fitting if problem.evaluate(c) <= best * (1 + 1e-12) + 1e-18]
+    assert any(all(c[v] in keep[v] for v in names) for c in optimal)
