@@ -58,7 +58,7 @@ def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
     for row in result.breakdown:
         inside = across = 0.0
         for c, cost in row.collectives:
-            if inter_node_groups(c.layout, c.kind, dpn):
+            if inter_node_groups(c.layout, "all_reduce", dpn):  # the only intra-operator kind
                 across += cost
             else:
                 inside += cost
