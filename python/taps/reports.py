@@ -10,6 +10,7 @@ from rich.table import Table
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
 
 if TYPE_CHECKING:
+    from taps.costs import CostModel
     from taps.search import Comparison, SearchResult
 
 
@@ -31,7 +32,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def format_cost(cost: float, model: str) -> str:
+def format_cost(cost: float, model: CostModel) -> str:
     return format_seconds(cost) if model == "topology" else format_bytes(cost)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from taps._core import Cluster, Strategy
 from taps.checks import number
@@ -18,6 +19,9 @@ from taps.costs import (
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
 from taps.limits import check_candidates, check_table_memory
+
+if TYPE_CHECKING:
+    from taps.costs import CostModel
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
@@ -34,7 +38,7 @@ class SearchResult:
 
     graph: Graph
     cluster: Cluster
-    cost_model: str
+    cost_model: CostModel
     strategies: dict[str, Strategy]
     cost: float
     breakdown: list[OpCost]
@@ -50,7 +54,7 @@ class SearchResult:
 def search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str = "topology",
+    cost_model: CostModel = "topology",
     memory_limit: float | None = None,
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
@@ -110,7 +114,7 @@ def _check(
 def _search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str,
+    cost_model: CostModel,
     memory_limit: float | None,
     deadline: float | None,
     bytes_per_parameter: float,

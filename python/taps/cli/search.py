@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from taps import models
+from taps._core import COST_MODELS
 from taps.cli.args import (
     add_cluster_args,
     cluster,
@@ -88,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--cost-model",
-        choices=("topology", "volume", "both"),
+        choices=(*COST_MODELS, "both"),
         default="topology",
         help="what the search minimises; both compares the two (topology)",
     )
