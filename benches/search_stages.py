@@ -11,16 +11,14 @@ runs once.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import resource
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 import taps
+from peak_memory import in_fresh_process
 from taps.costs import build_tables
 from taps.reproduce import DEVICES_PER_NODE, median_search, timing_cases
 from taps.search import STAGES
@@ -91,23 +89,14 @@ def ilp_seconds(result: taps.SearchResult) -> float:
     return t["reduce"] + t["build"] + t["solve"]
 
 
-def _search_peak_rss(quick: bool, large: bool, index: int) -> float:
-    """In a fresh interpreter: the peak resident memory (MiB) of one case's search. Linux's
-    ``ru_maxrss`` keeps the peak of the parent the interpreter was forked from, so the peak of
-    this process's own memory map (``VmHWM``) is read where there is one."""
+def _search(quick: bool, large: bool, index: int) -> None:
     case = cases(quick, large)[index]
     taps.search(case.graph, case.cluster)
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def peak_rss_mib(quick: bool, large: bool, index: int) -> float:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_search_peak_rss, (quick, large, index))
+    """The peak resident memory (MiB) of one case's search, in a fresh interpreter."""
+    return in_fresh_process(_search, quick, large, index)[1]
 
 
 def main() -> None:

@@ -1,12 +1,14 @@
-"""Type stubs of the Rust extension ``taps._core`` (see docs/core.md)."""
+"""Type stubs of the Rust extension ``taps._core`` (see docs/core.md and docs/conventions.md)."""
 
 from collections.abc import Sequence
-from typing import Literal, final
+from typing import Final, Literal, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "COLLECTIVE_KINDS",
+    "COST_MODELS",
     "Cluster",
     "CommOp",
     "GraphError",
@@ -27,43 +29,78 @@ __all__ = [
     "unify",
 ]
 
-# Names checked at run time (a bad one raises TopologyError): "all_reduce", "all_gather",
-# "all_to_all"; "topology", "volume".
-_Collective = str
-_CostModel = str
+# The names the core accepts; any other string raises TopologyError at run time.
+_CollectiveKind: TypeAlias = Literal["all_reduce", "all_gather", "all_to_all"]
+_CostModel: TypeAlias = Literal["topology", "volume"]
+_OpKind: TypeAlias = Literal["slice", "all_gather", "all_to_all"]
 
-class TapsError(ValueError): ...
-class LayoutError(TapsError): ...
-class UnifyError(LayoutError): ...
-class StrategyError(TapsError): ...
-class TopologyError(TapsError): ...
-class GraphError(TapsError): ...
-class InfeasibleError(TapsError): ...
+COLLECTIVE_KINDS: Final[tuple[_CollectiveKind, ...]]
+"""The collective names the cost functions accept, from the core's enum (the one list of them)."""
+COST_MODELS: Final[tuple[_CostModel, ...]]
+"""The cost model names the cost functions accept, from the core's enum (the one list of them)."""
+
+class TapsError(ValueError):
+    """Base class of every error taps raises."""
+
+class LayoutError(TapsError):
+    """A malformed layout or two layouts of different tensors."""
+
+class UnifyError(LayoutError):
+    """Two layouts that no rewrite can bring to one device matrix and shape."""
+
+class StrategyError(TapsError):
+    """Bad input to strategy enumeration."""
+
+class TopologyError(TapsError):
+    """A bad cluster, collective or cost model."""
+
+class GraphError(TapsError):
+    """A malformed operator graph."""
+
+class InfeasibleError(TapsError):
+    """A search with no feasible assignment, such as a memory limit nothing meets."""
 
 @final
 class Layout:
+    """How a tensor is spread over the devices: its shape, the device matrix (outermost dim first,
+    device dim 0 innermost) and the tensor map (per tensor dim, the device dim it is split along,
+    or -1). See docs/conventions.md#layouts. Immutable, hashable, picklable."""
+
     def __new__(
         cls, shape: Sequence[int], device_matrix: Sequence[int], tensor_map: Sequence[int]
     ) -> Layout: ...
     @property
-    def shape(self) -> list[int]: ...
+    def shape(self) -> list[int]:
+        """The global shape of the tensor."""
     @property
-    def device_matrix(self) -> list[int]: ...
+    def device_matrix(self) -> list[int]:
+        """The device matrix, outermost dim first: the last entry is device dim 0."""
     @property
-    def tensor_map(self) -> list[int]: ...
+    def tensor_map(self) -> list[int]:
+        """Per tensor dim, the device dim it is split along (0 innermost), or -1 if it is whole."""
     @property
-    def shard_shape(self) -> list[int]: ...
+    def shard_shape(self) -> list[int]:
+        """The shape of the block each device holds."""
     @property
-    def num_devices(self) -> int: ...
-    def shard_index(self, rank: int) -> list[tuple[int, int]]: ...
-    def device_dim_size(self, k: int) -> int: ...
-    def normalized(self) -> Layout: ...
+    def num_devices(self) -> int:
+        """The number of devices: the product of the device matrix."""
+    def shard_index(self, rank: int) -> list[tuple[int, int]]:
+        """Per tensor dim, the half-open `(start, stop)` range that `rank` holds."""
+    def device_dim_size(self, k: int) -> int:
+        """`d_k`, the size of device dim `k` (0 innermost)."""
+    def normalized(self) -> Layout:
+        """The same distribution with the device matrix cut only where the map needs it: two
+        layouts hold the same elements on every rank iff their normal forms are equal."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple[type[Layout], tuple[list[int], list[int], list[int]]]: ...
 
 @final
 class Cluster:
+    """A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
+    consecutive ranks. Bandwidths in bytes per second, memory in bytes per device. Immutable,
+    picklable."""
+
     def __new__(
         cls,
         nodes: int,
@@ -73,25 +110,34 @@ class Cluster:
         device_memory: float | None = None,
     ) -> Cluster: ...
     @property
-    def nodes(self) -> int: ...
+    def nodes(self) -> int:
+        """The number of nodes."""
     @property
-    def devices_per_node(self) -> int: ...
+    def devices_per_node(self) -> int:
+        """Devices per node."""
     @property
-    def intra_bandwidth(self) -> float: ...
+    def intra_bandwidth(self) -> float:
+        """Bytes per second between two devices of one node."""
     @property
-    def inter_bandwidth(self) -> float: ...
+    def inter_bandwidth(self) -> float:
+        """Bytes per second out of a node, shared by every group that crosses it at once."""
     @property
-    def device_memory(self) -> float | None: ...
+    def device_memory(self) -> float | None:
+        """Bytes of memory per device, or None if unlimited."""
     @property
-    def num_devices(self) -> int: ...
+    def num_devices(self) -> int:
+        """The number of devices: nodes times devices per node."""
     def collective_cost(
         self,
         layout: Layout,
-        collective: _Collective,
+        collective: _CollectiveKind,
         device_dim: int | None = None,
         dtype_bytes: float = 2.0,
         model: _CostModel = "topology",
-    ) -> float: ...
+    ) -> float:
+        """Seconds (topology model) or bytes per device (volume model) of a collective of
+        `layout`: an `"all_reduce"` over the device dims the map does not use (no `device_dim`),
+        or an `"all_gather"` / `"all_to_all"` along `device_dim`."""
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(
         self,
@@ -99,81 +145,133 @@ class Cluster:
 
 @final
 class CommOp:
+    """One step of a redistribution: a slice, all_gather or all_to_all along one device dim, with
+    the layout it acts on."""
+
     @property
-    def kind(self) -> Literal["slice", "all_gather", "all_to_all"]: ...
+    def kind(self) -> _OpKind:
+        """`"slice"`, `"all_gather"` or `"all_to_all"`."""
     @property
-    def device_dim(self) -> int: ...
+    def device_dim(self) -> int:
+        """The device dim the op runs along (0 innermost)."""
     @property
-    def tensor_dim(self) -> int: ...
+    def tensor_dim(self) -> int:
+        """The tensor dim sliced or gathered (for an all_to_all, the one gathered)."""
     @property
-    def to_tensor_dim(self) -> int | None: ...
+    def to_tensor_dim(self) -> int | None:
+        """For an all_to_all, the tensor dim that gets split; None otherwise."""
     @property
-    def group_size(self) -> int: ...
+    def group_size(self) -> int:
+        """The number of devices in each group: the size of the device dim."""
     @property
-    def volume(self) -> int: ...
+    def volume(self) -> int:
+        """Elements received per device."""
     @property
-    def layout(self) -> Layout: ...
-    def inter_node_groups(self, devices_per_node: int) -> int: ...
+    def layout(self) -> Layout:
+        """The layout before the op."""
+    def inter_node_groups(self, devices_per_node: int) -> int:
+        """`ct` of this op on nodes of `devices_per_node` devices (0 for a slice)."""
     def cost(
         self, cluster: Cluster, dtype_bytes: float = 2.0, model: _CostModel = "topology"
-    ) -> float: ...
+    ) -> float:
+        """Seconds (topology model) or bytes per device (volume model) of the op."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
 class Redistribution:
+    """A redistribution plan: the unified layouts and the ops between them, with the fallback
+    gathers (prelude) and slices (epilogue) used when the two layouts do not unify as they are."""
+
     @property
-    def source(self) -> Layout: ...
+    def source(self) -> Layout:
+        """The source layout rewritten to the common device matrix and shape."""
     @property
-    def target(self) -> Layout: ...
+    def target(self) -> Layout:
+        """The target layout rewritten to the common device matrix and shape."""
     @property
-    def ops(self) -> list[CommOp]: ...
+    def ops(self) -> list[CommOp]:
+        """The ops from the unified source to the unified target."""
     @property
-    def prelude(self) -> list[CommOp]: ...
+    def prelude(self) -> list[CommOp]:
+        """The all_gathers on the original source of the splits that block unification."""
     @property
-    def epilogue(self) -> list[CommOp]: ...
+    def epilogue(self) -> list[CommOp]:
+        """The free slices onto the original target of the splits that block unification."""
     @property
-    def all_ops(self) -> list[CommOp]: ...
+    def all_ops(self) -> list[CommOp]:
+        """Every step in order: prelude, ops, epilogue."""
     @property
-    def volume(self) -> int: ...
+    def volume(self) -> int:
+        """Elements received per device over the whole plan."""
     def cost(
         self, cluster: Cluster, dtype_bytes: float = 2.0, model: _CostModel = "topology"
-    ) -> float: ...
+    ) -> float:
+        """Seconds (topology model) or bytes per device (volume model) of the whole plan."""
     def __eq__(self, value: object, /) -> bool: ...
 
 @final
 class Strategy:
+    """A strategy of one operator: a power-of-two degree per partitionable axis, and the device
+    dim of each split axis (-1 where the degree is 1). Immutable, hashable, picklable."""
+
     def __new__(cls, degrees: Sequence[int], device_map: Sequence[int]) -> Strategy: ...
     @property
-    def degrees(self) -> list[int]: ...
+    def degrees(self) -> list[int]:
+        """Per axis, the number of blocks it is split into."""
     @property
-    def device_map(self) -> list[int]: ...
+    def device_map(self) -> list[int]:
+        """Per axis, the device dim it is split along (0 innermost), or -1 for degree 1."""
     @property
-    def device_matrix(self) -> list[int]: ...
+    def device_matrix(self) -> list[int]:
+        """One dim per split axis, sized by its degree, outermost first."""
     @property
-    def num_devices(self) -> int: ...
-    def tensor_layout(self, axes: Sequence[int], shape: Sequence[int]) -> Layout: ...
+    def num_devices(self) -> int:
+        """The number of devices: the product of the degrees."""
+    def tensor_layout(self, axes: Sequence[int], shape: Sequence[int]) -> Layout:
+        """The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple[type[Strategy], tuple[list[int], list[int]]]: ...
 
-def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]: ...
-def plan_redistribution(a: Layout, b: Layout) -> Redistribution: ...
+def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
+    """Rewrites two layouts of one tensor to one device matrix and one shape without moving an
+    element (docs/conventions.md#unification)."""
+
+def plan_redistribution(a: Layout, b: Layout) -> Redistribution:
+    """Plans the redistribution from layout `a` to layout `b`
+    (docs/conventions.md#redistribution)."""
+
 def inter_node_groups(
-    layout: Layout, collective: _Collective, devices_per_node: int, device_dim: int | None = None
-) -> int: ...
-def enumerate_strategies(axis_sizes: Sequence[int], num_devices: int) -> list[Strategy]: ...
+    layout: Layout,
+    collective: _CollectiveKind,
+    devices_per_node: int,
+    device_dim: int | None = None,
+) -> int:
+    """`ct`, the number of groups of a collective of `layout` that leave one node of
+    `devices_per_node` devices at once (0 if the groups stay inside a node;
+    docs/conventions.md#ct)."""
+
+def enumerate_strategies(axis_sizes: Sequence[int], num_devices: int) -> list[Strategy]:
+    """Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order
+    (docs/conventions.md#strategies)."""
+
 def redistribution_costs(
     sources: Sequence[Layout],
     targets: Sequence[Layout],
     cluster: Cluster,
     dtype_bytes: float = 2.0,
     model: _CostModel = "topology",
-) -> npt.NDArray[np.float64]: ...
+) -> npt.NDArray[np.float64]:
+    """The matrix of redistribution costs from each source to each target, on all cores."""
+
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],
     device_maps: npt.NDArray[np.int64],
     tensors: Sequence[tuple[Sequence[int], Sequence[int], float]],
     cluster: Cluster,
     model: _CostModel = "topology",
-) -> npt.NDArray[np.float64]: ...
+) -> npt.NDArray[np.float64]:
+    """Per strategy (rows of `degrees` and `device_maps`), the summed all_reduce cost of the
+    tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused, on all
+    cores."""

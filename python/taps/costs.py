@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from taps import sharding
 from taps._core import (
+    COST_MODELS,
     Cluster,
     Layout,
     Redistribution,
@@ -28,16 +29,20 @@ from taps.graph import Edge, Graph, Operand, Operator
 from taps.reductions import PairCost, Problem
 from taps.sharding import Candidate, candidates, operand_axis_indices, operand_shape
 
+if TYPE_CHECKING:
+    from taps._core import _CostModel as CostModel
+
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
 BYTES_PER_PARAMETER = 16
 
-COST_MODELS = ("topology", "volume")
 
-
-def check_cost_model(cost_model: str) -> None:
+def check_cost_model(cost_model: object) -> None:
+    """Refuse an unknown cost model before any work (the core's list is the one source)."""
     if cost_model not in COST_MODELS:
-        raise TopologyError(f"unknown cost model {cost_model!r}: expected 'topology' or 'volume'")
+        raise TopologyError(
+            f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
+        )
 
 
 def strategies_for(graph: Graph, op_name: str, cluster: Cluster) -> list[Strategy]:
@@ -54,9 +59,9 @@ class Collective:
     reason: str  # "forward partial sum" or "gradient"
     layout: Layout
     dtype_bytes: int
-    kind: str = "all_reduce"
+    kind: Literal["all_reduce"] = "all_reduce"
 
-    def cost(self, cluster: Cluster, cost_model: str = "topology") -> float:
+    def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
         return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
 
 
@@ -152,7 +157,7 @@ class CostTables:
 
     graph: Graph
     cluster: Cluster
-    cost_model: str
+    cost_model: CostModel
     ops: dict[str, OpTable]
     edges: list[EdgeTable]
     bytes_per_parameter: float = BYTES_PER_PARAMETER
@@ -189,7 +194,7 @@ def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
 def build_tables(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str = "topology",
+    cost_model: CostModel = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     share: bool = True,
 ) -> CostTables:
@@ -279,7 +284,10 @@ class OpCost:
 
 
 def breakdown(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    cost_model: CostModel = "topology",
 ) -> list[OpCost]:
     """Per operator, in topological order: its collectives and incoming redistributions with
     their costs. Computed directly from the plans, independently of the search's tables."""
@@ -311,7 +319,10 @@ def breakdown(
 
 
 def evaluate(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    cost_model: CostModel = "topology",
 ) -> float:
     """The communication cost of an assignment: seconds ("topology") or bytes ("volume")."""
     return sum(c.total for c in breakdown(graph, cluster, strategies, cost_model))

@@ -14,6 +14,7 @@ what is left are pruned (:mod:`taps.prune`); SCIP gets the core, if anything is 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -55,6 +56,10 @@ class IlpOptions:
     #: joins the operators left. Under a binding memory limit only operators whose memory does
     #: not depend on their candidate go.
     reduce: bool = True
+    #: Under a binding memory limit, price memory (taps.lagrange) before SCIP: series-parallel
+    #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
+    #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
+    price: bool = True
 
     def __post_init__(self) -> None:
         if self.formulation not in ("grouped", "pairwise"):
@@ -238,15 +243,42 @@ def _add_start(
     model.addSol(sol)
 
 
+def _optimize(model: Model) -> None:
+    """``model.optimize()`` that Ctrl-C stops at once: SCIP solves in a thread without the GIL
+    while this one waits, so the KeyboardInterrupt is raised here, and it interrupts SCIP. (SCIP's
+    own Ctrl-C handler would end the solve as if it were done, and print a line of its own.)"""
+    model.setParam("misc/catchctrlc", False)
+    failure: list[BaseException] = []
+
+    def solve() -> None:
+        try:
+            model.optimizeNogil()
+        except BaseException as e:  # re-raised in the caller's thread
+            failure.append(e)
+
+    worker = threading.Thread(target=solve, name="taps-scip")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        model.interruptSolve()
+        worker.join()
+        raise
+    if failure:
+        raise failure[0]
+
+
 def _run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
     start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Build and solve the ILP of the first objective, then, if there is a second, minimise it
-    among the optima of the first (a lexicographic solve)."""
+    among the optima of the first (a lexicographic solve). SCIP stops at ``deadline`` (a
+    ``time.perf_counter()`` value) with its best assignment so far."""
     t0 = time.perf_counter()
     if options.formulation == "pairwise":
         objectives = [_ungrouped(o) for o in objectives]
@@ -255,14 +287,14 @@ def _run(
     model = built.model
     primary = built.objective(problem)
     model.setObjective(primary, "minimize")
-    if time_limit is not None:
-        model.setParam("limits/time", float(time_limit))
+    if deadline is not None:
+        model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
     if options.warm_start:
         _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
-    model.optimize()
+    _optimize(model)
     size = built.size
     if len(objectives) > 1 and model.getNSols() > 0:
         best = model.getObjVal()
@@ -271,7 +303,7 @@ def _run(
         model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
         size = replace(size, constraints=size.constraints + 1)
         model.setObjective(built.objective(objectives[1]), "minimize")
-        model.optimize()
+        _optimize(model)
     status = model.getStatus()
     if model.getNSols() == 0:
         if status == "infeasible":
@@ -300,7 +332,8 @@ def solve(
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
-    indexes the candidates of ``tables`` whatever the options.
+    indexes the candidates of ``tables`` whatever the options. ``time_limit`` (seconds) bounds
+    the whole call: every SCIP solve in it gets what is left.
 
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
@@ -309,6 +342,7 @@ def solve(
 
     With ``tie`` (the default) the graph's tied repeats (:meth:`taps.Graph.tie`) take one set of
     choices (:mod:`taps.tying`); ``tie=False`` searches every operator on its own."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
@@ -323,7 +357,7 @@ def solve(
         objectives = ties.fold(objectives)
         per_op = ties.fold_memory(per_op)
     memory = None if memory_limit is None else _Memory(per_op, tables.graph.layers, memory_limit)
-    solution = _solve(objectives, memory, options, time_limit)
+    solution = _solve(objectives, memory, options, deadline)
     if ties is not None:
         solution = replace(solution, choice=ties.expand(solution.choice))
     return solution
@@ -333,17 +367,17 @@ def _solve(
     objectives: list[Problem],
     memory: _Memory | None,
     options: IlpOptions,
-    time_limit: float | None,
+    deadline: float | None,
 ) -> IlpSolution:
     if options.reduce:
         order = list(objectives[0].node_cost)
-        solution = _reduced(objectives, order, None, options, time_limit)
+        solution = _reduced(objectives, order, None, options, deadline)
         # The optimum without the memory limit is optimal with it if it fits.
         if memory is None or memory.of(solution.choice) <= memory.limit:
             return solution
         t0 = time.perf_counter()
         priced = None
-        if len(objectives) == 1:
+        if len(objectives) == 1 and options.price:
             scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
             priced = price_memory(objectives[0], scaled, memory.limit)
         reduce_time = solution.reduce_time + time.perf_counter() - t0
@@ -364,10 +398,10 @@ def _solve(
         # Operators whose memory is the same whatever their candidate (elementwise ones, whose
         # every split shards the output evenly) can still go exactly: SCIP gets the others.
         steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(objectives, order, memory, options, time_limit, steady, start)
+        again = _reduced(objectives, order, memory, options, deadline, steady, start)
         choice = {v: int(keep[v][i]) for v, i in again.choice.items()}
         return replace(again, choice=choice, reduce_time=again.reduce_time + reduce_time)
-    return _pruned_run(objectives, options, memory, time_limit)
+    return _pruned_run(objectives, options, memory, deadline)
 
 
 def _reduced(
@@ -375,7 +409,7 @@ def _reduced(
     order: list[str],
     memory: _Memory | None,
     options: IlpOptions,
-    time_limit: float | None,
+    deadline: float | None,
     eliminable: set[str] | None = None,
     start: dict[str, int] | None = None,
 ) -> IlpSolution:
@@ -393,7 +427,7 @@ def _reduced(
         )
     if core.pairs or memory is not None:
         core_start = None if start is None else {v: start[v] for v in core.node_cost}
-        run = _pruned_run(reduction.cores, options, memory, time_limit, core_start)
+        run = _pruned_run(reduction.cores, options, memory, deadline, core_start)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
@@ -415,7 +449,7 @@ def _pruned_run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
     start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
@@ -423,7 +457,7 @@ def _pruned_run(
     and the build time includes the pruning. ``start`` (a first assignment for SCIP) is kept
     through the pruning: keeping a candidate never loses the optimum."""
     if not options.prune:
-        return _run(objectives, options, memory, time_limit, start)
+        return _run(objectives, options, memory, deadline, start)
     t0 = time.perf_counter()
     if memory is None:
         keep = dominance_survivors(objectives)
@@ -436,7 +470,7 @@ def _pruned_run(
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
     objectives = [restrict(o, keep) for o in objectives]
     prune_time = time.perf_counter() - t0
-    run = _run(objectives, options, memory, time_limit, start)
+    run = _run(objectives, options, memory, deadline, start)
     return replace(
         run,
         choice={v: int(keep[v][i]) for v, i in run.choice.items()},

@@ -20,7 +20,7 @@ import numpy as np
 
 from taps.reductions import Problem, reduce
 
-#: Bisection steps on the price at most; each is one run of the reductions.
+#: Prices tried at most; each is one run of the reductions.
 MAX_STEPS = 40
 #: Bound and assignment closer than this (relative) are taken as equal: the assignment is optimal.
 TOLERANCE = 1e-9
@@ -62,7 +62,7 @@ def _minimise(
 
 
 def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: float) -> Priced | None:
-    """Bisection on the price of memory (``memory`` per operator and candidate, already scaled
+    """The best price of memory (``memory`` per operator and candidate, already scaled
     by the layer count; ``limit`` in the same unit). None if the reductions cannot decide the
     problem on their own (a core is left for the ILP)."""
 
@@ -75,9 +75,9 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
     bound, price = -np.inf, 0.0
     steps = 0
 
-    def visit(lam: float) -> float | None:
-        """Minimise at ``lam``; record the bound and any fitting assignment; return the memory
-        used (None if the reductions leave a core)."""
+    def visit(lam: float) -> tuple[float, float] | None:
+        """Minimise at ``lam``; record the bound and any fitting assignment; return the
+        minimiser's cost and memory (None if the reductions leave a core)."""
         nonlocal best, best_cost, bound, price, steps
         steps += 1
         x = _minimise(problem, memory, lam)
@@ -88,32 +88,40 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
             best, best_cost = x, cost
-        return used
+        return cost, used
 
-    used = visit(0.0)
-    if used is None:
+    at_zero = visit(0.0)
+    if at_zero is None:
         return None
-    if used <= limit:
+    if at_zero[1] <= limit:
         return Priced(best, best_cost, best_cost, 0.0, steps)
-    # A price at which the least-memory assignments win: costs spread over the smallest memory step.
+    # A price at which the least-memory assignments win: every cost spread over the smallest
+    # step of memory.
     spread = sum(float(np.ptp(c)) for c in problem.node_cost.values())
     spread += sum(float(np.ptp(p.cost)) for p in problem.pairs)
     steps_of_memory = [np.diff(np.unique(m)) for m in memory.values()]
     smallest = min((float(d.min()) for d in steps_of_memory if d.size), default=1.0)
-    lo, hi = 0.0, max(spread, 1e-300) / smallest * 2
-    if visit(hi) is None or best is None:
+    at_top = visit(max(spread, 1e-300) / smallest * 2)
+    if at_top is None or best is None:
         return Priced(None, np.inf, bound, price, steps)
+    # The dual is concave and piecewise linear, one line cost(x) + lam * (memory(x) - limit) per
+    # assignment: try the price where the lines of the last assignment that does not fit and of
+    # the last that does cross; no assignment below both lines there means that price is the
+    # best (Lagrangian) bound.
+    over, under = at_zero, at_top
     while steps < MAX_STEPS and best_cost - bound > TOLERANCE * max(abs(best_cost), 1e-300):
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
+        lam = (under[0] - over[0]) / (over[1] - under[1])
+        x = visit(lam)
+        if x is None:
             break
-        used = visit(mid)
-        if used is None:
+        if x[0] + lam * x[1] >= over[0] + lam * over[1] * (1 - TOLERANCE) - TOLERANCE * abs(
+            over[0]
+        ):
             break
-        if used <= limit:
-            hi = mid
+        if x[1] > limit:
+            over = x
         else:
-            lo = mid
+            under = x
     return Priced(best, best_cost, bound, price, steps)
 
 
@@ -139,6 +147,9 @@ def prune_by_price(
     keep = {}
     for v in names:
         everything = np.arange(len(problem.node_cost[v]))
+        if len(everything) == 1:
+            keep[v] = everything
+            continue
         reduction = reduce([priced], names, [u for u in names if u != v])
         core = reduction.cores[0]
         if len(core.node_cost) != 1:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from taps._core import Layout, Strategy, StrategyError, enumerate_strategies
 from taps.graph import Operand, Operator
+from taps.limits import check_candidates
 
 
 def operand_axis_indices(op: Operator, operand: Operand) -> list[int]:
@@ -66,7 +67,10 @@ class Candidate:
 
 def strategies(op: Operator, num_devices: int) -> list[Strategy]:
     """Every power-of-two split of ``op``'s partitionable axes over ``num_devices`` whose
-    degrees divide the axis sizes, in :func:`taps.enumerate_strategies` order."""
+    degrees divide the axis sizes, in :func:`taps.enumerate_strategies` order. They are counted
+    first: more than :data:`taps.limits.MAX_CANDIDATES` is a :class:`taps.limits.ResourceError`
+    (enumerating them could exhaust the memory)."""
+    check_candidates(op.name, op.partitionable_sizes, num_devices)
     found = enumerate_strategies(list(op.partitionable_sizes), num_devices)
     if not found:
         raise StrategyError(

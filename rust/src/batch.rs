@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::planner::redistribution_cost;
 use crate::strategies::Strategy;
-use crate::topology::{Cluster, CostModel};
+use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 
 /// The distinct layouts of `layouts`, and the index of each layout among them.
 fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
@@ -32,7 +32,8 @@ fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
 /// source against many targets uses every core too.
 ///
 /// # Errors
-/// An error of some pair (layouts of different tensors, or not on the cluster).
+/// An error of some pair (layouts of different tensors, or not on the cluster), or
+/// [`Error::Topology`] if `dtype_bytes` is not positive.
 pub fn redistribution_costs(
     sources: &[Layout],
     targets: &[Layout],
@@ -40,6 +41,7 @@ pub fn redistribution_costs(
     dtype_bytes: f64,
     model: CostModel,
 ) -> Result<Vec<f64>> {
+    check_dtype_bytes(dtype_bytes)?;
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
     }
@@ -79,18 +81,23 @@ pub struct AxesTensor {
 }
 
 /// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
-/// dims its layout leaves unused (SPEC sections 5-6): 0 for a tensor split along every device dim.
+/// dims its layout leaves unused (docs/conventions.md#intra-operator-communication, priced as in
+/// #topology-aware-cost): 0 for a tensor split along every device dim.
 /// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
 ///
 /// # Errors
-/// [`Error::Topology`] if a strategy is not on the cluster's devices, [`Error::Layout`] if a
-/// tensor does not fit a strategy (an axis out of range, a split that does not divide).
+/// [`Error::Topology`] if a strategy is not on the cluster's devices or a tensor's `dtype_bytes`
+/// is not positive, [`Error::Layout`] if a tensor does not fit a strategy (an axis out of range,
+/// a split that does not divide).
 pub fn allreduce_costs(
     strategies: &[Strategy],
     tensors: &[AxesTensor],
     cluster: &Cluster,
     model: CostModel,
 ) -> Result<Vec<f64>> {
+    for t in tensors {
+        check_dtype_bytes(t.dtype_bytes)?;
+    }
     let mut costs = vec![0.0; strategies.len()];
     // Into a preallocated vector: collecting results would gather them in per-job lists. Each job
     // builds its layouts in one scratch layout, set to a strategy's device matrix once.
@@ -122,7 +129,7 @@ mod tests {
     use crate::layout::layout;
     use crate::planner::plan_redistribution;
     use crate::strategies::enumerate_strategies;
-    use crate::topology::Collective;
+    use crate::topology::CollectiveKind;
 
     /// Every layout of a few shapes of 96 elements on every device matrix of 8 devices: pairs
     /// that reshape, and pairs that only a fallback plan can redistribute.
@@ -190,7 +197,8 @@ mod tests {
     }
 
     /// MatMul `(b, in, out)` with degrees (d, r, c): the dW all_reduce moves `2(d-1)/d` of the
-    /// W shard, the forward one `2(r-1)/r` of the Y shard (SPEC section 5).
+    /// W shard, the forward one `2(r-1)/r` of the Y shard (the paper's MatMul volume,
+    /// docs/conventions.md#intra-operator-communication).
     #[test]
     fn matmul_volumes() {
         let (batch, inner, outer) = (64u64, 32, 16);
@@ -244,7 +252,7 @@ mod tests {
                     let layout = s.tensor_layout(&t.axes, t.shape.clone()).unwrap();
                     let c = cluster.collective_cost(
                         &layout,
-                        Collective::AllReduce,
+                        CollectiveKind::AllReduce,
                         None,
                         t.dtype_bytes,
                         model,

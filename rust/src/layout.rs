@@ -1,6 +1,6 @@
-//! Tensor layouts in MindSpore's convention (SPEC section 1): a device matrix listed outermost
-//! first, device dim 0 innermost, and a tensor map giving each tensor dim the device dim it is
-//! split along (or -1).
+//! Tensor layouts in MindSpore's convention (docs/conventions.md#layouts): a device matrix listed
+//! outermost first, device dim 0 innermost, and a tensor map giving each tensor dim the device dim
+//! it is split along (or -1).
 
 use crate::error::{Error, Result};
 

@@ -13,7 +13,7 @@ pub mod planner;
 pub mod topology;
 
 pub use planner::{plan_redistribution, CommOp, OpKind, Redistribution};
-pub use topology::{inter_node_groups, Cluster, Collective, CostModel};
+pub use topology::{inter_node_groups, Cluster, CollectiveKind, CostModel};
 pub mod batch;
 pub mod strategies;
 
@@ -22,9 +22,3 @@ pub use strategies::{enumerate_strategies, Strategy};
 
 #[cfg(feature = "python")]
 pub mod python;
-
-/// The crate's allocator. The kernels, and the bindings that turn their numpy rows into strategies,
-/// allocate many small short-lived vectors, for which mimalloc is about 1.5 times faster than the
-/// system allocator on the Python path of `allreduce_costs`.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1,11 +1,11 @@
-//! The redistribution planner (SPEC section 3, the paper's Algorithm 1): the sequence of slices,
-//! all-to-alls and all-gathers that turns one layout of a tensor into another.
+//! The redistribution planner (docs/conventions.md#redistribution, the paper's Algorithm 1): the
+//! sequence of slices, all-to-alls and all-gathers that turns one layout of a tensor into another.
 
 use std::borrow::Cow;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::topology::{Cluster, Collective, CostModel};
+use crate::topology::{self, Cluster, CollectiveKind, CostModel};
 use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Unified};
 
 /// What a redistribution step does.
@@ -30,11 +30,11 @@ impl OpKind {
     }
 
     #[must_use]
-    pub fn collective(self) -> Option<Collective> {
+    pub fn collective(self) -> Option<CollectiveKind> {
         match self {
             OpKind::Slice => None,
-            OpKind::AllGather => Some(Collective::AllGather),
-            OpKind::AllToAll => Some(Collective::AllToAll),
+            OpKind::AllGather => Some(CollectiveKind::AllGather),
+            OpKind::AllToAll => Some(CollectiveKind::AllToAll),
         }
     }
 }
@@ -74,25 +74,30 @@ impl CommOp {
         }
     }
 
-    /// `ct` of the op on nodes of `devices_per_node` (0 for a slice).
-    #[must_use]
-    pub fn inter_node_groups(&self, devices_per_node: u64) -> u64 {
-        if self.kind == OpKind::Slice {
-            0
-        } else {
-            crate::topology::groups_crossing(
+    /// `ct` of the op on nodes of `devices_per_node` (0 for a slice), as
+    /// [`topology::inter_node_groups`] gives it for the op's collective.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] unless `devices_per_node` is a positive power of two.
+    pub fn inter_node_groups(&self, devices_per_node: u64) -> Result<u64> {
+        match self.kind.collective() {
+            Some(kind) => topology::inter_node_groups(
                 &self.layout,
-                |k| k == self.device_dim,
+                kind,
                 devices_per_node,
-            )
+                Some(self.device_dim),
+            ),
+            None => topology::check_devices_per_node(devices_per_node).map(|()| 0),
         }
     }
 
     /// Seconds (topology model) or bytes per device (volume model).
     ///
     /// # Errors
-    /// [`Error::Topology`] if the layout is not on the cluster's devices.
+    /// [`Error::Topology`] if the layout is not on the cluster's devices or `dtype_bytes` is not
+    /// positive.
     pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
+        topology::check_dtype_bytes(dtype_bytes)?;
         if self.kind != OpKind::Slice {
             cluster.check(&self.layout)?;
         }
@@ -166,9 +171,11 @@ impl Redistribution {
     }
 
     /// # Errors
-    /// [`Error::Topology`] if the layouts are not on the cluster's devices.
+    /// [`Error::Topology`] if the layouts are not on the cluster's devices or `dtype_bytes` is not
+    /// positive.
     pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
         // Checked even when no op runs: the plan must be for this cluster.
+        topology::check_dtype_bytes(dtype_bytes)?;
         cluster.check(&self.source)?;
         // A fold from +0.0: an empty f64 sum is -0.0.
         self.all_ops().try_fold(0.0, |acc, op| {
@@ -296,7 +303,8 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
     })
 }
 
-/// Plans the redistribution of a tensor from layout `a` to layout `b` (SPEC section 3).
+/// Plans the redistribution of a tensor from layout `a` to layout `b`
+/// (docs/conventions.md#redistribution).
 ///
 /// # Errors
 /// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.

@@ -9,19 +9,29 @@
     clippy::type_complexity
 )]
 
+use std::fmt;
+
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
 use pyo3::create_exception;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::planner::{self, CommOp, Redistribution};
 use crate::strategies::{self, Strategy};
-use crate::topology::{self, Cluster, Collective, CostModel};
+use crate::topology::{self, Cluster, CollectiveKind, CostModel};
 use crate::unify as unification;
+
+/// The extension's allocator, set here and not in the library so that a Rust user of the crate
+/// keeps their own. The kernels, and the bindings that turn their numpy rows into strategies,
+/// allocate many small short-lived vectors, for which mimalloc is faster than the system
+/// allocator on the Python path of `allreduce_costs`.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 create_exception!(
     taps,
@@ -72,34 +82,151 @@ impl From<Error> for PyErr {
     }
 }
 
-fn unsigned(values: &[i64], what: &str, error: fn(String) -> Error) -> Result<Vec<u64>, Error> {
+/// A number argument as the bindings take it: its value, or, for a Python number too large for
+/// `T` (an int of 2**63 or more for an `i64`), its text. PyO3 would raise `OverflowError` while
+/// extracting it, before the binding could say which argument is wrong; this way the binding
+/// raises the `TapsError` of its domain naming the argument and the value.
+#[derive(Clone)]
+enum Num<T> {
+    Fits(T),
+    TooLarge(String),
+}
+
+impl<'a, 'py, T: FromPyObject<'a, 'py>> FromPyObject<'a, 'py> for Num<T> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match T::extract(obj) {
+            Ok(v) => Ok(Num::Fits(v)),
+            Err(e) => {
+                let e: PyErr = e.into();
+                if e.is_instance_of::<PyOverflowError>(obj.py()) {
+                    Ok(Num::TooLarge(too_large(&obj)))
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+/// The text of a number too large for a machine type: its digits, or for a huge int its size
+/// (Python refuses to print ints of more than a few thousand digits).
+fn too_large(obj: &Bound<'_, PyAny>) -> String {
+    let bits = obj
+        .call_method0("bit_length")
+        .and_then(|b| b.extract::<u64>());
+    match bits {
+        Ok(bits) if bits > 128 => format!("an int of {bits} bits"),
+        _ => obj
+            .str()
+            .map_or_else(|_| "a number".to_string(), |s| s.to_string()),
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Num<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Num::Fits(v) => v.fmt(f),
+            Num::TooLarge(text) => f.write_str(text),
+        }
+    }
+}
+
+/// The error kind of a binding's domain: a variant of [`Error`].
+type Kind = fn(String) -> Error;
+
+/// The range of a machine number, as an error message states it.
+trait Range {
+    const RANGE: &'static str;
+}
+
+impl Range for i64 {
+    const RANGE: &'static str = "from -2**63 to 2**63 - 1";
+}
+
+impl Range for f64 {
+    const RANGE: &'static str = "of at most about 1.8e308";
+}
+
+impl<T: Copy + Range> Num<T> {
+    /// The value of argument `what`.
+    fn get(&self, what: &str, kind: Kind) -> Result<T, Error> {
+        match self {
+            Num::Fits(v) => Ok(*v),
+            Num::TooLarge(text) => Err(kind(format!(
+                "{what} must be a number {}, got {text}",
+                T::RANGE
+            ))),
+        }
+    }
+}
+
+impl Num<i64> {
+    /// The value of argument `what`, which must be `need` (a description of a non-negative value).
+    fn unsigned(&self, what: &str, need: &str, kind: Kind) -> Result<u64, Error> {
+        let v = self.get(what, kind)?;
+        u64::try_from(v).map_err(|_| kind(format!("{what} must be {need}, got {v}")))
+    }
+}
+
+/// `[a, b, ...]` of numbers as Python prints a list.
+fn listed<T: fmt::Display>(values: &[Num<T>]) -> String {
+    let items: Vec<String> = values.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// The values of list argument `what`.
+fn signed_list(values: &[Num<i64>], what: &str, kind: Kind) -> Result<Vec<i64>, Error> {
     values
         .iter()
-        .map(|&v| {
-            u64::try_from(v).map_err(|_| error(format!("{what} {values:?}: entry {v} is negative")))
+        .map(|v| match v {
+            Num::Fits(v) => Ok(*v),
+            Num::TooLarge(text) => Err(kind(format!(
+                "{what} {}: entry {text} is not a number {}",
+                listed(values),
+                i64::RANGE
+            ))),
         })
         .collect()
 }
 
-fn dtype(bytes: f64) -> Result<f64, Error> {
-    if bytes.is_finite() && bytes > 0.0 {
-        Ok(bytes)
-    } else {
-        Err(Error::Topology(format!(
-            "dtype_bytes must be positive, got {bytes}"
-        )))
-    }
+/// The values of list argument `what`, each of which must be `need` (non-negative).
+fn unsigned_list(
+    values: &[Num<i64>],
+    what: &str,
+    need: &str,
+    kind: Kind,
+) -> Result<Vec<u64>, Error> {
+    signed_list(values, what, kind)?
+        .into_iter()
+        .map(|v| {
+            u64::try_from(v).map_err(|_| {
+                kind(format!(
+                    "{what} {}: entry {v} is not {need}",
+                    listed(values)
+                ))
+            })
+        })
+        .collect()
 }
 
-fn device_dim(k: Option<i64>) -> Result<Option<usize>, Error> {
+/// The device dim argument `device_dim`, if given.
+fn device_dim(k: Option<Num<i64>>, kind: Kind) -> Result<Option<usize>, Error> {
     k.map(|k| {
-        usize::try_from(k)
-            .map_err(|_| Error::Topology(format!("device dim {k} is negative: dims count from 0")))
+        let k = k.get("device_dim", kind)?;
+        usize::try_from(k).map_err(|_| {
+            kind(format!(
+                "device_dim must be a device dim (0 innermost), got {k}"
+            ))
+        })
     })
     .transpose()
 }
 
-/// How a tensor is spread over the devices (SPEC section 1). Immutable.
+/// How a tensor is spread over the devices: its shape, the device matrix (outermost dim first,
+/// device dim 0 innermost) and the tensor map (per tensor dim, the device dim it is split along,
+/// or -1). See docs/conventions.md#layouts. Immutable, hashable, picklable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "Layout")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyLayout {
@@ -115,55 +242,61 @@ impl From<Layout> for PyLayout {
 #[pymethods]
 impl PyLayout {
     #[new]
-    fn new(shape: Vec<i64>, device_matrix: Vec<i64>, tensor_map: Vec<i64>) -> PyResult<Self> {
-        let shape = unsigned(&shape, "shape", Error::Layout)?;
-        let dm = device_matrix
-            .iter()
-            .map(|&d| {
-                u64::try_from(d).map_err(|_| {
-                    Error::Layout(format!(
-                        "device matrix {device_matrix:?}: entry {d} is not a positive power of two"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Layout::new(shape, dm, tensor_map)?.into())
+    fn new(
+        shape: Vec<Num<i64>>,
+        device_matrix: Vec<Num<i64>>,
+        tensor_map: Vec<Num<i64>>,
+    ) -> PyResult<Self> {
+        let shape = unsigned_list(&shape, "shape", "a positive size", Error::Layout)?;
+        let dm = unsigned_list(
+            &device_matrix,
+            "device matrix",
+            "a positive power of two",
+            Error::Layout,
+        )?;
+        let map = signed_list(&tensor_map, "tensor map", Error::Layout)?;
+        Ok(Layout::new(shape, dm, map)?.into())
     }
 
+    /// The global shape of the tensor.
     #[getter]
     fn shape(&self) -> Vec<u64> {
         self.inner.shape().to_vec()
     }
 
+    /// The device matrix, outermost dim first: the last entry is device dim 0.
     #[getter]
     fn device_matrix(&self) -> Vec<u64> {
         self.inner.device_matrix().to_vec()
     }
 
+    /// Per tensor dim, the device dim it is split along (0 innermost), or -1 if it is whole.
     #[getter]
     fn tensor_map(&self) -> Vec<i64> {
         self.inner.tensor_map().to_vec()
     }
 
+    /// The shape of the block each device holds.
     #[getter]
     fn shard_shape(&self) -> Vec<u64> {
         self.inner.shard_shape()
     }
 
+    /// The number of devices: the product of the device matrix.
     #[getter]
     fn num_devices(&self) -> u64 {
         self.inner.num_devices()
     }
 
     /// Per tensor dim, the half-open `(start, stop)` range that `rank` holds.
-    fn shard_index(&self, rank: i64) -> PyResult<Vec<(u64, u64)>> {
-        let rank =
-            u64::try_from(rank).map_err(|_| Error::Layout(format!("rank {rank} is negative")))?;
+    fn shard_index(&self, rank: Num<i64>) -> PyResult<Vec<(u64, u64)>> {
+        let rank = rank.unsigned("rank", "a device rank (at least 0)", Error::Layout)?;
         Ok(self.inner.shard_index(rank)?)
     }
 
     /// `d_k`, the size of device dim `k` (0 innermost).
-    fn device_dim_size(&self, k: i64) -> PyResult<u64> {
+    fn device_dim_size(&self, k: Num<i64>) -> PyResult<u64> {
+        let k = k.get("k", Error::Layout)?;
         match usize::try_from(k) {
             Ok(k) if k < self.inner.num_device_dims() => Ok(self.inner.dim_size(k)),
             _ => Err(Error::Layout(format!(
@@ -203,7 +336,9 @@ impl PyLayout {
     }
 }
 
-/// A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each.
+/// A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
+/// consecutive ranks. Bandwidths in bytes per second, memory in bytes per device. Immutable,
+/// picklable.
 #[pyclass(frozen, eq, module = "taps", name = "Cluster")]
 #[derive(Clone, PartialEq)]
 pub struct PyCluster {
@@ -213,71 +348,88 @@ pub struct PyCluster {
 #[pymethods]
 impl PyCluster {
     #[new]
-    #[pyo3(signature = (nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None))]
+    #[pyo3(
+        signature = (nodes, devices_per_node, intra_bandwidth=Num::Fits(60e9), inter_bandwidth=Num::Fits(6e9), device_memory=None),
+        text_signature = "(nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None)"
+    )]
     fn new(
-        nodes: i64,
-        devices_per_node: i64,
-        intra_bandwidth: f64,
-        inter_bandwidth: f64,
-        device_memory: Option<f64>,
+        nodes: Num<i64>,
+        devices_per_node: Num<i64>,
+        intra_bandwidth: Num<f64>,
+        inter_bandwidth: Num<f64>,
+        device_memory: Option<Num<f64>>,
     ) -> PyResult<Self> {
-        let (Ok(n), Ok(l)) = (u64::try_from(nodes), u64::try_from(devices_per_node)) else {
-            return Err(Error::Topology(format!(
-                "a cluster needs a positive number of nodes and devices per node, got {nodes} \
-                 nodes of {devices_per_node}"
-            ))
-            .into());
-        };
+        let positive = "a positive count";
+        let kind = Error::Topology;
         Ok(PyCluster {
-            inner: Cluster::new(n, l, intra_bandwidth, inter_bandwidth, device_memory)?,
+            inner: Cluster::new(
+                nodes.unsigned("nodes", positive, kind)?,
+                devices_per_node.unsigned("devices_per_node", positive, kind)?,
+                intra_bandwidth.get("intra_bandwidth", kind)?,
+                inter_bandwidth.get("inter_bandwidth", kind)?,
+                device_memory
+                    .map(|m| m.get("device_memory", kind))
+                    .transpose()?,
+            )?,
         })
     }
 
+    /// The number of nodes.
     #[getter]
     fn nodes(&self) -> u64 {
-        self.inner.nodes
+        self.inner.nodes()
     }
 
+    /// Devices per node.
     #[getter]
     fn devices_per_node(&self) -> u64 {
-        self.inner.devices_per_node
+        self.inner.devices_per_node()
     }
 
+    /// Bytes per second between two devices of one node.
     #[getter]
     fn intra_bandwidth(&self) -> f64 {
-        self.inner.intra_bandwidth
+        self.inner.intra_bandwidth()
     }
 
+    /// Bytes per second out of a node, shared by every group that crosses it at once.
     #[getter]
     fn inter_bandwidth(&self) -> f64 {
-        self.inner.inter_bandwidth
+        self.inner.inter_bandwidth()
     }
 
+    /// Bytes of memory per device, or None if unlimited.
     #[getter]
     fn device_memory(&self) -> Option<f64> {
-        self.inner.device_memory
+        self.inner.device_memory()
     }
 
+    /// The number of devices: nodes times devices per node.
     #[getter]
     fn num_devices(&self) -> u64 {
         self.inner.num_devices()
     }
 
-    /// Seconds (topology model) or bytes per device (volume model) of a collective of `layout`.
-    #[pyo3(signature = (layout, collective, device_dim=None, dtype_bytes=2.0, model="topology"))]
+    /// Seconds (topology model) or bytes per device (volume model) of a collective of `layout`:
+    /// an `"all_reduce"` over the device dims the map does not use (no `device_dim`), or an
+    /// `"all_gather"` / `"all_to_all"` along `device_dim`.
+    #[pyo3(
+        signature = (layout, collective, device_dim=None, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, layout, collective, device_dim=None, dtype_bytes=2.0, model='topology')"
+    )]
     fn collective_cost(
         &self,
         layout: &PyLayout,
         collective: &str,
-        device_dim: Option<i64>,
-        dtype_bytes: f64,
+        device_dim: Option<Num<i64>>,
+        dtype_bytes: Num<f64>,
         model: &str,
     ) -> PyResult<f64> {
         Ok(self.inner.collective_cost(
             &layout.inner,
-            Collective::parse(collective)?,
-            self::device_dim(device_dim)?,
-            dtype(dtype_bytes)?,
+            CollectiveKind::parse(collective)?,
+            self::device_dim(device_dim, Error::Topology)?,
+            dtype_bytes.get("dtype_bytes", Error::Topology)?,
             CostModel::parse(model)?,
         )?)
     }
@@ -285,11 +437,14 @@ impl PyCluster {
     fn __repr__(&self) -> String {
         let c = &self.inner;
         let memory = c
-            .device_memory
+            .device_memory()
             .map_or("None".to_string(), |m| format!("{m:e}"));
         format!(
             "Cluster(nodes={}, devices_per_node={}, intra_bandwidth={:e}, inter_bandwidth={:e}, device_memory={memory})",
-            c.nodes, c.devices_per_node, c.intra_bandwidth, c.inter_bandwidth
+            c.nodes(),
+            c.devices_per_node(),
+            c.intra_bandwidth(),
+            c.inter_bandwidth()
         )
     }
 
@@ -300,17 +455,18 @@ impl PyCluster {
         Ok((
             slf.get_type().into_any().unbind(),
             (
-                c.nodes,
-                c.devices_per_node,
-                c.intra_bandwidth,
-                c.inter_bandwidth,
-                c.device_memory,
+                c.nodes(),
+                c.devices_per_node(),
+                c.intra_bandwidth(),
+                c.inter_bandwidth(),
+                c.device_memory(),
             ),
         ))
     }
 }
 
-/// One step of a redistribution.
+/// One step of a redistribution: a slice, all_gather or all_to_all along one device dim, with
+/// the layout it acts on.
 #[pyclass(frozen, eq, hash, module = "taps", name = "CommOp")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyCommOp {
@@ -319,57 +475,67 @@ pub struct PyCommOp {
 
 #[pymethods]
 impl PyCommOp {
+    /// `"slice"`, `"all_gather"` or `"all_to_all"`.
     #[getter]
     fn kind(&self) -> &'static str {
         self.inner.kind.name()
     }
 
+    /// The device dim the op runs along (0 innermost).
     #[getter]
     fn device_dim(&self) -> usize {
         self.inner.device_dim
     }
 
+    /// The tensor dim sliced or gathered (for an all_to_all, the one gathered).
     #[getter]
     fn tensor_dim(&self) -> usize {
         self.inner.tensor_dim
     }
 
+    /// For an all_to_all, the tensor dim that gets split; None otherwise.
     #[getter]
     fn to_tensor_dim(&self) -> Option<usize> {
         self.inner.to_tensor_dim
     }
 
+    /// The number of devices in each group: the size of the device dim.
     #[getter]
     fn group_size(&self) -> u64 {
         self.inner.group_size
     }
 
+    /// Elements received per device.
     #[getter]
     fn volume(&self) -> u64 {
         self.inner.volume
     }
 
+    /// The layout before the op.
     #[getter]
     fn layout(&self) -> PyLayout {
         self.inner.layout.clone().into()
     }
 
     /// `ct` of this op on nodes of `devices_per_node` devices (0 for a slice).
-    fn inter_node_groups(&self, devices_per_node: i64) -> PyResult<u64> {
-        match u64::try_from(devices_per_node) {
-            Ok(l) if l.is_power_of_two() => Ok(self.inner.inter_node_groups(l)),
-            _ => Err(Error::Topology(format!(
-                "devices_per_node must be a positive power of two, got {devices_per_node}"
-            ))
-            .into()),
-        }
+    fn inter_node_groups(&self, devices_per_node: Num<i64>) -> PyResult<u64> {
+        let l = devices_per_node.unsigned(
+            "devices_per_node",
+            "a positive power of two",
+            Error::Topology,
+        )?;
+        Ok(self.inner.inter_node_groups(l)?)
     }
 
-    #[pyo3(signature = (cluster, dtype_bytes=2.0, model="topology"))]
-    fn cost(&self, cluster: &PyCluster, dtype_bytes: f64, model: &str) -> PyResult<f64> {
+    /// Seconds (topology model) or bytes per device (volume model) of the op.
+    #[pyo3(
+        signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
+    )]
+    fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
         Ok(self.inner.cost(
             &cluster.inner,
-            dtype(dtype_bytes)?,
+            dtype_bytes.get("dtype_bytes", Error::Topology)?,
             CostModel::parse(model)?,
         )?)
     }
@@ -393,7 +559,8 @@ fn ops(list: &[CommOp]) -> Vec<PyCommOp> {
     list.iter().map(|o| PyCommOp { inner: o.clone() }).collect()
 }
 
-/// A redistribution plan: the unified layouts and the ops between them.
+/// A redistribution plan: the unified layouts and the ops between them, with the fallback
+/// gathers (prelude) and slices (epilogue) used when the two layouts do not unify as they are.
 #[pyclass(frozen, eq, module = "taps", name = "Redistribution")]
 #[derive(Clone, PartialEq, Eq)]
 pub struct PyRedistribution {
@@ -402,31 +569,37 @@ pub struct PyRedistribution {
 
 #[pymethods]
 impl PyRedistribution {
+    /// The source layout rewritten to the common device matrix and shape.
     #[getter]
     fn source(&self) -> PyLayout {
         self.inner.source.clone().into()
     }
 
+    /// The target layout rewritten to the common device matrix and shape.
     #[getter]
     fn target(&self) -> PyLayout {
         self.inner.target.clone().into()
     }
 
+    /// The ops from the unified source to the unified target.
     #[getter]
     fn ops(&self) -> Vec<PyCommOp> {
         ops(&self.inner.ops)
     }
 
+    /// The all_gathers on the original source of the splits that block unification.
     #[getter]
     fn prelude(&self) -> Vec<PyCommOp> {
         ops(&self.inner.prelude)
     }
 
+    /// The free slices onto the original target of the splits that block unification.
     #[getter]
     fn epilogue(&self) -> Vec<PyCommOp> {
         ops(&self.inner.epilogue)
     }
 
+    /// Every step in order: prelude, ops, epilogue.
     #[getter]
     fn all_ops(&self) -> Vec<PyCommOp> {
         self.inner
@@ -442,11 +615,14 @@ impl PyRedistribution {
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of the whole plan.
-    #[pyo3(signature = (cluster, dtype_bytes=2.0, model="topology"))]
-    fn cost(&self, cluster: &PyCluster, dtype_bytes: f64, model: &str) -> PyResult<f64> {
+    #[pyo3(
+        signature = (cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+        text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
+    )]
+    fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
         Ok(self.inner.cost(
             &cluster.inner,
-            dtype(dtype_bytes)?,
+            dtype_bytes.get("dtype_bytes", Error::Topology)?,
             CostModel::parse(model)?,
         )?)
     }
@@ -465,7 +641,8 @@ impl PyRedistribution {
     }
 }
 
-/// Degrees and device dims for the partitionable axes of one operator.
+/// A strategy of one operator: a power-of-two degree per partitionable axis, and the device dim
+/// of each split axis (-1 where the degree is 1). Immutable, hashable, picklable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "Strategy")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyStrategy {
@@ -475,35 +652,44 @@ pub struct PyStrategy {
 #[pymethods]
 impl PyStrategy {
     #[new]
-    fn new(degrees: Vec<i64>, device_map: Vec<i64>) -> PyResult<Self> {
+    fn new(degrees: Vec<Num<i64>>, device_map: Vec<Num<i64>>) -> PyResult<Self> {
+        let kind = Error::Strategy;
         Ok(PyStrategy {
-            inner: Strategy::new(unsigned(&degrees, "degrees", Error::Strategy)?, device_map)?,
+            inner: Strategy::new(
+                unsigned_list(&degrees, "degrees", "a positive power of two", kind)?,
+                signed_list(&device_map, "device map", kind)?,
+            )?,
         })
     }
 
+    /// Per axis, the number of blocks it is split into.
     #[getter]
     fn degrees(&self) -> Vec<u64> {
         self.inner.degrees.clone()
     }
 
+    /// Per axis, the device dim it is split along (0 innermost), or -1 for degree 1.
     #[getter]
     fn device_map(&self) -> Vec<i64> {
         self.inner.device_map.clone()
     }
 
+    /// One dim per split axis, sized by its degree, outermost first.
     #[getter]
     fn device_matrix(&self) -> Vec<u64> {
         self.inner.device_matrix()
     }
 
+    /// The number of devices: the product of the degrees.
     #[getter]
     fn num_devices(&self) -> u64 {
         self.inner.degrees.iter().product()
     }
 
     /// The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim).
-    fn tensor_layout(&self, axes: Vec<i64>, shape: Vec<i64>) -> PyResult<PyLayout> {
-        let shape = unsigned(&shape, "shape", Error::Layout)?;
+    fn tensor_layout(&self, axes: Vec<Num<i64>>, shape: Vec<Num<i64>>) -> PyResult<PyLayout> {
+        let axes = signed_list(&axes, "axes", Error::Layout)?;
+        let shape = unsigned_list(&shape, "shape", "a positive size", Error::Layout)?;
         Ok(self.inner.tensor_layout(&axes, shape)?.into())
     }
 
@@ -523,14 +709,16 @@ impl PyStrategy {
     }
 }
 
-/// Rewrites two layouts of one tensor to one device matrix and one shape (SPEC section 2).
+/// Rewrites two layouts of one tensor to one device matrix and one shape without moving an
+/// element (docs/conventions.md#unification).
 #[pyfunction]
 fn unify(a: &PyLayout, b: &PyLayout) -> PyResult<(PyLayout, PyLayout)> {
     let (x, y) = unification::unify(&a.inner, &b.inner)?;
     Ok((x.into(), y.into()))
 }
 
-/// Plans the redistribution from layout `a` to layout `b` (SPEC section 3).
+/// Plans the redistribution from layout `a` to layout `b`
+/// (docs/conventions.md#redistribution).
 #[pyfunction]
 fn plan_redistribution(a: &PyLayout, b: &PyLayout) -> PyResult<PyRedistribution> {
     Ok(PyRedistribution {
@@ -538,37 +726,36 @@ fn plan_redistribution(a: &PyLayout, b: &PyLayout) -> PyResult<PyRedistribution>
     })
 }
 
-/// The exact `ct` of SPEC section 6.
+/// `ct`, the number of groups of a collective of `layout` that leave one node of
+/// `devices_per_node` devices at once (0 if the groups stay inside a node;
+/// docs/conventions.md#ct).
 #[pyfunction]
 #[pyo3(signature = (layout, collective, devices_per_node, device_dim=None))]
 fn inter_node_groups(
     layout: &PyLayout,
     collective: &str,
-    devices_per_node: i64,
-    device_dim: Option<i64>,
+    devices_per_node: Num<i64>,
+    device_dim: Option<Num<i64>>,
 ) -> PyResult<u64> {
-    let l = u64::try_from(devices_per_node).map_err(|_| {
-        Error::Topology(format!(
-            "devices_per_node must be a positive power of two, got {devices_per_node}"
-        ))
-    })?;
+    let kind = Error::Topology;
     Ok(topology::inter_node_groups(
         &layout.inner,
-        Collective::parse(collective)?,
-        l,
-        self::device_dim(device_dim)?,
+        CollectiveKind::parse(collective)?,
+        devices_per_node.unsigned("devices_per_node", "a positive power of two", kind)?,
+        self::device_dim(device_dim, kind)?,
     )?)
 }
 
-/// Every strategy of `axis_sizes` on `num_devices` devices (SPEC section 4), in a fixed order.
+/// Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order
+/// (docs/conventions.md#strategies).
 #[pyfunction]
-fn enumerate_strategies(axis_sizes: Vec<i64>, num_devices: i64) -> PyResult<Vec<PyStrategy>> {
-    let sizes = unsigned(&axis_sizes, "axis sizes", Error::Strategy)?;
-    let n = u64::try_from(num_devices).map_err(|_| {
-        Error::Strategy(format!(
-            "the device count must be a power of two, got {num_devices}"
-        ))
-    })?;
+fn enumerate_strategies(
+    axis_sizes: Vec<Num<i64>>,
+    num_devices: Num<i64>,
+) -> PyResult<Vec<PyStrategy>> {
+    let kind = Error::Strategy;
+    let sizes = unsigned_list(&axis_sizes, "axis sizes", "a positive size", kind)?;
+    let n = num_devices.unsigned("num_devices", "a positive power of two", kind)?;
     Ok(strategies::enumerate_strategies(&sizes, n)?
         .into_iter()
         .map(|inner| PyStrategy { inner })
@@ -577,19 +764,22 @@ fn enumerate_strategies(axis_sizes: Vec<i64>, num_devices: i64) -> PyResult<Vec<
 
 /// The matrix of redistribution costs from each source to each target, on all cores.
 #[pyfunction]
-#[pyo3(signature = (sources, targets, cluster, dtype_bytes=2.0, model="topology"))]
+#[pyo3(
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology')"
+)]
 fn redistribution_costs<'py>(
     py: Python<'py>,
     sources: Vec<Bound<'py, PyLayout>>,
     targets: Vec<Bound<'py, PyLayout>>,
     cluster: &PyCluster,
-    dtype_bytes: f64,
+    dtype_bytes: Num<f64>,
     model: &str,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
     let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
     let cluster = cluster.inner.clone();
-    let dtype_bytes = dtype(dtype_bytes)?;
+    let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
     let costs = py.detach(move || {
@@ -607,7 +797,7 @@ fn allreduce_costs<'py>(
     py: Python<'py>,
     degrees: PyReadonlyArray2<'py, i64>,
     device_maps: PyReadonlyArray2<'py, i64>,
-    tensors: Vec<(Vec<i64>, Vec<i64>, f64)>,
+    tensors: Vec<(Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)>,
     cluster: &PyCluster,
     model: &str,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
@@ -625,11 +815,16 @@ fn allreduce_costs<'py>(
         .into_iter()
         .zip(device_maps.rows())
         .map(|(d, m)| {
-            // Straight from the row (a copy only if it is not contiguous).
-            let degrees = match d.as_slice() {
-                Some(row) => unsigned(row, "degrees", Error::Strategy)?,
-                None => unsigned(&d.to_vec(), "degrees", Error::Strategy)?,
-            };
+            let degrees = d
+                .iter()
+                .map(|&v| {
+                    u64::try_from(v).map_err(|_| {
+                        Error::Strategy(format!(
+                            "degrees {d}: entry {v} is not a positive power of two"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             Strategy::new(degrees, m.to_vec())
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -637,9 +832,9 @@ fn allreduce_costs<'py>(
         .into_iter()
         .map(|(axes, shape, bytes)| {
             Ok(batch::AxesTensor {
-                axes,
-                shape: unsigned(&shape, "shape", Error::Layout)?,
-                dtype_bytes: dtype(bytes)?,
+                axes: signed_list(&axes, "axes", Error::Layout)?,
+                shape: unsigned_list(&shape, "shape", "a positive size", Error::Layout)?,
+                dtype_bytes: bytes.get("dtype_bytes", Error::Topology)?,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
@@ -660,6 +855,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TopologyError", py.get_type::<TopologyError>())?;
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
+    m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
+    m.add("COST_MODELS", PyTuple::new(py, CostModel::NAMES)?)?;
     m.add_class::<PyLayout>()?;
     m.add_class::<PyCluster>()?;
     m.add_class::<PyCommOp>()?;

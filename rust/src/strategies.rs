@@ -1,6 +1,6 @@
-//! Strategy enumeration (SPEC section 4): every way to give an operator's partitionable axes
-//! power-of-two degrees whose product is the device count, and the split axes an order in the
-//! device matrix.
+//! Strategy enumeration (docs/conventions.md#strategies): every way to give an operator's
+//! partitionable axes power-of-two degrees whose product is the device count, and the split axes
+//! an order in the device matrix.
 
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};

@@ -1,43 +1,52 @@
-//! The topology-aware cost model (SPEC section 6): how many communication groups of a node cross
-//! the node boundary at once (`ct`), the effective bandwidth that leaves each, and the cost of a
-//! collective in seconds, or in bytes under the volume model.
+//! The topology-aware cost model (docs/conventions.md#topology-aware-cost): how many communication
+//! groups of a node cross the node boundary at once (`ct`), the effective bandwidth that leaves
+//! each, and the cost of a collective in seconds, or in bytes under the volume model.
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
-/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each.
+/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each. Validated once by
+/// [`Cluster::new`]; the fields are read through accessors so that no cluster skips the checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
-    pub nodes: u64,
-    pub devices_per_node: u64,
-    /// Bytes per second between two devices of one node.
-    pub intra_bandwidth: f64,
-    /// Bytes per second out of a node, shared by every group that crosses it.
-    pub inter_bandwidth: f64,
-    /// Bytes of memory per device, if limited.
-    pub device_memory: Option<f64>,
+    nodes: u64,
+    devices_per_node: u64,
+    intra_bandwidth: f64,
+    inter_bandwidth: f64,
+    device_memory: Option<f64>,
 }
 
-/// The collectives the cost model prices.
+/// The kind of a collective the cost model prices. (A kind, not a collective: the Python
+/// `taps.costs.Collective` record is one collective of an operator, with its tensor and layout.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Collective {
+pub enum CollectiveKind {
     AllReduce,
     AllGather,
     AllToAll,
 }
 
-impl Collective {
+impl CollectiveKind {
+    /// Every kind, in the order of [`CollectiveKind::NAMES`].
+    pub const ALL: [CollectiveKind; 3] = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::AllToAll,
+    ];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 3] = ["all_reduce", "all_gather", "all_to_all"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The kind named `name`, one of [`CollectiveKind::NAMES`].
+    ///
     /// # Errors
-    /// [`Error::Topology`] for a name other than `all_reduce`, `all_gather`, `all_to_all`.
+    /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "all_reduce" => Ok(Collective::AllReduce),
-            "all_gather" => Ok(Collective::AllGather),
-            "all_to_all" => Ok(Collective::AllToAll),
-            _ => Err(Error::Topology(format!(
-                "unknown collective {name:?}: expected \"all_reduce\", \"all_gather\" or \"all_to_all\""
-            ))),
-        }
+        parse_name(name, "collective", &Self::NAMES).map(|i| Self::ALL[i])
     }
 }
 
@@ -49,16 +58,63 @@ pub enum CostModel {
 }
 
 impl CostModel {
+    /// Every model, in the order of [`CostModel::NAMES`].
+    pub const ALL: [CostModel; 2] = [CostModel::Topology, CostModel::Volume];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 2] = ["topology", "volume"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The model named `name`, one of [`CostModel::NAMES`].
+    ///
     /// # Errors
-    /// [`Error::Topology`] for a name other than `topology` or `volume`.
+    /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "topology" => Ok(CostModel::Topology),
-            "volume" => Ok(CostModel::Volume),
-            _ => Err(Error::Topology(format!(
-                "unknown cost model {name:?}: expected \"topology\" or \"volume\""
-            ))),
-        }
+        parse_name(name, "cost model", &Self::NAMES).map(|i| Self::ALL[i])
+    }
+}
+
+/// The index of `name` in `names`, or an error listing them.
+fn parse_name(name: &str, what: &str, names: &[&str]) -> Result<usize> {
+    names.iter().position(|&n| n == name).ok_or_else(|| {
+        let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+        let (last, rest) = quoted.split_last().expect("names are not empty");
+        Error::Topology(format!(
+            "unknown {what} {name:?}: expected {} or {last}",
+            rest.join(", ")
+        ))
+    })
+}
+
+/// Checks the bytes per element that every cost takes: positive and finite.
+///
+/// # Errors
+/// [`Error::Topology`] otherwise.
+pub fn check_dtype_bytes(dtype_bytes: f64) -> Result<()> {
+    if dtype_bytes.is_finite() && dtype_bytes > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Topology(format!(
+            "dtype_bytes must be a positive number of bytes, got {dtype_bytes}"
+        )))
+    }
+}
+
+/// Checks a node size: `ct` assumes a node holds a power-of-two block of consecutive ranks.
+///
+/// # Errors
+/// [`Error::Topology`] unless `devices_per_node` is a positive power of two.
+pub fn check_devices_per_node(devices_per_node: u64) -> Result<()> {
+    if devices_per_node.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(Error::Topology(format!(
+            "devices_per_node must be a positive power of two, got {devices_per_node}"
+        )))
     }
 }
 
@@ -115,6 +171,35 @@ impl Cluster {
     }
 
     #[must_use]
+    pub fn nodes(&self) -> u64 {
+        self.nodes
+    }
+
+    /// Devices per node: a node holds this many consecutive ranks.
+    #[must_use]
+    pub fn devices_per_node(&self) -> u64 {
+        self.devices_per_node
+    }
+
+    /// Bytes per second between two devices of one node.
+    #[must_use]
+    pub fn intra_bandwidth(&self) -> f64 {
+        self.intra_bandwidth
+    }
+
+    /// Bytes per second out of a node, shared by every group that crosses it.
+    #[must_use]
+    pub fn inter_bandwidth(&self) -> f64 {
+        self.inter_bandwidth
+    }
+
+    /// Bytes of memory per device, if limited.
+    #[must_use]
+    pub fn device_memory(&self) -> Option<f64> {
+        self.device_memory
+    }
+
+    #[must_use]
     pub fn num_devices(&self) -> u64 {
         self.nodes * self.devices_per_node
     }
@@ -137,15 +222,17 @@ impl Cluster {
     /// [`CostModel::Topology`], bytes per device under [`CostModel::Volume`].
     ///
     /// # Errors
-    /// [`Error::Topology`] if the layout is not on this cluster's devices or the group is invalid.
+    /// [`Error::Topology`] if the layout is not on this cluster's devices, the group is invalid or
+    /// `dtype_bytes` is not positive.
     pub fn collective_cost(
         &self,
         layout: &Layout,
-        collective: Collective,
+        collective: CollectiveKind,
         device_dim: Option<usize>,
         dtype_bytes: f64,
         model: CostModel,
     ) -> Result<f64> {
+        check_dtype_bytes(dtype_bytes)?;
         self.check(layout)?;
         let group = group_dims(layout, collective, device_dim)?;
         let size = group.iter().map(|&k| layout.dim_size(k)).product();
@@ -174,7 +261,7 @@ impl Cluster {
             .product();
         self.priced(
             layout,
-            Collective::AllReduce,
+            CollectiveKind::AllReduce,
             size,
             unused,
             dtype_bytes,
@@ -187,7 +274,7 @@ impl Cluster {
     fn priced(
         &self,
         layout: &Layout,
-        collective: Collective,
+        collective: CollectiveKind,
         size: u64,
         in_group: impl Fn(usize) -> bool,
         dtype_bytes: f64,
@@ -206,7 +293,7 @@ impl Cluster {
     pub(crate) fn seconds(
         &self,
         layout: &Layout,
-        collective: Collective,
+        collective: CollectiveKind,
         in_group: impl Fn(usize) -> bool,
         bytes: f64,
     ) -> f64 {
@@ -219,7 +306,7 @@ impl Cluster {
             return bytes / self.intra_bandwidth;
         }
         let effective = self.inter_bandwidth / ct as f64;
-        let factor = if collective == Collective::AllToAll {
+        let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the node use the slow link.
             let p = (0..layout.num_device_dims())
                 .filter(|&k| in_group(k))
@@ -260,14 +347,14 @@ fn extents(layout: &Layout, l: u64) -> impl Iterator<Item = u64> + '_ {
 /// `device_dim` otherwise.
 pub(crate) fn group_dims(
     layout: &Layout,
-    collective: Collective,
+    collective: CollectiveKind,
     device_dim: Option<usize>,
 ) -> Result<Vec<usize>> {
     match (collective, device_dim) {
-        (Collective::AllReduce, None) => Ok((0..layout.num_device_dims())
+        (CollectiveKind::AllReduce, None) => Ok((0..layout.num_device_dims())
             .filter(|&k| !layout.uses(k))
             .collect()),
-        (Collective::AllReduce, Some(_)) => Err(Error::Topology(
+        (CollectiveKind::AllReduce, Some(_)) => Err(Error::Topology(
             "an all_reduce runs over the device dims the tensor map does not use; pass no device_dim"
                 .into(),
         )),
@@ -284,13 +371,13 @@ pub(crate) fn group_dims(
 }
 
 /// Elements received per device by a collective over a group of `size` devices of `layout`.
-fn collective_volume(layout: &Layout, collective: Collective, size: u64) -> f64 {
+fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> f64 {
     let g = size as f64;
     let s = layout.shard_size() as f64;
     match collective {
-        Collective::AllReduce => 2.0 * (g - 1.0) / g * s,
-        Collective::AllGather => (g - 1.0) * s,
-        Collective::AllToAll => (g - 1.0) / g * s,
+        CollectiveKind::AllReduce => 2.0 * (g - 1.0) / g * s,
+        CollectiveKind::AllGather => (g - 1.0) * s,
+        CollectiveKind::AllToAll => (g - 1.0) / g * s,
     }
 }
 
@@ -315,22 +402,19 @@ pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool,
     }
 }
 
-/// The exact `ct` of SPEC section 6 for a collective of `layout` on nodes of `devices_per_node`.
+/// The exact `ct` (docs/conventions.md#ct) of a collective of `layout` on nodes of
+/// `devices_per_node` devices.
 ///
 /// # Errors
 /// [`Error::Topology`] if `devices_per_node` is not a positive power of two or the group is
 /// invalid.
 pub fn inter_node_groups(
     layout: &Layout,
-    collective: Collective,
+    collective: CollectiveKind,
     devices_per_node: u64,
     device_dim: Option<usize>,
 ) -> Result<u64> {
-    if !devices_per_node.is_power_of_two() {
-        return Err(Error::Topology(format!(
-            "devices_per_node must be a positive power of two, got {devices_per_node}"
-        )));
-    }
+    check_devices_per_node(devices_per_node)?;
     let group = group_dims(layout, collective, device_dim)?;
     Ok(groups_crossing(
         layout,
@@ -355,7 +439,7 @@ mod tests {
         for (dm, map, ct) in cases {
             let dw = Layout::new(vec![64, 64], dm, map).unwrap();
             assert_eq!(
-                inter_node_groups(&dw, Collective::AllReduce, 8, None).unwrap(),
+                inter_node_groups(&dw, CollectiveKind::AllReduce, 8, None).unwrap(),
                 ct
             );
         }
@@ -368,13 +452,109 @@ mod tests {
         let t = Layout::new(vec![16, 16], vec![2, 8], vec![1, 0]).unwrap();
         let bytes = 16.0 * 2.0;
         let cost = cluster
-            .collective_cost(&t, Collective::AllGather, Some(1), 2.0, CostModel::Topology)
+            .collective_cost(
+                &t,
+                CollectiveKind::AllGather,
+                Some(1),
+                2.0,
+                CostModel::Topology,
+            )
             .unwrap();
         assert_eq!(
-            inter_node_groups(&t, Collective::AllGather, 8, Some(1)).unwrap(),
+            inter_node_groups(&t, CollectiveKind::AllGather, 8, Some(1)).unwrap(),
             8
         );
         assert!((cost - bytes / 1.5625e9).abs() < 1e-15);
+    }
+
+    /// Every cost entry point rejects a dtype size that is not a positive number, with the one
+    /// core error; the bindings add no check of their own.
+    #[test]
+    fn every_cost_rejects_bad_dtype_bytes() {
+        use crate::batch::{allreduce_costs, redistribution_costs, AxesTensor};
+        use crate::planner::plan_redistribution;
+        use crate::strategies::Strategy;
+        use std::slice::from_ref;
+
+        let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();
+        let a = Layout::new(vec![8, 8], vec![4], vec![0, -1]).unwrap();
+        let b = Layout::new(vec![8, 8], vec![4], vec![-1, 0]).unwrap();
+        let plan = plan_redistribution(&a, &b).unwrap();
+        let strategy = Strategy::new(vec![4], vec![0]).unwrap();
+        let model = CostModel::Topology;
+        for bad in [0.0, -2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let tensor = AxesTensor {
+                axes: vec![0],
+                shape: vec![8],
+                dtype_bytes: bad,
+            };
+            let results = [
+                cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),
+                plan.cost(&cluster, bad, model),
+                plan.ops[0].cost(&cluster, bad, model),
+                redistribution_costs(from_ref(&a), from_ref(&b), &cluster, bad, model)
+                    .map(|c| c[0]),
+                allreduce_costs(from_ref(&strategy), &[tensor], &cluster, model).map(|c| c[0]),
+            ];
+            for r in results {
+                match r {
+                    Err(Error::Topology(m)) => assert!(m.contains("dtype_bytes"), "{m}"),
+                    other => panic!("dtype_bytes {bad}: {other:?}"),
+                }
+            }
+        }
+        // A layout pair with no op is still checked: the answer must not depend on the plan.
+        assert!(redistribution_costs(from_ref(&a), from_ref(&a), &cluster, 0.0, model).is_err());
+    }
+
+    /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power
+    /// of two is rejected by the free function and by a plan's ops alike (slices included), and
+    /// both give the same `ct` otherwise.
+    #[test]
+    fn one_node_size_rule_for_both_ct_entry_points() {
+        use crate::planner::{plan_redistribution, OpKind};
+
+        let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
+        let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();
+        let plan = plan_redistribution(&a, &b).unwrap();
+        assert!(plan.ops.iter().any(|op| op.kind == OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind != OpKind::Slice));
+        for l in [0, 3, 6, 12, u64::MAX] {
+            assert!(matches!(
+                inter_node_groups(&a, CollectiveKind::AllReduce, l, None),
+                Err(Error::Topology(_))
+            ));
+            for op in &plan.ops {
+                assert!(matches!(op.inter_node_groups(l), Err(Error::Topology(_))));
+            }
+        }
+        for l in [1, 2, 4, 8, 16, 32, 1 << 40] {
+            for op in &plan.ops {
+                let want = match op.kind.collective() {
+                    Some(kind) => inter_node_groups(&op.layout, kind, l, Some(op.device_dim)),
+                    None => Ok(0),
+                };
+                assert_eq!(op.inter_node_groups(l), want);
+            }
+        }
+    }
+
+    #[test]
+    fn names_parse_back_and_others_are_rejected() {
+        for kind in CollectiveKind::ALL {
+            assert_eq!(CollectiveKind::parse(kind.name()), Ok(kind));
+        }
+        for model in CostModel::ALL {
+            assert_eq!(CostModel::parse(model.name()), Ok(model));
+        }
+        let Err(Error::Topology(m)) = CostModel::parse("bytes") else {
+            panic!("an unknown cost model parsed")
+        };
+        assert_eq!(
+            m,
+            r#"unknown cost model "bytes": expected "topology" or "volume""#
+        );
+        assert!(CollectiveKind::parse("broadcast").is_err());
     }
 
     #[test]
@@ -383,5 +563,16 @@ mod tests {
         assert!(Cluster::new(0, 8, 1.0, 1.0, None).is_err());
         assert!(Cluster::new(1, 8, 0.0, 1.0, None).is_err());
         assert!(Cluster::new(1, 8, 1.0, f64::NAN, None).is_err());
+        assert!(Cluster::new(1, 8, 1.0, 1.0, Some(0.0)).is_err());
+        assert!(Cluster::new(1 << 32, 1 << 32, 1.0, 1.0, None).is_err());
+        let c = Cluster::new(2, 8, 60e9, 6e9, Some(1e9)).unwrap();
+        let fields = (
+            c.nodes(),
+            c.devices_per_node(),
+            c.intra_bandwidth(),
+            c.inter_bandwidth(),
+            c.device_memory(),
+        );
+        assert_eq!(fields, (2, 8, 60e9, 6e9, Some(1e9)));
     }
 }

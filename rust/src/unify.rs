@@ -1,6 +1,6 @@
-//! Unification (SPEC section 2): rewrite two layouts of one tensor to a common device matrix and a
-//! common shape without moving any element, so that redistribution operators can be read off the
-//! two tensor maps.
+//! Unification (docs/conventions.md#unification): rewrite two layouts of one tensor to a common
+//! device matrix and a common shape without moving any element, so that redistribution operators
+//! can be read off the two tensor maps.
 //!
 //! A layout is handled as a list of *pieces* (tensor dims, outermost first), each with a size and
 //! the bit range `[lo, hi)` of the rank it is split along. Two refinements alternate until neither
@@ -457,7 +457,8 @@ pub(crate) fn reshape_for<'a>(
     changed
 }
 
-/// Rewrites `a` and `b` to one device matrix and one shape, moving no element (SPEC section 2).
+/// Rewrites `a` and `b` to one device matrix and one shape, moving no element
+/// (docs/conventions.md#unification).
 ///
 /// # Errors
 /// [`Error::Layout`] if the two layouts do not describe one tensor on one set of devices,

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
-use taps::{inter_node_groups, plan_redistribution, unify, Collective, Layout};
+use taps::{inter_node_groups, plan_redistribution, unify, CollectiveKind, Layout};
 
 /// Flat (row-major) indices of the elements `rank` holds.
 fn elements(l: &Layout, rank: u64) -> BTreeSet<u64> {
@@ -123,13 +123,13 @@ proptest! {
     fn ct_matches_brute_force(l in (1u32..=5).prop_flat_map(layout), node_bits in 0u32..=5) {
         let per_node = 1u64 << node_bits.min(l.num_devices().trailing_zeros());
         let h = l.num_device_dims();
-        let groups: Vec<(Collective, Vec<usize>)> = std::iter::once(
-            (Collective::AllReduce, (0..h).filter(|&k| !l.uses(k)).collect()),
+        let groups: Vec<(CollectiveKind, Vec<usize>)> = std::iter::once(
+            (CollectiveKind::AllReduce, (0..h).filter(|&k| !l.uses(k)).collect()),
         )
-        .chain((0..h).map(|k| (Collective::AllGather, vec![k])))
+        .chain((0..h).map(|k| (CollectiveKind::AllGather, vec![k])))
         .collect();
         for (collective, group) in groups {
-            let dim = (collective != Collective::AllReduce).then(|| group[0]);
+            let dim = (collective != CollectiveKind::AllReduce).then(|| group[0]);
             let got = inter_node_groups(&l, collective, per_node, dim).unwrap();
             prop_assert_eq!(got, brute_ct(&l, collective, &group, per_node));
         }
@@ -138,7 +138,7 @@ proptest! {
 
 /// Count, in the busiest node, the groups with members inside and outside it, groups that hold
 /// the same data (they differ only in unused device dims) counting once for gathers.
-fn brute_ct(l: &Layout, collective: Collective, group: &[usize], per_node: u64) -> u64 {
+fn brute_ct(l: &Layout, collective: CollectiveKind, group: &[usize], per_node: u64) -> u64 {
     let n = l.num_devices();
     let key = |r: u64, dims: &dyn Fn(usize) -> bool| -> Vec<u64> {
         (0..l.num_device_dims())
@@ -154,7 +154,7 @@ fn brute_ct(l: &Layout, collective: Collective, group: &[usize], per_node: u64) 
                 let id = key(r, &|k| !group.contains(&k));
                 let leaves = (0..n).any(|q| !inside(q) && key(q, &|k| !group.contains(&k)) == id);
                 if leaves {
-                    let data = if collective == Collective::AllReduce {
+                    let data = if collective == CollectiveKind::AllReduce {
                         id
                     } else {
                         key(r, &|k| !group.contains(&k) && l.uses(k))

@@ -8,38 +8,38 @@ import argparse
 from rich.console import Console
 
 from taps import models
-from taps.cli.args import add_cluster_args, cluster, load_model
+from taps.cli.args import add_cluster_args, cluster, integer, load_model
+from taps.outputs import Outputs
 from taps.search import search
-from taps.verify import VerifyResult, verify_graph
-from taps.verify.gspmd import compare_gspmd
+from taps.verify import VerifyResult, compare_gspmd, verify_graph
 from taps.verify.program import TOLERANCE
 
 
-def write_json(path: str, text: str, console: Console) -> None:
-    """Write ``text`` to ``path`` whole (a file is never left half written)."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    console.print(f"wrote {path}")
-
-
-def report(result: VerifyResult, console: Console, json_path: str | None, title: str) -> int:
-    """Print a verification and write its JSON; the exit code: 1 if it failed."""
+def report(result: VerifyResult, console: Console, title: str) -> int:
+    """Print a verification; the exit code: 1 if it failed."""
     console.print(result.table(title))
     for line in result.mismatches:
         console.print(f"[red]{line}[/]")
-    if json_path:
-        write_json(json_path, result.to_json(), console)
     return 0 if result.ok else 1
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    graph = load_model(args.model, args.batch)
-    c = cluster(args)
-    result = search(graph, c)
-    verified = verify_graph(graph, c, result.strategies, args.dtype)
-    if args.gspmd:
-        console.print(compare_gspmd(graph, c, result.strategies, args.dtype).table())
-    return report(verified, console, args.json, f"{graph.name} on {c.nodes} x {c.devices_per_node}")
+    # Checked (a temporary file made beside it) before the work, written after it.
+    with Outputs(args.json) as outputs:
+        graph = load_model(args.model, args.batch)
+        c = cluster(args)
+        result = search(graph, c)
+        verified = verify_graph(graph, c, result.strategies, args.dtype)
+        against = compare_gspmd(graph, c, result.strategies, args.dtype) if args.gspmd else None
+        if args.json:
+            outputs[args.json].write_text(verified.to_json())
+        outputs.commit()
+    if against is not None:
+        console.print(against.table())
+    code = report(verified, console, f"{graph.name} on {c.nodes} x {c.devices_per_node}")
+    if args.json:
+        console.print(f"wrote {args.json}")
+    return code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
     add_cluster_args(p)
-    p.add_argument("--batch", type=int, default=None, help="batch size (model default)")
+    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
     p.add_argument("--engine", choices=("xla",), default="xla", help="the engine (xla)")
     p.add_argument(
         "--dtype", choices=sorted(TOLERANCE), default="float32", help="element type (float32)"
