@@ -14,7 +14,7 @@ from strategies_gen import POW2_ATOMS, layouts, to_layout
 from taps.export import ExportError, layout_placements, layout_spec, mesh_for, to_dtensor, to_jax
 from taps.verify.devices import jax_with_devices
 
-jax = jax_with_devices(64)
+jax = jax_with_devices(64)  # one JAX per test session: the most any module needs
 
 
 def _blocks(layout: taps.Layout) -> list[list[tuple[int, int]]]:

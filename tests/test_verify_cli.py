@@ -9,7 +9,7 @@ import taps
 from taps.cli import main
 from taps.verify.devices import jax_with_devices
 
-jax_with_devices(16)
+jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
 
 
 def _mlp(tmp_path):

@@ -8,7 +8,7 @@ import taps
 from taps.verify.devices import jax_with_devices
 from taps.verify.gspmd import compare_gspmd
 
-jax_with_devices(16)
+jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
 
 
 def test_gpt_layer_against_the_partitioner():

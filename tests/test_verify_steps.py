@@ -16,7 +16,7 @@ from taps.verify.devices import jax_with_devices
 from taps.verify.program import redistribute
 from taps.verify.steps import step
 
-jax = jax_with_devices(16)
+jax = jax_with_devices(64)  # one JAX per test session: the most any module needs
 P = jax.sharding.PartitionSpec
 
 
