@@ -83,4 +83,5 @@ def test_mlp_export_round_trips_json():
         sharding = plan.sharding(name)
         shape = g.tensors[name].shape
         assert _jax_blocks(sharding, shape) == _blocks(lays[name]), name
+        assert plan.partition_spec(name) == jax.sharding.PartitionSpec(*spec)
         assert len(spec) == len(shape)

@@ -84,18 +84,6 @@ class Mesh:
         names = {a for k in device_dims for a in self.axes(layout, k)}
         return tuple(a for a in self.axis_names if a in names)
 
-    def groups(self, axes: Iterable[str]) -> list[list[int]]:
-        """The ranks that differ only along ``axes``: one sorted list per group, sorted."""
-        import numpy as np
-
-        axes = set(axes)
-        ranks = np.arange(self.num_devices).reshape(self.shape)
-        keep = [i for i, n in enumerate(self.axis_names) if n not in axes]
-        vary = [i for i, n in enumerate(self.axis_names) if n in axes]
-        size = math.prod(self.shape[i] for i in vary)
-        rows = ranks.transpose(keep + vary).reshape(-1, size)
-        return sorted(sorted(int(r) for r in row) for row in rows)
-
     def _check(self, layout: Layout) -> None:
         if layout.num_devices != self.num_devices:
             raise ExportError(

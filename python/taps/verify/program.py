@@ -99,12 +99,14 @@ def measured(text: str, n: int) -> list[tuple[str, str, hlo.HloCollective]]:
 
 
 def relative_error(got: Any, want: Any) -> float:
+    """The largest difference, relative to the largest magnitude of ``want`` (0 for equal)."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     scale = float(np.max(np.abs(want), initial=0.0)) or 1.0
     return float(np.max(np.abs(got - want), initial=0.0)) / scale
 
 
 def run_dtype(name: str) -> Any:
+    """The JAX dtype a replay runs in, by name (one of :data:`TOLERANCE`)."""
     if name not in TOLERANCE:
         raise VerifyError(f"unknown dtype {name!r}: expected one of {sorted(TOLERANCE)}")
     return import_jax().numpy.dtype(name)
@@ -216,6 +218,8 @@ class GraphProgram:
         """Every operator's output from the leaves ``d`` and ``f``: on local blocks with taps'
         steps (``"shard_map"``), on whole tensors constrained to taps' layouts at every operator
         input and output (``"gspmd"``), or on whole tensors alone (``"reference"``)."""
+        if mode not in MODES:
+            raise VerifyError(f"unknown mode {mode!r}: expected one of {MODES}")
         jax, jnp = self.jax, self.jax.numpy
         constrain = mode == "gspmd"
 
