@@ -1,4 +1,5 @@
-"""The strategy-selection ILP of docs/conventions.md#the-ilp, built and solved with SCIP through PySCIPOpt.
+"""The strategy-selection ILP (docs/conventions.md#the-ilp), built and solved with SCIP through
+PySCIPOpt.
 
 One binary ``s[v,i]`` per operator and candidate, one choice per operator. Each graph edge gets a
 small transportation problem between the layout classes of its two ends: continuous
@@ -41,7 +42,7 @@ class IlpOptions:
     """Switches of the ILP; every setting finds the same optimum. The search benchmark
     (``benches/search_stages.py``) shows what each buys."""
 
-    #: "grouped": a continuous flow per pair of layout classes of an edge (docs/conventions.md#the-ilp);
+    #: "grouped": a continuous flow per pair of layout classes of an edge (conventions.md#the-ilp);
     #: "pairwise": the plain Alpa-style formulation, a binary per pair of strategies.
     formulation: str = "grouped"
     #: Drop dominated candidates first (exact, see taps.prune).

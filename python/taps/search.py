@@ -61,7 +61,8 @@ def search(
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
 ) -> SearchResult:
-    """Find the strategy of every operator that minimises communication (docs/conventions.md#the-ilp).
+    """Find the strategy of every operator that minimises communication (the ILP of
+    docs/conventions.md#the-ilp).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
