@@ -5,13 +5,16 @@ movement) or equal to the unsharded run (arithmetic)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
 from strategies_gen import layout_pairs, to_layout
-from taps.verify import verify_graph, verify_redistribution, verify_redistributions
+from taps.verify import verify, verify_graph, verify_redistribution, verify_redistributions
 from taps.verify.devices import jax_with_devices
 from taps.verify.result import OK, SHARED, UNPRICED
 
@@ -87,8 +90,7 @@ def _searched(graph, cluster):
 
 def test_mlp_plan_verifies_on_16_devices():
     g = taps.models.mlp(batch=64, sizes=(32, 64, 64, 32))
-    cluster = taps.Cluster(2, 8)
-    r = verify_graph(g, cluster, _searched(g, cluster))
+    r = verify(taps.search(g, taps.Cluster(2, 8)))
     assert r.ok, r.mismatches
     assert r.max_error < 1e-5
     statuses = {c.status for c in r.collectives}
@@ -131,3 +133,22 @@ def test_bias_gradient_is_priced_over_too_many_devices():
     bias = [c for c in r.collectives if c.what == "gradient of fc1.bias"]
     assert [(c.status, c.predicted_bytes, c.measured_bytes) for c in bias] == [("differs", 96, 64)]
     assert r.max_error < 1e-5
+
+
+def test_a_process_whose_jax_has_too_few_devices_verifies_in_a_fresh_one():
+    """JAX started with 2 devices; an 8-device plan is verified by a child process."""
+    script = """
+import jax, taps
+from taps.verify import verify_graph
+assert jax.device_count() == 2
+g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
+cluster = taps.Cluster(2, 4)
+r = verify_graph(g, cluster, taps.search(g, cluster).strategies)
+print(r.ok, r.num_devices, len(r.collectives))
+"""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    ok, devices, count = done.stdout.split()
+    assert (ok, devices) == ("True", "8") and int(count) > 0

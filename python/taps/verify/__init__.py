@@ -7,7 +7,7 @@ from __future__ import annotations
 from .devices import VerifyError, jax_with_devices, simulate_cpu_devices
 from .gspmd import GspmdReport, Traffic, compare_gspmd
 from .hlo import HloCollective, collectives, replica_groups
-from .replay import verify_graph, verify_redistribution, verify_redistributions
+from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
 from .result import CollectiveCheck, Predicted, VerifyResult
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "jax_with_devices",
     "replica_groups",
     "simulate_cpu_devices",
+    "verify",
     "verify_graph",
     "verify_redistribution",
     "verify_redistributions",

@@ -35,6 +35,12 @@ def simulate_cpu_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={n}".strip()
 
 
+def have_devices(n: int) -> bool:
+    """Whether JAX has (or, not started yet, will have) ``n`` devices."""
+    simulate_cpu_devices(n)
+    return bool(require("jax", "jax", "verifying a plan on XLA").device_count() >= n)
+
+
 def jax_with_devices(n: int) -> Any:
     """``jax`` with at least ``n`` devices (simulated on CPU if need be), or a
     :class:`VerifyError` that says how to get them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +24,8 @@ from taps.export.layouts import PlanLayouts
 from taps.export.mesh import mesh_for
 from taps.graph import Graph
 
-from .devices import VerifyError, jax_with_devices
+from .devices import VerifyError, have_devices, jax_with_devices
+from .fresh import verify_in_fresh_process
 from .program import (
     TOLERANCE,
     GraphProgram,
@@ -35,6 +36,9 @@ from .program import (
     run_dtype,
 )
 from .result import VerifyResult, match, verdict
+
+if TYPE_CHECKING:
+    from taps.search import SearchResult
 
 #: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
 #: is one compiled collective. They change launches, not bytes or groups.
@@ -64,7 +68,10 @@ def verify_graph(
     seed: int = 0,
 ) -> VerifyResult:
     """Run ``graph`` under ``strategies`` on ``cluster.num_devices`` XLA devices exactly as taps
-    plans it, and compare with taps' predictions and with the unsharded run (module doc)."""
+    plans it, and compare with taps' predictions and with the unsharded run (module doc). If
+    JAX already started with fewer devices, the verification runs in a fresh process."""
+    if not have_devices(cluster.num_devices):
+        return verify_in_fresh_process(graph, cluster, strategies, dtype, seed)
     t0 = time.perf_counter()
     prog = GraphProgram(graph, cluster, strategies, dtype, seed)
     jax = prog.jax
@@ -102,6 +109,22 @@ def verify_graph(
         {"compile": t1 - t0, "run": t2 - t1, "reference": time.perf_counter() - t2},
         errors,
     )
+
+
+def verify(
+    source: SearchResult | Graph,
+    cluster: Cluster | None = None,
+    strategies: Mapping[str, Strategy] | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> VerifyResult:
+    """:func:`verify_graph` of a search result, or of ``graph`` under ``strategies`` on
+    ``cluster``."""
+    if isinstance(source, Graph):
+        if cluster is None or strategies is None:
+            raise VerifyError("verifying a graph needs its cluster and strategies")
+        return verify_graph(source, cluster, strategies, dtype, seed)
+    return verify_graph(source.graph, source.cluster, source.strategies, dtype, seed)
 
 
 def verify_redistributions(

@@ -150,7 +150,9 @@ class VerifyResult:
         collectives: every predicted and every compiled collective, paired (:func:`match`).
         mismatches: one readable line per problem.
         engine, num_devices, devices_per_node: what ran it.
-        timings: seconds of ``trace`` (building and lowering), ``compile`` and ``run``.
+        timings: seconds of ``compile`` (building, tracing and compiling), ``run`` and
+            ``reference`` (the unsharded run, and the comparison).
+        errors: the relative error of every output (by tensor) and gradient (``grad op#slot``).
     """
 
     ok: bool
@@ -177,6 +179,13 @@ class VerifyResult:
             "errors": dict(self.errors),
             "timings": dict(self.timings),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyResult:
+        """The result :meth:`to_dict` wrote."""
+        fields = dict(data)
+        fields["collectives"] = [CollectiveCheck(**c) for c in data["collectives"]]
+        return cls(**fields)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
