@@ -263,8 +263,15 @@ def _optimize(model: Model) -> None:
         while worker.is_alive():
             worker.join(0.05)
     except BaseException:
-        model.interruptSolve()
-        worker.join()
+        # SCIP takes an interrupt only while it solves: before that (setting up, presolving) or
+        # after it, it refuses; try again until the worker is done.
+        while worker.is_alive():
+            try:
+                model.interruptSolve()
+            except Exception:
+                worker.join(0.01)
+            else:
+                worker.join()
         raise
     if failure:
         raise failure[0]
