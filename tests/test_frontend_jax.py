@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import taps
+from taps.extras import MissingExtraError
 from taps.frontends.jax import from_jax
 
 S = jax.ShapeDtypeStruct
@@ -325,7 +326,7 @@ def test_a_function_that_fails_to_trace_is_a_graph_error():
 
 def test_missing_jax_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "jax", None)
-    with pytest.raises(taps.GraphError, match=r"pip install 'taps\[jax\]'"):
+    with pytest.raises(MissingExtraError, match=r"pip install 'taps\[jax\]'"):
         from_jax(lambda x: x, np.zeros(3))
 
 

@@ -25,6 +25,8 @@ from taps._core import (
     unify,
 )
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
+from taps.extras import MissingExtraError
+from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
 from taps.search import Comparison, SearchResult, compare, search
@@ -42,6 +44,7 @@ __all__ = [
     "InfeasibleError",
     "Layout",
     "LayoutError",
+    "MissingExtraError",
     "OpCost",
     "Operand",
     "Operator",
@@ -58,6 +61,7 @@ __all__ = [
     "compare",
     "enumerate_strategies",
     "evaluate",
+    "from_jax",
     "inter_node_groups",
     "models",
     "plan_redistribution",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from taps._core import GraphError
+from taps.extras import require
 from taps.frontends.jax_builder import Builder, Value, constant
 from taps.graph import Graph
 
@@ -35,11 +36,8 @@ UNKNOWN = ("error", "replicate")
 
 
 def _import_jax() -> Any:
-    try:
-        import jax
-        import jax.extend  # Literal, to tell constants in a jaxpr from variables
-    except ImportError:
-        raise GraphError("from_jax needs JAX: pip install 'taps[jax]'") from None
+    jax = require("jax", "jax", "from_jax")
+    require("jax.extend", "jax", "from_jax")  # Literal, to tell constants from variables
     return jax
 
 
