@@ -1,4 +1,5 @@
-"""The strategy-selection ILP of SPEC section 7, built and solved with SCIP through PySCIPOpt.
+"""The strategy-selection ILP (docs/conventions.md#the-ilp), built and solved with SCIP through
+PySCIPOpt.
 
 One binary ``s[v,i]`` per operator and candidate, one choice per operator. Each graph edge gets a
 small transportation problem between the layout classes of its two ends: continuous
@@ -41,7 +42,7 @@ class IlpOptions:
     """Switches of the ILP; every setting finds the same optimum. The search benchmark
     (``benches/search_stages.py``) shows what each buys."""
 
-    #: "grouped": a continuous flow per pair of layout classes of an edge (SPEC section 7);
+    #: "grouped": a continuous flow per pair of layout classes of an edge (conventions.md#the-ilp);
     #: "pairwise": the plain Alpa-style formulation, a binary per pair of strategies.
     formulation: str = "grouped"
     #: Drop dominated candidates first (exact, see taps.prune).
@@ -262,8 +263,15 @@ def _optimize(model: Model) -> None:
         while worker.is_alive():
             worker.join(0.05)
     except BaseException:
-        model.interruptSolve()
-        worker.join()
+        # SCIP takes an interrupt only while it solves: before that (setting up, presolving) or
+        # after it, it refuses; try again until the worker is done.
+        while worker.is_alive():
+            try:
+                model.interruptSolve()
+            except Exception:
+                worker.join(0.01)
+            else:
+                worker.join()
         raise
     if failure:
         raise failure[0]
@@ -369,39 +377,18 @@ def _solve(
     options: IlpOptions,
     deadline: float | None,
 ) -> IlpSolution:
-    if options.reduce:
-        order = list(objectives[0].node_cost)
-        solution = _reduced(objectives, order, None, options, deadline)
-        # The optimum without the memory limit is optimal with it if it fits.
-        if memory is None or memory.of(solution.choice) <= memory.limit:
-            return solution
-        t0 = time.perf_counter()
-        priced = None
-        if len(objectives) == 1 and options.price:
-            scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
-            priced = price_memory(objectives[0], scaled, memory.limit)
-        reduce_time = solution.reduce_time + time.perf_counter() - t0
-        if priced is not None and priced.optimal and priced.choice is not None:
-            # A price on memory decided it: no ILP.
-            size = IlpSize(0, 0, 0, 0, eliminated=len(order))
-            return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, reduce_time, size)
-        start = None
-        keep = {v: np.arange(len(c)) for v, c in objectives[0].node_cost.items()}
-        if priced is not None and priced.choice is not None:
-            # The price's best assignment is the one to beat: candidates that cannot are dropped.
-            t0 = time.perf_counter()
-            keep = prune_by_price(objectives[0], scaled, memory.limit, priced.price, priced.cost)
-            reduce_time += time.perf_counter() - t0
-            start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
-            objectives = [restrict(o, keep) for o in objectives]
-            memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
-        # Operators whose memory is the same whatever their candidate (elementwise ones, whose
-        # every split shards the output evenly) can still go exactly: SCIP gets the others.
-        steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(objectives, order, memory, options, deadline, steady, start)
-        choice = {v: int(keep[v][i]) for v, i in again.choice.items()}
-        return replace(again, choice=choice, reduce_time=again.reduce_time + reduce_time)
-    return _pruned_run(objectives, options, memory, deadline)
+    if not options.reduce:
+        return _pruned_run(objectives, options, memory, deadline)
+    order = list(objectives[0].node_cost)
+    solution = _reduced(objectives, order, None, options, deadline)
+    # The optimum without the memory limit is optimal with it if it fits.
+    if memory is None or memory.of(solution.choice) <= memory.limit:
+        return solution
+    # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
+    # split shards the output evenly) can still go exactly; the memory limit decides the others.
+    steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
+    again = _reduced(objectives, order, memory, options, deadline, steady)
+    return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
 
 
 def _reduced(
@@ -411,7 +398,6 @@ def _reduced(
     options: IlpOptions,
     deadline: float | None,
     eliminable: set[str] | None = None,
-    start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
     must have the same memory for every candidate when ``memory`` is given)."""
@@ -425,9 +411,10 @@ def _reduced(
         memory = _Memory(
             {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
         )
-    if core.pairs or memory is not None:
-        core_start = None if start is None else {v: start[v] for v in core.node_cost}
-        run = _pruned_run(reduction.cores, options, memory, deadline, core_start)
+        run = _limited(reduction.cores, memory, options, deadline)
+        eliminated = reduction.eliminated + run.size.eliminated
+    elif core.pairs:
+        run = _pruned_run(reduction.cores, options, memory, deadline)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
@@ -440,8 +427,42 @@ def _reduced(
     return replace(
         run,
         choice=choice,
-        reduce_time=reduce_time,
+        reduce_time=run.reduce_time + reduce_time,
         size=replace(run.size, eliminated=eliminated),
+    )
+
+
+def _limited(
+    objectives: list[Problem],
+    memory: _Memory,
+    options: IlpOptions,
+    deadline: float | None,
+) -> IlpSolution:
+    """The core left by the reductions, under the memory limit: priced first (taps.lagrange),
+    which decides it when the price closes the gap and otherwise prunes it exactly and gives SCIP
+    its first assignment. ``size.eliminated`` counts the operators the price decided."""
+    if len(objectives) > 1 or not options.price:
+        return _pruned_run(objectives, options, memory, deadline)
+    t0 = time.perf_counter()
+    problem = objectives[0]
+    scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
+    priced = price_memory(problem, scaled, memory.limit)
+    if priced is None or priced.choice is None:
+        run = _pruned_run(objectives, options, memory, deadline)
+        return replace(run, reduce_time=time.perf_counter() - t0)
+    if priced.optimal:
+        size = IlpSize(0, 0, 0, 0, eliminated=len(problem.node_cost))
+        return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
+    # The price's best assignment is the one to beat: candidates that cannot are dropped.
+    keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
+    start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
+    memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    price_time = time.perf_counter() - t0
+    run = _pruned_run([restrict(problem, keep)], options, memory, deadline, start)
+    return replace(
+        run,
+        choice={v: int(keep[v][i]) for v, i in run.choice.items()},
+        reduce_time=price_time,
     )
 
 

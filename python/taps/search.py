@@ -61,7 +61,8 @@ def search(
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
 ) -> SearchResult:
-    """Find the strategy of every operator that minimises communication (SPEC section 7).
+    """Find the strategy of every operator that minimises communication (the ILP of
+    docs/conventions.md#the-ilp).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
@@ -101,11 +102,15 @@ def _check(
     if time_limit is not None:
         number(where, "time_limit", time_limit)
     number(where, "bytes_per_parameter", bytes_per_parameter, positive=False)
+    # The tables are shared by operators of one signature and edges between the same signatures
+    # (build_tables), so only the distinct ones take memory.
+    signature = {op.name: graph.signature(op.name) for op in graph.ops}
     counts = {
-        op.name: check_candidates(op.name, op.partitionable_sizes, cluster.num_devices)
+        signature[op.name]: check_candidates(op.name, op.partitionable_sizes, cluster.num_devices)
         for op in graph.ops
     }
-    pairs = sum(counts[e.producer] * counts[e.consumer] for e in graph.edges)
+    edges = {(signature[e.producer], signature[e.consumer], e.slot) for e in graph.edges}
+    pairs = sum(counts[u] * counts[w] for u, w, _ in edges)
     check_table_memory(
         f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
     )

@@ -1,8 +1,8 @@
-"""The ``taps`` command line: one module per command (``plan``, ``search``, ``reproduce``), each
-with a ``register(subparsers)``; this module builds the parser and applies the one rule for
-errors (docs/errors.md): bad input or a failed read or write is one line and exit code 2, Ctrl-C
-one line and 130, anything else one line asking for a bug report (``TAPS_DEBUG=1`` shows the
-traceback)."""
+"""The ``taps`` command line: one module per command (``plan``, ``search``, ``reproduce``,
+``verify``), each with a ``register(subparsers)``; this module builds the parser and applies the
+one rule for errors (docs/errors.md): bad input or a failed read or write is one line and exit
+code 2, Ctrl-C one line and 130, anything else one line asking for a bug report (``TAPS_DEBUG=1``
+shows the traceback)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from taps._core import TapsError
-from taps.cli import plan, reproduce, search
+from taps.cli import plan, reproduce, search, verify
 from taps.cli.args import Parser, attach_values
 
-COMMANDS = (plan, search, reproduce)
+COMMANDS = (plan, search, reproduce, verify)
 
 #: Exit codes (docs/errors.md).
 EXIT_BAD_INPUT = 2
@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = f"taps {args.command}"
         # Wide enough for the tables when the output is a file or a pipe.
         console = Console(width=None if sys.stdout.isatty() else 160)
-        args.run(args, console)
+        # A command returns nothing, or an exit code (``taps verify``: 1 on a mismatch).
+        code = args.run(args, console)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return EXIT_INTERRUPTED
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "traceback)\n"
         )
         return EXIT_INTERNAL
-    return 0
+    return code or 0
 
 
 def run() -> None:

@@ -11,7 +11,7 @@ from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
 from taps.reports import layout_text, plan_table
 
 
-def run(args: argparse.Namespace, console: Console) -> None:
+def run(args: argparse.Namespace, console: Console) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
@@ -27,6 +27,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
     ]
     for item in output:
         console.print(item)
+    if args.verify:
+        from taps.cli.verify import report
+        from taps.verify import verify_redistribution
+
+        return report(verify_redistribution(a, b, c.devices_per_node), console, "Verified on XLA")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,4 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype-bytes", type=positive("bytes per element"), default=2, help="bytes per element (2)"
     )
     add_cluster_args(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the plan on simulated XLA devices and check it (exit code 1 on mismatch)",
+    )
     p.set_defaults(run=run)

@@ -27,8 +27,13 @@ from taps.search import Comparison, SearchResult, compare, search
 def run(args: argparse.Namespace, console: Console) -> None:
     if args.plot:
         check_available()
+    framework, export_path = args.export or ("", None)
+    if export_path is not None:
+        from taps.export import check_framework
+
+        check_framework(framework)
     # Checked (a temporary file made beside each) before the search, written after it.
-    with Outputs(args.json, args.plot) as outputs:
+    with Outputs(args.json, args.plot, export_path) as outputs:
         graph = load_model(args.model, args.batch)
         c = cluster(args, args.memory)
         comparison: Comparison | None = None
@@ -52,6 +57,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
             # The first result: the topology-aware one under --cost-model both.
             plot_plan(results[0], outputs[args.plot].temp)
             output.append(f"wrote {args.plot}")
+        if export_path is not None:
+            from taps.export import export
+
+            # The first result: the topology-aware one under --cost-model both.
+            outputs[export_path].write_text(export(results[0], framework).to_json())
+            output.append(f"wrote {export_path}")
         outputs.commit()
     for item in output:
         console.print(item)
@@ -111,5 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         default=None,
         help="draw every operator's strategy and cost into FILE (PNG; needs taps[plot])",
+    )
+    p.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("jax|dtensor", "FILE"),
+        default=None,
+        help="write the (topology-aware) plan as a JAX or DTensor sharding plan (JSON)",
     )
     p.set_defaults(run=run)
