@@ -24,16 +24,20 @@ from taps._core import (
     redistribution_costs,
     unify,
 )
+from taps.checks import ArgumentError
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
 from taps.extras import MissingExtraError
 from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
+from taps.limits import ResourceError
+from taps.outputs import OutputError
 from taps.search import Comparison, SearchResult, compare, search
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Cluster",
     "CommOp",
     "Comparison",
@@ -48,7 +52,9 @@ __all__ = [
     "OpCost",
     "Operand",
     "Operator",
+    "OutputError",
     "Redistribution",
+    "ResourceError",
     "SearchResult",
     "Strategy",
     "StrategyError",
