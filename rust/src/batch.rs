@@ -106,7 +106,7 @@ pub fn allreduce_costs(
         .zip(strategies)
         .with_min_len(MIN_STRATEGIES_PER_JOB)
         .try_for_each_init(Layout::scratch, |layout, (cost, s)| {
-            let devices: u64 = s.degrees.iter().product();
+            let devices = s.num_devices();
             if devices != cluster.num_devices() {
                 return Err(Error::Topology(format!(
                     "strategy {s:?} spans {devices} devices but the cluster has {}",
@@ -218,7 +218,7 @@ mod tests {
         ];
         let got = allreduce_costs(&strategies, &tensors, &cluster, CostModel::Volume).unwrap();
         for (s, cost) in strategies.iter().zip(got) {
-            let [d, r, c] = [0, 1, 2].map(|k| s.degrees[k] as f64);
+            let [d, r, c] = [0, 1, 2].map(|k| s.degrees()[k] as f64);
             let y_size = (batch * outer) as f64;
             let w_size = (inner * outer) as f64;
             let want = 2.0 * ((r - 1.0) * y_size + (d - 1.0) * w_size) / (d * r * c);

@@ -86,7 +86,6 @@ impl From<Error> for PyErr {
 /// `T` (an int of 2**63 or more for an `i64`), its text. PyO3 would raise `OverflowError` while
 /// extracting it, before the binding could say which argument is wrong; this way the binding
 /// raises the `TapsError` of its domain naming the argument and the value.
-#[derive(Clone)]
 enum Num<T> {
     Fits(T),
     TooLarge(String),
@@ -665,13 +664,13 @@ impl PyStrategy {
     /// Per axis, the number of blocks it is split into.
     #[getter]
     fn degrees(&self) -> Vec<u64> {
-        self.inner.degrees.clone()
+        self.inner.degrees().to_vec()
     }
 
     /// Per axis, the device dim it is split along (0 innermost), or -1 for degree 1.
     #[getter]
     fn device_map(&self) -> Vec<i64> {
-        self.inner.device_map.clone()
+        self.inner.device_map().to_vec()
     }
 
     /// One dim per split axis, sized by its degree, outermost first.
@@ -683,7 +682,7 @@ impl PyStrategy {
     /// The number of devices: the product of the degrees.
     #[getter]
     fn num_devices(&self) -> u64 {
-        self.inner.degrees.iter().product()
+        self.inner.num_devices()
     }
 
     /// The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim).
@@ -696,7 +695,8 @@ impl PyStrategy {
     fn __repr__(&self) -> String {
         format!(
             "Strategy(degrees={:?}, device_map={:?})",
-            self.inner.degrees, self.inner.device_map
+            self.inner.degrees(),
+            self.inner.device_map()
         )
     }
 
@@ -704,7 +704,7 @@ impl PyStrategy {
         let s = &slf.get().inner;
         Ok((
             slf.get_type().into_any().unbind(),
-            (s.degrees.clone(), s.device_map.clone()),
+            (s.degrees().to_vec(), s.device_map().to_vec()),
         ))
     }
 }

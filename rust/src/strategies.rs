@@ -5,12 +5,12 @@
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
-/// Degrees and device dims for the axes of one operator.
+/// Degrees and device dims for the axes of one operator. Validated once by [`Strategy::new`] (or
+/// built valid by [`enumerate_strategies`]); the fields are read through accessors.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Strategy {
-    pub degrees: Vec<u64>,
-    /// The device dim of each axis (0 innermost), -1 where the degree is 1.
-    pub device_map: Vec<i64>,
+    degrees: Vec<u64>,
+    device_map: Vec<i64>,
 }
 
 impl Strategy {
@@ -18,8 +18,9 @@ impl Strategy {
     /// degree above 1 (-1 for the others).
     ///
     /// # Errors
-    /// [`Error::Strategy`] if the lengths differ, a degree is not a positive power of two, or
-    /// the device map is not a permutation of `0..h` over the split axes.
+    /// [`Error::Strategy`] if the lengths differ, a degree is not a positive power of two, the
+    /// degrees multiply to more devices than a u64 counts, or the device map is not a permutation
+    /// of `0..h` over the split axes.
     pub fn new(degrees: Vec<u64>, device_map: Vec<i64>) -> Result<Self> {
         if degrees.len() != device_map.len() {
             return Err(Error::Strategy(format!(
@@ -29,6 +30,15 @@ impl Strategy {
         if let Some(d) = degrees.iter().find(|d| !d.is_power_of_two()) {
             return Err(Error::Strategy(format!(
                 "degrees {degrees:?}: {d} is not a positive power of two"
+            )));
+        }
+        if degrees
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_none()
+        {
+            return Err(Error::Strategy(format!(
+                "degrees {degrees:?} multiply to more devices than 64 bits count"
             )));
         }
         let h = degrees.iter().filter(|&&d| d > 1).count() as i64;
@@ -55,6 +65,24 @@ impl Strategy {
             degrees,
             device_map,
         })
+    }
+
+    /// Per axis, the number of blocks it is split into (a power of two).
+    #[must_use]
+    pub fn degrees(&self) -> &[u64] {
+        &self.degrees
+    }
+
+    /// Per axis, the device dim it is split along (0 innermost), -1 where the degree is 1.
+    #[must_use]
+    pub fn device_map(&self) -> &[i64] {
+        &self.device_map
+    }
+
+    /// The number of devices: the product of the degrees.
+    #[must_use]
+    pub fn num_devices(&self) -> u64 {
+        self.degrees.iter().product()
     }
 
     /// One dim per split axis, sized by its degree, outermost first.
@@ -274,11 +302,19 @@ mod tests {
     }
 
     #[test]
+    fn rejects_degrees_whose_product_overflows() {
+        let err = Strategy::new(vec![1 << 39, 1 << 25], vec![1, 0]);
+        assert!(matches!(err, Err(Error::Strategy(m)) if m.contains("64 bits")));
+        let fits = Strategy::new(vec![1 << 39, 1 << 24], vec![1, 0]).unwrap();
+        assert_eq!(fits.num_devices(), 1 << 63);
+    }
+
+    #[test]
     fn non_dividing_degrees_are_dropped_and_bad_counts_rejected() {
         assert!(enumerate_strategies(&[3, 64], 4)
             .unwrap()
             .iter()
-            .all(|s| s.degrees[0] == 1));
+            .all(|s| s.degrees()[0] == 1));
         assert!(matches!(
             enumerate_strategies(&[8], 6),
             Err(Error::Strategy(_))
