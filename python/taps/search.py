@@ -51,6 +51,7 @@ def search(
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
+    replicate: bool = False,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (SPEC section 7).
 
@@ -59,10 +60,12 @@ def search(
     switches the ILP's formulation and speed-ups (all exact). With ``tie`` (the default) the
     graph's tied repeats (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs
     what one repeat does; every repeat's cost and memory is still counted. ``tie=False`` searches
-    every operator on its own.
+    every operator on its own. ``replicate`` widens every operator's candidates to the splits
+    over fewer devices than the cluster has, the rest holding replicas (docs/replicas.md); without
+    it, only an operator with no split over every device gets those.
     """
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
+    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter, replicas=replicate)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     solution = solve(tables, limit, time_limit, options, tie=tie)
     t1 = time.perf_counter()
