@@ -6,7 +6,7 @@ them."""
 from __future__ import annotations
 
 import itertools
-from math import prod
+from math import comb, factorial, prod
 
 import numpy as np
 import pytest
@@ -255,3 +255,20 @@ def test_megatron_mlp_with_replicas_is_no_worse(shape, cost_model):
         taps.evaluate(g, cluster, megatron, cost_model)
     )
     assert wide.cost <= tables.evaluate(choice) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5])
+def test_count_is_the_documented_formula(p, n):
+    def default(m):
+        if m == 0:
+            return 1
+        return sum(factorial(i) * comb(p, i) * comb(m - 1, i - 1) for i in range(1, min(p, m) + 1))
+
+    extra = (n > 0) + sum(
+        (i + 1) * factorial(i) * comb(p, i) * comb(m - 1, i - 1)
+        for m in range(1, n)
+        for i in range(1, min(p, m) + 1)
+    )
+    want = default(n) + extra
+    assert len(taps.enumerate_strategies([2**n * 3] * p, 2**n, replicas=True)) == want
