@@ -251,9 +251,7 @@ def test_megatron_mlp_with_replicas_is_no_worse(shape, cost_model):
     }
     tables = build_tables(g, cluster, cost_model, replicas=True)
     choice = {k: tables.ops[k].strategies.index(s) for k, s in megatron.items()}
-    assert tables.evaluate(choice) == pytest.approx(
-        taps.evaluate(g, cluster, megatron, cost_model)
-    )
+    assert tables.evaluate(choice) == pytest.approx(taps.evaluate(g, cluster, megatron, cost_model))
     assert wide.cost <= tables.evaluate(choice) * (1 + 1e-9)
 
 

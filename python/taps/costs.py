@@ -87,7 +87,8 @@ def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str
         if set(op.contracted) & set(op.partitionable)
         else []
     )
-    return out + [(o, "gradient", False) for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+    grads = [o for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+    return out + [(o, "gradient", False) for o in grads]
 
 
 def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:

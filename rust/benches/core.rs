@@ -17,7 +17,10 @@ fn linear_outputs(n: u64) -> Vec<Layout> {
     enumerate_strategies(&LINEAR, n, false)
         .unwrap()
         .iter()
-        .map(|s| s.tensor_layout(&[0, 1, 3], &[64, 2048, 4096], false).unwrap())
+        .map(|s| {
+            s.tensor_layout(&[0, 1, 3], &[64, 2048, 4096], false)
+                .unwrap()
+        })
         .collect()
 }
 

@@ -735,9 +735,7 @@ impl PyStrategy {
         }
     }
 
-    fn __reduce__(
-        slf: &Bound<'_, Self>,
-    ) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<i64>, Vec<u64>))> {
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<i64>, Vec<u64>))> {
         let s = &slf.get().inner;
         Ok((
             slf.get_type().into_any().unbind(),

@@ -451,11 +451,21 @@ mod tests {
     /// places for the replica dim.
     #[test]
     fn replica_count_is_the_splits_of_each_smaller_count_times_the_positions() {
-        for sizes in [vec![], vec![8], vec![64, 64, 64], vec![3, 16], vec![2, 2, 2, 2]] {
+        for sizes in [
+            vec![],
+            vec![8],
+            vec![64, 64, 64],
+            vec![3, 16],
+            vec![2, 2, 2, 2],
+        ] {
             for n in 0..=5u32 {
                 let plain = enumerate_strategies(&sizes, 1 << n, false).unwrap();
                 let all = enumerate_strategies(&sizes, 1 << n, true).unwrap();
-                assert_eq!(all[..plain.len()], plain[..], "the default list comes first");
+                assert_eq!(
+                    all[..plain.len()],
+                    plain[..],
+                    "the default list comes first"
+                );
                 let want = plain.len()
                     + (1..=n)
                         .flat_map(|j| splits(&sizes, n - j))

@@ -186,7 +186,6 @@ proptest! {
         wild_nodes in prop::option::weighted(0.2, edge_u64()),
         dtype_bytes in edge_f64(),
         volume in any::<bool>(),
-        per_replica in any::<bool>(),
     ) {
         let Ok(a) = Layout::new(a.0, a.1, a.2) else { return Ok(()) };
         // Half the pairs describe a's tensor: b's matrix and map on a reshape of a's shape.
