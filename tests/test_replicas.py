@@ -19,6 +19,7 @@ import taps
 from taps._core import allreduce_costs
 from taps.costs import all_reduce_operands, build_tables, intra_collectives, memory
 from taps.sharding import candidates
+from test_reference import _cluster, operators
 from test_strategies import as_tuples, brute
 
 
@@ -160,6 +161,30 @@ def test_node_costs_equal_the_reference_with_replicas(devices):
             assert cost == pytest.approx(direct, rel=1e-12, abs=1e-300)
 
 
+@settings(max_examples=100, deadline=None)
+@given(operators(), st.integers(0, 4), st.data())
+def test_kernel_equals_reference_on_any_operator_with_replicas(op, log2, data):
+    sizes, tensors = op
+    flagged = [(*t, data.draw(st.booleans())) for t in tensors]
+    found = taps.enumerate_strategies(sizes, 2**log2, replicas=True)
+    cluster, params = _cluster(2**log2, data)
+    degrees = [s.degrees for s in found]
+    maps = [s.device_map for s in found]
+    matrices = [s.device_matrix for s in found]
+    shape = (len(found), len(sizes))
+    for model in ("topology", "volume"):
+        got = allreduce_costs(
+            np.array(degrees, dtype=np.int64).reshape(shape),
+            np.array(maps, dtype=np.int64).reshape(shape),
+            flagged,
+            cluster,
+            model,
+            matrices,
+        )
+        want = ref.allreduce_costs(degrees, maps, flagged, params, model, matrices)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+
+
 def test_replicated_matmul_volumes_by_hand():
     """Y = X W with (b, i, o) split (d, r, c) on 8/R devices and R replicas: the forward all_reduce
     of Y runs within a replica over the r split, so it moves 2(r-1)/r of a Y shard; dW is partial
@@ -270,3 +295,17 @@ def test_count_is_the_documented_formula(p, n):
     )
     want = default(n) + extra
     assert len(taps.enumerate_strategies([2**n * 3] * p, 2**n, replicas=True)) == want
+
+
+def test_kernel_rejects_device_matrices_that_do_not_fit_the_rows():
+    cluster = taps.Cluster(1, 4)
+    deg = np.array([[2]], dtype=np.int64)
+    dmap = np.array([[0]], dtype=np.int64)
+    with pytest.raises(taps.StrategyError, match="2 device matrices for 1 strategies"):
+        allreduce_costs(deg, dmap, [], cluster, "topology", [[2, 2], [2, 2]])
+    with pytest.raises(taps.StrategyError, match="device map"):
+        allreduce_costs(deg, dmap, [], cluster, "topology", [[4]])
+    ok = allreduce_costs(deg, dmap, [([0], [8], 2.0, True)], cluster, "volume", [[2, 2]])
+    assert ok[0] == 0.0  # split along dim 0, and the forward sum leaves the replica dim out
+    grad = allreduce_costs(deg, dmap, [([0], [8], 2.0)], cluster, "volume", [[2, 2]])
+    assert grad[0] == pytest.approx(2 * (2 - 1) / 2 * 4 * 2.0)  # over the replica dim
