@@ -1,19 +1,20 @@
 """A plain-Python implementation of the cost functions of the core, the differential oracle of the
 Rust kernels (tests/test_reference.py) and their speed baseline (benches/test_bench_kernel.py).
 
-Written from SPEC.md sections 1-3 and 5-6 and docs/core.md; nothing here imports ``taps``. A layout
-is a plain ``(shape, device_matrix, tensor_map)`` triple and a cluster a
-``(nodes, devices_per_node, intra_bandwidth, inter_bandwidth)`` tuple.
+Written from docs/conventions.md and docs/core.md; nothing here imports ``taps``. A layout is a
+plain ``(shape, device_matrix, tensor_map)`` triple and a cluster a ``(nodes, devices_per_node,
+intra_bandwidth, inter_bandwidth)`` tuple.
 
 Unification works on *segments*: a layout is a list of tensor dims, outermost first, each a
 ``(size, bits, origin)`` triple where ``bits`` is the half-open range ``[lo, hi)`` of the rank's
 bits the dim is split along (or ``None``) and ``origin`` the dim of the input it came from. Two
-refinements alternate until neither changes anything (SPEC section 2): every device boundary cuts
-the split dims it falls inside (outer bits to the outer part), and every flat-index boundary of
-either shape cuts the dim it falls inside (the split stays on the outer part, or the device range is
-cut with it). A boundary with no such cut is a *blocker*: the views are reshaped (docs/core.md:
-runs of unsplit dims merged, then the canonical form), and the planner gives up a split as a
-last resort (the fallback prelude of all_gathers and the epilogue of free slices).
+refinements alternate until neither changes anything (docs/conventions.md#unification): every
+device boundary cuts the split dims it falls inside (outer bits to the outer part), and every
+flat-index boundary of either shape cuts the dim it falls inside (the split stays on the outer
+part, or the device range is cut with it). A boundary with no such cut is a *blocker*: the views
+are reshaped (docs/core.md: runs of unsplit dims merged, then the canonical form), and the planner
+gives up a split as a last resort (the fallback prelude of all_gathers and the epilogue of free
+slices).
 """
 
 from __future__ import annotations
@@ -299,14 +300,14 @@ class Op:
 
     @property
     def volume(self) -> int:
-        """Elements received per device (SPEC section 3)."""
+        """Elements received per device (docs/conventions.md#redistribution)."""
         g = dsize(self.layout[1], self.device_dim)
         s = shard_size(self.layout)
         return {"slice": 0, "all_gather": (g - 1) * s, "all_to_all": (g - 1) * (s // g)}[self.kind]
 
 
 def algorithm1(source: Triple, target: Triple) -> list[Op]:
-    """SPEC section 3 on unified layouts."""
+    """docs/conventions.md#redistribution on unified layouts."""
     shape, dm, m = source[0], source[1], list(source[2])
     t = target[2]
     ops: list[Op] = []
@@ -387,7 +388,7 @@ def plan(a: Any, b: Any) -> Plan:
     return Plan(source, target, prelude, algorithm1(source, target), epilogue)
 
 
-# --- topology (SPEC section 6) --------------------------------------------------------------
+# --- topology (docs/conventions.md#topology-aware-cost) ------------------------------------
 
 
 @dataclass(frozen=True)
@@ -467,7 +468,7 @@ def redistribution_costs(
     return out
 
 
-# --- intra-operator all_reduce (SPEC sections 5-6) ------------------------------------------
+# --- intra-operator all_reduce (docs/conventions.md) --------------------------------------
 
 
 def strategy_layout(

@@ -18,6 +18,7 @@ import sim
 import taps
 from taps._core import allreduce_costs
 from taps.costs import all_reduce_operands, build_tables, intra_collectives, memory
+from taps.limits import candidate_count
 from taps.sharding import candidates
 from test_reference import _cluster, operators
 from test_strategies import as_tuples, brute
@@ -56,6 +57,7 @@ def test_enumeration_is_the_default_then_every_replicated_split(sizes, n):
     assert got[: len(plain)] == plain, "the default list, in its order, comes first"
     want = plain_replicated(sizes, 2**n)
     assert as_tuples(got[len(plain) :]) == want
+    assert candidate_count(sizes, 2**n, replicas=True) == len(got)
     for s in got:
         assert s.num_devices == 2**n
         assert prod(s.degrees) * s.replicas == 2**n

@@ -4,7 +4,7 @@ The layout, redistribution and cost core is Rust (``taps._core``); the graph mod
 reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
 """
 
-from taps import models
+from taps import export, models
 from taps._core import (
     Cluster,
     CommOp,
@@ -30,6 +30,9 @@ from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
 from taps.search import Comparison, SearchResult, compare, search
+
+# After the subpackage: ``taps.verify`` is the function (the package stays ``taps.verify.*``).
+from taps.verify import verify
 
 __version__ = "0.1.0"
 
@@ -61,6 +64,7 @@ __all__ = [
     "compare",
     "enumerate_strategies",
     "evaluate",
+    "export",
     "from_jax",
     "inter_node_groups",
     "models",
@@ -69,4 +73,5 @@ __all__ = [
     "search",
     "strategies_for",
     "unify",
+    "verify",
 ]

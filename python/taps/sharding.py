@@ -2,8 +2,8 @@
 
 A strategy splits an operator's partitionable axes; each operand (input or output) takes the
 device dims of the axes it has, so its tensor map follows from the operand's dims, and the
-strategy's replica dims (device dims no axis uses) hold copies. This module is
-the one place that rule lives. :func:`candidates` builds, once per operator, a :class:`Candidate`
+strategy's replica dims (device dims no axis uses) hold copies. This module is the one place that
+rule lives. :func:`candidates` builds, once per operator, a :class:`Candidate`
 per strategy with the layout of every operand (as DTensor's op strategies carry the placements of
 their inputs and output); the cost model, the memory model, the reports and the exports read
 those layouts rather than working them out again.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from taps._core import Layout, Strategy, enumerate_strategies
 from taps.graph import Operand, Operator
+from taps.limits import check_candidates
 
 
 def operand_axis_indices(op: Operator, operand: Operand) -> list[int]:
@@ -76,8 +77,11 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
     order: every power-of-two split of its partitionable axes over all the devices whose degrees
     divide the axis sizes, and with ``replicas`` also every split over fewer devices, the rest
     replicating the operator. An operator with no split over all the devices (no partitionable
-    axis, or sizes the device count does not divide) takes the replicated ones either way."""
+    axis, or sizes the device count does not divide) takes the replicated ones either way. They
+    are counted first: more than :data:`taps.limits.MAX_CANDIDATES` is a
+    :class:`taps.limits.ResourceError` (enumerating them could exhaust the memory)."""
     sizes = list(op.partitionable_sizes)
+    check_candidates(op.name, sizes, num_devices, replicas)
     found = enumerate_strategies(sizes, num_devices, replicas)
     # The replicated list always holds the fully replicated strategy, so it is never empty.
     return found or enumerate_strategies(sizes, num_devices, True)

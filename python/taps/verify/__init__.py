@@ -1,0 +1,30 @@
+"""Every plan verified by running it: taps' own steps replayed on XLA under ``shard_map`` with
+simulated CPU devices, every compiled collective matched with taps' prediction, and the results
+compared with an unsharded run; and taps' plan against XLA's own partitioner (docs/verify.md)."""
+
+from __future__ import annotations
+
+from .devices import VerifyError, jax_with_devices, simulate_cpu_devices
+from .gspmd import GspmdReport, Traffic, compare_gspmd
+from .hlo import HloCollective, collectives, replica_groups
+from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
+from .result import CollectiveCheck, Predicted, VerifyResult
+
+__all__ = [
+    "CollectiveCheck",
+    "GspmdReport",
+    "HloCollective",
+    "Predicted",
+    "Traffic",
+    "VerifyError",
+    "VerifyResult",
+    "collectives",
+    "compare_gspmd",
+    "jax_with_devices",
+    "replica_groups",
+    "simulate_cpu_devices",
+    "verify",
+    "verify_graph",
+    "verify_redistribution",
+    "verify_redistributions",
+]
