@@ -471,15 +471,31 @@ def redistribution_costs(
 # --- intra-operator all_reduce (docs/conventions.md) --------------------------------------
 
 
-def strategy_layout(degrees: list[int], device_map: list[int], axes: list[int], shape: list[int]):
+def strategy_layout(
+    degrees: list[int],
+    device_map: list[int],
+    axes: list[int],
+    shape: list[int],
+    device_matrix: list[int] | None = None,
+    per_replica: bool = False,
+):
     """The layout a strategy gives a tensor whose dims are the strategy axes ``axes`` (-1: whole):
-    one device dim per split axis, sized by its degree, ordered by the device map."""
-    h = sum(d > 1 for d in degrees)
-    dm = [1] * h
-    for d, m in zip(degrees, device_map):
-        if m >= 0:
-            dm[h - 1 - m] = d
-    return list(shape), dm, [device_map[a] if a >= 0 else -1 for a in axes]
+    by default one device dim per split axis, sized by its degree, ordered by the device map;
+    dims of an explicit ``device_matrix`` that no axis takes hold replicas. ``per_replica`` puts
+    a leading dim per replica dim (outermost first), split along it."""
+    if device_matrix is None:
+        h = sum(d > 1 for d in degrees)
+        dm = [1] * h
+        for d, m in zip(degrees, device_map):
+            if m >= 0:
+                dm[h - 1 - m] = d
+    else:
+        dm = list(device_matrix)
+    tm = [device_map[a] if a >= 0 else -1 for a in axes]
+    if per_replica:
+        spare = [k for k in reversed(range(len(dm))) if k not in device_map]
+        return [dsize(dm, k) for k in spare] + list(shape), dm, spare + tm
+    return list(shape), dm, tm
 
 
 def allreduce_cost(layout: Triple, c: Any, dtype_bytes: float, model: str) -> float:
@@ -496,16 +512,20 @@ def allreduce_cost(layout: Triple, c: Any, dtype_bytes: float, model: str) -> fl
 def allreduce_costs(
     degrees: list[list[int]],
     device_maps: list[list[int]],
-    tensors: list[tuple[list[int], list[int], float]],
+    tensors: list[tuple[Any, ...]],
     cluster: Any,
     model: str = "topology",
+    device_matrices: list[list[int]] | None = None,
 ) -> np.ndarray:
-    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype)."""
+    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype and
+    optionally per_replica)."""
     out = np.zeros(len(degrees))
     for s, (deg, dmap) in enumerate(zip(degrees, device_maps)):
+        matrix = None if device_matrices is None else list(device_matrices[s])
         total = 0.0
-        for axes, shape, dtype_bytes in tensors:
-            layout = strategy_layout(list(deg), list(dmap), axes, shape)
+        for axes, shape, dtype_bytes, *flag in tensors:
+            per_replica = bool(flag and flag[0])
+            layout = strategy_layout(list(deg), list(dmap), axes, shape, matrix, per_replica)
             total += allreduce_cost(layout, cluster, dtype_bytes, model)
         out[s] = total
     return out

@@ -45,15 +45,20 @@ def check_cost_model(cost_model: object) -> None:
         )
 
 
-def strategies_for(graph: Graph, op_name: str, cluster: Cluster) -> list[Strategy]:
-    """The strategies the search considers for one operator of ``graph`` on ``cluster``."""
-    return sharding.strategies(graph.op(op_name), cluster.num_devices)
+def strategies_for(
+    graph: Graph, op_name: str, cluster: Cluster, replicas: bool = False
+) -> list[Strategy]:
+    """The strategies the search considers for one operator of ``graph`` on ``cluster``
+    (``replicas``: also those that split over fewer devices, see :func:`taps.search`)."""
+    return sharding.strategies(graph.op(op_name), cluster.num_devices, replicas)
 
 
 @dataclass(frozen=True)
 class Collective:
     """One intra-operator collective: an all_reduce of partial sums over the device dims the
-    tensor's map does not use."""
+    tensor's map does not use. A forward partial sum of a replicated operator is reduced inside
+    each replica: its layout stacks the replicas' copies along leading dims split over the replica
+    dims, so those dims are outside the group."""
 
     tensor: str
     reason: str  # "forward partial sum" or "gradient"
@@ -70,37 +75,52 @@ def _replicated(layout: Layout) -> bool:
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
-def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
-    """The operands of ``op`` whose shard can be a partial sum, in order: the
-    output if a contracted axis can be split (forward), and every input that needs a gradient
-    (backward). Each needs an all_reduce over the device dims its layout leaves unused; for the
-    output that is exactly when a contracted axis is split."""
-    out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
-    return out + [(o, "gradient") for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str, bool]]:
+    """The operands of ``op`` whose shard can be a partial sum, in order, with the reason and
+    whether each replica reduces on its own: the output if a contracted axis can be split (forward,
+    per replica), and every input that needs a gradient (backward: partial over the replicas too,
+    each of which sees its own share of the output's gradient). Each needs an all_reduce over
+    the device dims its layout leaves unused; for the per-replica output that is exactly when a
+    contracted axis is split."""
+    out = (
+        [(op.output, "forward partial sum", True)]
+        if set(op.contracted) & set(op.partitionable)
+        else []
+    )
+    grads = [o for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+    return out + [(o, "gradient", False) for o in grads]
 
 
 def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:
     """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
     operand whose layout leaves a device dim unused."""
     out: list[Collective] = []
-    for operand, reason in _all_reduced_operands(graph, op):
-        layout = candidate.layout(op, operand)
+    for operand, reason, per_replica in _all_reduced_operands(graph, op):
+        layout = (
+            sharding.operand_layout(op, operand, candidate.strategy, per_replica=True)
+            if per_replica
+            else candidate.layout(op, operand)
+        )
         if _replicated(layout):
             t = graph.tensors[operand.tensor]
             out.append(Collective(t.name, reason, layout, t.dtype_bytes))
     return out
 
 
-def all_reduce_operands(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
-    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes)``
-    for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no device dim at 0."""
+def all_reduce_operands(
+    graph: Graph, op: Operator
+) -> list[tuple[list[int], list[int], float, bool]]:
+    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes,
+    per replica)`` for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no
+    device dim at 0."""
     return [
         (
             operand_axis_indices(op, o),
             operand_shape(op, o),
             float(graph.tensors[o.tensor].dtype_bytes),
+            per_replica,
         )
-        for o, _ in _all_reduced_operands(graph, op)
+        for o, _, per_replica in _all_reduced_operands(graph, op)
     ]
 
 
@@ -111,7 +131,8 @@ def memory(
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
 ) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
-    optimizer state, and its output shard, saved for the backward pass."""
+    optimizer state, and its output shard, saved for the backward pass. A device of a replicated
+    strategy holds its replica's whole blocks: the layouts' replica dims split nothing."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.tensors[operand.tensor].kind == "parameter":
@@ -197,13 +218,15 @@ def build_tables(
     cost_model: CostModel = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     share: bool = True,
+    replicas: bool = False,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
     signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
-    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark)."""
+    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
+    ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
     check_cost_model(cost_model)
     n = cluster.num_devices
     timings = {"enumerate": 0.0, "costs": 0.0}
@@ -214,7 +237,7 @@ def build_tables(
         key = signature[op.name]
         if key not in distinct:
             t0 = time.perf_counter()
-            cands = candidates(op, n)
+            cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
             node = allreduce_costs(
                 np.array([c.strategy.degrees for c in cands], dtype=np.int64),
@@ -222,6 +245,7 @@ def build_tables(
                 all_reduce_operands(graph, op),
                 cluster,
                 cost_model,
+                [c.strategy.device_matrix for c in cands],
             )
             mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)

@@ -32,13 +32,15 @@ def _twos(size: int) -> int:
     return (size & -size).bit_length() - 1
 
 
-def candidate_count(sizes: Sequence[int], num_devices: int) -> int:
-    """How many strategies ``enumerate_strategies(sizes, num_devices)`` returns, counted.
+def candidate_count(sizes: Sequence[int], num_devices: int, replicas: bool = False) -> int:
+    """How many strategies ``enumerate_strategies(sizes, num_devices, replicas)`` returns, counted.
 
     A strategy splits some ``i`` of the axes by powers of two whose product is the device count
     ``2**n`` (a composition of ``n`` into ``i`` positive parts, each at most the power of two
     dividing its axis) and orders the ``i`` split axes on the device matrix (``i!`` orders). With
     every size divisible enough this is ``sum_i i! * C(p, i) * C(n - 1, i - 1)`` for ``p`` axes.
+    With ``replicas``, each split over ``2**k < 2**n`` devices counts once more per place of the
+    replica dim among its ``i`` split dims (``i + 1``).
     """
     n = num_devices.bit_length() - 1
     # ways[i][k]: unordered choices of i split axes whose exponents add up to k.
@@ -51,13 +53,22 @@ def candidate_count(sizes: Sequence[int], num_devices: int) -> int:
                 if ways[i][k]:
                     for e in range(1, min(most, n - k) + 1):
                         ways[i + 1][k + e] += ways[i][k]
-    return sum(math.factorial(i) * ways[i][n] for i in range(len(sizes) + 1))
+    places = range(n) if replicas else range(0)
+    return sum(
+        math.factorial(i) * (ways[i][n] + sum((i + 1) * ways[i][k] for k in places))
+        for i in range(len(sizes) + 1)
+    )
 
 
-def check_candidates(name: str, sizes: Sequence[int], num_devices: int) -> int:
-    """The candidate count of operator ``name`` (partitionable axis ``sizes``);
-    :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
-    count = candidate_count(sizes, num_devices)
+def check_candidates(
+    name: str, sizes: Sequence[int], num_devices: int, replicas: bool = False
+) -> int:
+    """The candidate count of operator ``name`` (partitionable axis ``sizes``), the replicated
+    strategies included with ``replicas`` or where no split over every device exists (as
+    :func:`taps.sharding.strategies`); :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
+    count = candidate_count(sizes, num_devices, replicas) or candidate_count(
+        sizes, num_devices, True
+    )
     if count > MAX_CANDIDATES:
         raise ResourceError(
             f"operator {name!r}: {count:,} candidate strategies ({len(sizes)} partitionable axes "

@@ -60,6 +60,7 @@ def search(
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
+    replicate: bool = False,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (the ILP of
     docs/conventions.md#the-ilp).
@@ -70,17 +71,28 @@ def search(
     formulation and speed-ups (all exact). With ``tie`` (the default) the graph's tied repeats
     (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs what one repeat does;
     every repeat's cost and memory is still counted. ``tie=False`` searches every operator on its
-    own. A search whose cost tables would not fit this machine's memory is refused up front
-    (:class:`taps.limits.ResourceError`); so is an operator with too many candidates.
+    own. ``replicate`` widens every operator's candidates to the splits over fewer devices than
+    the cluster has, the rest holding replicas (docs/replicas.md); without it, only an operator
+    with no split over every device gets those. A search whose cost tables would not fit this
+    machine's memory is refused up front (:class:`taps.limits.ResourceError`); so is an operator
+    with too many candidates.
     """
     t0 = time.perf_counter()
-    _check("search", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
+    _check("search", graph, cluster, memory_limit, time_limit, bytes_per_parameter, replicate)
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
     check_cost_model(cost_model)
     deadline = None if time_limit is None else t0 + time_limit
     return _search(
-        graph, cluster, cost_model, memory_limit, deadline, bytes_per_parameter, options, tie
+        graph,
+        cluster,
+        cost_model,
+        memory_limit,
+        deadline,
+        bytes_per_parameter,
+        options,
+        tie,
+        replicate,
     )
 
 
@@ -91,6 +103,7 @@ def _check(
     memory_limit: float | None,
     time_limit: float | None,
     bytes_per_parameter: float,
+    replicate: bool = False,
 ) -> None:
     """The arguments' types and ranges, and the size of the search against the machine."""
     if not isinstance(graph, Graph):
@@ -106,7 +119,9 @@ def _check(
     # (build_tables), so only the distinct ones take memory.
     signature = {op.name: graph.signature(op.name) for op in graph.ops}
     counts = {
-        signature[op.name]: check_candidates(op.name, op.partitionable_sizes, cluster.num_devices)
+        signature[op.name]: check_candidates(
+            op.name, op.partitionable_sizes, cluster.num_devices, replicate
+        )
         for op in graph.ops
     }
     edges = {(signature[e.producer], signature[e.consumer], e.slot) for e in graph.edges}
@@ -125,10 +140,11 @@ def _search(
     bytes_per_parameter: float,
     options: IlpOptions,
     tie: bool = True,
+    replicate: bool = False,
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
+    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter, replicas=replicate)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     solution = solve(tables, limit, left, options, tie=tie)

@@ -21,10 +21,13 @@ const LINEAR: [u64; 4] = [64, 2048, 4096, 4096];
 
 /// The output layouts of every strategy of a linear layer `(b, s, h) x (h, o)` on `n` devices.
 fn linear_outputs(n: u64) -> Vec<Layout> {
-    enumerate_strategies(&LINEAR, n)
+    enumerate_strategies(&LINEAR, n, false)
         .unwrap()
         .iter()
-        .map(|s| s.tensor_layout(&[0, 1, 3], vec![64, 2048, 4096]).unwrap())
+        .map(|s| {
+            s.tensor_layout(&[0, 1, 3], &[64, 2048, 4096], false)
+                .unwrap()
+        })
         .collect()
 }
 
@@ -91,6 +94,7 @@ fn allreduce_kernel(c: &mut Criterion) {
         axes,
         shape,
         dtype_bytes: 2.0,
+        per_replica: false,
     };
     let tensors = [
         tensor(vec![0, 1, 3], vec![batch, seq, out]),
@@ -100,7 +104,7 @@ fn allreduce_kernel(c: &mut Criterion) {
     let mut g = c.benchmark_group("allreduce_kernel");
     for nodes in [4, 512] {
         let cluster = Cluster::new(nodes, 8, 60e9, 6e9, None).unwrap();
-        let strategies = enumerate_strategies(&LINEAR, cluster.num_devices()).unwrap();
+        let strategies = enumerate_strategies(&LINEAR, cluster.num_devices(), false).unwrap();
         g.throughput(Throughput::Elements(strategies.len() as u64));
         for threads in [1, 2] {
             let pool = ThreadPoolBuilder::new()
@@ -125,7 +129,7 @@ fn allreduce_kernel(c: &mut Criterion) {
 
 fn strategies(c: &mut Criterion) {
     c.bench_function("enumerate_strategies/4-axes-1024dev", |bench| {
-        bench.iter(|| black_box(enumerate_strategies(&[1 << 12; 4], 1024).unwrap()));
+        bench.iter(|| black_box(enumerate_strategies(&[1 << 12; 4], 1024, false).unwrap()));
     });
 }
 

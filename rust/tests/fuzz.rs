@@ -1,6 +1,6 @@
 //! A fuzz target on stable Rust: arbitrary, mostly invalid, shapes, device matrices, tensor maps,
 //! clusters, node sizes and strategies thrown at every public entry of the core, for a fixed
-//! number of cases (10 to 20 s in a debug build on two cores). Nothing may panic; every rejection
+//! number of cases (about 30 s in a debug build, two cores). Nothing may panic; every rejection
 //! is the [`Error`] variant of the entry's domain; every success satisfies the invariants a
 //! caller relies on (unified layouts share a device matrix and a shape, a plan's cost is a number
 //! at least 0 and equals the batch kernel's, ...). A cost may be infinite (a valid but tiny
@@ -20,7 +20,7 @@ use taps::{
 };
 
 /// Cases per target; the five targets share the time budget.
-const CASES: u32 = 10_000;
+const CASES: u32 = 20_000;
 
 /// An unsigned entry: mostly small (valid and invalid sizes alike), sometimes at the edges.
 fn edge_u64() -> impl proptest::strategy::Strategy<Value = u64> {
@@ -290,15 +290,24 @@ proptest! {
     /// Strategy enumeration on any sizes and device count: a list of strategies of that many
     /// devices whose degrees divide the sizes, or `Error::Strategy`.
     #[test]
-    fn strategies(sizes in prop::collection::vec(edge_u64(), 0..4), devices in edge_u64()) {
-        match enumerate_strategies(&sizes, devices) {
+    fn strategies(
+        sizes in prop::collection::vec(edge_u64(), 0..4),
+        devices in edge_u64(),
+        replicas in any::<bool>(),
+    ) {
+        match enumerate_strategies(&sizes, devices, replicas) {
             Ok(all) => {
                 prop_assert!(devices.is_power_of_two() && !sizes.contains(&0));
                 for s in all {
                     prop_assert_eq!(s.num_devices(), devices);
+                    prop_assert_eq!(s.degrees().iter().product::<u64>() * s.replicas(), devices);
                     prop_assert!(s.degrees().iter().zip(&sizes).all(|(&d, &n)| n % d == 0));
-                    let again = Strategy::new(s.degrees().to_vec(), s.device_map().to_vec());
-                    prop_assert_eq!(again, Ok(s));
+                    let again = Strategy::with_device_matrix(
+                        s.degrees().to_vec(),
+                        s.device_map().to_vec(),
+                        s.device_matrix().to_vec(),
+                    );
+                    prop_assert_eq!(again.as_ref(), Ok(&s));
                 }
             }
             Err(e) => prop_assert!(matches!(e, Error::Strategy(_)), "{e:?}"),
@@ -318,6 +327,7 @@ proptest! {
         ),
         dtype_bytes in edge_f64(),
         volume in any::<bool>(),
+        per_replica in any::<bool>(),
     ) {
         let s = match Strategy::new(degrees, device_map) {
             Ok(s) => s,
@@ -335,7 +345,7 @@ proptest! {
                 b.saturating_mul(degree.copied().unwrap_or(1))
             })
             .collect();
-        let layout = s.tensor_layout(&axes, shape.clone());
+        let layout = s.tensor_layout(&axes, &shape, per_replica);
         if let Err(e) = &layout {
             prop_assert!(matches!(e, Error::Layout(_)), "{e:?}");
         }
@@ -353,7 +363,7 @@ proptest! {
                 return Ok(());
             }
         };
-        let tensor = AxesTensor { axes, shape, dtype_bytes };
+        let tensor = AxesTensor { axes, shape, dtype_bytes, per_replica };
         match allreduce_costs(std::slice::from_ref(&s), &[tensor], &cluster, model(volume)) {
             Ok(costs) => {
                 prop_assert!(layout.is_ok() && devices == cluster.num_devices());
