@@ -2,27 +2,42 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+FRAMEWORKS := $(VENV)/.installed-frameworks
 
 .PHONY: help install demo test test-rust bench bench-search lint fmt clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-$(PY):
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+# The .venv steps must not see another environment the shell has active: maturin installs into
+# the active virtualenv or conda environment, and PYTHONPATH/PYTHONHOME would leak into .venv.
+# PIP_QUIET: maturin installs the dependencies with pip, which has no quiet flag of its own there.
+unexport VIRTUAL_ENV CONDA_PREFIX CONDA_DEFAULT_ENV PYTHONHOME PYTHONPATH
+MATURIN := PIP_QUIET=1 VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
 
-$(STAMP): $(PY) pyproject.toml Cargo.toml $(wildcard rust/src/*.rs)
-	$(PY) -m pip install -q 'maturin>=1.7,<2'
-	$(VENV)/bin/maturin develop --release -q --extras dev
+# A stamp is written only once everything is installed and importable from .venv, so a failed
+# or interrupted install is redone by the next make, never taken for done.
+$(STAMP): pyproject.toml Cargo.toml $(wildcard rust/src/*.rs)
+	@rm -f $(STAMP)
+	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && python3 -m venv $(VENV); }
+	$(PY) -m pip install --quiet --upgrade pip 'maturin>=1.7,<2'
+	$(MATURIN) --extras dev
+	$(PY) -c 'import taps._core, pytest, hypothesis, matplotlib'
 	touch $(STAMP)
+
+# torch and jax (several GB) for the tests of the front ends; the demo does not need them.
+$(FRAMEWORKS): pyproject.toml | $(STAMP)
+	@rm -f $(FRAMEWORKS)
+	$(MATURIN) --extras dev,torch,jax
+	$(PY) -c 'import torch, jax'
+	touch $(FRAMEWORKS)
 
 install: $(STAMP) ## Build the Rust extension (release) and install taps with test and lint tools into .venv
 
 demo: install ## Search AlexNet on 2 nodes x 8 devices under both cost models
 	$(VENV)/bin/taps search alexnet --nodes 2 --devices-per-node 8 --cost-model both
 
-test: install ## Run the Python test suite
+test: $(FRAMEWORKS) ## Install the torch and jax extras too, then run the Python test suite
 	$(PY) -m pytest -q
 
 test-rust: ## Run the Rust tests (no Python needed)

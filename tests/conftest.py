@@ -6,6 +6,11 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
+from taps.verify import simulate_cpu_devices
+
+# Before any test imports JAX: the verification tests run plans on up to 64 simulated devices.
+simulate_cpu_devices(64)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 settings.register_profile(

@@ -1,4 +1,5 @@
-"""Plain-Python references for the topology model (SPEC section 6), by brute force.
+"""Plain-Python references for the topology model (docs/conventions.md#topology-aware-cost), by
+brute force.
 
 ``inter_node_groups`` enumerates the communication groups and the nodes directly instead of using
 the closed form; ``collective_cost`` then applies the cost formulas of docs/core.md. Nothing here

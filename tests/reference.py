@@ -1,19 +1,20 @@
 """A plain-Python implementation of the cost functions of the core, the differential oracle of the
 Rust kernels (tests/test_reference.py) and their speed baseline (benches/test_bench_kernel.py).
 
-Written from SPEC.md sections 1-3 and 5-6 and docs/core.md; nothing here imports ``taps``. A layout
-is a plain ``(shape, device_matrix, tensor_map)`` triple and a cluster a
-``(nodes, devices_per_node, intra_bandwidth, inter_bandwidth)`` tuple.
+Written from docs/conventions.md and docs/core.md; nothing here imports ``taps``. A layout is a
+plain ``(shape, device_matrix, tensor_map)`` triple and a cluster a ``(nodes, devices_per_node,
+intra_bandwidth, inter_bandwidth)`` tuple.
 
 Unification works on *segments*: a layout is a list of tensor dims, outermost first, each a
 ``(size, bits, origin)`` triple where ``bits`` is the half-open range ``[lo, hi)`` of the rank's
 bits the dim is split along (or ``None``) and ``origin`` the dim of the input it came from. Two
-refinements alternate until neither changes anything (SPEC section 2): every device boundary cuts
-the split dims it falls inside (outer bits to the outer part), and every flat-index boundary of
-either shape cuts the dim it falls inside (the split stays on the outer part, or the device range is
-cut with it). A boundary with no such cut is a *blocker*: the views are reshaped (docs/core.md:
-runs of unsplit dims merged, then the canonical form), and the planner gives up a split as a
-last resort (the fallback prelude of all_gathers and the epilogue of free slices).
+refinements alternate until neither changes anything (docs/conventions.md#unification): every
+device boundary cuts the split dims it falls inside (outer bits to the outer part), and every
+flat-index boundary of either shape cuts the dim it falls inside (the split stays on the outer
+part, or the device range is cut with it). A boundary with no such cut is a *blocker*: the views
+are reshaped (docs/core.md: runs of unsplit dims merged, then the canonical form), and the planner
+gives up a split as a last resort (the fallback prelude of all_gathers and the epilogue of free
+slices).
 """
 
 from __future__ import annotations
@@ -299,14 +300,14 @@ class Op:
 
     @property
     def volume(self) -> int:
-        """Elements received per device (SPEC section 3)."""
+        """Elements received per device (docs/conventions.md#redistribution)."""
         g = dsize(self.layout[1], self.device_dim)
         s = shard_size(self.layout)
         return {"slice": 0, "all_gather": (g - 1) * s, "all_to_all": (g - 1) * (s // g)}[self.kind]
 
 
 def algorithm1(source: Triple, target: Triple) -> list[Op]:
-    """SPEC section 3 on unified layouts."""
+    """docs/conventions.md#redistribution on unified layouts."""
     shape, dm, m = source[0], source[1], list(source[2])
     t = target[2]
     ops: list[Op] = []
@@ -387,7 +388,7 @@ def plan(a: Any, b: Any) -> Plan:
     return Plan(source, target, prelude, algorithm1(source, target), epilogue)
 
 
-# --- topology (SPEC section 6) --------------------------------------------------------------
+# --- topology (docs/conventions.md#topology-aware-cost) ------------------------------------
 
 
 @dataclass(frozen=True)
@@ -467,18 +468,34 @@ def redistribution_costs(
     return out
 
 
-# --- intra-operator all_reduce (SPEC sections 5-6) ------------------------------------------
+# --- intra-operator all_reduce (docs/conventions.md) --------------------------------------
 
 
-def strategy_layout(degrees: list[int], device_map: list[int], axes: list[int], shape: list[int]):
+def strategy_layout(
+    degrees: list[int],
+    device_map: list[int],
+    axes: list[int],
+    shape: list[int],
+    device_matrix: list[int] | None = None,
+    per_replica: bool = False,
+):
     """The layout a strategy gives a tensor whose dims are the strategy axes ``axes`` (-1: whole):
-    one device dim per split axis, sized by its degree, ordered by the device map."""
-    h = sum(d > 1 for d in degrees)
-    dm = [1] * h
-    for d, m in zip(degrees, device_map):
-        if m >= 0:
-            dm[h - 1 - m] = d
-    return list(shape), dm, [device_map[a] if a >= 0 else -1 for a in axes]
+    by default one device dim per split axis, sized by its degree, ordered by the device map;
+    dims of an explicit ``device_matrix`` that no axis takes hold replicas. ``per_replica`` puts
+    a leading dim per replica dim (outermost first), split along it."""
+    if device_matrix is None:
+        h = sum(d > 1 for d in degrees)
+        dm = [1] * h
+        for d, m in zip(degrees, device_map):
+            if m >= 0:
+                dm[h - 1 - m] = d
+    else:
+        dm = list(device_matrix)
+    tm = [device_map[a] if a >= 0 else -1 for a in axes]
+    if per_replica:
+        spare = [k for k in reversed(range(len(dm))) if k not in device_map]
+        return [dsize(dm, k) for k in spare] + list(shape), dm, spare + tm
+    return list(shape), dm, tm
 
 
 def allreduce_cost(layout: Triple, c: Any, dtype_bytes: float, model: str) -> float:
@@ -495,16 +512,20 @@ def allreduce_cost(layout: Triple, c: Any, dtype_bytes: float, model: str) -> fl
 def allreduce_costs(
     degrees: list[list[int]],
     device_maps: list[list[int]],
-    tensors: list[tuple[list[int], list[int], float]],
+    tensors: list[tuple[Any, ...]],
     cluster: Any,
     model: str = "topology",
+    device_matrices: list[list[int]] | None = None,
 ) -> np.ndarray:
-    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype)."""
+    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype and
+    optionally per_replica)."""
     out = np.zeros(len(degrees))
     for s, (deg, dmap) in enumerate(zip(degrees, device_maps)):
+        matrix = None if device_matrices is None else list(device_matrices[s])
         total = 0.0
-        for axes, shape, dtype_bytes in tensors:
-            layout = strategy_layout(list(deg), list(dmap), axes, shape)
+        for axes, shape, dtype_bytes, *flag in tensors:
+            per_replica = bool(flag and flag[0])
+            layout = strategy_layout(list(deg), list(dmap), axes, shape, matrix, per_replica)
             total += allreduce_cost(layout, cluster, dtype_bytes, model)
         out[s] = total
     return out

@@ -6,8 +6,8 @@ of collectives. Nothing here imports ``taps``: layouts are read through their ``
 ``device_matrix`` and ``tensor_map`` attributes, or given as plain ``(shape, dm, map)`` tuples, and
 ops through ``kind``, ``device_dim``, ``tensor_dim`` and ``to_tensor_dim``.
 
-Conventions (SPEC section 1): the device matrix is listed outermost first, so device dim ``k`` has
-size ``dm[len(dm) - 1 - k]``; rank ``r`` has coordinates ``c_0 = r mod d_0``,
+Conventions (docs/conventions.md#layouts): the device matrix is listed outermost first, so device
+dim ``k`` has size ``dm[len(dm) - 1 - k]``; rank ``r`` has coordinates ``c_0 = r mod d_0``,
 ``c_1 = (r // d_0) mod d_1``, ...; a tensor dim split along device dim ``m`` holds block ``c_m`` of
 ``d_m`` equal blocks.
 """

@@ -15,6 +15,9 @@ PACKAGE = Path(taps.__file__).parent
 LAYERS = {
     "taps._core": 0,
     "taps.extras": 1,
+    "taps.checks": 1,
+    "taps.limits": 1,
+    "taps.outputs": 1,
     "taps.graph": 1,
     "taps.models": 2,
     "taps.sharding": 2,
@@ -34,8 +37,9 @@ LAYERS = {
     "taps.cli": 8,
     "taps": 9,
 }
-#: Sideways imports the table allows: verify reads export's meshes.
-ALLOWED = {("taps.verify", "taps.export")}
+#: Sideways imports the table allows: verify reads export's meshes, reproduce draws with plot's
+#: figure.
+ALLOWED = {("taps.verify", "taps.export"), ("taps.reproduce", "taps.plot")}
 
 
 def _unit(module: str) -> str:

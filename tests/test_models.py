@@ -246,5 +246,5 @@ def test_mlp_defaults():
 def test_gpt_rejects_non_positive_sizes(field):
     sizes = {"hidden": 64, "heads": 4, "seq": 8, "batch": 2, "ffn_multiplier": 4}
     sizes[field] = 0
-    with pytest.raises(taps.GraphError, match="positive ints"):
+    with pytest.raises(taps.GraphError, match="positive int"):
         taps.models.gpt(**sizes)

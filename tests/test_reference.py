@@ -208,7 +208,8 @@ def test_reference_paper_bandwidth():
 
 
 def test_reference_matmul_volume():
-    """SPEC section 5: 2((d-1)*in*out + (r-1)*b*out + (c-1)*b*in) / (d*r*c) elements."""
+    """docs/conventions.md#intra-operator-communication:
+    2((d-1)*in*out + (r-1)*b*out + (c-1)*b*in) / (d*r*c) elements."""
     b, i, o = 64, 32, 16
     tensors = [([0, 2], [b, o], 1.0), ([0, 1], [b, i], 1.0), ([1, 2], [i, o], 1.0)]
     for deg in itertools.product([1, 2, 4, 8], repeat=3):

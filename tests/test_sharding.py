@@ -17,12 +17,14 @@ def _ops() -> list[taps.Operator]:
     return g.ops
 
 
+@pytest.mark.parametrize("replicas", [False, True])
 @pytest.mark.parametrize("devices", [1, 4, 8])
-def test_operands_share_each_axis_range_on_every_rank(devices):
+def test_operands_share_each_axis_range_on_every_rank(devices, replicas):
     """Independent of how layouts are built: on every rank, an axis that two operands share
-    covers the same range in both, and a split axis is cut into its degree's equal blocks."""
+    covers the same range in both, and a split axis is cut into its degree's equal blocks (with
+    replicas too: a replicated strategy's operands agree within each replica)."""
     for op in _ops():
-        for cand in candidates(op, devices):
+        for cand in candidates(op, devices, replicas):
             degree = dict(zip(op.partitionable, cand.strategy.degrees))
             operands = [*zip(op.inputs, cand.inputs), (op.output, cand.output)]
             for rank in range(devices):
@@ -43,8 +45,13 @@ def test_candidate_layout_lookup_and_strategy_order():
     assert Candidate.of(op, c.strategy) == c
 
 
-def test_no_strategy_fits():
+def test_an_op_with_no_split_over_every_device_gets_the_replicated_ones():
+    """(3, 5) cannot be split in two: the candidates split over one device and replicate over
+    two; without partitionable axes, the one fully replicated strategy."""
     g = taps.Graph()
     g.relu("r", g.input("x", (3, 5)))
-    with pytest.raises(taps.StrategyError, match="no split of its partitionable axes"):
-        candidates(g.op("r"), 2)
+    found = strategies(g.op("r"), 2)
+    assert found == taps.enumerate_strategies([3, 5], 2, replicas=True)
+    assert [(s.degrees, s.device_matrix) for s in found] == [([1, 1], [2])]
+    g.einsum("s", "ab->", "r.out", partitionable="")
+    assert [s.device_matrix for s in strategies(g.op("s"), 8)] == [[8]]

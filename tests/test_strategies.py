@@ -1,5 +1,5 @@
 """taps.enumerate_strategies against the paper's count formula, a brute-force enumeration and the
-paper's MatMul table (with the SPEC errata)."""
+paper's MatMul table (with the errata of docs/conventions.md)."""
 
 import itertools
 from math import comb, factorial, prod

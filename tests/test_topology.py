@@ -214,7 +214,7 @@ def test_bad_collective_inputs():
 
 
 def spec_closed_form_ct(t, kind, L, k):
-    """SPEC section 6's closed form (power-of-two layouts, node = first L ranks)."""
+    """The closed form of docs/conventions.md#ct (power-of-two layouts, node = first L ranks)."""
     _, dm, tm = t
     h = len(dm)
     e = []
@@ -239,7 +239,8 @@ def spec_closed_form_ct(t, kind, L, k):
 @settings(max_examples=300)
 @given(collective_cases())
 def test_oracle_agrees_with_spec_closed_form(case):
-    """The brute force and SPEC's closed form agree (a check of the reference itself)."""
+    """The brute force and the closed form of docs/conventions.md agree (a check of the
+    reference itself)."""
     t, kind, k, L = case
     assert oracle.inter_node_groups(t, kind, L, k) == spec_closed_form_ct(t, kind, L, k)
 

@@ -4,7 +4,7 @@ The layout, redistribution and cost core is Rust (``taps._core``); the graph mod
 reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
 """
 
-from taps import models
+from taps import export, models, verify
 from taps._core import (
     Cluster,
     CommOp,
@@ -24,14 +24,20 @@ from taps._core import (
     redistribution_costs,
     unify,
 )
+from taps.checks import ArgumentError
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
+from taps.extras import MissingExtraError
+from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
+from taps.limits import ResourceError
+from taps.outputs import OutputError
 from taps.search import Comparison, SearchResult, compare, search
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Cluster",
     "CommOp",
     "Comparison",
@@ -42,10 +48,13 @@ __all__ = [
     "InfeasibleError",
     "Layout",
     "LayoutError",
+    "MissingExtraError",
     "OpCost",
     "Operand",
     "Operator",
+    "OutputError",
     "Redistribution",
+    "ResourceError",
     "SearchResult",
     "Strategy",
     "StrategyError",
@@ -58,6 +67,8 @@ __all__ = [
     "compare",
     "enumerate_strategies",
     "evaluate",
+    "export",
+    "from_jax",
     "inter_node_groups",
     "models",
     "plan_redistribution",
@@ -65,4 +76,5 @@ __all__ = [
     "search",
     "strategies_for",
     "unify",
+    "verify",
 ]

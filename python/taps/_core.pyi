@@ -212,10 +212,16 @@ class Redistribution:
 
 @final
 class Strategy:
-    """A strategy of one operator: a power-of-two degree per partitionable axis, and the device
-    dim of each split axis (-1 where the degree is 1). Immutable, hashable, picklable."""
+    """A strategy of one operator: a power-of-two degree per partitionable axis, the device dim of
+    each split axis (-1 where the degree is 1), and the device matrix, whose dims no axis uses
+    replicate the operator (one dim per split axis if not given). Immutable, hashable, picklable."""
 
-    def __new__(cls, degrees: Sequence[int], device_map: Sequence[int]) -> Strategy: ...
+    def __new__(
+        cls,
+        degrees: Sequence[int],
+        device_map: Sequence[int],
+        device_matrix: Sequence[int] | None = None,
+    ) -> Strategy: ...
     @property
     def degrees(self) -> list[int]:
         """Per axis, the number of blocks it is split into."""
@@ -224,15 +230,21 @@ class Strategy:
         """Per axis, the device dim it is split along (0 innermost), or -1 for degree 1."""
     @property
     def device_matrix(self) -> list[int]:
-        """One dim per split axis, sized by its degree, outermost first."""
+        """The device matrix, outermost dim first: the split axes' dims and the replica dims."""
     @property
     def num_devices(self) -> int:
-        """The number of devices: the product of the degrees."""
-    def tensor_layout(self, axes: Sequence[int], shape: Sequence[int]) -> Layout:
-        """The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim)."""
+        """The number of devices: the product of the device matrix."""
+    @property
+    def replicas(self) -> int:
+        """The number of copies of the operator: the product of the device dims no axis uses."""
+    def tensor_layout(
+        self, axes: Sequence[int], shape: Sequence[int], per_replica: bool = False
+    ) -> Layout:
+        """The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim); with
+        `per_replica`, the replicas' copies stacked along leading dims, one per replica dim."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
-    def __reduce__(self) -> tuple[type[Strategy], tuple[list[int], list[int]]]: ...
+    def __reduce__(self) -> tuple[type[Strategy], tuple[list[int], list[int], list[int]]]: ...
 
 def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an
@@ -252,8 +264,11 @@ def inter_node_groups(
     `devices_per_node` devices at once (0 if the groups stay inside a node;
     docs/conventions.md#ct)."""
 
-def enumerate_strategies(axis_sizes: Sequence[int], num_devices: int) -> list[Strategy]:
-    """Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order
+def enumerate_strategies(
+    axis_sizes: Sequence[int], num_devices: int, replicas: bool = False
+) -> list[Strategy]:
+    """Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order; with `replicas`,
+    followed by those that split over fewer devices and replicate over the rest
     (docs/conventions.md#strategies)."""
 
 def redistribution_costs(
@@ -268,10 +283,15 @@ def redistribution_costs(
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],
     device_maps: npt.NDArray[np.int64],
-    tensors: Sequence[tuple[Sequence[int], Sequence[int], float]],
+    tensors: Sequence[
+        tuple[Sequence[int], Sequence[int], float]
+        | tuple[Sequence[int], Sequence[int], float, bool]
+    ],
     cluster: Cluster,
     model: _CostModel = "topology",
+    device_matrices: Sequence[Sequence[int]] | None = None,
 ) -> npt.NDArray[np.float64]:
-    """Per strategy (rows of `degrees` and `device_maps`), the summed all_reduce cost of the
-    tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused, on all
-    cores."""
+    """Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
+    one per row, or one dim per split axis if not given), the summed all_reduce cost of the
+    tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
+    each leaves unused, on all cores."""

@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from taps import sharding
 from taps._core import (
+    COST_MODELS,
     Cluster,
     Layout,
     Redistribution,
@@ -28,35 +29,44 @@ from taps.graph import Edge, Graph, Operand, Operator
 from taps.reductions import PairCost, Problem
 from taps.sharding import Candidate, candidates, operand_axis_indices, operand_shape
 
+if TYPE_CHECKING:
+    from taps._core import _CostModel as CostModel
+
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
 BYTES_PER_PARAMETER = 16
 
-COST_MODELS = ("topology", "volume")
 
-
-def check_cost_model(cost_model: str) -> None:
+def check_cost_model(cost_model: object) -> None:
+    """Refuse an unknown cost model before any work (the core's list is the one source)."""
     if cost_model not in COST_MODELS:
-        raise TopologyError(f"unknown cost model {cost_model!r}: expected 'topology' or 'volume'")
+        raise TopologyError(
+            f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
+        )
 
 
-def strategies_for(graph: Graph, op_name: str, cluster: Cluster) -> list[Strategy]:
-    """The strategies the search considers for one operator of ``graph`` on ``cluster``."""
-    return sharding.strategies(graph.op(op_name), cluster.num_devices)
+def strategies_for(
+    graph: Graph, op_name: str, cluster: Cluster, replicas: bool = False
+) -> list[Strategy]:
+    """The strategies the search considers for one operator of ``graph`` on ``cluster``
+    (``replicas``: also those that split over fewer devices, see :func:`taps.search`)."""
+    return sharding.strategies(graph.op(op_name), cluster.num_devices, replicas)
 
 
 @dataclass(frozen=True)
 class Collective:
     """One intra-operator collective: an all_reduce of partial sums over the device dims the
-    tensor's map does not use."""
+    tensor's map does not use. A forward partial sum of a replicated operator is reduced inside
+    each replica: its layout stacks the replicas' copies along leading dims split over the replica
+    dims, so those dims are outside the group."""
 
     tensor: str
     reason: str  # "forward partial sum" or "gradient"
     layout: Layout
     dtype_bytes: int
-    kind: str = "all_reduce"
+    kind: Literal["all_reduce"] = "all_reduce"
 
-    def cost(self, cluster: Cluster, cost_model: str = "topology") -> float:
+    def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
         return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
 
 
@@ -65,37 +75,52 @@ def _replicated(layout: Layout) -> bool:
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
-def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
-    """The operands of ``op`` whose shard can be a partial sum, in order: the
-    output if a contracted axis can be split (forward), and every input that needs a gradient
-    (backward). Each needs an all_reduce over the device dims its layout leaves unused; for the
-    output that is exactly when a contracted axis is split."""
-    out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
-    return out + [(o, "gradient") for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str, bool]]:
+    """The operands of ``op`` whose shard can be a partial sum, in order, with the reason and
+    whether each replica reduces on its own: the output if a contracted axis can be split (forward,
+    per replica), and every input that needs a gradient (backward: partial over the replicas too,
+    each of which sees its own share of the output's gradient). Each needs an all_reduce over
+    the device dims its layout leaves unused; for the per-replica output that is exactly when a
+    contracted axis is split."""
+    out = (
+        [(op.output, "forward partial sum", True)]
+        if set(op.contracted) & set(op.partitionable)
+        else []
+    )
+    grads = [o for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+    return out + [(o, "gradient", False) for o in grads]
 
 
 def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:
     """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
     operand whose layout leaves a device dim unused."""
     out: list[Collective] = []
-    for operand, reason in _all_reduced_operands(graph, op):
-        layout = candidate.layout(op, operand)
+    for operand, reason, per_replica in _all_reduced_operands(graph, op):
+        layout = (
+            sharding.operand_layout(op, operand, candidate.strategy, per_replica=True)
+            if per_replica
+            else candidate.layout(op, operand)
+        )
         if _replicated(layout):
             t = graph.tensors[operand.tensor]
             out.append(Collective(t.name, reason, layout, t.dtype_bytes))
     return out
 
 
-def all_reduce_operands(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
-    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes)``
-    for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no device dim at 0."""
+def all_reduce_operands(
+    graph: Graph, op: Operator
+) -> list[tuple[list[int], list[int], float, bool]]:
+    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes,
+    per replica)`` for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no
+    device dim at 0."""
     return [
         (
             operand_axis_indices(op, o),
             operand_shape(op, o),
             float(graph.tensors[o.tensor].dtype_bytes),
+            per_replica,
         )
-        for o, _ in _all_reduced_operands(graph, op)
+        for o, _, per_replica in _all_reduced_operands(graph, op)
     ]
 
 
@@ -106,7 +131,8 @@ def memory(
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
 ) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
-    optimizer state, and its output shard, saved for the backward pass."""
+    optimizer state, and its output shard, saved for the backward pass. A device of a replicated
+    strategy holds its replica's whole blocks: the layouts' replica dims split nothing."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.tensors[operand.tensor].kind == "parameter":
@@ -152,7 +178,7 @@ class CostTables:
 
     graph: Graph
     cluster: Cluster
-    cost_model: str
+    cost_model: CostModel
     ops: dict[str, OpTable]
     edges: list[EdgeTable]
     bytes_per_parameter: float = BYTES_PER_PARAMETER
@@ -189,16 +215,18 @@ def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
 def build_tables(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str = "topology",
+    cost_model: CostModel = "topology",
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     share: bool = True,
+    replicas: bool = False,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
     signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
-    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark)."""
+    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
+    ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
     check_cost_model(cost_model)
     n = cluster.num_devices
     timings = {"enumerate": 0.0, "costs": 0.0}
@@ -209,7 +237,7 @@ def build_tables(
         key = signature[op.name]
         if key not in distinct:
             t0 = time.perf_counter()
-            cands = candidates(op, n)
+            cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
             node = allreduce_costs(
                 np.array([c.strategy.degrees for c in cands], dtype=np.int64),
@@ -217,6 +245,7 @@ def build_tables(
                 all_reduce_operands(graph, op),
                 cluster,
                 cost_model,
+                [c.strategy.device_matrix for c in cands],
             )
             mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
@@ -279,7 +308,10 @@ class OpCost:
 
 
 def breakdown(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    cost_model: CostModel = "topology",
 ) -> list[OpCost]:
     """Per operator, in topological order: its collectives and incoming redistributions with
     their costs. Computed directly from the plans, independently of the search's tables."""
@@ -311,7 +343,10 @@ def breakdown(
 
 
 def evaluate(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], cost_model: str = "topology"
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    cost_model: CostModel = "topology",
 ) -> float:
     """The communication cost of an assignment: seconds ("topology") or bytes ("volume")."""
     return sum(c.total for c in breakdown(graph, cluster, strategies, cost_model))

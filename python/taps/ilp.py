@@ -1,4 +1,5 @@
-"""The strategy-selection ILP of SPEC section 7, built and solved with SCIP through PySCIPOpt.
+"""The strategy-selection ILP (docs/conventions.md#the-ilp), built and solved with SCIP through
+PySCIPOpt.
 
 One binary ``s[v,i]`` per operator and candidate, one choice per operator. Each graph edge gets a
 small transportation problem between the layout classes of its two ends: continuous
@@ -14,6 +15,7 @@ what is left are pruned (:mod:`taps.prune`); SCIP gets the core, if anything is 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,7 +42,7 @@ class IlpOptions:
     """Switches of the ILP; every setting finds the same optimum. The search benchmark
     (``benches/search_stages.py``) shows what each buys."""
 
-    #: "grouped": a continuous flow per pair of layout classes of an edge (SPEC section 7);
+    #: "grouped": a continuous flow per pair of layout classes of an edge (conventions.md#the-ilp);
     #: "pairwise": the plain Alpa-style formulation, a binary per pair of strategies.
     formulation: str = "grouped"
     #: Drop dominated candidates first (exact, see taps.prune).
@@ -242,15 +244,49 @@ def _add_start(
     model.addSol(sol)
 
 
+def _optimize(model: Model) -> None:
+    """``model.optimize()`` that Ctrl-C stops at once: SCIP solves in a thread without the GIL
+    while this one waits, so the KeyboardInterrupt is raised here, and it interrupts SCIP. (SCIP's
+    own Ctrl-C handler would end the solve as if it were done, and print a line of its own.)"""
+    model.setParam("misc/catchctrlc", False)
+    failure: list[BaseException] = []
+
+    def solve() -> None:
+        try:
+            model.optimizeNogil()
+        except BaseException as e:  # re-raised in the caller's thread
+            failure.append(e)
+
+    worker = threading.Thread(target=solve, name="taps-scip")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        # SCIP takes an interrupt only while it solves: before that (setting up, presolving) or
+        # after it, it refuses; try again until the worker is done.
+        while worker.is_alive():
+            try:
+                model.interruptSolve()
+            except Exception:
+                worker.join(0.01)
+            else:
+                worker.join()
+        raise
+    if failure:
+        raise failure[0]
+
+
 def _run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
     start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Build and solve the ILP of the first objective, then, if there is a second, minimise it
-    among the optima of the first (a lexicographic solve)."""
+    among the optima of the first (a lexicographic solve). SCIP stops at ``deadline`` (a
+    ``time.perf_counter()`` value) with its best assignment so far."""
     t0 = time.perf_counter()
     if options.formulation == "pairwise":
         objectives = [_ungrouped(o) for o in objectives]
@@ -259,14 +295,14 @@ def _run(
     model = built.model
     primary = built.objective(problem)
     model.setObjective(primary, "minimize")
-    if time_limit is not None:
-        model.setParam("limits/time", float(time_limit))
+    if deadline is not None:
+        model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
     if options.warm_start:
         _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
-    model.optimize()
+    _optimize(model)
     size = built.size
     if len(objectives) > 1 and model.getNSols() > 0:
         best = model.getObjVal()
@@ -275,7 +311,7 @@ def _run(
         model.addCons(primary <= best + 1e-9 * abs(best) + 1e-6, name="optimal")
         size = replace(size, constraints=size.constraints + 1)
         model.setObjective(built.objective(objectives[1]), "minimize")
-        model.optimize()
+        _optimize(model)
     status = model.getStatus()
     if model.getNSols() == 0:
         if status == "infeasible":
@@ -304,7 +340,8 @@ def solve(
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
-    indexes the candidates of ``tables`` whatever the options.
+    indexes the candidates of ``tables`` whatever the options. ``time_limit`` (seconds) bounds
+    the whole call: every SCIP solve in it gets what is left.
 
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``tables``, the one with the least (or most) cost under ``other``, which must be tables of
@@ -313,6 +350,7 @@ def solve(
 
     With ``tie`` (the default) the graph's tied repeats (:meth:`taps.Graph.tie`) take one set of
     choices (:mod:`taps.tying`); ``tie=False`` searches every operator on its own."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     _check_memory(tables, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
@@ -327,7 +365,7 @@ def solve(
         objectives = ties.fold(objectives)
         per_op = ties.fold_memory(per_op)
     memory = None if memory_limit is None else _Memory(per_op, tables.graph.layers, memory_limit)
-    solution = _solve(objectives, memory, options, time_limit)
+    solution = _solve(objectives, memory, options, deadline)
     if ties is not None:
         solution = replace(solution, choice=ties.expand(solution.choice))
     return solution
@@ -337,41 +375,20 @@ def _solve(
     objectives: list[Problem],
     memory: _Memory | None,
     options: IlpOptions,
-    time_limit: float | None,
+    deadline: float | None,
 ) -> IlpSolution:
-    if options.reduce:
-        order = list(objectives[0].node_cost)
-        solution = _reduced(objectives, order, None, options, time_limit)
-        # The optimum without the memory limit is optimal with it if it fits.
-        if memory is None or memory.of(solution.choice) <= memory.limit:
-            return solution
-        t0 = time.perf_counter()
-        priced = None
-        if len(objectives) == 1 and options.price:
-            scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
-            priced = price_memory(objectives[0], scaled, memory.limit)
-        reduce_time = solution.reduce_time + time.perf_counter() - t0
-        if priced is not None and priced.optimal and priced.choice is not None:
-            # A price on memory decided it: no ILP.
-            size = IlpSize(0, 0, 0, 0, eliminated=len(order))
-            return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, reduce_time, size)
-        start = None
-        keep = {v: np.arange(len(c)) for v, c in objectives[0].node_cost.items()}
-        if priced is not None and priced.choice is not None:
-            # The price's best assignment is the one to beat: candidates that cannot are dropped.
-            t0 = time.perf_counter()
-            keep = prune_by_price(objectives[0], scaled, memory.limit, priced.price, priced.cost)
-            reduce_time += time.perf_counter() - t0
-            start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
-            objectives = [restrict(o, keep) for o in objectives]
-            memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
-        # Operators whose memory is the same whatever their candidate (elementwise ones, whose
-        # every split shards the output evenly) can still go exactly: SCIP gets the others.
-        steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-        again = _reduced(objectives, order, memory, options, time_limit, steady, start)
-        choice = {v: int(keep[v][i]) for v, i in again.choice.items()}
-        return replace(again, choice=choice, reduce_time=again.reduce_time + reduce_time)
-    return _pruned_run(objectives, options, memory, time_limit)
+    if not options.reduce:
+        return _pruned_run(objectives, options, memory, deadline)
+    order = list(objectives[0].node_cost)
+    solution = _reduced(objectives, order, None, options, deadline)
+    # The optimum without the memory limit is optimal with it if it fits.
+    if memory is None or memory.of(solution.choice) <= memory.limit:
+        return solution
+    # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
+    # split shards the output evenly) can still go exactly; the memory limit decides the others.
+    steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
+    again = _reduced(objectives, order, memory, options, deadline, steady)
+    return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
 
 
 def _reduced(
@@ -379,9 +396,8 @@ def _reduced(
     order: list[str],
     memory: _Memory | None,
     options: IlpOptions,
-    time_limit: float | None,
+    deadline: float | None,
     eliminable: set[str] | None = None,
-    start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
     must have the same memory for every candidate when ``memory`` is given)."""
@@ -395,9 +411,10 @@ def _reduced(
         memory = _Memory(
             {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
         )
-    if core.pairs or memory is not None:
-        core_start = None if start is None else {v: start[v] for v in core.node_cost}
-        run = _pruned_run(reduction.cores, options, memory, time_limit, core_start)
+        run = _limited(reduction.cores, memory, options, deadline)
+        eliminated = reduction.eliminated + run.size.eliminated
+    elif core.pairs:
+        run = _pruned_run(reduction.cores, options, memory, deadline)
         eliminated = reduction.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
@@ -410,8 +427,42 @@ def _reduced(
     return replace(
         run,
         choice=choice,
-        reduce_time=reduce_time,
+        reduce_time=run.reduce_time + reduce_time,
         size=replace(run.size, eliminated=eliminated),
+    )
+
+
+def _limited(
+    objectives: list[Problem],
+    memory: _Memory,
+    options: IlpOptions,
+    deadline: float | None,
+) -> IlpSolution:
+    """The core left by the reductions, under the memory limit: priced first (taps.lagrange),
+    which decides it when the price closes the gap and otherwise prunes it exactly and gives SCIP
+    its first assignment. ``size.eliminated`` counts the operators the price decided."""
+    if len(objectives) > 1 or not options.price:
+        return _pruned_run(objectives, options, memory, deadline)
+    t0 = time.perf_counter()
+    problem = objectives[0]
+    scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
+    priced = price_memory(problem, scaled, memory.limit)
+    if priced is None or priced.choice is None:
+        run = _pruned_run(objectives, options, memory, deadline)
+        return replace(run, reduce_time=time.perf_counter() - t0)
+    if priced.optimal:
+        size = IlpSize(0, 0, 0, 0, eliminated=len(problem.node_cost))
+        return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
+    # The price's best assignment is the one to beat: candidates that cannot are dropped.
+    keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
+    start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
+    memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    price_time = time.perf_counter() - t0
+    run = _pruned_run([restrict(problem, keep)], options, memory, deadline, start)
+    return replace(
+        run,
+        choice={v: int(keep[v][i]) for v, i in run.choice.items()},
+        reduce_time=price_time,
     )
 
 
@@ -419,7 +470,7 @@ def _pruned_run(
     objectives: list[Problem],
     options: IlpOptions,
     memory: _Memory | None,
-    time_limit: float | None,
+    deadline: float | None,
     start: dict[str, int] | None = None,
 ) -> IlpSolution:
     """:func:`_run` of the objectives (one, or two to minimise lexicographically) on the
@@ -427,7 +478,7 @@ def _pruned_run(
     and the build time includes the pruning. ``start`` (a first assignment for SCIP) is kept
     through the pruning: keeping a candidate never loses the optimum."""
     if not options.prune:
-        return _run(objectives, options, memory, time_limit, start)
+        return _run(objectives, options, memory, deadline, start)
     t0 = time.perf_counter()
     if memory is None:
         keep = dominance_survivors(objectives)
@@ -440,7 +491,7 @@ def _pruned_run(
         memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
     objectives = [restrict(o, keep) for o in objectives]
     prune_time = time.perf_counter() - t0
-    run = _run(objectives, options, memory, time_limit, start)
+    run = _run(objectives, options, memory, deadline, start)
     return replace(
         run,
         choice={v: int(keep[v][i]) for v, i in run.choice.items()},

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 from taps._core import GraphError
 from taps.graph import Graph
+from taps.graph.records import checked_size
+
+
+def _sizes(where: str, **values: object) -> None:
+    """Every value a positive int below 2**63 (TypeError if not an int, GraphError if out of
+    range), checked before anything is built."""
+    for name, value in values.items():
+        checked_size(where, name, value)
+
 
 #: AlexNet's default batch (the paper gives none).
 ALEXNET_BATCH = 128
@@ -23,6 +32,7 @@ def alexnet(
     operators and 7 edges (docs/graph.md gives the argument). ``elementwise=True`` makes them
     explicit operators; ``bias=True`` adds torchvision's biases (61,100,840 parameters in all).
     """
+    _sizes("alexnet", batch=batch, dtype_bytes=dtype_bytes)
     g = Graph(name=f"alexnet(batch={batch})")
     x = g.input("images", (batch, 3, 224, 224), dtype_bytes)
     convs = [  # out channels, kernel, stride, padding, pool after
@@ -94,6 +104,8 @@ def megatron(name: str, batch: int | None = None, seq: int = 2048) -> Graph:
     ``"1T"``); ``batch`` defaults to the configuration's global batch, and the graph's ``layers``
     is the configuration's layer count."""
     key, c = megatron_config(name)
+    if batch is not None:
+        _sizes("megatron", batch=batch)
     return gpt(
         c.hidden,
         c.heads,
@@ -128,17 +140,22 @@ def gpt(
     as one axis (splitting it is data parallelism); attention sees batch, sequence and heads, and
     splits any of them but the head dim, the key sequence it normalises over and contracts.
     """
-    sizes = {
-        "hidden": hidden,
-        "heads": heads,
-        "seq": seq,
-        "batch": batch,
-        "ffn": ffn_multiplier,
-        "blocks": blocks,
-    }
-    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 1}
-    if bad:
-        raise GraphError(f"gpt: sizes must be positive ints, got {bad}")
+    _sizes(
+        "gpt",
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        batch=batch,
+        layers=layers,
+        ffn_multiplier=ffn_multiplier,
+        dtype_bytes=dtype_bytes,
+        blocks=blocks,
+    )
+    # The largest tensors: the scores (batch, heads, seq, seq) and the MLP's hidden activation.
+    _sizes("gpt", **{"batch * heads * seq * seq": batch * heads * seq * seq})
+    _sizes(
+        "gpt", **{"batch * seq * ffn_multiplier * hidden": batch * seq * ffn_multiplier * hidden}
+    )
     if hidden % heads:
         raise GraphError(f"hidden size {hidden} is not a multiple of {heads} heads")
     hd = hidden // heads
@@ -171,6 +188,11 @@ def gpt(
     return g
 
 
+#: The layer of :func:`gpt` the command line builds as ``gpt``: GPT-3 175B's shape (Brown et al.
+#: 2020: 96 layers of hidden size 12288, 96 heads, sequences of 2048), at batch 16.
+GPT3_HIDDEN, GPT3_HEADS, GPT3_SEQ, GPT3_LAYERS = 12288, 96, 2048, 96
+GPT_BATCH = 16
+
 #: The MLP's default batch.
 MLP_BATCH = 1024
 
@@ -186,6 +208,8 @@ def mlp(
         raise GraphError(f"activation must be 'gelu' or 'relu', got {activation!r}")
     if len(sizes) < 2:
         raise GraphError(f"an MLP needs at least two sizes, got {sizes!r}")
+    _sizes("mlp", batch=batch, dtype_bytes=dtype_bytes)
+    _sizes("mlp", **{f"sizes[{i}]": n for i, n in enumerate(sizes)})
     g = Graph(name=f"mlp(batch={batch}, sizes={list(sizes)})")
     x = g.input("x", (batch, sizes[0]), dtype_bytes)
     for i, out in enumerate(sizes[1:], start=1):
@@ -197,7 +221,7 @@ def mlp(
 
 def names() -> list[str]:
     """The built-in models by the names the command line takes."""
-    return ["alexnet", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
+    return ["alexnet", "gpt", "mlp"] + [f"megatron-{name}" for name in MEGATRON_CONFIGS]
 
 
 def default_batch(name: str) -> int:
@@ -207,6 +231,8 @@ def default_batch(name: str) -> int:
         return ALEXNET_BATCH
     if key == "mlp":
         return MLP_BATCH
+    if key == "gpt":
+        return GPT_BATCH
     if key.startswith("megatron-"):
         return megatron_config(name[len("megatron-") :])[1].global_batch
     raise GraphError(f"unknown model {name!r}: expected one of {', '.join(names())}")
@@ -218,6 +244,9 @@ def by_name(name: str, batch: int | None = None) -> Graph:
     key = name.lower()
     if key.startswith("megatron-"):
         return megatron(name[len("megatron-") :], batch=batch)
+    if key == "gpt":
+        size = GPT_BATCH if batch is None else batch
+        return gpt(GPT3_HIDDEN, GPT3_HEADS, GPT3_SEQ, size, layers=GPT3_LAYERS)
     if key in ("alexnet", "mlp"):
         build = alexnet if key == "alexnet" else mlp
         return build(batch=default_batch(key) if batch is None else batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -9,6 +10,7 @@ from rich.table import Table
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
 
 if TYPE_CHECKING:
+    from taps.costs import CostModel
     from taps.search import Comparison, SearchResult
 
 
@@ -30,7 +32,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def format_cost(cost: float, model: str) -> str:
+def format_cost(cost: float, model: CostModel) -> str:
     return format_seconds(cost) if model == "topology" else format_bytes(cost)
 
 
@@ -117,7 +119,7 @@ def strategy_table(result: SearchResult) -> Table:
     layers = result.graph.layers
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
-        f"{result.status}, gap {result.gap:.2%}, {result.num_aux_edges:,} auxiliary edges; "
+        f"{result.status}, gap {gap_text(result.gap)}, {result.num_aux_edges:,} auxiliary edges; "
         f"{result.ilp.eliminated} of {len(result.graph.ops)} operators decided by exact "
         f"reductions, {ilp_text(result)}; search {result.timings['total']:.3f} s; "
         f"memory {format_bytes(result.memory_per_device)} per device"
@@ -125,6 +127,11 @@ def strategy_table(result: SearchResult) -> Table:
     )
     table.caption_justify = "left"
     return table
+
+
+def gap_text(gap: float) -> str:
+    """SCIP's relative gap, or "unknown" before it has a bound."""
+    return f"{gap:.2%}" if math.isfinite(gap) else "unknown"
 
 
 def ilp_text(result: SearchResult) -> str:
@@ -264,7 +271,8 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
         "cost_model": result.cost_model,
         "cost": result.cost,
         "status": result.status,
-        "gap": result.gap,
+        # Unknown (no bound yet when a time limit stopped SCIP) is null: JSON has no Infinity.
+        "gap": result.gap if math.isfinite(result.gap) else None,
         "num_aux_edges": result.num_aux_edges,
         "ilp": {
             "binaries": result.ilp.binaries,

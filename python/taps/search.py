@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from taps._core import Cluster, Strategy
-from taps.costs import BYTES_PER_PARAMETER, OpCost, breakdown, build_tables, evaluate
+from taps.checks import number
+from taps.costs import (
+    BYTES_PER_PARAMETER,
+    OpCost,
+    breakdown,
+    build_tables,
+    check_cost_model,
+    evaluate,
+)
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
+from taps.limits import check_candidates, check_table_memory
+
+if TYPE_CHECKING:
+    from taps.costs import CostModel
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
@@ -25,7 +38,7 @@ class SearchResult:
 
     graph: Graph
     cluster: Cluster
-    cost_model: str
+    cost_model: CostModel
     strategies: dict[str, Strategy]
     cost: float
     breakdown: list[OpCost]
@@ -41,26 +54,100 @@ class SearchResult:
 def search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: str = "topology",
+    cost_model: CostModel = "topology",
     memory_limit: float | None = None,
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
+    replicate: bool = False,
 ) -> SearchResult:
-    """Find the strategy of every operator that minimises communication (SPEC section 7).
+    """Find the strategy of every operator that minimises communication (the ILP of
+    docs/conventions.md#the-ilp).
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
-    (seconds) bounds SCIP, which then returns its best assignment and its gap. ``options``
-    switches the ILP's formulation and speed-ups (all exact). With ``tie`` (the default) the
-    graph's tied repeats (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs
-    what one repeat does; every repeat's cost and memory is still counted. ``tie=False`` searches
-    every operator on its own.
+    (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
+    best assignment so far, with its gap (``status`` "timelimit"). ``options`` switches the ILP's
+    formulation and speed-ups (all exact). With ``tie`` (the default) the graph's tied repeats
+    (:meth:`taps.Graph.tie`) take one set of strategies, so the search costs what one repeat does;
+    every repeat's cost and memory is still counted. ``tie=False`` searches every operator on its
+    own. ``replicate`` widens every operator's candidates to the splits over fewer devices than
+    the cluster has, the rest holding replicas (docs/replicas.md); without it, only an operator
+    with no split over every device gets those. A search whose cost tables would not fit this
+    machine's memory is refused up front (:class:`taps.limits.ResourceError`); so is an operator
+    with too many candidates.
     """
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter)
+    _check("search", graph, cluster, memory_limit, time_limit, bytes_per_parameter, replicate)
+    if not isinstance(options, IlpOptions):
+        raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
+    check_cost_model(cost_model)
+    deadline = None if time_limit is None else t0 + time_limit
+    return _search(
+        graph,
+        cluster,
+        cost_model,
+        memory_limit,
+        deadline,
+        bytes_per_parameter,
+        options,
+        tie,
+        replicate,
+    )
+
+
+def _check(
+    where: str,
+    graph: Graph,
+    cluster: Cluster,
+    memory_limit: float | None,
+    time_limit: float | None,
+    bytes_per_parameter: float,
+    replicate: bool = False,
+) -> None:
+    """The arguments' types and ranges, and the size of the search against the machine."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"{where}: graph must be a taps.Graph, got {type(graph).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"{where}: cluster must be a taps.Cluster, got {type(cluster).__name__}")
+    if memory_limit is not None:
+        number(where, "memory_limit", memory_limit)
+    if time_limit is not None:
+        number(where, "time_limit", time_limit)
+    number(where, "bytes_per_parameter", bytes_per_parameter, positive=False)
+    # The tables are shared by operators of one signature and edges between the same signatures
+    # (build_tables), so only the distinct ones take memory.
+    signature = {op.name: graph.signature(op.name) for op in graph.ops}
+    counts = {
+        signature[op.name]: check_candidates(
+            op.name, op.partitionable_sizes, cluster.num_devices, replicate
+        )
+        for op in graph.ops
+    }
+    edges = {(signature[e.producer], signature[e.consumer], e.slot) for e in graph.edges}
+    pairs = sum(counts[u] * counts[w] for u, w, _ in edges)
+    check_table_memory(
+        f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
+    )
+
+
+def _search(
+    graph: Graph,
+    cluster: Cluster,
+    cost_model: CostModel,
+    memory_limit: float | None,
+    deadline: float | None,
+    bytes_per_parameter: float,
+    options: IlpOptions,
+    tie: bool = True,
+    replicate: bool = False,
+) -> SearchResult:
+    """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
+    t0 = time.perf_counter()
+    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter, replicas=replicate)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    solution = solve(tables, limit, time_limit, options, tie=tie)
+    left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+    solution = solve(tables, limit, left, options, tie=tie)
     t1 = time.perf_counter()
     strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
     memory = graph.layers * sum(
@@ -119,9 +206,15 @@ def compare(
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
 ) -> Comparison:
-    """Search under both cost models and price both results under the topology model."""
-    topo = search(graph, cluster, "topology", memory_limit, time_limit, bytes_per_parameter)
-    vol = search(graph, cluster, "volume", memory_limit, time_limit, bytes_per_parameter)
+    """Search under both cost models and price both results under the topology model;
+    ``time_limit`` bounds both searches together."""
+    t0 = time.perf_counter()
+    _check("compare", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
+    deadline = None if time_limit is None else t0 + time_limit
+    topo, vol = (
+        _search(graph, cluster, model, memory_limit, deadline, bytes_per_parameter, IlpOptions())
+        for model in ("topology", "volume")
+    )
     return Comparison(
         topo,
         vol,

@@ -1,8 +1,9 @@
 """How a strategy shards an operator: the layout it gives every operand.
 
 A strategy splits an operator's partitionable axes; each operand (input or output) takes the
-device dims of the axes it has, so its tensor map follows from the operand's dims. This module is
-the one place that rule lives. :func:`candidates` builds, once per operator, a :class:`Candidate`
+device dims of the axes it has, so its tensor map follows from the operand's dims, and the
+strategy's replica dims (device dims no axis uses) hold copies. This module is the one place that
+rule lives. :func:`candidates` builds, once per operator, a :class:`Candidate`
 per strategy with the layout of every operand (as DTensor's op strategies carry the placements of
 their inputs and output); the cost model, the memory model, the reports and the exports read
 those layouts rather than working them out again.
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taps._core import Layout, Strategy, StrategyError, enumerate_strategies
+from taps._core import Layout, Strategy, enumerate_strategies
 from taps.graph import Operand, Operator
+from taps.limits import check_candidates
 
 
 def operand_axis_indices(op: Operator, operand: Operand) -> list[int]:
@@ -30,9 +32,15 @@ def operand_shape(op: Operator, operand: Operand) -> list[int]:
     return [op.axis_size(d) for d in operand.dims]
 
 
-def operand_layout(op: Operator, operand: Operand, strategy: Strategy) -> Layout:
-    """The layout ``strategy`` gives one operand (input or output) of ``op``."""
-    return strategy.tensor_layout(operand_axis_indices(op, operand), operand_shape(op, operand))
+def operand_layout(
+    op: Operator, operand: Operand, strategy: Strategy, per_replica: bool = False
+) -> Layout:
+    """The layout ``strategy`` gives one operand (input or output) of ``op``; with
+    ``per_replica``, the replicas' copies stacked along leading dims (see
+    :meth:`taps.Strategy.tensor_layout`)."""
+    return strategy.tensor_layout(
+        operand_axis_indices(op, operand), operand_shape(op, operand), per_replica
+    )
 
 
 @dataclass(frozen=True)
@@ -64,19 +72,21 @@ class Candidate:
         return self.inputs[op.inputs.index(operand)]
 
 
-def strategies(op: Operator, num_devices: int) -> list[Strategy]:
-    """Every power-of-two split of ``op``'s partitionable axes over ``num_devices`` whose
-    degrees divide the axis sizes, in :func:`taps.enumerate_strategies` order."""
-    found = enumerate_strategies(list(op.partitionable_sizes), num_devices)
-    if not found:
-        raise StrategyError(
-            f"operator {op.name!r}: no split of its partitionable axes "
-            f"{dict(zip(op.partitionable, op.partitionable_sizes))} onto {num_devices} devices "
-            "has degrees that divide the axis sizes"
-        )
-    return found
+def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[Strategy]:
+    """The strategies of ``op`` on ``num_devices`` devices, in :func:`taps.enumerate_strategies`
+    order: every power-of-two split of its partitionable axes over all the devices whose degrees
+    divide the axis sizes, and with ``replicas`` also every split over fewer devices, the rest
+    replicating the operator. An operator with no split over all the devices (no partitionable
+    axis, or sizes the device count does not divide) takes the replicated ones either way. They
+    are counted first: more than :data:`taps.limits.MAX_CANDIDATES` is a
+    :class:`taps.limits.ResourceError` (enumerating them could exhaust the memory)."""
+    sizes = list(op.partitionable_sizes)
+    check_candidates(op.name, sizes, num_devices, replicas)
+    found = enumerate_strategies(sizes, num_devices, replicas)
+    # The replicated list always holds the fully replicated strategy, so it is never empty.
+    return found or enumerate_strategies(sizes, num_devices, True)
 
 
-def candidates(op: Operator, num_devices: int) -> list[Candidate]:
+def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[Candidate]:
     """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
-    return [Candidate.of(op, s) for s in strategies(op, num_devices)]
+    return [Candidate.of(op, s) for s in strategies(op, num_devices, replicas)]

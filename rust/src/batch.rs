@@ -72,17 +72,22 @@ pub fn redistribution_costs(
 const MIN_STRATEGIES_PER_JOB: usize = 128;
 
 /// A tensor of an operator, as [`allreduce_costs`] sees it: the strategy axis of each dim (-1 for
-/// a dim of no partitionable axis), the shape, and the bytes per element.
+/// a dim of no partitionable axis), the shape, the bytes per element, and whether each replica
+/// reduces on its own (a forward partial sum: the replica dims are outside the all_reduce) rather
+/// than over the replicas too (a gradient, partial over every unused dim).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AxesTensor {
     pub axes: Vec<i64>,
     pub shape: Vec<u64>,
     pub dtype_bytes: f64,
+    pub per_replica: bool,
 }
 
 /// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
 /// dims its layout leaves unused (docs/conventions.md#intra-operator-communication, priced as in
-/// #topology-aware-cost): 0 for a tensor split along every device dim.
+/// #topology-aware-cost): 0 for a tensor split along every device dim. A `per_replica` tensor
+/// is priced in the strategy's per-replica layout ([`Strategy::tensor_layout`]), so its group
+/// leaves out the replica dims.
 /// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
 ///
 /// # Errors
@@ -106,7 +111,7 @@ pub fn allreduce_costs(
         .zip(strategies)
         .with_min_len(MIN_STRATEGIES_PER_JOB)
         .try_for_each_init(Layout::scratch, |layout, (cost, s)| {
-            let devices: u64 = s.degrees.iter().product();
+            let devices = s.num_devices();
             if devices != cluster.num_devices() {
                 return Err(Error::Topology(format!(
                     "strategy {s:?} spans {devices} devices but the cluster has {}",
@@ -115,7 +120,7 @@ pub fn allreduce_costs(
             }
             s.device_layout_into(layout)?;
             *cost = tensors.iter().try_fold(0.0, |total, t| {
-                s.tensor_layout_into(&t.axes, &t.shape, layout)?;
+                s.tensor_layout_into(&t.axes, &t.shape, t.per_replica, layout)?;
                 Ok::<_, Error>(total + cluster.allreduce_cost(layout, t.dtype_bytes, model))
             })?;
             Ok(())
@@ -203,22 +208,24 @@ mod tests {
     fn matmul_volumes() {
         let (batch, inner, outer) = (64u64, 32, 16);
         let cluster = Cluster::new(2, 4, 60e9, 6e9, None).unwrap();
-        let strategies = enumerate_strategies(&[batch, inner, outer], 8).unwrap();
+        let strategies = enumerate_strategies(&[batch, inner, outer], 8, false).unwrap();
         let tensors = [
             AxesTensor {
                 axes: vec![0, 2],
                 shape: vec![batch, outer],
                 dtype_bytes: 1.0,
+                per_replica: false,
             },
             AxesTensor {
                 axes: vec![1, 2],
                 shape: vec![inner, outer],
                 dtype_bytes: 1.0,
+                per_replica: false,
             },
         ];
         let got = allreduce_costs(&strategies, &tensors, &cluster, CostModel::Volume).unwrap();
         for (s, cost) in strategies.iter().zip(got) {
-            let [d, r, c] = [0, 1, 2].map(|k| s.degrees[k] as f64);
+            let [d, r, c] = [0, 1, 2].map(|k| s.degrees()[k] as f64);
             let y_size = (batch * outer) as f64;
             let w_size = (inner * outer) as f64;
             let want = 2.0 * ((r - 1.0) * y_size + (d - 1.0) * w_size) / (d * r * c);
@@ -232,24 +239,26 @@ mod tests {
     fn allreduce_costs_are_the_collective_costs_bit_for_bit() {
         let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
         let sizes = [64, 48, 32, 16];
-        let strategies = enumerate_strategies(&sizes, 32).unwrap();
+        let strategies = enumerate_strategies(&sizes, 32, true).unwrap();
         let tensors = [
             AxesTensor {
                 axes: vec![0, 1, 3],
                 shape: vec![64, 48, 16],
                 dtype_bytes: 2.0,
+                per_replica: true,
             },
             AxesTensor {
                 axes: vec![2, -1, 3],
                 shape: vec![32, 5, 16],
                 dtype_bytes: 4.0,
+                per_replica: false,
             },
         ];
         for model in [CostModel::Topology, CostModel::Volume] {
             let got = allreduce_costs(&strategies, &tensors, &cluster, model).unwrap();
             for (s, cost) in strategies.iter().zip(got) {
                 let want = tensors.iter().fold(0.0, |total, t| {
-                    let layout = s.tensor_layout(&t.axes, t.shape.clone()).unwrap();
+                    let layout = s.tensor_layout(&t.axes, &t.shape, t.per_replica).unwrap();
                     let c = cluster.collective_cost(
                         &layout,
                         CollectiveKind::AllReduce,
@@ -272,6 +281,7 @@ mod tests {
             axes: vec![0],
             shape: vec![8],
             dtype_bytes: 2.0,
+            per_replica: false,
         };
         assert!(matches!(
             allreduce_costs(

@@ -86,7 +86,6 @@ impl From<Error> for PyErr {
 /// `T` (an int of 2**63 or more for an `i64`), its text. PyO3 would raise `OverflowError` while
 /// extracting it, before the binding could say which argument is wrong; this way the binding
 /// raises the `TapsError` of its domain naming the argument and the value.
-#[derive(Clone)]
 enum Num<T> {
     Fits(T),
     TooLarge(String),
@@ -641,8 +640,9 @@ impl PyRedistribution {
     }
 }
 
-/// A strategy of one operator: a power-of-two degree per partitionable axis, and the device dim
-/// of each split axis (-1 where the degree is 1). Immutable, hashable, picklable.
+/// A strategy of one operator: a power-of-two degree per partitionable axis, the device dim of
+/// each split axis (-1 where the degree is 1), and the device matrix, whose dims no axis uses
+/// replicate the operator (one dim per split axis if not given). Immutable, hashable, picklable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "Strategy")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyStrategy {
@@ -652,59 +652,97 @@ pub struct PyStrategy {
 #[pymethods]
 impl PyStrategy {
     #[new]
-    fn new(degrees: Vec<Num<i64>>, device_map: Vec<Num<i64>>) -> PyResult<Self> {
+    #[pyo3(signature = (degrees, device_map, device_matrix=None))]
+    fn new(
+        degrees: Vec<Num<i64>>,
+        device_map: Vec<Num<i64>>,
+        device_matrix: Option<Vec<Num<i64>>>,
+    ) -> PyResult<Self> {
         let kind = Error::Strategy;
-        Ok(PyStrategy {
-            inner: Strategy::new(
-                unsigned_list(&degrees, "degrees", "a positive power of two", kind)?,
-                signed_list(&device_map, "device map", kind)?,
+        let degrees = unsigned_list(&degrees, "degrees", "a positive power of two", kind)?;
+        let device_map = signed_list(&device_map, "device map", kind)?;
+        let inner = match device_matrix {
+            None => Strategy::new(degrees, device_map)?,
+            Some(m) => Strategy::with_device_matrix(
+                degrees,
+                device_map,
+                unsigned_list(&m, "device matrix", "a power of two of at least 2", kind)?,
             )?,
-        })
+        };
+        Ok(PyStrategy { inner })
     }
 
     /// Per axis, the number of blocks it is split into.
     #[getter]
     fn degrees(&self) -> Vec<u64> {
-        self.inner.degrees.clone()
+        self.inner.degrees().to_vec()
     }
 
     /// Per axis, the device dim it is split along (0 innermost), or -1 for degree 1.
     #[getter]
     fn device_map(&self) -> Vec<i64> {
-        self.inner.device_map.clone()
+        self.inner.device_map().to_vec()
     }
 
-    /// One dim per split axis, sized by its degree, outermost first.
+    /// The device matrix, outermost dim first: the split axes' dims and the replica dims.
     #[getter]
     fn device_matrix(&self) -> Vec<u64> {
-        self.inner.device_matrix()
+        self.inner.device_matrix().to_vec()
     }
 
-    /// The number of devices: the product of the degrees.
+    /// The number of devices: the product of the device matrix.
     #[getter]
     fn num_devices(&self) -> u64 {
-        self.inner.degrees.iter().product()
+        self.inner.num_devices()
     }
 
-    /// The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim).
-    fn tensor_layout(&self, axes: Vec<Num<i64>>, shape: Vec<Num<i64>>) -> PyResult<PyLayout> {
+    /// The number of copies of the operator: the product of the device dims no axis uses.
+    #[getter]
+    fn replicas(&self) -> u64 {
+        self.inner.replicas()
+    }
+
+    /// The layout of a tensor whose dims are the strategy's axes `axes` (-1: a whole dim); with
+    /// `per_replica`, the replicas' copies stacked along leading dims, one per replica dim.
+    #[pyo3(signature = (axes, shape, per_replica=false))]
+    fn tensor_layout(
+        &self,
+        axes: Vec<Num<i64>>,
+        shape: Vec<Num<i64>>,
+        per_replica: bool,
+    ) -> PyResult<PyLayout> {
         let axes = signed_list(&axes, "axes", Error::Layout)?;
         let shape = unsigned_list(&shape, "shape", "a positive size", Error::Layout)?;
-        Ok(self.inner.tensor_layout(&axes, shape)?.into())
+        Ok(self.inner.tensor_layout(&axes, &shape, per_replica)?.into())
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "Strategy(degrees={:?}, device_map={:?})",
-            self.inner.degrees, self.inner.device_map
-        )
+        let s = &self.inner;
+        if s.replicas() == 1 {
+            format!(
+                "Strategy(degrees={:?}, device_map={:?})",
+                s.degrees(),
+                s.device_map()
+            )
+        } else {
+            format!(
+                "Strategy(degrees={:?}, device_map={:?}, device_matrix={:?})",
+                s.degrees(),
+                s.device_map(),
+                s.device_matrix()
+            )
+        }
     }
 
-    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<i64>))> {
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<i64>, Vec<u64>))> {
         let s = &slf.get().inner;
         Ok((
             slf.get_type().into_any().unbind(),
-            (s.degrees.clone(), s.device_map.clone()),
+            (
+                s.degrees().to_vec(),
+                s.device_map().to_vec(),
+                s.device_matrix().to_vec(),
+            ),
         ))
     }
 }
@@ -746,17 +784,20 @@ fn inter_node_groups(
     )?)
 }
 
-/// Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order
+/// Every strategy of `axis_sizes` on `num_devices` devices, in a fixed order; with `replicas`,
+/// followed by those that split over fewer devices and replicate over the rest
 /// (docs/conventions.md#strategies).
 #[pyfunction]
+#[pyo3(signature = (axis_sizes, num_devices, replicas=false))]
 fn enumerate_strategies(
     axis_sizes: Vec<Num<i64>>,
     num_devices: Num<i64>,
+    replicas: bool,
 ) -> PyResult<Vec<PyStrategy>> {
     let kind = Error::Strategy;
     let sizes = unsigned_list(&axis_sizes, "axis sizes", "a positive size", kind)?;
     let n = num_devices.unsigned("num_devices", "a positive power of two", kind)?;
-    Ok(strategies::enumerate_strategies(&sizes, n)?
+    Ok(strategies::enumerate_strategies(&sizes, n, replicas)?
         .into_iter()
         .map(|inner| PyStrategy { inner })
         .collect())
@@ -789,17 +830,29 @@ fn redistribution_costs<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// Per strategy (rows of `degrees` and `device_maps`), the summed all_reduce cost of the tensors
-/// (strategy axes, shape, dtype bytes) over the device dims each leaves unused, on all cores.
+/// A tensor argument of [`allreduce_costs`]: `(axes, shape, dtype_bytes)`, or with a fourth
+/// entry saying whether each replica reduces on its own.
+#[derive(FromPyObject)]
+enum AxesTensorArg {
+    Flagged((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>, bool)),
+    Plain((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)),
+}
+
+/// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
+/// one per row, or one dim per split axis if not given), the summed all_reduce cost of the
+/// tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
+/// each leaves unused, on all cores.
 #[pyfunction]
-#[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology"))]
+#[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology", device_matrices=None))]
+#[allow(clippy::too_many_arguments)]
 fn allreduce_costs<'py>(
     py: Python<'py>,
     degrees: PyReadonlyArray2<'py, i64>,
     device_maps: PyReadonlyArray2<'py, i64>,
-    tensors: Vec<(Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)>,
+    tensors: Vec<AxesTensorArg>,
     cluster: &PyCluster,
     model: &str,
+    device_matrices: Option<Vec<Vec<Num<i64>>>>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let (degrees, device_maps) = (degrees.as_array(), device_maps.as_array());
     if degrees.shape() != device_maps.shape() {
@@ -810,11 +863,22 @@ fn allreduce_costs<'py>(
         ))
         .into());
     }
+    if let Some(m) = &device_matrices {
+        if m.len() != degrees.nrows() {
+            return Err(Error::Strategy(format!(
+                "{} device matrices for {} strategies",
+                m.len(),
+                degrees.nrows()
+            ))
+            .into());
+        }
+    }
     let strategies = degrees
         .rows()
         .into_iter()
         .zip(device_maps.rows())
-        .map(|(d, m)| {
+        .enumerate()
+        .map(|(i, (d, m))| {
             let degrees = d
                 .iter()
                 .map(|&v| {
@@ -825,16 +889,33 @@ fn allreduce_costs<'py>(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Strategy::new(degrees, m.to_vec())
+            match &device_matrices {
+                None => Strategy::new(degrees, m.to_vec()),
+                Some(matrices) => Strategy::with_device_matrix(
+                    degrees,
+                    m.to_vec(),
+                    unsigned_list(
+                        &matrices[i],
+                        "device matrix",
+                        "a power of two of at least 2",
+                        Error::Strategy,
+                    )?,
+                ),
+            }
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors
         .into_iter()
-        .map(|(axes, shape, bytes)| {
+        .map(|t| {
+            let ((axes, shape, bytes), per_replica) = match t {
+                AxesTensorArg::Flagged((a, s, b, r)) => ((a, s, b), r),
+                AxesTensorArg::Plain(t) => (t, false),
+            };
             Ok(batch::AxesTensor {
                 axes: signed_list(&axes, "axes", Error::Layout)?,
                 shape: unsigned_list(&shape, "shape", "a positive size", Error::Layout)?,
                 dtype_bytes: bytes.get("dtype_bytes", Error::Topology)?,
+                per_replica,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;

@@ -1,82 +1,155 @@
 //! Strategy enumeration (docs/conventions.md#strategies): every way to give an operator's
 //! partitionable axes power-of-two degrees whose product is the device count, and the split axes
-//! an order in the device matrix.
+//! an order in the device matrix; optionally also every way to split over fewer devices, the
+//! remaining factor replicating the operator along one more device dim.
 
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
-/// Degrees and device dims for the axes of one operator.
+/// Degrees and device dims for the axes of one operator, on a device matrix whose dims no axis
+/// uses hold replicas of the operator. Validated once by [`Strategy::new`] or
+/// [`Strategy::with_device_matrix`] (or built valid by [`enumerate_strategies`]); the fields are
+/// read through accessors.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Strategy {
-    pub degrees: Vec<u64>,
-    /// The device dim of each axis (0 innermost), -1 where the degree is 1.
-    pub device_map: Vec<i64>,
+    degrees: Vec<u64>,
+    device_map: Vec<i64>,
+    device_matrix: Vec<u64>,
 }
 
 impl Strategy {
     /// A strategy given by hand: power-of-two degrees, and device dims `0..h` over the axes of
-    /// degree above 1 (-1 for the others).
+    /// degree above 1 (-1 for the others); the device matrix has one dim per split axis.
     ///
     /// # Errors
-    /// [`Error::Strategy`] if the lengths differ, a degree is not a positive power of two, or
-    /// the device map is not a permutation of `0..h` over the split axes.
+    /// [`Error::Strategy`] if the lengths differ, a degree is not a positive power of two, the
+    /// degrees multiply to more devices than a u64 counts, or the device map is not a permutation
+    /// of `0..h` over the split axes.
     pub fn new(degrees: Vec<u64>, device_map: Vec<i64>) -> Result<Self> {
-        if degrees.len() != device_map.len() {
-            return Err(Error::Strategy(format!(
-                "degrees {degrees:?} and device map {device_map:?} differ in length"
-            )));
-        }
-        if let Some(d) = degrees.iter().find(|d| !d.is_power_of_two()) {
-            return Err(Error::Strategy(format!(
-                "degrees {degrees:?}: {d} is not a positive power of two"
-            )));
-        }
-        let h = degrees.iter().filter(|&&d| d > 1).count() as i64;
-        // Device dims exactly where the degree is above 1, distinct and below h: a permutation of
-        // 0..h. Checked in place, as the node-cost kernel builds a strategy per row.
-        let valid = degrees
-            .iter()
-            .zip(&device_map)
-            .enumerate()
-            .all(|(i, (&d, &m))| {
-                if d > 1 {
-                    (0..h).contains(&m) && !device_map[..i].contains(&m)
-                } else {
-                    m < 0
+        check_degrees(&degrees, &device_map)?;
+        let h = degrees.iter().filter(|&&d| d > 1).count();
+        let mut device_matrix = vec![1; h];
+        for (&m, &d) in device_map.iter().zip(&degrees) {
+            match usize::try_from(m) {
+                Ok(k) if d > 1 && k < h && device_matrix[h - 1 - k] == 1 => {
+                    device_matrix[h - 1 - k] = d;
                 }
-            });
-        if !valid {
-            return Err(Error::Strategy(format!(
-                "device map {device_map:?} must give the {h} axes of degree above 1 in {degrees:?} \
-                 the device dims 0..{h} once each, and -1 to the others"
-            )));
+                Err(_) if d == 1 => {}
+                _ => {
+                    return Err(Error::Strategy(format!(
+                        "device map {device_map:?} must give the {h} axes of degree above 1 in \
+                         {degrees:?} the device dims 0..{h} once each, and -1 to the others"
+                    )))
+                }
+            }
         }
         Ok(Strategy {
             degrees,
             device_map,
+            device_matrix,
         })
     }
 
-    /// One dim per split axis, sized by its degree, outermost first.
-    #[must_use]
-    pub fn device_matrix(&self) -> Vec<u64> {
-        let mut matrix = Vec::new();
-        self.device_matrix_into(&mut matrix);
-        matrix
-    }
-
-    fn device_matrix_into(&self, matrix: &mut Vec<u64>) {
-        let h = self.device_map.iter().filter(|&&m| m >= 0).count();
-        matrix.resize(h, 1);
-        for (&m, &d) in self.device_map.iter().zip(&self.degrees) {
-            if let Ok(k) = usize::try_from(m) {
-                matrix[h - 1 - k] = d;
+    /// A strategy on an explicit device matrix (outermost dim first, dims of at least 2): each
+    /// axis of degree above 1 takes a device dim of its degree, no two the same; the dims no axis
+    /// takes replicate the operator.
+    ///
+    /// # Errors
+    /// [`Error::Strategy`] as [`Strategy::new`], or if a device dim is not a power of two of at
+    /// least 2, the matrix counts more devices than a u64, or an axis's device dim is out of range,
+    /// taken twice or not of its degree.
+    pub fn with_device_matrix(
+        degrees: Vec<u64>,
+        device_map: Vec<i64>,
+        device_matrix: Vec<u64>,
+    ) -> Result<Self> {
+        check_degrees(&degrees, &device_map)?;
+        if let Some(d) = device_matrix
+            .iter()
+            .find(|d| **d < 2 || !d.is_power_of_two())
+        {
+            return Err(Error::Strategy(format!(
+                "device matrix {device_matrix:?}: {d} is not a power of two of at least 2"
+            )));
+        }
+        if product(&device_matrix).is_none() {
+            return Err(Error::Strategy(format!(
+                "device matrix {device_matrix:?} counts more devices than 64 bits hold"
+            )));
+        }
+        let h = device_matrix.len();
+        for (i, (&d, &m)) in degrees.iter().zip(&device_map).enumerate() {
+            let fits = match usize::try_from(m) {
+                Ok(k) => {
+                    d > 1 && k < h && device_matrix[h - 1 - k] == d && !device_map[..i].contains(&m)
+                }
+                Err(_) => d == 1,
+            };
+            if !fits {
+                return Err(Error::Strategy(format!(
+                    "device map {device_map:?} must give each axis of degree above 1 in \
+                     {degrees:?} its own dim of that size of device matrix {device_matrix:?} \
+                     (0 innermost), and -1 to the others"
+                )));
             }
         }
+        Ok(Strategy {
+            degrees,
+            device_map,
+            device_matrix,
+        })
     }
 
-    /// The tensor map of a tensor whose dims are the axes `axes`, pushed onto `map`.
-    fn tensor_map_into(&self, axes: &[i64], map: &mut Vec<i64>) -> Result<()> {
+    /// Per axis, the number of blocks it is split into (a power of two).
+    #[must_use]
+    pub fn degrees(&self) -> &[u64] {
+        &self.degrees
+    }
+
+    /// Per axis, the device dim it is split along (0 innermost), -1 where the degree is 1.
+    #[must_use]
+    pub fn device_map(&self) -> &[i64] {
+        &self.device_map
+    }
+
+    /// The device matrix, outermost dim first: the split axes' dims and the replica dims.
+    #[must_use]
+    pub fn device_matrix(&self) -> &[u64] {
+        &self.device_matrix
+    }
+
+    /// The number of devices: the product of the device matrix.
+    #[must_use]
+    pub fn num_devices(&self) -> u64 {
+        self.device_matrix.iter().product()
+    }
+
+    /// Whether device dim `k` (0 innermost) holds replicas: no axis is split along it.
+    #[must_use]
+    pub fn is_replica_dim(&self, k: usize) -> bool {
+        !self.device_map.contains(&(k as i64))
+    }
+
+    /// The number of copies of the operator: the product of the replica dims.
+    #[must_use]
+    pub fn replicas(&self) -> u64 {
+        (0..self.device_matrix.len())
+            .filter(|&k| self.is_replica_dim(k))
+            .map(|k| self.device_matrix[self.device_matrix.len() - 1 - k])
+            .product()
+    }
+
+    /// The tensor map of a tensor whose dims are the axes `axes`, pushed onto `map`; with
+    /// `per_replica`, a leading dim per replica dim, split along it.
+    fn tensor_map_into(&self, axes: &[i64], per_replica: bool, map: &mut Vec<i64>) -> Result<()> {
+        if per_replica {
+            map.extend(
+                (0..self.device_matrix.len())
+                    .rev()
+                    .filter(|&k| self.is_replica_dim(k))
+                    .map(|k| k as i64),
+            );
+        }
         for &a in axes {
             map.push(match a {
                 -1 => -1,
@@ -92,15 +165,28 @@ impl Strategy {
         Ok(())
     }
 
+    /// The leading dims of a per-replica layout: the replica dims' sizes, outermost first.
+    fn replica_shape(&self) -> impl Iterator<Item = u64> + '_ {
+        let h = self.device_matrix.len();
+        (0..h)
+            .rev()
+            .filter(|&k| self.is_replica_dim(k))
+            .map(move |k| self.device_matrix[h - 1 - k])
+    }
+
     /// The layout of a tensor whose dims are the axes `axes` (indices; -1 for a dim of no
-    /// partitionable axis, which stays whole) with the given shape.
+    /// partitionable axis, which stays whole) with the given shape. Every replica holds the
+    /// same blocks. With `per_replica`, the copies are stacked instead: a leading dim per
+    /// replica dim, split along it, so a collective over the dims the map leaves unused stays
+    /// inside each replica (the forward partial sums of a replicated operator).
     ///
     /// # Errors
     /// [`Error::Layout`] if an axis index is out of range or the shape does not fit.
-    pub fn tensor_layout(&self, axes: &[i64], shape: Vec<u64>) -> Result<Layout> {
-        let mut map = Vec::with_capacity(axes.len());
-        self.tensor_map_into(axes, &mut map)?;
-        Layout::new(shape, self.device_matrix(), map)
+    pub fn tensor_layout(&self, axes: &[i64], shape: &[u64], per_replica: bool) -> Result<Layout> {
+        let mut layout = Layout::scratch();
+        self.device_layout_into(&mut layout)?;
+        self.tensor_layout_into(axes, shape, per_replica, &mut layout)?;
+        Ok(layout)
     }
 
     /// Empties `layout` onto this strategy's device matrix, for [`Strategy::tensor_layout_into`].
@@ -109,7 +195,7 @@ impl Strategy {
     /// [`Error::Layout`] if the matrix has too many devices for a u64.
     pub(crate) fn device_layout_into(&self, layout: &mut Layout) -> Result<()> {
         layout.refill(|_, matrix, _| {
-            self.device_matrix_into(matrix);
+            matrix.extend_from_slice(&self.device_matrix);
             Ok(())
         })
     }
@@ -120,15 +206,45 @@ impl Strategy {
         &self,
         axes: &[i64],
         shape: &[u64],
+        per_replica: bool,
         layout: &mut Layout,
     ) -> Result<()> {
         debug_assert_eq!(layout.device_matrix(), self.device_matrix());
         layout.refill_tensor(|s, map| {
-            self.tensor_map_into(axes, map)?;
+            self.tensor_map_into(axes, per_replica, map)?;
+            if per_replica {
+                s.extend(self.replica_shape());
+            }
             s.extend_from_slice(shape);
             Ok(())
         })
     }
+}
+
+/// The product, if it fits a u64.
+fn product(values: &[u64]) -> Option<u64> {
+    values.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+}
+
+/// The checks [`Strategy::new`] and [`Strategy::with_device_matrix`] share: one device dim entry
+/// per degree, positive powers of two whose product a u64 holds.
+fn check_degrees(degrees: &[u64], device_map: &[i64]) -> Result<()> {
+    if degrees.len() != device_map.len() {
+        return Err(Error::Strategy(format!(
+            "degrees {degrees:?} and device map {device_map:?} differ in length"
+        )));
+    }
+    if let Some(d) = degrees.iter().find(|d| !d.is_power_of_two()) {
+        return Err(Error::Strategy(format!(
+            "degrees {degrees:?}: {d} is not a positive power of two"
+        )));
+    }
+    if product(degrees).is_none() {
+        return Err(Error::Strategy(format!(
+            "degrees {degrees:?} multiply to more devices than 64 bits count"
+        )));
+    }
+    Ok(())
 }
 
 /// All permutations of `0..n`, lexicographically.
@@ -162,32 +278,16 @@ fn compositions(p: usize, n: u32, prefix: &mut Vec<u32>, out: &mut Vec<Vec<u32>>
     }
 }
 
-/// Every strategy of `axis_sizes` on `num_devices` devices whose degrees divide the sizes, in a
-/// fixed order: degrees ascending lexicographically, then device maps descending (the order of the
-/// paper's table "Auxiliary nodes").
-///
-/// # Errors
-/// [`Error::Strategy`] if `num_devices` is not a positive power of two or a size is 0.
-pub fn enumerate_strategies(axis_sizes: &[u64], num_devices: u64) -> Result<Vec<Strategy>> {
-    if !num_devices.is_power_of_two() {
-        return Err(Error::Strategy(format!(
-            "the device count must be a power of two, got {num_devices}"
-        )));
-    }
-    if let Some(i) = axis_sizes.iter().position(|&s| s == 0) {
-        return Err(Error::Strategy(format!("axis {i} has size 0")));
-    }
-    let n = log2(num_devices);
+/// The strategies that split `axis_sizes` over all `2^n` devices (no replicas), in the order of
+/// [`enumerate_strategies`].
+fn splits(axis_sizes: &[u64], n: u32) -> Vec<Strategy> {
     let p = axis_sizes.len();
     if p == 0 {
-        return Ok(if n == 0 {
-            vec![Strategy {
-                degrees: vec![],
-                device_map: vec![],
-            }]
+        return if n == 0 {
+            vec![Strategy::new(vec![], vec![]).expect("the empty strategy")]
         } else {
             vec![]
-        });
+        };
     }
     let mut exps = Vec::new();
     compositions(p, n, &mut Vec::new(), &mut exps);
@@ -209,10 +309,64 @@ pub fn enumerate_strategies(axis_sizes: &[u64], num_devices: u64) -> Result<Vec<
             })
             .collect();
         maps.sort_unstable_by(|a, b| b.cmp(a));
-        out.extend(maps.into_iter().map(|device_map| Strategy {
-            degrees: degrees.clone(),
-            device_map,
-        }));
+        out.extend(
+            maps.into_iter()
+                .map(|device_map| Strategy::new(degrees.clone(), device_map).expect("valid")),
+        );
+    }
+    out
+}
+
+/// `s` with one replica dim of `r` devices inserted as device dim `k` (0 innermost): the split
+/// dims from `k` up move one dim out.
+fn with_replica_dim(s: &Strategy, r: u64, k: usize) -> Strategy {
+    let h = s.device_matrix.len();
+    let mut device_matrix = s.device_matrix.clone();
+    device_matrix.insert(h - k, r);
+    let device_map = s
+        .device_map
+        .iter()
+        .map(|&m| if m >= k as i64 { m + 1 } else { m })
+        .collect();
+    Strategy {
+        degrees: s.degrees.clone(),
+        device_map,
+        device_matrix,
+    }
+}
+
+/// Every strategy of `axis_sizes` on `num_devices` devices whose degrees divide the sizes, in a
+/// fixed order: degrees ascending lexicographically, then device maps descending (the order of the
+/// paper's table "Auxiliary nodes").
+///
+/// With `replicas`, these are followed by the strategies that split over `num_devices / r`
+/// devices and replicate the operator `r` times along one more device dim, for `r = 2, 4, ...,
+/// num_devices` in turn: each split of the smaller count in the order above, with the replica dim
+/// at every position among its `h` split dims, innermost (device dim 0) first.
+///
+/// # Errors
+/// [`Error::Strategy`] if `num_devices` is not a positive power of two or a size is 0.
+pub fn enumerate_strategies(
+    axis_sizes: &[u64],
+    num_devices: u64,
+    replicas: bool,
+) -> Result<Vec<Strategy>> {
+    if !num_devices.is_power_of_two() {
+        return Err(Error::Strategy(format!(
+            "the device count must be a power of two, got {num_devices}"
+        )));
+    }
+    if let Some(i) = axis_sizes.iter().position(|&s| s == 0) {
+        return Err(Error::Strategy(format!("axis {i} has size 0")));
+    }
+    let n = log2(num_devices);
+    let mut out = splits(axis_sizes, n);
+    if replicas {
+        for j in 1..=n {
+            for s in splits(axis_sizes, n - j) {
+                out.extend((0..=s.device_matrix.len()).map(|k| with_replica_dim(&s, 1 << j, k)));
+            }
+        }
     }
     Ok(out)
 }
@@ -232,7 +386,7 @@ mod tests {
     fn count_matches_the_closed_form() {
         for p in 1..=5u64 {
             for n in 0..=6u32 {
-                let got = enumerate_strategies(&vec![1 << 12; p as usize], 1 << n)
+                let got = enumerate_strategies(&vec![1 << 12; p as usize], 1 << n, false)
                     .unwrap()
                     .len() as u64;
                 let want = if n == 0 {
@@ -251,10 +405,10 @@ mod tests {
 
     #[test]
     fn matmul_on_four_devices_is_the_papers_table() {
-        let s = enumerate_strategies(&[64, 64, 64], 4).unwrap();
+        let s = enumerate_strategies(&[64, 64, 64], 4, false).unwrap();
         let rows: Vec<(Vec<u64>, Vec<i64>)> = s
             .iter()
-            .map(|s| (s.degrees.clone(), s.device_map.clone()))
+            .map(|s| (s.degrees().to_vec(), s.device_map().to_vec()))
             .collect();
         let want: Vec<(Vec<u64>, Vec<i64>)> = vec![
             (vec![1, 1, 4], vec![-1, -1, 0]),
@@ -268,20 +422,135 @@ mod tests {
             (vec![4, 1, 1], vec![0, -1, -1]),
         ];
         assert_eq!(rows, want);
-        assert_eq!(s[1].device_matrix(), vec![2, 2]);
-        let w = s[3].tensor_layout(&[1, 2], vec![64, 64]).unwrap();
+        assert_eq!(s[1].device_matrix(), [2, 2]);
+        let w = s[3].tensor_layout(&[1, 2], &[64, 64], false).unwrap();
         assert_eq!(w.shard_shape(), vec![16, 64]);
     }
 
     #[test]
     fn non_dividing_degrees_are_dropped_and_bad_counts_rejected() {
-        assert!(enumerate_strategies(&[3, 64], 4)
+        assert!(enumerate_strategies(&[3, 64], 4, false)
             .unwrap()
             .iter()
-            .all(|s| s.degrees[0] == 1));
+            .all(|s| s.degrees()[0] == 1));
         assert!(matches!(
-            enumerate_strategies(&[8], 6),
+            enumerate_strategies(&[8], 6, true),
             Err(Error::Strategy(_))
         ));
+    }
+
+    #[test]
+    fn rejects_degrees_whose_product_overflows() {
+        let err = Strategy::new(vec![1 << 39, 1 << 25], vec![1, 0]);
+        assert!(matches!(err, Err(Error::Strategy(m)) if m.contains("64 bits")));
+        let fits = Strategy::new(vec![1 << 39, 1 << 24], vec![1, 0]).unwrap();
+        assert_eq!(fits.num_devices(), 1 << 63);
+    }
+
+    /// Replica count by a plain count: for each r = 2^j, the splits of `n - j` with `h + 1`
+    /// places for the replica dim.
+    #[test]
+    fn replica_count_is_the_splits_of_each_smaller_count_times_the_positions() {
+        for sizes in [
+            vec![],
+            vec![8],
+            vec![64, 64, 64],
+            vec![3, 16],
+            vec![2, 2, 2, 2],
+        ] {
+            for n in 0..=5u32 {
+                let plain = enumerate_strategies(&sizes, 1 << n, false).unwrap();
+                let all = enumerate_strategies(&sizes, 1 << n, true).unwrap();
+                assert_eq!(
+                    all[..plain.len()],
+                    plain[..],
+                    "the default list comes first"
+                );
+                let want = plain.len()
+                    + (1..=n)
+                        .flat_map(|j| splits(&sizes, n - j))
+                        .map(|s| s.device_matrix().len() + 1)
+                        .sum::<usize>();
+                assert_eq!(all.len(), want, "{sizes:?} n={n}");
+                let distinct: std::collections::HashSet<_> = all.iter().collect();
+                assert_eq!(distinct.len(), all.len(), "no strategy twice");
+                for s in &all {
+                    assert_eq!(s.num_devices(), 1 << n);
+                    let again = Strategy::with_device_matrix(
+                        s.degrees().to_vec(),
+                        s.device_map().to_vec(),
+                        s.device_matrix().to_vec(),
+                    );
+                    assert_eq!(again.as_ref(), Ok(s));
+                    let split: u64 = s.degrees().iter().product();
+                    assert_eq!(split * s.replicas(), 1 << n);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_partitionable_axis_has_the_one_replicated_strategy() {
+        assert!(enumerate_strategies(&[], 8, false).unwrap().is_empty());
+        let s = enumerate_strategies(&[], 8, true).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].device_matrix(), [8]);
+        assert_eq!(s[0].replicas(), 8);
+        let l = s[0].tensor_layout(&[], &[], false).unwrap();
+        assert_eq!(l.device_matrix(), [8]);
+    }
+
+    #[test]
+    fn replica_dims_sit_among_the_split_dims() {
+        // Split (4, 2) over 8 devices, replicated twice on 16: the replica dim innermost, between
+        // the two split dims, or outermost.
+        let all = enumerate_strategies(&[64, 64], 16, true).unwrap();
+        let found: Vec<(&[i64], &[u64])> = all
+            .iter()
+            .filter(|s| s.degrees() == [4, 2] && s.replicas() == 2)
+            .map(|s| (s.device_map(), s.device_matrix()))
+            .collect();
+        let want: [(&[i64], &[u64]); 6] = [
+            (&[2, 1], &[4, 2, 2]),
+            (&[2, 0], &[4, 2, 2]),
+            (&[1, 0], &[2, 4, 2]),
+            (&[1, 2], &[2, 4, 2]),
+            (&[0, 2], &[2, 2, 4]),
+            (&[0, 1], &[2, 2, 4]),
+        ];
+        assert_eq!(found, want);
+        let s = Strategy::with_device_matrix(vec![4, 2], vec![2, 0], vec![4, 2, 2]).unwrap();
+        assert!(s.is_replica_dim(1) && !s.is_replica_dim(0) && !s.is_replica_dim(2));
+        assert!(all.contains(&s));
+        let x = s.tensor_layout(&[0, 1], &[64, 64], false).unwrap();
+        assert_eq!(x.tensor_map(), [2, 0]);
+        assert_eq!(x.shard_shape(), vec![16, 32]);
+        let stacked = s.tensor_layout(&[0], &[64], true).unwrap();
+        assert_eq!(stacked.shape(), [2, 64]);
+        assert_eq!(stacked.tensor_map(), [1, 2]);
+    }
+
+    #[test]
+    fn explicit_matrices_are_checked() {
+        let ok = Strategy::with_device_matrix(vec![2, 1], vec![0, -1], vec![2]).unwrap();
+        assert_eq!(ok, Strategy::new(vec![2, 1], vec![0, -1]).unwrap());
+        for (degrees, map, matrix) in [
+            (vec![2], vec![0], vec![4]),
+            (vec![2], vec![1], vec![2]),
+            (vec![2, 2], vec![0, 0], vec![2, 2]),
+            (vec![2], vec![-1], vec![2]),
+            (vec![1], vec![0], vec![2]),
+            (vec![2], vec![0], vec![2, 1]),
+            (vec![2], vec![0], vec![2, 3]),
+            (vec![2], vec![0], vec![2, 1 << 63]),
+        ] {
+            assert!(
+                matches!(
+                    Strategy::with_device_matrix(degrees.clone(), map.clone(), matrix.clone()),
+                    Err(Error::Strategy(_))
+                ),
+                "{degrees:?} {map:?} {matrix:?}"
+            );
+        }
     }
 }

@@ -487,6 +487,7 @@ mod tests {
                 axes: vec![0],
                 shape: vec![8],
                 dtype_bytes: bad,
+                per_replica: false,
             };
             let results = [
                 cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),

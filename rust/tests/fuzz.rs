@@ -290,14 +290,24 @@ proptest! {
     /// Strategy enumeration on any sizes and device count: a list of strategies of that many
     /// devices whose degrees divide the sizes, or `Error::Strategy`.
     #[test]
-    fn strategies(sizes in prop::collection::vec(edge_u64(), 0..4), devices in edge_u64()) {
-        match enumerate_strategies(&sizes, devices) {
+    fn strategies(
+        sizes in prop::collection::vec(edge_u64(), 0..4),
+        devices in edge_u64(),
+        replicas in any::<bool>(),
+    ) {
+        match enumerate_strategies(&sizes, devices, replicas) {
             Ok(all) => {
                 prop_assert!(devices.is_power_of_two() && !sizes.contains(&0));
                 for s in all {
-                    prop_assert_eq!(s.degrees.iter().product::<u64>(), devices);
-                    prop_assert!(s.degrees.iter().zip(&sizes).all(|(&d, &n)| n % d == 0));
-                    prop_assert!(Strategy::new(s.degrees.clone(), s.device_map.clone()).is_ok());
+                    prop_assert_eq!(s.num_devices(), devices);
+                    prop_assert_eq!(s.degrees().iter().product::<u64>() * s.replicas(), devices);
+                    prop_assert!(s.degrees().iter().zip(&sizes).all(|(&d, &n)| n % d == 0));
+                    let again = Strategy::with_device_matrix(
+                        s.degrees().to_vec(),
+                        s.device_map().to_vec(),
+                        s.device_matrix().to_vec(),
+                    );
+                    prop_assert_eq!(again.as_ref(), Ok(&s));
                 }
             }
             Err(e) => prop_assert!(matches!(e, Error::Strategy(_)), "{e:?}"),
@@ -317,6 +327,7 @@ proptest! {
         ),
         dtype_bytes in edge_f64(),
         volume in any::<bool>(),
+        per_replica in any::<bool>(),
     ) {
         let s = match Strategy::new(degrees, device_map) {
             Ok(s) => s,
@@ -330,15 +341,15 @@ proptest! {
             .iter()
             .zip(&blocks)
             .map(|(&a, &b)| {
-                let degree = usize::try_from(a).ok().and_then(|a| s.degrees.get(a));
+                let degree = usize::try_from(a).ok().and_then(|a| s.degrees().get(a));
                 b.saturating_mul(degree.copied().unwrap_or(1))
             })
             .collect();
-        let layout = s.tensor_layout(&axes, shape.clone());
+        let layout = s.tensor_layout(&axes, &shape, per_replica);
         if let Err(e) = &layout {
             prop_assert!(matches!(e, Error::Layout(_)), "{e:?}");
         }
-        let devices = s.degrees.iter().product();
+        let devices = s.num_devices();
         let cluster = match wild_cluster {
             Some((nodes, per_node, intra, inter, memory)) => {
                 Cluster::new(nodes, per_node, intra, inter, memory)
@@ -352,7 +363,7 @@ proptest! {
                 return Ok(());
             }
         };
-        let tensor = AxesTensor { axes, shape, dtype_bytes };
+        let tensor = AxesTensor { axes, shape, dtype_bytes, per_replica };
         match allreduce_costs(std::slice::from_ref(&s), &[tensor], &cluster, model(volume)) {
             Ok(costs) => {
                 prop_assert!(layout.is_ok() && devices == cluster.num_devices());

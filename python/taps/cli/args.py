@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable, Sequence
 
 from taps import models
 from taps._core import Cluster, GraphError
 from taps.graph import Graph
+from taps.graph.records import MAX_INT
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,9 +29,24 @@ def ints(text: str) -> list[int]:
         values = json.loads(text if text.strip().startswith("[") else f"[{text}]")
     except json.JSONDecodeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers") from None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers")
+    if any(abs(v) > MAX_INT for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} holds an integer beyond 2**63")
     return values
+
+
+def integer(text: str) -> int:
+    """An integer that fits the core's 64 bits (the library says what else is wrong with it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond 2**63")
+    return value
 
 
 def matrix_map(text: str) -> tuple[list[int], list[int]]:
@@ -44,17 +62,17 @@ def matrix_map(text: str) -> tuple[list[int], list[int]]:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's)."""
     defaults = Cluster(1, 1)
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
-    p.add_argument("--devices-per-node", type=int, required=True, help="devices in one node")
+    p.add_argument("--nodes", type=integer, required=True, help="number of nodes")
+    p.add_argument("--devices-per-node", type=integer, required=True, help="devices in one node")
     p.add_argument(
         "--intra-bandwidth",
-        type=float,
+        type=positive("the intra-node bandwidth"),
         default=defaults.intra_bandwidth,
         help=f"bytes/s inside a node ({defaults.intra_bandwidth:g})",
     )
     p.add_argument(
         "--inter-bandwidth",
-        type=float,
+        type=positive("the inter-node bandwidth"),
         default=defaults.inter_bandwidth,
         help=f"bytes/s between nodes ({defaults.inter_bandwidth:g})",
     )
@@ -92,20 +110,88 @@ def memory_size(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a memory size such as 80GB, 16GiB or 1.6e10"
         ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"memory size {text!r} is not positive")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"the memory size must be positive and finite, got {text!r}"
+        )
     return value
+
+
+def positive(what: str) -> Callable[[str], float]:
+    """An argument type: a positive, finite number, ``what`` naming it in the error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a positive, finite number, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def attach_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``--memory -1GB`` as ``--memory=-1GB``: argparse takes a value that starts with a dash for
+    an option (unless it looks like a plain negative number), and would only say "expected one
+    argument"; joined, the value reaches its type, which says what is wrong with it."""
+    takes_value: set[str] = set()
+    options: set[str] = set()
+    for p in _parsers(parser):
+        for action in p._actions:
+            options.update(action.option_strings)
+            if action.nargs is None and action.option_strings:
+                takes_value.update(action.option_strings)
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if (
+            arg in takes_value
+            and i + 1 < len(args)
+            and args[i + 1].startswith("-")
+            and args[i + 1] not in options
+            and args[i + 1] != "--"
+        ):
+            out.append(f"{arg}={args[i + 1]}")
+            i += 2
+            continue
+        if arg == "--":
+            out += args[i:]
+            break
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and its subcommands' parsers."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _parsers(sub)
+    return found
 
 
 def load_model(name: str, batch: int | None) -> Graph:
     """A built-in model by name, or a graph JSON file."""
     if name.endswith(".json"):
         try:
-            with open(name, encoding="utf-8") as f:
-                text = f.read()
+            with open(name, "rb") as f:
+                data = f.read()
         except OSError as e:
             raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
-        return Graph.from_json(text)
+        except ValueError as e:  # a NUL in the path
+            raise GraphError(f"cannot read graph file {name!r}: {e}") from None
+        try:
+            return Graph.from_json(data)
+        except GraphError as e:
+            raise GraphError(f"graph file {name!r}: {e}") from None
     if name.lower() in models.names() or name.lower().startswith("megatron-"):
         return models.by_name(name, batch)
     raise GraphError(

@@ -7,21 +7,32 @@ import argparse
 from rich.console import Console
 
 from taps._core import Layout, plan_redistribution
-from taps.cli.args import add_cluster_args, cluster, ints, matrix_map
+from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
 from taps.reports import layout_text, plan_table
 
 
-def run(args: argparse.Namespace, console: Console) -> None:
+def run(args: argparse.Namespace, console: Console) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
     b = Layout(args.target_shape or args.shape, dm_b, map_b)
     plan = plan_redistribution(a, b)
-    console.print(f"from    {layout_text(a)}")
-    console.print(f"to      {layout_text(b)}")
-    console.print(f"unified {layout_text(plan.source)}")
-    console.print(f"        {layout_text(plan.target)}")
-    console.print(plan_table(plan, c, args.dtype_bytes))
+    # All of it built before any is printed: a late error leaves no partial output.
+    output = [
+        f"from    {layout_text(a)}",
+        f"to      {layout_text(b)}",
+        f"unified {layout_text(plan.source)}",
+        f"        {layout_text(plan.target)}",
+        plan_table(plan, c, args.dtype_bytes),
+    ]
+    for item in output:
+        console.print(item)
+    if args.verify:
+        from taps.cli.verify import report
+        from taps.verify import verify_redistribution
+
+        return report(verify_redistribution(a, b, c.devices_per_node), console, "Verified on XLA")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +65,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="the consumer's shape if it reshapes the tensor (same element count)",
     )
-    p.add_argument("--dtype-bytes", type=float, default=2, help="bytes per element (2)")
+    p.add_argument(
+        "--dtype-bytes", type=positive("bytes per element"), default=2, help="bytes per element (2)"
+    )
     add_cluster_args(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the plan on simulated XLA devices and check it (exit code 1 on mismatch)",
+    )
     p.set_defaults(run=run)

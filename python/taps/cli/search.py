@@ -4,49 +4,87 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 
 from taps import models
-from taps._core import GraphError
-from taps.cli.args import add_cluster_args, cluster, load_model, memory_size
+from taps._core import COST_MODELS, GraphError
+from taps.cli.args import (
+    add_cluster_args,
+    cluster,
+    integer,
+    load_model,
+    memory_size,
+    positive,
+)
+from taps.outputs import Outputs
+from taps.plot import check_available, plot_plan
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
-from taps.search import compare, search
+from taps.search import Comparison, SearchResult, compare, search
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    if (args.model is None) == (args.torch is None):
-        raise GraphError("give either MODEL or --torch package.module:factory")
-    if args.torch is not None:
-        from taps.cli.imports import read_torch
+    if args.plot:
+        check_available()
+    framework, export_path = args.export or ("", None)
+    if export_path is not None:
+        from taps.export import check_framework
 
-        graph = read_torch(args.torch, "error")
-    else:
-        graph = load_model(args.model, args.batch)
-    c = cluster(args, args.memory)
-    if args.cost_model == "both":
-        comparison = compare(graph, c, time_limit=args.time_limit)
-        results = [comparison.topology, comparison.volume]
-    else:
-        comparison = None
-        results = [search(graph, c, args.cost_model, time_limit=args.time_limit)]
-    for result in results:
-        console.print(strategy_table(result))
-        if args.collectives:
-            console.print(collectives_table(result))
-    if comparison is not None:
-        console.print(comparison_table(comparison))
-    if args.json:
-        data = {r.cost_model: result_dict(r) for r in results}
+        check_framework(framework)
+    # Checked (a temporary file made beside each) before the search, written after it.
+    with Outputs(args.json, args.plot, export_path) as outputs:
+        if (args.model is None) == (args.torch is None):
+            raise GraphError("give either MODEL or --torch package.module:factory")
+        if args.torch is not None:
+            from taps.cli.imports import read_torch
+
+            graph = read_torch(args.torch, "error")
+        else:
+            graph = load_model(args.model, args.batch)
+        c = cluster(args, args.memory)
+        comparison: Comparison | None = None
+        if args.cost_model == "both":
+            comparison = compare(graph, c, time_limit=args.time_limit)
+            results = [comparison.topology, comparison.volume]
+        else:
+            results = [search(graph, c, args.cost_model, time_limit=args.time_limit)]
+        # Everything is built before anything is printed or written.
+        output: list[Any] = []
+        for result in results:
+            output.append(strategy_table(result))
+            if args.collectives:
+                output.append(collectives_table(result))
         if comparison is not None:
-            data["comparison"] = {
-                "volume_under_topology": comparison.volume_under_topology,
-                "topology_under_volume": comparison.topology_under_volume,
-                "saving_percent": comparison.saving,
-            }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-        console.print(f"wrote {args.json}")
+            output.append(comparison_table(comparison))
+        if args.json:
+            outputs[args.json].write_text(_json(results, comparison))
+            output.append(f"wrote {args.json}")
+        if args.plot:
+            # The first result: the topology-aware one under --cost-model both.
+            plot_plan(results[0], outputs[args.plot].temp)
+            output.append(f"wrote {args.plot}")
+        if export_path is not None:
+            from taps.export import export
+
+            # The first result: the topology-aware one under --cost-model both.
+            outputs[export_path].write_text(export(results[0], framework).to_json())
+            output.append(f"wrote {export_path}")
+        outputs.commit()
+    for item in output:
+        console.print(item)
+
+
+def _json(results: list[SearchResult], comparison: Comparison | None) -> str:
+    data: dict[str, Any] = {r.cost_model: result_dict(r) for r in results}
+    if comparison is not None:
+        data["comparison"] = {
+            "volume_under_topology": comparison.volume_under_topology,
+            "topology_under_volume": comparison.topology_under_volume,
+            "saving_percent": comparison.saving,
+        }
+    # allow_nan=False: JSON has no NaN or Infinity, and no reader should meet them.
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "search",
         help="search the strategy of every operator of a model",
         description="Search the best intra-operator strategy of every operator of MODEL on a "
-        f"cluster. MODEL is one of {', '.join(models.names())} or a graph JSON file.",
+        f"cluster. MODEL is one of {', '.join(models.names())} (megatron-1T too) or a graph "
+        "JSON file; gpt is one GPT-3 layer (hidden 12288, 96 heads, sequence 2048).",
     )
     p.add_argument(
         "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
@@ -68,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inputs)) or a torch.export archive .pt2; needs pip install 'taps[torch]'",
     )
     add_cluster_args(p)
-    p.add_argument("--batch", type=int, default=None, help="batch size (model default)")
+    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
     p.add_argument(
         "--memory",
         type=memory_size,
@@ -77,15 +116,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--cost-model",
-        choices=("topology", "volume", "both"),
+        choices=(*COST_MODELS, "both"),
         default="topology",
         help="what the search minimises; both compares the two (topology)",
     )
-    p.add_argument("--time-limit", type=float, default=None, help="SCIP time limit in seconds")
+    p.add_argument(
+        "--time-limit",
+        type=positive("the time limit (seconds)"),
+        default=None,
+        metavar="SECONDS",
+        help="bound the whole search; SCIP then returns its best plan and gap (none)",
+    )
     p.add_argument(
         "--collectives",
         action="store_true",
         help="also list every collective of the chosen strategies",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the result(s) as JSON")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="draw every operator's strategy and cost into FILE (PNG; needs taps[plot])",
+    )
+    p.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("jax|dtensor", "FILE"),
+        default=None,
+        help="write the (topology-aware) plan as a JAX or DTensor sharding plan (JSON)",
+    )
     p.set_defaults(run=run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from taps._core import GraphError
@@ -124,8 +125,23 @@ class Edge:
     consumer_shape: tuple[int, ...]
 
 
+#: Sizes and element counts must fit the core's 64-bit signed integers.
+MAX_INT = 2**63 - 1
+
+
 def is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    """A positive int that fits the core's 64-bit integers."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT
+
+
+def checked_size(where: str, name: str, value: object) -> int:
+    """``value`` as a size: ``TypeError`` if it is not an int, :class:`GraphError` if it is not
+    positive and below 2**63; both name ``where`` and ``name``."""
+    if not isinstance(value, Integral) or isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__}")
+    if not is_positive_int(int(value)):
+        raise GraphError(f"{where}: {name} must be a positive int below 2**63, got {value}")
+    return int(value)
 
 
 def checked_shape(name: str, shape: Iterable[int]) -> tuple[int, ...]:
@@ -133,8 +149,11 @@ def checked_shape(name: str, shape: Iterable[int]) -> tuple[int, ...]:
         dims = tuple(shape)
     except TypeError:
         raise GraphError(f"tensor {name!r}: shape {shape!r} is not a sequence of ints") from None
-    if not all(is_positive_int(d) for d in dims):
-        raise GraphError(f"tensor {name!r}: shape {list(dims)} must hold positive ints")
+    if not all(is_positive_int(d) for d in dims) or math.prod(dims) > MAX_INT:
+        raise GraphError(
+            f"tensor {name!r}: shape {list(dims)} must hold positive ints whose product is "
+            "below 2**63"
+        )
     return dims
 
 

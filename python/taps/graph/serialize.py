@@ -85,6 +85,8 @@ def from_json(text: str | bytes) -> Graph:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GraphError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise GraphError("not a graph: JSON nested too deeply") from None
     return from_dict(data)
 
 

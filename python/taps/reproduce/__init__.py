@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taps._core import TapsError
+from taps.outputs import staged_directory
 from taps.reproduce.cases import (
     DEVICES_PER_NODE,
     TOLERANCE,
@@ -66,25 +66,20 @@ __all__ = [
 
 
 def reproduce(out: Path, quick: bool, console: Console) -> tuple[list[Row], list[TimingRow]]:
-    """Run the experiments and write :data:`FILES` into ``out`` (created if missing)."""
+    """Run the experiments and write :data:`FILES` into ``out`` (created if missing): all of them
+    once the run is done, or none (an error or Ctrl-C leaves the old files)."""
     check_available()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TapsError(f"cannot create output directory {str(out)!r}: {e.strerror}") from None
-    rows, timing_rows = run(experiment_cases(quick), timing_cases(quick), console)
-    try:
-        write_csv(out / "results.csv", CSV_COLUMNS, (r.csv_dict() for r in rows))
+    with staged_directory(out) as stage:
+        rows, timing_rows = run(experiment_cases(quick), timing_cases(quick), console)
+        write_csv(stage / "results.csv", CSV_COLUMNS, (r.csv_dict() for r in rows))
         write_csv(
-            out / "search_times.csv",
+            stage / "search_times.csv",
             timing_rows[0].csv_dict().keys() if timing_rows else (),
             (t.csv_dict() for t in timing_rows),
         )
-        (out / "report.md").write_text(report(rows, timing_rows, quick), encoding="utf-8")
-        plot_comparison(rows, out / "comparison.png")
-        plot_ratio(rows, out / "ratio.png")
-    except OSError as e:
-        raise TapsError(f"cannot write into {str(out)!r}: {e.strerror}") from None
+        (stage / "report.md").write_text(report(rows, timing_rows, quick), encoding="utf-8")
+        plot_comparison(rows, stage / "comparison.png")
+        plot_ratio(rows, stage / "ratio.png")
     for line in headline(rows).lines():
         console.print(line)
     console.print(f"wrote {', '.join(FILES)} into {out}")

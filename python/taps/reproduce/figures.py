@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from taps.extras import require
+from taps.plot import check_available, new_figure
 from taps.reproduce.cases import TOLERANCE
 from taps.reproduce.run import Row
 
+__all__ = ["check_available", "plot_comparison", "plot_ratio"]
+
 _VOLUME_COLOR = "tab:blue"
 _TOPOLOGY_COLOR = "tab:orange"
-
-
-def _new_figure(width: float, height: float) -> Any:
-    # The Agg canvas needs no display.
-    agg = require("matplotlib.backends.backend_agg", "plot", "drawing figures")
-    figure = require("matplotlib.figure", "plot", "drawing figures")
-    fig = figure.Figure(figsize=(width, height), dpi=90, layout="constrained")
-    agg.FigureCanvasAgg(fig)
-    return fig
-
-
-def check_available() -> None:
-    """Raise :class:`~taps.extras.MissingExtraError` now if the figures cannot be drawn, so a
-    long run does not fail at its end."""
-    require("matplotlib", "plot", "drawing figures")
 
 
 def plot_comparison(rows: list[Row], path: Path) -> None:
@@ -34,7 +20,7 @@ def plot_comparison(rows: list[Row], path: Path) -> None:
     model_names = list(dict.fromkeys(r.model for r in comparison))
     cols = 2 if len(model_names) > 1 else 1
     nrows = (len(model_names) + cols - 1) // cols
-    fig = _new_figure(5.2 * cols, 3.4 * nrows)
+    fig = new_figure(5.2 * cols, 3.4 * nrows)
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     for ax, model in zip(axes, model_names):
         mine = [r for r in comparison if r.model == model]
@@ -99,7 +85,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P")
 
 def plot_ratio(rows: list[Row], path: Path) -> None:
     """One point per run: volume ratio against cost ratio, with the lines x = 1 and y = 1."""
-    fig = _new_figure(8.4, 4.6)
+    fig = new_figure(8.4, 4.6)
     ax = fig.subplots()
     model_names = list(dict.fromkeys(r.model for r in rows))
     for sweep, color in _SWEEP_COLORS.items():

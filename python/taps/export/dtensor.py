@@ -1,0 +1,88 @@
+"""A taps plan as a PyTorch ``DeviceMesh`` shape and DTensor placements per tensor.
+
+Plain data: computing it needs no torch. Each placement list has one entry per mesh dim
+(outermost first): ``Shard(i)`` where the mesh dim splits tensor dim ``i``, ``Replicate()``
+elsewhere. A tensor dim split over several mesh dims lists ``Shard(i)`` on each of them; DTensor
+splits in mesh-dim order, the first the major one, which is the taps order (see :mod:`.mesh`).
+:meth:`DTensorPlan.placements` builds the torch objects (``pip install 'taps[torch]'``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from taps._core import Layout
+from taps.extras import require
+
+from .document import to_text
+from .layouts import PlanLayouts
+from .mesh import ExportError, Mesh
+
+FORMAT = "taps.export.dtensor"
+VERSION = 1
+
+
+def layout_placements(mesh: Mesh, layout: Layout) -> tuple[str, ...]:
+    """Per mesh dim, ``"Shard(i)"`` or ``"Replicate()"`` for ``layout``."""
+    owner = {a: i for i, axes in enumerate(mesh.dim_axes(layout)) for a in axes}
+    return tuple(f"Shard({owner[a]})" if a in owner else "Replicate()" for a in mesh.axis_names)
+
+
+@dataclass(frozen=True)
+class DTensorPlan:
+    """The device mesh and the placements of every tensor of a plan.
+
+    Attributes:
+        mesh: the mesh; ``mesh.shape`` is the ``init_device_mesh`` shape and ``mesh.axis_names``
+            its ``mesh_dim_names`` (ranks in order: rank ``r`` is position ``r`` of the mesh).
+        tensors: placements per graph tensor (parameters and inputs at their first reader,
+            activations as produced, views at their first reader).
+        operators: per operator, ``{"inputs": [placements per slot], "output": placements}``.
+    """
+
+    mesh: Mesh
+    tensors: dict[str, tuple[str, ...]]
+    operators: dict[str, dict[str, Any]]
+
+    @classmethod
+    def from_layouts(cls, layouts: PlanLayouts) -> DTensorPlan:
+        mesh = layouts.mesh
+        return cls(
+            mesh,
+            {name: layout_placements(mesh, lay) for name, lay in layouts.tensors.items()},
+            {
+                op.name: {
+                    "inputs": [layout_placements(mesh, lay) for lay in layouts.inputs[op.name]],
+                    "output": layout_placements(mesh, layouts.outputs[op.name]),
+                }
+                for op in layouts.graph.ops
+            },
+        )
+
+    def placements(self, tensor: str) -> list[Any]:
+        """The torch placement objects of a graph tensor."""
+        dtensor = require("torch.distributed.tensor", "torch", "DTensor placements")
+        Replicate, Shard = dtensor.Replicate, dtensor.Shard
+        if tensor not in self.tensors:
+            raise ExportError(f"unknown tensor {tensor!r}")
+        return [
+            Replicate() if p == "Replicate()" else Shard(int(p[6:-1])) for p in self.tensors[tensor]
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (docs/export.md)."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.axis_names)},
+            "tensors": {name: list(p) for name, p in self.tensors.items()},
+            "operators": {
+                name: {"inputs": [list(p) for p in e["inputs"]], "output": list(e["output"])}
+                for name, e in self.operators.items()
+            },
+        }
+
+    def to_json(self) -> str:
+        """The JSON document as text, one line per tensor and operator."""
+        return to_text(self.to_dict())

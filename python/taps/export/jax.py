@@ -1,0 +1,131 @@
+"""A taps plan as a JAX mesh and a ``PartitionSpec`` per tensor.
+
+Computing the plan needs no JAX; :meth:`JaxPlan.mesh`, :meth:`JaxPlan.partition_spec` and
+:meth:`JaxPlan.sharding` import it (``pip install 'taps[jax]'``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from taps._core import Layout
+from taps.extras import require
+
+from .document import to_text
+from .layouts import PlanLayouts
+from .mesh import ExportError, Mesh
+
+#: One entry per tensor dim: ``None`` (whole), one mesh axis, or several (outermost first).
+SpecEntry = str | tuple[str, ...] | None
+Spec = tuple[SpecEntry, ...]
+
+FORMAT = "taps.export.jax"
+VERSION = 1
+
+
+def import_jax() -> Any:
+    """``jax``, or a ``MissingExtraError`` naming the extra to install."""
+    return require("jax", "jax", "a JAX mesh and shardings")
+
+
+def layout_spec(mesh: Mesh, layout: Layout) -> Spec:
+    """The ``PartitionSpec`` entries of ``layout`` on ``mesh``."""
+    out: list[SpecEntry] = []
+    for axes in mesh.dim_axes(layout):
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return tuple(out)
+
+
+def jax_mesh(mesh: Mesh, devices: Any = None) -> Any:
+    """``jax.sharding.Mesh`` of ``mesh`` over ``devices`` (default: the first ``n`` of
+    ``jax.devices()``), taken in rank order."""
+    jax = import_jax()
+    import numpy as np
+
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) < mesh.num_devices:
+        raise ExportError(
+            f"the plan needs {mesh.num_devices} devices, JAX has {len(devices)} (on CPU: set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.num_devices} before JAX "
+            "starts)"
+        )
+    array = np.array(devices[: mesh.num_devices], dtype=object).reshape(mesh.shape)
+    return jax.sharding.Mesh(array, mesh.axis_names)
+
+
+def named_sharding(mesh: Any, spec: Spec) -> Any:
+    """``NamedSharding(mesh, PartitionSpec(*spec))``."""
+    jax = import_jax()
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def _spec_json(spec: Spec) -> list:
+    return [None if e is None else [e] if isinstance(e, str) else list(e) for e in spec]
+
+
+@dataclass(frozen=True)
+class JaxPlan:
+    """The mesh and the sharding of every tensor of a plan.
+
+    Attributes:
+        mesh: the mesh (shape outermost first, axis ``"d0"`` innermost; see :mod:`.mesh`).
+        tensors: ``PartitionSpec`` entries per graph tensor: every parameter and input (at its
+            first reader), activation (as its producer makes it) and view (at its first reader).
+        operators: per operator, ``{"inputs": [spec per slot], "output": spec}``: the layout each
+            input has after its redistribution, for ``with_sharding_constraint`` at the reader.
+    """
+
+    mesh: Mesh
+    tensors: dict[str, Spec]
+    operators: dict[str, dict[str, Any]]
+
+    @classmethod
+    def from_layouts(cls, layouts: PlanLayouts) -> JaxPlan:
+        mesh = layouts.mesh
+        tensors = {name: layout_spec(mesh, lay) for name, lay in layouts.tensors.items()}
+        operators = {
+            op.name: {
+                "inputs": [layout_spec(mesh, lay) for lay in layouts.inputs[op.name]],
+                "output": layout_spec(mesh, layouts.outputs[op.name]),
+            }
+            for op in layouts.graph.ops
+        }
+        return cls(mesh, tensors, operators)
+
+    def jax_mesh(self, devices: Any = None) -> Any:
+        """The ``jax.sharding.Mesh`` (see :func:`jax_mesh`)."""
+        return jax_mesh(self.mesh, devices)
+
+    def partition_spec(self, tensor: str) -> Any:
+        """The ``jax.sharding.PartitionSpec`` of a graph tensor."""
+        return import_jax().sharding.PartitionSpec(*self._spec(tensor))
+
+    def sharding(self, tensor: str, mesh: Any = None) -> Any:
+        """The ``NamedSharding`` of a graph tensor on ``mesh`` (default :meth:`jax_mesh`)."""
+        return named_sharding(self.jax_mesh() if mesh is None else mesh, self._spec(tensor))
+
+    def _spec(self, tensor: str) -> Spec:
+        if tensor not in self.tensors:
+            raise ExportError(f"unknown tensor {tensor!r}")
+        return self.tensors[tensor]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (docs/export.md)."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "mesh": self.mesh.to_dict(),
+            "tensors": {name: _spec_json(s) for name, s in self.tensors.items()},
+            "operators": {
+                name: {
+                    "inputs": [_spec_json(s) for s in entry["inputs"]],
+                    "output": _spec_json(entry["output"]),
+                }
+                for name, entry in self.operators.items()
+            },
+        }
+
+    def to_json(self) -> str:
+        """The JSON document as text, one line per tensor and operator."""
+        return to_text(self.to_dict())

@@ -1,0 +1,332 @@
+"""How each JAX primitive becomes taps operators: one rule per primitive, in :data:`RULES`.
+
+A rule takes the builder, the jaxpr equation, its input values and the operator name to use, and
+returns the output values. Every operator is an einsum over named axes (docs/graph.md), so a rule's
+work is to label the dims of its operands and output:
+
+- elementwise primitives share one label per output dim (broadcast operands skip the dims they
+  broadcast); every axis may be split;
+- ``dot_general``: batch dims shared by both operands and the output, contracting dims by both
+  operands (split, they leave partial sums), free dims by one operand and the output;
+- reductions: the reduced dims are contracted and may be split: each device reduces its part and an
+  all_reduce combines the parts, which costs the same for a max as for a sum;
+- convolution and pooling: batch and channels may be split, spatial dims stay whole;
+- a gather that looks rows up in a table (``table[ids]``) is an embedding: the table's row axis is
+  contracted, as for ``taps.Graph.embedding``;
+- transposes, broadcasts, squeezes and dtype conversions relabel or alias a value (no operator),
+  and reshapes are views (:mod:`taps.frontends.jax_builder`).
+
+Calls (``jit``, ``custom_jvp_call``, ...) are inlined by :mod:`taps.frontends.jax`, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from taps.frontends.jax_builder import Builder, Value, constant
+
+#: A rule returns the equation's output values, or None when the equation is a form of its
+#: primitive the rule does not cover (then it is unsupported, as a primitive without a rule).
+Rule = Callable[[Builder, Any, list[Value], str], "list[Value] | None"]
+
+
+def _out(eqn: Any, i: int = 0) -> tuple[tuple[int, ...], int]:
+    """Shape and bytes per element of an equation's output."""
+    aval = eqn.outvars[i].aval
+    return tuple(int(d) for d in aval.shape), int(aval.dtype.itemsize)
+
+
+def _labels(n: int, prefix: str = "d") -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(n))
+
+
+def _stretch(v: Value, shape: tuple[int, ...]) -> Value:
+    """``v`` read as ``shape``: a size-1 dim facing a larger one is a broadcast."""
+    if not v.shape:
+        return Value(v.source, (None,) * len(shape), shape)
+    dims = tuple(d if n == m else None for d, n, m in zip(v.dims, v.shape, shape))
+    return Value(v.source, dims, shape)
+
+
+def elementwise(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """Operands of the output's shape, or broadcasting to it (scalars, size-1 dims)."""
+    shape, dtype = _out(eqn)
+    labels = _labels(len(shape))
+    inputs = [(_stretch(v, shape), labels) for v in ins]
+    return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, fusible=True)]
+
+
+def alias(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """A dtype conversion, copy or gradient stop: the same tensor."""
+    return ins[: len(eqn.outvars)]
+
+
+def broadcast_in_dim(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    (v,) = ins[:1]
+    shape, _ = _out(eqn)
+    dims: list[int | None] = [None] * len(shape)
+    for i, d in enumerate(eqn.params["broadcast_dimensions"]):
+        if v.shape[i] == shape[d]:  # a size-1 dim stretched to more is a broadcast
+            dims[d] = v.dims[i]
+    return [Value(v.source, tuple(dims), shape)]
+
+
+def transpose(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    (v,) = ins
+    perm = eqn.params["permutation"]
+    return [Value(v.source, tuple(v.dims[p] for p in perm), tuple(v.shape[p] for p in perm))]
+
+
+def squeeze(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    (v,) = ins
+    gone = {d % len(v.shape) for d in eqn.params["dimensions"]}
+    keep = [i for i in range(len(v.shape)) if i not in gone]
+    return [Value(v.source, tuple(v.dims[i] for i in keep), tuple(v.shape[i] for i in keep))]
+
+
+def reshape(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    shape, dtype = _out(eqn)
+    return [b.reshape(name, ins[0], shape, dtype)]
+
+
+def reduction(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """Reduced dims are contracted: split, each device reduces its part and an all_reduce
+    combines them. With ``split_reductions=False`` they stay whole."""
+    (v,) = ins
+    shape, dtype = _out(eqn)
+    axes = {a % len(v.shape) for a in eqn.params["axes"]}
+    labels = _labels(len(v.shape))
+    out = tuple(label for i, label in enumerate(labels) if i not in axes)
+    part = None if b.split_reductions else out
+    return [b.op(name, eqn.primitive.name, [(v, labels)], out, shape, dtype, part)]
+
+
+def dot_general(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """Batch dims (``b0``, ...) in both operands and the output, contracting dims (``k0``, ...)
+    in both operands, free dims (``m0``, ... of the left, ``n0``, ... of the right) in one operand
+    and the output, which lists batch, left free, right free dims in that order."""
+    lhs, rhs = ins
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    left: list[str] = [""] * len(lhs.shape)
+    right: list[str] = [""] * len(rhs.shape)
+    for prefix, pairs in (("b", zip(lb, rb)), ("k", zip(lc, rc))):
+        for i, (x, y) in enumerate(pairs):
+            left[x] = right[y] = f"{prefix}{i}"
+    free_l = [i for i in range(len(left)) if not left[i]]
+    free_r = [i for i in range(len(right)) if not right[i]]
+    for j, i in enumerate(free_l):
+        left[i] = f"m{j}"
+    for j, i in enumerate(free_r):
+        right[i] = f"n{j}"
+    out = (*_labels(len(lb), "b"), *(left[i] for i in free_l), *(right[i] for i in free_r))
+    shape, dtype = _out(eqn)
+    inputs = [(lhs, tuple(left)), (rhs, tuple(right))]
+    return [b.op(name, "dot_general", inputs, out, shape, dtype)]
+
+
+def _spatial(n: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """Labels of the spatial dims of a convolution's input, kernel and output."""
+    return _labels(n, "i"), _labels(n, "k"), _labels(n, "o")
+
+
+def conv_general_dilated(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """Batch ``b``, input channels ``ci`` (contracted), output channels ``co`` may be split;
+    spatial dims stay whole. A depthwise convolution (one group per channel, as many output
+    channels as input ones) shares one channel axis ``c``; other grouped convolutions keep the
+    channels whole."""
+    x, w = ins
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    n = len(lhs_spec) - 2
+    si, sk, so = _spatial(n)
+    groups, batch_groups = p["feature_group_count"], p["batch_group_count"]
+    cin, cout = x.shape[lhs_spec[1]], w.shape[rhs_spec[0]]
+    depthwise = groups > 1 and groups == cin == cout
+    ci, wi, co = ("c", "c1", "c") if depthwise else ("ci", "ci", "co")
+    if groups > 1 and not depthwise:
+        wi = "cg"  # the channels of one group: a different size from ``ci``
+    xl: list[str] = [""] * (n + 2)
+    wl: list[str] = [""] * (n + 2)
+    ol: list[str] = [""] * (n + 2)
+    xl[lhs_spec[0]], xl[lhs_spec[1]] = "b", ci
+    wl[rhs_spec[0]], wl[rhs_spec[1]] = co, wi
+    ol[out_spec[0]], ol[out_spec[1]] = "b", co
+    for j in range(n):
+        xl[lhs_spec[2 + j]], wl[rhs_spec[2 + j]], ol[out_spec[2 + j]] = si[j], sk[j], so[j]
+    part: tuple[str, ...] = ("b",) if batch_groups == 1 else ()
+    if groups == 1 and batch_groups == 1:
+        part = ("b", "ci", "co")
+    elif depthwise:
+        part = (*part, "c")
+    shape, dtype = _out(eqn)
+    inputs = [(x, tuple(xl)), (w, tuple(wl))]
+    return [b.op(name, "conv", inputs, tuple(ol), shape, dtype, part)]
+
+
+def reduce_window(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """Pooling: a dim the window does not touch (size 1, stride 1, no padding or dilation) may be
+    split; the others are whole, with an input and an output axis."""
+    (v,) = ins
+    p = eqn.params
+    shape, dtype = _out(eqn)
+    inl, outl, part = [], [], []
+    for d in range(len(v.shape)):
+        untouched = (
+            p["window_dimensions"][d] == 1
+            and p["window_strides"][d] == 1
+            and tuple(p["padding"][d]) == (0, 0)
+            and p["base_dilation"][d] == 1
+            and p["window_dilation"][d] == 1
+        )
+        if untouched:
+            inl.append(f"d{d}")
+            outl.append(f"d{d}")
+            part.append(f"d{d}")
+        else:
+            inl.append(f"i{d}")
+            outl.append(f"o{d}")
+    return [b.op(name, "pool", [(v, tuple(inl))], tuple(outl), shape, dtype, tuple(part))]
+
+
+def _windowed(
+    b: Builder, eqn: Any, ins: list[Value], name: str, touched: set[int], out: int = 0
+) -> Value:
+    """An operator that keeps some dims of its array operands as they are and cuts, pads or
+    joins the others: the kept dims are shared and may be split; each other dim stays whole, with
+    an axis per operand and one for the output. Scalar operands (indices, pad values) only feed
+    it."""
+    shape, dtype = _out(eqn, out)
+    inputs: list[tuple[Value, tuple[str, ...]]] = []
+    for slot, v in enumerate(ins):
+        if len(v.shape) != len(shape):
+            inputs.append((v, ()))
+            continue
+        labels = tuple(f"i{d}_{slot}" if d in touched else f"d{d}" for d in range(len(shape)))
+        inputs.append((v, labels))
+    labels = tuple(f"o{d}" if d in touched else f"d{d}" for d in range(len(shape)))
+    part = tuple(label for label in labels if label.startswith("d"))
+    return b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, part)
+
+
+def slicing(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """``slice``, ``dynamic_slice`` and ``pad``: the dims they cut or pad stay whole."""
+    shape, _ = _out(eqn)
+    v = ins[0]
+    cut = {d for d, (n, m) in enumerate(zip(v.shape, shape)) if n != m}
+    if eqn.primitive.name == "slice":
+        cut |= {d for d, s in enumerate(eqn.params["start_indices"]) if s}
+    if eqn.primitive.name == "pad":
+        cut |= {d for d, config in enumerate(eqn.params["padding_config"]) if any(config)}
+    return [_windowed(b, eqn, ins, name, cut)]
+
+
+def dynamic_update_slice(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """The dims the update does not cover stay whole."""
+    v, update = ins[:2]
+    cut = {d for d, (n, m) in enumerate(zip(v.shape, update.shape)) if n != m}
+    return [_windowed(b, eqn, ins, name, cut)]
+
+
+def concatenate(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """The joined dim stays whole."""
+    return [_windowed(b, eqn, ins, name, {eqn.params["dimension"]})]
+
+
+def split(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """One operator per part; the split dim stays whole."""
+    axis = eqn.params["axis"] % len(ins[0].shape)
+    return [_windowed(b, eqn, ins, name, {axis}, i) for i in range(len(eqn.outvars))]
+
+
+def gather(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value] | None:
+    """``table[ids]``: rows of a table looked up by an index array, as an embedding (the table's
+    row axis ``v`` contracted). Other gathers have no rule."""
+    table, ids = ins
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    shape, dtype = _out(eqn)
+    lookup = (
+        tuple(dn.collapsed_slice_dims) == (0,)
+        and tuple(dn.start_index_map) == (0,)
+        and not tuple(getattr(dn, "operand_batching_dims", ()))
+        and ids.shape[-1:] == (1,)
+        and tuple(p["slice_sizes"]) == (1, *table.shape[1:])
+        and tuple(dn.offset_dims) == tuple(range(len(ids.shape) - 1, len(shape)))
+    )
+    if not lookup:
+        return None
+    lead = _labels(len(ids.shape) - 1, "t")
+    rows = _labels(len(table.shape) - 1, "h")
+    inputs = [(ids, (*lead, "index")), (table, ("v", *rows))]
+    return [b.op(name, "embedding", inputs, (*lead, *rows), shape, dtype)]
+
+
+def unsupported(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """An operator per output that keeps every axis whole (``unknown="replicate"``)."""
+    inputs = [(v, _labels(len(v.shape), f"x{slot}_")) for slot, v in enumerate(ins)]
+    outs = []
+    for i in range(len(eqn.outvars)):
+        shape, dtype = _out(eqn, i)
+        labels = _labels(len(shape), "o")
+        outs.append(b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, ()))
+    return outs
+
+
+def local(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+    """A primitive each device computes alone, from no model data (``iota``, random numbers
+    drawn from a key, as for a dropout mask): a constant."""
+    return [constant(_out(eqn, i)[0]) for i in range(len(eqn.outvars))]
+
+
+def stack(b: Builder, values: list[Value], name: str, eqn: Any, out: int) -> Value:
+    """The per-step outputs of a ``scan`` stacked along a new leading dim (whole)."""
+    shape, dtype = _out(eqn, out)
+    labels = _labels(len(shape) - 1)
+    inputs = [(v, labels) for v in values]
+    return b.op(name, "stack", inputs, ("l", *labels), shape, dtype, labels)
+
+
+def _table(rules: Sequence[tuple[Rule, str]]) -> dict[str, Rule]:
+    return {prim: rule for rule, prims in rules for prim in prims.split()}
+
+
+#: Primitive name -> rule. Anything else is unsupported (or kept whole with
+#: ``unknown="replicate"``), unless all its inputs are constants.
+RULES: dict[str, Rule] = _table(
+    [
+        (
+            elementwise,
+            "add add_any sub mul div rem pow max min neg exp exp2 log log1p expm1 tanh logistic "
+            "erf erfc erf_inv integer_pow sqrt rsqrt cbrt square abs sign sin cos tan atan2 "
+            "floor ceil round is_finite nextafter select_n clamp eq ne lt le gt ge and or not "
+            "xor",
+        ),
+        (
+            alias,
+            "convert_element_type copy copy_p stop_gradient reduce_precision optimization_barrier",
+        ),
+        (broadcast_in_dim, "broadcast_in_dim"),
+        (transpose, "transpose"),
+        (squeeze, "squeeze"),
+        (reshape, "reshape"),
+        (
+            reduction,
+            "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin",
+        ),
+        (dot_general, "dot_general"),
+        (conv_general_dilated, "conv_general_dilated"),
+        (reduce_window, "reduce_window_max reduce_window_min reduce_window_sum"),
+        (gather, "gather"),
+        (slicing, "slice dynamic_slice pad"),
+        (dynamic_update_slice, "dynamic_update_slice"),
+        (concatenate, "concatenate"),
+        (split, "split"),
+        (
+            local,
+            "iota random_bits random_seed random_wrap random_unwrap random_split random_fold_in "
+            "threefry2x32",
+        ),
+    ]
+)

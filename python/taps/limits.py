@@ -1,0 +1,146 @@
+"""What a search will need, known before it runs: the number of candidate strategies of every
+operator (counted, not enumerated) and the memory of the cost tables, so that a search too large
+for the machine is refused up front with the estimate instead of being killed (docs/errors.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+from taps._core import TapsError
+
+#: The most candidate strategies the search takes for one operator (its tables, layouts and ILP
+#: rows grow with them; the built-in models need at most a few thousand).
+MAX_CANDIDATES = 1_000_000
+#: Bytes per candidate strategy while the tables are built: the strategy, its rows of the degree
+#: and device-map arrays, costs and memory, and the layout of each operand (measured: about 300
+#: bytes per strategy for the enumeration alone).
+CANDIDATE_BYTES = 1024
+#: Bytes per pair of strategies across an edge: an upper bound of the edge's cost matrix, which
+#: has one float per pair of layout classes.
+PAIR_BYTES = 8
+
+
+class ResourceError(TapsError):
+    """A search too large for its limits or for this machine's memory."""
+
+
+def _twos(size: int) -> int:
+    """How many times 2 divides ``size``."""
+    return (size & -size).bit_length() - 1
+
+
+def candidate_count(sizes: Sequence[int], num_devices: int, replicas: bool = False) -> int:
+    """How many strategies ``enumerate_strategies(sizes, num_devices, replicas)`` returns, counted.
+
+    A strategy splits some ``i`` of the axes by powers of two whose product is the device count
+    ``2**n`` (a composition of ``n`` into ``i`` positive parts, each at most the power of two
+    dividing its axis) and orders the ``i`` split axes on the device matrix (``i!`` orders). With
+    every size divisible enough this is ``sum_i i! * C(p, i) * C(n - 1, i - 1)`` for ``p`` axes.
+    With ``replicas``, each split over ``2**k < 2**n`` devices counts once more per place of the
+    replica dim among its ``i`` split dims (``i + 1``).
+    """
+    n = num_devices.bit_length() - 1
+    # ways[i][k]: unordered choices of i split axes whose exponents add up to k.
+    ways = [[0] * (n + 1) for _ in range(len(sizes) + 1)]
+    ways[0][0] = 1
+    for axis, size in enumerate(sizes):
+        most = min(_twos(size), n)
+        for i in range(axis, -1, -1):
+            for k in range(n, -1, -1):
+                if ways[i][k]:
+                    for e in range(1, min(most, n - k) + 1):
+                        ways[i + 1][k + e] += ways[i][k]
+    places = range(n) if replicas else range(0)
+    return sum(
+        math.factorial(i) * (ways[i][n] + sum((i + 1) * ways[i][k] for k in places))
+        for i in range(len(sizes) + 1)
+    )
+
+
+def check_candidates(
+    name: str, sizes: Sequence[int], num_devices: int, replicas: bool = False
+) -> int:
+    """The candidate count of operator ``name`` (partitionable axis ``sizes``), the replicated
+    strategies included with ``replicas`` or where no split over every device exists (as
+    :func:`taps.sharding.strategies`); :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
+    count = candidate_count(sizes, num_devices, replicas) or candidate_count(
+        sizes, num_devices, True
+    )
+    if count > MAX_CANDIDATES:
+        raise ResourceError(
+            f"operator {name!r}: {count:,} candidate strategies ({len(sizes)} partitionable axes "
+            f"on {num_devices:,} devices, about {_gib(count * CANDIDATE_BYTES)} of tables), more "
+            f"than the {MAX_CANDIDATES:,} the search takes; make fewer axes partitionable or "
+            "search fewer devices"
+        )
+    return count
+
+
+def table_bytes(candidates: int, pairs: int) -> int:
+    """An upper bound of the memory of cost tables over ``candidates`` strategies in all and
+    ``pairs`` pairs of strategies across edges (the paper's |E_A|)."""
+    return candidates * CANDIDATE_BYTES + pairs * PAIR_BYTES
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), less if the process's
+    control group (a container) allows less; None if unknown."""
+    known = [n for n in (_meminfo_available(), _cgroup_room()) if n is not None]
+    if known:
+        return min(known)
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """The control group's memory limit less its use (cgroup v2, else v1), if it has one."""
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit, encoding="ascii") as f:
+                text = f.read().strip()
+            if text == "max":
+                return None
+            with open(used, encoding="ascii") as f:
+                return max(int(text) - int(f.read().strip()), 0)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def check_table_memory(what: str, candidates: int, pairs: int) -> None:
+    """Refuse, before any work, a search (``what``) whose tables would not fit this machine's
+    memory."""
+    need = table_bytes(candidates, pairs)
+    have = available_memory()
+    if have is not None and need > have:
+        raise ResourceError(
+            f"the search of {what} would need about {_gib(need)} for its cost tables "
+            f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges), more "
+            f"than the {_gib(have)} available"
+        )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"

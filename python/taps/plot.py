@@ -1,0 +1,137 @@
+"""A figure of a plan (``taps search --plot plan.png``; matplotlib, the extra ``taps[plot]``).
+
+One row per operator, in topological order. Left: its strategy, the device matrix drawn as
+segments from the innermost device dim outwards, each as wide as log2 of its size and labelled
+with the axis it splits and the degree; segments right of the dashed line span nodes. Right: the
+communication the operator adds, split into intra-operator collectives inside a node, collectives
+across nodes, and the redistribution of its inputs."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from taps._core import inter_node_groups
+from taps.extras import require
+
+if TYPE_CHECKING:
+    from taps.search import SearchResult
+
+#: Inches: figure width, height per operator and for title, axes and legends.
+WIDTH = 12.0
+ROW_HEIGHT = 0.32
+MARGIN_HEIGHT = 1.6
+#: Pixels per inch of the saved figures.
+DPI = 90
+
+_PURPOSE = "drawing figures"
+_COST_COLORS = ("tab:green", "tab:red", "tab:blue")
+_COST_LABELS = ("collectives inside a node", "collectives across nodes", "redistribution")
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib figure of ``width`` x ``height`` inches on the Agg canvas (no display)."""
+    agg = require("matplotlib.backends.backend_agg", "plot", _PURPOSE)
+    figure = require("matplotlib.figure", "plot", _PURPOSE)
+    fig = figure.Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    agg.FigureCanvasAgg(fig)
+    return fig
+
+
+def check_available() -> None:
+    """Raise :class:`~taps.extras.MissingExtraError` now if figures cannot be drawn, so a long
+    search does not fail at its end."""
+    require("matplotlib", "plot", _PURPOSE)
+
+
+def figure_size(num_operators: int) -> tuple[int, int]:
+    """The (width, height) in pixels of the figure of a plan with ``num_operators`` rows."""
+    return round(WIDTH * DPI), round((MARGIN_HEIGHT + ROW_HEIGHT * num_operators) * DPI)
+
+
+def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
+    """Per operator of ``result.breakdown``: the cost of its collectives inside a node, of those
+    across nodes, and of its incoming redistributions (they add up to its total)."""
+    dpn = result.cluster.devices_per_node
+    out = []
+    for row in result.breakdown:
+        inside = across = 0.0
+        for c, cost in row.collectives:
+            if inter_node_groups(c.layout, "all_reduce", dpn):  # the only intra-operator kind
+                across += cost
+            else:
+                inside += cost
+        out.append((inside, across, row.incoming_cost))
+    return out
+
+
+def plot_plan(result: SearchResult, path: str | os.PathLike[str]) -> None:
+    """Draw :func:`plan_figure` of ``result`` into ``path`` (PNG, or any format matplotlib knows
+    by the suffix); the size in pixels is :func:`figure_size`."""
+    plan_figure(result).savefig(os.fspath(path), dpi=DPI)
+
+
+def plan_figure(result: SearchResult) -> Any:
+    """The figure of ``result``: the strategies on its first axes, the costs on its second."""
+    rows = result.breakdown
+    width, height = figure_size(len(rows))
+    fig = new_figure(width / DPI, height / DPI)
+    strategy_ax, cost_ax = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1))
+    cluster = result.cluster
+    _draw_strategies(strategy_ax, result)
+    costs = cost_split(result)
+    topology = result.cost_model == "topology"
+    scale, unit = (1e3, "ms") if topology else (2.0**-20, "MiB")
+    left = [0.0] * len(rows)
+    for k, (color, label) in enumerate(zip(_COST_COLORS, _COST_LABELS)):
+        values = [c[k] * scale for c in costs]
+        cost_ax.barh(range(len(rows)), values, left=left, color=color, label=label, height=0.7)
+        left = [a + b for a, b in zip(left, values)]
+    cost_ax.set_xlabel(
+        f"communication per step ({unit})" if topology else f"bytes per device ({unit})",
+        fontsize=8,
+    )
+    cost_ax.legend(fontsize=7, loc="best")
+    cost_ax.tick_params(labelsize=8)
+    total = f"{result.cost * scale:.4g} {unit}"
+    fig.suptitle(
+        f"{result.graph.name}: {result.cost_model} search on {cluster.nodes} x "
+        f"{cluster.devices_per_node} devices, {total} per step ({result.status})",
+        fontsize=10,
+    )
+    return fig
+
+
+def _draw_strategies(ax: Any, result: SearchResult) -> None:
+    """Per operator, its device dims innermost first, each labelled with the axis it splits."""
+    rows = result.breakdown
+    palette = require("matplotlib", "plot", _PURPOSE).colormaps["Set3"]
+    colors: dict[str, Any] = {}
+    for y, row in enumerate(rows):
+        axes = result.graph.op(row.name).partitionable
+        split = {
+            m: (axis, d)
+            for axis, d, m in zip(axes, row.strategy.degrees, row.strategy.device_map)
+            if d > 1
+        }
+        x = 0.0
+        for dim in sorted(split):  # 0 is the innermost device dim
+            axis, degree = split[dim]
+            color = colors.setdefault(axis, palette(len(colors) % 12))
+            w = math.log2(degree)
+            ax.barh(y, w, left=x, height=0.7, color=color, edgecolor="white")
+            ax.text(x + w / 2, y, f"{axis}\u00d7{degree}", ha="center", va="center", fontsize=7)
+            x += w
+        if not split:
+            ax.text(0.1, y, "replicated", va="center", fontsize=7)
+    n = math.log2(result.cluster.num_devices)
+    inside = math.log2(result.cluster.devices_per_node)
+    ax.axvline(inside, color="black", linestyle="--", linewidth=1, label="node boundary")
+    ax.set_xlim(0, max(n, 1))
+    ax.set_xticks(range(int(max(n, 1)) + 1))
+    ax.set_yticks(range(len(rows)), [r.name for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("device dims, innermost first (width: log2 of the size)", fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.tick_params(labelsize=8)

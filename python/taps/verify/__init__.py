@@ -1,0 +1,58 @@
+"""Every plan verified by running it: taps' own steps replayed on XLA under ``shard_map`` with
+simulated CPU devices, every compiled collective matched with taps' prediction, and the results
+compared with an unsharded run; and taps' plan against XLA's own partitioner (docs/verify.md)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .devices import VerifyError, jax_with_devices, simulate_cpu_devices
+from .gspmd import GspmdReport, Traffic, compare_gspmd
+from .hlo import HloCollective, collectives, replica_groups
+from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
+from .result import CollectiveCheck, Predicted, VerifyResult
+
+if TYPE_CHECKING:
+    from taps._core import Cluster, Strategy
+    from taps.graph import Graph
+    from taps.search import SearchResult
+
+__all__ = [
+    "CollectiveCheck",
+    "GspmdReport",
+    "HloCollective",
+    "Predicted",
+    "Traffic",
+    "VerifyError",
+    "VerifyResult",
+    "collectives",
+    "compare_gspmd",
+    "jax_with_devices",
+    "replica_groups",
+    "simulate_cpu_devices",
+    "verify",
+    "verify_graph",
+    "verify_redistribution",
+    "verify_redistributions",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """``taps.verify(...)`` runs :func:`verify`, while ``taps.verify.hlo`` and the rest stay
+    reachable as the package's modules."""
+
+    def __call__(
+        self,
+        source: SearchResult | Graph,
+        cluster: Cluster | None = None,
+        strategies: Mapping[str, Strategy] | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+    ) -> VerifyResult:
+        return verify(source, cluster, strategies, dtype, seed)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,81 @@
+"""Verification in a fresh process, for a process whose JAX started with too few devices.
+
+``python -m taps.verify.fresh`` reads a plan as JSON on stdin (the graph's JSON document, the
+cluster, each operator's strategy, the dtype and the seed), verifies it, and writes the result's
+JSON on stdout; an error is ``{"error": message}`` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from taps._core import Cluster, Strategy, TapsError
+from taps.graph import Graph
+
+from .devices import VerifyError, simulate_cpu_devices
+from .result import VerifyResult
+
+
+def verify_in_fresh_process(
+    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], dtype: str, seed: int
+) -> VerifyResult:
+    """:func:`taps.verify.verify_graph` run by ``python -m taps.verify.fresh``."""
+    payload = {
+        "graph": graph.to_dict(),
+        "cluster": [
+            cluster.nodes,
+            cluster.devices_per_node,
+            cluster.intra_bandwidth,
+            cluster.inter_bandwidth,
+        ],
+        "strategies": {k: [s.degrees, s.device_map] for k, s in strategies.items()},
+        "dtype": dtype,
+        "seed": seed,
+    }
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the child asks for its own device count
+    done = subprocess.run(
+        [sys.executable, "-m", "taps.verify.fresh"],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerifyError(f"verification in a fresh process failed: {tail}") from None
+    if "error" in data:
+        raise VerifyError(data["error"])
+    return VerifyResult.from_dict(data)
+
+
+def main() -> int:
+    data = json.loads(sys.stdin.read())
+    cluster = Cluster(*data["cluster"])
+    simulate_cpu_devices(cluster.num_devices)
+    from .replay import verify_graph
+
+    try:
+        result = verify_graph(
+            Graph.from_dict(data["graph"]),
+            cluster,
+            {k: Strategy(d, m) for k, (d, m) in data["strategies"].items()},
+            data["dtype"],
+            data["seed"],
+        )
+    except TapsError as e:
+        sys.stdout.write(json.dumps({"error": str(e)}))
+        return 2
+    sys.stdout.write(result.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""Exact replay: taps' own plan, step by step, under ``shard_map`` on XLA.
+
+The graph becomes JAX code, one operator at a time (:mod:`.operators`), each edge's input
+redistributed by exactly the steps taps plans (:mod:`.steps`), each forward partial sum summed by
+the all_reduce taps prices (:mod:`.program`). The training step is compiled, and every collective
+of the optimized HLO is paired with a predicted one (:mod:`.result`): the forward collectives of
+every edge and operator, and the gradient all_reduces of every operator. The backward pass of a
+redistribution is not in taps' cost model; what XLA compiles for it is listed as ``unpriced``.
+Outputs and gradients are compared with the same program run unsharded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from taps._core import Cluster, Layout, Strategy, plan_redistribution
+from taps.export.jax import jax_mesh, layout_spec
+from taps.export.layouts import PlanLayouts
+from taps.export.mesh import mesh_for
+from taps.graph import Graph
+
+from .devices import VerifyError, have_devices, jax_with_devices
+from .fresh import verify_in_fresh_process
+from .program import (
+    TOLERANCE,
+    GraphProgram,
+    measured,
+    predicted_steps,
+    redistribute,
+    relative_error,
+    run_dtype,
+)
+from .result import VerifyResult, match, verdict
+
+if TYPE_CHECKING:
+    from taps.search import SearchResult
+
+#: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
+#: is one compiled collective. They change launches, not bytes or groups.
+COMPILER_OPTIONS = {
+    "xla_disable_hlo_passes": "cpu-all-reduce-combiner,all-reduce-combiner,all-gather-combiner,"
+    "reduce-scatter-combiner,all-to-all-combiner,collective-permute-combiner"
+}
+
+
+def _shared_edges(layouts: PlanLayouts) -> dict[str, str]:
+    """Edges that take one tensor to one layout compute the same blocks, and XLA keeps one: each
+    later such edge's scope, mapped to the first one's."""
+    first: dict[tuple[str, Layout], str] = {}
+    shared = {}
+    for i, (e, _) in enumerate(layouts.plans):
+        same = (e.producer, layouts.inputs[e.consumer][e.slot])
+        if first.setdefault(same, f"e{i}") != f"e{i}":
+            shared[f"e{i}"] = first[same]
+    return shared
+
+
+def verify_graph(
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    dtype: str = "float32",
+    seed: int = 0,
+) -> VerifyResult:
+    """Run ``graph`` under ``strategies`` on ``cluster.num_devices`` XLA devices exactly as taps
+    plans it, and compare with taps' predictions and with the unsharded run (module doc). If
+    JAX already started with fewer devices, the verification runs in a fresh process."""
+    if not have_devices(cluster.num_devices):
+        return verify_in_fresh_process(graph, cluster, strategies, dtype, seed)
+    t0 = time.perf_counter()
+    prog = GraphProgram(graph, cluster, strategies, dtype, seed)
+    jax = prog.jax
+    sharded = jax.shard_map(
+        lambda d, f: prog.body(d, f, "shard_map"),
+        mesh=prog.jmesh,
+        in_specs=(prog.specs_of(prog.diff), prog.specs_of(prog.fixed)),
+        out_specs=prog.out_specs,
+    )
+    args = prog.placed()
+    compiled = jax.jit(prog.train(sharded)).lower(*args).compile(compiler_options=COMPILER_OPTIONS)
+    t1 = time.perf_counter()
+    outs, grads = compiled(*args)
+    jax.block_until_ready((outs, grads))
+    t2 = time.perf_counter()
+    errors = prog.errors(outs, grads)
+    rows = match(
+        prog.predicted(),
+        measured(compiled.as_text(), prog.mesh.num_devices),
+        prog.describe,
+        cluster.devices_per_node,
+        _shared_edges(prog.layouts),
+    )
+    tol = TOLERANCE[dtype]
+    ok, max_error, lines = verdict(rows, errors, tol)
+    return VerifyResult(
+        ok,
+        max_error,
+        tol,
+        rows,
+        lines,
+        "xla",
+        prog.mesh.num_devices,
+        cluster.devices_per_node,
+        {"compile": t1 - t0, "run": t2 - t1, "reference": time.perf_counter() - t2},
+        errors,
+    )
+
+
+def verify(
+    source: SearchResult | Graph,
+    cluster: Cluster | None = None,
+    strategies: Mapping[str, Strategy] | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> VerifyResult:
+    """:func:`verify_graph` of a search result, or of ``graph`` under ``strategies`` on
+    ``cluster``."""
+    if isinstance(source, Graph):
+        if cluster is None or strategies is None:
+            raise VerifyError("verifying a graph needs its cluster and strategies")
+        return verify_graph(source, cluster, strategies, dtype, seed)
+    return verify_graph(source.graph, source.cluster, source.strategies, dtype, seed)
+
+
+def verify_redistributions(
+    pairs: Sequence[tuple[Layout, Layout]],
+    devices_per_node: int | None = None,
+    dtype: str = "float32",
+) -> list[VerifyResult]:
+    """Verify many redistributions (all on one device count) in one compiled program: each
+    device's block after the plan must equal its block of the target exactly, and every
+    collective must compile as predicted. One result per pair."""
+    if not pairs:
+        return []
+    t0 = time.perf_counter()
+    n = pairs[0][0].num_devices
+    plans = [plan_redistribution(a, b) for a, b in pairs]
+    every = [x for a, b in pairs for x in (a, b)]
+    for plan in plans:
+        every += [plan.source, plan.target, *(op.layout for op in plan.all_ops)]
+    mesh = mesh_for(every, n)
+    jax = jax_with_devices(n)
+    P = jax.sharding.PartitionSpec
+    dt = run_dtype(dtype)
+    jmesh = jax_mesh(mesh)
+    one_node = Cluster(1, n)
+
+    def body(xs: list[Any]) -> list[Any]:
+        out = []
+        for i, ((_, b), plan) in enumerate(zip(pairs, plans)):
+            with jax.named_scope(f"taps_e{i}"):
+                out.append(redistribute(xs[i], plan, b, mesh))
+        return out
+
+    fn = jax.shard_map(
+        body,
+        mesh=jmesh,
+        in_specs=([P(*layout_spec(mesh, a)) for a, _ in pairs],),
+        out_specs=[P(*layout_spec(mesh, b)) for _, b in pairs],
+    )
+    # Element i holds the number i: any misplaced element shows (exact below 2**24).
+    fulls = [np.arange(math.prod(a.shape)).reshape(a.shape).astype(dt) for a, _ in pairs]
+    xs = [
+        jax.device_put(x, jax.sharding.NamedSharding(jmesh, P(*layout_spec(mesh, a))))
+        for x, (a, _) in zip(fulls, pairs)
+    ]
+    compiled = jax.jit(fn).lower(xs).compile(compiler_options=COMPILER_OPTIONS)
+    t1 = time.perf_counter()
+    outs = compiled(xs)
+    jax.block_until_ready(outs)
+    t2 = time.perf_counter()
+    compiled_collectives = measured(compiled.as_text(), n)
+    rank = {d: r for r, d in enumerate(jmesh.devices.reshape(-1))}
+    results = []
+    for i, ((_, b), plan, out, full) in enumerate(zip(pairs, plans, outs, fulls)):
+        want = full.reshape(b.shape)
+        error = 0.0
+        for shard in out.addressable_shards:
+            block = tuple(slice(lo, hi) for lo, hi in b.shard_index(rank[shard.device]))
+            error = max(error, relative_error(shard.data, want[block]))
+        scope = f"e{i}"
+        what = "redistribution"
+        rows = match(
+            predicted_steps(plan, one_node, dt.itemsize, scope, what),
+            [m for m in compiled_collectives if m[0] == scope],
+            {scope: what},
+            devices_per_node,
+        )
+        ok, max_error, lines = verdict(rows, {"target blocks": error}, 0.0)
+        results.append(
+            VerifyResult(
+                ok,
+                max_error,
+                0.0,
+                rows,
+                lines,
+                "xla",
+                n,
+                devices_per_node,
+                {"compile": t1 - t0, "run": t2 - t1},
+                {"target blocks": error},
+            )
+        )
+    stray = [m for m in compiled_collectives if not m[0]]
+    if stray:
+        raise VerifyError(f"compiled collectives outside every redistribution: {stray}")
+    return results
+
+
+def verify_redistribution(
+    source: Layout, target: Layout, devices_per_node: int | None = None, dtype: str = "float32"
+) -> VerifyResult:
+    """Verify the plan from ``source`` to ``target`` (see :func:`verify_redistributions`)."""
+    return verify_redistributions([(source, target)], devices_per_node, dtype)[0]

@@ -1,0 +1,244 @@
+"""Predicted against measured collectives, one for one, and the verdict of a verification."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.table import Table
+
+from .hlo import HloCollective
+
+#: A prediction matched by a collective of the same kind, groups and bytes.
+OK = "ok"
+#: Predicted, and the same scope has a collective of that kind with other groups or bytes.
+DIFFERS = "differs"
+#: Predicted, and nothing like it was compiled.
+MISSING = "missing"
+#: Compiled and not predicted.
+UNEXPECTED = "unexpected"
+#: Compiled in the backward pass of a redistribution, which taps' cost model leaves out.
+UNPRICED = "unpriced"
+#: Predicted on an edge whose tensor another edge already takes to the same layout: the compiler
+#: computes it once, taps prices it per edge.
+SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A collective taps' plan says will run.
+
+    Attributes:
+        kind: ``"all_gather"``, ``"all_to_all"``, ``"all_reduce"``, ...
+        groups: the groups of ranks, each sorted, sorted.
+        bytes: bytes each device receives (taps' volume model at the run's element size).
+        scope: the edge or operator it belongs to (``"e3"``, ``"o5"``).
+        phase: ``"forward"`` or ``"backward"``.
+        what: a readable description (the edge or tensor and why).
+    """
+
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    bytes: int
+    scope: str
+    phase: str
+    what: str
+
+
+@dataclass(frozen=True)
+class CollectiveCheck:
+    """One row of the comparison."""
+
+    status: str
+    kind: str
+    group_size: int
+    predicted_bytes: int | None
+    measured_bytes: int | None
+    phase: str
+    what: str
+    hlo_name: str = ""
+    inter_node_groups: int | None = None
+
+
+def inter_node_groups(groups: Iterable[Iterable[int]], devices_per_node: int | None) -> int | None:
+    """How many groups span more than one node (taps' ``ct``)."""
+    if devices_per_node is None:
+        return None
+    return sum(len({r // devices_per_node for r in g}) > 1 for g in groups)
+
+
+def match(
+    predicted: list[Predicted],
+    measured: list[tuple[str, str, HloCollective]],
+    describe: dict[str, str],
+    devices_per_node: int | None = None,
+    shared: dict[str, str] | None = None,
+) -> list[CollectiveCheck]:
+    """Pair each prediction with a compiled collective of the same scope and phase (``measured``
+    holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
+    kind alone. A prediction left over in a scope that ``shared`` maps to another scope (an edge
+    redistributing the same tensor to the same layout as an earlier edge) is ``shared``. Leftover
+    compiled collectives are ``unpriced`` when they are the backward pass of a redistribution
+    (scope ``e...``), else ``unexpected``."""
+    shared = shared or {}
+    left = list(measured)
+    rows: list[CollectiveCheck] = []
+    unmatched: list[Predicted] = []
+
+    def row(status: str, p: Predicted | None, m: HloCollective | None, what: str) -> None:
+        rows.append(
+            CollectiveCheck(
+                status,
+                (p or m).kind,  # type: ignore[union-attr]
+                len(p.groups[0]) if p else m.group_size,  # type: ignore[union-attr]
+                p.bytes if p else None,
+                m.bytes if m else None,
+                p.phase if p else ("backward" if "transpose(" in m.op_name else "forward"),  # type: ignore[union-attr]
+                what,
+                m.name if m else "",
+                inter_node_groups(m.groups if m else p.groups, devices_per_node),  # type: ignore[union-attr]
+            )
+        )
+
+    for p in predicted:
+        hit = next(
+            (
+                i
+                for i, (s, ph, m) in enumerate(left)
+                if (s, ph) == (p.scope, p.phase)
+                and (m.kind, m.groups, m.bytes) == (p.kind, p.groups, p.bytes)
+            ),
+            None,
+        )
+        if hit is None:
+            unmatched.append(p)
+        else:
+            row(OK, p, left.pop(hit)[2], p.what)
+    for p in unmatched:
+        hit = next(
+            (
+                i
+                for i, (s, ph, m) in enumerate(left)
+                if (s, ph, m.kind) == (p.scope, p.phase, p.kind)
+            ),
+            None,
+        )
+        if hit is None and p.scope in shared:
+            row(SHARED, p, None, f"{p.what} (computed once, for {describe[shared[p.scope]]})")
+        elif hit is None:
+            row(MISSING, p, None, p.what)
+        else:
+            row(DIFFERS, p, left.pop(hit)[2], p.what)
+    for scope, phase, m in left:
+        status = UNPRICED if phase == "backward" and scope.startswith("e") else UNEXPECTED
+        row(status, None, m, describe.get(scope, "outside every edge and operator"))
+    return rows
+
+
+@dataclass
+class VerifyResult:
+    """The verdict of running a plan on an engine.
+
+    Attributes:
+        ok: every predicted collective compiled as predicted, nothing unexpected compiled, and
+            every result within ``tolerance`` of the unsharded run.
+        max_error: the largest error of any output or gradient, relative to the largest magnitude
+            of that tensor in the unsharded run (0 for exact data movement).
+        tolerance: the bound ``max_error`` is held to.
+        collectives: every predicted and every compiled collective, paired (:func:`match`).
+        mismatches: one readable line per problem.
+        engine, num_devices, devices_per_node: what ran it.
+        timings: seconds of ``compile`` (building, tracing and compiling), ``run`` and
+            ``reference`` (the unsharded run, and the comparison).
+        errors: the relative error of every output (by tensor) and gradient (``grad op#slot``).
+    """
+
+    ok: bool
+    max_error: float
+    tolerance: float
+    collectives: list[CollectiveCheck]
+    mismatches: list[str]
+    engine: str = "xla"
+    num_devices: int = 0
+    devices_per_node: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "max_error": self.max_error,
+            "tolerance": self.tolerance,
+            "engine": self.engine,
+            "num_devices": self.num_devices,
+            "devices_per_node": self.devices_per_node,
+            "collectives": [asdict(c) for c in self.collectives],
+            "mismatches": list(self.mismatches),
+            "errors": dict(self.errors),
+            "timings": dict(self.timings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyResult:
+        """The result :meth:`to_dict` wrote."""
+        fields = dict(data)
+        fields["collectives"] = [CollectiveCheck(**c) for c in data["collectives"]]
+        return cls(**fields)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def table(self, title: str = "Verification") -> Table:
+        """A rich table: predicted against measured per collective, then the verdict."""
+        return result_table(self, title)
+
+
+def verdict(
+    rows: list[CollectiveCheck], errors: dict[str, float], tolerance: float
+) -> tuple[bool, float, list[str]]:
+    """``(ok, max_error, mismatches)`` of a comparison."""
+    lines = []
+    for r in rows:
+        if r.status in (DIFFERS, MISSING, UNEXPECTED):
+            lines.append(
+                f"{r.status}: {r.phase} {r.kind} (group {r.group_size}) {r.what}: predicted "
+                f"{r.predicted_bytes} B, compiled {r.measured_bytes} B"
+            )
+    max_error = max(errors.values(), default=0.0)
+    for name, e in errors.items():
+        if not e <= tolerance:
+            lines.append(f"numerics: {name} is off by {e:.3g} (relative), more than {tolerance:g}")
+    return not lines, max_error, lines
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def result_table(result: VerifyResult, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("phase", "collective", "group", "what", "predicted B", "measured B", "ct", ""):
+        right = name in ("group", "predicted B", "measured B", "ct")
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    style = {OK: "green", UNPRICED: "yellow", SHARED: "yellow"}
+    for c in result.collectives:
+        table.add_row(
+            c.phase,
+            c.kind,
+            str(c.group_size),
+            c.what,
+            _bytes(c.predicted_bytes),
+            _bytes(c.measured_bytes),
+            "-" if c.inter_node_groups is None else str(c.inter_node_groups),
+            f"[{style.get(c.status, 'red')}]{c.status}[/]",
+        )
+    verdict_text = "[green]OK[/]" if result.ok else "[red]MISMATCH[/]"
+    table.caption = (
+        f"{verdict_text}  max error {result.max_error:.3g} (tolerance {result.tolerance:g})  "
+        f"{result.num_devices} devices  "
+        + "  ".join(f"{k} {v:.2f} s" for k, v in result.timings.items())
+    )
+    table.caption_justify = "left"
+    return table

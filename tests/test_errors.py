@@ -1,0 +1,420 @@
+"""The one rule for errors (docs/errors.md): TypeError for a wrong type, a TapsError (a ValueError)
+for a bad value, naming the argument and the value; in the CLI one line and exit code 2 for bad
+input and failed reads or writes, 130 for Ctrl-C, 70 and a bug-report line for anything else, and
+no output file unless all of it is written. Also the limits: candidates counted before they are
+enumerated, searches too large for the memory refused, the time limit over the whole search."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import taps
+import taps.cli.search as cli_search
+from taps import limits
+from taps.checks import ArgumentError
+from taps.cli import main
+from taps.ilp import IlpOptions
+from taps.limits import ResourceError, candidate_count
+from taps.reports import result_dict
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def alexnet() -> taps.Graph:
+    return taps.models.alexnet()
+
+
+CLUSTER = taps.Cluster(2, 8)
+
+
+# -- the library ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["memory_limit", "time_limit", "bytes_per_parameter"])
+@pytest.mark.parametrize("value", [NAN, -1.0, INF, -INF])
+@pytest.mark.parametrize("function", [taps.search, taps.compare])
+def test_search_refuses_nan_negative_and_infinite_limits(alexnet, function, name, value):
+    with pytest.raises(ArgumentError, match=f"{name} must be a finite") as e:
+        function(alexnet, CLUSTER, **{name: value})
+    assert isinstance(e.value, taps.TapsError)
+    assert isinstance(e.value, ValueError)
+    assert function.__name__ in str(e.value)
+
+
+def test_nan_memory_limit_no_longer_gives_a_wrong_optimum(alexnet):
+    """The bug of the issue: NaN compared false everywhere and the search reported 6.03 ms as
+    optimal where the optimum is 1.04 ms; a huge finite limit is the unconstrained search."""
+    with pytest.raises(ArgumentError):
+        taps.search(alexnet, CLUSTER, memory_limit=NAN)
+    free = taps.search(alexnet, CLUSTER)
+    assert taps.search(alexnet, CLUSTER, memory_limit=1e30).cost == free.cost
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"memory_limit": "80GB"}, "memory_limit must be a number"),
+        ({"time_limit": True}, "time_limit must be a number"),
+        ({"bytes_per_parameter": None}, "bytes_per_parameter must be a number"),
+        ({"options": {"reduce": False}}, "options must be an IlpOptions"),
+    ],
+)
+def test_search_refuses_wrong_types(alexnet, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        taps.search(alexnet, CLUSTER, **kwargs)
+
+
+def test_search_refuses_what_is_not_a_graph_or_cluster(alexnet):
+    with pytest.raises(TypeError, match=r"graph must be a taps\.Graph"):
+        taps.search("alexnet", CLUSTER)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"cluster must be a taps\.Cluster"):
+        taps.compare(alexnet, (2, 8))  # type: ignore[arg-type]
+
+
+def test_zero_bytes_per_parameter_is_allowed(alexnet):
+    assert taps.search(alexnet, CLUSTER, bytes_per_parameter=0).status == "optimal"
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: taps.models.gpt(64, 4, 8, 2**70), "batch must be a positive int below 2\\*\\*63"),
+        (lambda: taps.models.gpt(64, 4, 2**40, 2**30), "batch \\* heads \\* seq \\* seq"),
+        (lambda: taps.models.gpt(64, 4, 8, 2, layers=0), "layers must be a positive int"),
+        (lambda: taps.models.alexnet(batch=2**63), "batch must be a positive int"),
+        (lambda: taps.models.mlp(sizes=(8, -1)), "sizes\\[1\\]"),
+        (lambda: taps.models.megatron("1.7B", batch=-4), "batch must be a positive int"),
+    ],
+)
+def test_model_sizes_are_refused_up_front(build, match):
+    with pytest.raises(taps.GraphError, match=match):
+        build()
+
+
+def test_model_size_of_a_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="gpt: batch must be an int, got str"):
+        taps.models.gpt(64, 4, 8, "2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="alexnet: batch must be an int, got float"):
+        taps.models.alexnet(batch=2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape", [[2**63], [2**62, 4], [2**40, 2**40]])
+def test_graph_shapes_must_fit_64_bits(shape):
+    with pytest.raises(taps.GraphError, match="below 2\\*\\*63"):
+        taps.Graph().input("x", shape)
+
+
+def test_json_nested_too_deeply_is_a_graph_error():
+    with pytest.raises(taps.GraphError, match="nested too deeply"):
+        taps.Graph.from_json("[" * 200_000 + "]" * 200_000)
+
+
+def test_json_that_is_not_utf8_is_a_graph_error():
+    with pytest.raises(taps.GraphError, match="not JSON"):
+        taps.Graph.from_json(b'{"name": "\xff\xfe\xfa"}')
+
+
+# -- limits -----------------------------------------------------------------------------------
+
+
+def _closed_form(p: int, n: int) -> int:
+    """Axes every power of two divides: i of p axes split, ordered on the device matrix, their
+    exponents a composition of n into i parts."""
+    if n == 0:
+        return 1
+    return sum(
+        math.factorial(i) * math.comb(p, i) * math.comb(n - 1, i - 1)
+        for i in range(1, min(p, n) + 1)
+    )
+
+
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 64, 96, 1000]), max_size=5),
+    st.integers(0, 6),
+)
+def test_candidate_count_is_the_number_enumerated(sizes, n):
+    assert candidate_count(sizes, 2**n) == len(taps.enumerate_strategies(sizes, 2**n))
+
+
+@given(st.integers(0, 9), st.integers(0, 14))
+def test_candidate_count_matches_the_closed_form(p, n):
+    assert candidate_count([2**20] * p, 2**n) == _closed_form(p, n)
+
+
+def _wide(axes: int, size: int = 128) -> taps.Graph:
+    g = taps.Graph("wide")
+    x = g.input("x", [size] * axes)
+    names = "abcdefgh"[:axes]
+    g.add_operator("op", "einsum", [(x, list(names))], list(names))
+    return g
+
+
+def test_eight_axes_on_8192_devices_are_refused_before_enumerating():
+    """The issue's SIGABRT: 88 million candidates would take tens of GiB; counting takes
+    microseconds."""
+    t0 = time.perf_counter()
+    with pytest.raises(ResourceError, match="88,507,888 candidate strategies") as e:
+        taps.search(_wide(8), taps.Cluster(1024, 8))
+    assert time.perf_counter() - t0 < 1.0
+    assert "GiB" in str(e.value)
+    with pytest.raises(ResourceError):
+        taps.strategies_for(_wide(8), "op", taps.Cluster(1024, 8))
+
+
+def test_search_larger_than_the_memory_is_refused_with_the_estimate(alexnet, monkeypatch):
+    candidates = sum(len(taps.strategies_for(alexnet, op.name, CLUSTER)) for op in alexnet.ops)
+    pairs = taps.search(alexnet, CLUSTER).num_aux_edges
+    need = limits.table_bytes(candidates, pairs)
+    monkeypatch.setattr(limits, "available_memory", lambda: need - 1)
+    with pytest.raises(ResourceError, match=f"{candidates:,} candidate strategies, {pairs:,}"):
+        taps.search(alexnet, CLUSTER)
+    with pytest.raises(ResourceError, match="GiB available"):
+        taps.compare(alexnet, CLUSTER)
+    monkeypatch.setattr(limits, "available_memory", lambda: need)
+    assert taps.search(alexnet, CLUSTER).status == "optimal"
+
+
+def test_available_memory_is_known_here():
+    have = limits.available_memory()
+    assert have is None or have > 0
+    # Never more than the machine's, whatever a container allows.
+    machine = limits._meminfo_available()
+    if machine is not None:
+        assert have is not None
+        assert have <= machine
+
+
+def _needs_scip() -> tuple[taps.Graph, IlpOptions]:
+    # Without the exact reductions SCIP decides every operator.
+    return taps.models.alexnet(), IlpOptions(reduce=False)
+
+
+def test_time_limit_bounds_the_whole_search_and_still_returns_a_plan():
+    graph, options = _needs_scip()
+    result = taps.search(graph, CLUSTER, time_limit=1e-6, options=options)
+    assert result.status == "timelimit"
+    assert set(result.strategies) == {op.name for op in graph.ops}
+    assert result.cost == pytest.approx(taps.evaluate(graph, CLUSTER, result.strategies))
+    data = json.loads(json.dumps(result_dict(result), allow_nan=False))
+    assert data["status"] == "timelimit"
+    assert data["gap"] is None or data["gap"] >= 0
+
+
+def test_compare_shares_its_time_limit_between_both_searches(alexnet):
+    comparison = taps.compare(alexnet, CLUSTER, time_limit=30)
+    assert comparison.topology.status == comparison.volume.status == "optimal"
+
+
+def test_unknown_gap_is_null_in_json(alexnet):
+    result = taps.search(alexnet, CLUSTER)
+    unknown = result_dict(type(result)(**{**result.__dict__, "gap": INF}))
+    assert unknown["gap"] is None
+    json.dumps(unknown, allow_nan=False)
+
+
+# -- the command line -------------------------------------------------------------------------
+
+SEARCH = ["search", "alexnet", "--nodes", "2", "--devices-per-node", "8"]
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*SEARCH, "--memory", "-1GB"], "memory size must be positive"),
+        ([*SEARCH, "--memory", "nan"], "memory size must be positive"),
+        ([*SEARCH, "--time-limit", "-1"], "time limit (seconds) must be a positive"),
+        ([*SEARCH, "--time-limit", "nan"], "time limit (seconds) must be a positive"),
+        ([*SEARCH, "--time-limit", "inf"], "time limit (seconds) must be a positive"),
+        ([*SEARCH, "--time-limit", "-inf"], "time limit (seconds) must be a positive"),
+        ([*SEARCH, "--inter-bandwidth", "-6e9"], "inter-node bandwidth must be a positive"),
+        (
+            [
+                "plan",
+                "--from",
+                "[2,8]:[1,0]",
+                "--to",
+                "[8,2]:[1,0]",
+                "--shape",
+                "1024,99999999999999999999999",
+                "--nodes",
+                "2",
+                "--devices-per-node",
+                "8",
+            ],
+            "beyond 2**63",
+        ),
+        (
+            ["search", "gpt", "--nodes", "1", "--devices-per-node", "2", "--batch", str(2**70)],
+            f"--batch: '{2**70}' is beyond 2**63",
+        ),
+        (
+            ["search", "gpt", "--nodes", "1", "--devices-per-node", "2", "--batch", "0"],
+            "gpt: batch must be a positive int below 2**63, got 0",
+        ),
+        ([*SEARCH[:2], "--nodes", str(2**63), "--devices-per-node", "8"], "beyond 2**63"),
+        ([*SEARCH, "--json", "/no/such/dir/x.json"], "No such file or directory"),
+        ([*SEARCH, "--json", "/dev/full"], "not a regular file"),
+        ([*SEARCH, "--plot", "/no/such/dir/plan.png"], "No such file or directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
+    # Output paths and values are checked before the work: no search may start.
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    monkeypatch.setattr(cli_search, "compare", _no_search)
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert message in err
+
+
+def _no_search(*args, **kwargs):
+    raise AssertionError("the search ran before the arguments were checked")
+
+
+def test_output_that_is_a_directory_is_refused_first(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    code, out, err = _run([*SEARCH, "--json", str(tmp_path)], capsys)
+    assert (code, out) == (2, "")
+    assert "is a directory" in err
+
+
+def test_version(capsys):
+    code, out, _ = _run(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"taps {taps.__version__}"
+
+
+def test_search_help_lists_every_built_in_model(capsys):
+    code, out, _ = _run(["search", "--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    for name in taps.models.names():
+        assert name in text
+    assert "gpt" in taps.models.names()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"format": "taps.graph", "name": "\xff\xfe"}',
+        b"[" * 200_000 + b"]" * 200_000,
+        b"\x00\x01",
+        b"",
+    ],
+    ids=["not-utf8", "nested", "binary", "empty"],
+)
+def test_bad_graph_files_are_one_line(tmp_path, content, capsys):
+    path = tmp_path / "g.json"
+    path.write_bytes(content)
+    code, out, err = _run(["search", str(path), "--nodes", "1", "--devices-per-node", "2"], capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert str(path) in err
+
+
+def test_graph_file_that_is_a_directory_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "dir.json"
+    folder.mkdir()
+    code, _, err = _run(["search", str(folder), "--nodes", "1", "--devices-per-node", "2"], capsys)
+    assert code == 2
+    assert "cannot read graph file" in err
+
+
+def test_plan_prints_nothing_before_a_late_error(capsys, monkeypatch):
+    import taps.cli.plan as cli_plan
+
+    def failing_table(*args, **kwargs):
+        raise taps.TopologyError("late")
+
+    monkeypatch.setattr(cli_plan, "plan_table", failing_table)
+    argv = ["plan", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
+    code, out, err = _run([*argv, "--nodes", "2", "--devices-per-node", "8"], capsys)
+    assert (code, out) == (2, "")
+    assert err == "taps plan: error: late\n"
+
+
+def test_internal_error_is_one_line_asking_for_a_report(capsys, monkeypatch):
+    monkeypatch.setattr(cli_search, "search", lambda *a, **k: {}["boom"])
+    monkeypatch.delenv("TAPS_DEBUG", raising=False)
+    code, _, err = _run(SEARCH, capsys)
+    assert code == 70
+    assert err.count("\n") == 1
+    assert "internal error (KeyError" in err
+    assert "please report" in err
+    assert "Traceback" not in err
+    monkeypatch.setenv("TAPS_DEBUG", "1")
+    code, _, err = _run(SEARCH, capsys)
+    assert code == 70
+    assert "Traceback" in err
+
+
+def test_ctrl_c_is_one_line_exit_130_and_no_output_file(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        # The temporary file exists while the search runs...
+        assert [p.name for p in tmp_path.iterdir()] != []
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_search, "search", interrupted)
+    out_file = tmp_path / "result.json"
+    code, out, err = _run([*SEARCH, "--json", str(out_file)], capsys)
+    assert (code, out, err) == (130, "", "taps search: interrupted\n")
+    # ...and nothing is left of it.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, capsys, monkeypatch):
+    out_file = tmp_path / "result.json"
+    out_file.write_text("old")
+
+    def failing_plot(result, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(cli_search, "plot_plan", failing_plot)
+    argv = ["search", "mlp", "--nodes", "1", "--devices-per-node", "2"]
+    code, out, err = _run(
+        [*argv, "--json", str(out_file), "--plot", str(tmp_path / "p.png")], capsys
+    )
+    assert (code, out) == (2, "")
+    assert "No space left on device" in err
+    assert out_file.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_json_output_is_valid_json_with_status_and_gap(tmp_path, capsys):
+    out_file = tmp_path / "r.json"
+    argv = ["search", "mlp", "--nodes", "1", "--devices-per-node", "2", "--json", str(out_file)]
+    code, _, _ = _run(argv, capsys)
+    assert code == 0
+    data = json.loads(out_file.read_text(), parse_constant=_no_constant)
+    assert data["topology"]["status"] == "optimal"
+    assert data["topology"]["gap"] == 0
+
+
+def _no_constant(name):
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_two_outputs_to_one_file_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    same = str(tmp_path / "out")
+    code, out, err = _run([*SEARCH, "--json", same, "--plot", same], capsys)
+    assert (code, out) == (2, "")
+    assert "same file" in err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,122 @@
+"""Ctrl-C: a real SIGINT stops a SCIP solve at once (exit 130, one line, no output file), an
+interrupted ``taps reproduce`` leaves the old files, and the moment the files are moved into place
+is not cut in half."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import taps
+import taps.reproduce
+from taps.cli import main
+from taps.outputs import Outputs, _deferred_interrupt
+from taps.reproduce import FILES
+
+
+# SCIP needs long for this one: four distinct stacked GPT-3 layers on 64 devices under a memory
+# limit halfway between the least memory and the unconstrained optimum's, searched untied: the
+# price on memory leaves SCIP a core of 38 operators that takes it tens of seconds.
+def _long_solve(tmp_path) -> list[str]:
+    graph = tmp_path / "gpt4.json"
+    graph.write_text(taps.models.gpt(12288, 96, 2048, 16, blocks=4).to_json(), encoding="utf-8")
+    return [
+        "search",
+        str(graph),
+        "--nodes",
+        "8",
+        "--devices-per-node",
+        "8",
+        "--memory",
+        "6.72GB",
+    ]
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import signal, sys
+    # What an interactive shell gives a command (a test runner may start us with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import taps.ilp
+    solve = taps.ilp._optimize
+    def announced(model):
+        print("SOLVING", flush=True)
+        solve(model)
+    taps.ilp._optimize = announced
+    from taps.cli import run
+    run()
+    """
+)
+
+
+def test_sigint_stops_scip_within_a_second(tmp_path):
+    long_solve = _long_solve(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, *long_solve, "--json", str(out_dir / "result.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "SOLVING\n"
+        time.sleep(0.5)  # well inside SCIP
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.perf_counter() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err == "taps search: interrupted\n"
+    assert out == ""
+    assert elapsed < 1.5, f"SCIP took {elapsed:.2f} s to stop"
+    assert list(out_dir.iterdir()) == []
+
+
+def test_interrupted_reproduce_leaves_the_old_files(tmp_path, capsys, monkeypatch):
+    for name in FILES:
+        (tmp_path / name).write_text("old")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(taps.reproduce, "run", interrupted)
+    assert main(["reproduce", "--quick", "--out", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "taps reproduce: interrupted\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES)
+    assert all((tmp_path / name).read_text() == "old" for name in FILES)
+
+
+def test_reproduce_failing_late_writes_none_of_its_files(tmp_path, capsys, monkeypatch):
+    (tmp_path / "results.csv").write_text("old")
+
+    def failing(rows, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(taps.reproduce, "plot_ratio", failing)
+    assert main(["reproduce", "--quick", "--out", str(tmp_path)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+    assert (tmp_path / "results.csv").read_text() == "old"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_ctrl_c_waits_until_every_file_is_in_place(tmp_path):
+    with Outputs(tmp_path / "a.json", tmp_path / "b.png") as outputs:
+        for f in outputs.files:
+            f.write_text("new")
+        with pytest.raises(KeyboardInterrupt), _deferred_interrupt():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the signal is handled by now, and held back
+            outputs.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.png"]
+    assert (tmp_path / "b.png").read_text() == "new"
