@@ -419,6 +419,9 @@ def test_unknown_replicate_keeps_the_operator_whole():
     assert [op.kind for op in kept] == ["cumsum", "sort", "sort"]  # sort: values, indices
     assert all(op.partitionable == () for op in kept)
     assert g.op("b").inputs[0].tensor == "cumsum.out"
+    # Whole operators need candidates on fewer devices than the cluster's: replicate=True.
+    result = taps.search(g, CLUSTER, replicate=True)
+    assert all(result.strategies[op.name].degrees == [] for op in kept)
 
 
 def test_bad_arguments_are_one_line_errors():
