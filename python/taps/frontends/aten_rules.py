@@ -111,9 +111,12 @@ def rowable(cx: Context, v: Value) -> bool:
         and v.perm[1] == v.perm[0] + 1
     ):
         return False
-    if len(out) == 3 or v.tensor is None:
-        return True
-    return cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1]
+    return len(out) == 3 or from_rows(cx, v)
+
+
+def from_rows(cx: Context, v: Value) -> bool:
+    """Whether the graph tensor behind ``v`` has (batch * seq) rows first."""
+    return v.tensor is None or cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1]
 
 
 def rows(cx: Context, v: Value) -> Value:
@@ -760,7 +763,7 @@ def _select(cx: Context, v: Value, dim: int, kind: str) -> Value:
         and len(v.shape) == len(cx.shapes[0]) + 1 >= 3
         and v.shape[:2] == cx.shapes[0][:2]
         and v.perm[1] == v.perm[0] + 1
-        and (len(v.shape) == 3 or cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1])
+        and (len(v.shape) == 3 or from_rows(cx, v))
     ):
         return unrows(cx, _select(_Rowless(cx), rows(cx, v), dim - 1, kind))
     n = len(v.shape)
