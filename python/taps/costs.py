@@ -266,7 +266,7 @@ def build_tables(
             dst_cls, dst_layouts = _classes(dst)
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src_layouts), tuple(dst_layouts), dtype)
-            if layouts not in by_layouts or not share:
+            if layouts not in by_layouts:
                 by_layouts[layouts] = redistribution_costs(
                     src_layouts, dst_layouts, cluster, dtype, cost_model
                 )
