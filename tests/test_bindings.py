@@ -234,3 +234,12 @@ def test_option_names_come_from_the_core():
         CLUSTER.collective_cost(LAYOUT, "all_reduce", model="bytes")
     with pytest.raises(taps.TopologyError, match='"all_gather" or "all_to_all"'):
         CLUSTER.collective_cost(LAYOUT, "broadcast")
+
+
+def test_degrees_beyond_64_bits_of_devices_are_strategy_errors():
+    """Each degree fits, their product does not: refused, not wrapped around."""
+    with pytest.raises(taps.StrategyError, match="64 bits"):
+        taps.Strategy([2**39, 2**25], [1, 0])
+    with pytest.raises(taps.StrategyError, match="64 bits"):
+        allreduce_costs(np.array([[2**39, 2**25]], dtype=np.int64), ONE_MAP, [], CLUSTER)
+    assert taps.Strategy([2**39, 2**24], [1, 0]).num_devices == 2**63

@@ -184,6 +184,11 @@ def test_search_larger_than_the_memory_is_refused_with_the_estimate(alexnet, mon
 def test_available_memory_is_known_here():
     have = limits.available_memory()
     assert have is None or have > 0
+    # Never more than the machine's, whatever a container allows.
+    machine = limits._meminfo_available()
+    if machine is not None:
+        assert have is not None
+        assert have <= machine
 
 
 def _needs_scip() -> tuple[taps.Graph, IlpOptions]:

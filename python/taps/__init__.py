@@ -4,7 +4,7 @@ The layout, redistribution and cost core is Rust (``taps._core``); the graph mod
 reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
 """
 
-from taps import export, models
+from taps import export, models, verify
 from taps._core import (
     Cluster,
     CommOp,
@@ -24,19 +24,20 @@ from taps._core import (
     redistribution_costs,
     unify,
 )
+from taps.checks import ArgumentError
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
 from taps.extras import MissingExtraError
 from taps.frontends import from_jax
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
+from taps.limits import ResourceError
+from taps.outputs import OutputError
 from taps.search import Comparison, SearchResult, compare, search
-
-# After the subpackage: ``taps.verify`` is the function (the package stays ``taps.verify.*``).
-from taps.verify import verify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Cluster",
     "CommOp",
     "Comparison",
@@ -51,7 +52,9 @@ __all__ = [
     "OpCost",
     "Operand",
     "Operator",
+    "OutputError",
     "Redistribution",
+    "ResourceError",
     "SearchResult",
     "Strategy",
     "StrategyError",

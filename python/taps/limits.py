@@ -86,7 +86,18 @@ def table_bytes(candidates: int, pairs: int) -> int:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory this machine can still give (Linux's MemAvailable), if known."""
+    """Bytes of memory this machine can still give (Linux's MemAvailable), less if the process's
+    control group (a container) allows less; None if unknown."""
+    known = [n for n in (_meminfo_available(), _cgroup_room()) if n is not None]
+    if known:
+        return min(known)
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -94,10 +105,28 @@ def available_memory() -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """The control group's memory limit less its use (cgroup v2, else v1), if it has one."""
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit, encoding="ascii") as f:
+                text = f.read().strip()
+            if text == "max":
+                return None
+            with open(used, encoding="ascii") as f:
+                return max(int(text) - int(f.read().strip()), 0)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def check_table_memory(what: str, candidates: int, pairs: int) -> None:

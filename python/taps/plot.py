@@ -129,6 +129,7 @@ def _draw_strategies(ax: Any, result: SearchResult) -> None:
     inside = math.log2(result.cluster.devices_per_node)
     ax.axvline(inside, color="black", linestyle="--", linewidth=1, label="node boundary")
     ax.set_xlim(0, max(n, 1))
+    ax.set_xticks(range(int(max(n, 1)) + 1))
     ax.set_yticks(range(len(rows)), [r.name for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("device dims, innermost first (width: log2 of the size)", fontsize=8)

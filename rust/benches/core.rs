@@ -9,6 +9,13 @@ use taps::{
     enumerate_strategies, plan_redistribution, redistribution_costs, Cluster, CostModel, Layout,
 };
 
+/// The allocator of the Python extension (set in its binding module, not in the library), so that
+/// these figures are the extension's and compare with the Python benchmarks. Under the system
+/// allocator the kernels measure about the same and `enumerate_strategies`, which allocates a
+/// vector per strategy, is slower.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The axes `(b, s, h, o)` of a Megatron-sized linear layer `(b, s, h) x (h, o)`.
 const LINEAR: [u64; 4] = [64, 2048, 4096, 4096];
 

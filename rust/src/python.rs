@@ -86,7 +86,6 @@ impl From<Error> for PyErr {
 /// `T` (an int of 2**63 or more for an `i64`), its text. PyO3 would raise `OverflowError` while
 /// extracting it, before the binding could say which argument is wrong; this way the binding
 /// raises the `TapsError` of its domain naming the argument and the value.
-#[derive(Clone)]
 enum Num<T> {
     Fits(T),
     TooLarge(String),
