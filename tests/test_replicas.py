@@ -311,3 +311,18 @@ def test_kernel_rejects_device_matrices_that_do_not_fit_the_rows():
     # A tensor without the split axis is partial over dim 0 only: 2 (2-1)/2 of its 8 elements.
     whole = allreduce_costs(deg, dmap, [([-1], [8], 2.0)], cluster, "volume", [[2, 2]])
     assert whole[0] == pytest.approx(2 * (2 - 1) / 2 * 8 * 2.0)
+
+
+def test_without_a_memory_limit_full_replication_is_free_and_a_limit_trades_it():
+    """Copies cost no communication: unbounded, every operator is copied to every device; under
+    the memory of the default plan, the wider search stays within it and is no worse."""
+    g = megatron_mlp()
+    cluster = taps.Cluster(2, 4)
+    free = taps.search(g, cluster, replicate=True)
+    assert free.cost == 0.0
+    assert all(s.replicas == 8 for s in free.strategies.values())
+    plain = taps.search(g, cluster)
+    bounded = taps.search(g, cluster, memory_limit=plain.memory_per_device, replicate=True)
+    assert bounded.memory_per_device <= plain.memory_per_device
+    assert bounded.cost <= plain.cost * (1 + 1e-9)
+    assert free.memory_per_device > plain.memory_per_device
