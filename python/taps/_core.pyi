@@ -283,15 +283,12 @@ def redistribution_costs(
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],
     device_maps: npt.NDArray[np.int64],
-    tensors: Sequence[
-        tuple[Sequence[int], Sequence[int], float]
-        | tuple[Sequence[int], Sequence[int], float, bool]
-    ],
+    tensors: Sequence[tuple[Sequence[int], Sequence[int], float]],
     cluster: Cluster,
     model: _CostModel = "topology",
     device_matrices: Sequence[Sequence[int]] | None = None,
 ) -> npt.NDArray[np.float64]:
     """Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
     one per row, or one dim per split axis if not given), the summed all_reduce cost of the
-    tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
-    each leaves unused, on all cores."""
+    tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
+    replica, on all cores."""

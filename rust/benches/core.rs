@@ -94,7 +94,6 @@ fn allreduce_kernel(c: &mut Criterion) {
         axes,
         shape,
         dtype_bytes: 2.0,
-        per_replica: false,
     };
     let tensors = [
         tensor(vec![0, 1, 3], vec![batch, seq, out]),

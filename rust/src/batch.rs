@@ -72,22 +72,19 @@ pub fn redistribution_costs(
 const MIN_STRATEGIES_PER_JOB: usize = 128;
 
 /// A tensor of an operator, as [`allreduce_costs`] sees it: the strategy axis of each dim (-1 for
-/// a dim of no partitionable axis), the shape, the bytes per element, and whether each replica
-/// reduces on its own (a forward partial sum: the replica dims are outside the all_reduce) rather
-/// than over the replicas too (a gradient, partial over every unused dim).
+/// a dim of no partitionable axis), the shape, and the bytes per element.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AxesTensor {
     pub axes: Vec<i64>,
     pub shape: Vec<u64>,
     pub dtype_bytes: f64,
-    pub per_replica: bool,
 }
 
 /// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
 /// dims its layout leaves unused (docs/conventions.md#intra-operator-communication, priced as in
-/// #topology-aware-cost): 0 for a tensor split along every device dim. A `per_replica` tensor
-/// is priced in the strategy's per-replica layout ([`Strategy::tensor_layout`]), so its group
-/// leaves out the replica dims.
+/// #topology-aware-cost): 0 for a tensor split along every device dim. Each replica of a
+/// replicated strategy reduces on its own: the tensor is priced in the strategy's per-replica
+/// layout ([`Strategy::tensor_layout`]), whose group leaves out the replica dims.
 /// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
 ///
 /// # Errors
@@ -120,7 +117,7 @@ pub fn allreduce_costs(
             }
             s.device_layout_into(layout)?;
             *cost = tensors.iter().try_fold(0.0, |total, t| {
-                s.tensor_layout_into(&t.axes, &t.shape, t.per_replica, layout)?;
+                s.tensor_layout_into(&t.axes, &t.shape, true, layout)?;
                 Ok::<_, Error>(total + cluster.allreduce_cost(layout, t.dtype_bytes, model))
             })?;
             Ok(())
@@ -214,13 +211,11 @@ mod tests {
                 axes: vec![0, 2],
                 shape: vec![batch, outer],
                 dtype_bytes: 1.0,
-                per_replica: false,
             },
             AxesTensor {
                 axes: vec![1, 2],
                 shape: vec![inner, outer],
                 dtype_bytes: 1.0,
-                per_replica: false,
             },
         ];
         let got = allreduce_costs(&strategies, &tensors, &cluster, CostModel::Volume).unwrap();
@@ -245,20 +240,18 @@ mod tests {
                 axes: vec![0, 1, 3],
                 shape: vec![64, 48, 16],
                 dtype_bytes: 2.0,
-                per_replica: true,
             },
             AxesTensor {
                 axes: vec![2, -1, 3],
                 shape: vec![32, 5, 16],
                 dtype_bytes: 4.0,
-                per_replica: false,
             },
         ];
         for model in [CostModel::Topology, CostModel::Volume] {
             let got = allreduce_costs(&strategies, &tensors, &cluster, model).unwrap();
             for (s, cost) in strategies.iter().zip(got) {
                 let want = tensors.iter().fold(0.0, |total, t| {
-                    let layout = s.tensor_layout(&t.axes, &t.shape, t.per_replica).unwrap();
+                    let layout = s.tensor_layout(&t.axes, &t.shape, true).unwrap();
                     let c = cluster.collective_cost(
                         &layout,
                         CollectiveKind::AllReduce,
@@ -281,7 +274,6 @@ mod tests {
             axes: vec![0],
             shape: vec![8],
             dtype_bytes: 2.0,
-            per_replica: false,
         };
         assert!(matches!(
             allreduce_costs(

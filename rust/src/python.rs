@@ -830,18 +830,10 @@ fn redistribution_costs<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// A tensor argument of [`allreduce_costs`]: `(axes, shape, dtype_bytes)`, or with a fourth
-/// entry saying whether each replica reduces on its own.
-#[derive(FromPyObject)]
-enum AxesTensorArg {
-    Flagged((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>, bool)),
-    Plain((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)),
-}
-
 /// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
 /// one per row, or one dim per split axis if not given), the summed all_reduce cost of the
-/// tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
-/// each leaves unused, on all cores.
+/// tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
+/// replica, on all cores.
 #[pyfunction]
 #[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology", device_matrices=None))]
 #[allow(clippy::too_many_arguments)]
@@ -849,7 +841,7 @@ fn allreduce_costs<'py>(
     py: Python<'py>,
     degrees: PyReadonlyArray2<'py, i64>,
     device_maps: PyReadonlyArray2<'py, i64>,
-    tensors: Vec<AxesTensorArg>,
+    tensors: Vec<(Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)>,
     cluster: &PyCluster,
     model: &str,
     device_matrices: Option<Vec<Vec<Num<i64>>>>,
@@ -906,16 +898,11 @@ fn allreduce_costs<'py>(
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors
         .into_iter()
-        .map(|t| {
-            let ((axes, shape, bytes), per_replica) = match t {
-                AxesTensorArg::Flagged((a, s, b, r)) => ((a, s, b), r),
-                AxesTensorArg::Plain(t) => (t, false),
-            };
+        .map(|(axes, shape, bytes)| {
             Ok(batch::AxesTensor {
                 axes: signed_list(&axes, "axes", Error::Layout)?,
                 shape: unsigned_list(&shape, "shape", "a positive size", Error::Layout)?,
                 dtype_bytes: bytes.get("dtype_bytes", Error::Topology)?,
-                per_replica,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;

@@ -487,7 +487,6 @@ mod tests {
                 axes: vec![0],
                 shape: vec![8],
                 dtype_bytes: bad,
-                per_replica: false,
             };
             let results = [
                 cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),

@@ -327,7 +327,6 @@ proptest! {
         ),
         dtype_bytes in edge_f64(),
         volume in any::<bool>(),
-        per_replica in any::<bool>(),
     ) {
         let s = match Strategy::new(degrees, device_map) {
             Ok(s) => s,
@@ -345,7 +344,7 @@ proptest! {
                 b.saturating_mul(degree.copied().unwrap_or(1))
             })
             .collect();
-        let layout = s.tensor_layout(&axes, &shape, per_replica);
+        let layout = s.tensor_layout(&axes, &shape, true);
         if let Err(e) = &layout {
             prop_assert!(matches!(e, Error::Layout(_)), "{e:?}");
         }
@@ -363,7 +362,7 @@ proptest! {
                 return Ok(());
             }
         };
-        let tensor = AxesTensor { axes, shape, dtype_bytes, per_replica };
+        let tensor = AxesTensor { axes, shape, dtype_bytes };
         match allreduce_costs(std::slice::from_ref(&s), &[tensor], &cluster, model(volume)) {
             Ok(costs) => {
                 prop_assert!(layout.is_ok() && devices == cluster.num_devices());
