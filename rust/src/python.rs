@@ -115,7 +115,13 @@ impl From<Layout> for PyLayout {
 #[pymethods]
 impl PyLayout {
     #[new]
-    fn new(shape: Vec<i64>, device_matrix: Vec<i64>, tensor_map: Vec<i64>) -> PyResult<Self> {
+    #[pyo3(signature = (shape, device_matrix, tensor_map, partial=Vec::new()))]
+    fn new(
+        shape: Vec<i64>,
+        device_matrix: Vec<i64>,
+        tensor_map: Vec<i64>,
+        partial: Vec<i64>,
+    ) -> PyResult<Self> {
         let shape = unsigned(&shape, "shape", Error::Layout)?;
         let dm = device_matrix
             .iter()
@@ -127,7 +133,21 @@ impl PyLayout {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Layout::new(shape, dm, tensor_map)?.into())
+        let partial = partial
+            .iter()
+            .map(|&k| {
+                usize::try_from(k).map_err(|_| {
+                    Error::Layout(format!("partial {partial:?}: device dim {k} is negative"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Layout::with_partial(shape, dm, tensor_map, partial)?.into())
+    }
+
+    /// The device dims along which the devices hold partial sums (ascending).
+    #[getter]
+    fn partial(&self) -> Vec<usize> {
+        self.inner.partial().to_vec()
     }
 
     #[getter]
@@ -175,22 +195,30 @@ impl PyLayout {
         }
     }
 
-    /// The same distribution with the device matrix cut only where the map needs it: two layouts
-    /// hold the same elements on every rank iff their normal forms are equal.
+    /// The canonical form, a reshape that moves nothing: two layouts of one tensor hold the same
+    /// elements (and partial sums) on every rank iff their normal forms are equal.
     fn normalized(&self) -> PyLayout {
         unification::normalized(&self.inner).into()
     }
 
     fn __repr__(&self) -> String {
+        let l = &self.inner;
+        let partial = if l.partial().is_empty() {
+            String::new()
+        } else {
+            format!(", partial={:?}", l.partial())
+        };
         format!(
-            "Layout(shape={:?}, device_matrix={:?}, tensor_map={:?})",
-            self.inner.shape(),
-            self.inner.device_matrix(),
-            self.inner.tensor_map()
+            "Layout(shape={:?}, device_matrix={:?}, tensor_map={:?}{partial})",
+            l.shape(),
+            l.device_matrix(),
+            l.tensor_map()
         )
     }
 
-    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<u64>, Vec<i64>))> {
+    fn __reduce__(
+        slf: &Bound<'_, Self>,
+    ) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<u64>, Vec<i64>, Vec<usize>))> {
         let l = &slf.get().inner;
         Ok((
             slf.get_type().into_any().unbind(),
@@ -198,6 +226,7 @@ impl PyLayout {
                 l.shape().to_vec(),
                 l.device_matrix().to_vec(),
                 l.tensor_map().to_vec(),
+                l.partial().to_vec(),
             ),
         ))
     }
