@@ -28,9 +28,10 @@ __all__ = [
 ]
 
 # Names checked at run time (a bad one raises TopologyError): "all_reduce", "all_gather",
-# "all_to_all"; "topology", "volume".
+# "all_to_all", "reduce_scatter", "collective_permute"; "topology", "volume".
 _Collective = str
 _CostModel = str
+_Planner = Literal["optimal", "paper"]
 
 class TapsError(ValueError): ...
 class LayoutError(TapsError): ...
@@ -111,13 +112,20 @@ class Cluster:
 @final
 class CommOp:
     @property
-    def kind(self) -> Literal["slice", "all_gather", "all_to_all"]: ...
+    def kind(
+        self,
+    ) -> Literal[
+        "slice", "all_gather", "all_to_all", "reduce_scatter", "all_reduce", "collective_permute"
+    ]: ...
     @property
     def device_dim(self) -> int: ...
     @property
-    def tensor_dim(self) -> int: ...
+    def tensor_dim(self) -> int | None: ...
     @property
     def to_tensor_dim(self) -> int | None: ...
+    @property
+    def permutation(self) -> list[int] | None:
+        """Collective-permute only: for each device dim, the device dim that takes over its splits."""
     @property
     def group_size(self) -> int: ...
     @property
@@ -169,7 +177,15 @@ class Strategy:
     def __reduce__(self) -> tuple[type[Strategy], tuple[list[int], list[int]]]: ...
 
 def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]: ...
-def plan_redistribution(a: Layout, b: Layout) -> Redistribution: ...
+def plan_redistribution(
+    a: Layout,
+    b: Layout,
+    cluster: Cluster | None = None,
+    planner: _Planner = "paper",
+    dtype_bytes: float = 2.0,
+) -> Redistribution:
+    """The plan from ``a`` to ``b``: Algorithm 1 (``"paper"``), or the cheapest plan between the
+    canonical forms (``"optimal"``: seconds on ``cluster``, elements per device without one)."""
 def inter_node_groups(
     layout: Layout, collective: _Collective, devices_per_node: int, device_dim: int | None = None
 ) -> int: ...
@@ -180,6 +196,7 @@ def redistribution_costs(
     cluster: Cluster,
     dtype_bytes: float = 2.0,
     model: _CostModel = "topology",
+    planner: _Planner = "paper",
 ) -> npt.NDArray[np.float64]: ...
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

@@ -6,9 +6,10 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::planner::redistribution_cost;
+use crate::planner::{paper_cost, plan_redistribution, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{Cluster, CostModel};
+use crate::unify::normalized;
 
 /// The distinct layouts of `layouts`, and the index of each layout among them.
 fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
@@ -26,10 +27,40 @@ fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
     (distinct, index)
 }
 
+/// The cost of the plan of `planner` from `a` to `b`, as [`crate::Redistribution::cost`] gives
+/// it: the optimal planner minimizes seconds under the topology model and volume under the
+/// volume model.
+///
+/// # Errors
+/// As [`plan_redistribution`].
+pub fn redistribution_cost(
+    a: &Layout,
+    b: &Layout,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    planner: Planner,
+) -> Result<f64> {
+    match planner {
+        Planner::Paper => paper_cost(a, b, cluster, dtype_bytes, model),
+        Planner::Optimal => {
+            let objective = match model {
+                CostModel::Topology => Objective::Seconds {
+                    cluster,
+                    dtype_bytes,
+                },
+                CostModel::Volume => Objective::Volume,
+            };
+            plan_redistribution(a, b, planner, objective)?.cost(cluster, dtype_bytes, model)
+        }
+    }
+}
+
 /// The row-major `sources.len() x targets.len()` matrix of redistribution costs.
 ///
 /// Each distinct (source, target) pair is planned once, in parallel over the pairs so that one
-/// source against many targets uses every core too.
+/// source against many targets uses every core too; the optimal planner plans canonical forms
+/// ([`crate::unify::normalized`]), so layouts of one distribution share their plans.
 ///
 /// # Errors
 /// An error of some pair (layouts of different tensors, or not on the cluster).
@@ -39,12 +70,20 @@ pub fn redistribution_costs(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
+    planner: Planner,
 ) -> Result<Vec<f64>> {
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
     }
-    let (src, src_index) = dedupe(sources);
-    let (tgt, tgt_index) = dedupe(targets);
+    let canonical = |layouts: &[Layout]| -> Vec<Layout> {
+        match planner {
+            Planner::Paper => layouts.to_vec(),
+            Planner::Optimal => layouts.par_iter().map(normalized).collect(),
+        }
+    };
+    let (sources, targets) = (canonical(sources), canonical(targets));
+    let (src, src_index) = dedupe(&sources);
+    let (tgt, tgt_index) = dedupe(&targets);
     let width = tgt.len();
     let mut distinct = vec![0.0; src.len() * width];
     distinct
@@ -54,7 +93,7 @@ pub fn redistribution_costs(
             let (a, b) = (src[k / width], tgt[k % width]);
             // A layout to itself needs no op: exactly 0 without planning.
             if a != b {
-                *cost = redistribution_cost(a, b, cluster, dtype_bytes, model)?;
+                *cost = redistribution_cost(a, b, cluster, dtype_bytes, model, planner)?;
             }
             Ok::<_, Error>(())
         })?;
@@ -120,7 +159,6 @@ pub fn allreduce_costs(
 mod tests {
     use super::*;
     use crate::layout::layout;
-    use crate::planner::plan_redistribution;
     use crate::strategies::enumerate_strategies;
     use crate::topology::Collective;
 
@@ -155,10 +193,13 @@ mod tests {
         let n = layouts.len();
         let mut fallbacks = 0;
         for model in [CostModel::Topology, CostModel::Volume] {
-            let got = redistribution_costs(&layouts, &layouts, &cluster, 2.0, model).unwrap();
+            let got =
+                redistribution_costs(&layouts, &layouts, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
             for (i, a) in layouts.iter().enumerate() {
                 for (j, b) in layouts.iter().enumerate() {
-                    let plan = plan_redistribution(a, b).unwrap();
+                    let plan =
+                        plan_redistribution(a, b, Planner::Paper, Objective::Volume).unwrap();
                     fallbacks += usize::from(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
                     let want = plan.cost(&cluster, 2.0, model).unwrap();
                     assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{a:?} to {b:?}");
@@ -176,10 +217,12 @@ mod tests {
         let sources = [a.clone(), b.clone(), a.clone()];
         let targets = [b.clone(), a.clone(), b.clone(), b.clone()];
         for model in [CostModel::Topology, CostModel::Volume] {
-            let got = redistribution_costs(&sources, &targets, &cluster, 2.0, model).unwrap();
+            let got =
+                redistribution_costs(&sources, &targets, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
             for (i, s) in sources.iter().enumerate() {
                 for (j, t) in targets.iter().enumerate() {
-                    let want = plan_redistribution(s, t)
+                    let want = plan_redistribution(s, t, Planner::Paper, Objective::Volume)
                         .unwrap()
                         .cost(&cluster, 2.0, model)
                         .unwrap();

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
-use crate::planner::{self, CommOp, Redistribution};
+use crate::planner::{self, CommOp, Objective, Planner, Redistribution};
 use crate::strategies::{self, Strategy};
 use crate::topology::{self, Cluster, Collective, CostModel};
 use crate::unify as unification;
@@ -359,13 +359,19 @@ impl PyCommOp {
     }
 
     #[getter]
-    fn tensor_dim(&self) -> usize {
+    fn tensor_dim(&self) -> Option<usize> {
         self.inner.tensor_dim
     }
 
     #[getter]
     fn to_tensor_dim(&self) -> Option<usize> {
         self.inner.to_tensor_dim
+    }
+
+    /// Collective-permute only: for each device dim, the device dim that takes over its splits.
+    #[getter]
+    fn permutation(&self) -> Option<Vec<usize>> {
+        self.inner.permutation.clone()
     }
 
     #[getter]
@@ -405,13 +411,17 @@ impl PyCommOp {
 
     fn __repr__(&self) -> String {
         let o = &self.inner;
-        let dims = o.to_tensor_dim.map_or(o.tensor_dim.to_string(), |to| {
-            format!("{} -> {to}", o.tensor_dim)
-        });
+        let on = match (&o.permutation, o.tensor_dim, o.to_tensor_dim) {
+            (Some(p), _, _) => format!("permutation={p:?}"),
+            (None, Some(i), Some(to)) => {
+                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim)
+            }
+            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim),
+            (None, None, _) => format!("device_dim={}", o.device_dim),
+        };
         format!(
-            "CommOp({}(device_dim={}, tensor_dim={dims}), group_size={}, volume={})",
+            "CommOp({}({on}), group_size={}, volume={})",
             o.kind.name(),
-            o.device_dim,
             o.group_size,
             o.volume
         )
@@ -559,11 +569,25 @@ fn unify(a: &PyLayout, b: &PyLayout) -> PyResult<(PyLayout, PyLayout)> {
     Ok((x.into(), y.into()))
 }
 
-/// Plans the redistribution from layout `a` to layout `b` (SPEC section 3).
+/// Plans the redistribution from layout `a` to layout `b`: the optimal planner minimizes seconds
+/// on `cluster` (elements per device without one), the paper's is Algorithm 1.
 #[pyfunction]
-fn plan_redistribution(a: &PyLayout, b: &PyLayout) -> PyResult<PyRedistribution> {
+#[pyo3(signature = (a, b, cluster=None, planner="paper", dtype_bytes=2.0))]
+fn plan_redistribution(
+    a: &PyLayout,
+    b: &PyLayout,
+    cluster: Option<&PyCluster>,
+    planner: &str,
+    dtype_bytes: f64,
+) -> PyResult<PyRedistribution> {
+    let planner = Planner::parse(planner)?;
+    let dtype_bytes = dtype(dtype_bytes)?;
+    let objective = cluster.map_or(Objective::Volume, |c| Objective::Seconds {
+        cluster: &c.inner,
+        dtype_bytes,
+    });
     Ok(PyRedistribution {
-        inner: planner::plan_redistribution(&a.inner, &b.inner)?,
+        inner: planner::plan_redistribution(&a.inner, &b.inner, planner, objective)?,
     })
 }
 
@@ -606,7 +630,7 @@ fn enumerate_strategies(axis_sizes: Vec<i64>, num_devices: i64) -> PyResult<Vec<
 
 /// The matrix of redistribution costs from each source to each target, on all cores.
 #[pyfunction]
-#[pyo3(signature = (sources, targets, cluster, dtype_bytes=2.0, model="topology"))]
+#[pyo3(signature = (sources, targets, cluster, dtype_bytes=2.0, model="topology", planner="paper"))]
 fn redistribution_costs<'py>(
     py: Python<'py>,
     sources: Vec<Bound<'py, PyLayout>>,
@@ -614,7 +638,9 @@ fn redistribution_costs<'py>(
     cluster: &PyCluster,
     dtype_bytes: f64,
     model: &str,
+    planner: &str,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let planner = Planner::parse(planner)?;
     let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
     let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
     let cluster = cluster.inner.clone();
@@ -622,7 +648,7 @@ fn redistribution_costs<'py>(
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
     let costs = py.detach(move || {
-        batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model)
+        batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model, planner)
     })?;
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))

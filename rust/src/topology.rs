@@ -24,18 +24,24 @@ pub enum Collective {
     AllReduce,
     AllGather,
     AllToAll,
+    ReduceScatter,
+    CollectivePermute,
 }
 
 impl Collective {
     /// # Errors
-    /// [`Error::Topology`] for a name other than `all_reduce`, `all_gather`, `all_to_all`.
+    /// [`Error::Topology`] for a name other than `all_reduce`, `all_gather`, `all_to_all`,
+    /// `reduce_scatter`, `collective_permute`.
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "all_reduce" => Ok(Collective::AllReduce),
             "all_gather" => Ok(Collective::AllGather),
             "all_to_all" => Ok(Collective::AllToAll),
+            "reduce_scatter" => Ok(Collective::ReduceScatter),
+            "collective_permute" => Ok(Collective::CollectivePermute),
             _ => Err(Error::Topology(format!(
-                "unknown collective {name:?}: expected \"all_reduce\", \"all_gather\" or \"all_to_all\""
+                "unknown collective {name:?}: expected \"all_reduce\", \"all_gather\", \
+                 \"all_to_all\", \"reduce_scatter\" or \"collective_permute\""
             ))),
         }
     }
@@ -238,6 +244,22 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A lower bound on the seconds of a collective moving `bytes` per device over a group that
+    /// holds device dim `k` of `layout`: over the intra-node link if the dim stays inside a
+    /// node, else over the whole inter-node bandwidth of a node.
+    pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
+        let inside = extents(layout, self.devices_per_node)
+            .nth(k)
+            .is_some_and(|e| e == layout.dim_size(k));
+        if inside {
+            bytes / self.intra_bandwidth.max(self.inter_bandwidth)
+        } else {
+            bytes / self.inter_bandwidth
+        }
+    }
+}
+
 /// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
 #[must_use]
 pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {
@@ -290,21 +312,22 @@ fn collective_volume(layout: &Layout, collective: Collective, size: u64) -> f64 
     match collective {
         Collective::AllReduce => 2.0 * (g - 1.0) / g * s,
         Collective::AllGather => (g - 1.0) * s,
-        Collective::AllToAll => (g - 1.0) / g * s,
+        Collective::AllToAll | Collective::ReduceScatter => (g - 1.0) / g * s,
+        Collective::CollectivePermute => s,
     }
 }
 
 /// `ct` for a valid group, the device dims that pass `in_group`: 0 if the group stays inside a
 /// node, else the number of groups with distinct data that leave one node at once. Replicas
-/// (device dims the map does not use) share one transfer, so only the used dims outside the group
-/// count.
+/// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
+/// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
     let mut inside = true;
     let mut ct = 1;
     for (k, e) in extents(layout, l).enumerate() {
         if in_group(k) {
             inside &= e == layout.dim_size(k);
-        } else if layout.uses(k) {
+        } else if layout.distinct_along(k) {
             ct *= e;
         }
     }

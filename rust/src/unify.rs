@@ -317,11 +317,6 @@ impl Unified {
         };
         build(self.pieces(side), self.device, partial)
     }
-
-    /// The tensor map of [`Unified::layout`] alone, for callers that need no more of it.
-    pub fn tensor_map(&self, side: Side) -> Vec<i64> {
-        tensor_map(self.pieces(side), self.device)
-    }
 }
 
 /// One attempt at unification of the two views as they are.

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
-use taps::{inter_node_groups, plan_redistribution, unify, Collective, Layout};
+use taps::{inter_node_groups, plan_redistribution, unify, Collective, Layout, Objective, Planner};
 
 /// Flat (row-major) indices of the elements `rank` holds.
 fn elements(l: &Layout, rank: u64) -> BTreeSet<u64> {
@@ -97,7 +97,7 @@ proptest! {
 
     #[test]
     fn every_step_moves_what_it_claims((a, b) in pair()) {
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         // The unified ops: each step's new elements are exactly its volume.
         let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
         states.push(&plan.target);
