@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::planner::{paper_cost, plan_redistribution, Objective, Planner};
+use crate::planner::{canonical_plan, paper_cost, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{Cluster, CostModel};
 use crate::unify::normalized;
@@ -27,40 +27,25 @@ fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
     (distinct, index)
 }
 
-/// The cost of the plan of `planner` from `a` to `b`, as [`crate::Redistribution::cost`] gives
-/// it: the optimal planner minimizes seconds under the topology model and volume under the
-/// volume model.
-///
-/// # Errors
-/// As [`plan_redistribution`].
-pub fn redistribution_cost(
-    a: &Layout,
-    b: &Layout,
-    cluster: &Cluster,
-    dtype_bytes: f64,
-    model: CostModel,
-    planner: Planner,
-) -> Result<f64> {
-    match planner {
-        Planner::Paper => paper_cost(a, b, cluster, dtype_bytes, model),
-        Planner::Optimal => {
-            let objective = match model {
-                CostModel::Topology => Objective::Seconds {
-                    cluster,
-                    dtype_bytes,
-                },
-                CostModel::Volume => Objective::Volume,
-            };
-            plan_redistribution(a, b, planner, objective)?.cost(cluster, dtype_bytes, model)
-        }
+/// The objective the optimal planner minimizes for a cost model.
+fn objective(cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Objective<'_> {
+    match model {
+        CostModel::Topology => Objective::Seconds {
+            cluster,
+            dtype_bytes,
+        },
+        CostModel::Volume => Objective::Volume,
     }
 }
 
-/// The row-major `sources.len() x targets.len()` matrix of redistribution costs.
+/// The row-major `sources.len() x targets.len()` matrix of redistribution costs: entry `(i, j)`
+/// is the cost of the plan `planner` makes, minimizing seconds under the topology model and
+/// volume under the volume model.
 ///
 /// Each distinct (source, target) pair is planned once, in parallel over the pairs so that one
-/// source against many targets uses every core too; the optimal planner plans canonical forms
-/// ([`crate::unify::normalized`]), so layouts of one distribution share their plans.
+/// source against many targets uses every core too. The optimal planner's shortest path runs
+/// once per distinct pair of canonical forms ([`normalized`]); Algorithm 1, which it must beat,
+/// once per distinct pair of layouts.
 ///
 /// # Errors
 /// An error of some pair (layouts of different tensors, or not on the cluster).
@@ -75,15 +60,8 @@ pub fn redistribution_costs(
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
     }
-    let canonical = |layouts: &[Layout]| -> Vec<Layout> {
-        match planner {
-            Planner::Paper => layouts.to_vec(),
-            Planner::Optimal => layouts.par_iter().map(normalized).collect(),
-        }
-    };
-    let (sources, targets) = (canonical(sources), canonical(targets));
-    let (src, src_index) = dedupe(&sources);
-    let (tgt, tgt_index) = dedupe(&targets);
+    let (src, src_index) = dedupe(sources);
+    let (tgt, tgt_index) = dedupe(targets);
     let width = tgt.len();
     let mut distinct = vec![0.0; src.len() * width];
     distinct
@@ -93,10 +71,36 @@ pub fn redistribution_costs(
             let (a, b) = (src[k / width], tgt[k % width]);
             // A layout to itself needs no op: exactly 0 without planning.
             if a != b {
-                *cost = redistribution_cost(a, b, cluster, dtype_bytes, model, planner)?;
+                *cost = paper_cost(a, b, cluster, dtype_bytes, model)?;
             }
             Ok::<_, Error>(())
         })?;
+    if planner == Planner::Optimal {
+        let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
+        let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
+        let (csrc, csrc_index) = dedupe(&canon_src);
+        let (ctgt, ctgt_index) = dedupe(&canon_tgt);
+        let cwidth = ctgt.len();
+        let objective = objective(cluster, dtype_bytes, model);
+        let mut canonical = vec![0.0; csrc.len() * cwidth];
+        canonical
+            .par_iter_mut()
+            .enumerate()
+            .try_for_each(|(k, cost)| {
+                let (a, b) = (csrc[k / cwidth], ctgt[k % cwidth]);
+                if a != b {
+                    *cost = canonical_plan(a, b, objective)?.cost(cluster, dtype_bytes, model)?;
+                }
+                Ok::<_, Error>(())
+            })?;
+        // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
+        for (k, cost) in distinct.iter_mut().enumerate() {
+            let c = canonical[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
+            if c <= *cost {
+                *cost = c;
+            }
+        }
+    }
     let distinct = &distinct;
     Ok(src_index
         .iter()
@@ -159,6 +163,7 @@ pub fn allreduce_costs(
 mod tests {
     use super::*;
     use crate::layout::layout;
+    use crate::planner::plan_redistribution;
     use crate::strategies::enumerate_strategies;
     use crate::topology::Collective;
 

@@ -90,6 +90,15 @@ pub enum Objective<'a> {
 }
 
 impl Objective<'_> {
+    /// `total` plus the price of `op`.
+    fn add(&self, total: f64, op: &CommOp) -> f64 {
+        total + self.price(op.kind, op.group(), op.volume, &op.layout)
+    }
+
+    /// The price of a plan, its ops summed in order from +0.0 as its cost is.
+    pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
+        plan.all_ops().fold(0.0, |t, op| self.add(t, op))
+    }
     /// A lower bound on the price of any op whose group holds device dim `k` of a layout with
     /// `layout`'s device matrix: it moves at least `(g-1)/g` of a shard, and no shard is smaller
     /// than the tensor over every device; over the fastest link the dim can use.
@@ -472,6 +481,10 @@ fn check_partial(source: &Layout, target: &Layout, a: &Layout, b: &Layout) -> Re
 /// Plans the redistribution of a tensor from layout `a` to layout `b` with `planner`; the optimal
 /// planner minimizes `objective` (the paper's planner ignores it).
 ///
+/// The optimal plan is the cheaper of the shortest path between the canonical forms and
+/// Algorithm 1 on the layouts as given (the canonical forms merge device dims, which can take
+/// away a cheaper order of smaller collectives); on a tie, the shortest path's.
+///
 /// # Errors
 /// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices or the target
 /// holds partial sums the source does not, [`Error::Topology`] if the objective's cluster does
@@ -482,15 +495,24 @@ pub fn plan_redistribution(
     planner: Planner,
     objective: Objective<'_>,
 ) -> Result<Redistribution> {
-    // The optimal planner works on the canonical forms: one distribution, one plan.
-    let (a, b) = match planner {
-        Planner::Paper => (Cow::Borrowed(a), Cow::Borrowed(b)),
-        Planner::Optimal => (Cow::Owned(normalized(a)), Cow::Owned(normalized(b))),
-    };
-    let lined = line_up(&a, &b)?;
+    let paper = paper_plan(a, b, objective)?;
+    if planner == Planner::Paper {
+        return Ok(paper);
+    }
+    let optimal = canonical_plan(a, b, objective)?;
+    Ok(if objective.total(&optimal) <= objective.total(&paper) {
+        optimal
+    } else {
+        paper
+    })
+}
+
+/// Algorithm 1 on `a` and `b` as given.
+fn paper_plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
+    let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
     let target = lined.unified.layout(Side::Second);
-    check_partial(&source, &target, &a, &b)?;
+    check_partial(&source, &target, a, b)?;
     if let Objective::Seconds { cluster, .. } = objective {
         cluster.check(&source)?;
     }
@@ -498,17 +520,6 @@ pub fn plan_redistribution(
     plan_unified(source.clone(), &target, |kind, k, i, to, l| {
         ops.push(CommOp::new(kind, k, i, to, l.clone()));
     });
-    if planner == Planner::Optimal {
-        // In plan order from +0.0, as the plan's cost sums.
-        let price = |total: f64, op: &CommOp| {
-            total + objective.price(op.kind, op.group(), op.volume, &op.layout)
-        };
-        let start = lined.prelude.iter().fold(0.0, price);
-        let bound = ops.iter().fold(start, price);
-        if let Some(better) = crate::optimal::shortest(&source, &target, start, bound, objective) {
-            ops = better;
-        }
-    }
     Ok(Redistribution {
         source,
         target,
@@ -516,6 +527,24 @@ pub fn plan_redistribution(
         prelude: lined.prelude,
         epilogue: lined.epilogue,
     })
+}
+
+/// The shortest path between the canonical forms of `a` and `b` (Algorithm 1 on them if the
+/// search gives up): one distribution, one plan.
+pub(crate) fn canonical_plan(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+) -> Result<Redistribution> {
+    let mut plan = paper_plan(&normalized(a), &normalized(b), objective)?;
+    let start = plan.prelude.iter().fold(0.0, |t, op| objective.add(t, op));
+    let bound = plan.ops.iter().fold(start, |t, op| objective.add(t, op));
+    if let Some(better) =
+        crate::optimal::shortest(&plan.source, &plan.target, start, bound, objective)
+    {
+        plan.ops = better;
+    }
+    Ok(plan)
 }
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
