@@ -364,7 +364,7 @@ def reshape_to(
     for r, (a, v) in enumerate(zip(idx, val, strict=True)):
         assert a.size == prod(local), (cur, new)
         a2 = a.reshape(local)
-        assert np.array_equal(a2, want[r]), (f"rank {r}: {cur} -> {new} is not a free reshape")
+        assert np.array_equal(a2, want[r]), f"rank {r}: {cur} -> {new} is not a free reshape"
         out_idx.append(a2)
         out_val.append(v.reshape(local))
     return out_idx, out_val

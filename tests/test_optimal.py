@@ -23,7 +23,12 @@ ISSUE = [
     # (source, target, Algorithm 1's volume, the optimal volume)
     (([96, 32, 96], [16, 2], [1, 0, -1]), ([96, 32, 96], [16, 2], [0, 1, -1]), 211_968, 17_280),
     (([16, 48], [8, 2], [0, -1]), ([16, 48], [16], [0, -1]), 192, 48),
-    (([32, 96, 96], [2, 2, 4, 2], [2, -1, -1]), ([32, 96, 96], [8, 4], [0, -1, -1]), 147_456, 73_728),
+    (
+        ([32, 96, 96], [2, 2, 4, 2], [2, -1, -1]),
+        ([32, 96, 96], [8, 4], [0, -1, -1]),
+        147_456,
+        73_728,
+    ),
     (([256, 256], [4, 4], [1, 0]), ([256, 256], [4, 4], [0, 1]), 6 * 4096, 4096),
     (([64, 4, 8, 16], [4, 4], [-1, 1, 0, -1]), ([64, 32, 16], [16], [0, -1, -1]), 3072, 1920),
 ]
@@ -171,7 +176,11 @@ def _brute_force(source, target):
             rest = partial - {k}
             yield -(-2 * (d[k] - 1) * s // d[k]), tm, rest
             for i in allowed[k] & unsplit:
-                yield (d[k] - 1) * s // d[k], tuple(k if j == i else m for j, m in enumerate(tm)), rest
+                yield (
+                    (d[k] - 1) * s // d[k],
+                    tuple(k if j == i else m for j, m in enumerate(tm)),
+                    rest,
+                )
         for i, k in enumerate(tm):
             if k < 0 or k in fixed:
                 continue

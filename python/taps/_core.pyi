@@ -1,7 +1,7 @@
 """Type stubs of the Rust extension ``taps._core`` (see docs/core.md)."""
 
 from collections.abc import Sequence
-from typing import Literal, final
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -74,6 +74,8 @@ class Layout:
         self,
     ) -> tuple[type[Layout], tuple[list[int], list[int], list[int], list[int]]]: ...
 
+_Replicas = Literal["shared", "flat"]
+
 @final
 class Cluster:
     def __new__(
@@ -83,7 +85,25 @@ class Cluster:
         intra_bandwidth: float = 60e9,
         inter_bandwidth: float = 6e9,
         device_memory: float | None = None,
+        *,
+        intra_latency: float = 0.0,
+        inter_latency: float = 0.0,
+        replicas: _Replicas = "shared",
     ) -> Cluster: ...
+    @staticmethod
+    def hierarchy(
+        levels: Sequence[tuple[int, float, float]],
+        device_memory: float | None = None,
+        replicas: _Replicas = "shared",
+    ) -> Cluster:
+        """A cluster of nested levels, innermost first, each ``(parts, bandwidth, latency)``."""
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1) -> Cluster:
+        """The built-in cluster ``name`` ("dgx-v100", "dgx-h100") or a ``.toml`` file's."""
+    @property
+    def levels(self) -> list[tuple[int, float, float]]: ...
+    @property
+    def replicas(self) -> _Replicas: ...
     @property
     def nodes(self) -> int: ...
     @property
@@ -107,7 +127,7 @@ class Cluster:
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(
         self,
-    ) -> tuple[type[Cluster], tuple[int, int, float, float, float | None]]: ...
+    ) -> tuple[Any, tuple[list[tuple[int, float, float]], float | None, str]]: ...
 
 @final
 class CommOp:
@@ -186,6 +206,7 @@ def plan_redistribution(
 ) -> Redistribution:
     """The plan from ``a`` to ``b``: Algorithm 1 (``"paper"``), or the cheapest plan between the
     canonical forms (``"optimal"``: seconds on ``cluster``, elements per device without one)."""
+
 def inter_node_groups(
     layout: Layout, collective: _Collective, devices_per_node: int, device_dim: int | None = None
 ) -> int: ...

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::planner::{self, CommOp, Objective, Planner, Redistribution};
 use crate::strategies::{self, Strategy};
-use crate::topology::{self, Cluster, Collective, CostModel};
+use crate::topology::{self, Cluster, Collective, CostModel, Replicas, PAPER};
 use crate::unify as unification;
 
 create_exception!(
@@ -239,16 +239,38 @@ pub struct PyCluster {
     inner: Cluster,
 }
 
+fn count(v: i64, what: &str) -> Result<u64, Error> {
+    u64::try_from(v).map_err(|_| {
+        Error::Topology(format!(
+            "a cluster needs a positive number of {what}, got {v}"
+        ))
+    })
+}
+
 #[pymethods]
 impl PyCluster {
     #[new]
-    #[pyo3(signature = (nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None))]
+    #[pyo3(signature = (
+        nodes,
+        devices_per_node,
+        intra_bandwidth=PAPER.levels[0].1,
+        inter_bandwidth=PAPER.levels[1].1,
+        device_memory=None,
+        *,
+        intra_latency=0.0,
+        inter_latency=0.0,
+        replicas="shared",
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         nodes: i64,
         devices_per_node: i64,
         intra_bandwidth: f64,
         inter_bandwidth: f64,
         device_memory: Option<f64>,
+        intra_latency: f64,
+        inter_latency: f64,
+        replicas: &str,
     ) -> PyResult<Self> {
         let (Ok(n), Ok(l)) = (u64::try_from(nodes), u64::try_from(devices_per_node)) else {
             return Err(Error::Topology(format!(
@@ -258,8 +280,63 @@ impl PyCluster {
             .into());
         };
         Ok(PyCluster {
-            inner: Cluster::new(n, l, intra_bandwidth, inter_bandwidth, device_memory)?,
+            inner: Cluster::hierarchy(
+                &[
+                    (l, intra_bandwidth, intra_latency),
+                    (n, inter_bandwidth, inter_latency),
+                ],
+                device_memory,
+                Replicas::parse(replicas)?,
+            )?,
         })
+    }
+
+    /// A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
+    /// devices per node, then the nodes per pod, ..., then the outermost units.
+    #[staticmethod]
+    #[pyo3(signature = (levels, device_memory=None, replicas="shared"))]
+    fn hierarchy(
+        levels: Vec<(i64, f64, f64)>,
+        device_memory: Option<f64>,
+        replicas: &str,
+    ) -> PyResult<Self> {
+        let levels = levels
+            .into_iter()
+            .map(|(c, b, l)| Ok((count(c, "parts per level")?, b, l)))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(PyCluster {
+            inner: Cluster::hierarchy(&levels, device_memory, Replicas::parse(replicas)?)?,
+        })
+    }
+
+    /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
+    /// cluster of a TOML file (a name ending in `.toml`, read by `taps.cluster_presets`).
+    #[classmethod]
+    #[pyo3(signature = (name, nodes=1))]
+    fn preset(cls: &Bound<'_, pyo3::types::PyType>, name: &str, nodes: i64) -> PyResult<Py<PyAny>> {
+        let py = cls.py();
+        let is_file = std::path::Path::new(name)
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        if is_file {
+            let module = py.import("taps.cluster_presets")?;
+            return Ok(module.call_method1("from_toml", (name, nodes))?.unbind());
+        }
+        let cluster = PyCluster {
+            inner: Cluster::preset(name, count(nodes, "nodes")?)?,
+        };
+        Ok(Py::new(py, cluster)?.into_any())
+    }
+
+    /// The levels as `hierarchy` takes them.
+    #[getter]
+    fn levels(&self) -> Vec<(u64, f64, f64)> {
+        self.inner.level_parts()
+    }
+
+    #[getter]
+    fn replicas(&self) -> &'static str {
+        self.inner.replicas.name()
     }
 
     #[getter]
@@ -316,25 +393,35 @@ impl PyCluster {
         let memory = c
             .device_memory
             .map_or("None".to_string(), |m| format!("{m:e}"));
-        format!(
-            "Cluster(nodes={}, devices_per_node={}, intra_bandwidth={:e}, inter_bandwidth={:e}, device_memory={memory})",
-            c.nodes, c.devices_per_node, c.intra_bandwidth, c.inter_bandwidth
-        )
+        let paper_like = c.levels.len() == 2
+            && c.replicas == Replicas::Shared
+            && c.levels.iter().all(|l| l.latency == 0.0);
+        if paper_like {
+            format!(
+                "Cluster(nodes={}, devices_per_node={}, intra_bandwidth={:e}, inter_bandwidth={:e}, device_memory={memory})",
+                c.nodes, c.devices_per_node, c.intra_bandwidth, c.inter_bandwidth
+            )
+        } else {
+            let levels: Vec<String> = c
+                .level_parts()
+                .iter()
+                .map(|(n, b, l)| format!("({n}, {b:e}, {l:e})"))
+                .collect();
+            format!(
+                "Cluster.hierarchy([{}], device_memory={memory}, replicas={:?})",
+                levels.join(", "),
+                c.replicas.name()
+            )
+        }
     }
 
     fn __reduce__(
         slf: &Bound<'_, Self>,
-    ) -> PyResult<(Py<PyAny>, (u64, u64, f64, f64, Option<f64>))> {
+    ) -> PyResult<(Py<PyAny>, (Vec<(u64, f64, f64)>, Option<f64>, &'static str))> {
         let c = &slf.get().inner;
         Ok((
-            slf.get_type().into_any().unbind(),
-            (
-                c.nodes,
-                c.devices_per_node,
-                c.intra_bandwidth,
-                c.inter_bandwidth,
-                c.device_memory,
-            ),
+            slf.get_type().getattr("hierarchy")?.unbind(),
+            (c.level_parts(), c.device_memory, c.replicas.name()),
         ))
     }
 }

@@ -1,22 +1,104 @@
-//! The topology-aware cost model (SPEC section 6): how many communication groups of a node cross
-//! the node boundary at once (`ct`), the effective bandwidth that leaves each, and the cost of a
-//! collective in seconds, or in bytes under the volume model.
+//! The topology-aware cost model: a cluster as nested levels (GPUs in a node, nodes in a pod,
+//! ...), each with the bandwidth out of one of its parts and a latency per collective; how many
+//! communication groups of a part cross its boundary at once (`ct`), the effective bandwidth
+//! that leaves each, and the cost of a collective in seconds, or in bytes under the volume model.
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
-/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each.
+/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each, nested in
+/// [`Level`]s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
     pub nodes: u64,
     pub devices_per_node: u64,
-    /// Bytes per second between two devices of one node.
+    /// Bytes per second between two devices of one node (the innermost level's bandwidth).
     pub intra_bandwidth: f64,
-    /// Bytes per second out of a node, shared by every group that crosses it.
+    /// Bytes per second out of a node, shared by every group that crosses it (the next level's).
     pub inter_bandwidth: f64,
     /// Bytes of memory per device, if limited.
     pub device_memory: Option<f64>,
+    /// Innermost first: the node, then every level above it, the last holding every device.
+    pub levels: Vec<Level>,
+    pub replicas: Replicas,
 }
+
+/// One level of a cluster: units of `devices` consecutive devices (a node, a pod, ...). Traffic
+/// that stays inside one unit but leaves a unit of the level below flows at `bandwidth` bytes
+/// per second out of each unit below, shared by the groups that cross it (for the innermost
+/// level: between two devices); each collective that crosses only up to this level also waits
+/// `latency` seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Level {
+    pub devices: u64,
+    pub bandwidth: f64,
+    pub latency: f64,
+}
+
+/// How copies of a tensor on several devices of a node send it out of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Replicas {
+    /// As the paper: the copies share one transfer (only groups with distinct data count in `ct`).
+    Shared,
+    /// As NCCL and XLA run it: one transfer per copy.
+    Flat,
+}
+
+impl Replicas {
+    /// # Errors
+    /// [`Error::Topology`] for a name other than `shared` or `flat`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "shared" => Ok(Replicas::Shared),
+            "flat" => Ok(Replicas::Flat),
+            _ => Err(Error::Topology(format!(
+                "unknown replica model {name:?}: expected \"shared\" or \"flat\""
+            ))),
+        }
+    }
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Replicas::Shared => "shared",
+            Replicas::Flat => "flat",
+        }
+    }
+}
+
+/// A named cluster: per level, innermost first, how many parts of the level below one unit holds
+/// (the outermost level's count comes from the number of nodes), its bandwidth and its latency.
+#[derive(Debug, Clone, Copy)]
+pub struct Preset {
+    pub name: &'static str,
+    pub levels: &'static [(u64, f64, f64)],
+    pub device_memory: Option<f64>,
+    pub replicas: Replicas,
+}
+
+/// The built-in clusters, the one place that states their numbers.
+pub const PRESETS: [Preset; 2] = [
+    // The paper's: nodes of 8 V100s, 60 GB/s between GPUs of a node, 6 GB/s out of a node; no
+    // latency, replicas share transfers.
+    Preset {
+        name: "dgx-v100",
+        levels: &[(8, 60e9, 0.0), (1, 6e9, 0.0)],
+        device_memory: None,
+        replicas: Replicas::Shared,
+    },
+    // DGX H100: NVLink 4 at 450 GB/s per direction per GPU, 8 ConnectX-7 at 400 Gb/s (400 GB/s
+    // per node); about 5 us per collective inside a node and 10 us across (NCCL's small-message
+    // latencies); 80 GB per GPU; one transfer per copy, as NCCL.
+    Preset {
+        name: "dgx-h100",
+        levels: &[(8, 450e9, 5e-6), (1, 400e9, 1e-5)],
+        device_memory: Some(80e9),
+        replicas: Replicas::Flat,
+    },
+];
+
+/// The paper's cluster, whose bandwidths are the defaults of the Python `Cluster(...)`.
+pub const PAPER: Preset = PRESETS[0];
 
 /// The collectives the cost model prices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +151,9 @@ impl CostModel {
 }
 
 impl Cluster {
+    /// Two levels, nodes of `devices_per_node` devices, no latency, shared replicas: the paper's
+    /// model.
+    ///
     /// # Errors
     /// [`Error::Topology`] unless the sizes are positive with a power-of-two device count and
     /// the bandwidths (and memory, if given) are positive and finite.
@@ -79,30 +164,72 @@ impl Cluster {
         inter_bandwidth: f64,
         device_memory: Option<f64>,
     ) -> Result<Self> {
-        if nodes == 0 || devices_per_node == 0 {
+        Self::hierarchy(
+            &[
+                (devices_per_node, intra_bandwidth, 0.0),
+                (nodes, inter_bandwidth, 0.0),
+            ],
+            device_memory,
+            Replicas::Shared,
+        )
+    }
+
+    /// A cluster of nested levels, innermost first, each given as (how many parts of the level
+    /// below one unit holds, bandwidth, latency): the first count is the devices per node, the
+    /// product of the others the nodes.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] unless there is a level, the counts are positive with a power-of-two
+    /// product, the bandwidths (and memory, if given) positive and finite, and the latencies
+    /// finite and not negative.
+    pub fn hierarchy(
+        levels: &[(u64, f64, f64)],
+        device_memory: Option<f64>,
+        replicas: Replicas,
+    ) -> Result<Self> {
+        let Some(&(devices_per_node, intra_bandwidth, _)) = levels.first() else {
+            return Err(Error::Topology("a cluster needs at least one level".into()));
+        };
+        let counts: Vec<u64> = levels.iter().map(|l| l.0).collect();
+        if counts.contains(&0) {
             return Err(Error::Topology(format!(
-                "a cluster needs at least one node and one device per node, got {nodes} nodes of \
-                 {devices_per_node}"
+                "a cluster needs at least one node and one device per node, got counts \
+                 {counts:?} (devices per node first)"
             )));
         }
-        match nodes.checked_mul(devices_per_node) {
-            Some(n) if n.is_power_of_two() => {}
-            _ => {
-                return Err(Error::Topology(format!(
-                    "{nodes} nodes of {devices_per_node} devices: the device count must be a power \
-                     of two"
-                )))
-            }
+        let total = counts.iter().try_fold(1u64, |n, &c| n.checked_mul(c));
+        if !total.is_some_and(u64::is_power_of_two) {
+            return Err(Error::Topology(format!(
+                "levels of {counts:?} parts (devices per node first): the device count must be a \
+                 power of two"
+            )));
         }
-        for (name, v) in [
-            ("intra_bandwidth", intra_bandwidth),
-            ("inter_bandwidth", inter_bandwidth),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
+        let inter_bandwidth = levels.get(1).map_or(intra_bandwidth, |l| l.1);
+        let mut out = Vec::with_capacity(levels.len());
+        let mut devices = 1;
+        for (j, &(count, bandwidth, latency)) in levels.iter().enumerate() {
+            let name = match j {
+                0 => "intra_bandwidth".to_string(),
+                1 => "inter_bandwidth".to_string(),
+                _ => format!("the bandwidth of level {j}"),
+            };
+            if !(bandwidth.is_finite() && bandwidth > 0.0) {
                 return Err(Error::Topology(format!(
-                    "{name} must be a positive number of bytes per second, got {v}"
+                    "{name} must be a positive number of bytes per second, got {bandwidth}"
                 )));
             }
+            if !(latency.is_finite() && latency >= 0.0) {
+                return Err(Error::Topology(format!(
+                    "the latency of level {j} must be a number of seconds, not negative, got \
+                     {latency}"
+                )));
+            }
+            devices *= count;
+            out.push(Level {
+                devices,
+                bandwidth,
+                latency,
+            });
         }
         if let Some(m) = device_memory {
             if !(m.is_finite() && m > 0.0) {
@@ -112,12 +239,52 @@ impl Cluster {
             }
         }
         Ok(Cluster {
-            nodes,
+            nodes: devices / devices_per_node,
             devices_per_node,
             intra_bandwidth,
             inter_bandwidth,
             device_memory,
+            levels: out,
+            replicas,
         })
+    }
+
+    /// The built-in cluster `name` ([`PRESETS`]) with `nodes` nodes.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] for an unknown name or a node count that does not fill its levels.
+    pub fn preset(name: &str, nodes: u64) -> Result<Self> {
+        let Some(p) = PRESETS.iter().find(|p| p.name == name) else {
+            let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+            return Err(Error::Topology(format!(
+                "unknown cluster preset {name:?}: expected one of {names:?} or a .toml file"
+            )));
+        };
+        let mut levels = p.levels.to_vec();
+        let last = levels.len() - 1;
+        let inner: u64 = levels[1..last].iter().map(|l| l.0).product();
+        if nodes == 0 || nodes % inner != 0 {
+            return Err(Error::Topology(format!(
+                "{nodes} nodes do not fill units of {inner} nodes of preset {name:?}"
+            )));
+        }
+        levels[last].0 = nodes / inner;
+        Self::hierarchy(&levels, p.device_memory, p.replicas)
+    }
+
+    /// The levels as [`Cluster::hierarchy`] takes them: (parts of the level below, bandwidth,
+    /// latency).
+    #[must_use]
+    pub fn level_parts(&self) -> Vec<(u64, f64, f64)> {
+        let mut below = 1;
+        self.levels
+            .iter()
+            .map(|l| {
+                let count = l.devices / below;
+                below = l.devices;
+                (count, l.bandwidth, l.latency)
+            })
+            .collect()
     }
 
     #[must_use]
@@ -219,19 +386,27 @@ impl Cluster {
         if bytes == 0.0 {
             return 0.0;
         }
-        let l = self.devices_per_node;
-        let ct = groups_crossing(layout, &in_group, l);
-        if ct == 0 {
-            return bytes / self.intra_bandwidth;
+        let flat = self.replicas == Replicas::Flat;
+        // The innermost level one unit of which holds every group.
+        let j = self
+            .levels
+            .iter()
+            .position(|l| crossing(layout, &in_group, l.devices, flat) == 0)
+            .unwrap_or(self.levels.len() - 1);
+        let level = &self.levels[j];
+        if j == 0 {
+            return level.latency + bytes / level.bandwidth;
         }
-        let effective = self.inter_bandwidth / ct as f64;
+        let below = self.levels[j - 1].devices;
+        let ct = crossing(layout, &in_group, below, flat);
+        let effective = level.bandwidth / ct as f64;
         let factor = if collective == Collective::AllToAll {
-            // Only the k(p-k) of the p(p-1) peer transfers that leave the node use the slow link.
+            // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
             let p = (0..layout.num_device_dims())
                 .filter(|&k| in_group(k))
                 .map(|k| layout.dim_size(k))
                 .product::<u64>() as f64;
-            let k = extents(layout, l)
+            let k = extents(layout, below)
                 .enumerate()
                 .filter(|&(k, _)| in_group(k))
                 .map(|(_, e)| e)
@@ -240,23 +415,27 @@ impl Cluster {
         } else {
             1.0
         };
-        factor * bytes / effective
+        level.latency + factor * bytes / effective
     }
-}
 
-impl Cluster {
     /// A lower bound on the seconds of a collective moving `bytes` per device over a group that
-    /// holds device dim `k` of `layout`: over the intra-node link if the dim stays inside a
-    /// node, else over the whole inter-node bandwidth of a node.
+    /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
+    /// latency.
     pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
         let inside = extents(layout, self.devices_per_node)
             .nth(k)
             .is_some_and(|e| e == layout.dim_size(k));
-        if inside {
-            bytes / self.intra_bandwidth.max(self.inter_bandwidth)
+        let usable = if inside {
+            &self.levels[..]
         } else {
-            bytes / self.inter_bandwidth
-        }
+            &self.levels[1.min(self.levels.len() - 1)..]
+        };
+        let fastest = usable.iter().map(|l| l.bandwidth).fold(0.0, f64::max);
+        let latency = usable
+            .iter()
+            .map(|l| l.latency)
+            .fold(f64::INFINITY, f64::min);
+        latency + bytes / fastest
     }
 }
 
@@ -322,12 +501,18 @@ fn collective_volume(layout: &Layout, collective: Collective, size: u64) -> f64 
 /// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
 /// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
+    crossing(layout, in_group, l, false)
+}
+
+/// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
+/// counts as a group of its own.
+fn crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64, flat: bool) -> u64 {
     let mut inside = true;
     let mut ct = 1;
     for (k, e) in extents(layout, l).enumerate() {
         if in_group(k) {
             inside &= e == layout.dim_size(k);
-        } else if layout.distinct_along(k) {
+        } else if flat || layout.distinct_along(k) {
             ct *= e;
         }
     }
