@@ -130,7 +130,7 @@ def _addend(x: np.ndarray, q: int) -> np.ndarray:
 def values(layout: Any) -> list[np.ndarray]:
     """Every rank's values of ``layout``: the flat indices, or addends of them along the partial
     dims (the partial coordinate counts the partial dims innermost first)."""
-    shape, dm, _ = parts(layout)
+    _, dm, _ = parts(layout)
     partial = partial_of(layout)
     group = prod(dev_size(dm, k) for k in partial)
     out = []

@@ -48,7 +48,7 @@ class Layout:
         shape: Sequence[int],
         device_matrix: Sequence[int],
         tensor_map: Sequence[int],
-        partial: Sequence[int] = (),
+        partial: Sequence[int] = ...,  # () at run time: no partial sums
     ) -> Layout: ...
     @property
     def shape(self) -> list[int]: ...
@@ -82,8 +82,9 @@ class Cluster:
         cls,
         nodes: int,
         devices_per_node: int,
-        intra_bandwidth: float = 60e9,
-        inter_bandwidth: float = 6e9,
+        # The paper's 60e9 and 6e9 at run time (the dgx-v100 preset, stated once in the core).
+        intra_bandwidth: float = ...,
+        inter_bandwidth: float = ...,
         device_memory: float | None = None,
         *,
         intra_latency: float = 0.0,
@@ -145,7 +146,7 @@ class CommOp:
     def to_tensor_dim(self) -> int | None: ...
     @property
     def permutation(self) -> list[int] | None:
-        """Collective-permute only: for each device dim, the device dim that takes over its splits."""
+        """Collective-permute only: per device dim, the device dim that takes over its splits."""
     @property
     def group_size(self) -> int: ...
     @property

@@ -74,6 +74,6 @@ def from_toml(path: str | Path, nodes: int = 1) -> Cluster:
     if memory is not None:
         memory = _number(data, "device_memory", str(path))
     replicas = data.get("replicas", "shared")
-    if not isinstance(replicas, str):
+    if replicas not in ("shared", "flat"):
         raise TopologyError(f'{path}: replicas must be "shared" or "flat", got {replicas!r}')
-    return Cluster.hierarchy(parts, memory, replicas)
+    return Cluster.hierarchy(parts, memory, "flat" if replicas == "flat" else "shared")
