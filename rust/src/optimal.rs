@@ -24,10 +24,15 @@ use crate::planner::{step_volume, CommOp, Objective, OpKind};
 /// would cost the search more than they save.
 const MAX_EXPANSIONS: usize = 256;
 
-/// A layout of the search: the tensor map and the partial device dims (a mask).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
+/// stepping allocates nothing).
+const MAX_DIMS: usize = 32;
+
+/// A layout of the search: the tensor map (-1 past the layout's dims) and the partial device
+/// dims (a mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct State {
-    map: Vec<i8>,
+    map: [i8; MAX_DIMS],
     partial: u64,
 }
 
@@ -112,7 +117,7 @@ impl<'a> Space<'a> {
     /// The space of `source` and `target`; `None` if they have too many dims for its masks.
     fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Option<Self> {
         let (n, h) = (source.ndim(), source.num_device_dims());
-        if n >= 64 || h >= 64 {
+        if n > MAX_DIMS || h >= 64 {
             return None;
         }
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
@@ -173,7 +178,10 @@ impl<'a> Space<'a> {
 
     fn layout(&self, state: &State) -> Layout {
         self.template.with_state(
-            state.map.iter().map(|&m| i64::from(m)).collect(),
+            state.map[..self.template.ndim()]
+                .iter()
+                .map(|&m| i64::from(m))
+                .collect(),
             bits(state.partial).collect(),
         )
     }
@@ -183,7 +191,7 @@ impl<'a> Space<'a> {
     fn steps(&self, state: &State, keep: u64, out: &mut Vec<(Step, State)>) {
         out.clear();
         let h = self.allowed.len();
-        let map = &state.map;
+        let map = &state.map[..self.template.ndim()];
         let used = map
             .iter()
             .filter(|&&m| m >= 0)
@@ -195,7 +203,7 @@ impl<'a> Space<'a> {
             .fold(0u64, |mask, (i, _)| mask | 1 << i);
         let with = |i: usize, m: i8, partial: u64| {
             let mut next = State {
-                map: map.clone(),
+                map: state.map,
                 partial,
             };
             next.map[i] = m;
@@ -227,7 +235,7 @@ impl<'a> Space<'a> {
             if state.partial & bit != 0 && keep & bit == 0 {
                 let rest = state.partial & !bit;
                 let next = State {
-                    map: map.clone(),
+                    map: state.map,
                     partial: rest,
                 };
                 out.push((Step::Op(OpKind::AllReduce, k, None, None), next));
@@ -287,7 +295,7 @@ impl<'a> Space<'a> {
             if movable.iter().zip(dest.iter()).all(|(&(_, k), &d)| k == d) {
                 return;
             }
-            let mut next = state.map.clone();
+            let mut next = state.map;
             let h = self.allowed.len();
             let mut sigma: Vec<Option<usize>> = vec![None; h];
             for (&(i, k), &d) in movable.iter().zip(dest.iter()) {
@@ -339,9 +347,15 @@ pub(crate) fn shortest(
     objective: Objective<'_>,
 ) -> Option<Vec<CommOp>> {
     let space = Space::new(source, target, objective)?;
-    let state_of = |l: &Layout| State {
-        map: l.tensor_map().iter().map(|&m| m as i8).collect(),
-        partial: mask_of(l.partial()),
+    let state_of = |l: &Layout| {
+        let mut map = [-1; MAX_DIMS];
+        for (m, &x) in map.iter_mut().zip(l.tensor_map()) {
+            *m = x as i8;
+        }
+        State {
+            map,
+            partial: mask_of(l.partial()),
+        }
     };
     let goal = state_of(target);
     let keep = goal.partial;
@@ -354,7 +368,7 @@ pub(crate) fn shortest(
         done: false,
     }];
     let mut index = FxHashMap::default();
-    index.insert(nodes[0].state.clone(), 0);
+    index.insert(nodes[0].state, 0);
     let mut heap = BinaryHeap::from([Queued {
         cost: start + space.remaining(&nodes[0].state, keep),
         ops: 0,
@@ -395,7 +409,7 @@ pub(crate) fn shortest(
                 continue;
             }
             let fresh = Node {
-                state: next.clone(),
+                state: next,
                 cost: total,
                 ops,
                 parent: node,
