@@ -93,10 +93,12 @@ def test_one_distribution_one_plan():
 
 
 @st.composite
-def partial_pairs(draw):
+def partial_pairs(draw, max_log2_devices=5):
     """A layout pair whose source holds partial sums along some dims its map leaves unused; the
     target keeps some of them when it has the same device matrix."""
-    (shape, dm, tm), (shape_b, dm_b, tm_b) = draw(sg.layout_pairs(max_log2_devices=5))
+    (shape, dm, tm), (shape_b, dm_b, tm_b) = draw(
+        sg.layout_pairs(max_log2_devices=max_log2_devices)
+    )
     free = [k for k in range(len(dm)) if k not in tm and dm[len(dm) - 1 - k] > 1]
     partial = sorted(draw(st.sets(st.sampled_from(free))) if free else set())
     keep: list[int] = []
@@ -148,14 +150,12 @@ def _brute_force(source, target):
     goal = {k: tgt.index(k) if k in tgt else None for k in range(h)}
     fixed = {k for k in range(h) if goal[k] is not None and k in src and src.index(k) == goal[k]}
     scratch = {i for i in range(len(shape)) if src[i] < 0 and tgt[i] < 0}
-    allowed = {
-        k: {
-            i
-            for i in scratch | {src.index(k) if k in src else None, goal[k]} - {None}
-            if shape[i] % d[k] == 0
-        }
-        for k in range(h)
-    }
+    allowed = {}
+    for k in range(h):
+        ends = {src.index(k) if k in src else None, goal[k]} - {None}
+        # A dim that splits nothing at either end (and sums nothing) only replicates.
+        places = ends | scratch if ends or k in src_partial else set()
+        allowed[k] = {i for i in places if shape[i] % d[k] == 0}
 
     def shard(tm):
         return prod(s // (d[m] if m >= 0 else 1) for s, m in zip(shape, tm))
@@ -226,7 +226,7 @@ def _brute_force(source, target):
 
 
 @settings(max_examples=120, deadline=None)
-@given(partial_pairs())
+@given(partial_pairs(max_log2_devices=4))
 def test_optimal_equals_brute_force(pair):
     a, b = _layout(pair[0]), _layout(pair[1])
     plan = _plan(a, b)
@@ -235,7 +235,7 @@ def test_optimal_equals_brute_force(pair):
     want = _brute_force(sim.layout4(plan.source), sim.layout4(plan.target))
     paper = taps.plan_redistribution(a, b, planner="paper").volume
     # The search gives up (keeping Algorithm 1's plan) only past its expansion budget, which
-    # layouts of up to 32 devices do not reach.
+    # layouts of up to 16 devices do not reach (32 can: five device dims of 2 in a chain).
     assert plan.volume == want, (pair, plan, want, paper)
 
 

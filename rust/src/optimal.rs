@@ -5,10 +5,12 @@
 //!
 //! A layout of the search is its tensor map and its partial dims. Each device dim may split only
 //! the tensor dim it splits in the source or in the target, or a dim that neither splits (where a
-//! slice shrinks the shard before a dearer step): the plans of Algorithm 1 stay inside, so the
-//! search never returns a dearer plan than it, and the space stays small enough to plan every
-//! edge of a strategy search. Algorithm 1's cost bounds the search: no layout dearer than it is
-//! expanded.
+//! slice shrinks the shard before a dearer step); a dim that splits the same tensor dim at both
+//! ends stays, one that splits nothing at either end splits nothing on the way, and a free dim
+//! whose target dim is unsplit is sliced there first. The plans of Algorithm 1 stay inside, so
+//! the search never returns a dearer plan than it, and the space stays small enough to plan the
+//! edges of a strategy search. Algorithm 1's cost bounds the search: no layout whose cost plus
+//! the lower bound on the rest exceeds it is expanded.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -121,6 +123,7 @@ impl<'a> Space<'a> {
             return None;
         }
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
+        let src_partial = mask_of(source.partial());
         let scratch = (0..n)
             .filter(|&i| src[i] < 0 && tgt[i] < 0)
             .fold(0u64, |m, i| m | 1 << i);
@@ -128,10 +131,14 @@ impl<'a> Space<'a> {
             .map(|k| {
                 let d = source.dim_size(k);
                 let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
-                let places = [at(src), at(tgt)]
-                    .into_iter()
-                    .flatten()
-                    .fold(scratch, |m, i| m | 1 << i);
+                let ends = [at(src), at(tgt)];
+                // A dim that splits nothing at either end would only have to be gathered again.
+                let start = if ends.iter().all(Option::is_none) && src_partial >> k & 1 == 0 {
+                    0
+                } else {
+                    scratch
+                };
+                let places = ends.into_iter().flatten().fold(start, |m, i| m | 1 << i);
                 bits(places)
                     .filter(|&i| source.shape()[i] % d == 0)
                     .fold(0, |m, i| m | 1 << i)
