@@ -22,9 +22,9 @@ use crate::layout::Layout;
 use crate::planner::{step_volume, CommOp, Objective, OpKind};
 
 /// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
-/// 1's plan. Most plans of a strategy search take a few dozen; the few that would take thousands
-/// would cost the search more than they save.
-const MAX_EXPANSIONS: usize = 256;
+/// 1's plan. Most plans of a strategy search take a few dozen to a few hundred; the few that would
+/// take more (chains of many device dims of one size) would cost the search more than they save.
+const MAX_EXPANSIONS: usize = 1024;
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
 /// stepping allocates nothing).
