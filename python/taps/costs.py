@@ -192,11 +192,13 @@ class CostTables:
 
 
 def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
-    """Group layouts by the distribution they describe."""
+    """Group layouts by the distribution they describe, written as Algorithm 1 plans it (the
+    compacted form: the canonical form would also merge tensor dims, which changes the paper's
+    plans)."""
     index: dict[Layout, int] = {}
     cls = np.empty(len(layouts), dtype=np.int64)
     for i, layout in enumerate(layouts):
-        cls[i] = index.setdefault(layout.normalized(), len(index))
+        cls[i] = index.setdefault(layout.compacted(), len(index))
     return cls, list(index)
 
 
