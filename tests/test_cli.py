@@ -25,7 +25,7 @@ PLAN = [
 
 
 def test_plan_prints_unified_layouts_and_ops(capsys):
-    assert main(PLAN) == 0
+    assert main([*PLAN, "--planner", "paper"]) == 0
     out = capsys.readouterr().out
     assert "device matrix [2, 4, 2]  map [2, -1, 1, 0]" in out
     assert "device matrix [2, 4, 2]  map [2, 1, 0, -1]" in out
@@ -34,6 +34,37 @@ def test_plan_prints_unified_layouts_and_ops(capsys):
     )
     assert out.count("all_to_all") == len(plan.ops)
     assert f"{plan.volume:,} elements per device" in out
+
+
+def test_plan_prints_both_planners(capsys):
+    argv = ["plan", "--from", "[16,2]:[1,0,-1]", "--to", "[16,2]:[0,1,-1]", "--shape", "96,32,96"]
+    assert main([*argv, "--nodes", "4", "--devices-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    a = taps.Layout([96, 32, 96], [16, 2], [1, 0, -1])
+    b = taps.Layout([96, 32, 96], [16, 2], [0, 1, -1])
+    cluster = taps.Cluster(4, 8)
+    paper = taps.plan_redistribution(a, b, cluster, "paper")
+    best = taps.plan_redistribution(a, b, cluster, "optimal")
+    assert "Algorithm 1" in out and "optimal planner" in out and "collective_permute" in out
+    assert f"{paper.volume:,} elements per device" in out
+    assert f"{best.volume:,} elements per device" in out
+    saving = 100 * (1 - best.cost(cluster) / paper.cost(cluster))
+    assert f"optimal planner: {saving:.1f}% less time than Algorithm 1" in out
+
+
+def test_cluster_presets_on_the_command_line(capsys, tmp_path):
+    argv = ["plan", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
+    assert main([*argv, "--nodes", "2", "--cluster", "dgx-h100", "--planner", "paper"]) == 0
+    h100 = capsys.readouterr().out
+    assert main([*argv, "--nodes", "2", "--devices-per-node", "8", "--planner", "paper"]) == 0
+    v100 = capsys.readouterr().out
+    assert h100 != v100  # other bandwidths and latencies
+    assert main([*argv, "--nodes", "2", "--cluster", "dgx-h100", "--devices-per-node", "8"]) == 2
+    assert "--cluster gives the devices per node" in capsys.readouterr().err
+    assert main([*argv, "--nodes", "2"]) == 2
+    assert "--devices-per-node is required" in capsys.readouterr().err
+    assert main([*argv, "--nodes", "2", "--cluster", "no-such-preset"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

@@ -40,9 +40,11 @@ def layout_text(layout: Layout) -> str:
     return f"shape {layout.shape}  device matrix {layout.device_matrix}  map {layout.tensor_map}"
 
 
-def plan_table(plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2) -> Table:
+def plan_table(
+    plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2, title: str = "Redistribution"
+) -> Table:
     """One row per op of the plan: what it does, its group, volume, ct and cost."""
-    table = Table(title="Redistribution", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for name in ("step", "op", "dev dim", "tensor dims", "group", "volume", "ct", "cost"):
         right = name not in ("step", "op", "tensor dims")
         table.add_column(name, justify="right" if right else "left", no_wrap=True)
@@ -52,7 +54,7 @@ def plan_table(plan: Redistribution, cluster: Cluster, dtype_bytes: float = 2) -
         + [("epilogue", op) for op in plan.epilogue]
     )
     for step, op in steps:
-        dims = str(op.tensor_dim)
+        dims = "-" if op.tensor_dim is None else str(op.tensor_dim)
         if op.to_tensor_dim is not None:
             dims = f"{op.tensor_dim} -> {op.to_tensor_dim}"
         table.add_row(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from taps import models
 from taps._core import Cluster, GraphError
+from taps.checks import ArgumentError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
 
@@ -60,29 +61,56 @@ def matrix_map(text: str) -> tuple[list[int], list[int]]:
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's)."""
+    """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's), or
+    ``--cluster`` for a preset or a TOML file."""
     defaults = Cluster(1, 1)
     p.add_argument("--nodes", type=integer, required=True, help="number of nodes")
-    p.add_argument("--devices-per-node", type=integer, required=True, help="devices in one node")
+    p.add_argument(
+        "--devices-per-node",
+        type=integer,
+        default=None,
+        help="devices in one node (required without --cluster)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="NAME|FILE.toml",
+        default=None,
+        help="a cluster preset (dgx-v100, dgx-h100) or a TOML file: its nodes, bandwidths, "
+        "latencies and replica model (docs/core.md); --nodes still says how many nodes",
+    )
     p.add_argument(
         "--intra-bandwidth",
         type=positive("the intra-node bandwidth"),
-        default=defaults.intra_bandwidth,
+        default=None,
         help=f"bytes/s inside a node ({defaults.intra_bandwidth:g})",
     )
     p.add_argument(
         "--inter-bandwidth",
         type=positive("the inter-node bandwidth"),
-        default=defaults.inter_bandwidth,
+        default=None,
         help=f"bytes/s between nodes ({defaults.inter_bandwidth:g})",
     )
 
 
 def cluster(args: argparse.Namespace, memory: float | None = None) -> Cluster:
     """The cluster the cluster options describe."""
-    return Cluster(
-        args.nodes, args.devices_per_node, args.intra_bandwidth, args.inter_bandwidth, memory
-    )
+    bandwidths = [args.intra_bandwidth, args.inter_bandwidth]
+    if args.cluster is None:
+        if args.devices_per_node is None:
+            raise ArgumentError("--devices-per-node is required (or a --cluster preset)")
+        defaults = Cluster(1, 1)
+        intra = defaults.intra_bandwidth if bandwidths[0] is None else bandwidths[0]
+        inter = defaults.inter_bandwidth if bandwidths[1] is None else bandwidths[1]
+        return Cluster(args.nodes, args.devices_per_node, intra, inter, memory)
+    if args.devices_per_node is not None or bandwidths != [None, None]:
+        raise ArgumentError(
+            "--cluster gives the devices per node and the bandwidths: leave out "
+            "--devices-per-node, --intra-bandwidth and --inter-bandwidth"
+        )
+    preset = Cluster.preset(args.cluster, args.nodes)
+    if memory is None:
+        return preset
+    return Cluster.hierarchy(preset.levels, device_memory=memory, replicas=preset.replicas)
 
 
 _UNITS = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Literal
 
 from rich.console import Console
 
@@ -10,21 +11,35 @@ from taps._core import Layout, plan_redistribution
 from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
 from taps.reports import layout_text, plan_table
 
+PLANNERS: tuple[Literal["paper"], Literal["optimal"]] = ("paper", "optimal")
+TITLES = {"paper": "Algorithm 1 (the paper's planner)", "optimal": "optimal planner"}
+
 
 def run(args: argparse.Namespace, console: Console) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
     b = Layout(args.target_shape or args.shape, dm_b, map_b)
-    plan = plan_redistribution(a, b)
+    planners = (
+        PLANNERS if args.planner == "both" else tuple(p for p in PLANNERS if p == args.planner)
+    )
+    plans = {p: plan_redistribution(a, b, c, p, args.dtype_bytes) for p in planners}
+    first = plans[planners[0]]
     # All of it built before any is printed: a late error leaves no partial output.
-    output = [
+    output: list[Any] = [
         f"from    {layout_text(a)}",
         f"to      {layout_text(b)}",
-        f"unified {layout_text(plan.source)}",
-        f"        {layout_text(plan.target)}",
-        plan_table(plan, c, args.dtype_bytes),
+        f"unified {layout_text(first.source)}",
+        f"        {layout_text(first.target)}",
     ]
+    output += [
+        plan_table(plan, c, args.dtype_bytes, f"Redistribution, {TITLES[p]}")
+        for p, plan in plans.items()
+    ]
+    if len(plans) == 2:
+        paper, best = (plans[p].cost(c, args.dtype_bytes) for p in PLANNERS)
+        saving = 0.0 if paper == 0 else 100 * (1 - best / paper)
+        output.append(f"optimal planner: {saving:.1f}% less time than Algorithm 1")
     for item in output:
         console.print(item)
     if args.verify:
@@ -67,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dtype-bytes", type=positive("bytes per element"), default=2, help="bytes per element (2)"
+    )
+    p.add_argument(
+        "--planner",
+        choices=(*PLANNERS, "both"),
+        default="both",
+        help="Algorithm 1 of the paper, the optimal planner (a shortest path over layouts, "
+        "docs/core.md), or both (both)",
     )
     add_cluster_args(p)
     p.add_argument(
