@@ -1,5 +1,5 @@
 """The step table on its own: the rows for steps of layouts with partial sums (reduce-scatter) and
-for block moves (collective-permute), which the planner does not emit yet, run on hand-made ops
+for block moves (collective-permute), run on hand-made ops and on the optimal planner's own plans,
 and checked against numpy and against the compiled HLO."""
 
 from __future__ import annotations
@@ -81,3 +81,33 @@ def test_collective_permute_moves_blocks_between_device_dims():
     # Ranks 1 and 2 swap blocks; 0 and 3 keep theirs (XLA lists them too).
     assert c.groups == step("collective_permute").groups(op) == ((0, 0), (1, 2), (2, 1), (3, 3))
     assert (c.in_bytes, c.bytes) == (16, 16)
+
+
+def test_the_optimal_planners_reduce_scatter_runs_as_planned():
+    """The planner's own plan from partial sums (device dim 0, the four ranks of each row of
+    [2, 4]) to a split: one reduce_scatter, run through the step table on XLA, each rank ends with
+    its quarter of the rows of its row's sum."""
+    before = taps.Layout([8, 4], [2, 4], [-1, -1], partial=[0])
+    after = taps.Layout([8, 4], [2, 4], [0, -1])
+    plan = taps.plan_redistribution(before, after, planner="optimal")
+    assert [op.kind for op in plan.all_ops] == ["reduce_scatter"]
+    layouts = [before, after, plan.source, plan.target, *(op.layout for op in plan.all_ops)]
+    mesh = mesh_for(layouts, 8)
+    everywhere = P(mesh.axis_names)  # one block per rank, stacked
+
+    def body(x):
+        return redistribute(x[0], plan, after, mesh)[None]
+
+    fn = jax.shard_map(body, mesh=jax_mesh(mesh), in_specs=everywhere, out_specs=everywhere)
+    partials = np.arange(8 * 8 * 4, dtype=np.float32).reshape(8, 8, 4)
+    compiled = jax.jit(fn).lower(partials).compile()
+    got = np.asarray(compiled(partials))
+    for r in range(8):
+        row = range(4 * (r // 4), 4 * (r // 4) + 4)
+        total = sum(partials[j] for j in row)
+        block = tuple(slice(a, b) for a, b in after.shard_index(r))
+        np.testing.assert_array_equal(got[r], total[block])
+    (c,) = collectives(compiled.as_text(), 8)
+    assert c.kind == "reduce_scatter"
+    assert c.groups == step("reduce_scatter").groups(plan.ops[0]) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert c.bytes == plan.volume * 4

@@ -16,7 +16,7 @@ use proptest::test_runner::{Config, FileFailurePersistence};
 use taps::batch::{allreduce_costs, AxesTensor};
 use taps::{
     enumerate_strategies, inter_node_groups, plan_redistribution, redistribution_costs, unify,
-    Cluster, CollectiveKind, CostModel, Error, Layout, Objective, Planner, Strategy,
+    Cluster, CollectiveKind, CostModel, Error, Layout, Objective, OpKind, Planner, Strategy,
 };
 
 /// Cases per target; the five targets share the time budget.
@@ -284,13 +284,18 @@ proptest! {
         }
         let b = Layout::new(a.shape().to_vec(), a.device_matrix().to_vec(), map);
         let Ok(b) = b else { return Ok(()) };
-        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
-        for op in plan.all_ops() {
-            let ct = op.inter_node_groups(per_node);
-            prop_assert_eq!(ct.is_ok(), valid_node);
-            if let (Ok(ct), Some(kind)) = (ct, op.kind.collective()) {
-                let direct = inter_node_groups(&op.layout, kind, per_node, Some(op.device_dim));
-                prop_assert_eq!(direct, Ok(ct));
+        for planner in [Planner::Paper, Planner::Optimal] {
+            let plan = plan_redistribution(&a, &b, planner, Objective::Volume).unwrap();
+            for op in plan.all_ops() {
+                let ct = op.inter_node_groups(per_node);
+                prop_assert_eq!(ct.is_ok(), valid_node);
+                // The free function takes one device dim (an all_reduce: the unused ones).
+                let one_dim = op.permutation.is_none() && op.kind != OpKind::AllReduce;
+                if let (Ok(ct), Some(kind), true) = (ct, op.kind.collective(), one_dim) {
+                    let direct =
+                        inter_node_groups(&op.layout, kind, per_node, Some(op.device_dim));
+                    prop_assert_eq!(direct, Ok(ct));
+                }
             }
         }
     }

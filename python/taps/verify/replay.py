@@ -38,6 +38,7 @@ from .program import (
 from .result import VerifyResult, match, verdict
 
 if TYPE_CHECKING:
+    from taps._core import _Planner
     from taps.search import SearchResult
 
 #: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
@@ -131,15 +132,16 @@ def verify_redistributions(
     pairs: Sequence[tuple[Layout, Layout]],
     devices_per_node: int | None = None,
     dtype: str = "float32",
+    planner: _Planner = "paper",
 ) -> list[VerifyResult]:
-    """Verify many redistributions (all on one device count) in one compiled program: each
-    device's block after the plan must equal its block of the target exactly, and every
-    collective must compile as predicted. One result per pair."""
+    """Verify many redistributions (all on one device count) in one compiled program, as
+    ``planner`` plans them: each device's block after the plan must equal its block of the target
+    exactly, and every collective must compile as predicted. One result per pair."""
     if not pairs:
         return []
     t0 = time.perf_counter()
     n = pairs[0][0].num_devices
-    plans = [plan_redistribution(a, b) for a, b in pairs]
+    plans = [plan_redistribution(a, b, planner=planner) for a, b in pairs]
     every = [x for a, b in pairs for x in (a, b)]
     for plan in plans:
         every += [plan.source, plan.target, *(op.layout for op in plan.all_ops)]
@@ -213,7 +215,11 @@ def verify_redistributions(
 
 
 def verify_redistribution(
-    source: Layout, target: Layout, devices_per_node: int | None = None, dtype: str = "float32"
+    source: Layout,
+    target: Layout,
+    devices_per_node: int | None = None,
+    dtype: str = "float32",
+    planner: _Planner = "paper",
 ) -> VerifyResult:
     """Verify the plan from ``source`` to ``target`` (see :func:`verify_redistributions`)."""
-    return verify_redistributions([(source, target)], devices_per_node, dtype)[0]
+    return verify_redistributions([(source, target)], devices_per_node, dtype, planner)[0]
