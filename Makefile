@@ -25,10 +25,10 @@ $(STAMP): pyproject.toml Cargo.toml $(wildcard rust/src/*.rs)
 	$(PY) -c 'import taps._core, pytest, hypothesis, matplotlib'
 	touch $(STAMP)
 
-# torch and jax (several GB) for the tests of the front ends; the demo does not need them.
+# torch and jax (several GB) and the real models the front-end tests build; the demo needs none.
 $(FRAMEWORKS): pyproject.toml | $(STAMP)
 	@rm -f $(FRAMEWORKS)
-	$(MATURIN) --extras dev,torch,jax
+	$(MATURIN) --extras dev,torch,jax,test-models
 	$(PY) -c 'import torch, jax'
 	touch $(FRAMEWORKS)
 

@@ -517,15 +517,14 @@ def allreduce_costs(
     model: str = "topology",
     device_matrices: list[list[int]] | None = None,
 ) -> np.ndarray:
-    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype and
-    optionally per_replica)."""
+    """Per strategy, the summed all_reduce cost of the tensors (strategy axes, shape, dtype), each
+    replica reducing on its own (the per-replica layout)."""
     out = np.zeros(len(degrees))
     for s, (deg, dmap) in enumerate(zip(degrees, device_maps)):
         matrix = None if device_matrices is None else list(device_matrices[s])
         total = 0.0
-        for axes, shape, dtype_bytes, *flag in tensors:
-            per_replica = bool(flag and flag[0])
-            layout = strategy_layout(list(deg), list(dmap), axes, shape, matrix, per_replica)
+        for axes, shape, dtype_bytes in tensors:
+            layout = strategy_layout(list(deg), list(dmap), axes, shape, matrix, per_replica=True)
             total += allreduce_cost(layout, cluster, dtype_bytes, model)
         out[s] = total
     return out

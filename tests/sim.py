@@ -6,6 +6,11 @@ of collectives. Nothing here imports ``taps``: layouts are read through their ``
 ``device_matrix`` and ``tensor_map`` attributes, or given as plain ``(shape, dm, map)`` tuples, and
 ops through ``kind``, ``device_dim``, ``tensor_dim`` and ``to_tensor_dim``.
 
+Partial sums: a layout whose device dims ``partial`` hold partial sums gives each rank an
+*addend* of its block (:func:`values`): pseudo-random integers for all but the last coordinate of
+the partial group, the remainder for the last, so that the addends sum to the flat indices.
+Reduce-scatters and all-reduces sum them, and every other op moves them with the indices.
+
 Conventions (docs/conventions.md#layouts): the device matrix is listed outermost first, so device
 dim ``k`` has size ``dm[len(dm) - 1 - k]``; rank ``r`` has coordinates ``c_0 = r mod d_0``,
 ``c_1 = (r // d_0) mod d_1``, ...; a tensor dim split along device dim ``m`` holds block ``c_m`` of
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 Parts = tuple[list[int], list[int], list[int]]
+Layout4 = tuple[list[int], list[int], list[int], list[int]]
 
 
 def parts(layout: Any) -> Parts:
@@ -30,6 +36,13 @@ def parts(layout: Any) -> Parts:
     else:
         shape, dm, tm = layout.shape, layout.device_matrix, layout.tensor_map
     return [int(x) for x in shape], [int(x) for x in dm], [int(x) for x in tm]
+
+
+def partial_of(layout: Any) -> list[int]:
+    """The device dims of a layout object (``partial``) or 4-tuple holding partial sums."""
+    if isinstance(layout, tuple | list):
+        return sorted(int(k) for k in layout[3]) if len(layout) > 3 else []
+    return sorted(int(k) for k in getattr(layout, "partial", []))
 
 
 def dev_size(dm: list[int], k: int) -> int:
@@ -109,6 +122,31 @@ def shards(layout: Any) -> list[np.ndarray]:
     return out
 
 
+def _addend(x: np.ndarray, q: int) -> np.ndarray:
+    """The pseudo-random addend of partial coordinate ``q`` (not the last) of elements ``x``."""
+    return (x * 7919 + q * 104729 + 13) % 1009 - 504
+
+
+def values(layout: Any) -> list[np.ndarray]:
+    """Every rank's values of ``layout``: the flat indices, or addends of them along the partial
+    dims (the partial coordinate counts the partial dims innermost first)."""
+    _, dm, _ = parts(layout)
+    partial = partial_of(layout)
+    group = prod(dev_size(dm, k) for k in partial)
+    out = []
+    for r, idx in enumerate(shards(layout)):
+        c = coords(r, dm)
+        q, stride = 0, 1
+        for k in partial:
+            q += c[k] * stride
+            stride *= dev_size(dm, k)
+        if q < group - 1:
+            out.append(_addend(idx, q))
+        else:
+            out.append(idx - sum((_addend(idx, p) for p in range(group - 1)), np.zeros_like(idx)))
+    return out
+
+
 def element_sets(arrays: list[np.ndarray]) -> list[frozenset[int]]:
     return [frozenset(int(x) for x in a.ravel()) for a in arrays]
 
@@ -121,6 +159,7 @@ class SimOp:
     device_dim: int
     tensor_dim: int
     to_tensor_dim: int | None = None
+    permutation: list[int] | None = None
 
 
 def _group(rank: int, k: int, dm: list[int]) -> list[int]:
@@ -147,7 +186,7 @@ def replay(
     assert len(arrays) == n, (len(arrays), dm)
     kind = op.kind
     k = int(op.device_dim)
-    i = int(op.tensor_dim)
+    i = -1 if op.tensor_dim is None else int(op.tensor_dim)
     g = dev_size(dm, k)
     new: list[np.ndarray] = []
     received = [0] * n
@@ -187,9 +226,53 @@ def replay(
                 if m != r:
                     received[r] += piece.size
             new.append(np.concatenate(pieces, axis=i))
+    elif kind == "collective_permute":
+        sigma = [int(x) for x in op.permutation]
+        assert sorted(sigma) == list(range(len(dm))), sigma
+        for r in range(n):
+            # The block rank r holds after the permute is the one held before by the rank whose
+            # coordinate along k is r's coordinate along sigma[k].
+            c = coords(r, dm)
+            src = rank_of([c[sigma[j]] for j in range(len(dm))], dm)
+            new.append(arrays[src].copy())
+            if src != r:
+                received[r] += arrays[src].size
     else:
         raise AssertionError(f"unknown op kind {kind!r}")
     return new, received
+
+
+def reduce(
+    op: Any, idx: list[np.ndarray], val: list[np.ndarray], device_matrix: list[int]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """An all_reduce or reduce_scatter of the values along ``op.device_dim``: the indices of a
+    group must agree; a reduce_scatter also splits ``op.tensor_dim``. Counts what a ring moves:
+    the shard cut into ``g`` chunks, each member receiving ``g - 1`` of them (and, for an
+    all_reduce, the ``g - 1`` reduced chunks it does not own)."""
+    dm = [int(x) for x in device_matrix]
+    n = num_devices(dm)
+    k = int(op.device_dim)
+    g = dev_size(dm, k)
+    new_idx, new_val, received = [], [], [0] * n
+    for r in range(n):
+        members = _group(r, k, dm)
+        for m in members:
+            assert np.array_equal(idx[m], idx[r]), "a reduction over different elements"
+        total = sum((val[m] for m in members), np.zeros_like(val[r]))
+        t = coords(r, dm)[k]
+        if op.kind == "all_reduce":
+            chunks = np.array_split(np.arange(total.size), g)
+            received[r] = (g - 1) * len(chunks[t]) + total.size - len(chunks[t])
+            new_idx.append(idx[r].copy())
+            new_val.append(total)
+        else:
+            assert op.kind == "reduce_scatter", op.kind
+            i = int(op.tensor_dim)
+            assert total.shape[i] % g == 0, ("reduce_scatter split does not divide", total.shape)
+            new_idx.append(np.split(idx[r], g, axis=i)[t].copy())
+            new_val.append(np.split(total, g, axis=i)[t].copy())
+            received[r] = (g - 1) * new_val[-1].size
+    return new_idx, new_val, received
 
 
 def apply_to_map(op: Any, tm: list[int]) -> list[int]:
@@ -212,6 +295,27 @@ def apply_to_map(op: Any, tm: list[int]) -> list[int]:
     return tm
 
 
+def apply_to_layout(op: Any, layout: Layout4) -> Layout4:
+    """The layout (4-tuple) after ``op``, asserting the op is legal on ``layout``."""
+    shape, dm, tm, partial = layout
+    kind, k = op.kind, int(op.device_dim)
+    if kind == "all_reduce":
+        assert k in partial, ("all_reduce of a dim without partial sums", layout, k)
+        return shape, dm, list(tm), [p for p in partial if p != k]
+    if kind == "reduce_scatter":
+        i = int(op.tensor_dim)
+        assert k in partial and tm[i] == -1, ("illegal reduce_scatter", layout, k, i)
+        tm = list(tm)
+        tm[i] = k
+        return shape, dm, tm, [p for p in partial if p != k]
+    if kind == "collective_permute":
+        sigma = [int(x) for x in op.permutation]
+        assert all(sigma[p] == p for p in partial), ("a permute moves partial sums", sigma)
+        return shape, dm, [m if m < 0 else sigma[m] for m in tm], list(partial)
+    assert kind != "slice" or k not in partial, ("slice along a partial dim", layout, k)
+    return shape, dm, apply_to_map(op, tm), list(partial)
+
+
 @dataclass
 class Step:
     """One replayed op: the layout it acted on (as tracked by the simulator) and what it moved."""
@@ -220,6 +324,7 @@ class Step:
     op: Any
     layout: Parts
     received: list[int]
+    partial: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -229,117 +334,118 @@ class Replay:
     steps: list[Step] = field(default_factory=list)
 
 
-def _same_layout(op_layout: Any, tracked: Parts) -> bool:
-    return parts(op_layout) == tracked
+def layout4(layout: Any) -> Layout4:
+    shape, dm, tm = parts(layout)
+    return shape, dm, tm, partial_of(layout)
 
 
-def _run(
-    phase: str,
-    ops: list[Any],
-    tracked: Parts,
-    arrays: list[np.ndarray],
-    steps: list[Step],
-    loose_layout: Parts | None = None,
-) -> tuple[Parts, list[np.ndarray]]:
-    shape, dm, tm = tracked
-    for op in ops:
-        cur = (shape, dm, list(tm))
-        if loose_layout is None:
-            assert _same_layout(op.layout, cur), (
-                f"{phase} op {op!r}: op.layout {parts(op.layout)} != tracked {cur}"
-            )
-        else:
-            # Pre/epilogue ops may report either the layout just before them or the original one.
-            assert _same_layout(op.layout, cur) or _same_layout(op.layout, loose_layout), (
-                f"{phase} op {op!r}: op.layout {parts(op.layout)} is neither {cur} "
-                f"nor {loose_layout}"
-            )
-        assert int(op.group_size) == dev_size(dm, int(op.device_dim)), op
-        if op.kind != "all_to_all":
-            assert op.to_tensor_dim is None, op
-        arrays, received = replay(op, arrays, dm)
+def partial_bits(layout: Layout4) -> set[int]:
+    """The rank bits of the partial dims: one partial state, however the matrix is cut."""
+    _, dm, _, partial = layout
+    out: set[int] = set()
+    for k in partial:
+        lo = sum(dev_size(dm, j).bit_length() - 1 for j in range(k))
+        out.update(range(lo, lo + dev_size(dm, k).bit_length() - 1))
+    return out
+
+
+def reshape_to(
+    cur: Layout4, new: Layout4, idx: list[np.ndarray], val: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every rank's arrays seen as ``new`` instead of ``cur``: allowed only if it moves nothing
+    (each rank holds the same flat elements in the same order, and the same partial sums)."""
+    if cur == new:
+        return idx, val
+    assert num_devices(cur[1]) == num_devices(new[1]), (cur, new)
+    assert partial_bits(cur) == partial_bits(new), ("partial sums differ", cur, new)
+    want = shards(new[:3])
+    local = shard_shape(new[:3])
+    out_idx, out_val = [], []
+    for r, (a, v) in enumerate(zip(idx, val, strict=True)):
+        assert a.size == prod(local), (cur, new)
+        a2 = a.reshape(local)
+        assert np.array_equal(a2, want[r]), f"rank {r}: {cur} -> {new} is not a free reshape"
+        out_idx.append(a2)
+        out_val.append(v.reshape(local))
+    return out_idx, out_val
+
+
+def _check_volume(op: Any, received: list[int], phase: str) -> None:
+    if op.kind == "collective_permute":
+        # Devices that keep their block receive nothing.
+        assert int(op.volume) == max(received), (phase, op, received)
+    elif op.kind == "all_reduce":
+        # A ring's chunks may differ by one element: the average, rounded up.
+        assert int(op.volume) == -(-sum(received) // len(received)), (phase, op, received)
+    else:
         assert len(set(received)) == 1, f"{phase} op {op!r}: uneven receive counts {received}"
         assert int(op.volume) == received[0], (
             f"{phase} op {op!r}: volume {op.volume} but the replay moved {received[0]} per rank"
         )
-        steps.append(Step(phase, op, cur, received))
-        tm = apply_to_map(op, tm)
-    return (shape, dm, tm), arrays
-
-
-def _reshape_all(arrays: list[np.ndarray], local_shape: list[int]) -> list[np.ndarray]:
-    out = []
-    for a in arrays:
-        assert a.size == prod(local_shape), (a.shape, local_shape)
-        out.append(a.reshape(local_shape))
-    return out
 
 
 def replay_plan(plan: Any, source: Any, target: Any) -> Replay:
     """Replay ``plan`` (a ``taps.Redistribution``) from the ORIGINAL ``source`` to ``target``.
 
-    Checks on the way: every op's ``layout``/``group_size``/``volume`` against the simulator's own
-    tracking; after the prelude, each rank holds exactly ``plan.source``'s elements; after the ops,
-    exactly ``shards(plan.target)``; after the epilogue, exactly ``shards(target)``.
+    Every rank starts with its indices and values (addends, if ``source`` holds partial sums) of
+    ``source``. Before each op the arrays are seen as ``op.layout`` (only if that moves nothing);
+    each op's ``group_size`` and ``volume`` are checked against the data it moved. After the
+    prelude the arrays are seen as ``plan.source``, after the ops they must be exactly those of
+    ``plan.target``, and at the end exactly the indices and values of ``target``.
     """
-    src = parts(source)
-    tgt = parts(target)
+    src, tgt = layout4(source), layout4(target)
     assert num_devices(src[1]) == num_devices(tgt[1])
+    idx, val = shards(src[:3]), values(source)
+    cur = src
     steps: list[Step] = []
-    arrays = shards(src)
-
-    # 1. Prelude: all_gathers on the original source layout.
-    for op in plan.prelude:
-        assert op.kind == "all_gather", f"prelude op {op!r} is not an all_gather"
-    relaxed_src, arrays = _run("prelude", list(plan.prelude), src, arrays, steps, src)
-
-    # 2. Free reshape to the unified source.
-    usrc, utgt = parts(plan.source), parts(plan.target)
-    assert usrc[0] == utgt[0], ("unified shapes differ", usrc, utgt)
-    assert usrc[1] == utgt[1], ("unified device matrices differ", usrc, utgt)
-    assert num_devices(usrc[1]) == num_devices(src[1])
-    arrays = _reshape_all(arrays, shard_shape(usrc))
-    assert element_sets(arrays) == element_sets(shards(usrc)), (
-        "plan.source does not hold the elements of the (relaxed) source",
-        relaxed_src,
-        usrc,
-    )
-
-    # 3. The ops proper, on the unified layouts.
-    final_u, arrays = _run("ops", list(plan.ops), usrc, arrays, steps)
-    assert final_u == utgt, ("ops do not end on plan.target's map", final_u, utgt)
-    expect = shards(utgt)
-    for r, (a, e) in enumerate(zip(arrays, expect, strict=True)):
-        assert a.shape == e.shape and np.array_equal(a, e), (
-            f"rank {r}: after the ops holds {a.tolist()} but plan.target gives {e.tolist()}"
-        )
-
-    # 4. Free reshape to the relaxed original target, then the epilogue's free slices.
-    rtm = list(tgt[2])
-    for op in plan.epilogue:
-        assert op.kind == "slice", f"epilogue op {op!r} is not a slice"
-        i, k = int(op.tensor_dim), int(op.device_dim)
-        assert rtm[i] == k, ("epilogue slices a dim the target does not split that way", op, tgt)
-        rtm[i] = -1
-    relaxed_tgt = (tgt[0], tgt[1], rtm)
-    arrays = _reshape_all(arrays, shard_shape(relaxed_tgt))
-    assert element_sets(arrays) == element_sets(shards(relaxed_tgt)), (
-        "plan.target does not hold the elements of the (relaxed) target",
-        relaxed_tgt,
-        utgt,
-    )
-    # A row-major box of a row-major tensor lists its flat indices in increasing order, so equal
-    # sets mean equal arrays: the reshape really is free.
-    for a, e in zip(arrays, shards(relaxed_tgt), strict=True):
-        assert np.array_equal(a, e)
-    final_t, arrays = _run("epilogue", list(plan.epilogue), relaxed_tgt, arrays, steps, tgt)
-    assert final_t == tgt
-    expect = shards(tgt)
-    for r, (a, e) in enumerate(zip(arrays, expect, strict=True)):
+    for phase, ops in (("prelude", plan.prelude), ("ops", plan.ops), ("epilogue", plan.epilogue)):
+        if phase == "ops":
+            usrc, utgt = layout4(plan.source), layout4(plan.target)
+            assert usrc[:2] == utgt[:2], ("unified shapes or matrices differ", usrc, utgt)
+            idx, val = reshape_to(cur, usrc, idx, val)
+            cur = usrc
+        for op in ops:
+            if phase == "prelude":
+                assert op.kind == "all_gather", f"prelude op {op!r} is not an all_gather"
+            if phase == "epilogue":
+                assert op.kind == "slice", f"epilogue op {op!r} is not a slice"
+            at = layout4(op.layout)
+            idx, val = reshape_to(cur, at, idx, val)
+            cur = at
+            _, dm, _, _ = cur
+            if op.kind == "collective_permute":
+                moved = [k for k, to in enumerate(op.permutation) if k != to]
+                assert int(op.group_size) == prod(dev_size(dm, k) for k in moved), op
+            else:
+                assert int(op.group_size) == dev_size(dm, int(op.device_dim)), op
+            if op.kind != "all_to_all":
+                assert op.to_tensor_dim is None, op
+            if op.kind in ("all_reduce", "reduce_scatter"):
+                idx, val, received = reduce(op, idx, val, dm)
+            else:
+                idx, received = replay(op, idx, dm)
+                val, _ = replay(op, val, dm)
+            _check_volume(op, received, phase)
+            steps.append(Step(phase, op, cur[:3], received, list(cur[3])))
+            cur = apply_to_layout(op, cur)
+        if phase == "ops":
+            assert cur == layout4(plan.target), ("ops do not end on plan.target", cur)
+            for r, (a, e) in enumerate(zip(idx, shards(cur[:3]), strict=True)):
+                assert a.shape == e.shape and np.array_equal(a, e), (
+                    f"rank {r}: after the ops holds {a.tolist()} but plan.target gives {e.tolist()}"
+                )
+    idx, val = reshape_to(cur, tgt, idx, val)
+    _, dm, _, partial = tgt
+    for r, (a, e) in enumerate(zip(idx, shards(tgt[:3]), strict=True)):
         assert a.shape == e.shape and np.array_equal(a, e), (
             f"rank {r}: final {a.tolist()} but the target gives {e.tolist()}"
         )
-
+        # The addends along the target's partial dims sum to the tensor.
+        group = [r]
+        for k in partial:
+            group = [m for g in group for m in _group(g, k, dm)]
+        total = sum((val[m] for m in group), np.zeros_like(val[r]))
+        assert np.array_equal(total, e), f"rank {r}: the values sum to {total.tolist()}"
     n = num_devices(src[1])
     total = [sum(s.received[r] for s in steps) for r in range(n)]
-    return Replay(arrays, total, steps)
+    return Replay(idx, total, steps)

@@ -57,7 +57,28 @@ INT_ARGS: list[tuple[str, int, type[taps.TapsError], str, Callable[[int], object
     ),
     ("Layout.shard_index", 0, taps.LayoutError, "rank", LAYOUT.shard_index),
     ("Layout.device_dim_size", 0, taps.LayoutError, "k", LAYOUT.device_dim_size),
+    (
+        "Layout partial",
+        1,
+        taps.LayoutError,
+        "partial",
+        lambda v: taps.Layout([8, 8], [2, 2], [0, -1], [v]),
+    ),
     ("Cluster nodes", 2, taps.TopologyError, "nodes", lambda v: taps.Cluster(v, 4)),
+    (
+        "Cluster.hierarchy parts",
+        2,
+        taps.TopologyError,
+        "parts of level 1",
+        lambda v: taps.Cluster.hierarchy([(2, 60e9, 0.0), (v, 6e9, 0.0)]),
+    ),
+    (
+        "Cluster.preset nodes",
+        1,
+        taps.TopologyError,
+        "nodes",
+        lambda v: taps.Cluster.preset("dgx-v100", v),
+    ),
     (
         "Cluster devices_per_node",
         2,
@@ -132,6 +153,26 @@ FLOAT_ARGS: list[tuple[str, str, Callable[[object], object]]] = [
     ("Cluster inter_bandwidth", "inter_bandwidth", lambda v: taps.Cluster(2, 2, inter_bandwidth=v)),
     ("Cluster device_memory", "device_memory", lambda v: taps.Cluster(2, 2, device_memory=v)),
     (
+        "Cluster.hierarchy bandwidth",
+        "bandwidth of level 2",
+        lambda v: taps.Cluster.hierarchy([(2, 60e9, 0.0), (1, 6e9, 0.0), (2, v, 0.0)]),
+    ),
+    (
+        "Cluster.hierarchy device_memory",
+        "device_memory",
+        lambda v: taps.Cluster.hierarchy([(4, 60e9, 0.0)], device_memory=v),
+    ),
+    (
+        "plan_redistribution",
+        "dtype_bytes",
+        lambda v: taps.plan_redistribution(LAYOUT, TARGET, dtype_bytes=v),
+    ),
+    (
+        "plan_redistribution optimal",
+        "dtype_bytes",
+        lambda v: taps.plan_redistribution(LAYOUT, TARGET, CLUSTER, "optimal", v),
+    ),
+    (
         "Cluster.collective_cost",
         "dtype_bytes",
         lambda v: CLUSTER.collective_cost(LAYOUT, "all_reduce", dtype_bytes=v),
@@ -142,6 +183,13 @@ FLOAT_ARGS: list[tuple[str, str, Callable[[object], object]]] = [
         "redistribution_costs",
         "dtype_bytes",
         lambda v: taps.redistribution_costs([LAYOUT], [TARGET], CLUSTER, dtype_bytes=v),
+    ),
+    (
+        "redistribution_costs optimal",
+        "dtype_bytes",
+        lambda v: taps.redistribution_costs(
+            [LAYOUT], [TARGET], CLUSTER, dtype_bytes=v, planner="optimal"
+        ),
     ),
     ("allreduce_costs", "dtype_bytes", lambda v: _allreduce(([0], [8], v))),
 ]
@@ -183,11 +231,36 @@ def test_float_arguments_raise_topology_errors(name, arg, call, v):
         assert v > 0 and v != float("inf"), f"{name} accepted {v}"
 
 
+LATENCY_ARGS: list[tuple[str, str, Callable[[object], object]]] = [
+    ("Cluster intra_latency", "intra_latency", lambda v: taps.Cluster(2, 2, intra_latency=v)),
+    ("Cluster inter_latency", "inter_latency", lambda v: taps.Cluster(2, 2, inter_latency=v)),
+    (
+        "Cluster.hierarchy latency",
+        "latency of level 1",
+        lambda v: taps.Cluster.hierarchy([(2, 60e9, 0.0), (2, 6e9, v)]),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "arg", "call"), LATENCY_ARGS, ids=[a[0] for a in LATENCY_ARGS])
+@given(v=st.one_of(EDGE_INTS, st.floats(), st.sampled_from([-1e-9, 0.0, 1e-300, float("inf")])))
+def test_latencies_are_finite_and_not_negative(name, arg, call, v):
+    """As the float arguments above, but a latency of 0 is valid (none)."""
+    try:
+        call(v)
+    except taps.TopologyError as e:
+        assert arg in str(e), str(e)
+        if isinstance(v, int) and abs(v) >= 2**1024:
+            assert _named(v) in str(e), str(e)
+    else:
+        assert 0 <= v < float("inf"), f"{name} accepted {v}"
+
+
 def test_valid_values_still_pass():
     """The same calls with ordinary values succeed, so the tests above reach the checks."""
     for _, valid, _, _, call in INT_ARGS:
         call(valid)
-    for _, _, call in FLOAT_ARGS:
+    for _, _, call in FLOAT_ARGS + LATENCY_ARGS:
         call(2.0)
 
 
@@ -198,6 +271,9 @@ def test_valid_values_still_pass():
         lambda: taps.Layout([8.0], [2], [0]),
         lambda: taps.Cluster("2", 2),
         lambda: taps.Cluster(2, 2, intra_bandwidth="fast"),
+        lambda: taps.Layout([8], [2], [0], ["0"]),
+        lambda: taps.Cluster.preset("dgx-v100", "2"),
+        lambda: taps.Cluster.hierarchy([(2, "fast", 0.0)]),
         lambda: taps.enumerate_strategies("48", 4),
         lambda: allreduce_costs(np.array([[2**64]], dtype=object), ONE_MAP, [], CLUSTER),
         lambda: allreduce_costs(np.array([[2, 2]], dtype=np.uint64), ONE_MAP, [], CLUSTER),
@@ -223,17 +299,46 @@ def test_getters_have_docstrings():
 
 
 def test_option_names_come_from_the_core():
-    """COST_MODELS and COLLECTIVE_KINDS are the names the core parses, and no others."""
+    """COST_MODELS, COLLECTIVE_KINDS, PLANNERS and REPLICA_MODELS are the names the core parses,
+    and no others."""
     assert _core.COST_MODELS == ("topology", "volume")
-    assert _core.COLLECTIVE_KINDS == ("all_reduce", "all_gather", "all_to_all")
+    assert _core.COLLECTIVE_KINDS == (
+        "all_reduce",
+        "all_gather",
+        "all_to_all",
+        "reduce_scatter",
+        "collective_permute",
+    )
+    assert _core.PLANNERS == ("optimal", "paper")
+    assert _core.REPLICA_MODELS == ("shared", "flat")
     for model in _core.COST_MODELS:
         for kind in _core.COLLECTIVE_KINDS:
             dim = None if kind == "all_reduce" else 0
             assert CLUSTER.collective_cost(LAYOUT, kind, dim, model=model) >= 0
+    for planner in _core.PLANNERS:
+        assert taps.plan_redistribution(LAYOUT, TARGET, CLUSTER, planner).volume > 0
+    for replicas in _core.REPLICA_MODELS:
+        assert taps.Cluster(2, 2, replicas=replicas).replicas == replicas
     with pytest.raises(taps.TopologyError, match='expected "topology" or "volume"'):
         CLUSTER.collective_cost(LAYOUT, "all_reduce", model="bytes")
-    with pytest.raises(taps.TopologyError, match='"all_gather" or "all_to_all"'):
+    with pytest.raises(taps.TopologyError, match='"reduce_scatter" or "collective_permute"'):
         CLUSTER.collective_cost(LAYOUT, "broadcast")
+    with pytest.raises(taps.LayoutError, match='expected "optimal" or "paper"'):
+        taps.plan_redistribution(LAYOUT, TARGET, planner="best")
+    with pytest.raises(taps.TopologyError, match='expected "shared" or "flat"'):
+        taps.Cluster(2, 2, replicas="copies")
+
+
+def test_the_constructor_defaults_are_the_paper_preset():
+    """The defaults shown in the signature (and the stub) are the dgx-v100 preset's, stated in
+    the core."""
+    import inspect
+
+    params = inspect.signature(taps.Cluster).parameters
+    paper = taps.Cluster.preset("dgx-v100", 2)
+    assert params["intra_bandwidth"].default == paper.intra_bandwidth
+    assert params["inter_bandwidth"].default == paper.inter_bandwidth
+    assert taps.Cluster(2, 8) == paper
 
 
 def test_degrees_beyond_64_bits_of_devices_are_strategy_errors():

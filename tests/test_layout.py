@@ -184,6 +184,25 @@ def test_pickle_round_trip():
     back = pickle.loads(pickle.dumps(lay))
     assert back == lay
     assert back.shard_shape == [2, 6, 2]
+    partial = taps.Layout([8, 6], [2, 2, 4], [0, -1], partial=[2, 1])
+    back = pickle.loads(pickle.dumps(partial))
+    assert back == partial and back.partial == [1, 2]
+    assert hash(back) == hash(partial)
+
+
+def test_partial_sums():
+    a = taps.Layout([8, 6], [2, 4], [0, -1], partial=[1])
+    assert a.partial == [1]
+    assert a != taps.Layout([8, 6], [2, 4], [0, -1])
+    assert taps.Layout([8, 6], [2, 4], [0, -1]).partial == []
+    assert "partial=[1]" in repr(a)
+    assert a.shard_shape == [2, 6]  # an addend of the same block
+    for bad in ([0], [2], [1, 1], [-1]):
+        with pytest.raises(taps.LayoutError):
+            taps.Layout([8, 6], [2, 4], [0, -1], partial=bad)
+    # Adjacent partial dims are one partial dim in the canonical form.
+    b = taps.Layout([8, 6], [2, 2, 2], [-1, -1], partial=[0, 1])
+    assert b.normalized() == taps.Layout([48], [2, 4], [-1], partial=[0])
 
 
 def test_shard_index_out_of_range_is_an_error():
@@ -295,11 +314,29 @@ def test_normalized_preserves_elements(t):
     n = a.normalized()
     assert n.num_devices == a.num_devices
     assert prod(n.shape) == prod(a.shape)
-    assert [s for s in n.shape if s != 1] == [s for s in a.shape if s != 1]
     if a.num_devices > 1:
         assert 1 not in n.device_matrix, n
     assert sim.element_sets(sim.shards(n)) == sim.element_sets(sim.shards(a))
     assert n.normalized() == n
+
+
+def test_normalized_merges_one_dim_written_two_ways():
+    """[32] split 16 ways and [4, 8] split 4 and 4 ways are the same blocks (issue 12)."""
+    a = taps.Layout([64, 32, 16], [16], [-1, 0, -1])
+    b = taps.Layout([64, 4, 8, 16], [4, 4], [-1, 1, 0, -1])
+    assert sim.element_sets(sim.shards(a)) == sim.element_sets(sim.shards(b))
+    assert a.normalized() == b.normalized() == taps.Layout([64, 16, 32], [16], [-1, 0, -1])
+
+
+@settings(max_examples=300)
+@given(sg.layout_pairs())
+def test_normalized_equal_iff_same_elements_across_reshapes(pair):
+    """Any two shapes of one element count, read row-major: equal canonical forms iff every rank
+    holds the same flat elements."""
+    ta, tb = pair
+    same = sim.element_sets(sim.shards(ta)) == sim.element_sets(sim.shards(tb))
+    a, b = sg.to_layout(ta), sg.to_layout(tb)
+    assert (a.normalized() == b.normalized()) == same, (ta, tb)
 
 
 @settings(max_examples=300)
@@ -309,3 +346,42 @@ def test_normalized_equal_iff_same_elements(pair):
     same = sim.element_sets(sim.shards(ta)) == sim.element_sets(sim.shards(tb))
     a, b = sg.to_layout(ta), sg.to_layout(tb)
     assert (a.normalized() == b.normalized()) == same, (ta, tb)
+
+
+# --------------------------------------------------------------------------- compacted()
+
+
+@settings(max_examples=200)
+@given(sg.layouts(), st.data())
+def test_compacted_equal_for_equivalent_rewrites_and_keeps_the_dims(t, data):
+    """Rewrites of the device matrix alone give one compacted form, which holds the same elements
+    on every rank, keeps the tensor's dims (but size-1 ones) and is its own compacted form."""
+    u = data.draw(equivalent_rewrites(t))
+    a, b = sg.to_layout(t), sg.to_layout(u)
+    c = a.compacted()
+    assert c == b.compacted(), (t, u)
+    assert c.shape == [s for s in a.shape if s > 1]
+    assert sim.element_sets(sim.shards(c)) == sim.element_sets(sim.shards(a))
+    assert c.compacted() == c
+
+
+@settings(max_examples=200)
+@given(sg.layout_pairs(log2=3), st.sampled_from([(1, 8), (2, 4), (8, 1)]))
+def test_algorithm_1_costs_the_same_from_and_to_compacted_forms(pair, shape):
+    """What the search relies on when it prices one layout of each compacted form: Algorithm 1's
+    plan between the compacted forms costs what the plan between the layouts does."""
+    a, b = (sg.to_layout(t) for t in pair)
+    cluster = taps.Cluster(*shape)
+    for model in ("topology", "volume"):
+        want = taps.plan_redistribution(a, b).cost(cluster, model=model)
+        got = taps.plan_redistribution(a.compacted(), b.compacted()).cost(cluster, model=model)
+        assert got == pytest.approx(want, rel=1e-12, abs=0), (pair, model)
+
+
+def test_compacted_keeps_what_normalized_merges():
+    a = taps.Layout([64, 4, 8, 16], [4, 4], [-1, 1, 0, -1])
+    assert a.compacted() == taps.Layout([64, 4, 8, 16], [4, 4], [-1, 1, 0, -1])
+    assert a.normalized() == taps.Layout([64, 16, 32], [16], [-1, 0, -1])
+    p = taps.Layout([8], [2, 2, 2], [-1], partial=[0, 1])
+    assert p.compacted().partial == [0, 1]  # Algorithm 1 all-reduces them one at a time
+    assert p.normalized().partial == [0]

@@ -27,7 +27,7 @@ from taps._core import (
 from taps.checks import ArgumentError
 from taps.costs import OpCost, breakdown, evaluate, strategies_for
 from taps.extras import MissingExtraError
-from taps.frontends import from_jax
+from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.ilp import IlpOptions
 from taps.limits import ResourceError
@@ -69,6 +69,7 @@ __all__ = [
     "evaluate",
     "export",
     "from_jax",
+    "from_torch",
     "inter_node_groups",
     "models",
     "plan_redistribution",

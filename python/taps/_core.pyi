@@ -1,6 +1,6 @@
 """Type stubs of the Rust extension ``taps._core`` (see docs/core.md and docs/conventions.md)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Literal, TypeAlias, final
 
 import numpy as np
@@ -9,6 +9,8 @@ import numpy.typing as npt
 __all__ = [
     "COLLECTIVE_KINDS",
     "COST_MODELS",
+    "PLANNERS",
+    "REPLICA_MODELS",
     "Cluster",
     "CommOp",
     "GraphError",
@@ -29,15 +31,26 @@ __all__ = [
     "unify",
 ]
 
-# The names the core accepts; any other string raises TopologyError at run time.
-_CollectiveKind: TypeAlias = Literal["all_reduce", "all_gather", "all_to_all"]
+# The names the core accepts; any other string raises TopologyError (LayoutError for a planner)
+# at run time.
+_CollectiveKind: TypeAlias = Literal[
+    "all_reduce", "all_gather", "all_to_all", "reduce_scatter", "collective_permute"
+]
 _CostModel: TypeAlias = Literal["topology", "volume"]
-_OpKind: TypeAlias = Literal["slice", "all_gather", "all_to_all"]
+_Planner: TypeAlias = Literal["optimal", "paper"]
+_Replicas: TypeAlias = Literal["shared", "flat"]
+_OpKind: TypeAlias = Literal[
+    "slice", "all_gather", "all_to_all", "reduce_scatter", "all_reduce", "collective_permute"
+]
 
 COLLECTIVE_KINDS: Final[tuple[_CollectiveKind, ...]]
 """The collective names the cost functions accept, from the core's enum (the one list of them)."""
 COST_MODELS: Final[tuple[_CostModel, ...]]
 """The cost model names the cost functions accept, from the core's enum (the one list of them)."""
+PLANNERS: Final[tuple[_Planner, ...]]
+"""The redistribution planner names, from the core's enum (the one list of them)."""
+REPLICA_MODELS: Final[tuple[_Replicas, ...]]
+"""The replica model names a cluster accepts, from the core's enum (the one list of them)."""
 
 class TapsError(ValueError):
     """Base class of every error taps raises."""
@@ -63,11 +76,16 @@ class InfeasibleError(TapsError):
 @final
 class Layout:
     """How a tensor is spread over the devices: its shape, the device matrix (outermost dim first,
-    device dim 0 innermost) and the tensor map (per tensor dim, the device dim it is split along,
-    or -1). See docs/conventions.md#layouts. Immutable, hashable, picklable."""
+    device dim 0 innermost), the tensor map (per tensor dim, the device dim it is split along, or
+    -1) and the device dims `partial` along which the devices hold partial sums rather than copies.
+    See docs/conventions.md#layouts. Immutable, hashable, picklable."""
 
     def __new__(
-        cls, shape: Sequence[int], device_matrix: Sequence[int], tensor_map: Sequence[int]
+        cls,
+        shape: Sequence[int],
+        device_matrix: Sequence[int],
+        tensor_map: Sequence[int],
+        partial: Sequence[int] = ...,  # () at run time: no partial sums
     ) -> Layout: ...
     @property
     def shape(self) -> list[int]:
@@ -79,6 +97,10 @@ class Layout:
     def tensor_map(self) -> list[int]:
         """Per tensor dim, the device dim it is split along (0 innermost), or -1 if it is whole."""
     @property
+    def partial(self) -> list[int]:
+        """The device dims along which the devices hold partial sums (ascending): the devices that
+        differ only there hold addends whose sum is the tensor."""
+    @property
     def shard_shape(self) -> list[int]:
         """The shape of the block each device holds."""
     @property
@@ -89,26 +111,58 @@ class Layout:
     def device_dim_size(self, k: int) -> int:
         """`d_k`, the size of device dim `k` (0 innermost)."""
     def normalized(self) -> Layout:
-        """The same distribution with the device matrix cut only where the map needs it: two
-        layouts hold the same elements on every rank iff their normal forms are equal."""
+        """The canonical form, a reshape that moves nothing: two layouts of one tensor hold the
+        same elements (and partial sums) on every rank iff their normal forms are equal."""
+    def compacted(self) -> Layout:
+        """The same tensor dims (size-1 dims dropped) with the device matrix cut only where a
+        split or a partial dim needs it: layouts with equal compacted forms hold the same elements
+        and get the same plans from Algorithm 1, so the search prices one of them for all."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
-    def __reduce__(self) -> tuple[type[Layout], tuple[list[int], list[int], list[int]]]: ...
+    def __reduce__(
+        self,
+    ) -> tuple[type[Layout], tuple[list[int], list[int], list[int], list[int]]]: ...
 
 @final
 class Cluster:
     """A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
-    consecutive ranks. Bandwidths in bytes per second, memory in bytes per device. Immutable,
-    picklable."""
+    consecutive ranks. Bandwidths in bytes per second, latencies in seconds per collective, memory
+    in bytes per device; `replicas` says whether copies of a tensor share one transfer out of a
+    node (`"shared"`, the paper's model) or send one each (`"flat"`). More levels (nodes in pods):
+    `Cluster.hierarchy`; named clusters: `Cluster.preset`. Immutable, picklable."""
 
     def __new__(
         cls,
         nodes: int,
         devices_per_node: int,
-        intra_bandwidth: float = 60e9,
+        intra_bandwidth: float = 60e9,  # the dgx-v100 preset's (the paper's cluster)
         inter_bandwidth: float = 6e9,
         device_memory: float | None = None,
+        *,
+        intra_latency: float = 0.0,
+        inter_latency: float = 0.0,
+        replicas: _Replicas = "shared",
     ) -> Cluster: ...
+    @staticmethod
+    def hierarchy(
+        levels: Sequence[tuple[int, float, float]],
+        device_memory: float | None = None,
+        replicas: _Replicas = "shared",
+    ) -> Cluster:
+        """A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
+        devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
+        bytes per second out of one part of the level below, latencies in seconds per collective."""
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1) -> Cluster:
+        """The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
+        cluster of a TOML file (a name ending in `.toml`, read by `taps.cluster_presets`)."""
+    @property
+    def levels(self) -> list[tuple[int, float, float]]:
+        """The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first."""
+    @property
+    def replicas(self) -> _Replicas:
+        """How copies of a tensor send it out of a node: `"shared"` (one transfer for all the
+        copies, as the paper) or `"flat"` (one per copy, as NCCL)."""
     @property
     def nodes(self) -> int:
         """The number of nodes."""
@@ -137,35 +191,45 @@ class Cluster:
     ) -> float:
         """Seconds (topology model) or bytes per device (volume model) of a collective of
         `layout`: an `"all_reduce"` over the device dims the map does not use (no `device_dim`),
-        or an `"all_gather"` / `"all_to_all"` along `device_dim`."""
+        or any other kind of `COLLECTIVE_KINDS` along `device_dim`."""
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(
         self,
-    ) -> tuple[type[Cluster], tuple[int, int, float, float, float | None]]: ...
+    ) -> tuple[
+        Callable[..., Cluster], tuple[list[tuple[int, float, float]], float | None, _Replicas]
+    ]: ...
 
 @final
 class CommOp:
-    """One step of a redistribution: a slice, all_gather or all_to_all along one device dim, with
-    the layout it acts on."""
+    """One step of a redistribution, with the layout it acts on: a slice, all_gather, all_to_all,
+    reduce_scatter or all_reduce along one device dim, or a collective_permute of whole blocks."""
 
     @property
     def kind(self) -> _OpKind:
-        """`"slice"`, `"all_gather"` or `"all_to_all"`."""
+        """`"slice"`, `"all_gather"`, `"all_to_all"`, `"reduce_scatter"`, `"all_reduce"` or
+        `"collective_permute"`."""
     @property
     def device_dim(self) -> int:
-        """The device dim the op runs along (0 innermost)."""
+        """The device dim the op runs along (0 innermost; for a collective_permute, the innermost
+        device dim it moves)."""
     @property
-    def tensor_dim(self) -> int:
-        """The tensor dim sliced or gathered (for an all_to_all, the one gathered)."""
+    def tensor_dim(self) -> int | None:
+        """The tensor dim sliced, gathered (for an all_to_all, the one gathered) or split by a
+        reduce_scatter; None for an all_reduce or a collective_permute."""
     @property
     def to_tensor_dim(self) -> int | None:
         """For an all_to_all, the tensor dim that gets split; None otherwise."""
     @property
+    def permutation(self) -> list[int] | None:
+        """Collective-permute only: per device dim `k`, the device dim that takes over its
+        splits."""
+    @property
     def group_size(self) -> int:
-        """The number of devices in each group: the size of the device dim."""
+        """The number of devices in each group: the size of the device dim (for a
+        collective_permute, the product of the device dims it moves)."""
     @property
     def volume(self) -> int:
-        """Elements received per device."""
+        """Elements received per device (per receiving device, for a collective_permute)."""
     @property
     def layout(self) -> Layout:
         """The layout before the op."""
@@ -250,9 +314,16 @@ def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an
     element (docs/conventions.md#unification)."""
 
-def plan_redistribution(a: Layout, b: Layout) -> Redistribution:
-    """Plans the redistribution from layout `a` to layout `b`
-    (docs/conventions.md#redistribution)."""
+def plan_redistribution(
+    a: Layout,
+    b: Layout,
+    cluster: Cluster | None = None,
+    planner: _Planner = "paper",
+    dtype_bytes: float = 2.0,
+) -> Redistribution:
+    """Plans the redistribution from layout `a` to layout `b` (docs/conventions.md#redistribution):
+    `planner="paper"` is the paper's Algorithm 1, `"optimal"` the cheapest plan, minimizing
+    seconds on `cluster` (elements received per device without one)."""
 
 def inter_node_groups(
     layout: Layout,
@@ -277,21 +348,19 @@ def redistribution_costs(
     cluster: Cluster,
     dtype_bytes: float = 2.0,
     model: _CostModel = "topology",
+    planner: _Planner = "paper",
 ) -> npt.NDArray[np.float64]:
     """The matrix of redistribution costs from each source to each target, on all cores."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],
     device_maps: npt.NDArray[np.int64],
-    tensors: Sequence[
-        tuple[Sequence[int], Sequence[int], float]
-        | tuple[Sequence[int], Sequence[int], float, bool]
-    ],
+    tensors: Sequence[tuple[Sequence[int], Sequence[int], float]],
     cluster: Cluster,
     model: _CostModel = "topology",
     device_matrices: Sequence[Sequence[int]] | None = None,
 ) -> npt.NDArray[np.float64]:
     """Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
     one per row, or one dim per split axis if not given), the summed all_reduce cost of the
-    tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
-    each leaves unused, on all cores."""
+    tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
+    replica, on all cores."""

@@ -56,9 +56,9 @@ def strategies_for(
 @dataclass(frozen=True)
 class Collective:
     """One intra-operator collective: an all_reduce of partial sums over the device dims the
-    tensor's map does not use. A forward partial sum of a replicated operator is reduced inside
-    each replica: its layout stacks the replicas' copies along leading dims split over the replica
-    dims, so those dims are outside the group."""
+    tensor's map does not use. Each replica of a replicated operator reduces on its own: the layout
+    stacks the replicas' copies along leading dims split over the replica dims, so those dims are
+    outside the group."""
 
     tensor: str
     reason: str  # "forward partial sum" or "gradient"
@@ -75,52 +75,40 @@ def _replicated(layout: Layout) -> bool:
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
-def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str, bool]]:
-    """The operands of ``op`` whose shard can be a partial sum, in order, with the reason and
-    whether each replica reduces on its own: the output if a contracted axis can be split (forward,
-    per replica), and every input that needs a gradient (backward: partial over the replicas too,
-    each of which sees its own share of the output's gradient). Each needs an all_reduce over
-    the device dims its layout leaves unused; for the per-replica output that is exactly when a
-    contracted axis is split."""
-    out = (
-        [(op.output, "forward partial sum", True)]
-        if set(op.contracted) & set(op.partitionable)
-        else []
-    )
-    grads = [o for o in op.inputs if graph.tensors[o.tensor].requires_grad]
-    return out + [(o, "gradient", False) for o in grads]
+def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
+    """The operands of ``op`` whose shard can be a partial sum, in order: the
+    output if a contracted axis can be split (forward), and every input that needs a gradient
+    (backward). Each needs an all_reduce over the device dims its per-replica layout leaves unused
+    (the replicas of a replicated operator see the same output gradient, so they compute the same
+    input gradients: nothing is partial over the replica dims); for the output that is exactly
+    when a contracted axis is split."""
+    out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
+    return out + [(o, "gradient") for o in op.inputs if graph.tensors[o.tensor].requires_grad]
 
 
 def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:
     """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
     operand whose layout leaves a device dim unused."""
     out: list[Collective] = []
-    for operand, reason, per_replica in _all_reduced_operands(graph, op):
-        layout = (
-            sharding.operand_layout(op, operand, candidate.strategy, per_replica=True)
-            if per_replica
-            else candidate.layout(op, operand)
-        )
+    for operand, reason in _all_reduced_operands(graph, op):
+        layout = sharding.operand_layout(op, operand, candidate.strategy, per_replica=True)
         if _replicated(layout):
             t = graph.tensors[operand.tensor]
             out.append(Collective(t.name, reason, layout, t.dtype_bytes))
     return out
 
 
-def all_reduce_operands(
-    graph: Graph, op: Operator
-) -> list[tuple[list[int], list[int], float, bool]]:
-    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes,
-    per replica)`` for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no
-    device dim at 0."""
+def all_reduce_operands(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
+    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes)``
+    for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no device dim at 0
+    (in the per-replica layout, as :func:`intra_collectives`)."""
     return [
         (
             operand_axis_indices(op, o),
             operand_shape(op, o),
             float(graph.tensors[o.tensor].dtype_bytes),
-            per_replica,
         )
-        for o, _, per_replica in _all_reduced_operands(graph, op)
+        for o, _ in _all_reduced_operands(graph, op)
     ]
 
 
@@ -204,11 +192,13 @@ class CostTables:
 
 
 def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
-    """Group layouts by the distribution they describe."""
+    """Group layouts by the distribution they describe, written as Algorithm 1 plans it (the
+    compacted form: the canonical form would also merge tensor dims, which changes the paper's
+    plans)."""
     index: dict[Layout, int] = {}
     cls = np.empty(len(layouts), dtype=np.int64)
     for i, layout in enumerate(layouts):
-        cls[i] = index.setdefault(layout.normalized(), len(index))
+        cls[i] = index.setdefault(layout.compacted(), len(index))
     return cls, list(index)
 
 
@@ -266,7 +256,7 @@ def build_tables(
             dst_cls, dst_layouts = _classes(dst)
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src_layouts), tuple(dst_layouts), dtype)
-            if layouts not in by_layouts or not share:
+            if layouts not in by_layouts:
                 by_layouts[layouts] = redistribution_costs(
                     src_layouts, dst_layouts, cluster, dtype, cost_model
                 )

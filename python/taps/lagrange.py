@@ -48,14 +48,10 @@ class Priced:
 def _minimise(
     problem: Problem, memory: Mapping[str, np.ndarray], lam: float
 ) -> dict[str, int] | None:
-    """The assignment minimising cost + lam * memory, if the reductions decide the whole problem;
-    ties go to the least memory (a second objective)."""
+    """The assignment minimising cost + lam * memory, if the reductions decide the whole
+    problem."""
     priced = Problem({v: c + lam * memory[v] for v, c in problem.node_cost.items()}, problem.pairs)
-    by_memory = Problem(
-        {v: np.asarray(memory[v], dtype=np.float64) for v in problem.node_cost},
-        [type(p)(p.u, p.w, p.u_class, p.w_class, np.zeros_like(p.cost)) for p in problem.pairs],
-    )
-    reduction = reduce([priced, by_memory], list(problem.node_cost))
+    reduction = reduce([priced], list(problem.node_cost))
     if reduction.cores[0].pairs:
         return None
     return reduction.expand(reduction.isolated_choice())
@@ -138,8 +134,8 @@ def prune_by_price(
     For any fitting assignment ``x``, ``cost(x) >= cost(x) + price * (memory(x) - limit)``. The
     least of the right side over the assignments giving operator ``v`` candidate ``i`` (its
     min-marginal, what the reductions leave on ``v`` when every other operator is eliminated)
-    bounds every fitting assignment with that choice; above ``cutoff``, the candidate goes. An
-    operator the reductions cannot isolate keeps every candidate."""
+    bounds every fitting assignment with that choice; above ``cutoff``, the candidate goes. When
+    the reductions cannot eliminate every other operator, ``v`` keeps every candidate."""
     priced = Problem(
         {v: c + price * memory[v] for v, c in problem.node_cost.items()}, problem.pairs
     )
@@ -152,10 +148,12 @@ def prune_by_price(
             continue
         reduction = reduce([priced], names, [u for u in names if u != v])
         core = reduction.cores[0]
-        if len(core.node_cost) != 1:
+        if core.pairs:
             keep[v] = everything
             continue
-        marginal = core.node_cost[v] - price * limit
+        # What is left is v and the operators no pair joins to it: each of those takes its least.
+        rest = sum(float(c.min()) for u, c in core.node_cost.items() if u != v)
+        marginal = core.node_cost[v] + rest - price * limit
         slack = TOLERANCE * max(abs(cutoff), 1e-300)
         keep[v] = np.flatnonzero(marginal <= cutoff + slack)
         if not keep[v].size:

@@ -7,6 +7,7 @@ use rayon::ThreadPoolBuilder;
 use taps::batch::{allreduce_costs, AxesTensor};
 use taps::{
     enumerate_strategies, plan_redistribution, redistribution_costs, Cluster, CostModel, Layout,
+    Objective, Planner,
 };
 
 /// The allocator of the Python extension (set in its binding module, not in the library), so that
@@ -31,7 +32,10 @@ fn linear_outputs(n: u64) -> Vec<Layout> {
         .collect()
 }
 
+/// Plans of every output layout of the linear layer on 32 devices against 16 of them, by each
+/// planner (the optimal one pricing seconds on 4 nodes of 8), in pairs per second.
 fn planner(c: &mut Criterion) {
+    let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
     let layouts = linear_outputs(32);
     let pairs: Vec<(&Layout, &Layout)> = layouts
         .iter()
@@ -39,48 +43,64 @@ fn planner(c: &mut Criterion) {
         .collect();
     let mut g = c.benchmark_group("planner");
     g.throughput(Throughput::Elements(pairs.len() as u64));
-    g.bench_function("plan_redistribution/linear-32dev", |bench| {
-        bench.iter(|| {
-            for (a, b) in &pairs {
-                black_box(plan_redistribution(a, b).unwrap());
-            }
-        });
-    });
-    g.finish();
-}
-
-/// The cost kernel on every output layout of the linear layer against every other, on thread
-/// pools of 1 and 2 threads: the thread scaling of the kernel, in layout pairs per second.
-fn cost_kernel(c: &mut Criterion) {
-    let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
-    let layouts = linear_outputs(32);
-    let mut g = c.benchmark_group("cost_kernel");
-    g.throughput(Throughput::Elements((layouts.len() * layouts.len()) as u64));
-    g.sample_size(20);
-    for threads in [1, 2] {
-        let pool = ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+    for (name, planner) in [("paper", Planner::Paper), ("optimal", Planner::Optimal)] {
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
         g.bench_function(
-            BenchmarkId::new("redistribution_costs/linear-32dev", threads),
+            BenchmarkId::new("plan_redistribution/linear-32dev", name),
             |bench| {
                 bench.iter(|| {
-                    pool.install(|| {
-                        black_box(
-                            redistribution_costs(
-                                &layouts,
-                                &layouts,
-                                &cluster,
-                                2.0,
-                                CostModel::Topology,
-                            )
-                            .unwrap(),
-                        )
-                    })
+                    for (a, b) in &pairs {
+                        black_box(plan_redistribution(a, b, planner, objective).unwrap());
+                    }
                 });
             },
         );
+    }
+    g.finish();
+}
+
+/// The cost kernel on every output layout of the linear layer against every other (the optimal
+/// planner on the first 32 of them: it plans a pair hundreds of times slower), on thread pools of
+/// 1 and 2 threads: the thread scaling of the kernel, in layout pairs per second.
+fn cost_kernel(c: &mut Criterion) {
+    let cluster = Cluster::new(4, 8, 60e9, 6e9, None).unwrap();
+    let all = linear_outputs(32);
+    let mut g = c.benchmark_group("cost_kernel");
+    g.sample_size(10);
+    for (name, planner, layouts) in [
+        ("paper", Planner::Paper, &all[..]),
+        ("optimal", Planner::Optimal, &all[..32]),
+    ] {
+        g.throughput(Throughput::Elements((layouts.len() * layouts.len()) as u64));
+        for threads in [1, 2] {
+            let pool = ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            g.bench_function(
+                BenchmarkId::new(format!("redistribution_costs/linear-32dev/{name}"), threads),
+                |bench| {
+                    bench.iter(|| {
+                        pool.install(|| {
+                            black_box(
+                                redistribution_costs(
+                                    layouts,
+                                    layouts,
+                                    &cluster,
+                                    2.0,
+                                    CostModel::Topology,
+                                    planner,
+                                )
+                                .unwrap(),
+                            )
+                        })
+                    });
+                },
+            );
+        }
     }
     g.finish();
 }
@@ -94,7 +114,6 @@ fn allreduce_kernel(c: &mut Criterion) {
         axes,
         shape,
         dtype_bytes: 2.0,
-        per_replica: false,
     };
     let tensors = [
         tensor(vec![0, 1, 3], vec![batch, seq, out]),

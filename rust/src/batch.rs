@@ -6,9 +6,10 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::planner::redistribution_cost;
+use crate::planner::{canonical_plan, paper_cost, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
+use crate::unify::normalized;
 
 /// The distinct layouts of `layouts`, and the index of each layout among them.
 fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
@@ -26,10 +27,25 @@ fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
     (distinct, index)
 }
 
-/// The row-major `sources.len() x targets.len()` matrix of redistribution costs.
+/// The objective the optimal planner minimizes for a cost model.
+fn objective(cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Objective<'_> {
+    match model {
+        CostModel::Topology => Objective::Seconds {
+            cluster,
+            dtype_bytes,
+        },
+        CostModel::Volume => Objective::Volume,
+    }
+}
+
+/// The row-major `sources.len() x targets.len()` matrix of redistribution costs: entry `(i, j)`
+/// is the cost of the plan `planner` makes, minimizing seconds under the topology model and
+/// volume under the volume model.
 ///
 /// Each distinct (source, target) pair is planned once, in parallel over the pairs so that one
-/// source against many targets uses every core too.
+/// source against many targets uses every core too. The optimal planner's shortest path runs
+/// once per distinct pair of canonical forms ([`normalized`]); Algorithm 1, which it must beat,
+/// once per distinct pair of layouts.
 ///
 /// # Errors
 /// An error of some pair (layouts of different tensors, or not on the cluster), or
@@ -40,6 +56,7 @@ pub fn redistribution_costs(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
+    planner: Planner,
 ) -> Result<Vec<f64>> {
     check_dtype_bytes(dtype_bytes)?;
     for layout in sources.iter().chain(targets) {
@@ -56,10 +73,61 @@ pub fn redistribution_costs(
             let (a, b) = (src[k / width], tgt[k % width]);
             // A layout to itself needs no op: exactly 0 without planning.
             if a != b {
-                *cost = redistribution_cost(a, b, cluster, dtype_bytes, model)?;
+                *cost = paper_cost(a, b, cluster, dtype_bytes, model)?;
             }
             Ok::<_, Error>(())
         })?;
+    if planner == Planner::Optimal {
+        let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
+        let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
+        let (csrc, csrc_index) = dedupe(&canon_src);
+        let (ctgt, ctgt_index) = dedupe(&canon_tgt);
+        let cwidth = ctgt.len();
+        let objective = objective(cluster, dtype_bytes, model);
+        // Per canonical pair, the shortest path's price under the objective and its cost.
+        let mut canonical = vec![(0.0, 0.0); csrc.len() * cwidth];
+        canonical
+            .par_iter_mut()
+            .enumerate()
+            .try_for_each(|(k, entry)| {
+                let (a, b) = (csrc[k / cwidth], ctgt[k % cwidth]);
+                if a != b {
+                    let plan = canonical_plan(a, b, objective)?;
+                    *entry = (
+                        objective.total(&plan),
+                        plan.cost(cluster, dtype_bytes, model)?,
+                    );
+                }
+                Ok::<_, Error>(())
+            })?;
+        // Algorithm 1's price under the objective: its cost under the topology model; under the
+        // volume model its elements, not its bytes, whose rounding could break a tie otherwise
+        // than the planner does.
+        let paper = match model {
+            CostModel::Topology => distinct.clone(),
+            CostModel::Volume => {
+                let mut volumes = vec![0.0; distinct.len()];
+                volumes
+                    .par_iter_mut()
+                    .enumerate()
+                    .try_for_each(|(k, volume)| {
+                        let (a, b) = (src[k / width], tgt[k % width]);
+                        if a != b {
+                            *volume = paper_cost(a, b, cluster, 1.0, CostModel::Volume)?;
+                        }
+                        Ok::<_, Error>(())
+                    })?;
+                volumes
+            }
+        };
+        // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
+        for (k, cost) in distinct.iter_mut().enumerate() {
+            let (price, c) = canonical[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
+            if price <= paper[k] {
+                *cost = c;
+            }
+        }
+    }
     let distinct = &distinct;
     Ok(src_index
         .iter()
@@ -72,22 +140,19 @@ pub fn redistribution_costs(
 const MIN_STRATEGIES_PER_JOB: usize = 128;
 
 /// A tensor of an operator, as [`allreduce_costs`] sees it: the strategy axis of each dim (-1 for
-/// a dim of no partitionable axis), the shape, the bytes per element, and whether each replica
-/// reduces on its own (a forward partial sum: the replica dims are outside the all_reduce) rather
-/// than over the replicas too (a gradient, partial over every unused dim).
+/// a dim of no partitionable axis), the shape, and the bytes per element.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AxesTensor {
     pub axes: Vec<i64>,
     pub shape: Vec<u64>,
     pub dtype_bytes: f64,
-    pub per_replica: bool,
 }
 
 /// Per strategy of one operator, the summed cost of an all_reduce of each tensor over the device
 /// dims its layout leaves unused (docs/conventions.md#intra-operator-communication, priced as in
-/// #topology-aware-cost): 0 for a tensor split along every device dim. A `per_replica` tensor
-/// is priced in the strategy's per-replica layout ([`Strategy::tensor_layout`]), so its group
-/// leaves out the replica dims.
+/// #topology-aware-cost): 0 for a tensor split along every device dim. Each replica of a
+/// replicated strategy reduces on its own: the tensor is priced in the strategy's per-replica
+/// layout ([`Strategy::tensor_layout`]), whose group leaves out the replica dims.
 /// Summed in the order of `tensors`, as a per-strategy loop over the collectives would.
 ///
 /// # Errors
@@ -120,7 +185,7 @@ pub fn allreduce_costs(
             }
             s.device_layout_into(layout)?;
             *cost = tensors.iter().try_fold(0.0, |total, t| {
-                s.tensor_layout_into(&t.axes, &t.shape, t.per_replica, layout)?;
+                s.tensor_layout_into(&t.axes, &t.shape, true, layout)?;
                 Ok::<_, Error>(total + cluster.allreduce_cost(layout, t.dtype_bytes, model))
             })?;
             Ok(())
@@ -167,10 +232,13 @@ mod tests {
         let n = layouts.len();
         let mut fallbacks = 0;
         for model in [CostModel::Topology, CostModel::Volume] {
-            let got = redistribution_costs(&layouts, &layouts, &cluster, 2.0, model).unwrap();
+            let got =
+                redistribution_costs(&layouts, &layouts, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
             for (i, a) in layouts.iter().enumerate() {
                 for (j, b) in layouts.iter().enumerate() {
-                    let plan = plan_redistribution(a, b).unwrap();
+                    let plan =
+                        plan_redistribution(a, b, Planner::Paper, Objective::Volume).unwrap();
                     fallbacks += usize::from(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
                     let want = plan.cost(&cluster, 2.0, model).unwrap();
                     assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{a:?} to {b:?}");
@@ -188,10 +256,12 @@ mod tests {
         let sources = [a.clone(), b.clone(), a.clone()];
         let targets = [b.clone(), a.clone(), b.clone(), b.clone()];
         for model in [CostModel::Topology, CostModel::Volume] {
-            let got = redistribution_costs(&sources, &targets, &cluster, 2.0, model).unwrap();
+            let got =
+                redistribution_costs(&sources, &targets, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
             for (i, s) in sources.iter().enumerate() {
                 for (j, t) in targets.iter().enumerate() {
-                    let want = plan_redistribution(s, t)
+                    let want = plan_redistribution(s, t, Planner::Paper, Objective::Volume)
                         .unwrap()
                         .cost(&cluster, 2.0, model)
                         .unwrap();
@@ -214,13 +284,11 @@ mod tests {
                 axes: vec![0, 2],
                 shape: vec![batch, outer],
                 dtype_bytes: 1.0,
-                per_replica: false,
             },
             AxesTensor {
                 axes: vec![1, 2],
                 shape: vec![inner, outer],
                 dtype_bytes: 1.0,
-                per_replica: false,
             },
         ];
         let got = allreduce_costs(&strategies, &tensors, &cluster, CostModel::Volume).unwrap();
@@ -245,20 +313,18 @@ mod tests {
                 axes: vec![0, 1, 3],
                 shape: vec![64, 48, 16],
                 dtype_bytes: 2.0,
-                per_replica: true,
             },
             AxesTensor {
                 axes: vec![2, -1, 3],
                 shape: vec![32, 5, 16],
                 dtype_bytes: 4.0,
-                per_replica: false,
             },
         ];
         for model in [CostModel::Topology, CostModel::Volume] {
             let got = allreduce_costs(&strategies, &tensors, &cluster, model).unwrap();
             for (s, cost) in strategies.iter().zip(got) {
                 let want = tensors.iter().fold(0.0, |total, t| {
-                    let layout = s.tensor_layout(&t.axes, &t.shape, t.per_replica).unwrap();
+                    let layout = s.tensor_layout(&t.axes, &t.shape, true).unwrap();
                     let c = cluster.collective_cost(
                         &layout,
                         CollectiveKind::AllReduce,
@@ -281,7 +347,6 @@ mod tests {
             axes: vec![0],
             shape: vec![8],
             dtype_bytes: 2.0,
-            per_replica: false,
         };
         assert!(matches!(
             allreduce_costs(

@@ -1,6 +1,7 @@
 //! Tensor layouts in MindSpore's convention (docs/conventions.md#layouts): a device matrix listed
-//! outermost first, device dim 0 innermost, and a tensor map giving each tensor dim the device dim
-//! it is split along (or -1).
+//! outermost first, device dim 0 innermost, a tensor map giving each tensor dim the device dim it
+//! is split along (or -1), and the device dims along which the devices hold partial sums (addends
+//! of the tensor, as a contraction over a split axis leaves them) rather than copies.
 
 use crate::error::{Error, Result};
 
@@ -10,6 +11,8 @@ pub struct Layout {
     shape: Vec<u64>,
     device_matrix: Vec<u64>,
     tensor_map: Vec<i64>,
+    /// Device dims holding partial sums, ascending; none of them is in the tensor map.
+    partial: Vec<usize>,
 }
 
 /// `log2(x)` for a power of two.
@@ -26,10 +29,46 @@ impl Layout {
     /// two, a map entry is out of range or used twice, a dim is not positive, or a split does not
     /// divide its dim.
     pub fn new(shape: Vec<u64>, device_matrix: Vec<u64>, tensor_map: Vec<i64>) -> Result<Self> {
+        Self::with_partial(shape, device_matrix, tensor_map, Vec::new())
+    }
+
+    /// [`Layout::new`] of a tensor held as partial sums along the device dims `partial`: the
+    /// devices that differ only in those coordinates hold addends whose sum is the tensor.
+    ///
+    /// # Errors
+    /// As [`Layout::new`], and [`Error::Layout`] when a partial dim is out of range, listed twice,
+    /// or also in the tensor map (a device dim splits a tensor dim or holds partial sums, not both).
+    pub fn with_partial(
+        shape: Vec<u64>,
+        device_matrix: Vec<u64>,
+        tensor_map: Vec<i64>,
+        mut partial: Vec<usize>,
+    ) -> Result<Self> {
+        let h = device_matrix.len();
+        let listed = partial.clone();
+        partial.sort_unstable();
+        if let Some(&k) = partial.iter().find(|&&k| k >= h) {
+            return Err(Error::Layout(format!(
+                "partial {listed:?}: {k} is not a device dim of the {h}-dim device matrix \
+                 {device_matrix:?}"
+            )));
+        }
+        if partial.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::Layout(format!(
+                "partial {listed:?} lists a device dim twice"
+            )));
+        }
+        if let Some(&k) = partial.iter().find(|&&k| tensor_map.contains(&(k as i64))) {
+            return Err(Error::Layout(format!(
+                "device dim {k} both splits a tensor dim (tensor map {tensor_map:?}) and holds \
+                 partial sums (partial {listed:?})"
+            )));
+        }
         let layout = Layout {
             shape,
             device_matrix,
             tensor_map,
+            partial,
         };
         layout.validate()?;
         Ok(layout)
@@ -41,6 +80,7 @@ impl Layout {
             shape: Vec::new(),
             device_matrix: Vec::new(),
             tensor_map: Vec::new(),
+            partial: Vec::new(),
         }
     }
 
@@ -54,6 +94,7 @@ impl Layout {
         self.shape.clear();
         self.device_matrix.clear();
         self.tensor_map.clear();
+        self.partial.clear();
         fill(
             &mut self.shape,
             &mut self.device_matrix,
@@ -114,6 +155,7 @@ impl Layout {
             shape,
             device_matrix,
             tensor_map,
+            ..
         } = self;
         if let Some(s) = shape.iter().find(|&&s| s == 0) {
             return Err(Error::Layout(format!(
@@ -170,6 +212,19 @@ impl Layout {
     #[must_use]
     pub fn tensor_map(&self) -> &[i64] {
         &self.tensor_map
+    }
+
+    /// The device dims holding partial sums, ascending.
+    #[must_use]
+    pub fn partial(&self) -> &[usize] {
+        &self.partial
+    }
+
+    /// Whether the devices along device dim `k` hold distinct data: blocks of a split tensor dim
+    /// or addends of a partial sum (not copies).
+    #[must_use]
+    pub fn distinct_along(&self, k: usize) -> bool {
+        self.uses(k) || self.partial.contains(&k)
     }
 
     /// Number of tensor dims.
@@ -279,13 +334,16 @@ impl Layout {
         shape: Vec<u64>,
         device_matrix: Vec<u64>,
         tensor_map: Vec<i64>,
+        partial: Vec<usize>,
     ) -> Self {
         let layout = Layout {
             shape,
             device_matrix,
             tensor_map,
+            partial,
         };
         debug_assert!(layout.validate().is_ok());
+        debug_assert!(layout.partial.windows(2).all(|w| w[0] < w[1]));
         layout
     }
 
@@ -297,12 +355,19 @@ impl Layout {
 
     /// The same layout with another tensor map, for maps the planner derives from a valid one.
     pub(crate) fn with_map(&self, tensor_map: Vec<i64>) -> Layout {
+        self.with_state(tensor_map, self.partial.clone())
+    }
+
+    /// The same shape and device matrix with another map and partial set, derived from a valid
+    /// layout by a redistribution step.
+    pub(crate) fn with_state(&self, tensor_map: Vec<i64>, partial: Vec<usize>) -> Layout {
         debug_assert_eq!(tensor_map.len(), self.ndim());
-        Layout {
-            shape: self.shape.clone(),
-            device_matrix: self.device_matrix.clone(),
+        Layout::from_parts(
+            self.shape.clone(),
+            self.device_matrix.clone(),
             tensor_map,
-        }
+            partial,
+        )
     }
 }
 
@@ -339,5 +404,14 @@ mod tests {
         ] {
             assert!(matches!(Layout::new(shape, dm, map), Err(Error::Layout(_))));
         }
+        for partial in [vec![2], vec![0, 0], vec![1]] {
+            assert!(matches!(
+                Layout::with_partial(vec![8], vec![2, 2], vec![1], partial),
+                Err(Error::Layout(_))
+            ));
+        }
+        let l = Layout::with_partial(vec![8], vec![2, 2, 2], vec![1], vec![2, 0]).unwrap();
+        assert_eq!(l.partial(), &[0, 2]);
+        assert!(l.distinct_along(0) && l.distinct_along(1) && !l.uses(0));
     }
 }

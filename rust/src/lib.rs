@@ -9,10 +9,11 @@ pub mod unify;
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use unify::unify;
+mod optimal;
 pub mod planner;
 pub mod topology;
 
-pub use planner::{plan_redistribution, CommOp, OpKind, Redistribution};
+pub use planner::{plan_redistribution, CommOp, Objective, OpKind, Planner, Redistribution};
 pub use topology::{inter_node_groups, Cluster, CollectiveKind, CostModel};
 pub mod batch;
 pub mod strategies;

@@ -1,12 +1,17 @@
-//! The redistribution planner (docs/conventions.md#redistribution, the paper's Algorithm 1): the
-//! sequence of slices, all-to-alls and all-gathers that turns one layout of a tensor into another.
+//! Redistribution plans (docs/conventions.md#redistribution): the steps that turn one layout of
+//! a tensor into another, and two planners that choose them. [`Planner::Paper`] is the paper's
+//! Algorithm 1 (slices, all-to-alls and all-gathers in a fixed order); [`Planner::Optimal`] is a
+//! shortest path over the layouts between the two canonical forms ([`crate::optimal`]), which
+//! also uses reduce-scatters, all-reduces and collective-permutes.
 
 use std::borrow::Cow;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, Cluster, CollectiveKind, CostModel};
-use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Unified};
+use crate::unify::{
+    check_same_tensor, normalized, reshape_for, try_unify, Reshaped, Side, Unified,
+};
 
 /// What a redistribution step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -17,6 +22,12 @@ pub enum OpKind {
     AllGather,
     /// Move a split from one tensor dim to another along the same device dim.
     AllToAll,
+    /// Sum the partial sums along a device dim and split a tensor dim along it.
+    ReduceScatter,
+    /// Sum the partial sums along a device dim, every device keeping the whole sum.
+    AllReduce,
+    /// Send whole blocks to other devices: which device dims split which tensor dims changes.
+    CollectivePermute,
 }
 
 impl OpKind {
@@ -26,6 +37,9 @@ impl OpKind {
             OpKind::Slice => "slice",
             OpKind::AllGather => "all_gather",
             OpKind::AllToAll => "all_to_all",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllReduce => "all_reduce",
+            OpKind::CollectivePermute => "collective_permute",
         }
     }
 
@@ -35,6 +49,94 @@ impl OpKind {
             OpKind::Slice => None,
             OpKind::AllGather => Some(CollectiveKind::AllGather),
             OpKind::AllToAll => Some(CollectiveKind::AllToAll),
+            OpKind::ReduceScatter => Some(CollectiveKind::ReduceScatter),
+            OpKind::AllReduce => Some(CollectiveKind::AllReduce),
+            OpKind::CollectivePermute => Some(CollectiveKind::CollectivePermute),
+        }
+    }
+}
+
+/// Which planner chooses the steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Planner {
+    /// The cheapest plan between the canonical forms, never dearer than Algorithm 1 on them.
+    Optimal,
+    /// The paper's Algorithm 1 on the two layouts as given (partial sums all-reduced first).
+    Paper,
+}
+
+impl Planner {
+    /// Every planner, in the order of [`Planner::NAMES`].
+    pub const ALL: [Planner; 2] = [Planner::Optimal, Planner::Paper];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 2] = ["optimal", "paper"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The planner named `name`, one of [`Planner::NAMES`].
+    ///
+    /// # Errors
+    /// [`Error::Layout`] for any other name.
+    pub fn parse(name: &str) -> Result<Self> {
+        topology::parse_name(name, "planner", &Self::NAMES, Error::Layout).map(|i| Self::ALL[i])
+    }
+}
+
+/// What the optimal planner minimizes: elements received per device, or seconds on a cluster.
+#[derive(Debug, Clone, Copy)]
+pub enum Objective<'a> {
+    Volume,
+    Seconds {
+        cluster: &'a Cluster,
+        dtype_bytes: f64,
+    },
+}
+
+impl Objective<'_> {
+    /// `total` plus the price of `op`.
+    fn add(&self, total: f64, op: &CommOp) -> f64 {
+        total + self.price(op.kind, op.group(), op.volume, &op.layout)
+    }
+
+    /// The price of a plan, its ops summed in order from +0.0 as its cost is.
+    pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
+        plan.all_ops().fold(0.0, |t, op| self.add(t, op))
+    }
+    /// A lower bound on the price of any op whose group holds device dim `k` of a layout with
+    /// `layout`'s device matrix: it moves at least `(g-1)/g` of a shard, and no shard is smaller
+    /// than the tensor over every device; over the fastest link the dim can use.
+    pub(crate) fn least(&self, layout: &Layout, k: usize) -> f64 {
+        let g = layout.dim_size(k) as f64;
+        let elements = (g - 1.0) / g * layout.num_elements() as f64 / layout.num_devices() as f64;
+        match *self {
+            Objective::Volume => elements,
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => cluster.least_seconds(layout, k, elements * dtype_bytes),
+        }
+    }
+
+    /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
+    pub(crate) fn price(&self, kind: OpKind, group: u64, volume: u64, layout: &Layout) -> f64 {
+        match *self {
+            Objective::Volume => volume as f64,
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => step_cost(
+                kind,
+                group,
+                volume,
+                layout,
+                cluster,
+                dtype_bytes,
+                CostModel::Topology,
+            ),
         }
     }
 }
@@ -43,52 +145,90 @@ impl OpKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CommOp {
     pub kind: OpKind,
+    /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
+    /// device dim it moves.
     pub device_dim: usize,
-    /// The dim that is sliced or gathered (for an all-to-all, the one gathered).
-    pub tensor_dim: usize,
+    /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
+    /// reduce-scatter, split; none for an all-reduce or a collective-permute.
+    pub tensor_dim: Option<usize>,
     /// All-to-all only: the dim that is split.
     pub to_tensor_dim: Option<usize>,
+    /// Collective-permute only: for each device dim `k`, the device dim `permutation[k]` that
+    /// takes over its splits (the coordinate a block was at along `k` is where it goes along
+    /// `permutation[k]`).
+    pub permutation: Option<Vec<usize>>,
+    /// The devices of one group: `d_k`, or for a collective-permute the product over the device
+    /// dims it moves.
     pub group_size: u64,
-    /// Elements received per device.
+    /// Elements received per device (by a device that receives, for a collective-permute).
     pub volume: u64,
     /// The layout before the op.
     pub layout: Layout,
 }
 
 impl CommOp {
-    fn new(
+    pub(crate) fn new(
         kind: OpKind,
         device_dim: usize,
-        tensor_dim: usize,
+        tensor_dim: Option<usize>,
         to: Option<usize>,
         layout: Layout,
     ) -> Self {
+        debug_assert!(kind != OpKind::CollectivePermute);
         CommOp {
             kind,
             device_dim,
             tensor_dim,
             to_tensor_dim: to,
+            permutation: None,
             group_size: layout.dim_size(device_dim),
             volume: step_volume(kind, device_dim, &layout),
             layout,
         }
     }
 
-    /// `ct` of the op on nodes of `devices_per_node` (0 for a slice), as
-    /// [`topology::inter_node_groups`] gives it for the op's collective.
+    /// A collective-permute of `layout` by `permutation` (not the identity).
+    pub(crate) fn permute(permutation: Vec<usize>, layout: Layout) -> Self {
+        let group = moved(&permutation);
+        CommOp {
+            kind: OpKind::CollectivePermute,
+            device_dim: group.trailing_zeros() as usize,
+            tensor_dim: None,
+            to_tensor_dim: None,
+            group_size: (0..layout.num_device_dims())
+                .filter(|&k| group >> k & 1 == 1)
+                .map(|k| layout.dim_size(k))
+                .product(),
+            permutation: Some(permutation),
+            volume: layout.shard_size(),
+            layout,
+        }
+    }
+
+    /// The device dims the op communicates along, as a mask.
+    pub(crate) fn group(&self) -> u64 {
+        self.permutation
+            .as_deref()
+            .map_or(1 << self.device_dim, moved)
+    }
+
+    /// `ct` of the op on nodes of `devices_per_node` (0 for a slice): the groups over its device
+    /// dims that leave a node at once, as [`topology::inter_node_groups`] counts them for a
+    /// collective along one dim.
     ///
     /// # Errors
     /// [`Error::Topology`] unless `devices_per_node` is a positive power of two.
     pub fn inter_node_groups(&self, devices_per_node: u64) -> Result<u64> {
-        match self.kind.collective() {
-            Some(kind) => topology::inter_node_groups(
-                &self.layout,
-                kind,
-                devices_per_node,
-                Some(self.device_dim),
-            ),
-            None => topology::check_devices_per_node(devices_per_node).map(|()| 0),
+        topology::check_devices_per_node(devices_per_node)?;
+        if self.kind == OpKind::Slice {
+            return Ok(0);
         }
+        let group = self.group();
+        Ok(topology::groups_crossing(
+            &self.layout,
+            |k| group >> k & 1 == 1,
+            devices_per_node,
+        ))
     }
 
     /// Seconds (topology model) or bytes per device (volume model).
@@ -103,7 +243,7 @@ impl CommOp {
         }
         Ok(step_cost(
             self.kind,
-            self.device_dim,
+            self.group(),
             self.volume,
             &self.layout,
             cluster,
@@ -113,22 +253,36 @@ impl CommOp {
     }
 }
 
-/// Elements received per device by an op along `device_dim` of `layout`.
-fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
+/// The device dims a permutation moves, as a mask.
+pub(crate) fn moved(permutation: &[usize]) -> u64 {
+    permutation
+        .iter()
+        .enumerate()
+        .filter(|&(k, &to)| k != to)
+        .fold(0, |mask, (k, _)| mask | 1 << k)
+}
+
+/// Elements received per device by an op along `device_dim` of `layout` (not a permute).
+pub(crate) fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
     let g = layout.dim_size(device_dim);
     let s = layout.shard_size();
     match kind {
         OpKind::Slice => 0,
         OpKind::AllGather => (g - 1) * s,
-        // `g` is a power of two: `s / g` as a shift.
-        OpKind::AllToAll => (g - 1) * (s >> g.trailing_zeros()),
+        // `g` is a power of two: `s / g` as a shift. The dim a reduce-scatter splits is whole in
+        // the shard, so `g` divides `s`.
+        OpKind::AllToAll | OpKind::ReduceScatter => (g - 1) * (s >> g.trailing_zeros()),
+        // A ring: reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements.
+        OpKind::AllReduce => (2 * (g - 1) * s).div_ceil(g),
+        OpKind::CollectivePermute => s,
     }
 }
 
-/// The cost of an op moving `volume` elements per device; the layout is on the cluster's devices.
-fn step_cost(
+/// The cost of an op over the device dims `group` (a mask) moving `volume` elements per device;
+/// the layout is on the cluster's devices.
+pub(crate) fn step_cost(
     kind: OpKind,
-    device_dim: usize,
+    group: u64,
     volume: u64,
     layout: &Layout,
     cluster: &Cluster,
@@ -141,7 +295,7 @@ fn step_cost(
     let bytes = volume as f64 * dtype_bytes;
     match model {
         CostModel::Volume => bytes,
-        CostModel::Topology => cluster.seconds(layout, c, |k| k == device_dim, bytes),
+        CostModel::Topology => cluster.seconds(layout, c, |k| group >> k & 1 == 1, bytes),
     }
 }
 
@@ -184,16 +338,30 @@ impl Redistribution {
     }
 }
 
-/// Algorithm 1 from a unified layout to the unified target map `t`: slice what can be sliced and
-/// turn gather-then-slice pairs on one device dim into all-to-alls until neither applies, then
-/// gather one dim that is split differently in the target, and repeat. `step` gets each op (kind,
-/// device dim, tensor dim, dim split by an all-to-all) with the layout before it; `current` is
-/// stepped in place so that pricing the ops allocates nothing.
-fn plan_unified(
+/// Algorithm 1 from a unified layout to the unified target `t`: all-reduce the partial sums the
+/// target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
+/// device dim into all-to-alls until neither applies, then gather one dim that is split
+/// differently in the target, and repeat. `step` gets each op (kind, device dim, tensor dim, dim
+/// split by an all-to-all) with the layout before it; `current` is stepped in place so that
+/// pricing the ops allocates nothing (but for partial sums).
+pub(crate) fn plan_unified(
     mut current: Layout,
-    t: &[i64],
-    mut step: impl FnMut(OpKind, usize, usize, Option<usize>, &Layout),
+    t: &Layout,
+    mut step: impl FnMut(OpKind, usize, Option<usize>, Option<usize>, &Layout),
 ) {
+    for &k in &current.partial().to_vec() {
+        if !t.partial().contains(&k) {
+            step(OpKind::AllReduce, k, None, None, &current);
+            let partial = current
+                .partial()
+                .iter()
+                .copied()
+                .filter(|&p| p != k)
+                .collect();
+            current = current.with_state(current.tensor_map().to_vec(), partial);
+        }
+    }
+    let t = t.tensor_map();
     let n = t.len();
     loop {
         loop {
@@ -201,7 +369,7 @@ fn plan_unified(
             for i in 0..n {
                 let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
-                    step(OpKind::Slice, t[i] as usize, i, None, &current);
+                    step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
                     current.tensor_map_mut()[i] = t[i];
                     progress = true;
                 }
@@ -210,7 +378,7 @@ fn plan_unified(
                 let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
-                        step(OpKind::AllToAll, t[i] as usize, j, Some(i), &current);
+                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
                         let m = current.tensor_map_mut();
                         m[j] = -1;
                         m[i] = t[i];
@@ -228,7 +396,7 @@ fn plan_unified(
         let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
             break;
         };
-        step(OpKind::AllGather, m[i] as usize, i, None, &current);
+        step(OpKind::AllGather, m[i] as usize, Some(i), None, &current);
         current.tensor_map_mut()[i] = -1;
     }
     debug_assert_eq!(current.tensor_map(), t);
@@ -279,7 +447,7 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
             Side::First => prelude.push(CommOp::new(
                 OpKind::AllGather,
                 k as usize,
-                dim,
+                Some(dim),
                 None,
                 before,
             )),
@@ -292,7 +460,13 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
         let mut map = current.tensor_map().to_vec();
         map[dim] = k;
         let after = current.with_map(map);
-        epilogue.push(CommOp::new(OpKind::Slice, k as usize, dim, None, current));
+        epilogue.push(CommOp::new(
+            OpKind::Slice,
+            k as usize,
+            Some(dim),
+            None,
+            current,
+        ));
         current = after;
     }
     debug_assert_eq!(&current, b);
@@ -303,17 +477,67 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
     })
 }
 
-/// Plans the redistribution of a tensor from layout `a` to layout `b`
-/// (docs/conventions.md#redistribution).
+/// The target may keep partial sums the source has, but no step creates them.
+fn check_partial(source: &Layout, target: &Layout, a: &Layout, b: &Layout) -> Result<()> {
+    if target
+        .partial()
+        .iter()
+        .all(|k| source.partial().contains(k))
+    {
+        Ok(())
+    } else {
+        Err(Error::Layout(format!(
+            "{b:?} holds partial sums where {a:?} does not: no redistribution step creates \
+             partial sums"
+        )))
+    }
+}
+
+/// Plans the redistribution of a tensor from layout `a` to layout `b` with `planner`; the optimal
+/// planner minimizes `objective` (the paper's planner ignores it).
+///
+/// The optimal plan is the cheaper of the shortest path between the canonical forms and
+/// Algorithm 1 on the layouts as given (the canonical forms merge device dims, which can take
+/// away a cheaper order of smaller collectives); on a tie, the shortest path's.
 ///
 /// # Errors
-/// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices.
-pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
+/// [`Error::Layout`] if the layouts do not describe one tensor on one set of devices or the target
+/// holds partial sums the source does not, [`Error::Topology`] if the objective's cluster does
+/// not have the layouts' device count or its `dtype_bytes` is not positive.
+pub fn plan_redistribution(
+    a: &Layout,
+    b: &Layout,
+    planner: Planner,
+    objective: Objective<'_>,
+) -> Result<Redistribution> {
+    let paper = paper_plan(a, b, objective)?;
+    if planner == Planner::Paper {
+        return Ok(paper);
+    }
+    let optimal = canonical_plan(a, b, objective)?;
+    Ok(if objective.total(&optimal) <= objective.total(&paper) {
+        optimal
+    } else {
+        paper
+    })
+}
+
+/// Algorithm 1 on `a` and `b` as given.
+fn paper_plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
     let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
     let target = lined.unified.layout(Side::Second);
+    check_partial(&source, &target, a, b)?;
+    if let Objective::Seconds {
+        cluster,
+        dtype_bytes,
+    } = objective
+    {
+        topology::check_dtype_bytes(dtype_bytes)?;
+        cluster.check(&source)?;
+    }
     let mut ops = Vec::new();
-    plan_unified(source.clone(), target.tensor_map(), |kind, k, i, to, l| {
+    plan_unified(source.clone(), &target, |kind, k, i, to, l| {
         ops.push(CommOp::new(kind, k, i, to, l.clone()));
     });
     Ok(Redistribution {
@@ -325,12 +549,30 @@ pub fn plan_redistribution(a: &Layout, b: &Layout) -> Result<Redistribution> {
     })
 }
 
-/// `plan_redistribution(a, b)?.cost(cluster, dtype_bytes, model)`, bit for bit, without building
-/// the ops of the unified pair: the batch kernel's inner loop.
+/// The shortest path between the canonical forms of `a` and `b` (Algorithm 1 on them if the
+/// search gives up): one distribution, one plan.
+pub(crate) fn canonical_plan(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+) -> Result<Redistribution> {
+    let mut plan = paper_plan(&normalized(a), &normalized(b), objective)?;
+    let start = plan.prelude.iter().fold(0.0, |t, op| objective.add(t, op));
+    let bound = plan.ops.iter().fold(start, |t, op| objective.add(t, op));
+    if let Some(better) =
+        crate::optimal::shortest(&plan.source, &plan.target, start, bound, objective)
+    {
+        plan.ops = better;
+    }
+    Ok(plan)
+}
+
+/// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
+/// bit, without building the ops of the unified pair: the batch kernel's inner loop.
 ///
 /// # Errors
 /// As [`plan_redistribution`] and [`Redistribution::cost`].
-pub(crate) fn redistribution_cost(
+pub(crate) fn paper_cost(
     a: &Layout,
     b: &Layout,
     cluster: &Cluster,
@@ -339,16 +581,17 @@ pub(crate) fn redistribution_cost(
 ) -> Result<f64> {
     let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
+    let target = lined.unified.layout(Side::Second);
+    check_partial(&source, &target, a, b)?;
     // Every layout of the plan has the source's device count.
     cluster.check(&source)?;
     // In plan order, from +0.0 as the plan's own sum.
     let mut total = lined.prelude.iter().try_fold(0.0, |acc, op| {
         Ok::<_, Error>(acc + op.cost(cluster, dtype_bytes, model)?)
     })?;
-    let target = lined.unified.tensor_map(Side::Second);
     plan_unified(source, &target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
-        total += step_cost(kind, k, volume, l, cluster, dtype_bytes, model);
+        total += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
     });
     lined.epilogue.iter().try_fold(total, |acc, op| {
         Ok(acc + op.cost(cluster, dtype_bytes, model)?)
@@ -368,7 +611,7 @@ mod tests {
         let shape = [16, 16, 16, 16, 16];
         let a = layout(&shape, &dm, &[-1, 1, 2, -1, 3]);
         let b = layout(&shape, &dm, &[1, -1, -1, 0, 3]);
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         let steps: Vec<_> = plan
             .ops
             .iter()
@@ -377,9 +620,9 @@ mod tests {
         assert_eq!(
             steps,
             vec![
-                (OpKind::Slice, 0, 3, None),
-                (OpKind::AllToAll, 1, 1, Some(0)),
-                (OpKind::AllGather, 2, 2, None),
+                (OpKind::Slice, 0, Some(3), None),
+                (OpKind::AllToAll, 1, Some(1), Some(0)),
+                (OpKind::AllGather, 2, Some(2), None),
             ]
         );
         let size: u64 = shape.iter().product();
@@ -390,16 +633,116 @@ mod tests {
     #[test]
     fn identical_layouts_need_nothing() {
         let a = layout(&[8, 8], &[2, 4], &[0, 1]);
-        assert!(plan_redistribution(&a, &a).unwrap().ops.is_empty());
+        assert!(
+            plan_redistribution(&a, &a, Planner::Paper, Objective::Volume)
+                .unwrap()
+                .ops
+                .is_empty()
+        );
     }
 
     #[test]
     fn misaligned_reshape_falls_back_to_a_gather() {
         let a = layout(&[6, 16], &[16], &[-1, 0]);
         let b = layout(&[96], &[16], &[0]);
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         assert!(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
         // Never more than gathering everything: 15 * 6 elements per device.
         assert!(plan.volume() <= 15 * 6);
+    }
+}
+
+#[cfg(test)]
+mod optimal_tests {
+    use super::*;
+    use crate::layout::layout;
+
+    fn both(a: &Layout, b: &Layout) -> (Redistribution, Redistribution) {
+        (
+            plan_redistribution(a, b, Planner::Paper, Objective::Volume).unwrap(),
+            plan_redistribution(a, b, Planner::Optimal, Objective::Volume).unwrap(),
+        )
+    }
+
+    /// The examples of issue 12: elements received per device by each planner.
+    #[test]
+    fn optimal_plans_of_the_issue() {
+        let cases: [(Layout, Layout, u64, u64); 5] = [
+            (
+                layout(&[96, 32, 96], &[16, 2], &[1, 0, -1]),
+                layout(&[96, 32, 96], &[16, 2], &[0, 1, -1]),
+                211_968,
+                17_280,
+            ),
+            (
+                layout(&[16, 48], &[8, 2], &[0, -1]),
+                layout(&[16, 48], &[16], &[0, -1]),
+                192,
+                48,
+            ),
+            (
+                layout(&[32, 96, 96], &[2, 2, 4, 2], &[2, -1, -1]),
+                layout(&[32, 96, 96], &[8, 4], &[0, -1, -1]),
+                147_456,
+                73_728,
+            ),
+            // A 4x4 mesh swapping its two dims: one collective-permute of the whole shard.
+            (
+                layout(&[1024, 1024], &[4, 4], &[1, 0]),
+                layout(&[1024, 1024], &[4, 4], &[0, 1]),
+                393_216,
+                65_536,
+            ),
+            (
+                layout(&[64, 4, 8, 16], &[4, 4], &[-1, 1, 0, -1]),
+                layout(&[64, 32, 16], &[16], &[0, -1, -1]),
+                3_072,
+                1_920,
+            ),
+        ];
+        for (a, b, paper, optimal) in cases {
+            let (p, o) = both(&a, &b);
+            assert_eq!((p.volume(), o.volume()), (paper, optimal), "{a:?} -> {b:?}");
+        }
+        let swap = both(
+            &layout(&[1024, 1024], &[4, 4], &[1, 0]),
+            &layout(&[1024, 1024], &[4, 4], &[0, 1]),
+        )
+        .1;
+        assert_eq!(swap.ops.len(), 1);
+        assert_eq!(swap.ops[0].kind, OpKind::CollectivePermute);
+        assert_eq!(swap.ops[0].permutation.as_deref(), Some(&[1, 0][..]));
+    }
+
+    /// One distribution written two ways gets one plan.
+    #[test]
+    fn one_distribution_one_plan() {
+        let b = layout(&[64, 32, 16], &[16], &[0, -1, -1]);
+        let (_, one) = both(&layout(&[64, 32, 16], &[16], &[-1, 0, -1]), &b);
+        let (_, other) = both(&layout(&[64, 4, 8, 16], &[4, 4], &[-1, 1, 0, -1]), &b);
+        assert_eq!(one, other);
+        assert_eq!(one.volume(), 1_920);
+    }
+
+    /// A partial sum over 4 devices to a split: one reduce-scatter, half the all-reduce's volume;
+    /// to a replica: one all-reduce.
+    #[test]
+    fn partial_sums_reduce() {
+        let a = Layout::with_partial(vec![64, 8], vec![4, 2], vec![-1, 0], vec![1]).unwrap();
+        let split = layout(&[64, 8], &[4, 2], &[1, 0]);
+        let (paper, optimal) = both(&a, &split);
+        let kinds: Vec<_> = optimal.ops.iter().map(|o| o.kind).collect();
+        assert_eq!(kinds, [OpKind::ReduceScatter]);
+        assert_eq!(optimal.volume(), 3 * 64 * 4 / 4);
+        assert_eq!(paper.volume(), 2 * optimal.volume());
+        let (_, whole) = both(&a, &layout(&[64, 8], &[4, 2], &[-1, 0]));
+        assert_eq!(whole.ops.len(), 1);
+        assert_eq!(whole.ops[0].kind, OpKind::AllReduce);
+        assert_eq!(whole.volume(), 2 * 3 * 64 * 4 / 4);
+        // No step creates partial sums.
+        assert!(matches!(
+            plan_redistribution(&split, &a, Planner::Optimal, Objective::Volume),
+            Err(Error::Layout(_))
+        ));
     }
 }

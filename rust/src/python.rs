@@ -16,14 +16,14 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyTuple, PyType};
 
 use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
-use crate::planner::{self, CommOp, Redistribution};
+use crate::planner::{self, CommOp, Objective, Planner, Redistribution};
 use crate::strategies::{self, Strategy};
-use crate::topology::{self, Cluster, CollectiveKind, CostModel};
+use crate::topology::{self, Cluster, CollectiveKind, CostModel, Replicas, PAPER};
 use crate::unify as unification;
 
 /// The extension's allocator, set here and not in the library so that a Rust user of the crate
@@ -224,8 +224,9 @@ fn device_dim(k: Option<Num<i64>>, kind: Kind) -> Result<Option<usize>, Error> {
 }
 
 /// How a tensor is spread over the devices: its shape, the device matrix (outermost dim first,
-/// device dim 0 innermost) and the tensor map (per tensor dim, the device dim it is split along,
-/// or -1). See docs/conventions.md#layouts. Immutable, hashable, picklable.
+/// device dim 0 innermost), the tensor map (per tensor dim, the device dim it is split along, or
+/// -1) and the device dims `partial` along which the devices hold partial sums rather than copies.
+/// See docs/conventions.md#layouts. Immutable, hashable, picklable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "Layout")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyLayout {
@@ -241,10 +242,12 @@ impl From<Layout> for PyLayout {
 #[pymethods]
 impl PyLayout {
     #[new]
+    #[pyo3(signature = (shape, device_matrix, tensor_map, partial=Vec::new()))]
     fn new(
         shape: Vec<Num<i64>>,
         device_matrix: Vec<Num<i64>>,
         tensor_map: Vec<Num<i64>>,
+        partial: Vec<Num<i64>>,
     ) -> PyResult<Self> {
         let shape = unsigned_list(&shape, "shape", "a positive size", Error::Layout)?;
         let dm = unsigned_list(
@@ -254,7 +257,25 @@ impl PyLayout {
             Error::Layout,
         )?;
         let map = signed_list(&tensor_map, "tensor map", Error::Layout)?;
-        Ok(Layout::new(shape, dm, map)?.into())
+        let partial = signed_list(&partial, "partial", Error::Layout)?
+            .into_iter()
+            .map(|k| {
+                usize::try_from(k).map_err(|_| {
+                    Error::Layout(format!(
+                        "partial {}: entry {k} is not a device dim (0 innermost)",
+                        listed(&partial)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Layout::with_partial(shape, dm, map, partial)?.into())
+    }
+
+    /// The device dims along which the devices hold partial sums (ascending): the devices that
+    /// differ only there hold addends whose sum is the tensor.
+    #[getter]
+    fn partial(&self) -> Vec<usize> {
+        self.inner.partial().to_vec()
     }
 
     /// The global shape of the tensor.
@@ -307,22 +328,37 @@ impl PyLayout {
         }
     }
 
-    /// The same distribution with the device matrix cut only where the map needs it: two layouts
-    /// hold the same elements on every rank iff their normal forms are equal.
+    /// The canonical form, a reshape that moves nothing: two layouts of one tensor hold the same
+    /// elements (and partial sums) on every rank iff their normal forms are equal.
     fn normalized(&self) -> PyLayout {
         unification::normalized(&self.inner).into()
     }
 
+    /// The same tensor dims (size-1 dims dropped) with the device matrix cut only where a split or
+    /// a partial dim needs it: layouts with equal compacted forms hold the same elements and get
+    /// the same plans from Algorithm 1, so the search prices one of them for all.
+    fn compacted(&self) -> PyLayout {
+        unification::compacted(&self.inner).into()
+    }
+
     fn __repr__(&self) -> String {
+        let l = &self.inner;
+        let partial = if l.partial().is_empty() {
+            String::new()
+        } else {
+            format!(", partial={:?}", l.partial())
+        };
         format!(
-            "Layout(shape={:?}, device_matrix={:?}, tensor_map={:?})",
-            self.inner.shape(),
-            self.inner.device_matrix(),
-            self.inner.tensor_map()
+            "Layout(shape={:?}, device_matrix={:?}, tensor_map={:?}{partial})",
+            l.shape(),
+            l.device_matrix(),
+            l.tensor_map()
         )
     }
 
-    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<u64>, Vec<i64>))> {
+    fn __reduce__(
+        slf: &Bound<'_, Self>,
+    ) -> PyResult<(Py<PyAny>, (Vec<u64>, Vec<u64>, Vec<i64>, Vec<usize>))> {
         let l = &slf.get().inner;
         Ok((
             slf.get_type().into_any().unbind(),
@@ -330,47 +366,138 @@ impl PyLayout {
                 l.shape().to_vec(),
                 l.device_matrix().to_vec(),
                 l.tensor_map().to_vec(),
+                l.partial().to_vec(),
             ),
         ))
     }
 }
 
 /// A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
-/// consecutive ranks. Bandwidths in bytes per second, memory in bytes per device. Immutable,
-/// picklable.
+/// consecutive ranks. Bandwidths in bytes per second, latencies in seconds per collective, memory
+/// in bytes per device; `replicas` says whether copies of a tensor share one transfer out of a
+/// node (`"shared"`, the paper's model) or send one each (`"flat"`). More levels (nodes in pods):
+/// `Cluster.hierarchy`; named clusters: `Cluster.preset`. Immutable, picklable.
 #[pyclass(frozen, eq, module = "taps", name = "Cluster")]
 #[derive(Clone, PartialEq)]
 pub struct PyCluster {
     inner: Cluster,
 }
 
+/// The argument `device_memory`, if given.
+fn memory(device_memory: Option<Num<f64>>) -> Result<Option<f64>, Error> {
+    device_memory
+        .map(|m| m.get("device_memory", Error::Topology))
+        .transpose()
+}
+
 #[pymethods]
 impl PyCluster {
     #[new]
     #[pyo3(
-        signature = (nodes, devices_per_node, intra_bandwidth=Num::Fits(60e9), inter_bandwidth=Num::Fits(6e9), device_memory=None),
-        text_signature = "(nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None)"
+        signature = (
+            nodes,
+            devices_per_node,
+            intra_bandwidth=Num::Fits(PAPER.levels[0].1),
+            inter_bandwidth=Num::Fits(PAPER.levels[1].1),
+            device_memory=None,
+            *,
+            intra_latency=Num::Fits(0.0),
+            inter_latency=Num::Fits(0.0),
+            replicas="shared",
+        ),
+        text_signature = "(nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None, *, intra_latency=0.0, inter_latency=0.0, replicas='shared')"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         nodes: Num<i64>,
         devices_per_node: Num<i64>,
         intra_bandwidth: Num<f64>,
         inter_bandwidth: Num<f64>,
         device_memory: Option<Num<f64>>,
+        intra_latency: Num<f64>,
+        inter_latency: Num<f64>,
+        replicas: &str,
     ) -> PyResult<Self> {
         let positive = "a positive count";
         let kind = Error::Topology;
         Ok(PyCluster {
-            inner: Cluster::new(
-                nodes.unsigned("nodes", positive, kind)?,
-                devices_per_node.unsigned("devices_per_node", positive, kind)?,
-                intra_bandwidth.get("intra_bandwidth", kind)?,
-                inter_bandwidth.get("inter_bandwidth", kind)?,
-                device_memory
-                    .map(|m| m.get("device_memory", kind))
-                    .transpose()?,
+            inner: Cluster::hierarchy(
+                &[
+                    (
+                        devices_per_node.unsigned("devices_per_node", positive, kind)?,
+                        intra_bandwidth.get("intra_bandwidth", kind)?,
+                        intra_latency.get("intra_latency", kind)?,
+                    ),
+                    (
+                        nodes.unsigned("nodes", positive, kind)?,
+                        inter_bandwidth.get("inter_bandwidth", kind)?,
+                        inter_latency.get("inter_latency", kind)?,
+                    ),
+                ],
+                memory(device_memory)?,
+                Replicas::parse(replicas)?,
             )?,
         })
+    }
+
+    /// A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
+    /// devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
+    /// bytes per second out of one part of the level below, latencies in seconds per collective.
+    #[staticmethod]
+    #[pyo3(signature = (levels, device_memory=None, replicas="shared"))]
+    fn hierarchy(
+        levels: Vec<(Num<i64>, Num<f64>, Num<f64>)>,
+        device_memory: Option<Num<f64>>,
+        replicas: &str,
+    ) -> PyResult<Self> {
+        let kind = Error::Topology;
+        let levels = levels
+            .iter()
+            .enumerate()
+            .map(|(j, (parts, bandwidth, latency))| {
+                Ok((
+                    parts.unsigned(&format!("the parts of level {j}"), "a positive count", kind)?,
+                    bandwidth.get(&format!("the bandwidth of level {j}"), kind)?,
+                    latency.get(&format!("the latency of level {j}"), kind)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(PyCluster {
+            inner: Cluster::hierarchy(&levels, memory(device_memory)?, Replicas::parse(replicas)?)?,
+        })
+    }
+
+    /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
+    /// cluster of a TOML file (a name ending in `.toml`, read by `taps.cluster_presets`).
+    #[classmethod]
+    #[pyo3(signature = (name, nodes=Num::Fits(1)), text_signature = "(name, nodes=1)")]
+    fn preset(cls: &Bound<'_, PyType>, name: &str, nodes: Num<i64>) -> PyResult<Py<PyAny>> {
+        let py = cls.py();
+        let is_file = std::path::Path::new(name)
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        let nodes = nodes.unsigned("nodes", "a positive count", Error::Topology)?;
+        if is_file {
+            let module = py.import("taps.cluster_presets")?;
+            return Ok(module.call_method1("from_toml", (name, nodes))?.unbind());
+        }
+        let cluster = PyCluster {
+            inner: Cluster::preset(name, nodes)?,
+        };
+        Ok(Py::new(py, cluster)?.into_any())
+    }
+
+    /// The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first.
+    #[getter]
+    fn levels(&self) -> Vec<(u64, f64, f64)> {
+        self.inner.level_parts()
+    }
+
+    /// How copies of a tensor send it out of a node: `"shared"` (one transfer for all the
+    /// copies, as the paper) or `"flat"` (one per copy, as NCCL).
+    #[getter]
+    fn replicas(&self) -> &'static str {
+        self.inner.replicas().name()
     }
 
     /// The number of nodes.
@@ -410,8 +537,8 @@ impl PyCluster {
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of a collective of `layout`:
-    /// an `"all_reduce"` over the device dims the map does not use (no `device_dim`), or an
-    /// `"all_gather"` / `"all_to_all"` along `device_dim`.
+    /// an `"all_reduce"` over the device dims the map does not use (no `device_dim`), or any
+    /// other kind of `COLLECTIVE_KINDS` along `device_dim`.
     #[pyo3(
         signature = (layout, collective, device_dim=None, dtype_bytes=Num::Fits(2.0), model="topology"),
         text_signature = "($self, layout, collective, device_dim=None, dtype_bytes=2.0, model='topology')"
@@ -438,34 +565,44 @@ impl PyCluster {
         let memory = c
             .device_memory()
             .map_or("None".to_string(), |m| format!("{m:e}"));
-        format!(
-            "Cluster(nodes={}, devices_per_node={}, intra_bandwidth={:e}, inter_bandwidth={:e}, device_memory={memory})",
-            c.nodes(),
-            c.devices_per_node(),
-            c.intra_bandwidth(),
-            c.inter_bandwidth()
-        )
+        let paper_like = c.levels().len() == 2
+            && c.replicas() == Replicas::Shared
+            && c.levels().iter().all(|l| l.latency == 0.0);
+        if paper_like {
+            format!(
+                "Cluster(nodes={}, devices_per_node={}, intra_bandwidth={:e}, inter_bandwidth={:e}, device_memory={memory})",
+                c.nodes(),
+                c.devices_per_node(),
+                c.intra_bandwidth(),
+                c.inter_bandwidth()
+            )
+        } else {
+            let levels: Vec<String> = c
+                .level_parts()
+                .iter()
+                .map(|(n, b, l)| format!("({n}, {b:e}, {l:e})"))
+                .collect();
+            format!(
+                "Cluster.hierarchy([{}], device_memory={memory}, replicas={:?})",
+                levels.join(", "),
+                c.replicas().name()
+            )
+        }
     }
 
     fn __reduce__(
         slf: &Bound<'_, Self>,
-    ) -> PyResult<(Py<PyAny>, (u64, u64, f64, f64, Option<f64>))> {
+    ) -> PyResult<(Py<PyAny>, (Vec<(u64, f64, f64)>, Option<f64>, &'static str))> {
         let c = &slf.get().inner;
         Ok((
-            slf.get_type().into_any().unbind(),
-            (
-                c.nodes(),
-                c.devices_per_node(),
-                c.intra_bandwidth(),
-                c.inter_bandwidth(),
-                c.device_memory(),
-            ),
+            slf.get_type().getattr("hierarchy")?.unbind(),
+            (c.level_parts(), c.device_memory(), c.replicas().name()),
         ))
     }
 }
 
-/// One step of a redistribution: a slice, all_gather or all_to_all along one device dim, with
-/// the layout it acts on.
+/// One step of a redistribution, with the layout it acts on: a slice, all_gather, all_to_all,
+/// reduce_scatter or all_reduce along one device dim, or a collective_permute of whole blocks.
 #[pyclass(frozen, eq, hash, module = "taps", name = "CommOp")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyCommOp {
@@ -474,21 +611,24 @@ pub struct PyCommOp {
 
 #[pymethods]
 impl PyCommOp {
-    /// `"slice"`, `"all_gather"` or `"all_to_all"`.
+    /// `"slice"`, `"all_gather"`, `"all_to_all"`, `"reduce_scatter"`, `"all_reduce"` or
+    /// `"collective_permute"`.
     #[getter]
     fn kind(&self) -> &'static str {
         self.inner.kind.name()
     }
 
-    /// The device dim the op runs along (0 innermost).
+    /// The device dim the op runs along (0 innermost; for a collective_permute, the innermost
+    /// device dim it moves).
     #[getter]
     fn device_dim(&self) -> usize {
         self.inner.device_dim
     }
 
-    /// The tensor dim sliced or gathered (for an all_to_all, the one gathered).
+    /// The tensor dim sliced, gathered (for an all_to_all, the one gathered) or split by a
+    /// reduce_scatter; None for an all_reduce or a collective_permute.
     #[getter]
-    fn tensor_dim(&self) -> usize {
+    fn tensor_dim(&self) -> Option<usize> {
         self.inner.tensor_dim
     }
 
@@ -498,13 +638,20 @@ impl PyCommOp {
         self.inner.to_tensor_dim
     }
 
-    /// The number of devices in each group: the size of the device dim.
+    /// Collective-permute only: per device dim `k`, the device dim that takes over its splits.
+    #[getter]
+    fn permutation(&self) -> Option<Vec<usize>> {
+        self.inner.permutation.clone()
+    }
+
+    /// The number of devices in each group: the size of the device dim (for a
+    /// collective_permute, the product of the device dims it moves).
     #[getter]
     fn group_size(&self) -> u64 {
         self.inner.group_size
     }
 
-    /// Elements received per device.
+    /// Elements received per device (per receiving device, for a collective_permute).
     #[getter]
     fn volume(&self) -> u64 {
         self.inner.volume
@@ -541,13 +688,17 @@ impl PyCommOp {
 
     fn __repr__(&self) -> String {
         let o = &self.inner;
-        let dims = o.to_tensor_dim.map_or(o.tensor_dim.to_string(), |to| {
-            format!("{} -> {to}", o.tensor_dim)
-        });
+        let on = match (&o.permutation, o.tensor_dim, o.to_tensor_dim) {
+            (Some(p), _, _) => format!("permutation={p:?}"),
+            (None, Some(i), Some(to)) => {
+                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim)
+            }
+            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim),
+            (None, None, _) => format!("device_dim={}", o.device_dim),
+        };
         format!(
-            "CommOp({}(device_dim={}, tensor_dim={dims}), group_size={}, volume={})",
+            "CommOp({}({on}), group_size={}, volume={})",
             o.kind.name(),
-            o.device_dim,
             o.group_size,
             o.volume
         )
@@ -755,12 +906,31 @@ fn unify(a: &PyLayout, b: &PyLayout) -> PyResult<(PyLayout, PyLayout)> {
     Ok((x.into(), y.into()))
 }
 
-/// Plans the redistribution from layout `a` to layout `b`
-/// (docs/conventions.md#redistribution).
+/// Plans the redistribution from layout `a` to layout `b` (docs/conventions.md#redistribution):
+/// `planner="paper"` is the paper's Algorithm 1, `"optimal"` the cheapest plan, minimizing
+/// seconds on `cluster` (elements received per device without one).
 #[pyfunction]
-fn plan_redistribution(a: &PyLayout, b: &PyLayout) -> PyResult<PyRedistribution> {
+#[pyo3(
+    signature = (a, b, cluster=None, planner="paper", dtype_bytes=Num::Fits(2.0)),
+    text_signature = "(a, b, cluster=None, planner='paper', dtype_bytes=2.0)"
+)]
+fn plan_redistribution(
+    a: &PyLayout,
+    b: &PyLayout,
+    cluster: Option<&PyCluster>,
+    planner: &str,
+    dtype_bytes: Num<f64>,
+) -> PyResult<PyRedistribution> {
+    let planner = Planner::parse(planner)?;
+    let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
+    // Checked without a cluster too: an argument is valid or not whatever the others are.
+    topology::check_dtype_bytes(dtype_bytes)?;
+    let objective = cluster.map_or(Objective::Volume, |c| Objective::Seconds {
+        cluster: &c.inner,
+        dtype_bytes,
+    });
     Ok(PyRedistribution {
-        inner: planner::plan_redistribution(&a.inner, &b.inner)?,
+        inner: planner::plan_redistribution(&a.inner, &b.inner, planner, objective)?,
     })
 }
 
@@ -806,8 +976,8 @@ fn enumerate_strategies(
 /// The matrix of redistribution costs from each source to each target, on all cores.
 #[pyfunction]
 #[pyo3(
-    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
-    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology')"
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper"),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper')"
 )]
 fn redistribution_costs<'py>(
     py: Python<'py>,
@@ -816,7 +986,9 @@ fn redistribution_costs<'py>(
     cluster: &PyCluster,
     dtype_bytes: Num<f64>,
     model: &str,
+    planner: &str,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let planner = Planner::parse(planner)?;
     let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
     let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
     let cluster = cluster.inner.clone();
@@ -824,24 +996,16 @@ fn redistribution_costs<'py>(
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
     let costs = py.detach(move || {
-        batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model)
+        batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model, planner)
     })?;
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
 }
 
-/// A tensor argument of [`allreduce_costs`]: `(axes, shape, dtype_bytes)`, or with a fourth
-/// entry saying whether each replica reduces on its own.
-#[derive(FromPyObject)]
-enum AxesTensorArg {
-    Flagged((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>, bool)),
-    Plain((Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)),
-}
-
 /// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
 /// one per row, or one dim per split axis if not given), the summed all_reduce cost of the
-/// tensors (strategy axes, shape, dtype bytes, and optionally per_replica) over the device dims
-/// each leaves unused, on all cores.
+/// tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
+/// replica, on all cores.
 #[pyfunction]
 #[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology", device_matrices=None))]
 #[allow(clippy::too_many_arguments)]
@@ -849,7 +1013,7 @@ fn allreduce_costs<'py>(
     py: Python<'py>,
     degrees: PyReadonlyArray2<'py, i64>,
     device_maps: PyReadonlyArray2<'py, i64>,
-    tensors: Vec<AxesTensorArg>,
+    tensors: Vec<(Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)>,
     cluster: &PyCluster,
     model: &str,
     device_matrices: Option<Vec<Vec<Num<i64>>>>,
@@ -906,16 +1070,11 @@ fn allreduce_costs<'py>(
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors
         .into_iter()
-        .map(|t| {
-            let ((axes, shape, bytes), per_replica) = match t {
-                AxesTensorArg::Flagged((a, s, b, r)) => ((a, s, b), r),
-                AxesTensorArg::Plain(t) => (t, false),
-            };
+        .map(|(axes, shape, bytes)| {
             Ok(batch::AxesTensor {
                 axes: signed_list(&axes, "axes", Error::Layout)?,
                 shape: unsigned_list(&shape, "shape", "a positive size", Error::Layout)?,
                 dtype_bytes: bytes.get("dtype_bytes", Error::Topology)?,
-                per_replica,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
@@ -938,6 +1097,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
     m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
     m.add("COST_MODELS", PyTuple::new(py, CostModel::NAMES)?)?;
+    m.add("PLANNERS", PyTuple::new(py, Planner::NAMES)?)?;
+    m.add("REPLICA_MODELS", PyTuple::new(py, Replicas::NAMES)?)?;
     m.add_class::<PyLayout>()?;
     m.add_class::<PyCluster>()?;
     m.add_class::<PyCommOp>()?;

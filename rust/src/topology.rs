@@ -1,12 +1,16 @@
-//! The topology-aware cost model (docs/conventions.md#topology-aware-cost): how many communication
-//! groups of a node cross the node boundary at once (`ct`), the effective bandwidth that leaves
-//! each, and the cost of a collective in seconds, or in bytes under the volume model.
+//! The topology-aware cost model (docs/conventions.md#topology-aware-cost), on a cluster of nested
+//! levels (GPUs in a node, nodes in a pod, ...), each with the bandwidth out of one of its parts
+//! and a latency per collective: how many communication groups of a part cross its boundary at
+//! once (`ct`), the effective bandwidth that leaves each, and the cost of a collective in seconds,
+//! or in bytes under the volume model.
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
-/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each. Validated once by
-/// [`Cluster::new`]; the fields are read through accessors so that no cluster skips the checks.
+/// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each, nested in
+/// [`Level`]s. Validated once by [`Cluster::hierarchy`] (which [`Cluster::new`] and
+/// [`Cluster::preset`] call); the fields are read through accessors so that no cluster skips the
+/// checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
     nodes: u64,
@@ -14,7 +18,85 @@ pub struct Cluster {
     intra_bandwidth: f64,
     inter_bandwidth: f64,
     device_memory: Option<f64>,
+    levels: Vec<Level>,
+    replicas: Replicas,
 }
+
+/// One level of a cluster: units of `devices` consecutive devices (a node, a pod, ...). Traffic
+/// that stays inside one unit but leaves a unit of the level below flows at `bandwidth` bytes
+/// per second out of each unit below, shared by the groups that cross it (for the innermost
+/// level: between two devices); each collective that crosses only up to this level also waits
+/// `latency` seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Level {
+    pub devices: u64,
+    pub bandwidth: f64,
+    pub latency: f64,
+}
+
+/// How copies of a tensor on several devices of a node send it out of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Replicas {
+    /// As the paper: the copies share one transfer (only groups with distinct data count in `ct`).
+    Shared,
+    /// As NCCL and XLA run it: one transfer per copy.
+    Flat,
+}
+
+impl Replicas {
+    /// Every model, in the order of [`Replicas::NAMES`].
+    pub const ALL: [Replicas; 2] = [Replicas::Shared, Replicas::Flat];
+
+    /// The names callers use (Python, the CLI, TOML files): the one list of them.
+    pub const NAMES: [&'static str; 2] = ["shared", "flat"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The replica model named `name`, one of [`Replicas::NAMES`].
+    ///
+    /// # Errors
+    /// [`Error::Topology`] for any other name.
+    pub fn parse(name: &str) -> Result<Self> {
+        parse_name(name, "replica model", &Self::NAMES, Error::Topology).map(|i| Self::ALL[i])
+    }
+}
+
+/// A named cluster: per level, innermost first, how many parts of the level below one unit holds
+/// (the outermost level's count comes from the number of nodes), its bandwidth and its latency.
+#[derive(Debug, Clone, Copy)]
+pub struct Preset {
+    pub name: &'static str,
+    pub levels: &'static [(u64, f64, f64)],
+    pub device_memory: Option<f64>,
+    pub replicas: Replicas,
+}
+
+/// The built-in clusters, the one place that states their numbers.
+pub const PRESETS: [Preset; 2] = [
+    // The paper's: nodes of 8 V100s, 60 GB/s between GPUs of a node, 6 GB/s out of a node; no
+    // latency, replicas share transfers.
+    Preset {
+        name: "dgx-v100",
+        levels: &[(8, 60e9, 0.0), (1, 6e9, 0.0)],
+        device_memory: None,
+        replicas: Replicas::Shared,
+    },
+    // DGX H100: NVLink 4 at 450 GB/s per direction per GPU, 8 ConnectX-7 at 400 Gb/s (400 GB/s
+    // per node); about 5 us per collective inside a node and 10 us across (NCCL's small-message
+    // latencies); 80 GB per GPU; one transfer per copy, as NCCL.
+    Preset {
+        name: "dgx-h100",
+        levels: &[(8, 450e9, 5e-6), (1, 400e9, 1e-5)],
+        device_memory: Some(80e9),
+        replicas: Replicas::Flat,
+    },
+];
+
+/// The paper's cluster, whose bandwidths are the defaults of the Python `Cluster(...)`.
+pub const PAPER: Preset = PRESETS[0];
 
 /// The kind of a collective the cost model prices. (A kind, not a collective: the Python
 /// `taps.costs.Collective` record is one collective of an operator, with its tensor and layout.)
@@ -23,18 +105,28 @@ pub enum CollectiveKind {
     AllReduce,
     AllGather,
     AllToAll,
+    ReduceScatter,
+    CollectivePermute,
 }
 
 impl CollectiveKind {
     /// Every kind, in the order of [`CollectiveKind::NAMES`].
-    pub const ALL: [CollectiveKind; 3] = [
+    pub const ALL: [CollectiveKind; 5] = [
         CollectiveKind::AllReduce,
         CollectiveKind::AllGather,
         CollectiveKind::AllToAll,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::CollectivePermute,
     ];
 
-    /// The names callers use (Python, the CLI): the one list of them.
-    pub const NAMES: [&'static str; 3] = ["all_reduce", "all_gather", "all_to_all"];
+    /// The names callers use (Python, the CLI, a plan's steps): the one list of them.
+    pub const NAMES: [&'static str; 5] = [
+        "all_reduce",
+        "all_gather",
+        "all_to_all",
+        "reduce_scatter",
+        "collective_permute",
+    ];
 
     #[must_use]
     pub fn name(self) -> &'static str {
@@ -46,7 +138,7 @@ impl CollectiveKind {
     /// # Errors
     /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        parse_name(name, "collective", &Self::NAMES).map(|i| Self::ALL[i])
+        parse_name(name, "collective", &Self::NAMES, Error::Topology).map(|i| Self::ALL[i])
     }
 }
 
@@ -74,16 +166,21 @@ impl CostModel {
     /// # Errors
     /// [`Error::Topology`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        parse_name(name, "cost model", &Self::NAMES).map(|i| Self::ALL[i])
+        parse_name(name, "cost model", &Self::NAMES, Error::Topology).map(|i| Self::ALL[i])
     }
 }
 
-/// The index of `name` in `names`, or an error listing them.
-fn parse_name(name: &str, what: &str, names: &[&str]) -> Result<usize> {
+/// The index of `name` in `names`, or an error of `kind` listing them.
+pub(crate) fn parse_name(
+    name: &str,
+    what: &str,
+    names: &[&str],
+    kind: fn(String) -> Error,
+) -> Result<usize> {
     names.iter().position(|&n| n == name).ok_or_else(|| {
         let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
         let (last, rest) = quoted.split_last().expect("names are not empty");
-        Error::Topology(format!(
+        kind(format!(
             "unknown {what} {name:?}: expected {} or {last}",
             rest.join(", ")
         ))
@@ -119,6 +216,9 @@ pub fn check_devices_per_node(devices_per_node: u64) -> Result<()> {
 }
 
 impl Cluster {
+    /// Two levels, nodes of `devices_per_node` devices, no latency, shared replicas: the paper's
+    /// model.
+    ///
     /// # Errors
     /// [`Error::Topology`] unless the sizes are positive with a power-of-two device count and
     /// the bandwidths (and memory, if given) are positive and finite.
@@ -129,30 +229,74 @@ impl Cluster {
         inter_bandwidth: f64,
         device_memory: Option<f64>,
     ) -> Result<Self> {
-        if nodes == 0 || devices_per_node == 0 {
+        Self::hierarchy(
+            &[
+                (devices_per_node, intra_bandwidth, 0.0),
+                (nodes, inter_bandwidth, 0.0),
+            ],
+            device_memory,
+            Replicas::Shared,
+        )
+    }
+
+    /// A cluster of nested levels, innermost first, each given as (how many parts of the level
+    /// below one unit holds, bandwidth, latency): the first count is the devices per node, the
+    /// product of the others the nodes.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] unless there is a level, the counts are positive with a power-of-two
+    /// product, the bandwidths (and memory, if given) positive and finite, and the latencies
+    /// finite and not negative.
+    pub fn hierarchy(
+        levels: &[(u64, f64, f64)],
+        device_memory: Option<f64>,
+        replicas: Replicas,
+    ) -> Result<Self> {
+        let Some(&(devices_per_node, intra_bandwidth, _)) = levels.first() else {
+            return Err(Error::Topology("a cluster needs at least one level".into()));
+        };
+        let counts: Vec<u64> = levels.iter().map(|l| l.0).collect();
+        if counts.contains(&0) {
             return Err(Error::Topology(format!(
-                "a cluster needs at least one node and one device per node, got {nodes} nodes of \
-                 {devices_per_node}"
+                "a cluster needs at least one node and one device per node, got counts \
+                 {counts:?} (devices per node first)"
             )));
         }
-        match nodes.checked_mul(devices_per_node) {
-            Some(n) if n.is_power_of_two() => {}
-            _ => {
-                return Err(Error::Topology(format!(
-                    "{nodes} nodes of {devices_per_node} devices: the device count must be a power \
-                     of two"
-                )))
-            }
+        let total = counts.iter().try_fold(1u64, |n, &c| n.checked_mul(c));
+        if !total.is_some_and(u64::is_power_of_two) {
+            return Err(Error::Topology(format!(
+                "levels of {counts:?} parts (devices per node first): the device count must be a \
+                 power of two"
+            )));
         }
-        for (name, v) in [
-            ("intra_bandwidth", intra_bandwidth),
-            ("inter_bandwidth", inter_bandwidth),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
+        let inter_bandwidth = levels.get(1).map_or(intra_bandwidth, |l| l.1);
+        let mut out = Vec::with_capacity(levels.len());
+        let mut devices = 1;
+        for (j, &(count, bandwidth, latency)) in levels.iter().enumerate() {
+            // Levels 0 and 1 are the arguments of `Cluster(...)` too: both names.
+            let name = |what: &str| match j {
+                0 => format!("intra_{what} (the {what} of level 0)"),
+                1 => format!("inter_{what} (the {what} of level 1)"),
+                _ => format!("the {what} of level {j}"),
+            };
+            if !(bandwidth.is_finite() && bandwidth > 0.0) {
                 return Err(Error::Topology(format!(
-                    "{name} must be a positive number of bytes per second, got {v}"
+                    "{} must be a positive number of bytes per second, got {bandwidth}",
+                    name("bandwidth")
                 )));
             }
+            if !(latency.is_finite() && latency >= 0.0) {
+                return Err(Error::Topology(format!(
+                    "{} must be a finite number of seconds, not negative, got {latency}",
+                    name("latency")
+                )));
+            }
+            devices *= count;
+            out.push(Level {
+                devices,
+                bandwidth,
+                latency,
+            });
         }
         if let Some(m) = device_memory {
             if !(m.is_finite() && m > 0.0) {
@@ -162,12 +306,52 @@ impl Cluster {
             }
         }
         Ok(Cluster {
-            nodes,
+            nodes: devices / devices_per_node,
             devices_per_node,
             intra_bandwidth,
             inter_bandwidth,
             device_memory,
+            levels: out,
+            replicas,
         })
+    }
+
+    /// The built-in cluster `name` ([`PRESETS`]) with `nodes` nodes.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] for an unknown name or a node count that does not fill its levels.
+    pub fn preset(name: &str, nodes: u64) -> Result<Self> {
+        let Some(p) = PRESETS.iter().find(|p| p.name == name) else {
+            let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+            return Err(Error::Topology(format!(
+                "unknown cluster preset {name:?}: expected one of {names:?} or a .toml file"
+            )));
+        };
+        let mut levels = p.levels.to_vec();
+        let last = levels.len() - 1;
+        let inner: u64 = levels[1..last].iter().map(|l| l.0).product();
+        if nodes == 0 || nodes % inner != 0 {
+            return Err(Error::Topology(format!(
+                "{nodes} nodes do not fill units of {inner} nodes of preset {name:?}"
+            )));
+        }
+        levels[last].0 = nodes / inner;
+        Self::hierarchy(&levels, p.device_memory, p.replicas)
+    }
+
+    /// The levels as [`Cluster::hierarchy`] takes them: (parts of the level below, bandwidth,
+    /// latency).
+    #[must_use]
+    pub fn level_parts(&self) -> Vec<(u64, f64, f64)> {
+        let mut below = 1;
+        self.levels
+            .iter()
+            .map(|l| {
+                let count = l.devices / below;
+                below = l.devices;
+                (count, l.bandwidth, l.latency)
+            })
+            .collect()
     }
 
     #[must_use]
@@ -197,6 +381,19 @@ impl Cluster {
     #[must_use]
     pub fn device_memory(&self) -> Option<f64> {
         self.device_memory
+    }
+
+    /// The levels, innermost first: the node, then every level above it, the last holding every
+    /// device.
+    #[must_use]
+    pub fn levels(&self) -> &[Level] {
+        &self.levels
+    }
+
+    /// How copies of a tensor send it out of a node.
+    #[must_use]
+    pub fn replicas(&self) -> Replicas {
+        self.replicas
     }
 
     #[must_use]
@@ -300,19 +497,27 @@ impl Cluster {
         if bytes == 0.0 {
             return 0.0;
         }
-        let l = self.devices_per_node;
-        let ct = groups_crossing(layout, &in_group, l);
-        if ct == 0 {
-            return bytes / self.intra_bandwidth;
+        let flat = self.replicas == Replicas::Flat;
+        // The innermost level one unit of which holds every group.
+        let j = self
+            .levels
+            .iter()
+            .position(|l| crossing(layout, &in_group, l.devices, flat) == 0)
+            .unwrap_or(self.levels.len() - 1);
+        let level = &self.levels[j];
+        if j == 0 {
+            return level.latency + bytes / level.bandwidth;
         }
-        let effective = self.inter_bandwidth / ct as f64;
+        let below = self.levels[j - 1].devices;
+        let ct = crossing(layout, &in_group, below, flat);
+        let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
-            // Only the k(p-k) of the p(p-1) peer transfers that leave the node use the slow link.
+            // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
             let p = (0..layout.num_device_dims())
                 .filter(|&k| in_group(k))
                 .map(|k| layout.dim_size(k))
                 .product::<u64>() as f64;
-            let k = extents(layout, l)
+            let k = extents(layout, below)
                 .enumerate()
                 .filter(|&(k, _)| in_group(k))
                 .map(|(_, e)| e)
@@ -321,7 +526,27 @@ impl Cluster {
         } else {
             1.0
         };
-        factor * bytes / effective
+        level.latency + factor * bytes / effective
+    }
+
+    /// A lower bound on the seconds of a collective moving `bytes` per device over a group that
+    /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
+    /// latency.
+    pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
+        let inside = extents(layout, self.devices_per_node)
+            .nth(k)
+            .is_some_and(|e| e == layout.dim_size(k));
+        let usable = if inside {
+            &self.levels[..]
+        } else {
+            &self.levels[1.min(self.levels.len() - 1)..]
+        };
+        let fastest = usable.iter().map(|l| l.bandwidth).fold(0.0, f64::max);
+        let latency = usable
+            .iter()
+            .map(|l| l.latency)
+            .fold(f64::INFINITY, f64::min);
+        latency + bytes / fastest
     }
 }
 
@@ -377,21 +602,28 @@ fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> 
     match collective {
         CollectiveKind::AllReduce => 2.0 * (g - 1.0) / g * s,
         CollectiveKind::AllGather => (g - 1.0) * s,
-        CollectiveKind::AllToAll => (g - 1.0) / g * s,
+        CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => (g - 1.0) / g * s,
+        CollectiveKind::CollectivePermute => s,
     }
 }
 
 /// `ct` for a valid group, the device dims that pass `in_group`: 0 if the group stays inside a
 /// node, else the number of groups with distinct data that leave one node at once. Replicas
-/// (device dims the map does not use) share one transfer, so only the used dims outside the group
-/// count.
+/// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
+/// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
+    crossing(layout, in_group, l, false)
+}
+
+/// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
+/// counts as a group of its own.
+fn crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64, flat: bool) -> u64 {
     let mut inside = true;
     let mut ct = 1;
     for (k, e) in extents(layout, l).enumerate() {
         if in_group(k) {
             inside &= e == layout.dim_size(k);
-        } else if layout.uses(k) {
+        } else if flat || layout.distinct_along(k) {
             ct *= e;
         }
     }
@@ -472,28 +704,27 @@ mod tests {
     #[test]
     fn every_cost_rejects_bad_dtype_bytes() {
         use crate::batch::{allreduce_costs, redistribution_costs, AxesTensor};
-        use crate::planner::plan_redistribution;
+        use crate::planner::{plan_redistribution, Objective, Planner};
         use crate::strategies::Strategy;
         use std::slice::from_ref;
 
         let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();
         let a = Layout::new(vec![8, 8], vec![4], vec![0, -1]).unwrap();
         let b = Layout::new(vec![8, 8], vec![4], vec![-1, 0]).unwrap();
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         let strategy = Strategy::new(vec![4], vec![0]).unwrap();
-        let model = CostModel::Topology;
+        let (model, paper) = (CostModel::Topology, Planner::Paper);
         for bad in [0.0, -2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             let tensor = AxesTensor {
                 axes: vec![0],
                 shape: vec![8],
                 dtype_bytes: bad,
-                per_replica: false,
             };
             let results = [
                 cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),
                 plan.cost(&cluster, bad, model),
                 plan.ops[0].cost(&cluster, bad, model),
-                redistribution_costs(from_ref(&a), from_ref(&b), &cluster, bad, model)
+                redistribution_costs(from_ref(&a), from_ref(&b), &cluster, bad, model, paper)
                     .map(|c| c[0]),
                 allreduce_costs(from_ref(&strategy), &[tensor], &cluster, model).map(|c| c[0]),
             ];
@@ -505,7 +736,11 @@ mod tests {
             }
         }
         // A layout pair with no op is still checked: the answer must not depend on the plan.
-        assert!(redistribution_costs(from_ref(&a), from_ref(&a), &cluster, 0.0, model).is_err());
+        for planner in [Planner::Paper, Planner::Optimal] {
+            let costs =
+                redistribution_costs(from_ref(&a), from_ref(&a), &cluster, 0.0, model, planner);
+            assert!(costs.is_err());
+        }
     }
 
     /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power
@@ -513,11 +748,11 @@ mod tests {
     /// both give the same `ct` otherwise.
     #[test]
     fn one_node_size_rule_for_both_ct_entry_points() {
-        use crate::planner::{plan_redistribution, OpKind};
+        use crate::planner::{plan_redistribution, Objective, OpKind, Planner};
 
         let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
         let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         assert!(plan.ops.iter().any(|op| op.kind == OpKind::Slice));
         assert!(plan.ops.iter().any(|op| op.kind != OpKind::Slice));
         for l in [0, 3, 6, 12, u64::MAX] {
@@ -548,6 +783,9 @@ mod tests {
         for model in CostModel::ALL {
             assert_eq!(CostModel::parse(model.name()), Ok(model));
         }
+        for replicas in Replicas::ALL {
+            assert_eq!(Replicas::parse(replicas.name()), Ok(replicas));
+        }
         let Err(Error::Topology(m)) = CostModel::parse("bytes") else {
             panic!("an unknown cost model parsed")
         };
@@ -556,6 +794,7 @@ mod tests {
             r#"unknown cost model "bytes": expected "topology" or "volume""#
         );
         assert!(CollectiveKind::parse("broadcast").is_err());
+        assert!(Replicas::parse("copies").is_err());
     }
 
     #[test]

@@ -210,22 +210,104 @@ fn tensor_map(pieces: &[Piece], bounds: DeviceBounds) -> Vec<i64> {
         .collect()
 }
 
-fn build(pieces: &[Piece], bounds: DeviceBounds) -> Layout {
+/// The rank bits of the device dims holding partial sums.
+pub(crate) fn partial_mask(l: &Layout) -> u64 {
+    l.partial().iter().fold(0, |mask, &k| {
+        let (lo, hi) = l.bit_range(k);
+        mask | ((1 << hi) - 1) & !((1 << lo) - 1)
+    })
+}
+
+/// The boundaries of the runs of partial rank bits: adjacent partial dims are one partial dim
+/// (the addends of a group of groups are addends of the larger group).
+fn partial_bounds(mask: u64) -> DeviceBounds {
+    mask ^ (mask << 1)
+}
+
+/// The device dims, on the matrix of `bounds`, whose bits are partial in `mask`.
+fn partial_dims(bounds: DeviceBounds, mask: u64) -> Vec<usize> {
+    let top = bounds.ilog2();
+    let mut dims = Vec::new();
+    let mut rest = bounds & ((1 << top) - 1);
+    let mut k = 0;
+    while rest != 0 {
+        let lo = rest.trailing_zeros();
+        if mask >> lo & 1 == 1 {
+            dims.push(k);
+        }
+        rest &= rest - 1;
+        k += 1;
+    }
+    dims
+}
+
+fn build(pieces: &[Piece], bounds: DeviceBounds, partial: u64) -> Layout {
     Layout::from_parts(
         pieces.iter().map(|p| p.size).collect(),
         device_matrix(bounds),
         tensor_map(pieces, bounds),
+        partial_dims(bounds, partial),
     )
 }
 
-/// The layout with its device matrix cut only where the map needs it, size-1 dims dropped:
-/// two layouts hold the same elements on every rank iff their normal forms are equal.
+/// The layout with its device matrix cut only where a split or a partial dim needs it and its
+/// size-1 tensor dims dropped, every other dim kept: one layout per distribution *and* per plan,
+/// as Algorithm 1 (which runs on the dims as given, one partial dim at a time) plans the same
+/// steps from and to it. The search groups candidate layouts by it; [`normalized`], which also
+/// merges tensor dims and adjacent partial dims, is coarser.
 #[must_use]
-pub fn normalized(l: &Layout) -> Layout {
+pub fn compacted(l: &Layout) -> Layout {
     let pieces = pieces_of(l);
+    let partial = l.partial().iter().fold(0, |bounds, &k| {
+        let (lo, hi) = l.bit_range(k);
+        bounds | 1 << lo | 1 << hi
+    });
     build(
         &pieces,
-        outer_bounds(l.num_devices()) | split_bounds(&pieces),
+        outer_bounds(l.num_devices()) | split_bounds(&pieces) | partial,
+        partial_mask(l),
+    )
+}
+
+/// The canonical form of a layout, a reshape that moves nothing: every split dim cut into its
+/// split part and its local rest, runs of unsplit parts merged, adjacent split parts whose device
+/// bits continue each other merged (`[4, 8]` split 4 and 4 ways is `[32]` split 16 ways), size-1
+/// dims dropped, and the device matrix cut only where a split or a run of partial dims needs it.
+/// Two layouts of one tensor (shapes of one element count, read row-major) hold the same elements,
+/// and the same partial sums, on every rank iff their normal forms are equal.
+#[must_use]
+pub fn normalized(l: &Layout) -> Layout {
+    let mut pieces: Vec<Piece> = Vec::with_capacity(2 * l.ndim());
+    for p in pieces_of(l) {
+        let mut push = |q: Piece| match (pieces.last_mut(), q.split) {
+            (Some(last), None) if last.split.is_none() => last.size *= q.size,
+            (Some(last), Some((lo, hi))) if last.split.is_some_and(|(l, _)| l == hi) => {
+                last.size *= q.size;
+                last.split = Some((lo, last.split.map_or(hi, |(_, h)| h)));
+            }
+            _ => pieces.push(q),
+        };
+        match p.split {
+            Some((lo, hi)) if p.size > 1 << (hi - lo) => {
+                let g = 1u64 << (hi - lo);
+                push(Piece { size: g, ..p });
+                push(Piece {
+                    size: p.size / g,
+                    split: None,
+                    origin: p.origin,
+                });
+            }
+            _ => push(p),
+        }
+    }
+    for (j, p) in pieces.iter_mut().enumerate() {
+        p.origin = j;
+    }
+    let partial = partial_mask(l);
+    build(
+        &pieces,
+        outer_bounds(l.num_devices()) | split_bounds(&pieces) | partial_bounds(partial),
+        partial,
     )
 }
 
@@ -234,6 +316,8 @@ pub(crate) struct Unified {
     first: Vec<Piece>,
     second: Vec<Piece>,
     device: DeviceBounds,
+    /// The partial rank bits of each side.
+    partial: (u64, u64),
 }
 
 impl Unified {
@@ -246,12 +330,11 @@ impl Unified {
 
     /// The unified layout of one side.
     pub fn layout(&self, side: Side) -> Layout {
-        build(self.pieces(side), self.device)
-    }
-
-    /// The tensor map of [`Unified::layout`] alone, for callers that need no more of it.
-    pub fn tensor_map(&self, side: Side) -> Vec<i64> {
-        tensor_map(self.pieces(side), self.device)
+        let partial = match side {
+            Side::First => self.partial.0,
+            Side::Second => self.partial.1,
+        };
+        build(self.pieces(side), self.device, partial)
     }
 }
 
@@ -262,7 +345,12 @@ pub(crate) fn try_unify(
 ) -> std::result::Result<Unified, Blocker> {
     let mut pa = a.pieces();
     let mut pb = b.pieces();
-    let mut device = outer_bounds(a.layout.num_devices()) | split_bounds(&pa) | split_bounds(&pb);
+    let partial = (partial_mask(&a.layout), partial_mask(&b.layout));
+    let mut device = outer_bounds(a.layout.num_devices())
+        | split_bounds(&pa)
+        | split_bounds(&pb)
+        | partial_bounds(partial.0)
+        | partial_bounds(partial.1);
     // Room for the boundaries of both sides, reused by every round.
     let mut dims = Vec::with_capacity(pa.capacity() + pb.capacity());
     loop {
@@ -282,6 +370,7 @@ pub(crate) fn try_unify(
                 first: pa,
                 second: pb,
                 device,
+                partial,
             });
         }
     }
@@ -512,6 +601,33 @@ mod tests {
             normalized(&a),
             normalized(&layout(&[8, 8], &[4, 4], &[0, -1]))
         );
+    }
+
+    /// One distribution written two ways: `[32]` split 16 ways, and `[4, 8]` split 4 and 4 ways
+    /// along device dims whose bits continue each other.
+    #[test]
+    fn normal_form_merges_continued_splits() {
+        let a = layout(&[64, 32, 16], &[16], &[-1, 0, -1]);
+        let b = layout(&[64, 4, 8, 16], &[4, 4], &[-1, 1, 0, -1]);
+        assert_eq!(normalized(&a), normalized(&b));
+        assert_eq!(normalized(&a).shape(), &[64, 16, 2 * 16]);
+        // The split part and the local rest of a split dim, unsplit runs merged.
+        let c = layout(&[8, 8, 3], &[4], &[0, -1, -1]);
+        assert_eq!(normalized(&c), layout(&[4, 48], &[4], &[0, -1]));
+        // Bits that do not continue each other stay apart.
+        let d = layout(&[4, 8], &[4, 4], &[0, 1]);
+        assert_eq!(normalized(&d).tensor_map(), &[0, 1, -1]);
+    }
+
+    #[test]
+    fn normal_form_merges_adjacent_partial_dims() {
+        let a = Layout::with_partial(vec![8], vec![2, 2, 2], vec![-1], vec![0, 1]).unwrap();
+        let b = Layout::with_partial(vec![8], vec![2, 4], vec![-1], vec![0]).unwrap();
+        assert_eq!(normalized(&a), normalized(&b));
+        assert_eq!(normalized(&a).partial(), &[0]);
+        let c = Layout::with_partial(vec![8], vec![2, 2, 2], vec![1], vec![0, 2]).unwrap();
+        assert_eq!(normalized(&c).partial(), &[0, 2]);
+        assert_ne!(normalized(&a), normalized(&layout(&[8], &[2, 4], &[-1])));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use proptest::test_runner::{Config, FileFailurePersistence};
 use taps::batch::{allreduce_costs, AxesTensor};
 use taps::{
     enumerate_strategies, inter_node_groups, plan_redistribution, redistribution_costs, unify,
-    Cluster, CollectiveKind, CostModel, Error, Layout, Strategy,
+    Cluster, CollectiveKind, CostModel, Error, Layout, Objective, Planner, Strategy,
 };
 
 /// Cases per target; the five targets share the time budget.
@@ -213,7 +213,7 @@ proptest! {
             }
             Err(e) => prop_assert!(matches!(e, Error::Layout(_) | Error::Unify(_)), "{e:?}"),
         }
-        let plan = match plan_redistribution(&a, &b) {
+        let plan = match plan_redistribution(&a, &b, Planner::Paper, Objective::Volume) {
             Ok(plan) => plan,
             Err(e) => {
                 prop_assert!(!one_tensor, "no plan for one tensor: {e:?}");
@@ -231,25 +231,35 @@ proptest! {
             prop_assert!(matches!(cluster, Err(Error::Topology(_))));
             return Ok(());
         };
-        let single = plan.cost(&cluster, dtype_bytes, model(volume));
-        let batch = redistribution_costs(
-            std::slice::from_ref(&a),
-            std::slice::from_ref(&b),
-            &cluster,
-            dtype_bytes,
-            model(volume),
-        );
-        match (single, batch) {
-            (Ok(cost), Ok(costs)) => {
-                prop_assert!(cost >= 0.0, "cost {}", cost);
-                prop_assert_eq!(costs[0].to_bits(), cost.to_bits());
+        // Each planner's plan, minimizing what the cost model prices, costs what the kernel says.
+        let objective = if volume {
+            Objective::Volume
+        } else {
+            Objective::Seconds { cluster: &cluster, dtype_bytes }
+        };
+        for planner in [Planner::Paper, Planner::Optimal] {
+            let single = plan_redistribution(&a, &b, planner, objective)
+                .and_then(|plan| plan.cost(&cluster, dtype_bytes, model(volume)));
+            let batch = redistribution_costs(
+                std::slice::from_ref(&a),
+                std::slice::from_ref(&b),
+                &cluster,
+                dtype_bytes,
+                model(volume),
+                planner,
+            );
+            match (single, batch) {
+                (Ok(cost), Ok(costs)) => {
+                    prop_assert!(cost >= 0.0, "cost {}", cost);
+                    prop_assert_eq!(costs[0].to_bits(), cost.to_bits(), "{:?}", planner);
+                }
+                (Err(e), Err(f)) => {
+                    let valid_dtype = dtype_bytes.is_finite() && dtype_bytes > 0.0;
+                    prop_assert!(!valid_dtype, "{e:?}");
+                    prop_assert!(matches!(e, Error::Topology(_)) && e == f, "{e:?} {f:?}");
+                }
+                (single, batch) => prop_assert!(false, "plan {single:?} but batch {batch:?}"),
             }
-            (Err(e), Err(f)) => {
-                let valid_dtype = dtype_bytes.is_finite() && dtype_bytes > 0.0;
-                prop_assert!(!valid_dtype, "{e:?}");
-                prop_assert!(matches!(e, Error::Topology(_)) && e == f, "{e:?} {f:?}");
-            }
-            (single, batch) => prop_assert!(false, "plan {single:?} but batch {batch:?}"),
         }
     }
 
@@ -261,9 +271,7 @@ proptest! {
         map in prop::collection::vec(-1i64..4, 0..5),
         per_node in edge_u64(),
         dim in prop::option::of(0usize..6),
-        kind in prop::sample::select(vec![
-            CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::AllToAll,
-        ]),
+        kind in prop::sample::select(CollectiveKind::ALL.to_vec()),
     ) {
         let Ok(a) = Layout::new(a.0, a.1, a.2) else { return Ok(()) };
         let valid_node = per_node.is_power_of_two();
@@ -276,7 +284,7 @@ proptest! {
         }
         let b = Layout::new(a.shape().to_vec(), a.device_matrix().to_vec(), map);
         let Ok(b) = b else { return Ok(()) };
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         for op in plan.all_ops() {
             let ct = op.inter_node_groups(per_node);
             prop_assert_eq!(ct.is_ok(), valid_node);
@@ -327,7 +335,6 @@ proptest! {
         ),
         dtype_bytes in edge_f64(),
         volume in any::<bool>(),
-        per_replica in any::<bool>(),
     ) {
         let s = match Strategy::new(degrees, device_map) {
             Ok(s) => s,
@@ -345,7 +352,7 @@ proptest! {
                 b.saturating_mul(degree.copied().unwrap_or(1))
             })
             .collect();
-        let layout = s.tensor_layout(&axes, &shape, per_replica);
+        let layout = s.tensor_layout(&axes, &shape, true);
         if let Err(e) = &layout {
             prop_assert!(matches!(e, Error::Layout(_)), "{e:?}");
         }
@@ -363,7 +370,7 @@ proptest! {
                 return Ok(());
             }
         };
-        let tensor = AxesTensor { axes, shape, dtype_bytes, per_replica };
+        let tensor = AxesTensor { axes, shape, dtype_bytes };
         match allreduce_costs(std::slice::from_ref(&s), &[tensor], &cluster, model(volume)) {
             Ok(costs) => {
                 prop_assert!(layout.is_ok() && devices == cluster.num_devices());

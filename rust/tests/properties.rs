@@ -4,7 +4,10 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
-use taps::{inter_node_groups, plan_redistribution, unify, CollectiveKind, Layout};
+use taps::{
+    inter_node_groups, plan_redistribution, unify, CollectiveKind, Layout, Objective, OpKind,
+    Planner,
+};
 
 /// Flat (row-major) indices of the elements `rank` holds.
 fn elements(l: &Layout, rank: u64) -> BTreeSet<u64> {
@@ -97,7 +100,7 @@ proptest! {
 
     #[test]
     fn every_step_moves_what_it_claims((a, b) in pair()) {
-        let plan = plan_redistribution(&a, &b).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         // The unified ops: each step's new elements are exactly its volume.
         let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
         states.push(&plan.target);
@@ -117,6 +120,33 @@ proptest! {
         // Never more than gathering every split of the source.
         let splits: u64 = (0..a.ndim()).map(|i| a.split_degree(i)).product();
         prop_assert!(plan.volume() <= (splits - 1) * a.shard_size());
+    }
+
+    /// The optimal plan ends on the target's elements, never moves more than Algorithm 1, and
+    /// every all-gather, all-to-all and slice in it moves exactly its volume.
+    #[test]
+    fn optimal_plans_never_lose((a, b) in pair()) {
+        let paper = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Optimal, Objective::Volume).unwrap();
+        prop_assert!(plan.volume() <= paper.volume());
+        let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
+        states.push(&plan.target);
+        for (op, after) in plan.ops.iter().zip(states.iter().skip(1)) {
+            let moved = (0..a.num_devices()).map(|r| {
+                let before = elements(&op.layout, r);
+                elements(after, r).difference(&before).count() as u64
+            });
+            if op.kind == OpKind::CollectivePermute {
+                prop_assert_eq!(moved.max(), Some(op.volume));
+            } else {
+                for m in moved {
+                    prop_assert_eq!(m, op.volume);
+                }
+            }
+        }
+        for r in 0..a.num_devices() {
+            prop_assert_eq!(elements(&plan.target, r), elements(&b, r));
+        }
     }
 
     #[test]

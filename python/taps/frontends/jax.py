@@ -3,7 +3,7 @@
 The function is traced with :func:`jax.make_jaxpr` on ``jax.ShapeDtypeStruct`` arguments, so no
 array is allocated; each equation goes through its primitive's rule
 (:mod:`taps.frontends.jax_rules`) and calls (``jit``, ``custom_jvp_call``, ...) are inlined.
-docs/frontends_jax.md has the details.
+docs/frontends.md ("JAX") has the details.
 """
 
 from __future__ import annotations

@@ -1,0 +1,464 @@
+//! The optimal redistribution planner: Dijkstra's shortest path between two unified layouts (one
+//! shape, one device matrix), over the layouts a step can reach: slices, all-gathers and
+//! all-to-alls as in Algorithm 1, reduce-scatters and all-reduces of partial sums, and
+//! collective-permutes that hand the splits of some device dims to others of the same size.
+//!
+//! A layout of the search is its tensor map and its partial dims. Each device dim may split only
+//! the tensor dim it splits in the source or in the target, or a dim that neither splits (where a
+//! slice shrinks the shard before a dearer step); a dim that splits the same tensor dim at both
+//! ends stays, one that splits nothing at either end splits nothing on the way, and a free dim
+//! whose target dim is unsplit is sliced there first. The plans of Algorithm 1 stay inside, so
+//! the search never returns a dearer plan than it, and the space stays small enough to plan the
+//! edges of a strategy search. Algorithm 1's cost bounds the search: no layout whose cost plus
+//! the lower bound on the rest exceeds it is expanded.
+
+use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+use crate::layout::Layout;
+use crate::planner::{step_volume, CommOp, Objective, OpKind};
+
+/// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
+/// 1's plan. Most plans of a strategy search take a few dozen to a few hundred; the few that would
+/// take more (chains of many device dims of one size) would cost the search more than they save.
+const MAX_EXPANSIONS: usize = 1024;
+
+/// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
+/// stepping allocates nothing).
+const MAX_DIMS: usize = 32;
+
+/// A layout of the search: the tensor map (-1 past the layout's dims) and the partial device
+/// dims (a mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct State {
+    map: [i8; MAX_DIMS],
+    partial: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Op(OpKind, usize, Option<usize>, Option<usize>),
+    Permute(Vec<usize>),
+}
+
+struct Node {
+    state: State,
+    cost: f64,
+    ops: u32,
+    parent: usize,
+    step: Option<Step>,
+    done: bool,
+}
+
+/// A heap entry, lowest estimate first (cost so far plus the lower bound on the rest), then
+/// fewest ops, then first reached (for determinism).
+struct Queued {
+    cost: f64,
+    ops: u32,
+    node: usize,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .cost
+            .total_cmp(&self.cost)
+            .then(other.ops.cmp(&self.ops))
+            .then(other.node.cmp(&self.node))
+    }
+}
+
+fn mask_of(dims: &[usize]) -> u64 {
+    dims.iter().fold(0, |m, &k| m | 1 << k)
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    let mut rest = mask;
+    std::iter::from_fn(move || {
+        (rest != 0).then(|| {
+            let k = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            k
+        })
+    })
+}
+
+/// The search space around one unified pair.
+struct Space<'a> {
+    template: &'a Layout,
+    /// Per device dim, the tensor dims it may split (a mask).
+    allowed: Vec<u64>,
+    /// Per device dim, the tensor dim the target splits along it, if any.
+    goal: Vec<Option<usize>>,
+    /// The device dims that split the same tensor dim in the source and the target: they stay.
+    fixed: u64,
+    /// Per device dim, the device dims of the same size.
+    same_size: Vec<u64>,
+    /// Per device dim, a lower bound on the price of any op whose group holds it.
+    least: Vec<f64>,
+}
+
+impl<'a> Space<'a> {
+    /// The space of `source` and `target`; `None` if they have too many dims for its masks.
+    fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Option<Self> {
+        let (n, h) = (source.ndim(), source.num_device_dims());
+        if n > MAX_DIMS || h >= 64 {
+            return None;
+        }
+        let (src, tgt) = (source.tensor_map(), target.tensor_map());
+        let src_partial = mask_of(source.partial());
+        let scratch = (0..n)
+            .filter(|&i| src[i] < 0 && tgt[i] < 0)
+            .fold(0u64, |m, i| m | 1 << i);
+        let allowed = (0..h)
+            .map(|k| {
+                let d = source.dim_size(k);
+                let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
+                let ends = [at(src), at(tgt)];
+                // A dim that splits nothing at either end would only have to be gathered again.
+                let start = if ends.iter().all(Option::is_none) && src_partial >> k & 1 == 0 {
+                    0
+                } else {
+                    scratch
+                };
+                let places = ends.into_iter().flatten().fold(start, |m, i| m | 1 << i);
+                bits(places)
+                    .filter(|&i| source.shape()[i] % d == 0)
+                    .fold(0, |m, i| m | 1 << i)
+            })
+            .collect();
+        let goal: Vec<Option<usize>> = (0..h)
+            .map(|k| tgt.iter().position(|&m| m == k as i64))
+            .collect();
+        let fixed = (0..h)
+            .filter(|&k| goal[k].is_some() && goal[k] == src.iter().position(|&m| m == k as i64))
+            .fold(0u64, |m, k| m | 1 << k);
+        let same_size = (0..h)
+            .map(|k| {
+                (0..h)
+                    .filter(|&j| source.dim_size(j) == source.dim_size(k))
+                    .fold(0u64, |m, j| m | 1 << j)
+            })
+            .collect();
+        Some(Space {
+            template: source,
+            allowed,
+            goal,
+            fixed,
+            same_size,
+            least: (0..h).map(|k| objective.least(source, k)).collect(),
+        })
+    }
+
+    /// A lower bound on the price of the steps from `state` to the goal: every device dim that
+    /// splits another tensor dim than in the goal, or holds partial sums the goal does not keep,
+    /// takes part in one op at least (A*'s heuristic; one op may serve several dims).
+    fn remaining(&self, state: &State, keep: u64) -> f64 {
+        let misplaced = state
+            .map
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &m)| {
+                let k = usize::try_from(m).ok()?;
+                (self.goal[k] != Some(i)).then_some(k)
+            })
+            .chain(bits(state.partial & !keep));
+        misplaced.map(|k| self.least[k]).fold(0.0, f64::max)
+    }
+
+    fn layout(&self, state: &State) -> Layout {
+        self.template.with_state(
+            state.map[..self.template.ndim()]
+                .iter()
+                .map(|&m| i64::from(m))
+                .collect(),
+            bits(state.partial).collect(),
+        )
+    }
+
+    /// Every step from `state` with the state it leads to; `keep` are the partial dims the
+    /// target keeps.
+    fn steps(&self, state: &State, keep: u64, out: &mut Vec<(Step, State)>) {
+        out.clear();
+        let h = self.allowed.len();
+        let map = &state.map[..self.template.ndim()];
+        let used = map
+            .iter()
+            .filter(|&&m| m >= 0)
+            .fold(0u64, |mask, &m| mask | 1 << m);
+        let unsplit = map
+            .iter()
+            .enumerate()
+            .filter(|&(_, &m)| m < 0)
+            .fold(0u64, |mask, (i, _)| mask | 1 << i);
+        let with = |i: usize, m: i8, partial: u64| {
+            let mut next = State {
+                map: state.map,
+                partial,
+            };
+            next.map[i] = m;
+            next
+        };
+        // A free device dim whose target dim is unsplit is sliced there first: free, and every
+        // later step moves a smaller shard.
+        let free = |k: usize| (used | state.partial) >> k & 1 == 0;
+        if let Some((k, i)) = (0..h).filter(|&k| free(k)).find_map(|k| {
+            self.goal[k]
+                .filter(|&i| unsplit >> i & 1 == 1)
+                .map(|i| (k, i))
+        }) {
+            out.push((
+                Step::Op(OpKind::Slice, k, Some(i), None),
+                with(i, k as i8, state.partial),
+            ));
+            return;
+        }
+        for k in 0..h {
+            let bit = 1u64 << k;
+            let targets = self.allowed[k] & unsplit;
+            if used & bit == 0 && state.partial & bit == 0 {
+                for i in bits(targets) {
+                    let next = with(i, k as i8, state.partial);
+                    out.push((Step::Op(OpKind::Slice, k, Some(i), None), next));
+                }
+            }
+            if state.partial & bit != 0 && keep & bit == 0 {
+                let rest = state.partial & !bit;
+                let next = State {
+                    map: state.map,
+                    partial: rest,
+                };
+                out.push((Step::Op(OpKind::AllReduce, k, None, None), next));
+                for j in bits(targets) {
+                    let next = with(j, k as i8, rest);
+                    out.push((Step::Op(OpKind::ReduceScatter, k, Some(j), None), next));
+                }
+            }
+        }
+        for (i, &m) in map.iter().enumerate() {
+            let Ok(k) = usize::try_from(m) else { continue };
+            if self.fixed >> k & 1 == 1 {
+                continue;
+            }
+            let next = with(i, -1, state.partial);
+            out.push((Step::Op(OpKind::AllGather, k, Some(i), None), next));
+            for j in bits(self.allowed[k] & unsplit) {
+                let mut next = with(i, -1, state.partial);
+                next.map[j] = m;
+                out.push((Step::Op(OpKind::AllToAll, k, Some(i), Some(j)), next));
+            }
+        }
+        self.permutes(state, out);
+    }
+
+    /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
+    /// to the device dim of the same size that splits that tensor dim in the target (and holds
+    /// no partial sums), one dim to one dim; at least one moves.
+    fn permutes(&self, state: &State, out: &mut Vec<(Step, State)>) {
+        let movable: Vec<(usize, usize)> = state
+            .map
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &m)| usize::try_from(m).ok().map(|k| (i, k)))
+            .filter(|&(_, k)| self.fixed >> k & 1 == 0)
+            .collect();
+        let taken = state
+            .map
+            .iter()
+            .filter_map(|&m| usize::try_from(m).ok())
+            .fold(state.partial, |m, k| m | 1 << k)
+            & !movable.iter().fold(0u64, |m, &(_, k)| m | 1 << k);
+        let mut dest = vec![0usize; movable.len()];
+        self.assign(state, &movable, 0, taken, &mut dest, out);
+    }
+
+    fn assign(
+        &self,
+        state: &State,
+        movable: &[(usize, usize)],
+        at: usize,
+        taken: u64,
+        dest: &mut Vec<usize>,
+        out: &mut Vec<(Step, State)>,
+    ) {
+        if at == movable.len() {
+            if movable.iter().zip(dest.iter()).all(|(&(_, k), &d)| k == d) {
+                return;
+            }
+            let mut next = state.map;
+            let h = self.allowed.len();
+            let mut sigma: Vec<Option<usize>> = vec![None; h];
+            for (&(i, k), &d) in movable.iter().zip(dest.iter()) {
+                next[i] = d as i8;
+                sigma[k] = Some(d);
+            }
+            // The dims that give up a split and take none pass their (replicated) coordinates on
+            // to the dims that take a split from elsewhere: a permutation of all dims.
+            let taken_over = |d: usize| sigma.contains(&Some(d));
+            let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
+            let mut full: Vec<usize> = (0..h).collect();
+            for (k, d) in sigma.iter().enumerate() {
+                if let Some(d) = d {
+                    full[k] = *d;
+                }
+            }
+            for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
+                full[sources.next().expect("as many sources as targets")] = d;
+            }
+            out.push((
+                Step::Permute(full),
+                State {
+                    map: next,
+                    partial: state.partial,
+                },
+            ));
+            return;
+        }
+        let (i, k) = movable[at];
+        let options = self.same_size[k] & !taken & !self.fixed;
+        for d in bits(options) {
+            if d == k || self.goal[d] == Some(i) {
+                dest[at] = d;
+                self.assign(state, movable, at + 1, taken | 1 << d, dest, out);
+            }
+        }
+    }
+}
+
+/// The cheapest ops from the unified `source` to the unified `target` under `objective`,
+/// starting at cost `start`, among plans costing at most `bound` (A* with [`Space::remaining`]);
+/// `None` if there is none, the layouts have too many dims for the search's masks, or the search
+/// would expand more than [`MAX_EXPANSIONS`] layouts.
+pub(crate) fn shortest(
+    source: &Layout,
+    target: &Layout,
+    start: f64,
+    bound: f64,
+    objective: Objective<'_>,
+) -> Option<Vec<CommOp>> {
+    let space = Space::new(source, target, objective)?;
+    let state_of = |l: &Layout| {
+        let mut map = [-1; MAX_DIMS];
+        for (m, &x) in map.iter_mut().zip(l.tensor_map()) {
+            *m = x as i8;
+        }
+        State {
+            map,
+            partial: mask_of(l.partial()),
+        }
+    };
+    let goal = state_of(target);
+    let keep = goal.partial;
+    let mut nodes = vec![Node {
+        state: state_of(source),
+        cost: start,
+        ops: 0,
+        parent: 0,
+        step: None,
+        done: false,
+    }];
+    let mut index = FxHashMap::default();
+    index.insert(nodes[0].state, 0);
+    let mut heap = BinaryHeap::from([Queued {
+        cost: start + space.remaining(&nodes[0].state, keep),
+        ops: 0,
+        node: 0,
+    }]);
+    let mut steps = Vec::new();
+    let mut expanded = 0usize;
+    while let Some(Queued { node, .. }) = heap.pop() {
+        if nodes[node].done {
+            continue;
+        }
+        nodes[node].done = true;
+        expanded += 1;
+        if expanded > MAX_EXPANSIONS {
+            return None;
+        }
+        if nodes[node].state == goal {
+            return Some(rebuild(&nodes, node, &space));
+        }
+        let layout = space.layout(&nodes[node].state);
+        let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
+        space.steps(&nodes[node].state, keep, &mut steps);
+        for (step, next) in steps.drain(..) {
+            let price = match &step {
+                Step::Op(kind, k, ..) => {
+                    objective.price(*kind, 1 << k, step_volume(*kind, *k, &layout), &layout)
+                }
+                Step::Permute(sigma) => objective.price(
+                    OpKind::CollectivePermute,
+                    crate::planner::moved(sigma),
+                    layout.shard_size(),
+                    &layout,
+                ),
+            };
+            let total = cost + price;
+            let estimate = total + space.remaining(&next, keep);
+            if estimate > bound {
+                continue;
+            }
+            let fresh = Node {
+                state: next,
+                cost: total,
+                ops,
+                parent: node,
+                step: Some(step),
+                done: false,
+            };
+            let id = match index.entry(next) {
+                Entry::Vacant(e) => {
+                    nodes.push(fresh);
+                    *e.insert(nodes.len() - 1)
+                }
+                Entry::Occupied(e) => {
+                    let old = &mut nodes[*e.get()];
+                    if old.done || (total, ops) >= (old.cost, old.ops) {
+                        continue;
+                    }
+                    *old = fresh;
+                    *e.get()
+                }
+            };
+            heap.push(Queued {
+                cost: estimate,
+                ops,
+                node: id,
+            });
+        }
+    }
+    None
+}
+
+/// The ops on the path to `end`, each with the layout before it.
+fn rebuild(nodes: &[Node], end: usize, space: &Space<'_>) -> Vec<CommOp> {
+    let mut path = Vec::new();
+    let mut at = end;
+    while let Some(step) = &nodes[at].step {
+        let before = space.layout(&nodes[nodes[at].parent].state);
+        path.push(match step {
+            Step::Op(kind, k, i, to) => CommOp::new(*kind, *k, *i, *to, before),
+            Step::Permute(sigma) => CommOp::permute(sigma.clone(), before),
+        });
+        at = nodes[at].parent;
+    }
+    path.reverse();
+    path
+}

@@ -1,0 +1,133 @@
+"""Cluster models: levels with bandwidth and latency, replica models, presets and TOML files,
+priced against closed forms written from docs/core.md."""
+
+import pickle
+
+import pytest
+
+import taps
+
+LINE = taps.Layout([64, 64], [4, 8], [1, 0])  # 32 devices, both device dims split a tensor dim
+
+
+def test_presets():
+    v100 = taps.Cluster.preset("dgx-v100", nodes=4)
+    assert v100 == taps.Cluster(4, 8)  # the paper's cluster: the constructor's defaults
+    assert (v100.replicas, v100.device_memory) == ("shared", None)
+    h100 = taps.Cluster.preset("dgx-h100", 2)
+    assert (h100.nodes, h100.devices_per_node, h100.replicas) == (2, 8, "flat")
+    assert h100.levels == [(8, 450e9, 5e-6), (2, 400e9, 1e-5)]
+    assert h100.device_memory == 80e9
+    assert taps.Cluster.preset("dgx-h100").num_devices == 8
+    with pytest.raises(taps.TopologyError, match="unknown cluster preset"):
+        taps.Cluster.preset("dgx-a100")
+    with pytest.raises(taps.TopologyError):
+        taps.Cluster.preset("dgx-h100", 3)  # 24 devices
+    for c in (v100, h100):
+        assert pickle.loads(pickle.dumps(c)) == c
+
+
+def test_latency_is_paid_once_per_collective_at_its_level():
+    fast = taps.Cluster(4, 8)
+    slow = taps.Cluster(4, 8, intra_latency=2e-6, inter_latency=7e-6)
+    s = 16 * 8 * 2  # bytes of a shard
+    inside = slow.collective_cost(LINE, "all_gather", 0)  # device dim 0: the 8 GPUs of a node
+    assert inside == pytest.approx(fast.collective_cost(LINE, "all_gather", 0) + 2e-6)
+    assert inside == pytest.approx(2e-6 + 7 * s / 60e9)
+    across = slow.collective_cost(LINE, "all_gather", 1)  # device dim 1: across the 4 nodes
+    assert across == pytest.approx(fast.collective_cost(LINE, "all_gather", 1) + 7e-6)
+    assert slow.collective_cost(LINE, "all_gather", 1, model="volume") == 3 * s
+
+
+def test_three_levels():
+    # 4 GPUs per node, 2 nodes per pod, 4 pods: 32 devices.
+    c = taps.Cluster.hierarchy([(4, 100e9, 1e-6), (2, 20e9, 2e-6), (4, 5e9, 3e-6)])
+    assert (c.nodes, c.devices_per_node, c.num_devices) == (8, 4, 32)
+    assert (c.intra_bandwidth, c.inter_bandwidth) == (100e9, 20e9)
+    layout = taps.Layout([32, 32], [4, 2, 4], [2, 1])  # dims: 4 GPUs, 2 nodes, 4 pods
+    s = 8 * 16 * 2
+    # Along the GPUs: inside a node.
+    assert c.collective_cost(layout, "all_gather", 0) == pytest.approx(1e-6 + 3 * s / 100e9)
+    # Along the nodes of a pod: out of each node, shared by the groups with distinct data that
+    # leave it (the map splits nothing along dim 0, so its 4 replicas share one transfer).
+    ct = taps.inter_node_groups(layout, "all_gather", 4, 1)
+    assert ct == 1
+    assert c.collective_cost(layout, "all_gather", 1) == pytest.approx(2e-6 + s / (20e9 / ct))
+    # Along the pods: out of each pod of 8, whose 2 nodes hold distinct blocks (dim 1).
+    assert c.collective_cost(layout, "all_gather", 2) == pytest.approx(3e-6 + 3 * s / (5e9 / 2))
+    assert pickle.loads(pickle.dumps(c)) == c
+    assert "hierarchy" in repr(c)
+
+
+def test_flat_replicas_send_one_transfer_per_copy():
+    replicated = taps.Layout([64, 64], [4, 8], [1, -1])  # a copy on each GPU of a node
+    shared = taps.Cluster(4, 8)
+    flat = taps.Cluster(4, 8, replicas="flat")
+    assert flat.collective_cost(replicated, "all_gather", 1) == pytest.approx(
+        8 * shared.collective_cost(replicated, "all_gather", 1)
+    )
+    # Distinct blocks on every GPU: the two models agree.
+    assert flat.collective_cost(LINE, "all_gather", 1) == shared.collective_cost(
+        LINE, "all_gather", 1
+    )
+    with pytest.raises(taps.TopologyError, match="replica"):
+        taps.Cluster(4, 8, replicas="copies")
+
+
+def test_bad_levels():
+    for levels in ([], [(0, 1e9, 0.0)], [(3, 1e9, 0.0)], [(4, -1.0, 0.0)], [(4, 1e9, -1e-6)]):
+        with pytest.raises(taps.TopologyError):
+            taps.Cluster.hierarchy(levels)
+
+
+TOML = """
+device_memory = 40e9
+replicas = "flat"
+
+[[levels]]
+count = 4
+bandwidth = 100e9
+latency = 1e-6
+
+[[levels]]
+count = 2
+bandwidth = 20e9
+
+[[levels]]
+bandwidth = 5e9
+latency = 3e-6
+"""
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "pods.toml"
+    path.write_text(TOML)
+    c = taps.Cluster.preset(str(path), nodes=8)
+    want = taps.Cluster.hierarchy([(4, 100e9, 1e-6), (2, 20e9, 0.0), (4, 5e9, 3e-6)], 40e9, "flat")
+    assert c == want
+    with pytest.raises(taps.TopologyError, match="do not fill"):
+        taps.Cluster.preset(str(path), nodes=3)
+    bad = tmp_path / "bad.toml"
+    for text, message in (
+        ("levels = 3", "levels"),
+        ("[[levels]]\ncount = 8\nbandwidth = 'fast'", "bandwidth"),
+        ("[[levels]\n", "not valid TOML"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(taps.TopologyError, match=message):
+            taps.Cluster.preset(str(bad))
+    with pytest.raises(taps.TopologyError, match="cannot read"):
+        taps.Cluster.preset(str(tmp_path / "missing.toml"))
+
+
+def test_optimal_planner_prices_by_the_cluster():
+    """Where the inter-node link is slow, the optimal plan of the same pair may change with the
+    cluster, and it never costs more than Algorithm 1 there."""
+    a = taps.Layout([96, 32, 96], [16, 2], [1, 0, -1])
+    b = taps.Layout([96, 32, 96], [16, 2], [0, 1, -1])
+    for c in (taps.Cluster(4, 8), taps.Cluster.preset("dgx-h100", 4), taps.Cluster(16, 2)):
+        best = taps.plan_redistribution(a, b, c, planner="optimal")
+        paper = taps.plan_redistribution(a, b, c, planner="paper")
+        assert best.cost(c) <= paper.cost(c)
+        got = taps.redistribution_costs([a], [b], c, planner="optimal")[0, 0]
+        assert got == best.cost(c)
