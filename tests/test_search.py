@@ -345,3 +345,19 @@ def test_binding_memory_limit_in_bytes_of_a_real_model():
         costs.append(r.cost)
     assert costs[0] > free.cost
     assert costs == pytest.approx([costs[0]] * len(costs), rel=1e-9)
+
+
+def test_a_view_of_a_parameter_counts_as_parameter_memory():
+    """A fused weight read through a view (the front ends' factored QKV projections) holds
+    optimizer state like the parameter it views."""
+    direct, viewed = taps.Graph(), taps.Graph()
+    for g in (direct, viewed):
+        x = g.input("x", (8, 16))
+        w = g.parameter("w", (16, 32))
+        if g is viewed:
+            w = g.reshape("w.view", w, (16, 32))
+        g.einsum("mm", "bi,io->bo", x, w)
+    cluster = taps.Cluster(1, 4)
+    a, b = build_tables(direct, cluster), build_tables(viewed, cluster)
+    assert np.array_equal(a.ops["mm"].memory, b.ops["mm"].memory)
+    assert direct.signature("mm") == viewed.signature("mm")

@@ -123,7 +123,7 @@ def memory(
     strategy holds its replica's whole blocks: the layouts' replica dims split nothing."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
-        if graph.tensors[operand.tensor].kind == "parameter":
+        if graph.root(operand.tensor).kind == "parameter":  # a view of one too
             total += float(np.prod(layout.shard_shape)) * bytes_per_parameter
     out = graph.tensors[op.output.tensor]
     return total + float(np.prod(candidate.output.shard_shape)) * out.dtype_bytes

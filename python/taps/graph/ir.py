@@ -260,7 +260,7 @@ class GraphIR:
 
         def operand(o: Operand) -> tuple[Any, ...]:
             t = self.tensors[o.tensor]
-            return (o.dims, t.kind == "parameter", t.requires_grad, t.dtype_bytes)
+            return (o.dims, self.root(t.name).kind == "parameter", t.requires_grad, t.dtype_bytes)
 
         return (
             op.axes,
