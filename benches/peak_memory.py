@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import resource
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,19 @@ def _run_and_measure(work: Callable[..., Any], args: tuple[Any, ...]) -> tuple[A
     return out, own_peak_mib()
 
 
-def in_fresh_process(work: Callable[..., Any], *args: Any) -> tuple[Any, float]:
-    """``work(*args)`` in a spawned interpreter: its result and that process's peak (MiB)."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_run_and_measure, (work, args))
+def _limited(limit: int | None) -> None:
+    if limit is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def in_fresh_process(
+    work: Callable[..., Any], *args: Any, memory_limit: int | None = None
+) -> tuple[Any, float]:
+    """``work(*args)`` in a spawned interpreter (its address space capped at ``memory_limit``
+    bytes if given): its result and that process's peak (MiB). A worker that dies (out of
+    memory) raises ``BrokenProcessPool`` instead of hanging."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        1, mp_context=context, initializer=_limited, initargs=(memory_limit,)
+    ) as pool:
+        return pool.submit(_run_and_measure, work, args).result()
