@@ -455,15 +455,30 @@ def _limited(
         return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
     # The price's best assignment is the one to beat: candidates that cannot are dropped.
     keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
-    start = {v: int(np.searchsorted(keep[v], i)) for v, i in priced.choice.items()}
-    memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    restricted, kept_memory, start = _restricted(objectives, memory, keep, priced.choice)
     price_time = time.perf_counter() - t0
-    run = _pruned_run([restrict(problem, keep)], options, memory, deadline, start)
-    return replace(
-        run,
-        choice={v: int(keep[v][i]) for v, i in run.choice.items()},
-        reduce_time=price_time,
-    )
+    run = _pruned_run(restricted, options, kept_memory, deadline, start)
+    return replace(run, choice=_lifted(run.choice, keep), reduce_time=price_time)
+
+
+def _restricted(
+    objectives: list[Problem],
+    memory: _Memory | None,
+    keep: dict[str, np.ndarray],
+    start: dict[str, int] | None,
+) -> tuple[list[Problem], _Memory | None, dict[str, int] | None]:
+    """The problems, memory and first assignment on the candidates ``keep`` (sorted indices per
+    operator, which hold ``start``'s)."""
+    if memory is not None:
+        memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    if start is not None:
+        start = {v: int(np.searchsorted(keep[v], i)) for v, i in start.items()}
+    return [restrict(o, keep) for o in objectives], memory, start
+
+
+def _lifted(choice: dict[str, int], keep: dict[str, np.ndarray]) -> dict[str, int]:
+    """A choice among the candidates ``keep`` as indices of all the candidates."""
+    return {v: int(keep[v][i]) for v, i in choice.items()}
 
 
 def _pruned_run(
@@ -486,14 +501,11 @@ def _pruned_run(
         keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
     if start is not None:
         keep = {v: np.union1d(k, [start[v]]) for v, k in keep.items()}
-        start = {v: int(np.searchsorted(keep[v], i)) for v, i in start.items()}
-    if memory is not None:
-        memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
-    objectives = [restrict(o, keep) for o in objectives]
+    objectives, memory, start = _restricted(objectives, memory, keep, start)
     prune_time = time.perf_counter() - t0
     run = _run(objectives, options, memory, deadline, start)
     return replace(
         run,
-        choice={v: int(keep[v][i]) for v, i in run.choice.items()},
+        choice=_lifted(run.choice, keep),
         build_time=prune_time + run.build_time,
     )

@@ -45,13 +45,17 @@ class Priced:
         )
 
 
+def _priced(problem: Problem, memory: Mapping[str, np.ndarray], lam: float) -> Problem:
+    """The problem with memory priced at ``lam`` into every node cost."""
+    return Problem({v: c + lam * memory[v] for v, c in problem.node_cost.items()}, problem.pairs)
+
+
 def _minimise(
     problem: Problem, memory: Mapping[str, np.ndarray], lam: float
 ) -> dict[str, int] | None:
     """The assignment minimising cost + lam * memory, if the reductions decide the whole
     problem."""
-    priced = Problem({v: c + lam * memory[v] for v, c in problem.node_cost.items()}, problem.pairs)
-    reduction = reduce([priced], list(problem.node_cost))
+    reduction = reduce([_priced(problem, memory, lam)], list(problem.node_cost))
     if reduction.cores[0].pairs:
         return None
     return reduction.expand(reduction.isolated_choice())
@@ -61,10 +65,6 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
     """The best price of memory (``memory`` per operator and candidate, already scaled
     by the layer count; ``limit`` in the same unit). None if the reductions cannot decide the
     problem on their own (a core is left for the ILP)."""
-
-    def total(x: dict[str, int]) -> tuple[float, float]:
-        used = sum(float(memory[v][i]) for v, i in x.items())
-        return problem.evaluate(x), used
 
     best: dict[str, int] | None = None
     best_cost = np.inf
@@ -79,7 +79,7 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
         x = _minimise(problem, memory, lam)
         if x is None:
             return None
-        cost, used = total(x)
+        cost, used = problem.evaluate(x), sum(float(memory[v][i]) for v, i in x.items())
         if cost + lam * (used - limit) > bound:
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
@@ -110,9 +110,8 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
         x = visit(lam)
         if x is None:
             break
-        if x[0] + lam * x[1] >= over[0] + lam * over[1] * (1 - TOLERANCE) - TOLERANCE * abs(
-            over[0]
-        ):
+        line = over[0] + lam * over[1]  # = under's line there
+        if x[0] + lam * x[1] >= line - TOLERANCE * abs(line):
             break
         if x[1] > limit:
             over = x
@@ -136,9 +135,7 @@ def prune_by_price(
     min-marginal, what the reductions leave on ``v`` when every other operator is eliminated)
     bounds every fitting assignment with that choice; above ``cutoff``, the candidate goes. When
     the reductions cannot eliminate every other operator, ``v`` keeps every candidate."""
-    priced = Problem(
-        {v: c + price * memory[v] for v, c in problem.node_cost.items()}, problem.pairs
-    )
+    priced = _priced(problem, memory, price)
     names = list(problem.node_cost)
     keep = {}
     for v in names:

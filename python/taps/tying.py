@@ -52,10 +52,7 @@ class Ties:
                 groups.setdefault((u, w, id(p.u_class), id(p.w_class)), []).append(k)
         out = []
         for problem in problems:
-            node: dict[str, np.ndarray] = {}
-            for v, cost in problem.node_cost.items():
-                r = rep[v]
-                node[r] = node[r] + cost if r in node else np.asarray(cost, dtype=np.float64)
+            node = self.fold_memory(problem.node_cost)
             for k in selfs:
                 p = problem.pairs[k]
                 node[rep[p.u]] = node[rep[p.u]] + p.cost[p.u_class, p.w_class]
@@ -67,10 +64,11 @@ class Ties:
             out.append(Problem(node, pairs))
         return out
 
-    def fold_memory(self, memory: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Memory per device of each representative: the sum over the operators it stands for."""
+    def fold_memory(self, per_op: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each representative's sum over the operators it stands for of a vector per operator
+        and candidate (memory per device, or a node cost)."""
         out: dict[str, np.ndarray] = {}
-        for v, m in memory.items():
+        for v, m in per_op.items():
             r = self.representative[v]
             out[r] = out[r] + m if r in out else np.asarray(m, dtype=np.float64)
         return out

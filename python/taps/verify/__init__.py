@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from .devices import VerifyError, jax_with_devices, simulate_cpu_devices
 from .gspmd import GspmdReport, Traffic, compare_gspmd
 from .hlo import HloCollective, collectives, replica_groups
 from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
 from .result import CollectiveCheck, Predicted, VerifyResult
-
-if TYPE_CHECKING:
-    from taps._core import Cluster, Strategy
-    from taps.graph import Graph
-    from taps.search import SearchResult
 
 __all__ = [
     "CollectiveCheck",
@@ -44,15 +37,7 @@ class _CallableModule(types.ModuleType):
     """``taps.verify(...)`` runs :func:`verify`, while ``taps.verify.hlo`` and the rest stay
     reachable as the package's modules."""
 
-    def __call__(
-        self,
-        source: SearchResult | Graph,
-        cluster: Cluster | None = None,
-        strategies: Mapping[str, Strategy] | None = None,
-        dtype: str = "float32",
-        seed: int = 0,
-    ) -> VerifyResult:
-        return verify(source, cluster, strategies, dtype, seed)
+    __call__ = staticmethod(verify)
 
 
 sys.modules[__name__].__class__ = _CallableModule
