@@ -118,12 +118,12 @@ def _check(
     # The tables are shared by operators of one signature and edges between the same signatures
     # (build_tables), so only the distinct ones take memory.
     signature = {op.name: graph.signature(op.name) for op in graph.ops}
-    counts = {
-        signature[op.name]: check_candidates(
-            op.name, op.partitionable_sizes, cluster.num_devices, replicate
-        )
-        for op in graph.ops
-    }
+    counts: dict[object, int] = {}
+    for op in graph.ops:
+        if signature[op.name] not in counts:
+            counts[signature[op.name]] = check_candidates(
+                op.name, op.partitionable_sizes, cluster.num_devices, replicate
+            )
     edges = {(signature[e.producer], signature[e.consumer], e.slot) for e in graph.edges}
     pairs = sum(counts[u] * counts[w] for u, w, _ in edges)
     check_table_memory(

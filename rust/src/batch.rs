@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::planner::{canonical_plan, paper_cost, Objective, Planner};
+use crate::planner::{paper_cost, shortest_plan, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::normalized;
@@ -92,7 +92,7 @@ pub fn redistribution_costs(
             .try_for_each(|(k, entry)| {
                 let (a, b) = (csrc[k / cwidth], ctgt[k % cwidth]);
                 if a != b {
-                    let plan = canonical_plan(a, b, objective)?;
+                    let plan = shortest_plan(a, b, objective)?;
                     *entry = (
                         objective.total(&plan),
                         plan.cost(cluster, dtype_bytes, model)?,

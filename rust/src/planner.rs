@@ -556,7 +556,18 @@ pub(crate) fn canonical_plan(
     b: &Layout,
     objective: Objective<'_>,
 ) -> Result<Redistribution> {
-    let mut plan = paper_plan(&normalized(a), &normalized(b), objective)?;
+    shortest_plan(&normalized(a), &normalized(b), objective)
+}
+
+/// [`canonical_plan`] of layouts already in canonical form (the batch kernel normalises each
+/// distinct layout once, not once per pair).
+pub(crate) fn shortest_plan(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+) -> Result<Redistribution> {
+    debug_assert!(normalized(a) == *a && normalized(b) == *b);
+    let mut plan = paper_plan(a, b, objective)?;
     let start = plan.prelude.iter().fold(0.0, |t, op| objective.add(t, op));
     let bound = plan.ops.iter().fold(start, |t, op| objective.add(t, op));
     if let Some(better) =

@@ -498,18 +498,23 @@ impl Cluster {
             return 0.0;
         }
         let flat = self.replicas == Replicas::Flat;
-        // The innermost level one unit of which holds every group.
+        // The innermost level one unit of which holds every group, and how many groups cross the
+        // parts of the level below it (counted once, in the same walk).
+        let (mut ct, mut here) = (0, 0);
         let j = self
             .levels
             .iter()
-            .position(|l| crossing(layout, &in_group, l.devices, flat) == 0)
+            .position(|l| {
+                ct = here;
+                here = crossing(layout, &in_group, l.devices, flat);
+                here == 0
+            })
             .unwrap_or(self.levels.len() - 1);
         let level = &self.levels[j];
         if j == 0 {
             return level.latency + bytes / level.bandwidth;
         }
         let below = self.levels[j - 1].devices;
-        let ct = crossing(layout, &in_group, below, flat);
         let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
