@@ -458,3 +458,33 @@ def test_conversion_maps_operators_to_modules():
     conversion = convert(program)
     assert isinstance(conversion, Conversion)
     assert conversion.module_of == {"fc1": "fc1", "act": "act", "fc2": "fc2"}
+
+
+def test_blocks_tie_only_when_the_graph_would_tie_them():
+    """The first block reads a tensor with no gradient, the others one with: the first is not
+    a repeat of the others (Graph.tie would refuse it), the others are tied."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x * 2
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    with torch.device("meta"):
+        model, x = Model(), torch.zeros(8, 16)
+    graph = from_torch(model, x)
+    assert [len(group) for group in graph.tied] == [2]
+    assert graph.tied[0][0][0].startswith("blocks.1.")

@@ -55,6 +55,18 @@ def test_plan_verify(capsys):
     assert "OK" in capsys.readouterr().out
 
 
+def test_plan_verify_runs_the_plan_it_prints(capsys):
+    """The optimal planner's collective_permute is what runs, not Algorithm 1's plan."""
+    argv = ["plan", "--from", "[16,2]:[1,0,-1]", "--to", "[16,2]:[0,1,-1]", "--shape", "96,32,96"]
+    assert (
+        main([*argv, "--nodes", "4", "--devices-per-node", "8", "--planner", "optimal", "--verify"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "optimal planner, verified on XLA" in out
+    assert "Algorithm 1" not in out and "collective_permute" in out
+
+
 def test_search_export(tmp_path):
     path = tmp_path / "plan.json"
     argv = ["search", "mlp", "--batch", "64", "--nodes", "2", "--devices-per-node", "4"]

@@ -19,15 +19,20 @@ from taps._core import (
     Layout,
     Redistribution,
     Strategy,
-    StrategyError,
     TopologyError,
     allreduce_costs,
-    plan_redistribution,
     redistribution_costs,
 )
 from taps.graph import Edge, Graph, Operand, Operator
 from taps.reductions import PairCost, Problem
-from taps.sharding import Candidate, candidates, operand_axis_indices, operand_shape
+from taps.sharding import (
+    Candidate,
+    assigned,
+    candidates,
+    edge_plans,
+    operand_axis_indices,
+    operand_shape,
+)
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -306,21 +311,9 @@ def breakdown(
     """Per operator, in topological order: its collectives and incoming redistributions with
     their costs. Computed directly from the plans, independently of the search's tables."""
     check_cost_model(cost_model)
-    missing = [op.name for op in graph.ops if op.name not in strategies]
-    if missing:
-        raise StrategyError(f"no strategy given for operators {missing}")
-    for op in graph.ops:
-        s = strategies[op.name]
-        if s.num_devices != cluster.num_devices:
-            raise StrategyError(
-                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the cluster "
-                f"{cluster.num_devices}"
-            )
-    chosen = {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
+    chosen = assigned(graph, strategies, cluster.num_devices)
     incoming: dict[str, list[Incoming]] = {op.name: [] for op in graph.ops}
-    for edge in graph.edges:
-        a, b = chosen[edge.producer].output, chosen[edge.consumer].inputs[edge.slot]
-        plan = plan_redistribution(a, b)
+    for edge, plan in edge_plans(graph, chosen):
         dtype = graph.tensors[edge.tensor].dtype_bytes
         incoming[edge.consumer].append(Incoming(edge, plan, plan.cost(cluster, dtype, cost_model)))
     out = []

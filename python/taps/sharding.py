@@ -11,10 +11,18 @@ those layouts rather than working them out again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from taps._core import Layout, Strategy, enumerate_strategies
-from taps.graph import Operand, Operator
+from taps._core import (
+    Layout,
+    Redistribution,
+    Strategy,
+    StrategyError,
+    enumerate_strategies,
+    plan_redistribution,
+)
+from taps.graph import Edge, Graph, Operand, Operator
 from taps.limits import check_candidates
 
 
@@ -90,3 +98,33 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
 def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[Candidate]:
     """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
     return [Candidate.of(op, s) for s in strategies(op, num_devices, replicas)]
+
+
+def assigned(
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    num_devices: int | None = None,
+    error: type[Exception] = StrategyError,
+) -> dict[str, Candidate]:
+    """The candidate of every operator under ``strategies`` (checked: one for every operator,
+    each on ``num_devices`` devices if given; ``error`` otherwise)."""
+    missing = [op.name for op in graph.ops if op.name not in strategies]
+    if missing:
+        raise error(f"no strategy given for operators {missing}")
+    for op in graph.ops:
+        s = strategies[op.name]
+        if num_devices is not None and s.num_devices != num_devices:
+            raise error(
+                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the cluster "
+                f"{num_devices}"
+            )
+    return {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
+
+
+def edge_plans(graph: Graph, chosen: Mapping[str, Candidate]) -> list[tuple[Edge, Redistribution]]:
+    """Per graph edge (``graph.edges`` order), the redistribution from the producer's output
+    layout to the layout the consumer's candidate wants (Algorithm 1, the search's planner)."""
+    return [
+        (e, plan_redistribution(chosen[e.producer].output, chosen[e.consumer].inputs[e.slot]))
+        for e in graph.edges
+    ]

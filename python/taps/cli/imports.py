@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 
 from rich.console import Console
 
 from taps.graph import Graph
+from taps.outputs import Outputs
 
 
 def read_torch(source: str, unknown: str) -> Graph:
@@ -21,12 +20,11 @@ def read_torch(source: str, unknown: str) -> Graph:
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    graph = read_torch(args.source, args.unknown)
-    # Write to a temporary file first: a failure leaves no half-written graph behind.
-    folder = os.path.dirname(os.path.abspath(args.out))
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-        f.write(graph.to_json())
-    os.replace(f.name, args.out)
+    # The output is checked before the (slow) conversion and written whole or not at all.
+    with Outputs(args.out) as outputs:
+        graph = read_torch(args.source, args.unknown)
+        outputs[args.out].write_text(graph.to_json())
+        outputs.commit()
     console.print(
         f"wrote {args.out}: {graph.name}, {len(graph.ops)} operators, "
         f"{graph.num_parameters():,} parameters, {len(graph.tied)} tied groups"

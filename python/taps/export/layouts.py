@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from taps._core import Cluster, Layout, Redistribution, Strategy, plan_redistribution
+from taps._core import Cluster, Layout, Redistribution, Strategy
 from taps.graph import Edge, Graph
-from taps.sharding import Candidate
+from taps.sharding import assigned, edge_plans
 
-from .mesh import ExportError, Mesh, mesh_for
+from .mesh import ExportError, Mesh, mesh_for_plans
 
 
 @dataclass(frozen=True)
@@ -40,35 +40,17 @@ def plan_layouts(
     graph: Graph, strategies: Mapping[str, Strategy], cluster: Cluster | None = None
 ) -> PlanLayouts:
     """Every operand's layout, every edge's plan and their common mesh."""
-    missing = [op.name for op in graph.ops if op.name not in strategies]
-    if missing:
-        raise ExportError(f"no strategy given for operators {missing}")
-    inputs: dict[str, list[Layout]] = {}
-    outputs: dict[str, Layout] = {}
-    tensors: dict[str, Layout] = {}
-    for op in graph.ops:
-        s = strategies[op.name]
-        if cluster is not None and s.num_devices != cluster.num_devices:
-            raise ExportError(
-                f"operator {op.name!r}: strategy spans {s.num_devices} devices, the cluster "
-                f"{cluster.num_devices}"
-            )
-        candidate = Candidate.of(op, s)
-        inputs[op.name] = list(candidate.inputs)
-        outputs[op.name] = candidate.output
-        tensors[op.output.tensor] = outputs[op.name]
+    n = None if cluster is None else cluster.num_devices
+    chosen = assigned(graph, strategies, n, ExportError)
+    inputs = {v: list(c.inputs) for v, c in chosen.items()}
+    outputs = {v: c.output for v, c in chosen.items()}
+    tensors = {graph.op(v).output.tensor: layout for v, layout in outputs.items()}
     for op in graph.ops:
         for o, layout in zip(op.inputs, inputs[op.name]):
             tensors.setdefault(o.tensor, layout)
-    plans = []
-    for edge in graph.edges:
-        plans.append(
-            (edge, plan_redistribution(outputs[edge.producer], inputs[edge.consumer][edge.slot]))
-        )
+    plans = edge_plans(graph, chosen)
     every = [*tensors.values(), *(x for ls in inputs.values() for x in ls)]
-    for _, plan in plans:
-        every += [plan.source, plan.target, *(op.layout for op in plan.all_ops)]
-    n = next(iter(outputs.values())).num_devices if outputs else 1
-    if cluster is not None:
-        n = cluster.num_devices
-    return PlanLayouts(graph, dict(strategies), inputs, outputs, tensors, plans, mesh_for(every, n))
+    if n is None:
+        n = next(iter(outputs.values())).num_devices if outputs else 1
+    mesh = mesh_for_plans(every, [plan for _, plan in plans], n)
+    return PlanLayouts(graph, dict(strategies), inputs, outputs, tensors, plans, mesh)

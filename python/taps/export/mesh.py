@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from taps._core import Layout, TapsError
+from taps._core import Layout, Redistribution, TapsError
 
 
 class ExportError(TapsError):
@@ -107,3 +107,11 @@ def mesh_for(layouts: Iterable[Layout], num_devices: int) -> Mesh:
     bits = list(itertools.pairwise(edges))[::-1] or [(0, 0)]
     names = [f"d{i}" for i in range(len(bits))][::-1]
     return Mesh(tuple(2 ** (b - a) for a, b in bits), tuple(names), tuple(bits))
+
+
+def mesh_for_plans(layouts: Sequence[Layout], plans: Sequence[Redistribution], n: int) -> Mesh:
+    """:func:`mesh_for` of ``layouts`` and of every layout the ``plans`` pass through."""
+    every = list(layouts)
+    for plan in plans:
+        every += [plan.source, plan.target, *(op.layout for op in plan.all_ops)]
+    return mesh_for(every, n)

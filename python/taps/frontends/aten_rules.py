@@ -59,7 +59,7 @@ def rule(*names: str) -> Callable[[Rule], Rule]:
 
 def lead(n: int) -> list[str]:
     """Readable labels for ``n`` leading dims."""
-    return list("bstu")[:n] if n <= 4 else [f"d{i}" for i in range(n)]
+    return list("bstu")[:n] if n <= 4 else dim_labels(n)
 
 
 def dim_labels(rank: int) -> list[str]:
@@ -164,7 +164,6 @@ def op(
     inputs: Sequence[tuple[Value | None, Sequence[str]]],
     out_labels: Sequence[str],
     partitionable: Sequence[str] | None = None,
-    use_order: bool = True,
 ) -> Value:
     """An operator of the node's (first) output shape; ``None`` inputs (absent optional
     arguments, such as a missing bias) are left out."""
@@ -176,7 +175,7 @@ def op(
         out_labels,
         cx.dtypes[0],
         partitionable,
-        cx.order() if use_order else None,
+        cx.order(),
     )
 
 
@@ -707,7 +706,7 @@ def reduction(cx: Context) -> Any:
         )
         result: Value = unrows(cx, made)
     else:
-        labels = lead(n) if n <= 4 else dim_labels(n)
+        labels = lead(n)
         out_labels = []
         for i, lab in enumerate(labels):
             if i not in dims:
@@ -740,7 +739,7 @@ def _take(cx: Context, v: Value, dim: int, start: int, stop: int, kind: str) -> 
     if dim >= 2 and rowable(cx, v):
         return unrows(cx, _take(_Rowless(cx), rows(cx, v), dim - 1, start, stop, kind))
     n = len(v.shape)
-    labels = lead(n) if n <= 4 else dim_labels(n)
+    labels = lead(n)
     in_l = [f"{lab}_in" if i == dim else lab for i, lab in enumerate(labels)]
     out_l = [f"{lab}_out" if i == dim else lab for i, lab in enumerate(labels)]
     shape = list(v.shape)
@@ -767,7 +766,7 @@ def _select(cx: Context, v: Value, dim: int, kind: str) -> Value:
     ):
         return unrows(cx, _select(_Rowless(cx), rows(cx, v), dim - 1, kind))
     n = len(v.shape)
-    labels = lead(n) if n <= 4 else dim_labels(n)
+    labels = lead(n)
     in_l = [f"{lab}_sel" if i == dim else lab for i, lab in enumerate(labels)]
     out_l = [lab for i, lab in enumerate(labels) if i != dim]
     shape = v.shape[:dim] + v.shape[dim + 1 :]
@@ -875,7 +874,7 @@ def cat(cx: Context) -> Value:
     out = cx.shapes[0]
     n = len(out)
     dim = norm_dim(cx.arg(1, "dim", 0), n)
-    labels = lead(n) if n <= 4 else dim_labels(n)
+    labels = lead(n)
     inputs = []
     for k, t in enumerate(tensors):
         if t.constant or t.shape[dim] == 0:
@@ -891,7 +890,7 @@ def stack(cx: Context) -> Value:
     tensors = live(cx.args[0])
     out = cx.shapes[0]
     dim = norm_dim(cx.arg(1, "dim", 0), len(out))
-    labels = lead(len(out)) if len(out) <= 4 else dim_labels(len(out))
+    labels = lead(len(out))
     own = [lab for i, lab in enumerate(labels) if i != dim]
     part = own
     return cx.b.op(
@@ -906,7 +905,7 @@ def expand(cx: Context) -> Value:
     out = cx.shapes[0]
     if tuple(out) == v.shape:
         return v
-    labels = lead(len(out)) if len(out) <= 4 else dim_labels(len(out))
+    labels = lead(len(out))
     return cx.b.op(
         "expand",
         cx.path,

@@ -16,6 +16,7 @@ from typing import Any
 from taps._core import GraphError
 from taps.extras import require
 from taps.frontends.jax_builder import Builder, Value, constant
+from taps.frontends.jax_rules import RULES, stack, unsupported
 from taps.graph import Graph
 
 #: Primitives whose equation runs an inner jaxpr on its operands, inlined; the parameter that
@@ -74,8 +75,6 @@ def from_jax(
     ``name`` and ``layers`` are the graph's (``name`` defaults to the function's name).
     """
     jax = _import_jax()
-    from taps.frontends.jax_rules import RULES
-
     if unknown not in UNKNOWN:
         raise GraphError(f"unknown must be 'error' or 'replicate', got {unknown!r}")
     fn_name = _name(fn)
@@ -114,7 +113,7 @@ def from_jax(
             leaf = ".".join(p for p in (arg_names[argnum], sub) if p)
             values.append(b.argument(leaf, shape, dtype_bytes, "input", argnum in grads))
 
-    converter = _Converter(b, RULES, jax)
+    converter = _Converter(b, jax)
     outputs = converter.run(closed.jaxpr, _consts(closed), values, "")
     if converter.missing and unknown == "error":
         where = "; ".join(
@@ -171,11 +170,8 @@ class _Converter:
     rule; ``missing`` collects the primitives with no rule (primitive -> where), which are kept
     whole."""
 
-    def __init__(self, b: Builder, rules: dict[str, Any], jax: Any) -> None:
-        from taps.frontends import jax_rules
-
-        self.b, self.rules, self.jax = b, rules, jax
-        self._unsupported, self._stack = jax_rules.unsupported, jax_rules.stack
+    def __init__(self, b: Builder, jax: Any) -> None:
+        self.b, self.jax = b, jax
         self.missing: dict[str, list[str]] = {}
 
     def run(self, jaxpr: Any, consts: list[Value], args: list[Value], scope: str) -> list[Value]:
@@ -200,16 +196,16 @@ class _Converter:
                 outs = self.run(body, _consts(inner), ins, called)
             elif prim == "scan":
                 outs = self.unroll(eqn, ins, where)
-            elif all(v.constant for v in ins) and (prim in self.rules or not eqn.effects):
+            elif all(v.constant for v in ins) and (prim in RULES or not eqn.effects):
                 outs = [constant(tuple(v.aval.shape)) for v in eqn.outvars]
             else:
                 name = _scope(where, prim)
-                result = self.rules[prim](self.b, eqn, ins, name) if prim in self.rules else None
+                result = RULES[prim](self.b, eqn, ins, name) if prim in RULES else None
                 if result is None:
                     places = self.missing.setdefault(prim, [])
                     if (where or "top level") not in places:
                         places.append(where or "top level")
-                    result = self._unsupported(self.b, eqn, ins, name)
+                    result = unsupported(self.b, eqn, ins, name)
                 outs = result
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]
@@ -238,7 +234,7 @@ class _Converter:
             per_step.reverse()
         name = _scope(scope, "scan/stack")
         ys = [
-            self._stack(self.b, [step[k] for step in per_step], name, eqn, n_carry + k)
+            stack(self.b, [step[k] for step in per_step], name, eqn, n_carry + k)
             for k in range(len(eqn.outvars) - n_carry)
         ]
         return [*carry, *ys]

@@ -327,9 +327,8 @@ def _block_signature(graph: Graph, names: Sequence[str]) -> tuple[Any, ...]:
             # instance (the one before it): its root's shape need not agree.
             root_shape = root.shape if source >= 0 else None
             inputs.append((o.dims, t.shape, t.kind, root.kind, root_shape, t.dtype_bytes, source))
-        sig.append(
-            (op.kind, op.axes, op.axis_sizes, op.partitionable, op.output.dims, tuple(inputs))
-        )
+        # Graph.signature is what Graph.tie compares (it also holds gradients and parameters).
+        sig.append((op.kind, graph.signature(n), op.output.dims, tuple(inputs)))
     return tuple(sig)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from taps._core import Cluster, Layout, Strategy, plan_redistribution
 from taps.export.jax import jax_mesh, layout_spec
 from taps.export.layouts import PlanLayouts
-from taps.export.mesh import mesh_for
+from taps.export.mesh import mesh_for_plans
 from taps.graph import Graph
 
 from .devices import VerifyError, have_devices, jax_with_devices
@@ -142,10 +142,7 @@ def verify_redistributions(
     t0 = time.perf_counter()
     n = pairs[0][0].num_devices
     plans = [plan_redistribution(a, b, planner=planner) for a, b in pairs]
-    every = [x for a, b in pairs for x in (a, b)]
-    for plan in plans:
-        every += [plan.source, plan.target, *(op.layout for op in plan.all_ops)]
-    mesh = mesh_for(every, n)
+    mesh = mesh_for_plans([x for a, b in pairs for x in (a, b)], plans, n)
     jax = jax_with_devices(n)
     P = jax.sharding.PartitionSpec
     dt = run_dtype(dtype)
