@@ -23,7 +23,7 @@ from taps.costs import Collective, intra_collectives
 from taps.export.jax import import_jax, jax_mesh, layout_spec
 from taps.export.layouts import plan_layouts
 from taps.export.mesh import Mesh
-from taps.graph import Graph, Operator
+from taps.graph import Graph
 from taps.sharding import Candidate
 
 from . import hlo
@@ -160,15 +160,14 @@ class GraphProgram:
             op.name: rng.standard_normal(graph.tensors[op.output.tensor].shape).astype(self.dtype)
             for op in graph.ops
         }
-        P = self.jax.sharding.PartitionSpec
-        self.out_specs = {
-            op.name: P(*layout_spec(self.mesh, self.layouts.outputs[op.name])) for op in graph.ops
+        self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
+        # taps' all_reduces of every operator (forward partial sums and gradients), worked out
+        # once: the prediction and every trace of the program read them.
+        self.intra: dict[str, list[Collective]] = {
+            op.name: intra_collectives(graph, op, Candidate.of(op, self.strategies[op.name]))
+            for op in graph.ops
         }
         self._reference: tuple[Any, Any] | None = None
-
-    def _intra(self, op: Operator) -> list[Collective]:
-        """taps' all_reduces of ``op`` (forward partial sums and gradients)."""
-        return intra_collectives(self.graph, op, Candidate.of(op, self.strategies[op.name]))
 
     def spec(self, layout: Layout) -> Any:
         return self.jax.sharding.PartitionSpec(*layout_spec(self.mesh, layout))
@@ -198,7 +197,7 @@ class GraphProgram:
         itemsize = self.dtype.itemsize
         out = []
         for j, op in enumerate(self.graph.ops):
-            for c in self._intra(op):
+            for c in self.intra[op.name]:
                 cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
                 out.append(
                     Predicted(
@@ -246,7 +245,7 @@ class GraphProgram:
                         xs.append(fix(x, target))
             axes: tuple[str, ...] = ()
             if mode == "shard_map":
-                for c in self._intra(op):
+                for c in self.intra[op.name]:
                     if c.reason == "forward partial sum":
                         axes = self.mesh.unused_axes(c.layout)
 

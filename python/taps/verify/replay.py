@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy, plan_redistribution
-from taps.export.jax import jax_mesh, layout_spec
+from taps.export.jax import jax_mesh, layout_spec, named_sharding
 from taps.export.layouts import PlanLayouts
 from taps.export.mesh import mesh_for_plans
 from taps.graph import Graph
@@ -165,7 +165,7 @@ def verify_redistributions(
     # Element i holds the number i: any misplaced element shows (exact below 2**24).
     fulls = [np.arange(math.prod(a.shape)).reshape(a.shape).astype(dt) for a, _ in pairs]
     xs = [
-        jax.device_put(x, jax.sharding.NamedSharding(jmesh, P(*layout_spec(mesh, a))))
+        jax.device_put(x, named_sharding(jmesh, layout_spec(mesh, a)))
         for x, (a, _) in zip(fulls, pairs)
     ]
     compiled = jax.jit(fn).lower(xs).compile(compiler_options=COMPILER_OPTIONS)
