@@ -330,6 +330,31 @@ def test_missing_jax_names_the_extra(monkeypatch):
         from_jax(lambda x: x, np.zeros(3))
 
 
+def test_grouped_and_depthwise_convolutions_match_the_graph_api():
+    """feature_group_count in NHWC (channels last, HWIO kernels): the groups an axis ``g``, as
+    Graph.conv2d(groups=) builds them in NCHW."""
+
+    def net(p: dict, x: jax.Array) -> jax.Array:
+        dn = ("NHWC", "HWIO", "NHWC")
+        x = lax.conv_general_dilated(x, p["grouped"], (1, 1), "SAME", dimension_numbers=dn,
+                                     feature_group_count=8)  # fmt: skip
+        return lax.conv_general_dilated(jax.nn.relu(x), p["depthwise"], (1, 1), "SAME",
+                                        dimension_numbers=dn, feature_group_count=128)  # fmt: skip
+
+    params = {"grouped": S((3, 3, 8, 128), BF16), "depthwise": S((3, 3, 1, 128), BF16)}
+    g = from_jax(net, params, S((32, 16, 16, 64), BF16))
+    ref = taps.Graph("grouped")
+    h = ref.input("images", (32, 64, 16, 16))
+    h = ref.relu("relu", ref.conv2d("grouped", h, 128, 3, padding=1, groups=8))
+    ref.conv2d("depthwise", h, 128, 3, padding=1, groups=128)
+    assert g.num_parameters() == ref.num_parameters() == _param_count(params)
+    assert [sorted(op.partitionable_sizes) for op in g.ops] == [
+        sorted(op.partitionable_sizes) for op in ref.ops
+    ]
+    # Channels last, so the axes come in another order: the same optimum, not the same lists.
+    assert _search_cost(g) == pytest.approx(_search_cost(ref), rel=1e-9)
+
+
 # -- replay: the graph evaluated with numpy equals JAX ------------------------------------------
 
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "exp": np.exp, "neg": np.negative}

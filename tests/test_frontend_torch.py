@@ -155,6 +155,60 @@ def test_conv_net_matches_the_graph_api():
     same_search(g, ref, {"conv1": "conv1", "conv2": "conv2", "fc": "fc"})
 
 
+class GroupedNet(nn.Module):
+    """A ResNeXt-style grouped convolution and a MobileNet-style depthwise one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grouped = nn.Conv2d(64, 128, 3, padding=1, groups=8)
+        self.depthwise = nn.Conv2d(128, 128, 3, padding=1, groups=128, bias=False)
+
+    def forward(self, x):
+        return self.depthwise(F.relu(self.grouped(x)))
+
+
+def test_grouped_convolutions_match_the_graph_api():
+    module, (x,) = meta(GroupedNet, (32, 64, 16, 16))
+    g = convert_checked(module, x)
+    ref = taps.Graph("grouped")
+    h = ref.input("images", (32, 64, 16, 16))
+    h = ref.relu("relu", ref.conv2d("grouped", h, 128, 3, padding=1, bias=True, groups=8))
+    ref.conv2d("depthwise", h, 128, 3, padding=1, groups=128)
+    assert g.op("grouped").partitionable == ("b", "g", "ci", "co")
+    assert g.op("depthwise").partitionable == ("b", "g")  # one channel per group
+    same_search(g, ref, {"grouped": "grouped", "relu": "relu", "depthwise": "depthwise"})
+
+
+def test_a_split_of_the_groups_communicates_nothing():
+    """Closed form: the groups are neither contracted nor missing from the weight, so splitting
+    only them leaves no partial sum and no gradient to reduce; splitting only the batch
+    all-reduces the weight's gradient: ``2 (n - 1) / n`` times its bytes per device."""
+    module, (x,) = meta(lambda: nn.Conv2d(64, 128, 3, groups=16, bias=False), (32, 64, 8, 8))
+    g = convert_checked(module, x)
+    (op,) = g.ops
+    n = CLUSTER.num_devices
+    by_axes = {
+        tuple(op.partitionable[i] for i, d in enumerate(s.degrees) if d > 1): s
+        for s in taps.strategies_for(g, op.name, CLUSTER)
+    }
+    volume = {k: taps.evaluate(g, CLUSTER, {op.name: s}, "volume") for k, s in by_axes.items()}
+    assert volume[("g",)] == 0
+    assert volume[("b",)] == pytest.approx(2 * (n - 1) / n * 128 * 4 * 9 * 2)
+
+
+def test_mobilenet_and_resnext_convert_and_search():
+    import torchvision
+
+    for factory, grouped in (
+        (torchvision.models.mobilenet_v2, 17),
+        (torchvision.models.resnext50_32x4d, 16),
+    ):
+        module, (x,) = meta(factory, (32, 3, 224, 224))
+        g = convert_checked(module, x)
+        assert sum("g" in op.partitionable for op in g.ops) == grouped
+        _search_ok(g)
+
+
 # -- torchvision, transformers, torchtitan -----------------------------------------------------
 
 

@@ -80,6 +80,32 @@ def test_conv_takes_pairs_bias_and_a_folded_pool():
     assert z.shape == (2, 4, closed_form(30, 3, 2), closed_form(18, 3, 2))
 
 
+def test_grouped_conv_reads_the_channels_per_group():
+    g = taps.Graph()
+    x = g.input("x", (2, 6, 8, 8))
+    y = g.conv2d("c", x, 9, 3, bias=True, groups=3)
+    assert y.shape == (2, 9, 6, 6) and y.name == "c.channels"
+    assert g.tensors["c.weight"].shape == (9, 2, 3, 3)
+    op = g.op("c")
+    assert [g.tensors[o.tensor].shape for o in op.inputs] == [
+        (2, 3, 2, 8, 8),
+        (3, 3, 2, 3, 3),
+        (3, 3),
+    ]
+    assert op.partitionable == ("b", "g", "ci", "co") and op.contracted == (
+        "ci",
+        "hi",
+        "wi",
+        "kh",
+        "kw",
+    )
+    assert g.num_parameters() == 9 * 2 * 9 + 9
+    for bad in (0, 4, 2.0):
+        with pytest.raises(taps.GraphError, match="groups must be a positive int dividing"):
+            g.conv2d(f"bad{bad}", x, 9, 3, groups=bad)
+    assert "bad4" not in g.tensors and "bad4.weight" not in g.tensors  # nothing left behind
+
+
 def test_pool_shapes_and_axes():
     g = taps.Graph()
     x = g.input("x", (4, 8, 55, 55))

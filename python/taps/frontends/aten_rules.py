@@ -488,18 +488,44 @@ def einsum(cx: Context) -> Value:
 @rule("conv2d")
 def conv2d(cx: Context) -> Value:
     """``x (b, ci, h, w) * weight (co, ci, kh, kw) + bias (co)``: batch and channels
-    partitionable, spatial axes whole."""
+    partitionable, spatial axes whole. With ``groups`` > 1 the channels are (groups, per group)
+    views, ``x (b, g, ci, h, w) * weight (g, co, ci, kh, kw)``: the groups are a partitionable
+    axis that neither is contracted nor sums partials (ResNeXt's grouped and MobileNet's
+    depthwise convolutions)."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
     groups = cx.arg(6, "groups", 1)
-    if groups != 1:
-        raise Unsupported(f"conv2d with groups={groups}")
-    return op(
-        cx,
+    if groups == 1:
+        return op(
+            cx,
+            "conv2d",
+            [(x, ["b", "ci", "hi", "wi"]), (w, ["co", "ci", "kh", "kw"]), (bias, ["co"])],
+            ["b", "co", "ho", "wo"],
+            ["b", "ci", "co"],
+        )
+    b, _, h, wi = x.shape
+    cout, per_group, kh, kw = w.shape
+    g, co = groups, cout // groups
+
+    def split(v: Value, what: str, shape: tuple[int, ...], labels: list[str]) -> tuple:
+        return cx.b.reshape(v, shape, cx.path, f"{what}_groups"), labels
+
+    inputs = [
+        split(x, "input", (b, g, per_group, h, wi), ["b", "g", "ci", "hi", "wi"]),
+        split(w, "weight", (g, co, per_group, kh, kw), ["g", "co", "ci", "kh", "kw"]),
+    ]
+    if isinstance(bias, Value):
+        inputs.append(split(bias, "bias", (g, co), ["g", "co"]))
+    out = cx.shapes[0]
+    grouped = cx.b.op(
         "conv2d",
-        [(x, ["b", "ci", "hi", "wi"]), (w, ["co", "ci", "kh", "kw"]), (bias, ["co"])],
-        ["b", "co", "ho", "wo"],
-        ["b", "ci", "co"],
+        cx.path,
+        inputs,
+        (out[0], g, co, *out[2:]),
+        ["b", "g", "co", "ho", "wo"],
+        cx.dtypes[0],
+        ["b", "g", "ci", "co"],
     )
+    return cx.b.reshape(grouped, out, cx.path, "channels")
 
 
 @rule(

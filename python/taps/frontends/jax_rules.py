@@ -132,37 +132,46 @@ def _spatial(n: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 def conv_general_dilated(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
     """Batch ``b``, input channels ``ci`` (contracted), output channels ``co`` may be split;
-    spatial dims stay whole. A depthwise convolution (one group per channel, as many output
-    channels as input ones) shares one channel axis ``c``; other grouped convolutions keep the
-    channels whole."""
+    spatial dims stay whole. With ``feature_group_count`` g > 1 the channels are read as
+    (g, per group) views and the groups are an axis ``g`` that may be split too (a depthwise
+    convolution has one input channel per group); with ``batch_group_count`` > 1 (the weight
+    gradient of a grouped convolution) nothing is split."""
     x, w = ins
     p = eqn.params
     dn = p["dimension_numbers"]
     lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
     n = len(lhs_spec) - 2
     si, sk, so = _spatial(n)
-    groups, batch_groups = p["feature_group_count"], p["batch_group_count"]
-    cin, cout = x.shape[lhs_spec[1]], w.shape[rhs_spec[0]]
-    depthwise = groups > 1 and groups == cin == cout
-    ci, wi, co = ("c", "c1", "c") if depthwise else ("ci", "ci", "co")
-    if groups > 1 and not depthwise:
-        wi = "cg"  # the channels of one group: a different size from ``ci``
-    xl: list[str] = [""] * (n + 2)
-    wl: list[str] = [""] * (n + 2)
-    ol: list[str] = [""] * (n + 2)
-    xl[lhs_spec[0]], xl[lhs_spec[1]] = "b", ci
-    wl[rhs_spec[0]], wl[rhs_spec[1]] = co, wi
-    ol[out_spec[0]], ol[out_spec[1]] = "b", co
-    for j in range(n):
-        xl[lhs_spec[2 + j]], wl[rhs_spec[2 + j]], ol[out_spec[2 + j]] = si[j], sk[j], so[j]
-    part: tuple[str, ...] = ("b",) if batch_groups == 1 else ()
-    if groups == 1 and batch_groups == 1:
-        part = ("b", "ci", "co")
-    elif depthwise:
-        part = (*part, "c")
+    g, batch_groups = p["feature_group_count"], p["batch_group_count"]
     shape, dtype = _out(eqn)
-    inputs = [(x, tuple(xl)), (w, tuple(wl))]
-    return [b.op(name, "conv", inputs, tuple(ol), shape, dtype, part)]
+
+    def labelled(spec: Any, first: str, second: str, spatial: tuple[str, ...]) -> list[str]:
+        labels = [""] * (n + 2)
+        labels[spec[0]], labels[spec[1]] = first, second
+        for j in range(n):
+            labels[spec[2 + j]] = spatial[j]
+        return labels
+
+    def grouped(v: Value, labels: list[str], dim: int, view: str) -> tuple[Value, tuple[str, ...]]:
+        """``v`` with its channel dim ``dim`` read as (g, per group)."""
+        if g == 1:
+            return v, tuple(labels)
+        split = (*v.shape[:dim], g, v.shape[dim] // g, *v.shape[dim + 1 :])
+        return b.reshape(f"{name}.{view}", v, split, dtype), (*labels[:dim], "g", *labels[dim:])
+
+    inputs = [
+        grouped(x, labelled(lhs_spec, "b", "ci", si), lhs_spec[1], "input_groups"),
+        grouped(w, labelled(rhs_spec, "co", "ci", sk), rhs_spec[0], "weight_groups"),
+    ]
+    ol = labelled(out_spec, "b", "co", so)
+    out_shape = shape
+    if g > 1:
+        c = out_spec[1]
+        ol = [*ol[:c], "g", *ol[c:]]
+        out_shape = (*shape[:c], g, shape[c] // g, *shape[c + 1 :])
+    part = ("b", "g", "ci", "co") if batch_groups == 1 else ()
+    out = b.op(name, "conv", inputs, tuple(ol), out_shape, dtype, part)
+    return [out if g == 1 else b.reshape(f"{name}.channels", out, shape, dtype)]
 
 
 def reduce_window(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:

@@ -143,11 +143,18 @@ class Graph(GraphIR):
         padding: int | Sequence[int] = 0,
         bias: bool = False,
         pool: tuple[int, int] | None = None,
+        groups: int = 1,
     ) -> Tensor:
         """2-D convolution of ``x`` (b, cin, h, w) with a (cout, cin, kh, kw) weight
         ``name + ".weight"`` (and a (cout,) ``name + ".bias"``). Batch, in- and out-channels are
         partitionable; spatial axes stay whole. ``kernel``, ``stride`` and ``padding`` are ints or
-        (h, w) pairs. ``pool=(kernel, stride)`` folds a following pooling into the output shape."""
+        (h, w) pairs. ``pool=(kernel, stride)`` folds a following pooling into the output shape.
+
+        ``groups`` > 1 convolves each of ``groups`` slices of the channels on its own: the weight
+        is (cout, cin / groups, kh, kw), and the operator reads views with the channels as
+        (groups, per group) (``name + ".input_groups"``, ``".weight_groups"``, ``".bias_groups"``),
+        the groups a partitionable axis ``g``; the output is viewed back as (b, cout, ho, wo)
+        (``name + ".channels"``)."""
         x = self.tensor(x)
         if len(x.shape) != 4:
             raise GraphError(
@@ -160,28 +167,48 @@ class Graph(GraphIR):
             _pair(name, "stride", stride, 1),
             _pair(name, "padding", padding, 0),
         )
-        _, cin, h, w = x.shape
+        b, cin, h, w = x.shape
+        if not is_positive_int(groups) or cin % groups or out_channels % groups:
+            raise GraphError(
+                f"operator {name!r}: groups must be a positive int dividing the {cin} input and "
+                f"{out_channels} output channels, got {groups!r}"
+            )
         ho, wo = (conv_output_size(x.shape[2 + i], k[i], s[i], p[i]) for i in (0, 1))
         if pool is not None:
             pk, ps = _pair(name, "pool", pool, 1)
             ho, wo = conv_output_size(ho, pk, ps), conv_output_size(wo, pk, ps)
         if ho < 1 or wo < 1:
             raise GraphError(f"operator {name!r}: kernel {list(k)} does not fit input {h}x{w}")
-        weight = self.parameter(f"{name}.weight", (out_channels, cin, *k), x.dtype_bytes)
-        inputs: list[tuple[Tensor | str, Sequence[str]]] = [
-            (x, ("b", "ci", "hi", "wi")),
-            (weight, ("co", "ci", "kh", "kw")),
+        weight = self.parameter(f"{name}.weight", (out_channels, cin // groups, *k), x.dtype_bytes)
+        bias_t = self.parameter(f"{name}.bias", (out_channels,), x.dtype_bytes) if bias else None
+        sizes = {"ho": ho, "wo": wo}
+        if groups == 1:
+            inputs: list[tuple[Tensor | str, Sequence[str]]] = [
+                (x, ("b", "ci", "hi", "wi")),
+                (weight, ("co", "ci", "kh", "kw")),
+            ]
+            if bias_t is not None:
+                inputs.append((bias_t, ("co",)))
+            return self.add_operator(
+                name, "conv2d", inputs, ("b", "co", "ho", "wo"), ("b", "ci", "co"), sizes
+            )
+        g, ci, co = groups, cin // groups, out_channels // groups
+        inputs = [
+            (
+                self.reshape(f"{name}.input_groups", x, (b, g, ci, h, w)),
+                ("b", "g", "ci", "hi", "wi"),
+            ),
+            (
+                self.reshape(f"{name}.weight_groups", weight, (g, co, ci, *k)),
+                ("g", "co", "ci", "kh", "kw"),
+            ),
         ]
-        if bias:
-            inputs.append((self.parameter(f"{name}.bias", (out_channels,), x.dtype_bytes), ("co",)))
-        return self.add_operator(
-            name,
-            "conv2d",
-            inputs,
-            ("b", "co", "ho", "wo"),
-            partitionable=("b", "ci", "co"),
-            axis_sizes={"ho": ho, "wo": wo},
-        )
+        if bias_t is not None:
+            inputs.append((self.reshape(f"{name}.bias_groups", bias_t, (g, co)), ("g", "co")))
+        # A depthwise convolution has one channel per group: nothing to split there.
+        split = [a for a, size in zip(("b", "g", "ci", "co"), (b, g, ci, co)) if size > 1]
+        out = self.add_operator(name, "conv2d", inputs, ("b", "g", "co", "ho", "wo"), split, sizes)
+        return self.reshape(f"{name}.channels", out, (b, out_channels, ho, wo))
 
     def pool(
         self,
