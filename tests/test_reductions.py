@@ -155,3 +155,23 @@ def test_transformer_layer_reduces_completely():
     assert reduced.ilp.operators == 0 and reduced.ilp.eliminated == len(graph.ops)
     assert reduced.cost == pytest.approx(full.cost, rel=1e-9)
     assert reduced.status == "optimal" and reduced.gap == 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(problems(), st.floats(-3.0, 3.0))
+def test_min_marginals_against_brute_force(problem, shift):
+    # Fractional costs too: the pass back subtracts what was folded in.
+    problem = Problem({v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()},
+                      problem.pairs)
+    names = list(problem.node_cost)
+    marginals = reductions.min_marginals(problem, names)
+    if marginals is None:  # the reductions leave pair costs: nothing to compare
+        assert reduce([problem], names).cores[0].pairs
+        return
+    want = {v: np.full(len(c), math.inf) for v, c in problem.node_cost.items()}
+    for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
+        cost = problem.evaluate(dict(zip(names, c)))
+        for v, i in zip(names, c):
+            want[v][i] = min(want[v][i], cost)
+    for v in names:
+        np.testing.assert_allclose(marginals[v], want[v], rtol=0, atol=1e-9)
