@@ -161,8 +161,9 @@ def test_transformer_layer_reduces_completely():
 @given(problems(), st.floats(-3.0, 3.0))
 def test_min_marginals_against_brute_force(problem, shift):
     # Fractional costs too: the pass back subtracts what was folded in.
-    problem = Problem({v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()},
-                      problem.pairs)
+    problem = Problem(
+        {v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()}, problem.pairs
+    )
     names = list(problem.node_cost)
     marginals = reductions.min_marginals(problem, names)
     if marginals is None:  # the reductions leave pair costs: nothing to compare

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
-#: distinct choices) stays below this; otherwise it stays for SCIP.
-MAX_SERIES_WORK = 50_000_000
+#: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is about five
+#: times slower): about a second; otherwise it stays for SCIP.
+MAX_SERIES_WORK = 250_000_000
 #: Elements of the temporary of one min-plus chunk.
 _CHUNK = 2_000_000
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
@@ -336,7 +337,7 @@ def reduce(
             left, right = pairs[kl].oriented(u), pairs[kr].oriented(v)
             mid, p, q = _class_pairs(left.w_class, right.u_class)
             work = left.cost.shape[0] * len(p) * right.cost.shape[1]
-            if work > MAX_SERIES_WORK:
+            if work > (MAX_SERIES_WORK if len(objectives) == 1 else MAX_SERIES_WORK // 5):
                 return False
             best = _class_min(node[v], mid, len(p))
             cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
