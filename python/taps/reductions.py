@@ -413,7 +413,7 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
     for step in reduction.steps:
         if isinstance(step, _Series):
             needed.add(step.made)
-        elif isinstance(step, _Merge) and needed.intersection(step.parts):
+        if isinstance(step, _Merge) and needed.intersection(step.parts):
             needed.add(step.made)
     outside: dict[int, np.ndarray] = {}
     pairs = reduction.pairs
