@@ -37,6 +37,8 @@ MAX_SERIES_WORK = 2_000_000_000
 _CHUNK = 2_000_000
 #: Elements of the running minimum of one block of rows of a min-plus product (256 KiB: in cache).
 _BLOCK = 32_768
+#: Odd 64-bit multipliers, one per column, of the hash that groups equal rows of a cost matrix.
+_ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
 _TIE = 1e-12
 
@@ -98,15 +100,30 @@ def _lex_min(values: np.ndarray, axis: int) -> np.ndarray:
 def _class_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
     """Per class ``0..count-1``, the least of the ``values`` (candidates x objectives) of its
     members."""
+    if values.shape[-1] == 1:
+        return _group_min(values, classes, count)
     member = classes[None, :] == np.arange(count)[:, None]
     return _lex_min(np.where(member[..., None], values[None], np.inf), axis=1)
 
 
+def _first_equal(flat: np.ndarray) -> np.ndarray:
+    """Per row of ``flat``, the index of the first row equal to it. Rows are grouped by a hash of
+    their bits (several times faster than sorting them as np.unique does), and the grouping is
+    checked: on a collision the rows are compared the slow way."""
+    values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
+    bits = np.ascontiguousarray(values).view(np.uint64)
+    key = (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    if not np.array_equal(values[first[group]], values):
+        _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
+    return first[group.reshape(-1)]
+
+
 def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows)."""
-    flat = rows.reshape(len(rows), -1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    return inverse.reshape(-1)[classes], distinct.reshape(-1, *rows.shape[1:])
+    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows, in
+    order of first appearance)."""
+    firsts, inverse = np.unique(_first_equal(rows.reshape(len(rows), -1)), return_inverse=True)
+    return inverse.reshape(-1)[classes], rows[firsts]
 
 
 def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
