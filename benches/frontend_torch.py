@@ -1,11 +1,15 @@
 """The PyTorch front end at scale: torchtitan's Llama 3 built from its config on the meta device
 (no weights), exported, converted and searched.
 
-    python benches/frontend_torch.py            # 8B: export + convert, search on 8 x 8 (80 GB)
-    python benches/frontend_torch.py --untied   # also the search without ties
-    python benches/frontend_torch.py --rss 70B  # peak RSS of converting 70B (run on its own)
+    python benches/frontend_torch.py              # 8B: export + convert, search on 8 x 8 (80 GB)
+    python benches/frontend_torch.py --nodes 128  # the same on 1024 devices
+    python benches/frontend_torch.py --against REV  # also the search with taps at git REV
+    python benches/frontend_torch.py --untied     # also the search without ties
+    python benches/frontend_torch.py --rss 70B    # peak RSS of converting 70B (run on its own)
 
-Prints one line per measurement; times are wall clock on this machine.
+Prints one line per measurement; times are wall clock on this machine. With ``--against`` the
+tied search runs again in a fresh interpreter with the taps package of git revision REV (the code
+before a change) on the same graph, and the ratio of the two search times is printed.
 """
 
 from __future__ import annotations
@@ -13,11 +17,17 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
 import taps
+from peak_memory import in_fresh_process, package_at
 from taps.frontends.torch import convert, repeated_blocks
+
+#: The search at ``--against`` gets this much address space (before the price, SCIP got the
+#: attention block of 8B on 1024 devices whole: millions of variables).
+AGAINST_MEMORY = 12 * 2**30
 
 
 def llama3(flavor: str, layers: int | None = None) -> torch.nn.Module:
@@ -39,6 +49,17 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def timed_search(graph_json: str, nodes: int, per_node: int, memory: float | None) -> dict:
+    """The tied search of a graph (as JSON, to cross into a fresh interpreter): its time and
+    result."""
+    graph = taps.Graph.from_json(graph_json)
+    cluster = taps.Cluster(nodes, per_node, device_memory=memory)
+    t0 = time.perf_counter()
+    result = taps.search(graph, cluster)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "cost": result.cost, "status": result.status, "gap": result.gap}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flavor", default="8B")
@@ -51,6 +72,7 @@ def main() -> None:
     parser.add_argument("--no-search", action="store_true")
     parser.add_argument("--untied", action="store_true", help="also search without the ties")
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
+    parser.add_argument("--against", metavar="REV", help="also search with taps at git REV")
     args = parser.parse_args()
     flavor = args.rss or args.flavor
     t0 = time.perf_counter()
@@ -92,7 +114,32 @@ def main() -> None:
             f"{', '.join(f'{k} {v:.2f}' for k, v in result.timings.items())}"
         )
         if tie:
-            print(f"  end to end (tied) {t6 - t0:.2f} s")
+            tied_seconds, tied_cost = t6 - t5, result.cost
+            print(
+                f"  end to end (tied): export + convert + search {t6 - t1:.2f} s, with the model "
+                f"build {t6 - t0:.2f} s; peak RSS {peak_rss_gib():.2f} GiB"
+            )
+    if args.against:
+        with package_at(args.against) as before:
+            try:
+                then, peak = in_fresh_process(
+                    timed_search,
+                    graph.to_json(),
+                    args.nodes,
+                    args.devices_per_node,
+                    memory,
+                    memory_limit=AGAINST_MEMORY,
+                    package=before,
+                )
+            except (BrokenProcessPool, MemoryError):
+                print(f"  search (tied) with taps at {args.against}: out of memory")
+                return
+        same = abs(then["cost"] - tied_cost) <= 1e-9 * abs(then["cost"])
+        print(
+            f"  search (tied) with taps at {args.against}: {then['seconds']:.2f} s (status "
+            f"{then['status']}, gap {then['gap']:g}, {peak / 1024:.2f} GiB peak), "
+            f"{then['seconds'] / tied_seconds:.1f}x today's time; same cost: {same}"
+        )
 
 
 if __name__ == "__main__":

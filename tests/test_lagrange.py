@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
 from taps.costs import build_tables
+from taps.ilp import IlpOptions, solve
 from taps.lagrange import price_memory, prune_by_price
 
 
@@ -46,3 +48,32 @@ def test_price_bound_assignment_and_pruning(graph, shape, position):
     # Some optimal fitting assignment survives the pruning whole.
     optimal = [c for c in fitting if problem.evaluate(c) <= best * (1 + 1e-12) + 1e-18]
     assert any(all(c[v] in keep[v] for v in names) for c in optimal)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.floats(0.0, 1.0))
+def test_priced_search_equals_the_plain_ilp_and_brute_force(graph, shape, position):
+    # The whole fast path under a binding limit (reductions, price, pruning by min-marginals,
+    # then SCIP on what is left) against SCIP without the price and against every assignment.
+    cluster = taps.Cluster(*shape)
+    assume(small_enough(graph, cluster))
+    tables = build_tables(graph, cluster)
+    names = list(tables.ops)
+    memory = {n: tables.ops[n].memory * graph.layers for n in names}
+    every = [
+        dict(zip(names, c)) for c in itertools.product(*(range(len(memory[n])) for n in names))
+    ]
+
+    def mem(choice):
+        return sum(float(memory[n][i]) for n, i in choice.items())
+
+    free = solve(tables).choice
+    lo = min(map(mem, every))
+    limit = lo + position * (mem(free) - lo)
+    best = min(tables.evaluate(c) for c in every if mem(c) <= limit)
+    fast = solve(tables, limit)
+    plain = solve(tables, limit, options=IlpOptions(price=False))
+    assert mem(fast.choice) <= limit * (1 + 1e-9)
+    assert fast.gap == 0
+    assert tables.evaluate(fast.choice) == pytest.approx(best, rel=1e-9, abs=1e-15)
+    assert tables.evaluate(plain.choice) == pytest.approx(best, rel=1e-9, abs=1e-15)

@@ -155,3 +155,48 @@ def test_transformer_layer_reduces_completely():
     assert reduced.ilp.operators == 0 and reduced.ilp.eliminated == len(graph.ops)
     assert reduced.cost == pytest.approx(full.cost, rel=1e-9)
     assert reduced.status == "optimal" and reduced.gap == 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(problems(), st.floats(-3.0, 3.0))
+def test_min_marginals_against_brute_force(problem, shift):
+    # Fractional costs too: the pass back subtracts what was folded in.
+    problem = Problem(
+        {v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()}, problem.pairs
+    )
+    names = list(problem.node_cost)
+    marginals = reductions.min_marginals(problem, names)
+    if marginals is None:  # the reductions leave pair costs: nothing to compare
+        assert reduce([problem], names).cores[0].pairs
+        return
+    want = {v: np.full(len(c), math.inf) for v, c in problem.node_cost.items()}
+    for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
+        cost = problem.evaluate(dict(zip(names, c)))
+        for v, i in zip(names, c):
+            want[v][i] = min(want[v][i], cost)
+    for v in names:
+        np.testing.assert_allclose(marginals[v], want[v], rtol=0, atol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 6), st.integers(1, 3), st.data())
+def test_compact_merges_exactly_the_equal_rows(rows, cols, values, data):
+    # Few distinct values: many equal rows; -0.0 and 0.0 are equal.
+    cells = st.sampled_from([0.0, -0.0, 1.5, np.inf][: values + 1])
+    matrix = np.array(data.draw(st.lists(cells, min_size=rows * cols, max_size=rows * cols)))
+    matrix = matrix.reshape(rows, cols)
+    classes = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=8)))
+    merged, distinct = reductions._compact(classes, matrix)
+    np.testing.assert_array_equal(distinct[merged], matrix[classes])
+    # As many classes as np.unique finds distinct rows, none of them equal.
+    assert len(distinct) == len(np.unique(matrix, axis=0))
+    assert len(np.unique(distinct, axis=0)) == len(distinct)
+
+
+def test_compact_survives_hash_collisions(monkeypatch):
+    # Every row hashes alike: the rows are then compared the slow way.
+    monkeypatch.setattr(reductions, "_ROW_HASH", np.zeros(4, dtype=np.uint64))
+    matrix = np.array([[1.0, 2.0], [0.0, 1.0], [1.0, 2.0], [-0.0, 1.0], [3.0, 3.0]])
+    merged, distinct = reductions._compact(np.arange(5), matrix)
+    assert merged.tolist() == [0, 1, 0, 1, 2]
+    np.testing.assert_array_equal(distinct[merged], matrix)

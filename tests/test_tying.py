@@ -63,18 +63,23 @@ def test_tied_optimum_is_the_best_repeated_assignment(blocks, nodes, per_node, m
     assert tables.evaluate(untied.choice) <= tables.evaluate(tied.choice) * (1 + 1e-9)
 
 
-def test_tied_search_under_a_binding_memory_limit():
-    g = _tied_mlp(3, width=64, batch=64)
+@settings(max_examples=10, deadline=None)
+@given(blocks=st.integers(2, 3), position=st.floats(0.0, 0.99))
+def test_tied_search_under_a_binding_memory_limit(blocks, position):
+    # The priced fast path against brute force and against the ILP without the price.
+    g = _tied_mlp(blocks, width=64, batch=64)
     cluster = taps.Cluster(1, 4)
     tables = build_tables(g, cluster)
     free = taps.search(g, cluster)
     least = smallest_memory(tables)
     assert least < free.memory_per_device  # so the limit below binds
-    limit = (least + free.memory_per_device) / 2
+    limit = least + position * (free.memory_per_device - least)
     best = _brute_force_tied(tables, limit)
     r = taps.search(g, cluster, memory_limit=limit)
     assert r.memory_per_device <= limit * (1 + 1e-9)
     assert r.cost == pytest.approx(best, rel=1e-9)
+    plain = taps.search(g, cluster, memory_limit=limit, options=taps.IlpOptions(price=False))
+    assert plain.cost == pytest.approx(best, rel=1e-9)
 
 
 def test_search_reports_the_full_graph():

@@ -27,7 +27,7 @@ from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
 from taps.lagrange import price_memory, prune_by_price
 from taps.prune import dominance_survivors, negated, restrict
-from taps.reductions import PairCost, Problem, reduce
+from taps.reductions import PairCost, Problem, Reduction, reduce
 from taps.tying import Ties
 
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
@@ -380,15 +380,23 @@ def _solve(
     if not options.reduce:
         return _pruned_run(objectives, options, memory, deadline)
     order = list(objectives[0].node_cost)
-    solution = _reduced(objectives, order, None, options, deadline)
-    # The optimum without the memory limit is optimal with it if it fits.
-    if memory is None or memory.of(solution.choice) <= memory.limit:
-        return solution
+    if memory is None:
+        return _reduced(objectives, order, None, options, deadline)
     # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
-    # split shards the output evenly) can still go exactly; the memory limit decides the others.
+    # split shards the output evenly) can go exactly under any limit: reduced once, for both the
+    # optimum without the limit and the search under it.
     steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-    again = _reduced(objectives, order, memory, options, deadline, steady)
-    return replace(again, reduce_time=again.reduce_time + solution.reduce_time)
+    t0 = time.perf_counter()
+    pre = reduce(objectives, order, steady)
+    pre_time = time.perf_counter() - t0
+    free = _reduced(pre.cores, list(pre.cores[0].node_cost), None, options, deadline)
+    choice = pre.expand(free.choice)
+    # The optimum without the memory limit is optimal with it if it fits.
+    if memory.of(choice) <= memory.limit:
+        size = replace(free.size, eliminated=free.size.eliminated + pre.eliminated)
+        return replace(free, choice=choice, reduce_time=free.reduce_time + pre_time, size=size)
+    again = _reduced(objectives, order, memory, options, deadline, steady, pre)
+    return replace(again, reduce_time=again.reduce_time + free.reduce_time + pre_time)
 
 
 def _reduced(
@@ -398,11 +406,14 @@ def _reduced(
     options: IlpOptions,
     deadline: float | None,
     eliminable: set[str] | None = None,
+    reduction: Reduction | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
-    must have the same memory for every candidate when ``memory`` is given)."""
+    must have the same memory for every candidate when ``memory`` is given; ``reduction`` if
+    they were already run)."""
     t0 = time.perf_counter()
-    reduction = reduce(objectives, order, eliminable)
+    if reduction is None:
+        reduction = reduce(objectives, order, eliminable)
     reduce_time = time.perf_counter() - t0
     core = reduction.cores[0]
     if memory is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taps.reductions import Problem, reduce
+from taps.reductions import Problem, min_marginals, reduce
 
 #: Prices tried at most; each is one run of the reductions.
 MAX_STEPS = 40
@@ -132,27 +132,19 @@ def prune_by_price(
 
     For any fitting assignment ``x``, ``cost(x) >= cost(x) + price * (memory(x) - limit)``. The
     least of the right side over the assignments giving operator ``v`` candidate ``i`` (its
-    min-marginal, what the reductions leave on ``v`` when every other operator is eliminated)
-    bounds every fitting assignment with that choice; above ``cutoff``, the candidate goes. When
-    the reductions cannot eliminate every other operator, ``v`` keeps every candidate."""
-    priced = _priced(problem, memory, price)
-    names = list(problem.node_cost)
+    min-marginal, :func:`taps.reductions.min_marginals`, all of them from one forward and one
+    backward pass over the reductions) bounds every fitting assignment with that choice; above
+    ``cutoff``, the candidate goes. When the reductions leave pair costs for SCIP, every operator
+    keeps every candidate."""
+    marginals = min_marginals(_priced(problem, memory, price), list(problem.node_cost))
     keep = {}
-    for v in names:
-        everything = np.arange(len(problem.node_cost[v]))
-        if len(everything) == 1:
+    slack = TOLERANCE * max(abs(cutoff), 1e-300)
+    for v, cost in problem.node_cost.items():
+        everything = np.arange(len(cost))
+        if marginals is None:
             keep[v] = everything
             continue
-        reduction = reduce([priced], names, [u for u in names if u != v])
-        core = reduction.cores[0]
-        if core.pairs:
-            keep[v] = everything
-            continue
-        # What is left is v and the operators no pair joins to it: each of those takes its least.
-        rest = sum(float(c.min()) for u, c in core.node_cost.items() if u != v)
-        marginal = core.node_cost[v] + rest - price * limit
-        slack = TOLERANCE * max(abs(cutoff), 1e-300)
-        keep[v] = np.flatnonzero(marginal <= cutoff + slack)
+        keep[v] = np.flatnonzero(marginals[v] - price * limit <= cutoff + slack)
         if not keep[v].size:
             keep[v] = everything  # nothing fits below the cutoff: leave it to the ILP
     return keep

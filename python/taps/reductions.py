@@ -28,10 +28,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
-#: distinct choices) stays below this; otherwise it stays for SCIP.
-MAX_SERIES_WORK = 50_000_000
+#: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is about five
+#: times slower): a few seconds on one core at most, where SCIP would get the pair costs around it
+#: as millions of variables (Llama-3 8B's attention on 1024 devices needs 1.1e9); above it the
+#: operator stays for SCIP.
+MAX_SERIES_WORK = 2_000_000_000
 #: Elements of the temporary of one min-plus chunk.
 _CHUNK = 2_000_000
+#: Elements of the running minimum of one block of rows of a min-plus product (256 KiB: in cache).
+_BLOCK = 32_768
+#: Odd 64-bit multipliers, one per column, of the hash that groups equal rows of a cost matrix.
+_ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
 _TIE = 1e-12
 
@@ -93,15 +100,30 @@ def _lex_min(values: np.ndarray, axis: int) -> np.ndarray:
 def _class_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
     """Per class ``0..count-1``, the least of the ``values`` (candidates x objectives) of its
     members."""
+    if values.shape[-1] == 1:
+        return _group_min(values, classes, count)
     member = classes[None, :] == np.arange(count)[:, None]
     return _lex_min(np.where(member[..., None], values[None], np.inf), axis=1)
 
 
+def _first_equal(flat: np.ndarray) -> np.ndarray:
+    """Per row of ``flat``, the index of the first row equal to it. Rows are grouped by a hash of
+    their bits (several times faster than sorting them as np.unique does), and the grouping is
+    checked: on a collision the rows are compared the slow way."""
+    values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
+    bits = np.ascontiguousarray(values).view(np.uint64)
+    key = (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    if not np.array_equal(values[first[group]], values):
+        _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
+    return first[group.reshape(-1)]
+
+
 def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows)."""
-    flat = rows.reshape(len(rows), -1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    return inverse.reshape(-1)[classes], distinct.reshape(-1, *rows.shape[1:])
+    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows, in
+    order of first appearance)."""
+    firsts, inverse = np.unique(_first_equal(rows.reshape(len(rows), -1)), return_inverse=True)
+    return inverse.reshape(-1)[classes], rows[firsts]
 
 
 def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
@@ -131,6 +153,8 @@ def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis), in chunks of rows
     to bound the temporary."""
     rows, inner, k = x.shape
+    if k == 1:
+        return _min_plus_1(x[..., 0], y[..., 0])[..., None]
     out = np.empty((rows, y.shape[1], k))
     step = max(1, _CHUNK // max(1, inner * y.shape[1] * k))
     for start in range(0, rows, step):
@@ -139,11 +163,57 @@ def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
+def _min_plus_1(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective: a block of rows at a time, one
+    ``k`` at a time, so that the block's running minimum stays in cache (several times the speed
+    of one broadcast temporary; the same sums, so the same result to the bit)."""
+    rows, inner = x.shape
+    out = np.empty((rows, y.shape[1]))
+    columns = np.ascontiguousarray(x.T)
+    height = max(1, _BLOCK // max(1, y.shape[1]))
+    for start in range(0, rows, height):
+        xs = columns[:, start : start + height, None]
+        block = xs[0] + y[0]
+        term = np.empty_like(block)
+        for k in range(1, inner):
+            np.add(xs[k], y[k], out=term)
+            np.minimum(block, term, out=block)
+        out[start : start + height] = block
+    return out
+
+
+def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
+    """Per class ``0..count-1``, the least of the rows of ``values`` whose candidate is in it
+    (inf for a class with no candidate)."""
+    order = np.argsort(classes, kind="stable")
+    ordered = classes[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    out = np.full((count, *values.shape[1:]), np.inf)
+    out[ordered[starts]] = np.minimum.reduceat(values[order], starts, axis=0)
+    return out
+
+
+def _without(total: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """``total - part``, where ``part`` (a term of ``total``) is finite; inf where it is not
+    (there any completion costs inf whatever the rest is)."""
+    finite = np.isfinite(part)
+    return np.where(finite, total - np.where(finite, part, 0.0), np.inf)
+
+
+@dataclass
+class _Merge:
+    """Parallel pair costs ``parts`` (their ids) merged into the pair ``made``."""
+
+    parts: list[int]
+    made: int
+
+
 @dataclass
 class _Leaf:
     v: str
     edge: PairCost  # oriented (neighbour, v)
     node: np.ndarray
+    edge_id: int
 
     def choose(self, choice: dict[str, int]) -> int:
         row = self.edge.cost[self.edge.u_class[choice[self.edge.u]]]
@@ -153,6 +223,7 @@ class _Leaf:
 @dataclass
 class _Fixed:
     v: str
+    edges: list[tuple[int, PairCost]]  # (id, oriented (neighbour, v))
 
     def choose(self, choice: dict[str, int]) -> int:
         del choice
@@ -165,6 +236,9 @@ class _Series:
     left: PairCost  # oriented (u, v)
     right: PairCost  # oriented (v, w)
     node: np.ndarray
+    left_id: int
+    right_id: int
+    made: int  # the pair (u, w) left in v's place
 
     def choose(self, choice: dict[str, int]) -> int:
         into = self.left.cost[self.left.u_class[choice[self.left.u]]][self.left.w_class]
@@ -178,11 +252,14 @@ class Reduction:
     complete its solution."""
 
     cores: list[Problem]
-    steps: list[_Fixed | _Leaf | _Series] = field(default_factory=list)
+    #: Eliminations and merges of parallel pair costs, in order.
+    steps: list[_Fixed | _Leaf | _Series | _Merge] = field(default_factory=list)
+    #: Every pair cost the reductions saw, by id (the first ones are the problem's, in order).
+    pairs: dict[int, PairCost] = field(default_factory=dict)
 
     @property
     def eliminated(self) -> int:
-        return len(self.steps)
+        return sum(not isinstance(step, _Merge) for step in self.steps)
 
     def isolated_choice(self) -> dict[str, int]:
         """The best choice of a core whose operators no pair cost joins: each its cheapest."""
@@ -197,7 +274,8 @@ class Reduction:
         """The optimal choice of every operator, given an optimal choice of the core's."""
         choice = dict(core_choice)
         for step in reversed(self.steps):
-            choice[step.v] = step.choose(choice)
+            if not isinstance(step, _Merge):
+                choice[step.v] = step.choose(choice)
         return choice
 
 
@@ -230,15 +308,15 @@ def reduce(
     for k, p in pairs.items():
         incident[p.u].add(k)
         incident[p.w].add(k)
-    next_id = len(pairs)
-    steps: list[_Fixed | _Leaf | _Series] = []
+    seen = dict(pairs)
+    steps: list[_Fixed | _Leaf | _Series | _Merge] = []
 
-    def add(p: PairCost) -> None:
-        nonlocal next_id
-        pairs[next_id] = p
-        incident[p.u].add(next_id)
-        incident[p.w].add(next_id)
-        next_id += 1
+    def add(p: PairCost) -> int:
+        k = len(seen)
+        pairs[k] = seen[k] = p
+        incident[p.u].add(k)
+        incident[p.w].add(k)
+        return k
 
     def drop(k: int) -> PairCost:
         p = pairs.pop(k)
@@ -246,8 +324,8 @@ def reduce(
         incident[p.w].discard(k)
         return p
 
-    def neighbours(v: str) -> dict[str, PairCost]:
-        """The one pair cost towards each neighbour, merging parallel ones first."""
+    def neighbours(v: str) -> dict[str, int]:
+        """The id of the one pair cost towards each neighbour, merging parallel ones first."""
         by: dict[str, list[int]] = {}
         for k in sorted(incident[v]):
             by.setdefault(pairs[k].other(v), []).append(k)
@@ -259,8 +337,8 @@ def reduce(
                     merged = _merge(merged, pairs[k])
                 for k in ks:
                     drop(k)
-                add(merged)
-            out[other] = pairs[max(incident[v] & incident[other])]
+                steps.append(_Merge(ks, add(merged)))
+            out[other] = max(incident[v] & incident[other])
         return out
 
     def eliminate(v: str) -> bool:
@@ -269,28 +347,30 @@ def reduce(
             # One candidate, whatever the degree: each pair cost is a node cost of the neighbour
             # (the operator's own cost goes to one of them, to keep the total).
             own = node[v][0]
-            for u, pair in near.items():
-                e = pair.oriented(u)
+            edges = []
+            for u, k in near.items():
+                e = pairs[k].oriented(u)
                 node[u] += e.cost[:, e.w_class[0]][e.u_class] + own
                 own = np.zeros_like(own)
-            steps.append(_Fixed(v))
+                edges.append((k, e))
+            steps.append(_Fixed(v, edges))
         elif len(near) == 1:
-            (u,) = near
-            e = near[u].oriented(u)
+            ((u, k),) = near.items()
+            e = pairs[k].oriented(u)
             best = _class_min(node[v], e.w_class, e.cost.shape[1])
             node[u] += _lex_min(e.cost + best[None], axis=1)[e.u_class]
-            steps.append(_Leaf(v, e, node[v]))
+            steps.append(_Leaf(v, e, node[v], k))
         elif len(near) == 2:
-            u, w = near
-            left, right = near[u].oriented(u), near[w].oriented(v)
+            (u, kl), (w, kr) = near.items()
+            left, right = pairs[kl].oriented(u), pairs[kr].oriented(v)
             mid, p, q = _class_pairs(left.w_class, right.u_class)
             work = left.cost.shape[0] * len(p) * right.cost.shape[1]
-            if work > MAX_SERIES_WORK:
+            if work > (MAX_SERIES_WORK if len(objectives) == 1 else MAX_SERIES_WORK // 5):
                 return False
             best = _class_min(node[v], mid, len(p))
             cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
-            add(_pair(u, w, left.u_class, right.w_class, cost))
-            steps.append(_Series(v, left, right, node[v]))
+            made = add(_pair(u, w, left.u_class, right.w_class, cost))
+            steps.append(_Series(v, left, right, node[v], kl, kr, made))
         else:
             return False
         for k in list(incident[v]):
@@ -314,4 +394,87 @@ def reduce(
         )
         for i in range(len(objectives))
     ]
-    return Reduction(cores, steps)
+    return Reduction(cores, steps, seen)
+
+
+def _dense(p: PairCost, u: str) -> np.ndarray:
+    """The pair cost of one objective per candidate pair (not per class pair), ``u``'s first."""
+    e = p.oriented(u)
+    return e.cost[..., 0][np.ix_(e.u_class, e.w_class)]
+
+
+def _as(outside: np.ndarray, first: str, p: PairCost) -> np.ndarray:
+    """An outside given with ``first``'s candidates on the rows, in ``p``'s orientation."""
+    return outside if p.u == first else outside.T
+
+
+def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] | None:
+    """Per operator and candidate, the least cost of any assignment giving the operator that
+    candidate (its min-marginal), from one run of the reductions and one pass back over them
+    (min-sum belief propagation on the series-parallel decomposition); None if the reductions
+    leave pair costs for SCIP.
+
+    The pass back keeps, for every pair cost an elimination made, its *outside*: per pair of
+    candidates of its two ends, the least cost of everything but that pair cost. An eliminated
+    operator's min-marginal follows from the outside (or the min-marginal) of what it was folded
+    into, exactly as its choice does in :meth:`Reduction.expand`."""
+    reduction = reduce([problem], order)
+    core = reduction.cores[0]
+    if core.pairs:
+        return None
+    least = {v: float(c.min()) for v, c in core.node_cost.items()}
+    optimum = sum(least.values())
+    marginal = {v: c + (optimum - least[v]) for v, c in core.node_cost.items()}
+    # The outsides worth keeping: of pair costs that hold eliminated operators.
+    needed: set[int] = set()
+    for step in reduction.steps:
+        if isinstance(step, _Series):
+            needed.add(step.made)
+        if isinstance(step, _Merge) and needed.intersection(step.parts):
+            needed.add(step.made)
+    outside: dict[int, np.ndarray] = {}
+    pairs = reduction.pairs
+    for step in reversed(reduction.steps):
+        if isinstance(step, _Merge):
+            merged = pairs[step.made]
+            around = outside.pop(step.made, None)
+            if around is None:
+                continue
+            dense = {k: _dense(pairs[k], merged.u) for k in step.parts}
+            for k in needed.intersection(step.parts):
+                rest = around + sum(d for j, d in dense.items() if j != k)
+                outside[k] = _as(rest, merged.u, pairs[k])
+        elif isinstance(step, _Fixed):
+            marginal[step.v] = np.array([optimum])
+            for k, e in step.edges:
+                if k in needed:
+                    own = e.cost[:, e.w_class[0], 0][e.u_class]
+                    outside[k] = _as(_without(marginal[e.u], own)[:, None], e.u, pairs[k])
+        elif isinstance(step, _Leaf):
+            e, node = step.edge, step.node[:, 0]
+            cost = e.cost[..., 0]
+            best = _group_min(node, e.w_class, cost.shape[1])
+            folded = (cost + best[None]).min(axis=1)
+            rest = _without(marginal[e.u], folded[e.u_class])
+            into = _group_min(rest, e.u_class, cost.shape[0])
+            marginal[step.v] = node + (cost + into[:, None]).min(axis=0)[e.w_class]
+            if step.edge_id in needed:
+                both = rest[:, None] + node[None]
+                outside[step.edge_id] = _as(both, e.u, pairs[step.edge_id])
+        else:
+            left, right, node = step.left, step.right, step.node[:, 0]
+            lcost, rcost = left.cost[..., 0], right.cost[..., 0]
+            around = outside.pop(step.made)  # (u's candidates, w's)
+            by_w = _group_min(around.T, right.w_class, rcost.shape[1]).T  # (u's, w's classes)
+            by_uw = _group_min(by_w, left.u_class, lcost.shape[0])  # (u's classes, w's)
+            through = _min_plus_1(by_uw, np.ascontiguousarray(rcost.T))  # (u's, v's classes)
+            mid, p, q = _class_pairs(left.w_class, right.u_class)
+            marginal[step.v] = node + (lcost[:, p] + through[:, q]).min(axis=0)[mid]
+            if step.left_id in needed:
+                to_w = _min_plus_1(by_w, np.ascontiguousarray(rcost.T))[:, right.u_class]
+                outside[step.left_id] = _as(to_w + node[None], left.u, pairs[step.left_id])
+            if step.right_id in needed:
+                by_u = _group_min(around, left.u_class, lcost.shape[0])  # (u's classes, w's)
+                to_u = _min_plus_1(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
+                outside[step.right_id] = _as(to_u + node[:, None], left.w, pairs[step.right_id])
+    return marginal

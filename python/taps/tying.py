@@ -59,7 +59,11 @@ class Ties:
             pairs = []
             for (u, w, _, _), ks in groups.items():
                 p = problem.pairs[ks[0]]
-                cost = np.sum([problem.pairs[k].cost for k in ks], axis=0)
+                # Added one copy at a time, in order (what a sum over a stacked axis does, without
+                # stacking every copy first).
+                cost = np.array(p.cost, dtype=np.float64)
+                for k in ks[1:]:
+                    cost += problem.pairs[k].cost
                 pairs.append(PairCost(u, w, p.u_class, p.w_class, cost))
             out.append(Problem(node, pairs))
         return out
