@@ -94,18 +94,20 @@ class Graph(GraphIR):
     @_atomic
     def linear(self, name: str, x: Tensor | str, out_features: int, bias: bool = False) -> Tensor:
         """``x @ W`` (+ ``b``) over the last dim of ``x``, with the parameters ``name + ".weight"``
-        of shape (in, out) and ``name + ".bias"`` of shape (out,). Every axis is partitionable."""
+        of shape (in, out) and ``name + ".bias"`` of shape (out,), an addend (added after the
+        contraction). Every axis is partitionable."""
         x = self.tensor(x)
         if not x.shape:
             raise GraphError(f"operator {name!r}: linear needs an input of rank >= 1")
         lead = _leading(len(x.shape) - 1)
         w = self.parameter(f"{name}.weight", (x.shape[-1], out_features), x.dtype_bytes)
         inputs: list[tuple[Tensor | str, Sequence[str]]] = [(x, (*lead, "in")), (w, ("in", "out"))]
+        addends: list[tuple[Tensor | str, Sequence[str]]] = []
         if bias:
-            inputs.append(
+            addends.append(
                 (self.parameter(f"{name}.bias", (out_features,), x.dtype_bytes), ("out",))
             )
-        return self.add_operator(name, "linear", inputs, (*lead, "out"))
+        return self.add_operator(name, "linear", inputs, (*lead, "out"), addends=addends)
 
     def matmul(self, name: str, a: Tensor | str, b: Tensor | str) -> Tensor:
         """``a @ b`` over axes ``(..., i, k, j)``: ``...ik,...kj->...ij`` when both carry the same
@@ -172,8 +174,11 @@ class Graph(GraphIR):
             (x, ("b", "ci", "hi", "wi")),
             (weight, ("co", "ci", "kh", "kw")),
         ]
+        addends: list[tuple[Tensor | str, Sequence[str]]] = []
         if bias:
-            inputs.append((self.parameter(f"{name}.bias", (out_channels,), x.dtype_bytes), ("co",)))
+            addends.append(
+                (self.parameter(f"{name}.bias", (out_channels,), x.dtype_bytes), ("co",))
+            )
         return self.add_operator(
             name,
             "conv2d",
@@ -181,6 +186,7 @@ class Graph(GraphIR):
             ("b", "co", "ho", "wo"),
             partitionable=("b", "ci", "co"),
             axis_sizes={"ho": ho, "wo": wo},
+            addends=addends,
         )
 
     def pool(
