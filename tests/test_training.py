@@ -306,3 +306,28 @@ def test_conv_bias_is_an_addend():
     g.conv2d("conv", x, 8, 3, bias=True)
     assert [o.addend for o in g.op("conv").inputs] == [False, False, True]
     assert math.prod(g.tensors["conv.bias"].shape) == 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "kwargs"),
+    [
+        ([], {}),
+        (["--step", "forward"], {"step": "forward"}),
+        (["--step", "training", "--planner", "paper", "--zero"], {"planner": "paper", "zero": True}),
+    ],
+)
+def test_cli_step_and_planner(tmp_path, capsys, flags, kwargs):
+    from taps.cli import main
+
+    path, out = tmp_path / "g.json", tmp_path / "r.json"
+    graph = _megatron_mlp(True)
+    path.write_text(graph.to_json())
+    argv = ["search", str(path), "--nodes", "1", "--devices-per-node", "4", "--json", str(out)]
+    assert main([*argv, "--cost-model", "volume", *flags]) == 0
+    capsys.readouterr()
+    want = taps.search(graph, Cluster(1, 4), "volume", **kwargs).cost
+    assert json.loads(out.read_text())["volume"]["cost"] == pytest.approx(want)
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--step", "backward"])
+    assert exit_.value.code == 2
+    assert "--step: invalid choice: 'backward'" in capsys.readouterr().err
