@@ -331,3 +331,36 @@ def test_cli_step_and_planner(tmp_path, capsys, flags, kwargs):
         main([*argv, "--step", "backward"])
     assert exit_.value.code == 2
     assert "--step: invalid choice: 'backward'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("megatron", [True, False], ids=["megatron", "searched"])
+def test_training_step_edges_run_on_xla_as_priced(megatron):
+    """Every edge of a training-step plan, forward (from the partial sums where they flow) and
+    backward (the gradient with its partial dims back to the producer's layout), run on XLA by
+    taps' own steps: each block is right and the bytes XLA moves are what taps prices."""
+    pytest.importorskip("jax")
+    from taps.verify import verify_redistributions
+
+    if megatron:
+        g, cluster, strategies = _megatron_mlp(True), Cluster(1, 4), MEGATRON
+    else:
+        g = taps.models.mlp(batch=64, sizes=(32, 64, 32), dtype_bytes=4)
+        cluster = Cluster(2, 4)
+        strategies = taps.search(g, cluster, "volume").strategies
+    rows = breakdown(g, cluster, strategies, "volume")
+    plans = [
+        (plan, cost)
+        for row in rows
+        for i in row.incoming
+        for plan, cost in ((i.plan, i.cost), (i.backward, i.backward_cost))
+        if plan is not None
+    ]
+    pairs = [(plan.source, plan.target) for plan, _ in plans]
+    assert any(layout.partial for pair in pairs for layout in pair)
+    results = verify_redistributions(pairs, cluster.devices_per_node, planner="optimal")
+    assert all(r.ok for r in results), [r.mismatches for r in results if not r.ok]
+    # The replay runs float32: taps' bytes at the graph's element size, scaled to 4 bytes.
+    dtype = g.tensors["x"].dtype_bytes
+    measured = [sum(c.measured_bytes or 0 for c in r.collectives) for r in results]
+    assert measured == pytest.approx([cost * 4 / dtype for _, cost in plans])
+    assert sum(measured) > 0
