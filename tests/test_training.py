@@ -43,8 +43,7 @@ def test_search_equals_the_least_direct_price(graph, shape, cost_model, step, pl
     assume(small_enough(graph, cluster, 300))
     result = taps.search(graph, cluster, cost_model, step=step, planner=planner)
     best = min(
-        evaluate(graph, cluster, s, cost_model, step, planner)
-        for s in _assignments(graph, cluster)
+        evaluate(graph, cluster, s, cost_model, step, planner) for s in _assignments(graph, cluster)
     )
     assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-15)
     direct = evaluate(graph, cluster, result.strategies, cost_model, step, planner)
@@ -313,7 +312,10 @@ def test_conv_bias_is_an_addend():
     [
         ([], {}),
         (["--step", "forward"], {"step": "forward"}),
-        (["--step", "training", "--planner", "paper", "--zero"], {"planner": "paper", "zero": True}),
+        (
+            ["--step", "training", "--planner", "paper", "--zero"],
+            {"planner": "paper", "zero": True},
+        ),
     ],
 )
 def test_cli_step_and_planner(tmp_path, capsys, flags, kwargs):

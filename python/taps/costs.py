@@ -70,9 +70,7 @@ def check_step(step: object) -> None:
 def check_planner(planner: object) -> None:
     """Refuse an unknown planner before any work (the core's list is the one source)."""
     if planner is not None and planner not in PLANNERS:
-        raise LayoutError(
-            f"unknown planner {planner!r}: expected one of {', '.join(PLANNERS)}"
-        )
+        raise LayoutError(f"unknown planner {planner!r}: expected one of {', '.join(PLANNERS)}")
 
 
 def planner_for(step: Step, planner: Planner | None = None) -> Planner:
@@ -447,7 +445,12 @@ def build_tables(
                 )
                 if backward:
                     back = redistribution_costs(
-                        [r[1] for r in dst], [r[1] for r in src], cluster, dtype, cost_model, planner
+                        [r[1] for r in dst],
+                        [r[1] for r in src],
+                        cluster,
+                        dtype,
+                        cost_model,
+                        planner,
                     )
                     cost = cost + back.T
                 by_layouts[layouts] = cost
@@ -548,9 +551,7 @@ def breakdown(
     for op in graph.ops:
         colls = tuple(
             (c, c.cost(cluster, cost_model))
-            for c in intra_collectives(
-                graph, op, chosen[op.name], step, op.name in flows, zero
-            )
+            for c in intra_collectives(graph, op, chosen[op.name], step, op.name in flows, zero)
         )
         out.append(OpCost(op.name, strategies[op.name], colls, tuple(incoming[op.name])))
     return out

@@ -264,8 +264,8 @@ class GraphIR:
     def signature(self, op_name: str) -> tuple[Any, ...]:
         """Everything about an operator but its name and kind: its axes with their sizes, its
         partitionable axes, and per operand its dims, whether it is a parameter, whether it needs
-        a gradient, its element size, and per input whether it is an addend. Operators of one signature have the same candidates,
-        costs and memory (the search shares their tables)."""
+        a gradient, its element size, and per input whether it is an addend. Operators of one
+        signature have the same candidates, costs and memory (the search shares their tables)."""
         op = self.op(op_name)
 
         def operand(o: Operand) -> tuple[Any, ...]:

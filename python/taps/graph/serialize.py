@@ -44,7 +44,11 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
                 "axes": [[a, s] for a, s in zip(op.axes, op.axis_sizes)],
                 "partitionable": list(op.partitionable),
                 "inputs": [
-                    {"tensor": o.tensor, "dims": list(o.dims), **({"addend": True} if o.addend else {})}
+                    {
+                        "tensor": o.tensor,
+                        "dims": list(o.dims),
+                        **({"addend": True} if o.addend else {}),
+                    }
                     for o in op.inputs
                 ],
                 "output": {
@@ -288,8 +292,8 @@ def _read_op(op: Any, path: str) -> _Pending:
             raise GraphError(f"{path}.axes[{j}]: axis {pair[0]!r} is listed twice")
         sizes[pair[0]] = pair[1]
     part = _list_of(op, path, "partitionable", str)
-    inputs = []
-    addends = []
+    inputs: list[tuple[str, list[str]]] = []
+    addends: list[tuple[str, list[str]]] = []
     for j, operand in enumerate(_get(op, path, "inputs", list)):
         p = f"{path}.inputs[{j}]"
         _fields(operand, p, {"tensor", "dims", "addend"})
