@@ -366,3 +366,23 @@ def test_training_step_edges_run_on_xla_as_priced(megatron):
     measured = [sum(c.measured_bytes or 0 for c in r.collectives) for r in results]
     assert measured == pytest.approx([cost * 4 / dtype for _, cost in plans])
     assert sum(measured) > 0
+
+
+@pytest.mark.parametrize("cost_model", ["topology", "volume"])
+def test_partial_sums_flow_through_a_view(cost_model):
+    """A contraction's partial output read through a reshape: the tables price every assignment
+    as the plans do, and the search finds the least of them."""
+    g = Graph()
+    x = g.input("x", (8, 16), requires_grad=True)
+    y = g.linear("fc", x, 32)
+    g.relu("r", g.reshape("v", y, (8, 4, 8)))
+    cluster = Cluster(2, 4)
+    assert partial_flows(g) == {"fc"}
+    tables = build_tables(g, cluster, cost_model)
+    names = [op.name for op in g.ops]
+    prices = []
+    for choice in itertools.product(*(range(len(tables.ops[n].candidates)) for n in names)):
+        s = {n: tables.ops[n].strategies[i] for n, i in zip(names, choice)}
+        prices.append(evaluate(g, cluster, s, cost_model))
+        assert tables.evaluate(dict(zip(names, choice))) == pytest.approx(prices[-1], rel=1e-9)
+    assert taps.search(g, cluster, cost_model).cost == pytest.approx(min(prices), rel=1e-9)
