@@ -386,3 +386,28 @@ def test_partial_sums_flow_through_a_view(cost_model):
         prices.append(evaluate(g, cluster, s, cost_model))
         assert tables.evaluate(dict(zip(names, choice))) == pytest.approx(prices[-1], rel=1e-9)
     assert taps.search(g, cluster, cost_model).cost == pytest.approx(min(prices), rel=1e-9)
+
+
+def test_bias_gradient_all_reduce_is_what_xla_runs():
+    """The replay on XLA (jax.vjp of the sharded program) all_reduces a bias gradient over the
+    batch split only: the training step prices exactly those bytes, the paper's model more."""
+    pytest.importorskip("jax")
+    from taps.verify import verify_graph
+
+    g = Graph("bias")
+    g.linear("fc1", g.input("x", (32, 16)), 32, bias=True)
+    cluster, s = Cluster(1, 8), {"fc1": Strategy([2, 2, 2], [2, 1, 0])}
+    r = verify_graph(g, cluster, s)
+    (xla,) = [c.measured_bytes for c in r.collectives if c.what == "gradient of fc1.bias"]
+    # The replay runs float32, the graph is fp16: twice the bytes.
+    priced = {
+        step: sum(
+            cost
+            for row in breakdown(g, cluster, s, "volume", step=step)
+            for c, cost in row.collectives
+            if c.tensor == "fc1.bias"
+        )
+        for step in STEPS
+    }
+    assert xla == 2 * priced["training"] == 64
+    assert 2 * priced["forward"] == 96
