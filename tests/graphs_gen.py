@@ -24,7 +24,7 @@ def small_graphs(draw) -> taps.Graph:
         kind = draw(st.sampled_from(["linear", "relu", "add", "reshape_linear"]))
         src = draw(st.sampled_from(live))
         if kind == "linear":
-            out = g.linear(f"fc{k}", src, draw(st.sampled_from([4, 8])))
+            out = g.linear(f"fc{k}", src, draw(st.sampled_from([4, 8])), bias=draw(st.booleans()))
         elif kind == "relu":
             out = g.relu(f"relu{k}", src)
         elif kind == "add":

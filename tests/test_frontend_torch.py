@@ -73,8 +73,9 @@ def test_mlp_equals_the_hand_built_graph():
     ref.add_operator(
         "fc1",
         "linear",
-        [("x", ["b", "in"]), ("fc1.weight", ("out", "in")), ("fc1.bias", ("out",))],
+        [("x", ["b", "in"]), ("fc1.weight", ("out", "in"))],
         ("b", "out"),
+        addends=[("fc1.bias", ("out",))],  # added after the contraction
     )
     ref.add_operator("act", "gelu", [("fc1.out", ("b", "s"))], ("b", "s"))
     ref.add_operator(

@@ -17,6 +17,7 @@ from taps.reproduce import (
     experiment_cases,
     run_case,
 )
+from taps.reproduce.run import full_cluster
 
 SMALL = [
     Case("test", "mlp", 1024, 1, 4),
@@ -55,12 +56,30 @@ def test_invariants(case):
         for cost in (row.volume_cost_best_tie, row.volume_cost_worst_tie):
             assert row.topology_cost == pytest.approx(cost, rel=TOLERANCE)
     # The returned tie is what taps.search returns, priced from the plans, not the tables.
-    comparison = taps.compare(case.graph(), case.cluster())
+    comparison = taps.compare(case.graph(), case.cluster(), step="forward")
     assert row.topology_cost == pytest.approx(comparison.topology.cost, rel=TOLERANCE)
     assert row.volume_cost_returned == pytest.approx(
         comparison.volume_under_topology, rel=TOLERANCE
     )
     assert row.volume_volume == pytest.approx(comparison.volume.cost, rel=TOLERANCE)
+
+
+def test_full_model_column():
+    """The full model's optimum is what taps.search finds on the flat-replica cluster by default,
+    and the paper's plan priced from its plans (evaluate) under it costs no less."""
+    case = Case("comparison", "mlp", 1024, 2, 4)
+    row = run_case(case)
+    assert row.full_cost is not None and row.full_cost_of_paper_plan is not None
+    graph, flat = case.graph(), full_cluster(case.cluster())
+    assert flat.replicas == "flat"
+    assert row.full_cost == pytest.approx(taps.search(graph, flat).cost, rel=TOLERANCE)
+    paper = taps.search(graph, case.cluster(), step="forward")
+    assert row.topology_cost == pytest.approx(paper.cost, rel=TOLERANCE)
+    priced = taps.evaluate(graph, flat, paper.strategies)
+    assert row.full_cost_of_paper_plan == pytest.approx(priced, rel=TOLERANCE)
+    assert _at_most(row.full_cost, row.full_cost_of_paper_plan)
+    assert row.full_saving is not None and row.full_saving > 0
+    assert run_case(Case("test", "mlp", 1024, 2, 4)).full_cost is None
 
 
 def test_topology_and_ties_matter_on_several_nodes():
@@ -110,7 +129,14 @@ def test_quick_command_writes_every_file(tmp_path, capsys):
         if r["nodes"] == "1":
             assert float(r["cost_ratio"]) == pytest.approx(1.0, rel=TOLERANCE)
     report = (out / "report.md").read_text(encoding="utf-8")
-    for needle in ("## Headline", "## Comparison", "## Ratios", "## Search time", "< 100"):
+    for needle in (
+        "## Headline",
+        "## Comparison",
+        "## Ratios",
+        "## The full model",
+        "## Search time",
+        "< 100",
+    ):
         assert needle in report
 
 

@@ -6,7 +6,8 @@ communication" and "Topology-aware cost")."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,8 +16,10 @@ import numpy as np
 from taps import sharding
 from taps._core import (
     COST_MODELS,
+    PLANNERS,
     Cluster,
     Layout,
+    LayoutError,
     Redistribution,
     Strategy,
     TopologyError,
@@ -28,14 +31,22 @@ from taps.reductions import PairCost, Problem
 from taps.sharding import (
     Candidate,
     assigned,
+    backward_plans,
     candidates,
     edge_plans,
     operand_axis_indices,
     operand_shape,
+    split_dims,
 )
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
+    from taps._core import _Planner as Planner
+
+#: What a cost prices: the whole training step (docs/search.md#the-training-step) or the paper's
+#: model, ``"forward"`` (forward redistributions, gradients all_reduced at the operators).
+STEPS = ("training", "forward")
+Step = Literal["training", "forward"]
 
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
@@ -48,6 +59,42 @@ def check_cost_model(cost_model: object) -> None:
         raise TopologyError(
             f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
         )
+
+
+def check_step(step: object) -> None:
+    """Refuse an unknown step before any work."""
+    if step not in STEPS:
+        raise TopologyError(f"unknown step {step!r}: expected one of {', '.join(STEPS)}")
+
+
+def check_planner(planner: object) -> None:
+    """Refuse an unknown planner before any work (the core's list is the one source)."""
+    if planner is not None and planner not in PLANNERS:
+        raise LayoutError(f"unknown planner {planner!r}: expected one of {', '.join(PLANNERS)}")
+
+
+def planner_for(step: Step, planner: Planner | None = None) -> Planner:
+    """The planner that prices edges: ``planner`` if given, else the optimal planner for the
+    training step and Algorithm 1 (the paper's) for the forward step."""
+    if planner is not None:
+        return planner
+    return "optimal" if step == "training" else "paper"
+
+
+def partial_flows(graph: Graph, step: Step = "training") -> frozenset[str]:
+    """The operators whose output partial sums flow to their consumer (training step): those with
+    a partitionable contracted axis whose output has exactly one consumer (one graph edge). The
+    edge then plans from the partial layout (a reduce_scatter where the consumer splits the
+    tensor, an all_reduce where it does not). An output with no consumer, or with several, is
+    all_reduced once at its operator, as in the paper."""
+    if step != "training":
+        return frozenset()
+    uses = Counter(e.tensor for e in graph.edges)
+    return frozenset(
+        op.name
+        for op in graph.ops
+        if set(op.contracted) & set(op.partitionable) and uses[op.output.tensor] == 1
+    )
 
 
 def strategies_for(
@@ -70,6 +117,9 @@ class Collective:
     layout: Layout
     dtype_bytes: int
     kind: Literal["all_reduce"] = "all_reduce"
+    #: A parameter's gradient under ZeRO (``zero=True``): a reduce_scatter over the group and an
+    #: all_gather of the updated shards, the all_reduce's bytes over its group, priced as it.
+    zero: bool = False
 
     def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
         return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
@@ -80,40 +130,104 @@ def _replicated(layout: Layout) -> bool:
     return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
 
 
-def _all_reduced_operands(graph: Graph, op: Operator) -> list[tuple[Operand, str]]:
-    """The operands of ``op`` whose shard can be a partial sum, in order: the
-    output if a contracted axis can be split (forward), and every input that needs a gradient
-    (backward). Each needs an all_reduce over the device dims its per-replica layout leaves unused
-    (the replicas of a replicated operator see the same output gradient, so they compute the same
-    input gradients: nothing is partial over the replica dims); for the output that is exactly
-    when a contracted axis is split."""
-    out = [(op.output, "forward partial sum")] if set(op.contracted) & set(op.partitionable) else []
-    return out + [(o, "gradient") for o in op.inputs if graph.tensors[o.tensor].requires_grad]
+def _all_reduced_operands(
+    graph: Graph, op: Operator, step: Step = "forward", flowing: bool = False
+) -> list[tuple[Operand, str, tuple[str, ...]]]:
+    """The operands of ``op`` whose shard can be a partial sum that the operator all_reduces, in
+    order, each with the partitionable axes it lacks that the reduction does not run over:
 
+    - the output, if a contracted axis can be split and its partial sums do not flow to the
+      consumer (``flowing``, :func:`partial_flows`);
+    - every input that needs a gradient; in the training step only those no operator produces
+      (parameters and graph inputs: an activation's gradient goes back on its edge), and an
+      addend's gradient is summed over the output axes it lacks only (the others are kept apart).
 
-def intra_collectives(graph: Graph, op: Operator, candidate: Candidate) -> list[Collective]:
-    """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
-    operand whose layout leaves a device dim unused."""
-    out: list[Collective] = []
-    for operand, reason in _all_reduced_operands(graph, op):
-        layout = sharding.operand_layout(op, operand, candidate.strategy, per_replica=True)
-        if _replicated(layout):
-            t = graph.tensors[operand.tensor]
-            out.append(Collective(t.name, reason, layout, t.dtype_bytes))
+    Each needs an all_reduce over the device dims its per-replica layout leaves unused, but for
+    the axes kept apart (the replicas of a replicated operator see the same output gradient, so
+    they compute the same input gradients: nothing is partial over the replica dims); for the
+    output that is exactly when a contracted axis is split."""
+    out: list[tuple[Operand, str, tuple[str, ...]]] = []
+    if set(op.contracted) & set(op.partitionable) and not flowing:
+        out.append((op.output, "forward partial sum", ()))
+    for o in op.inputs:
+        if not graph.tensors[o.tensor].requires_grad:
+            continue
+        apart: tuple[str, ...] = ()
+        if step == "training":
+            if graph.root(o.tensor).producer is not None:
+                continue
+            summed = op.gradient_axes(o)
+            apart = tuple(a for a in op.partitionable if a not in o.dims and a not in summed)
+        out.append((o, "gradient", apart))
     return out
 
 
-def all_reduce_operands(graph: Graph, op: Operator) -> list[tuple[list[int], list[int], float]]:
-    """The operands of :func:`_all_reduced_operands` as ``(strategy axes, shape, dtype bytes)``
-    for the Rust kernel ``allreduce_costs``, which prices an all_reduce over no device dim at 0
-    (in the per-replica layout, as :func:`intra_collectives`)."""
+def _reduction_layout(
+    op: Operator, operand: Operand, strategy: Strategy, apart: Sequence[str]
+) -> Layout:
+    """The per-replica layout of ``operand`` whose unused device dims are the group of its
+    all_reduce: the axes kept ``apart`` stacked as leading dims of their degree, so that their
+    device dims split something and stay outside the group (each of their coordinates runs its
+    own all_reduce), as the replica dims do."""
+    idx = [op.partitionable.index(a) for a in apart]
+    return strategy.tensor_layout(
+        [*idx, *operand_axis_indices(op, operand)],
+        [*(strategy.degrees[i] for i in idx), *operand_shape(op, operand)],
+        per_replica=True,
+    )
+
+
+def _collective(
+    graph: Graph,
+    op: Operator,
+    strategy: Strategy,
+    reduced: tuple[Operand, str, tuple[str, ...]],
+    zero: bool = False,
+) -> Collective | None:
+    """The all_reduce of one of :func:`_all_reduced_operands` under ``strategy``, or None if its
+    layout leaves no device dim of the group unused."""
+    operand, reason, apart = reduced
+    layout = _reduction_layout(op, operand, strategy, apart)
+    if not _replicated(layout):
+        return None
+    t = graph.tensors[operand.tensor]
+    param = reason == "gradient" and graph.root(operand.tensor).kind == "parameter"
+    return Collective(t.name, reason, layout, t.dtype_bytes, zero=zero and param)
+
+
+def intra_collectives(
+    graph: Graph,
+    op: Operator,
+    candidate: Candidate,
+    step: Step = "forward",
+    flowing: bool = False,
+    zero: bool = False,
+) -> list[Collective]:
+    """The all_reduces a candidate of ``op`` needs (:func:`_all_reduced_operands`), one per
+    operand whose layout leaves a device dim of its group unused; with ``zero``, a parameter's
+    gradient is marked as ZeRO's reduce_scatter and all_gather."""
+    found = (
+        _collective(graph, op, candidate.strategy, r, zero)
+        for r in _all_reduced_operands(graph, op, step, flowing)
+    )
+    return [c for c in found if c is not None]
+
+
+def all_reduce_operands(
+    graph: Graph, op: Operator, step: Step = "forward", flowing: bool = False
+) -> list[tuple[list[int], list[int], float]]:
+    """The operands of :func:`_all_reduced_operands` that keep no axis apart, as
+    ``(strategy axes, shape, dtype bytes)`` for the Rust kernel ``allreduce_costs``, which prices
+    an all_reduce over no device dim at 0 (in the per-replica layout, as
+    :func:`intra_collectives`)."""
     return [
         (
             operand_axis_indices(op, o),
             operand_shape(op, o),
             float(graph.tensors[o.tensor].dtype_bytes),
         )
-        for o, _ in _all_reduced_operands(graph, op)
+        for o, _, apart in _all_reduced_operands(graph, op, step, flowing)
+        if not apart
     ]
 
 
@@ -122,14 +236,23 @@ def memory(
     op: Operator,
     candidate: Candidate,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
+    zero: bool = False,
 ) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
     optimizer state, and its output shard, saved for the backward pass. A device of a replicated
-    strategy holds its replica's whole blocks: the layouts' replica dims split nothing."""
+    strategy holds its replica's whole blocks: the layouts' replica dims split nothing. With
+    ``zero``, all of a parameter's bytes but its weight (``dtype_bytes``) are divided among the
+    ``g`` devices its gradient is reduced over (ZeRO: gradient and optimizer state sharded)."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.root(operand.tensor).kind == "parameter":  # a view of one too
-            total += float(np.prod(layout.shard_shape)) * bytes_per_parameter
+            per = bytes_per_parameter
+            if zero:
+                dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
+                g = float(np.prod([layout.device_dim_size(k) for k in dims]))
+                weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
+                per = weight + (per - weight) / g
+            total += float(np.prod(layout.shard_shape)) * per
     out = graph.tensors[op.output.tensor]
     return total + float(np.prod(candidate.output.shard_shape)) * out.dtype_bytes
 
@@ -167,7 +290,7 @@ class EdgeTable:
 
 @dataclass
 class CostTables:
-    """Everything the ILP needs, computed once per (graph, cluster, cost model)."""
+    """Everything the ILP needs, computed once per (graph, cluster, cost model, step)."""
 
     graph: Graph
     cluster: Cluster
@@ -176,6 +299,9 @@ class CostTables:
     edges: list[EdgeTable]
     bytes_per_parameter: float = BYTES_PER_PARAMETER
     timings: dict[str, float] = field(default_factory=dict)
+    step: Step = "forward"
+    planner: Planner = "paper"
+    zero: bool = False
 
     @property
     def num_aux_edges(self) -> int:
@@ -196,15 +322,22 @@ class CostTables:
         return self.problem().evaluate(choice)
 
 
-def _classes(layouts: list[Layout]) -> tuple[np.ndarray, list[Layout]]:
-    """Group layouts by the distribution they describe, written as Algorithm 1 plans it (the
-    compacted form: the canonical form would also merge tensor dims, which changes the paper's
-    plans)."""
-    index: dict[Layout, int] = {}
-    cls = np.empty(len(layouts), dtype=np.int64)
-    for i, layout in enumerate(layouts):
-        cls[i] = index.setdefault(layout.compacted(), len(index))
+def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
+    """Group the candidates of one end of an edge by the distributions they give the tensor (the
+    forward layout, and in the training step the gradient's), each written as Algorithm 1 plans
+    it (the compacted form: the canonical form would also merge tensor dims, which changes the
+    paper's plans)."""
+    index: dict[tuple[Layout, ...], int] = {}
+    cls = np.empty(len(rows), dtype=np.int64)
+    for i, row in enumerate(rows):
+        cls[i] = index.setdefault(tuple(layout.compacted() for layout in row), len(index))
     return cls, list(index)
+
+
+def _check_pricing(cost_model: object, step: object, planner: object) -> None:
+    check_cost_model(cost_model)
+    check_step(step)
+    check_planner(planner)
 
 
 def build_tables(
@@ -214,18 +347,40 @@ def build_tables(
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     share: bool = True,
     replicas: bool = False,
+    step: Step = "training",
+    planner: Planner | None = None,
+    zero: bool = False,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
+
+    ``step`` says what is priced (docs/search.md): ``"training"`` (partial sums flowing to the
+    consumer, every edge's backward redistribution, the gradients of parameters and inputs at
+    their operators) or ``"forward"`` (the paper's model); ``planner`` plans the edges (default:
+    :func:`planner_for`); ``zero`` shards parameters' gradients and optimizer state (ZeRO).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
     signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
-    check_cost_model(cost_model)
+    _check_pricing(cost_model, step, planner)
+    planner = planner_for(step, planner)
     n = cluster.num_devices
     timings = {"enumerate": 0.0, "costs": 0.0}
-    signature = {op.name: graph.signature(op.name) if share else op.name for op in graph.ops}
+    flows = partial_flows(graph, step)
+    training = step == "training"
+
+    def key_of(op: Operator) -> Any:
+        if not share:
+            return op.name
+        if not training:
+            return graph.signature(op.name)
+        # The training step also depends on whether the output's partial sums flow and on which
+        # inputs have a producer (their gradients go back on the edge).
+        made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
+        return (graph.signature(op.name), op.name in flows, made)
+
+    signature = {op.name: key_of(op) for op in graph.ops}
     distinct: dict[Any, OpTable] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
@@ -234,15 +389,23 @@ def build_tables(
             t0 = time.perf_counter()
             cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
+            flowing = op.name in flows
             node = allreduce_costs(
                 np.array([c.strategy.degrees for c in cands], dtype=np.int64),
                 np.array([c.strategy.device_map for c in cands], dtype=np.int64),
-                all_reduce_operands(graph, op),
+                all_reduce_operands(graph, op, step, flowing),
                 cluster,
                 cost_model,
                 [c.strategy.device_matrix for c in cands],
             )
-            mem = np.array([memory(graph, op, c, bytes_per_parameter) for c in cands])
+            apart = [r for r in _all_reduced_operands(graph, op, step, flowing) if r[2]]
+            if apart:
+                # Addends' gradients keep some axes apart: priced one candidate at a time.
+                found = [[_collective(graph, op, c.strategy, r) for r in apart] for c in cands]
+                node = node + np.array(
+                    [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
+                )
+            mem = np.array([memory(graph, op, c, bytes_per_parameter, zero) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
@@ -256,28 +419,72 @@ def build_tables(
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
         if key not in cache:
-            src_cls, src_layouts = _classes([c.output for c in ops[edge.producer].candidates])
-            dst = [c.inputs[edge.slot] for c in ops[edge.consumer].candidates]
-            dst_cls, dst_layouts = _classes(dst)
+            producer, consumer = graph.op(edge.producer), graph.op(edge.consumer)
+            backward = training and graph.tensors[edge.tensor].requires_grad
+            flowing = edge.producer in flows
+            src_cls, src = _classes(
+                [
+                    (
+                        c.partial_output(producer) if flowing else c.output,
+                        *((c.output,) if backward else ()),
+                    )
+                    for c in ops[edge.producer].candidates
+                ]
+            )
+            dst_cls, dst = _classes(
+                [
+                    (c.inputs[edge.slot], *((c.gradient(consumer, edge.slot),) if backward else ()))
+                    for c in ops[edge.consumer].candidates
+                ]
+            )
             dtype = graph.tensors[edge.tensor].dtype_bytes
-            layouts = (tuple(src_layouts), tuple(dst_layouts), dtype)
+            layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:
-                by_layouts[layouts] = redistribution_costs(
-                    src_layouts, dst_layouts, cluster, dtype, cost_model
+                cost = redistribution_costs(
+                    [r[0] for r in src], [r[0] for r in dst], cluster, dtype, cost_model, planner
                 )
+                if backward:
+                    back = redistribution_costs(
+                        [r[1] for r in dst],
+                        [r[1] for r in src],
+                        cluster,
+                        dtype,
+                        cost_model,
+                        planner,
+                    )
+                    cost = cost + back.T
+                by_layouts[layouts] = cost
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
-    return CostTables(graph, cluster, cost_model, ops, edges, bytes_per_parameter, timings)
+    return CostTables(
+        graph,
+        cluster,
+        cost_model,
+        ops,
+        edges,
+        bytes_per_parameter,
+        timings,
+        step,
+        planner,
+        zero,
+    )
 
 
 @dataclass(frozen=True)
 class Incoming:
-    """The redistribution of one input of an operator from its producer's layout."""
+    """The redistributions of one input of an operator: forward from its producer's layout and,
+    in the training step, the gradient's back to it."""
 
     edge: Edge
     plan: Redistribution
     cost: float
+    backward: Redistribution | None = None
+    backward_cost: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.cost + self.backward_cost
 
 
 @dataclass(frozen=True)
@@ -295,7 +502,7 @@ class OpCost:
 
     @property
     def incoming_cost(self) -> float:
-        return sum(i.cost for i in self.incoming)
+        return sum(i.total for i in self.incoming)
 
     @property
     def total(self) -> float:
@@ -307,19 +514,44 @@ def breakdown(
     cluster: Cluster,
     strategies: Mapping[str, Strategy],
     cost_model: CostModel = "topology",
+    step: Step = "training",
+    planner: Planner | None = None,
+    zero: bool = False,
 ) -> list[OpCost]:
-    """Per operator, in topological order: its collectives and incoming redistributions with
-    their costs. Computed directly from the plans, independently of the search's tables."""
-    check_cost_model(cost_model)
+    """Per operator, in topological order: its collectives and incoming redistributions (forward
+    and, in the training step, backward) with their costs. Computed directly from the plans,
+    independently of the search's tables."""
+    _check_pricing(cost_model, step, planner)
+    planner = planner_for(step, planner)
     chosen = assigned(graph, strategies, cluster.num_devices)
+    flows = partial_flows(graph, step)
+    # The optimal planner minimises what the cost model measures: seconds on the cluster, or
+    # elements without one.
+    on = cluster if cost_model == "topology" else None
+    dtypes = {name: float(t.dtype_bytes) for name, t in graph.tensors.items()}
+    forward = edge_plans(graph, chosen, planner, on, flows, dtypes)
+    backward = (
+        backward_plans(graph, chosen, planner, on, dtypes)
+        if step == "training"
+        else [(e, None) for e in graph.edges]
+    )
     incoming: dict[str, list[Incoming]] = {op.name: [] for op in graph.ops}
-    for edge, plan in edge_plans(graph, chosen):
+    for (edge, plan), (_, back) in zip(forward, backward):
         dtype = graph.tensors[edge.tensor].dtype_bytes
-        incoming[edge.consumer].append(Incoming(edge, plan, plan.cost(cluster, dtype, cost_model)))
+        incoming[edge.consumer].append(
+            Incoming(
+                edge,
+                plan,
+                plan.cost(cluster, dtype, cost_model),
+                back,
+                0.0 if back is None else back.cost(cluster, dtype, cost_model),
+            )
+        )
     out = []
     for op in graph.ops:
         colls = tuple(
-            (c, c.cost(cluster, cost_model)) for c in intra_collectives(graph, op, chosen[op.name])
+            (c, c.cost(cluster, cost_model))
+            for c in intra_collectives(graph, op, chosen[op.name], step, op.name in flows, zero)
         )
         out.append(OpCost(op.name, strategies[op.name], colls, tuple(incoming[op.name])))
     return out
@@ -330,6 +562,12 @@ def evaluate(
     cluster: Cluster,
     strategies: Mapping[str, Strategy],
     cost_model: CostModel = "topology",
+    step: Step = "training",
+    planner: Planner | None = None,
+    zero: bool = False,
 ) -> float:
-    """The communication cost of an assignment: seconds ("topology") or bytes ("volume")."""
-    return sum(c.total for c in breakdown(graph, cluster, strategies, cost_model))
+    """The communication cost of an assignment: seconds ("topology") or bytes ("volume") of one
+    training step (``step="training"``) or of the paper's model (``step="forward"``)."""
+    return sum(
+        c.total for c in breakdown(graph, cluster, strategies, cost_model, step, planner, zero)
+    )

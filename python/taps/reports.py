@@ -121,6 +121,8 @@ def strategy_table(result: SearchResult) -> Table:
     layers = result.graph.layers
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
+        f"{'training step' if result.step == 'training' else 'forward step (the paper)'}, "
+        f"{result.planner} planner{', ZeRO' if result.zero else ''}; "
         f"{result.status}, gap {gap_text(result.gap)}, {result.num_aux_edges:,} auxiliary edges; "
         f"{result.ilp.eliminated} of {len(result.graph.ops)} operators decided by exact "
         f"reductions, {ilp_text(result)}; search {result.timings['total']:.3f} s; "
@@ -169,18 +171,23 @@ def collectives_table(result: SearchResult) -> Table:
             )
         for inc in row.incoming:
             dtype = result.graph.tensors[inc.edge.tensor].dtype_bytes
-            for op in inc.plan.all_ops:
-                if op.kind == "slice":
-                    continue
-                table.add_row(
-                    row.name,
-                    inc.edge.tensor,
-                    f"from {inc.edge.producer}",
-                    op.kind,
-                    str(op.group_size),
-                    str(op.inter_node_groups(cluster.devices_per_node)),
-                    format_cost(op.cost(cluster, dtype, model), model),
-                )
+            # The training step also sends the gradient back to the producer.
+            plans = [(inc.plan, f"from {inc.edge.producer}")]
+            if inc.backward is not None:
+                plans.append((inc.backward, f"gradient to {inc.edge.producer}"))
+            for plan, why in plans:
+                for op in plan.all_ops:
+                    if op.kind == "slice":
+                        continue
+                    table.add_row(
+                        row.name,
+                        inc.edge.tensor,
+                        why,
+                        op.kind,
+                        str(op.group_size),
+                        str(op.inter_node_groups(cluster.devices_per_node)),
+                        format_cost(op.cost(cluster, dtype, model), model),
+                    )
     return table
 
 
@@ -208,6 +215,20 @@ def comparison_table(comparison: Comparison) -> Table:
     table.caption = f"saving: {comparison.saving:.1f}% less communication time"
     table.caption_justify = "left"
     return table
+
+
+def _ops_dict(plan: Redistribution) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": o.kind,
+            "device_dim": o.device_dim,
+            "tensor_dim": o.tensor_dim,
+            "to_tensor_dim": o.to_tensor_dim,
+            "group_size": o.group_size,
+            "volume": o.volume,
+        }
+        for o in plan.all_ops
+    ]
 
 
 def result_dict(result: SearchResult) -> dict[str, Any]:
@@ -243,17 +264,9 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
                         "from": inc.edge.producer,
                         "tensor": inc.edge.tensor,
                         "cost": inc.cost,
-                        "ops": [
-                            {
-                                "kind": o.kind,
-                                "device_dim": o.device_dim,
-                                "tensor_dim": o.tensor_dim,
-                                "to_tensor_dim": o.to_tensor_dim,
-                                "group_size": o.group_size,
-                                "volume": o.volume,
-                            }
-                            for o in inc.plan.all_ops
-                        ],
+                        "ops": _ops_dict(inc.plan),
+                        "backward_cost": inc.backward_cost,
+                        "backward_ops": None if inc.backward is None else _ops_dict(inc.backward),
                     }
                     for inc in row.incoming
                 ],
@@ -271,6 +284,9 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
             "device_memory": c.device_memory,
         },
         "cost_model": result.cost_model,
+        "step": result.step,
+        "planner": result.planner,
+        "zero": result.zero,
         "cost": result.cost,
         "status": result.status,
         # Unknown (no bound yet when a time limit stopped SCIP) is null: JSON has no Infinity.

@@ -14,17 +14,29 @@ from taps.costs import (
     breakdown,
     build_tables,
     check_cost_model,
+    check_planner,
+    check_step,
     evaluate,
+    planner_for,
 )
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
 from taps.limits import check_candidates, check_table_memory
 
 if TYPE_CHECKING:
-    from taps.costs import CostModel
+    from taps.costs import CostModel, Planner, Step
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What a search prices: the step, the planner of its edges, ZeRO or not."""
+
+    step: Step = "training"
+    planner: Planner = "optimal"
+    zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,9 @@ class SearchResult:
     ilp: IlpSize
     memory_per_device: float
     timings: dict[str, float]
+    step: Step = "training"
+    planner: Planner = "optimal"
+    zero: bool = False
 
 
 def search(
@@ -61,9 +76,20 @@ def search(
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
     replicate: bool = False,
+    step: Step = "training",
+    planner: Planner | None = None,
+    zero: bool = False,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (the ILP of
     docs/conventions.md#the-ilp).
+
+    ``step="training"`` (the default) prices the whole training step: partial sums flow to the
+    consumer, every edge also pays its backward redistribution, and only parameters' and graph
+    inputs' gradients are reduced at their operators (addends' over the output axes they lack);
+    ``step="forward"`` keeps the paper's model. ``planner`` plans every edge (``"optimal"`` by
+    default for the training step, ``"paper"``, Algorithm 1, for the forward step). ``zero``
+    shards parameters' gradients and optimizer state over their data-parallel devices (ZeRO:
+    reduce_scatter and all_gather, less memory). See docs/search.md.
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
@@ -82,6 +108,8 @@ def search(
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
     check_cost_model(cost_model)
+    check_step(step)
+    check_planner(planner)
     deadline = None if time_limit is None else t0 + time_limit
     return _search(
         graph,
@@ -93,6 +121,7 @@ def search(
         options,
         tie,
         replicate,
+        Pricing(step, planner_for(step, planner), zero),
     )
 
 
@@ -141,10 +170,21 @@ def _search(
     options: IlpOptions,
     tie: bool = True,
     replicate: bool = False,
+    pricing: Pricing = Pricing(),
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, cost_model, bytes_per_parameter, replicas=replicate)
+    step, planner, zero = pricing.step, pricing.planner, pricing.zero
+    tables = build_tables(
+        graph,
+        cluster,
+        cost_model,
+        bytes_per_parameter,
+        replicas=replicate,
+        step=step,
+        planner=planner,
+        zero=zero,
+    )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     solution = solve(tables, limit, left, options, tie=tie)
@@ -153,7 +193,7 @@ def _search(
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )
-    rows = breakdown(graph, cluster, strategies, cost_model)
+    rows = breakdown(graph, cluster, strategies, cost_model, step, planner, zero)
     t2 = time.perf_counter()
     timings = dict(tables.timings)
     timings.update(
@@ -177,6 +217,9 @@ def _search(
         ilp=solution.size,
         memory_per_device=memory,
         timings=timings,
+        step=step,
+        planner=planner,
+        zero=zero,
     )
 
 
@@ -205,19 +248,36 @@ def compare(
     memory_limit: float | None = None,
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
+    step: Step = "training",
+    planner: Planner | None = None,
+    zero: bool = False,
 ) -> Comparison:
     """Search under both cost models and price both results under the topology model;
-    ``time_limit`` bounds both searches together."""
+    ``time_limit`` bounds both searches together; ``step``, ``planner`` and ``zero`` as in
+    :func:`search`."""
     t0 = time.perf_counter()
     _check("compare", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
+    check_step(step)
+    check_planner(planner)
+    pricing = Pricing(step, planner_for(step, planner), zero)
     deadline = None if time_limit is None else t0 + time_limit
     topo, vol = (
-        _search(graph, cluster, model, memory_limit, deadline, bytes_per_parameter, IlpOptions())
+        _search(
+            graph,
+            cluster,
+            model,
+            memory_limit,
+            deadline,
+            bytes_per_parameter,
+            IlpOptions(),
+            pricing=pricing,
+        )
         for model in ("topology", "volume")
     )
+    priced = (pricing.step, pricing.planner, pricing.zero)
     return Comparison(
         topo,
         vol,
-        evaluate(graph, cluster, vol.strategies, "topology"),
-        evaluate(graph, cluster, topo.strategies, "volume"),
+        evaluate(graph, cluster, vol.strategies, "topology", *priced),
+        evaluate(graph, cluster, topo.strategies, "volume", *priced),
     )

@@ -11,10 +11,12 @@ those layouts rather than working them out again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from taps._core import (
+    Cluster,
     Layout,
     Redistribution,
     Strategy,
@@ -24,6 +26,9 @@ from taps._core import (
 )
 from taps.graph import Edge, Graph, Operand, Operator
 from taps.limits import check_candidates
+
+if TYPE_CHECKING:
+    from taps._core import _Planner as Planner
 
 
 def operand_axis_indices(op: Operator, operand: Operand) -> list[int]:
@@ -49,6 +54,20 @@ def operand_layout(
     return strategy.tensor_layout(
         operand_axis_indices(op, operand), operand_shape(op, operand), per_replica
     )
+
+
+def split_dims(op: Operator, strategy: Strategy, axes: Iterable[str]) -> list[int]:
+    """The device dims of those of ``axes`` that ``strategy`` splits, ascending."""
+    return sorted(
+        strategy.device_map[i]
+        for i, a in enumerate(op.partitionable)
+        if a in axes and strategy.degrees[i] > 1
+    )
+
+
+def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:
+    """``layout`` holding partial sums along the device dims ``partial`` (unused by its map)."""
+    return Layout(layout.shape, layout.device_matrix, layout.tensor_map, partial)
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,18 @@ class Candidate:
         if operand == op.output:
             return self.output
         return self.inputs[op.inputs.index(operand)]
+
+    def partial_output(self, op: Operator) -> Layout:
+        """The output as the contraction leaves it: partial sums along the device dims of the
+        split contracted axes (before any all_reduce)."""
+        return with_partial(self.output, split_dims(op, self.strategy, op.contracted))
+
+    def gradient(self, op: Operator, slot: int) -> Layout:
+        """The gradient of input ``slot`` as the backward pass computes it: in the input's
+        layout, partial along the device dims of the split axes it is summed over
+        (:meth:`taps.graph.Operator.gradient_axes`)."""
+        axes = op.gradient_axes(op.inputs[slot])
+        return with_partial(self.inputs[slot], split_dims(op, self.strategy, axes))
 
 
 def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[Strategy]:
@@ -121,10 +152,62 @@ def assigned(
     return {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
 
 
-def edge_plans(graph: Graph, chosen: Mapping[str, Candidate]) -> list[tuple[Edge, Redistribution]]:
-    """Per graph edge (``graph.edges`` order), the redistribution from the producer's output
-    layout to the layout the consumer's candidate wants (Algorithm 1, the search's planner)."""
+def edge_plans(
+    graph: Graph,
+    chosen: Mapping[str, Candidate],
+    planner: Planner = "paper",
+    cluster: Cluster | None = None,
+    partial: Iterable[str] = (),
+    dtype_bytes: Mapping[str, float] | None = None,
+) -> list[tuple[Edge, Redistribution]]:
+    """Per graph edge (``graph.edges`` order), the forward redistribution from the producer's
+    output layout (:meth:`Candidate.partial_output` for the producers in ``partial``, whose
+    partial sums flow to their consumer) to the layout the consumer's candidate wants, by
+    ``planner`` (minimising seconds on ``cluster``, or elements without one; ``dtype_bytes`` per
+    tensor, default 2)."""
+    flowing = set(partial)
+
+    def source(e: Edge) -> Layout:
+        c = chosen[e.producer]
+        return c.partial_output(graph.op(e.producer)) if e.producer in flowing else c.output
+
     return [
-        (e, plan_redistribution(chosen[e.producer].output, chosen[e.consumer].inputs[e.slot]))
+        (
+            e,
+            plan_redistribution(
+                source(e),
+                chosen[e.consumer].inputs[e.slot],
+                cluster,
+                planner,
+                (dtype_bytes or {}).get(e.tensor, 2.0),
+            ),
+        )
+        for e in graph.edges
+    ]
+
+
+def backward_plans(
+    graph: Graph,
+    chosen: Mapping[str, Candidate],
+    planner: Planner = "optimal",
+    cluster: Cluster | None = None,
+    dtype_bytes: Mapping[str, float] | None = None,
+) -> list[tuple[Edge, Redistribution | None]]:
+    """Per graph edge, the backward redistribution of the gradient: from the consumer's
+    :meth:`Candidate.gradient` of the input to the producer's output layout (None when the tensor
+    needs no gradient)."""
+    return [
+        (
+            e,
+            plan_redistribution(
+                chosen[e.consumer].gradient(graph.op(e.consumer), e.slot),
+                chosen[e.producer].output,
+                cluster,
+                planner,
+                (dtype_bytes or {}).get(e.tensor, 2.0),
+            )
+            if graph.tensors[e.tensor].requires_grad
+            else None,
+        )
         for e in graph.edges
     ]

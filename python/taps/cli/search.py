@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from taps import models
-from taps._core import COST_MODELS, GraphError
+from taps._core import COST_MODELS, PLANNERS, GraphError
 from taps.cli.args import (
     add_cluster_args,
     cluster,
@@ -18,6 +18,7 @@ from taps.cli.args import (
     memory_size,
     positive,
 )
+from taps.costs import STEPS
 from taps.outputs import Outputs
 from taps.plot import check_available, plot_plan
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
@@ -44,11 +45,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
             graph = load_model(args.model, args.batch)
         c = cluster(args, args.memory)
         comparison: Comparison | None = None
+        pricing = {"step": args.step, "planner": args.planner, "zero": args.zero}
         if args.cost_model == "both":
-            comparison = compare(graph, c, time_limit=args.time_limit)
+            comparison = compare(graph, c, time_limit=args.time_limit, **pricing)
             results = [comparison.topology, comparison.volume]
         else:
-            results = [search(graph, c, args.cost_model, time_limit=args.time_limit)]
+            results = [search(graph, c, args.cost_model, time_limit=args.time_limit, **pricing)]
         # Everything is built before anything is printed or written.
         output: list[Any] = []
         for result in results:
@@ -119,6 +121,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=(*COST_MODELS, "both"),
         default="topology",
         help="what the search minimises; both compares the two (topology)",
+    )
+    p.add_argument(
+        "--step",
+        choices=STEPS,
+        default="training",
+        help="what is priced: the whole training step, or forward, the paper's model (training)",
+    )
+    p.add_argument(
+        "--planner",
+        choices=PLANNERS,
+        default=None,
+        help="the redistribution planner of every edge (optimal for the training step, paper "
+        "(Algorithm 1) for forward)",
+    )
+    p.add_argument(
+        "--zero",
+        action="store_true",
+        help="shard parameters' gradients and optimizer state over their data-parallel "
+        "devices (ZeRO: reduce_scatter + all_gather, less memory)",
     )
     p.add_argument(
         "--time-limit",

@@ -164,9 +164,10 @@ def op(
     inputs: Sequence[tuple[Value | None, Sequence[str]]],
     out_labels: Sequence[str],
     partitionable: Sequence[str] | None = None,
+    addends: Sequence[tuple[Value | None, Sequence[str]]] = (),
 ) -> Value:
-    """An operator of the node's (first) output shape; ``None`` inputs (absent optional
-    arguments, such as a missing bias) are left out."""
+    """An operator of the node's (first) output shape; ``None`` inputs and addends (absent
+    optional arguments, such as a missing bias) are left out."""
     return cx.b.op(
         kind,
         cx.path,
@@ -176,6 +177,7 @@ def op(
         cx.dtypes[0],
         partitionable,
         cx.order(),
+        addends=[(v, labels) for v, labels in addends if v is not None],
     )
 
 
@@ -379,21 +381,25 @@ for _name in (*UNARY, *BINARY):
 def linear(cx: Context) -> Value:
     """``x (..., in) @ weight (out, in)^T + bias (out)``; ``x (batch, seq, in)`` as rows."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
-    params = [(w, ["out", "in"]), (bias, ["out"])]
+    # The bias is added after the contraction: an addend.
+    addends = [(bias, ["out"])] if isinstance(bias, Value) else []
     if rowable(cx, x):
         r = rows(cx, x)
         lead_r = lead(len(r.shape) - 1)
         out = cx.b.op(
             "linear",
             cx.path,
-            [(v, labels) for v, labels in [(r, [*lead_r, "in"]), *params] if v is not None],
+            [(r, [*lead_r, "in"]), (w, ["out", "in"])],
             (*r.shape[:-1], cx.shapes[0][-1]),
             [*lead_r, "out"],
             cx.dtypes[0],
+            addends=addends,
         )
         return unrows(cx, out)
     labels = lead(len(x.shape) - 1)
-    return op(cx, "linear", [(x, [*labels, "in"]), *params], [*labels, "out"])
+    return op(
+        cx, "linear", [(x, [*labels, "in"]), (w, ["out", "in"])], [*labels, "out"], None, addends
+    )
 
 
 @rule("mm")
@@ -406,10 +412,10 @@ def mm(cx: Context) -> Value:
 def addmm(cx: Context) -> Value:
     """``bias + a @ b`` (the bias broadcast over rows)."""
     bias, a, c = cx.arg(0, "self"), tensor_arg(cx, 1, "mat1"), tensor_arg(cx, 2, "mat2")
-    inputs: list[tuple[Value | None, Sequence[str]]] = [(a, ["i", "k"]), (c, ["k", "j"])]
+    addends: list[tuple[Value | None, Sequence[str]]] = []
     if isinstance(bias, Value) and not bias.constant:
-        inputs.append((bias, broadcast_labels(bias, ["i", "j"], cx.shapes[0])))
-    return op(cx, "linear", inputs, ["i", "j"])
+        addends.append((bias, broadcast_labels(bias, ["i", "j"], cx.shapes[0])))
+    return op(cx, "linear", [(a, ["i", "k"]), (c, ["k", "j"])], ["i", "j"], None, addends)
 
 
 @rule("bmm")
@@ -487,20 +493,21 @@ def einsum(cx: Context) -> Value:
 
 @rule("conv2d")
 def conv2d(cx: Context) -> Value:
-    """``x (b, ci, h, w) * weight (co, ci, kh, kw) + bias (co)``: batch and channels
-    partitionable, spatial axes whole. With ``groups`` > 1 the channels are (groups, per group)
-    views, ``x (b, g, ci, h, w) * weight (g, co, ci, kh, kw)``: the groups are a partitionable
-    axis that neither is contracted nor sums partials (ResNeXt's grouped and MobileNet's
-    depthwise convolutions)."""
+    """``x (b, ci, h, w) * weight (co, ci, kh, kw) + bias (co)`` (the bias an addend): batch and
+    channels partitionable, spatial axes whole. With ``groups`` > 1 the channels are (groups,
+    per group) views, ``x (b, g, ci, h, w) * weight (g, co, ci, kh, kw) + bias (g, co)``: the
+    groups are a partitionable axis that neither is contracted nor sums partials (ResNeXt's
+    grouped and MobileNet's depthwise convolutions)."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
     groups = cx.arg(6, "groups", 1)
     if groups == 1:
         return op(
             cx,
             "conv2d",
-            [(x, ["b", "ci", "hi", "wi"]), (w, ["co", "ci", "kh", "kw"]), (bias, ["co"])],
+            [(x, ["b", "ci", "hi", "wi"]), (w, ["co", "ci", "kh", "kw"])],
             ["b", "co", "ho", "wo"],
             ["b", "ci", "co"],
+            [(bias, ["co"])],
         )
     b, _, h, wi = x.shape
     cout, per_group, kh, kw = w.shape
@@ -513,8 +520,7 @@ def conv2d(cx: Context) -> Value:
         split(x, "input", (b, g, per_group, h, wi), ["b", "g", "ci", "hi", "wi"]),
         split(w, "weight", (g, co, per_group, kh, kw), ["g", "co", "ci", "kh", "kw"]),
     ]
-    if isinstance(bias, Value):
-        inputs.append(split(bias, "bias", (g, co), ["g", "co"]))
+    addends = [split(bias, "bias", (g, co), ["g", "co"])] if isinstance(bias, Value) else []
     out = cx.shapes[0]
     grouped = cx.b.op(
         "conv2d",
@@ -524,6 +530,7 @@ def conv2d(cx: Context) -> Value:
         ["b", "g", "co", "ho", "wo"],
         cx.dtypes[0],
         ["b", "g", "ci", "co"],
+        addends=addends,
     )
     return cx.b.reshape(grouped, out, cx.path, "channels")
 

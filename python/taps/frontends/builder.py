@@ -84,6 +84,8 @@ class OpRecord:
     dtype_bytes: int
     pre: list[int] = field(default_factory=list)
     post: list[int] = field(default_factory=list)
+    #: How many of the last inputs are addends (a bias: ``Graph.add_operator(addends=...)``).
+    addends: int = 0
 
 
 def groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -204,15 +206,17 @@ class Builder:
         partitionable: Sequence[str] | None = None,
         order: Sequence[int] | None = None,
         hidden: Sequence[int] = (),
+        addends: Sequence[tuple[Value, Sequence[str]]] = (),
     ) -> Value:
         """An operator reading ``inputs`` (each a value and a label per framework dim) and
-        making a tensor of framework shape ``out_shape`` labelled ``out_labels``.
+        making a tensor of framework shape ``out_shape`` labelled ``out_labels``; ``addends``
+        are inputs added after the contraction (a bias), over output labels.
 
         ``partitionable`` defaults to every label; labels of size 1 never are. ``order`` lays
         the output's graph dims out in that order of framework dims (so a transpose that follows
         costs nothing); ``hidden`` adds trailing dims of those sizes the framework does not see
         (labelled ``ri0``, ...)."""
-        operands = [self.operand(v, labels, path) for v, labels in inputs]
+        operands = [self.operand(v, labels, path) for v, labels in [*inputs, *addends]]
         out_shape = tuple(out_shape)
         order = tuple(range(len(out_shape))) if order is None else tuple(order)
         hidden_labels = [f"ri{k}" for k in range(len(hidden))]
@@ -242,6 +246,7 @@ class Builder:
                 part,
                 {d: sizes[d] for d in out_dims if d not in known},
                 dtype_bytes,
+                addends=len(addends),
             )
         )
         self.order.append(("op", len(self.ops) - 1))
@@ -447,14 +452,17 @@ class Builder:
             for tid in op.pre:
                 tensor(tid)
             op_names[i] = fresh(op.path, op.kind, single=count[op.path] == 1)
+            operands = [(names[tid], dims) for tid, dims in op.inputs]
+            factors = len(operands) - op.addends
             names[op.output] = g.add_operator(
                 op_names[i],
                 op.kind,
-                [(names[tid], dims) for tid, dims in op.inputs],
+                operands[:factors],
                 op.out_dims,
                 op.partitionable,
                 op.axis_sizes,
                 op.dtype_bytes,
+                addends=operands[factors:],
             ).name
             for tid in op.post:
                 tensor(tid)

@@ -94,18 +94,20 @@ class Graph(GraphIR):
     @_atomic
     def linear(self, name: str, x: Tensor | str, out_features: int, bias: bool = False) -> Tensor:
         """``x @ W`` (+ ``b``) over the last dim of ``x``, with the parameters ``name + ".weight"``
-        of shape (in, out) and ``name + ".bias"`` of shape (out,). Every axis is partitionable."""
+        of shape (in, out) and ``name + ".bias"`` of shape (out,), an addend (added after the
+        contraction). Every axis is partitionable."""
         x = self.tensor(x)
         if not x.shape:
             raise GraphError(f"operator {name!r}: linear needs an input of rank >= 1")
         lead = _leading(len(x.shape) - 1)
         w = self.parameter(f"{name}.weight", (x.shape[-1], out_features), x.dtype_bytes)
         inputs: list[tuple[Tensor | str, Sequence[str]]] = [(x, (*lead, "in")), (w, ("in", "out"))]
+        addends: list[tuple[Tensor | str, Sequence[str]]] = []
         if bias:
-            inputs.append(
+            addends.append(
                 (self.parameter(f"{name}.bias", (out_features,), x.dtype_bytes), ("out",))
             )
-        return self.add_operator(name, "linear", inputs, (*lead, "out"))
+        return self.add_operator(name, "linear", inputs, (*lead, "out"), addends=addends)
 
     def matmul(self, name: str, a: Tensor | str, b: Tensor | str) -> Tensor:
         """``a @ b`` over axes ``(..., i, k, j)``: ``...ik,...kj->...ij`` when both carry the same
@@ -183,17 +185,17 @@ class Graph(GraphIR):
         bias_t = self.parameter(f"{name}.bias", (out_channels,), x.dtype_bytes) if bias else None
         sizes = {"ho": ho, "wo": wo}
         if groups == 1:
-            inputs: list[tuple[Tensor | str, Sequence[str]]] = [
-                (x, ("b", "ci", "hi", "wi")),
-                (weight, ("co", "ci", "kh", "kw")),
-            ]
-            if bias_t is not None:
-                inputs.append((bias_t, ("co",)))
             return self.add_operator(
-                name, "conv2d", inputs, ("b", "co", "ho", "wo"), ("b", "ci", "co"), sizes
+                name,
+                "conv2d",
+                [(x, ("b", "ci", "hi", "wi")), (weight, ("co", "ci", "kh", "kw"))],
+                ("b", "co", "ho", "wo"),
+                ("b", "ci", "co"),
+                sizes,
+                addends=[] if bias_t is None else [(bias_t, ("co",))],
             )
         g, ci, co = groups, cin // groups, out_channels // groups
-        inputs = [
+        inputs: list[tuple[Tensor | str, Sequence[str]]] = [
             (
                 self.reshape(f"{name}.input_groups", x, (b, g, ci, h, w)),
                 ("b", "g", "ci", "hi", "wi"),
@@ -203,11 +205,14 @@ class Graph(GraphIR):
                 ("g", "co", "ci", "kh", "kw"),
             ),
         ]
+        addends: list[tuple[Tensor | str, Sequence[str]]] = []
         if bias_t is not None:
-            inputs.append((self.reshape(f"{name}.bias_groups", bias_t, (g, co)), ("g", "co")))
+            addends.append((self.reshape(f"{name}.bias_groups", bias_t, (g, co)), ("g", "co")))
         # A depthwise convolution has one channel per group: nothing to split there.
         split = [a for a, size in zip(("b", "g", "ci", "co"), (b, g, ci, co)) if size > 1]
-        out = self.add_operator(name, "conv2d", inputs, ("b", "g", "co", "ho", "wo"), split, sizes)
+        out = self.add_operator(
+            name, "conv2d", inputs, ("b", "g", "co", "ho", "wo"), split, sizes, addends=addends
+        )
         return self.reshape(f"{name}.channels", out, (b, out_channels, ho, wo))
 
     def pool(

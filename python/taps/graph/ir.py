@@ -95,10 +95,13 @@ class GraphIR:
         axis_sizes: dict[str, int] | None = None,
         dtype_bytes: int | None = None,
         axis_order: Sequence[str] | None = None,
+        addends: Sequence[tuple[Tensor | str, Sequence[str]]] = (),
     ) -> Tensor:
         """The one path every operator takes.
 
         ``inputs`` are (tensor, axis of each of its dims) pairs, ``output_dims`` the output's axes,
+        ``addends`` more such pairs, the inputs added to the result after the contraction (a
+        linear's bias, :attr:`Operand.addend`), in slots after ``inputs`` and over output axes,
         ``partitionable`` the axes that may be split (None: all). ``axis_sizes`` gives the sizes of
         output axes that no input has (it may repeat others, which must agree). ``dtype_bytes``
         defaults to that of the first input. ``axis_order`` lists every axis in the order the
@@ -114,7 +117,8 @@ class GraphIR:
             raise GraphError(f"operator {name!r}: needs at least one input")
         sizes: dict[str, int] = {}
         operands = []
-        for slot, (t, dims) in enumerate(inputs):
+        n_factors = len(inputs)
+        for slot, (t, dims) in enumerate([*inputs, *addends]):
             tensor = self.tensor(t)
             dims = tuple(dims)
             if len(dims) != len(tensor.shape):
@@ -131,7 +135,7 @@ class GraphIR:
                         f"operator {name!r}: axis {d!r} has size {sizes[d]} in one operand and "
                         f"{size} in input {slot} ({tensor.name!r})"
                     )
-            operands.append(Operand(tensor.name, dims))
+            operands.append(Operand(tensor.name, dims, addend=slot >= n_factors))
         for d, size in (axis_sizes or {}).items():
             if not is_positive_int(size):
                 raise GraphError(f"operator {name!r}: axis {d!r} needs a positive size, got {size}")
@@ -145,6 +149,12 @@ class GraphIR:
         missing = [d for d in output_dims if d not in sizes]
         if missing:
             raise GraphError(f"operator {name!r}: output axes {missing} appear in no input")
+        for slot, o in enumerate(operands[n_factors:], n_factors):
+            if not set(o.dims) <= set(output_dims):
+                raise GraphError(
+                    f"operator {name!r}: addend {slot} ({o.tensor!r}) has axes "
+                    f"{[d for d in o.dims if d not in output_dims]} that are not output axes"
+                )
         used = {d for o in operands for d in o.dims} | set(output_dims)
         unused = [d for d in sizes if d not in used]
         if unused:
@@ -254,8 +264,8 @@ class GraphIR:
     def signature(self, op_name: str) -> tuple[Any, ...]:
         """Everything about an operator but its name and kind: its axes with their sizes, its
         partitionable axes, and per operand its dims, whether it is a parameter, whether it needs
-        a gradient, and its element size. Operators of one signature have the same candidates,
-        costs and memory (the search shares their tables)."""
+        a gradient, its element size, and per input whether it is an addend. Operators of one
+        signature have the same candidates, costs and memory (the search shares their tables)."""
         op = self.op(op_name)
 
         def operand(o: Operand) -> tuple[Any, ...]:
@@ -266,7 +276,7 @@ class GraphIR:
             op.axes,
             op.axis_sizes,
             op.partitionable,
-            tuple(operand(o) for o in op.inputs),
+            tuple((*operand(o), o.addend) for o in op.inputs),
             operand(op.output),
         )
 

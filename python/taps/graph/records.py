@@ -51,10 +51,14 @@ class Operand:
     Attributes:
         tensor: the tensor's name.
         dims: the operator axis of each dim of the tensor, in the tensor's dim order.
+        addend: an input added to the result after the contraction (a linear's bias): its axes
+            are output axes, it takes no part in the partial sums of a split contracted axis, and
+            its gradient is a sum over the output axes it lacks only.
     """
 
     tensor: str
     dims: tuple[str, ...]
+    addend: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,12 @@ class Operator:
         """Axes in the inputs and not in the output: split, they leave partial sums."""
         used = {d for operand in self.inputs for d in operand.dims}
         return tuple(a for a in self.axes if a in used and a not in self.output.dims)
+
+    def gradient_axes(self, operand: Operand) -> tuple[str, ...]:
+        """The axes the gradient of input ``operand`` is summed over: for a factor of the
+        product, every axis it lacks; for an addend, the output axes it lacks."""
+        over = self.output.dims if operand.addend else self.axes
+        return tuple(a for a in self.axes if a in over and a not in operand.dims)
 
     @property
     def input_tensors(self) -> tuple[str, ...]:

@@ -43,7 +43,14 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
                 "kind": op.kind,
                 "axes": [[a, s] for a, s in zip(op.axes, op.axis_sizes)],
                 "partitionable": list(op.partitionable),
-                "inputs": [{"tensor": o.tensor, "dims": list(o.dims)} for o in op.inputs],
+                "inputs": [
+                    {
+                        "tensor": o.tensor,
+                        "dims": list(o.dims),
+                        **({"addend": True} if o.addend else {}),
+                    }
+                    for o in op.inputs
+                ],
                 "output": {
                     "dims": list(op.output.dims),
                     "dtype_bytes": g.tensors[op.output.tensor].dtype_bytes,
@@ -285,11 +292,18 @@ def _read_op(op: Any, path: str) -> _Pending:
             raise GraphError(f"{path}.axes[{j}]: axis {pair[0]!r} is listed twice")
         sizes[pair[0]] = pair[1]
     part = _list_of(op, path, "partitionable", str)
-    inputs = []
+    inputs: list[tuple[str, list[str]]] = []
+    addends: list[tuple[str, list[str]]] = []
     for j, operand in enumerate(_get(op, path, "inputs", list)):
         p = f"{path}.inputs[{j}]"
-        _fields(operand, p, {"tensor", "dims"})
-        inputs.append((_get(operand, p, "tensor", str), _list_of(operand, p, "dims", str)))
+        _fields(operand, p, {"tensor", "dims", "addend"})
+        addend = operand.get("addend", False)
+        if not isinstance(addend, bool):
+            raise GraphError(f"{p}.addend: expected bool, got {addend!r}")
+        if addends and not addend:
+            raise GraphError(f"{p}: an input after an addend must be an addend too")
+        pair = (_get(operand, p, "tensor", str), _list_of(operand, p, "dims", str))
+        (addends if addend else inputs).append(pair)
     out = _get(op, path, "output", dict)
     _fields(out, f"{path}.output", {"dims", "dtype_bytes"})
     out_dims = _list_of(out, f"{path}.output", "dims", str)
@@ -297,14 +311,16 @@ def _read_op(op: Any, path: str) -> _Pending:
 
     def add(g: Graph) -> None:
         for field, dims in [
-            *((f"inputs[{j}].dims", dims) for j, (_, dims) in enumerate(inputs)),
+            *((f"inputs[{j}].dims", dims) for j, (_, dims) in enumerate([*inputs, *addends])),
             ("output.dims", out_dims),
         ]:
             for d in dims:
                 if d not in sizes:
                     raise GraphError(f"{path}.{field}: axis {d!r} is not in axes")
         # The file's axis order is the operator's: keep it rather than the inferred one.
-        g.add_operator(name, kind, inputs, out_dims, part, sizes, dtype, axis_order=list(sizes))
+        g.add_operator(
+            name, kind, inputs, out_dims, part, sizes, dtype, list(sizes), addends=addends
+        )
 
-    uses = tuple((f"inputs[{j}].tensor", t) for j, (t, _) in enumerate(inputs))
+    uses = tuple((f"inputs[{j}].tensor", t) for j, (t, _) in enumerate([*inputs, *addends]))
     return _Pending(path, repr(name), False, uses, f"{name}.out", add)

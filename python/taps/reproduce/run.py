@@ -59,6 +59,11 @@ class Row:
     volume_search_time: float
     #: Both lexicographic solves, on the tables of the two searches.
     tie_solve_time: float
+    #: The full model (:data:`FULL_MODEL`, comparison runs only; None elsewhere), seconds: its
+    #: own optimum, and the paper-model topology-aware plan priced under it.
+    full_cost: float | None = None
+    full_cost_of_paper_plan: float | None = None
+    full_search_time: float | None = None
 
     @property
     def saving_vs_returned(self) -> float:
@@ -71,6 +76,13 @@ class Row:
     @property
     def saving_vs_worst_tie(self) -> float:
         return _saving(self.topology_cost, self.volume_cost_worst_tie)
+
+    @property
+    def full_saving(self) -> float | None:
+        """Percent less time, under the full model, of its optimum than of the paper's plan."""
+        if self.full_cost is None or self.full_cost_of_paper_plan is None:
+            return None
+        return _saving(self.full_cost, self.full_cost_of_paper_plan)
 
     @property
     def volume_ratio(self) -> float:
@@ -90,12 +102,15 @@ class Row:
         out = asdict(self)
         for name in ("topology_search_time", "volume_search_time", "tie_solve_time"):
             out[name] = round(out[name], 4)
+        if self.full_search_time is not None:
+            out["full_search_time"] = round(self.full_search_time, 4)
         for name in DERIVED_COLUMNS:
             out[name] = getattr(self, name)
         return out
 
 
 DERIVED_COLUMNS = (
+    "full_saving",
     "saving_vs_returned",
     "saving_vs_best_tie",
     "saving_vs_worst_tie",
@@ -116,19 +131,48 @@ def _saving(cost: float, baseline: float) -> float:
     return 100.0 * (1.0 - _ratio(cost, baseline))
 
 
+#: The paper's model: forward redistributions planned by Algorithm 1, gradients all_reduced at
+#: the operators, replicas sharing one transfer out of a node.
+PAPER_MODEL: dict[str, Any] = {"step": "forward", "planner": "paper"}
+#: What engines run: the training step, the optimal planner, and (on the cluster) flat replicas.
+FULL_MODEL: dict[str, Any] = {"step": "training", "planner": "optimal"}
+
+
+def full_cluster(cluster: Cluster) -> Cluster:
+    """``cluster`` with flat replicas (every copy sends its own transfer, as NCCL and XLA do)."""
+    return Cluster(
+        cluster.nodes,
+        cluster.devices_per_node,
+        cluster.intra_bandwidth,
+        cluster.inter_bandwidth,
+        cluster.device_memory,
+        replicas="flat",
+    )
+
+
 def run_case(case: Case) -> Row:
-    """Both searches and both lexicographic solves, on one set of tables per cost model."""
+    """Both searches and both lexicographic solves, on one set of tables per cost model; on the
+    comparison runs, the search under the full model too."""
     graph, cluster = case.graph(), case.cluster()
     t0 = time.perf_counter()
-    topo_tables = build_tables(graph, cluster, "topology")
+    topo_tables = build_tables(graph, cluster, "topology", **PAPER_MODEL)
     topo = solve(topo_tables)
     t1 = time.perf_counter()
-    vol_tables = build_tables(graph, cluster, "volume")
+    vol_tables = build_tables(graph, cluster, "volume", **PAPER_MODEL)
     vol = solve(vol_tables)
     t2 = time.perf_counter()
     best = solve(vol_tables, tie_break=(topo_tables, "min"))
     worst = solve(vol_tables, tie_break=(topo_tables, "max"))
     t3 = time.perf_counter()
+    full: dict[str, float] = {}
+    if case.sweep == "comparison":
+        full_tables = build_tables(graph, full_cluster(cluster), "topology", **FULL_MODEL)
+        # Both tables list every operator's candidates in one order, so choices carry over.
+        full = {
+            "full_cost": full_tables.evaluate(solve(full_tables).choice),
+            "full_cost_of_paper_plan": full_tables.evaluate(topo.choice),
+            "full_search_time": time.perf_counter() - t3,
+        }
     return Row(
         sweep=case.sweep,
         model=case.model,
@@ -155,6 +199,7 @@ def run_case(case: Case) -> Row:
         topology_search_time=t1 - t0,
         volume_search_time=t2 - t1,
         tie_solve_time=t3 - t2,
+        **full,
     )
 
 
@@ -189,8 +234,8 @@ def median_search(
 ) -> SearchResult:
     """``taps.search`` as a user runs it: one warm-up, then the run of median end-to-end time
     among ``repeat``."""
-    search(graph, cluster, options=options)
-    runs = [search(graph, cluster, options=options) for _ in range(repeat)]
+    search(graph, cluster, options=options, **PAPER_MODEL)
+    runs = [search(graph, cluster, options=options, **PAPER_MODEL) for _ in range(repeat)]
     return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
 
 

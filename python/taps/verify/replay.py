@@ -176,8 +176,13 @@ def verify_redistributions(
     compiled_collectives = measured(compiled.as_text(), n)
     rank = {d: r for r, d in enumerate(jmesh.devices.reshape(-1))}
     results = []
-    for i, ((_, b), plan, out, full) in enumerate(zip(pairs, plans, outs, fulls)):
-        want = full.reshape(b.shape)
+    for i, ((a, b), plan, out, full) in enumerate(zip(pairs, plans, outs, fulls)):
+        # A source with partial sums holds the whole tensor as every addend, so the sums the plan
+        # takes come to the tensor times the devices they add up.
+        summed = math.prod(a.device_dim_size(k) for k in a.partial) // math.prod(
+            b.device_dim_size(k) for k in b.partial
+        )
+        want = full.reshape(b.shape) * summed
         error = 0.0
         for shard in out.addressable_shards:
             block = tuple(slice(lo, hi) for lo, hi in b.shard_index(rank[shard.device]))
