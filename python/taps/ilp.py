@@ -25,6 +25,7 @@ from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
 from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
+from taps.elimination import plan
 from taps.lagrange import price_memory, prune_by_price
 from taps.prune import dominance_survivors, negated, restrict
 from taps.reductions import PairCost, Problem, reduce
@@ -57,6 +58,10 @@ class IlpOptions:
     #: joins the operators left. Under a binding memory limit only operators whose memory does
     #: not depend on their candidate go.
     reduce: bool = True
+    #: Solve the core the reductions leave (a graph that is not series-parallel) by exact
+    #: variable elimination (taps.elimination) when its tables fit a budget, without SCIP.
+    #: Single objective without a binding memory limit only. Needs ``reduce``.
+    eliminate: bool = True
     #: Under a binding memory limit, price memory (taps.lagrange) before SCIP: series-parallel
     #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
     #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
@@ -414,8 +419,10 @@ def _reduced(
         run = _limited(reduction.cores, memory, options, deadline)
         eliminated = reduction.eliminated + run.size.eliminated
     elif core.pairs:
-        run = _pruned_run(reduction.cores, options, memory, deadline)
-        eliminated = reduction.eliminated
+        run = _eliminated(reduction.cores, options, deadline) or _pruned_run(
+            reduction.cores, options, memory, deadline
+        )
+        eliminated = reduction.eliminated + run.size.eliminated
     else:
         # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
         choice = reduction.isolated_choice()
@@ -430,6 +437,22 @@ def _reduced(
         reduce_time=run.reduce_time + reduce_time,
         size=replace(run.size, eliminated=eliminated),
     )
+
+
+def _eliminated(
+    objectives: list[Problem], options: IlpOptions, deadline: float | None
+) -> IlpSolution | None:
+    """The core solved by variable elimination, if it is on, there is one objective and the
+    elimination fits its budget and the deadline; ``size.eliminated`` counts its operators."""
+    if not options.eliminate or len(objectives) > 1:
+        return None
+    t0 = time.perf_counter()
+    elimination = plan(objectives[0])
+    solved = None if elimination is None else elimination.solve(deadline)
+    if solved is None:
+        return None
+    size = IlpSize(0, 0, 0, 0, eliminated=len(objectives[0].node_cost))
+    return IlpSolution(solved[0], "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
 
 
 def _limited(
