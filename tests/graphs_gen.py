@@ -86,7 +86,9 @@ def inception(
         reduce = _pointwise(g, f"{p}reduce.act", g.conv2d(f"{p}reduce", x, half, 1))
         three = g.conv2d(f"{p}3x3", reduce, channels, 3, padding=1)
         mid = _pointwise(g, f"{p}5x5a.act", g.conv2d(f"{p}5x5a", reduce, half, 3, padding=1))
-        five = _pointwise(g, f"{p}5x5.mix", g.conv2d(f"{p}5x5b", mid, channels, 3, padding=1), three)
+        five = _pointwise(
+            g, f"{p}5x5.mix", g.conv2d(f"{p}5x5b", mid, channels, 3, padding=1), three
+        )
         pooled = g.conv2d(f"{p}pool.proj", g.pool(f"{p}pool", x, 1), channels, 1)
         total = _pointwise(g, f"{p}sum", one, three, five, pooled, x)
         x = _pointwise(g, f"{p}out", total)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import taps
+from graphs_gen import inception, skip_ladder
+from taps.costs import build_tables
 from taps.elimination import plan
-from taps.reductions import PairCost, Problem
+from taps.reductions import PairCost, Problem, reduce
 
 
 @st.composite
@@ -82,3 +86,105 @@ def test_budget_refuses_wide_tables():
     assert plan(problem, max_work=4 * 30**5 - 1) is None
     elimination = plan(problem)
     assert elimination is not None and elimination.largest == 30**4
+
+
+def test_deadline_stops_the_elimination():
+    problem = Problem(
+        {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0])},
+        [PairCost("a", "b", np.arange(2), np.arange(2), np.eye(2))],
+    )
+    elimination = plan(problem)
+    assert elimination is not None
+    assert elimination.solve(deadline=time.perf_counter() - 1) is None
+    assert elimination.solve() == ({"a": 1, "b": 0}, 0.0)
+
+
+def _brute_force_tables(tables) -> tuple[float, list[dict[str, int]]]:
+    names = list(tables.ops)
+    every = [
+        dict(zip(names, c))
+        for c in itertools.product(*(range(len(tables.ops[n].strategies)) for n in names))
+    ]
+    return min(tables.evaluate(c) for c in every), every
+
+
+def _core_left(tables) -> int:
+    """Operators the series-parallel reductions leave for elimination or SCIP."""
+    problem = tables.problem()
+    return len(reduce([problem], list(problem.node_cost)).cores[0].node_cost)
+
+
+TINY = [
+    (skip_ladder(2, reach=3, batch=4, hidden=4), (1, 2)),
+    (skip_ladder(3, reach=3, batch=4, hidden=2), (2, 1)),
+    (inception(1, batch=2, channels=2, size=4, stem=False), (1, 2)),
+]
+
+
+@pytest.mark.parametrize(("graph", "shape"), TINY, ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize("cost_model", ["topology", "volume"])
+def test_search_through_elimination_equals_brute_force(graph, shape, cost_model):
+    """Graphs whose skips or branches do not reduce: the reductions leave a core, elimination
+    decides it (no SCIP), and the result is the least cost over every assignment."""
+    cluster = taps.Cluster(*shape)
+    tables = build_tables(graph, cluster, cost_model)
+    assert _core_left(tables) > 0
+    result = taps.search(graph, cluster, cost_model)
+    assert (result.ilp.operators, result.ilp.eliminated) == (0, len(graph.ops))
+    best, _ = _brute_force_tables(tables)
+    assert result.status == "optimal" and result.gap == 0
+    assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-18)
+    assert taps.evaluate(graph, cluster, result.strategies, cost_model) == pytest.approx(
+        result.cost, rel=1e-9, abs=1e-18
+    )
+
+
+@pytest.mark.parametrize(("graph", "shape"), TINY[:2], ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize("position", [0.0, 0.3, 0.7])
+def test_binding_limit_on_a_core_equals_brute_force(graph, shape, position):
+    """Under a memory limit that binds, the core goes to the price and SCIP: still the optimum
+    over the assignments that fit."""
+    cluster = taps.Cluster(*shape)
+    tables = build_tables(graph, cluster)
+    _, every = _brute_force_tables(tables)
+
+    def mem(choice):
+        return graph.layers * sum(float(tables.ops[n].memory[i]) for n, i in choice.items())
+
+    lo, hi = min(map(mem, every)), max(map(mem, every))
+    limit = lo + position * (hi - lo)
+    result = taps.search(graph, cluster, memory_limit=limit)
+    want = min(tables.evaluate(c) for c in every if mem(c) <= limit * (1 + 1e-9))
+    assert result.memory_per_device <= limit * (1 + 1e-9)
+    assert result.cost == pytest.approx(want, rel=1e-9, abs=1e-18)
+
+
+MEDIUM = [
+    (skip_ladder(6, reach=4, batch=64, hidden=64), (4, 4)),
+    (inception(2, batch=16, channels=32, size=8), (2, 8)),
+]
+
+
+@pytest.mark.parametrize(("graph", "shape"), MEDIUM, ids=lambda x: getattr(x, "name", str(x)))
+def test_elimination_equals_the_plain_ilp(graph, shape):
+    """Too large for brute force: elimination against SCIP on the whole graph, no reductions."""
+    cluster = taps.Cluster(*shape)
+    mine = taps.search(graph, cluster)
+    assert mine.ilp.operators == 0
+    plain = taps.search(graph, cluster, options=taps.IlpOptions(reduce=False))
+    assert plain.status == "optimal" and plain.ilp.operators == len(graph.ops)
+    assert mine.cost == pytest.approx(plain.cost, rel=1e-9)
+
+
+def test_time_limit_on_a_core_returns_an_assignment_and_its_gap():
+    """A limit that passes before the elimination: SCIP gets what is left (nothing) and returns
+    the first assignment with a gap that bounds the optimum."""
+    graph, cluster = MEDIUM[1][0], taps.Cluster(*MEDIUM[1][1])
+    optimum = taps.search(graph, cluster).cost
+    r = taps.search(graph, cluster, time_limit=1e-6)
+    assert r.status == "timelimit" and r.gap > 0
+    assert r.cost == pytest.approx(taps.evaluate(graph, cluster, r.strategies), rel=1e-9)
+    assert r.cost >= optimum * (1 - 1e-9)
+    if math.isfinite(r.gap):
+        # SCIP's gap is (primal - dual) / |dual|: the optimum is at least the dual bound.
+        assert optimum >= r.cost / (1 + r.gap) * (1 - 1e-9)

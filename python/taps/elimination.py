@@ -28,7 +28,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,9 +66,7 @@ class _Step:
     def choose(self, choice: dict[str, int]) -> int:
         total = self.node.copy()
         for f in self.factors:
-            index = tuple(
-                c if u == self.v else c[choice[u]] for u, c in zip(f.names, f.classes)
-            )
+            index = tuple(c if u == self.v else c[choice[u]] for u, c in zip(f.names, f.classes))
             total += f.table[index]
         return int(np.argmin(total))
 
@@ -82,12 +80,13 @@ class Elimination:
     #: Estimated additions and largest table of the order (upper bounds).
     work: float
     largest: float
-    steps: list[_Step] = field(default_factory=list)
 
     def solve(self, deadline: float | None = None) -> tuple[dict[str, int], float] | None:
         """The optimal choice of every operator and its cost; None if ``deadline``
         (``time.perf_counter()``) passes first."""
-        node = {v: np.asarray(c, dtype=np.float64).copy() for v, c in self.problem.node_cost.items()}
+        node = {
+            v: np.asarray(c, dtype=np.float64).copy() for v, c in self.problem.node_cost.items()
+        }
         factors: dict[int, _Factor] = {}
         incident: dict[str, set[int]] = {v: set() for v in node}
         for k, p in enumerate(self.problem.pairs):
@@ -106,9 +105,11 @@ class Elimination:
             for f in mine:
                 for u in f.names:
                     if u != v:
-                        incident[u] -= incident[u] - factors.keys()
+                        incident[u] &= factors.keys()
             steps.append(_Step(v, mine, node[v]))
-            new = _eliminate(v, mine, node.pop(v))
+            new = _eliminate(v, mine, node.pop(v), deadline)
+            if new is None:
+                return None
             if not new.names:
                 constant += float(new.table)
             elif len(new.names) == 1:
@@ -124,29 +125,39 @@ class Elimination:
         constant += sum(float(c.min()) for c in node.values())
         for step in reversed(steps):
             choice[step.v] = step.choose(choice)
-        self.steps = steps
         return choice, constant
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index of the first of each distinct row of a 2-D array, and the distinct row of each
+    row. Rows compare as bytes (one sort of fixed-size keys: numpy's ``unique(axis=0)`` compares
+    them column by column, far slower on long rows)."""
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def _joint(classes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The distinct combinations of one operator's classes in several tables: (combination per
     candidate, each combination's class in each table as rows)."""
     stacked = np.stack(classes)
-    combos, inverse = np.unique(stacked, axis=1, return_inverse=True)
-    return inverse.reshape(-1), combos
+    first, inverse = _unique_rows(stacked.T)
+    return inverse, stacked[:, first]
 
 
 def _compact(classes: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge equal slices of ``table`` along ``axis``: (new class per candidate, new table)."""
     moved = np.moveaxis(table, axis, 0)
-    distinct, inverse = np.unique(moved.reshape(len(moved), -1), axis=0, return_inverse=True)
-    shape = (len(distinct), *moved.shape[1:])
-    return inverse.reshape(-1)[classes], np.moveaxis(distinct.reshape(shape), 0, axis)
+    first, inverse = _unique_rows(moved.reshape(len(moved), -1))
+    return inverse[classes], np.moveaxis(moved[first], 0, axis)
 
 
-def _eliminate(v: str, factors: list[_Factor], node: np.ndarray) -> _Factor:
+def _eliminate(
+    v: str, factors: list[_Factor], node: np.ndarray, deadline: float | None
+) -> _Factor | None:
     """The factor over the other operators of ``factors``: the least over ``v``'s choices of
-    ``node`` plus their sum."""
+    ``node`` plus their sum. None if ``deadline`` passes first."""
     others = list(dict.fromkeys(u for f in factors for u in f.names if u != v))
     v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
     best = np.full(v_rows.shape[1], np.inf)
@@ -163,11 +174,15 @@ def _eliminate(v: str, factors: list[_Factor], node: np.ndarray) -> _Factor:
     terms = []
     for k, f in enumerate(factors):
         index = [v_rows[k] if u == v else rows[u][k] for u in f.names]
-        terms.append(([0 if u == v else 1 + others.index(u) for u in f.names], f.table[np.ix_(*index)]))
+        terms.append(
+            ([0 if u == v else 1 + others.index(u) for u in f.names], f.table[np.ix_(*index)])
+        )
     out = np.full(shape[1:], np.inf)
     rest = max(1, math.prod(shape[1:]))
     step = max(1, _CHUNK // rest)
     for start in range(0, shape[0], step):
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
         stop = min(start + step, shape[0])
         block = best[start:stop].reshape(-1, *([1] * (len(shape) - 1))).copy()
         block = np.broadcast_to(block, (stop - start, *shape[1:])).copy()
@@ -195,7 +210,9 @@ def _placed(table: np.ndarray, order: list[int], ndim: int, start: int, stop: in
     return arranged.reshape(shape)
 
 
-def plan(problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE) -> Elimination | None:
+def plan(
+    problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
+) -> Elimination | None:
     """An elimination order of ``problem`` (greedy, smallest estimated table first; ties in the
     problem's operator order) whose estimated work and largest table fit the budget, or None."""
     names = list(problem.node_cost)

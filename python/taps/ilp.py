@@ -169,9 +169,7 @@ class _Model:
 
     def objective(self, problem: Problem) -> Any:
         """The scaled cost of ``problem`` (same operators and classes) over the variables."""
-        return quicksum(
-            _weighted(x, c) for x, c in zip((self.s, self.f), _coefficients(problem))
-        )
+        return quicksum(_weighted(x, c) for x, c in zip((self.s, self.f), _coefficients(problem)))
 
     def choice(self) -> dict[str, int]:
         sol = self.model.getBestSol()
