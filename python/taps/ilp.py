@@ -51,6 +51,10 @@ class IlpOptions:
     #: SCIP's presolve: off by default, it costs far more than it saves on these models
     #: (AlexNet on 32 devices: 5.8 s with it, 0.13 s without).
     presolve: bool = False
+    #: SCIP's cutting planes (separators): off by default, the layout-class flows already give
+    #: a tight relaxation and the cuts slow the LP down (4 untied GPT-3 layers on 64 devices
+    #: under a binding limit: 67 s with them, 27 s without; no change where the root decides).
+    cuts: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
     #: Eliminate operators exactly before SCIP (taps.reductions): fixed, leaf and series
@@ -303,6 +307,8 @@ def _run(
         model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
+    if not options.cuts:
+        model.setSeparating(SCIP_PARAMSETTING.OFF)
     if options.warm_start:
         _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
