@@ -25,7 +25,7 @@ from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
 from taps._core import InfeasibleError, TapsError
 from taps.costs import CostTables
-from taps.elimination import plan
+from taps.elimination import MAX_WORK, plan
 from taps.lagrange import price_memory, prune_by_price
 from taps.prune import dominance_survivors, negated, restrict
 from taps.reductions import PairCost, Problem, reduce
@@ -34,6 +34,12 @@ from taps.tying import Ties
 #: The largest objective coefficient handed to SCIP: costs are rescaled so that SCIP's absolute
 #: tolerances (1e-9) stay far below the smallest cost that matters, whatever the unit.
 _OBJECTIVE_SCALE = 1e6
+#: Variable elimination is tried when its estimated work (additions) is below this many per flow
+#: variable the core's ILP would have: numpy adds about 1e8 a second, SCIP builds and solves
+#: about 2e4 flows a second (a skip ladder of 500 operators on 64 devices: 55,000 flows, 4 s in
+#: SCIP, 0.8 s eliminated; a dense block of 7 layers on 32 devices: 0.27 s in SCIP, 0.58 s
+#: eliminated).
+_WORK_PER_FLOW = 5_000
 #: How far SCIP may exceed the memory limit, relative to it.
 _MEMORY_FEASTOL = 1e-9
 
@@ -51,10 +57,12 @@ class IlpOptions:
     #: SCIP's presolve: off by default, it costs far more than it saves on these models
     #: (AlexNet on 32 devices: 5.8 s with it, 0.13 s without).
     presolve: bool = False
-    #: SCIP's cutting planes (separators): off by default, the layout-class flows already give
-    #: a tight relaxation and the cuts slow the LP down (4 untied GPT-3 layers on 64 devices
-    #: under a binding limit: 67 s with them, 27 s without; no change where the root decides).
-    cuts: bool = False
+    #: SCIP's cutting planes below the root too (its default). Off, they are separated at the
+    #: root only: there they close the gap of memory-limited problems (one GPT-3 layer standing
+    #: for 12 on 1,024 devices under 80 GB without the price: 18 s with them, 100 s with none),
+    #: deeper they slow every node's LP (4 untied GPT-3 layers on 64 devices under a binding
+    #: limit: 67 s with them, 44 s at the root only).
+    tree_cuts: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
     #: Eliminate operators exactly before SCIP (taps.reductions): fixed, leaf and series
@@ -307,8 +315,8 @@ def _run(
         model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
-    if not options.cuts:
-        model.setSeparating(SCIP_PARAMSETTING.OFF)
+    if not options.tree_cuts:
+        model.setParam("separating/maxrounds", 0)
     if options.warm_start:
         _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
@@ -453,7 +461,8 @@ def _eliminated(
     if not options.eliminate or len(objectives) > 1:
         return None
     t0 = time.perf_counter()
-    elimination = plan(objectives[0])
+    flows = sum(p.cost.size for p in objectives[0].pairs)
+    elimination = plan(objectives[0], max_work=min(MAX_WORK, _WORK_PER_FLOW * flows))
     solved = None if elimination is None else elimination.solve(deadline)
     if solved is None:
         return None
