@@ -35,7 +35,6 @@ ABLATIONS = {
     "no pruning": taps.IlpOptions(prune=False),
     "no warm start": taps.IlpOptions(warm_start=False),
     "with presolve": taps.IlpOptions(presolve=True),
-    "cuts in the tree": taps.IlpOptions(tree_cuts=True),
     "pairwise": taps.IlpOptions(formulation="pairwise"),
 }
 #: The plain formulation is given this long (the issue's cut-off).

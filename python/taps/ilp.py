@@ -8,8 +8,9 @@ the consumer's choice of input class ``b``. For binary ``s`` exactly one ``f`` i
 objective is exact, and the LP relaxation is far tighter than one binary per strategy pair.
 
 Before SCIP, the exact reductions of :mod:`taps.reductions` eliminate what dynamic programming can
-(chains, trees, series-parallel blocks such as residual connections), and dominated candidates of
-what is left are pruned (:mod:`taps.prune`); SCIP gets the core, if anything is left to decide.
+(chains, trees, series-parallel blocks such as residual connections); what they leave is solved by
+variable elimination (:mod:`taps.elimination`) when its tables are small enough, and otherwise its
+dominated candidates are pruned (:mod:`taps.prune`) and SCIP gets the core.
 """
 
 from __future__ import annotations
@@ -57,12 +58,6 @@ class IlpOptions:
     #: SCIP's presolve: off by default, it costs far more than it saves on these models
     #: (AlexNet on 32 devices: 5.8 s with it, 0.13 s without).
     presolve: bool = False
-    #: SCIP's cutting planes below the root too (its default). Off, they are separated at the
-    #: root only: there they close the gap of memory-limited problems (one GPT-3 layer standing
-    #: for 12 on 1,024 devices under 80 GB without the price: 18 s with them, 100 s with none),
-    #: deeper they slow every node's LP (4 untied GPT-3 layers on 64 devices under a binding
-    #: limit: 67 s with them, 44 s at the root only).
-    tree_cuts: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
     #: Eliminate operators exactly before SCIP (taps.reductions): fixed, leaf and series
@@ -315,8 +310,6 @@ def _run(
         model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
     if not options.presolve:
         model.setPresolve(SCIP_PARAMSETTING.OFF)
-    if not options.tree_cuts:
-        model.setParam("separating/maxrounds", 0)
     if options.warm_start:
         _add_start(built, problem, memory, start)
     build_time = time.perf_counter() - t0
