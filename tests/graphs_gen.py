@@ -93,3 +93,12 @@ def inception(
         total = _pointwise(g, f"{p}sum", one, three, five, pooled, x)
         x = _pointwise(g, f"{p}out", total)
     return g
+
+
+@st.composite
+def small_cores(draw) -> taps.Graph:
+    """Small skip ladders whose skips span 3 or 4 blocks, which the series-parallel reductions
+    cannot take apart (on 2 devices; brute force is affordable there)."""
+    return skip_ladder(
+        4, draw(st.integers(3, 4)), draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([2, 4]))
+    )
