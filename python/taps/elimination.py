@@ -6,16 +6,17 @@ sum of cost tables ("factors"), each over the choices of a few operators. Elimin
 ``v`` replaces the factors that mention it by one factor over the other operators they mention,
 the least of their sum over ``v``'s choices; the optimum is what is left when every operator has
 gone, and the choices follow in reverse order, each the best given the operators eliminated after
-it. The series and leaf reductions are the cases of one and two neighbours; here an operator may
+it. The leaf and series reductions are the cases of one and two neighbours; here an operator may
 have any number, and the new factor's table is as large as the product of their choice counts.
 
 That product decides whether elimination is affordable. The order is chosen greedily, each step
-eliminating the operator whose new table is smallest (the "min-weight" heuristic for a tree
-decomposition of small width), first on estimates: an operator's choices in a table are the
-distinct combinations of its layout classes in the tables it comes from, at most its candidate
-count. When the estimated work of the whole order stays under a budget, the tables are computed
-(graphs whose skip connections span a few blocks have width 3 or 4 and tables of a few million
-entries); otherwise :func:`plan` says no and the caller solves the ILP.
+eliminating the operator whose step costs least, about the size of its new table (the
+"min-weight" heuristic for a tree decomposition of small width), first on estimates: an
+operator's choices in a table are the distinct combinations of its layout classes in the tables
+it comes from, at most its candidate count. When the estimated work of the whole order stays
+under a budget, the tables are computed (graphs whose skip connections span a few blocks have
+width 3 or 4 and tables of a few million entries); otherwise :func:`plan` says no and the caller
+solves the ILP.
 
 Choices of one operator that every table treats alike (the same layout class in each) are one
 choice here, so tables are over classes, not candidates; the operator's own node cost keeps the
@@ -184,8 +185,8 @@ def _eliminate(
         if deadline is not None and time.perf_counter() > deadline:
             return None
         stop = min(start + step, shape[0])
-        block = best[start:stop].reshape(-1, *([1] * (len(shape) - 1))).copy()
-        block = np.broadcast_to(block, (stop - start, *shape[1:])).copy()
+        rows_of_v = best[start:stop].reshape(-1, *([1] * (len(shape) - 1)))
+        block = np.broadcast_to(rows_of_v, (stop - start, *shape[1:])).copy()
         for axes, table in terms:
             block += _placed(table, axes, len(shape), start, stop)
         np.minimum(out, block.min(axis=0), out=out)
@@ -213,8 +214,9 @@ def _placed(table: np.ndarray, order: list[int], ndim: int, start: int, stop: in
 def plan(
     problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
 ) -> Elimination | None:
-    """An elimination order of ``problem`` (greedy, smallest estimated table first; ties in the
-    problem's operator order) whose estimated work and largest table fit the budget, or None."""
+    """An elimination order of ``problem`` whose estimated work and largest table fit the budget,
+    or None. Greedy: each step eliminates the operator whose step costs least (its choices times
+    the size of its new table times the tables it sums), ties in the problem's operator order."""
     names = list(problem.node_cost)
     position = {v: k for k, v in enumerate(names)}
     candidates = {v: len(c) for v, c in problem.node_cost.items()}
