@@ -3,7 +3,9 @@ Alpa-style formulation (a binary per strategy pair, SCIP's defaults) on the same
 same run, and with each speed-up switched off in turn.
 
 Run: ``.venv/bin/python benches/search_stages.py`` (``--quick`` for the small cases only,
-``--large`` adds the GPT layer on 1024 and 4096 devices). Every taps configuration is run
+``--large`` adds the GPT layer on 1024 and 4096 devices; ``--build`` only times building and
+solving the largest ILP the benchmarks make, one GPT-3 layer standing for 12 on 1024 devices
+under 80 GB without the price on memory). Every taps configuration is run
 ``--repeat`` times after one warm-up run and its median run is reported; the plain formulation
 runs once.
 """
@@ -29,6 +31,7 @@ PLAIN = taps.IlpOptions(
 ABLATIONS = {
     "taps": taps.IlpOptions(),
     "no reductions": taps.IlpOptions(reduce=False),
+    "no elimination": taps.IlpOptions(eliminate=False),
     "no pruning": taps.IlpOptions(prune=False),
     "no warm start": taps.IlpOptions(warm_start=False),
     "with presolve": taps.IlpOptions(presolve=True),
@@ -99,13 +102,31 @@ def peak_rss_mib(quick: bool, large: bool, index: int) -> float:
     return in_fresh_process(_search, quick, large, index)[1]
 
 
+def time_build() -> None:
+    """The ILP of one GPT-3 layer standing for 12 (batch 1024) on 1024 devices under 80 GB
+    without the price on memory, built and solved twice: the time of each."""
+    graph = taps.models.gpt(12288, 96, 2048, 1024, layers=12)
+    options = taps.IlpOptions(price=False)
+    for _ in range(2):
+        r = taps.search(graph, taps.Cluster(128, 8), memory_limit=80e9, options=options)
+        print(
+            f"build {r.timings['build']:.2f} s (pruning and model), solve "
+            f"{r.timings['solve']:.2f} s: {r.ilp.binaries:,} binaries, {r.ilp.continuous:,} "
+            f"continuous, {r.ilp.constraints:,} constraints"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the small cases only")
     parser.add_argument("--large", action="store_true", help="add GPT on 1024 and 4096 devices")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain formulation")
     parser.add_argument("--repeat", type=int, default=5, help="runs per taps configuration")
+    parser.add_argument("--build", action="store_true", help="only the largest ILP, built twice")
     args = parser.parse_args()
+    if args.build:
+        time_build()
+        return
     console = Console(width=250)
 
     stages = Table(title="taps.search by stage (seconds)", title_justify="left")

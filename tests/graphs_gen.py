@@ -41,3 +41,64 @@ def small_enough(graph, cluster, limit: int = 3000) -> bool:
     """Brute force is affordable."""
     sizes = [len(candidates(op, cluster.num_devices)) for op in graph.ops]
     return math.prod(sizes) <= limit
+
+
+def skip_ladder(blocks: int, reach: int = 3, batch: int = 64, hidden: int = 64) -> taps.Graph:
+    """Residual connections across several blocks: block ``k`` is a two-layer MLP whose output is
+    added to the outputs of the ``reach`` blocks before it (one elementwise operator reads them
+    all). With ``reach >= 3`` the skips overlap so that no series-parallel reduction removes them:
+    the operators keep a core of treewidth ``reach``. Four operators per block."""
+    g = taps.Graph(name=f"skip ladder ({blocks} blocks, reach {reach})")
+    outs = [g.input("x", (batch, hidden), requires_grad=True)]
+    for k in range(blocks):
+        h = g.relu(f"b{k}.act", g.linear(f"b{k}.fc1", outs[-1], 2 * hidden))
+        y = g.linear(f"b{k}.fc2", h, hidden)
+        earlier = outs[-reach:]
+        spec = ",".join(["ij"] * (len(earlier) + 1)) + "->ij"
+        outs.append(g.einsum(f"b{k}.sum", spec, y, *earlier))
+    return g
+
+
+def _pointwise(g: taps.Graph, name: str, *xs: taps.Tensor) -> taps.Tensor:
+    """An elementwise operator on images that, like the convolutions, keeps the spatial axes
+    whole (batch and channels split)."""
+    spec = ",".join(["bchw"] * len(xs)) + "->bchw"
+    return g.einsum(name, spec, *xs, partitionable="bc")
+
+
+def inception(
+    blocks: int, batch: int = 32, channels: int = 64, size: int = 16, stem: bool = True
+) -> taps.Graph:
+    """An Inception-style CNN: every block runs four branches on its input (a 1x1 convolution;
+    a shared 1x1 reduction followed by a 3x3 convolution, and by two 3x3 convolutions the second
+    of which also reads the first branch's 3x3 output; pooling then a 1x1 convolution), sums them
+    with the block's input (a residual connection), and the next block reads the sum. The branch
+    that reads another makes each block non-series-parallel. Twelve operators per block (plus a
+    stem convolution). The pooling is 1x1 (this builder pools without padding), its cost alike."""
+    g = taps.Graph(name=f"inception ({blocks} blocks)")
+    x = g.input("image", (batch, 3 if stem else channels, size, size))
+    if stem:
+        x = g.conv2d("stem", x, channels, 3, padding=1)
+    half = channels // 2
+    for k in range(blocks):
+        p = f"i{k}."
+        one = g.conv2d(f"{p}1x1", x, channels, 1)
+        reduce = _pointwise(g, f"{p}reduce.act", g.conv2d(f"{p}reduce", x, half, 1))
+        three = g.conv2d(f"{p}3x3", reduce, channels, 3, padding=1)
+        mid = _pointwise(g, f"{p}5x5a.act", g.conv2d(f"{p}5x5a", reduce, half, 3, padding=1))
+        five = _pointwise(
+            g, f"{p}5x5.mix", g.conv2d(f"{p}5x5b", mid, channels, 3, padding=1), three
+        )
+        pooled = g.conv2d(f"{p}pool.proj", g.pool(f"{p}pool", x, 1), channels, 1)
+        total = _pointwise(g, f"{p}sum", one, three, five, pooled, x)
+        x = _pointwise(g, f"{p}out", total)
+    return g
+
+
+@st.composite
+def small_cores(draw) -> taps.Graph:
+    """Small skip ladders whose skips span 3 or 4 blocks, which the series-parallel reductions
+    cannot take apart (on 2 devices; brute force is affordable there)."""
+    return skip_ladder(
+        4, draw(st.integers(3, 4)), draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([2, 4]))
+    )

@@ -25,6 +25,7 @@ LAYERS = {
     "taps.tying": 3,
     "taps.lagrange": 3,
     "taps.prune": 3,
+    "taps.elimination": 3,
     "taps.costs": 3,
     "taps.ilp": 4,
     "taps.search": 5,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benches"))
+from graphs_gen import skip_ladder
 from search_stages import dense_block
 
 ENVIRONMENTS = [
@@ -51,14 +52,20 @@ def _search(argv: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "model",
-    ["alexnet", "dense"],
-    ids=["alexnet-reductions-decide-all", "dense-block-scip-solves-a-core"],
+    ["alexnet", "dense", "ladder"],
+    ids=[
+        "alexnet-reductions-decide-all",
+        "dense-block-scip-solves-a-core",
+        "skip-ladder-elimination-decides-a-core",
+    ],
 )
 def test_same_json_across_runs_threads_and_hash_seeds(model, tmp_path):
-    if model == "dense":
-        # Every layer reads every earlier one: no exact reduction applies, SCIP decides.
-        path = tmp_path / "dense.json"
-        path.write_text(dense_block(6, 1024, 1024).to_json())
+    if model in ("dense", "ladder"):
+        # Every layer reads every earlier one: no exact reduction applies, and the core is too
+        # dense for variable elimination, so SCIP decides. The skip ladder's core is eliminated.
+        graph = dense_block(8, 1024, 1024) if model == "dense" else skip_ladder(10, 3, 256, 256)
+        path = tmp_path / f"{model}.json"
+        path.write_text(graph.to_json())
         argv = [str(path), "--nodes", "4", "--devices-per-node", "8"]
     else:
         argv = ["alexnet", "--nodes", "2", "--devices-per-node", "8"]
@@ -67,6 +74,9 @@ def test_same_json_across_runs_threads_and_hash_seeds(model, tmp_path):
     first = _without_timings(runs[0])
     if model == "dense":
         assert first["topology"]["ilp"]["operators"] > 0  # SCIP had work to do
+    if model == "ladder":
+        assert first["topology"]["ilp"]["operators"] == 0
+        assert first["topology"]["ilp"]["eliminated"] == 40
     for run in runs[1:]:
         assert _without_timings(run) == first
     # The timings were there, and are all that was left out.

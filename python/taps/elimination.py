@@ -1,0 +1,274 @@
+"""Exact variable elimination of the strategy-selection problem: dynamic programming over an
+elimination order, for what the series-parallel reductions leave.
+
+The problem (node costs per operator, pair costs between operators, :mod:`taps.reductions`) is a
+sum of cost tables ("factors"), each over the choices of a few operators. Eliminating an operator
+``v`` replaces the factors that mention it by one factor over the other operators they mention,
+the least of their sum over ``v``'s choices; the optimum is what is left when every operator has
+gone, and the choices follow in reverse order, each the best given the operators eliminated after
+it. The leaf and series reductions are the cases of one and two neighbours; here an operator may
+have any number, and the new factor's table is as large as the product of their choice counts.
+
+That product decides whether elimination is affordable. The order is chosen greedily, each step
+eliminating the operator whose step costs least, about the size of its new table (the
+"min-weight" heuristic for a tree decomposition of small width), first on estimates: an
+operator's choices in a table are the distinct combinations of its layout classes in the tables
+it comes from, at most its candidate count. When the estimated work of the whole order stays
+under a budget, the tables are computed (graphs whose skip connections span a few blocks have
+width 3 or 4 and tables of a few million entries); otherwise :func:`plan` says no and the caller
+solves the ILP.
+
+Choices of one operator that every table treats alike (the same layout class in each) are one
+choice here, so tables are over classes, not candidates; the operator's own node cost keeps the
+cheapest candidate of each class.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from taps.reductions import Problem
+
+#: Elements of the largest table (float64) one step may build.
+MAX_TABLE = 20_000_000
+#: Additions of all steps together (about a second of numpy per 1e8).
+MAX_WORK = 400_000_000
+#: Elements of the temporary of one chunk of a step.
+_CHUNK = 4_000_000
+
+
+@dataclass
+class _Factor:
+    """A cost table over the choices of ``names``: ``table[classes[0][i0], classes[1][i1], ...]``
+    for candidate ``i0`` of ``names[0]`` and so on."""
+
+    names: tuple[str, ...]
+    classes: tuple[np.ndarray, ...]
+    table: np.ndarray
+
+    def axis(self, v: str) -> int:
+        return self.names.index(v)
+
+
+@dataclass
+class _Step:
+    """How to choose ``v`` once the operators of its factors are chosen."""
+
+    v: str
+    factors: list[_Factor]
+    node: np.ndarray
+
+    def choose(self, choice: dict[str, int]) -> int:
+        total = self.node.copy()
+        for f in self.factors:
+            index = tuple(c if u == self.v else c[choice[u]] for u, c in zip(f.names, f.classes))
+            total += f.table[index]
+        return int(np.argmin(total))
+
+
+@dataclass
+class Elimination:
+    """An elimination order whose estimated work fits the budget, ready to run."""
+
+    problem: Problem
+    order: list[str]
+    #: Estimated additions and largest table of the order (upper bounds).
+    work: float
+    largest: float
+
+    def solve(self, deadline: float | None = None) -> tuple[dict[str, int], float] | None:
+        """The optimal choice of every operator and its cost; None if ``deadline``
+        (``time.perf_counter()``) passes first."""
+        node = {
+            v: np.asarray(c, dtype=np.float64).copy() for v, c in self.problem.node_cost.items()
+        }
+        factors: dict[int, _Factor] = {}
+        incident: dict[str, set[int]] = {v: set() for v in node}
+        for k, p in enumerate(self.problem.pairs):
+            factors[k] = _Factor((p.u, p.w), (p.u_class, p.w_class), p.cost)
+            incident[p.u].add(k)
+            incident[p.w].add(k)
+        next_id = len(factors)
+        steps = []
+        constant = 0.0
+        for v in self.order:
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
+            mine = [factors.pop(k) for k in sorted(incident.pop(v))]
+            if not mine:
+                continue  # joined to nothing: takes its cheapest candidate below
+            for f in mine:
+                for u in f.names:
+                    if u != v:
+                        incident[u] &= factors.keys()
+            steps.append(_Step(v, mine, node[v]))
+            new = _eliminate(v, mine, node.pop(v), deadline)
+            if new is None:
+                return None
+            if not new.names:
+                constant += float(new.table)
+            elif len(new.names) == 1:
+                (u,) = new.names
+                node[u] = node[u] + new.table[new.classes[0]]
+            else:
+                factors[next_id] = new
+                for u in new.names:
+                    incident[u].add(next_id)
+                next_id += 1
+        assert not factors
+        choice = {v: int(np.argmin(c)) for v, c in node.items()}
+        constant += sum(float(c.min()) for c in node.values())
+        for step in reversed(steps):
+            choice[step.v] = step.choose(choice)
+        return choice, constant
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index of the first of each distinct row of a 2-D array, and the distinct row of each
+    row. Rows compare as bytes (one sort of fixed-size keys: numpy's ``unique(axis=0)`` compares
+    them column by column, far slower on long rows)."""
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _joint(classes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct combinations of one operator's classes in several tables: (combination per
+    candidate, each combination's class in each table as rows)."""
+    stacked = np.stack(classes)
+    first, inverse = _unique_rows(stacked.T)
+    return inverse, stacked[:, first]
+
+
+def _compact(classes: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge equal slices of ``table`` along ``axis``: (new class per candidate, new table)."""
+    moved = np.moveaxis(table, axis, 0)
+    first, inverse = _unique_rows(moved.reshape(len(moved), -1))
+    return inverse[classes], np.moveaxis(moved[first], 0, axis)
+
+
+def _eliminate(
+    v: str, factors: list[_Factor], node: np.ndarray, deadline: float | None
+) -> _Factor | None:
+    """The factor over the other operators of ``factors``: the least over ``v``'s choices of
+    ``node`` plus their sum. None if ``deadline`` passes first."""
+    others = list(dict.fromkeys(u for f in factors for u in f.names if u != v))
+    v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
+    best = np.full(v_rows.shape[1], np.inf)
+    np.minimum.at(best, v_class, node)
+    classes, rows, shape = [], {}, [len(best)]
+    for u in others:
+        having = [k for k, f in enumerate(factors) if u in f.names]
+        u_class, u_rows = _joint([factors[k].classes[factors[k].axis(u)] for k in having])
+        classes.append(u_class)
+        rows[u] = dict(zip(having, u_rows))
+        shape.append(u_rows.shape[1])
+    # Each factor's table over the joint classes, with the axis of each of its operators in the
+    # new table (v's is 0).
+    terms = []
+    for k, f in enumerate(factors):
+        index = [v_rows[k] if u == v else rows[u][k] for u in f.names]
+        terms.append(
+            ([0 if u == v else 1 + others.index(u) for u in f.names], f.table[np.ix_(*index)])
+        )
+    out = np.full(shape[1:], np.inf)
+    rest = max(1, math.prod(shape[1:]))
+    step = max(1, _CHUNK // rest)
+    for start in range(0, shape[0], step):
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        stop = min(start + step, shape[0])
+        rows_of_v = best[start:stop].reshape(-1, *([1] * (len(shape) - 1)))
+        block = np.broadcast_to(rows_of_v, (stop - start, *shape[1:])).copy()
+        for axes, table in terms:
+            block += _placed(table, axes, len(shape), start, stop)
+        np.minimum(out, block.min(axis=0), out=out)
+    new_classes = []
+    for axis, c in enumerate(classes):
+        c, out = _compact(c, out, axis)
+        new_classes.append(c)
+    return _Factor(tuple(others), tuple(new_classes), out)
+
+
+def _placed(table: np.ndarray, order: list[int], ndim: int, start: int, stop: int) -> np.ndarray:
+    """``table`` (axes ``order`` of the full shape, axis 0 being ``v``'s) viewed for broadcasting
+    against the rows ``start:stop`` of the full table."""
+    positions = sorted(range(len(order)), key=lambda i: order[i])
+    arranged = np.transpose(table, positions)
+    axes = sorted(order)
+    if 0 in axes:
+        arranged = arranged[start:stop]
+    shape = [1] * ndim
+    for axis, size in zip(axes, arranged.shape):
+        shape[axis] = size
+    return arranged.reshape(shape)
+
+
+def plan(
+    problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
+) -> Elimination | None:
+    """An elimination order of ``problem`` whose estimated work and largest table fit the budget,
+    or None. Greedy: each step eliminates the operator whose step costs least (its choices times
+    the size of its new table times the tables it sums), ties in the problem's operator order."""
+    names = list(problem.node_cost)
+    position = {v: k for k, v in enumerate(names)}
+    candidates = {v: len(c) for v, c in problem.node_cost.items()}
+    # Per factor: its operators and the estimated choice count of each in it.
+    sizes: dict[int, dict[str, int]] = {}
+    incident: dict[str, set[int]] = {v: set() for v in names}
+    for k, p in enumerate(problem.pairs):
+        sizes[k] = {p.u: p.cost.shape[0], p.w: p.cost.shape[1]}
+        incident[p.u].add(k)
+        incident[p.w].add(k)
+    next_id = len(sizes)
+
+    def estimate(v: str) -> tuple[float, dict[str, int]]:
+        """The work of eliminating ``v`` and the choice counts of its new factor."""
+        mine = [sizes[k] for k in incident[v]]
+        own = min(candidates[v], math.prod(s[v] for s in mine))
+        new: dict[str, int] = {}
+        for s in mine:
+            for u, n in s.items():
+                if u != v:
+                    new[u] = new.get(u, 1) * n
+        new = {u: min(n, candidates[u]) for u, n in new.items()}
+        return own * math.prod(new.values()) * len(mine), new
+
+    heap = [(estimate(v)[0], position[v], v) for v in names]
+    heapq.heapify(heap)
+    current = {v: w for w, _, v in heap}
+    order: list[str] = []
+    work = largest = 0.0
+    while heap:
+        w, _, v = heapq.heappop(heap)
+        if v not in current or current[v] != w:
+            continue
+        del current[v]
+        cost, new = estimate(v)
+        table = math.prod(new.values()) if new else 1
+        work += cost
+        largest = max(largest, table)
+        if work > max_work or largest > max_table:
+            return None
+        order.append(v)
+        touched = set(new)
+        for k in incident.pop(v):
+            for u in sizes.pop(k):
+                if u != v:
+                    incident[u].discard(k)
+        if len(new) > 1:
+            sizes[next_id] = new
+            for u in new:
+                incident[u].add(next_id)
+            next_id += 1
+        for u in sorted(touched, key=position.__getitem__):
+            current[u] = estimate(u)[0]
+            heapq.heappush(heap, (current[u], position[u], u))
+    return Elimination(problem, order, work, largest)

@@ -1,0 +1,216 @@
+"""Variable elimination (taps.elimination) against brute force over every assignment, on random
+problems denser than series-parallel ones (complete graphs, parallel pair costs, shared classes),
+and the search through it against the plain ILP on graphs the reductions leave a core of."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import taps
+from graphs_gen import inception, skip_ladder, small_cores, small_enough
+from taps.costs import build_tables
+from taps.elimination import plan
+from taps.reductions import PairCost, Problem, reduce
+
+
+@st.composite
+def problems(draw) -> Problem:
+    """Up to 7 operators of 1-4 candidates, any pairs of them joined (often all: K4 and up),
+    classes shared by candidates, small integer costs (many ties)."""
+    n = draw(st.integers(1, 7))
+    names = [f"v{i}" for i in range(n)]
+    sizes = {v: draw(st.integers(1, 4)) for v in names}
+    costs = st.integers(0, 9).map(float)
+    node = {v: np.array(draw(st.lists(costs, min_size=k, max_size=k))) for v, k in sizes.items()}
+    every = list(itertools.combinations(names, 2))
+    joined = draw(st.lists(st.sampled_from(every), max_size=12)) if every else []
+    if every and draw(st.booleans()):
+        joined += every  # the complete graph
+    pairs = []
+    for u, w in joined:
+        if draw(st.booleans()):
+            u, w = w, u
+        classes = {}
+        for v in (u, w):
+            k = draw(st.integers(1, sizes[v]))
+            classes[v] = np.array(
+                draw(st.lists(st.integers(0, k - 1), min_size=sizes[v], max_size=sizes[v]))
+            )
+        shape = (int(classes[u].max()) + 1, int(classes[w].max()) + 1)
+        flat = draw(st.lists(costs, min_size=math.prod(shape), max_size=math.prod(shape)))
+        pairs.append(PairCost(u, w, classes[u], classes[w], np.array(flat).reshape(shape)))
+    return Problem(node, pairs)
+
+
+def _brute_force(problem: Problem) -> float:
+    names = list(problem.node_cost)
+    return min(
+        problem.evaluate(dict(zip(names, c)))
+        for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names))
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_elimination_equals_brute_force(problem):
+    elimination = plan(problem)
+    assert elimination is not None
+    choice, cost = elimination.solve()
+    assert set(choice) == set(problem.node_cost)
+    assert all(0 <= choice[v] < len(c) for v, c in problem.node_cost.items())
+    want = _brute_force(problem)
+    assert cost == pytest.approx(want, abs=1e-9)
+    # The choice attains the optimum it reports.
+    assert problem.evaluate(choice) == pytest.approx(want, abs=1e-9)
+
+
+def test_budget_refuses_wide_tables():
+    """Five operators of 30 candidates, all joined: the first step of any order builds a table
+    over four of them (30^4 entries) from 30 choices of the fifth, four tables each."""
+    rng = np.random.default_rng(0)
+    names = [f"v{i}" for i in range(5)]
+    node = {v: rng.random(30) for v in names}
+    pairs = [
+        PairCost(u, w, np.arange(30), np.arange(30), rng.random((30, 30)))
+        for u, w in itertools.combinations(names, 2)
+    ]
+    problem = Problem(node, pairs)
+    assert plan(problem, max_table=30**4 - 1) is None
+    assert plan(problem, max_work=4 * 30**5 - 1) is None
+    elimination = plan(problem)
+    assert elimination is not None and elimination.largest == 30**4
+
+
+def test_deadline_stops_the_elimination():
+    problem = Problem(
+        {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0])},
+        [PairCost("a", "b", np.arange(2), np.arange(2), np.eye(2))],
+    )
+    elimination = plan(problem)
+    assert elimination is not None
+    assert elimination.solve(deadline=time.perf_counter() - 1) is None
+    assert elimination.solve() == ({"a": 1, "b": 0}, 0.0)
+
+
+def _every_assignment(tables) -> tuple[np.ndarray, np.ndarray]:
+    """The cost and the memory of every assignment: arrays with one axis per operator, each
+    cost added along its axes (numpy broadcasting, no search involved)."""
+    names = list(tables.ops)
+    axis = {n: k for k, n in enumerate(names)}
+
+    def along(values: np.ndarray, axes: list[int]) -> np.ndarray:
+        shape = [1] * len(names)
+        for a, size in zip(axes, values.shape):
+            shape[a] = size
+        return values.reshape(shape)
+
+    cost = np.zeros([len(tables.ops[n].strategies) for n in names])
+    memory = np.zeros_like(cost)
+    for n, t in tables.ops.items():
+        cost = cost + along(t.node_cost, [axis[n]])
+        memory = memory + along(t.memory * tables.graph.layers, [axis[n]])
+    for e in tables.edges:
+        u, w = axis[e.edge.producer], axis[e.edge.consumer]
+        pair = e.cost[np.ix_(e.source_class, e.target_class)]
+        cost = cost + (along(pair, [u, w]) if u < w else along(pair.T, [w, u]))
+    return cost, memory
+
+
+def _core_pairs(tables) -> int:
+    """Pair costs the series-parallel reductions leave (for elimination or SCIP)."""
+    problem = tables.problem()
+    return len(reduce([problem], list(problem.node_cost)).cores[0].pairs)
+
+
+#: The smallest graphs whose skips the reductions cannot take apart (16 operators, 1.7 million
+#: assignments on 2 devices).
+TINY = [
+    (skip_ladder(4, reach=3, batch=2, hidden=2), (1, 2)),
+    (skip_ladder(4, reach=4, batch=4, hidden=2), (2, 1)),
+]
+
+
+@pytest.mark.parametrize(("graph", "shape"), TINY, ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize("cost_model", ["topology", "volume"])
+def test_search_through_elimination_equals_brute_force(graph, shape, cost_model):
+    """Graphs whose skips do not reduce: the reductions leave a core, elimination decides it (no
+    SCIP), and the result is the least cost over every assignment."""
+    cluster = taps.Cluster(*shape)
+    tables = build_tables(graph, cluster, cost_model)
+    assert _core_pairs(tables) > 0
+    result = taps.search(graph, cluster, cost_model)
+    assert (result.ilp.operators, result.ilp.eliminated) == (0, len(graph.ops))
+    cost, _ = _every_assignment(tables)
+    assert result.status == "optimal" and result.gap == 0
+    assert result.cost == pytest.approx(float(cost.min()), rel=1e-9, abs=1e-18)
+    assert taps.evaluate(graph, cluster, result.strategies, cost_model) == pytest.approx(
+        result.cost, rel=1e-9, abs=1e-18
+    )
+
+
+@pytest.mark.parametrize(("graph", "shape"), TINY, ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize("position", [0.0, 0.3, 0.7])
+def test_binding_limit_on_a_core_equals_brute_force(graph, shape, position):
+    """Under a memory limit that binds, the core goes to the price and SCIP: still the optimum
+    over the assignments that fit."""
+    cluster = taps.Cluster(*shape)
+    tables = build_tables(graph, cluster)
+    cost, memory = _every_assignment(tables)
+    lo, hi = float(memory.min()), float(memory.max())
+    limit = lo + position * (hi - lo)
+    result = taps.search(graph, cluster, memory_limit=limit)
+    want = float(cost[memory <= limit * (1 + 1e-9)].min())
+    assert result.memory_per_device <= limit * (1 + 1e-9)
+    assert result.cost == pytest.approx(want, rel=1e-9, abs=1e-18)
+
+
+MEDIUM = [
+    (skip_ladder(6, reach=4, batch=64, hidden=64), (4, 4)),
+    (inception(2, batch=16, channels=32, size=8), (2, 8)),
+]
+
+
+@pytest.mark.parametrize(("graph", "shape"), MEDIUM, ids=lambda x: getattr(x, "name", str(x)))
+def test_elimination_equals_the_plain_ilp(graph, shape):
+    """Too large for brute force: elimination against SCIP on the whole graph, no reductions."""
+    cluster = taps.Cluster(*shape)
+    assert _core_pairs(build_tables(graph, cluster)) > 0
+    mine = taps.search(graph, cluster)
+    assert mine.ilp.operators == 0
+    plain = taps.search(graph, cluster, options=taps.IlpOptions(reduce=False))
+    assert plain.status == "optimal" and plain.ilp.operators == len(graph.ops)
+    assert mine.cost == pytest.approx(plain.cost, rel=1e-9)
+
+
+def test_time_limit_on_a_core_returns_an_assignment_and_its_gap():
+    """A limit that passes before the elimination: SCIP gets what is left (nothing) and returns
+    the first assignment with a gap that bounds the optimum."""
+    graph, cluster = MEDIUM[1][0], taps.Cluster(*MEDIUM[1][1])
+    optimum = taps.search(graph, cluster).cost
+    r = taps.search(graph, cluster, time_limit=1e-6)
+    assert r.status == "timelimit" and r.gap > 0
+    assert r.cost == pytest.approx(taps.evaluate(graph, cluster, r.strategies), rel=1e-9)
+    assert r.cost >= optimum * (1 - 1e-9)
+    if math.isfinite(r.gap):
+        # SCIP's gap is (primal - dual) / |dual|: the optimum is at least the dual bound.
+        assert optimum >= r.cost / (1 + r.gap) * (1 - 1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_cores(), st.sampled_from([(1, 2), (2, 1)]), st.sampled_from(["topology", "volume"]))
+def test_random_cores_equal_brute_force(graph, shape, cost_model):
+    cluster = taps.Cluster(*shape)
+    assume(small_enough(graph, cluster, 2_000_000))
+    tables = build_tables(graph, cluster, cost_model)
+    assume(_core_pairs(tables) > 0)
+    result = taps.search(graph, cluster, cost_model)
+    assert result.ilp.operators == 0  # elimination decided the core, not SCIP
+    cost, _ = _every_assignment(tables)
+    assert result.cost == pytest.approx(float(cost.min()), rel=1e-9, abs=1e-18)
