@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from taps._core import Cluster, Strategy
@@ -84,36 +83,20 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     return module.to(device=device, dtype=dtype)
 
 
-def reduce_gradients(dist: DistributedModule, inputs: Sequence[Any], recorder: Any) -> None:
-    """Each parameter's (and each input's) gradient reduced to its own placements, in the scope
-    of the operator that first reads it: taps' gradient all_reduces of leaves."""
-    first: dict[str, str] = {}
-    for op in dist.graph.ops:
-        for o in op.inputs:
-            first.setdefault(dist.graph.root(o.tensor).name, op.name)
-    leaves = dict(dist.parameters)
-    leaves.update(
-        {s.arg.name: x for s, x in zip(_user_specs(dist), inputs) if hasattr(x, "placements")}
-    )
-    for name, leaf in leaves.items():
-        grad = leaf.grad
-        if grad is None or list(grad.placements) == list(leaf.placements):
-            continue
-        with recorder.scope("op", first[name], None) if name in first else nullcontext():
-            leaf.grad = grad.redistribute(dist.mesh, leaf.placements)
-
-
-def _backward(dist: DistributedModule, outs: Any, seed: int) -> None:
-    """Backward from every output with a random cotangent in the output's placements."""
+def backward(dist: DistributedModule, outs: Any, seed: int) -> list[Any]:
+    """Backward from every output with a random cotangent in the output's placements; the
+    whole cotangents, in output order (``None`` for an output without a gradient)."""
     torch = import_torch()
     dtensor = require("torch.distributed.tensor", "torch", "verifying a plan on PyTorch")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     gen = torch.Generator().manual_seed(seed + 1)
-    tensors, cts = [], []
+    tensors, cts, fulls = [], [], []
     for y in outs:
         if not isinstance(y, dtensor.DTensor) or not y.requires_grad:
+            fulls.append(None)
             continue
         full = torch.randn(y.shape, generator=gen).to(device=y.device.type, dtype=y.dtype)
+        fulls.append(full)
         if any(p.is_partial() for p in y.placements):
             y = y.redistribute(
                 dist.mesh, [dtensor.Replicate() if p.is_partial() else p for p in y.placements]
@@ -124,6 +107,7 @@ def _backward(dist: DistributedModule, outs: Any, seed: int) -> None:
         tensors.append(y)
     if tensors:
         torch.autograd.backward(tensors, cts)
+    return fulls
 
 
 def collective_rows(
@@ -174,8 +158,7 @@ def collective_rows(
         with recorder.recording():
             outs = dist(*placed)
             recorder.phase = "backward"
-            _backward(dist, outs, seed)
-            reduce_gradients(dist, placed, recorder)
+            backward(dist, outs, seed)
         t2 = time.perf_counter()
     finally:
         tdist.destroy_process_group()
