@@ -119,7 +119,7 @@ def framework_placements(
     span_b = spans(operand_shape)
     top: dict[int, int] = {}
     for m, p in enumerate(texts):
-        if not p.startswith("Shard("):
+        if not p.startswith("Shard(") or mesh_shape[m] == 1:  # a split in one piece is none
             continue
         dim = int(p[6:-1])
         hi = top.get(dim, span_b[dim][1])

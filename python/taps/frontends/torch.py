@@ -460,9 +460,9 @@ def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
 
 
-def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
-    """The graph of ``package.module:factory``, a callable returning ``(module, inputs)`` (the
-    example inputs a tuple or a single tensor), converted by :func:`from_torch`."""
+def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """``(module, inputs)`` made by ``package.module:factory``, a callable returning the module
+    and its example inputs (a tuple or a single tensor)."""
     torch = _torch()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -479,4 +479,11 @@ def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
     module, inputs = made
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
-    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=attr)
+    return module, tuple(inputs)
+
+
+def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
+    """The graph of ``package.module:factory`` (:func:`load_factory`), converted by
+    :func:`from_torch`."""
+    module, inputs = load_factory(spec)
+    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=spec.partition(":")[2])
