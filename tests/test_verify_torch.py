@@ -168,7 +168,7 @@ def _reshaped_layouts(draw):
     graph = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=4))
     cuts = sorted(c for c in draw(st.sets(st.integers(1, 3))) if c < len(graph))
     bounds = [0, *cuts, len(graph)]
-    operand = [math.prod(graph[a:b]) for a, b in zip(bounds, bounds[1:])]
+    operand = [math.prod(graph[a:b]) for a, b in itertools.pairwise(bounds)]
     device_matrix = draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3))
     dims = list(range(len(device_matrix)))
     tensor_map = [draw(st.sampled_from([-1, *dims])) for _ in operand]

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
-        module = inputs = None
+        module: object = None
+        inputs: tuple[object, ...] = ()
         if args.torch is not None:
             from taps.frontends.torch import from_torch, load_factory
 

@@ -44,6 +44,7 @@ class Replay:
     """What running taps' plan exactly needs beyond the placements.
 
     Attributes:
+        layouts: the plan's layouts.
         plans: taps' redistribution of each operator input slot ``(operator, slot)``.
         partial: per operator, the mesh axes its forward partial sum runs over (its local
             result is partial along them before the all_reduce).
@@ -51,6 +52,7 @@ class Replay:
             replicated along one of them gets a partial gradient there.
     """
 
+    layouts: PlanLayouts
     plans: dict[tuple[str, int], Redistribution]
     partial: dict[str, tuple[str, ...]]
     used: dict[str, set[str]]
@@ -78,7 +80,7 @@ class Replay:
             used[op.name] = {a for lay in every for axes in mesh.dim_axes(lay) for a in axes}
             used[op.name].update(partial[op.name])
         plans = {(e.consumer, e.slot): r for e, r in layouts.plans}
-        return cls(plans, partial, used, Steps(mesh, device_mesh))
+        return cls(layouts, plans, partial, used, Steps(mesh, device_mesh))
 
 
 if TYPE_CHECKING:
@@ -131,16 +133,16 @@ def framework_placements(
     span_a = spans(graph_shape)
     owner: dict[int, int] = {}
     for m, lo, hi in ranges:
-        dim = next(
+        found = next(
             (i for i, (s, e) in enumerate(span_a) if s < e and s <= lo and hi <= e),
             None,
         )
-        if dim is None:
+        if found is None:
             raise ExportError(
                 f"the split of {list(operand_shape)} by {list(texts)} has no DTensor form on "
                 f"{list(graph_shape)}"
             )
-        owner[m] = dim
+        owner[m] = found
     # On each dim, the mesh dims must split from the top down, in mesh order (DTensor's order).
     for dim in set(owner.values()):
         ms = sorted(m for m in owner if owner[m] == dim)
@@ -246,12 +248,11 @@ class DistributedModule:
         mesh: Any,
         parameters: dict[str, Any],
         buffers: dict[str, Any],
-        layouts: PlanLayouts | None = None,
         replay: Replay | None = None,
     ) -> None:
         self.program, self.conversion, self.plan, self.mesh = program, conversion, plan, mesh
         self.parameters, self.buffers = parameters, buffers
-        self.layouts, self.replay = layouts, replay
+        self.replay = replay
         self.tracer = Tracer()
 
     @property
@@ -442,7 +443,7 @@ class _Interpreter:
         replay, mesh = dist.replay, dist.plan.mesh
         assert replay is not None and link.slot is not None
         plan = replay.plans.get((link.op, link.slot))
-        ours = dist.layouts.inputs[link.op][link.slot]
+        ours = replay.layouts.inputs[link.op][link.slot]
         with dist.tracer.scope("edge", link.op, link.slot):
             if plan is not None:
                 first = plan.all_ops[0].layout if plan.all_ops else plan.target
@@ -497,9 +498,10 @@ class _Interpreter:
             result = replay.steps.sum(result, partial)
             if bias is not None:
                 link = next(li for li in links if li.slot is not None and li.arg == 2)
-                layout = dist.layouts.outputs[out.op]
+                layout = replay.layouts.outputs[out.op]
                 used = {a for axes in mesh.dim_axes(layout) for a in axes}
-                ours = dist.layouts.inputs[link.op][link.slot]
+                assert link.slot is not None
+                ours = replay.layouts.inputs[link.op][link.slot]
                 b = self._to(bias, dist.layout_placements(ours, link)).to_local()
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
@@ -607,7 +609,7 @@ def distribute_module(
         if spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")
     }
     replay = Replay.of(layouts, mesh) if mode == "taps" and layouts is not None else None
-    return DistributedModule(program, conversion, plan, mesh, parameters, buffers, layouts, replay)
+    return DistributedModule(program, conversion, plan, mesh, parameters, buffers, replay)
 
 
 def _constant(program: Any, target: str) -> Any:

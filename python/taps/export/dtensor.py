@@ -3,8 +3,9 @@
 Plain data: computing it needs no torch. Each placement list has one entry per mesh dim
 (outermost first): ``Shard(i)`` where the mesh dim splits tensor dim ``i``, ``Partial()`` where
 the layout holds partial sums along it (the devices that differ only there hold addends whose sum
-is the tensor: DTensor's ``Partial("sum")``), ``Replicate()`` elsewhere. A tensor dim split over several mesh dims lists ``Shard(i)`` on each of them; DTensor
-splits in mesh-dim order, the first the major one, which is the taps order (see :mod:`.mesh`).
+is the tensor: DTensor's ``Partial("sum")``), ``Replicate()`` elsewhere. A tensor dim split over
+several mesh dims lists ``Shard(i)`` on each of them; DTensor splits in mesh-dim order, the first
+the major one, which is the taps order (see :mod:`.mesh`).
 :meth:`DTensorPlan.placements` builds the torch objects (``pip install 'taps[torch]'``).
 """
 

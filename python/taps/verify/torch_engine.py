@@ -90,7 +90,9 @@ def backward(dist: DistributedModule, outs: Any, seed: int) -> list[Any]:
     dtensor = require("torch.distributed.tensor", "torch", "verifying a plan on PyTorch")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     gen = torch.Generator().manual_seed(seed + 1)
-    tensors, cts, fulls = [], [], []
+    tensors: list[Any] = []
+    cts: list[Any] = []
+    fulls: list[Any] = []
     for y in outs:
         if not isinstance(y, dtensor.DTensor) or not y.requires_grad:
             fulls.append(None)
