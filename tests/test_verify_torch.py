@@ -216,3 +216,82 @@ def test_framework_placements_hold_the_taps_blocks(case):
         return
     assert holds([dtensor.Shard(int(p[6:-1])) if p.startswith("Shard") else dtensor.Replicate()
                   for p in ours])  # fmt: skip
+
+
+# -- taps' steps as PyTorch collectives, on gloo --------------------------------------------------
+
+#: Redistributions on 4 ranks, from partial sums too: (source, target, planner).
+_PAIRS = [
+    (taps.Layout([8, 4], [2, 2], [-1, -1], [0]), taps.Layout([8, 4], [2, 2], [0, -1]), "optimal"),
+    (taps.Layout([8, 4], [2, 2], [1, -1], [0]), taps.Layout([8, 4], [2, 2], [1, -1]), "optimal"),
+    (taps.Layout([8, 4], [2, 2], [0, 1]), taps.Layout([8, 4], [2, 2], [1, 0]), "paper"),
+    (taps.Layout([8, 8], [4], [0, -1]), taps.Layout([8, 8], [2, 2], [-1, 1]), "paper"),
+]
+
+
+def _steps_rank(rank, tmp):
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from taps.export.torch_steps import Steps
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=4)
+    try:
+        for i, (a, b, planner) in enumerate(_PAIRS):
+            plan = taps.plan_redistribution(a, b, planner=planner)
+            mesh = mesh_for([a, b, *(op.layout for op in plan.all_ops)], 4)
+            steps = Steps(mesh, init_device_mesh("cpu", mesh.shape, mesh_dim_names=mesh.axis_names))
+            full = np.arange(math.prod(a.shape), dtype=np.float32).reshape(a.shape)
+            block = full[tuple(slice(lo, hi) for lo, hi in a.shard_index(rank))]
+            # A partial layout's addends: the block on the ranks at coordinate 0 along every
+            # partial device dim, zeros on the others.
+            sizes = a.device_matrix[::-1]
+            strides = [math.prod(sizes[:k]) for k in range(len(sizes))]
+            first = all((rank // strides[k]) % sizes[k] == 0 for k in a.partial)
+            coeff = 1.0 if first else 0.0
+            got = steps.walk(torch.tensor(block * coeff), plan).numpy()
+            want = full[tuple(slice(lo, hi) for lo, hi in b.shard_index(rank))]
+            np.save(f"{tmp}/{i}.{rank}.npy", got - want.reshape(got.shape))
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_taps_steps_move_every_block_on_4_gloo_ranks(tmp_path):
+    """taps' plans, from partial sums too (reduce_scatter, all_reduce), as PyTorch collectives on
+    4 gloo processes: every rank ends with exactly its block of the target."""
+    import torch.multiprocessing as mp
+
+    kinds = {
+        op.kind for a, b, p in _PAIRS for op in taps.plan_redistribution(a, b, planner=p).all_ops
+    }
+    assert {"reduce_scatter", "all_reduce", "all_to_all", "all_gather"} <= kinds
+    mp.start_processes(_steps_rank, (str(tmp_path),), nprocs=4, start_method="spawn")
+    for i in range(len(_PAIRS)):
+        for r in range(4):
+            assert not np.any(np.load(tmp_path / f"{i}.{r}.npy")), (i, r)
+
+
+def test_dtensor_mode_places_every_tensor_as_taps_says():
+    """The default mode on the fake process group: DTensor's own redistributions and
+    propagation, the parameters and the output in taps' placements."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taps.export import distribute_module, to_dtensor
+
+    module, x = plain_mlp()
+    result = taps.search(from_torch(module, x), taps.Cluster(2, 8))
+    plan = to_dtensor(result)
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=16)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(16).reshape(plan.mesh.shape))
+        dm = distribute_module(module.to("meta"), plan, x.to("meta"), mesh=mesh)
+        y = dm(x.to("meta"))
+        y.sum().backward()
+    finally:
+        tdist.destroy_process_group()
+    assert list(y.placements) == plan.placements(result.graph.ops[-1].output.tensor)
+    for name, p in dm.parameters.items():
+        assert list(p.placements) == plan.placements(name)
+        assert p.grad is not None and p.grad.shape == p.shape
