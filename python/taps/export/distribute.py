@@ -237,7 +237,10 @@ class DistributedModule:
             node to its operators).
         mesh: the torch ``DeviceMesh``.
         parameters: every parameter as a DTensor leaf (``requires_grad`` as the module's), by
-            ``state_dict`` key.
+            ``state_dict`` key (the module itself is left as it was).
+        buffers: buffers and constants, replicated.
+        replay: what ``mode="taps"`` runs (``None`` in DTensor's mode).
+        tracer: told of every redistribution and operator (a verifier's recorder).
     """
 
     def __init__(
@@ -257,6 +260,7 @@ class DistributedModule:
 
     @property
     def graph(self) -> Graph:
+        """The graph the front end made of the module."""
         return self.conversion.graph
 
     def placements(

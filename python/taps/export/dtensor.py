@@ -33,7 +33,8 @@ REPLICATE = "Replicate()"
 def layout_placements(mesh: Mesh, layout: Layout) -> tuple[str, ...]:
     """Per mesh dim, ``"Shard(i)"``, ``"Partial()"`` or ``"Replicate()"`` for ``layout``."""
     owner = {a: f"Shard({i})" for i, axes in enumerate(mesh.dim_axes(layout)) for a in axes}
-    owner.update({a: PARTIAL for a in mesh.group_axes(layout, layout.partial)})
+    summed = [k for k in layout.partial if layout.device_dim_size(k) > 1]  # a sum of one is none
+    owner.update({a: PARTIAL for a in mesh.group_axes(layout, summed)})
     return tuple(owner.get(a, REPLICATE) for a in mesh.axis_names)
 
 
