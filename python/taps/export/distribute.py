@@ -236,8 +236,9 @@ class DistributedModule:
         conversion: the front end's conversion of the module (the graph and the links of each fx
             node to its operators).
         mesh: the torch ``DeviceMesh``.
-        parameters: every parameter as a DTensor leaf (``requires_grad`` as the module's), by
-            ``state_dict`` key (the module itself is left as it was).
+        parameters: every parameter as a DTensor (``requires_grad`` as the module's), by
+            ``state_dict`` key (the module itself is left as it was): a leaf, except with a
+            replay (:meth:`leaf`); :meth:`grad` gives the gradient either way.
         buffers: buffers and constants, replicated.
         replay: what ``mode="taps"`` runs (``None`` in DTensor's mode).
         tracer: told of every redistribution and operator (a verifier's recorder).
@@ -254,9 +255,14 @@ class DistributedModule:
         replay: Replay | None = None,
     ) -> None:
         self.program, self.conversion, self.plan, self.mesh = program, conversion, plan, mesh
-        self.parameters, self.buffers = parameters, buffers
+        self.buffers = buffers
         self.replay = replay
         self.tracer = Tracer()
+        self.leaves: dict[str, tuple[Any, Any]] = {}
+        self.parameters = {
+            name: self.leaf(name, p, plan.tensors.get(name, (REPLICATE,) * len(plan.mesh.shape)))
+            for name, p in parameters.items()
+        }
 
     @property
     def graph(self) -> Graph:
@@ -281,11 +287,47 @@ class DistributedModule:
     def distribute_input(self, name: str, value: Any) -> Any:
         """An input of the program as a DTensor in the plan's placements (each rank takes its
         block of the same whole tensor: no communication)."""
-        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
         texts = self.plan.tensors.get(name, (REPLICATE,) * len(self.plan.mesh.shape))
-        return dtensor.distribute_tensor(
+        return self.leaf(name, value, texts)
+
+    def leaf(self, name: str, value: Any, texts: Sequence[str]) -> Any:
+        """``value`` distributed in placements ``texts``. With a replay, a gradient-taking leaf
+        is the rank's local block (kept in :attr:`leaves`) seen as a DTensor: the autograd
+        engine then accumulates its gradient on the block, not on a DTensor (DTensor's
+        propagation of that ``detach`` searches a space exponential in the mesh dims)."""
+        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+        made = dtensor.distribute_tensor(
             value.detach(), self.mesh, placement_objects(texts), src_data_rank=None
-        ).requires_grad_(value.requires_grad)
+        )
+        if self.replay is None or not value.requires_grad:
+            return made.requires_grad_(value.requires_grad)
+        local = made.to_local().requires_grad_(True)
+        self.leaves[name] = (local, made)
+        return dtensor.DTensor.from_local(
+            local,
+            self.mesh,
+            made.placements,
+            run_check=False,
+            shape=made.shape,
+            stride=made.stride(),
+        )
+
+    def grad(self, name: str) -> Any:
+        """The gradient of a parameter or input (by name) as a DTensor in its placements, or
+        ``None``."""
+        if name in self.leaves:
+            local, made = self.leaves[name]
+            if local.grad is None:
+                return None
+            return require("torch.distributed.tensor", "torch", "grad").DTensor.from_local(
+                local.grad,
+                self.mesh,
+                made.placements,
+                run_check=False,
+                shape=made.shape,
+                stride=made.stride(),
+            )
+        return self.parameters[name].grad if name in self.parameters else None
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the module on ``inputs`` (whole tensors, or DTensors already placed); the
@@ -307,7 +349,22 @@ class DistributedModule:
             else:
                 args.append(self.buffers[target])
         out = _Interpreter(self).run(*args)
-        return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+        out = [o.whole() if isinstance(o, _Pending) else o for o in out]
+        return out[0] if len(out) == 1 else out
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A reshape the replay cannot place as a DTensor (its split is an inner factor of the new
+    shape), kept as its input until the operator that reads it takes the input's local block
+    through taps' steps (taps' reshapes move nothing; DTensor's would, and slowly)."""
+
+    x: Any
+    shape: tuple[int, ...]
+
+    def whole(self) -> Any:
+        """The reshape done by DTensor, for a reader that is no operator of the plan."""
+        return self.x.reshape(self.shape)
 
 
 class _Interpreter:
@@ -331,9 +388,19 @@ class _Interpreter:
         aten = torch.ops.aten
         self.views = {aten.view, aten.reshape, aten._unsafe_view}
         self.permutes = {aten.transpose, aten.permute, aten.t}
+        self.locals: dict[int, tuple[Any, Any]] = {}  # the DTensor kept: its id stays its own
 
     def run(self, *args: Any) -> Any:
         return self.interpreter.run(*args, enable_io_processing=False)
+
+    def local_of(self, x: Any) -> Any:
+        """``x.to_local()``, once per DTensor: the gradients of its readers then add up on the
+        local blocks (adding DTensor gradients runs DTensor's propagation, whose search grows
+        exponentially with the mesh dims)."""
+        key = id(x)
+        if key not in self.locals:
+            self.locals[key] = (x, x.to_local())
+        return self.locals[key][1]
 
     def _as_dtensors(self, leaves: list[Any]) -> list[Any]:
         """Plain tensors beside DTensors (constants made in the program) as replicated
@@ -353,6 +420,16 @@ class _Interpreter:
     def _to(self, x: Any, placements: list[Any]) -> Any:
         if not isinstance(x, self.dtensor.DTensor) or list(x.placements) == placements:
             return x
+        if self.dist.replay is not None:
+            # From the rank's block (see local_of), so that gradients add up on blocks.
+            x = self.dtensor.DTensor.from_local(
+                self.local_of(x),
+                self.dist.mesh,
+                x.placements,
+                run_check=False,
+                shape=x.shape,
+                stride=x.stride(),
+            )
         return x.redistribute(self.dist.mesh, placements)
 
     def view(self, x: Any, shape: Sequence[int]) -> Any:
@@ -372,7 +449,7 @@ class _Interpreter:
             )
         except ExportError:
             return None
-        local = x.to_local().reshape(_shard_shape(out, mesh_shape, shape))
+        local = self.local_of(x).reshape(_shard_shape(out, mesh_shape, shape))
         return self.dtensor.DTensor.from_local(
             local,
             self.dist.mesh,
@@ -399,7 +476,7 @@ class _Interpreter:
         ]
         val = node.meta["val"]
         return self.dtensor.DTensor.from_local(
-            target(x.to_local(), *args[1:]),
+            target(self.local_of(x), *args[1:]),
             self.dist.mesh,
             placements,
             run_check=False,
@@ -414,13 +491,18 @@ class _Interpreter:
             out = self.view(args[0], args[1])
             if out is not None:
                 return out
+            if dist.replay is not None:
+                return _Pending(args[0], tuple(int(d) for d in node.meta["val"].shape))
         if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor):
             return self.permute(node, target, args)
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
-        leaves = self._as_dtensors(_leaves([*args, *kwargs.values()]))
+        leaves = _leaves([*args, *kwargs.values()])
         if dist.replay is not None and outputs:
-            return self.local(node, target, leaves, links, outputs[0])
+            return self.local(node, target, self._as_dtensors(leaves), links, outputs[0])
+        with tracer.scope("node", node.name, None):
+            leaves = [x.whole() if isinstance(x, _Pending) else x for x in leaves]
+        leaves = self._as_dtensors(leaves)
         ops = dist.plan.operators
         for link in links:
             if link.slot is not None:
@@ -439,6 +521,22 @@ class _Interpreter:
                 out = tracer.mark(out, link.op)
         return out
 
+    def holds(self, x: Any, layout: Layout) -> bool:
+        """Whether DTensor ``x``'s local block, reshaped, is ``layout``'s (its placements are
+        the layout's, carried onto its shape in its own dim order)."""
+        mesh = self.dist.plan.mesh
+        try:
+            texts = framework_placements(
+                layout_placements(mesh, layout),
+                mesh.shape,
+                layout.shape,
+                tuple(x.shape),
+                tuple(range(x.dim())),
+            )
+        except ExportError:
+            return False
+        return list(x.placements) == placement_objects(texts)
+
     def local_input(self, x: Any, link: Link) -> Any:
         """The local block of argument ``x`` in the layout of the operator's input slot: taken
         there by taps' steps (in the edge's scope), its gradient summed over the mesh dims the
@@ -449,11 +547,18 @@ class _Interpreter:
         plan = replay.plans.get((link.op, link.slot))
         ours = replay.layouts.inputs[link.op][link.slot]
         with dist.tracer.scope("edge", link.op, link.slot):
-            if plan is not None:
-                first = plan.all_ops[0].layout if plan.all_ops else plan.target
-                x = self._to(x, dist.layout_placements(first, link))
+            first = (
+                None if plan is None else plan.all_ops[0].layout if plan.all_ops else plan.target
+            )
+            if isinstance(x, _Pending) and not (first and self.holds(x.x, first)):
+                x = x.whole()
+            if plan is not None and first is not None:
                 rank = len(link.perm)
-                local = x.to_local().permute([link.perm.index(g) for g in range(rank)])
+                if isinstance(x, _Pending):
+                    local = self.local_of(x.x)  # the block of the plan's source, in its own order
+                else:
+                    x = self._to(x, dist.layout_placements(first, link))
+                    local = self.local_of(x).permute([link.perm.index(g) for g in range(rank)])
                 local = replay.steps.walk(local, plan)
                 shape = _shard_shape(
                     framework_placements(
@@ -471,7 +576,7 @@ class _Interpreter:
                 # A parameter or input read here in another layout than at its first reader:
                 # taps places it for each reader (no edge); the move has a scope of its own.
                 with dist.tracer.scope("leaf", link.op, link.slot):
-                    local = self._to(x, dist.layout_placements(ours, link)).to_local()
+                    local = self.local_of(self._to(x, dist.layout_placements(ours, link)))
         with dist.tracer.scope("op", link.op, None):
             lacks = replay.used[link.op] - set(a for axes in mesh.dim_axes(ours) for a in axes)
             return replay.steps.sum_grad(local, _ordered(mesh.axis_names, lacks))
@@ -491,10 +596,11 @@ class _Interpreter:
         local = []
         for k, x in enumerate(leaves):
             link = next((li for li in links if li.slot is not None and li.arg == k), None)
-            if link is not None and isinstance(x, torch.Tensor):
+            if link is not None and isinstance(x, (torch.Tensor, _Pending)):
                 local.append(self.local_input(x, link))
             else:
-                local.append(x.to_local() if isinstance(x, DTensor) else x)
+                x = x.whole() if isinstance(x, _Pending) else x
+                local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
@@ -506,7 +612,7 @@ class _Interpreter:
                 used = {a for axes in mesh.dim_axes(layout) for a in axes}
                 assert link.slot is not None
                 ours = replay.layouts.inputs[link.op][link.slot]
-                b = self._to(bias, dist.layout_placements(ours, link)).to_local()
+                b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
             val = node.meta["val"]
@@ -596,14 +702,9 @@ def distribute_module(
         mesh = init_device_mesh(device, plan.mesh.shape, mesh_dim_names=plan.mesh.axis_names)
     if tuple(mesh.shape) != tuple(plan.mesh.shape):
         raise ExportError(f"the mesh has shape {tuple(mesh.shape)}, the plan {plan.mesh.shape}")
-    parameters = {}
-    for name, p in params.items():
-        texts = plan.tensors.get(name, (REPLICATE,) * len(plan.mesh.shape))
-        # A DTensor leaf: ``nn.Parameter`` would run DTensor's sharding propagation, whose
-        # search grows exponentially with the mesh dims.
-        parameters[name] = dtensor.distribute_tensor(
-            p.detach(), mesh, placement_objects(texts), src_data_rank=None
-        ).requires_grad_(p.requires_grad)
+    # Distributed as DTensor leaves by the module (``nn.Parameter`` would run DTensor's
+    # sharding propagation, whose search grows exponentially with the mesh dims).
+    parameters = {name: p for name, p in params.items()}
     replicate = [dtensor.Replicate()] * len(plan.mesh.shape)
     buffers = {
         str(spec.target): dtensor.distribute_tensor(

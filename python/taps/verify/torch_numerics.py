@@ -122,14 +122,10 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
         cts = backward(dist, outs, seed)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         got = {f"output {i}": y.full_tensor() for i, y in enumerate(outs)}
-        got.update({f"grad {k}": p.grad.full_tensor() for k, p in dist.parameters.items()})
-        got.update(
-            {
-                f"grad {s.arg.name}": x.grad.full_tensor()
-                for s, x in zip(specs, placed)
-                if x.grad is not None
-            }
-        )
+        for name in [*dist.parameters, *(s.arg.name for s in specs)]:
+            grad = dist.grad(name)
+            if grad is not None:
+                got[f"grad {name}"] = grad.full_tensor()
         # The dense run on the same values.
         refs = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
         want_outs = dense(*refs)
