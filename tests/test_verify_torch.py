@@ -66,12 +66,14 @@ def test_mlp_on_64_devices_moves_the_predicted_bytes():
     assert any(c.kind != "all_reduce" for c in ok)  # a redistribution, not only gradients
 
 
-def test_gpt2_block_on_16_devices_moves_the_predicted_bytes():
-    result = _verify(block, 2, 8, numerics=None)
+@pytest.mark.parametrize("nodes", [2, 8])
+def test_gpt2_block_moves_the_predicted_bytes(nodes):
+    """On 16 and on 64 devices (a six-dim mesh: every bit of the rank cut somewhere)."""
+    result = _verify(block, nodes, 8, numerics=None)
     ok = _exact(result)
     kinds = {c.kind for c in ok}
     assert {"all_to_all", "all_gather", "all_reduce"} <= kinds
-    assert result.engine == "torch" and result.num_devices == 16
+    assert result.engine == "torch" and result.num_devices == 8 * nodes
 
 
 def test_gpt2_block_numbers_on_4_gloo_ranks():

@@ -168,6 +168,17 @@ def collective_rows(
     predicted = predicted_collectives(
         layouts, operator_collectives(graph, strategies), tdtype.itemsize, describe
     )
+    # A node that makes several operators (attention: scores, softmax, context) runs backward as
+    # one torch operator, in the scope of the operator that makes its output.
+    index = {op.name: j for j, op in enumerate(graph.ops)}
+    inner = {}
+    for links in dist.conversion.links.values():
+        out = [f"o{index[li.op]}" for li in links if li.slot is None]
+        inner.update({f"o{index[li.op]}": out[0] for li in links if out})
+    predicted = [
+        dataclasses.replace(p, scope=inner.get(p.scope, p.scope)) if p.phase == "backward" else p
+        for p in predicted
+    ]
     for scope, _, _ in recorder.measured:
         if scope.startswith("n:"):
             describe[scope] = f"node {scope[2:]} (DTensor's own)"
