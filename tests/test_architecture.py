@@ -38,9 +38,13 @@ LAYERS = {
     "taps.cli": 8,
     "taps": 9,
 }
-#: Sideways imports the table allows: verify reads export's meshes, reproduce draws with plot's
-#: figure.
-ALLOWED = {("taps.verify", "taps.export"), ("taps.reproduce", "taps.plot")}
+#: Sideways imports the table allows: verify reads export's meshes, export runs the torch front
+#: end's program, reproduce draws with plot's figure.
+ALLOWED = {
+    ("taps.verify", "taps.export"),
+    ("taps.export", "taps.frontends"),
+    ("taps.reproduce", "taps.plot"),
+}
 
 
 def _unit(module: str) -> str:

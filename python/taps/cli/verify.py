@@ -8,11 +8,14 @@ import argparse
 from rich.console import Console
 
 from taps import models
+from taps._core import GraphError
 from taps.cli.args import add_cluster_args, cluster, integer, load_model
 from taps.outputs import Outputs
 from taps.search import search
-from taps.verify import VerifyResult, compare_gspmd, verify_graph
+from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
 from taps.verify.program import TOLERANCE
+
+ENGINES = ("xla", "torch")
 
 
 def report(result: VerifyResult, console: Console, title: str) -> int:
@@ -24,13 +27,41 @@ def report(result: VerifyResult, console: Console, title: str) -> int:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.engine not in ENGINES:
+        raise VerifyError(f"unknown engine {args.engine!r}: expected {' or '.join(ENGINES)}")
+    if (args.model is None) == (args.torch is None):
+        raise GraphError("give either MODEL or --torch package.module:factory")
+    if args.engine == "torch" and args.torch is None:
+        raise VerifyError(
+            "the torch engine runs a torch module: give --torch package.module:factory "
+            "(built-in models and graph JSON files have none)"
+        )
+    if args.gspmd and args.engine != "xla":
+        raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
-        graph = load_model(args.model, args.batch)
+        module: object = None
+        inputs: tuple[object, ...] = ()
+        if args.torch is not None:
+            from taps.frontends.torch import from_torch, load_factory
+
+            module, inputs = load_factory(args.torch)
+            graph = from_torch(module, *inputs, name=args.torch.partition(":")[2])
+        else:
+            graph = load_model(args.model, args.batch)
         c = cluster(args)
         result = search(graph, c)
-        verified = verify_graph(graph, c, result.strategies, args.dtype)
-        against = compare_gspmd(graph, c, result.strategies, args.dtype) if args.gspmd else None
+        against = None
+        if args.engine == "torch":
+            from taps.verify.torch_engine import verify_torch
+
+            verified = verify_torch(
+                module, inputs, result, dtype=args.dtype, numerics=args.gloo or None
+            )
+        else:
+            verified = verify_graph(graph, c, result.strategies, args.dtype)
+            if args.gspmd:
+                against = compare_gspmd(graph, c, result.strategies, args.dtype)
         if args.json:
             outputs[args.json].write_text(verified.to_json())
         outputs.commit()
@@ -47,15 +78,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verify",
         help="run a model's plan on an engine and check it against taps' prediction",
-        description="Search MODEL's plan, run it on simulated XLA CPU devices exactly as taps "
+        description="Search the plan of MODEL (or of a PyTorch module), run it exactly as taps "
         "plans it, and compare every collective with taps' prediction and the results with an "
-        f"unsharded run. MODEL is one of {', '.join(models.names())} or a graph JSON file. "
-        "Exit code 1 on any mismatch.",
+        "unsharded run. Engines: xla (simulated XLA CPU devices; MODEL is one of "
+        f"{', '.join(models.names())}, a graph JSON file, or --torch) and torch (DTensor on the "
+        "fake process group at the full world size, and the numbers on a few gloo ranks; needs "
+        "--torch). Exit code 1 on any mismatch.",
     )
-    p.add_argument("model", metavar="MODEL", help="built-in model name or graph JSON file")
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
+    )
+    p.add_argument(
+        "--torch",
+        metavar="FACTORY",
+        default=None,
+        help="a PyTorch model instead: package.module:factory returning (module, inputs); needs "
+        "pip install 'taps[torch]'",
+    )
     add_cluster_args(p)
     p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
-    p.add_argument("--engine", choices=("xla",), default="xla", help="the engine (xla)")
+    p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
+    p.add_argument(
+        "--gloo",
+        type=integer,
+        default=4,
+        help="torch engine: gloo ranks for the numerics, 4 or 8; 0 skips them (4)",
+    )
     p.add_argument(
         "--dtype", choices=sorted(TOLERANCE), default="float32", help="element type (float32)"
     )

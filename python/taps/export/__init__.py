@@ -1,6 +1,6 @@
 """Plans out to frameworks: a JAX mesh and ``PartitionSpec`` per tensor, or a PyTorch
 ``DeviceMesh`` shape and DTensor placements per tensor, from a search result or any assignment of
-strategies (docs/export.md)."""
+strategies, and a plan applied to a torch module (:func:`distribute_module`; docs/export.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from taps._core import Cluster, Strategy
 from taps.graph import Graph
 
-from .dtensor import DTensorPlan, layout_placements
+from .distribute import DistributedModule, distribute_module
+from .dtensor import DTensorPlan, layout_placements, placement_objects
 from .jax import JaxPlan, layout_spec
 from .layouts import PlanLayouts, plan_layouts
 from .mesh import ExportError, Mesh, mesh_for
@@ -68,16 +69,19 @@ def export(source: SearchResult | Graph, framework: str, **kwargs: object) -> Ja
 __all__ = [
     "FRAMEWORKS",
     "DTensorPlan",
+    "DistributedModule",
     "ExportError",
     "JaxPlan",
     "Mesh",
     "PlanLayouts",
     "check_framework",
+    "distribute_module",
     "export",
     "layout_placements",
     "layout_spec",
     "layouts_of",
     "mesh_for",
+    "placement_objects",
     "plan_layouts",
     "to_dtensor",
     "to_jax",

@@ -1,14 +1,17 @@
 """A taps plan as a PyTorch ``DeviceMesh`` shape and DTensor placements per tensor.
 
 Plain data: computing it needs no torch. Each placement list has one entry per mesh dim
-(outermost first): ``Shard(i)`` where the mesh dim splits tensor dim ``i``, ``Replicate()``
-elsewhere. A tensor dim split over several mesh dims lists ``Shard(i)`` on each of them; DTensor
-splits in mesh-dim order, the first the major one, which is the taps order (see :mod:`.mesh`).
+(outermost first): ``Shard(i)`` where the mesh dim splits tensor dim ``i``, ``Partial()`` where
+the layout holds partial sums along it (the devices that differ only there hold addends whose sum
+is the tensor: DTensor's ``Partial("sum")``), ``Replicate()`` elsewhere. A tensor dim split over
+several mesh dims lists ``Shard(i)`` on each of them; DTensor splits in mesh-dim order, the first
+the major one, which is the taps order (see :mod:`.mesh`).
 :meth:`DTensorPlan.placements` builds the torch objects (``pip install 'taps[torch]'``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +26,33 @@ FORMAT = "taps.export.dtensor"
 VERSION = 1
 
 
+PARTIAL = "Partial()"
+REPLICATE = "Replicate()"
+
+
 def layout_placements(mesh: Mesh, layout: Layout) -> tuple[str, ...]:
-    """Per mesh dim, ``"Shard(i)"`` or ``"Replicate()"`` for ``layout``."""
-    owner = {a: i for i, axes in enumerate(mesh.dim_axes(layout)) for a in axes}
-    return tuple(f"Shard({owner[a]})" if a in owner else "Replicate()" for a in mesh.axis_names)
+    """Per mesh dim, ``"Shard(i)"``, ``"Partial()"`` or ``"Replicate()"`` for ``layout``."""
+    owner = {a: f"Shard({i})" for i, axes in enumerate(mesh.dim_axes(layout)) for a in axes}
+    summed = [k for k in layout.partial if layout.device_dim_size(k) > 1]  # a sum of one is none
+    owner.update({a: PARTIAL for a in mesh.group_axes(layout, summed)})
+    return tuple(owner.get(a, REPLICATE) for a in mesh.axis_names)
+
+
+def placement_objects(texts: Sequence[str]) -> list[Any]:
+    """The torch placement objects of placements as text (``"Shard(1)"``, ``"Partial()"``,
+    ``"Replicate()"``)."""
+    dtensor = require("torch.distributed.tensor", "torch", "DTensor placements")
+    out = []
+    for p in texts:
+        if p == REPLICATE:
+            out.append(dtensor.Replicate())
+        elif p == PARTIAL:
+            out.append(dtensor.Partial("sum"))
+        elif p.startswith("Shard(") and p.endswith(")") and p[6:-1].isdigit():
+            out.append(dtensor.Shard(int(p[6:-1])))
+        else:
+            raise ExportError(f"unknown placement {p!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -62,13 +88,9 @@ class DTensorPlan:
 
     def placements(self, tensor: str) -> list[Any]:
         """The torch placement objects of a graph tensor."""
-        dtensor = require("torch.distributed.tensor", "torch", "DTensor placements")
-        Replicate, Shard = dtensor.Replicate, dtensor.Shard
         if tensor not in self.tensors:
             raise ExportError(f"unknown tensor {tensor!r}")
-        return [
-            Replicate() if p == "Replicate()" else Shard(int(p[6:-1])) for p in self.tensors[tensor]
-        ]
+        return placement_objects(self.tensors[tensor])
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/export.md)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from taps._core import GraphError
@@ -41,11 +41,39 @@ def _torch() -> Any:
 
 
 @dataclass(frozen=True)
+class Link:
+    """How a graph tensor of an operator is seen by the fx node that made the operator.
+
+    Attributes:
+        op: the operator's name.
+        slot: the input slot (``None``: the operator's output).
+        arg: for an input, its position among the node's arguments flattened (lists and tuples
+            opened, keyword arguments after positional ones).
+        operand_shape: the shape of the operator's operand (or output) tensor in the graph.
+        graph_shape: the shape of the graph tensor the node's argument (or output) views; a
+            row-major reshape of ``operand_shape``.
+        perm: for each dim of the node's argument (or output), the dim of ``graph_shape`` that
+            holds it.
+    """
+
+    op: str
+    slot: int | None
+    arg: int
+    operand_shape: tuple[int, ...]
+    graph_shape: tuple[int, ...]
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Conversion:
-    """A converted program: the graph, and the module path of each operator."""
+    """A converted program: the graph, the module path of each operator, and for each fx node
+    (by name) that made operators, how their inputs and output are its arguments and output
+    (inputs first, in operator and slot order, then the output; empty for a node whose
+    operators read and make only tensors of its own)."""
 
     graph: Graph
     module_of: dict[str, str]
+    links: dict[str, list[Link]] = field(default_factory=dict)
 
 
 def from_torch(
@@ -228,6 +256,8 @@ def convert(
                 spec.target, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
             )
     unsupported: list[str] = []
+    # Per node that made operators: (first record, records end, flattened args, output value).
+    made: dict[str, tuple[int, int, list[Any], Any]] = {}
     for node in nodes:
         if node.op == "placeholder":
             if node in env:
@@ -267,10 +297,18 @@ def convert(
             env[node] = _constants(cx)
             continue
         rule = RULES.get(kind)
+        first = len(b.ops)
         try:
             if rule is None:
                 raise Unsupported("no rule")
             env[node] = rule(cx)
+            if len(b.ops) > first:
+                made[node.name] = (
+                    first,
+                    len(b.ops),
+                    flat([*cx.args, *cx.kwargs.values()]),
+                    env[node],
+                )
             if in_place and node.args and node.args[0] in env:
                 env[node.args[0]] = env[node]
         except Unsupported as e:
@@ -285,7 +323,44 @@ def convert(
             f"(unknown='replicate' keeps them whole):{listed}"
         )
     graph, op_names = b.build(name)
-    return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)})
+    links = {k: _links(b, op_names, *m) for k, m in made.items()}
+    return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)}, links)
+
+
+def _links(
+    b: Builder, op_names: list[str], first: int, end: int, args: list[Any], out: Any
+) -> list[Link]:
+    """The links of one node's operators (records ``first`` to ``end``) with its flattened
+    arguments and output value: an operand views an argument when both are views of one graph
+    tensor (every view is a row-major reshape of its root)."""
+    found: list[Link] = []
+    for i in range(first, end):
+        rec = b.ops[i]
+        for slot, (tid, _) in enumerate(rec.inputs):
+            k = next(
+                (
+                    k
+                    for k, a in enumerate(args)
+                    if isinstance(a, Value)
+                    and not a.constant
+                    and not a.hidden
+                    and b.root(a.tensor) == b.root(tid)  # type: ignore[arg-type]
+                ),
+                None,
+            )
+            if k is not None:
+                a = args[k]
+                found.append(Link(op_names[i], slot, k, b.shape(tid), b.shape(a.tensor), a.perm))
+    if isinstance(out, Value) and not out.constant and not out.hidden:
+        root = b.root(out.tensor)  # type: ignore[arg-type]
+        for i in reversed(range(first, end)):
+            if b.root(b.ops[i].output) == root:
+                rec = b.ops[i]
+                found.append(
+                    Link(op_names[i], None, -1, b.shape(rec.output), b.shape(out.tensor), out.perm)  # type: ignore[arg-type]
+                )
+                break
+    return found
 
 
 def _constants(cx: _Context) -> Any:
@@ -385,9 +460,9 @@ def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
 
 
-def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
-    """The graph of ``package.module:factory``, a callable returning ``(module, inputs)`` (the
-    example inputs a tuple or a single tensor), converted by :func:`from_torch`."""
+def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """``(module, inputs)`` made by ``package.module:factory``, a callable returning the module
+    and its example inputs (a tuple or a single tensor)."""
     torch = _torch()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -404,4 +479,11 @@ def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
     module, inputs = made
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
-    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=attr)
+    return module, tuple(inputs)
+
+
+def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
+    """The graph of ``package.module:factory`` (:func:`load_factory`), converted by
+    :func:`from_torch`."""
+    module, inputs = load_factory(spec)
+    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=spec.partition(":")[2])

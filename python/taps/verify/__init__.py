@@ -1,6 +1,7 @@
 """Every plan verified by running it: taps' own steps replayed on XLA under ``shard_map`` with
 simulated CPU devices, every compiled collective matched with taps' prediction, and the results
-compared with an unsharded run; and taps' plan against XLA's own partitioner (docs/verify.md)."""
+compared with an unsharded run; taps' plan against XLA's own partitioner; and a torch module's
+plan on PyTorch DTensor (fake process group and gloo ranks; docs/verify.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .gspmd import GspmdReport, Traffic, compare_gspmd
 from .hlo import HloCollective, collectives, replica_groups
 from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
 from .result import CollectiveCheck, Predicted, VerifyResult
+from .torch_engine import verify_torch
 
 __all__ = [
     "CollectiveCheck",
@@ -30,6 +32,7 @@ __all__ = [
     "verify_graph",
     "verify_redistribution",
     "verify_redistributions",
+    "verify_torch",
 ]
 
 

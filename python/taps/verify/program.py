@@ -21,7 +21,7 @@ import numpy as np
 from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
 from taps.costs import Collective, intra_collectives
 from taps.export.jax import import_jax, jax_mesh, layout_spec
-from taps.export.layouts import plan_layouts
+from taps.export.layouts import PlanLayouts, plan_layouts
 from taps.export.mesh import Mesh
 from taps.graph import Graph
 from taps.sharding import Candidate
@@ -88,6 +88,51 @@ def predicted_steps(
     ]
 
 
+def operator_collectives(
+    graph: Graph, strategies: Mapping[str, Strategy]
+) -> dict[str, list[Collective]]:
+    """taps' all_reduces of every operator (forward partial sums and gradients)."""
+    return {
+        op.name: intra_collectives(graph, op, Candidate.of(op, strategies[op.name]))
+        for op in graph.ops
+    }
+
+
+def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
+    """What each scope is: ``e<i>`` the redistribution of edge ``i``, ``o<j>`` operator ``j``."""
+    out = {f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)}
+    out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.graph.ops)})
+    return out
+
+
+def predicted_collectives(
+    layouts: PlanLayouts,
+    intra: Mapping[str, list[Collective]],
+    itemsize: int,
+    describe: Mapping[str, str],
+) -> list[Predicted]:
+    """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
+    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase)."""
+    one_node = Cluster(1, layouts.mesh.num_devices)
+    out = []
+    for j, op in enumerate(layouts.graph.ops):
+        for c in intra[op.name]:
+            cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
+            out.append(
+                Predicted(
+                    "all_reduce",
+                    layout_groups(c.layout, _unused_dims(c.layout)),
+                    round(cost),
+                    f"o{j}",
+                    "forward" if c.reason == "forward partial sum" else "backward",
+                    f"{c.reason} of {c.tensor}",
+                )
+            )
+    for i, (_, plan) in enumerate(layouts.plans):
+        out += predicted_steps(plan, one_node, itemsize, f"e{i}", describe[f"e{i}"])
+    return out
+
+
 def measured(text: str, n: int) -> list[tuple[str, str, hlo.HloCollective]]:
     """The collectives of a compiled program as ``(scope, phase, collective)``."""
     out = []
@@ -134,11 +179,7 @@ class GraphProgram:
         self.edges = {
             (e.consumer, e.slot): (i, e, p) for i, (e, p) in enumerate(self.layouts.plans)
         }
-        self.describe = {
-            f"e{i}": f"edge {e.producer} -> {e.consumer}"
-            for i, (e, _) in enumerate(self.layouts.plans)
-        }
-        self.describe.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(graph.ops)})
+        self.describe = describe_scopes(self.layouts)
         rng = np.random.default_rng(seed)
         roots: dict[str, np.ndarray] = {}
         self.diff: dict[str, np.ndarray] = {}
@@ -163,10 +204,7 @@ class GraphProgram:
         self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
         # taps' all_reduces of every operator (forward partial sums and gradients), worked out
         # once: the prediction and every trace of the program read them.
-        self.intra: dict[str, list[Collective]] = {
-            op.name: intra_collectives(graph, op, Candidate.of(op, self.strategies[op.name]))
-            for op in graph.ops
-        }
+        self.intra = operator_collectives(graph, self.strategies)
         self._reference: tuple[Any, Any] | None = None
 
     def spec(self, layout: Layout) -> Any:
@@ -193,25 +231,7 @@ class GraphProgram:
 
     def predicted(self) -> list[Predicted]:
         """taps' collectives: every edge's steps, every operator's all_reduces."""
-        one_node = Cluster(1, self.mesh.num_devices)
-        itemsize = self.dtype.itemsize
-        out = []
-        for j, op in enumerate(self.graph.ops):
-            for c in self.intra[op.name]:
-                cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
-                out.append(
-                    Predicted(
-                        "all_reduce",
-                        layout_groups(c.layout, _unused_dims(c.layout)),
-                        round(cost),
-                        f"o{j}",
-                        "forward" if c.reason == "forward partial sum" else "backward",
-                        f"{c.reason} of {c.tensor}",
-                    )
-                )
-        for i, (_, plan) in enumerate(self.layouts.plans):
-            out += predicted_steps(plan, one_node, itemsize, f"e{i}", self.describe[f"e{i}"])
-        return out
+        return predicted_collectives(self.layouts, self.intra, self.dtype.itemsize, self.describe)
 
     def body(self, d: Mapping[str, Any], f: Mapping[str, Any], mode: str) -> dict[str, Any]:
         """Every operator's output from the leaves ``d`` and ``f``: on local blocks with taps'

@@ -87,7 +87,9 @@ def match(
     rows: list[CollectiveCheck] = []
     unmatched: list[Predicted] = []
 
-    def row(status: str, p: Predicted | None, m: HloCollective | None, what: str) -> None:
+    def row(
+        status: str, p: Predicted | None, m: HloCollective | None, what: str, phase: str = ""
+    ) -> None:
         rows.append(
             CollectiveCheck(
                 status,
@@ -95,7 +97,7 @@ def match(
                 len(p.groups[0]) if p else m.group_size,  # type: ignore[union-attr]
                 p.bytes if p else None,
                 m.bytes if m else None,
-                p.phase if p else ("backward" if "transpose(" in m.op_name else "forward"),  # type: ignore[union-attr]
+                p.phase if p else phase,
                 what,
                 m.name if m else "",
                 inter_node_groups(m.groups if m else p.groups, devices_per_node),  # type: ignore[union-attr]
@@ -133,7 +135,7 @@ def match(
             row(DIFFERS, p, left.pop(hit)[2], p.what)
     for scope, phase, m in left:
         status = UNPRICED if phase == "backward" and scope.startswith("e") else UNEXPECTED
-        row(status, None, m, describe.get(scope, "outside every edge and operator"))
+        row(status, None, m, describe.get(scope, "outside every edge and operator"), phase)
     return rows
 
 
