@@ -370,7 +370,7 @@ pub(crate) fn plan_unified(
                 let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
                     step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
-                    current.tensor_map_mut()[i] = t[i];
+                    current.set_map_entry(i, t[i]);
                     progress = true;
                 }
             }
@@ -379,9 +379,8 @@ pub(crate) fn plan_unified(
                 if m[i] == -1 && t[i] != -1 {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
                         step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
-                        let m = current.tensor_map_mut();
-                        m[j] = -1;
-                        m[i] = t[i];
+                        current.set_map_entry(j, -1);
+                        current.set_map_entry(i, t[i]);
                         progress = true;
                     }
                 }
@@ -397,7 +396,7 @@ pub(crate) fn plan_unified(
             break;
         };
         step(OpKind::AllGather, m[i] as usize, Some(i), None, &current);
-        current.tensor_map_mut()[i] = -1;
+        current.set_map_entry(i, -1);
     }
     debug_assert_eq!(current.tensor_map(), t);
 }

@@ -134,12 +134,16 @@ fn cut_at_dim_bounds(
 ) -> std::result::Result<bool, usize> {
     let mut changed = false;
     let mut inner = 1u64;
+    // The first boundary above `inner`: `inner` only grows, so a cursor finds it, not a search.
+    let mut next = 0;
     let mut i = pieces.len();
     while i > 0 {
         i -= 1;
         let piece = pieces[i];
         let top = inner * piece.size;
-        let next = bounds.partition_point(|&b| b <= inner);
+        while bounds.get(next).is_some_and(|&b| b <= inner) {
+            next += 1;
+        }
         let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
             inner = top;
             continue;
