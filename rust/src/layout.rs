@@ -258,6 +258,7 @@ impl Layout {
     /// Whether the devices along device dim `k` hold distinct data: blocks of a split tensor dim
     /// or addends of a partial sum (not copies).
     #[must_use]
+    #[inline]
     pub fn distinct_along(&self, k: usize) -> bool {
         self.uses(k) || self.partial.contains(&k)
     }
@@ -301,6 +302,7 @@ impl Layout {
 
     /// Whether some tensor dim is split along device dim `k`.
     #[must_use]
+    #[inline]
     pub fn uses(&self, k: usize) -> bool {
         if k < 64 {
             self.used >> k & 1 == 1

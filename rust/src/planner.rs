@@ -368,7 +368,7 @@ pub(crate) fn plan_unified(
             let mut progress = false;
             for i in 0..n {
                 let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
+                if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
                     step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
                     current.set_map_entry(i, t[i]);
                     progress = true;
@@ -376,7 +376,7 @@ pub(crate) fn plan_unified(
             }
             for i in 0..n {
                 let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 {
+                if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
                         step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
                         current.set_map_entry(j, -1);
