@@ -26,9 +26,7 @@ impl fmt::Display for Error {
             | Error::Unify(m)
             | Error::Strategy(m)
             | Error::Topology(m)
-            | Error::Shape(m) => {
-                f.write_str(m)
-            }
+            | Error::Shape(m) => f.write_str(m),
         }
     }
 }

@@ -95,14 +95,17 @@ pub fn min_plus(x: &[f64], y: &[f64], dims: Dims, tie: f64) -> Result<Vec<f64>> 
         out.par_chunks_mut(height * cols)
             .enumerate()
             .for_each(|(job, block)| {
-                let first = job * height;
+                let xs = &x[job * height * inner..];
                 for (r, row) in block.chunks_exact_mut(cols).enumerate() {
-                    let xr = &x[(first + r) * inner..(first + r + 1) * inner];
+                    let xv = xs[r * inner];
                     for (o, &yv) in row.iter_mut().zip(&y[..cols]) {
-                        *o = xr[0] + yv;
+                        *o = xv + yv;
                     }
-                    for (k, &xv) in xr.iter().enumerate().skip(1) {
-                        for (o, &yv) in row.iter_mut().zip(&y[k * cols..(k + 1) * cols]) {
+                }
+                for (k, yk) in y.chunks_exact(cols).enumerate().skip(1) {
+                    for (r, row) in block.chunks_exact_mut(cols).enumerate() {
+                        let xv = xs[r * inner + k];
+                        for (o, &yv) in row.iter_mut().zip(yk) {
                             *o = np_minimum(*o, xv + yv);
                         }
                     }
