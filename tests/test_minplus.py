@@ -76,7 +76,12 @@ def test_large_blocks_equal_numpy() -> None:
 
 @pytest.mark.parametrize(
     ("xshape", "yshape"),
-    [((2, 3, 1), (4, 2, 1)), ((2, 3, 1), (3, 2, 2)), ((2, 0, 1), (0, 2, 1)), ((2, 3, 0), (3, 2, 0))],
+    [
+        ((2, 3, 1), (4, 2, 1)),
+        ((2, 3, 1), (3, 2, 2)),
+        ((2, 0, 1), (0, 2, 1)),
+        ((2, 3, 0), (3, 2, 0)),
+    ],
 )
 def test_shapes_that_do_not_fit_are_a_taps_error(
     xshape: tuple[int, ...], yshape: tuple[int, ...]

@@ -34,6 +34,8 @@ fn used_mask(tensor_map: &[i64]) -> u64 {
     tensor_map.iter().fold(0, |mask, &k| mask | dim_bit(k))
 }
 
+// The mask is the map's, seen another way: error messages show the layout as it was given.
+#[allow(clippy::missing_fields_in_debug)]
 impl fmt::Debug for Layout {
     /// The layout's parts, without the mask derived from them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
