@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from taps import _core
+from taps._core import min_plus
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
 #: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is about five
@@ -152,7 +152,7 @@ def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     :func:`_lex_min` compares them), by the core's kernel on all cores."""
     x = np.ascontiguousarray(x, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
-    return _core.min_plus(x, y, _TIE)
+    return min_plus(x, y, _TIE)
 
 
 def _min_plus_1(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -454,7 +454,8 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
         }
     };
     let mut epilogue = Vec::new();
-    let mut current = tgt.layout.into_owned();
+    // Borrowed (not cloned) unless a split of the target was given up.
+    let mut current = tgt.layout;
     for &(dim, k) in relaxed.iter().rev() {
         let mut map = current.tensor_map().to_vec();
         map[dim] = k;
@@ -464,11 +465,11 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
             k as usize,
             Some(dim),
             None,
-            current,
+            current.into_owned(),
         ));
-        current = after;
+        current = Cow::Owned(after);
     }
-    debug_assert_eq!(&current, b);
+    debug_assert_eq!(&*current, b);
     Ok(LinedUp {
         unified,
         prelude,
