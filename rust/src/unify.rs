@@ -458,8 +458,9 @@ impl<'a> Reshaped<'a> {
 
     /// The pieces of the view: its dims of size above 1, with the rank bits of their splits.
     fn pieces(&self) -> Vec<Piece> {
-        // Room for the cuts unification makes, so that they seldom reallocate.
-        let mut out = Vec::with_capacity(2 * self.groups.len());
+        // Room for the cuts unification makes, so that they seldom reallocate: high-rank pairs on
+        // many device dims end with several pieces per dim.
+        let mut out = Vec::with_capacity(4 * self.groups.len() + 8);
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {
