@@ -140,3 +140,39 @@ def test_matmul_strategy_matrix(num_devices):
     # a layout to itself costs nothing
     same = taps.redistribution_costs(ys, ys, cl)
     assert np.all(np.diag(same) == 0)
+
+
+@st.composite
+def _high_rank_sets(draw, log2: int):
+    """Sources and targets of one tensor of up to 6 dims on ``2**log2`` devices (many device dims
+    and many unification cuts), a source among the targets so that equal pairs occur too."""
+    base = draw(sg.atom_lists((2, 4, 2, 8, 2, 3, 4), max_atoms=11))
+
+    def one():
+        shape = draw(sg.groupings(base, max_rank=6))
+        dm = draw(sg.device_matrices(log2))
+        return shape, dm, draw(sg.tensor_maps(shape, dm))
+
+    sources = [one() for _ in range(draw(st.integers(1, 4)))]
+    targets = [one() for _ in range(draw(st.integers(0, 3)))]
+    return sources, [*targets, sources[0]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(3, 10), st.data())
+def test_high_rank_pairs_equal_the_reference(log2, data):
+    """The paper path's kernel on high-rank pairs against the plain-Python reference
+    (tests/reference.py), which shares none of its unification or planning code."""
+    import reference as ref
+
+    sources, targets = data.draw(_high_rank_sets(log2))
+    per_node = data.draw(st.sampled_from([2**e for e in range(log2 + 1)]))
+    cluster = taps.Cluster(2**log2 // per_node, per_node)
+    params = (2**log2 // per_node, per_node, cluster.intra_bandwidth, cluster.inter_bandwidth)
+    srcs, tgts = [sg.to_layout(t) for t in sources], [sg.to_layout(t) for t in targets]
+    for model in ("topology", "volume"):
+        got = taps.redistribution_costs(srcs, tgts, cluster, 2, model)
+        want = ref.redistribution_costs(sources, targets, params, 2, model)
+        for (i, j), w in np.ndenumerate(want):
+            assert got[i, j] == pytest.approx(w, rel=1e-12, abs=1e-300), (i, j, model)
+        assert got[0, -1] == 0.0

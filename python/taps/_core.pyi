@@ -26,6 +26,7 @@ __all__ = [
     "allreduce_costs",
     "enumerate_strategies",
     "inter_node_groups",
+    "min_plus",
     "plan_redistribution",
     "redistribution_costs",
     "unify",
@@ -364,3 +365,13 @@ def allreduce_costs(
     one per row, or one dim per split axis if not given), the summed all_reduce cost of the
     tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
     replica, on all cores."""
+
+def min_plus(
+    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], tie: float
+) -> npt.NDArray[np.float64]:
+    """The min-plus product ``out[a, b] = min_k x[a, k] + y[k, b]`` of C-contiguous costs
+    ``x (rows, inner, objectives)`` and ``y (inner, cols, objectives)``, on all cores. With one
+    objective the least sum (NaN if any is); with more, the first objective decides up to a
+    relative ``tie`` (``p <= least + tie * abs(least)``), then the second, the first ``k`` of
+    equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
+    Raises TapsError when the shapes do not fit together or ``inner`` is 0."""

@@ -27,16 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from taps._core import min_plus
+
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
 #: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is about five
 #: times slower): a few seconds on one core at most, where SCIP would get the pair costs around it
 #: as millions of variables (Llama-3 8B's attention on 1024 devices needs 1.1e9); above it the
 #: operator stays for SCIP.
 MAX_SERIES_WORK = 2_000_000_000
-#: Elements of the temporary of one min-plus chunk.
-_CHUNK = 2_000_000
-#: Elements of the running minimum of one block of rows of a min-plus product (256 KiB: in cache).
-_BLOCK = 32_768
 #: Odd 64-bit multipliers, one per column, of the hash that groups equal rows of a cost matrix.
 _ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
@@ -150,36 +148,16 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
 
 
 def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis), in chunks of rows
-    to bound the temporary."""
-    rows, inner, k = x.shape
-    if k == 1:
-        return _min_plus_1(x[..., 0], y[..., 0])[..., None]
-    out = np.empty((rows, y.shape[1], k))
-    step = max(1, _CHUNK // max(1, inner * y.shape[1] * k))
-    for start in range(0, rows, step):
-        block = x[start : start + step, :, None] + y[None]
-        out[start : start + step] = _lex_min(block, axis=1)
-    return out
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
+    :func:`_lex_min` compares them), by the core's kernel on all cores."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    return min_plus(x, y, _TIE)
 
 
 def _min_plus_1(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective: a block of rows at a time, one
-    ``k`` at a time, so that the block's running minimum stays in cache (several times the speed
-    of one broadcast temporary; the same sums, so the same result to the bit)."""
-    rows, inner = x.shape
-    out = np.empty((rows, y.shape[1]))
-    columns = np.ascontiguousarray(x.T)
-    height = max(1, _BLOCK // max(1, y.shape[1]))
-    for start in range(0, rows, height):
-        xs = columns[:, start : start + height, None]
-        block = xs[0] + y[0]
-        term = np.empty_like(block)
-        for k in range(1, inner):
-            np.add(xs[k], y[k], out=term)
-            np.minimum(block, term, out=block)
-        out[start : start + height] = block
-    return out
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective."""
+    return _min_plus(x[..., None], y[..., None])[..., 0]
 
 
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:

@@ -5,6 +5,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rayon::ThreadPoolBuilder;
 use taps::batch::{allreduce_costs, AxesTensor};
+use taps::minplus::{min_plus, Dims};
 use taps::{
     enumerate_strategies, plan_redistribution, redistribution_costs, Cluster, CostModel, Layout,
     Objective, Planner,
@@ -146,11 +147,94 @@ fn allreduce_kernel(c: &mut Criterion) {
     g.finish();
 }
 
+/// The attention scores of Llama-3 8B, `[batch, heads, group, seq, seq]`, on 128 nodes of 8: a
+/// rank-5 tensor whose pairs unify into many dims and take many steps.
+const SCORES: [u64; 5] = [64, 8, 4, 2048, 2048];
+
+/// Algorithm 1's cost kernel on high-rank pairs: 256 layouts of the attention scores (every 59th
+/// of its strategies' layouts on 1024 devices) against each other, in pairs per second on one
+/// thread.
+fn high_rank_kernel(c: &mut Criterion) {
+    let cluster = Cluster::new(128, 8, 60e9, 6e9, None).unwrap();
+    let layouts: Vec<Layout> = enumerate_strategies(&SCORES, 1024, false)
+        .unwrap()
+        .iter()
+        .step_by(59)
+        .take(256)
+        .map(|s| s.tensor_layout(&[0, 1, 2, 3, 4], &SCORES, false).unwrap())
+        .collect();
+    let pool = ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let mut g = c.benchmark_group("cost_kernel");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements((layouts.len() * layouts.len()) as u64));
+    g.bench_function("redistribution_costs/scores-1024dev/paper/1", |bench| {
+        bench.iter(|| {
+            pool.install(|| {
+                black_box(
+                    redistribution_costs(
+                        &layouts,
+                        &layouts,
+                        &cluster,
+                        2.0,
+                        CostModel::Topology,
+                        Planner::Paper,
+                    )
+                    .unwrap(),
+                )
+            })
+        });
+    });
+    g.finish();
+}
+
+/// The min-plus product of the series reductions, in additions per second: 512 x 512 x 512 of one
+/// objective and 128 x 128 x 128 of two, with ties (small integer costs), on thread pools of 1 and
+/// 2 threads.
+fn min_plus_kernel(c: &mut Criterion) {
+    let mut g = c.benchmark_group("min_plus");
+    g.sample_size(10);
+    for (n, objectives) in [(512, 1), (128, 2)] {
+        let dims = Dims {
+            rows: n,
+            inner: n,
+            cols: n,
+            objectives,
+        };
+        // A fixed pseudo-random sequence of small integers: many ties.
+        let costs = |seed: usize| -> Vec<f64> {
+            (0..n * n * objectives)
+                .map(|i| ((i * 2_654_435_761 + seed) >> 7 & 15) as f64)
+                .collect()
+        };
+        let (x, y) = (costs(1), costs(2));
+        g.throughput(Throughput::Elements((n * n * n) as u64));
+        for threads in [1, 2] {
+            let pool = ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let name = format!("{n}^3/{objectives}-objectives");
+            g.bench_function(BenchmarkId::new(name, threads), |bench| {
+                bench.iter(|| pool.install(|| black_box(min_plus(&x, &y, dims, 1e-12).unwrap())));
+            });
+        }
+    }
+    g.finish();
+}
+
 fn strategies(c: &mut Criterion) {
     c.bench_function("enumerate_strategies/4-axes-1024dev", |bench| {
         bench.iter(|| black_box(enumerate_strategies(&[1 << 12; 4], 1024, false).unwrap()));
     });
 }
 
-criterion_group!(benches, planner, cost_kernel, allreduce_kernel, strategies);
+criterion_group!(
+    benches,
+    planner,
+    cost_kernel,
+    high_rank_kernel,
+    allreduce_kernel,
+    min_plus_kernel,
+    strategies
+);
 criterion_main!(benches);

@@ -15,14 +15,18 @@ pub enum Error {
     Strategy(String),
     /// A bad cluster, or a collective that does not fit the layout or the cluster.
     Topology(String),
+    /// Arrays whose sizes do not fit together, given to a numeric kernel.
+    Shape(String),
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Layout(m) | Error::Unify(m) | Error::Strategy(m) | Error::Topology(m) => {
-                f.write_str(m)
-            }
+            Error::Layout(m)
+            | Error::Unify(m)
+            | Error::Strategy(m)
+            | Error::Topology(m)
+            | Error::Shape(m) => f.write_str(m),
         }
     }
 }

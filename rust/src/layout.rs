@@ -3,16 +3,49 @@
 //! is split along (or -1), and the device dims along which the devices hold partial sums (addends
 //! of the tensor, as a contraction over a split axis leaves them) rather than copies.
 
+use std::fmt;
+
 use crate::error::{Error, Result};
 
 /// How a tensor is spread over the devices. Immutable once validated.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Vec<u64>,
     device_matrix: Vec<u64>,
     tensor_map: Vec<i64>,
     /// Device dims holding partial sums, ascending; none of them is in the tensor map.
     partial: Vec<usize>,
+    /// The device dims below 64 the tensor map uses, bit `k` for dim `k`: a function of the map,
+    /// kept with it so that the cost kernels ask [`Layout::uses`] in one instruction.
+    used: u64,
+}
+
+/// The bit of device dim `k` in a mask of device dims (none for a dim past 63, which the masks
+/// leave to a scan of the map).
+fn dim_bit(k: i64) -> u64 {
+    u64::try_from(k)
+        .ok()
+        .and_then(|k| 1u64.checked_shl(u32::try_from(k).ok()?))
+        .unwrap_or(0)
+}
+
+/// The mask of the device dims a tensor map uses ([`Layout::used`]).
+fn used_mask(tensor_map: &[i64]) -> u64 {
+    tensor_map.iter().fold(0, |mask, &k| mask | dim_bit(k))
+}
+
+// The mask is the map's, seen another way: error messages show the layout as it was given.
+#[allow(clippy::missing_fields_in_debug)]
+impl fmt::Debug for Layout {
+    /// The layout's parts, without the mask derived from them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layout")
+            .field("shape", &self.shape)
+            .field("device_matrix", &self.device_matrix)
+            .field("tensor_map", &self.tensor_map)
+            .field("partial", &self.partial)
+            .finish()
+    }
 }
 
 /// `log2(x)` for a power of two.
@@ -65,6 +98,7 @@ impl Layout {
             )));
         }
         let layout = Layout {
+            used: used_mask(&tensor_map),
             shape,
             device_matrix,
             tensor_map,
@@ -81,6 +115,7 @@ impl Layout {
             device_matrix: Vec::new(),
             tensor_map: Vec::new(),
             partial: Vec::new(),
+            used: 0,
         }
     }
 
@@ -100,6 +135,7 @@ impl Layout {
             &mut self.device_matrix,
             &mut self.tensor_map,
         )?;
+        self.used = used_mask(&self.tensor_map);
         self.validate()
     }
 
@@ -112,6 +148,7 @@ impl Layout {
         self.shape.clear();
         self.tensor_map.clear();
         fill(&mut self.shape, &mut self.tensor_map)?;
+        self.used = used_mask(&self.tensor_map);
         self.check_lengths()?;
         self.validate_tensor()
     }
@@ -223,6 +260,7 @@ impl Layout {
     /// Whether the devices along device dim `k` hold distinct data: blocks of a split tensor dim
     /// or addends of a partial sum (not copies).
     #[must_use]
+    #[inline]
     pub fn distinct_along(&self, k: usize) -> bool {
         self.uses(k) || self.partial.contains(&k)
     }
@@ -266,8 +304,13 @@ impl Layout {
 
     /// Whether some tensor dim is split along device dim `k`.
     #[must_use]
+    #[inline]
     pub fn uses(&self, k: usize) -> bool {
-        self.tensor_map.contains(&(k as i64))
+        if k < 64 {
+            self.used >> k & 1 == 1
+        } else {
+            self.tensor_map.contains(&(k as i64))
+        }
     }
 
     /// The tensor dim split along device dim `k`, if any.
@@ -337,6 +380,7 @@ impl Layout {
         partial: Vec<usize>,
     ) -> Self {
         let layout = Layout {
+            used: used_mask(&tensor_map),
             shape,
             device_matrix,
             tensor_map,
@@ -347,10 +391,12 @@ impl Layout {
         layout
     }
 
-    /// The tensor map, for the planner to step through maps derived from a valid one in place;
-    /// the caller keeps the layout valid between its reads.
-    pub(crate) fn tensor_map_mut(&mut self) -> &mut [i64] {
-        &mut self.tensor_map
+    /// Sets entry `i` of the tensor map to `k`, for the planner to step through maps derived from
+    /// a valid one in place; the caller keeps the layout valid between its reads (a device dim
+    /// taken from one tensor dim is cleared there before another takes it).
+    pub(crate) fn set_map_entry(&mut self, i: usize, k: i64) {
+        self.used = self.used & !dim_bit(self.tensor_map[i]) | dim_bit(k);
+        self.tensor_map[i] = k;
     }
 
     /// The same layout with another tensor map, for maps the planner derives from a valid one.

@@ -1,6 +1,6 @@
 //! The core of taps: layouts, unification, the redistribution planner, the topology-aware cost
-//! model, strategy enumeration and the batch cost kernels. Plain Rust; the PyO3 bindings live in
-//! [`python`] behind the `python` feature.
+//! model, strategy enumeration, the batch cost kernels and the min-plus products of the search.
+//! Plain Rust; the PyO3 bindings live in [`python`] behind the `python` feature.
 
 pub mod error;
 pub mod layout;
@@ -16,6 +16,7 @@ pub mod topology;
 pub use planner::{plan_redistribution, CommOp, Objective, OpKind, Planner, Redistribution};
 pub use topology::{inter_node_groups, Cluster, CollectiveKind, CostModel};
 pub mod batch;
+pub mod minplus;
 pub mod strategies;
 
 pub use batch::redistribution_costs;

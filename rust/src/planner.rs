@@ -368,20 +368,19 @@ pub(crate) fn plan_unified(
             let mut progress = false;
             for i in 0..n {
                 let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
+                if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
                     step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
-                    current.tensor_map_mut()[i] = t[i];
+                    current.set_map_entry(i, t[i]);
                     progress = true;
                 }
             }
             for i in 0..n {
                 let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 {
+                if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
                         step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
-                        let m = current.tensor_map_mut();
-                        m[j] = -1;
-                        m[i] = t[i];
+                        current.set_map_entry(j, -1);
+                        current.set_map_entry(i, t[i]);
                         progress = true;
                     }
                 }
@@ -397,7 +396,7 @@ pub(crate) fn plan_unified(
             break;
         };
         step(OpKind::AllGather, m[i] as usize, Some(i), None, &current);
-        current.tensor_map_mut()[i] = -1;
+        current.set_map_entry(i, -1);
     }
     debug_assert_eq!(current.tensor_map(), t);
 }
@@ -455,7 +454,8 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
         }
     };
     let mut epilogue = Vec::new();
-    let mut current = tgt.layout.into_owned();
+    // Borrowed (not cloned) unless a split of the target was given up.
+    let mut current = tgt.layout;
     for &(dim, k) in relaxed.iter().rev() {
         let mut map = current.tensor_map().to_vec();
         map[dim] = k;
@@ -465,11 +465,11 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
             k as usize,
             Some(dim),
             None,
-            current,
+            current.into_owned(),
         ));
-        current = after;
+        current = Cow::Owned(after);
     }
-    debug_assert_eq!(&current, b);
+    debug_assert_eq!(&*current, b);
     Ok(LinedUp {
         unified,
         prelude,

@@ -12,7 +12,8 @@
 use std::fmt;
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
+use numpy::ndarray::Array3;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
@@ -21,6 +22,7 @@ use pyo3::types::{PyTuple, PyType};
 use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
+use crate::minplus;
 use crate::planner::{self, CommOp, Objective, Planner, Redistribution};
 use crate::strategies::{self, Strategy};
 use crate::topology::{self, Cluster, CollectiveKind, CostModel, Replicas, PAPER};
@@ -78,6 +80,7 @@ impl From<Error> for PyErr {
             Error::Unify(m) => UnifyError::new_err(m),
             Error::Strategy(m) => StrategyError::new_err(m),
             Error::Topology(m) => TopologyError::new_err(m),
+            Error::Shape(m) => TapsError::new_err(m),
         }
     }
 }
@@ -1085,6 +1088,36 @@ fn allreduce_costs<'py>(
     Ok(costs.into_pyarray(py))
 }
 
+/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of costs with objectives on the
+/// last axis, lexicographic (the first objective up to a relative `tie`), on all cores.
+#[pyfunction]
+fn min_plus<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray3<'py, f64>,
+    y: PyReadonlyArray3<'py, f64>,
+    tie: f64,
+) -> PyResult<Bound<'py, PyArray3<f64>>> {
+    let (xs, ys) = (x.as_array().dim(), y.as_array().dim());
+    let dims = minplus::Dims {
+        rows: xs.0,
+        inner: xs.1,
+        cols: ys.1,
+        objectives: xs.2,
+    };
+    if ys.0 != dims.inner || ys.2 != dims.objectives {
+        return Err(Error::Shape(format!(
+            "min-plus product of costs of shapes {xs:?} and {ys:?}: the inner sizes and the \
+             objectives must match"
+        ))
+        .into());
+    }
+    let (x, y) = (x.as_slice()?, y.as_slice()?);
+    let out = py.detach(move || minplus::min_plus(x, y, dims, tie))?;
+    let array = Array3::from_shape_vec((dims.rows, dims.cols, dims.objectives), out)
+        .expect("one entry per pair of rows and columns");
+    Ok(array.into_pyarray(py))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -1110,5 +1143,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(enumerate_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(redistribution_costs, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(min_plus, m)?)?;
     Ok(())
 }

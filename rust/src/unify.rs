@@ -80,8 +80,7 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
 }
 
 /// Cuts every split piece that a device boundary falls inside; the outer bits keep the outer part.
-fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) -> bool {
-    let mut changed = false;
+fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
     let mut i = 0;
     while i < pieces.len() {
         let p = pieces[i];
@@ -103,12 +102,10 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) -> bool {
                         origin: p.origin,
                     },
                 );
-                changed = true;
             }
         }
         i += 1;
     }
-    changed
 }
 
 /// The flat-index boundaries between the pieces of either side, as products of the sizes inside
@@ -126,20 +123,24 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     into.dedup();
 }
 
-/// Cuts every piece a dim boundary falls inside. `Err(origin)` names a piece it cannot cut.
+/// Cuts every piece a dim boundary falls inside, at every boundary inside it. `Err(origin)` names
+/// a piece it cannot cut.
 fn cut_at_dim_bounds(
     pieces: &mut Vec<Piece>,
     bounds: &[u64],
     device: &mut DeviceBounds,
-) -> std::result::Result<bool, usize> {
-    let mut changed = false;
+) -> std::result::Result<(), usize> {
     let mut inner = 1u64;
+    // The first boundary above `inner`: `inner` only grows, so a cursor finds it, not a search.
+    let mut next = 0;
     let mut i = pieces.len();
     while i > 0 {
         i -= 1;
         let piece = pieces[i];
         let top = inner * piece.size;
-        let next = bounds.partition_point(|&b| b <= inner);
+        while bounds.get(next).is_some_and(|&b| b <= inner) {
+            next += 1;
+        }
         let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
             inner = top;
             continue;
@@ -175,9 +176,8 @@ fn cut_at_dim_bounds(
         // Look at the outer part again: more boundaries may fall inside it.
         inner = bound;
         i += 1;
-        changed = true;
     }
-    Ok(changed)
+    Ok(())
 }
 
 /// The device matrix whose dims lie between consecutive boundaries, outermost (highest bits)
@@ -354,18 +354,22 @@ pub(crate) fn try_unify(
     // Room for the boundaries of both sides, reused by every round.
     let mut dims = Vec::with_capacity(pa.capacity() + pb.capacity());
     loop {
-        let mut changed = cut_at_device_bounds(&mut pa, device);
-        changed |= cut_at_device_bounds(&mut pb, device);
+        cut_at_device_bounds(&mut pa, device);
+        cut_at_device_bounds(&mut pb, device);
         dim_bounds(&pa, &pb, &mut dims);
-        changed |= cut_at_dim_bounds(&mut pa, &dims, &mut device).map_err(|dim| Blocker {
+        // A round that adds no device boundary leaves nothing for the next: its device cuts were
+        // all made before the dim boundaries were taken, the dim cuts then made every boundary one
+        // of both sides, and a cut at a dim boundary that splits no device dim needs no device cut.
+        let before = device;
+        cut_at_dim_bounds(&mut pa, &dims, &mut device).map_err(|dim| Blocker {
             side: Side::First,
             dim,
         })?;
-        changed |= cut_at_dim_bounds(&mut pb, &dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(&mut pb, &dims, &mut device).map_err(|dim| Blocker {
             side: Side::Second,
             dim,
         })?;
-        if !changed {
+        if device == before {
             return Ok(Unified {
                 first: pa,
                 second: pb,
@@ -454,8 +458,9 @@ impl<'a> Reshaped<'a> {
 
     /// The pieces of the view: its dims of size above 1, with the rank bits of their splits.
     fn pieces(&self) -> Vec<Piece> {
-        // Room for the cuts unification makes, so that they seldom reallocate.
-        let mut out = Vec::with_capacity(2 * self.groups.len());
+        // Room for the cuts unification makes, so that they seldom reallocate: high-rank pairs on
+        // many device dims end with several pieces per dim.
+        let mut out = Vec::with_capacity(4 * self.groups.len() + 8);
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {

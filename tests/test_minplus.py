@@ -1,0 +1,90 @@
+"""The core's min-plus kernel (taps._core.min_plus, used by the series reductions) against numpy's
+broadcast-and-reduce over the same sums: the least sum, and with two objectives the same choice
+among ties of the first (within its relative tolerance), infinities and NaNs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import taps
+from taps import _core, reductions
+
+
+def numpy_min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The product as one broadcast: every sum ``x[a, k] + y[k, b]``, reduced over ``k`` by numpy
+    (``min`` for one objective, the reductions' lexicographic ``_lex_min`` for two)."""
+    sums = x[:, :, None] + y[None]
+    if x.shape[-1] == 1:
+        return sums.min(axis=1)
+    return reductions._lex_min(sums, axis=1)
+
+
+# Few distinct values, so that ties are common; values a relative 1e-13 apart, tied within the
+# tolerance but not equal; infinities of both signs; NaN.
+VALUES = st.sampled_from([0.0, 1.0, 1.0 + 1e-13, 2.0, 3.5, -1.0, np.inf, -np.inf, np.nan])
+
+
+@st.composite
+def operands(draw, objectives: int, nan: bool) -> tuple[np.ndarray, np.ndarray]:
+    rows, inner, cols = (draw(st.integers(lo, 6)) for lo in (0, 1, 0))
+    elements = VALUES if nan else VALUES.filter(lambda v: not np.isnan(v))
+    x = draw(hnp.arrays(np.float64, (rows, inner, objectives), elements=elements))
+    y = draw(hnp.arrays(np.float64, (inner, cols, objectives), elements=elements))
+    return x, y
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@given(st.integers(1, 2).flatmap(lambda k: operands(k, nan=True)))
+def test_equals_numpy_with_ties_infinities_and_nans(xy: tuple[np.ndarray, np.ndarray]) -> None:
+    x, y = xy
+    np.testing.assert_array_equal(_core.min_plus(x, y, reductions._TIE), numpy_min_plus(x, y))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@given(st.integers(1, 2).flatmap(lambda k: operands(k, nan=False)))
+def test_reductions_product_equals_numpy(xy: tuple[np.ndarray, np.ndarray]) -> None:
+    """What the reductions call, on views the kernel must copy to contiguous arrays first."""
+    x, y = xy
+    xt = np.asfortranarray(x)
+    np.testing.assert_array_equal(reductions._min_plus(xt, y), numpy_min_plus(x, y))
+    if x.shape[-1] == 1:
+        got = reductions._min_plus_1(x[..., 0].T.copy().T, y[..., 0])
+        np.testing.assert_array_equal(got, numpy_min_plus(x, y)[..., 0])
+
+
+def test_tie_within_tolerance_goes_to_the_second_objective() -> None:
+    # k = 0: first 1.0 + 1e-13, second 5; k = 1: first 1.0, second 7. The first objectives tie
+    # within the tolerance, so the second decides: k = 0, though its first objective is larger.
+    x = np.array([[[1.0 + 1e-13, 5.0], [1.0, 7.0]]])
+    y = np.zeros((2, 1, 2))
+    np.testing.assert_array_equal(_core.min_plus(x, y, 1e-12), [[[1.0 + 1e-13, 5.0]]])
+    np.testing.assert_array_equal(_core.min_plus(x, y, 0.0), [[[1.0, 7.0]]])
+
+
+def test_large_blocks_equal_numpy() -> None:
+    """Sizes past one block of rows of the kernel, so that the jobs split the rows."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, size=(300, 40, 1)).astype(np.float64)
+    y = rng.integers(0, 50, size=(40, 200, 1)).astype(np.float64)
+    x[x == 7] = np.inf
+    np.testing.assert_array_equal(_core.min_plus(x, y, 0.0), numpy_min_plus(x, y))
+
+
+@pytest.mark.parametrize(
+    ("xshape", "yshape"),
+    [
+        ((2, 3, 1), (4, 2, 1)),
+        ((2, 3, 1), (3, 2, 2)),
+        ((2, 0, 1), (0, 2, 1)),
+        ((2, 3, 0), (3, 2, 0)),
+    ],
+)
+def test_shapes_that_do_not_fit_are_a_taps_error(
+    xshape: tuple[int, ...], yshape: tuple[int, ...]
+) -> None:
+    with pytest.raises(taps.TapsError, match="min-plus product"):
+        _core.min_plus(np.zeros(xshape), np.zeros(yshape), 0.0)
