@@ -113,6 +113,9 @@ struct Space<'a> {
     same_size: Vec<u64>,
     /// Per device dim, a lower bound on the price of any op whose group holds it.
     least: Vec<f64>,
+    /// Per device dim, its share of the price of an op whose group holds it: `least` over the
+    /// number of device dims a collective-permute may move at once (the only op of several dims).
+    share: Vec<f64>,
 }
 
 impl<'a> Space<'a> {
@@ -127,7 +130,7 @@ impl<'a> Space<'a> {
         let scratch = (0..n)
             .filter(|&i| src[i] < 0 && tgt[i] < 0)
             .fold(0u64, |m, i| m | 1 << i);
-        let allowed = (0..h)
+        let allowed: Vec<u64> = (0..h)
             .map(|k| {
                 let d = source.dim_size(k);
                 let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
@@ -150,11 +153,34 @@ impl<'a> Space<'a> {
         let fixed = (0..h)
             .filter(|&k| goal[k].is_some() && goal[k] == src.iter().position(|&m| m == k as i64))
             .fold(0u64, |m, k| m | 1 << k);
-        let same_size = (0..h)
+        let same_size: Vec<u64> = (0..h)
             .map(|k| {
                 (0..h)
                     .filter(|&j| source.dim_size(j) == source.dim_size(k))
                     .fold(0u64, |m, j| m | 1 << j)
+            })
+            .collect();
+        // No shard is smaller than the tensor over every device dim that may split it.
+        let splitting: u64 = (0..h)
+            .filter(|&k| allowed[k] != 0)
+            .map(|k| source.dim_size(k))
+            .product();
+        let smallest = source.num_elements() as f64 / splitting as f64;
+        let least: Vec<f64> = (0..h)
+            .map(|k| objective.least(source, k, smallest))
+            .collect();
+        // A collective-permute moves device dims that are not fixed and have a partner of their
+        // size that is not fixed either.
+        let permutable = (0..h)
+            .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
+            .fold(0u64, |m, k| m | 1 << k);
+        let share = (0..h)
+            .map(|k| {
+                if permutable >> k & 1 == 1 {
+                    least[k] / f64::from(permutable.count_ones())
+                } else {
+                    least[k]
+                }
             })
             .collect();
         Some(Space {
@@ -163,13 +189,18 @@ impl<'a> Space<'a> {
             goal,
             fixed,
             same_size,
-            least: (0..h).map(|k| objective.least(source, k)).collect(),
+            least,
+            share,
         })
     }
 
-    /// A lower bound on the price of the steps from `state` to the goal: every device dim that
-    /// splits another tensor dim than in the goal, or holds partial sums the goal does not keep,
-    /// takes part in one op at least (A*'s heuristic; one op may serve several dims).
+    /// A lower bound on the price of the steps from `state` to the goal (A*'s heuristic): every
+    /// device dim that splits another tensor dim than in the goal, or holds partial sums the goal
+    /// does not keep, takes part in one op at least. An op of one device dim prices at least its
+    /// `least`, a collective-permute at least the sum of the `share`s of its dims; so the rest
+    /// prices at least the largest `least` and at least the sum of the `share`s. Each op lowers
+    /// the bound by no more than it prices (the bound is consistent: A* never reopens a layout).
+    /// Scaled down by a hair so that rounding never makes it exceed a true price.
     fn remaining(&self, state: &State, keep: u64) -> f64 {
         let misplaced = state
             .map
@@ -180,7 +211,10 @@ impl<'a> Space<'a> {
                 (self.goal[k] != Some(i)).then_some(k)
             })
             .chain(bits(state.partial & !keep));
-        misplaced.map(|k| self.least[k]).fold(0.0, f64::max)
+        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), k| {
+            (f64::max(most, self.least[k]), sum + self.share[k])
+        });
+        f64::max(most, sum) * (1.0 - 1e-9)
     }
 
     fn layout(&self, state: &State) -> Layout {
@@ -376,8 +410,14 @@ pub(crate) fn shortest(
     }];
     let mut index = FxHashMap::default();
     index.insert(nodes[0].state, 0);
+    // Only a plan cheaper than `bound` is wanted (an infinite bound takes any plan).
+    let beaten = |estimate: f64| estimate < bound || bound == f64::INFINITY;
+    let first = start + space.remaining(&nodes[0].state, keep);
+    if !beaten(first) {
+        return None;
+    }
     let mut heap = BinaryHeap::from([Queued {
-        cost: start + space.remaining(&nodes[0].state, keep),
+        cost: first,
         ops: 0,
         node: 0,
     }]);
@@ -412,7 +452,7 @@ pub(crate) fn shortest(
             };
             let total = cost + price;
             let estimate = total + space.remaining(&next, keep);
-            if estimate > bound {
+            if !beaten(estimate) {
                 continue;
             }
             let fresh = Node {

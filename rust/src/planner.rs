@@ -107,11 +107,11 @@ impl Objective<'_> {
         plan.all_ops().fold(0.0, |t, op| self.add(t, op))
     }
     /// A lower bound on the price of any op whose group holds device dim `k` of a layout with
-    /// `layout`'s device matrix: it moves at least `(g-1)/g` of a shard, and no shard is smaller
-    /// than the tensor over every device; over the fastest link the dim can use.
-    pub(crate) fn least(&self, layout: &Layout, k: usize) -> f64 {
+    /// `layout`'s device matrix, when no shard is smaller than `smallest` elements: it moves at
+    /// least `(g-1)/g` of a shard, over the fastest link the dim can use.
+    pub(crate) fn least(&self, layout: &Layout, k: usize, smallest: f64) -> f64 {
         let g = layout.dim_size(k) as f64;
-        let elements = (g - 1.0) / g * layout.num_elements() as f64 / layout.num_devices() as f64;
+        let elements = (g - 1.0) / g * smallest;
         match *self {
             Objective::Volume => elements,
             Objective::Seconds {
@@ -579,7 +579,9 @@ pub(crate) fn shortest_plan(
 }
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops of the unified pair: the batch kernel's inner loop.
+/// bit, without building the ops of the unified pair: the batch kernel's inner loop. Also the
+/// plan's elements received per device, summed as [`Objective::Volume`] prices it (what the
+/// optimal planner compares under the volume model), in the same pass.
 ///
 /// # Errors
 /// As [`plan_redistribution`] and [`Redistribution::cost`].
@@ -589,24 +591,27 @@ pub(crate) fn paper_cost(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
     let target = lined.unified.layout(Side::Second);
     check_partial(&source, &target, a, b)?;
     // Every layout of the plan has the source's device count.
     cluster.check(&source)?;
-    // In plan order, from +0.0 as the plan's own sum.
-    let mut total = lined.prelude.iter().try_fold(0.0, |acc, op| {
-        Ok::<_, Error>(acc + op.cost(cluster, dtype_bytes, model)?)
-    })?;
+    // In plan order, from +0.0 as the plan's own sums.
+    let add = |(cost, elements): (f64, f64), op: &CommOp| {
+        Ok::<_, Error>((
+            cost + op.cost(cluster, dtype_bytes, model)?,
+            elements + op.volume as f64,
+        ))
+    };
+    let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
     plan_unified(source, &target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
-        total += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.0 += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.1 += volume as f64;
     });
-    lined.epilogue.iter().try_fold(total, |acc, op| {
-        Ok(acc + op.cost(cluster, dtype_bytes, model)?)
-    })
+    lined.epilogue.iter().try_fold(total, add)
 }
 
 #[cfg(test)]
