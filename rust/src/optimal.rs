@@ -19,7 +19,7 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 use crate::layout::Layout;
-use crate::planner::{step_volume, CommOp, Objective, OpKind};
+use crate::planner::{volume, CommOp, Objective, OpKind};
 
 /// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
 /// 1's plan. Most plans of a strategy search take a few dozen to a few hundred; the few that would
@@ -38,10 +38,20 @@ struct State {
     partial: u64,
 }
 
-#[derive(Debug, Clone)]
+impl State {
+    /// The device dims that split a tensor dim (a mask).
+    fn used(&self) -> u64 {
+        self.map
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .fold(0, |mask, k| mask | 1 << k)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
 enum Step {
     Op(OpKind, usize, Option<usize>, Option<usize>),
-    Permute(Vec<usize>),
+    Permute,
 }
 
 struct Node {
@@ -217,6 +227,19 @@ impl<'a> Space<'a> {
         f64::max(most, sum) * (1.0 - 1e-9)
     }
 
+    /// Elements per device in `state`, as [`Layout::shard_size`] counts them.
+    fn shard_size(&self, state: &State) -> u64 {
+        self.template
+            .shape()
+            .iter()
+            .zip(&state.map)
+            .map(|(&s, &m)| match usize::try_from(m) {
+                Ok(k) => s >> self.template.dim_size(k).trailing_zeros(),
+                Err(_) => s,
+            })
+            .product()
+    }
+
     fn layout(&self, state: &State) -> Layout {
         self.template.with_state(
             state.map[..self.template.ndim()]
@@ -304,76 +327,89 @@ impl<'a> Space<'a> {
 
     /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
     /// to the device dim of the same size that splits that tensor dim in the target (and holds
-    /// no partial sums), one dim to one dim; at least one moves.
+    /// no partial sums), one dim to one dim; at least one moves. The step records nothing: the
+    /// two layouts say which dim took over which split ([`permutation`]).
     fn permutes(&self, state: &State, out: &mut Vec<(Step, State)>) {
-        let movable: Vec<(usize, usize)> = state
-            .map
+        let n = self.template.ndim();
+        let movable = state.map[..n]
             .iter()
-            .enumerate()
-            .filter_map(|(i, &m)| usize::try_from(m).ok().map(|k| (i, k)))
-            .filter(|&(_, k)| self.fixed >> k & 1 == 0)
-            .collect();
-        let taken = state
-            .map
-            .iter()
-            .filter_map(|&m| usize::try_from(m).ok())
-            .fold(state.partial, |m, k| m | 1 << k)
-            & !movable.iter().fold(0u64, |m, &(_, k)| m | 1 << k);
-        let mut dest = vec![0usize; movable.len()];
-        self.assign(state, &movable, 0, taken, &mut dest, out);
+            .filter_map(|&m| u32::try_from(m).ok())
+            .filter(|&k| self.fixed >> k & 1 == 0)
+            .fold(0u64, |mask, k| mask | 1 << k);
+        let taken = (state.used() | state.partial) & !movable;
+        self.assign(state, state.map, 0, taken, out);
     }
 
+    /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
+    /// itself or to a free dim of its size that splits that tensor dim in the target; `next` is
+    /// the map so far.
     fn assign(
         &self,
         state: &State,
-        movable: &[(usize, usize)],
+        mut next: [i8; MAX_DIMS],
         at: usize,
         taken: u64,
-        dest: &mut Vec<usize>,
         out: &mut Vec<(Step, State)>,
     ) {
-        if at == movable.len() {
-            if movable.iter().zip(dest.iter()).all(|(&(_, k), &d)| k == d) {
-                return;
+        let n = self.template.ndim();
+        let Some(i) = (at..n).find(|&i| {
+            usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0)
+        }) else {
+            if next != state.map {
+                out.push((
+                    Step::Permute,
+                    State {
+                        map: next,
+                        partial: state.partial,
+                    },
+                ));
             }
-            let mut next = state.map;
-            let h = self.allowed.len();
-            let mut sigma: Vec<Option<usize>> = vec![None; h];
-            for (&(i, k), &d) in movable.iter().zip(dest.iter()) {
-                next[i] = d as i8;
-                sigma[k] = Some(d);
-            }
-            // The dims that give up a split and take none pass their (replicated) coordinates on
-            // to the dims that take a split from elsewhere: a permutation of all dims.
-            let taken_over = |d: usize| sigma.contains(&Some(d));
-            let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
-            let mut full: Vec<usize> = (0..h).collect();
-            for (k, d) in sigma.iter().enumerate() {
-                if let Some(d) = d {
-                    full[k] = *d;
-                }
-            }
-            for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
-                full[sources.next().expect("as many sources as targets")] = d;
-            }
-            out.push((
-                Step::Permute(full),
-                State {
-                    map: next,
-                    partial: state.partial,
-                },
-            ));
             return;
-        }
-        let (i, k) = movable[at];
+        };
+        let k = state.map[i] as usize;
         let options = self.same_size[k] & !taken & !self.fixed;
         for d in bits(options) {
             if d == k || self.goal[d] == Some(i) {
-                dest[at] = d;
-                self.assign(state, movable, at + 1, taken | 1 << d, dest, out);
+                next[i] = d as i8;
+                self.assign(state, next, i + 1, taken | 1 << d, out);
             }
         }
     }
+}
+
+/// The device dims a collective-permute from `before` to `after` moves (a mask): each dim that
+/// hands its split to another, and that other.
+fn moved(before: &State, after: &State) -> u64 {
+    before
+        .map
+        .iter()
+        .zip(&after.map)
+        .filter(|(k, d)| k != d)
+        .fold(0, |mask, (&k, &d)| mask | 1 << k | 1 << d)
+}
+
+/// The permutation of the `h` device dims a collective-permute from `before` to `after` makes:
+/// for each dim `k`, the dim that takes over its splits. The dims that give up a split and take
+/// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
+fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
+    let mut sigma: Vec<Option<usize>> = vec![None; h];
+    for (&k, &d) in before.map.iter().zip(&after.map) {
+        if let (Ok(k), Ok(d)) = (usize::try_from(k), usize::try_from(d)) {
+            sigma[k] = Some(d);
+        }
+    }
+    let taken_over = |d: usize| sigma.contains(&Some(d));
+    let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
+    let mut full: Vec<usize> = (0..h).collect();
+    for (k, d) in sigma.iter().enumerate() {
+        if let Some(d) = d {
+            full[k] = *d;
+        }
+    }
+    for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
+        full[sources.next().expect("as many sources as targets")] = d;
+    }
+    full
 }
 
 /// The cheapest ops from the unified `source` to the unified `target` under `objective`,
@@ -399,6 +435,7 @@ pub(crate) fn shortest(
         }
     };
     let goal = state_of(target);
+    let device_matrix = source.device_matrix();
     let keep = goal.partial;
     let mut nodes = vec![Node {
         state: state_of(source),
@@ -435,20 +472,25 @@ pub(crate) fn shortest(
         if nodes[node].state == goal {
             return Some(rebuild(&nodes, node, &space));
         }
-        let layout = space.layout(&nodes[node].state);
+        let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
-        space.steps(&nodes[node].state, keep, &mut steps);
+        // What a step's price needs of the layout, without building it.
+        let distinct = state.used() | state.partial;
+        let shard = space.shard_size(&state);
+        let price_of = |kind: OpKind, group: u64, volume: u64| {
+            objective.price_on(kind, group, volume, device_matrix, |k| distinct >> k & 1 == 1)
+        };
+        space.steps(&state, keep, &mut steps);
         for (step, next) in steps.drain(..) {
             let price = match &step {
-                Step::Op(kind, k, ..) => {
-                    objective.price(*kind, 1 << k, step_volume(*kind, *k, &layout), &layout)
-                }
-                Step::Permute(sigma) => objective.price(
-                    OpKind::CollectivePermute,
-                    crate::planner::moved(sigma),
-                    layout.shard_size(),
-                    &layout,
+                Step::Op(kind, k, ..) => price_of(
+                    *kind,
+                    1 << k,
+                    volume(*kind, space.template.dim_size(*k), shard),
                 ),
+                Step::Permute => {
+                    price_of(OpKind::CollectivePermute, moved(&state, &next), shard)
+                }
             };
             let total = cost + price;
             let estimate = total + space.remaining(&next, keep);
@@ -495,7 +537,14 @@ fn rebuild(nodes: &[Node], end: usize, space: &Space<'_>) -> Vec<CommOp> {
         let before = space.layout(&nodes[nodes[at].parent].state);
         path.push(match step {
             Step::Op(kind, k, i, to) => CommOp::new(*kind, *k, *i, *to, before),
-            Step::Permute(sigma) => CommOp::permute(sigma.clone(), before),
+            Step::Permute => CommOp::permute(
+                permutation(
+                    space.allowed.len(),
+                    &nodes[nodes[at].parent].state,
+                    &nodes[at].state,
+                ),
+                before,
+            ),
         });
         at = nodes[at].parent;
     }

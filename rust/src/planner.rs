@@ -123,20 +123,28 @@ impl Objective<'_> {
 
     /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
     pub(crate) fn price(&self, kind: OpKind, group: u64, volume: u64, layout: &Layout) -> f64 {
+        self.price_on(kind, group, volume, layout.device_matrix(), |k| {
+            layout.distinct_along(k)
+        })
+    }
+
+    /// [`Objective::price`] of an op on a layout given by its device matrix and the device dims
+    /// that hold distinct data, all the topology model needs of it: the optimal planner prices
+    /// its steps without building their layouts.
+    pub(crate) fn price_on(
+        &self,
+        kind: OpKind,
+        group: u64,
+        volume: u64,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+    ) -> f64 {
         match *self {
             Objective::Volume => volume as f64,
             Objective::Seconds {
                 cluster,
                 dtype_bytes,
-            } => step_cost(
-                kind,
-                group,
-                volume,
-                layout,
-                cluster,
-                dtype_bytes,
-                CostModel::Topology,
-            ),
+            } => seconds(kind, group, volume, device_matrix, distinct, cluster, dtype_bytes),
         }
     }
 }
@@ -264,8 +272,12 @@ pub(crate) fn moved(permutation: &[usize]) -> u64 {
 
 /// Elements received per device by an op along `device_dim` of `layout` (not a permute).
 pub(crate) fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
-    let g = layout.dim_size(device_dim);
-    let s = layout.shard_size();
+    volume(kind, layout.dim_size(device_dim), layout.shard_size())
+}
+
+/// Elements received per device by an op over a group of `g` devices holding shards of `s`
+/// elements.
+pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
     match kind {
         OpKind::Slice => 0,
         OpKind::AllGather => (g - 1) * s,
@@ -289,14 +301,37 @@ pub(crate) fn step_cost(
     dtype_bytes: f64,
     model: CostModel,
 ) -> f64 {
+    match model {
+        CostModel::Volume if kind == OpKind::Slice => 0.0,
+        CostModel::Volume => volume as f64 * dtype_bytes,
+        CostModel::Topology => seconds(
+            kind,
+            group,
+            volume,
+            layout.device_matrix(),
+            |k| layout.distinct_along(k),
+            cluster,
+            dtype_bytes,
+        ),
+    }
+}
+
+/// The seconds of an op over the device dims `group` (a mask) moving `volume` elements per
+/// device, on a layout given by its device matrix and the dims that hold distinct data.
+fn seconds(
+    kind: OpKind,
+    group: u64,
+    volume: u64,
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+) -> f64 {
     let Some(c) = kind.collective() else {
         return 0.0;
     };
     let bytes = volume as f64 * dtype_bytes;
-    match model {
-        CostModel::Volume => bytes,
-        CostModel::Topology => cluster.seconds(layout, c, |k| group >> k & 1 == 1, bytes),
-    }
+    cluster.seconds(device_matrix, distinct, c, |k| group >> k & 1 == 1, bytes)
 }
 
 /// A plan: the unified layouts and the ops between them, plus the fallback steps used when the

@@ -480,16 +480,24 @@ impl Cluster {
         let bytes = collective_volume(layout, collective, size) * dtype_bytes;
         match model {
             CostModel::Volume => bytes,
-            CostModel::Topology => self.seconds(layout, collective, in_group, bytes),
+            CostModel::Topology => self.seconds(
+                layout.device_matrix(),
+                |k| layout.distinct_along(k),
+                collective,
+                in_group,
+                bytes,
+            ),
         }
     }
 
     /// Seconds to move `bytes` per device in a collective over the device dims that pass
-    /// `in_group` (a test rather than a list, so that pricing allocates nothing); the group is
-    /// valid.
+    /// `in_group` of a layout on `device_matrix` whose dims that pass `distinct` hold distinct
+    /// data (tests rather than lists or a layout, so that pricing allocates nothing and the
+    /// optimal planner prices a step without building its layout); the group is valid.
     pub(crate) fn seconds(
         &self,
-        layout: &Layout,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
         collective: CollectiveKind,
         in_group: impl Fn(usize) -> bool,
         bytes: f64,
@@ -506,7 +514,7 @@ impl Cluster {
             .iter()
             .position(|l| {
                 ct = here;
-                here = crossing(layout, &in_group, l.devices, flat);
+                here = crossing(device_matrix, &distinct, &in_group, l.devices, flat);
                 here == 0
             })
             .unwrap_or(self.levels.len() - 1);
@@ -518,11 +526,14 @@ impl Cluster {
         let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
-            let p = (0..layout.num_device_dims())
-                .filter(|&k| in_group(k))
-                .map(|k| layout.dim_size(k))
+            let p = device_matrix
+                .iter()
+                .rev()
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, &d)| d)
                 .product::<u64>() as f64;
-            let k = extents(layout, below)
+            let k = extents(device_matrix, below)
                 .enumerate()
                 .filter(|&(k, _)| in_group(k))
                 .map(|(_, e)| e)
@@ -538,7 +549,7 @@ impl Cluster {
     /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
     /// latency.
     pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
-        let inside = extents(layout, self.devices_per_node)
+        let inside = extents(layout.device_matrix(), self.devices_per_node)
             .nth(k)
             .is_some_and(|e| e == layout.dim_size(k));
         let usable = if inside {
@@ -558,14 +569,14 @@ impl Cluster {
 /// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
 #[must_use]
 pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {
-    extents(layout, l).collect()
+    extents(layout.device_matrix(), l).collect()
 }
 
-/// [`extents_in_node`] without the vector, for the cost kernels.
-fn extents(layout: &Layout, l: u64) -> impl Iterator<Item = u64> + '_ {
+/// [`extents_in_node`] of the layouts on `device_matrix`, without the vector, for the cost
+/// kernels.
+fn extents(device_matrix: &[u64], l: u64) -> impl Iterator<Item = u64> + '_ {
     let mut inner = 1u64;
-    (0..layout.num_device_dims()).map(move |k| {
-        let d = layout.dim_size(k);
+    device_matrix.iter().rev().map(move |&d| {
         // `inner` is a power of two: `l / inner` as a shift.
         let e = d.min((l >> inner.trailing_zeros()).max(1));
         inner = inner.saturating_mul(d);
@@ -617,18 +628,33 @@ fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> 
 /// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
 /// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
-    crossing(layout, in_group, l, false)
+    crossing(
+        layout.device_matrix(),
+        |k| layout.distinct_along(k),
+        in_group,
+        l,
+        false,
+    )
 }
 
 /// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
 /// counts as a group of its own.
-fn crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64, flat: bool) -> u64 {
+fn crossing(
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    in_group: impl Fn(usize) -> bool,
+    l: u64,
+    flat: bool,
+) -> u64 {
     let mut inside = true;
     let mut ct = 1;
-    for (k, e) in extents(layout, l).enumerate() {
+    for ((k, e), &d) in extents(device_matrix, l)
+        .enumerate()
+        .zip(device_matrix.iter().rev())
+    {
         if in_group(k) {
-            inside &= e == layout.dim_size(k);
-        } else if flat || layout.distinct_along(k) {
+            inside &= e == d;
+        } else if flat || distinct(k) {
             ct *= e;
         }
     }
