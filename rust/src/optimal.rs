@@ -117,6 +117,8 @@ struct Space<'a> {
     allowed: Vec<u64>,
     /// Per device dim, the tensor dim the target splits along it, if any.
     goal: Vec<Option<usize>>,
+    /// The target's tensor map.
+    target_map: Vec<i8>,
     /// The device dims that split the same tensor dim in the source and the target: they stay.
     fixed: u64,
     /// Per device dim, the device dims of the same size.
@@ -197,6 +199,7 @@ impl<'a> Space<'a> {
             template: source,
             allowed,
             goal,
+            target_map: tgt.iter().map(|&m| m as i8).collect(),
             fixed,
             same_size,
             least,
@@ -212,14 +215,12 @@ impl<'a> Space<'a> {
     /// the bound by no more than it prices (the bound is consistent: A* never reopens a layout).
     /// Scaled down by a hair so that rounding never makes it exceed a true price.
     fn remaining(&self, state: &State, keep: u64) -> f64 {
-        let misplaced = state
-            .map
+        let n = self.template.ndim();
+        let misplaced = state.map[..n]
             .iter()
-            .enumerate()
-            .filter_map(|(i, &m)| {
-                let k = usize::try_from(m).ok()?;
-                (self.goal[k] != Some(i)).then_some(k)
-            })
+            .zip(&self.target_map)
+            .filter(|(m, t)| m != t)
+            .filter_map(|(&m, _)| usize::try_from(m).ok())
             .chain(bits(state.partial & !keep));
         let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), k| {
             (f64::max(most, self.least[k]), sum + self.share[k])
