@@ -13,11 +13,8 @@ use crate::layout::Layout;
 /// checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
-    nodes: u64,
-    devices_per_node: u64,
-    intra_bandwidth: f64,
-    inter_bandwidth: f64,
     device_memory: Option<f64>,
+    /// Innermost first, never empty: the node sizes and bandwidths are its first two levels'.
     levels: Vec<Level>,
     replicas: Replicas,
 }
@@ -252,9 +249,9 @@ impl Cluster {
         device_memory: Option<f64>,
         replicas: Replicas,
     ) -> Result<Self> {
-        let Some(&(devices_per_node, intra_bandwidth, _)) = levels.first() else {
+        if levels.is_empty() {
             return Err(Error::Topology("a cluster needs at least one level".into()));
-        };
+        }
         let counts: Vec<u64> = levels.iter().map(|l| l.0).collect();
         if counts.contains(&0) {
             return Err(Error::Topology(format!(
@@ -269,7 +266,6 @@ impl Cluster {
                  power of two"
             )));
         }
-        let inter_bandwidth = levels.get(1).map_or(intra_bandwidth, |l| l.1);
         let mut out = Vec::with_capacity(levels.len());
         let mut devices = 1;
         for (j, &(count, bandwidth, latency)) in levels.iter().enumerate() {
@@ -306,10 +302,6 @@ impl Cluster {
             }
         }
         Ok(Cluster {
-            nodes: devices / devices_per_node,
-            devices_per_node,
-            intra_bandwidth,
-            inter_bandwidth,
             device_memory,
             levels: out,
             replicas,
@@ -356,25 +348,25 @@ impl Cluster {
 
     #[must_use]
     pub fn nodes(&self) -> u64 {
-        self.nodes
+        self.num_devices() / self.devices_per_node()
     }
 
     /// Devices per node: a node holds this many consecutive ranks.
     #[must_use]
     pub fn devices_per_node(&self) -> u64 {
-        self.devices_per_node
+        self.levels[0].devices
     }
 
     /// Bytes per second between two devices of one node.
     #[must_use]
     pub fn intra_bandwidth(&self) -> f64 {
-        self.intra_bandwidth
+        self.levels[0].bandwidth
     }
 
     /// Bytes per second out of a node, shared by every group that crosses it.
     #[must_use]
     pub fn inter_bandwidth(&self) -> f64 {
-        self.inter_bandwidth
+        self.levels.get(1).unwrap_or(&self.levels[0]).bandwidth
     }
 
     /// Bytes of memory per device, if limited.
@@ -398,7 +390,7 @@ impl Cluster {
 
     #[must_use]
     pub fn num_devices(&self) -> u64 {
-        self.nodes * self.devices_per_node
+        self.levels[self.levels.len() - 1].devices
     }
 
     pub(crate) fn check(&self, layout: &Layout) -> Result<()> {
@@ -409,8 +401,8 @@ impl Cluster {
                 "the layout spans {} devices but the cluster has {} ({} nodes of {})",
                 layout.num_devices(),
                 self.num_devices(),
-                self.nodes,
-                self.devices_per_node
+                self.nodes(),
+                self.devices_per_node()
             )))
         }
     }
@@ -549,7 +541,7 @@ impl Cluster {
     /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
     /// latency.
     pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
-        let inside = extents(layout.device_matrix(), self.devices_per_node)
+        let inside = extents(layout.device_matrix(), self.devices_per_node())
             .nth(k)
             .is_some_and(|e| e == layout.dim_size(k));
         let usable = if inside {
