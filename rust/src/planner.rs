@@ -559,26 +559,39 @@ pub fn plan_redistribution(
 
 /// Algorithm 1 on `a` and `b` as given.
 fn paper_plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
+    let on = match objective {
+        Objective::Volume => None,
+        Objective::Seconds {
+            cluster,
+            dtype_bytes,
+        } => Some((cluster, dtype_bytes)),
+    };
+    let mut plan = lined_up(a, b, on)?;
+    let mut ops = Vec::new();
+    plan_unified(plan.source.clone(), &plan.target, |kind, k, i, to, l| {
+        ops.push(CommOp::new(kind, k, i, to, l.clone()));
+    });
+    plan.ops = ops;
+    Ok(plan)
+}
+
+/// What both forms of Algorithm 1 start from: `a` and `b` lined up ([`line_up`]), as a plan
+/// with no ops yet, its partial sums checked and, when pricing on a cluster (with bytes per
+/// element), its layouts checked against it.
+fn lined_up(a: &Layout, b: &Layout, on: Option<(&Cluster, f64)>) -> Result<Redistribution> {
     let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
     let target = lined.unified.layout(Side::Second);
     check_partial(&source, &target, a, b)?;
-    if let Objective::Seconds {
-        cluster,
-        dtype_bytes,
-    } = objective
-    {
+    if let Some((cluster, dtype_bytes)) = on {
         topology::check_dtype_bytes(dtype_bytes)?;
+        // Every layout of the plan has the source's device count.
         cluster.check(&source)?;
     }
-    let mut ops = Vec::new();
-    plan_unified(source.clone(), &target, |kind, k, i, to, l| {
-        ops.push(CommOp::new(kind, k, i, to, l.clone()));
-    });
     Ok(Redistribution {
         source,
         target,
-        ops,
+        ops: Vec::new(),
         prelude: lined.prelude,
         epilogue: lined.epilogue,
     })
@@ -627,12 +640,7 @@ pub(crate) fn paper_cost(
     dtype_bytes: f64,
     model: CostModel,
 ) -> Result<(f64, f64)> {
-    let lined = line_up(a, b)?;
-    let source = lined.unified.layout(Side::First);
-    let target = lined.unified.layout(Side::Second);
-    check_partial(&source, &target, a, b)?;
-    // Every layout of the plan has the source's device count.
-    cluster.check(&source)?;
+    let lined = lined_up(a, b, Some((cluster, dtype_bytes)))?;
     // In plan order, from +0.0 as the plan's own sums.
     let add = |(cost, elements): (f64, f64), op: &CommOp| {
         Ok::<_, Error>((
@@ -641,7 +649,7 @@ pub(crate) fn paper_cost(
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
-    plan_unified(source, &target, |kind, k, _, _, l| {
+    plan_unified(lined.source, &lined.target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
         total.0 += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
         total.1 += volume as f64;
