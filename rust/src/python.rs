@@ -210,6 +210,28 @@ fn unsigned_list(
         .collect()
 }
 
+/// The strategy of `degrees` and `device_map` on `device_matrix` (Python's `Strategy(...)`), or
+/// on one dim per split axis without one.
+fn strategy(
+    degrees: Vec<u64>,
+    device_map: Vec<i64>,
+    device_matrix: Option<&[Num<i64>]>,
+) -> Result<Strategy, Error> {
+    match device_matrix {
+        None => Strategy::new(degrees, device_map),
+        Some(m) => Strategy::with_device_matrix(
+            degrees,
+            device_map,
+            unsigned_list(
+                m,
+                "device matrix",
+                "a power of two of at least 2",
+                Error::Strategy,
+            )?,
+        ),
+    }
+}
+
 /// The device dim argument `device_dim`, if given.
 fn device_dim(k: Option<Num<i64>>, kind: Kind) -> Result<Option<usize>, Error> {
     k.map(|k| {
@@ -812,14 +834,7 @@ impl PyStrategy {
         let kind = Error::Strategy;
         let degrees = unsigned_list(&degrees, "degrees", "a positive power of two", kind)?;
         let device_map = signed_list(&device_map, "device map", kind)?;
-        let inner = match device_matrix {
-            None => Strategy::new(degrees, device_map)?,
-            Some(m) => Strategy::with_device_matrix(
-                degrees,
-                device_map,
-                unsigned_list(&m, "device matrix", "a power of two of at least 2", kind)?,
-            )?,
-        };
+        let inner = strategy(degrees, device_map, device_matrix.as_deref())?;
         Ok(PyStrategy { inner })
     }
 
@@ -1053,19 +1068,11 @@ fn allreduce_costs<'py>(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            match &device_matrices {
-                None => Strategy::new(degrees, m.to_vec()),
-                Some(matrices) => Strategy::with_device_matrix(
-                    degrees,
-                    m.to_vec(),
-                    unsigned_list(
-                        &matrices[i],
-                        "device matrix",
-                        "a power of two of at least 2",
-                        Error::Strategy,
-                    )?,
-                ),
-            }
+            strategy(
+                degrees,
+                m.to_vec(),
+                device_matrices.as_ref().map(|all| &all[i][..]),
+            )
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors
