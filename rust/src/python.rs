@@ -465,12 +465,15 @@ impl PyCluster {
     /// A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
     /// devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
     /// bytes per second out of one part of the level below, latencies in seconds per collective.
+    /// With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
+    /// read; one level is one node), as presets and cluster files are read.
     #[staticmethod]
-    #[pyo3(signature = (levels, device_memory=None, replicas="shared"))]
+    #[pyo3(signature = (levels, device_memory=None, replicas="shared", *, nodes=None))]
     fn hierarchy(
         levels: Vec<(Num<i64>, Num<f64>, Num<f64>)>,
         device_memory: Option<Num<f64>>,
         replicas: &str,
+        nodes: Option<Num<i64>>,
     ) -> PyResult<Self> {
         let kind = Error::Topology;
         let levels = levels
@@ -484,9 +487,17 @@ impl PyCluster {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(PyCluster {
-            inner: Cluster::hierarchy(&levels, memory(device_memory)?, Replicas::parse(replicas)?)?,
-        })
+        let (memory, replicas) = (memory(device_memory)?, Replicas::parse(replicas)?);
+        let inner = match nodes {
+            None => Cluster::hierarchy(&levels, memory, replicas)?,
+            Some(n) => Cluster::filled(
+                &levels,
+                n.unsigned("nodes", "a positive count", kind)?,
+                memory,
+                replicas,
+            )?,
+        };
+        Ok(PyCluster { inner })
     }
 
     /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the

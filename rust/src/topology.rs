@@ -319,16 +319,50 @@ impl Cluster {
                 "unknown cluster preset {name:?}: expected one of {names:?} or a .toml file"
             )));
         };
-        let mut levels = p.levels.to_vec();
-        let last = levels.len() - 1;
-        let inner: u64 = levels[1..last].iter().map(|l| l.0).product();
-        if nodes == 0 || nodes % inner != 0 {
-            return Err(Error::Topology(format!(
-                "{nodes} nodes do not fill units of {inner} nodes of preset {name:?}"
-            )));
+        Self::filled(p.levels, nodes, p.device_memory, p.replicas)
+            .map_err(|e| Error::Topology(format!("preset {name:?}: {e}")))
+    }
+
+    /// [`Cluster::hierarchy`] of `levels` with `nodes` nodes (the rule of presets and cluster
+    /// files): the outermost level holds as many units as the nodes fill (its given count is not
+    /// read), and a cluster of one level is one node.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] if the nodes do not fill whole units of the levels between the node
+    /// and the outermost one, a one-level cluster is given more than one node, or
+    /// [`Cluster::hierarchy`] rejects the levels.
+    pub fn filled(
+        levels: &[(u64, f64, f64)],
+        nodes: u64,
+        device_memory: Option<f64>,
+        replicas: Replicas,
+    ) -> Result<Self> {
+        let mut levels = levels.to_vec();
+        match levels.len() {
+            0 => {}
+            1 if nodes != 1 => {
+                return Err(Error::Topology(format!(
+                    "a cluster of one level is one node, not {nodes}"
+                )))
+            }
+            1 => {}
+            n => {
+                // A zero or overflowing count is left to `hierarchy` to reject.
+                let inner = levels[1..n - 1]
+                    .iter()
+                    .try_fold(1u64, |p, l| p.checked_mul(l.0))
+                    .filter(|&inner| inner > 0);
+                if let Some(inner) = inner {
+                    if nodes == 0 || nodes % inner != 0 {
+                        return Err(Error::Topology(format!(
+                            "{nodes} nodes do not fill units of {inner} nodes"
+                        )));
+                    }
+                    levels[n - 1].0 = nodes / inner;
+                }
+            }
         }
-        levels[last].0 = nodes / inner;
-        Self::hierarchy(&levels, p.device_memory, p.replicas)
+        Self::hierarchy(&levels, device_memory, replicas)
     }
 
     /// The levels as [`Cluster::hierarchy`] takes them: (parts of the level below, bandwidth,
@@ -796,6 +830,37 @@ mod tests {
                 assert_eq!(op.inter_node_groups(l), want);
             }
         }
+    }
+
+    /// The node-filling rule of presets and cluster files: no panic on any number of levels.
+    #[test]
+    fn filled_levels_take_their_outermost_count_from_the_nodes() {
+        let three = [(4, 100e9, 0.0), (2, 20e9, 0.0), (99, 5e9, 0.0)];
+        let c = Cluster::filled(&three, 8, None, Replicas::Flat).unwrap();
+        assert_eq!((c.nodes(), c.num_devices(), c.level_parts()[2].0), (8, 32, 4));
+        for nodes in [0, 3] {
+            let e = Cluster::filled(&three, nodes, None, Replicas::Flat).unwrap_err();
+            assert!(matches!(e, Error::Topology(m) if m.contains("do not fill")));
+        }
+        let one = [(8, 60e9, 0.0)];
+        assert_eq!(
+            Cluster::filled(&one, 1, None, Replicas::Shared).unwrap(),
+            Cluster::hierarchy(&one, None, Replicas::Shared).unwrap()
+        );
+        for nodes in [0, 2] {
+            let e = Cluster::filled(&one, nodes, None, Replicas::Shared).unwrap_err();
+            assert!(matches!(e, Error::Topology(m) if m.contains("one level is one node")));
+        }
+        for bad in [&[][..], &[(8, 60e9, 0.0), (0, 6e9, 0.0), (1, 1e9, 0.0)][..]] {
+            assert!(matches!(
+                Cluster::filled(bad, 2, None, Replicas::Shared),
+                Err(Error::Topology(_))
+            ));
+        }
+        assert_eq!(
+            Cluster::preset("dgx-v100", 4).unwrap(),
+            Cluster::new(4, 8, 60e9, 6e9, None).unwrap()
+        );
     }
 
     #[test]
