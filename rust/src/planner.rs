@@ -354,9 +354,18 @@ impl Redistribution {
     }
 
     /// Elements received per device over the whole plan.
-    #[must_use]
-    pub fn volume(&self) -> u64 {
-        self.all_ops().map(|op| op.volume).sum()
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if the sum does not fit a 64-bit count (a tensor of close to 2^64
+    /// elements moved more than once).
+    pub fn volume(&self) -> Result<u64> {
+        self.all_ops()
+            .try_fold(0u64, |total, op| total.checked_add(op.volume))
+            .ok_or_else(|| {
+                Error::Layout(
+                    "the plan moves more elements per device than a 64-bit count holds".into(),
+                )
+            })
     }
 
     /// # Errors
@@ -685,8 +694,26 @@ mod tests {
             ]
         );
         let size: u64 = shape.iter().product();
-        assert_eq!(plan.volume() * d0 * d1 * d1 * d2 * d3, (d1 * d2 - 1) * size);
+        assert_eq!(plan.volume().unwrap() * d0 * d1 * d1 * d2 * d3, (d1 * d2 - 1) * size);
         assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
+    }
+
+    /// A sum past 2^64 elements is an error, not a wrap or a panic.
+    #[test]
+    fn volume_overflow_is_an_error() {
+        let big = layout(&[1 << 63], &[2], &[0]);
+        let gather = CommOp::new(OpKind::AllGather, 0, Some(0), None, big.clone());
+        assert_eq!(gather.volume, 1 << 62);
+        let mut plan = Redistribution {
+            source: big.clone(),
+            target: big,
+            ops: vec![gather; 3],
+            prelude: Vec::new(),
+            epilogue: Vec::new(),
+        };
+        assert_eq!(plan.volume().unwrap(), 3 << 62);
+        plan.ops.push(plan.ops[0].clone());
+        assert!(matches!(plan.volume(), Err(Error::Layout(_))));
     }
 
     #[test]
@@ -707,7 +734,7 @@ mod tests {
         let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         assert!(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
         // Never more than gathering everything: 15 * 6 elements per device.
-        assert!(plan.volume() <= 15 * 6);
+        assert!(plan.volume().unwrap() <= 15 * 6);
     }
 }
 
@@ -761,7 +788,7 @@ mod optimal_tests {
         ];
         for (a, b, paper, optimal) in cases {
             let (p, o) = both(&a, &b);
-            assert_eq!((p.volume(), o.volume()), (paper, optimal), "{a:?} -> {b:?}");
+            assert_eq!((p.volume().unwrap(), o.volume().unwrap()), (paper, optimal), "{a:?} -> {b:?}");
         }
         let swap = both(
             &layout(&[1024, 1024], &[4, 4], &[1, 0]),
@@ -780,7 +807,7 @@ mod optimal_tests {
         let (_, one) = both(&layout(&[64, 32, 16], &[16], &[-1, 0, -1]), &b);
         let (_, other) = both(&layout(&[64, 4, 8, 16], &[4, 4], &[-1, 1, 0, -1]), &b);
         assert_eq!(one, other);
-        assert_eq!(one.volume(), 1_920);
+        assert_eq!(one.volume().unwrap(), 1_920);
     }
 
     /// A partial sum over 4 devices to a split: one reduce-scatter, half the all-reduce's volume;
@@ -792,12 +819,12 @@ mod optimal_tests {
         let (paper, optimal) = both(&a, &split);
         let kinds: Vec<_> = optimal.ops.iter().map(|o| o.kind).collect();
         assert_eq!(kinds, [OpKind::ReduceScatter]);
-        assert_eq!(optimal.volume(), 3 * 64 * 4 / 4);
-        assert_eq!(paper.volume(), 2 * optimal.volume());
+        assert_eq!(optimal.volume().unwrap(), 3 * 64 * 4 / 4);
+        assert_eq!(paper.volume().unwrap(), 2 * optimal.volume().unwrap());
         let (_, whole) = both(&a, &layout(&[64, 8], &[4, 2], &[-1, 0]));
         assert_eq!(whole.ops.len(), 1);
         assert_eq!(whole.ops[0].kind, OpKind::AllReduce);
-        assert_eq!(whole.volume(), 2 * 3 * 64 * 4 / 4);
+        assert_eq!(whole.volume().unwrap(), 2 * 3 * 64 * 4 / 4);
         // No step creates partial sums.
         assert!(matches!(
             plan_redistribution(&split, &a, Planner::Optimal, Objective::Volume),

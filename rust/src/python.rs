@@ -793,8 +793,8 @@ impl PyRedistribution {
 
     /// Elements received per device over the whole plan.
     #[getter]
-    fn volume(&self) -> u64 {
-        self.inner.volume()
+    fn volume(&self) -> PyResult<u64> {
+        Ok(self.inner.volume()?)
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of the whole plan.
@@ -816,11 +816,11 @@ impl PyRedistribution {
             .all_ops()
             .map(|o| PyCommOp { inner: o.clone() }.__repr__())
             .collect();
-        format!(
-            "Redistribution(volume={}, ops=[{}])",
-            self.inner.volume(),
-            steps.join(", ")
-        )
+        let volume = self
+            .inner
+            .volume()
+            .map_or_else(|_| "more than 2**64".into(), |v| v.to_string());
+        format!("Redistribution(volume={volume}, ops=[{}])", steps.join(", "))
     }
 }
 
