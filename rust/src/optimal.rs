@@ -39,6 +39,17 @@ struct State {
 }
 
 impl State {
+    fn of(layout: &Layout) -> Self {
+        let mut map = [-1; MAX_DIMS];
+        for (m, &x) in map.iter_mut().zip(layout.tensor_map()) {
+            *m = x as i8;
+        }
+        State {
+            map,
+            partial: mask_of(layout.partial()),
+        }
+    }
+
     /// The device dims that split a tensor dim (a mask).
     fn used(&self) -> u64 {
         self.map
@@ -241,6 +252,26 @@ impl<'a> Space<'a> {
             .product()
     }
 
+    /// The price of `step` from `state` (whose shards hold `shard` elements) to `next`, from
+    /// what the topology model needs of the layout, without building it.
+    fn price(
+        &self,
+        objective: Objective<'_>,
+        state: &State,
+        shard: u64,
+        step: Step,
+        next: &State,
+    ) -> f64 {
+        let distinct = state.used() | state.partial;
+        let (kind, group, volume) = match step {
+            Step::Op(kind, k, ..) => (kind, 1 << k, volume(kind, self.template.dim_size(k), shard)),
+            Step::Permute => (OpKind::CollectivePermute, moved(state, next), shard),
+        };
+        objective.price_on(kind, group, volume, self.template.device_matrix(), |k| {
+            distinct >> k & 1 == 1
+        })
+    }
+
     fn layout(&self, state: &State) -> Layout {
         self.template.with_state(
             state.map[..self.template.ndim()]
@@ -353,9 +384,9 @@ impl<'a> Space<'a> {
         out: &mut Vec<(Step, State)>,
     ) {
         let n = self.template.ndim();
-        let Some(i) = (at..n).find(|&i| {
-            usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0)
-        }) else {
+        let Some(i) = (at..n)
+            .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
+        else {
             if next != state.map {
                 out.push((
                     Step::Permute,
@@ -425,21 +456,10 @@ pub(crate) fn shortest(
     objective: Objective<'_>,
 ) -> Option<Vec<CommOp>> {
     let space = Space::new(source, target, objective)?;
-    let state_of = |l: &Layout| {
-        let mut map = [-1; MAX_DIMS];
-        for (m, &x) in map.iter_mut().zip(l.tensor_map()) {
-            *m = x as i8;
-        }
-        State {
-            map,
-            partial: mask_of(l.partial()),
-        }
-    };
-    let goal = state_of(target);
-    let device_matrix = source.device_matrix();
+    let goal = State::of(target);
     let keep = goal.partial;
     let mut nodes = vec![Node {
-        state: state_of(source),
+        state: State::of(source),
         cost: start,
         ops: 0,
         parent: 0,
@@ -475,25 +495,10 @@ pub(crate) fn shortest(
         }
         let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
-        // What a step's price needs of the layout, without building it.
-        let distinct = state.used() | state.partial;
         let shard = space.shard_size(&state);
-        let price_of = |kind: OpKind, group: u64, volume: u64| {
-            objective.price_on(kind, group, volume, device_matrix, |k| distinct >> k & 1 == 1)
-        };
         space.steps(&state, keep, &mut steps);
         for (step, next) in steps.drain(..) {
-            let price = match &step {
-                Step::Op(kind, k, ..) => price_of(
-                    *kind,
-                    1 << k,
-                    volume(*kind, space.template.dim_size(*k), shard),
-                ),
-                Step::Permute => {
-                    price_of(OpKind::CollectivePermute, moved(&state, &next), shard)
-                }
-            };
-            let total = cost + price;
+            let total = cost + space.price(objective, &state, shard, step, &next);
             let estimate = total + space.remaining(&next, keep);
             if !beaten(estimate) {
                 continue;
