@@ -144,37 +144,96 @@ impl Objective<'_> {
             Objective::Seconds {
                 cluster,
                 dtype_bytes,
-            } => seconds(kind, group, volume, device_matrix, distinct, cluster, dtype_bytes),
+            } => seconds(
+                kind,
+                group,
+                volume,
+                device_matrix,
+                distinct,
+                cluster,
+                dtype_bytes,
+            ),
         }
     }
 }
 
-/// One step of a redistribution, with the layout it acts on.
+/// One step of a redistribution, with the layout it acts on. Built by the planners only (its
+/// fields are read through accessors), so that every op is one a plan can hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CommOp {
-    pub kind: OpKind,
+    kind: OpKind,
     /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
     /// device dim it moves.
-    pub device_dim: usize,
+    device_dim: usize,
     /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
     /// reduce-scatter, split; none for an all-reduce or a collective-permute.
-    pub tensor_dim: Option<usize>,
+    tensor_dim: Option<usize>,
     /// All-to-all only: the dim that is split.
-    pub to_tensor_dim: Option<usize>,
+    to_tensor_dim: Option<usize>,
     /// Collective-permute only: for each device dim `k`, the device dim `permutation[k]` that
     /// takes over its splits (the coordinate a block was at along `k` is where it goes along
     /// `permutation[k]`).
-    pub permutation: Option<Vec<usize>>,
+    permutation: Option<Vec<usize>>,
     /// The devices of one group: `d_k`, or for a collective-permute the product over the device
     /// dims it moves.
-    pub group_size: u64,
+    group_size: u64,
     /// Elements received per device (by a device that receives, for a collective-permute).
-    pub volume: u64,
+    volume: u64,
     /// The layout before the op.
-    pub layout: Layout,
+    layout: Layout,
 }
 
 impl CommOp {
+    #[must_use]
+    pub fn kind(&self) -> OpKind {
+        self.kind
+    }
+
+    /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
+    /// device dim it moves.
+    #[must_use]
+    pub fn device_dim(&self) -> usize {
+        self.device_dim
+    }
+
+    /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
+    /// reduce-scatter, split; none for an all-reduce or a collective-permute.
+    #[must_use]
+    pub fn tensor_dim(&self) -> Option<usize> {
+        self.tensor_dim
+    }
+
+    /// All-to-all only: the dim that is split.
+    #[must_use]
+    pub fn to_tensor_dim(&self) -> Option<usize> {
+        self.to_tensor_dim
+    }
+
+    /// Collective-permute only: for each device dim `k`, the device dim that takes over its
+    /// splits.
+    #[must_use]
+    pub fn permutation(&self) -> Option<&[usize]> {
+        self.permutation.as_deref()
+    }
+
+    /// The devices of one group.
+    #[must_use]
+    pub fn group_size(&self) -> u64 {
+        self.group_size
+    }
+
+    /// Elements received per device (by a device that receives, for a collective-permute).
+    #[must_use]
+    pub fn volume(&self) -> u64 {
+        self.volume
+    }
+
+    /// The layout before the op.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     pub(crate) fn new(
         kind: OpKind,
         device_dim: usize,
@@ -694,7 +753,10 @@ mod tests {
             ]
         );
         let size: u64 = shape.iter().product();
-        assert_eq!(plan.volume().unwrap() * d0 * d1 * d1 * d2 * d3, (d1 * d2 - 1) * size);
+        assert_eq!(
+            plan.volume().unwrap() * d0 * d1 * d1 * d2 * d3,
+            (d1 * d2 - 1) * size
+        );
         assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
     }
 
@@ -788,7 +850,11 @@ mod optimal_tests {
         ];
         for (a, b, paper, optimal) in cases {
             let (p, o) = both(&a, &b);
-            assert_eq!((p.volume().unwrap(), o.volume().unwrap()), (paper, optimal), "{a:?} -> {b:?}");
+            assert_eq!(
+                (p.volume().unwrap(), o.volume().unwrap()),
+                (paper, optimal),
+                "{a:?} -> {b:?}"
+            );
         }
         let swap = both(
             &layout(&[1024, 1024], &[4, 4], &[1, 0]),

@@ -648,52 +648,52 @@ impl PyCommOp {
     /// `"collective_permute"`.
     #[getter]
     fn kind(&self) -> &'static str {
-        self.inner.kind.name()
+        self.inner.kind().name()
     }
 
     /// The device dim the op runs along (0 innermost; for a collective_permute, the innermost
     /// device dim it moves).
     #[getter]
     fn device_dim(&self) -> usize {
-        self.inner.device_dim
+        self.inner.device_dim()
     }
 
     /// The tensor dim sliced, gathered (for an all_to_all, the one gathered) or split by a
     /// reduce_scatter; None for an all_reduce or a collective_permute.
     #[getter]
     fn tensor_dim(&self) -> Option<usize> {
-        self.inner.tensor_dim
+        self.inner.tensor_dim()
     }
 
     /// For an all_to_all, the tensor dim that gets split; None otherwise.
     #[getter]
     fn to_tensor_dim(&self) -> Option<usize> {
-        self.inner.to_tensor_dim
+        self.inner.to_tensor_dim()
     }
 
     /// Collective-permute only: per device dim `k`, the device dim that takes over its splits.
     #[getter]
     fn permutation(&self) -> Option<Vec<usize>> {
-        self.inner.permutation.clone()
+        self.inner.permutation().map(<[usize]>::to_vec)
     }
 
     /// The number of devices in each group: the size of the device dim (for a
     /// collective_permute, the product of the device dims it moves).
     #[getter]
     fn group_size(&self) -> u64 {
-        self.inner.group_size
+        self.inner.group_size()
     }
 
     /// Elements received per device (per receiving device, for a collective_permute).
     #[getter]
     fn volume(&self) -> u64 {
-        self.inner.volume
+        self.inner.volume()
     }
 
     /// The layout before the op.
     #[getter]
     fn layout(&self) -> PyLayout {
-        self.inner.layout.clone().into()
+        self.inner.layout().clone().into()
     }
 
     /// `ct` of this op on nodes of `devices_per_node` devices (0 for a slice).
@@ -721,19 +721,19 @@ impl PyCommOp {
 
     fn __repr__(&self) -> String {
         let o = &self.inner;
-        let on = match (&o.permutation, o.tensor_dim, o.to_tensor_dim) {
+        let on = match (o.permutation(), o.tensor_dim(), o.to_tensor_dim()) {
             (Some(p), _, _) => format!("permutation={p:?}"),
             (None, Some(i), Some(to)) => {
-                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim)
+                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim())
             }
-            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim),
-            (None, None, _) => format!("device_dim={}", o.device_dim),
+            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim()),
+            (None, None, _) => format!("device_dim={}", o.device_dim()),
         };
         format!(
             "CommOp({}({on}), group_size={}, volume={})",
-            o.kind.name(),
-            o.group_size,
-            o.volume
+            o.kind().name(),
+            o.group_size(),
+            o.volume()
         )
     }
 }
@@ -820,7 +820,10 @@ impl PyRedistribution {
             .inner
             .volume()
             .map_or_else(|_| "more than 2**64".into(), |v| v.to_string());
-        format!("Redistribution(volume={volume}, ops=[{}])", steps.join(", "))
+        format!(
+            "Redistribution(volume={volume}, ops=[{}])",
+            steps.join(", ")
+        )
     }
 }
 

@@ -339,13 +339,13 @@ impl Cluster {
     ) -> Result<Self> {
         let mut levels = levels.to_vec();
         match levels.len() {
-            0 => {}
             1 if nodes != 1 => {
                 return Err(Error::Topology(format!(
                     "a cluster of one level is one node, not {nodes}"
                 )))
             }
-            1 => {}
+            // No level (which `hierarchy` rejects) or one level: nothing to fill.
+            0 | 1 => {}
             n => {
                 // A zero or overflowing count is left to `hierarchy` to reject.
                 let inner = levels[1..n - 1]
@@ -810,8 +810,8 @@ mod tests {
         let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
         let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();
         let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
-        assert!(plan.ops.iter().any(|op| op.kind == OpKind::Slice));
-        assert!(plan.ops.iter().any(|op| op.kind != OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind() == OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind() != OpKind::Slice));
         for l in [0, 3, 6, 12, u64::MAX] {
             assert!(matches!(
                 inter_node_groups(&a, CollectiveKind::AllReduce, l, None),
@@ -823,8 +823,8 @@ mod tests {
         }
         for l in [1, 2, 4, 8, 16, 32, 1 << 40] {
             for op in &plan.ops {
-                let want = match op.kind.collective() {
-                    Some(kind) => inter_node_groups(&op.layout, kind, l, Some(op.device_dim)),
+                let want = match op.kind().collective() {
+                    Some(kind) => inter_node_groups(op.layout(), kind, l, Some(op.device_dim())),
                     None => Ok(0),
                 };
                 assert_eq!(op.inter_node_groups(l), want);
@@ -837,7 +837,10 @@ mod tests {
     fn filled_levels_take_their_outermost_count_from_the_nodes() {
         let three = [(4, 100e9, 0.0), (2, 20e9, 0.0), (99, 5e9, 0.0)];
         let c = Cluster::filled(&three, 8, None, Replicas::Flat).unwrap();
-        assert_eq!((c.nodes(), c.num_devices(), c.level_parts()[2].0), (8, 32, 4));
+        assert_eq!(
+            (c.nodes(), c.num_devices(), c.level_parts()[2].0),
+            (8, 32, 4)
+        );
         for nodes in [0, 3] {
             let e = Cluster::filled(&three, nodes, None, Replicas::Flat).unwrap_err();
             assert!(matches!(e, Error::Topology(m) if m.contains("do not fill")));
