@@ -139,6 +139,10 @@ struct Space<'a> {
     /// Per device dim, its share of the price of an op whose group holds it: `least` over the
     /// number of device dims a collective-permute may move at once (the only op of several dims).
     share: Vec<f64>,
+    /// `least` and `share` of the ops that end a device dim's split (for a dim the target does
+    /// not split along): an all-gather, `(g-1)` shards, or a collective-permute, one.
+    least_leave: Vec<f64>,
+    share_leave: Vec<f64>,
 }
 
 impl<'a> Space<'a> {
@@ -189,23 +193,42 @@ impl<'a> Space<'a> {
             .map(|k| source.dim_size(k))
             .product();
         let smallest = source.num_elements() as f64 / splitting as f64;
+        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards.
         let least: Vec<f64> = (0..h)
-            .map(|k| objective.least(source, k, smallest))
+            .map(|k| {
+                let g = source.dim_size(k) as f64;
+                objective.least(source, k, (g - 1.0) / g * smallest)
+            })
             .collect();
         // A collective-permute moves device dims that are not fixed and have a partner of their
         // size that is not fixed either.
         let permutable = (0..h)
             .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
             .fold(0u64, |m, k| m | 1 << k);
-        let share = (0..h)
+        let movers = f64::from(permutable.count_ones());
+        let least_leave: Vec<f64> = (0..h)
             .map(|k| {
-                if permutable >> k & 1 == 1 {
-                    least[k] / f64::from(permutable.count_ones())
+                let gather = (source.dim_size(k) - 1) as f64;
+                let moves = if permutable >> k & 1 == 1 {
+                    gather.min(1.0)
                 } else {
-                    least[k]
-                }
+                    gather
+                };
+                objective.least(source, k, moves * smallest)
             })
             .collect();
+        let shares = |least: &[f64]| -> Vec<f64> {
+            (0..h)
+                .map(|k| {
+                    if permutable >> k & 1 == 1 {
+                        least[k] / movers
+                    } else {
+                        least[k]
+                    }
+                })
+                .collect()
+        };
+        let (share, share_leave) = (shares(&least), shares(&least_leave));
         Some(Space {
             template: source,
             allowed,
@@ -215,6 +238,8 @@ impl<'a> Space<'a> {
             same_size,
             least,
             share,
+            least_leave,
+            share_leave,
         })
     }
 
@@ -227,14 +252,22 @@ impl<'a> Space<'a> {
     /// Scaled down by a hair so that rounding never makes it exceed a true price.
     fn remaining(&self, state: &State, keep: u64) -> f64 {
         let n = self.template.ndim();
+        let bound = |k: usize| {
+            if self.goal[k].is_none() {
+                (self.least_leave[k], self.share_leave[k])
+            } else {
+                (self.least[k], self.share[k])
+            }
+        };
         let misplaced = state.map[..n]
             .iter()
             .zip(&self.target_map)
             .filter(|(m, t)| m != t)
             .filter_map(|(&m, _)| usize::try_from(m).ok())
-            .chain(bits(state.partial & !keep));
-        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), k| {
-            (f64::max(most, self.least[k]), sum + self.share[k])
+            .map(bound)
+            .chain(bits(state.partial & !keep).map(|k| (self.least[k], self.share[k])));
+        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
+            (f64::max(most, least), sum + share)
         });
         f64::max(most, sum) * (1.0 - 1e-9)
     }
@@ -556,4 +589,95 @@ fn rebuild(nodes: &[Node], end: usize, space: &Space<'_>) -> Vec<CommOp> {
     }
     path.reverse();
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::layout;
+    use crate::topology::{Cluster, Replicas};
+
+    /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
+    /// no heuristic, no bound and no budget.
+    fn dijkstra(source: &Layout, target: &Layout, objective: Objective<'_>) -> f64 {
+        let space = Space::new(source, target, objective).unwrap();
+        let (start, goal) = (State::of(source), State::of(target));
+        let mut best = FxHashMap::default();
+        best.insert(start, 0.0);
+        let mut heap = BinaryHeap::from([Queued {
+            cost: 0.0,
+            ops: 0,
+            node: 0,
+        }]);
+        let mut states = vec![start];
+        let mut steps = Vec::new();
+        while let Some(Queued { cost, node, .. }) = heap.pop() {
+            let state = states[node];
+            if cost > best[&state] {
+                continue;
+            }
+            if state == goal {
+                return cost;
+            }
+            let shard = space.shard_size(&state);
+            space.steps(&state, goal.partial, &mut steps);
+            for (step, next) in steps.drain(..) {
+                let total = cost + space.price(objective, &state, shard, step, &next);
+                if best.get(&next).is_none_or(|&b| total < b) {
+                    best.insert(next, total);
+                    states.push(next);
+                    heap.push(Queued {
+                        cost: total,
+                        ops: 0,
+                        node: states.len() - 1,
+                    });
+                }
+            }
+        }
+        panic!("the target is unreachable")
+    }
+
+    /// A* with its heuristic (the smallest shard, per-dim shares, the ops that end a split)
+    /// finds what a plain Dijkstra finds, in seconds on clusters of every shape of 16 devices,
+    /// with latencies and both replica models: the heuristic never overestimates.
+    #[test]
+    fn a_star_equals_dijkstra_in_seconds() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let maps: Vec<Vec<i64>> = (0..4i64.pow(4))
+            .map(|code| (0..4).map(|i| code / 4i64.pow(i) % 4 - 1).collect())
+            .filter(|m: &Vec<i64>| Layout::new(shape.to_vec(), matrix.to_vec(), m.clone()).is_ok())
+            .collect();
+        let mut clusters = Vec::new();
+        for per_node in [1, 2, 4, 8, 16] {
+            for replicas in Replicas::ALL {
+                let levels = [(per_node, 60e9, 1e-6), (16 / per_node, 6e9, 5e-6)];
+                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            }
+        }
+        let mut compared = 0;
+        for (x, a) in maps.iter().enumerate().step_by(3) {
+            for b in maps.iter().skip(x % 5).step_by(4) {
+                let (a, b) = (layout(&shape, &matrix, a), layout(&shape, &matrix, b));
+                for cluster in &clusters {
+                    let objective = Objective::Seconds {
+                        cluster,
+                        dtype_bytes: 2.0,
+                    };
+                    let want = dijkstra(&a, &b, objective);
+                    let Some(ops) = shortest(&a, &b, 0.0, f64::INFINITY, objective) else {
+                        continue;
+                    };
+                    let got = ops.iter().fold(0.0, |t, op| {
+                        t + objective.price(op.kind(), op.group(), op.volume(), op.layout())
+                    });
+                    assert!(
+                        (got - want).abs() <= 1e-12 * want,
+                        "{a:?} -> {b:?} on {cluster:?}: {got} against {want}"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 1000, "{compared}");
+    }
 }

@@ -106,12 +106,10 @@ impl Objective<'_> {
     pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
         plan.all_ops().fold(0.0, |t, op| self.add(t, op))
     }
-    /// A lower bound on the price of any op whose group holds device dim `k` of a layout with
-    /// `layout`'s device matrix, when no shard is smaller than `smallest` elements: it moves at
-    /// least `(g-1)/g` of a shard, over the fastest link the dim can use.
-    pub(crate) fn least(&self, layout: &Layout, k: usize, smallest: f64) -> f64 {
-        let g = layout.dim_size(k) as f64;
-        let elements = (g - 1.0) / g * smallest;
+    /// A lower bound on the price of an op that moves at least `elements` per device over a
+    /// group that holds device dim `k` of a layout with `layout`'s device matrix: over the
+    /// fastest link the dim can use.
+    pub(crate) fn least(&self, layout: &Layout, k: usize, elements: f64) -> f64 {
         match *self {
             Objective::Volume => elements,
             Objective::Seconds {
