@@ -208,13 +208,14 @@ impl<'a> Space<'a> {
         let movers = f64::from(permutable.count_ones());
         let least_leave: Vec<f64> = (0..h)
             .map(|k| {
+                // Shards an all-gather moves, or a collective-permute (one) if one may.
                 let gather = (source.dim_size(k) - 1) as f64;
-                let moves = if permutable >> k & 1 == 1 {
+                let shards = if permutable >> k & 1 == 1 {
                     gather.min(1.0)
                 } else {
                     gather
                 };
-                objective.least(source, k, moves * smallest)
+                objective.least(source, k, shards * smallest)
             })
             .collect();
         let shares = |least: &[f64]| -> Vec<f64> {
