@@ -9,8 +9,9 @@
 //! ends stays, one that splits nothing at either end splits nothing on the way, and a free dim
 //! whose target dim is unsplit is sliced there first. The plans of Algorithm 1 stay inside, so
 //! the search never returns a dearer plan than it, and the space stays small enough to plan the
-//! edges of a strategy search. Algorithm 1's cost bounds the search: no layout whose cost plus
-//! the lower bound on the rest exceeds it is expanded.
+//! edges of a strategy search. Algorithm 1's cost bounds the search: only a strictly cheaper plan
+//! is searched for, so no layout whose cost plus the lower bound on the rest reaches it is
+//! expanded.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -22,8 +23,10 @@ use crate::layout::Layout;
 use crate::planner::{volume, CommOp, Objective, OpKind};
 
 /// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
-/// 1's plan. Most plans of a strategy search take a few dozen to a few hundred; the few that would
-/// take more (chains of many device dims of one size) would cost the search more than they save.
+/// 1's plan (sound, the planner is still never dearer than Algorithm 1, but maybe not the
+/// cheapest). Most plans of a strategy search take a few dozen to a few hundred; the few that
+/// would take more (chains of many device dims of one size) would cost the search more than they
+/// save.
 const MAX_EXPANSIONS: usize = 1024;
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
@@ -479,9 +482,9 @@ fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
 }
 
 /// The cheapest ops from the unified `source` to the unified `target` under `objective`,
-/// starting at cost `start`, among plans costing at most `bound` (A* with [`Space::remaining`]);
-/// `None` if there is none, the layouts have too many dims for the search's masks, or the search
-/// would expand more than [`MAX_EXPANSIONS`] layouts.
+/// starting at cost `start`, among plans costing less than `bound` (any plan if it is infinite;
+/// A* with [`Space::remaining`]); `None` if there is none, the layouts have too many dims for the
+/// search's masks, or the search would expand more than [`MAX_EXPANSIONS`] layouts.
 pub(crate) fn shortest(
     source: &Layout,
     target: &Layout,
