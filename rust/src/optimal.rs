@@ -14,7 +14,6 @@
 //! expanded.
 
 use std::cmp::Ordering;
-use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
@@ -535,7 +534,16 @@ pub(crate) fn shortest(
         let shard = space.shard_size(&state);
         space.steps(&state, keep, &mut steps);
         for (step, next) in steps.drain(..) {
+            // A layout already expanded is not reopened (the bound is consistent): skip it before
+            // pricing the step.
+            let seen = index.get(&next).copied();
+            if seen.is_some_and(|id| nodes[id].done) {
+                continue;
+            }
             let total = cost + space.price(objective, &state, shard, step, &next);
+            if seen.is_some_and(|id| (total, ops) >= (nodes[id].cost, nodes[id].ops)) {
+                continue;
+            }
             let estimate = total + space.remaining(&next, keep);
             if !beaten(estimate) {
                 continue;
@@ -548,19 +556,13 @@ pub(crate) fn shortest(
                 step: Some(step),
                 done: false,
             };
-            let id = match index.entry(next) {
-                Entry::Vacant(e) => {
-                    nodes.push(fresh);
-                    *e.insert(nodes.len() - 1)
-                }
-                Entry::Occupied(e) => {
-                    let old = &mut nodes[*e.get()];
-                    if old.done || (total, ops) >= (old.cost, old.ops) {
-                        continue;
-                    }
-                    *old = fresh;
-                    *e.get()
-                }
+            let id = if let Some(id) = seen {
+                nodes[id] = fresh;
+                id
+            } else {
+                nodes.push(fresh);
+                index.insert(next, nodes.len() - 1);
+                nodes.len() - 1
             };
             heap.push(Queued {
                 cost: estimate,
