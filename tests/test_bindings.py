@@ -73,6 +73,13 @@ INT_ARGS: list[tuple[str, int, type[taps.TapsError], str, Callable[[int], object
         lambda v: taps.Cluster.hierarchy([(2, 60e9, 0.0), (v, 6e9, 0.0)]),
     ),
     (
+        "Cluster.hierarchy nodes",
+        2,
+        taps.TopologyError,
+        "nodes",
+        lambda v: taps.Cluster.hierarchy([(2, 60e9, 0.0), (1, 6e9, 0.0)], nodes=v),
+    ),
+    (
         "Cluster.preset nodes",
         1,
         taps.TopologyError,

@@ -118,6 +118,29 @@ def test_toml_file(tmp_path):
             taps.Cluster.preset(str(bad))
     with pytest.raises(taps.TopologyError, match="cannot read"):
         taps.Cluster.preset(str(tmp_path / "missing.toml"))
+    # One level is one node: its count is the devices per node.
+    one = tmp_path / "one.toml"
+    one.write_text("[[levels]]\ncount = 8\nbandwidth = 450e9\n")
+    assert taps.Cluster.preset(str(one)) == taps.Cluster.hierarchy([(8, 450e9, 0.0)])
+    with pytest.raises(taps.TopologyError, match="one level is one node, not 2"):
+        taps.Cluster.preset(str(one), nodes=2)
+
+
+def test_hierarchy_fills_the_outermost_level_from_the_nodes():
+    """The rule of presets and cluster files, in one place (the core): the outermost level holds
+    as many units as the nodes fill."""
+    levels = [(4, 100e9, 0.0), (2, 20e9, 0.0), (99, 5e9, 0.0)]
+    c = taps.Cluster.hierarchy(levels, nodes=8)
+    assert c.levels == [(4, 100e9, 0.0), (2, 20e9, 0.0), (4, 5e9, 0.0)]
+    assert (c.nodes, c.num_devices) == (8, 32)
+    assert taps.Cluster.preset("dgx-h100", 4) == taps.Cluster.hierarchy(
+        taps.Cluster.preset("dgx-h100").levels, 80e9, "flat", nodes=4
+    )
+    for nodes, message in ((3, "do not fill units of 2 nodes"), (0, "do not fill")):
+        with pytest.raises(taps.TopologyError, match=message):
+            taps.Cluster.hierarchy(levels, nodes=nodes)
+    with pytest.raises(taps.TopologyError, match="one level is one node"):
+        taps.Cluster.hierarchy([(8, 60e9, 0.0)], nodes=4)
 
 
 def test_optimal_planner_prices_by_the_cluster():

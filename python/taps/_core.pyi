@@ -149,10 +149,14 @@ class Cluster:
         levels: Sequence[tuple[int, float, float]],
         device_memory: float | None = None,
         replicas: _Replicas = "shared",
+        *,
+        nodes: int | None = None,
     ) -> Cluster:
         """A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
         devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
-        bytes per second out of one part of the level below, latencies in seconds per collective."""
+        bytes per second out of one part of the level below, latencies in seconds per collective.
+        With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
+        read; one level is one node), as presets and cluster files are read."""
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> Cluster:
         """The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the

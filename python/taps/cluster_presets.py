@@ -53,14 +53,9 @@ def from_toml(path: str | Path, nodes: int = 1) -> Cluster:
     parts: list[tuple[int, float, float]] = []
     for j, table in enumerate(levels):
         where = f"{path}: level {j}"
-        if j == len(levels) - 1 and j > 0:
-            inner = 1
-            for count, _, _ in parts[1:]:
-                inner *= count
-            if nodes <= 0 or nodes % inner:
-                raise TopologyError(f"{path}: {nodes} nodes do not fill units of {inner} nodes")
-            count = nodes // inner
-        else:
+        # The outermost level's count comes from ``nodes`` (Cluster.hierarchy fills it).
+        count = 1
+        if j < len(levels) - 1 or j == 0:
             raw = table.get("count")
             if isinstance(raw, bool) or not isinstance(raw, int):
                 raise TopologyError(f"{where}: count must be a whole number, got {raw!r}")
@@ -68,8 +63,6 @@ def from_toml(path: str | Path, nodes: int = 1) -> Cluster:
         parts.append(
             (count, _number(table, "bandwidth", where), _number(table, "latency", where, 0))
         )
-    if len(levels) == 1 and nodes != 1:
-        raise TopologyError(f"{path}: one level is one node, not {nodes}")
     memory = data.get("device_memory")
     if memory is not None:
         memory = _number(data, "device_memory", str(path))
@@ -77,4 +70,7 @@ def from_toml(path: str | Path, nodes: int = 1) -> Cluster:
     if replicas not in REPLICA_MODELS:
         expected = " or ".join(f'"{r}"' for r in REPLICA_MODELS)
         raise TopologyError(f"{path}: replicas must be {expected}, got {replicas!r}")
-    return Cluster.hierarchy(parts, memory, replicas)
+    try:
+        return Cluster.hierarchy(parts, memory, replicas, nodes=nodes)
+    except TopologyError as e:
+        raise TopologyError(f"{path}: {e}") from None

@@ -65,18 +65,26 @@ pub fn redistribution_costs(
     let (src, src_index) = dedupe(sources);
     let (tgt, tgt_index) = dedupe(targets);
     let width = tgt.len();
-    let mut distinct = vec![0.0; src.len() * width];
-    distinct
+    // Per distinct pair, Algorithm 1's cost and its price under the optimal planner's objective:
+    // its cost under the topology model; under the volume model its elements, not its bytes,
+    // whose rounding could break a tie otherwise than the planner does.
+    let mut paper = vec![(0.0, 0.0); src.len() * width];
+    paper
         .par_iter_mut()
         .enumerate()
-        .try_for_each(|(k, cost)| {
+        .try_for_each(|(k, entry)| {
             let (a, b) = (src[k / width], tgt[k % width]);
             // A layout to itself needs no op: exactly 0 without planning.
             if a != b {
-                *cost = paper_cost(a, b, cluster, dtype_bytes, model)?;
+                let (cost, elements) = paper_cost(a, b, cluster, dtype_bytes, model)?;
+                *entry = match model {
+                    CostModel::Topology => (cost, cost),
+                    CostModel::Volume => (cost, elements),
+                };
             }
             Ok::<_, Error>(())
         })?;
+    let mut distinct: Vec<f64> = paper.iter().map(|&(cost, _)| cost).collect();
     if planner == Planner::Optimal {
         let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
         let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
@@ -100,30 +108,10 @@ pub fn redistribution_costs(
                 }
                 Ok::<_, Error>(())
             })?;
-        // Algorithm 1's price under the objective: its cost under the topology model; under the
-        // volume model its elements, not its bytes, whose rounding could break a tie otherwise
-        // than the planner does.
-        let paper = match model {
-            CostModel::Topology => distinct.clone(),
-            CostModel::Volume => {
-                let mut volumes = vec![0.0; distinct.len()];
-                volumes
-                    .par_iter_mut()
-                    .enumerate()
-                    .try_for_each(|(k, volume)| {
-                        let (a, b) = (src[k / width], tgt[k % width]);
-                        if a != b {
-                            *volume = paper_cost(a, b, cluster, 1.0, CostModel::Volume)?;
-                        }
-                        Ok::<_, Error>(())
-                    })?;
-                volumes
-            }
-        };
         // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
         for (k, cost) in distinct.iter_mut().enumerate() {
             let (price, c) = canonical[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
-            if price <= paper[k] {
+            if price <= paper[k].1 {
                 *cost = c;
             }
         }

@@ -9,21 +9,23 @@
 //! ends stays, one that splits nothing at either end splits nothing on the way, and a free dim
 //! whose target dim is unsplit is sliced there first. The plans of Algorithm 1 stay inside, so
 //! the search never returns a dearer plan than it, and the space stays small enough to plan the
-//! edges of a strategy search. Algorithm 1's cost bounds the search: no layout whose cost plus
-//! the lower bound on the rest exceeds it is expanded.
+//! edges of a strategy search. Algorithm 1's cost bounds the search: only a strictly cheaper plan
+//! is searched for, so no layout whose cost plus the lower bound on the rest reaches it is
+//! expanded.
 
 use std::cmp::Ordering;
-use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
 use crate::layout::Layout;
-use crate::planner::{step_volume, CommOp, Objective, OpKind};
+use crate::planner::{volume, CommOp, Objective, OpKind};
 
 /// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
-/// 1's plan. Most plans of a strategy search take a few dozen to a few hundred; the few that would
-/// take more (chains of many device dims of one size) would cost the search more than they save.
+/// 1's plan (sound, the planner is still never dearer than Algorithm 1, but maybe not the
+/// cheapest). Most plans of a strategy search take a few dozen to a few hundred; the few that
+/// would take more (chains of many device dims of one size) would cost the search more than they
+/// save.
 const MAX_EXPANSIONS: usize = 1024;
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
@@ -38,10 +40,31 @@ struct State {
     partial: u64,
 }
 
-#[derive(Debug, Clone)]
+impl State {
+    fn of(layout: &Layout) -> Self {
+        let mut map = [-1; MAX_DIMS];
+        for (m, &x) in map.iter_mut().zip(layout.tensor_map()) {
+            *m = x as i8;
+        }
+        State {
+            map,
+            partial: mask_of(layout.partial()),
+        }
+    }
+
+    /// The device dims that split a tensor dim (a mask).
+    fn used(&self) -> u64 {
+        self.map
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .fold(0, |mask, k| mask | 1 << k)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
 enum Step {
     Op(OpKind, usize, Option<usize>, Option<usize>),
-    Permute(Vec<usize>),
+    Permute,
 }
 
 struct Node {
@@ -107,12 +130,21 @@ struct Space<'a> {
     allowed: Vec<u64>,
     /// Per device dim, the tensor dim the target splits along it, if any.
     goal: Vec<Option<usize>>,
+    /// The target's tensor map.
+    target_map: Vec<i8>,
     /// The device dims that split the same tensor dim in the source and the target: they stay.
     fixed: u64,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
     /// Per device dim, a lower bound on the price of any op whose group holds it.
     least: Vec<f64>,
+    /// Per device dim, its share of the price of an op whose group holds it: `least` over the
+    /// number of device dims a collective-permute may move at once (the only op of several dims).
+    share: Vec<f64>,
+    /// `least` and `share` of the ops that end a device dim's split (for a dim the target does
+    /// not split along): an all-gather, `(g-1)` shards, or a collective-permute, one.
+    least_leave: Vec<f64>,
+    share_leave: Vec<f64>,
 }
 
 impl<'a> Space<'a> {
@@ -127,7 +159,7 @@ impl<'a> Space<'a> {
         let scratch = (0..n)
             .filter(|&i| src[i] < 0 && tgt[i] < 0)
             .fold(0u64, |m, i| m | 1 << i);
-        let allowed = (0..h)
+        let allowed: Vec<u64> = (0..h)
             .map(|k| {
                 let d = source.dim_size(k);
                 let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
@@ -150,37 +182,130 @@ impl<'a> Space<'a> {
         let fixed = (0..h)
             .filter(|&k| goal[k].is_some() && goal[k] == src.iter().position(|&m| m == k as i64))
             .fold(0u64, |m, k| m | 1 << k);
-        let same_size = (0..h)
+        let same_size: Vec<u64> = (0..h)
             .map(|k| {
                 (0..h)
                     .filter(|&j| source.dim_size(j) == source.dim_size(k))
                     .fold(0u64, |m, j| m | 1 << j)
             })
             .collect();
+        // No shard is smaller than the tensor over every device dim that may split it.
+        let splitting: u64 = (0..h)
+            .filter(|&k| allowed[k] != 0)
+            .map(|k| source.dim_size(k))
+            .product();
+        let smallest = source.num_elements() as f64 / splitting as f64;
+        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards.
+        let least: Vec<f64> = (0..h)
+            .map(|k| {
+                let g = source.dim_size(k) as f64;
+                objective.least(source, k, (g - 1.0) / g * smallest)
+            })
+            .collect();
+        // A collective-permute moves device dims that are not fixed and have a partner of their
+        // size that is not fixed either.
+        let permutable = (0..h)
+            .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
+            .fold(0u64, |m, k| m | 1 << k);
+        let movers = f64::from(permutable.count_ones());
+        let least_leave: Vec<f64> = (0..h)
+            .map(|k| {
+                // Shards an all-gather moves, or a collective-permute (one) if one may.
+                let gather = (source.dim_size(k) - 1) as f64;
+                let shards = if permutable >> k & 1 == 1 {
+                    gather.min(1.0)
+                } else {
+                    gather
+                };
+                objective.least(source, k, shards * smallest)
+            })
+            .collect();
+        let shares = |least: &[f64]| -> Vec<f64> {
+            (0..h)
+                .map(|k| {
+                    if permutable >> k & 1 == 1 {
+                        least[k] / movers
+                    } else {
+                        least[k]
+                    }
+                })
+                .collect()
+        };
+        let (share, share_leave) = (shares(&least), shares(&least_leave));
         Some(Space {
             template: source,
             allowed,
             goal,
+            target_map: tgt.iter().map(|&m| m as i8).collect(),
             fixed,
             same_size,
-            least: (0..h).map(|k| objective.least(source, k)).collect(),
+            least,
+            share,
+            least_leave,
+            share_leave,
         })
     }
 
-    /// A lower bound on the price of the steps from `state` to the goal: every device dim that
-    /// splits another tensor dim than in the goal, or holds partial sums the goal does not keep,
-    /// takes part in one op at least (A*'s heuristic; one op may serve several dims).
+    /// A lower bound on the price of the steps from `state` to the goal (A*'s heuristic): every
+    /// device dim that splits another tensor dim than in the goal, or holds partial sums the goal
+    /// does not keep, takes part in one op at least. An op of one device dim prices at least its
+    /// `least`, a collective-permute at least the sum of the `share`s of its dims; so the rest
+    /// prices at least the largest `least` and at least the sum of the `share`s. Each op lowers
+    /// the bound by no more than it prices (the bound is consistent: A* never reopens a layout).
+    /// Scaled down by a hair so that rounding never makes it exceed a true price.
     fn remaining(&self, state: &State, keep: u64) -> f64 {
-        let misplaced = state
-            .map
+        let n = self.template.ndim();
+        let bound = |k: usize| {
+            if self.goal[k].is_none() {
+                (self.least_leave[k], self.share_leave[k])
+            } else {
+                (self.least[k], self.share[k])
+            }
+        };
+        let misplaced = state.map[..n]
             .iter()
-            .enumerate()
-            .filter_map(|(i, &m)| {
-                let k = usize::try_from(m).ok()?;
-                (self.goal[k] != Some(i)).then_some(k)
+            .zip(&self.target_map)
+            .filter(|(m, t)| m != t)
+            .filter_map(|(&m, _)| usize::try_from(m).ok())
+            .map(bound)
+            .chain(bits(state.partial & !keep).map(|k| (self.least[k], self.share[k])));
+        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
+            (f64::max(most, least), sum + share)
+        });
+        f64::max(most, sum) * (1.0 - 1e-9)
+    }
+
+    /// Elements per device in `state`, as [`Layout::shard_size`] counts them.
+    fn shard_size(&self, state: &State) -> u64 {
+        self.template
+            .shape()
+            .iter()
+            .zip(&state.map)
+            .map(|(&s, &m)| match usize::try_from(m) {
+                Ok(k) => s >> self.template.dim_size(k).trailing_zeros(),
+                Err(_) => s,
             })
-            .chain(bits(state.partial & !keep));
-        misplaced.map(|k| self.least[k]).fold(0.0, f64::max)
+            .product()
+    }
+
+    /// The price of `step` from `state` (whose shards hold `shard` elements) to `next`, from
+    /// what the topology model needs of the layout, without building it.
+    fn price(
+        &self,
+        objective: Objective<'_>,
+        state: &State,
+        shard: u64,
+        step: Step,
+        next: &State,
+    ) -> f64 {
+        let distinct = state.used() | state.partial;
+        let (kind, group, volume) = match step {
+            Step::Op(kind, k, ..) => (kind, 1 << k, volume(kind, self.template.dim_size(k), shard)),
+            Step::Permute => (OpKind::CollectivePermute, moved(state, next), shard),
+        };
+        objective.price_on(kind, group, volume, self.template.device_matrix(), |k| {
+            distinct >> k & 1 == 1
+        })
     }
 
     fn layout(&self, state: &State) -> Layout {
@@ -270,82 +395,95 @@ impl<'a> Space<'a> {
 
     /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
     /// to the device dim of the same size that splits that tensor dim in the target (and holds
-    /// no partial sums), one dim to one dim; at least one moves.
+    /// no partial sums), one dim to one dim; at least one moves. The step records nothing: the
+    /// two layouts say which dim took over which split ([`permutation`]).
     fn permutes(&self, state: &State, out: &mut Vec<(Step, State)>) {
-        let movable: Vec<(usize, usize)> = state
-            .map
+        let n = self.template.ndim();
+        let movable = state.map[..n]
             .iter()
-            .enumerate()
-            .filter_map(|(i, &m)| usize::try_from(m).ok().map(|k| (i, k)))
-            .filter(|&(_, k)| self.fixed >> k & 1 == 0)
-            .collect();
-        let taken = state
-            .map
-            .iter()
-            .filter_map(|&m| usize::try_from(m).ok())
-            .fold(state.partial, |m, k| m | 1 << k)
-            & !movable.iter().fold(0u64, |m, &(_, k)| m | 1 << k);
-        let mut dest = vec![0usize; movable.len()];
-        self.assign(state, &movable, 0, taken, &mut dest, out);
+            .filter_map(|&m| u32::try_from(m).ok())
+            .filter(|&k| self.fixed >> k & 1 == 0)
+            .fold(0u64, |mask, k| mask | 1 << k);
+        let taken = (state.used() | state.partial) & !movable;
+        self.assign(state, state.map, 0, taken, out);
     }
 
+    /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
+    /// itself or to a free dim of its size that splits that tensor dim in the target; `next` is
+    /// the map so far.
     fn assign(
         &self,
         state: &State,
-        movable: &[(usize, usize)],
+        mut next: [i8; MAX_DIMS],
         at: usize,
         taken: u64,
-        dest: &mut Vec<usize>,
         out: &mut Vec<(Step, State)>,
     ) {
-        if at == movable.len() {
-            if movable.iter().zip(dest.iter()).all(|(&(_, k), &d)| k == d) {
-                return;
+        let n = self.template.ndim();
+        let Some(i) = (at..n)
+            .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
+        else {
+            if next != state.map {
+                out.push((
+                    Step::Permute,
+                    State {
+                        map: next,
+                        partial: state.partial,
+                    },
+                ));
             }
-            let mut next = state.map;
-            let h = self.allowed.len();
-            let mut sigma: Vec<Option<usize>> = vec![None; h];
-            for (&(i, k), &d) in movable.iter().zip(dest.iter()) {
-                next[i] = d as i8;
-                sigma[k] = Some(d);
-            }
-            // The dims that give up a split and take none pass their (replicated) coordinates on
-            // to the dims that take a split from elsewhere: a permutation of all dims.
-            let taken_over = |d: usize| sigma.contains(&Some(d));
-            let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
-            let mut full: Vec<usize> = (0..h).collect();
-            for (k, d) in sigma.iter().enumerate() {
-                if let Some(d) = d {
-                    full[k] = *d;
-                }
-            }
-            for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
-                full[sources.next().expect("as many sources as targets")] = d;
-            }
-            out.push((
-                Step::Permute(full),
-                State {
-                    map: next,
-                    partial: state.partial,
-                },
-            ));
             return;
-        }
-        let (i, k) = movable[at];
+        };
+        let k = state.map[i] as usize;
         let options = self.same_size[k] & !taken & !self.fixed;
         for d in bits(options) {
             if d == k || self.goal[d] == Some(i) {
-                dest[at] = d;
-                self.assign(state, movable, at + 1, taken | 1 << d, dest, out);
+                next[i] = d as i8;
+                self.assign(state, next, i + 1, taken | 1 << d, out);
             }
         }
     }
 }
 
+/// The device dims a collective-permute from `before` to `after` moves (a mask): each dim that
+/// hands its split to another, and that other.
+fn moved(before: &State, after: &State) -> u64 {
+    before
+        .map
+        .iter()
+        .zip(&after.map)
+        .filter(|(k, d)| k != d)
+        .fold(0, |mask, (&k, &d)| mask | 1 << k | 1 << d)
+}
+
+/// The permutation of the `h` device dims a collective-permute from `before` to `after` makes:
+/// for each dim `k`, the dim that takes over its splits. The dims that give up a split and take
+/// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
+fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
+    let mut sigma: Vec<Option<usize>> = vec![None; h];
+    for (&k, &d) in before.map.iter().zip(&after.map) {
+        if let (Ok(k), Ok(d)) = (usize::try_from(k), usize::try_from(d)) {
+            sigma[k] = Some(d);
+        }
+    }
+    let taken_over = |d: usize| sigma.contains(&Some(d));
+    let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
+    let mut full: Vec<usize> = (0..h).collect();
+    for (k, d) in sigma.iter().enumerate() {
+        if let Some(d) = d {
+            full[k] = *d;
+        }
+    }
+    for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
+        full[sources.next().expect("as many sources as targets")] = d;
+    }
+    full
+}
+
 /// The cheapest ops from the unified `source` to the unified `target` under `objective`,
-/// starting at cost `start`, among plans costing at most `bound` (A* with [`Space::remaining`]);
-/// `None` if there is none, the layouts have too many dims for the search's masks, or the search
-/// would expand more than [`MAX_EXPANSIONS`] layouts.
+/// starting at cost `start`, among plans costing less than `bound` (any plan if it is infinite;
+/// A* with [`Space::remaining`]); `None` if there is none, the layouts have too many dims for the
+/// search's masks, or the search would expand more than [`MAX_EXPANSIONS`] layouts.
 pub(crate) fn shortest(
     source: &Layout,
     target: &Layout,
@@ -354,20 +492,10 @@ pub(crate) fn shortest(
     objective: Objective<'_>,
 ) -> Option<Vec<CommOp>> {
     let space = Space::new(source, target, objective)?;
-    let state_of = |l: &Layout| {
-        let mut map = [-1; MAX_DIMS];
-        for (m, &x) in map.iter_mut().zip(l.tensor_map()) {
-            *m = x as i8;
-        }
-        State {
-            map,
-            partial: mask_of(l.partial()),
-        }
-    };
-    let goal = state_of(target);
+    let goal = State::of(target);
     let keep = goal.partial;
     let mut nodes = vec![Node {
-        state: state_of(source),
+        state: State::of(source),
         cost: start,
         ops: 0,
         parent: 0,
@@ -376,8 +504,14 @@ pub(crate) fn shortest(
     }];
     let mut index = FxHashMap::default();
     index.insert(nodes[0].state, 0);
+    // Only a plan cheaper than `bound` is wanted (an infinite bound takes any plan).
+    let beaten = |estimate: f64| estimate < bound || bound == f64::INFINITY;
+    let first = start + space.remaining(&nodes[0].state, keep);
+    if !beaten(first) {
+        return None;
+    }
     let mut heap = BinaryHeap::from([Queued {
-        cost: start + space.remaining(&nodes[0].state, keep),
+        cost: first,
         ops: 0,
         node: 0,
     }]);
@@ -395,24 +529,23 @@ pub(crate) fn shortest(
         if nodes[node].state == goal {
             return Some(rebuild(&nodes, node, &space));
         }
-        let layout = space.layout(&nodes[node].state);
+        let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
-        space.steps(&nodes[node].state, keep, &mut steps);
+        let shard = space.shard_size(&state);
+        space.steps(&state, keep, &mut steps);
         for (step, next) in steps.drain(..) {
-            let price = match &step {
-                Step::Op(kind, k, ..) => {
-                    objective.price(*kind, 1 << k, step_volume(*kind, *k, &layout), &layout)
-                }
-                Step::Permute(sigma) => objective.price(
-                    OpKind::CollectivePermute,
-                    crate::planner::moved(sigma),
-                    layout.shard_size(),
-                    &layout,
-                ),
-            };
-            let total = cost + price;
+            // A layout already expanded is not reopened (the bound is consistent): skip it before
+            // pricing the step.
+            let seen = index.get(&next).copied();
+            if seen.is_some_and(|id| nodes[id].done) {
+                continue;
+            }
+            let total = cost + space.price(objective, &state, shard, step, &next);
+            if seen.is_some_and(|id| (total, ops) >= (nodes[id].cost, nodes[id].ops)) {
+                continue;
+            }
             let estimate = total + space.remaining(&next, keep);
-            if estimate > bound {
+            if !beaten(estimate) {
                 continue;
             }
             let fresh = Node {
@@ -423,19 +556,13 @@ pub(crate) fn shortest(
                 step: Some(step),
                 done: false,
             };
-            let id = match index.entry(next) {
-                Entry::Vacant(e) => {
-                    nodes.push(fresh);
-                    *e.insert(nodes.len() - 1)
-                }
-                Entry::Occupied(e) => {
-                    let old = &mut nodes[*e.get()];
-                    if old.done || (total, ops) >= (old.cost, old.ops) {
-                        continue;
-                    }
-                    *old = fresh;
-                    *e.get()
-                }
+            let id = if let Some(id) = seen {
+                nodes[id] = fresh;
+                id
+            } else {
+                nodes.push(fresh);
+                index.insert(next, nodes.len() - 1);
+                nodes.len() - 1
             };
             heap.push(Queued {
                 cost: estimate,
@@ -455,10 +582,108 @@ fn rebuild(nodes: &[Node], end: usize, space: &Space<'_>) -> Vec<CommOp> {
         let before = space.layout(&nodes[nodes[at].parent].state);
         path.push(match step {
             Step::Op(kind, k, i, to) => CommOp::new(*kind, *k, *i, *to, before),
-            Step::Permute(sigma) => CommOp::permute(sigma.clone(), before),
+            Step::Permute => CommOp::permute(
+                permutation(
+                    space.allowed.len(),
+                    &nodes[nodes[at].parent].state,
+                    &nodes[at].state,
+                ),
+                before,
+            ),
         });
         at = nodes[at].parent;
     }
     path.reverse();
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::layout;
+    use crate::topology::{Cluster, Replicas};
+
+    /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
+    /// no heuristic, no bound and no budget.
+    fn dijkstra(source: &Layout, target: &Layout, objective: Objective<'_>) -> f64 {
+        let space = Space::new(source, target, objective).unwrap();
+        let (start, goal) = (State::of(source), State::of(target));
+        let mut best = FxHashMap::default();
+        best.insert(start, 0.0);
+        let mut heap = BinaryHeap::from([Queued {
+            cost: 0.0,
+            ops: 0,
+            node: 0,
+        }]);
+        let mut states = vec![start];
+        let mut steps = Vec::new();
+        while let Some(Queued { cost, node, .. }) = heap.pop() {
+            let state = states[node];
+            if cost > best[&state] {
+                continue;
+            }
+            if state == goal {
+                return cost;
+            }
+            let shard = space.shard_size(&state);
+            space.steps(&state, goal.partial, &mut steps);
+            for (step, next) in steps.drain(..) {
+                let total = cost + space.price(objective, &state, shard, step, &next);
+                if best.get(&next).is_none_or(|&b| total < b) {
+                    best.insert(next, total);
+                    states.push(next);
+                    heap.push(Queued {
+                        cost: total,
+                        ops: 0,
+                        node: states.len() - 1,
+                    });
+                }
+            }
+        }
+        panic!("the target is unreachable")
+    }
+
+    /// A* with its heuristic (the smallest shard, per-dim shares, the ops that end a split)
+    /// finds what a plain Dijkstra finds, in seconds on clusters of every shape of 16 devices,
+    /// with latencies and both replica models: the heuristic never overestimates.
+    #[test]
+    fn a_star_equals_dijkstra_in_seconds() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let maps: Vec<Vec<i64>> = (0..4i64.pow(4))
+            .map(|code| (0..4).map(|i| code / 4i64.pow(i) % 4 - 1).collect())
+            .filter(|m: &Vec<i64>| Layout::new(shape.to_vec(), matrix.to_vec(), m.clone()).is_ok())
+            .collect();
+        let mut clusters = Vec::new();
+        for per_node in [1, 2, 4, 8, 16] {
+            for replicas in Replicas::ALL {
+                let levels = [(per_node, 60e9, 1e-6), (16 / per_node, 6e9, 5e-6)];
+                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            }
+        }
+        let mut compared = 0;
+        for (x, a) in maps.iter().enumerate().step_by(3) {
+            for b in maps.iter().skip(x % 5).step_by(4) {
+                let (a, b) = (layout(&shape, &matrix, a), layout(&shape, &matrix, b));
+                for cluster in &clusters {
+                    let objective = Objective::Seconds {
+                        cluster,
+                        dtype_bytes: 2.0,
+                    };
+                    let want = dijkstra(&a, &b, objective);
+                    let Some(ops) = shortest(&a, &b, 0.0, f64::INFINITY, objective) else {
+                        continue;
+                    };
+                    let got = ops.iter().fold(0.0, |t, op| {
+                        t + objective.price(op.kind(), op.group(), op.volume(), op.layout())
+                    });
+                    assert!(
+                        (got - want).abs() <= 1e-12 * want,
+                        "{a:?} -> {b:?} on {cluster:?}: {got} against {want}"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 1000, "{compared}");
+    }
 }

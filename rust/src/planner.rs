@@ -106,12 +106,10 @@ impl Objective<'_> {
     pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
         plan.all_ops().fold(0.0, |t, op| self.add(t, op))
     }
-    /// A lower bound on the price of any op whose group holds device dim `k` of a layout with
-    /// `layout`'s device matrix: it moves at least `(g-1)/g` of a shard, and no shard is smaller
-    /// than the tensor over every device; over the fastest link the dim can use.
-    pub(crate) fn least(&self, layout: &Layout, k: usize) -> f64 {
-        let g = layout.dim_size(k) as f64;
-        let elements = (g - 1.0) / g * layout.num_elements() as f64 / layout.num_devices() as f64;
+    /// A lower bound on the price of an op that moves at least `elements` per device over a
+    /// group that holds device dim `k` of a layout with `layout`'s device matrix: over the
+    /// fastest link the dim can use.
+    pub(crate) fn least(&self, layout: &Layout, k: usize, elements: f64) -> f64 {
         match *self {
             Objective::Volume => elements,
             Objective::Seconds {
@@ -123,50 +121,117 @@ impl Objective<'_> {
 
     /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
     pub(crate) fn price(&self, kind: OpKind, group: u64, volume: u64, layout: &Layout) -> f64 {
+        self.price_on(kind, group, volume, layout.device_matrix(), |k| {
+            layout.distinct_along(k)
+        })
+    }
+
+    /// [`Objective::price`] of an op on a layout given by its device matrix and the device dims
+    /// that hold distinct data, all the topology model needs of it: the optimal planner prices
+    /// its steps without building their layouts.
+    pub(crate) fn price_on(
+        &self,
+        kind: OpKind,
+        group: u64,
+        volume: u64,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+    ) -> f64 {
         match *self {
             Objective::Volume => volume as f64,
             Objective::Seconds {
                 cluster,
                 dtype_bytes,
-            } => step_cost(
+            } => seconds(
                 kind,
                 group,
                 volume,
-                layout,
+                device_matrix,
+                distinct,
                 cluster,
                 dtype_bytes,
-                CostModel::Topology,
             ),
         }
     }
 }
 
-/// One step of a redistribution, with the layout it acts on.
+/// One step of a redistribution, with the layout it acts on. Built by the planners only (its
+/// fields are read through accessors), so that every op is one a plan can hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CommOp {
-    pub kind: OpKind,
+    kind: OpKind,
     /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
     /// device dim it moves.
-    pub device_dim: usize,
+    device_dim: usize,
     /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
     /// reduce-scatter, split; none for an all-reduce or a collective-permute.
-    pub tensor_dim: Option<usize>,
+    tensor_dim: Option<usize>,
     /// All-to-all only: the dim that is split.
-    pub to_tensor_dim: Option<usize>,
+    to_tensor_dim: Option<usize>,
     /// Collective-permute only: for each device dim `k`, the device dim `permutation[k]` that
     /// takes over its splits (the coordinate a block was at along `k` is where it goes along
     /// `permutation[k]`).
-    pub permutation: Option<Vec<usize>>,
+    permutation: Option<Vec<usize>>,
     /// The devices of one group: `d_k`, or for a collective-permute the product over the device
     /// dims it moves.
-    pub group_size: u64,
+    group_size: u64,
     /// Elements received per device (by a device that receives, for a collective-permute).
-    pub volume: u64,
+    volume: u64,
     /// The layout before the op.
-    pub layout: Layout,
+    layout: Layout,
 }
 
 impl CommOp {
+    #[must_use]
+    pub fn kind(&self) -> OpKind {
+        self.kind
+    }
+
+    /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
+    /// device dim it moves.
+    #[must_use]
+    pub fn device_dim(&self) -> usize {
+        self.device_dim
+    }
+
+    /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
+    /// reduce-scatter, split; none for an all-reduce or a collective-permute.
+    #[must_use]
+    pub fn tensor_dim(&self) -> Option<usize> {
+        self.tensor_dim
+    }
+
+    /// All-to-all only: the dim that is split.
+    #[must_use]
+    pub fn to_tensor_dim(&self) -> Option<usize> {
+        self.to_tensor_dim
+    }
+
+    /// Collective-permute only: for each device dim `k`, the device dim that takes over its
+    /// splits.
+    #[must_use]
+    pub fn permutation(&self) -> Option<&[usize]> {
+        self.permutation.as_deref()
+    }
+
+    /// The devices of one group.
+    #[must_use]
+    pub fn group_size(&self) -> u64 {
+        self.group_size
+    }
+
+    /// Elements received per device (by a device that receives, for a collective-permute).
+    #[must_use]
+    pub fn volume(&self) -> u64 {
+        self.volume
+    }
+
+    /// The layout before the op.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     pub(crate) fn new(
         kind: OpKind,
         device_dim: usize,
@@ -264,8 +329,12 @@ pub(crate) fn moved(permutation: &[usize]) -> u64 {
 
 /// Elements received per device by an op along `device_dim` of `layout` (not a permute).
 pub(crate) fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
-    let g = layout.dim_size(device_dim);
-    let s = layout.shard_size();
+    volume(kind, layout.dim_size(device_dim), layout.shard_size())
+}
+
+/// Elements received per device by an op over a group of `g` devices holding shards of `s`
+/// elements.
+pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
     match kind {
         OpKind::Slice => 0,
         OpKind::AllGather => (g - 1) * s,
@@ -289,14 +358,37 @@ pub(crate) fn step_cost(
     dtype_bytes: f64,
     model: CostModel,
 ) -> f64 {
+    match model {
+        CostModel::Volume if kind == OpKind::Slice => 0.0,
+        CostModel::Volume => volume as f64 * dtype_bytes,
+        CostModel::Topology => seconds(
+            kind,
+            group,
+            volume,
+            layout.device_matrix(),
+            |k| layout.distinct_along(k),
+            cluster,
+            dtype_bytes,
+        ),
+    }
+}
+
+/// The seconds of an op over the device dims `group` (a mask) moving `volume` elements per
+/// device, on a layout given by its device matrix and the dims that hold distinct data.
+fn seconds(
+    kind: OpKind,
+    group: u64,
+    volume: u64,
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+) -> f64 {
     let Some(c) = kind.collective() else {
         return 0.0;
     };
     let bytes = volume as f64 * dtype_bytes;
-    match model {
-        CostModel::Volume => bytes,
-        CostModel::Topology => cluster.seconds(layout, c, |k| group >> k & 1 == 1, bytes),
-    }
+    cluster.seconds(device_matrix, distinct, c, |k| group >> k & 1 == 1, bytes)
 }
 
 /// A plan: the unified layouts and the ops between them, plus the fallback steps used when the
@@ -319,9 +411,18 @@ impl Redistribution {
     }
 
     /// Elements received per device over the whole plan.
-    #[must_use]
-    pub fn volume(&self) -> u64 {
-        self.all_ops().map(|op| op.volume).sum()
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if the sum does not fit a 64-bit count (a tensor of close to 2^64
+    /// elements moved more than once).
+    pub fn volume(&self) -> Result<u64> {
+        self.all_ops()
+            .try_fold(0u64, |total, op| total.checked_add(op.volume))
+            .ok_or_else(|| {
+                Error::Layout(
+                    "the plan moves more elements per device than a 64-bit count holds".into(),
+                )
+            })
     }
 
     /// # Errors
@@ -524,26 +625,39 @@ pub fn plan_redistribution(
 
 /// Algorithm 1 on `a` and `b` as given.
 fn paper_plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
+    let on = match objective {
+        Objective::Volume => None,
+        Objective::Seconds {
+            cluster,
+            dtype_bytes,
+        } => Some((cluster, dtype_bytes)),
+    };
+    let mut plan = lined_up(a, b, on)?;
+    let mut ops = Vec::new();
+    plan_unified(plan.source.clone(), &plan.target, |kind, k, i, to, l| {
+        ops.push(CommOp::new(kind, k, i, to, l.clone()));
+    });
+    plan.ops = ops;
+    Ok(plan)
+}
+
+/// What both forms of Algorithm 1 start from: `a` and `b` lined up ([`line_up`]), as a plan
+/// with no ops yet, its partial sums checked and, when pricing on a cluster (with bytes per
+/// element), its layouts checked against it.
+fn lined_up(a: &Layout, b: &Layout, on: Option<(&Cluster, f64)>) -> Result<Redistribution> {
     let lined = line_up(a, b)?;
     let source = lined.unified.layout(Side::First);
     let target = lined.unified.layout(Side::Second);
     check_partial(&source, &target, a, b)?;
-    if let Objective::Seconds {
-        cluster,
-        dtype_bytes,
-    } = objective
-    {
+    if let Some((cluster, dtype_bytes)) = on {
         topology::check_dtype_bytes(dtype_bytes)?;
+        // Every layout of the plan has the source's device count.
         cluster.check(&source)?;
     }
-    let mut ops = Vec::new();
-    plan_unified(source.clone(), &target, |kind, k, i, to, l| {
-        ops.push(CommOp::new(kind, k, i, to, l.clone()));
-    });
     Ok(Redistribution {
         source,
         target,
-        ops,
+        ops: Vec::new(),
         prelude: lined.prelude,
         epilogue: lined.epilogue,
     })
@@ -579,7 +693,9 @@ pub(crate) fn shortest_plan(
 }
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops of the unified pair: the batch kernel's inner loop.
+/// bit, without building the ops of the unified pair: the batch kernel's inner loop. Also the
+/// plan's elements received per device, summed as [`Objective::Volume`] prices it (what the
+/// optimal planner compares under the volume model), in the same pass.
 ///
 /// # Errors
 /// As [`plan_redistribution`] and [`Redistribution::cost`].
@@ -589,24 +705,22 @@ pub(crate) fn paper_cost(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-) -> Result<f64> {
-    let lined = line_up(a, b)?;
-    let source = lined.unified.layout(Side::First);
-    let target = lined.unified.layout(Side::Second);
-    check_partial(&source, &target, a, b)?;
-    // Every layout of the plan has the source's device count.
-    cluster.check(&source)?;
-    // In plan order, from +0.0 as the plan's own sum.
-    let mut total = lined.prelude.iter().try_fold(0.0, |acc, op| {
-        Ok::<_, Error>(acc + op.cost(cluster, dtype_bytes, model)?)
-    })?;
-    plan_unified(source, &target, |kind, k, _, _, l| {
+) -> Result<(f64, f64)> {
+    let lined = lined_up(a, b, Some((cluster, dtype_bytes)))?;
+    // In plan order, from +0.0 as the plan's own sums.
+    let add = |(cost, elements): (f64, f64), op: &CommOp| {
+        Ok::<_, Error>((
+            cost + op.cost(cluster, dtype_bytes, model)?,
+            elements + op.volume as f64,
+        ))
+    };
+    let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
+    plan_unified(lined.source, &lined.target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
-        total += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.0 += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.1 += volume as f64;
     });
-    lined.epilogue.iter().try_fold(total, |acc, op| {
-        Ok(acc + op.cost(cluster, dtype_bytes, model)?)
-    })
+    lined.epilogue.iter().try_fold(total, add)
 }
 
 #[cfg(test)]
@@ -637,8 +751,29 @@ mod tests {
             ]
         );
         let size: u64 = shape.iter().product();
-        assert_eq!(plan.volume() * d0 * d1 * d1 * d2 * d3, (d1 * d2 - 1) * size);
+        assert_eq!(
+            plan.volume().unwrap() * d0 * d1 * d1 * d2 * d3,
+            (d1 * d2 - 1) * size
+        );
         assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
+    }
+
+    /// A sum past 2^64 elements is an error, not a wrap or a panic.
+    #[test]
+    fn volume_overflow_is_an_error() {
+        let big = layout(&[1 << 63], &[2], &[0]);
+        let gather = CommOp::new(OpKind::AllGather, 0, Some(0), None, big.clone());
+        assert_eq!(gather.volume, 1 << 62);
+        let mut plan = Redistribution {
+            source: big.clone(),
+            target: big,
+            ops: vec![gather; 3],
+            prelude: Vec::new(),
+            epilogue: Vec::new(),
+        };
+        assert_eq!(plan.volume().unwrap(), 3 << 62);
+        plan.ops.push(plan.ops[0].clone());
+        assert!(matches!(plan.volume(), Err(Error::Layout(_))));
     }
 
     #[test]
@@ -659,7 +794,7 @@ mod tests {
         let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         assert!(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
         // Never more than gathering everything: 15 * 6 elements per device.
-        assert!(plan.volume() <= 15 * 6);
+        assert!(plan.volume().unwrap() <= 15 * 6);
     }
 }
 
@@ -713,7 +848,11 @@ mod optimal_tests {
         ];
         for (a, b, paper, optimal) in cases {
             let (p, o) = both(&a, &b);
-            assert_eq!((p.volume(), o.volume()), (paper, optimal), "{a:?} -> {b:?}");
+            assert_eq!(
+                (p.volume().unwrap(), o.volume().unwrap()),
+                (paper, optimal),
+                "{a:?} -> {b:?}"
+            );
         }
         let swap = both(
             &layout(&[1024, 1024], &[4, 4], &[1, 0]),
@@ -732,7 +871,7 @@ mod optimal_tests {
         let (_, one) = both(&layout(&[64, 32, 16], &[16], &[-1, 0, -1]), &b);
         let (_, other) = both(&layout(&[64, 4, 8, 16], &[4, 4], &[-1, 1, 0, -1]), &b);
         assert_eq!(one, other);
-        assert_eq!(one.volume(), 1_920);
+        assert_eq!(one.volume().unwrap(), 1_920);
     }
 
     /// A partial sum over 4 devices to a split: one reduce-scatter, half the all-reduce's volume;
@@ -744,12 +883,12 @@ mod optimal_tests {
         let (paper, optimal) = both(&a, &split);
         let kinds: Vec<_> = optimal.ops.iter().map(|o| o.kind).collect();
         assert_eq!(kinds, [OpKind::ReduceScatter]);
-        assert_eq!(optimal.volume(), 3 * 64 * 4 / 4);
-        assert_eq!(paper.volume(), 2 * optimal.volume());
+        assert_eq!(optimal.volume().unwrap(), 3 * 64 * 4 / 4);
+        assert_eq!(paper.volume().unwrap(), 2 * optimal.volume().unwrap());
         let (_, whole) = both(&a, &layout(&[64, 8], &[4, 2], &[-1, 0]));
         assert_eq!(whole.ops.len(), 1);
         assert_eq!(whole.ops[0].kind, OpKind::AllReduce);
-        assert_eq!(whole.volume(), 2 * 3 * 64 * 4 / 4);
+        assert_eq!(whole.volume().unwrap(), 2 * 3 * 64 * 4 / 4);
         // No step creates partial sums.
         assert!(matches!(
             plan_redistribution(&split, &a, Planner::Optimal, Objective::Volume),

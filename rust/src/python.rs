@@ -213,6 +213,28 @@ fn unsigned_list(
         .collect()
 }
 
+/// The strategy of `degrees` and `device_map` on `device_matrix` (Python's `Strategy(...)`), or
+/// on one dim per split axis without one.
+fn strategy(
+    degrees: Vec<u64>,
+    device_map: Vec<i64>,
+    device_matrix: Option<&[Num<i64>]>,
+) -> Result<Strategy, Error> {
+    match device_matrix {
+        None => Strategy::new(degrees, device_map),
+        Some(m) => Strategy::with_device_matrix(
+            degrees,
+            device_map,
+            unsigned_list(
+                m,
+                "device matrix",
+                "a power of two of at least 2",
+                Error::Strategy,
+            )?,
+        ),
+    }
+}
+
 /// The device dim argument `device_dim`, if given.
 fn device_dim(k: Option<Num<i64>>, kind: Kind) -> Result<Option<usize>, Error> {
     k.map(|k| {
@@ -446,12 +468,15 @@ impl PyCluster {
     /// A cluster of nested levels, innermost first, each `(parts, bandwidth, latency)`: the
     /// devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
     /// bytes per second out of one part of the level below, latencies in seconds per collective.
+    /// With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
+    /// read; one level is one node), as presets and cluster files are read.
     #[staticmethod]
-    #[pyo3(signature = (levels, device_memory=None, replicas="shared"))]
+    #[pyo3(signature = (levels, device_memory=None, replicas="shared", *, nodes=None))]
     fn hierarchy(
         levels: Vec<(Num<i64>, Num<f64>, Num<f64>)>,
         device_memory: Option<Num<f64>>,
         replicas: &str,
+        nodes: Option<Num<i64>>,
     ) -> PyResult<Self> {
         let kind = Error::Topology;
         let levels = levels
@@ -465,9 +490,17 @@ impl PyCluster {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(PyCluster {
-            inner: Cluster::hierarchy(&levels, memory(device_memory)?, Replicas::parse(replicas)?)?,
-        })
+        let (memory, replicas) = (memory(device_memory)?, Replicas::parse(replicas)?);
+        let inner = match nodes {
+            None => Cluster::hierarchy(&levels, memory, replicas)?,
+            Some(n) => Cluster::filled(
+                &levels,
+                n.unsigned("nodes", "a positive count", kind)?,
+                memory,
+                replicas,
+            )?,
+        };
+        Ok(PyCluster { inner })
     }
 
     /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
@@ -618,52 +651,52 @@ impl PyCommOp {
     /// `"collective_permute"`.
     #[getter]
     fn kind(&self) -> &'static str {
-        self.inner.kind.name()
+        self.inner.kind().name()
     }
 
     /// The device dim the op runs along (0 innermost; for a collective_permute, the innermost
     /// device dim it moves).
     #[getter]
     fn device_dim(&self) -> usize {
-        self.inner.device_dim
+        self.inner.device_dim()
     }
 
     /// The tensor dim sliced, gathered (for an all_to_all, the one gathered) or split by a
     /// reduce_scatter; None for an all_reduce or a collective_permute.
     #[getter]
     fn tensor_dim(&self) -> Option<usize> {
-        self.inner.tensor_dim
+        self.inner.tensor_dim()
     }
 
     /// For an all_to_all, the tensor dim that gets split; None otherwise.
     #[getter]
     fn to_tensor_dim(&self) -> Option<usize> {
-        self.inner.to_tensor_dim
+        self.inner.to_tensor_dim()
     }
 
     /// Collective-permute only: per device dim `k`, the device dim that takes over its splits.
     #[getter]
     fn permutation(&self) -> Option<Vec<usize>> {
-        self.inner.permutation.clone()
+        self.inner.permutation().map(<[usize]>::to_vec)
     }
 
     /// The number of devices in each group: the size of the device dim (for a
     /// collective_permute, the product of the device dims it moves).
     #[getter]
     fn group_size(&self) -> u64 {
-        self.inner.group_size
+        self.inner.group_size()
     }
 
     /// Elements received per device (per receiving device, for a collective_permute).
     #[getter]
     fn volume(&self) -> u64 {
-        self.inner.volume
+        self.inner.volume()
     }
 
     /// The layout before the op.
     #[getter]
     fn layout(&self) -> PyLayout {
-        self.inner.layout.clone().into()
+        self.inner.layout().clone().into()
     }
 
     /// `ct` of this op on nodes of `devices_per_node` devices (0 for a slice).
@@ -691,19 +724,19 @@ impl PyCommOp {
 
     fn __repr__(&self) -> String {
         let o = &self.inner;
-        let on = match (&o.permutation, o.tensor_dim, o.to_tensor_dim) {
+        let on = match (o.permutation(), o.tensor_dim(), o.to_tensor_dim()) {
             (Some(p), _, _) => format!("permutation={p:?}"),
             (None, Some(i), Some(to)) => {
-                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim)
+                format!("device_dim={}, tensor_dim={i} -> {to}", o.device_dim())
             }
-            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim),
-            (None, None, _) => format!("device_dim={}", o.device_dim),
+            (None, Some(i), None) => format!("device_dim={}, tensor_dim={i}", o.device_dim()),
+            (None, None, _) => format!("device_dim={}", o.device_dim()),
         };
         format!(
             "CommOp({}({on}), group_size={}, volume={})",
-            o.kind.name(),
-            o.group_size,
-            o.volume
+            o.kind().name(),
+            o.group_size(),
+            o.volume()
         )
     }
 }
@@ -763,8 +796,8 @@ impl PyRedistribution {
 
     /// Elements received per device over the whole plan.
     #[getter]
-    fn volume(&self) -> u64 {
-        self.inner.volume()
+    fn volume(&self) -> PyResult<u64> {
+        Ok(self.inner.volume()?)
     }
 
     /// Seconds (topology model) or bytes per device (volume model) of the whole plan.
@@ -786,9 +819,12 @@ impl PyRedistribution {
             .all_ops()
             .map(|o| PyCommOp { inner: o.clone() }.__repr__())
             .collect();
+        let volume = self
+            .inner
+            .volume()
+            .map_or_else(|_| "more than 2**64".into(), |v| v.to_string());
         format!(
-            "Redistribution(volume={}, ops=[{}])",
-            self.inner.volume(),
+            "Redistribution(volume={volume}, ops=[{}])",
             steps.join(", ")
         )
     }
@@ -815,14 +851,7 @@ impl PyStrategy {
         let kind = Error::Strategy;
         let degrees = unsigned_list(&degrees, "degrees", "a positive power of two", kind)?;
         let device_map = signed_list(&device_map, "device map", kind)?;
-        let inner = match device_matrix {
-            None => Strategy::new(degrees, device_map)?,
-            Some(m) => Strategy::with_device_matrix(
-                degrees,
-                device_map,
-                unsigned_list(&m, "device matrix", "a power of two of at least 2", kind)?,
-            )?,
-        };
+        let inner = strategy(degrees, device_map, device_matrix.as_deref())?;
         Ok(PyStrategy { inner })
     }
 
@@ -1056,19 +1085,11 @@ fn allreduce_costs<'py>(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            match &device_matrices {
-                None => Strategy::new(degrees, m.to_vec()),
-                Some(matrices) => Strategy::with_device_matrix(
-                    degrees,
-                    m.to_vec(),
-                    unsigned_list(
-                        &matrices[i],
-                        "device matrix",
-                        "a power of two of at least 2",
-                        Error::Strategy,
-                    )?,
-                ),
-            }
+            strategy(
+                degrees,
+                m.to_vec(),
+                device_matrices.as_ref().map(|all| &all[i][..]),
+            )
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tensors = tensors

@@ -13,11 +13,8 @@ use crate::layout::Layout;
 /// checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
-    nodes: u64,
-    devices_per_node: u64,
-    intra_bandwidth: f64,
-    inter_bandwidth: f64,
     device_memory: Option<f64>,
+    /// Innermost first, never empty: the node sizes and bandwidths are its first two levels'.
     levels: Vec<Level>,
     replicas: Replicas,
 }
@@ -252,9 +249,9 @@ impl Cluster {
         device_memory: Option<f64>,
         replicas: Replicas,
     ) -> Result<Self> {
-        let Some(&(devices_per_node, intra_bandwidth, _)) = levels.first() else {
+        if levels.is_empty() {
             return Err(Error::Topology("a cluster needs at least one level".into()));
-        };
+        }
         let counts: Vec<u64> = levels.iter().map(|l| l.0).collect();
         if counts.contains(&0) {
             return Err(Error::Topology(format!(
@@ -269,7 +266,6 @@ impl Cluster {
                  power of two"
             )));
         }
-        let inter_bandwidth = levels.get(1).map_or(intra_bandwidth, |l| l.1);
         let mut out = Vec::with_capacity(levels.len());
         let mut devices = 1;
         for (j, &(count, bandwidth, latency)) in levels.iter().enumerate() {
@@ -306,10 +302,6 @@ impl Cluster {
             }
         }
         Ok(Cluster {
-            nodes: devices / devices_per_node,
-            devices_per_node,
-            intra_bandwidth,
-            inter_bandwidth,
             device_memory,
             levels: out,
             replicas,
@@ -327,16 +319,50 @@ impl Cluster {
                 "unknown cluster preset {name:?}: expected one of {names:?} or a .toml file"
             )));
         };
-        let mut levels = p.levels.to_vec();
-        let last = levels.len() - 1;
-        let inner: u64 = levels[1..last].iter().map(|l| l.0).product();
-        if nodes == 0 || nodes % inner != 0 {
-            return Err(Error::Topology(format!(
-                "{nodes} nodes do not fill units of {inner} nodes of preset {name:?}"
-            )));
+        Self::filled(p.levels, nodes, p.device_memory, p.replicas)
+            .map_err(|e| Error::Topology(format!("preset {name:?}: {e}")))
+    }
+
+    /// [`Cluster::hierarchy`] of `levels` with `nodes` nodes (the rule of presets and cluster
+    /// files): the outermost level holds as many units as the nodes fill (its given count is not
+    /// read), and a cluster of one level is one node.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] if the nodes do not fill whole units of the levels between the node
+    /// and the outermost one, a one-level cluster is given more than one node, or
+    /// [`Cluster::hierarchy`] rejects the levels.
+    pub fn filled(
+        levels: &[(u64, f64, f64)],
+        nodes: u64,
+        device_memory: Option<f64>,
+        replicas: Replicas,
+    ) -> Result<Self> {
+        let mut levels = levels.to_vec();
+        match levels.len() {
+            1 if nodes != 1 => {
+                return Err(Error::Topology(format!(
+                    "a cluster of one level is one node, not {nodes}"
+                )))
+            }
+            // No level (which `hierarchy` rejects) or one level: nothing to fill.
+            0 | 1 => {}
+            n => {
+                // A zero or overflowing count is left to `hierarchy` to reject.
+                let inner = levels[1..n - 1]
+                    .iter()
+                    .try_fold(1u64, |p, l| p.checked_mul(l.0))
+                    .filter(|&inner| inner > 0);
+                if let Some(inner) = inner {
+                    if nodes == 0 || nodes % inner != 0 {
+                        return Err(Error::Topology(format!(
+                            "{nodes} nodes do not fill units of {inner} nodes"
+                        )));
+                    }
+                    levels[n - 1].0 = nodes / inner;
+                }
+            }
         }
-        levels[last].0 = nodes / inner;
-        Self::hierarchy(&levels, p.device_memory, p.replicas)
+        Self::hierarchy(&levels, device_memory, replicas)
     }
 
     /// The levels as [`Cluster::hierarchy`] takes them: (parts of the level below, bandwidth,
@@ -356,25 +382,25 @@ impl Cluster {
 
     #[must_use]
     pub fn nodes(&self) -> u64 {
-        self.nodes
+        self.num_devices() / self.devices_per_node()
     }
 
     /// Devices per node: a node holds this many consecutive ranks.
     #[must_use]
     pub fn devices_per_node(&self) -> u64 {
-        self.devices_per_node
+        self.levels[0].devices
     }
 
     /// Bytes per second between two devices of one node.
     #[must_use]
     pub fn intra_bandwidth(&self) -> f64 {
-        self.intra_bandwidth
+        self.levels[0].bandwidth
     }
 
     /// Bytes per second out of a node, shared by every group that crosses it.
     #[must_use]
     pub fn inter_bandwidth(&self) -> f64 {
-        self.inter_bandwidth
+        self.levels.get(1).unwrap_or(&self.levels[0]).bandwidth
     }
 
     /// Bytes of memory per device, if limited.
@@ -398,7 +424,7 @@ impl Cluster {
 
     #[must_use]
     pub fn num_devices(&self) -> u64 {
-        self.nodes * self.devices_per_node
+        self.levels[self.levels.len() - 1].devices
     }
 
     pub(crate) fn check(&self, layout: &Layout) -> Result<()> {
@@ -409,8 +435,8 @@ impl Cluster {
                 "the layout spans {} devices but the cluster has {} ({} nodes of {})",
                 layout.num_devices(),
                 self.num_devices(),
-                self.nodes,
-                self.devices_per_node
+                self.nodes(),
+                self.devices_per_node()
             )))
         }
     }
@@ -480,16 +506,24 @@ impl Cluster {
         let bytes = collective_volume(layout, collective, size) * dtype_bytes;
         match model {
             CostModel::Volume => bytes,
-            CostModel::Topology => self.seconds(layout, collective, in_group, bytes),
+            CostModel::Topology => self.seconds(
+                layout.device_matrix(),
+                |k| layout.distinct_along(k),
+                collective,
+                in_group,
+                bytes,
+            ),
         }
     }
 
     /// Seconds to move `bytes` per device in a collective over the device dims that pass
-    /// `in_group` (a test rather than a list, so that pricing allocates nothing); the group is
-    /// valid.
+    /// `in_group` of a layout on `device_matrix` whose dims that pass `distinct` hold distinct
+    /// data (tests rather than lists or a layout, so that pricing allocates nothing and the
+    /// optimal planner prices a step without building its layout); the group is valid.
     pub(crate) fn seconds(
         &self,
-        layout: &Layout,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
         collective: CollectiveKind,
         in_group: impl Fn(usize) -> bool,
         bytes: f64,
@@ -506,7 +540,7 @@ impl Cluster {
             .iter()
             .position(|l| {
                 ct = here;
-                here = crossing(layout, &in_group, l.devices, flat);
+                here = crossing(device_matrix, &distinct, &in_group, l.devices, flat);
                 here == 0
             })
             .unwrap_or(self.levels.len() - 1);
@@ -518,11 +552,14 @@ impl Cluster {
         let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
-            let p = (0..layout.num_device_dims())
-                .filter(|&k| in_group(k))
-                .map(|k| layout.dim_size(k))
+            let p = device_matrix
+                .iter()
+                .rev()
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, &d)| d)
                 .product::<u64>() as f64;
-            let k = extents(layout, below)
+            let k = extents(device_matrix, below)
                 .enumerate()
                 .filter(|&(k, _)| in_group(k))
                 .map(|(_, e)| e)
@@ -538,7 +575,7 @@ impl Cluster {
     /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
     /// latency.
     pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
-        let inside = extents(layout, self.devices_per_node)
+        let inside = extents(layout.device_matrix(), self.devices_per_node())
             .nth(k)
             .is_some_and(|e| e == layout.dim_size(k));
         let usable = if inside {
@@ -558,14 +595,14 @@ impl Cluster {
 /// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
 #[must_use]
 pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {
-    extents(layout, l).collect()
+    extents(layout.device_matrix(), l).collect()
 }
 
-/// [`extents_in_node`] without the vector, for the cost kernels.
-fn extents(layout: &Layout, l: u64) -> impl Iterator<Item = u64> + '_ {
+/// [`extents_in_node`] of the layouts on `device_matrix`, without the vector, for the cost
+/// kernels.
+fn extents(device_matrix: &[u64], l: u64) -> impl Iterator<Item = u64> + '_ {
     let mut inner = 1u64;
-    (0..layout.num_device_dims()).map(move |k| {
-        let d = layout.dim_size(k);
+    device_matrix.iter().rev().map(move |&d| {
         // `inner` is a power of two: `l / inner` as a shift.
         let e = d.min((l >> inner.trailing_zeros()).max(1));
         inner = inner.saturating_mul(d);
@@ -617,18 +654,33 @@ fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> 
 /// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
 /// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
-    crossing(layout, in_group, l, false)
+    crossing(
+        layout.device_matrix(),
+        |k| layout.distinct_along(k),
+        in_group,
+        l,
+        false,
+    )
 }
 
 /// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
 /// counts as a group of its own.
-fn crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64, flat: bool) -> u64 {
+fn crossing(
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    in_group: impl Fn(usize) -> bool,
+    l: u64,
+    flat: bool,
+) -> u64 {
     let mut inside = true;
     let mut ct = 1;
-    for (k, e) in extents(layout, l).enumerate() {
+    for ((k, e), &d) in extents(device_matrix, l)
+        .enumerate()
+        .zip(device_matrix.iter().rev())
+    {
         if in_group(k) {
-            inside &= e == layout.dim_size(k);
-        } else if flat || layout.distinct_along(k) {
+            inside &= e == d;
+        } else if flat || distinct(k) {
             ct *= e;
         }
     }
@@ -758,8 +810,8 @@ mod tests {
         let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
         let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();
         let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
-        assert!(plan.ops.iter().any(|op| op.kind == OpKind::Slice));
-        assert!(plan.ops.iter().any(|op| op.kind != OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind() == OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind() != OpKind::Slice));
         for l in [0, 3, 6, 12, u64::MAX] {
             assert!(matches!(
                 inter_node_groups(&a, CollectiveKind::AllReduce, l, None),
@@ -771,13 +823,47 @@ mod tests {
         }
         for l in [1, 2, 4, 8, 16, 32, 1 << 40] {
             for op in &plan.ops {
-                let want = match op.kind.collective() {
-                    Some(kind) => inter_node_groups(&op.layout, kind, l, Some(op.device_dim)),
+                let want = match op.kind().collective() {
+                    Some(kind) => inter_node_groups(op.layout(), kind, l, Some(op.device_dim())),
                     None => Ok(0),
                 };
                 assert_eq!(op.inter_node_groups(l), want);
             }
         }
+    }
+
+    /// The node-filling rule of presets and cluster files: no panic on any number of levels.
+    #[test]
+    fn filled_levels_take_their_outermost_count_from_the_nodes() {
+        let three = [(4, 100e9, 0.0), (2, 20e9, 0.0), (99, 5e9, 0.0)];
+        let c = Cluster::filled(&three, 8, None, Replicas::Flat).unwrap();
+        assert_eq!(
+            (c.nodes(), c.num_devices(), c.level_parts()[2].0),
+            (8, 32, 4)
+        );
+        for nodes in [0, 3] {
+            let e = Cluster::filled(&three, nodes, None, Replicas::Flat).unwrap_err();
+            assert!(matches!(e, Error::Topology(m) if m.contains("do not fill")));
+        }
+        let one = [(8, 60e9, 0.0)];
+        assert_eq!(
+            Cluster::filled(&one, 1, None, Replicas::Shared).unwrap(),
+            Cluster::hierarchy(&one, None, Replicas::Shared).unwrap()
+        );
+        for nodes in [0, 2] {
+            let e = Cluster::filled(&one, nodes, None, Replicas::Shared).unwrap_err();
+            assert!(matches!(e, Error::Topology(m) if m.contains("one level is one node")));
+        }
+        for bad in [&[][..], &[(8, 60e9, 0.0), (0, 6e9, 0.0), (1, 1e9, 0.0)][..]] {
+            assert!(matches!(
+                Cluster::filled(bad, 2, None, Replicas::Shared),
+                Err(Error::Topology(_))
+            ));
+        }
+        assert_eq!(
+            Cluster::preset("dgx-v100", 4).unwrap(),
+            Cluster::new(4, 8, 60e9, 6e9, None).unwrap()
+        );
     }
 
     #[test]

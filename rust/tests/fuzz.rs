@@ -224,7 +224,7 @@ proptest! {
         prop_assert!(one_tensor);
         let splits = (0..a.ndim()).try_fold(1u64, |acc, i| acc.checked_mul(a.split_degree(i)));
         if let Some(splits) = splits {
-            prop_assert!(plan.volume() <= (splits - 1) * a.shard_size());
+            prop_assert!(plan.volume().unwrap() <= (splits - 1) * a.shard_size());
         }
         let cluster = cluster_for(a.num_devices(), node_bits, wild_nodes);
         let Ok(cluster) = cluster else {
@@ -290,10 +290,10 @@ proptest! {
                 let ct = op.inter_node_groups(per_node);
                 prop_assert_eq!(ct.is_ok(), valid_node);
                 // The free function takes one device dim (an all_reduce: the unused ones).
-                let one_dim = op.permutation.is_none() && op.kind != OpKind::AllReduce;
-                if let (Ok(ct), Some(kind), true) = (ct, op.kind.collective(), one_dim) {
+                let one_dim = op.permutation().is_none() && op.kind() != OpKind::AllReduce;
+                if let (Ok(ct), Some(kind), true) = (ct, op.kind().collective(), one_dim) {
                     let direct =
-                        inter_node_groups(&op.layout, kind, per_node, Some(op.device_dim));
+                        inter_node_groups(op.layout(), kind, per_node, Some(op.device_dim()));
                     prop_assert_eq!(direct, Ok(ct));
                 }
             }

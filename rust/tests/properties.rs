@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 use taps::{
-    inter_node_groups, plan_redistribution, unify, CollectiveKind, Layout, Objective, OpKind,
-    Planner,
+    inter_node_groups, plan_redistribution, unify, CollectiveKind, CommOp, Layout, Objective,
+    OpKind, Planner,
 };
 
 /// Flat (row-major) indices of the elements `rank` holds.
@@ -102,16 +102,16 @@ proptest! {
     fn every_step_moves_what_it_claims((a, b) in pair()) {
         let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         // The unified ops: each step's new elements are exactly its volume.
-        let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
+        let mut states: Vec<&Layout> = plan.ops.iter().map(CommOp::layout).collect();
         states.push(&plan.target);
         if let Some(first) = plan.ops.first() {
-            prop_assert_eq!(&first.layout, &plan.source);
+            prop_assert_eq!(first.layout(), &plan.source);
         }
         for (op, after) in plan.ops.iter().zip(states.iter().skip(1)) {
             for r in 0..a.num_devices() {
-                let before = elements(&op.layout, r);
+                let before = elements(op.layout(), r);
                 let now = elements(after, r);
-                prop_assert_eq!(now.difference(&before).count() as u64, op.volume);
+                prop_assert_eq!(now.difference(&before).count() as u64, op.volume());
             }
         }
         for r in 0..a.num_devices() {
@@ -119,7 +119,7 @@ proptest! {
         }
         // Never more than gathering every split of the source.
         let splits: u64 = (0..a.ndim()).map(|i| a.split_degree(i)).product();
-        prop_assert!(plan.volume() <= (splits - 1) * a.shard_size());
+        prop_assert!(plan.volume().unwrap() <= (splits - 1) * a.shard_size());
     }
 
     /// The optimal plan ends on the target's elements, never moves more than Algorithm 1, and
@@ -128,19 +128,19 @@ proptest! {
     fn optimal_plans_never_lose((a, b) in pair()) {
         let paper = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
         let plan = plan_redistribution(&a, &b, Planner::Optimal, Objective::Volume).unwrap();
-        prop_assert!(plan.volume() <= paper.volume());
-        let mut states: Vec<&Layout> = plan.ops.iter().map(|op| &op.layout).collect();
+        prop_assert!(plan.volume().unwrap() <= paper.volume().unwrap());
+        let mut states: Vec<&Layout> = plan.ops.iter().map(CommOp::layout).collect();
         states.push(&plan.target);
         for (op, after) in plan.ops.iter().zip(states.iter().skip(1)) {
             let moved = (0..a.num_devices()).map(|r| {
-                let before = elements(&op.layout, r);
+                let before = elements(op.layout(), r);
                 elements(after, r).difference(&before).count() as u64
             });
-            if op.kind == OpKind::CollectivePermute {
-                prop_assert_eq!(moved.max(), Some(op.volume));
+            if op.kind() == OpKind::CollectivePermute {
+                prop_assert_eq!(moved.max(), Some(op.volume()));
             } else {
                 for m in moved {
-                    prop_assert_eq!(m, op.volume);
+                    prop_assert_eq!(m, op.volume());
                 }
             }
         }
