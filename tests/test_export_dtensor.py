@@ -89,7 +89,8 @@ def test_partial_placements_round_trip_through_json():
     from taps.export.dtensor import placement_objects
 
     graph = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8)))
+    # The paper's model's plan: its mesh is (4, 2).
+    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), step="forward"))
     assert plan.mesh.shape == (4, 2)
     layout = taps.Layout([64, 32], [4, 2], [1, -1], [0])
     texts = layout_placements(plan.mesh, layout)

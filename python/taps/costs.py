@@ -69,16 +69,8 @@ def check_step(step: object) -> None:
 
 def check_planner(planner: object) -> None:
     """Refuse an unknown planner before any work (the core's list is the one source)."""
-    if planner is not None and planner not in PLANNERS:
+    if planner not in PLANNERS:
         raise LayoutError(f"unknown planner {planner!r}: expected one of {', '.join(PLANNERS)}")
-
-
-def planner_for(step: Step, planner: Planner | None = None) -> Planner:
-    """The planner that prices edges: ``planner`` if given, else the optimal planner for the
-    training step and Algorithm 1 (the paper's) for the forward step."""
-    if planner is not None:
-        return planner
-    return "optimal" if step == "training" else "paper"
 
 
 def partial_flows(graph: Graph, step: Step = "training") -> frozenset[str]:
@@ -348,15 +340,15 @@ def build_tables(
     share: bool = True,
     replicas: bool = False,
     step: Step = "training",
-    planner: Planner | None = None,
+    planner: Planner = "paper",
     zero: bool = False,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
     ``step`` says what is priced (docs/search.md): ``"training"`` (partial sums flowing to the
     consumer, every edge's backward redistribution, the gradients of parameters and inputs at
-    their operators) or ``"forward"`` (the paper's model); ``planner`` plans the edges (default:
-    :func:`planner_for`); ``zero`` shards parameters' gradients and optimizer state (ZeRO).
+    their operators) or ``"forward"`` (the paper's model); ``planner`` plans the edges (``"paper"``,
+    Algorithm 1, by default); ``zero`` shards parameters' gradients and optimizer state (ZeRO).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
@@ -364,7 +356,6 @@ def build_tables(
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
     _check_pricing(cost_model, step, planner)
-    planner = planner_for(step, planner)
     n = cluster.num_devices
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
@@ -515,14 +506,13 @@ def breakdown(
     strategies: Mapping[str, Strategy],
     cost_model: CostModel = "topology",
     step: Step = "training",
-    planner: Planner | None = None,
+    planner: Planner = "paper",
     zero: bool = False,
 ) -> list[OpCost]:
     """Per operator, in topological order: its collectives and incoming redistributions (forward
     and, in the training step, backward) with their costs. Computed directly from the plans,
     independently of the search's tables."""
     _check_pricing(cost_model, step, planner)
-    planner = planner_for(step, planner)
     chosen = assigned(graph, strategies, cluster.num_devices)
     flows = partial_flows(graph, step)
     # The optimal planner minimises what the cost model measures: seconds on the cluster, or
@@ -563,7 +553,7 @@ def evaluate(
     strategies: Mapping[str, Strategy],
     cost_model: CostModel = "topology",
     step: Step = "training",
-    planner: Planner | None = None,
+    planner: Planner = "paper",
     zero: bool = False,
 ) -> float:
     """The communication cost of an assignment: seconds ("topology") or bytes ("volume") of one

@@ -17,7 +17,6 @@ from taps.costs import (
     check_planner,
     check_step,
     evaluate,
-    planner_for,
 )
 from taps.graph import Graph
 from taps.ilp import IlpOptions, IlpSize, solve
@@ -35,7 +34,7 @@ class Pricing:
     """What a search prices: the step, the planner of its edges, ZeRO or not."""
 
     step: Step = "training"
-    planner: Planner = "optimal"
+    planner: Planner = "paper"
     zero: bool = False
 
 
@@ -62,7 +61,7 @@ class SearchResult:
     memory_per_device: float
     timings: dict[str, float]
     step: Step = "training"
-    planner: Planner = "optimal"
+    planner: Planner = "paper"
     zero: bool = False
 
 
@@ -77,7 +76,7 @@ def search(
     tie: bool = True,
     replicate: bool = False,
     step: Step = "training",
-    planner: Planner | None = None,
+    planner: Planner = "paper",
     zero: bool = False,
 ) -> SearchResult:
     """Find the strategy of every operator that minimises communication (the ILP of
@@ -86,8 +85,9 @@ def search(
     ``step="training"`` (the default) prices the whole training step: partial sums flow to the
     consumer, every edge also pays its backward redistribution, and only parameters' and graph
     inputs' gradients are reduced at their operators (addends' over the output axes they lack);
-    ``step="forward"`` keeps the paper's model. ``planner`` plans every edge (``"optimal"`` by
-    default for the training step, ``"paper"``, Algorithm 1, for the forward step). ``zero``
+    ``step="forward"`` keeps the paper's model. ``planner`` plans every edge: ``"paper"`` (the
+    default), Algorithm 1, with partial sums all_reduced first; ``"optimal"``, the shortest plan
+    (reduce_scatter, collective_permute), exact but hundreds of times slower per edge. ``zero``
     shards parameters' gradients and optimizer state over their data-parallel devices (ZeRO:
     reduce_scatter and all_gather, less memory). See docs/search.md.
 
@@ -121,7 +121,7 @@ def search(
         options,
         tie,
         replicate,
-        Pricing(step, planner_for(step, planner), zero),
+        Pricing(step, planner, zero),
     )
 
 
@@ -249,7 +249,7 @@ def compare(
     time_limit: float | None = None,
     bytes_per_parameter: float = BYTES_PER_PARAMETER,
     step: Step = "training",
-    planner: Planner | None = None,
+    planner: Planner = "paper",
     zero: bool = False,
 ) -> Comparison:
     """Search under both cost models and price both results under the topology model;
@@ -259,7 +259,7 @@ def compare(
     _check("compare", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
     check_step(step)
     check_planner(planner)
-    pricing = Pricing(step, planner_for(step, planner), zero)
+    pricing = Pricing(step, planner, zero)
     deadline = None if time_limit is None else t0 + time_limit
     topo, vol = (
         _search(
