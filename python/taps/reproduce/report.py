@@ -217,8 +217,8 @@ def report(rows: list[Row], timings: list[TimingRow], quick: bool) -> str:
         "sums flow to their consumer, every edge "
         "pays its backward redistribution, a bias needs no gradient all_reduce where it is "
         "already whole, every edge is planned by Algorithm 1 (as in the paper's model: the "
-        "optimal planner is too slow for these runs yet), and every copy sends its own transfer (flat replicas, as NCCL and "
-        "XLA). Comparison runs: the paper's topology-aware plan and its cost, that plan priced "
+        "optimal planner is too slow for these runs yet), and every copy sends its own "
+        "transfer (flat replicas, as NCCL and XLA). Comparison runs: the paper's topology-aware plan and its cost, that plan priced "
         "under the full model, and the full model's own optimum; *saving* is how much less "
         "time the full model's plan takes than the paper's plan, both priced under the full "
         "model.",
