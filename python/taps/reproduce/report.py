@@ -214,14 +214,13 @@ def report(rows: list[Row], timings: list[TimingRow], quick: bool) -> str:
         "The paper's model prices forward redistributions (Algorithm 1), all_reduces every "
         "partial output and every gradient at its operator, and lets copies of a tensor on one "
         "node share an inter-node transfer. The full model prices the training step: partial "
-        "sums flow to their consumer, every edge "
-        "pays its backward redistribution, a bias needs no gradient all_reduce where it is "
-        "already whole, every edge is planned by Algorithm 1 (as in the paper's model: the "
-        "optimal planner is too slow for these runs yet), and every copy sends its own "
-        "transfer (flat replicas, as NCCL and XLA). Comparison runs: the paper's topology-aware plan and its cost, that plan priced "
-        "under the full model, and the full model's own optimum; *saving* is how much less "
-        "time the full model's plan takes than the paper's plan, both priced under the full "
-        "model.",
+        "sums flow to their consumer, every edge pays its backward redistribution, a bias needs"
+        " no gradient all_reduce where it is already whole, every edge is planned by Algorithm "
+        "1 (as in the paper's model: the optimal planner is too slow for these runs yet), and "
+        "every copy sends its own transfer (flat replicas, as NCCL and XLA). Comparison runs: "
+        "the paper's topology-aware plan and its cost, that plan priced under the full model, "
+        "and the full model's own optimum; *saving* is how much less time the full model's plan"
+        " takes than the paper's plan, both priced under the full model.",
         _full_table(comparison),
     ]
     for sweep, title, column, head in (
