@@ -91,6 +91,7 @@ def cases(quick: bool) -> list[Case]:
         Case("96 layers", 96, 1024),
         Case("16 layers, binding", 16, 64, 0.5),
         Case("96 layers, binding", 96, 64, 0.5),
+        Case("16 layers, binding", 16, 1024, 0.5),
         Case("96 layers, binding", 96, 1024, 0.5),
         Case("1 layer x 12, 80 GB", 1, 1024, layers=12),
     ]
