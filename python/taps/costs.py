@@ -326,6 +326,36 @@ def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple
     return cls, list(index)
 
 
+def _order(layout: Layout) -> tuple[list[int], ...]:
+    return (layout.shape, layout.device_matrix, layout.tensor_map, layout.partial)
+
+
+class _Priced:
+    """``redistribution_costs`` computed once per pair of layout lists that hold the same
+    layouts in any order: the kernel prices each pair on its own, so the matrix of the lists in
+    one canonical order, read back in the order asked for, is the same matrix."""
+
+    def __init__(self) -> None:
+        self._memo: dict[Any, np.ndarray] = {}
+
+    def __call__(
+        self,
+        sources: Sequence[Layout],
+        targets: Sequence[Layout],
+        cluster: Cluster,
+        dtype: float,
+        cost_model: CostModel,
+        planner: Planner,
+    ) -> np.ndarray:
+        rows = sorted(range(len(sources)), key=lambda i: _order(sources[i]))
+        cols = sorted(range(len(targets)), key=lambda j: _order(targets[j]))
+        srcs, dsts = tuple(sources[i] for i in rows), tuple(targets[j] for j in cols)
+        key = (srcs, dsts, dtype)
+        if key not in self._memo:
+            self._memo[key] = redistribution_costs(srcs, dsts, cluster, dtype, cost_model, planner)
+        return self._memo[key][np.ix_(np.argsort(rows), np.argsort(cols))]
+
+
 def _check_pricing(cost_model: object, step: object, planner: object) -> None:
     check_cost_model(cost_model)
     check_step(step)
@@ -404,8 +434,11 @@ def build_tables(
         ops[op.name] = shared if shared.op is op else replace(shared, op=op)
     t0 = time.perf_counter()
     cache: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    # Different operators can still give a tensor the same layout classes at both ends.
+    # Different operators can still give a tensor the same layout classes at both ends, and one
+    # direction of an edge can be another edge's (the gradient of a softmax's input is priced
+    # from the classes its output is priced to).
     by_layouts: dict[Any, np.ndarray] = {}
+    priced = _Priced()
     edges: list[EdgeTable] = []
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
@@ -431,19 +464,10 @@ def build_tables(
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:
-                cost = redistribution_costs(
-                    [r[0] for r in src], [r[0] for r in dst], cluster, dtype, cost_model, planner
-                )
+                pricing = (cluster, dtype, cost_model, planner)
+                cost = priced([r[0] for r in src], [r[0] for r in dst], *pricing)
                 if backward:
-                    back = redistribution_costs(
-                        [r[1] for r in dst],
-                        [r[1] for r in src],
-                        cluster,
-                        dtype,
-                        cost_model,
-                        planner,
-                    )
-                    cost = cost + back.T
+                    cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *pricing).T
                 by_layouts[layouts] = cost
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
