@@ -542,10 +542,9 @@ def breakdown(
     # The optimal planner minimises what the cost model measures: seconds on the cluster, or
     # elements without one.
     on = cluster if cost_model == "topology" else None
-    dtypes = {name: float(t.dtype_bytes) for name, t in graph.tensors.items()}
-    forward = edge_plans(graph, chosen, planner, on, flows, dtypes)
+    forward = edge_plans(graph, chosen, planner, on, flows)
     backward = (
-        backward_plans(graph, chosen, planner, on, dtypes)
+        backward_plans(graph, chosen, planner, on)
         if step == "training"
         else [(e, None) for e in graph.edges]
     )

@@ -150,7 +150,7 @@ def _coefficients(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """The scaled objective of ``problem`` on the selection variables (operators in order, their
     candidates in order) and on the flows (pairs in order, each cost matrix row by row)."""
     scale = _scale(problem)
-    node = [c for c in problem.node_cost.values()]
+    node = list(problem.node_cost.values())
     flows = [p.cost.ravel() for p in problem.pairs]
     return (
         np.concatenate(node) * scale if node else np.zeros(0),

@@ -158,13 +158,12 @@ def edge_plans(
     planner: Planner = "paper",
     cluster: Cluster | None = None,
     partial: Iterable[str] = (),
-    dtype_bytes: Mapping[str, float] | None = None,
 ) -> list[tuple[Edge, Redistribution]]:
     """Per graph edge (``graph.edges`` order), the forward redistribution from the producer's
     output layout (:meth:`Candidate.partial_output` for the producers in ``partial``, whose
     partial sums flow to their consumer) to the layout the consumer's candidate wants, by
-    ``planner`` (minimising seconds on ``cluster``, or elements without one; ``dtype_bytes`` per
-    tensor, default 2)."""
+    ``planner`` (minimising seconds on ``cluster`` at the tensor's element size, or elements
+    without one)."""
     flowing = set(partial)
 
     def source(e: Edge) -> Layout:
@@ -179,7 +178,7 @@ def edge_plans(
                 chosen[e.consumer].inputs[e.slot],
                 cluster,
                 planner,
-                (dtype_bytes or {}).get(e.tensor, 2.0),
+                graph.tensors[e.tensor].dtype_bytes,
             ),
         )
         for e in graph.edges
@@ -189,9 +188,8 @@ def edge_plans(
 def backward_plans(
     graph: Graph,
     chosen: Mapping[str, Candidate],
-    planner: Planner = "optimal",
+    planner: Planner = "paper",
     cluster: Cluster | None = None,
-    dtype_bytes: Mapping[str, float] | None = None,
 ) -> list[tuple[Edge, Redistribution | None]]:
     """Per graph edge, the backward redistribution of the gradient: from the consumer's
     :meth:`Candidate.gradient` of the input to the producer's output layout (None when the tensor
@@ -204,7 +202,7 @@ def backward_plans(
                 chosen[e.producer].output,
                 cluster,
                 planner,
-                (dtype_bytes or {}).get(e.tensor, 2.0),
+                graph.tensors[e.tensor].dtype_bytes,
             )
             if graph.tensors[e.tensor].requires_grad
             else None,

@@ -206,6 +206,22 @@ def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return found
 
 
+def add_model_args(p: argparse.ArgumentParser, torch_metavar: str, torch_help: str) -> None:
+    """The model a command works on: MODEL or ``--torch``, the cluster and ``--batch``."""
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
+    )
+    p.add_argument("--torch", metavar=torch_metavar, default=None, help=torch_help)
+    add_cluster_args(p)
+    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
+
+
+def check_one_model(args: argparse.Namespace) -> None:
+    """Refuse both or neither of MODEL and ``--torch``."""
+    if (args.model is None) == (args.torch is None):
+        raise GraphError("give either MODEL or --torch package.module:factory")
+
+
 def load_model(name: str, batch: int | None) -> Graph:
     """A built-in model by name, or a graph JSON file."""
     if name.endswith(".json"):

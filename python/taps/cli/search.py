@@ -9,11 +9,11 @@ from typing import Any
 from rich.console import Console
 
 from taps import models
-from taps._core import COST_MODELS, PLANNERS, GraphError
+from taps._core import COST_MODELS, PLANNERS
 from taps.cli.args import (
-    add_cluster_args,
+    add_model_args,
+    check_one_model,
     cluster,
-    integer,
     load_model,
     memory_size,
     positive,
@@ -35,8 +35,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         check_framework(framework)
     # Checked (a temporary file made beside each) before the search, written after it.
     with Outputs(args.json, args.plot, export_path) as outputs:
-        if (args.model is None) == (args.torch is None):
-            raise GraphError("give either MODEL or --torch package.module:factory")
+        check_one_model(args)
         if args.torch is not None:
             from taps.cli.imports import read_torch
 
@@ -98,18 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"cluster. MODEL is one of {', '.join(models.names())} (megatron-1T too) or a graph "
         "JSON file; gpt is one GPT-3 layer (hidden 12288, 96 heads, sequence 2048).",
     )
-    p.add_argument(
-        "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
+    add_model_args(
+        p,
+        "SOURCE",
+        "search a PyTorch model instead: package.module:factory (returning (module, inputs)) or "
+        "a torch.export archive .pt2; needs pip install 'taps[torch]'",
     )
-    p.add_argument(
-        "--torch",
-        metavar="SOURCE",
-        default=None,
-        help="search a PyTorch model instead: package.module:factory (returning (module, "
-        "inputs)) or a torch.export archive .pt2; needs pip install 'taps[torch]'",
-    )
-    add_cluster_args(p)
-    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
     p.add_argument(
         "--memory",
         type=memory_size,

@@ -8,8 +8,7 @@ import argparse
 from rich.console import Console
 
 from taps import models
-from taps._core import GraphError
-from taps.cli.args import add_cluster_args, cluster, integer, load_model
+from taps.cli.args import add_model_args, check_one_model, cluster, integer, load_model
 from taps.outputs import Outputs
 from taps.search import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
@@ -29,8 +28,7 @@ def report(result: VerifyResult, console: Console, title: str) -> int:
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.engine not in ENGINES:
         raise VerifyError(f"unknown engine {args.engine!r}: expected {' or '.join(ENGINES)}")
-    if (args.model is None) == (args.torch is None):
-        raise GraphError("give either MODEL or --torch package.module:factory")
+    check_one_model(args)
     if args.engine == "torch" and args.torch is None:
         raise VerifyError(
             "the torch engine runs a torch module: give --torch package.module:factory "
@@ -85,18 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fake process group at the full world size, and the numbers on a few gloo ranks; needs "
         "--torch). Exit code 1 on any mismatch.",
     )
-    p.add_argument(
-        "model", metavar="MODEL", nargs="?", help="built-in model name or graph JSON file"
-    )
-    p.add_argument(
-        "--torch",
-        metavar="FACTORY",
-        default=None,
-        help="a PyTorch model instead: package.module:factory returning (module, inputs); needs "
+    add_model_args(
+        p,
+        "FACTORY",
+        "a PyTorch model instead: package.module:factory returning (module, inputs); needs "
         "pip install 'taps[torch]'",
     )
-    add_cluster_args(p)
-    p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
     p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
     p.add_argument(
         "--gloo",

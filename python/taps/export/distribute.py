@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taps._core import CommOp, Layout, Redistribution
+from taps._core import Layout, Redistribution
 from taps.extras import require
 from taps.graph import Graph
 
@@ -163,25 +163,6 @@ def framework_placements(
         else:
             out.append(PARTIAL if p == PARTIAL else REPLICATE)
     return tuple(out)
-
-
-def step_result(op: CommOp) -> Layout:
-    """The layout a step of a redistribution leaves (``op.layout`` is the one before it)."""
-    layout, k = op.layout, op.device_dim
-    tm, partial = list(layout.tensor_map), list(layout.partial)
-    if op.kind in ("slice", "reduce_scatter"):
-        tm[op.tensor_dim] = k  # type: ignore[index]
-    elif op.kind == "all_gather":
-        tm[op.tensor_dim] = -1  # type: ignore[index]
-    elif op.kind == "all_to_all":
-        tm[op.tensor_dim], tm[op.to_tensor_dim] = -1, k  # type: ignore[index]
-    elif op.kind == "collective_permute":
-        moved = list(op.permutation or [])
-        tm = [moved[d] if d >= 0 else d for d in tm]
-        partial = sorted(moved[d] for d in partial)
-    if op.kind in ("all_reduce", "reduce_scatter"):
-        partial = [d for d in partial if d != k]
-    return Layout(layout.shape, layout.device_matrix, tm, partial)
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:

@@ -35,7 +35,7 @@ from .program import (
     relative_error,
     run_dtype,
 )
-from .result import VerifyResult, match, verdict
+from .result import VerifyResult, match
 
 if TYPE_CHECKING:
     from taps._core import _Planner
@@ -96,19 +96,14 @@ def verify_graph(
         cluster.devices_per_node,
         _shared_edges(prog.layouts),
     )
-    tol = TOLERANCE[dtype]
-    ok, max_error, lines = verdict(rows, errors, tol)
-    return VerifyResult(
-        ok,
-        max_error,
-        tol,
+    return VerifyResult.judged(
         rows,
-        lines,
+        errors,
+        TOLERANCE[dtype],
         "xla",
         prog.mesh.num_devices,
         cluster.devices_per_node,
         {"compile": t1 - t0, "run": t2 - t1, "reference": time.perf_counter() - t2},
-        errors,
     )
 
 
@@ -195,19 +190,15 @@ def verify_redistributions(
             {scope: what},
             devices_per_node,
         )
-        ok, max_error, lines = verdict(rows, {"target blocks": error}, 0.0)
         results.append(
-            VerifyResult(
-                ok,
-                max_error,
-                0.0,
+            VerifyResult.judged(
                 rows,
-                lines,
+                {"target blocks": error},
+                0.0,
                 "xla",
                 n,
                 devices_per_node,
                 {"compile": t1 - t0, "run": t2 - t1},
-                {"target blocks": error},
             )
         )
     stray = [m for m in compiled_collectives if not m[0]]

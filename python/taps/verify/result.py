@@ -168,6 +168,32 @@ class VerifyResult:
     timings: dict[str, float] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def judged(
+        cls,
+        rows: list[CollectiveCheck],
+        errors: dict[str, float],
+        tolerance: float,
+        engine: str,
+        num_devices: int,
+        devices_per_node: int | None,
+        timings: dict[str, float],
+    ) -> VerifyResult:
+        """The result of a comparison, with its verdict (:func:`verdict`)."""
+        ok, max_error, lines = verdict(rows, errors, tolerance)
+        return cls(
+            ok,
+            max_error,
+            tolerance,
+            rows,
+            lines,
+            engine,
+            num_devices,
+            devices_per_node,
+            timings,
+            errors,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,

@@ -28,7 +28,7 @@ import numpy as np
 from taps.export.distribute import Tracer
 from taps.extras import require
 
-from .hlo import HloCollective
+from .hlo import HloCollective, received_bytes
 
 #: Per functional collective, its kind and the position of its process-group name argument.
 _OPS = {
@@ -38,15 +38,6 @@ _OPS = {
     "all_to_all_single": ("all_to_all", 3),
     "shard_dim_alltoall": ("all_to_all", 3),
 }
-
-
-def received_bytes(kind: str, in_bytes: int, g: int) -> int:
-    """Bytes each device receives (taps' volume model) for ``in_bytes`` put in by each of ``g``."""
-    if kind == "all_gather":
-        return (g - 1) * in_bytes
-    if kind == "all_reduce":
-        return 2 * (g - 1) * in_bytes // g
-    return (g - 1) * in_bytes // g
 
 
 def mesh_groups(group: Sequence[int], mesh_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:

@@ -30,7 +30,7 @@ from taps.graph import Graph
 
 from .devices import VerifyError
 from .program import TOLERANCE, describe_scopes, operator_collectives, predicted_collectives
-from .result import UNEXPECTED, UNPRICED, CollectiveCheck, VerifyResult, match, verdict
+from .result import UNEXPECTED, UNPRICED, CollectiveCheck, VerifyResult, match
 from .torch_collectives import Recorder
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def collective_rows(
     )
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
-    index = {op.name: j for j, op in enumerate(graph.ops)}
+    index = recorder.ops
     inner = {}
     for links in dist.conversion.links.values():
         out = [f"o{index[li.op]}" for li in links if li.slot is None]
@@ -230,17 +230,12 @@ def verify_torch(
         t = time.perf_counter()
         errors = gloo_errors(module, inputs, graph, cluster, strategies, numerics, dtype, seed)
         timings["numerics"] = time.perf_counter() - t
-    tol = TOLERANCE[dtype]
-    ok, max_error, lines = verdict(rows, errors, tol)
-    return VerifyResult(
-        ok,
-        max_error,
-        tol,
+    return VerifyResult.judged(
         rows,
-        lines,
+        errors,
+        TOLERANCE[dtype],
         "torch",
         cluster.num_devices,
         cluster.devices_per_node,
         timings,
-        errors,
     )

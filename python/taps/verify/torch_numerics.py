@@ -100,7 +100,7 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
     from taps.export.distribute import distribute_module
 
     from .program import relative_error
-    from .torch_engine import backward, cast_inputs, materialize, torch_dtype
+    from .torch_engine import _user_specs, backward, cast_inputs, materialize, torch_dtype
 
     module, inputs, graph_doc, shape, plan, dtype, seed, tmp = payload
     tdist.init_process_group(
@@ -116,7 +116,7 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
         xs = cast_inputs(inputs, tdtype, "cpu", seed)
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
         dist = distribute_module(dense, layouts, *xs, mesh=mesh, mode="taps")
-        specs = [s for s in dist.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        specs = _user_specs(dist)
         placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(specs, xs)]
         outs = dist(*placed)
         cts = backward(dist, outs, seed)
