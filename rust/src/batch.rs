@@ -1,12 +1,15 @@
 //! Batch cost kernels for the search: many layout pairs, or many strategies, at once, on all cores.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::planner::{paper_cost, shortest_plan, Objective, Planner};
+use crate::optimal::{solve, Key, Path};
+use crate::planner::{paper_cost, search_problem, shortest_plan_by, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::normalized;
@@ -92,15 +95,47 @@ pub fn redistribution_costs(
         let (ctgt, ctgt_index) = dedupe(&canon_tgt);
         let cwidth = ctgt.len();
         let objective = objective(cluster, dtype_bytes, model);
-        // Per canonical pair, the shortest path's price under the objective and its cost.
+        let pair = |k: usize| (csrc[k / cwidth], ctgt[k % cwidth]);
+        // The search of each canonical pair, and one search per key: the first pair's of it.
+        let keys: Vec<Option<Key>> = (0..csrc.len() * cwidth)
+            .into_par_iter()
+            .map(|k| {
+                let (a, b) = pair(k);
+                Ok(if a == b {
+                    None
+                } else {
+                    search_problem(a, b)?.map(|p| p.key().clone())
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut first: FxHashMap<&Key, usize> = FxHashMap::default();
+        for (k, key) in keys.iter().enumerate() {
+            if let Some(key) = key {
+                first.entry(key).or_insert(k);
+            }
+        }
+        let searched: Vec<(&Key, usize)> = first.into_iter().collect();
+        let paths: FxHashMap<&Key, Path> = searched
+            .into_par_iter()
+            .filter_map(|(key, k)| {
+                let (a, b) = pair(k);
+                let problem = search_problem(a, b).transpose()?;
+                Some(problem.map(|p| (key, solve(&p, objective))))
+            })
+            .collect::<Result<_>>()?;
+        // Per canonical pair, the plan's price under the objective and its cost.
         let mut canonical = vec![(0.0, 0.0); csrc.len() * cwidth];
         canonical
             .par_iter_mut()
             .enumerate()
             .try_for_each(|(k, entry)| {
-                let (a, b) = (csrc[k / cwidth], ctgt[k % cwidth]);
+                let (a, b) = pair(k);
                 if a != b {
-                    let plan = shortest_plan(a, b, objective)?;
+                    let plan = shortest_plan_by(a, b, objective, |problem| {
+                        paths
+                            .get(problem.key())
+                            .map_or_else(|| Cow::Owned(solve(problem, objective)), Cow::Borrowed)
+                    })?;
                     *entry = (
                         objective.total(&plan),
                         plan.cost(cluster, dtype_bytes, model)?,

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
+use crate::optimal::{Path, Problem};
 use crate::topology::{self, Cluster, CollectiveKind, CostModel};
 use crate::unify::{
     check_same_tensor, normalized, reshape_for, try_unify, Reshaped, Side, Unified,
@@ -98,7 +99,7 @@ pub enum Objective<'a> {
 
 impl Objective<'_> {
     /// `total` plus the price of `op`.
-    fn add(&self, total: f64, op: &CommOp) -> f64 {
+    pub(crate) fn add(&self, total: f64, op: &CommOp) -> f64 {
         total + self.price(op.kind, op.group(), op.volume, &op.layout)
     }
 
@@ -106,16 +107,34 @@ impl Objective<'_> {
     pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
         plan.all_ops().fold(0.0, |t, op| self.add(t, op))
     }
-    /// A lower bound on the price of an op that moves at least `elements` per device over a
-    /// group that holds device dim `k` of a layout with `layout`'s device matrix: over the
-    /// fastest link the dim can use.
-    pub(crate) fn least(&self, layout: &Layout, k: usize, elements: f64) -> f64 {
+    /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
+    /// a group that holds device dim `k` of a layout with `layout`'s device matrix and lies
+    /// within the dims of `spread` (a mask holding `k`), where only the dims of `splitting` (a
+    /// mask) may split the tensor: `(latency, rate)` pairs, the op pricing at least
+    /// `latency + c * elements * rate` under one of them ([`Cluster::least_rates`]).
+    pub(crate) fn least_rates(
+        &self,
+        layout: &Layout,
+        k: usize,
+        spread: u64,
+        splitting: u64,
+    ) -> Vec<(f64, f64)> {
         match *self {
-            Objective::Volume => elements,
+            Objective::Volume => {
+                let parts: u64 = (0..layout.num_device_dims())
+                    .filter(|&i| splitting >> i & 1 == 1)
+                    .map(|i| layout.dim_size(i))
+                    .product();
+                vec![(0.0, 1.0 / parts as f64)]
+            }
             Objective::Seconds {
                 cluster,
                 dtype_bytes,
-            } => cluster.least_seconds(layout, k, elements * dtype_bytes),
+            } => cluster
+                .least_rates(layout.device_matrix(), k, spread, splitting)
+                .into_iter()
+                .map(|(latency, rate)| (latency, rate * dtype_bytes))
+                .collect(),
         }
     }
 
@@ -680,16 +699,39 @@ pub(crate) fn shortest_plan(
     b: &Layout,
     objective: Objective<'_>,
 ) -> Result<Redistribution> {
+    shortest_plan_by(a, b, objective, |problem| {
+        Cow::Owned(crate::optimal::solve(problem, objective))
+    })
+}
+
+/// [`shortest_plan`] with the search's path of a problem from `solve` (the batch kernel searches
+/// once per [`Key`], not once per pair): Algorithm 1 on the unified pair, unless the path,
+/// mapped onto the pair, costs no more.
+pub(crate) fn shortest_plan_by<'p>(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+    solve: impl FnOnce(&Problem) -> Cow<'p, Path>,
+) -> Result<Redistribution> {
     debug_assert!(normalized(a) == *a && normalized(b) == *b);
     let mut plan = paper_plan(a, b, objective)?;
-    let start = plan.prelude.iter().fold(0.0, |t, op| objective.add(t, op));
-    let bound = plan.ops.iter().fold(start, |t, op| objective.add(t, op));
-    if let Some(better) =
-        crate::optimal::shortest(&plan.source, &plan.target, start, bound, objective)
-    {
-        plan.ops = better;
+    if let Some(problem) = Problem::of(&plan.source, &plan.target) {
+        let ops = problem.ops(&solve(&problem), &plan.source);
+        let price = |ops: &[CommOp]| ops.iter().fold(0.0, |t, op| objective.add(t, op));
+        if price(&ops) <= price(&plan.ops) {
+            plan.ops = ops;
+        }
     }
     Ok(plan)
+}
+
+/// The search [`shortest_plan`] runs for `a` and `b` (`None` if it runs none).
+///
+/// # Errors
+/// As [`plan_redistribution`].
+pub(crate) fn search_problem(a: &Layout, b: &Layout) -> Result<Option<Problem>> {
+    let plan = lined_up(a, b, None)?;
+    Ok(Problem::of(&plan.source, &plan.target))
 }
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for

@@ -571,24 +571,63 @@ impl Cluster {
         level.latency + factor * bytes / effective
     }
 
-    /// A lower bound on the seconds of a collective moving `bytes` per device over a group that
-    /// holds device dim `k` of `layout`: the fastest level the group may use, and the least
-    /// latency.
-    pub(crate) fn least_seconds(&self, layout: &Layout, k: usize, bytes: f64) -> f64 {
-        let inside = extents(layout.device_matrix(), self.devices_per_node())
-            .nth(k)
-            .is_some_and(|e| e == layout.dim_size(k));
-        let usable = if inside {
-            &self.levels[..]
-        } else {
-            &self.levels[1.min(self.levels.len() - 1)..]
-        };
-        let fastest = usable.iter().map(|l| l.bandwidth).fold(0.0, f64::max);
-        let latency = usable
+    /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
+    /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
+    /// `k`), on layouts of `device_matrix` where only the dims of `splitting` (a mask) may split
+    /// the tensor: per level such a group may cross up to, `(latency, rate)` with the collective
+    /// taking at least `latency + c * bytes * rate`.
+    ///
+    /// Within a node, a shard is at least the tensor over every dim of `splitting`. Across
+    /// units, what the groups crossing a unit move together counts: a shard times the groups
+    /// with distinct data (or every group, with flat replicas) is at least the tensor over the
+    /// number of units each splitting dim spans, and over the whole size of the dims of the
+    /// group. A group of more dims crosses no fewer levels than `k` alone; an all-to-all's factor
+    /// is at least 1.
+    pub(crate) fn least_rates(
+        &self,
+        device_matrix: &[u64],
+        k: usize,
+        spread: u64,
+        splitting: u64,
+    ) -> Vec<(f64, f64)> {
+        let flat = self.replicas == Replicas::Flat;
+        let first = self
+            .levels
             .iter()
-            .map(|l| l.latency)
-            .fold(f64::INFINITY, f64::min);
-        latency + bytes / fastest
+            .position(|l| crossing(device_matrix, |_| true, |i| i == k, l.devices, flat) == 0)
+            .unwrap_or(self.levels.len() - 1);
+        // A group of `k` alone runs at its first level; a wider one at that level or above.
+        let last = if spread == 1 << k {
+            first
+        } else {
+            self.levels.len() - 1
+        };
+        let splits = |i: usize| splitting >> i & 1 == 1;
+        (first..=last)
+            .map(|j| {
+                let level = &self.levels[j];
+                let parts: f64 = if j == 0 {
+                    (0..device_matrix.len())
+                        .filter(|&i| splits(i))
+                        .map(|i| device_matrix[device_matrix.len() - 1 - i] as f64)
+                        .product()
+                } else {
+                    extents(device_matrix, self.levels[j - 1].devices)
+                        .zip(device_matrix.iter().rev())
+                        .enumerate()
+                        .filter(|&(i, _)| splits(i))
+                        .map(|(i, (e, &d))| {
+                            if spread >> i & 1 == 1 {
+                                d as f64
+                            } else {
+                                (d / e) as f64
+                            }
+                        })
+                        .product()
+                };
+                (level.latency, 1.0 / (parts * level.bandwidth))
+            })
+            .collect()
     }
 }
 
