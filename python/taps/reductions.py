@@ -30,10 +30,10 @@ import numpy as np
 from taps._core import min_plus
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
-#: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is about five
-#: times slower): a few seconds on one core at most, where SCIP would get the pair costs around it
-#: as millions of variables (Llama-3 8B's attention on 1024 devices needs 1.1e9); above it the
-#: operator stays for SCIP.
+#: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is five to
+#: seven times slower): a few seconds on one core at most, where SCIP would get the pair costs
+#: around it as millions of variables (Llama-3 8B's attention on 1024 devices needs 1.1e9); above
+#: it the operator stays for SCIP.
 MAX_SERIES_WORK = 2_000_000_000
 #: Odd 64-bit multipliers, one per column, of the hash that groups equal rows of a cost matrix.
 _ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)

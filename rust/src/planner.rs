@@ -360,8 +360,12 @@ pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
         // `g` is a power of two: `s / g` as a shift. The dim a reduce-scatter splits is whole in
         // the shard, so `g` divides `s`.
         OpKind::AllToAll | OpKind::ReduceScatter => (g - 1) * (s >> g.trailing_zeros()),
-        // A ring: reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements.
-        OpKind::AllReduce => (2 * (g - 1) * s).div_ceil(g),
+        // A ring: reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements
+        // (in 128 bits: `2 (g-1) s` may not fit 64; the result, under `2 s`, saturates).
+        OpKind::AllReduce => {
+            u64::try_from((2 * u128::from(g - 1) * u128::from(s)).div_ceil(u128::from(g)))
+                .unwrap_or(u64::MAX)
+        }
         OpKind::CollectivePermute => s,
     }
 }
@@ -816,6 +820,10 @@ mod tests {
         assert_eq!(plan.volume().unwrap(), 3 << 62);
         plan.ops.push(plan.ops[0].clone());
         assert!(matches!(plan.volume(), Err(Error::Layout(_))));
+        // `2 (g-1) s` overflows 64 bits here; the all-reduce's `2 (g-1)/g s` does not.
+        let partial = Layout::with_partial(vec![1 << 63], vec![4], vec![-1], vec![0]).unwrap();
+        let sum = CommOp::new(OpKind::AllReduce, 0, None, None, partial);
+        assert_eq!(sum.volume, 3 << 62);
     }
 
     #[test]

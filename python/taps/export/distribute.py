@@ -77,7 +77,7 @@ class Replay:
                 (),
             )
             every = [*layouts.inputs[op.name], layouts.outputs[op.name]]
-            used[op.name] = {a for lay in every for axes in mesh.dim_axes(lay) for a in axes}
+            used[op.name] = set().union(*(mesh.used_axes(lay) for lay in every))
             used[op.name].update(partial[op.name])
         plans = {(e.consumer, e.slot): r for e, r in layouts.plans}
         return cls(layouts, plans, partial, used, Steps(mesh, device_mesh))
@@ -559,7 +559,7 @@ class _Interpreter:
                 with dist.tracer.scope("leaf", link.op, link.slot):
                     local = self.local_of(self._to(x, dist.layout_placements(ours, link)))
         with dist.tracer.scope("op", link.op, None):
-            lacks = replay.used[link.op] - set(a for axes in mesh.dim_axes(ours) for a in axes)
+            lacks = replay.used[link.op] - mesh.used_axes(ours)
             return replay.steps.sum_grad(local, _ordered(mesh.axis_names, lacks))
 
     def local(self, node: Any, target: Any, leaves: list[Any], links: list[Link], out: Link) -> Any:

@@ -74,9 +74,13 @@ class Mesh:
         self._check(layout)
         return [() if m < 0 else self.axes(layout, m) for m in layout.tensor_map]
 
+    def used_axes(self, layout: Layout) -> frozenset[str]:
+        """The mesh axes along which ``layout`` splits the tensor."""
+        return frozenset(a for axes in self.dim_axes(layout) for a in axes)
+
     def unused_axes(self, layout: Layout) -> tuple[str, ...]:
         """The mesh axes along which ``layout`` is replicated, outermost first."""
-        used = {a for axes in self.dim_axes(layout) for a in axes}
+        used = self.used_axes(layout)
         return tuple(a for a in self.axis_names if a not in used)
 
     def group_axes(self, layout: Layout, device_dims: Iterable[int]) -> tuple[str, ...]:

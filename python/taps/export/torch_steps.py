@@ -12,7 +12,6 @@ summed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from taps._core import CommOp, Redistribution
@@ -32,17 +31,11 @@ def _wait(x: Any) -> Any:
 
 class Steps:
     """Collectives over groups of mesh dims of ``device_mesh`` (a torch ``DeviceMesh`` of
-    ``mesh.shape``).
-
-    Attributes:
-        on_all_to_all: called around an all-to-all a CPU tensor runs as an all-gather and a
-            chunk (gloo has no all-to-all), so that a recorder knows which it stands for.
-    """
+    ``mesh.shape``)."""
 
     def __init__(self, mesh: Mesh, device_mesh: Any) -> None:
         self.mesh, self.device_mesh = mesh, device_mesh
         self._groups: dict[tuple[str, ...], Any] = {}
-        self.on_all_to_all: Callable[[bool], None] = lambda entering: None
 
     def group(self, axes: tuple[str, ...]) -> Any:
         """The 1-D mesh over ``axes`` (flattened when several)."""
@@ -77,11 +70,8 @@ class Steps:
         torch, funcol = _torch(), _funcol()
         g = group.size()
         if x.device.type == "cpu":
-            self.on_all_to_all(True)
-            try:
-                whole = _wait(funcol.all_gather_tensor_autograd(x.contiguous(), concat, group))
-            finally:
-                self.on_all_to_all(False)
+            # gloo has no all-to-all: gather, then keep this rank's block.
+            whole = _wait(funcol.all_gather_tensor_autograd(x.contiguous(), concat, group))
             return _block(whole, split, group).contiguous()
         blocks = torch.stack(x.chunk(g, dim=split))
         out = _wait(funcol.all_to_all_single_autograd(blocks.contiguous(), None, None, group))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,25 @@ def mesh_groups(group: Sequence[int], mesh_shape: Sequence[int]) -> tuple[tuple[
     for r in range(n):
         out.setdefault(tuple(coords[r][keep]), []).append(r)
     return tuple(sorted(tuple(g) for g in out.values()))
+
+
+@cache
+def _mark() -> Any:
+    """The identity whose backward sets a recorder's scope (one class for every call)."""
+    torch = require("torch", "torch", "verifying a plan on PyTorch")
+
+    class Mark(torch.autograd.Function):  # type: ignore[misc,name-defined]
+        @staticmethod
+        def forward(ctx: Any, t: Any, recorder: Recorder, scope: str) -> Any:
+            ctx.recorder, ctx.scope = recorder, scope
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            ctx.recorder.current = ctx.scope
+            return grad, None, None
+
+    return Mark
 
 
 @dataclass
@@ -91,20 +111,10 @@ class Recorder(Tracer):
             self.current = before
 
     def mark(self, x: Any, op: str) -> Any:
-        torch = require("torch", "torch", "verifying a plan on PyTorch")
-        recorder, scope = self, f"o{self.ops[op]}"
-
-        class Mark(torch.autograd.Function):  # type: ignore[misc,name-defined]
-            @staticmethod
-            def forward(ctx: Any, t: Any) -> Any:
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx: Any, grad: Any) -> Any:
-                recorder.current = scope
-                return grad
-
-        return Mark.apply(x) if getattr(x, "requires_grad", False) else x
+        """``x``, whose gradient sets the scope to operator ``op``'s as it flows back."""
+        if not getattr(x, "requires_grad", False):
+            return x
+        return _mark().apply(x, self, f"o{self.ops[op]}")
 
     def record(self, name: str, args: Sequence[Any]) -> None:
         import torch.distributed as dist
