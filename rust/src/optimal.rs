@@ -19,6 +19,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::{Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
 
@@ -684,10 +685,39 @@ fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
     full
 }
 
+/// Paths found, by key and objective ([`Objective::fingerprint`]): a search's pairs come back
+/// across its edges and directions, and across searches on one cluster. The search of a key is
+/// deterministic, so the memo changes no result; it is emptied past [`MEMO_SIZE`] paths.
+static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
+
+/// Paths by key and objective fingerprint.
+type Memo = FxHashMap<(Key, Vec<u64>), Path>;
+
+/// The most paths [`MEMO`] keeps (each a few hundred bytes).
+const MEMO_SIZE: usize = 1 << 20;
+
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's, or Algorithm 1's if there is none or the search would expand
-/// more than [`MAX_EXPANSIONS`] layouts.
+/// more than [`MAX_EXPANSIONS`] layouts. Remembered ([`MEMO`]).
 pub(crate) fn solve(problem: &Problem, objective: Objective<'_>) -> Path {
+    let key = (problem.key.clone(), objective.fingerprint());
+    // A panic elsewhere while the lock was held leaves the map whole: use it.
+    let memo = || MEMO.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(path) = memo().as_ref().and_then(|m| m.get(&key)) {
+        return path.clone();
+    }
+    let path = search_or_paper(problem, objective);
+    let mut memo = memo();
+    let map = memo.get_or_insert_with(FxHashMap::default);
+    if map.len() >= MEMO_SIZE {
+        map.clear();
+    }
+    map.insert(key, path.clone());
+    path
+}
+
+/// [`solve`] without the memo.
+fn search_or_paper(problem: &Problem, objective: Objective<'_>) -> Path {
     let (source, target) = (&problem.source, &problem.target);
     let mut bound = 0.0;
     let mut paper = Vec::new();

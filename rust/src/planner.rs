@@ -103,6 +103,22 @@ impl Objective<'_> {
         total + self.price(op.kind, op.group(), op.volume, &op.layout)
     }
 
+    /// Everything prices depend on, as numbers: none for the volume, the cluster's levels,
+    /// replica model and the bytes per element for seconds.
+    pub(crate) fn fingerprint(&self) -> Vec<u64> {
+        match *self {
+            Objective::Volume => Vec::new(),
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => {
+                let mut out = cluster.fingerprint();
+                out.push(dtype_bytes.to_bits());
+                out
+            }
+        }
+    }
+
     /// The price of a plan, its ops summed in order from +0.0 as its cost is.
     pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
         plan.all_ops().fold(0.0, |t, op| self.add(t, op))

@@ -571,6 +571,16 @@ impl Cluster {
         level.latency + factor * bytes / effective
     }
 
+    /// What the topology model prices by, as numbers: each level's devices, bandwidth and
+    /// latency, and the replica model.
+    pub(crate) fn fingerprint(&self) -> Vec<u64> {
+        let levels = self
+            .levels
+            .iter()
+            .flat_map(|l| [l.devices, l.bandwidth.to_bits(), l.latency.to_bits()]);
+        levels.chain([self.replicas as u64]).collect()
+    }
+
     /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
     /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
     /// `k`), on layouts of `device_matrix` where only the dims of `splitting` (a mask) may split

@@ -1,0 +1,113 @@
+"""Search time by cost model and planner, on the paper's search-time cases and the GPT-3 layer.
+
+Columns: the paper's model (``step="forward"``, Algorithm 1), the training step with Algorithm 1
+(the default) and with the optimal planner, each the median of ``--repeat`` runs after a warm-up
+(the optimal planner: one run). ``--against PYTHON`` also times the default search of another
+installation of taps (the interpreter of a virtualenv holding it, e.g. one built at the commit
+before the training step) on the same cases, for the ratio of today's default to it.
+
+Run: ``.venv/bin/python benches/planners.py`` (``--large`` adds the GPT-3 layer on 1024 devices,
+whose optimal-planner search takes minutes; ``--no-optimal`` skips that column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from taps.reproduce import DEVICES_PER_NODE, timing_cases
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    #: Python that builds ``graph`` and ``cluster`` with ``import taps`` (run here and by
+    #: ``--against``, so only long-standing API).
+    build: str
+
+
+def cases(large: bool) -> list[Case]:
+    out = [
+        Case(
+            f"{t.label}, {t.nodes * DEVICES_PER_NODE} devices",
+            f"graph = taps.models.by_name({t.model!r})\n"
+            f"cluster = taps.Cluster({t.nodes}, {DEVICES_PER_NODE})",
+        )
+        for t in timing_cases(False)
+    ]
+    if large:
+        out.append(
+            Case(
+                "GPT-3 layer, 1024 devices",
+                "graph = taps.models.gpt(hidden=12288, heads=96, seq=2048, batch=16)\n"
+                "cluster = taps.Cluster(128, 8)",
+            )
+        )
+    return out
+
+
+#: Times ``search(**kwargs)`` on the case ``build`` makes: one warm-up, then ``repeat`` runs (or a
+#: single run when ``repeat`` is 0); prints the median seconds and the cost as JSON.
+TIMER = """
+import json, statistics, sys, time
+import taps
+{build}
+warm, runs = {repeat} > 0, []
+for k in range(max({repeat}, 1) + warm):
+    t = time.perf_counter()
+    result = taps.search(graph, cluster, **{kwargs})
+    if k >= warm:
+        runs.append(time.perf_counter() - t)
+print(json.dumps([statistics.median(runs), result.cost]))
+"""
+
+
+def timed(python: str, case: Case, repeat: int, **kwargs: str) -> tuple[float, float]:
+    """Median seconds and cost of the search of ``case`` with ``kwargs`` under ``python``."""
+    code = TIMER.format(build=case.build, repeat=repeat, kwargs=kwargs)
+    out = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True)
+    seconds, cost = json.loads(out.stdout.strip().splitlines()[-1])
+    return seconds, cost
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--large", action="store_true", help="add the GPT-3 layer on 1024 devices")
+    parser.add_argument("--no-optimal", action="store_true", help="skip the optimal planner")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per Algorithm 1 column")
+    parser.add_argument("--against", metavar="PYTHON", help="also time this interpreter's taps")
+    args = parser.parse_args()
+    table = Table(title="taps.search by cost model and planner (median seconds)")
+    columns = ["case", "forward, Algorithm 1", "training, Algorithm 1", "ratio"]
+    if not args.no_optimal:
+        columns += ["training, optimal planner", "its cost against Algorithm 1's"]
+    if args.against:
+        columns += ["default of --against", "default now / it"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    here = sys.executable
+    for case in cases(args.large):
+        started = time.perf_counter()
+        forward, _ = timed(here, case, args.repeat, step="forward")
+        training, paper_cost = timed(here, case, args.repeat)
+        cells = [case.label, f"{forward:.3f} s", f"{training:.3f} s", f"{training / forward:.2f}x"]
+        if not args.no_optimal:
+            optimal, optimal_cost = timed(here, case, 0, planner="optimal")
+            cells += [f"{optimal:.2f} s", f"{optimal_cost / paper_cost - 1:+.1%}"]
+        if args.against:
+            before, _ = timed(args.against, case, args.repeat)
+            cells += [f"{before:.3f} s", f"{training / before:.2f}x"]
+        table.add_row(*cells)
+        Console(stderr=True).print(f"{case.label}: {time.perf_counter() - started:.0f} s")
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()
