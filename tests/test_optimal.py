@@ -249,3 +249,20 @@ def test_dense_pairs_against_brute_force(pair, data):
     want = _brute_force(sim.layout4(plan.source), sim.layout4(plan.target))
     assert plan.volume == want
     assert plan.volume <= taps.plan_redistribution(a, b, planner="paper").volume
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(3, 6), st.data())
+def test_batch_of_many_pairs_prices_each_as_its_plan(log2, data):
+    """The batch kernel searches once per pattern (unified pairs whose tensor dims differ only in
+    order share a search) and remembers paths across calls: every entry of a batch, in either
+    order of the lists, is still the cost of that pair's own plan, bit for bit."""
+    sources, targets = data.draw(sg.layout_sets(log2, max_count=5))
+    sources, targets = [sg.to_layout(t) for t in sources], [sg.to_layout(t) for t in targets]
+    cl = _cluster(2**log2, data)
+    for order in (1, -1):
+        srcs, tgts = sources[::order], targets[::order]
+        got = taps.redistribution_costs(srcs, tgts, cl, planner="optimal")
+        for i, a in enumerate(srcs):
+            for j, b in enumerate(tgts):
+                assert got[i, j] == _plan(a, b, cl).cost(cl)
