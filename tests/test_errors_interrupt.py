@@ -82,6 +82,49 @@ def test_sigint_stops_scip_within_a_second(tmp_path):
     assert list(out_dir.iterdir()) == []
 
 
+KERNEL_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import taps.costs
+    kernel = taps.costs.redistribution_costs
+    def announced(*args):
+        print("PRICING", flush=True)
+        return kernel(*args)
+    taps.costs.redistribution_costs = announced
+    from taps.cli import run
+    run()
+    """
+)
+
+
+def test_sigint_stops_the_optimal_planners_kernel_within_a_second(tmp_path):
+    """The optimal planner's cost tables for a GPT-3 layer on 256 devices take tens of seconds,
+    in calls to the Rust kernel of seconds each; Ctrl-C inside one stops it."""
+    graph = tmp_path / "gpt.json"
+    graph.write_text(taps.models.gpt(12288, 96, 2048, 16).to_json(), encoding="utf-8")
+    args = ["search", str(graph), "--nodes", "32", "--devices-per-node", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KERNEL_SCRIPT, *args, "--planner", "optimal"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "PRICING\n"
+        time.sleep(3)  # well inside the tables
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.perf_counter() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err == "taps search: interrupted\n"
+    assert elapsed < 1.5, f"the kernel took {elapsed:.2f} s to stop"
+
+
 def test_interrupted_reproduce_leaves_the_old_files(tmp_path, capsys, monkeypatch):
     for name in FILES:
         (tmp_path / name).write_text("old")

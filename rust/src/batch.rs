@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -50,6 +51,9 @@ fn objective(cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Objective
 /// once per distinct pair of canonical forms ([`normalized`]); Algorithm 1, which it must beat,
 /// once per distinct pair of layouts.
 ///
+/// # Panics
+/// Never: nothing sets the flag that would stop it ([`redistribution_costs_until`]).
+///
 /// # Errors
 /// An error of some pair (layouts of different tensors, or not on the cluster), or
 /// [`Error::Topology`] if `dtype_bytes` is not positive.
@@ -61,6 +65,33 @@ pub fn redistribution_costs(
     model: CostModel,
     planner: Planner,
 ) -> Result<Vec<f64>> {
+    let never = AtomicBool::new(false);
+    let costs = redistribution_costs_until(
+        sources,
+        targets,
+        cluster,
+        dtype_bytes,
+        model,
+        planner,
+        &never,
+    )?;
+    Ok(costs.expect("never stopped"))
+}
+
+/// [`redistribution_costs`] that another thread may stop by setting `stop` (the optimal
+/// planner's searches look at it every few dozen layouts): `None` once it is set.
+///
+/// # Errors
+/// As [`redistribution_costs`].
+pub fn redistribution_costs_until(
+    sources: &[Layout],
+    targets: &[Layout],
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    planner: Planner,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<f64>>> {
     check_dtype_bytes(dtype_bytes)?;
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
@@ -120,9 +151,12 @@ pub fn redistribution_costs(
             .filter_map(|(key, k)| {
                 let (a, b) = pair(k);
                 let problem = search_problem(a, b).transpose()?;
-                Some(problem.map(|p| (key, solve(&p, objective))))
+                Some(problem.map(|p| (key, solve(&p, objective, stop))))
             })
             .collect::<Result<_>>()?;
+        if stop.load(Relaxed) {
+            return Ok(None);
+        }
         // Per canonical pair, the plan's price under the objective and its cost.
         let mut canonical = vec![(0.0, 0.0); csrc.len() * cwidth];
         canonical
@@ -132,9 +166,10 @@ pub fn redistribution_costs(
                 let (a, b) = pair(k);
                 if a != b {
                     let plan = shortest_plan_by(a, b, objective, |problem| {
-                        paths
-                            .get(problem.key())
-                            .map_or_else(|| Cow::Owned(solve(problem, objective)), Cow::Borrowed)
+                        paths.get(problem.key()).map_or_else(
+                            || Cow::Owned(solve(problem, objective, stop)),
+                            Cow::Borrowed,
+                        )
                     })?;
                     *entry = (
                         objective.total(&plan),
@@ -152,10 +187,12 @@ pub fn redistribution_costs(
         }
     }
     let distinct = &distinct;
-    Ok(src_index
-        .iter()
-        .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j]))
-        .collect())
+    Ok(Some(
+        src_index
+            .iter()
+            .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j]))
+            .collect(),
+    ))
 }
 
 /// Strategies per job of [`allreduce_costs`]: fewer are priced in less time than waking another

@@ -19,6 +19,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
@@ -698,15 +699,19 @@ const MEMO_SIZE: usize = 1 << 20;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's, or Algorithm 1's if there is none or the search would expand
-/// more than [`MAX_EXPANSIONS`] layouts. Remembered ([`MEMO`]).
-pub(crate) fn solve(problem: &Problem, objective: Objective<'_>) -> Path {
+/// more than [`MAX_EXPANSIONS`] layouts, or `stop` is set (then the path is not remembered).
+/// Remembered ([`MEMO`]).
+pub(crate) fn solve(problem: &Problem, objective: Objective<'_>, stop: &AtomicBool) -> Path {
     let key = (problem.key.clone(), objective.fingerprint());
     // A panic elsewhere while the lock was held leaves the map whole: use it.
     let memo = || MEMO.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(path) = memo().as_ref().and_then(|m| m.get(&key)) {
         return path.clone();
     }
-    let path = search_or_paper(problem, objective);
+    let path = search_or_paper(problem, objective, stop);
+    if stop.load(Relaxed) {
+        return path;
+    }
     let mut memo = memo();
     let map = memo.get_or_insert_with(FxHashMap::default);
     if map.len() >= MEMO_SIZE {
@@ -717,7 +722,7 @@ pub(crate) fn solve(problem: &Problem, objective: Objective<'_>) -> Path {
 }
 
 /// [`solve`] without the memo.
-fn search_or_paper(problem: &Problem, objective: Objective<'_>) -> Path {
+fn search_or_paper(problem: &Problem, objective: Objective<'_>, stop: &AtomicBool) -> Path {
     let (source, target) = (&problem.source, &problem.target);
     let mut bound = 0.0;
     let mut paper = Vec::new();
@@ -727,11 +732,18 @@ fn search_or_paper(problem: &Problem, objective: Objective<'_>) -> Path {
         at = at.after(kind, k, i, to);
         paper.push((Step::Op(kind, k, i, to), at));
     });
-    search(source, target, bound, objective).unwrap_or(Path { steps: paper })
+    search(source, target, bound, objective, stop).unwrap_or(Path { steps: paper })
 }
 
-/// A* from `source` to `target` among the paths cheaper than `bound`.
-fn search(source: &Layout, target: &Layout, bound: f64, objective: Objective<'_>) -> Option<Path> {
+/// A* from `source` to `target` among the paths cheaper than `bound`; `None` past the budget or
+/// once `stop` is set.
+fn search(
+    source: &Layout,
+    target: &Layout,
+    bound: f64,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+) -> Option<Path> {
     let space = Space::new(source, target, objective);
     let goal = State::of(target);
     let keep = goal.partial;
@@ -763,7 +775,8 @@ fn search(source: &Layout, target: &Layout, bound: f64, objective: Objective<'_>
         }
         nodes[node].done = true;
         expanded += 1;
-        if expanded > MAX_EXPANSIONS {
+        // Checked now and then: a caller stops a long batch (Ctrl-C) within milliseconds.
+        if expanded > MAX_EXPANSIONS || expanded % 64 == 0 && stop.load(Relaxed) {
             return None;
         }
         if nodes[node].state == goal {
@@ -934,7 +947,8 @@ mod tests {
                         Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
                     assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
                     let price = |problem: &Problem, a: &Layout| {
-                        let ops = problem.ops(&solve(problem, objective), a);
+                        let path = solve(problem, objective, &AtomicBool::new(false));
+                        let ops = problem.ops(&path, a);
                         ops.iter().fold(0.0, |t, op| objective.add(t, op))
                     };
                     let got = price(&problem, &a);

@@ -5,6 +5,7 @@
 //! also uses reduce-scatters, all-reduces and collective-permutes.
 
 use std::borrow::Cow;
+use std::sync::atomic::AtomicBool;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -720,7 +721,11 @@ pub(crate) fn shortest_plan(
     objective: Objective<'_>,
 ) -> Result<Redistribution> {
     shortest_plan_by(a, b, objective, |problem| {
-        Cow::Owned(crate::optimal::solve(problem, objective))
+        Cow::Owned(crate::optimal::solve(
+            problem,
+            objective,
+            &AtomicBool::new(false),
+        ))
     })
 }
 

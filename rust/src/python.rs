@@ -10,6 +10,8 @@
 )]
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
 
 use numpy::ndarray::Array2;
 use numpy::ndarray::Array3;
@@ -1027,9 +1029,40 @@ fn redistribution_costs<'py>(
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
-    let costs = py.detach(move || {
-        batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model, planner)
-    })?;
+    let costs = if planner == Planner::Paper {
+        py.detach(move || {
+            batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model, planner)
+        })?
+    } else {
+        // The optimal planner's batch can take minutes: it runs on a worker thread while this one
+        // looks for Ctrl-C (only the main thread sees Python's signals), and stops it on one.
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let worker = scope.spawn(|| {
+                let (sources, targets, cluster) = (&sources, &targets, &cluster);
+                batch::redistribution_costs_until(
+                    sources,
+                    targets,
+                    cluster,
+                    dtype_bytes,
+                    model,
+                    planner,
+                    &stop,
+                )
+            });
+            while !worker.is_finished() {
+                py.detach(|| std::thread::sleep(Duration::from_millis(10)));
+                if let Err(interrupt) = py.check_signals() {
+                    stop.store(true, Relaxed);
+                    // The worker ends within milliseconds; its result is dropped.
+                    drop(py.detach(|| worker.join()));
+                    return Err(interrupt);
+                }
+            }
+            let costs = worker.join().expect("the batch kernel does not panic")?;
+            Ok(costs.expect("not stopped"))
+        })?
+    };
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
 }
