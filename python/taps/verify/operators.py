@@ -5,6 +5,9 @@ The same function runs on whole tensors (the unsharded reference) and on a devic
 forward all_reduce of the sharded run, nothing in the reference). Operands are aligned by their
 axis names, so any operand dim order works. Kinds without an einsum form here (convolutions,
 pooling, embeddings) are a :class:`VerifyError`.
+
+``reduce(y, addend=None)`` sums the partial sums of ``y`` and adds ``addend`` (an operand added
+after the contraction, a linear's bias, already aligned to the output) once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from taps.graph import Operator
 
 from .devices import VerifyError
 
-Reduce = Callable[[Any], Any]
+Reduce = Callable[..., Any]
 
 
 def _jnp() -> Any:
@@ -56,8 +59,8 @@ def _linear(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
     """``x @ W``, summed, then the bias (added once, after the partial sums)."""
     if len(xs) == 2:
         return _einsum(op, xs, reduce)
-    y = _einsum(dataclasses.replace(op, inputs=op.inputs[:2]), xs[:2], reduce)
-    return y + _align(xs[2], op.inputs[2].dims, op.output.dims)
+    y = _einsum(dataclasses.replace(op, inputs=op.inputs[:2]), xs[:2], lambda y: y)
+    return reduce(y, _align(xs[2], op.inputs[2].dims, op.output.dims))
 
 
 def _elementwise(fn: Callable[..., Any]) -> Callable[[Operator, list[Any], Reduce], Any]:

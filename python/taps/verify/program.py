@@ -11,26 +11,30 @@ every parameter and every input that needs a gradient.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
-from taps.costs import Collective, intra_collectives
+from taps.costs import Collective, Step, breakdown, intra_collectives, partial_flows
 from taps.export.jax import import_jax, jax_mesh, layout_spec
 from taps.export.layouts import PlanLayouts, plan_layouts
-from taps.export.mesh import Mesh
+from taps.export.mesh import Mesh, mesh_for_plans
 from taps.graph import Graph
-from taps.sharding import Candidate
+from taps.sharding import Candidate, assigned
 
 from . import hlo
 from .devices import VerifyError, jax_with_devices
 from .operators import compute
 from .result import Predicted
 from .steps import layout_groups, step
+
+if TYPE_CHECKING:
+    from taps._core import _Planner as Planner
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -69,7 +73,12 @@ def redistribute(x: Any, plan: Redistribution, target: Layout, mesh: Mesh) -> An
 
 
 def predicted_steps(
-    plan: Redistribution, cluster: Cluster, itemsize: int, scope: str, what: str
+    plan: Redistribution,
+    cluster: Cluster,
+    itemsize: int,
+    scope: str,
+    what: str,
+    phase: str = "forward",
 ) -> list[Predicted]:
     """The collectives of a plan's steps (slices are free and compile to none)."""
     return [
@@ -78,7 +87,7 @@ def predicted_steps(
             step(op.kind).groups(op),
             _volume_bytes(cluster, op, itemsize),
             scope,
-            "forward",
+            phase,
             f"{what}: {op.kind}"
             + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
@@ -110,26 +119,31 @@ def predicted_collectives(
     intra: Mapping[str, list[Collective]],
     itemsize: int,
     describe: Mapping[str, str],
+    backward: Sequence[Redistribution | None] = (),
 ) -> list[Predicted]:
     """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
-    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase)."""
+    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
+    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
+    steps of the edges' ``backward`` plans (backward phase), if given."""
     one_node = Cluster(1, layouts.mesh.num_devices)
     out = []
     for j, op in enumerate(layouts.graph.ops):
         for c in intra[op.name]:
-            cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
-            out.append(
-                Predicted(
-                    "all_reduce",
-                    layout_groups(c.layout, _unused_dims(c.layout)),
-                    round(cost),
-                    f"o{j}",
-                    "forward" if c.reason == "forward partial sum" else "backward",
-                    f"{c.reason} of {c.tensor}",
-                )
-            )
+            cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
+            groups = layout_groups(c.layout, _unused_dims(c.layout))
+            phase = "forward" if c.reason == "forward partial sum" else "backward"
+            what = f"{c.reason} of {c.tensor}"
+            if c.zero:
+                out.append(Predicted("reduce_scatter", groups, cost // 2, f"o{j}", phase, what))
+                out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
+            else:
+                out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
     for i, (_, plan) in enumerate(layouts.plans):
         out += predicted_steps(plan, one_node, itemsize, f"e{i}", describe[f"e{i}"])
+    for i, back in enumerate(backward):
+        if back is not None:
+            what = f"{describe[f'e{i}']} (gradient)"
+            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward")
     return out
 
 
@@ -169,9 +183,36 @@ class GraphProgram:
         strategies: Mapping[str, Strategy],
         dtype: str = "float32",
         seed: int = 0,
+        step: Step = "forward",
+        planner: Planner = "paper",
+        zero: bool = False,
     ) -> None:
         self.graph, self.cluster, self.strategies = graph, cluster, dict(strategies)
+        self.step, self.planner, self.zero = step, planner, zero
         self.layouts = plan_layouts(graph, strategies, cluster)
+        # taps' own plans and collectives of the step, as the cost model prices them (planned
+        # on elements: the volume model); in the paper's model they are plan_layouts' plans.
+        rows = breakdown(graph, cluster, strategies, "volume", step, planner, zero)
+        incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
+        #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
+        self.backward: list[Redistribution | None] = [
+            incoming[(e.consumer, e.slot)].backward for e in graph.edges
+        ]
+        #: taps' collectives of every operator (forward partial sums and gradients).
+        self.intra = {r.name: [c for c, _ in r.collectives] for r in rows}
+        self.flows = partial_flows(graph, step)
+        self.candidates = assigned(graph, strategies)
+        if step == "training":
+            forward = [(e, incoming[(e.consumer, e.slot)].plan) for e in graph.edges]
+            every = [
+                *self.layouts.tensors.values(),
+                *(x for ls in self.layouts.inputs.values() for x in ls),
+                *(c.partial_output(graph.op(v)) for v, c in self.candidates.items()),
+                *(c.layout for cs in self.intra.values() for c in cs),
+            ]
+            plans = [p for _, p in forward] + [p for p in self.backward if p is not None]
+            mesh = mesh_for_plans(every, plans, cluster.num_devices)
+            self.layouts = dataclasses.replace(self.layouts, plans=forward, mesh=mesh)
         self.mesh = self.layouts.mesh
         self.jax = jax_with_devices(self.mesh.num_devices)
         self.dtype = run_dtype(dtype)
@@ -202,9 +243,6 @@ class GraphProgram:
             for op in graph.ops
         }
         self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
-        # taps' all_reduces of every operator (forward partial sums and gradients), worked out
-        # once: the prediction and every trace of the program read them.
-        self.intra = operator_collectives(graph, self.strategies)
         self._reference: tuple[Any, Any] | None = None
 
     def spec(self, layout: Layout) -> Any:
@@ -231,7 +269,9 @@ class GraphProgram:
 
     def predicted(self) -> list[Predicted]:
         """taps' collectives: every edge's steps, every operator's all_reduces."""
-        return predicted_collectives(self.layouts, self.intra, self.dtype.itemsize, self.describe)
+        return predicted_collectives(
+            self.layouts, self.intra, self.dtype.itemsize, self.describe, self.backward
+        )
 
     def body(self, d: Mapping[str, Any], f: Mapping[str, Any], mode: str) -> dict[str, Any]:
         """Every operator's output from the leaves ``d`` and ``f``: on local blocks with taps'
@@ -269,8 +309,9 @@ class GraphProgram:
                     if c.reason == "forward partial sum":
                         axes = self.mesh.unused_axes(c.layout)
 
-            def reduce(y: Any, axes: tuple[str, ...] = axes) -> Any:
-                return step("all_reduce").run(y, None, axes) if axes else y
+            def reduce(y: Any, addend: Any = None, axes: tuple[str, ...] = axes) -> Any:
+                y = step("all_reduce").run(y, None, axes) if axes else y
+                return y if addend is None else y + addend
 
             with jax.named_scope(f"taps_o{j}"):
                 vals[op.name] = fix(compute(op, xs, reduce), self.layouts.outputs[op.name])

@@ -75,13 +75,15 @@ def match(
     describe: dict[str, str],
     devices_per_node: int | None = None,
     shared: dict[str, str] | None = None,
+    unpriced: bool = True,
 ) -> list[CollectiveCheck]:
     """Pair each prediction with a compiled collective of the same scope and phase (``measured``
     holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
     kind alone. A prediction left over in a scope that ``shared`` maps to another scope (an edge
-    redistributing the same tensor to the same layout as an earlier edge) is ``shared``. Leftover
-    compiled collectives are ``unpriced`` when they are the backward pass of a redistribution
-    (scope ``e...``), else ``unexpected``."""
+    redistributing the same tensor to the same layout as an earlier edge) is ``shared`` in the
+    forward pass (backward, each edge's gradient is its own). Leftover compiled collectives are
+    ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a redistribution out (the
+    paper's model) and they are one (scope ``e...``), else ``unexpected``."""
     shared = shared or {}
     left = list(measured)
     rows: list[CollectiveCheck] = []
@@ -127,14 +129,15 @@ def match(
             ),
             None,
         )
-        if hit is None and p.scope in shared:
+        if hit is None and p.scope in shared and p.phase == "forward":
             row(SHARED, p, None, f"{p.what} (computed once, for {describe[shared[p.scope]]})")
         elif hit is None:
             row(MISSING, p, None, p.what)
         else:
             row(DIFFERS, p, left.pop(hit)[2], p.what)
     for scope, phase, m in left:
-        status = UNPRICED if phase == "backward" and scope.startswith("e") else UNEXPECTED
+        priced = not unpriced or phase != "backward" or not scope.startswith("e")
+        status = UNEXPECTED if priced else UNPRICED
         row(status, None, m, describe.get(scope, "outside every edge and operator"), phase)
     return rows
 
