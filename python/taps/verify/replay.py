@@ -52,15 +52,14 @@ COMPILER_OPTIONS = {
 
 
 def _shared_edges(layouts: PlanLayouts) -> dict[str, str]:
-    """Edges that take one tensor to one layout compute the same blocks, and XLA keeps one: each
-    later such edge's scope, mapped to the first one's."""
+    """Edges that take one tensor to one layout compute the same blocks, and XLA keeps one of
+    them (whichever it likes): every such edge's scope, mapped to the first one's."""
     first: dict[tuple[str, Layout], str] = {}
-    shared = {}
+    members: dict[str, list[str]] = {}
     for i, (e, _) in enumerate(layouts.plans):
         same = (e.producer, layouts.inputs[e.consumer][e.slot])
-        if first.setdefault(same, f"e{i}") != f"e{i}":
-            shared[f"e{i}"] = first[same]
-    return shared
+        members.setdefault(first.setdefault(same, f"e{i}"), []).append(f"e{i}")
+    return {s: head for head, scopes in members.items() if len(scopes) > 1 for s in scopes}
 
 
 def verify_graph(

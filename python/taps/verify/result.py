@@ -79,15 +79,17 @@ def match(
 ) -> list[CollectiveCheck]:
     """Pair each prediction with a compiled collective of the same scope and phase (``measured``
     holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
-    kind alone. A prediction left over in a scope that ``shared`` maps to another scope (an edge
-    redistributing the same tensor to the same layout as an earlier edge) is ``shared`` in the
-    forward pass (backward, each edge's gradient is its own). Leftover compiled collectives are
+    kind alone. ``shared`` maps the scopes of edges that redistribute one tensor to one layout to
+    one of them: a forward prediction left over in such a scope, and compiled as predicted for
+    another of them, is ``shared`` (backward, each edge's gradient is its own). Leftover compiled collectives are
     ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a redistribution out (the
     paper's model) and they are one (scope ``e...``), else ``unexpected``."""
     shared = shared or {}
     left = list(measured)
     rows: list[CollectiveCheck] = []
     unmatched: list[Predicted] = []
+    # Per class of edges computing the same blocks, the collectives compiled for one of them.
+    done: dict[tuple[str, str, str, Any, int], str] = {}
 
     def row(
         status: str, p: Predicted | None, m: HloCollective | None, what: str, phase: str = ""
@@ -120,6 +122,8 @@ def match(
             unmatched.append(p)
         else:
             row(OK, p, left.pop(hit)[2], p.what)
+            if p.scope in shared:
+                done[(shared[p.scope], p.phase, p.kind, p.groups, p.bytes)] = p.scope
     for p in unmatched:
         hit = next(
             (
@@ -129,8 +133,9 @@ def match(
             ),
             None,
         )
-        if hit is None and p.scope in shared and p.phase == "forward":
-            row(SHARED, p, None, f"{p.what} (computed once, for {describe[shared[p.scope]]})")
+        twin = done.get((shared.get(p.scope, ""), p.phase, p.kind, p.groups, p.bytes))
+        if hit is None and twin is not None and p.phase == "forward":
+            row(SHARED, p, None, f"{p.what} (computed once, for {describe[twin]})")
         elif hit is None:
             row(MISSING, p, None, p.what)
         else:
