@@ -1,8 +1,8 @@
 """Verification in a fresh process, for a process whose JAX started with too few devices.
 
 ``python -m taps.verify.fresh`` reads a plan as JSON on stdin (the graph's JSON document, the
-cluster, each operator's strategy, the dtype, the seed, the step, the planner and ZeRO), verifies it, and writes the result's
-JSON on stdout; an error is ``{"error": message}`` and exit code 2.
+cluster, each operator's strategy, the dtype, the seed, the step, the planner and ZeRO), verifies
+it, and writes the result's JSON on stdout; an error is ``{"error": message}`` and exit code 2.
 """
 
 from __future__ import annotations

@@ -115,10 +115,8 @@ def verify_graph(
     outs, grads = compiled(*args)
     jax.block_until_ready((outs, grads))
     t2 = time.perf_counter()
-    if step == "training":
-        errors = training.errors(prog, outs, grads)
-    else:
-        errors = prog.errors(outs, grads)
+    check = training.errors if step == "training" else GraphProgram.errors
+    errors = check(prog, outs, grads)
     rows = match(
         prog.predicted(),
         measured(compiled.as_text(), prog.mesh.num_devices),

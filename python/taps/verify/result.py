@@ -81,9 +81,10 @@ def match(
     holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
     kind alone. ``shared`` maps the scopes of edges that redistribute one tensor to one layout to
     one of them: a forward prediction left over in such a scope, and compiled as predicted for
-    another of them, is ``shared`` (backward, each edge's gradient is its own). Leftover compiled collectives are
-    ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a redistribution out (the
-    paper's model) and they are one (scope ``e...``), else ``unexpected``."""
+    another of them, is ``shared`` (backward, each edge's gradient is its own). Leftover compiled
+    collectives are ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a
+    redistribution out (the paper's model) and they are one (scope ``e...``), else
+    ``unexpected``."""
     shared = shared or {}
     left = list(measured)
     rows: list[CollectiveCheck] = []

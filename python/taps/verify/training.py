@@ -208,7 +208,9 @@ def block_error(blocks: np.ndarray, layout: Layout, want: Any) -> float:
     return worst / scale
 
 
-def errors(prog: GraphProgram, outs: Mapping[str, Any], grads: Mapping[str, Any]) -> dict[str, float]:
+def errors(
+    prog: GraphProgram, outs: Mapping[str, Any], grads: Mapping[str, Any]
+) -> dict[str, float]:
     """Per output tensor and per gradient, :func:`block_error` of the stacked blocks against the
     unsharded run."""
     ref_outs, ref_grads = prog.reference()
