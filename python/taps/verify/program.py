@@ -79,8 +79,12 @@ def predicted_steps(
     scope: str,
     what: str,
     phase: str = "forward",
+    origin: str | None = None,
 ) -> list[Predicted]:
-    """The collectives of a plan's steps (slices are free and compile to none)."""
+    """The collectives of a plan's steps (slices are free and compile to none). With ``origin``
+    (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
+    input and the steps up to it: edges that run the same steps on it share them."""
+    ops = plan.all_ops
     return [
         Predicted(
             step(op.kind).hlo_kind or "",
@@ -91,8 +95,9 @@ def predicted_steps(
             f"{what}: {op.kind}"
             + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
+            None if origin is None else (origin, plan.source, tuple(ops[: k + 1])),
         )
-        for op in plan.all_ops
+        for k, op in enumerate(ops)
         if step(op.kind).hlo_kind is not None
     ]
 
@@ -138,8 +143,10 @@ def predicted_collectives(
                 out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
             else:
                 out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
-    for i, (_, plan) in enumerate(layouts.plans):
-        out += predicted_steps(plan, one_node, itemsize, f"e{i}", describe[f"e{i}"])
+    for i, (e, plan) in enumerate(layouts.plans):
+        out += predicted_steps(
+            plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
+        )
     for i, back in enumerate(backward):
         if back is not None:
             what = f"{describe[f'e{i}']} (gradient)"

@@ -21,7 +21,6 @@ import numpy as np
 from taps._core import Cluster, Layout, Strategy, plan_redistribution
 from taps.costs import Step, check_planner, check_step
 from taps.export.jax import jax_mesh, layout_spec, named_sharding
-from taps.export.layouts import PlanLayouts
 from taps.export.mesh import mesh_for_plans
 from taps.graph import Graph
 
@@ -49,17 +48,6 @@ COMPILER_OPTIONS = {
     "xla_disable_hlo_passes": "cpu-all-reduce-combiner,all-reduce-combiner,all-gather-combiner,"
     "reduce-scatter-combiner,all-to-all-combiner,collective-permute-combiner"
 }
-
-
-def _shared_edges(layouts: PlanLayouts) -> dict[str, str]:
-    """Edges that take one tensor to one layout compute the same blocks, and XLA keeps one of
-    them (whichever it likes): every such edge's scope, mapped to the first one's."""
-    first: dict[tuple[str, Layout], str] = {}
-    members: dict[str, list[str]] = {}
-    for i, (e, _) in enumerate(layouts.plans):
-        same = (e.producer, layouts.inputs[e.consumer][e.slot])
-        members.setdefault(first.setdefault(same, f"e{i}"), []).append(f"e{i}")
-    return {s: head for head, scopes in members.items() if len(scopes) > 1 for s in scopes}
 
 
 def verify_graph(
@@ -122,7 +110,6 @@ def verify_graph(
         measured(compiled.as_text(), prog.mesh.num_devices),
         prog.describe,
         cluster.devices_per_node,
-        _shared_edges(prog.layouts),
         unpriced=step == "forward",
     )
     return VerifyResult.judged(
