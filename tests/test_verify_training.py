@@ -211,3 +211,25 @@ def test_cli_verifies_the_training_step(tmp_path, capsys):
     ]
     assert main(torch_argv) == 2
     assert "the torch engine replays the paper's model" in capsys.readouterr().err
+
+
+def test_zero_pads_a_gradient_the_group_does_not_divide():
+    """A finding, kept as a test: taps prices ZeRO's reduce_scatter and all_gather as halves of
+    the all_reduce, as if every gradient split evenly over its group. A 4-element bias
+    data-parallel over 8 devices cannot: the replay pads it to 8 elements (as ZeRO
+    implementations do), and XLA moves twice taps' bytes for it; the weight's gradient, which
+    divides, is exact."""
+    g = taps.Graph("tiny-bias")
+    g.linear("fc", g.input("x", (64, 16), 4), 4, bias=True)
+    s = {"fc": taps.Strategy([8, 1, 1], [0, -1, -1])}
+    r = verify_graph(g, taps.Cluster(1, 8), s, zero=True)
+    rows = {
+        (c.what, c.kind): (c.status, c.predicted_bytes, c.measured_bytes) for c in r.collectives
+    }
+    assert rows == {
+        ("gradient of fc.weight", "reduce_scatter"): (OK, 224, 224),
+        ("gradient of fc.weight", "all_gather"): (OK, 224, 224),
+        ("gradient of fc.bias", "reduce_scatter"): ("differs", 14, 28),
+        ("gradient of fc.bias", "all_gather"): ("differs", 14, 28),
+    }
+    assert r.max_error < 1e-5

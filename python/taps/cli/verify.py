@@ -16,6 +16,7 @@ from taps.cli.args import (
     integer,
     load_model,
 )
+from taps.costs import Step
 from taps.outputs import Outputs
 from taps.search import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         else:
             graph = load_model(args.model, args.batch)
         c = cluster(args)
-        step = args.step or ("forward" if args.engine == "torch" else "training")
+        step: Step = args.step or ("forward" if args.engine == "torch" else "training")
         result = search(graph, c, step=step, planner=args.planner, zero=args.zero)
         against = None
         if args.engine == "torch":
