@@ -6,7 +6,8 @@ Every edge and operator runs in its own ``jax.named_scope`` (``taps_e<i>``, ``ta
 XLA keeps in each instruction's ``op_name``: that is how a compiled collective is traced to the
 edge or operator it serves, and ``transpose(`` in the name marks the backward pass. The program is
 a training step: ``jax.vjp`` of every operator output, with random cotangents, with respect to
-every parameter and every input that needs a gradient.
+every parameter and every input that needs a gradient. :class:`GraphProgram` holds taps' plans and
+collectives of either step it prices; the training step's own body is :mod:`.training`.
 """
 
 from __future__ import annotations
@@ -179,9 +180,11 @@ def run_dtype(name: str) -> Any:
 
 
 class GraphProgram:
-    """Everything the replays of one plan share: layouts and mesh, the input values (one per
-    operator slot that reads a parameter or an input, keyed ``"op#slot"``), the cotangents, the
-    predicted collectives, and :meth:`body` in each mode."""
+    """Everything the replays of one plan share: layouts and mesh, taps' plans and collectives of
+    ``step`` (:func:`taps.breakdown`; in the training step the edges plan from flowing partial
+    sums and each has a backward plan, and the mesh fits every layout they pass through), the
+    input values (one per operator slot that reads a parameter or an input, keyed
+    ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
 
     def __init__(
         self,

@@ -1,12 +1,19 @@
 """Exact replay: taps' own plan, step by step, under ``shard_map`` on XLA.
 
 The graph becomes JAX code, one operator at a time (:mod:`.operators`), each edge's input
-redistributed by exactly the steps taps plans (:mod:`.steps`), each forward partial sum summed by
-the all_reduce taps prices (:mod:`.program`). The training step is compiled, and every collective
-of the optimized HLO is paired with a predicted one (:mod:`.result`): the forward collectives of
-every edge and operator, and the gradient all_reduces of every operator. The backward pass of a
-redistribution is not in taps' cost model; what XLA compiles for it is listed as ``unpriced``.
-Outputs and gradients are compared with the same program run unsharded.
+redistributed by exactly the steps taps plans (:mod:`.steps`). The step replayed is the one taps
+prices (``step``, as in :func:`taps.search`):
+
+- ``"training"`` (the default): the whole training step (:mod:`.training`), forward and backward
+  by taps' own plans: partial sums flowing into the edges that sum them, every edge's backward
+  plan on the gradient, the gradient all_reduces (ZeRO: reduce_scatter and all_gather); JAX only
+  differentiates local blocks. Every compiled collective must be one of taps' predictions;
+- ``"forward"``: the paper's model, each forward partial sum all_reduced at its operator and JAX's
+  own backward pass (:mod:`.program`); what XLA compiles for the backward of a redistribution is
+  listed as ``unpriced``.
+
+The step is compiled, and every collective of the optimized HLO is paired with a predicted one
+(:mod:`.result`). Outputs and gradients are compared with the same program run unsharded.
 """
 
 from __future__ import annotations
