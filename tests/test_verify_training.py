@@ -233,3 +233,18 @@ def test_zero_pads_a_gradient_the_group_does_not_divide():
         ("gradient of fc.bias", "all_gather"): ("differs", 14, 28),
     }
     assert r.max_error < 1e-5
+
+
+def test_an_adds_gradient_goes_back_once_where_its_edges_run_alike():
+    """An add hands its output's gradient to both operands: where both edges run the same
+    backward steps on it, XLA computes them once and taps prices them per edge (``shared``)."""
+    g = taps.Graph("sum")
+    x = g.input("x", (16, 32), 4)
+    g.add("sum", g.linear("a", x, 32), g.linear("b", x, 32))
+    batch = taps.Strategy([4, 1, 1], [0, -1, -1])
+    s = {"a": batch, "b": batch, "sum": taps.Strategy([1, 4], [-1, 0])}
+    cluster = taps.Cluster(1, 4)
+    r = verify_graph(g, cluster, s)
+    _check(r, g, cluster, s)
+    shared = [(c.phase, c.kind) for c in r.collectives if c.status == SHARED]
+    assert shared == [("backward", "all_to_all")]

@@ -148,10 +148,13 @@ def predicted_collectives(
         out += predicted_steps(
             plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
         )
-    for i, back in enumerate(backward):
+    for i, ((e, _), back) in enumerate(zip(layouts.plans, backward)):
         if back is not None:
             what = f"{describe[f'e{i}']} (gradient)"
-            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward")
+            # An add hands its output's gradient to every operand: one tensor for all its edges.
+            add = layouts.graph.op(e.consumer).kind == "add"
+            origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
+            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
     return out
 
 
