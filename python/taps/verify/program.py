@@ -84,8 +84,11 @@ def predicted_steps(
 ) -> list[Predicted]:
     """The collectives of a plan's steps (slices are free and compile to none). With ``origin``
     (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
-    input and the steps up to it: edges that run the same steps on it share them."""
+    origin and the distributions before and after the step (normal forms, whatever shapes the
+    plans write them in): plans that take one tensor through the same move compute the same
+    blocks."""
     ops = plan.all_ops
+    after = [op.layout for op in ops[1:]] + [plan.target]
     return [
         Predicted(
             step(op.kind).hlo_kind or "",
@@ -96,7 +99,7 @@ def predicted_steps(
             f"{what}: {op.kind}"
             + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
-            None if origin is None else (origin, plan.source, tuple(ops[: k + 1])),
+            None if origin is None else (origin, op.layout.normalized(), after[k].normalized()),
         )
         for k, op in enumerate(ops)
         if step(op.kind).hlo_kind is not None

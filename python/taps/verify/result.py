@@ -38,7 +38,7 @@ class Predicted:
         phase: ``"forward"`` or ``"backward"``.
         what: a readable description (the edge or tensor and why).
         same: predictions with one ``same`` key run one collective on the same data (edges that
-            redistribute one tensor alike, up to this step): the compiler keeps one of them.
+            move one tensor between the same distributions): the compiler keeps one of them.
     """
 
     kind: str

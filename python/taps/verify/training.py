@@ -42,6 +42,7 @@ from .steps import layout_groups, step
 def _edge(
     prog: GraphProgram, i: int, forward: Redistribution, back: Redistribution | None
 ) -> Callable[[Any], Any]:
+    """Edge ``i``: its forward plan; backward, its backward plan (no gradient without one)."""
     jax = prog.jax
     e = prog.layouts.plans[i][0]
     target = prog.layouts.inputs[e.consumer][e.slot]
