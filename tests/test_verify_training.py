@@ -248,3 +248,15 @@ def test_an_adds_gradient_goes_back_once_where_its_edges_run_alike():
     _check(r, g, cluster, s)
     shared = [(c.phase, c.kind) for c in r.collectives if c.status == SHARED]
     assert shared == [("backward", "all_to_all")]
+
+
+def test_bad_pricing_is_one_clear_error():
+    g = taps.models.mlp(batch=16, sizes=(8, 8))
+    cluster = taps.Cluster(1, 4)
+    s = taps.search(g, cluster).strategies
+    with pytest.raises(taps.TapsError, match=r"ZeRO .* training step only"):
+        verify_graph(g, cluster, s, step="forward", zero=True)
+    with pytest.raises(taps.TapsError, match="unknown step 'backward'"):
+        verify_graph(g, cluster, s, step="backward")
+    with pytest.raises(taps.TapsError, match="unknown planner"):
+        verify_graph(g, cluster, s, planner="best")
