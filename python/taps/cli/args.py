@@ -1,5 +1,5 @@
-"""What the commands share: the one-line-error parser, argument types, the cluster options and
-model loading."""
+"""What the commands share: the one-line-error parser, argument types, the cluster options, the
+pricing options and model loading."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from taps import models
-from taps._core import Cluster, GraphError
+from taps._core import PLANNERS, Cluster, GraphError
 from taps.checks import ArgumentError
+from taps.costs import STEPS
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
 
@@ -214,6 +215,30 @@ def add_model_args(p: argparse.ArgumentParser, torch_metavar: str, torch_help: s
     p.add_argument("--torch", metavar=torch_metavar, default=None, help=torch_help)
     add_cluster_args(p)
     p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
+
+
+def add_pricing_args(p: argparse.ArgumentParser, step: str | None) -> None:
+    """What a plan is priced as: ``--step`` (default ``step``), ``--planner``, ``--zero``."""
+    p.add_argument(
+        "--step",
+        choices=STEPS,
+        default=step,
+        help="what is priced: the whole training step, or forward, the paper's model "
+        f"({step or 'training; forward for the torch engine'})",
+    )
+    p.add_argument(
+        "--planner",
+        choices=PLANNERS,
+        default="paper",
+        help="the redistribution planner of every edge: paper (Algorithm 1, the default) or "
+        "optimal (exact, hundreds of times slower per edge)",
+    )
+    p.add_argument(
+        "--zero",
+        action="store_true",
+        help="shard parameters' gradients and optimizer state over their data-parallel "
+        "devices (ZeRO: reduce_scatter + all_gather, less memory)",
+    )
 
 
 def check_one_model(args: argparse.Namespace) -> None:

@@ -9,16 +9,16 @@ from typing import Any
 from rich.console import Console
 
 from taps import models
-from taps._core import COST_MODELS, PLANNERS
+from taps._core import COST_MODELS
 from taps.cli.args import (
     add_model_args,
+    add_pricing_args,
     check_one_model,
     cluster,
     load_model,
     memory_size,
     positive,
 )
-from taps.costs import STEPS
 from taps.outputs import Outputs
 from taps.plot import check_available, plot_plan
 from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
@@ -115,25 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="topology",
         help="what the search minimises; both compares the two (topology)",
     )
-    p.add_argument(
-        "--step",
-        choices=STEPS,
-        default="training",
-        help="what is priced: the whole training step, or forward, the paper's model (training)",
-    )
-    p.add_argument(
-        "--planner",
-        choices=PLANNERS,
-        default="paper",
-        help="the redistribution planner of every edge: paper (Algorithm 1, the default) or "
-        "optimal (exact, hundreds of times slower per edge)",
-    )
-    p.add_argument(
-        "--zero",
-        action="store_true",
-        help="shard parameters' gradients and optimizer state over their data-parallel "
-        "devices (ZeRO: reduce_scatter + all_gather, less memory)",
-    )
+    add_pricing_args(p, "training")
     p.add_argument(
         "--time-limit",
         type=positive("the time limit (seconds)"),

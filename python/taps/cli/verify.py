@@ -8,7 +8,15 @@ import argparse
 from rich.console import Console
 
 from taps import models
-from taps.cli.args import add_model_args, check_one_model, cluster, integer, load_model
+from taps.cli.args import (
+    add_model_args,
+    add_pricing_args,
+    check_one_model,
+    cluster,
+    integer,
+    load_model,
+)
+from taps.costs import Step
 from taps.outputs import Outputs
 from taps.search import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
@@ -36,6 +44,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     if args.gspmd and args.engine != "xla":
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
+    if args.engine == "torch" and (args.step == "training" or args.zero):
+        raise VerifyError(
+            "the torch engine replays the paper's model (--step forward, no --zero): the "
+            "training step runs on --engine xla"
+        )
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
         module: object = None
@@ -48,7 +61,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         else:
             graph = load_model(args.model, args.batch)
         c = cluster(args)
-        result = search(graph, c)
+        step: Step = args.step or ("forward" if args.engine == "torch" else "training")
+        result = search(graph, c, step=step, planner=args.planner, zero=args.zero)
         against = None
         if args.engine == "torch":
             from taps.verify.torch_engine import verify_torch
@@ -57,7 +71,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 module, inputs, result, dtype=args.dtype, numerics=args.gloo or None
             )
         else:
-            verified = verify_graph(graph, c, result.strategies, args.dtype)
+            verified = verify_graph(
+                graph, c, result.strategies, args.dtype, 0, step, args.planner, args.zero
+            )
             if args.gspmd:
                 against = compare_gspmd(graph, c, result.strategies, args.dtype)
         if args.json:
@@ -81,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "unsharded run. Engines: xla (simulated XLA CPU devices; MODEL is one of "
         f"{', '.join(models.names())}, a graph JSON file, or --torch) and torch (DTensor on the "
         "fake process group at the full world size, and the numbers on a few gloo ranks; needs "
-        "--torch). Exit code 1 on any mismatch.",
+        "--torch; the paper's model only). On XLA, --step training (the default) runs the whole "
+        "training step with taps' own forward and backward plans; --step forward the paper's "
+        "model, with JAX's own backward pass. Exit code 1 on any mismatch.",
     )
     add_model_args(
         p,
@@ -90,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pip install 'taps[torch]'",
     )
     p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
+    add_pricing_args(p, None)
     p.add_argument(
         "--gloo",
         type=integer,

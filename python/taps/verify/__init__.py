@@ -1,5 +1,6 @@
 """Every plan verified by running it: taps' own steps replayed on XLA under ``shard_map`` with
-simulated CPU devices, every compiled collective matched with taps' prediction, and the results
+simulated CPU devices (the whole training step, forward and backward, by taps' plans; or the
+paper's model), every compiled collective matched with taps' prediction, and the results
 compared with an unsharded run; taps' plan against XLA's own partitioner; and a torch module's
 plan on PyTorch DTensor (fake process group and gloo ranks; docs/verify.md)."""
 

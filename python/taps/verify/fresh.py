@@ -1,8 +1,8 @@
 """Verification in a fresh process, for a process whose JAX started with too few devices.
 
 ``python -m taps.verify.fresh`` reads a plan as JSON on stdin (the graph's JSON document, the
-cluster, each operator's strategy, the dtype and the seed), verifies it, and writes the result's
-JSON on stdout; an error is ``{"error": message}`` and exit code 2.
+cluster, each operator's strategy, the dtype, the seed, the step, the planner and ZeRO), verifies
+it, and writes the result's JSON on stdout; an error is ``{"error": message}`` and exit code 2.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from .result import VerifyResult
 
 
 def verify_in_fresh_process(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], dtype: str, seed: int
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    dtype: str,
+    seed: int,
+    step: str = "training",
+    planner: str = "paper",
+    zero: bool = False,
 ) -> VerifyResult:
     """:func:`taps.verify.verify_graph` run by ``python -m taps.verify.fresh``."""
     payload = {
@@ -35,6 +42,9 @@ def verify_in_fresh_process(
         "strategies": {k: [s.degrees, s.device_map] for k, s in strategies.items()},
         "dtype": dtype,
         "seed": seed,
+        "step": step,
+        "planner": planner,
+        "zero": zero,
     }
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the child asks for its own device count
@@ -69,6 +79,9 @@ def main() -> int:
             {k: Strategy(d, m) for k, (d, m) in data["strategies"].items()},
             data["dtype"],
             data["seed"],
+            data["step"],
+            data["planner"],
+            data["zero"],
         )
     except TapsError as e:
         sys.stdout.write(json.dumps({"error": str(e)}))

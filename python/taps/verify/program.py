@@ -6,31 +6,36 @@ Every edge and operator runs in its own ``jax.named_scope`` (``taps_e<i>``, ``ta
 XLA keeps in each instruction's ``op_name``: that is how a compiled collective is traced to the
 edge or operator it serves, and ``transpose(`` in the name marks the backward pass. The program is
 a training step: ``jax.vjp`` of every operator output, with random cotangents, with respect to
-every parameter and every input that needs a gradient.
+every parameter and every input that needs a gradient. :class:`GraphProgram` holds taps' plans and
+collectives of either step it prices; the training step's own body is :mod:`.training`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
-from taps.costs import Collective, intra_collectives
+from taps.costs import Collective, Step, breakdown, intra_collectives, partial_flows
 from taps.export.jax import import_jax, jax_mesh, layout_spec
 from taps.export.layouts import PlanLayouts, plan_layouts
-from taps.export.mesh import Mesh
+from taps.export.mesh import Mesh, mesh_for_plans
 from taps.graph import Graph
-from taps.sharding import Candidate
+from taps.sharding import Candidate, assigned
 
 from . import hlo
 from .devices import VerifyError, jax_with_devices
 from .operators import compute
 from .result import Predicted
 from .steps import layout_groups, step
+
+if TYPE_CHECKING:
+    from taps._core import _Planner as Planner
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -69,21 +74,34 @@ def redistribute(x: Any, plan: Redistribution, target: Layout, mesh: Mesh) -> An
 
 
 def predicted_steps(
-    plan: Redistribution, cluster: Cluster, itemsize: int, scope: str, what: str
+    plan: Redistribution,
+    cluster: Cluster,
+    itemsize: int,
+    scope: str,
+    what: str,
+    phase: str = "forward",
+    origin: str | None = None,
 ) -> list[Predicted]:
-    """The collectives of a plan's steps (slices are free and compile to none)."""
+    """The collectives of a plan's steps (slices are free and compile to none). With ``origin``
+    (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
+    origin and the distributions before and after the step (normal forms, whatever shapes the
+    plans write them in): plans that take one tensor through the same move compute the same
+    blocks."""
+    ops = plan.all_ops
+    after = [op.layout for op in ops[1:]] + [plan.target]
     return [
         Predicted(
             step(op.kind).hlo_kind or "",
             step(op.kind).groups(op),
             _volume_bytes(cluster, op, itemsize),
             scope,
-            "forward",
+            phase,
             f"{what}: {op.kind}"
             + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
+            None if origin is None else (origin, op.layout.normalized(), after[k].normalized()),
         )
-        for op in plan.all_ops
+        for k, op in enumerate(ops)
         if step(op.kind).hlo_kind is not None
     ]
 
@@ -110,26 +128,36 @@ def predicted_collectives(
     intra: Mapping[str, list[Collective]],
     itemsize: int,
     describe: Mapping[str, str],
+    backward: Sequence[Redistribution | None] = (),
 ) -> list[Predicted]:
     """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
-    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase)."""
+    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
+    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
+    steps of the edges' ``backward`` plans (backward phase), if given."""
     one_node = Cluster(1, layouts.mesh.num_devices)
     out = []
     for j, op in enumerate(layouts.graph.ops):
         for c in intra[op.name]:
-            cost = one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume")
-            out.append(
-                Predicted(
-                    "all_reduce",
-                    layout_groups(c.layout, _unused_dims(c.layout)),
-                    round(cost),
-                    f"o{j}",
-                    "forward" if c.reason == "forward partial sum" else "backward",
-                    f"{c.reason} of {c.tensor}",
-                )
-            )
-    for i, (_, plan) in enumerate(layouts.plans):
-        out += predicted_steps(plan, one_node, itemsize, f"e{i}", describe[f"e{i}"])
+            cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
+            groups = layout_groups(c.layout, _unused_dims(c.layout))
+            phase = "forward" if c.reason == "forward partial sum" else "backward"
+            what = f"{c.reason} of {c.tensor}"
+            if c.zero:
+                out.append(Predicted("reduce_scatter", groups, cost // 2, f"o{j}", phase, what))
+                out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
+            else:
+                out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
+    for i, (e, plan) in enumerate(layouts.plans):
+        out += predicted_steps(
+            plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
+        )
+    for i, ((e, _), back) in enumerate(zip(layouts.plans, backward)):
+        if back is not None:
+            what = f"{describe[f'e{i}']} (gradient)"
+            # An add hands its output's gradient to every operand: one tensor for all its edges.
+            add = layouts.graph.op(e.consumer).kind == "add"
+            origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
+            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
     return out
 
 
@@ -158,9 +186,11 @@ def run_dtype(name: str) -> Any:
 
 
 class GraphProgram:
-    """Everything the replays of one plan share: layouts and mesh, the input values (one per
-    operator slot that reads a parameter or an input, keyed ``"op#slot"``), the cotangents, the
-    predicted collectives, and :meth:`body` in each mode."""
+    """Everything the replays of one plan share: layouts and mesh, taps' plans and collectives of
+    ``step`` (:func:`taps.breakdown`; in the training step the edges plan from flowing partial
+    sums and each has a backward plan, and the mesh fits every layout they pass through), the
+    input values (one per operator slot that reads a parameter or an input, keyed
+    ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
 
     def __init__(
         self,
@@ -169,9 +199,36 @@ class GraphProgram:
         strategies: Mapping[str, Strategy],
         dtype: str = "float32",
         seed: int = 0,
+        step: Step = "forward",
+        planner: Planner = "paper",
+        zero: bool = False,
     ) -> None:
         self.graph, self.cluster, self.strategies = graph, cluster, dict(strategies)
+        self.step, self.planner, self.zero = step, planner, zero
         self.layouts = plan_layouts(graph, strategies, cluster)
+        # taps' own plans and collectives of the step, as the cost model prices them (planned
+        # on elements: the volume model); in the paper's model they are plan_layouts' plans.
+        rows = breakdown(graph, cluster, strategies, "volume", step, planner, zero)
+        incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
+        #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
+        self.backward: list[Redistribution | None] = [
+            incoming[(e.consumer, e.slot)].backward for e in graph.edges
+        ]
+        #: taps' collectives of every operator (forward partial sums and gradients).
+        self.intra = {r.name: [c for c, _ in r.collectives] for r in rows}
+        self.flows = partial_flows(graph, step)
+        self.candidates = assigned(graph, strategies)
+        if step == "training":
+            forward = [(e, incoming[(e.consumer, e.slot)].plan) for e in graph.edges]
+            every = [
+                *self.layouts.tensors.values(),
+                *(x for ls in self.layouts.inputs.values() for x in ls),
+                *(c.partial_output(graph.op(v)) for v, c in self.candidates.items()),
+                *(c.layout for cs in self.intra.values() for c in cs),
+            ]
+            plans = [p for _, p in forward] + [p for p in self.backward if p is not None]
+            mesh = mesh_for_plans(every, plans, cluster.num_devices)
+            self.layouts = dataclasses.replace(self.layouts, plans=forward, mesh=mesh)
         self.mesh = self.layouts.mesh
         self.jax = jax_with_devices(self.mesh.num_devices)
         self.dtype = run_dtype(dtype)
@@ -202,9 +259,6 @@ class GraphProgram:
             for op in graph.ops
         }
         self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
-        # taps' all_reduces of every operator (forward partial sums and gradients), worked out
-        # once: the prediction and every trace of the program read them.
-        self.intra = operator_collectives(graph, self.strategies)
         self._reference: tuple[Any, Any] | None = None
 
     def spec(self, layout: Layout) -> Any:
@@ -231,7 +285,9 @@ class GraphProgram:
 
     def predicted(self) -> list[Predicted]:
         """taps' collectives: every edge's steps, every operator's all_reduces."""
-        return predicted_collectives(self.layouts, self.intra, self.dtype.itemsize, self.describe)
+        return predicted_collectives(
+            self.layouts, self.intra, self.dtype.itemsize, self.describe, self.backward
+        )
 
     def body(self, d: Mapping[str, Any], f: Mapping[str, Any], mode: str) -> dict[str, Any]:
         """Every operator's output from the leaves ``d`` and ``f``: on local blocks with taps'
@@ -269,8 +325,9 @@ class GraphProgram:
                     if c.reason == "forward partial sum":
                         axes = self.mesh.unused_axes(c.layout)
 
-            def reduce(y: Any, axes: tuple[str, ...] = axes) -> Any:
-                return step("all_reduce").run(y, None, axes) if axes else y
+            def reduce(y: Any, addend: Any = None, axes: tuple[str, ...] = axes) -> Any:
+                y = step("all_reduce").run(y, None, axes) if axes else y
+                return y if addend is None else y + addend
 
             with jax.named_scope(f"taps_o{j}"):
                 vals[op.name] = fix(compute(op, xs, reduce), self.layouts.outputs[op.name])

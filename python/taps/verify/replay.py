@@ -1,12 +1,19 @@
 """Exact replay: taps' own plan, step by step, under ``shard_map`` on XLA.
 
 The graph becomes JAX code, one operator at a time (:mod:`.operators`), each edge's input
-redistributed by exactly the steps taps plans (:mod:`.steps`), each forward partial sum summed by
-the all_reduce taps prices (:mod:`.program`). The training step is compiled, and every collective
-of the optimized HLO is paired with a predicted one (:mod:`.result`): the forward collectives of
-every edge and operator, and the gradient all_reduces of every operator. The backward pass of a
-redistribution is not in taps' cost model; what XLA compiles for it is listed as ``unpriced``.
-Outputs and gradients are compared with the same program run unsharded.
+redistributed by exactly the steps taps plans (:mod:`.steps`). The step replayed is the one taps
+prices (``step``, as in :func:`taps.search`):
+
+- ``"training"`` (the default): the whole training step (:mod:`.training`), forward and backward
+  by taps' own plans: partial sums flowing into the edges that sum them, every edge's backward
+  plan on the gradient, the gradient all_reduces (ZeRO: reduce_scatter and all_gather); JAX only
+  differentiates local blocks. Every compiled collective must be one of taps' predictions;
+- ``"forward"``: the paper's model, each forward partial sum all_reduced at its operator and JAX's
+  own backward pass (:mod:`.program`); what XLA compiles for the backward of a redistribution is
+  listed as ``unpriced``.
+
+The step is compiled, and every collective of the optimized HLO is paired with a predicted one
+(:mod:`.result`). Outputs and gradients are compared with the same program run unsharded.
 """
 
 from __future__ import annotations
@@ -19,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy, plan_redistribution
+from taps.costs import Step, check_planner, check_step
 from taps.export.jax import jax_mesh, layout_spec, named_sharding
-from taps.export.layouts import PlanLayouts
 from taps.export.mesh import mesh_for_plans
 from taps.graph import Graph
 
+from . import training
 from .devices import VerifyError, have_devices, jax_with_devices
 from .fresh import verify_in_fresh_process
 from .program import (
@@ -49,52 +57,67 @@ COMPILER_OPTIONS = {
 }
 
 
-def _shared_edges(layouts: PlanLayouts) -> dict[str, str]:
-    """Edges that take one tensor to one layout compute the same blocks, and XLA keeps one: each
-    later such edge's scope, mapped to the first one's."""
-    first: dict[tuple[str, Layout], str] = {}
-    shared = {}
-    for i, (e, _) in enumerate(layouts.plans):
-        same = (e.producer, layouts.inputs[e.consumer][e.slot])
-        if first.setdefault(same, f"e{i}") != f"e{i}":
-            shared[f"e{i}"] = first[same]
-    return shared
-
-
 def verify_graph(
     graph: Graph,
     cluster: Cluster,
     strategies: Mapping[str, Strategy],
     dtype: str = "float32",
     seed: int = 0,
+    step: Step = "training",
+    planner: _Planner = "paper",
+    zero: bool = False,
 ) -> VerifyResult:
     """Run ``graph`` under ``strategies`` on ``cluster.num_devices`` XLA devices exactly as taps
-    plans it, and compare with taps' predictions and with the unsharded run (module doc). If
-    JAX already started with fewer devices, the verification runs in a fresh process."""
+    plans it, and compare with taps' predictions and with the unsharded run (module doc).
+    ``step="training"`` replays the training step taps prices (``planner`` plans every edge,
+    ``zero`` shards parameters' gradients); ``step="forward"`` the paper's model, with JAX's own
+    backward pass. If JAX already started with fewer devices, the verification runs in a fresh
+    process."""
+    check_step(step)
+    check_planner(planner)
+    if zero and step != "training":
+        raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if not have_devices(cluster.num_devices):
-        return verify_in_fresh_process(graph, cluster, strategies, dtype, seed)
+        return verify_in_fresh_process(graph, cluster, strategies, dtype, seed, step, planner, zero)
     t0 = time.perf_counter()
-    prog = GraphProgram(graph, cluster, strategies, dtype, seed)
+    prog = GraphProgram(graph, cluster, strategies, dtype, seed, step, planner, zero)
     jax = prog.jax
-    sharded = jax.shard_map(
-        lambda d, f: prog.body(d, f, "shard_map"),
-        mesh=prog.jmesh,
-        in_specs=(prog.specs_of(prog.diff), prog.specs_of(prog.fixed)),
-        out_specs=prog.out_specs,
-    )
     args = prog.placed()
-    compiled = jax.jit(prog.train(sharded)).lower(*args).compile(compiler_options=COMPILER_OPTIONS)
+    in_specs = (prog.specs_of(prog.diff), prog.specs_of(prog.fixed))
+    if step == "training":
+        stacked = training.stacked_spec(prog)
+        fn = jax.shard_map(
+            training.training_step(prog),
+            mesh=prog.jmesh,
+            in_specs=(*in_specs, prog.out_specs),
+            out_specs=(
+                {op.name: stacked for op in graph.ops},
+                {k: stacked for k in prog.diff},
+            ),
+            check_vma=False,
+        )
+    else:
+        fn = prog.train(
+            jax.shard_map(
+                lambda d, f: prog.body(d, f, "shard_map"),
+                mesh=prog.jmesh,
+                in_specs=in_specs,
+                out_specs=prog.out_specs,
+            )
+        )
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=COMPILER_OPTIONS)
     t1 = time.perf_counter()
     outs, grads = compiled(*args)
     jax.block_until_ready((outs, grads))
     t2 = time.perf_counter()
-    errors = prog.errors(outs, grads)
+    check = training.errors if step == "training" else GraphProgram.errors
+    errors = check(prog, outs, grads)
     rows = match(
         prog.predicted(),
         measured(compiled.as_text(), prog.mesh.num_devices),
         prog.describe,
         cluster.devices_per_node,
-        _shared_edges(prog.layouts),
+        unpriced=step == "forward",
     )
     return VerifyResult.judged(
         rows,
@@ -113,14 +136,26 @@ def verify(
     strategies: Mapping[str, Strategy] | None = None,
     dtype: str = "float32",
     seed: int = 0,
+    step: Step = "training",
+    planner: _Planner = "paper",
+    zero: bool = False,
 ) -> VerifyResult:
-    """:func:`verify_graph` of a search result, or of ``graph`` under ``strategies`` on
-    ``cluster``."""
+    """:func:`verify_graph` of a search result (its step, planner and ZeRO setting), or of
+    ``graph`` under ``strategies`` on ``cluster``."""
     if isinstance(source, Graph):
         if cluster is None or strategies is None:
             raise VerifyError("verifying a graph needs its cluster and strategies")
-        return verify_graph(source, cluster, strategies, dtype, seed)
-    return verify_graph(source.graph, source.cluster, source.strategies, dtype, seed)
+        return verify_graph(source, cluster, strategies, dtype, seed, step, planner, zero)
+    return verify_graph(
+        source.graph,
+        source.cluster,
+        source.strategies,
+        dtype,
+        seed,
+        source.step,
+        source.planner,
+        source.zero,
+    )
 
 
 def verify_redistributions(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,8 +21,8 @@ MISSING = "missing"
 UNEXPECTED = "unexpected"
 #: Compiled in the backward pass of a redistribution, which taps' cost model leaves out.
 UNPRICED = "unpriced"
-#: Predicted on an edge whose tensor another edge already takes to the same layout: the compiler
-#: computes it once, taps prices it per edge.
+#: Predicted on an edge that runs, up to this step, what another edge of the same tensor runs:
+#: the compiler computes it once, taps prices it per edge.
 SHARED = "shared"
 
 
@@ -37,6 +37,8 @@ class Predicted:
         scope: the edge or operator it belongs to (``"e3"``, ``"o5"``).
         phase: ``"forward"`` or ``"backward"``.
         what: a readable description (the edge or tensor and why).
+        same: predictions with one ``same`` key run one collective on the same data (edges that
+            move one tensor between the same distributions): the compiler keeps one of them.
     """
 
     kind: str
@@ -45,6 +47,7 @@ class Predicted:
     scope: str
     phase: str
     what: str
+    same: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,19 @@ def match(
     measured: list[tuple[str, str, HloCollective]],
     describe: dict[str, str],
     devices_per_node: int | None = None,
-    shared: dict[str, str] | None = None,
+    unpriced: bool = True,
 ) -> list[CollectiveCheck]:
     """Pair each prediction with a compiled collective of the same scope and phase (``measured``
     holds ``(scope, phase, collective)``): first by kind, groups and bytes, then (``differs``) by
-    kind alone. A prediction left over in a scope that ``shared`` maps to another scope (an edge
-    redistributing the same tensor to the same layout as an earlier edge) is ``shared``. Leftover
-    compiled collectives are ``unpriced`` when they are the backward pass of a redistribution
-    (scope ``e...``), else ``unexpected``."""
-    shared = shared or {}
+    kind alone. A prediction left over whose ``same`` key another matched prediction has (the
+    compiler computed that collective once, for the other edge) is ``shared``. Leftover compiled
+    collectives are ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a
+    redistribution out (the paper's model) and they are one (scope ``e...``), else
+    ``unexpected``."""
     left = list(measured)
     rows: list[CollectiveCheck] = []
     unmatched: list[Predicted] = []
+    done: dict[Hashable, str] = {}  # the scope each ``same`` key was compiled for
 
     def row(
         status: str, p: Predicted | None, m: HloCollective | None, what: str, phase: str = ""
@@ -118,6 +122,8 @@ def match(
             unmatched.append(p)
         else:
             row(OK, p, left.pop(hit)[2], p.what)
+            if p.same is not None:
+                done.setdefault(p.same, p.scope)
     for p in unmatched:
         hit = next(
             (
@@ -127,14 +133,16 @@ def match(
             ),
             None,
         )
-        if hit is None and p.scope in shared:
-            row(SHARED, p, None, f"{p.what} (computed once, for {describe[shared[p.scope]]})")
+        twin = None if p.same is None else done.get(p.same)
+        if hit is None and twin is not None:
+            row(SHARED, p, None, f"{p.what} (computed once, for {describe[twin]})")
         elif hit is None:
             row(MISSING, p, None, p.what)
         else:
             row(DIFFERS, p, left.pop(hit)[2], p.what)
     for scope, phase, m in left:
-        status = UNPRICED if phase == "backward" and scope.startswith("e") else UNEXPECTED
+        priced = not unpriced or phase != "backward" or not scope.startswith("e")
+        status = UNEXPECTED if priced else UNPRICED
         row(status, None, m, describe.get(scope, "outside every edge and operator"), phase)
     return rows
 
