@@ -167,14 +167,14 @@ def test_bias_gradient_is_priced_over_too_many_devices():
 
 
 def test_a_process_whose_jax_has_too_few_devices_verifies_in_a_fresh_one():
-    """JAX started with 2 devices; an 8-device plan is verified by a child process."""
+    """JAX started with 2 devices; an 8-device plan is verified by a child process, which gets
+    the whole cluster (a preset's latencies, by which the optimal planner plans)."""
     script = """
 import jax, taps
-from taps.verify import verify_graph
+from taps.verify import verify
 assert jax.device_count() == 2
 g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-cluster = taps.Cluster(2, 4)
-r = verify_graph(g, cluster, taps.search(g, cluster).strategies)
+r = verify(taps.search(g, taps.Cluster.preset("dgx-h100"), planner="optimal"))
 print(r.ok, r.num_devices, len(r.collectives))
 """
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}

@@ -91,6 +91,37 @@ def test_searched_training_plans_run_as_priced(graph, zero):
         assert grads and {c.kind for c in grads} == {"reduce_scatter", "all_gather"}
 
 
+def test_optimal_plans_by_the_cluster_run_as_priced():
+    """On DGX H100 nodes the optimal planner takes [96, 32, 96] from one split of its first two
+    dims over [16, 2] devices to the swapped one by an all_gather, an all_to_all and a slice
+    (211,968 elements per device, faster there), not by the all_to_all and collective-permute that
+    move the fewest elements (17,280): the replay runs the plans the search priced (its cost
+    model), forward and backward, and XLA moves their bytes."""
+    cluster = taps.Cluster.preset("dgx-h100", 4)
+    g = taps.Graph("swap")
+    g.relu("b", g.relu("a", g.input("x", (96, 32, 96), 2, requires_grad=True)))
+    strategies = {
+        "a": taps.Strategy([16, 2, 1], [1, 0, -1]),
+        "b": taps.Strategy([2, 16, 1], [0, 1, -1]),
+    }
+    r = verify_graph(g, cluster, strategies, planner="optimal")
+    assert r.ok, r.mismatches
+    assert {c.status for c in r.collectives} <= {OK, SHARED}
+    assert r.max_error < 1e-5
+
+    def moved(cost_model):
+        rows = taps.breakdown(g, cluster, strategies, cost_model, planner="optimal")
+        plans = [p for row in rows for i in row.incoming for p in (i.plan, i.backward) if p]
+        intra = [c for row in rows for c, _ in row.collectives]
+        return sum(p.cost(cluster, 2, "volume") for p in plans) + sum(
+            c.cost(cluster, "volume") for c in intra
+        )
+
+    assert moved("topology") != moved("volume")
+    measured = sum(c.measured_bytes or 0 for c in r.collectives if c.status == OK)
+    assert measured == pytest.approx(moved("topology") * 4 / 2)  # fp16 graph, float32 replay
+
+
 def test_partial_sums_flow_and_edges_pay_their_backward():
     """Megatron's column -> row MLP on 4 devices: the row layer's partial sums flow to the next
     operator, whose edge all_reduces them (the operator does not); the gradient of the row

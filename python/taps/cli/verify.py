@@ -72,7 +72,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
             )
         else:
             verified = verify_graph(
-                graph, c, result.strategies, args.dtype, 0, step, args.planner, args.zero
+                graph,
+                c,
+                result.strategies,
+                args.dtype,
+                0,
+                step,
+                args.planner,
+                args.zero,
+                result.cost_model,
             )
             if args.gspmd:
                 against = compare_gspmd(graph, c, result.strategies, args.dtype)

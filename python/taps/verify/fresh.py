@@ -29,22 +29,20 @@ def verify_in_fresh_process(
     step: str = "training",
     planner: str = "paper",
     zero: bool = False,
+    cost_model: str = "topology",
 ) -> VerifyResult:
     """:func:`taps.verify.verify_graph` run by ``python -m taps.verify.fresh``."""
     payload = {
         "graph": graph.to_dict(),
-        "cluster": [
-            cluster.nodes,
-            cluster.devices_per_node,
-            cluster.intra_bandwidth,
-            cluster.inter_bandwidth,
-        ],
+        # Every level, latencies and the replica model: the optimal planner plans by them.
+        "cluster": [cluster.levels, cluster.device_memory, cluster.replicas],
         "strategies": {k: [s.degrees, s.device_map] for k, s in strategies.items()},
         "dtype": dtype,
         "seed": seed,
         "step": step,
         "planner": planner,
         "zero": zero,
+        "cost_model": cost_model,
     }
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the child asks for its own device count
@@ -68,7 +66,8 @@ def verify_in_fresh_process(
 
 def main() -> int:
     data = json.loads(sys.stdin.read())
-    cluster = Cluster(*data["cluster"])
+    levels, memory, replicas = data["cluster"]
+    cluster = Cluster.hierarchy([tuple(level) for level in levels], memory, replicas)
     simulate_cpu_devices(cluster.num_devices)
     from .replay import verify_graph
 
@@ -82,6 +81,7 @@ def main() -> int:
             data["step"],
             data["planner"],
             data["zero"],
+            data["cost_model"],
         )
     except TapsError as e:
         sys.stdout.write(json.dumps({"error": str(e)}))

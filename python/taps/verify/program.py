@@ -35,6 +35,7 @@ from .result import Predicted
 from .steps import layout_groups, step
 
 if TYPE_CHECKING:
+    from taps._core import _CostModel as CostModel
     from taps._core import _Planner as Planner
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
@@ -202,13 +203,15 @@ class GraphProgram:
         step: Step = "forward",
         planner: Planner = "paper",
         zero: bool = False,
+        cost_model: CostModel = "topology",
     ) -> None:
         self.graph, self.cluster, self.strategies = graph, cluster, dict(strategies)
         self.step, self.planner, self.zero = step, planner, zero
         self.layouts = plan_layouts(graph, strategies, cluster)
-        # taps' own plans and collectives of the step, as the cost model prices them (planned
-        # on elements: the volume model); in the paper's model they are plan_layouts' plans.
-        rows = breakdown(graph, cluster, strategies, "volume", step, planner, zero)
+        # taps' own plans and collectives of the step, as the search priced them (the optimal
+        # planner minimises what ``cost_model`` measures: seconds on the cluster, or elements);
+        # in the paper's model they are plan_layouts' plans.
+        rows = breakdown(graph, cluster, strategies, cost_model, step, planner, zero)
         incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
         #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
         self.backward: list[Redistribution | None] = [

@@ -46,7 +46,7 @@ from .program import (
 from .result import VerifyResult, match
 
 if TYPE_CHECKING:
-    from taps._core import _Planner
+    from taps._core import _CostModel, _Planner
     from taps.search import SearchResult
 
 #: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
@@ -66,21 +66,24 @@ def verify_graph(
     step: Step = "training",
     planner: _Planner = "paper",
     zero: bool = False,
+    cost_model: _CostModel = "topology",
 ) -> VerifyResult:
     """Run ``graph`` under ``strategies`` on ``cluster.num_devices`` XLA devices exactly as taps
     plans it, and compare with taps' predictions and with the unsharded run (module doc).
     ``step="training"`` replays the training step taps prices (``planner`` plans every edge,
-    ``zero`` shards parameters' gradients); ``step="forward"`` the paper's model, with JAX's own
-    backward pass. If JAX already started with fewer devices, the verification runs in a fresh
-    process."""
+    minimising what ``cost_model`` measures, as the search did; ``zero`` shards parameters'
+    gradients); ``step="forward"`` the paper's model, with JAX's own backward pass. If JAX
+    already started with fewer devices, the verification runs in a fresh process."""
     check_step(step)
     check_planner(planner)
     if zero and step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if not have_devices(cluster.num_devices):
-        return verify_in_fresh_process(graph, cluster, strategies, dtype, seed, step, planner, zero)
+        return verify_in_fresh_process(
+            graph, cluster, strategies, dtype, seed, step, planner, zero, cost_model
+        )
     t0 = time.perf_counter()
-    prog = GraphProgram(graph, cluster, strategies, dtype, seed, step, planner, zero)
+    prog = GraphProgram(graph, cluster, strategies, dtype, seed, step, planner, zero, cost_model)
     jax = prog.jax
     args = prog.placed()
     in_specs = (prog.specs_of(prog.diff), prog.specs_of(prog.fixed))
@@ -139,13 +142,16 @@ def verify(
     step: Step = "training",
     planner: _Planner = "paper",
     zero: bool = False,
+    cost_model: _CostModel = "topology",
 ) -> VerifyResult:
-    """:func:`verify_graph` of a search result (its step, planner and ZeRO setting), or of
-    ``graph`` under ``strategies`` on ``cluster``."""
+    """:func:`verify_graph` of a search result (its step, planner, ZeRO setting and cost model),
+    or of ``graph`` under ``strategies`` on ``cluster``."""
     if isinstance(source, Graph):
         if cluster is None or strategies is None:
             raise VerifyError("verifying a graph needs its cluster and strategies")
-        return verify_graph(source, cluster, strategies, dtype, seed, step, planner, zero)
+        return verify_graph(
+            source, cluster, strategies, dtype, seed, step, planner, zero, cost_model
+        )
     return verify_graph(
         source.graph,
         source.cluster,
@@ -155,6 +161,7 @@ def verify(
         source.step,
         source.planner,
         source.zero,
+        source.cost_model,
     )
 
 
