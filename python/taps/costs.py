@@ -5,6 +5,7 @@ communication" and "Topology-aware cost")."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -244,9 +245,9 @@ def memory(
                 g = float(np.prod([layout.device_dim_size(k) for k in dims]))
                 weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
                 per = weight + (per - weight) / g
-            total += float(np.prod(layout.shard_shape)) * per
+            total += math.prod(layout.shard_shape) * per
     out = graph.tensors[op.output.tensor]
-    return total + float(np.prod(candidate.output.shard_shape)) * out.dtype_bytes
+    return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes
 
 
 @dataclass

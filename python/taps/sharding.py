@@ -45,15 +45,10 @@ def operand_shape(op: Operator, operand: Operand) -> list[int]:
     return [op.axis_size(d) for d in operand.dims]
 
 
-def operand_layout(
-    op: Operator, operand: Operand, strategy: Strategy, per_replica: bool = False
-) -> Layout:
-    """The layout ``strategy`` gives one operand (input or output) of ``op``; with
-    ``per_replica``, the replicas' copies stacked along leading dims (see
-    :meth:`taps.Strategy.tensor_layout`)."""
-    return strategy.tensor_layout(
-        operand_axis_indices(op, operand), operand_shape(op, operand), per_replica
-    )
+def operand_specs(op: Operator) -> list[tuple[list[int], list[int]]]:
+    """Per input of ``op``, then its output: the axis indices and shape
+    :meth:`taps.Strategy.tensor_layout` takes (the same for every strategy of ``op``)."""
+    return [(operand_axis_indices(op, o), operand_shape(op, o)) for o in (*op.inputs, op.output)]
 
 
 def split_dims(op: Operator, strategy: Strategy, axes: Iterable[str]) -> list[int]:
@@ -85,12 +80,16 @@ class Candidate:
     output: Layout
 
     @classmethod
-    def of(cls, op: Operator, strategy: Strategy) -> Candidate:
-        return cls(
-            strategy,
-            tuple(operand_layout(op, o, strategy) for o in op.inputs),
-            operand_layout(op, op.output, strategy),
-        )
+    def of(
+        cls,
+        op: Operator,
+        strategy: Strategy,
+        specs: Sequence[tuple[list[int], list[int]]] | None = None,
+    ) -> Candidate:
+        """The candidate of ``strategy``; ``specs`` are :func:`operand_specs` of ``op``, worked
+        out once for all its strategies."""
+        layouts = [strategy.tensor_layout(i, s) for i, s in specs or operand_specs(op)]
+        return cls(strategy, tuple(layouts[:-1]), layouts[-1])
 
     def layout(self, op: Operator, operand: Operand) -> Layout:
         """The layout of ``operand``, one of ``op``'s inputs or its output."""
@@ -128,7 +127,8 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
 
 def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[Candidate]:
     """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
-    return [Candidate.of(op, s) for s in strategies(op, num_devices, replicas)]
+    specs = operand_specs(op)
+    return [Candidate.of(op, s, specs) for s in strategies(op, num_devices, replicas)]
 
 
 def assigned(
