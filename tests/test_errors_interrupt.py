@@ -55,27 +55,34 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_sigint_stops_scip_within_a_second(tmp_path):
-    long_solve = _long_solve(tmp_path)
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
+def _interrupted(script: str, args: list[str], marker: str, wait: float) -> tuple[str, str, float]:
+    """Run ``script`` with ``args``, send SIGINT ``wait`` seconds after it prints ``marker``: its
+    stdout and stderr after that, and how long it took to end (it must exit 130)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, *long_solve, "--json", str(out_dir / "result.json")],
+        [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline() == "SOLVING\n"
-        time.sleep(0.5)  # well inside SCIP
+        assert proc.stdout.readline() == marker + "\n"
+        time.sleep(wait)
         sent = time.perf_counter()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
         elapsed = time.perf_counter() - sent
     finally:
         proc.kill()
     assert proc.returncode == 130
+    return out, err, elapsed
+
+
+def test_sigint_stops_scip_within_a_second(tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = [*_long_solve(tmp_path), "--json", str(out_dir / "result.json")]
+    out, err, elapsed = _interrupted(SCRIPT, args, "SOLVING", 0.5)  # well inside SCIP
     assert err == "taps search: interrupted\n"
     assert out == ""
     assert elapsed < 1.5, f"SCIP took {elapsed:.2f} s to stop"
@@ -103,24 +110,17 @@ def test_sigint_stops_the_optimal_planners_kernel_within_a_second(tmp_path):
     in calls to the Rust kernel of seconds each; Ctrl-C inside one stops it."""
     graph = tmp_path / "gpt.json"
     graph.write_text(taps.models.gpt(12288, 96, 2048, 16).to_json(), encoding="utf-8")
-    args = ["search", str(graph), "--nodes", "32", "--devices-per-node", "8"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KERNEL_SCRIPT, *args, "--planner", "optimal"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "PRICING\n"
-        time.sleep(3)  # well inside the tables
-        sent = time.perf_counter()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-        elapsed = time.perf_counter() - sent
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
+    args = [
+        "search",
+        str(graph),
+        "--nodes",
+        "32",
+        "--devices-per-node",
+        "8",
+        "--planner",
+        "optimal",
+    ]
+    _, err, elapsed = _interrupted(KERNEL_SCRIPT, args, "PRICING", 3)  # well inside the tables
     assert err == "taps search: interrupted\n"
     assert elapsed < 1.5, f"the kernel took {elapsed:.2f} s to stop"
 
