@@ -1,6 +1,7 @@
 """The search, stage by stage, on the paper's search-time cases and beyond, against the plain
 Alpa-style formulation (a binary per strategy pair, SCIP's defaults) on the same graphs in the
-same run, and with each speed-up switched off in turn.
+same run, and with each speed-up switched off in turn; all under the paper's model (the forward
+step, Algorithm 1), which the paper timed (benches/planners.py times the training step).
 
 Run: ``.venv/bin/python benches/search_stages.py`` (``--quick`` for the small cases only,
 ``--large`` adds the GPT layer on 1024 and 4096 devices; ``--build`` only times building and
@@ -23,6 +24,7 @@ import taps
 from peak_memory import in_fresh_process
 from taps.costs import build_tables
 from taps.reproduce import DEVICES_PER_NODE, median_search, timing_cases
+from taps.reproduce.run import PAPER_MODEL
 from taps.search import STAGES
 
 PLAIN = taps.IlpOptions(
@@ -94,7 +96,7 @@ def ilp_seconds(result: taps.SearchResult) -> float:
 
 def _search(quick: bool, large: bool, index: int) -> None:
     case = cases(quick, large)[index]
-    taps.search(case.graph, case.cluster)
+    taps.search(case.graph, case.cluster, **PAPER_MODEL)
 
 
 def peak_rss_mib(quick: bool, large: bool, index: int) -> float:
@@ -190,7 +192,9 @@ def main() -> None:
             ilp_speed, speed, smaller = "", "", ""
         else:
             t0 = time.perf_counter()
-            plain = taps.search(case.graph, case.cluster, options=PLAIN, time_limit=PLAIN_LIMIT)
+            plain = taps.search(
+                case.graph, case.cluster, options=PLAIN, time_limit=PLAIN_LIMIT, **PAPER_MODEL
+            )
             plain_time = time.perf_counter() - t0
             done = plain.status == "optimal"
             plain_ilp = ilp_seconds(plain)
@@ -210,7 +214,7 @@ def main() -> None:
             )
             assert not done or abs(plain.cost - taps_result.cost) <= 1e-9 * plain.cost
         row += [f"{results[k].timings['total']:.3f}" if k in results else "" for k in ABLATIONS]
-        unshared = build_tables(case.graph, case.cluster, share=False)
+        unshared = build_tables(case.graph, case.cluster, share=False, **PAPER_MODEL)
         shared = taps_result.timings["costs"]
         row += [f"{shared:.3f} / {unshared.timings['costs']:.3f}", ilp_speed, speed, smaller]
         versus.add_row(*row)

@@ -135,7 +135,7 @@ def _saving(cost: float, baseline: float) -> float:
 #: the operators, replicas sharing one transfer out of a node.
 PAPER_MODEL: dict[str, Any] = {"step": "forward", "planner": "paper"}
 #: Closer to what engines run: the training step and (on the cluster) flat replicas. Algorithm 1
-#: plans the edges: the optimal planner would take hours over the comparison runs
+#: plans the edges, as taps.search does by default: the optimal planner is tens of times slower
 #: (docs/search.md#speed).
 FULL_MODEL: dict[str, Any] = {"step": "training", "planner": "paper"}
 
