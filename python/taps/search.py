@@ -87,7 +87,8 @@ def search(
     inputs' gradients are reduced at their operators (addends' over the output axes they lack);
     ``step="forward"`` keeps the paper's model. ``planner`` plans every edge: ``"paper"`` (the
     default), Algorithm 1, with partial sums all_reduced first; ``"optimal"``, the shortest plan
-    (reduce_scatter, collective_permute), exact but tens of times slower per edge. ``zero``
+    (reduce_scatter, collective_permute; the cheapest within a search budget, docs/core.md), tens
+    of times slower per edge. ``zero``
     shards parameters' gradients and optimizer state over their data-parallel devices (ZeRO:
     reduce_scatter and all_gather, less memory). See docs/search.md.
 

@@ -231,7 +231,7 @@ def add_pricing_args(p: argparse.ArgumentParser, step: str | None) -> None:
         choices=PLANNERS,
         default="paper",
         help="the redistribution planner of every edge: paper (Algorithm 1, the default) or "
-        "optimal (exact, tens of times slower per edge)",
+        "optimal (shortest plans, tens of times slower per edge)",
     )
     p.add_argument(
         "--zero",
