@@ -52,11 +52,12 @@ def _search(argv: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "model",
-    ["alexnet", "dense", "ladder"],
+    ["alexnet", "dense", "ladder", "optimal"],
     ids=[
         "alexnet-reductions-decide-all",
         "dense-block-scip-solves-a-core",
         "skip-ladder-elimination-decides-a-core",
+        "alexnet-optimal-planner-one-search-per-pattern",
     ],
 )
 def test_same_json_across_runs_threads_and_hash_seeds(model, tmp_path):
@@ -69,6 +70,9 @@ def test_same_json_across_runs_threads_and_hash_seeds(model, tmp_path):
         argv = [str(path), "--nodes", "4", "--devices-per-node", "8"]
     else:
         argv = ["alexnet", "--nodes", "2", "--devices-per-node", "8"]
+    if model == "optimal":
+        # The optimal planner's searches run in parallel, one per pattern of layout pairs.
+        argv += ["--planner", "optimal"]
     argv += ["--cost-model", "both"]
     runs = [_search(argv, tmp_path / f"run{i}.json", env) for i, env in enumerate(ENVIRONMENTS)]
     first = _without_timings(runs[0])
