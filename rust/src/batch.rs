@@ -108,8 +108,9 @@ pub fn redistribution_costs_until(
         .enumerate()
         .try_for_each(|(k, entry)| {
             let (a, b) = (src[k / width], tgt[k % width]);
-            // A layout to itself needs no op: exactly 0 without planning.
-            if a != b {
+            // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
+            // is planned (the result is dropped).
+            if a != b && !stop.load(Relaxed) {
                 let (cost, elements) = paper_cost(a, b, cluster, dtype_bytes, model)?;
                 *entry = match model {
                     CostModel::Topology => (cost, cost),
@@ -119,7 +120,7 @@ pub fn redistribution_costs_until(
             Ok::<_, Error>(())
         })?;
     let mut distinct: Vec<f64> = paper.iter().map(|&(cost, _)| cost).collect();
-    if planner == Planner::Optimal {
+    if planner == Planner::Optimal && !stop.load(Relaxed) {
         let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
         let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
         let (csrc, csrc_index) = dedupe(&canon_src);
@@ -132,7 +133,7 @@ pub fn redistribution_costs_until(
             .into_par_iter()
             .map(|k| {
                 let (a, b) = pair(k);
-                Ok(if a == b {
+                Ok(if a == b || stop.load(Relaxed) {
                     None
                 } else {
                     search_problem(a, b)?.map(|p| p.key().clone())
@@ -149,6 +150,9 @@ pub fn redistribution_costs_until(
         let paths: FxHashMap<&Key, Path> = searched
             .into_par_iter()
             .filter_map(|(key, k)| {
+                if stop.load(Relaxed) {
+                    return None;
+                }
                 let (a, b) = pair(k);
                 let problem = search_problem(a, b).transpose()?;
                 Some(problem.map(|p| (key, solve(&p, objective, stop))))
@@ -185,6 +189,9 @@ pub fn redistribution_costs_until(
                 *cost = c;
             }
         }
+    }
+    if stop.load(Relaxed) {
+        return Ok(None);
     }
     let distinct = &distinct;
     Ok(Some(

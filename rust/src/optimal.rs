@@ -775,8 +775,9 @@ fn search(
         }
         nodes[node].done = true;
         expanded += 1;
-        // Checked now and then: a caller stops a long batch (Ctrl-C) within milliseconds.
-        if expanded > MAX_EXPANSIONS || expanded % 64 == 0 && stop.load(Relaxed) {
+        // Checked now and then (and first): a caller stops a long batch (Ctrl-C) within
+        // milliseconds.
+        if expanded > MAX_EXPANSIONS || expanded % 64 == 1 && stop.load(Relaxed) {
             return None;
         }
         if nodes[node].state == goal {
