@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from hypothesis import strategies as st
 
 import taps
+from taps.reductions import PairCost
 from taps.sharding import candidates
 
 CLUSTERS = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (4, 1), (1, 8), (2, 4), (4, 2), (2, 8), (4, 4)]
+
+
+def pair_cost(draw, u: str, w: str, sizes: dict[str, int], costs) -> PairCost:
+    """A pair cost between operators ``u`` and ``w`` (``sizes`` candidates each): random layout
+    classes shared by candidates, and a matrix of ``costs`` over the classes."""
+    classes = {}
+    for v in (u, w):
+        k = draw(st.integers(1, sizes[v]))
+        classes[v] = np.array(
+            draw(st.lists(st.integers(0, k - 1), min_size=sizes[v], max_size=sizes[v]))
+        )
+    shape = (int(classes[u].max()) + 1, int(classes[w].max()) + 1)
+    flat = draw(st.lists(costs, min_size=math.prod(shape), max_size=math.prod(shape)))
+    return PairCost(u, w, classes[u], classes[w], np.array(flat).reshape(shape))
 
 
 @st.composite

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import taps
-from graphs_gen import inception, skip_ladder, small_cores, small_enough
+from graphs_gen import inception, pair_cost, skip_ladder, small_cores, small_enough
 from taps.costs import build_tables
 from taps.elimination import plan
 from taps.reductions import PairCost, Problem, reduce
@@ -37,15 +37,7 @@ def problems(draw) -> Problem:
     for u, w in joined:
         if draw(st.booleans()):
             u, w = w, u
-        classes = {}
-        for v in (u, w):
-            k = draw(st.integers(1, sizes[v]))
-            classes[v] = np.array(
-                draw(st.lists(st.integers(0, k - 1), min_size=sizes[v], max_size=sizes[v]))
-            )
-        shape = (int(classes[u].max()) + 1, int(classes[w].max()) + 1)
-        flat = draw(st.lists(costs, min_size=math.prod(shape), max_size=math.prod(shape)))
-        pairs.append(PairCost(u, w, classes[u], classes[w], np.array(flat).reshape(shape)))
+        pairs.append(pair_cost(draw, u, w, sizes, costs))
     return Problem(node, pairs)
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
+from graphs_gen import pair_cost
 from taps import reductions
 from taps.reductions import PairCost, Problem, reduce
 
@@ -28,17 +29,7 @@ def problems(draw) -> Problem:
     if n > 1:
         for _ in range(draw(st.integers(0, 9))):
             u, w = draw(st.permutations(names))[:2]
-            classes = {}
-            for v in (u, w):
-                k = draw(st.integers(1, sizes[v]))
-                classes[v] = np.array(
-                    draw(st.lists(st.integers(0, k - 1), min_size=sizes[v], max_size=sizes[v]))
-                )
-            shape = (int(classes[u].max()) + 1, int(classes[w].max()) + 1)
-            cost = np.array(
-                draw(st.lists(costs, min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]))
-            ).reshape(shape)
-            pairs.append(PairCost(u, w, classes[u], classes[w], cost))
+            pairs.append(pair_cost(draw, u, w, sizes, costs))
     return Problem(node, pairs)
 
 

@@ -48,8 +48,9 @@ fn objective(cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Objective
 ///
 /// Each distinct (source, target) pair is planned once, in parallel over the pairs so that one
 /// source against many targets uses every core too. The optimal planner's shortest path runs
-/// once per distinct pair of canonical forms ([`normalized`]); Algorithm 1, which it must beat,
-/// once per distinct pair of layouts.
+/// once per pattern (`optimal::Key`) of the unified pairs of canonical forms ([`normalized`]), in
+/// parallel over the patterns; Algorithm 1, which it must beat, once per distinct pair of
+/// layouts.
 ///
 /// # Panics
 /// Never: nothing sets the flag that would stop it ([`redistribution_costs_until`]).
@@ -128,7 +129,8 @@ pub fn redistribution_costs_until(
         let cwidth = ctgt.len();
         let objective = objective(cluster, dtype_bytes, model);
         let pair = |k: usize| (csrc[k / cwidth], ctgt[k % cwidth]);
-        // The search of each canonical pair, and one search per key: the first pair's of it.
+        // The search of each canonical pair, and one search per key: the first pair's of it. (Each
+        // pair's problem is made again where it is needed: cheaper than holding them all.)
         let keys: Vec<Option<Key>> = (0..csrc.len() * cwidth)
             .into_par_iter()
             .map(|k| {

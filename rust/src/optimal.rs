@@ -59,8 +59,8 @@ impl State {
         }
     }
 
-    /// The state an op of Algorithm 1 (`kind` on device dim `k`, tensor dims `i` and `to` as in
-    /// [`CommOp`]) leads to.
+    /// The state an op (`kind` on device dim `k`, tensor dims `i` and `to` as in [`CommOp`]; not a
+    /// collective-permute) leads to.
     fn after(mut self, kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>) -> Self {
         let bit = 1u64 << k;
         match (kind, i, to) {
@@ -144,6 +144,15 @@ fn least_price(rates: &[(f64, f64)], elements: f64) -> f64 {
     rates
         .iter()
         .map(|&(latency, rate)| latency + rate * elements)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least price of an op moving `elements` per device over any group, by the `rates` of every
+/// device dim.
+fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
+    rates
+        .iter()
+        .map(|rates| least_price(rates, elements))
         .fold(f64::INFINITY, f64::min)
 }
 
@@ -338,6 +347,8 @@ struct Space<'a> {
     least_sum: Vec<f64>,
     /// Elements per device in the target.
     goal_shard: f64,
+    /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
+    least_last: f64,
 }
 
 impl<'a> Space<'a> {
@@ -416,9 +427,11 @@ impl<'a> Space<'a> {
             })
             .collect();
         // Per element moved, over any group.
-        let rates = (0..h)
+        let rates: Vec<Vec<(f64, f64)>> = (0..h)
             .map(|k| objective.least_rates(source, k, spread(k), 0))
             .collect();
+        let goal_shard = target.shard_size() as f64;
+        let least_last = cheapest(&rates, goal_shard / 2.0);
         Space {
             template: source,
             allowed,
@@ -432,16 +445,9 @@ impl<'a> Space<'a> {
             least_leave,
             share_leave,
             least_sum,
-            goal_shard: target.shard_size() as f64,
+            goal_shard,
+            least_last,
         }
-    }
-
-    /// The least price of an op moving `elements` per device over any group.
-    fn cheapest(&self, elements: f64) -> f64 {
-        self.rates
-            .iter()
-            .map(|rates| least_price(rates, elements))
-            .fold(f64::INFINITY, f64::min)
     }
 
     /// A lower bound on the price of the steps from `state` to the goal (A*'s heuristic), the
@@ -477,18 +483,14 @@ impl<'a> Space<'a> {
         let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
             (f64::max(most, least), sum + share)
         });
-        let grow = self.cheapest(self.goal_shard - shard as f64)
+        let grow = cheapest(&self.rates, self.goal_shard - shard as f64)
             + bits(sums).map(|k| self.least_sum[k]).sum::<f64>();
         let sliced = sums == 0
             && state.map[..n]
                 .iter()
                 .zip(&self.target_map)
                 .all(|(&m, &t)| m < 0 || m == t);
-        let last = if sliced {
-            0.0
-        } else {
-            self.cheapest(self.goal_shard / 2.0)
-        };
+        let last = if sliced { 0.0 } else { self.least_last };
         most.max(sum).max(grow).max(last) * (1.0 - 1e-9)
     }
 
@@ -530,22 +532,14 @@ impl<'a> Space<'a> {
         out.clear();
         let h = self.allowed.len();
         let map = &state.map[..self.template.ndim()];
-        let used = map
-            .iter()
-            .filter(|&&m| m >= 0)
-            .fold(0u64, |mask, &m| mask | 1 << m);
+        let used = state.used();
         let unsplit = map
             .iter()
             .enumerate()
             .filter(|&(_, &m)| m < 0)
             .fold(0u64, |mask, (i, _)| mask | 1 << i);
-        let with = |i: usize, m: i8, partial: u64| {
-            let mut next = State {
-                map: state.map,
-                partial,
-            };
-            next.map[i] = m;
-            next
+        let mut push = |kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>| {
+            out.push((Step::Op(kind, k, i, to), state.after(kind, k, i, to)));
         };
         // A free device dim whose target dim is unsplit is sliced there first: free, and every
         // later step moves a smaller shard.
@@ -555,31 +549,21 @@ impl<'a> Space<'a> {
                 .filter(|&i| unsplit >> i & 1 == 1)
                 .map(|i| (k, i))
         }) {
-            out.push((
-                Step::Op(OpKind::Slice, k, Some(i), None),
-                with(i, k as i8, state.partial),
-            ));
+            push(OpKind::Slice, k, Some(i), None);
             return;
         }
         for k in 0..h {
             let bit = 1u64 << k;
             let targets = self.allowed[k] & unsplit;
-            if used & bit == 0 && state.partial & bit == 0 {
+            if free(k) {
                 for i in bits(targets) {
-                    let next = with(i, k as i8, state.partial);
-                    out.push((Step::Op(OpKind::Slice, k, Some(i), None), next));
+                    push(OpKind::Slice, k, Some(i), None);
                 }
             }
             if state.partial & bit != 0 && keep & bit == 0 {
-                let rest = state.partial & !bit;
-                let next = State {
-                    map: state.map,
-                    partial: rest,
-                };
-                out.push((Step::Op(OpKind::AllReduce, k, None, None), next));
+                push(OpKind::AllReduce, k, None, None);
                 for j in bits(targets) {
-                    let next = with(j, k as i8, rest);
-                    out.push((Step::Op(OpKind::ReduceScatter, k, Some(j), None), next));
+                    push(OpKind::ReduceScatter, k, Some(j), None);
                 }
             }
         }
@@ -588,12 +572,9 @@ impl<'a> Space<'a> {
             if self.fixed >> k & 1 == 1 {
                 continue;
             }
-            let next = with(i, -1, state.partial);
-            out.push((Step::Op(OpKind::AllGather, k, Some(i), None), next));
+            push(OpKind::AllGather, k, Some(i), None);
             for j in bits(self.allowed[k] & unsplit) {
-                let mut next = with(i, -1, state.partial);
-                next.map[j] = m;
-                out.push((Step::Op(OpKind::AllToAll, k, Some(i), Some(j)), next));
+                push(OpKind::AllToAll, k, Some(i), Some(j));
             }
         }
         self.permutes(state, out);

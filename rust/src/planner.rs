@@ -710,17 +710,7 @@ pub(crate) fn canonical_plan(
     b: &Layout,
     objective: Objective<'_>,
 ) -> Result<Redistribution> {
-    shortest_plan(&normalized(a), &normalized(b), objective)
-}
-
-/// [`canonical_plan`] of layouts already in canonical form (the batch kernel normalises each
-/// distinct layout once, not once per pair).
-pub(crate) fn shortest_plan(
-    a: &Layout,
-    b: &Layout,
-    objective: Objective<'_>,
-) -> Result<Redistribution> {
-    shortest_plan_by(a, b, objective, |problem| {
+    shortest_plan_by(&normalized(a), &normalized(b), objective, |problem| {
         Cow::Owned(crate::optimal::solve(
             problem,
             objective,
@@ -729,9 +719,10 @@ pub(crate) fn shortest_plan(
     })
 }
 
-/// [`shortest_plan`] with the search's path of a problem from `solve` (the batch kernel searches
-/// once per [`Key`], not once per pair): Algorithm 1 on the unified pair, unless the path,
-/// mapped onto the pair, costs no more.
+/// [`canonical_plan`] of layouts already in canonical form, with the search's path of a problem
+/// from `solve` (the batch kernel normalises each distinct layout once and searches once per
+/// [`Key`](crate::optimal::Key), not once per pair): Algorithm 1 on the unified pair, unless the
+/// path, mapped onto the pair, costs no more.
 pub(crate) fn shortest_plan_by<'p>(
     a: &Layout,
     b: &Layout,
@@ -750,7 +741,7 @@ pub(crate) fn shortest_plan_by<'p>(
     Ok(plan)
 }
 
-/// The search [`shortest_plan`] runs for `a` and `b` (`None` if it runs none).
+/// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).
 ///
 /// # Errors
 /// As [`plan_redistribution`].

@@ -1029,27 +1029,25 @@ fn redistribution_costs<'py>(
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
+    let stop = AtomicBool::new(false);
+    let run = || {
+        batch::redistribution_costs_until(
+            &sources,
+            &targets,
+            &cluster,
+            dtype_bytes,
+            model,
+            planner,
+            &stop,
+        )
+    };
     let costs = if planner == Planner::Paper {
-        py.detach(move || {
-            batch::redistribution_costs(&sources, &targets, &cluster, dtype_bytes, model, planner)
-        })?
+        py.detach(run)?
     } else {
         // The optimal planner's batch can take minutes: it runs on a worker thread while this one
         // looks for Ctrl-C (only the main thread sees Python's signals), and stops it on one.
-        let stop = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let worker = scope.spawn(|| {
-                let (sources, targets, cluster) = (&sources, &targets, &cluster);
-                batch::redistribution_costs_until(
-                    sources,
-                    targets,
-                    cluster,
-                    dtype_bytes,
-                    model,
-                    planner,
-                    &stop,
-                )
-            });
+            let worker = scope.spawn(run);
             while !worker.is_finished() {
                 py.detach(|| std::thread::sleep(Duration::from_millis(10)));
                 if let Err(interrupt) = py.check_signals() {
@@ -1059,10 +1057,10 @@ fn redistribution_costs<'py>(
                     return Err(interrupt);
                 }
             }
-            let costs = worker.join().expect("the batch kernel does not panic")?;
-            Ok(costs.expect("not stopped"))
+            Ok(worker.join().expect("the batch kernel does not panic")?)
         })?
     };
+    let costs = costs.expect("nothing stopped the batch");
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
 }
