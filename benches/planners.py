@@ -62,7 +62,11 @@ import taps
 warm, runs = {repeat} > 0, []
 for k in range(max({repeat}, 1) + warm):
     t = time.perf_counter()
-    result = taps.search(graph, cluster, **{kwargs})
+    # This installation takes a Pricing; an older one (--against) its choices one by one.
+    if hasattr(taps, "Pricing"):
+        result = taps.search(graph, cluster, taps.Pricing(**{kwargs}))
+    else:
+        result = taps.search(graph, cluster, **{kwargs})
     if k >= warm:
         runs.append(time.perf_counter() - t)
 print(json.dumps([statistics.median(runs), result.cost]))

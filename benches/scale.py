@@ -25,8 +25,8 @@ from rich.table import Table
 import taps
 from peak_memory import in_fresh_process, package_at
 from taps import TapsError
-from taps.costs import build_tables
-from taps.ilp import smallest_memory, solve
+from taps.search.tables import build_tables
+from taps.solve.pipeline import smallest_memory, solve
 
 #: The baseline is given this much address space (the untied search under a binding limit hands
 #: SCIP millions of variables: 96 layers outgrew this machine's 24 GiB).

@@ -22,10 +22,10 @@ from rich.table import Table
 
 import taps
 from peak_memory import in_fresh_process
-from taps.costs import build_tables
 from taps.reproduce import DEVICES_PER_NODE, median_search, timing_cases
 from taps.reproduce.run import PAPER_MODEL
-from taps.search import STAGES
+from taps.search.searching import STAGES
+from taps.search.tables import build_tables
 
 PLAIN = taps.IlpOptions(
     formulation="pairwise", prune=False, presolve=True, warm_start=False, reduce=False
@@ -96,7 +96,7 @@ def ilp_seconds(result: taps.SearchResult) -> float:
 
 def _search(quick: bool, large: bool, index: int) -> None:
     case = cases(quick, large)[index]
-    taps.search(case.graph, case.cluster, **PAPER_MODEL)
+    taps.search(case.graph, case.cluster, PAPER_MODEL)
 
 
 def peak_rss_mib(quick: bool, large: bool, index: int) -> float:
@@ -193,7 +193,7 @@ def main() -> None:
         else:
             t0 = time.perf_counter()
             plain = taps.search(
-                case.graph, case.cluster, options=PLAIN, time_limit=PLAIN_LIMIT, **PAPER_MODEL
+                case.graph, case.cluster, PAPER_MODEL, options=PLAIN, time_limit=PLAIN_LIMIT
             )
             plain_time = time.perf_counter() - t0
             done = plain.status == "optimal"
@@ -214,7 +214,7 @@ def main() -> None:
             )
             assert not done or abs(plain.cost - taps_result.cost) <= 1e-9 * plain.cost
         row += [f"{results[k].timings['total']:.3f}" if k in results else "" for k in ABLATIONS]
-        unshared = build_tables(case.graph, case.cluster, share=False, **PAPER_MODEL)
+        unshared = build_tables(case.graph, case.cluster, PAPER_MODEL, share=False)
         shared = taps_result.timings["costs"]
         row += [f"{shared:.3f} / {unshared.timings['costs']:.3f}", ilp_speed, speed, smaller]
         versus.add_row(*row)

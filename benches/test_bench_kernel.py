@@ -19,9 +19,9 @@ import pytest
 
 import taps
 from taps._core import allreduce_costs
-from taps.costs import all_reduce_operands, intra_collectives
 from taps.graph import Operator
-from taps.sharding import Candidate, strategies
+from taps.plan.candidates import Candidate, strategies
+from taps.search.prices import all_reduce_operands, intra_collectives
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import reference as ref

@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 import taps
-from taps.reductions import PairCost
-from taps.sharding import candidates
+from taps.plan.candidates import candidates
+from taps.solve.reductions import PairCost
 
 CLUSTERS = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (4, 1), (1, 8), (2, 4), (4, 2), (2, 8), (4, 4)]
 

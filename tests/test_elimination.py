@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 import taps
 from graphs_gen import inception, pair_cost, skip_ladder, small_cores, small_enough
-from taps.costs import build_tables
-from taps.elimination import plan
-from taps.reductions import PairCost, Problem, reduce
+from taps import Pricing
+from taps.search.tables import build_tables
+from taps.solve.elimination import plan
+from taps.solve.reductions import PairCost, Problem, reduce
 
 
 @st.composite
@@ -135,16 +136,16 @@ def test_search_through_elimination_equals_brute_force(graph, shape, cost_model)
     """Graphs whose skips do not reduce: the reductions leave a core, elimination decides it (no
     SCIP), and the result is the least cost over every assignment."""
     cluster = taps.Cluster(*shape)
-    tables = build_tables(graph, cluster, cost_model)
+    tables = build_tables(graph, cluster, Pricing(cost_model=cost_model))
     assert _core_pairs(tables) > 0
-    result = taps.search(graph, cluster, cost_model)
+    result = taps.search(graph, cluster, taps.Pricing(cost_model=cost_model))
     assert (result.ilp.operators, result.ilp.eliminated) == (0, len(graph.ops))
     cost, _ = _every_assignment(tables)
     assert result.status == "optimal" and result.gap == 0
     assert result.cost == pytest.approx(float(cost.min()), rel=1e-9, abs=1e-18)
-    assert taps.evaluate(graph, cluster, result.strategies, cost_model) == pytest.approx(
-        result.cost, rel=1e-9, abs=1e-18
-    )
+    assert taps.evaluate(
+        taps.Plan(graph, cluster, result.plan.strategies, taps.Pricing(cost_model=cost_model))
+    ) == pytest.approx(result.cost, rel=1e-9, abs=1e-18)
 
 
 @pytest.mark.parametrize(("graph", "shape"), TINY, ids=lambda x: getattr(x, "name", str(x)))
@@ -188,7 +189,7 @@ def test_time_limit_on_a_core_returns_an_assignment_and_its_gap():
     optimum = taps.search(graph, cluster).cost
     r = taps.search(graph, cluster, time_limit=1e-6)
     assert r.status == "timelimit" and r.gap > 0
-    assert r.cost == pytest.approx(taps.evaluate(graph, cluster, r.strategies), rel=1e-9)
+    assert r.cost == pytest.approx(taps.evaluate(taps.Plan(graph, cluster, r.plan.strategies)), rel=1e-9)
     assert r.cost >= optimum * (1 - 1e-9)
     if math.isfinite(r.gap):
         # SCIP's gap is (primal - dual) / |dual|: the optimum is at least the dual bound.
@@ -200,9 +201,9 @@ def test_time_limit_on_a_core_returns_an_assignment_and_its_gap():
 def test_random_cores_equal_brute_force(graph, shape, cost_model):
     cluster = taps.Cluster(*shape)
     assume(small_enough(graph, cluster, 2_000_000))
-    tables = build_tables(graph, cluster, cost_model)
+    tables = build_tables(graph, cluster, Pricing(cost_model=cost_model))
     assume(_core_pairs(tables) > 0)
-    result = taps.search(graph, cluster, cost_model)
+    result = taps.search(graph, cluster, taps.Pricing(cost_model=cost_model))
     assert result.ilp.operators == 0  # elimination decided the core, not SCIP
     cost, _ = _every_assignment(tables)
     assert result.cost == pytest.approx(float(cost.min()), rel=1e-9, abs=1e-18)

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 import taps
 import taps.cli.search as cli_search
-from taps import limits
-from taps.checks import ArgumentError
+from taps._support import limits
+from taps._support.limits import candidate_count
 from taps.cli import main
-from taps.ilp import IlpOptions
-from taps.limits import ResourceError, candidate_count
-from taps.reports import result_dict
+from taps.errors import ArgumentError, ResourceError
+from taps.report.tables import result_dict
+from taps.solve.pipeline import IlpOptions
 
 NAN, INF = float("nan"), float("inf")
 
@@ -62,13 +62,21 @@ def test_nan_memory_limit_no_longer_gives_a_wrong_optimum(alexnet):
     [
         ({"memory_limit": "80GB"}, "memory_limit must be a number"),
         ({"time_limit": True}, "time_limit must be a number"),
-        ({"bytes_per_parameter": None}, "bytes_per_parameter must be a number"),
         ({"options": {"reduce": False}}, "options must be an IlpOptions"),
     ],
 )
 def test_search_refuses_wrong_types(alexnet, kwargs, match):
     with pytest.raises(TypeError, match=match):
         taps.search(alexnet, CLUSTER, **kwargs)
+
+
+def test_pricing_refuses_wrong_types():
+    with pytest.raises(TypeError, match="bytes_per_parameter must be a number"):
+        taps.Pricing(bytes_per_parameter=None)
+    with pytest.raises(TypeError, match="zero must be True or False"):
+        taps.Pricing(zero=1)
+    with pytest.raises(TypeError, match="pricing must be a taps.Pricing"):
+        taps.search(taps.models.mlp(), CLUSTER, "volume")
 
 
 def test_search_refuses_what_is_not_a_graph_or_cluster(alexnet):
@@ -79,7 +87,7 @@ def test_search_refuses_what_is_not_a_graph_or_cluster(alexnet):
 
 
 def test_zero_bytes_per_parameter_is_allowed(alexnet):
-    assert taps.search(alexnet, CLUSTER, bytes_per_parameter=0).status == "optimal"
+    assert taps.search(alexnet, CLUSTER, taps.Pricing(bytes_per_parameter=0)).status == "optimal"
 
 
 @pytest.mark.parametrize(
@@ -200,8 +208,8 @@ def test_time_limit_bounds_the_whole_search_and_still_returns_a_plan():
     graph, options = _needs_scip()
     result = taps.search(graph, CLUSTER, time_limit=1e-6, options=options)
     assert result.status == "timelimit"
-    assert set(result.strategies) == {op.name for op in graph.ops}
-    assert result.cost == pytest.approx(taps.evaluate(graph, CLUSTER, result.strategies))
+    assert set(result.plan.strategies) == {op.name for op in graph.ops}
+    assert result.cost == pytest.approx(taps.evaluate(taps.Plan(graph, CLUSTER, result.plan.strategies)))
     data = json.loads(json.dumps(result_dict(result), allow_nan=False))
     assert data["status"] == "timelimit"
     assert data["gap"] is None or data["gap"] >= 0

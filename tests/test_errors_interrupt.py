@@ -15,8 +15,8 @@ import pytest
 
 import taps
 import taps.reproduce
+from taps._support.outputs import Outputs, _deferred_interrupt
 from taps.cli import main
-from taps.outputs import Outputs, _deferred_interrupt
 from taps.reproduce import FILES
 
 

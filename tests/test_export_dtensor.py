@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import taps
 from strategies_gen import layouts, to_layout
+from taps._support.extras import require
 from taps.export import layout_placements, mesh_for, to_dtensor
-from taps.extras import require
 
 dtensor = require("torch.distributed.tensor", "torch", "the DTensor export tests")
 # DTensor's own placement arithmetic (private, but the one place DTensor computes a coordinate's
@@ -90,7 +90,7 @@ def test_partial_placements_round_trip_through_json():
 
     graph = taps.models.mlp(batch=64, sizes=(32, 64, 32))
     # The paper's model's plan: its mesh is (4, 2).
-    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), step="forward"))
+    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), taps.Pricing(step="forward")))
     assert plan.mesh.shape == (4, 2)
     layout = taps.Layout([64, 32], [4, 2], [1, -1], [0])
     texts = layout_placements(plan.mesh, layout)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import taps
-from taps.extras import MissingExtraError, require
+from taps._support.extras import require
+from taps.errors import MissingExtraError
 
 
 def test_missing_module_names_the_extra():

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import taps
-from taps.extras import MissingExtraError
+from taps.errors import MissingExtraError
 from taps.frontends.jax import from_jax
 
 S = jax.ShapeDtypeStruct
@@ -41,7 +41,7 @@ def _search_cost(graph: taps.Graph) -> float:
     """The paper's model: the GPT layers below are compared operator for operator, and the
     training step prices their differing operator granularity (which outputs have one
     consumer) differently; it also takes minutes with the optimal planner at this size."""
-    result = taps.search(graph, CLUSTER, step="forward")
+    result = taps.search(graph, CLUSTER, taps.Pricing(step="forward"))
     assert result.gap == 0
     return result.cost
 
@@ -51,7 +51,7 @@ def _same_search(graph: taps.Graph, ref: taps.Graph) -> None:
     a, b = _search(graph), _search(ref)
     assert a.cost == pytest.approx(b.cost, rel=1e-9)
     plans = [
-        [(r.strategies[op.name].degrees, r.strategies[op.name].device_map) for op in g.ops]
+        [(r.plan.strategies[op.name].degrees, r.plan.strategies[op.name].device_map) for op in g.ops]
         for r, g in ((a, graph), (b, ref))
     ]
     assert plans[0] == plans[1]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import taps
-from taps.extras import MissingExtraError
+from taps.errors import MissingExtraError
 from taps.frontends import from_torch
 from taps.frontends.torch import Conversion, convert, repeated_blocks
 
@@ -45,7 +45,7 @@ def same_search(g: taps.Graph, ref: taps.Graph, names: dict[str, str] | None = N
     a, b = taps.search(g, CLUSTER), taps.search(ref, CLUSTER)
     assert a.cost == pytest.approx(b.cost, rel=1e-9)
     for ref_name, name in (names or {}).items():
-        assert a.strategies[name] == b.strategies[ref_name], (name, ref_name)
+        assert a.plan.strategies[name] == b.plan.strategies[ref_name], (name, ref_name)
 
 
 # -- small modules against hand-built graphs -------------------------------------------------
@@ -192,7 +192,10 @@ def test_a_split_of_the_groups_communicates_nothing():
         tuple(op.partitionable[i] for i, d in enumerate(s.degrees) if d > 1): s
         for s in taps.strategies_for(g, op.name, CLUSTER)
     }
-    volume = {k: taps.evaluate(g, CLUSTER, {op.name: s}, "volume") for k, s in by_axes.items()}
+    volume = {
+        k: taps.evaluate(taps.Plan(g, CLUSTER, {op.name: s}, taps.Pricing(cost_model="volume")))
+        for k, s in by_axes.items()
+    }
     assert volume[("g",)] == 0
     assert volume[("b",)] == pytest.approx(2 * (n - 1) / n * 128 * 4 * 9 * 2)
 
@@ -476,7 +479,7 @@ def test_unknown_replicate_keeps_the_operator_whole():
     assert g.op("b").inputs[0].tensor == "cumsum.out"
     # Whole operators need candidates on fewer devices than the cluster's: replicate=True.
     result = taps.search(g, CLUSTER, replicate=True)
-    assert all(result.strategies[op.name].degrees == [] for op in kept)
+    assert all(result.plan.strategies[op.name].degrees == [] for op in kept)
 
 
 def test_bad_arguments_are_one_line_errors():

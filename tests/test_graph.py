@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import taps
 from taps.graph import conv_output_size
-from taps.sharding import operand_axis_indices
+from taps.plan.candidates import operand_axis_indices
 
 
 def closed_form(size: int, kernel: int, stride: int, padding: int = 0) -> int:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
-from taps.costs import build_tables
-from taps.ilp import IlpOptions, solve
-from taps.lagrange import price_memory, prune_by_price
+from taps.search.tables import build_tables
+from taps.solve.memory_price import price_memory, prune_by_price
+from taps.solve.pipeline import IlpOptions, solve
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

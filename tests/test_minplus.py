@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import taps
-from taps import _core, reductions
+from taps import _core
+from taps.solve import reductions
 
 
 def numpy_min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:

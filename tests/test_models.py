@@ -7,7 +7,7 @@ import math
 import pytest
 
 import taps
-from taps.sharding import candidates
+from taps.plan.candidates import candidates
 
 
 def test_alexnet_has_the_papers_eight_operators_and_torchvision_shapes():

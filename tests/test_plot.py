@@ -9,7 +9,7 @@ from matplotlib.image import imread
 
 import taps
 from taps.cli import main
-from taps.plot import cost_split, figure_size, plan_figure, plot_plan
+from taps.report.plot import cost_split, figure_size, plan_figure, plot_plan
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def test_png_has_the_documented_size_and_is_not_blank(result, tmp_path):
     path = tmp_path / "plan.png"
     plot_plan(result, path)
     image = imread(path)
-    width, height = figure_size(len(result.graph.ops))
+    width, height = figure_size(len(result.plan.graph.ops))
     assert image.shape[:2] == (height, width)
     assert image.std() > 0.05  # something is drawn
 
@@ -37,7 +37,7 @@ def test_one_row_per_operator_one_segment_per_split(result):
     assert sorted(p.get_width() for p in segments) == sorted(math.log2(d) for d in splits)
     labels = {t.get_text() for t in strategies.texts}
     for row in result.breakdown:
-        op = result.graph.op(row.name)
+        op = result.plan.graph.op(row.name)
         for axis, d in zip(op.partitionable, row.strategy.degrees):
             if d > 1:
                 assert f"{axis}\u00d7{d}" in labels

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import taps
 from graphs_gen import pair_cost
-from taps import reductions
-from taps.reductions import PairCost, Problem, reduce
+from taps.solve import reductions
+from taps.solve.reductions import PairCost, Problem, reduce
 
 
 @st.composite

@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 import reference as ref
 import sim
 import taps
+from taps import Pricing
 from taps._core import allreduce_costs
-from taps.costs import all_reduce_operands, build_tables, intra_collectives, memory
-from taps.limits import candidate_count
-from taps.sharding import candidates
+from taps._support.limits import candidate_count
+from taps.plan.candidates import candidates
+from taps.search.prices import all_reduce_operands, intra_collectives, memory
+from taps.search.tables import build_tables
 from test_reference import _cluster, operators
 from test_strategies import as_tuples, brute
 
@@ -229,9 +231,9 @@ def test_search_over_an_op_with_no_partitionable_axis():
     (only,) = candidates(g.op("loss"), 8)
     assert only.strategy.device_matrix == [8]
     result = taps.search(g, cluster)
-    assert result.strategies["loss"] == only.strategy
+    assert result.plan.strategies["loss"] == only.strategy
     tables = build_tables(g, cluster)
-    assert result.cost == pytest.approx(taps.evaluate(g, cluster, result.strategies))
+    assert result.cost == pytest.approx(taps.evaluate(taps.Plan(g, cluster, result.plan.strategies)))
     assert result.cost == pytest.approx(
         min(tables.evaluate({"fc": k, "loss": 0}) for k in range(len(tables.ops["fc"].candidates)))
     )
@@ -262,10 +264,12 @@ def megatron_mlp() -> taps.Graph:
 def test_megatron_mlp_with_replicas_is_no_worse(shape, cost_model):
     g = megatron_mlp()
     cluster = taps.Cluster(*shape)
-    plain = taps.search(g, cluster, cost_model)
-    wide = taps.search(g, cluster, cost_model, replicate=True)
+    plain = taps.search(g, cluster, taps.Pricing(cost_model=cost_model))
+    wide = taps.search(g, cluster, taps.Pricing(cost_model=cost_model), replicate=True)
     assert wide.cost <= plain.cost * (1 + 1e-9)
-    assert wide.cost == pytest.approx(taps.evaluate(g, cluster, wide.strategies, cost_model))
+    assert wide.cost == pytest.approx(
+        taps.evaluate(taps.Plan(g, cluster, wide.plan.strategies, taps.Pricing(cost_model=cost_model)))
+    )
     # Megatron's plan (column-parallel fc1, row-parallel fc2) with the GELU replicated is in the
     # space and priced like any other assignment.
     n = cluster.num_devices
@@ -274,9 +278,11 @@ def test_megatron_mlp_with_replicas_is_no_worse(shape, cost_model):
         "gelu": taps.Strategy([1, 1, 1], [-1, -1, -1], [n]),
         "fc2": taps.Strategy([1, 1, n, 1], [-1, -1, 0, -1]),
     }
-    tables = build_tables(g, cluster, cost_model, replicas=True)
+    tables = build_tables(g, cluster, Pricing(cost_model=cost_model), replicas=True)
     choice = {k: tables.ops[k].strategies.index(s) for k, s in megatron.items()}
-    assert tables.evaluate(choice) == pytest.approx(taps.evaluate(g, cluster, megatron, cost_model))
+    assert tables.evaluate(choice) == pytest.approx(
+        taps.evaluate(taps.Plan(g, cluster, megatron, taps.Pricing(cost_model=cost_model)))
+    )
     assert wide.cost <= tables.evaluate(choice) * (1 + 1e-9)
 
 
@@ -320,7 +326,7 @@ def test_without_a_memory_limit_full_replication_is_free_and_a_limit_trades_it()
     cluster = taps.Cluster(2, 4)
     free = taps.search(g, cluster, replicate=True)
     assert free.cost == 0.0
-    assert all(s.replicas == 8 for s in free.strategies.values())
+    assert all(s.replicas == 8 for s in free.plan.strategies.values())
     plain = taps.search(g, cluster)
     bounded = taps.search(g, cluster, memory_limit=plain.memory_per_device, replicate=True)
     assert bounded.memory_per_device <= plain.memory_per_device

@@ -56,7 +56,7 @@ def test_invariants(case):
         for cost in (row.volume_cost_best_tie, row.volume_cost_worst_tie):
             assert row.topology_cost == pytest.approx(cost, rel=TOLERANCE)
     # The returned tie is what taps.search returns, priced from the plans, not the tables.
-    comparison = taps.compare(case.graph(), case.cluster(), step="forward")
+    comparison = taps.compare(case.graph(), case.cluster(), taps.Pricing(step="forward"))
     assert row.topology_cost == pytest.approx(comparison.topology.cost, rel=TOLERANCE)
     assert row.volume_cost_returned == pytest.approx(
         comparison.volume_under_topology, rel=TOLERANCE
@@ -73,9 +73,9 @@ def test_full_model_column():
     graph, flat = case.graph(), full_cluster(case.cluster())
     assert flat.replicas == "flat"
     assert row.full_cost == pytest.approx(taps.search(graph, flat).cost, rel=TOLERANCE)
-    paper = taps.search(graph, case.cluster(), step="forward")
+    paper = taps.search(graph, case.cluster(), taps.Pricing(step="forward"))
     assert row.topology_cost == pytest.approx(paper.cost, rel=TOLERANCE)
-    priced = taps.evaluate(graph, flat, paper.strategies)
+    priced = taps.evaluate(taps.Plan(graph, flat, paper.plan.strategies))
     assert row.full_cost_of_paper_plan == pytest.approx(priced, rel=TOLERANCE)
     assert _at_most(row.full_cost, row.full_cost_of_paper_plan)
     assert row.full_saving is not None and row.full_saving > 0

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
-from taps.costs import build_tables, intra_collectives, memory
-from taps.sharding import candidates
+from taps import Pricing
+from taps.plan.candidates import candidates
+from taps.search.prices import intra_collectives, memory
+from taps.search.tables import build_tables
 
 
 def _brute_force(tables) -> float:
@@ -56,14 +58,14 @@ OPTIONS = [
 def test_search_equals_brute_force(graph, shape, cost_model, options):
     cluster = taps.Cluster(*shape)
     assume(small_enough(graph, cluster, 200_000))
-    result = taps.search(graph, cluster, cost_model, options=options)
-    tables = build_tables(graph, cluster, cost_model)
+    result = taps.search(graph, cluster, taps.Pricing(cost_model=cost_model), options=options)
+    tables = build_tables(graph, cluster, Pricing(cost_model=cost_model))
     assert result.status == "optimal" and result.gap == 0
     assert result.cost == pytest.approx(_brute_force(tables), rel=1e-9, abs=1e-18)
     # The cost is what the independent evaluation of the chosen strategies gives.
-    assert taps.evaluate(graph, cluster, result.strategies, cost_model) == pytest.approx(
-        result.cost, rel=1e-9, abs=1e-18
-    )
+    assert taps.evaluate(
+        taps.Plan(graph, cluster, result.plan.strategies, taps.Pricing(cost_model=cost_model))
+    ) == pytest.approx(result.cost, rel=1e-9, abs=1e-18)
 
 
 @settings(max_examples=40, deadline=None)
@@ -74,13 +76,17 @@ def test_tables_agree_with_direct_evaluation(graph, shape, data):
     cluster = taps.Cluster(*shape)
     assume(small_enough(graph, cluster))
     for cost_model in ("topology", "volume"):
-        tables = build_tables(graph, cluster, cost_model)
+        tables = build_tables(graph, cluster, Pricing(cost_model=cost_model))
         choice = {
             name: data.draw(st.integers(0, len(t.strategies) - 1)) for name, t in tables.ops.items()
         }
         strategies = {name: tables.ops[name].strategies[i] for name, i in choice.items()}
         assert tables.evaluate(choice) == pytest.approx(
-            taps.evaluate(graph, cluster, strategies, cost_model), rel=1e-9, abs=1e-18
+            taps.evaluate(
+                taps.Plan(graph, cluster, strategies, taps.Pricing(cost_model=cost_model))
+            ),
+            rel=1e-9,
+            abs=1e-18,
         )
 
 
@@ -147,7 +153,7 @@ def test_memory_limited_search_equals_brute_force(graph, shape, position, option
     billions of bytes, as for real models, must not upset SCIP's numerics."""
     cluster = taps.Cluster(*shape)
     assume(small_enough(graph, cluster))
-    tables = build_tables(graph, cluster, bytes_per_parameter=per_parameter)
+    tables = build_tables(graph, cluster, Pricing(bytes_per_parameter=per_parameter))
     names = list(tables.ops)
 
     def mem(choice):
@@ -160,7 +166,11 @@ def test_memory_limited_search_equals_brute_force(graph, shape, position, option
     lo, hi = min(map(mem, every)), max(map(mem, every))
     limit = lo + position * (hi - lo)
     result = taps.search(
-        graph, cluster, memory_limit=limit, options=options, bytes_per_parameter=per_parameter
+        graph,
+        cluster,
+        taps.Pricing(bytes_per_parameter=per_parameter),
+        memory_limit=limit,
+        options=options,
     )
     # SCIP holds the limit to 1e-9 of it: the optimum lies between those of the strict limit and
     # of the limit with that tolerance (they differ only when memories differ by less).
@@ -188,7 +198,7 @@ def test_search_is_deterministic():
     g = taps.models.mlp(batch=64, sizes=(64, 256, 256, 64))
     cluster = taps.Cluster(2, 4)
     a, b = taps.search(g, cluster), taps.search(g, cluster)
-    assert a.strategies == b.strategies and a.cost == b.cost
+    assert a.plan.strategies == b.plan.strategies and a.cost == b.cost
 
 
 def test_result_reports_sizes():
@@ -217,7 +227,7 @@ def test_strategies_for_is_the_candidate_list():
     cluster = taps.Cluster(2, 4)
     r = taps.search(g, cluster)
     for op in g.ops:
-        assert r.strategies[op.name] in taps.strategies_for(g, op.name, cluster)
+        assert r.plan.strategies[op.name] in taps.strategies_for(g, op.name, cluster)
 
 
 def test_op_too_small_for_the_cluster_is_replicated():
@@ -225,16 +235,16 @@ def test_op_too_small_for_the_cluster_is_replicated():
     g = taps.Graph(name="tiny")
     g.relu("r", g.input("x", (2, 2)))
     result = taps.search(g, taps.Cluster(1, 8))
-    assert result.strategies["r"].replicas > 1
+    assert result.plan.strategies["r"].replicas > 1
 
 
 def test_wrong_cost_model_and_missing_strategy():
     g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
     cluster = taps.Cluster(1, 2)
     with pytest.raises(taps.TapsError, match="cost model"):
-        taps.search(g, cluster, cost_model="bytes")
+        taps.search(g, cluster, taps.Pricing(cost_model="bytes"))
     with pytest.raises(taps.TapsError, match="no strategy"):
-        taps.evaluate(g, cluster, {})
+        taps.evaluate(taps.Plan(g, cluster, {}))
 
 
 @settings(max_examples=20, deadline=None)
@@ -242,11 +252,14 @@ def test_wrong_cost_model_and_missing_strategy():
 def test_tie_break_is_lexicographic(graph, shape):
     """Among volume-optimal assignments, the best and worst topology costs bracket every one of
     them: checked against brute force over all assignments."""
-    from taps.ilp import solve
+    from taps.solve.pipeline import solve
 
     cluster = taps.Cluster(*shape)
     assume(small_enough(graph, cluster))
-    vol, topo = build_tables(graph, cluster, "volume"), build_tables(graph, cluster, "topology")
+    vol, topo = (
+        build_tables(graph, cluster, Pricing(cost_model="volume")),
+        build_tables(graph, cluster, Pricing(cost_model="topology")),
+    )
     names = list(vol.ops)
     every = [
         dict(zip(names, c))
@@ -273,13 +286,17 @@ def test_time_limit_returns_the_best_assignment_found():
     # Without reductions: AlexNet is a chain, which they solve before SCIP starts.
     # The paper's model: its tables take a tenth of a second, so SCIP is what the limit stops.
     r = taps.search(
-        g, cluster, time_limit=0.001, options=taps.IlpOptions(reduce=False), step="forward"
+        g,
+        cluster,
+        taps.Pricing(step="forward"),
+        time_limit=0.001,
+        options=taps.IlpOptions(reduce=False),
     )
     assert r.status == "timelimit" and r.gap > 0
     assert r.cost == pytest.approx(
-        taps.evaluate(g, cluster, r.strategies, step="forward"), rel=1e-9
+        taps.evaluate(taps.Plan(g, cluster, r.plan.strategies, taps.Pricing(step="forward"))), rel=1e-9
     )
-    assert r.cost >= taps.search(g, cluster, step="forward").cost * (1 - 1e-9)
+    assert r.cost >= taps.search(g, cluster, taps.Pricing(step="forward")).cost * (1 - 1e-9)
 
 
 def _profile(tables, name: str, i: int) -> np.ndarray:
@@ -294,12 +311,12 @@ def _profile(tables, name: str, i: int) -> np.ndarray:
 
 
 def test_pruning_removes_only_dominated_candidates():
-    from taps.prune import dominance_survivors
+    from taps.solve.prune import dominance_survivors
 
     # The paper's model: AlexNet on 64 devices takes a tenth of a second to price with
     # Algorithm 1 (the optimal planner's training step: minutes).
     g, cluster = taps.models.alexnet(), taps.Cluster(8, 8)
-    tables = build_tables(g, cluster, step="forward")
+    tables = build_tables(g, cluster, Pricing(step="forward"))
     keep = dominance_survivors([tables.problem()])
     removed = sum(len(t.strategies) - len(keep[n]) for n, t in tables.ops.items())
     assert removed > 0
@@ -307,9 +324,11 @@ def test_pruning_removes_only_dominated_candidates():
         for j in sorted(set(range(len(t.strategies))) - set(keep[name].tolist())):
             worst = _profile(tables, name, j)
             assert any(np.all(_profile(tables, name, i) <= worst) for i in keep[name])
-    pruned = taps.search(g, cluster, options=taps.IlpOptions(reduce=False), step="forward")
+    pruned = taps.search(
+        g, cluster, taps.Pricing(step="forward"), options=taps.IlpOptions(reduce=False)
+    )
     full = taps.search(
-        g, cluster, options=taps.IlpOptions(prune=False, reduce=False), step="forward"
+        g, cluster, taps.Pricing(step="forward"), options=taps.IlpOptions(prune=False, reduce=False)
     )
     assert pruned.ilp.binaries < full.ilp.binaries
     assert pruned.cost == pytest.approx(full.cost, rel=1e-12)
@@ -333,8 +352,8 @@ def test_irreducible_core_goes_to_scip(b, h, shape):
     for cost_model in ("topology", "volume"):
         # Variable elimination would decide the core before SCIP (tests/test_elimination.py).
         options = taps.IlpOptions(eliminate=False)
-        result = taps.search(graph, cluster, cost_model, options=options)
-        tables = build_tables(graph, cluster, cost_model)
+        result = taps.search(graph, cluster, taps.Pricing(cost_model=cost_model), options=options)
+        tables = build_tables(graph, cluster, Pricing(cost_model=cost_model))
         assert result.cost == pytest.approx(_brute_force(tables), rel=1e-9, abs=1e-18)
         if cluster.num_devices > 1:
             assert (result.ilp.operators, result.ilp.eliminated) == (4, 0)
@@ -347,11 +366,13 @@ def test_binding_memory_limit_in_bytes_of_a_real_model():
     in bytes SCIP once returned a 0.25% worse assignment as optimal without pruning."""
     g = taps.models.gpt(hidden=1024, heads=16, seq=2048, batch=8, layers=48)
     cluster = taps.Cluster(2, 8)
-    free = taps.search(g, cluster, step="forward")
+    free = taps.search(g, cluster, taps.Pricing(step="forward"))
     limit = free.memory_per_device * 0.8
     costs = []
     for options in (OPTIONS[0], taps.IlpOptions(prune=False), taps.IlpOptions(presolve=True)):
-        r = taps.search(g, cluster, memory_limit=limit, options=options, step="forward")
+        r = taps.search(
+            g, cluster, taps.Pricing(step="forward"), memory_limit=limit, options=options
+        )
         assert r.status == "optimal" and r.memory_per_device <= limit
         costs.append(r.cost)
     assert costs[0] > free.cost

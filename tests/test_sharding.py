@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import taps
-from taps.sharding import Candidate, candidates, strategies
+from taps.plan.candidates import Candidate, candidates, strategies
 
 
 def _ops() -> list[taps.Operator]:

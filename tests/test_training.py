@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
-from taps import Cluster, Graph, GraphError, Strategy
-from taps.costs import breakdown, build_tables, evaluate, memory, partial_flows
-from taps.sharding import Candidate, candidates
+from taps import Cluster, Graph, GraphError, Plan, Pricing, Strategy
+from taps.plan.candidates import Candidate, candidates
+from taps.search.evaluate import breakdown, evaluate
+from taps.search.prices import memory, partial_flows
+from taps.search.tables import build_tables
 
 STEPS = ["training", "forward"]
 
@@ -41,12 +43,24 @@ def test_search_equals_the_least_direct_price(graph, shape, cost_model, step, pl
     collectives, not the tables), and its cost is evaluate() of its own strategies."""
     cluster = Cluster(*shape)
     assume(small_enough(graph, cluster, 300))
-    result = taps.search(graph, cluster, cost_model, step=step, planner=planner)
+    result = taps.search(
+        graph, cluster, taps.Pricing(cost_model=cost_model, step=step, planner=planner)
+    )
     best = min(
-        evaluate(graph, cluster, s, cost_model, step, planner) for s in _assignments(graph, cluster)
+        evaluate(
+            Plan(graph, cluster, s, Pricing(cost_model=cost_model, step=step, planner=planner))
+        )
+        for s in _assignments(graph, cluster)
     )
     assert result.cost == pytest.approx(best, rel=1e-9, abs=1e-15)
-    direct = evaluate(graph, cluster, result.strategies, cost_model, step, planner)
+    direct = evaluate(
+        Plan(
+            graph,
+            cluster,
+            result.plan.strategies,
+            Pricing(cost_model=cost_model, step=step, planner=planner),
+        )
+    )
     assert result.cost == pytest.approx(direct, rel=1e-9, abs=1e-15)
 
 
@@ -55,11 +69,13 @@ def test_search_equals_the_least_direct_price(graph, shape, cost_model, step, pl
 def test_tables_equal_the_breakdown_of_every_assignment(graph, shape, cost_model):
     cluster = Cluster(*shape)
     assume(small_enough(graph, cluster, 200))
-    tables = build_tables(graph, cluster, cost_model, zero=True)
+    tables = build_tables(graph, cluster, Pricing(cost_model=cost_model, zero=True))
     names = [op.name for op in graph.ops]
     for choice in itertools.product(*(range(len(tables.ops[n].candidates)) for n in names)):
         strategies = {n: tables.ops[n].strategies[i] for n, i in zip(names, choice)}
-        rows = breakdown(graph, cluster, strategies, cost_model, zero=True)
+        rows = breakdown(
+            Plan(graph, cluster, strategies, Pricing(cost_model=cost_model, zero=True))
+        )
         want = tables.evaluate(dict(zip(names, choice)))
         assert sum(r.total for r in rows) == pytest.approx(want, rel=1e-9, abs=1e-15)
 
@@ -74,7 +90,9 @@ def test_forward_step_is_the_papers_model():
     for s in _assignments(g, cluster):
         d, r, c = s["fc"].degrees
         want = 2 * ((d - 1) * 8 * 4 + (r - 1) * 16 * 4 + (c - 1) * 16 * 8) / (d * r * c) * 2
-        assert evaluate(g, cluster, s, "volume", step="forward") == pytest.approx(want)
+        assert evaluate(
+            Plan(g, cluster, s, Pricing(cost_model="volume", step="forward"))
+        ) == pytest.approx(want)
 
 
 def _alpa_mlp(bias: bool = True) -> Graph:
@@ -97,15 +115,26 @@ def test_alpa_data_parallel_mlp_closed_form():
     ar = lambda v: 2 * 3 / 4 * v  # noqa: E731
     dp = {"fc1": Strategy([4, 1, 1], [0, -1, -1]), "act": Strategy([4, 1], [0, -1])}
     dp["fc2"] = dp["fc1"]
-    assert evaluate(g, cluster, dp, "volume") == 2 * (ar(64 * 64 * 4) + ar(64 * 4)) == 49_920
+    assert (
+        evaluate(Plan(g, cluster, dp, Pricing(cost_model="volume")))
+        == 2 * (ar(64 * 64 * 4) + ar(64 * 4))
+        == 49_920
+    )
     column = dict(dp, fc1=Strategy([1, 1, 4], [-1, -1, 0]), act=Strategy([1, 4], [-1, 0]))
     all_to_all = 3 / 4 * 512 * 64 / 4 * 4  # elements received per device, times 4 B
     grads_fc2 = ar(64 * 64 * 4) + ar(64 * 4)
-    assert evaluate(g, cluster, column, "volume", step="forward") == all_to_all + grads_fc2
-    assert evaluate(g, cluster, column, "volume") == 2 * all_to_all + grads_fc2 == 74_112
-    training = taps.search(g, cluster, "volume")
-    assert training.cost == 49_920 and training.strategies == dp
-    forward = taps.search(g, cluster, "volume", step="forward")
+    assert (
+        evaluate(Plan(g, cluster, column, Pricing(cost_model="volume", step="forward")))
+        == all_to_all + grads_fc2
+    )
+    assert (
+        evaluate(Plan(g, cluster, column, Pricing(cost_model="volume")))
+        == 2 * all_to_all + grads_fc2
+        == 74_112
+    )
+    training = taps.search(g, cluster, taps.Pricing(cost_model="volume"))
+    assert training.cost == 49_920 and training.plan.strategies == dp
+    forward = taps.search(g, cluster, taps.Pricing(cost_model="volume", step="forward"))
     assert forward.cost == 49_536 < 49_920
 
 
@@ -134,16 +163,23 @@ def test_megatron_column_row_mlp_needs_no_bias_gradient_all_reduce():
     (the identity's backward, Megatron's f)."""
     g, cluster = _megatron_mlp(False), Cluster(1, 4)
     strategies = {k: v for k, v in MEGATRON.items() if k != "next"}
-    rows = {r.name: r for r in breakdown(g, cluster, strategies, "volume")}
+    rows = {
+        r.name: r for r in breakdown(Plan(g, cluster, strategies, Pricing(cost_model="volume")))
+    }
     assert [(c.tensor, c.reason) for c, _ in rows["fc2"].collectives] == [
         ("fc2.out", "forward partial sum")
     ]
     assert [(c.tensor, c.reason) for c, _ in rows["fc1"].collectives] == [("x", "gradient")]
     assert all(i.total == 0 for r in rows.values() for i in r.incoming)
     ar = 2 * 3 / 4 * 32 * 64 * 2  # one all_reduce of a (32, 64) fp16 tensor
-    assert evaluate(g, cluster, strategies, "volume") == 2 * ar
+    assert evaluate(Plan(g, cluster, strategies, Pricing(cost_model="volume"))) == 2 * ar
     # The paper's model all_reduces fc2's bias gradient over the device dim of `in`.
-    forward = {r.name: r for r in breakdown(g, cluster, strategies, "volume", step="forward")}
+    forward = {
+        r.name: r
+        for r in breakdown(
+            Plan(g, cluster, strategies, Pricing(cost_model="volume", step="forward"))
+        )
+    }
     assert ("fc2.bias", "gradient") in [(c.tensor, c.reason) for c, _ in forward["fc2"].collectives]
 
 
@@ -152,13 +188,21 @@ def test_partial_sums_flow_to_a_single_consumer_as_a_reduce_scatter():
     the edge is a reduce_scatter, half the all_reduce the paper's model prices at fc2."""
     g, cluster = _megatron_mlp(True), Cluster(1, 4)
     assert partial_flows(g) == {"fc1", "fc2"} and partial_flows(g, "forward") == set()
-    rows = {r.name: r for r in breakdown(g, cluster, MEGATRON, "volume", planner="optimal")}
+    rows = {
+        r.name: r
+        for r in breakdown(
+            Plan(g, cluster, MEGATRON, Pricing(cost_model="volume", planner="optimal"))
+        )
+    }
     assert [c.tensor for c, _ in rows["fc2"].collectives] == []
     (edge,) = rows["next"].incoming
     assert [op.kind for op in edge.plan.all_ops] == ["reduce_scatter"]
     assert edge.cost == 3 / 4 * 32 * 64 * 2
     assert edge.backward is not None and edge.backward_cost == 3 * 32 * 64 / 4 * 2  # all_gather
-    forward = {r.name: r for r in breakdown(g, cluster, MEGATRON, "volume", step="forward")}
+    forward = {
+        r.name: r
+        for r in breakdown(Plan(g, cluster, MEGATRON, Pricing(cost_model="volume", step="forward")))
+    }
     assert [c.tensor for c, _ in forward["fc2"].collectives] == ["fc2.out", "fc2.bias"]
     assert forward["fc2"].intra_cost == 2 * 3 / 4 * 32 * 64 * 2 + 2 * 3 / 4 * 64 * 2
 
@@ -172,7 +216,7 @@ def test_an_output_read_twice_is_all_reduced_once_at_its_operator():
     assert partial_flows(g) == set()
     s = {"fc": Strategy([1, 4, 1], [-1, 0, -1]), "a": Strategy([4, 1], [0, -1])}
     s["b"] = s["a"]
-    rows = {r.name: r for r in breakdown(g, Cluster(1, 4), s, "volume")}
+    rows = {r.name: r for r in breakdown(Plan(g, Cluster(1, 4), s, Pricing(cost_model="volume")))}
     assert [(c.tensor, c.reason) for c, _ in rows["fc"].collectives] == [
         ("fc.out", "forward partial sum")
     ]
@@ -189,7 +233,11 @@ def test_backward_edge_takes_the_gradient_to_the_producers_layout():
     x = g.input("x", (16, 8), requires_grad=True)
     g.relu("b", g.relu("a", x))
     s = {"a": Strategy([4, 1], [0, -1]), "b": Strategy([1, 4], [-1, 0])}
-    (row,) = [r for r in breakdown(g, Cluster(1, 4), s, "volume") if r.name == "b"]
+    (row,) = [
+        r
+        for r in breakdown(Plan(g, Cluster(1, 4), s, Pricing(cost_model="volume")))
+        if r.name == "b"
+    ]
     (edge,) = row.incoming
     assert edge.backward is not None
     assert [op.kind for op in edge.plan.all_ops] == ["all_to_all"]
@@ -209,8 +257,8 @@ def test_zero_divides_optimizer_state_by_the_data_parallel_group():
     assert memory(g, op, cand, zero=True) == params * (4 + 12 / 4) + out
     cluster = Cluster(1, 4)
     s = {"fc1": cand.strategy, "act": Strategy([4, 1], [0, -1]), "fc2": cand.strategy}
-    assert evaluate(g, cluster, s, zero=True) == evaluate(g, cluster, s)
-    rows = breakdown(g, cluster, s, zero=True)
+    assert evaluate(Plan(g, cluster, s, Pricing(zero=True))) == evaluate(Plan(g, cluster, s))
+    rows = breakdown(Plan(g, cluster, s, Pricing(zero=True)))
     assert all(c.zero for r in rows for c, _ in r.collectives)
 
 
@@ -219,13 +267,17 @@ def test_training_search_differs_from_the_paper_on_a_gpt_layer():
     by evaluate() equals its cost."""
     g = taps.models.gpt(hidden=256, heads=4, seq=128, batch=4)
     cluster = Cluster(1, 4)
-    r = taps.search(g, cluster, planner="optimal")
-    assert r.step == "training" and r.planner == "optimal"
-    assert taps.search(g, cluster).planner == "paper"
-    assert r.cost == pytest.approx(evaluate(g, cluster, r.strategies, planner="optimal"), rel=1e-9)
-    f = taps.search(g, cluster, step="forward")
-    assert f.planner == "paper"
-    assert evaluate(g, cluster, f.strategies, planner="optimal") >= r.cost * (1 - 1e-9)
+    r = taps.search(g, cluster, taps.Pricing(planner="optimal"))
+    assert r.plan.pricing.step == "training" and r.plan.pricing.planner == "optimal"
+    assert taps.search(g, cluster).plan.pricing.planner == "paper"
+    assert r.cost == pytest.approx(
+        evaluate(Plan(g, cluster, r.plan.strategies, Pricing(planner="optimal"))), rel=1e-9
+    )
+    f = taps.search(g, cluster, taps.Pricing(step="forward"))
+    assert f.plan.pricing.planner == "paper"
+    assert evaluate(Plan(g, cluster, f.plan.strategies, Pricing(planner="optimal"))) >= r.cost * (
+        1 - 1e-9
+    )
 
 
 @pytest.mark.parametrize(
@@ -238,9 +290,7 @@ def test_training_search_differs_from_the_paper_on_a_gpt_layer():
 def test_bad_step_or_planner_is_one_clear_error(kwargs, message):
     g = _alpa_mlp()
     with pytest.raises(taps.TapsError, match=message):
-        taps.search(g, Cluster(1, 2), **kwargs)
-    with pytest.raises(taps.TapsError, match=message):
-        evaluate(g, Cluster(1, 2), {}, **kwargs)
+        taps.search(g, Cluster(1, 2), taps.Pricing(**kwargs))
 
 
 # -- addends in the IR -----------------------------------------------------------------------
@@ -328,7 +378,7 @@ def test_cli_step_and_planner(tmp_path, capsys, flags, kwargs):
     argv = ["search", str(path), "--nodes", "1", "--devices-per-node", "4", "--json", str(out)]
     assert main([*argv, "--cost-model", "volume", *flags]) == 0
     capsys.readouterr()
-    want = taps.search(graph, Cluster(1, 4), "volume", **kwargs).cost
+    want = taps.search(graph, Cluster(1, 4), taps.Pricing("volume", **kwargs)).cost
     assert json.loads(out.read_text())["volume"]["cost"] == pytest.approx(want)
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--step", "backward"])
@@ -354,8 +404,10 @@ def test_training_step_edges_run_on_xla_as_priced(megatron, planner):
     else:
         g = taps.models.mlp(batch=64, sizes=(32, 64, 32), dtype_bytes=4)
         cluster = Cluster(2, 4)
-        strategies = taps.search(g, cluster, "volume", planner=planner).strategies
-    rows = breakdown(g, cluster, strategies, "volume", planner=planner)
+        strategies = taps.search(
+            g, cluster, taps.Pricing(cost_model="volume", planner=planner)
+        ).plan.strategies
+    rows = breakdown(Plan(g, cluster, strategies, Pricing(cost_model="volume", planner=planner)))
     plans = [
         (plan, cost)
         for row in rows
@@ -384,14 +436,16 @@ def test_partial_sums_flow_through_a_view(cost_model):
     g.relu("r", g.reshape("v", y, (8, 4, 8)))
     cluster = Cluster(2, 4)
     assert partial_flows(g) == {"fc"}
-    tables = build_tables(g, cluster, cost_model)
+    tables = build_tables(g, cluster, Pricing(cost_model=cost_model))
     names = [op.name for op in g.ops]
     prices = []
     for choice in itertools.product(*(range(len(tables.ops[n].candidates)) for n in names)):
         s = {n: tables.ops[n].strategies[i] for n, i in zip(names, choice)}
-        prices.append(evaluate(g, cluster, s, cost_model))
+        prices.append(evaluate(Plan(g, cluster, s, Pricing(cost_model=cost_model))))
         assert tables.evaluate(dict(zip(names, choice))) == pytest.approx(prices[-1], rel=1e-9)
-    assert taps.search(g, cluster, cost_model).cost == pytest.approx(min(prices), rel=1e-9)
+    assert taps.search(g, cluster, taps.Pricing(cost_model=cost_model)).cost == pytest.approx(
+        min(prices), rel=1e-9
+    )
 
 
 def test_bias_gradient_all_reduce_is_what_xla_runs():
@@ -409,7 +463,7 @@ def test_bias_gradient_all_reduce_is_what_xla_runs():
     priced = {
         step: sum(
             cost
-            for row in breakdown(g, cluster, s, "volume", step=step)
+            for row in breakdown(Plan(g, cluster, s, Pricing(cost_model="volume", step=step)))
             for c, cost in row.collectives
             if c.tensor == "fc1.bias"
         )

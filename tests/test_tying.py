@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
-from taps.costs import build_tables
-from taps.ilp import smallest_memory, solve
+from taps import Pricing
+from taps.search.tables import build_tables
+from taps.solve.pipeline import smallest_memory, solve
 
 
 def _tied_mlp(blocks: int, width: int = 32, batch: int = 8) -> taps.Graph:
@@ -53,7 +54,7 @@ def _brute_force_tied(tables, memory_limit=None):
 def test_tied_optimum_is_the_best_repeated_assignment(blocks, nodes, per_node, model):
     g = _tied_mlp(blocks)
     cluster = taps.Cluster(nodes, per_node)
-    tables = build_tables(g, cluster, model)
+    tables = build_tables(g, cluster, Pricing(cost_model=model))
     tied = solve(tables)
     # The expanded choice repeats the block, and the cost is what the full graph says.
     for inst in g.tied[0][1:]:
@@ -86,7 +87,7 @@ def test_search_reports_the_full_graph():
     g = taps.models.gpt(256, 4, 32, 4, blocks=3, tie=True)
     cluster = taps.Cluster(2, 4)
     r = taps.search(g, cluster)
-    assert set(r.strategies) == {op.name for op in g.ops}
-    assert r.cost == pytest.approx(taps.evaluate(g, cluster, r.strategies), rel=1e-9)
+    assert set(r.plan.strategies) == {op.name for op in g.ops}
+    assert r.cost == pytest.approx(taps.evaluate(taps.Plan(g, cluster, r.plan.strategies)), rel=1e-9)
     untied = taps.search(g, cluster, tie=False)
     assert untied.cost <= r.cost * (1 + 1e-9)

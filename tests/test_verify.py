@@ -108,14 +108,14 @@ def test_a_wrong_prediction_is_caught(monkeypatch):
 
 
 def _searched(graph, cluster):
-    return taps.search(graph, cluster, step="forward").strategies
+    return taps.search(graph, cluster, taps.Pricing(step="forward")).plan.strategies
 
 
 def test_mlp_plan_verifies_on_16_devices():
     """The paper's model (``step="forward"``): JAX's own backward pass, its redistributions
     unpriced."""
     g = taps.models.mlp(batch=64, sizes=(32, 64, 64, 32))
-    r = verify(taps.search(g, taps.Cluster(2, 8), step="forward"))
+    r = verify(taps.search(g, taps.Cluster(2, 8), taps.Pricing(step="forward")))
     assert r.ok, r.mismatches
     assert any(c.status == UNPRICED for c in r.collectives)
     assert r.max_error < 1e-5

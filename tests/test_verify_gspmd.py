@@ -15,7 +15,7 @@ def test_gpt_layer_against_the_partitioner():
     g = taps.models.gpt(hidden=64, heads=4, seq=16, batch=8)
     cluster = taps.Cluster(2, 8)
     # The report prices the paper's model (forward edges, gradients at the operators).
-    strategies = taps.search(g, cluster, step="forward").strategies
+    strategies = taps.search(g, cluster, taps.Pricing(step="forward")).plan.strategies
     report = compare_gspmd(g, cluster, strategies)
     assert report.max_error < 1e-4
     rows = {(r.scope, r.phase): r for r in report.rows}
@@ -28,7 +28,9 @@ def test_gpt_layer_against_the_partitioner():
                 row.taps_cross_node_bytes,
             ), op.name
     # taps' side is taps' own price of the plan (bytes, at float32 instead of the graph's fp16).
-    assert report.taps_bytes == 2 * taps.evaluate(g, cluster, strategies, "volume", "forward")
+    assert report.taps_bytes == 2 * taps.evaluate(
+        taps.Plan(g, cluster, strategies, taps.Pricing(cost_model="volume", step="forward"))
+    )
     # Where XLA reshards worse than taps' plan, it says so in its log; each warning is read.
     assert report.warnings and all("rematerialization" in w for w in report.warnings)
     assert any(r.rematerialized for r in report.rows)

@@ -51,6 +51,6 @@ def test_replicated_plans_run_as_predicted(name):
 def test_searched_plan_with_a_scalar_loss_runs_as_predicted(replicate):
     """The loss has no axis to split: the default search replicates it, and XLA agrees."""
     found = taps.search(_with_scalar_loss(), CLUSTER, replicate=replicate)
-    assert found.strategies["loss"].replicas == 8
+    assert found.plan.strategies["loss"].replicas == 8
     result = verify(found)
     assert result.ok, result.mismatches

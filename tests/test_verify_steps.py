@@ -10,7 +10,7 @@ import numpy as np
 
 import taps
 from taps.export.jax import jax_mesh, layout_spec
-from taps.export.mesh import mesh_for
+from taps.plan.mesh import mesh_for
 from taps.verify import collectives
 from taps.verify.devices import jax_with_devices
 from taps.verify.program import redistribute

@@ -293,7 +293,7 @@ def test_dtensor_mode_places_every_tensor_as_taps_says():
         y.sum().backward()
     finally:
         tdist.destroy_process_group()
-    assert list(y.placements) == plan.placements(result.graph.ops[-1].output.tensor)
+    assert list(y.placements) == plan.placements(result.plan.graph.ops[-1].output.tensor)
     for name, p in dm.parameters.items():
         assert list(p.placements) == plan.placements(name)
         assert p.grad is not None and p.grad.shape == p.shape

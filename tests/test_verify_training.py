@@ -37,7 +37,7 @@ def _check(r, graph, cluster, strategies, **pricing):
     moved = sum(c.predicted_bytes or 0 for c in r.collectives)
     # The replay runs float32: taps' bytes at the graph's element size, scaled to 4 bytes.
     dtype = next(iter(graph.tensors.values())).dtype_bytes
-    want = taps.evaluate(graph, cluster, strategies, "volume", **pricing) * 4 / dtype
+    want = taps.evaluate(taps.Plan(graph, cluster, strategies, taps.Pricing("volume", **pricing))) * 4 / dtype
     assert moved == pytest.approx(want)
     assert moved > 0
 
@@ -80,9 +80,9 @@ def _residual(batch: int = 16) -> taps.Graph:
 )
 def test_searched_training_plans_run_as_priced(graph, zero):
     """taps' training-step plan on 2 x 8 devices, replayed whole."""
-    found = taps.search(graph, TWO_NODES, zero=zero)
+    found = taps.search(graph, TWO_NODES, taps.Pricing(zero=zero))
     r = verify(found)
-    _check(r, graph, TWO_NODES, found.strategies, zero=zero)
+    _check(r, graph, TWO_NODES, found.plan.strategies, zero=zero)
     kinds = Counter((c.phase, c.kind) for c in r.collectives)
     assert kinds[("backward", "all_reduce")] + kinds[("backward", "reduce_scatter")] > 0
     if zero:
@@ -110,7 +110,11 @@ def test_optimal_plans_by_the_cluster_run_as_priced():
     assert r.max_error < 1e-5
 
     def moved(cost_model):
-        rows = taps.breakdown(g, cluster, strategies, cost_model, planner="optimal")
+        rows = taps.breakdown(
+            taps.Plan(
+                g, cluster, strategies, taps.Pricing(cost_model=cost_model, planner="optimal")
+            )
+        )
         plans = [p for row in rows for i in row.incoming for p in (i.plan, i.backward) if p]
         intra = [c for row in rows for c, _ in row.collectives]
         return sum(p.cost(cluster, 2, "volume") for p in plans) + sum(
@@ -196,7 +200,7 @@ def test_zero_predicted_as_an_all_reduce_is_caught(monkeypatch):
 
     monkeypatch.setattr(GraphProgram, "predicted", plain)
     g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-    r = verify(taps.search(g, TWO_NODES, zero=True))
+    r = verify(taps.search(g, TWO_NODES, taps.Pricing(zero=True)))
     statuses = Counter(line.split(":")[0] for line in r.mismatches)
     assert statuses["missing"] > 0 and statuses["unexpected"] == 2 * statuses["missing"]
 
@@ -284,7 +288,7 @@ def test_an_adds_gradient_goes_back_once_where_its_edges_run_alike():
 def test_bad_pricing_is_one_clear_error():
     g = taps.models.mlp(batch=16, sizes=(8, 8))
     cluster = taps.Cluster(1, 4)
-    s = taps.search(g, cluster).strategies
+    s = taps.search(g, cluster).plan.strategies
     with pytest.raises(taps.TapsError, match=r"ZeRO .* training step only"):
         verify_graph(g, cluster, s, step="forward", zero=True)
     with pytest.raises(taps.TapsError, match="unknown step 'backward'"):

@@ -24,15 +24,20 @@ from taps._core import (
     redistribution_costs,
     unify,
 )
-from taps.checks import ArgumentError
-from taps.costs import OpCost, breakdown, evaluate, strategies_for
-from taps.extras import MissingExtraError
+from taps.errors import (
+    ArgumentError,
+    ExportError,
+    MissingExtraError,
+    OutputError,
+    ResourceError,
+    VerifyError,
+)
 from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
-from taps.ilp import IlpOptions
-from taps.limits import ResourceError
-from taps.outputs import OutputError
-from taps.search import Comparison, SearchResult, compare, search
+from taps.plan import Plan, PlanFileError, Pricing
+from taps.plan.candidates import strategies_for
+from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate, search
+from taps.solve import IlpOptions
 
 __version__ = "0.1.0"
 
@@ -42,6 +47,7 @@ __all__ = [
     "CommOp",
     "Comparison",
     "Edge",
+    "ExportError",
     "Graph",
     "GraphError",
     "IlpOptions",
@@ -53,6 +59,9 @@ __all__ = [
     "Operand",
     "Operator",
     "OutputError",
+    "Plan",
+    "PlanFileError",
+    "Pricing",
     "Redistribution",
     "ResourceError",
     "SearchResult",
@@ -62,6 +71,7 @@ __all__ = [
     "Tensor",
     "TopologyError",
     "UnifyError",
+    "VerifyError",
     "__version__",
     "breakdown",
     "compare",

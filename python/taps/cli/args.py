@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 
 from taps import models
 from taps._core import PLANNERS, Cluster, GraphError
-from taps.checks import ArgumentError
-from taps.costs import STEPS
+from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
+from taps.plan.pricing import STEPS
 
 
 class Parser(argparse.ArgumentParser):

@@ -6,8 +6,8 @@ import argparse
 
 from rich.console import Console
 
+from taps._support.outputs import Outputs
 from taps.graph import Graph
-from taps.outputs import Outputs
 
 
 def read_torch(source: str, unknown: str) -> Graph:

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from taps._core import Layout, plan_redistribution
 from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
-from taps.reports import layout_text, plan_table
+from taps.report.tables import layout_text, plan_table
 
 PLANNERS: tuple[Literal["paper"], Literal["optimal"]] = ("paper", "optimal")
 TITLES = {"paper": "Algorithm 1 (the paper's planner)", "optimal": "optimal planner"}

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from taps import models
 from taps._core import COST_MODELS
+from taps._support.outputs import Outputs
 from taps.cli.args import (
     add_model_args,
     add_pricing_args,
@@ -19,10 +20,9 @@ from taps.cli.args import (
     memory_size,
     positive,
 )
-from taps.outputs import Outputs
-from taps.plot import check_available, plot_plan
-from taps.reports import collectives_table, comparison_table, result_dict, strategy_table
-from taps.search import Comparison, SearchResult, compare, search
+from taps.report.plot import check_available, plot_plan
+from taps.report.tables import collectives_table, comparison_table, result_dict, strategy_table
+from taps.search.searching import Comparison, SearchResult, compare, search
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
 
 
 def _json(results: list[SearchResult], comparison: Comparison | None) -> str:
-    data: dict[str, Any] = {r.cost_model: result_dict(r) for r in results}
+    data: dict[str, Any] = {r.plan.pricing.cost_model: result_dict(r) for r in results}
     if comparison is not None:
         data["comparison"] = {
             "volume_under_topology": comparison.volume_under_topology,

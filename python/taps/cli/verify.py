@@ -8,6 +8,7 @@ import argparse
 from rich.console import Console
 
 from taps import models
+from taps._support.outputs import Outputs
 from taps.cli.args import (
     add_model_args,
     add_pricing_args,
@@ -16,9 +17,8 @@ from taps.cli.args import (
     integer,
     load_model,
 )
-from taps.costs import Step
-from taps.outputs import Outputs
-from taps.search import search
+from taps.plan.pricing import Pricing, Step
+from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
 from taps.verify.program import TOLERANCE
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             graph = load_model(args.model, args.batch)
         c = cluster(args)
         step: Step = args.step or ("forward" if args.engine == "torch" else "training")
-        result = search(graph, c, step=step, planner=args.planner, zero=args.zero)
+        result = search(graph, c, Pricing(step=step, planner=args.planner, zero=args.zero))
         against = None
         if args.engine == "torch":
             from taps.verify.torch_engine import verify_torch
@@ -74,16 +74,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
             verified = verify_graph(
                 graph,
                 c,
-                result.strategies,
+                result.plan.strategies,
                 args.dtype,
                 0,
                 step,
                 args.planner,
                 args.zero,
-                result.cost_model,
+                result.plan.pricing.cost_model,
             )
             if args.gspmd:
-                against = compare_gspmd(graph, c, result.strategies, args.dtype)
+                against = compare_gspmd(graph, c, result.plan.strategies, args.dtype)
         if args.json:
             outputs[args.json].write_text(verified.to_json())
         outputs.commit()

@@ -8,16 +8,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from taps._core import Cluster, Strategy
+from taps.errors import ExportError
+from taps.export.distribute import DistributedModule, distribute_module
+from taps.export.dtensor import DTensorPlan, layout_placements, placement_objects
+from taps.export.jax import JaxPlan, layout_spec
 from taps.graph import Graph
-
-from .distribute import DistributedModule, distribute_module
-from .dtensor import DTensorPlan, layout_placements, placement_objects
-from .jax import JaxPlan, layout_spec
-from .layouts import PlanLayouts, plan_layouts
-from .mesh import ExportError, Mesh, mesh_for
+from taps.plan.layouts import PlanLayouts, plan_layouts
+from taps.plan.mesh import Mesh, mesh_for
 
 if TYPE_CHECKING:
-    from taps.search import SearchResult
+    from taps.search.searching import SearchResult
 
 FRAMEWORKS = ("jax", "dtensor")
 

@@ -27,13 +27,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from taps._core import Layout, Redistribution
-from taps.extras import require
+from taps._support.extras import require
+from taps.errors import ExportError
+from taps.export.dtensor import (
+    PARTIAL,
+    REPLICATE,
+    DTensorPlan,
+    layout_placements,
+    placement_objects,
+)
+from taps.export.torch_steps import Steps
 from taps.graph import Graph
-
-from .dtensor import PARTIAL, REPLICATE, DTensorPlan, layout_placements, placement_objects
-from .layouts import PlanLayouts
-from .mesh import ExportError
-from .torch_steps import Steps
+from taps.plan.layouts import PlanLayouts
 
 #: How a module runs (see :func:`distribute_module`).
 MODES = ("dtensor", "taps")
@@ -60,8 +65,8 @@ class Replay:
 
     @classmethod
     def of(cls, layouts: PlanLayouts, device_mesh: Any) -> Replay:
-        from taps.costs import intra_collectives
-        from taps.sharding import Candidate
+        from taps.plan.candidates import Candidate
+        from taps.search.prices import intra_collectives
 
         mesh, graph = layouts.mesh, layouts.graph
         partial: dict[str, tuple[str, ...]] = {}
@@ -85,7 +90,7 @@ class Replay:
 
 if TYPE_CHECKING:
     from taps.frontends.torch import Conversion, Link
-    from taps.search import SearchResult
+    from taps.search.searching import SearchResult
 
 
 def _torch() -> Any:
@@ -647,9 +652,8 @@ def distribute_module(
     """
     torch = _torch()
     dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+    from taps.export import layouts_of
     from taps.frontends.torch import convert
-
-    from . import layouts_of
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}: expected one of {MODES}")

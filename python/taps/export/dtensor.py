@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
-from taps.extras import require
-
-from .document import to_text
-from .layouts import PlanLayouts
-from .mesh import ExportError, Mesh
+from taps._support.extras import require
+from taps.errors import ExportError
+from taps.export.document import to_text
+from taps.plan.layouts import PlanLayouts
+from taps.plan.mesh import Mesh
 
 FORMAT = "taps.export.dtensor"
 VERSION = 1

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Layout
-from taps.extras import require
-
-from .document import to_text
-from .layouts import PlanLayouts
-from .mesh import ExportError, Mesh
+from taps._support.extras import require
+from taps.errors import ExportError
+from taps.export.document import to_text
+from taps.plan.layouts import PlanLayouts
+from taps.plan.mesh import Mesh
 
 #: One entry per tensor dim: ``None`` (whole), one mesh axis, or several (outermost first).
 SpecEntry = str | tuple[str, ...] | None

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from taps._core import CommOp, Redistribution
-
-from .mesh import ExportError, Mesh
+from taps.errors import ExportError
+from taps.plan.mesh import Mesh
 
 
 def _funcol() -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from taps._core import GraphError
-from taps.extras import require
+from taps._support.extras import require
 from taps.frontends.jax_builder import Builder, Value, constant
 from taps.frontends.jax_rules import RULES, stack, unsupported
 from taps.graph import Graph

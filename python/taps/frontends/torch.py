@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taps._core import GraphError
-from taps.extras import require
+from taps._support.extras import require
 from taps.frontends.aten_rules import RULES, Unsupported, flat
 from taps.frontends.builder import Builder, Value, constant
 from taps.graph import Graph

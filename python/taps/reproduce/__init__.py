@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taps.outputs import staged_directory
+from taps._support.outputs import staged_directory
 from taps.reproduce.cases import (
     DEVICES_PER_NODE,
     TOLERANCE,

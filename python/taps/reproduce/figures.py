@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taps.plot import check_available, new_figure
+from taps.report.plot import check_available, new_figure
 from taps.reproduce.cases import TOLERANCE
 from taps.reproduce.run import Row
 

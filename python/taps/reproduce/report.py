@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from taps.reproduce.run import Row, TimingRow
-from taps.search import STAGES
+from taps.search.searching import STAGES
 
 
 def write_csv(path: Path, columns: Iterable[str], rows: Iterable[dict[str, Any]]) -> None:

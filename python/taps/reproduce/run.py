@@ -4,7 +4,7 @@ times, with a progress bar."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rich.console import Console
@@ -12,9 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taps import models
 from taps._core import Cluster
-from taps.costs import build_tables
 from taps.graph import Graph
-from taps.ilp import IlpOptions, solve
+from taps.plan.pricing import Pricing
 from taps.reproduce.cases import (
     DEVICES_PER_NODE,
     INTER_BANDWIDTH,
@@ -22,7 +21,9 @@ from taps.reproduce.cases import (
     Case,
     TimingCase,
 )
-from taps.search import STAGES, SearchResult, search
+from taps.search.searching import STAGES, SearchResult, search
+from taps.search.tables import build_tables
+from taps.solve.pipeline import IlpOptions, solve
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,11 @@ def _saving(cost: float, baseline: float) -> float:
 
 #: The paper's model: forward redistributions planned by Algorithm 1, gradients all_reduced at
 #: the operators, replicas sharing one transfer out of a node.
-PAPER_MODEL: dict[str, Any] = {"step": "forward", "planner": "paper"}
+PAPER_MODEL = Pricing(step="forward", planner="paper")
 #: Closer to what engines run: the training step and (on the cluster) flat replicas. Algorithm 1
 #: plans the edges, as taps.search does by default: the optimal planner is tens of times slower
 #: (docs/search.md#speed).
-FULL_MODEL: dict[str, Any] = {"step": "training", "planner": "paper"}
+FULL_MODEL = Pricing(step="training", planner="paper")
 
 
 def full_cluster(cluster: Cluster) -> Cluster:
@@ -157,10 +158,10 @@ def run_case(case: Case) -> Row:
     comparison runs, the search under the full model too."""
     graph, cluster = case.graph(), case.cluster()
     t0 = time.perf_counter()
-    topo_tables = build_tables(graph, cluster, "topology", **PAPER_MODEL)
+    topo_tables = build_tables(graph, cluster, PAPER_MODEL)
     topo = solve(topo_tables)
     t1 = time.perf_counter()
-    vol_tables = build_tables(graph, cluster, "volume", **PAPER_MODEL)
+    vol_tables = build_tables(graph, cluster, replace(PAPER_MODEL, cost_model="volume"))
     vol = solve(vol_tables)
     t2 = time.perf_counter()
     best = solve(vol_tables, tie_break=(topo_tables, "min"))
@@ -168,7 +169,7 @@ def run_case(case: Case) -> Row:
     t3 = time.perf_counter()
     full: dict[str, float] = {}
     if case.sweep == "comparison":
-        full_tables = build_tables(graph, full_cluster(cluster), "topology", **FULL_MODEL)
+        full_tables = build_tables(graph, full_cluster(cluster), FULL_MODEL)
         # Both tables list every operator's candidates in one order, so choices carry over.
         full = {
             "full_cost": full_tables.evaluate(solve(full_tables).choice),
@@ -236,8 +237,8 @@ def median_search(
 ) -> SearchResult:
     """``taps.search`` as a user runs it: one warm-up, then the run of median end-to-end time
     among ``repeat``."""
-    search(graph, cluster, options=options, **PAPER_MODEL)
-    runs = [search(graph, cluster, options=options, **PAPER_MODEL) for _ in range(repeat)]
+    search(graph, cluster, PAPER_MODEL, options=options)
+    runs = [search(graph, cluster, PAPER_MODEL, options=options) for _ in range(repeat)]
     return sorted(runs, key=lambda r: r.timings["total"])[len(runs) // 2]
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 import types
 
-from .devices import VerifyError, jax_with_devices, simulate_cpu_devices
-from .gspmd import GspmdReport, Traffic, compare_gspmd
-from .hlo import HloCollective, collectives, replica_groups
-from .replay import verify, verify_graph, verify_redistribution, verify_redistributions
-from .result import CollectiveCheck, Predicted, VerifyResult
-from .torch_engine import verify_torch
+from taps.errors import VerifyError
+from taps.verify.devices import jax_with_devices, simulate_cpu_devices
+from taps.verify.gspmd import GspmdReport, Traffic, compare_gspmd
+from taps.verify.hlo import HloCollective, collectives, replica_groups
+from taps.verify.replay import verify, verify_graph, verify_redistribution, verify_redistributions
+from taps.verify.result import CollectiveCheck, Predicted, VerifyResult
+from taps.verify.torch_engine import verify_torch
 
 __all__ = [
     "CollectiveCheck",

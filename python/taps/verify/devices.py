@@ -7,14 +7,10 @@ import os
 import re
 from typing import Any
 
-from taps._core import TapsError
-from taps.extras import require
+from taps._support.extras import require
+from taps.errors import VerifyError
 
 _FLAG = "--xla_force_host_platform_device_count"
-
-
-class VerifyError(TapsError):
-    """A plan the engine cannot run, a missing engine, or too few devices."""
 
 
 def simulate_cpu_devices(n: int) -> None:

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Mapping
 
 from taps._core import Cluster, Strategy, TapsError
+from taps.errors import VerifyError
 from taps.graph import Graph
-
-from .devices import VerifyError, simulate_cpu_devices
-from .result import VerifyResult
+from taps.verify.devices import simulate_cpu_devices
+from taps.verify.result import VerifyResult
 
 
 def verify_in_fresh_process(
@@ -69,7 +69,7 @@ def main() -> int:
     levels, memory, replicas = data["cluster"]
     cluster = Cluster.hierarchy([tuple(level) for level in levels], memory, replicas)
     simulate_cpu_devices(cluster.num_devices)
-    from .replay import verify_graph
+    from taps.verify.replay import verify_graph
 
     try:
         result = verify_graph(

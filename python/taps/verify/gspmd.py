@@ -25,10 +25,9 @@ from rich.table import Table
 
 from taps._core import Cluster, Strategy
 from taps.graph import Graph
-
-from .program import TOLERANCE, GraphProgram, measured
-from .replay import COMPILER_OPTIONS
-from .result import inter_node_groups
+from taps.verify.program import TOLERANCE, GraphProgram, measured
+from taps.verify.replay import COMPILER_OPTIONS
+from taps.verify.result import inter_node_groups
 
 _REMAT = "Involuntary full rematerialization"
 

@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from taps.errors import VerifyError
 from taps.graph import Operator
-
-from .devices import VerifyError
 
 Reduce = Callable[..., Any]
 

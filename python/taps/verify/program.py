@@ -21,18 +21,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
-from taps.costs import Collective, Step, breakdown, intra_collectives, partial_flows
+from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
-from taps.export.layouts import PlanLayouts, plan_layouts
-from taps.export.mesh import Mesh, mesh_for_plans
 from taps.graph import Graph
-from taps.sharding import Candidate, assigned
-
-from . import hlo
-from .devices import VerifyError, jax_with_devices
-from .operators import compute
-from .result import Predicted
-from .steps import layout_groups, step
+from taps.plan.candidates import Candidate, assigned
+from taps.plan.layouts import PlanLayouts, plan_layouts
+from taps.plan.mesh import Mesh, mesh_for_plans
+from taps.plan.plan import Plan
+from taps.plan.pricing import Pricing, Step
+from taps.search.evaluate import breakdown
+from taps.search.prices import Collective, intra_collectives, partial_flows
+from taps.verify import hlo
+from taps.verify.devices import jax_with_devices
+from taps.verify.operators import compute
+from taps.verify.result import Predicted
+from taps.verify.steps import layout_groups, step
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -211,7 +214,14 @@ class GraphProgram:
         # taps' own plans and collectives of the step, as the search priced them (the optimal
         # planner minimises what ``cost_model`` measures: seconds on the cluster, or elements);
         # in the paper's model they are plan_layouts' plans.
-        rows = breakdown(graph, cluster, strategies, cost_model, step, planner, zero)
+        rows = breakdown(
+            Plan(
+                graph,
+                cluster,
+                strategies,
+                Pricing(cost_model=cost_model, step=step, planner=planner, zero=zero),
+            )
+        )
         incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
         #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
         self.backward: list[Redistribution | None] = [

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy, plan_redistribution
-from taps.costs import Step, check_planner, check_step
+from taps.errors import VerifyError
 from taps.export.jax import jax_mesh, layout_spec, named_sharding
-from taps.export.mesh import mesh_for_plans
 from taps.graph import Graph
-
-from . import training
-from .devices import VerifyError, have_devices, jax_with_devices
-from .fresh import verify_in_fresh_process
-from .program import (
+from taps.plan.mesh import mesh_for_plans
+from taps.plan.pricing import Step, check_planner, check_step
+from taps.verify import training
+from taps.verify.devices import have_devices, jax_with_devices
+from taps.verify.fresh import verify_in_fresh_process
+from taps.verify.program import (
     TOLERANCE,
     GraphProgram,
     measured,
@@ -43,11 +43,11 @@ from .program import (
     relative_error,
     run_dtype,
 )
-from .result import VerifyResult, match
+from taps.verify.result import VerifyResult, match
 
 if TYPE_CHECKING:
     from taps._core import _CostModel, _Planner
-    from taps.search import SearchResult
+    from taps.search.searching import SearchResult
 
 #: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
 #: is one compiled collective. They change launches, not bytes or groups.

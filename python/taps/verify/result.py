@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .hlo import HloCollective
+from taps.verify.hlo import HloCollective
 
 #: A prediction matched by a collective of the same kind, groups and bytes.
 OK = "ok"

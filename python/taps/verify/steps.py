@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .devices import VerifyError
+from taps.errors import VerifyError
 
 
 def _lax() -> Any:

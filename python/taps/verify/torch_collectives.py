@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from taps._support.extras import require
 from taps.export.distribute import Tracer
-from taps.extras import require
-
-from .hlo import HloCollective, received_bytes
+from taps.verify.hlo import HloCollective, received_bytes
 
 #: Per functional collective, its kind and the position of its process-group name argument.
 _OPS = {

@@ -23,18 +23,22 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from taps._core import Cluster, Strategy
+from taps._support.extras import require
+from taps.errors import VerifyError
 from taps.export import DTensorPlan, plan_layouts
 from taps.export.distribute import DistributedModule, distribute_module
-from taps.extras import require
 from taps.graph import Graph
-
-from .devices import VerifyError
-from .program import TOLERANCE, describe_scopes, operator_collectives, predicted_collectives
-from .result import UNEXPECTED, UNPRICED, CollectiveCheck, VerifyResult, match
-from .torch_collectives import Recorder
+from taps.verify.program import (
+    TOLERANCE,
+    describe_scopes,
+    operator_collectives,
+    predicted_collectives,
+)
+from taps.verify.result import UNEXPECTED, UNPRICED, CollectiveCheck, VerifyResult, match
+from taps.verify.torch_collectives import Recorder
 
 if TYPE_CHECKING:
-    from taps.search import SearchResult
+    from taps.search.searching import SearchResult
 
 
 def import_torch() -> Any:
@@ -225,7 +229,7 @@ def verify_torch(
     rows, timings = collective_rows(module, inputs, graph, cluster, strategies, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:
-        from .torch_numerics import gloo_errors
+        from taps.verify.torch_numerics import gloo_errors
 
         t = time.perf_counter()
         errors = gloo_errors(module, inputs, graph, cluster, strategies, numerics, dtype, seed)

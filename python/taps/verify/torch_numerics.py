@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from taps._core import Cluster, Strategy
+from taps.errors import VerifyError
 from taps.graph import Graph
-
-from .devices import VerifyError
 
 #: The rank counts a numerics run takes (gloo processes on one machine).
 RANKS = (4, 8)
@@ -37,10 +36,10 @@ def numerics_plan(
         raise VerifyError(f"a numerics run takes {' or '.join(map(str, RANKS))} ranks, not {ranks}")
     if cluster.num_devices == ranks:
         return cluster, dict(strategies)
-    from taps.search import search
+    from taps.search.searching import search
 
     small = Cluster(1, ranks)
-    return small, dict(search(graph, small).strategies)
+    return small, dict(search(graph, small).plan.strategies)
 
 
 def gloo_errors(
@@ -98,9 +97,14 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
 
     from taps.export import plan_layouts
     from taps.export.distribute import distribute_module
-
-    from .program import relative_error
-    from .torch_engine import _user_specs, backward, cast_inputs, materialize, torch_dtype
+    from taps.verify.program import relative_error
+    from taps.verify.torch_engine import (
+        _user_specs,
+        backward,
+        cast_inputs,
+        materialize,
+        torch_dtype,
+    )
 
     module, inputs, graph_doc, shape, plan, dtype, seed, tmp = payload
     tdist.init_process_group(

@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 
 from taps._core import Layout, Redistribution
-from taps.costs import Collective
 from taps.graph import Operator
-
-from .operators import compute
-from .program import GraphProgram, redistribute
-from .steps import layout_groups, step
+from taps.search.prices import Collective
+from taps.verify.operators import compute
+from taps.verify.program import GraphProgram, redistribute
+from taps.verify.steps import layout_groups, step
 
 
 def _edge(

@@ -13,10 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from taps._core import inter_node_groups
-from taps.extras import require
+from taps._support.extras import require
 
 if TYPE_CHECKING:
-    from taps.search import SearchResult
+    from taps.search.searching import SearchResult
 
 #: Inches: figure width, height per operator and for title, axes and legends.
 WIDTH = 12.0
@@ -53,7 +53,7 @@ def figure_size(num_operators: int) -> tuple[int, int]:
 def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
     """Per operator of ``result.breakdown``: the cost of its collectives inside a node, of those
     across nodes, and of its incoming redistributions (they add up to its total)."""
-    dpn = result.cluster.devices_per_node
+    dpn = result.plan.cluster.devices_per_node
     out = []
     for row in result.breakdown:
         inside = across = 0.0
@@ -78,10 +78,10 @@ def plan_figure(result: SearchResult) -> Any:
     width, height = figure_size(len(rows))
     fig = new_figure(width / DPI, height / DPI)
     strategy_ax, cost_ax = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1))
-    cluster = result.cluster
+    cluster = result.plan.cluster
     _draw_strategies(strategy_ax, result)
     costs = cost_split(result)
-    topology = result.cost_model == "topology"
+    topology = result.plan.pricing.cost_model == "topology"
     scale, unit = (1e3, "ms") if topology else (2.0**-20, "MiB")
     left = [0.0] * len(rows)
     for k, (color, label) in enumerate(zip(_COST_COLORS, _COST_LABELS)):
@@ -96,7 +96,7 @@ def plan_figure(result: SearchResult) -> Any:
     cost_ax.tick_params(labelsize=8)
     total = f"{result.cost * scale:.4g} {unit}"
     fig.suptitle(
-        f"{result.graph.name}: {result.cost_model} search on {cluster.nodes} x "
+        f"{result.plan.graph.name}: {result.plan.pricing.cost_model} search on {cluster.nodes} x "
         f"{cluster.devices_per_node} devices, {total} per step ({result.status})",
         fontsize=10,
     )
@@ -109,7 +109,7 @@ def _draw_strategies(ax: Any, result: SearchResult) -> None:
     palette = require("matplotlib", "plot", _PURPOSE).colormaps["Set3"]
     colors: dict[str, Any] = {}
     for y, row in enumerate(rows):
-        axes = result.graph.op(row.name).partitionable
+        axes = result.plan.graph.op(row.name).partitionable
         split = {
             m: (axis, d)
             for axis, d, m in zip(axes, row.strategy.degrees, row.strategy.device_map)
@@ -125,8 +125,8 @@ def _draw_strategies(ax: Any, result: SearchResult) -> None:
             x += w
         if not split:
             ax.text(0.1, y, "replicated", va="center", fontsize=7)
-    n = math.log2(result.cluster.num_devices)
-    inside = math.log2(result.cluster.devices_per_node)
+    n = math.log2(result.plan.cluster.num_devices)
+    inside = math.log2(result.plan.cluster.devices_per_node)
     ax.axvline(inside, color="black", linestyle="--", linewidth=1, label="node boundary")
     ax.set_xlim(0, max(n, 1))
     ax.set_xticks(range(int(max(n, 1)) + 1))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taps.reductions import PairCost, Problem
+from taps.solve.reductions import PairCost, Problem
 
 
 @dataclass(frozen=True)

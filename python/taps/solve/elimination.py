@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taps.reductions import Problem
+from taps.solve.reductions import Problem
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000

@@ -24,8 +24,8 @@ from taps._core import (
     enumerate_strategies,
     plan_redistribution,
 )
+from taps._support.limits import check_candidates
 from taps.graph import Edge, Graph, Operand, Operator
-from taps.limits import check_candidates
 
 if TYPE_CHECKING:
     from taps._core import _Planner as Planner
@@ -209,3 +209,11 @@ def backward_plans(
         )
         for e in graph.edges
     ]
+
+
+def strategies_for(
+    graph: Graph, op_name: str, cluster: Cluster, replicas: bool = False
+) -> list[Strategy]:
+    """The strategies the search considers for one operator of ``graph`` on ``cluster``
+    (``replicas``: also those that split over fewer devices, see :func:`taps.search`)."""
+    return strategies(graph.op(op_name), cluster.num_devices, replicas)

@@ -10,8 +10,8 @@ from rich.table import Table
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
 
 if TYPE_CHECKING:
-    from taps.costs import CostModel
-    from taps.search import Comparison, SearchResult
+    from taps.plan.pricing import CostModel
+    from taps.search.searching import Comparison, SearchResult
 
 
 def format_seconds(seconds: float) -> str:
@@ -87,10 +87,10 @@ def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
 
 def strategy_table(result: SearchResult) -> Table:
     """One row per operator: its strategy, device matrix and the cost it adds."""
-    model = result.cost_model
+    model = result.plan.pricing.cost_model
     table = Table(
-        title=f"{result.graph.name}: {result.cost_model} search on "
-        f"{result.cluster.nodes} x {result.cluster.devices_per_node} devices",
+        title=f"{result.plan.graph.name}: {result.plan.pricing.cost_model} search on "
+        f"{result.plan.cluster.nodes} x {result.plan.cluster.devices_per_node} devices",
         title_justify="left",
     )
     for name in ("operator", "strategy", "device matrix"):
@@ -98,7 +98,7 @@ def strategy_table(result: SearchResult) -> Table:
     for name in ("collectives", "redistribution", "total"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in result.breakdown:
-        op = result.graph.op(row.name)
+        op = result.plan.graph.op(row.name)
         table.add_row(
             row.name,
             _strategy_text(op.partitionable, row.strategy),
@@ -118,13 +118,13 @@ def strategy_table(result: SearchResult) -> Table:
         format_cost(incoming, model),
         format_cost(result.cost, model),
     )
-    layers = result.graph.layers
+    layers = result.plan.graph.layers
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
-        f"{'training step' if result.step == 'training' else 'forward step (the paper)'}, "
-        f"{result.planner} planner{', ZeRO' if result.zero else ''}; "
+        f"{'training step' if result.plan.pricing.step == 'training' else 'forward step (the paper)'}, "
+        f"{result.plan.pricing.planner} planner{', ZeRO' if result.plan.pricing.zero else ''}; "
         f"{result.status}, gap {gap_text(result.gap)}, {result.num_aux_edges:,} auxiliary edges; "
-        f"{result.ilp.eliminated} of {len(result.graph.ops)} operators decided by exact "
+        f"{result.ilp.eliminated} of {len(result.plan.graph.ops)} operators decided by exact "
         f"reductions, {ilp_text(result)}; search {result.timings['total']:.3f} s; "
         f"memory {format_bytes(result.memory_per_device)} per device"
         + (f" for {layers} layers" if layers > 1 else "")
@@ -152,8 +152,8 @@ def ilp_text(result: SearchResult) -> str:
 def collectives_table(result: SearchResult) -> Table:
     """Every collective of the chosen assignment: intra-operator all_reduces and the ops of each
     incoming redistribution, with ct and cost, so a reader sees where the time goes."""
-    model = result.cost_model
-    cluster = result.cluster
+    model = result.plan.pricing.cost_model
+    cluster = result.plan.cluster
     table = Table(title="Collectives", title_justify="left")
     for name in ("operator", "tensor", "why", "collective"):
         table.add_column(name)
@@ -170,7 +170,7 @@ def collectives_table(result: SearchResult) -> Table:
                 row.name, c.tensor, c.reason, c.kind, str(group), str(ct), format_cost(cost, model)
             )
         for inc in row.incoming:
-            dtype = result.graph.tensors[inc.edge.tensor].dtype_bytes
+            dtype = result.plan.graph.tensors[inc.edge.tensor].dtype_bytes
             # The training step also sends the gradient back to the producer.
             plans = [(inc.plan, f"from {inc.edge.producer}")]
             if inc.backward is not None:
@@ -235,7 +235,7 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
     """A search result as plain JSON-ready data: strategies, costs and the full breakdown."""
     ops = []
     for row in result.breakdown:
-        op = result.graph.op(row.name)
+        op = result.plan.graph.op(row.name)
         ops.append(
             {
                 "name": row.name,
@@ -272,10 +272,10 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
                 ],
             }
         )
-    c = result.cluster
+    c = result.plan.cluster
     return {
-        "graph": result.graph.name,
-        "layers": result.graph.layers,
+        "graph": result.plan.graph.name,
+        "layers": result.plan.graph.layers,
         "cluster": {
             "nodes": c.nodes,
             "devices_per_node": c.devices_per_node,
@@ -283,10 +283,10 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
             "inter_bandwidth": c.inter_bandwidth,
             "device_memory": c.device_memory,
         },
-        "cost_model": result.cost_model,
-        "step": result.step,
-        "planner": result.planner,
-        "zero": result.zero,
+        "cost_model": result.plan.pricing.cost_model,
+        "step": result.plan.pricing.step,
+        "planner": result.plan.pricing.planner,
+        "zero": result.plan.pricing.zero,
         "cost": result.cost,
         "status": result.status,
         # Unknown (no bound yet when a time limit stopped SCIP) is null: JSON has no Infinity.

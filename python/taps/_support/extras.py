@@ -6,11 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from taps._core import TapsError
-
-
-class MissingExtraError(TapsError):
-    """An optional dependency is not installed; the message names the extra to install."""
+from taps.errors import MissingExtraError
 
 
 def require(module: str, extra: str, purpose: str) -> ModuleType:

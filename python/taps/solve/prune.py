@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from taps.reductions import PairCost, Problem
+from taps.solve.reductions import PairCost, Problem
 
 
 def _dominated(profile: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from taps.reductions import Problem, min_marginals, reduce
+from taps.solve.reductions import Problem, min_marginals, reduce
 
 #: Prices tried at most; each is one run of the reductions.
 MAX_STEPS = 40

@@ -19,11 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from taps._core import TapsError
-
-
-class OutputError(TapsError):
-    """An output file that cannot be written where asked."""
+from taps.errors import OutputError
 
 
 def _mode(path: Path) -> int:

@@ -15,11 +15,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from taps._core import Layout, Redistribution, TapsError
-
-
-class ExportError(TapsError):
-    """A plan that cannot be put on a framework's mesh, or a missing framework."""
+from taps._core import Layout, Redistribution
+from taps.errors import ExportError
 
 
 def _log2(n: int, what: str) -> int:

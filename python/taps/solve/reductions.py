@@ -22,12 +22,13 @@ compared on the first and, on ties, on the second.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from taps._core import min_plus
+from taps.solve.problem import PairCost, Problem
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
 #: distinct choices) stays below this (a fifth of it with two objectives, whose kernel is five to
@@ -39,42 +40,6 @@ MAX_SERIES_WORK = 2_000_000_000
 _ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
 _TIE = 1e-12
-
-
-@dataclass
-class PairCost:
-    """A cost between the choices of operators ``u`` and ``w``: ``cost[u_class[i], w_class[j]]``
-    for candidate ``i`` of ``u`` and ``j`` of ``w``."""
-
-    u: str
-    w: str
-    u_class: np.ndarray
-    w_class: np.ndarray
-    cost: np.ndarray
-
-    def oriented(self, u: str) -> PairCost:
-        """The same cost with ``u`` as its first end."""
-        if self.u == u:
-            return self
-        return PairCost(self.w, self.u, self.w_class, self.u_class, np.swapaxes(self.cost, 0, 1))
-
-    def other(self, v: str) -> str:
-        return self.w if self.u == v else self.u
-
-
-@dataclass
-class Problem:
-    """Choose one candidate per operator minimising the node costs plus the pair costs."""
-
-    node_cost: dict[str, np.ndarray]
-    pairs: list[PairCost]
-
-    def evaluate(self, choice: Mapping[str, int]) -> float:
-        """The cost of one assignment (operator name -> index into its candidates)."""
-        total = sum(float(c[choice[v]]) for v, c in self.node_cost.items())
-        for p in self.pairs:
-            total += float(p.cost[p.u_class[choice[p.u]], p.w_class[choice[p.w]]])
-        return total
 
 
 def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:

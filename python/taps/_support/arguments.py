@@ -8,11 +8,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-from taps._core import TapsError
-
-
-class ArgumentError(TapsError):
-    """A number argument out of its range: NaN, infinite, negative or too large."""
+from taps.errors import ArgumentError
 
 
 def number(where: str, name: str, value: object, *, positive: bool = True) -> float:

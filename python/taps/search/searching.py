@@ -3,54 +3,34 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
-from taps._core import Cluster, Strategy
-from taps.checks import number
-from taps.costs import (
-    BYTES_PER_PARAMETER,
-    OpCost,
-    breakdown,
-    build_tables,
-    check_cost_model,
-    check_planner,
-    check_step,
-    evaluate,
-)
+from taps._core import Cluster
+from taps._support.arguments import number
+from taps._support.limits import check_candidates, check_table_memory
 from taps.graph import Graph
-from taps.ilp import IlpOptions, IlpSize, solve
-from taps.limits import check_candidates, check_table_memory
-
-if TYPE_CHECKING:
-    from taps.costs import CostModel, Planner, Step
+from taps.plan.plan import Plan
+from taps.plan.pricing import Pricing
+from taps.search.evaluate import OpCost, breakdown, evaluate
+from taps.search.tables import build_tables
+from taps.solve.pipeline import solve
+from taps.solve.problem import IlpOptions, IlpSize
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
 STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
 
 
 @dataclass(frozen=True)
-class Pricing:
-    """What a search prices: the step, the planner of its edges, ZeRO or not."""
-
-    step: Step = "training"
-    planner: Planner = "paper"
-    zero: bool = False
-
-
-@dataclass(frozen=True)
 class SearchResult:
     """What the search chose and what it costs.
 
-    ``cost`` is in seconds for the topology model and bytes per device for the volume model;
-    ``breakdown`` says per operator where it goes. ``num_aux_edges`` is the paper's |E_A| (one per
-    pair of strategies across a graph edge); ``ilp`` is the size of the problem SCIP solved.
+    ``plan`` is the chosen strategy of every operator with its pricing; ``cost`` is in seconds for
+    the topology model and bytes per device for the volume model; ``breakdown`` says per operator
+    where it goes. ``num_aux_edges`` is the paper's |E_A| (one per pair of strategies across a
+    graph edge); ``ilp`` is the size of the problem SCIP solved.
     """
 
-    graph: Graph
-    cluster: Cluster
-    cost_model: CostModel
-    strategies: dict[str, Strategy]
+    plan: Plan
     cost: float
     breakdown: list[OpCost]
     status: str
@@ -60,37 +40,31 @@ class SearchResult:
     ilp: IlpSize
     memory_per_device: float
     timings: dict[str, float]
-    step: Step = "training"
-    planner: Planner = "paper"
-    zero: bool = False
 
 
 def search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: CostModel = "topology",
+    pricing: Pricing = Pricing(),
+    *,
     memory_limit: float | None = None,
     time_limit: float | None = None,
-    bytes_per_parameter: float = BYTES_PER_PARAMETER,
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
     replicate: bool = False,
-    step: Step = "training",
-    planner: Planner = "paper",
-    zero: bool = False,
 ) -> SearchResult:
-    """Find the strategy of every operator that minimises communication (the ILP of
-    docs/conventions.md#the-ilp).
+    """Find the plan, a strategy for every operator, that minimises communication under
+    ``pricing`` (the ILP of docs/conventions.md#the-ilp).
 
-    ``step="training"`` (the default) prices the whole training step: partial sums flow to the
-    consumer, every edge also pays its backward redistribution, and only parameters' and graph
-    inputs' gradients are reduced at their operators (addends' over the output axes they lack);
-    ``step="forward"`` keeps the paper's model. ``planner`` plans every edge: ``"paper"`` (the
-    default), Algorithm 1, with partial sums all_reduced first; ``"optimal"``, the shortest plan
-    (reduce_scatter, collective_permute; the cheapest within a search budget, docs/core.md), tens
-    of times slower per edge. ``zero``
-    shards parameters' gradients and optimizer state over their data-parallel devices (ZeRO:
-    reduce_scatter and all_gather, less memory). See docs/search.md.
+    ``pricing.step="training"`` (the default) prices the whole training step: partial sums flow
+    to the consumer, every edge also pays its backward redistribution, and only parameters' and
+    graph inputs' gradients are reduced at their operators (addends' over the output axes they
+    lack); ``"forward"`` keeps the paper's model. ``pricing.planner`` plans every edge:
+    ``"paper"`` (the default), Algorithm 1, with partial sums all_reduced first; ``"optimal"``,
+    the shortest plan (reduce_scatter, collective_permute; the cheapest within a search budget,
+    docs/core.md), tens of times slower per edge. ``pricing.zero`` shards parameters' gradients
+    and optimizer state over their data-parallel devices (ZeRO: reduce_scatter and all_gather,
+    less memory). See docs/search.md.
 
     ``memory_limit`` (bytes per device) defaults to ``cluster.device_memory``; ``time_limit``
     (seconds) bounds the whole search: SCIP gets what the cost tables leave of it and returns its
@@ -101,38 +75,24 @@ def search(
     own. ``replicate`` widens every operator's candidates to the splits over fewer devices than
     the cluster has, the rest holding replicas (docs/replicas.md); without it, only an operator
     with no split over every device gets those. A search whose cost tables would not fit this
-    machine's memory is refused up front (:class:`taps.limits.ResourceError`); so is an operator
+    machine's memory is refused up front (:class:`taps.errors.ResourceError`); so is an operator
     with too many candidates.
     """
     t0 = time.perf_counter()
-    _check("search", graph, cluster, memory_limit, time_limit, bytes_per_parameter, replicate)
+    _check("search", graph, cluster, pricing, memory_limit, time_limit, replicate)
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
-    check_cost_model(cost_model)
-    check_step(step)
-    check_planner(planner)
     deadline = None if time_limit is None else t0 + time_limit
-    return _search(
-        graph,
-        cluster,
-        cost_model,
-        memory_limit,
-        deadline,
-        bytes_per_parameter,
-        options,
-        tie,
-        replicate,
-        Pricing(step, planner, zero),
-    )
+    return _search(graph, cluster, pricing, memory_limit, deadline, options, tie, replicate)
 
 
 def _check(
     where: str,
     graph: Graph,
     cluster: Cluster,
+    pricing: Pricing,
     memory_limit: float | None,
     time_limit: float | None,
-    bytes_per_parameter: float,
     replicate: bool = False,
 ) -> None:
     """The arguments' types and ranges, and the size of the search against the machine."""
@@ -140,11 +100,12 @@ def _check(
         raise TypeError(f"{where}: graph must be a taps.Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
         raise TypeError(f"{where}: cluster must be a taps.Cluster, got {type(cluster).__name__}")
+    if not isinstance(pricing, Pricing):
+        raise TypeError(f"{where}: pricing must be a taps.Pricing, got {type(pricing).__name__}")
     if memory_limit is not None:
         number(where, "memory_limit", memory_limit)
     if time_limit is not None:
         number(where, "time_limit", time_limit)
-    number(where, "bytes_per_parameter", bytes_per_parameter, positive=False)
     # The tables are shared by operators of one signature and edges between the same signatures
     # (build_tables), so only the distinct ones take memory.
     signature = {op.name: graph.signature(op.name) for op in graph.ops}
@@ -164,37 +125,25 @@ def _check(
 def _search(
     graph: Graph,
     cluster: Cluster,
-    cost_model: CostModel,
+    pricing: Pricing,
     memory_limit: float | None,
     deadline: float | None,
-    bytes_per_parameter: float,
     options: IlpOptions,
     tie: bool = True,
     replicate: bool = False,
-    pricing: Pricing = Pricing(),
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
-    step, planner, zero = pricing.step, pricing.planner, pricing.zero
-    tables = build_tables(
-        graph,
-        cluster,
-        cost_model,
-        bytes_per_parameter,
-        replicas=replicate,
-        step=step,
-        planner=planner,
-        zero=zero,
-    )
+    tables = build_tables(graph, cluster, pricing, replicas=replicate)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     solution = solve(tables, limit, left, options, tie=tie)
     t1 = time.perf_counter()
-    strategies = {name: tables.ops[name].strategies[i] for name, i in solution.choice.items()}
+    plan = Plan(graph, cluster, tables.strategies(solution.choice), pricing)
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )
-    rows = breakdown(graph, cluster, strategies, cost_model, step, planner, zero)
+    rows = breakdown(plan)
     t2 = time.perf_counter()
     timings = dict(tables.timings)
     timings.update(
@@ -205,10 +154,7 @@ def _search(
         total=t2 - t0,
     )
     return SearchResult(
-        graph=graph,
-        cluster=cluster,
-        cost_model=cost_model,
-        strategies=strategies,
+        plan=plan,
         cost=tables.evaluate(solution.choice),
         breakdown=rows,
         status=solution.status,
@@ -218,9 +164,6 @@ def _search(
         ilp=solution.size,
         memory_per_device=memory,
         timings=timings,
-        step=step,
-        planner=planner,
-        zero=zero,
     )
 
 
@@ -246,39 +189,30 @@ class Comparison:
 def compare(
     graph: Graph,
     cluster: Cluster,
+    pricing: Pricing = Pricing(),
+    *,
     memory_limit: float | None = None,
     time_limit: float | None = None,
-    bytes_per_parameter: float = BYTES_PER_PARAMETER,
-    step: Step = "training",
-    planner: Planner = "paper",
-    zero: bool = False,
 ) -> Comparison:
-    """Search under both cost models and price both results under the topology model;
-    ``time_limit`` bounds both searches together; ``step``, ``planner`` and ``zero`` as in
-    :func:`search`."""
+    """Search under both cost models (``pricing`` gives the rest: step, planner, ZeRO) and price
+    both results under the topology model; ``time_limit`` bounds both searches together."""
     t0 = time.perf_counter()
-    _check("compare", graph, cluster, memory_limit, time_limit, bytes_per_parameter)
-    check_step(step)
-    check_planner(planner)
-    pricing = Pricing(step, planner, zero)
+    _check("compare", graph, cluster, pricing, memory_limit, time_limit)
     deadline = None if time_limit is None else t0 + time_limit
     topo, vol = (
         _search(
             graph,
             cluster,
-            model,
+            replace(pricing, cost_model=model),
             memory_limit,
             deadline,
-            bytes_per_parameter,
             IlpOptions(),
-            pricing=pricing,
         )
         for model in ("topology", "volume")
     )
-    priced = (pricing.step, pricing.planner, pricing.zero)
     return Comparison(
         topo,
         vol,
-        evaluate(graph, cluster, vol.strategies, "topology", *priced),
-        evaluate(graph, cluster, topo.strategies, "volume", *priced),
+        evaluate(vol.plan.with_pricing(topo.plan.pricing)),
+        evaluate(topo.plan.with_pricing(vol.plan.pricing)),
     )

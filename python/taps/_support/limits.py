@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from taps._core import TapsError
+from taps.errors import ResourceError
 
 #: The most candidate strategies the search takes for one operator (its tables, layouts and ILP
 #: rows grow with them; the built-in models need at most a few thousand).
@@ -21,10 +21,6 @@ CANDIDATE_BYTES = 1024
 #: Bytes per pair of strategies across an edge: an upper bound of the edge's cost matrix, which
 #: has one float per pair of layout classes.
 PAIR_BYTES = 8
-
-
-class ResourceError(TapsError):
-    """A search too large for its limits or for this machine's memory."""
 
 
 def _twos(size: int) -> int:

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taps._core import Cluster, Layout, Redistribution, Strategy
+from taps.errors import ExportError
 from taps.graph import Edge, Graph
-from taps.sharding import assigned, edge_plans
-
-from .mesh import ExportError, Mesh, mesh_for_plans
+from taps.plan.candidates import assigned, edge_plans
+from taps.plan.mesh import Mesh, mesh_for_plans
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,56 @@
+"""Every error taps raises, in one place: ``TapsError`` (a ``ValueError``) and its subclasses.
+
+The core's errors are defined in Rust (``taps._core``) and re-exported here; the ones raised only
+by the Python package are defined here. Catch :class:`TapsError` for any of them.
+"""
+
+from taps._core import (
+    GraphError,
+    InfeasibleError,
+    LayoutError,
+    StrategyError,
+    TapsError,
+    TopologyError,
+    UnifyError,
+)
+
+
+class ArgumentError(TapsError):
+    """A number argument out of its range: NaN, infinite, negative or too large."""
+
+
+class ResourceError(TapsError):
+    """A search too large for its limits or for this machine's memory."""
+
+
+class OutputError(TapsError):
+    """An output file that cannot be written where asked."""
+
+
+class MissingExtraError(TapsError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+class ExportError(TapsError):
+    """A plan that cannot be put on a framework's mesh, or a missing framework."""
+
+
+class VerifyError(TapsError):
+    """A plan the engine cannot run, a missing engine, or too few devices."""
+
+
+__all__ = [
+    "ArgumentError",
+    "ExportError",
+    "GraphError",
+    "InfeasibleError",
+    "LayoutError",
+    "MissingExtraError",
+    "OutputError",
+    "ResourceError",
+    "StrategyError",
+    "TapsError",
+    "TopologyError",
+    "UnifyError",
+    "VerifyError",
+]

@@ -1,0 +1,261 @@
+"""The plan: a strategy for every operator of a graph on a cluster, and how it is priced.
+
+A :class:`Plan` is the value the rest of taps passes around: the search returns one
+(``taps.search(...).plan``), :func:`taps.evaluate` and :func:`taps.breakdown` price one, the exports
+put one on a framework's mesh and the verifiers run one. It is checked when it is made (every
+operator of the graph has exactly one strategy that fits it and the cluster, and no other name
+has one), and it is saved and read back exactly (:meth:`Plan.to_json`, :meth:`Plan.from_json`;
+docs/plan.md gives the file format).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from taps._core import Cluster, Strategy
+from taps._support.outputs import Outputs
+from taps.errors import GraphError, StrategyError, TapsError
+from taps.graph import Graph
+from taps.plan.pricing import Pricing
+
+#: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
+FORMAT = "taps.plan"
+VERSION = 1
+
+
+class PlanFileError(TapsError):
+    """A saved plan that cannot be read: not a plan, another version, or a graph that does not
+    match its strategies."""
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A strategy for every operator of ``graph`` on ``cluster``, priced by ``pricing``.
+
+    Attributes:
+        graph: the model's graph.
+        cluster: the cluster the strategies place the operators on.
+        strategies: operator name -> its strategy, in the graph's operator order (read-only).
+        pricing: how the plan is priced (cost model, step, planner, ZeRO, bytes per parameter).
+    """
+
+    graph: Graph
+    cluster: Cluster
+    strategies: Mapping[str, Strategy]
+    pricing: Pricing = field(default_factory=Pricing)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.graph, Graph):
+            raise TypeError(f"Plan: graph must be a taps.Graph, got {type(self.graph).__name__}")
+        if not isinstance(self.cluster, Cluster):
+            raise TypeError(
+                f"Plan: cluster must be a taps.Cluster, got {type(self.cluster).__name__}"
+            )
+        if not isinstance(self.pricing, Pricing):
+            raise TypeError(
+                f"Plan: pricing must be a taps.Pricing, got {type(self.pricing).__name__}"
+            )
+        if not isinstance(self.strategies, Mapping):
+            raise TypeError(
+                "Plan: strategies must map operator names to taps.Strategy, got "
+                f"{type(self.strategies).__name__}"
+            )
+        ordered = _checked(self.graph, self.cluster, self.strategies)
+        object.__setattr__(self, "strategies", MappingProxyType(ordered))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return (
+            self.cluster == other.cluster
+            and self.pricing == other.pricing
+            and dict(self.strategies) == dict(other.strategies)
+            and self.graph.to_dict() == other.graph.to_dict()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def with_pricing(self, pricing: Pricing) -> Plan:
+        """The same strategies priced another way."""
+        return Plan(self.graph, self.cluster, dict(self.strategies), pricing)
+
+    # -- saved plans ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as a JSON object (docs/plan.md)."""
+        graph = self.graph.to_dict()
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "graph_digest": _digest(graph),
+            "cluster": _cluster_dict(self.cluster),
+            "pricing": self.pricing.to_dict(),
+            "strategies": {
+                name: {
+                    "degrees": s.degrees,
+                    "device_map": s.device_map,
+                    "device_matrix": s.device_matrix,
+                }
+                for name, s in self.strategies.items()
+            },
+            "graph": graph,
+        }
+
+    def to_json(self) -> str:
+        """The plan as JSON text; :meth:`from_json` reads it back to an equal plan."""
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, graph: Graph | None = None) -> Plan:
+        """The plan of :meth:`to_dict`'s object. With ``graph``, the saved graph must be that
+        graph. A document of another format or version, or whose graph does not match its
+        digest or its strategies, is a :class:`PlanFileError`."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise PlanFileError('not a saved taps plan (no "format": "taps.plan")')
+        version = data.get("version")
+        if version != VERSION:
+            raise PlanFileError(
+                f"a plan of format version {version!r}: this taps reads version {VERSION}"
+            )
+        missing = [
+            k
+            for k in ("graph", "graph_digest", "cluster", "pricing", "strategies")
+            if k not in data
+        ]
+        if missing:
+            raise PlanFileError(f"the plan has no {', '.join(missing)}")
+        if _digest(data["graph"]) != data["graph_digest"]:
+            raise PlanFileError("the plan's graph was changed after it was saved (digest differs)")
+        try:
+            saved = Graph.from_dict(data["graph"])
+            if graph is not None and graph.to_dict() != data["graph"]:
+                raise PlanFileError(
+                    f"the plan is of graph {saved.name!r}, which is not the graph "
+                    f"{graph.name!r} given"
+                )
+            strategies = {
+                name: Strategy(s["degrees"], s["device_map"], s["device_matrix"])
+                for name, s in _object(data["strategies"], "strategies").items()
+            }
+            return cls(
+                saved,
+                _cluster_of(data["cluster"]),
+                strategies,
+                Pricing.from_dict(data["pricing"]),
+            )
+        except PlanFileError:
+            raise
+        except (TapsError, KeyError, TypeError) as e:
+            detail = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise PlanFileError(f"the saved plan does not hold together: {detail}") from None
+
+    @classmethod
+    def from_json(cls, text: str | bytes, graph: Graph | None = None) -> Plan:
+        """Read a plan written by :meth:`to_json`; see :meth:`from_dict`."""
+        try:
+            data = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PlanFileError(f"not a saved taps plan: not JSON ({e})") from None
+        return cls.from_dict(data, graph)
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path``, whole or not at all."""
+        with Outputs(path) as out:
+            out[path].write_text(self.to_json())
+            out.commit()
+
+    @classmethod
+    def load(cls, path: str | Path, graph: Graph | None = None) -> Plan:
+        """Read a plan saved by :meth:`save`."""
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise PlanFileError(f"cannot read plan {str(path)!r}: {e.strerror}") from None
+        try:
+            return cls.from_json(data, graph)
+        except PlanFileError as e:
+            raise PlanFileError(f"{path}: {e}") from None
+
+
+def is_saved_plan(data: Any) -> bool:
+    """Whether a JSON document is a saved plan (rather than, say, a graph)."""
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PlanFileError(f"the plan's {what} must be a JSON object")
+    return value
+
+
+def _digest(graph: Any) -> str:
+    """A digest of the graph's JSON object, so that a hand-edited graph is noticed."""
+    text = json.dumps(graph, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    return {
+        "levels": [list(level) for level in cluster.levels],
+        "device_memory": cluster.device_memory,
+        "replicas": cluster.replicas,
+    }
+
+
+def _cluster_of(data: Any) -> Cluster:
+    data = _object(data, "cluster")
+    levels = [tuple(level) for level in data["levels"]]
+    return Cluster.hierarchy(levels, data["device_memory"], data["replicas"])
+
+
+def _checked(
+    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy]
+) -> dict[str, Strategy]:
+    """``strategies`` in the graph's operator order, each checked against its operator and the
+    cluster; names the graph does not have, and operators without one, are refused."""
+    names = {op.name for op in graph.ops}
+    foreign = [n for n in strategies if n not in names]
+    if foreign:
+        raise GraphError(
+            f"strategies for operators graph {graph.name!r} does not have: "
+            f"{', '.join(repr(n) for n in foreign[:5])}{' ...' if len(foreign) > 5 else ''}"
+        )
+    missing = [op.name for op in graph.ops if op.name not in strategies]
+    if missing:
+        raise StrategyError(
+            f"no strategy for {len(missing)} operator(s) of graph {graph.name!r}: "
+            f"{', '.join(repr(n) for n in missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    out: dict[str, Strategy] = {}
+    for op in graph.ops:
+        s = strategies[op.name]
+        if not isinstance(s, Strategy):
+            raise TypeError(
+                f"Plan: the strategy of {op.name!r} must be a taps.Strategy, got {type(s).__name__}"
+            )
+        sizes = op.partitionable_sizes
+        if len(s.degrees) != len(sizes):
+            raise StrategyError(
+                f"operator {op.name!r}: strategy {s} has {len(s.degrees)} degree(s) for its "
+                f"{len(sizes)} partitionable axes ({', '.join(op.partitionable) or 'none'}): "
+                "a strategy of another graph?"
+            )
+        bad = [a for a, d, n in zip(op.partitionable, s.degrees, sizes) if n % d]
+        if bad:
+            raise StrategyError(
+                f"operator {op.name!r}: strategy {s} splits axis {bad[0]!r} of size "
+                f"{op.axis_size(bad[0])} into {s.degrees[op.partitionable.index(bad[0])]} blocks"
+            )
+        if s.num_devices != cluster.num_devices:
+            raise StrategyError(
+                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the "
+                f"cluster {cluster.num_devices}"
+            )
+        out[op.name] = s
+    return out

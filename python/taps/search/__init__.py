@@ -1,0 +1,22 @@
+"""The search: the plan that minimises a step's communication on a cluster.
+
+:func:`search` builds the cost tables (:mod:`.tables`: every operator's candidates priced by
+:mod:`.prices`, every edge's redistributions), hands them to :func:`taps.solve.solve`, and returns
+a :class:`SearchResult` whose ``plan`` is the chosen :class:`taps.Plan`; :func:`compare` runs both
+cost models; :func:`evaluate` and :func:`breakdown` (:mod:`.evaluate`) price any plan.
+"""
+
+from taps.search.evaluate import Incoming, OpCost, breakdown, evaluate
+from taps.search.searching import STAGES, Comparison, SearchResult, compare, search
+
+__all__ = [
+    "STAGES",
+    "Comparison",
+    "Incoming",
+    "OpCost",
+    "SearchResult",
+    "breakdown",
+    "compare",
+    "evaluate",
+    "search",
+]

@@ -1,0 +1,200 @@
+"""What a strategy costs inside its operator: the intra-operator collectives (the all_reduces of
+partial sums and gradients), and the memory it needs per device. The layouts come from
+:mod:`taps.plan.candidates`; this module only prices them (docs/conventions.md:
+"Intra-operator communication" and "Topology-aware cost")."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from taps._core import (
+    Cluster,
+    Layout,
+    Strategy,
+)
+from taps.graph import Graph, Operand, Operator
+from taps.plan.candidates import (
+    Candidate,
+    operand_axis_indices,
+    operand_shape,
+    split_dims,
+)
+from taps.plan.pricing import BYTES_PER_PARAMETER
+
+if TYPE_CHECKING:
+    from taps._core import _CostModel as CostModel
+    from taps.plan.pricing import Step
+
+
+def partial_flows(graph: Graph, step: Step = "training") -> frozenset[str]:
+    """The operators whose output partial sums flow to their consumer (training step): those with
+    a partitionable contracted axis whose output has exactly one consumer (one graph edge). The
+    edge then plans from the partial layout (a reduce_scatter where the consumer splits the
+    tensor, an all_reduce where it does not). An output with no consumer, or with several, is
+    all_reduced once at its operator, as in the paper."""
+    if step != "training":
+        return frozenset()
+    uses = Counter(e.tensor for e in graph.edges)
+    return frozenset(
+        op.name
+        for op in graph.ops
+        if set(op.contracted) & set(op.partitionable) and uses[op.output.tensor] == 1
+    )
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One intra-operator collective: an all_reduce of partial sums over the device dims the
+    tensor's map does not use. Each replica of a replicated operator reduces on its own: the layout
+    stacks the replicas' copies along leading dims split over the replica dims, so those dims are
+    outside the group."""
+
+    tensor: str
+    reason: str  # "forward partial sum" or "gradient"
+    layout: Layout
+    dtype_bytes: int
+    kind: Literal["all_reduce"] = "all_reduce"
+    #: A parameter's gradient under ZeRO (``zero=True``): a reduce_scatter over the group and an
+    #: all_gather of the updated shards, the all_reduce's bytes over its group, priced as it.
+    zero: bool = False
+
+    def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
+        return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
+
+
+def _replicated(layout: Layout) -> bool:
+    """Whether some device dim is unused by the map (so an all_reduce over it is needed)."""
+    return len(layout.device_matrix) > sum(m >= 0 for m in layout.tensor_map)
+
+
+def reduced_operands(
+    graph: Graph, op: Operator, step: Step = "forward", flowing: bool = False
+) -> list[tuple[Operand, str, tuple[str, ...]]]:
+    """The operands of ``op`` whose shard can be a partial sum that the operator all_reduces, in
+    order, each with the partitionable axes it lacks that the reduction does not run over:
+
+    - the output, if a contracted axis can be split and its partial sums do not flow to the
+      consumer (``flowing``, :func:`partial_flows`);
+    - every input that needs a gradient; in the training step only those no operator produces
+      (parameters and graph inputs: an activation's gradient goes back on its edge), and an
+      addend's gradient is summed over the output axes it lacks only (the others are kept apart).
+
+    Each needs an all_reduce over the device dims its per-replica layout leaves unused, but for
+    the axes kept apart (the replicas of a replicated operator see the same output gradient, so
+    they compute the same input gradients: nothing is partial over the replica dims); for the
+    output that is exactly when a contracted axis is split."""
+    out: list[tuple[Operand, str, tuple[str, ...]]] = []
+    if set(op.contracted) & set(op.partitionable) and not flowing:
+        out.append((op.output, "forward partial sum", ()))
+    for o in op.inputs:
+        if not graph.tensors[o.tensor].requires_grad:
+            continue
+        apart: tuple[str, ...] = ()
+        if step == "training":
+            if graph.root(o.tensor).producer is not None:
+                continue
+            summed = op.gradient_axes(o)
+            apart = tuple(a for a in op.partitionable if a not in o.dims and a not in summed)
+        out.append((o, "gradient", apart))
+    return out
+
+
+def _reduction_layout(
+    op: Operator, operand: Operand, strategy: Strategy, apart: Sequence[str]
+) -> Layout:
+    """The per-replica layout of ``operand`` whose unused device dims are the group of its
+    all_reduce: the axes kept ``apart`` stacked as leading dims of their degree, so that their
+    device dims split something and stay outside the group (each of their coordinates runs its
+    own all_reduce), as the replica dims do."""
+    idx = [op.partitionable.index(a) for a in apart]
+    return strategy.tensor_layout(
+        [*idx, *operand_axis_indices(op, operand)],
+        [*(strategy.degrees[i] for i in idx), *operand_shape(op, operand)],
+        per_replica=True,
+    )
+
+
+def collective_of(
+    graph: Graph,
+    op: Operator,
+    strategy: Strategy,
+    reduced: tuple[Operand, str, tuple[str, ...]],
+    zero: bool = False,
+) -> Collective | None:
+    """The all_reduce of one of :func:`reduced_operands` under ``strategy``, or None if its
+    layout leaves no device dim of the group unused."""
+    operand, reason, apart = reduced
+    layout = _reduction_layout(op, operand, strategy, apart)
+    if not _replicated(layout):
+        return None
+    t = graph.tensors[operand.tensor]
+    param = reason == "gradient" and graph.root(operand.tensor).kind == "parameter"
+    return Collective(t.name, reason, layout, t.dtype_bytes, zero=zero and param)
+
+
+def intra_collectives(
+    graph: Graph,
+    op: Operator,
+    candidate: Candidate,
+    step: Step = "forward",
+    flowing: bool = False,
+    zero: bool = False,
+) -> list[Collective]:
+    """The all_reduces a candidate of ``op`` needs (:func:`reduced_operands`), one per
+    operand whose layout leaves a device dim of its group unused; with ``zero``, a parameter's
+    gradient is marked as ZeRO's reduce_scatter and all_gather."""
+    found = (
+        collective_of(graph, op, candidate.strategy, r, zero)
+        for r in reduced_operands(graph, op, step, flowing)
+    )
+    return [c for c in found if c is not None]
+
+
+def all_reduce_operands(
+    graph: Graph, op: Operator, step: Step = "forward", flowing: bool = False
+) -> list[tuple[list[int], list[int], float]]:
+    """The operands of :func:`reduced_operands` that keep no axis apart, as
+    ``(strategy axes, shape, dtype bytes)`` for the Rust kernel ``allreduce_costs``, which prices
+    an all_reduce over no device dim at 0 (in the per-replica layout, as
+    :func:`intra_collectives`)."""
+    return [
+        (
+            operand_axis_indices(op, o),
+            operand_shape(op, o),
+            float(graph.tensors[o.tensor].dtype_bytes),
+        )
+        for o, _, apart in reduced_operands(graph, op, step, flowing)
+        if not apart
+    ]
+
+
+def memory(
+    graph: Graph,
+    op: Operator,
+    candidate: Candidate,
+    bytes_per_parameter: float = BYTES_PER_PARAMETER,
+    zero: bool = False,
+) -> float:
+    """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
+    optimizer state, and its output shard, saved for the backward pass. A device of a replicated
+    strategy holds its replica's whole blocks: the layouts' replica dims split nothing. With
+    ``zero``, all of a parameter's bytes but its weight (``dtype_bytes``) are divided among the
+    ``g`` devices its gradient is reduced over (ZeRO: gradient and optimizer state sharded)."""
+    total = 0.0
+    for operand, layout in zip(op.inputs, candidate.inputs):
+        if graph.root(operand.tensor).kind == "parameter":  # a view of one too
+            per = bytes_per_parameter
+            if zero:
+                dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
+                g = float(np.prod([layout.device_dim_size(k) for k in dims]))
+                weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
+                per = weight + (per - weight) / g
+            total += math.prod(layout.shard_shape) * per
+    out = graph.tensors[op.output.tensor]
+    return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes

@@ -1,0 +1,273 @@
+"""The cost tables the solver decides on: every operator's candidates with their node costs and
+memory, and every edge's redistribution costs between the layout classes of its two ends, computed
+once per distinct operator and edge (docs/search.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from taps._core import (
+    Cluster,
+    Layout,
+    Strategy,
+    allreduce_costs,
+    redistribution_costs,
+)
+from taps.graph import Edge, Graph, Operator
+from taps.plan.candidates import (
+    Candidate,
+    candidates,
+)
+from taps.plan.pricing import Pricing
+from taps.search.prices import (
+    all_reduce_operands,
+    collective_of,
+    memory,
+    partial_flows,
+    reduced_operands,
+)
+from taps.solve.reductions import PairCost, Problem
+
+if TYPE_CHECKING:
+    from taps._core import _CostModel as CostModel
+    from taps._core import _Planner as Planner
+
+
+@dataclass
+class OpTable:
+    """The candidates of one operator with their node costs and memory."""
+
+    op: Operator
+    candidates: list[Candidate]
+    node_cost: np.ndarray
+    memory: np.ndarray
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        return [c.strategy for c in self.candidates]
+
+
+@dataclass
+class EdgeTable:
+    """One graph edge: each producer strategy's output layout class, each consumer strategy's
+    input layout class, and the cost of every class pair. Strategies that give a tensor the same
+    distribution share a class, so the ILP needs one flow variable per class pair."""
+
+    edge: Edge
+    source_class: np.ndarray
+    target_class: np.ndarray
+    cost: np.ndarray
+
+    @property
+    def num_aux_edges(self) -> int:
+        """The paper's count: one auxiliary edge per pair of strategies."""
+        return len(self.source_class) * len(self.target_class)
+
+
+@dataclass
+class CostTables:
+    """Everything the solver needs, computed once per graph, cluster and pricing: the
+    :class:`taps.solve.Instance` the search decides."""
+
+    graph: Graph
+    cluster: Cluster
+    pricing: Pricing
+    ops: dict[str, OpTable]
+    edges: list[EdgeTable]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_aux_edges(self) -> int:
+        return sum(e.num_aux_edges for e in self.edges)
+
+    @property
+    def memory_per_op(self) -> dict[str, np.ndarray]:
+        """Each operator's memory per device for each candidate (one layer)."""
+        return {name: t.memory for name, t in self.ops.items()}
+
+    @property
+    def layers(self) -> int:
+        return self.graph.layers
+
+    @property
+    def tied(self) -> list[tuple[tuple[str, ...], ...]]:
+        return self.graph.tied
+
+    def problem(self) -> Problem:
+        """The tables as the problem the solver decides: a pair cost per edge."""
+        return Problem(
+            {name: t.node_cost for name, t in self.ops.items()},
+            [
+                PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
+                for e in self.edges
+            ],
+        )
+
+    def evaluate(self, choice: Mapping[str, int]) -> float:
+        """The objective of one assignment (op name -> index into its candidates)."""
+        return self.problem().evaluate(choice)
+
+    def strategies(self, choice: Mapping[str, int]) -> dict[str, Strategy]:
+        """The strategies of one assignment."""
+        return {name: self.ops[name].strategies[i] for name, i in choice.items()}
+
+
+def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
+    """Group the candidates of one end of an edge by the distributions they give the tensor (the
+    forward layout, and in the training step the gradient's), each written as Algorithm 1 plans
+    it (the compacted form: the canonical form would also merge tensor dims, which changes the
+    paper's plans)."""
+    index: dict[tuple[Layout, ...], int] = {}
+    cls = np.empty(len(rows), dtype=np.int64)
+    for i, row in enumerate(rows):
+        cls[i] = index.setdefault(tuple(layout.compacted() for layout in row), len(index))
+    return cls, list(index)
+
+
+def _order(layout: Layout) -> tuple[list[int], ...]:
+    return (layout.shape, layout.device_matrix, layout.tensor_map, layout.partial)
+
+
+class _Priced:
+    """``redistribution_costs`` computed once per pair of layout lists that hold the same
+    layouts in any order: the kernel prices each pair on its own, so the matrix of the lists in
+    one canonical order, read back in the order asked for, is the same matrix."""
+
+    def __init__(self) -> None:
+        self._memo: dict[Any, np.ndarray] = {}
+
+    def __call__(
+        self,
+        sources: Sequence[Layout],
+        targets: Sequence[Layout],
+        cluster: Cluster,
+        dtype: float,
+        cost_model: CostModel,
+        planner: Planner,
+    ) -> np.ndarray:
+        rows = sorted(range(len(sources)), key=lambda i: _order(sources[i]))
+        cols = sorted(range(len(targets)), key=lambda j: _order(targets[j]))
+        srcs, dsts = tuple(sources[i] for i in rows), tuple(targets[j] for j in cols)
+        key = (srcs, dsts, dtype)
+        if key not in self._memo:
+            self._memo[key] = redistribution_costs(srcs, dsts, cluster, dtype, cost_model, planner)
+        return self._memo[key][np.ix_(np.argsort(rows), np.argsort(cols))]
+
+
+def build_tables(
+    graph: Graph,
+    cluster: Cluster,
+    pricing: Pricing = Pricing(),
+    share: bool = True,
+    replicas: bool = False,
+) -> CostTables:
+    """Enumerate candidates and compute node costs, memory and edge costs for the search.
+
+    ``pricing.step`` says what is priced (docs/search.md): ``"training"`` (partial sums flowing to
+    the consumer, every edge's backward redistribution, the gradients of parameters and inputs at
+    their operators) or ``"forward"`` (the paper's model); ``pricing.planner`` plans the edges;
+    ``pricing.zero`` shards parameters' gradients and optimizer state (ZeRO).
+
+    Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
+    candidate list, node cost and memory vector, and edges between operators of the same two
+    signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
+    the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
+    ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
+    cost_model, step, planner, zero = (
+        pricing.cost_model,
+        pricing.step,
+        pricing.planner,
+        pricing.zero,
+    )
+    n = cluster.num_devices
+    timings = {"enumerate": 0.0, "costs": 0.0}
+    flows = partial_flows(graph, step)
+    training = step == "training"
+
+    def key_of(op: Operator) -> Any:
+        if not share:
+            return op.name
+        if not training:
+            return graph.signature(op.name)
+        # The training step also depends on whether the output's partial sums flow and on which
+        # inputs have a producer (their gradients go back on the edge).
+        made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
+        return (graph.signature(op.name), op.name in flows, made)
+
+    signature = {op.name: key_of(op) for op in graph.ops}
+    distinct: dict[Any, OpTable] = {}
+    ops: dict[str, OpTable] = {}
+    for op in graph.ops:
+        key = signature[op.name]
+        if key not in distinct:
+            t0 = time.perf_counter()
+            cands = candidates(op, n, replicas)
+            t1 = time.perf_counter()
+            flowing = op.name in flows
+            node = allreduce_costs(
+                np.array([c.strategy.degrees for c in cands], dtype=np.int64),
+                np.array([c.strategy.device_map for c in cands], dtype=np.int64),
+                all_reduce_operands(graph, op, step, flowing),
+                cluster,
+                cost_model,
+                [c.strategy.device_matrix for c in cands],
+            )
+            apart = [r for r in reduced_operands(graph, op, step, flowing) if r[2]]
+            if apart:
+                # Addends' gradients keep some axes apart: priced one candidate at a time.
+                found = [[collective_of(graph, op, c.strategy, r) for r in apart] for c in cands]
+                node = node + np.array(
+                    [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
+                )
+            mem = np.array([memory(graph, op, c, pricing.bytes_per_parameter, zero) for c in cands])
+            distinct[key] = OpTable(op, cands, node, mem)
+            timings["enumerate"] += t1 - t0
+            timings["costs"] += time.perf_counter() - t1
+        shared = distinct[key]
+        ops[op.name] = shared if shared.op is op else replace(shared, op=op)
+    t0 = time.perf_counter()
+    cache: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # Different operators can still give a tensor the same layout classes at both ends, and one
+    # direction of an edge can be another edge's (the gradient of a softmax's input is priced
+    # from the classes its output is priced to).
+    by_layouts: dict[Any, np.ndarray] = {}
+    priced = _Priced()
+    edges: list[EdgeTable] = []
+    for edge in graph.edges:
+        key = (signature[edge.producer], signature[edge.consumer], edge.slot)
+        if key not in cache:
+            producer, consumer = graph.op(edge.producer), graph.op(edge.consumer)
+            backward = training and graph.tensors[edge.tensor].requires_grad
+            flowing = edge.producer in flows
+            src_cls, src = _classes(
+                [
+                    (
+                        c.partial_output(producer) if flowing else c.output,
+                        *((c.output,) if backward else ()),
+                    )
+                    for c in ops[edge.producer].candidates
+                ]
+            )
+            dst_cls, dst = _classes(
+                [
+                    (c.inputs[edge.slot], *((c.gradient(consumer, edge.slot),) if backward else ()))
+                    for c in ops[edge.consumer].candidates
+                ]
+            )
+            dtype = graph.tensors[edge.tensor].dtype_bytes
+            layouts = (tuple(src), tuple(dst), dtype)
+            if layouts not in by_layouts:
+                pricing = (cluster, dtype, cost_model, planner)
+                cost = priced([r[0] for r in src], [r[0] for r in dst], *pricing)
+                if backward:
+                    cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *pricing).T
+                by_layouts[layouts] = cost
+            cache[key] = (src_cls, dst_cls, by_layouts[layouts])
+        edges.append(EdgeTable(edge, *cache[key]))
+    timings["costs"] += time.perf_counter() - t0
+    return CostTables(graph, cluster, pricing, ops, edges, timings)

@@ -1,0 +1,266 @@
+"""The solve pipeline: one candidate per operator at the least cost, under a memory limit.
+
+Stage by stage (each exact; :class:`taps.solve.problem.IlpOptions` switches them):
+
+1. tied repeats folded to one block's choices (:mod:`taps.solve.ties`);
+2. exact reductions, leaf, series, parallel and fixed operators, by dynamic programming
+   (:mod:`taps.solve.reductions`);
+3. under a binding memory limit, a Lagrangian price on memory that decides the problem or prunes
+   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`);
+4. what the reductions leave solved by variable elimination when its tables are small
+   (:mod:`taps.solve.elimination`);
+5. otherwise dominated candidates pruned (:mod:`taps.solve.prune`) and the ILP solved by SCIP
+   (:mod:`taps.solve.ilp`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from taps.errors import InfeasibleError, TapsError
+from taps.solve.elimination import MAX_WORK, plan
+from taps.solve.ilp import solve_ilp
+from taps.solve.memory_price import price_memory, prune_by_price
+from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
+from taps.solve.prune import dominance_survivors, negated, restrict
+from taps.solve.reductions import Reduction, reduce
+from taps.solve.ties import Ties
+
+#: Variable elimination is tried when its estimated work (additions) is below this many per flow
+#: variable the core's ILP would have: numpy adds about 1e8 a second, SCIP builds and solves
+#: about 2e4 flows a second (a skip ladder of 500 operators on 64 devices: 55,000 flows, 4 s in
+#: SCIP, 0.8 s eliminated; a dense block of 7 layers on 32 devices: 0.27 s in SCIP, 0.58 s
+#: eliminated).
+_WORK_PER_FLOW = 5_000
+
+
+def smallest_memory(instance: Instance) -> float:
+    """The least memory per device any assignment needs (memory adds up per operator)."""
+    per_layer = sum(float(m.min()) for m in instance.memory_per_op.values())
+    return per_layer * instance.layers
+
+
+def _check_memory(instance: Instance, memory_limit: float | None) -> None:
+    if memory_limit is None:
+        return
+    need = smallest_memory(instance)
+    if need > memory_limit:
+        raise InfeasibleError(
+            f"no assignment fits in the memory limit of {memory_limit:,.0f} bytes per device: "
+            f"the smallest needs {need:,.0f} bytes for {instance.layers} layer(s)"
+        )
+
+
+def solve(
+    instance: Instance,
+    memory_limit: float | None = None,
+    time_limit: float | None = None,
+    options: IlpOptions = IlpOptions(),
+    tie_break: tuple[Instance, str] | None = None,
+    tie: bool = True,
+) -> IlpSolution:
+    """Pick one candidate per operator minimising the total cost, under a per-device memory
+    limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
+    indexes the candidates of ``instance`` whatever the options. ``time_limit`` (seconds) bounds
+    the whole call: every SCIP solve in it gets what is left.
+
+    ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
+    for ``instance``, the one with the least (or most) cost under ``other``, which must have the
+    same operators and candidates (another cost model's tables). Status, gap and time are those of
+    the second solve.
+
+    With ``tie`` (the default) the tied repeats take one set of choices (:mod:`taps.solve.ties`);
+    ``tie=False`` decides every operator on its own."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    _check_memory(instance, memory_limit)
+    if tie_break is not None and tie_break[1] not in ("min", "max"):
+        raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
+    objectives = [instance.problem()]
+    if tie_break is not None:
+        other = tie_break[0].problem()
+        # Minimised from here on: the most of the other cost is the least of its negation.
+        objectives.append(other if tie_break[1] == "min" else negated(other))
+    per_op = dict(instance.memory_per_op)
+    ties = Ties.of(list(per_op), instance.tied) if tie and instance.tied else None
+    if ties is not None:
+        objectives = ties.fold(objectives)
+        per_op = ties.fold_memory(per_op)
+    memory = None if memory_limit is None else MemoryLimit(per_op, instance.layers, memory_limit)
+    solution = _solve(objectives, memory, options, deadline)
+    if ties is not None:
+        solution = replace(solution, choice=ties.expand(solution.choice))
+    return solution
+
+
+def _solve(
+    objectives: list[Problem],
+    memory: MemoryLimit | None,
+    options: IlpOptions,
+    deadline: float | None,
+) -> IlpSolution:
+    if not options.reduce:
+        return _pruned_run(objectives, options, memory, deadline)
+    order = list(objectives[0].node_cost)
+    if memory is None:
+        return _reduced(objectives, order, None, options, deadline)
+    # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
+    # split shards the output evenly) can go exactly under any limit: reduced once, for both the
+    # optimum without the limit and the search under it.
+    steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
+    t0 = time.perf_counter()
+    pre = reduce(objectives, order, steady)
+    pre_time = time.perf_counter() - t0
+    free = _reduced(pre.cores, list(pre.cores[0].node_cost), None, options, deadline)
+    choice = pre.expand(free.choice)
+    # The optimum without the memory limit is optimal with it if it fits.
+    if memory.of(choice) <= memory.limit:
+        size = replace(free.size, eliminated=free.size.eliminated + pre.eliminated)
+        return replace(free, choice=choice, reduce_time=free.reduce_time + pre_time, size=size)
+    again = _reduced(objectives, order, memory, options, deadline, steady, pre)
+    return replace(again, reduce_time=again.reduce_time + free.reduce_time + pre_time)
+
+
+def _reduced(
+    objectives: list[Problem],
+    order: list[str],
+    memory: MemoryLimit | None,
+    options: IlpOptions,
+    deadline: float | None,
+    eliminable: set[str] | None = None,
+    reduction: Reduction | None = None,
+) -> IlpSolution:
+    """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
+    must have the same memory for every candidate when ``memory`` is given; ``reduction`` if
+    they were already run)."""
+    t0 = time.perf_counter()
+    if reduction is None:
+        reduction = reduce(objectives, order, eliminable)
+    reduce_time = time.perf_counter() - t0
+    core = reduction.cores[0]
+    if memory is not None:
+        gone = [v for v in memory.per_op if v not in core.node_cost]
+        fixed = memory.layers * sum(float(memory.per_op[v][0]) for v in gone)
+        memory = MemoryLimit(
+            {v: memory.per_op[v] for v in core.node_cost}, memory.layers, memory.limit - fixed
+        )
+        run = _limited(reduction.cores, memory, options, deadline)
+        eliminated = reduction.eliminated + run.size.eliminated
+    elif core.pairs:
+        run = _eliminated(reduction.cores, options, deadline) or _pruned_run(
+            reduction.cores, options, memory, deadline
+        )
+        eliminated = reduction.eliminated + run.size.eliminated
+    else:
+        # Nothing joins the operators left: each takes its cheapest candidate, no SCIP needed.
+        choice = reduction.isolated_choice()
+        run = IlpSolution(choice, "optimal", 0.0, 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
+        eliminated = len(core.node_cost) + reduction.eliminated
+    t1 = time.perf_counter()
+    choice = reduction.expand(run.choice)
+    reduce_time += time.perf_counter() - t1
+    return replace(
+        run,
+        choice=choice,
+        reduce_time=run.reduce_time + reduce_time,
+        size=replace(run.size, eliminated=eliminated),
+    )
+
+
+def _eliminated(
+    objectives: list[Problem], options: IlpOptions, deadline: float | None
+) -> IlpSolution | None:
+    """The core solved by variable elimination, if it is on, there is one objective and the
+    elimination fits its budget and the deadline; ``size.eliminated`` counts its operators."""
+    if not options.eliminate or len(objectives) > 1:
+        return None
+    t0 = time.perf_counter()
+    flows = sum(p.cost.size for p in objectives[0].pairs)
+    elimination = plan(objectives[0], max_work=min(MAX_WORK, _WORK_PER_FLOW * flows))
+    solved = None if elimination is None else elimination.solve(deadline)
+    if solved is None:
+        return None
+    size = IlpSize(0, 0, 0, 0, eliminated=len(objectives[0].node_cost))
+    return IlpSolution(solved[0], "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
+
+
+def _limited(
+    objectives: list[Problem],
+    memory: MemoryLimit,
+    options: IlpOptions,
+    deadline: float | None,
+) -> IlpSolution:
+    """The core left by the reductions, under the memory limit: priced first (taps.lagrange),
+    which decides it when the price closes the gap and otherwise prunes it exactly and gives SCIP
+    its first assignment. ``size.eliminated`` counts the operators the price decided."""
+    if len(objectives) > 1 or not options.price:
+        return _pruned_run(objectives, options, memory, deadline)
+    t0 = time.perf_counter()
+    problem = objectives[0]
+    scaled = {v: m * memory.layers for v, m in memory.per_op.items()}
+    priced = price_memory(problem, scaled, memory.limit)
+    if priced is None or priced.choice is None:
+        run = _pruned_run(objectives, options, memory, deadline)
+        return replace(run, reduce_time=time.perf_counter() - t0)
+    if priced.optimal:
+        size = IlpSize(0, 0, 0, 0, eliminated=len(problem.node_cost))
+        return IlpSolution(priced.choice, "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size)
+    # The price's best assignment is the one to beat: candidates that cannot are dropped.
+    keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
+    restricted, kept_memory, start = _restricted(objectives, memory, keep, priced.choice)
+    price_time = time.perf_counter() - t0
+    run = _pruned_run(restricted, options, kept_memory, deadline, start)
+    return replace(run, choice=_lifted(run.choice, keep), reduce_time=price_time)
+
+
+def _restricted(
+    objectives: list[Problem],
+    memory: MemoryLimit | None,
+    keep: dict[str, np.ndarray],
+    start: dict[str, int] | None,
+) -> tuple[list[Problem], MemoryLimit | None, dict[str, int] | None]:
+    """The problems, memory and first assignment on the candidates ``keep`` (sorted indices per
+    operator, which hold ``start``'s)."""
+    if memory is not None:
+        memory = replace(memory, per_op={v: m[keep[v]] for v, m in memory.per_op.items()})
+    if start is not None:
+        start = {v: int(np.searchsorted(keep[v], i)) for v, i in start.items()}
+    return [restrict(o, keep) for o in objectives], memory, start
+
+
+def _lifted(choice: dict[str, int], keep: dict[str, np.ndarray]) -> dict[str, int]:
+    """A choice among the candidates ``keep`` as indices of all the candidates."""
+    return {v: int(keep[v][i]) for v, i in choice.items()}
+
+
+def _pruned_run(
+    objectives: list[Problem],
+    options: IlpOptions,
+    memory: MemoryLimit | None,
+    deadline: float | None,
+    start: dict[str, int] | None = None,
+) -> IlpSolution:
+    """:func:`taps.solve.ilp.solve_ilp` of the objectives (one, or two to minimise
+    lexicographically) on the candidates that survive pruning (if on); the choice indexes the
+    candidates of the problems, and the build time includes the pruning. ``start`` (a first
+    assignment for SCIP) is kept through the pruning: keeping a candidate never loses the
+    optimum."""
+    if not options.prune:
+        return solve_ilp(objectives, options, memory, deadline, start)
+    t0 = time.perf_counter()
+    if memory is None:
+        keep = dominance_survivors(objectives)
+    else:
+        keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
+    if start is not None:
+        keep = {v: np.union1d(k, [start[v]]) for v, k in keep.items()}
+    objectives, memory, start = _restricted(objectives, memory, keep, start)
+    prune_time = time.perf_counter() - t0
+    run = solve_ilp(objectives, options, memory, deadline, start)
+    return replace(
+        run,
+        choice=_lifted(run.choice, keep),
+        build_time=prune_time + run.build_time,
+    )
