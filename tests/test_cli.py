@@ -103,7 +103,7 @@ def test_cluster_presets_on_the_command_line(capsys, tmp_path):
         ),
         (
             ["search", "missing.json", "--nodes", "1", "--devices-per-node", "2"],
-            "cannot read graph file",
+            "cannot read",
         ),
         (["frobnicate"], "invalid choice"),
     ],

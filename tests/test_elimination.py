@@ -189,7 +189,9 @@ def test_time_limit_on_a_core_returns_an_assignment_and_its_gap():
     optimum = taps.search(graph, cluster).cost
     r = taps.search(graph, cluster, time_limit=1e-6)
     assert r.status == "timelimit" and r.gap > 0
-    assert r.cost == pytest.approx(taps.evaluate(taps.Plan(graph, cluster, r.plan.strategies)), rel=1e-9)
+    assert r.cost == pytest.approx(
+        taps.evaluate(taps.Plan(graph, cluster, r.plan.strategies)), rel=1e-9
+    )
     assert r.cost >= optimum * (1 - 1e-9)
     if math.isfinite(r.gap):
         # SCIP's gap is (primal - dual) / |dual|: the optimum is at least the dual bound.

@@ -75,7 +75,7 @@ def test_pricing_refuses_wrong_types():
         taps.Pricing(bytes_per_parameter=None)
     with pytest.raises(TypeError, match="zero must be True or False"):
         taps.Pricing(zero=1)
-    with pytest.raises(TypeError, match="pricing must be a taps.Pricing"):
+    with pytest.raises(TypeError, match=r"pricing must be a taps\.Pricing"):
         taps.search(taps.models.mlp(), CLUSTER, "volume")
 
 
@@ -209,7 +209,9 @@ def test_time_limit_bounds_the_whole_search_and_still_returns_a_plan():
     result = taps.search(graph, CLUSTER, time_limit=1e-6, options=options)
     assert result.status == "timelimit"
     assert set(result.plan.strategies) == {op.name for op in graph.ops}
-    assert result.cost == pytest.approx(taps.evaluate(taps.Plan(graph, CLUSTER, result.plan.strategies)))
+    assert result.cost == pytest.approx(
+        taps.evaluate(taps.Plan(graph, CLUSTER, result.plan.strategies))
+    )
     data = json.loads(json.dumps(result_dict(result), allow_nan=False))
     assert data["status"] == "timelimit"
     assert data["gap"] is None or data["gap"] >= 0
@@ -342,7 +344,7 @@ def test_graph_file_that_is_a_directory_is_one_line(tmp_path, capsys):
     folder.mkdir()
     code, _, err = _run(["search", str(folder), "--nodes", "1", "--devices-per-node", "2"], capsys)
     assert code == 2
-    assert "cannot read graph file" in err
+    assert "cannot read" in err
 
 
 def test_plan_prints_nothing_before_a_late_error(capsys, monkeypatch):

@@ -51,7 +51,10 @@ def _same_search(graph: taps.Graph, ref: taps.Graph) -> None:
     a, b = _search(graph), _search(ref)
     assert a.cost == pytest.approx(b.cost, rel=1e-9)
     plans = [
-        [(r.plan.strategies[op.name].degrees, r.plan.strategies[op.name].device_map) for op in g.ops]
+        [
+            (r.plan.strategies[op.name].degrees, r.plan.strategies[op.name].device_map)
+            for op in g.ops
+        ]
         for r, g in ((a, graph), (b, ref))
     ]
     assert plans[0] == plans[1]

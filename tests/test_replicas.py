@@ -233,7 +233,9 @@ def test_search_over_an_op_with_no_partitionable_axis():
     result = taps.search(g, cluster)
     assert result.plan.strategies["loss"] == only.strategy
     tables = build_tables(g, cluster)
-    assert result.cost == pytest.approx(taps.evaluate(taps.Plan(g, cluster, result.plan.strategies)))
+    assert result.cost == pytest.approx(
+        taps.evaluate(taps.Plan(g, cluster, result.plan.strategies))
+    )
     assert result.cost == pytest.approx(
         min(tables.evaluate({"fc": k, "loss": 0}) for k in range(len(tables.ops["fc"].candidates)))
     )
@@ -268,7 +270,9 @@ def test_megatron_mlp_with_replicas_is_no_worse(shape, cost_model):
     wide = taps.search(g, cluster, taps.Pricing(cost_model=cost_model), replicate=True)
     assert wide.cost <= plain.cost * (1 + 1e-9)
     assert wide.cost == pytest.approx(
-        taps.evaluate(taps.Plan(g, cluster, wide.plan.strategies, taps.Pricing(cost_model=cost_model)))
+        taps.evaluate(
+            taps.Plan(g, cluster, wide.plan.strategies, taps.Pricing(cost_model=cost_model))
+        )
     )
     # Megatron's plan (column-parallel fc1, row-parallel fc2) with the GELU replicated is in the
     # space and priced like any other assignment.

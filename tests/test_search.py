@@ -294,7 +294,8 @@ def test_time_limit_returns_the_best_assignment_found():
     )
     assert r.status == "timelimit" and r.gap > 0
     assert r.cost == pytest.approx(
-        taps.evaluate(taps.Plan(g, cluster, r.plan.strategies, taps.Pricing(step="forward"))), rel=1e-9
+        taps.evaluate(taps.Plan(g, cluster, r.plan.strategies, taps.Pricing(step="forward"))),
+        rel=1e-9,
     )
     assert r.cost >= taps.search(g, cluster, taps.Pricing(step="forward")).cost * (1 - 1e-9)
 

@@ -412,7 +412,7 @@ def test_training_step_edges_run_on_xla_as_priced(megatron, planner):
         (plan, cost)
         for row in rows
         for i in row.incoming
-        for plan, cost in ((i.plan, i.cost), (i.backward, i.backward_cost))
+        for plan, cost in ((i.redistribution, i.cost), (i.backward, i.backward_cost))
         if plan is not None
     ]
     pairs = [(plan.source, plan.target) for plan, _ in plans]

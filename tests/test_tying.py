@@ -88,6 +88,8 @@ def test_search_reports_the_full_graph():
     cluster = taps.Cluster(2, 4)
     r = taps.search(g, cluster)
     assert set(r.plan.strategies) == {op.name for op in g.ops}
-    assert r.cost == pytest.approx(taps.evaluate(taps.Plan(g, cluster, r.plan.strategies)), rel=1e-9)
+    assert r.cost == pytest.approx(
+        taps.evaluate(taps.Plan(g, cluster, r.plan.strategies)), rel=1e-9
+    )
     untied = taps.search(g, cluster, tie=False)
     assert untied.cost <= r.cost * (1 + 1e-9)

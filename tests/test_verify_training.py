@@ -37,7 +37,11 @@ def _check(r, graph, cluster, strategies, **pricing):
     moved = sum(c.predicted_bytes or 0 for c in r.collectives)
     # The replay runs float32: taps' bytes at the graph's element size, scaled to 4 bytes.
     dtype = next(iter(graph.tensors.values())).dtype_bytes
-    want = taps.evaluate(taps.Plan(graph, cluster, strategies, taps.Pricing("volume", **pricing))) * 4 / dtype
+    want = (
+        taps.evaluate(taps.Plan(graph, cluster, strategies, taps.Pricing("volume", **pricing)))
+        * 4
+        / dtype
+    )
     assert moved == pytest.approx(want)
     assert moved > 0
 
@@ -115,7 +119,9 @@ def test_optimal_plans_by_the_cluster_run_as_priced():
                 g, cluster, strategies, taps.Pricing(cost_model=cost_model, planner="optimal")
             )
         )
-        plans = [p for row in rows for i in row.incoming for p in (i.plan, i.backward) if p]
+        plans = [
+            p for row in rows for i in row.incoming for p in (i.redistribution, i.backward) if p
+        ]
         intra = [c for row in rows for c, _ in row.collectives]
         return sum(p.cost(cluster, 2, "volume") for p in plans) + sum(
             c.cost(cluster, "volume") for c in intra

@@ -29,12 +29,13 @@ from taps.errors import (
     ExportError,
     MissingExtraError,
     OutputError,
+    PlanFileError,
     ResourceError,
     VerifyError,
 )
 from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
-from taps.plan import Plan, PlanFileError, Pricing
+from taps.plan import Plan, Pricing
 from taps.plan.candidates import strategies_for
 from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate, search
 from taps.solve import IlpOptions

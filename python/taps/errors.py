@@ -35,6 +35,11 @@ class ExportError(TapsError):
     """A plan that cannot be put on a framework's mesh, or a missing framework."""
 
 
+class PlanFileError(TapsError):
+    """A saved plan that cannot be read: not a plan, another version, or a graph that does not
+    match its strategies."""
+
+
 class VerifyError(TapsError):
     """A plan the engine cannot run, a missing engine, or too few devices."""
 
@@ -47,6 +52,7 @@ __all__ = [
     "LayoutError",
     "MissingExtraError",
     "OutputError",
+    "PlanFileError",
     "ResourceError",
     "StrategyError",
     "TapsError",

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 
 from taps import models
 from taps._core import PLANNERS, Cluster, GraphError
-from taps.errors import ArgumentError
+from taps.errors import ArgumentError, PlanFileError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
-from taps.plan.pricing import STEPS
+from taps.plan import STEPS, Plan, is_saved_plan
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,7 +65,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's), or
     ``--cluster`` for a preset or a TOML file."""
     defaults = Cluster(1, 1)
-    p.add_argument("--nodes", type=integer, required=True, help="number of nodes")
+    p.add_argument("--nodes", type=integer, default=None, help="number of nodes (required)")
     p.add_argument(
         "--devices-per-node",
         type=integer,
@@ -95,6 +95,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def cluster(args: argparse.Namespace, memory: float | None = None) -> Cluster:
     """The cluster the cluster options describe."""
+    if args.nodes is None:
+        raise ArgumentError("--nodes is required")
     bandwidths = [args.intra_bandwidth, args.inter_bandwidth]
     if args.cluster is None:
         if args.devices_per_node is None:
@@ -247,16 +249,66 @@ def check_one_model(args: argparse.Namespace) -> None:
         raise GraphError("give either MODEL or --torch package.module:factory")
 
 
+def _read(name: str) -> bytes:
+    try:
+        with open(name, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise GraphError(f"cannot read {name!r}: {e.strerror}") from None
+    except ValueError as e:  # a NUL in the path
+        raise GraphError(f"cannot read {name!r}: {e}") from None
+
+
+def read_saved_plan(name: str | None) -> Plan | None:
+    """The plan saved in the JSON file ``name`` (``taps search --save``), or None when ``name``
+    is not a saved plan (a model name or a graph file)."""
+    if name is None or not name.endswith(".json"):
+        return None
+    try:
+        data = json.loads(_read(name))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the graph reader says what is wrong with it
+    if not is_saved_plan(data):
+        return None
+    try:
+        return Plan.from_dict(data)
+    except PlanFileError as e:
+        raise PlanFileError(f"{name}: {e}") from None
+
+
+def refuse_cluster_args(args: argparse.Namespace) -> None:
+    """A saved plan carries its cluster: options that would describe another are refused."""
+    given = [
+        flag
+        for flag, value in (
+            ("--nodes", args.nodes),
+            ("--devices-per-node", args.devices_per_node),
+            ("--cluster", args.cluster),
+            ("--intra-bandwidth", args.intra_bandwidth),
+            ("--inter-bandwidth", args.inter_bandwidth),
+            ("--batch", getattr(args, "batch", None)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ArgumentError(
+            f"a saved plan carries its graph and cluster: leave out {', '.join(given)}"
+        )
+
+
+def load_graph(args: argparse.Namespace, unknown: str = "error") -> Graph:
+    """The graph of MODEL or ``--torch``."""
+    if args.torch is not None:
+        from taps.cli.imports import read_torch
+
+        return read_torch(args.torch, unknown)
+    return load_model(args.model, args.batch)
+
+
 def load_model(name: str, batch: int | None) -> Graph:
     """A built-in model by name, or a graph JSON file."""
     if name.endswith(".json"):
-        try:
-            with open(name, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise GraphError(f"cannot read graph file {name!r}: {e.strerror}") from None
-        except ValueError as e:  # a NUL in the path
-            raise GraphError(f"cannot read graph file {name!r}: {e}") from None
+        data = _read(name)
         try:
             return Graph.from_json(data)
         except GraphError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -16,10 +17,13 @@ from taps.cli.args import (
     add_pricing_args,
     check_one_model,
     cluster,
-    load_model,
+    load_graph,
     memory_size,
     positive,
+    read_saved_plan,
+    refuse_cluster_args,
 )
+from taps.plan import Plan, Pricing
 from taps.report.plot import check_available, plot_plan
 from taps.report.tables import collectives_table, comparison_table, result_dict, strategy_table
 from taps.search.searching import Comparison, SearchResult, compare, search
@@ -34,23 +38,28 @@ def run(args: argparse.Namespace, console: Console) -> None:
 
         check_framework(framework)
     # Checked (a temporary file made beside each) before the search, written after it.
-    with Outputs(args.json, args.plot, export_path) as outputs:
+    with Outputs(args.json, args.plot, export_path, args.save) as outputs:
         check_one_model(args)
-        if args.torch is not None:
-            from taps.cli.imports import read_torch
-
-            graph = read_torch(args.torch, "error")
-        else:
-            graph = load_model(args.model, args.batch)
-        c = cluster(args, args.memory)
+        saved = read_saved_plan(args.model) if args.torch is None else None
         comparison: Comparison | None = None
-        pricing = {"step": args.step, "planner": args.planner, "zero": args.zero}
-        if args.cost_model == "both":
-            comparison = compare(graph, c, time_limit=args.time_limit, **pricing)
-            results = [comparison.topology, comparison.volume]
+        if saved is not None:
+            refuse_cluster_args(args)
+            # A saved plan is reported as it is: nothing is searched again.
+            plans: list[Plan] = [saved]
+            results: list[SearchResult | Plan] = [saved]
         else:
-            results = [search(graph, c, args.cost_model, time_limit=args.time_limit, **pricing)]
-        # Everything is built before anything is printed or written.
+            graph = load_graph(args)
+            c = cluster(args, args.memory)
+            pricing = Pricing(step=args.step, planner=args.planner, zero=args.zero)
+            if args.cost_model == "both":
+                comparison = compare(graph, c, pricing, time_limit=args.time_limit)
+                found = [comparison.topology, comparison.volume]
+            else:
+                pricing = replace(pricing, cost_model=args.cost_model)
+                found = [search(graph, c, pricing, time_limit=args.time_limit)]
+            plans, results = [r.plan for r in found], list(found)
+        # Everything is built before anything is printed or written; the first plan (the
+        # topology-aware one under --cost-model both) is the one saved, drawn and exported.
         output: list[Any] = []
         for result in results:
             output.append(strategy_table(result))
@@ -61,23 +70,27 @@ def run(args: argparse.Namespace, console: Console) -> None:
         if args.json:
             outputs[args.json].write_text(_json(results, comparison))
             output.append(f"wrote {args.json}")
+        if args.save:
+            outputs[args.save].write_text(plans[0].to_json())
+            output.append(f"wrote {args.save}")
         if args.plot:
-            # The first result: the topology-aware one under --cost-model both.
-            plot_plan(results[0], outputs[args.plot].temp)
+            plot_plan(plans[0], outputs[args.plot].temp)
             output.append(f"wrote {args.plot}")
         if export_path is not None:
             from taps.export import export
 
-            # The first result: the topology-aware one under --cost-model both.
-            outputs[export_path].write_text(export(results[0], framework).to_json())
+            outputs[export_path].write_text(export(plans[0], framework).to_json())
             output.append(f"wrote {export_path}")
         outputs.commit()
     for item in output:
         console.print(item)
 
 
-def _json(results: list[SearchResult], comparison: Comparison | None) -> str:
-    data: dict[str, Any] = {r.plan.pricing.cost_model: result_dict(r) for r in results}
+def _json(results: list[SearchResult | Plan], comparison: Comparison | None) -> str:
+    data: dict[str, Any] = {}
+    for r in results:
+        plan = r if isinstance(r, Plan) else r.plan
+        data[plan.pricing.cost_model] = result_dict(r)
     if comparison is not None:
         data["comparison"] = {
             "volume_under_topology": comparison.volume_under_topology,
@@ -94,8 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "search",
         help="search the strategy of every operator of a model",
         description="Search the best intra-operator strategy of every operator of MODEL on a "
-        f"cluster. MODEL is one of {', '.join(models.names())} (megatron-1T too) or a graph "
-        "JSON file; gpt is one GPT-3 layer (hidden 12288, 96 heads, sequence 2048).",
+        f"cluster. MODEL is one of {', '.join(models.names())} (megatron-1T too), a graph "
+        "JSON file, or a plan saved with --save (reported, drawn and exported as it is, without "
+        "searching again); gpt is one GPT-3 layer (hidden 12288, 96 heads, sequence 2048).",
     )
     add_model_args(
         p,
@@ -129,6 +143,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also list every collective of the chosen strategies",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the result(s) as JSON")
+    p.add_argument(
+        "--save",
+        metavar="FILE",
+        default=None,
+        help="save the (topology-aware) plan as JSON, for taps verify, taps export and taps "
+        "search without searching again",
+    )
     p.add_argument(
         "--plot",
         metavar="FILE",

@@ -1,56 +1,28 @@
-"""Plans out to frameworks: a JAX mesh and ``PartitionSpec`` per tensor, or a PyTorch
-``DeviceMesh`` shape and DTensor placements per tensor, from a search result or any assignment of
-strategies, and a plan applied to a torch module (:func:`distribute_module`; docs/export.md)."""
+"""Plans out to frameworks: a :class:`taps.Plan` as a JAX mesh and a ``PartitionSpec`` per
+tensor (:mod:`.jax`), as a PyTorch ``DeviceMesh`` shape and DTensor placements per tensor
+(:mod:`.dtensor`), or applied to a torch module (:mod:`.distribute`; docs/export.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-from taps._core import Cluster, Strategy
 from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
 from taps.export.dtensor import DTensorPlan, layout_placements, placement_objects
 from taps.export.jax import JaxPlan, layout_spec
-from taps.graph import Graph
-from taps.plan.layouts import PlanLayouts, plan_layouts
+from taps.plan.layouts import PlanLayouts, layouts_of, plan_layouts
 from taps.plan.mesh import Mesh, mesh_for
-
-if TYPE_CHECKING:
-    from taps.search.searching import SearchResult
+from taps.plan.plan import Plan
 
 FRAMEWORKS = ("jax", "dtensor")
 
 
-def layouts_of(
-    source: SearchResult | Graph,
-    cluster: Cluster | None = None,
-    strategies: Mapping[str, Strategy] | None = None,
-) -> PlanLayouts:
-    """The layouts of a search result, or of ``graph`` under ``strategies`` on ``cluster``."""
-    if isinstance(source, Graph):
-        if strategies is None:
-            raise ExportError("exporting a graph needs its strategies")
-        return plan_layouts(source, strategies, cluster)
-    return plan_layouts(source.graph, source.strategies, source.cluster)
+def to_jax(plan: Plan) -> JaxPlan:
+    """The JAX mesh and a ``PartitionSpec`` per tensor of ``plan``."""
+    return JaxPlan.from_layouts(layouts_of(plan))
 
 
-def to_jax(
-    source: SearchResult | Graph,
-    cluster: Cluster | None = None,
-    strategies: Mapping[str, Strategy] | None = None,
-) -> JaxPlan:
-    """The JAX mesh and a ``PartitionSpec`` per tensor of a plan."""
-    return JaxPlan.from_layouts(layouts_of(source, cluster, strategies))
-
-
-def to_dtensor(
-    source: SearchResult | Graph,
-    cluster: Cluster | None = None,
-    strategies: Mapping[str, Strategy] | None = None,
-) -> DTensorPlan:
-    """The DeviceMesh shape and DTensor placements per tensor of a plan."""
-    return DTensorPlan.from_layouts(layouts_of(source, cluster, strategies))
+def to_dtensor(plan: Plan) -> DTensorPlan:
+    """The DeviceMesh shape and DTensor placements per tensor of ``plan``."""
+    return DTensorPlan.from_layouts(layouts_of(plan))
 
 
 def check_framework(framework: str) -> None:
@@ -59,11 +31,10 @@ def check_framework(framework: str) -> None:
         raise ExportError(f"unknown framework {framework!r}: expected 'jax' or 'dtensor'")
 
 
-def export(source: SearchResult | Graph, framework: str, **kwargs: object) -> JaxPlan | DTensorPlan:
+def export(plan: Plan, framework: str) -> JaxPlan | DTensorPlan:
     """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``)."""
     check_framework(framework)
-    fn = to_jax if framework == "jax" else to_dtensor
-    return fn(source, **kwargs)  # type: ignore[arg-type]
+    return to_jax(plan) if framework == "jax" else to_dtensor(plan)
 
 
 __all__ = [

@@ -38,7 +38,8 @@ from taps.export.dtensor import (
 )
 from taps.export.torch_steps import Steps
 from taps.graph import Graph
-from taps.plan.layouts import PlanLayouts
+from taps.plan.layouts import PlanLayouts, layouts_of
+from taps.plan.plan import Plan
 
 #: How a module runs (see :func:`distribute_module`).
 MODES = ("dtensor", "taps")
@@ -90,7 +91,6 @@ class Replay:
 
 if TYPE_CHECKING:
     from taps.frontends.torch import Conversion, Link
-    from taps.search.searching import SearchResult
 
 
 def _torch() -> Any:
@@ -628,7 +628,7 @@ def _is_linear(target: Any) -> bool:
 
 def distribute_module(
     module: Any,
-    plan: DTensorPlan | PlanLayouts | SearchResult,
+    plan: Plan | DTensorPlan,
     *example_inputs: Any,
     mesh: Any = None,
     rows: bool = True,
@@ -638,33 +638,33 @@ def distribute_module(
     (call the result with whole input tensors) so that every operator taps placed reads and makes
     its tensors in taps' placements.
 
-    ``plan`` is a :class:`DTensorPlan`, the layouts of a plan, or a search result of the graph
-    :func:`taps.from_torch` makes of ``module`` on ``example_inputs`` (with the same ``rows``);
+    ``plan`` is a :class:`taps.Plan` of the graph :func:`taps.from_torch` makes of ``module`` on
+    ``example_inputs`` (with the same ``rows``), or its :class:`DTensorPlan`;
     ``mesh`` a ``DeviceMesh`` of ``plan.mesh.shape`` (default: ``init_device_mesh`` on the
     module's device type, with the plan's dim names). The process group must be initialised.
 
     ``mode="dtensor"`` lets DTensor do everything: each redistribution is one
     ``DTensor.redistribute`` from the producer's placements to the reader's, and each node runs
-    as DTensor's sharding propagation decides. ``"taps"`` replays taps' plan exactly (needs the
-    layouts or a search result): each edge through taps' own steps, one ``redistribute`` per
+    as DTensor's sharding propagation decides. ``"taps"`` replays taps' plan exactly (needs a
+    :class:`taps.Plan`): each edge through taps' own steps, one ``redistribute`` per
     step, and each node that made operators on the local blocks, its forward partial sum the
     redistribution to the output's placements (see :meth:`_Interpreter.local`).
     """
     torch = _torch()
     dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
-    from taps.export import layouts_of
     from taps.frontends.torch import convert
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}: expected one of {MODES}")
-    layouts = plan if isinstance(plan, PlanLayouts) else None
-    if not isinstance(plan, (DTensorPlan, PlanLayouts)):
-        layouts = layouts_of(plan)
+    if not isinstance(plan, (Plan, DTensorPlan)):
+        raise TypeError(
+            f"distribute_module: plan must be a taps.Plan or a DTensorPlan, got "
+            f"{type(plan).__name__}"
+        )
+    layouts = layouts_of(plan) if isinstance(plan, Plan) else None
     if mode == "taps" and layouts is None:
-        raise ExportError("mode='taps' needs the plan's layouts or a search result")
-    if layouts is not None:
-        plan = DTensorPlan.from_layouts(layouts)
-    assert isinstance(plan, DTensorPlan)
+        raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
+    placements = plan if layouts is None else DTensorPlan.from_layouts(layouts)
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
     try:
@@ -674,7 +674,7 @@ def distribute_module(
         raise ExportError(f"torch.export failed on {type(module).__name__}: {first}") from None
     grads = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
     conversion = convert(program, "error", type(module).__name__, grads, rows)
-    missing = sorted(set(plan.operators) ^ {op.name for op in conversion.graph.ops})
+    missing = sorted(set(placements.operators) ^ {op.name for op in conversion.graph.ops})
     if missing:
         raise ExportError(
             f"the plan is not of this module: operators {missing[:5]} are in one and not the other"
@@ -684,13 +684,17 @@ def distribute_module(
         device = next(iter(params.values())).device.type if params else "cpu"
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device, plan.mesh.shape, mesh_dim_names=plan.mesh.axis_names)
-    if tuple(mesh.shape) != tuple(plan.mesh.shape):
-        raise ExportError(f"the mesh has shape {tuple(mesh.shape)}, the plan {plan.mesh.shape}")
+        mesh = init_device_mesh(
+            device, placements.mesh.shape, mesh_dim_names=placements.mesh.axis_names
+        )
+    if tuple(mesh.shape) != tuple(placements.mesh.shape):
+        raise ExportError(
+            f"the mesh has shape {tuple(mesh.shape)}, the plan {placements.mesh.shape}"
+        )
     # Distributed as DTensor leaves by the module (``nn.Parameter`` would run DTensor's
     # sharding propagation, whose search grows exponentially with the mesh dims).
     parameters = {name: p for name, p in params.items()}
-    replicate = [dtensor.Replicate()] * len(plan.mesh.shape)
+    replicate = [dtensor.Replicate()] * len(placements.mesh.shape)
     buffers = {
         str(spec.target): dtensor.distribute_tensor(
             _constant(program, str(spec.target)), mesh, replicate, src_data_rank=None
@@ -699,7 +703,7 @@ def distribute_module(
         if spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")
     }
     replay = Replay.of(layouts, mesh) if mode == "taps" and layouts is not None else None
-    return DistributedModule(program, conversion, plan, mesh, parameters, buffers, replay)
+    return DistributedModule(program, conversion, placements, mesh, parameters, buffers, replay)
 
 
 def _constant(program: Any, target: str) -> Any:

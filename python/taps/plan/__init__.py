@@ -7,7 +7,7 @@ sums and the inputs' gradients) and plans the redistributions between them; :mod
 every tensor's layout under a plan, and :mod:`.mesh` the coarsest device mesh they all fit.
 """
 
-from taps.plan.plan import FORMAT, VERSION, Plan, PlanFileError, is_saved_plan
+from taps.plan.plan import FORMAT, VERSION, Plan, is_saved_plan
 from taps.plan.pricing import BYTES_PER_PARAMETER, STEPS, Pricing
 
 __all__ = [
@@ -16,7 +16,6 @@ __all__ = [
     "STEPS",
     "VERSION",
     "Plan",
-    "PlanFileError",
     "Pricing",
     "is_saved_plan",
 ]

@@ -10,6 +10,7 @@ from taps.errors import ExportError
 from taps.graph import Edge, Graph
 from taps.plan.candidates import assigned, edge_plans
 from taps.plan.mesh import Mesh, mesh_for_plans
+from taps.plan.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,10 @@ def plan_layouts(
         n = next(iter(outputs.values())).num_devices if outputs else 1
     mesh = mesh_for_plans(every, [plan for _, plan in plans], n)
     return PlanLayouts(graph, dict(strategies), inputs, outputs, tensors, plans, mesh)
+
+
+def layouts_of(plan: Plan) -> PlanLayouts:
+    """Every tensor's layout under ``plan``, every edge's redistribution and their common mesh."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"expected a taps.Plan, got {type(plan).__name__}")
+    return plan_layouts(plan.graph, plan.strategies, plan.cluster)

@@ -20,18 +20,13 @@ from typing import Any
 
 from taps._core import Cluster, Strategy
 from taps._support.outputs import Outputs
-from taps.errors import GraphError, StrategyError, TapsError
+from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
 from taps.graph import Graph
 from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
 VERSION = 1
-
-
-class PlanFileError(TapsError):
-    """A saved plan that cannot be read: not a plan, another version, or a graph that does not
-    match its strategies."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taps._core import inter_node_groups
 from taps._support.extras import require
-
-if TYPE_CHECKING:
-    from taps.search.searching import SearchResult
+from taps.plan.plan import Plan
+from taps.search.evaluate import OpCost, breakdown
 
 #: Inches: figure width, height per operator and for title, axes and legends.
 WIDTH = 12.0
@@ -50,12 +49,12 @@ def figure_size(num_operators: int) -> tuple[int, int]:
     return round(WIDTH * DPI), round((MARGIN_HEIGHT + ROW_HEIGHT * num_operators) * DPI)
 
 
-def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
-    """Per operator of ``result.breakdown``: the cost of its collectives inside a node, of those
-    across nodes, and of its incoming redistributions (they add up to its total)."""
-    dpn = result.plan.cluster.devices_per_node
+def cost_split(plan: Plan, rows: list[OpCost]) -> list[tuple[float, float, float]]:
+    """Per operator row of ``plan``'s breakdown: the cost of its collectives inside a node, of
+    those across nodes, and of its incoming redistributions (they add up to its total)."""
+    dpn = plan.cluster.devices_per_node
     out = []
-    for row in result.breakdown:
+    for row in rows:
         inside = across = 0.0
         for c, cost in row.collectives:
             if inter_node_groups(c.layout, "all_reduce", dpn):  # the only intra-operator kind
@@ -66,22 +65,22 @@ def cost_split(result: SearchResult) -> list[tuple[float, float, float]]:
     return out
 
 
-def plot_plan(result: SearchResult, path: str | os.PathLike[str]) -> None:
-    """Draw :func:`plan_figure` of ``result`` into ``path`` (PNG, or any format matplotlib knows
+def plot_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Draw :func:`plan_figure` of ``plan`` into ``path`` (PNG, or any format matplotlib knows
     by the suffix); the size in pixels is :func:`figure_size`."""
-    plan_figure(result).savefig(os.fspath(path), dpi=DPI)
+    plan_figure(plan).savefig(os.fspath(path), dpi=DPI)
 
 
-def plan_figure(result: SearchResult) -> Any:
-    """The figure of ``result``: the strategies on its first axes, the costs on its second."""
-    rows = result.breakdown
+def plan_figure(plan: Plan) -> Any:
+    """The figure of ``plan``: the strategies on its first axes, the costs on its second."""
+    rows = breakdown(plan)
     width, height = figure_size(len(rows))
     fig = new_figure(width / DPI, height / DPI)
     strategy_ax, cost_ax = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1))
-    cluster = result.plan.cluster
-    _draw_strategies(strategy_ax, result)
-    costs = cost_split(result)
-    topology = result.plan.pricing.cost_model == "topology"
+    cluster = plan.cluster
+    _draw_strategies(strategy_ax, plan, rows)
+    costs = cost_split(plan, rows)
+    topology = plan.pricing.cost_model == "topology"
     scale, unit = (1e3, "ms") if topology else (2.0**-20, "MiB")
     left = [0.0] * len(rows)
     for k, (color, label) in enumerate(zip(_COST_COLORS, _COST_LABELS)):
@@ -94,22 +93,21 @@ def plan_figure(result: SearchResult) -> Any:
     )
     cost_ax.legend(fontsize=7, loc="best")
     cost_ax.tick_params(labelsize=8)
-    total = f"{result.cost * scale:.4g} {unit}"
+    total = f"{sum(r.total for r in rows) * scale:.4g} {unit}"
     fig.suptitle(
-        f"{result.plan.graph.name}: {result.plan.pricing.cost_model} search on {cluster.nodes} x "
-        f"{cluster.devices_per_node} devices, {total} per step ({result.status})",
+        f"{plan.graph.name}: {plan.pricing.cost_model} plan on {cluster.nodes} x "
+        f"{cluster.devices_per_node} devices, {total} per step",
         fontsize=10,
     )
     return fig
 
 
-def _draw_strategies(ax: Any, result: SearchResult) -> None:
+def _draw_strategies(ax: Any, plan: Plan, rows: list[OpCost]) -> None:
     """Per operator, its device dims innermost first, each labelled with the axis it splits."""
-    rows = result.breakdown
     palette = require("matplotlib", "plot", _PURPOSE).colormaps["Set3"]
     colors: dict[str, Any] = {}
     for y, row in enumerate(rows):
-        axes = result.plan.graph.op(row.name).partitionable
+        axes = plan.graph.op(row.name).partitionable
         split = {
             m: (axis, d)
             for axis, d, m in zip(axes, row.strategy.degrees, row.strategy.device_map)
@@ -125,8 +123,8 @@ def _draw_strategies(ax: Any, result: SearchResult) -> None:
             x += w
         if not split:
             ax.text(0.1, y, "replicated", va="center", fontsize=7)
-    n = math.log2(result.plan.cluster.num_devices)
-    inside = math.log2(result.plan.cluster.devices_per_node)
+    n = math.log2(plan.cluster.num_devices)
+    inside = math.log2(plan.cluster.devices_per_node)
     ax.axvline(inside, color="black", linestyle="--", linewidth=1, label="node boundary")
     ax.set_xlim(0, max(n, 1))
     ax.set_xticks(range(int(max(n, 1)) + 1))

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
+from taps.plan.plan import Plan
+from taps.search.evaluate import OpCost, breakdown
+from taps.search.searching import Comparison, SearchResult
 
 if TYPE_CHECKING:
     from taps.plan.pricing import CostModel
-    from taps.search.searching import Comparison, SearchResult
 
 
 def format_seconds(seconds: float) -> str:
@@ -85,20 +87,31 @@ def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
     return " ".join(parts) or "replicated"
 
 
-def strategy_table(result: SearchResult) -> Table:
-    """One row per operator: its strategy, device matrix and the cost it adds."""
-    model = result.plan.pricing.cost_model
+def _priced(source: SearchResult | Plan) -> tuple[Plan, list[OpCost], float]:
+    """The plan of a search result or a saved plan, its rows and its cost."""
+    if isinstance(source, Plan):
+        rows = breakdown(source)
+        return source, rows, sum(r.total for r in rows)
+    return source.plan, source.breakdown, source.cost
+
+
+def strategy_table(source: SearchResult | Plan) -> Table:
+    """One row per operator: its strategy, device matrix and the cost it adds; a search result's
+    caption also says how the search went."""
+    plan, rows, cost = _priced(source)
+    model = plan.pricing.cost_model
+    what = "search" if isinstance(source, SearchResult) else "saved plan"
     table = Table(
-        title=f"{result.plan.graph.name}: {result.plan.pricing.cost_model} search on "
-        f"{result.plan.cluster.nodes} x {result.plan.cluster.devices_per_node} devices",
+        title=f"{plan.graph.name}: {model} {what} on "
+        f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
         title_justify="left",
     )
     for name in ("operator", "strategy", "device matrix"):
         table.add_column(name, no_wrap=True)
     for name in ("collectives", "redistribution", "total"):
         table.add_column(name, justify="right", no_wrap=True)
-    for row in result.breakdown:
-        op = result.plan.graph.op(row.name)
+    for row in rows:
+        op = plan.graph.op(row.name)
         table.add_row(
             row.name,
             _strategy_text(op.partitionable, row.strategy),
@@ -107,8 +120,8 @@ def strategy_table(result: SearchResult) -> Table:
             format_cost(row.incoming_cost, model),
             format_cost(row.total, model),
         )
-    intra = sum(r.intra_cost for r in result.breakdown)
-    incoming = sum(r.incoming_cost for r in result.breakdown)
+    intra = sum(r.intra_cost for r in rows)
+    incoming = sum(r.incoming_cost for r in rows)
     table.add_section()
     table.add_row(
         "total",
@@ -116,21 +129,30 @@ def strategy_table(result: SearchResult) -> Table:
         "",
         format_cost(intra, model),
         format_cost(incoming, model),
-        format_cost(result.cost, model),
+        format_cost(cost, model),
     )
-    layers = result.plan.graph.layers
+    pricing = plan.pricing
+    step = "training step" if pricing.step == "training" else "forward step (the paper)"
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
-        f"{'training step' if result.plan.pricing.step == 'training' else 'forward step (the paper)'}, "
-        f"{result.plan.pricing.planner} planner{', ZeRO' if result.plan.pricing.zero else ''}; "
-        f"{result.status}, gap {gap_text(result.gap)}, {result.num_aux_edges:,} auxiliary edges; "
+        f"{step}, {pricing.planner} planner{', ZeRO' if pricing.zero else ''}"
+    )
+    if isinstance(source, SearchResult):
+        table.caption += _search_caption(source)
+    table.caption_justify = "left"
+    return table
+
+
+def _search_caption(result: SearchResult) -> str:
+    """How the search went: status, size, time and memory."""
+    layers = result.plan.graph.layers
+    return (
+        f"; {result.status}, gap {gap_text(result.gap)}, {result.num_aux_edges:,} auxiliary edges; "
         f"{result.ilp.eliminated} of {len(result.plan.graph.ops)} operators decided by exact "
         f"reductions, {ilp_text(result)}; search {result.timings['total']:.3f} s; "
         f"memory {format_bytes(result.memory_per_device)} per device"
         + (f" for {layers} layers" if layers > 1 else "")
     )
-    table.caption_justify = "left"
-    return table
 
 
 def gap_text(gap: float) -> str:
@@ -149,17 +171,18 @@ def ilp_text(result: SearchResult) -> str:
     )
 
 
-def collectives_table(result: SearchResult) -> Table:
+def collectives_table(source: SearchResult | Plan) -> Table:
     """Every collective of the chosen assignment: intra-operator all_reduces and the ops of each
     incoming redistribution, with ct and cost, so a reader sees where the time goes."""
-    model = result.plan.pricing.cost_model
-    cluster = result.plan.cluster
+    plan, rows, _ = _priced(source)
+    model = plan.pricing.cost_model
+    cluster = plan.cluster
     table = Table(title="Collectives", title_justify="left")
     for name in ("operator", "tensor", "why", "collective"):
         table.add_column(name)
     for name in ("group", "ct", "cost"):
         table.add_column(name, justify="right")
-    for row in result.breakdown:
+    for row in rows:
         for c, cost in row.collectives:
             unused = [k for k in range(len(c.layout.device_matrix)) if k not in c.layout.tensor_map]
             group = 1
@@ -170,13 +193,13 @@ def collectives_table(result: SearchResult) -> Table:
                 row.name, c.tensor, c.reason, c.kind, str(group), str(ct), format_cost(cost, model)
             )
         for inc in row.incoming:
-            dtype = result.plan.graph.tensors[inc.edge.tensor].dtype_bytes
+            dtype = plan.graph.tensors[inc.edge.tensor].dtype_bytes
             # The training step also sends the gradient back to the producer.
-            plans = [(inc.plan, f"from {inc.edge.producer}")]
+            steps = [(inc.redistribution, f"from {inc.edge.producer}")]
             if inc.backward is not None:
-                plans.append((inc.backward, f"gradient to {inc.edge.producer}"))
-            for plan, why in plans:
-                for op in plan.all_ops:
+                steps.append((inc.backward, f"gradient to {inc.edge.producer}"))
+            for redistribution, why in steps:
+                for op in redistribution.all_ops:
                     if op.kind == "slice":
                         continue
                     table.add_row(
@@ -215,6 +238,23 @@ def comparison_table(comparison: Comparison) -> Table:
     table.caption = f"saving: {comparison.saving:.1f}% less communication time"
     table.caption_justify = "left"
     return table
+
+
+def layout_dict(layout: Layout) -> dict[str, Any]:
+    """A layout as JSON-ready data."""
+    return {
+        "shape": layout.shape,
+        "device_matrix": layout.device_matrix,
+        "tensor_map": layout.tensor_map,
+        "partial": layout.partial,
+    }
+
+
+def redistribution_dict(
+    plan: Redistribution, cluster: Cluster, dtype_bytes: float
+) -> dict[str, Any]:
+    """A redistribution as JSON-ready data: its cost on ``cluster`` and its ops."""
+    return {"cost": plan.cost(cluster, dtype_bytes), "ops": _ops_dict(plan)}
 
 
 def _ops_dict(plan: Redistribution) -> list[dict[str, Any]]:
@@ -264,7 +304,7 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
                         "from": inc.edge.producer,
                         "tensor": inc.edge.tensor,
                         "cost": inc.cost,
-                        "ops": _ops_dict(inc.plan),
+                        "ops": _ops_dict(inc.redistribution),
                         "backward_cost": inc.backward_cost,
                         "backward_ops": None if inc.backward is None else _ops_dict(inc.backward),
                     }

@@ -30,7 +30,7 @@ class Incoming:
     in the training step, the gradient's back to it."""
 
     edge: Edge
-    plan: Redistribution
+    redistribution: Redistribution
     cost: float
     backward: Redistribution | None = None
     backward_cost: float = 0.0

@@ -232,7 +232,7 @@ class GraphProgram:
         self.flows = partial_flows(graph, step)
         self.candidates = assigned(graph, strategies)
         if step == "training":
-            forward = [(e, incoming[(e.consumer, e.slot)].plan) for e in graph.edges]
+            forward = [(e, incoming[(e.consumer, e.slot)].redistribution) for e in graph.edges]
             every = [
                 *self.layouts.tensors.values(),
                 *(x for ls in self.layouts.inputs.values() for x in ls),

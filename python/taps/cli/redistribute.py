@@ -1,21 +1,38 @@
-"""``taps plan``: the redistribution of one tensor between two layouts, priced."""
+"""``taps redistribute``: the redistribution of one tensor between two layouts, priced
+(``taps plan`` is its former name, kept as an alias that says so)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, Literal
 
 from rich.console import Console
 
 from taps._core import Layout, plan_redistribution
+from taps._support.outputs import Outputs
 from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
-from taps.report.tables import layout_text, plan_table
+from taps.report.tables import layout_dict, layout_text, plan_table, redistribution_dict
 
 PLANNERS: tuple[Literal["paper"], Literal["optimal"]] = ("paper", "optimal")
 TITLES = {"paper": "Algorithm 1 (the paper's planner)", "optimal": "optimal planner"}
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.command == "plan":
+        console.print(
+            "[yellow]taps plan is now taps redistribute (the old name still works)[/]",
+            highlight=False,
+        )
+    with Outputs(args.json) as outputs:
+        code = _run(args, console, outputs)
+        outputs.commit()
+    if args.json:
+        console.print(f"wrote {args.json}")
+    return code
+
+
+def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
@@ -40,28 +57,34 @@ def run(args: argparse.Namespace, console: Console) -> int:
         output.append(f"optimal planner: {saving:.1f}% less time than Algorithm 1")
     for item in output:
         console.print(item)
+    doc: dict[str, object] = {
+        "source": layout_dict(first.source),
+        "target": layout_dict(first.target),
+        "planners": {
+            p: redistribution_dict(plan, c, args.dtype_bytes) for p, plan in plans.items()
+        },
+    }
+    code = 0
     if args.verify:
         from taps.cli.verify import report
         from taps.verify import verify_redistribution
 
         # Every plan printed is the plan run.
-        codes = [
-            report(
-                verify_redistribution(a, b, c.devices_per_node, planner=p),
-                console,
-                f"{TITLES[p]}, verified on XLA",
-            )
-            for p in planners
-        ]
-        return max(codes)
-    return 0
+        for p in planners:
+            verified = verify_redistribution(a, b, c.devices_per_node, planner=p)
+            code = max(code, report(verified, console, f"{TITLES[p]}, verified on XLA"))
+            doc["planners"][p]["verified"] = verified.to_dict()  # type: ignore[index]
+    if args.json:
+        outputs[args.json].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    return code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``taps plan`` to the CLI."""
+    """Add ``taps redistribute`` (and its former name ``taps plan``) to the CLI."""
     p = subparsers.add_parser(
-        "plan",
-        help="plan the redistribution of one tensor between two layouts",
+        "redistribute",
+        aliases=["plan"],
+        help="plan the redistribution of one tensor between two layouts (alias: plan)",
         description="Plan the redistribution of a tensor between two layouts and price it.",
     )
     p.add_argument(
@@ -102,5 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--verify",
         action="store_true",
         help="also run the plan on simulated XLA devices and check it (exit code 1 on mismatch)",
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="write the layouts and plans as JSON"
     )
     p.set_defaults(run=run)
