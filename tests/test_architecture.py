@@ -1,57 +1,49 @@
-"""Imports in python/taps go one way (docs/architecture.md): every module has a layer, and
-imports only from lower layers or from its own package."""
+"""The layout of python/taps (docs/architecture.md): every module has a layer and imports only
+from lower layers or from its own package; no module imports itself back through others (no
+cycle, lazy imports included); and every file the docs name exists."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Set
 from pathlib import Path
 
 import taps
 
 PACKAGE = Path(taps.__file__).parent
+ROOT = PACKAGE.parent.parent
 
-#: docs/architecture.md's table: the first dotted prefix that matches gives the layer.
+#: docs/architecture.md's table: the longest dotted prefix that matches gives the layer.
 LAYERS = {
     "taps._core": 0,
-    "taps.extras": 1,
-    "taps.checks": 1,
-    "taps.limits": 1,
-    "taps.outputs": 1,
-    "taps.graph": 1,
-    "taps.models": 2,
-    "taps.sharding": 2,
-    "taps.reductions": 2,
-    "taps.tying": 3,
-    "taps.lagrange": 3,
-    "taps.prune": 3,
-    "taps.elimination": 3,
-    "taps.costs": 3,
-    "taps.ilp": 4,
+    "taps.errors": 1,
+    "taps._support": 2,
+    "taps.graph": 3,
+    "taps.models": 4,
+    "taps.plan": 4,
+    "taps.solve": 4,
     "taps.search": 5,
-    "taps.reports": 6,
-    "taps.frontends": 6,
+    "taps.frontends": 5,
+    "taps.steps": 5,
+    "taps.report": 6,
     "taps.export": 6,
-    "taps.verify": 6,
-    "taps.plot": 7,
+    "taps.verify": 7,
     "taps.reproduce": 7,
     "taps.cli": 8,
     "taps": 9,
 }
-#: Sideways imports the table allows: verify reads export's meshes, export runs the torch front
-#: end's program, reproduce draws with plot's figure.
-ALLOWED = {
-    ("taps.verify", "taps.export"),
-    ("taps.export", "taps.frontends"),
-    ("taps.reproduce", "taps.plot"),
-}
+#: At most this many modules loose at the top of the package (the rest live in packages).
+MAX_LOOSE = 5
 
 
 def _unit(module: str) -> str:
-    """The row of the table a module belongs to."""
+    """The row of the table a module belongs to; a module in no row fails."""
     for prefix in sorted(LAYERS, key=len, reverse=True):
-        if module == prefix or module.startswith(prefix + "."):
+        if prefix != "taps" and (module == prefix or module.startswith(prefix + ".")):
             return prefix
+    if module == "taps":
+        return "taps"
     raise AssertionError(f"{module} is in no layer: add it to docs/architecture.md and LAYERS")
 
 
@@ -65,8 +57,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, module: str, known: Set[str] = frozenset()) -> set[str]:
-    """The taps modules ``path`` imports; ``from a import b`` counts as ``a.b`` when that is a
-    module in ``known``, else as ``a``."""
+    """The taps modules ``path`` imports, lazy ones too; ``from a import b`` counts as ``a.b``
+    when that is a module in ``known``, else as ``a``."""
     out = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -83,25 +75,109 @@ def _imports(path: Path, module: str, known: Set[str] = frozenset()) -> set[str]
     return {name for name in out if name == "taps" or name.startswith("taps.")}
 
 
-def test_imports_go_one_way():
+def _graph() -> dict[str, set[str]]:
+    """Every module's imports of other taps modules (``taps._core`` as its own node)."""
     modules = _modules()
+    known = set(modules) | {"taps._core"}
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for t in _imports(path, module, known):
+            while t not in known:
+                t = t.rpartition(".")[0]
+            if t != module:
+                targets.add(t)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_imports_go_one_way():
     wrong = []
-    for module, path in sorted(modules.items()):
+    for module, targets in sorted(_graph().items()):
         mine = _unit(module)
-        for target in sorted(_imports(path, module, set(modules))):
-            if target not in modules and target != "taps._core":
-                continue
+        for target in sorted(targets):
             theirs = _unit(target)
-            if theirs == mine or (mine, theirs) in ALLOWED:
-                continue
-            if LAYERS[theirs] >= LAYERS[mine]:
+            if theirs != mine and LAYERS[theirs] >= LAYERS[mine]:
                 wrong.append(f"{module} (layer {LAYERS[mine]}) imports {target} ({LAYERS[theirs]})")
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_check_sees_a_wrong_import(tmp_path):
-    """The rule is not vacuous: an import of the search from the graph is flagged."""
+def test_no_import_cycle():
+    """Not even inside a package: a submodule never imports its package's ``__init__``."""
+    assert _cycles(_graph()) == []
+
+
+def test_the_checks_see_a_wrong_import_and_a_cycle(tmp_path):
+    """The rules are not vacuous: an import of the search from the graph is flagged, and so is
+    a cycle of two modules."""
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from taps.search import search\n", encoding="utf-8")
     assert "taps.search" in _imports(bad, "taps.graph.bad")
     assert LAYERS[_unit("taps.search")] > LAYERS[_unit("taps.graph.bad")]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    try:
+        _unit("tapsx.other")
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("a module in no row passed")
+
+
+def test_few_modules_lie_loose_at_the_top():
+    loose = sorted(
+        p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__" and not p.stem.startswith("_")
+    )
+    assert len(loose) <= MAX_LOOSE, loose
+
+
+def test_every_file_the_docs_name_exists():
+    """Paths the README and docs/ give (in backticks or links) are in the tree."""
+    pattern = re.compile(r"[`(]((?:python|rust|tests|benches|docs)/[\w./{},-]*\w/?)[`)]")
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in pattern.finditer(doc.read_text(encoding="utf-8")):
+            text = match.group(1)
+            # `rust/src/plan/{ops,paper,optimal}.rs` names three files.
+            brace = re.search(r"\{([^}]*)\}", text)
+            names = (
+                [
+                    text[: brace.start()] + part + text[brace.end() :]
+                    for part in brace.group(1).split(",")
+                ]
+                if brace
+                else [text]
+            )
+            missing += [f"{doc.name}: {n}" for n in names if not (ROOT / n).exists()]
+    assert not missing, "\n".join(missing)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from taps._core import GraphError
+from taps.graph import serialize
 from taps.graph.ir import GraphIR
 from taps.graph.records import Tensor, is_positive_int
 
@@ -61,8 +62,29 @@ def _atomic(
 
 
 class Graph(GraphIR):
-    """A computation graph of einsum operators: the IR (:class:`~taps.graph.ir.GraphIR`) and the
-    builders below, each a few calls to the IR's public methods."""
+    """A computation graph of einsum operators: the IR (:class:`~taps.graph.ir.GraphIR`), the
+    builders below, each a few calls to the IR's public methods, and the JSON form."""
+
+    # -- JSON (taps.graph.serialize) -----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document as Python objects (schema in docs/graph.md)."""
+        return serialize.to_dict(self)
+
+    def to_json(self) -> str:
+        """The graph as JSON: one line per tensor and per operator, so files diff well."""
+        return serialize.to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        """Read a graph written by :meth:`to_json` (schema in docs/graph.md). Errors name the
+        field, e.g. ``ops[3].inputs[1].tensor: unknown tensor 'h9'``."""
+        return serialize.from_json(text, cls)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Graph:
+        """Read the document :meth:`to_dict` makes; see :meth:`from_json`."""
+        return serialize.from_dict(data, cls)
 
     def einsum(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taps._core import GraphError
 from taps.graph.records import (
@@ -20,9 +20,6 @@ from taps.graph.records import (
     checked_shape,
     is_positive_int,
 )
-
-if TYPE_CHECKING:
-    from taps.graph.builders import Graph
 
 
 class GraphIR:
@@ -346,32 +343,3 @@ class GraphIR:
             f"{type(self).__name__}({self.name!r}, layers={self.layers}, "
             f"{len(self._ops)} operators, {len(self.tensors)} tensors)"
         )
-
-    # -- JSON (taps.graph.serialize) -----------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document as Python objects (schema in docs/graph.md)."""
-        from taps.graph import serialize
-
-        return serialize.to_dict(self)
-
-    def to_json(self) -> str:
-        """The graph as JSON: one line per tensor and per operator, so files diff well."""
-        from taps.graph import serialize
-
-        return serialize.to_json(self)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Graph:
-        """Read a graph written by :meth:`to_json` (schema in docs/graph.md). Errors name the
-        field, e.g. ``ops[3].inputs[1].tensor: unknown tensor 'h9'``."""
-        from taps.graph import serialize
-
-        return serialize.from_json(text)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Graph:
-        """Read the document :meth:`to_dict` makes; see :meth:`from_json`."""
-        from taps.graph import serialize
-
-        return serialize.from_dict(data)

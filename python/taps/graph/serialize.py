@@ -7,12 +7,14 @@ import heapq
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from taps._core import GraphError
-from taps.graph.builders import Graph
 from taps.graph.ir import GraphIR
 from taps.graph.records import is_positive_int
+
+#: The graph class a document is read into (:class:`taps.Graph`).
+G = TypeVar("G", bound=GraphIR)
 
 FORMAT = "taps.graph"
 VERSION = 1
@@ -85,7 +87,7 @@ def to_json(g: GraphIR) -> str:
     return "\n".join(lines) + "\n"
 
 
-def from_json(text: str | bytes) -> Graph:
+def from_json(text: str | bytes, cls: type[G]) -> G:
     """Read a graph written by :func:`to_json` (schema in docs/graph.md). Errors name the
     field, e.g. ``ops[3].inputs[1].tensor: unknown tensor 'h9'``."""
     try:
@@ -94,10 +96,10 @@ def from_json(text: str | bytes) -> Graph:
         raise GraphError(f"not JSON: {e}") from None
     except RecursionError:
         raise GraphError("not a graph: JSON nested too deeply") from None
-    return from_dict(data)
+    return from_dict(data, cls)
 
 
-def from_dict(data: Any) -> Graph:
+def from_dict(data: Any, cls: type[G]) -> G:
     """Read the document :func:`to_dict` makes; see :func:`from_json`."""
     _fields(data, "", {"format", "version", "name", "layers", "tensors", "ops", "tied"})
     fmt, version = _get(data, "", "format", str), _get(data, "", "version", int)
@@ -108,7 +110,7 @@ def from_dict(data: Any) -> Graph:
     name, layers = _get(data, "", "name", str), _get(data, "", "layers", int)
     if layers < 1:
         raise GraphError(f"layers: must be a positive int, got {layers}")
-    g = Graph(name, layers)
+    g = cls(name, layers)
     pending: list[_Pending] = []
     for i, t in enumerate(_get(data, "", "tensors", list)):
         view = _read_tensor(g, t, f"tensors[{i}]")
@@ -128,7 +130,7 @@ def from_dict(data: Any) -> Graph:
     return g
 
 
-def _add_in_order(g: Graph, pending: list[_Pending]) -> None:
+def _add_in_order(g: GraphIR, pending: list[_Pending]) -> None:
     """Add views and operators once what they use exists: always the first ready one in file
     order, so a file in topological order keeps its order. Whatever is left waits on a
     tensor nobody makes, or on a cycle."""
@@ -189,7 +191,7 @@ class _Pending:
     is_view: bool
     uses: tuple[tuple[str, str], ...]  # (field, tensor name)
     makes: str
-    add: Callable[[Graph], None]
+    add: Callable[[GraphIR], None]
 
 
 class _At:
@@ -241,7 +243,7 @@ _TENSOR_FIELDS = {
 }
 
 
-def _read_tensor(g: Graph, t: Any, path: str) -> _Pending | None:
+def _read_tensor(g: GraphIR, t: Any, path: str) -> _Pending | None:
     """Add an input or parameter now; return a view, which waits for its base."""
     _fields(t, path, set().union(*_TENSOR_FIELDS.values()))
     kind = _get(t, path, "kind", str)
@@ -265,7 +267,7 @@ def _read_tensor(g: Graph, t: Any, path: str) -> _Pending | None:
         return None
     base = _get(t, path, "base", str)
 
-    def add(g: Graph) -> None:
+    def add(g: GraphIR) -> None:
         if g.tensors[base].dtype_bytes != dtype:
             raise GraphError(
                 f"{path}.dtype_bytes: view {name!r} has {dtype} but its base {base!r} has "
@@ -309,7 +311,7 @@ def _read_op(op: Any, path: str) -> _Pending:
     out_dims = _list_of(out, f"{path}.output", "dims", str)
     dtype = _get(out, f"{path}.output", "dtype_bytes", int)
 
-    def add(g: Graph) -> None:
+    def add(g: GraphIR) -> None:
         for field, dims in [
             *((f"inputs[{j}].dims", dims) for j, (_, dims) in enumerate([*inputs, *addends])),
             ("output.dims", out_dims),
