@@ -1,4 +1,4 @@
-"""The command line: output of ``taps plan`` and ``taps search``, and one-line errors."""
+"""The command line: output of ``taps redistribute`` and ``taps search``, and one-line errors."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_plan_prints_unified_layouts_and_ops(capsys):
 
 
 def test_plan_prints_both_planners(capsys):
-    argv = ["plan", "--from", "[16,2]:[1,0,-1]", "--to", "[16,2]:[0,1,-1]", "--shape", "96,32,96"]
+    argv = ["redistribute", "--from", "[16,2]:[1,0,-1]", "--to", "[16,2]:[0,1,-1]", "--shape", "96,32,96"]
     assert main([*argv, "--nodes", "4", "--devices-per-node", "8"]) == 0
     out = capsys.readouterr().out
     a = taps.Layout([96, 32, 96], [16, 2], [1, 0, -1])
@@ -53,7 +53,7 @@ def test_plan_prints_both_planners(capsys):
 
 
 def test_cluster_presets_on_the_command_line(capsys, tmp_path):
-    argv = ["plan", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
+    argv = ["redistribute", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
     assert main([*argv, "--nodes", "2", "--cluster", "dgx-h100", "--planner", "paper"]) == 0
     h100 = capsys.readouterr().out
     assert main([*argv, "--nodes", "2", "--devices-per-node", "8", "--planner", "paper"]) == 0

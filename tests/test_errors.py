@@ -37,7 +37,7 @@ CLUSTER = taps.Cluster(2, 8)
 # -- the library ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["memory_limit", "time_limit", "bytes_per_parameter"])
+@pytest.mark.parametrize("name", ["memory_limit", "time_limit"])
 @pytest.mark.parametrize("value", [NAN, -1.0, INF, -INF])
 @pytest.mark.parametrize("function", [taps.search, taps.compare])
 def test_search_refuses_nan_negative_and_infinite_limits(alexnet, function, name, value):
@@ -45,7 +45,13 @@ def test_search_refuses_nan_negative_and_infinite_limits(alexnet, function, name
         function(alexnet, CLUSTER, **{name: value})
     assert isinstance(e.value, taps.TapsError)
     assert isinstance(e.value, ValueError)
-    assert function.__name__ in str(e.value)
+    assert function.__name__.rpartition(".")[2] in str(e.value)
+
+
+@pytest.mark.parametrize("value", [NAN, -1.0, INF, -INF])
+def test_pricing_refuses_nan_negative_and_infinite_bytes_per_parameter(value):
+    with pytest.raises(ArgumentError, match="Pricing: bytes_per_parameter must be a finite"):
+        taps.Pricing(bytes_per_parameter=value)
 
 
 def test_nan_memory_limit_no_longer_gives_a_wrong_optimum(alexnet):
@@ -347,17 +353,17 @@ def test_graph_file_that_is_a_directory_is_one_line(tmp_path, capsys):
     assert "cannot read" in err
 
 
-def test_plan_prints_nothing_before_a_late_error(capsys, monkeypatch):
-    import taps.cli.plan as cli_plan
+def test_redistribute_prints_nothing_before_a_late_error(capsys, monkeypatch):
+    import taps.cli.redistribute as cli_redistribute
 
     def failing_table(*args, **kwargs):
         raise taps.TopologyError("late")
 
-    monkeypatch.setattr(cli_plan, "plan_table", failing_table)
-    argv = ["plan", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
+    monkeypatch.setattr(cli_redistribute, "plan_table", failing_table)
+    argv = ["redistribute", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"]
     code, out, err = _run([*argv, "--nodes", "2", "--devices-per-node", "8"], capsys)
     assert (code, out) == (2, "")
-    assert err == "taps plan: error: late\n"
+    assert err == "taps redistribute: error: late\n"
 
 
 def test_internal_error_is_one_line_asking_for_a_report(capsys, monkeypatch):

@@ -43,12 +43,12 @@ SCRIPT = textwrap.dedent(
     import signal, sys
     # What an interactive shell gives a command (a test runner may start us with SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import taps.ilp
-    solve = taps.ilp._optimize
+    import taps.solve.ilp
+    solve = taps.solve.ilp._optimize
     def announced(model):
         print("SOLVING", flush=True)
         solve(model)
-    taps.ilp._optimize = announced
+    taps.solve.ilp._optimize = announced
     from taps.cli import run
     run()
     """
@@ -93,12 +93,12 @@ KERNEL_SCRIPT = textwrap.dedent(
     """
     import signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import taps.costs
-    kernel = taps.costs.redistribution_costs
+    import taps.search.tables
+    kernel = taps.search.tables.redistribution_costs
     def announced(*args):
         print("PRICING", flush=True)
         return kernel(*args)
-    taps.costs.redistribution_costs = announced
+    taps.search.tables.redistribution_costs = announced
     from taps.cli import run
     run()
     """

@@ -71,14 +71,14 @@ def test_mlp_export_round_trips_json():
     g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
     cluster = taps.Cluster(2, 4)
     result = taps.search(g, cluster)
-    plan = to_jax(result)
+    plan = to_jax(result.plan)
     doc = json.loads(plan.to_json())
     assert doc["format"] == "taps.export.jax"
     assert set(doc["tensors"]) == set(g.tensors)
     assert doc["mesh"]["shape"] == list(plan.mesh.shape)
-    dt = json.loads(to_dtensor(result).to_json())
+    dt = json.loads(to_dtensor(result.plan).to_json())
     assert set(dt["tensors"]) == set(g.tensors)
-    lays = taps.export.layouts_of(result).tensors
+    lays = taps.export.layouts_of(result.plan).tensors
     for name, spec in plan.tensors.items():
         sharding = plan.sharding(name)
         shape = g.tensors[name].shape

@@ -46,7 +46,7 @@ def test_every_rank_holds_the_taps_block(specs):
 
 def test_placement_objects():
     g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-    plan = to_dtensor(taps.search(g, taps.Cluster(2, 4)))
+    plan = to_dtensor(taps.search(g, taps.Cluster(2, 4)).plan)
     for name, text in plan.tensors.items():
         assert [repr(p) for p in plan.placements(name)] == [
             "Replicate()" if t == "Replicate()" else f"Shard(dim={t[6:-1]})" for t in text
@@ -90,7 +90,7 @@ def test_partial_placements_round_trip_through_json():
 
     graph = taps.models.mlp(batch=64, sizes=(32, 64, 32))
     # The paper's model's plan: its mesh is (4, 2).
-    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), taps.Pricing(step="forward")))
+    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), taps.Pricing(step="forward")).plan)
     assert plan.mesh.shape == (4, 2)
     layout = taps.Layout([64, 32], [4, 2], [1, -1], [0])
     texts = layout_placements(plan.mesh, layout)

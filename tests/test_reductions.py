@@ -1,4 +1,4 @@
-"""The exact reductions (taps.reductions) against brute force over every assignment, on random
+"""The exact reductions (taps.solve.reductions) against brute force over every assignment, on random
 problems: multigraphs with cycles and parallel edges, layout classes shared by candidates, ties."""
 
 from __future__ import annotations

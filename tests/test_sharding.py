@@ -1,4 +1,4 @@
-"""taps.sharding: every candidate's operand layouts agree with each other rank by rank."""
+"""taps.plan.candidates: every candidate's operand layouts agree with each other rank by rank."""
 
 from __future__ import annotations
 

@@ -196,7 +196,7 @@ def test_partial_sums_flow_to_a_single_consumer_as_a_reduce_scatter():
     }
     assert [c.tensor for c, _ in rows["fc2"].collectives] == []
     (edge,) = rows["next"].incoming
-    assert [op.kind for op in edge.plan.all_ops] == ["reduce_scatter"]
+    assert [op.kind for op in edge.redistribution.all_ops] == ["reduce_scatter"]
     assert edge.cost == 3 / 4 * 32 * 64 * 2
     assert edge.backward is not None and edge.backward_cost == 3 * 32 * 64 / 4 * 2  # all_gather
     forward = {
@@ -222,7 +222,7 @@ def test_an_output_read_twice_is_all_reduced_once_at_its_operator():
     ]
     for name in ("a", "b"):
         (edge,) = rows[name].incoming
-        assert [op.kind for op in edge.plan.all_ops] == ["slice"]
+        assert [op.kind for op in edge.redistribution.all_ops] == ["slice"]
 
 
 def test_backward_edge_takes_the_gradient_to_the_producers_layout():
@@ -240,7 +240,7 @@ def test_backward_edge_takes_the_gradient_to_the_producers_layout():
     ]
     (edge,) = row.incoming
     assert edge.backward is not None
-    assert [op.kind for op in edge.plan.all_ops] == ["all_to_all"]
+    assert [op.kind for op in edge.redistribution.all_ops] == ["all_to_all"]
     assert [op.kind for op in edge.backward.all_ops] == ["all_to_all"]
     assert edge.cost == edge.backward_cost == 3 / 4 * 16 * 8 / 4 * 2
 

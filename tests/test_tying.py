@@ -1,4 +1,4 @@
-"""Tied search (taps.tying) against brute force over the assignments that repeat one block."""
+"""Tied search (taps.solve.ties) against brute force over the assignments that repeat one block."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The layout, redistribution and cost core is Rust (``taps._core``); the graph mod
 reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
 """
 
-from taps import export, models, verify
+from taps import export, models, search, verify
 from taps._core import (
     Cluster,
     CommOp,
@@ -37,7 +37,7 @@ from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.plan import Plan, Pricing
 from taps.plan.candidates import strategies_for
-from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate, search
+from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate
 from taps.solve import IlpOptions
 
 __version__ = "0.1.0"

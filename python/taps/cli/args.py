@@ -266,7 +266,7 @@ def read_saved_plan(name: str | None) -> Plan | None:
         return None
     try:
         data = json.loads(_read(name))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None  # the graph reader says what is wrong with it
     if not is_saved_plan(data):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Literal
 
 from rich.console import Console
@@ -19,16 +20,14 @@ TITLES = {"paper": "Algorithm 1 (the paper's planner)", "optimal": "optimal plan
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    if args.command == "plan":
-        console.print(
-            "[yellow]taps plan is now taps redistribute (the old name still works)[/]",
-            highlight=False,
-        )
     with Outputs(args.json) as outputs:
         code = _run(args, console, outputs)
         outputs.commit()
     if args.json:
         console.print(f"wrote {args.json}")
+    if args.command == "plan":
+        # Said once the work is done, so that an error stays one line.
+        sys.stderr.write("taps plan is now taps redistribute (the old name still works)\n")
     return code
 
 

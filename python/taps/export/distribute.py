@@ -664,7 +664,8 @@ def distribute_module(
     layouts = layouts_of(plan) if isinstance(plan, Plan) else None
     if mode == "taps" and layouts is None:
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
-    placements = plan if layouts is None else DTensorPlan.from_layouts(layouts)
+    placements = DTensorPlan.from_layouts(layouts) if layouts is not None else plan
+    assert isinstance(placements, DTensorPlan)
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
     try:

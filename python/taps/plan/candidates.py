@@ -12,7 +12,8 @@ those layouts rather than working them out again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from taps._core import (
@@ -73,11 +74,13 @@ class Candidate:
         strategy: the degrees and device dims of the partitionable axes.
         inputs: the layout of each input, in slot order.
         output: the layout of the output.
+        op: the operator (operators of one signature share their candidates: any of them).
     """
 
     strategy: Strategy
     inputs: tuple[Layout, ...]
     output: Layout
+    op: Operator = field(compare=False, repr=False)
 
     @classmethod
     def of(
@@ -89,25 +92,24 @@ class Candidate:
         """The candidate of ``strategy``; ``specs`` are :func:`operand_specs` of ``op``, worked
         out once for all its strategies."""
         layouts = [strategy.tensor_layout(i, s) for i, s in specs or operand_specs(op)]
-        return cls(strategy, tuple(layouts[:-1]), layouts[-1])
+        return cls(strategy, tuple(layouts[:-1]), layouts[-1], op)
 
-    def layout(self, op: Operator, operand: Operand) -> Layout:
-        """The layout of ``operand``, one of ``op``'s inputs or its output."""
-        if operand == op.output:
-            return self.output
-        return self.inputs[op.inputs.index(operand)]
-
-    def partial_output(self, op: Operator) -> Layout:
+    @cached_property
+    def partial_output(self) -> Layout:
         """The output as the contraction leaves it: partial sums along the device dims of the
-        split contracted axes (before any all_reduce)."""
-        return with_partial(self.output, split_dims(op, self.strategy, op.contracted))
+        split contracted axes (before any all_reduce). Worked out once, when first read."""
+        return with_partial(self.output, split_dims(self.op, self.strategy, self.op.contracted))
 
-    def gradient(self, op: Operator, slot: int) -> Layout:
-        """The gradient of input ``slot`` as the backward pass computes it: in the input's
-        layout, partial along the device dims of the split axes it is summed over
-        (:meth:`taps.graph.Operator.gradient_axes`)."""
-        axes = op.gradient_axes(op.inputs[slot])
-        return with_partial(self.inputs[slot], split_dims(op, self.strategy, axes))
+    @cached_property
+    def gradients(self) -> tuple[Layout, ...]:
+        """Per input, its gradient as the backward pass computes it: in the input's layout,
+        partial along the device dims of the split axes it is summed over
+        (:meth:`taps.graph.Operator.gradient_axes`). Worked out once, when first read."""
+        op = self.op
+        return tuple(
+            with_partial(layout, split_dims(op, self.strategy, op.gradient_axes(operand)))
+            for operand, layout in zip(op.inputs, self.inputs)
+        )
 
 
 def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[Strategy]:
@@ -116,8 +118,8 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
     divide the axis sizes, and with ``replicas`` also every split over fewer devices, the rest
     replicating the operator. An operator with no split over all the devices (no partitionable
     axis, or sizes the device count does not divide) takes the replicated ones either way. They
-    are counted first: more than :data:`taps.limits.MAX_CANDIDATES` is a
-    :class:`taps.limits.ResourceError` (enumerating them could exhaust the memory)."""
+    are counted first: more than :data:`taps._support.limits.MAX_CANDIDATES` is a
+    :class:`taps.errors.ResourceError` (enumerating them could exhaust the memory)."""
     sizes = list(op.partitionable_sizes)
     check_candidates(op.name, sizes, num_devices, replicas)
     found = enumerate_strategies(sizes, num_devices, replicas)
@@ -168,7 +170,7 @@ def edge_plans(
 
     def source(e: Edge) -> Layout:
         c = chosen[e.producer]
-        return c.partial_output(graph.op(e.producer)) if e.producer in flowing else c.output
+        return c.partial_output if e.producer in flowing else c.output
 
     return [
         (
@@ -198,7 +200,7 @@ def backward_plans(
         (
             e,
             plan_redistribution(
-                chosen[e.consumer].gradient(graph.op(e.consumer), e.slot),
+                chosen[e.consumer].gradients[e.slot],
                 chosen[e.producer].output,
                 cluster,
                 planner,

@@ -71,7 +71,7 @@ class Plan:
             self.cluster == other.cluster
             and self.pricing == other.pricing
             and dict(self.strategies) == dict(other.strategies)
-            and self.graph.to_dict() == other.graph.to_dict()
+            and same_graph(self.graph, other.graph)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -129,7 +129,7 @@ class Plan:
             raise PlanFileError("the plan's graph was changed after it was saved (digest differs)")
         try:
             saved = Graph.from_dict(data["graph"])
-            if graph is not None and graph.to_dict() != data["graph"]:
+            if graph is not None and not same_graph(graph, saved):
                 raise PlanFileError(
                     f"the plan is of graph {saved.name!r}, which is not the graph "
                     f"{graph.name!r} given"
@@ -157,6 +157,8 @@ class Plan:
             data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise PlanFileError(f"not a saved taps plan: not JSON ({e})") from None
+        except RecursionError:
+            raise PlanFileError("not a saved taps plan: JSON nested too deeply") from None
         return cls.from_dict(data, graph)
 
     def save(self, path: str | Path) -> None:
@@ -176,6 +178,16 @@ class Plan:
             return cls.from_json(data, graph)
         except PlanFileError as e:
             raise PlanFileError(f"{path}: {e}") from None
+
+
+def same_graph(a: Graph, b: Graph) -> bool:
+    """Whether two graphs are the same graph: equal JSON forms once each is read back (a graph
+    read from JSON lists its inputs and parameters before the views its operators' outputs
+    have, whatever order it was built in)."""
+    if a is b:
+        return True
+    canonical = [Graph.from_dict(g.to_dict()).to_dict() for g in (a, b)]
+    return canonical[0] == canonical[1]
 
 
 def is_saved_plan(data: Any) -> bool:

@@ -39,7 +39,7 @@ def new_figure(width: float, height: float) -> Any:
 
 
 def check_available() -> None:
-    """Raise :class:`~taps.extras.MissingExtraError` now if figures cannot be drawn, so a long
+    """Raise :class:`~taps.errors.MissingExtraError` now if figures cannot be drawn, so a long
     search does not fail at its end."""
     require("matplotlib", "plot", _PURPOSE)
 

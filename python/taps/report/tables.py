@@ -271,11 +271,13 @@ def _ops_dict(plan: Redistribution) -> list[dict[str, Any]]:
     ]
 
 
-def result_dict(result: SearchResult) -> dict[str, Any]:
-    """A search result as plain JSON-ready data: strategies, costs and the full breakdown."""
+def result_dict(source: SearchResult | Plan) -> dict[str, Any]:
+    """A search result or a saved plan as plain JSON-ready data: strategies, costs and the full
+    breakdown; a search result's also says how the search went."""
+    plan, rows, cost = _priced(source)
     ops = []
-    for row in result.breakdown:
-        op = result.plan.graph.op(row.name)
+    for row in rows:
+        op = plan.graph.op(row.name)
         ops.append(
             {
                 "name": row.name,
@@ -312,10 +314,10 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
                 ],
             }
         )
-    c = result.plan.cluster
-    return {
-        "graph": result.plan.graph.name,
-        "layers": result.plan.graph.layers,
+    c = plan.cluster
+    out = {
+        "graph": plan.graph.name,
+        "layers": plan.graph.layers,
         "cluster": {
             "nodes": c.nodes,
             "devices_per_node": c.devices_per_node,
@@ -323,11 +325,18 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
             "inter_bandwidth": c.inter_bandwidth,
             "device_memory": c.device_memory,
         },
-        "cost_model": result.plan.pricing.cost_model,
-        "step": result.plan.pricing.step,
-        "planner": result.plan.pricing.planner,
-        "zero": result.plan.pricing.zero,
-        "cost": result.cost,
+        "cost_model": plan.pricing.cost_model,
+        "step": plan.pricing.step,
+        "planner": plan.pricing.planner,
+        "zero": plan.pricing.zero,
+        "cost": cost,
+        "operators": ops,
+    }
+    if isinstance(source, Plan):
+        return out
+    result = source
+    return {
+        **out,
         "status": result.status,
         # Unknown (no bound yet when a time limit stopped SCIP) is null: JSON has no Infinity.
         "gap": result.gap if math.isfinite(result.gap) else None,
@@ -341,5 +350,4 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
         },
         "memory_per_device": result.memory_per_device,
         "timings": result.timings,
-        "operators": ops,
     }

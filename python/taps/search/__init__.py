@@ -4,7 +4,13 @@
 :mod:`.prices`, every edge's redistributions), hands them to :func:`taps.solve.solve`, and returns
 a :class:`SearchResult` whose ``plan`` is the chosen :class:`taps.Plan`; :func:`compare` runs both
 cost models; :func:`evaluate` and :func:`breakdown` (:mod:`.evaluate`) price any plan.
+
+``taps.search(...)`` calls :func:`search`, while ``taps.search.tables`` and the rest stay
+reachable as the package's modules (as ``taps.verify``).
 """
+
+import sys
+import types
 
 from taps.search.evaluate import Incoming, OpCost, breakdown, evaluate
 from taps.search.searching import STAGES, Comparison, SearchResult, compare, search
@@ -20,3 +26,12 @@ __all__ = [
     "evaluate",
     "search",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``taps.search(...)`` runs :func:`search`; the package's modules stay its attributes."""
+
+    __call__ = staticmethod(search)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -95,7 +95,7 @@ class CostTables:
         return self.graph.layers
 
     @property
-    def tied(self) -> list[tuple[tuple[str, ...], ...]]:
+    def tied(self) -> Sequence[Sequence[Sequence[str]]]:
         return self.graph.tied
 
     def problem(self) -> Problem:
@@ -241,13 +241,12 @@ def build_tables(
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
         if key not in cache:
-            producer, consumer = graph.op(edge.producer), graph.op(edge.consumer)
             backward = training and graph.tensors[edge.tensor].requires_grad
             flowing = edge.producer in flows
             src_cls, src = _classes(
                 [
                     (
-                        c.partial_output(producer) if flowing else c.output,
+                        c.partial_output if flowing else c.output,
                         *((c.output,) if backward else ()),
                     )
                     for c in ops[edge.producer].candidates
@@ -255,17 +254,17 @@ def build_tables(
             )
             dst_cls, dst = _classes(
                 [
-                    (c.inputs[edge.slot], *((c.gradient(consumer, edge.slot),) if backward else ()))
+                    (c.inputs[edge.slot], *((c.gradients[edge.slot],) if backward else ()))
                     for c in ops[edge.consumer].candidates
                 ]
             )
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:
-                pricing = (cluster, dtype, cost_model, planner)
-                cost = priced([r[0] for r in src], [r[0] for r in dst], *pricing)
+                how = (cluster, dtype, cost_model, planner)
+                cost = priced([r[0] for r in src], [r[0] for r in dst], *how)
                 if backward:
-                    cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *pricing).T
+                    cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *how).T
                 by_layouts[layouts] = cost
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))

@@ -1,7 +1,7 @@
 """Exact variable elimination of the strategy-selection problem: dynamic programming over an
 elimination order, for what the series-parallel reductions leave.
 
-The problem (node costs per operator, pair costs between operators, :mod:`taps.reductions`) is a
+The problem (node costs per operator, pair costs between operators, :mod:`taps.solve.reductions`) is a
 sum of cost tables ("factors"), each over the choices of a few operators. Eliminating an operator
 ``v`` replaces the factors that mention it by one factor over the other operators they mention,
 the least of their sum over ``v``'s choices; the optimum is what is left when every operator has

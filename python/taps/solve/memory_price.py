@@ -2,7 +2,7 @@
 
 Memory adds up per operator, so pricing it at ``lam`` per byte turns the limited problem into an
 unlimited one with node costs ``cost + lam * memory``, which the exact reductions
-(:mod:`taps.reductions`) solve when they eliminate the whole graph (chains, trees, series-parallel
+(:mod:`taps.solve.reductions`) solve when they eliminate the whole graph (chains, trees, series-parallel
 blocks). For every price the minimiser ``x`` gives a lower bound on the limited optimum,
 ``cost(x) + lam * (memory(x) - limit)``, and, when ``memory(x)`` fits, a feasible assignment. A
 bisection on the price finds the cheapest feasible assignment this way and the best bound; when
@@ -132,7 +132,7 @@ def prune_by_price(
 
     For any fitting assignment ``x``, ``cost(x) >= cost(x) + price * (memory(x) - limit)``. The
     least of the right side over the assignments giving operator ``v`` candidate ``i`` (its
-    min-marginal, :func:`taps.reductions.min_marginals`, all of them from one forward and one
+    min-marginal, :func:`taps.solve.reductions.min_marginals`, all of them from one forward and one
     backward pass over the reductions) bounds every fitting assignment with that choice; above
     ``cutoff``, the candidate goes. When the reductions leave pair costs for SCIP, every operator
     keeps every candidate."""

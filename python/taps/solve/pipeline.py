@@ -192,7 +192,7 @@ def _limited(
     options: IlpOptions,
     deadline: float | None,
 ) -> IlpSolution:
-    """The core left by the reductions, under the memory limit: priced first (taps.lagrange),
+    """The core left by the reductions, under the memory limit: priced first (taps.solve.memory_price),
     which decides it when the price closes the gap and otherwise prunes it exactly and gives SCIP
     its first assignment. ``size.eliminated`` counts the operators the price decided."""
     if len(objectives) > 1 or not options.price:

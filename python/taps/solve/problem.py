@@ -90,23 +90,23 @@ class IlpOptions:
     #: "grouped": a continuous flow per pair of layout classes of an edge (conventions.md#the-ilp);
     #: "pairwise": the plain Alpa-style formulation, a binary per pair of strategies.
     formulation: str = "grouped"
-    #: Drop dominated candidates first (exact, see taps.prune).
+    #: Drop dominated candidates first (exact, see taps.solve.prune).
     prune: bool = True
     #: SCIP's presolve: off by default, it costs far more than it saves on these models
     #: (AlexNet on 32 devices: 5.8 s with it, 0.13 s without).
     presolve: bool = False
     #: Hand SCIP a first assignment (each operator's cheapest candidate on its own).
     warm_start: bool = True
-    #: Eliminate operators exactly before SCIP (taps.reductions): fixed, leaf and series
+    #: Eliminate operators exactly before SCIP (taps.solve.reductions): fixed, leaf and series
     #: operators, parallel edges merged; SCIP solves the core left, and is not called when nothing
     #: joins the operators left. Under a binding memory limit only operators whose memory does
     #: not depend on their candidate go.
     reduce: bool = True
     #: Solve the core the reductions leave (a graph that is not series-parallel) by exact
-    #: variable elimination (taps.elimination) when its tables fit a budget, without SCIP.
+    #: variable elimination (taps.solve.elimination) when its tables fit a budget, without SCIP.
     #: Single objective without a binding memory limit only. Needs ``reduce``.
     eliminate: bool = True
-    #: Under a binding memory limit, price memory (taps.lagrange) before SCIP: series-parallel
+    #: Under a binding memory limit, price memory (taps.solve.memory_price) before SCIP: series-parallel
     #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
     #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
     price: bool = True
@@ -125,7 +125,7 @@ class IlpSize:
     binaries: int
     continuous: int
     constraints: int
-    #: Operators in the ILP, and operators decided before it (taps.reductions).
+    #: Operators in the ILP, and operators decided before it (taps.solve.reductions).
     operators: int
     eliminated: int = 0
 

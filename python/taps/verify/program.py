@@ -236,7 +236,7 @@ class GraphProgram:
             every = [
                 *self.layouts.tensors.values(),
                 *(x for ls in self.layouts.inputs.values() for x in ls),
-                *(c.partial_output(graph.op(v)) for v, c in self.candidates.items()),
+                *(c.partial_output for c in self.candidates.values()),
                 *(c.layout for cs in self.intra.values() for c in cs),
             ]
             plans = [p for _, p in forward] + [p for p in self.backward if p is not None]
