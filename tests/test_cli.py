@@ -37,7 +37,15 @@ def test_plan_prints_unified_layouts_and_ops(capsys):
 
 
 def test_plan_prints_both_planners(capsys):
-    argv = ["redistribute", "--from", "[16,2]:[1,0,-1]", "--to", "[16,2]:[0,1,-1]", "--shape", "96,32,96"]
+    argv = [
+        "redistribute",
+        "--from",
+        "[16,2]:[1,0,-1]",
+        "--to",
+        "[16,2]:[0,1,-1]",
+        "--shape",
+        "96,32,96",
+    ]
     assert main([*argv, "--nodes", "4", "--devices-per-node", "8"]) == 0
     out = capsys.readouterr().out
     a = taps.Layout([96, 32, 96], [16, 2], [1, 0, -1])

@@ -1,6 +1,7 @@
-"""Variable elimination (taps.solve.elimination) against brute force over every assignment, on random
-problems denser than series-parallel ones (complete graphs, parallel pair costs, shared classes),
-and the search through it against the plain ILP on graphs the reductions leave a core of."""
+"""Variable elimination (taps.solve.elimination) against brute force over every assignment, on
+random problems denser than series-parallel ones (complete graphs, parallel pair costs, shared
+classes), and the search through it against the plain ILP on graphs the reductions leave a core
+of."""
 
 from __future__ import annotations
 

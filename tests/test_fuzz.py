@@ -164,7 +164,8 @@ WORDS = [
 ]
 ARGUMENT = st.sampled_from(WORDS) | st.text(max_size=12) | st.integers().map(str)
 ARGV = st.tuples(
-    st.sampled_from(["redistribute", "plan", "search", "export", "reproduce", "--version"]), st.lists(ARGUMENT, max_size=14)
+    st.sampled_from(["redistribute", "plan", "search", "export", "reproduce", "--version"]),
+    st.lists(ARGUMENT, max_size=14),
 ).map(lambda t: [t[0], *t[1]])
 
 

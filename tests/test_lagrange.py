@@ -1,5 +1,5 @@
-"""The Lagrangian price on memory (taps.solve.memory_price) against brute force: its bound is a bound, its
-assignment fits, and its pruning keeps an optimal assignment."""
+"""The Lagrangian price on memory (taps.solve.memory_price) against brute force: its bound is a
+bound, its assignment fits, and its pruning keeps an optimal assignment."""
 
 from __future__ import annotations
 

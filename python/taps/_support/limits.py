@@ -61,7 +61,8 @@ def check_candidates(
 ) -> int:
     """The candidate count of operator ``name`` (partitionable axis ``sizes``), the replicated
     strategies included with ``replicas`` or where no split over every device exists (as
-    :func:`taps.plan.candidates.strategies`); :class:`ResourceError` above :data:`MAX_CANDIDATES`."""
+    :func:`taps.plan.candidates.strategies`); :class:`ResourceError` above
+    :data:`MAX_CANDIDATES`."""
     count = candidate_count(sizes, num_devices, replicas) or candidate_count(
         sizes, num_devices, True
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from rich.console import Console
 
@@ -21,9 +22,18 @@ def read_torch(source: str, unknown: str) -> Graph:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     # The output is checked before the (slow) conversion and written whole or not at all.
-    with Outputs(args.out) as outputs:
+    with Outputs(args.out, args.json) as outputs:
         graph = read_torch(args.source, args.unknown)
         outputs[args.out].write_text(graph.to_json())
+        if args.json:
+            record = {
+                "graph": graph.name,
+                "out": args.out,
+                "operators": len(graph.ops),
+                "parameters": graph.num_parameters(),
+                "tied_groups": len(graph.tied),
+            }
+            outputs[args.json].write_text(json.dumps(record, indent=2) + "\n")
         outputs.commit()
     console.print(
         f"wrote {args.out}: {graph.name}, {len(graph.ops)} operators, "
@@ -47,5 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("error", "replicate"),
         default="error",
         help="operators without a rule: list them and fail, or keep them whole (error)",
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="write a record of what was converted"
     )
     p.set_defaults(run=run)

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich.console import Console
 
+from taps._support.outputs import Outputs
 from taps.reproduce import FILES, reproduce
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    reproduce(args.out, args.quick, console)
+    with Outputs(args.json) as outputs:
+        rows, timing_rows = reproduce(args.out, args.quick, console)
+        if args.json:
+            doc = {
+                "results": [r.csv_dict() for r in rows],
+                "search_times": [t.csv_dict() for t in timing_rows],
+            }
+            outputs[args.json].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        outputs.commit()
+    if args.json:
+        console.print(f"wrote {args.json}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,5 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     p.add_argument(
         "--quick", action="store_true", help="a few small cases only (well under a minute)"
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="also write both tables' rows as JSON"
     )
     p.set_defaults(run=run)

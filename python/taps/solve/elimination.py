@@ -1,10 +1,10 @@
 """Exact variable elimination of the strategy-selection problem: dynamic programming over an
 elimination order, for what the series-parallel reductions leave.
 
-The problem (node costs per operator, pair costs between operators, :mod:`taps.solve.reductions`) is a
-sum of cost tables ("factors"), each over the choices of a few operators. Eliminating an operator
-``v`` replaces the factors that mention it by one factor over the other operators they mention,
-the least of their sum over ``v``'s choices; the optimum is what is left when every operator has
+The problem (node costs per operator, pair costs between operators, :mod:`taps.solve.reductions`) is
+a sum of cost tables ("factors"), each over the choices of a few operators. Eliminating an operator
+``v`` replaces the factors that mention it by one factor over the other operators they mention, the
+least of their sum over ``v``'s choices; the optimum is what is left when every operator has
 gone, and the choices follow in reverse order, each the best given the operators eliminated after
 it. The leaf and series reductions are the cases of one and two neighbours; here an operator may
 have any number, and the new factor's table is as large as the product of their choice counts.

@@ -2,9 +2,10 @@
 
 Memory adds up per operator, so pricing it at ``lam`` per byte turns the limited problem into an
 unlimited one with node costs ``cost + lam * memory``, which the exact reductions
-(:mod:`taps.solve.reductions`) solve when they eliminate the whole graph (chains, trees, series-parallel
-blocks). For every price the minimiser ``x`` gives a lower bound on the limited optimum,
-``cost(x) + lam * (memory(x) - limit)``, and, when ``memory(x)`` fits, a feasible assignment. A
+(:mod:`taps.solve.reductions`) solve when they eliminate the whole graph (chains, trees,
+series-parallel blocks). For every price the minimiser ``x`` gives a lower bound on the limited
+optimum, ``cost(x) + lam * (memory(x) - limit)``, and, when ``memory(x)`` fits, a feasible
+assignment. A
 bisection on the price finds the cheapest feasible assignment this way and the best bound; when
 they meet (the usual case when one price separates the fitting assignments from the others) the
 assignment is optimal without an ILP. Otherwise the ILP gets the assignment as its first solution

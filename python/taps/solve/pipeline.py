@@ -192,9 +192,10 @@ def _limited(
     options: IlpOptions,
     deadline: float | None,
 ) -> IlpSolution:
-    """The core left by the reductions, under the memory limit: priced first (taps.solve.memory_price),
-    which decides it when the price closes the gap and otherwise prunes it exactly and gives SCIP
-    its first assignment. ``size.eliminated`` counts the operators the price decided."""
+    """The core left by the reductions, under the memory limit: priced first
+    (taps.solve.memory_price), which decides it when the price closes the gap and otherwise prunes
+    it exactly and gives SCIP its first assignment. ``size.eliminated`` counts the operators the
+    price decided."""
     if len(objectives) > 1 or not options.price:
         return _pruned_run(objectives, options, memory, deadline)
     t0 = time.perf_counter()

@@ -106,9 +106,9 @@ class IlpOptions:
     #: variable elimination (taps.solve.elimination) when its tables fit a budget, without SCIP.
     #: Single objective without a binding memory limit only. Needs ``reduce``.
     eliminate: bool = True
-    #: Under a binding memory limit, price memory (taps.solve.memory_price) before SCIP: series-parallel
-    #: problems are decided by the reductions when the price closes the gap, otherwise it prunes
-    #: candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
+    #: Under a binding memory limit, price memory (taps.solve.memory_price) before SCIP:
+    #: series-parallel problems are decided by the reductions when the price closes the gap,
+    #: otherwise it prunes candidates exactly and gives SCIP its first assignment. Needs ``reduce``.
     price: bool = True
 
     def __post_init__(self) -> None:
