@@ -103,8 +103,17 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        """The plan as JSON text; :meth:`from_json` reads it back to an equal plan."""
-        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+        """The plan as JSON text, a line per strategy and the graph as :meth:`Graph.to_json`
+        writes it (so files diff well); :meth:`from_json` reads it back to an equal plan."""
+        doc = self.to_dict()
+        lines = ["{"]
+        for key in ("format", "version", "graph_digest", "cluster", "pricing"):
+            lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], allow_nan=False)},")
+        rows = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in doc["strategies"].items()]
+        lines += [' "strategies": {', ",\n".join(rows), " },"]
+        lines.append(' "graph": ' + self.graph.to_json().rstrip("\n").replace("\n", "\n "))
+        lines.append("}")
+        return "\n".join(lines) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any, graph: Graph | None = None) -> Plan:
