@@ -9,14 +9,7 @@ import pytest
 
 import taps
 from taps.cli import main
-from taps.reproduce import (
-    CSV_COLUMNS,
-    FILES,
-    TOLERANCE,
-    Case,
-    experiment_cases,
-    run_case,
-)
+from taps.reproduce import CSV_COLUMNS, FILES, TOLERANCE, Case, experiment_cases, run_case
 from taps.reproduce.run import full_cluster
 
 SMALL = [

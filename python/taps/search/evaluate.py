@@ -5,23 +5,12 @@ independently of the search's tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from taps._core import (
-    Redistribution,
-    Strategy,
-)
+from taps._core import Redistribution, Strategy
 from taps.graph import Edge
-from taps.plan.candidates import (
-    assigned,
-    backward_plans,
-    edge_plans,
-)
+from taps.plan.candidates import assigned, backward_plans, edge_plans
 from taps.plan.plan import Plan
 from taps.search.prices import Collective, intra_collectives, partial_flows
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from taps._core import (
-    Cluster,
-    Layout,
-    Strategy,
-)
+from taps._core import Cluster, Layout, Strategy
 from taps.graph import Graph, Operand, Operator
-from taps.plan.candidates import (
-    Candidate,
-    operand_axis_indices,
-    operand_shape,
-    split_dims,
-)
+from taps.plan.candidates import Candidate, operand_axis_indices, operand_shape, split_dims
 from taps.plan.pricing import BYTES_PER_PARAMETER
 
 if TYPE_CHECKING:

@@ -11,18 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from taps._core import (
-    Cluster,
-    Layout,
-    Strategy,
-    allreduce_costs,
-    redistribution_costs,
-)
+from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistribution_costs
 from taps.graph import Edge, Graph, Operator
-from taps.plan.candidates import (
-    Candidate,
-    candidates,
-)
+from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
 from taps.search.prices import (
     all_reduce_operands,
