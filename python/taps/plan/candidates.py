@@ -81,6 +81,7 @@ class Candidate:
     inputs: tuple[Layout, ...]
     output: Layout
     op: Operator = field(compare=False, repr=False)
+    _gradients: dict[int, Layout] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -100,16 +101,15 @@ class Candidate:
         split contracted axes (before any all_reduce). Worked out once, when first read."""
         return with_partial(self.output, split_dims(self.op, self.strategy, self.op.contracted))
 
-    @cached_property
-    def gradients(self) -> tuple[Layout, ...]:
-        """Per input, its gradient as the backward pass computes it: in the input's layout,
-        partial along the device dims of the split axes it is summed over
-        (:meth:`taps.graph.Operator.gradient_axes`). Worked out once, when first read."""
-        op = self.op
-        return tuple(
-            with_partial(layout, split_dims(op, self.strategy, op.gradient_axes(operand)))
-            for operand, layout in zip(op.inputs, self.inputs)
-        )
+    def gradient(self, slot: int) -> Layout:
+        """The gradient of input ``slot`` as the backward pass computes it: in the input's
+        layout, partial along the device dims of the split axes it is summed over
+        (:meth:`taps.graph.Operator.gradient_axes`). Worked out once per slot, when first asked."""
+        if slot not in self._gradients:
+            axes = self.op.gradient_axes(self.op.inputs[slot])
+            partial = split_dims(self.op, self.strategy, axes)
+            self._gradients[slot] = with_partial(self.inputs[slot], partial)
+        return self._gradients[slot]
 
 
 def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[Strategy]:
@@ -200,7 +200,7 @@ def backward_plans(
         (
             e,
             plan_redistribution(
-                chosen[e.consumer].gradients[e.slot],
+                chosen[e.consumer].gradient(e.slot),
                 chosen[e.producer].output,
                 cluster,
                 planner,

@@ -245,7 +245,7 @@ def build_tables(
             )
             dst_cls, dst = _classes(
                 [
-                    (c.inputs[edge.slot], *((c.gradients[edge.slot],) if backward else ()))
+                    (c.inputs[edge.slot], *((c.gradient(edge.slot),) if backward else ()))
                     for c in ops[edge.consumer].candidates
                 ]
             )
