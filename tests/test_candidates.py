@@ -35,14 +35,16 @@ def test_operands_share_each_axis_range_on_every_rank(devices, replicas):
                         assert seen.setdefault(axis, (lo, hi)) == (lo, hi), (op.name, axis)
 
 
-def test_candidate_layout_lookup_and_strategy_order():
+def test_candidates_in_strategy_order_and_their_layouts_worked_out_once():
     op = _ops()[0]
     found = candidates(op, 8)
     assert [c.strategy for c in found] == strategies(op, 8)
     c = found[3]
-    assert c.layout(op, op.output) == c.output
-    assert c.layout(op, op.inputs[1]) == c.inputs[1]
     assert Candidate.of(op, c.strategy) == c
+    assert c.partial_output is c.partial_output
+    assert c.gradient(1) is c.gradient(1)
+    assert c.partial_output.tensor_map == c.output.tensor_map
+    assert c.gradient(1).tensor_map == c.inputs[1].tensor_map
 
 
 def test_an_op_with_no_split_over_every_device_gets_the_replicated_ones():
