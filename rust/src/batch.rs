@@ -9,8 +9,8 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::optimal::{solve, Key, Path};
-use crate::planner::{paper_cost, search_problem, shortest_plan_by, Objective, Planner};
+use crate::plan::optimal::{Key, Path};
+use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::normalized;
@@ -112,7 +112,7 @@ pub fn redistribution_costs_until(
             // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
             // is planned (the result is dropped).
             if a != b && !stop.load(Relaxed) {
-                let (cost, elements) = paper_cost(a, b, cluster, dtype_bytes, model)?;
+                let (cost, elements) = paper::cost(a, b, cluster, dtype_bytes, model)?;
                 *entry = match model {
                     CostModel::Topology => (cost, cost),
                     CostModel::Volume => (cost, elements),
@@ -266,7 +266,7 @@ pub fn allreduce_costs(
 mod tests {
     use super::*;
     use crate::layout::layout;
-    use crate::planner::plan_redistribution;
+    use crate::plan::plan_redistribution;
     use crate::strategies::enumerate_strategies;
     use crate::topology::CollectiveKind;
 

@@ -9,11 +9,10 @@ pub mod unify;
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use unify::unify;
-mod optimal;
-pub mod planner;
+pub mod plan;
 pub mod topology;
 
-pub use planner::{plan_redistribution, CommOp, Objective, OpKind, Planner, Redistribution};
+pub use plan::{plan_redistribution, CommOp, Objective, OpKind, Planner, Redistribution};
 pub use topology::{inter_node_groups, Cluster, CollectiveKind, CostModel};
 pub mod batch;
 pub mod minplus;

@@ -25,7 +25,7 @@ use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::minplus;
-use crate::planner::{self, CommOp, Objective, Planner, Redistribution};
+use crate::plan::{self, CommOp, Objective, Planner, Redistribution};
 use crate::strategies::{self, Strategy};
 use crate::topology::{self, Cluster, CollectiveKind, CostModel, Replicas, PAPER};
 use crate::unify as unification;
@@ -964,7 +964,7 @@ fn plan_redistribution(
         dtype_bytes,
     });
     Ok(PyRedistribution {
-        inner: planner::plan_redistribution(&a.inner, &b.inner, planner, objective)?,
+        inner: plan::plan_redistribution(&a.inner, &b.inner, planner, objective)?,
     })
 }
 

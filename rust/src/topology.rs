@@ -810,7 +810,7 @@ mod tests {
     #[test]
     fn every_cost_rejects_bad_dtype_bytes() {
         use crate::batch::{allreduce_costs, redistribution_costs, AxesTensor};
-        use crate::planner::{plan_redistribution, Objective, Planner};
+        use crate::plan::{plan_redistribution, Objective, Planner};
         use crate::strategies::Strategy;
         use std::slice::from_ref;
 
@@ -854,7 +854,7 @@ mod tests {
     /// both give the same `ct` otherwise.
     #[test]
     fn one_node_size_rule_for_both_ct_entry_points() {
-        use crate::planner::{plan_redistribution, Objective, OpKind, Planner};
+        use crate::plan::{plan_redistribution, Objective, OpKind, Planner};
 
         let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
         let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();

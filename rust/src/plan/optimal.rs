@@ -24,8 +24,8 @@ use std::sync::{Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
 
+use super::ops::{volume, CommOp, Objective, OpKind};
 use crate::layout::Layout;
-use crate::planner::{plan_unified, volume, CommOp, Objective, OpKind};
 
 /// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
 /// 1's plan (sound, the planner is still never dearer than Algorithm 1, but maybe not the
@@ -679,17 +679,22 @@ type Memo = FxHashMap<(Key, Vec<u64>), Path>;
 const MEMO_SIZE: usize = 1 << 20;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
-/// paths cheaper than Algorithm 1's, or Algorithm 1's if there is none or the search would expand
-/// more than [`MAX_EXPANSIONS`] layouts, or `stop` is set (then the path is not remembered).
-/// Remembered ([`MEMO`]).
-pub(crate) fn solve(problem: &Problem, objective: Objective<'_>, stop: &AtomicBool) -> Path {
+/// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
+/// Algorithm 1's if there is none or the search would expand more than [`MAX_EXPANSIONS`]
+/// layouts, or `stop` is set (then the path is not remembered). Remembered ([`MEMO`]).
+pub(crate) fn solve(
+    problem: &Problem,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+    paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
+) -> Path {
     let key = (problem.key.clone(), objective.fingerprint());
     // A panic elsewhere while the lock was held leaves the map whole: use it.
     let memo = || MEMO.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(path) = memo().as_ref().and_then(|m| m.get(&key)) {
         return path.clone();
     }
-    let path = search_or_paper(problem, objective, stop);
+    let path = search_or_paper(problem, objective, stop, paper);
     if stop.load(Relaxed) {
         return path;
     }
@@ -703,17 +708,31 @@ pub(crate) fn solve(problem: &Problem, objective: Objective<'_>, stop: &AtomicBo
 }
 
 /// [`solve`] without the memo.
-fn search_or_paper(problem: &Problem, objective: Objective<'_>, stop: &AtomicBool) -> Path {
+fn search_or_paper(
+    problem: &Problem,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+    paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
+) -> Path {
     let (source, target) = (&problem.source, &problem.target);
-    let mut bound = 0.0;
-    let mut paper = Vec::new();
-    let mut at = State::of(source);
-    plan_unified(source.clone(), target, |kind, k, i, to, layout| {
-        bound = objective.add(bound, &CommOp::new(kind, k, i, to, layout.clone()));
-        at = at.after(kind, k, i, to);
-        paper.push((Step::Op(kind, k, i, to), at));
-    });
-    search(source, target, bound, objective, stop).unwrap_or(Path { steps: paper })
+    let paper = paper(source, target);
+    let bound = paper.iter().fold(0.0, |t, op| objective.add(t, op));
+    search(source, target, bound, objective, stop).unwrap_or_else(|| {
+        let mut at = State::of(source);
+        let steps = paper.iter().map(|op| {
+            let (kind, k, i, to) = (
+                op.kind(),
+                op.device_dim(),
+                op.tensor_dim(),
+                op.to_tensor_dim(),
+            );
+            at = at.after(kind, k, i, to);
+            (Step::Op(kind, k, i, to), at)
+        });
+        Path {
+            steps: steps.collect(),
+        }
+    })
 }
 
 /// A* from `source` to `target` among the paths cheaper than `bound`; `None` past the budget or
@@ -928,8 +947,13 @@ mod tests {
                     let start =
                         Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
                     assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
+                    // The search alone, unbounded: the planner bounds it by Algorithm 1's plan
+                    // and falls back on that (`plan::solve`).
                     let price = |problem: &Problem, a: &Layout| {
-                        let path = solve(problem, objective, &AtomicBool::new(false));
+                        let (source, target) = (&problem.source, &problem.target);
+                        let stop = AtomicBool::new(false);
+                        let path = search(source, target, f64::INFINITY, objective, &stop)
+                            .expect("within the budget");
                         let ops = problem.ops(&path, a);
                         ops.iter().fold(0.0, |t, op| objective.add(t, op))
                     };
