@@ -506,23 +506,14 @@ impl PyCluster {
     }
 
     /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
-    /// cluster of a TOML file (a name ending in `.toml`, read by `taps.cluster_presets`).
+    /// cluster of a TOML file (a name ending in `.toml`; docs/core.md).
     #[classmethod]
     #[pyo3(signature = (name, nodes=Num::Fits(1)), text_signature = "(name, nodes=1)")]
-    fn preset(cls: &Bound<'_, PyType>, name: &str, nodes: Num<i64>) -> PyResult<Py<PyAny>> {
-        let py = cls.py();
-        let is_file = std::path::Path::new(name)
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+    fn preset(_cls: &Bound<'_, PyType>, name: &str, nodes: Num<i64>) -> PyResult<Self> {
         let nodes = nodes.unsigned("nodes", "a positive count", Error::Topology)?;
-        if is_file {
-            let module = py.import("taps.cluster_presets")?;
-            return Ok(module.call_method1("from_toml", (name, nodes))?.unbind());
-        }
-        let cluster = PyCluster {
+        Ok(PyCluster {
             inner: Cluster::preset(name, nodes)?,
-        };
-        Ok(Py::new(py, cluster)?.into_any())
+        })
     }
 
     /// The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first.

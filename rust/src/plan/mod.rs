@@ -16,9 +16,8 @@ use std::sync::atomic::AtomicBool;
 pub use ops::{CommOp, Objective, OpKind, Redistribution};
 use optimal::{Path, Problem};
 
-use crate::error::{Error, Result};
+use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
-use crate::topology;
 use crate::unify::normalized;
 
 /// Which planner chooses the steps.
@@ -47,7 +46,7 @@ impl Planner {
     /// # Errors
     /// [`Error::Layout`] for any other name.
     pub fn parse(name: &str) -> Result<Self> {
-        topology::parse_name(name, "planner", &Self::NAMES, Error::Layout).map(|i| Self::ALL[i])
+        parse_name(name, "planner", &Self::NAMES, Error::Layout).map(|i| Self::ALL[i])
     }
 }
 
@@ -129,6 +128,7 @@ pub(crate) fn search_problem(a: &Layout, b: &Layout) -> Result<Option<Problem>> 
 mod tests {
     use super::*;
     use crate::layout::layout;
+    use crate::topology::{inter_node_groups, CollectiveKind};
 
     fn both(a: &Layout, b: &Layout) -> (Redistribution, Redistribution) {
         (
@@ -221,5 +221,35 @@ mod tests {
             plan_redistribution(&split, &a, Planner::Optimal, Objective::Volume),
             Err(Error::Layout(_))
         ));
+    }
+
+    /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power
+    /// of two is rejected by the free function and by a plan's ops alike (slices included), and
+    /// both give the same `ct` otherwise.
+    #[test]
+    fn one_node_size_rule_for_both_ct_entry_points() {
+        let a = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![0, 1, -1]).unwrap();
+        let b = Layout::new(vec![16, 16, 16], vec![2, 4, 2], vec![-1, 2, 1]).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
+        assert!(plan.ops.iter().any(|op| op.kind() == OpKind::Slice));
+        assert!(plan.ops.iter().any(|op| op.kind() != OpKind::Slice));
+        for l in [0, 3, 6, 12, u64::MAX] {
+            assert!(matches!(
+                inter_node_groups(&a, CollectiveKind::AllReduce, l, None),
+                Err(Error::Topology(_))
+            ));
+            for op in &plan.ops {
+                assert!(matches!(op.inter_node_groups(l), Err(Error::Topology(_))));
+            }
+        }
+        for l in [1, 2, 4, 8, 16, 32, 1 << 40] {
+            for op in &plan.ops {
+                let want = match op.kind().collective() {
+                    Some(kind) => inter_node_groups(op.layout(), kind, l, Some(op.device_dim())),
+                    None => Ok(0),
+                };
+                assert_eq!(op.inter_node_groups(l), want);
+            }
+        }
     }
 }
