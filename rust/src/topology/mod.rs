@@ -2,8 +2,8 @@
 //! levels (GPUs in a node, nodes in a pod, ...), each with the bandwidth out of one of its parts
 //! and a latency per collective: how many communication groups of a part cross its boundary at
 //! once (`ct`), the effective bandwidth that leaves each, and the cost of a collective in seconds,
-//! or in bytes under the volume model. The cluster ([`cluster`]), the built-in ones ([`presets`])
-//! and those of TOML files ([`file`]) come first; the cost model ([`cost`]) prices on them.
+//! or in bytes under the volume model. The cluster (`cluster.rs`), the built-in ones (`presets.rs`)
+//! and those of TOML files (`file.rs`) come first; the cost model (`cost.rs`) prices on them.
 
 mod cluster;
 mod cost;
