@@ -173,22 +173,23 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Pods of 4 nodes of 8 devices, on flat replicas.
     const PODS: &str = r#"
-device_memory = 40e9
 replicas = "flat"
+device_memory = 96e9
+
+[[levels]]
+count = 8
+bandwidth = 900e9
+latency = 2e-6
 
 [[levels]]
 count = 4
-bandwidth = 100e9
-latency = 1e-6
+bandwidth = 50e9
 
 [[levels]]
-count = 2
-bandwidth = 20e9
-
-[[levels]]
-bandwidth = 5e9
-latency = 3e-6
+latency = 1e-5
+bandwidth = 25e9
 "#;
 
     /// The message of the error `text` gives, as the file `f.toml` with `nodes` nodes.
@@ -209,8 +210,8 @@ latency = 3e-6
     #[test]
     fn a_file_gives_the_levels_with_the_outermost_filled_by_the_nodes() {
         let want = Cluster::hierarchy(
-            &[(4, 100e9, 1e-6), (2, 20e9, 0.0), (4, 5e9, 3e-6)],
-            Some(40e9),
+            &[(8, 900e9, 2e-6), (4, 50e9, 0.0), (2, 25e9, 1e-5)],
+            Some(96e9),
             Replicas::Flat,
         );
         assert_eq!(from_toml(PODS, "f.toml", 8), want);
@@ -257,8 +258,8 @@ latency = 3e-6
             );
         }
         assert_eq!(
-            error(PODS, 3),
-            "f.toml: 3 nodes do not fill units of 2 nodes"
+            error(PODS, 6),
+            "f.toml: 6 nodes do not fill units of 4 nodes"
         );
         assert_eq!(
             error(level, 2),
