@@ -2,7 +2,7 @@
 //! a tensor into another, and two planners that choose them. [`Planner::Paper`] is the paper's
 //! Algorithm 1 (`paper.rs`: slices, all-to-alls and all-gathers in a fixed order);
 //! [`Planner::Optimal`] is a shortest path over the layouts between the two canonical forms
-//! (`optimal/`), which also uses reduce-scatters, all-reduces and collective-permutes. Both
+//! (`optimal.rs`), which also uses reduce-scatters, all-reduces and collective-permutes. Both
 //! build the steps of `ops.rs`; this module chooses between them and hands the search Algorithm
 //! 1's plan as its bound and fallback, so that neither planner imports the other.
 
