@@ -118,6 +118,9 @@ def test_toml_file(tmp_path):
             taps.Cluster.preset(str(bad))
     with pytest.raises(taps.TopologyError, match="cannot read"):
         taps.Cluster.preset(str(tmp_path / "missing.toml"))
+    bad.write_bytes(b"[[levels]]\ncount = 8 # \xff\n")
+    with pytest.raises(taps.TopologyError, match=r"bad\.toml.* is not UTF-8 text"):
+        taps.Cluster.preset(str(bad))
     # One level is one node: its count is the devices per node.
     one = tmp_path / "one.toml"
     one.write_text("[[levels]]\ncount = 8\nbandwidth = 450e9\n")

@@ -160,7 +160,7 @@ class Cluster:
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> Cluster:
         """The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
-        cluster of a TOML file (a name ending in `.toml`, read by `taps.cluster_presets`)."""
+        cluster of a TOML file (a name ending in `.toml`; docs/core.md)."""
     @property
     def levels(self) -> list[tuple[int, float, float]]:
         """The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first."""

@@ -9,8 +9,8 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::optimal::{solve, Key, Path};
-use crate::planner::{paper_cost, search_problem, shortest_plan_by, Objective, Planner};
+use crate::plan::optimal::{Key, Path};
+use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::normalized;
@@ -112,7 +112,7 @@ pub fn redistribution_costs_until(
             // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
             // is planned (the result is dropped).
             if a != b && !stop.load(Relaxed) {
-                let (cost, elements) = paper_cost(a, b, cluster, dtype_bytes, model)?;
+                let (cost, elements) = paper::cost(a, b, cluster, dtype_bytes, model)?;
                 *entry = match model {
                     CostModel::Topology => (cost, cost),
                     CostModel::Volume => (cost, elements),
@@ -266,7 +266,7 @@ pub fn allreduce_costs(
 mod tests {
     use super::*;
     use crate::layout::layout;
-    use crate::planner::plan_redistribution;
+    use crate::plan::plan_redistribution;
     use crate::strategies::enumerate_strategies;
     use crate::topology::CollectiveKind;
 
@@ -442,6 +442,47 @@ mod tests {
                 ),
                 Err(Error::Layout(_))
             ));
+        }
+    }
+
+    /// Every cost entry point rejects a dtype size that is not a positive number, with the one
+    /// core error; the bindings add no check of their own.
+    #[test]
+    fn every_cost_rejects_bad_dtype_bytes() {
+        use std::slice::from_ref;
+
+        let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();
+        let a = Layout::new(vec![8, 8], vec![4], vec![0, -1]).unwrap();
+        let b = Layout::new(vec![8, 8], vec![4], vec![-1, 0]).unwrap();
+        let plan = plan_redistribution(&a, &b, Planner::Paper, Objective::Volume).unwrap();
+        let strategy = Strategy::new(vec![4], vec![0]).unwrap();
+        let (model, paper) = (CostModel::Topology, Planner::Paper);
+        for bad in [0.0, -2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let tensor = AxesTensor {
+                axes: vec![0],
+                shape: vec![8],
+                dtype_bytes: bad,
+            };
+            let results = [
+                cluster.collective_cost(&a, CollectiveKind::AllReduce, None, bad, model),
+                plan.cost(&cluster, bad, model),
+                plan.ops[0].cost(&cluster, bad, model),
+                redistribution_costs(from_ref(&a), from_ref(&b), &cluster, bad, model, paper)
+                    .map(|c| c[0]),
+                allreduce_costs(from_ref(&strategy), &[tensor], &cluster, model).map(|c| c[0]),
+            ];
+            for r in results {
+                match r {
+                    Err(Error::Topology(m)) => assert!(m.contains("dtype_bytes"), "{m}"),
+                    other => panic!("dtype_bytes {bad}: {other:?}"),
+                }
+            }
+        }
+        // A layout pair with no op is still checked: the answer must not depend on the plan.
+        for planner in [Planner::Paper, Planner::Optimal] {
+            let costs =
+                redistribution_costs(from_ref(&a), from_ref(&a), &cluster, 0.0, model, planner);
+            assert!(costs.is_err());
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The one error type of the core. The Python bindings map each variant onto one class of the
-//! `taps.TapsError` hierarchy, so the variants follow what a caller can act on.
+//! The one error type of the core, and the one wording of a name that is not among the names a
+//! caller may give. The Python bindings map each variant onto one class of the `taps.TapsError`
+//! hierarchy, so the variants follow what a caller can act on.
 
 use std::fmt;
 
@@ -34,3 +35,20 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// The index of `name` in `names`, or an error of `kind` listing them.
+pub(crate) fn parse_name(
+    name: &str,
+    what: &str,
+    names: &[&str],
+    kind: fn(String) -> Error,
+) -> Result<usize> {
+    names.iter().position(|&n| n == name).ok_or_else(|| {
+        let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+        let (last, rest) = quoted.split_last().expect("names are not empty");
+        kind(format!(
+            "unknown {what} {name:?}: expected {} or {last}",
+            rest.join(", ")
+        ))
+    })
+}

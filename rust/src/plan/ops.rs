@@ -1,0 +1,469 @@
+//! What both planners build and price: the steps of a redistribution ([`CommOp`] of an
+//! [`OpKind`]), the plan that holds them ([`Redistribution`]), the elements a step moves and what
+//! a planner minimizes ([`Objective`]).
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::topology::{self, Cluster, CollectiveKind, CostModel};
+
+/// What a redistribution step does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Keep one block of an unsplit dim: local, free.
+    Slice,
+    /// Gather a split dim from the group along its device dim.
+    AllGather,
+    /// Move a split from one tensor dim to another along the same device dim.
+    AllToAll,
+    /// Sum the partial sums along a device dim and split a tensor dim along it.
+    ReduceScatter,
+    /// Sum the partial sums along a device dim, every device keeping the whole sum.
+    AllReduce,
+    /// Send whole blocks to other devices: which device dims split which tensor dims changes.
+    CollectivePermute,
+}
+
+impl OpKind {
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Slice => "slice",
+            OpKind::AllGather => "all_gather",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllReduce => "all_reduce",
+            OpKind::CollectivePermute => "collective_permute",
+        }
+    }
+
+    #[must_use]
+    pub fn collective(self) -> Option<CollectiveKind> {
+        match self {
+            OpKind::Slice => None,
+            OpKind::AllGather => Some(CollectiveKind::AllGather),
+            OpKind::AllToAll => Some(CollectiveKind::AllToAll),
+            OpKind::ReduceScatter => Some(CollectiveKind::ReduceScatter),
+            OpKind::AllReduce => Some(CollectiveKind::AllReduce),
+            OpKind::CollectivePermute => Some(CollectiveKind::CollectivePermute),
+        }
+    }
+}
+
+/// What the optimal planner minimizes: elements received per device, or seconds on a cluster.
+#[derive(Debug, Clone, Copy)]
+pub enum Objective<'a> {
+    Volume,
+    Seconds {
+        cluster: &'a Cluster,
+        dtype_bytes: f64,
+    },
+}
+
+impl Objective<'_> {
+    /// `total` plus the price of `op`.
+    pub(crate) fn add(&self, total: f64, op: &CommOp) -> f64 {
+        total + self.price(op.kind, op.group(), op.volume, &op.layout)
+    }
+
+    /// Everything prices depend on, as numbers: none for the volume, the cluster's levels,
+    /// replica model and the bytes per element for seconds.
+    pub(crate) fn fingerprint(&self) -> Vec<u64> {
+        match *self {
+            Objective::Volume => Vec::new(),
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => {
+                let mut out = cluster.fingerprint();
+                out.push(dtype_bytes.to_bits());
+                out
+            }
+        }
+    }
+
+    /// The price of a plan, its ops summed in order from +0.0 as its cost is.
+    pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
+        plan.all_ops().fold(0.0, |t, op| self.add(t, op))
+    }
+    /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
+    /// a group that holds device dim `k` of a layout with `layout`'s device matrix and lies
+    /// within the dims of `spread` (a mask holding `k`), where only the dims of `splitting` (a
+    /// mask) may split the tensor: `(latency, rate)` pairs, the op pricing at least
+    /// `latency + c * elements * rate` under one of them ([`Cluster::least_rates`]).
+    pub(crate) fn least_rates(
+        &self,
+        layout: &Layout,
+        k: usize,
+        spread: u64,
+        splitting: u64,
+    ) -> Vec<(f64, f64)> {
+        match *self {
+            Objective::Volume => {
+                let parts: u64 = (0..layout.num_device_dims())
+                    .filter(|&i| splitting >> i & 1 == 1)
+                    .map(|i| layout.dim_size(i))
+                    .product();
+                vec![(0.0, 1.0 / parts as f64)]
+            }
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => cluster
+                .least_rates(layout.device_matrix(), k, spread, splitting)
+                .into_iter()
+                .map(|(latency, rate)| (latency, rate * dtype_bytes))
+                .collect(),
+        }
+    }
+
+    /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
+    pub(crate) fn price(&self, kind: OpKind, group: u64, volume: u64, layout: &Layout) -> f64 {
+        self.price_on(kind, group, volume, layout.device_matrix(), |k| {
+            layout.distinct_along(k)
+        })
+    }
+
+    /// [`Objective::price`] of an op on a layout given by its device matrix and the device dims
+    /// that hold distinct data, all the topology model needs of it: the optimal planner prices
+    /// its steps without building their layouts.
+    pub(crate) fn price_on(
+        &self,
+        kind: OpKind,
+        group: u64,
+        volume: u64,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+    ) -> f64 {
+        match *self {
+            Objective::Volume => volume as f64,
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => seconds(
+                kind,
+                group,
+                volume,
+                device_matrix,
+                distinct,
+                cluster,
+                dtype_bytes,
+            ),
+        }
+    }
+}
+
+/// One step of a redistribution, with the layout it acts on. Built by the planners only (its
+/// fields are read through accessors), so that every op is one a plan can hold.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CommOp {
+    kind: OpKind,
+    /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
+    /// device dim it moves.
+    device_dim: usize,
+    /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
+    /// reduce-scatter, split; none for an all-reduce or a collective-permute.
+    tensor_dim: Option<usize>,
+    /// All-to-all only: the dim that is split.
+    to_tensor_dim: Option<usize>,
+    /// Collective-permute only: for each device dim `k`, the device dim `permutation[k]` that
+    /// takes over its splits (the coordinate a block was at along `k` is where it goes along
+    /// `permutation[k]`).
+    permutation: Option<Vec<usize>>,
+    /// The devices of one group: `d_k`, or for a collective-permute the product over the device
+    /// dims it moves.
+    group_size: u64,
+    /// Elements received per device (by a device that receives, for a collective-permute).
+    volume: u64,
+    /// The layout before the op.
+    layout: Layout,
+}
+
+impl CommOp {
+    #[must_use]
+    pub fn kind(&self) -> OpKind {
+        self.kind
+    }
+
+    /// The device dim it communicates (or slices) along; for a collective-permute, the innermost
+    /// device dim it moves.
+    #[must_use]
+    pub fn device_dim(&self) -> usize {
+        self.device_dim
+    }
+
+    /// The dim that is sliced, gathered (for an all-to-all, the one gathered) or, by a
+    /// reduce-scatter, split; none for an all-reduce or a collective-permute.
+    #[must_use]
+    pub fn tensor_dim(&self) -> Option<usize> {
+        self.tensor_dim
+    }
+
+    /// All-to-all only: the dim that is split.
+    #[must_use]
+    pub fn to_tensor_dim(&self) -> Option<usize> {
+        self.to_tensor_dim
+    }
+
+    /// Collective-permute only: for each device dim `k`, the device dim that takes over its
+    /// splits.
+    #[must_use]
+    pub fn permutation(&self) -> Option<&[usize]> {
+        self.permutation.as_deref()
+    }
+
+    /// The devices of one group.
+    #[must_use]
+    pub fn group_size(&self) -> u64 {
+        self.group_size
+    }
+
+    /// Elements received per device (by a device that receives, for a collective-permute).
+    #[must_use]
+    pub fn volume(&self) -> u64 {
+        self.volume
+    }
+
+    /// The layout before the op.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn new(
+        kind: OpKind,
+        device_dim: usize,
+        tensor_dim: Option<usize>,
+        to: Option<usize>,
+        layout: Layout,
+    ) -> Self {
+        debug_assert!(kind != OpKind::CollectivePermute);
+        CommOp {
+            kind,
+            device_dim,
+            tensor_dim,
+            to_tensor_dim: to,
+            permutation: None,
+            group_size: layout.dim_size(device_dim),
+            volume: step_volume(kind, device_dim, &layout),
+            layout,
+        }
+    }
+
+    /// A collective-permute of `layout` by `permutation` (not the identity).
+    pub(crate) fn permute(permutation: Vec<usize>, layout: Layout) -> Self {
+        let group = moved(&permutation);
+        CommOp {
+            kind: OpKind::CollectivePermute,
+            device_dim: group.trailing_zeros() as usize,
+            tensor_dim: None,
+            to_tensor_dim: None,
+            group_size: (0..layout.num_device_dims())
+                .filter(|&k| group >> k & 1 == 1)
+                .map(|k| layout.dim_size(k))
+                .product(),
+            permutation: Some(permutation),
+            volume: layout.shard_size(),
+            layout,
+        }
+    }
+
+    /// The device dims the op communicates along, as a mask.
+    pub(crate) fn group(&self) -> u64 {
+        self.permutation
+            .as_deref()
+            .map_or(1 << self.device_dim, moved)
+    }
+
+    /// `ct` of the op on nodes of `devices_per_node` (0 for a slice): the groups over its device
+    /// dims that leave a node at once, as [`topology::inter_node_groups`] counts them for a
+    /// collective along one dim.
+    ///
+    /// # Errors
+    /// [`Error::Topology`] unless `devices_per_node` is a positive power of two.
+    pub fn inter_node_groups(&self, devices_per_node: u64) -> Result<u64> {
+        topology::check_devices_per_node(devices_per_node)?;
+        if self.kind == OpKind::Slice {
+            return Ok(0);
+        }
+        let group = self.group();
+        Ok(topology::groups_crossing(
+            &self.layout,
+            |k| group >> k & 1 == 1,
+            devices_per_node,
+        ))
+    }
+
+    /// Seconds (topology model) or bytes per device (volume model).
+    ///
+    /// # Errors
+    /// [`Error::Topology`] if the layout is not on the cluster's devices or `dtype_bytes` is not
+    /// positive.
+    pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
+        topology::check_dtype_bytes(dtype_bytes)?;
+        if self.kind != OpKind::Slice {
+            cluster.check(&self.layout)?;
+        }
+        Ok(step_cost(
+            self.kind,
+            self.group(),
+            self.volume,
+            &self.layout,
+            cluster,
+            dtype_bytes,
+            model,
+        ))
+    }
+}
+
+/// The device dims a permutation moves, as a mask.
+pub(crate) fn moved(permutation: &[usize]) -> u64 {
+    permutation
+        .iter()
+        .enumerate()
+        .filter(|&(k, &to)| k != to)
+        .fold(0, |mask, (k, _)| mask | 1 << k)
+}
+
+/// Elements received per device by an op along `device_dim` of `layout` (not a permute).
+pub(crate) fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u64 {
+    volume(kind, layout.dim_size(device_dim), layout.shard_size())
+}
+
+/// Elements received per device by an op over a group of `g` devices holding shards of `s`
+/// elements.
+pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
+    match kind {
+        OpKind::Slice => 0,
+        OpKind::AllGather => (g - 1) * s,
+        // `g` is a power of two: `s / g` as a shift. The dim a reduce-scatter splits is whole in
+        // the shard, so `g` divides `s`.
+        OpKind::AllToAll | OpKind::ReduceScatter => (g - 1) * (s >> g.trailing_zeros()),
+        // A ring: reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements
+        // (in 128 bits: `2 (g-1) s` may not fit 64; the result, under `2 s`, saturates).
+        OpKind::AllReduce => {
+            u64::try_from((2 * u128::from(g - 1) * u128::from(s)).div_ceil(u128::from(g)))
+                .unwrap_or(u64::MAX)
+        }
+        OpKind::CollectivePermute => s,
+    }
+}
+
+/// The cost of an op over the device dims `group` (a mask) moving `volume` elements per device;
+/// the layout is on the cluster's devices.
+pub(crate) fn step_cost(
+    kind: OpKind,
+    group: u64,
+    volume: u64,
+    layout: &Layout,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> f64 {
+    match model {
+        CostModel::Volume if kind == OpKind::Slice => 0.0,
+        CostModel::Volume => volume as f64 * dtype_bytes,
+        CostModel::Topology => seconds(
+            kind,
+            group,
+            volume,
+            layout.device_matrix(),
+            |k| layout.distinct_along(k),
+            cluster,
+            dtype_bytes,
+        ),
+    }
+}
+
+/// The seconds of an op over the device dims `group` (a mask) moving `volume` elements per
+/// device, on a layout given by its device matrix and the dims that hold distinct data.
+fn seconds(
+    kind: OpKind,
+    group: u64,
+    volume: u64,
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+) -> f64 {
+    let Some(c) = kind.collective() else {
+        return 0.0;
+    };
+    let bytes = volume as f64 * dtype_bytes;
+    cluster.seconds(device_matrix, distinct, c, |k| group >> k & 1 == 1, bytes)
+}
+
+/// A plan: the unified layouts and the ops between them, plus the fallback steps used when the
+/// two layouts cannot be unified as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redistribution {
+    pub source: Layout,
+    pub target: Layout,
+    pub ops: Vec<CommOp>,
+    /// All-gathers on the original source of the splits that block unification.
+    pub prelude: Vec<CommOp>,
+    /// Free slices on the original target of the splits that block unification.
+    pub epilogue: Vec<CommOp>,
+}
+
+impl Redistribution {
+    /// Every step in order: prelude, ops, epilogue.
+    pub fn all_ops(&self) -> impl Iterator<Item = &CommOp> {
+        self.prelude.iter().chain(&self.ops).chain(&self.epilogue)
+    }
+
+    /// Elements received per device over the whole plan.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if the sum does not fit a 64-bit count (a tensor of close to 2^64
+    /// elements moved more than once).
+    pub fn volume(&self) -> Result<u64> {
+        self.all_ops()
+            .try_fold(0u64, |total, op| total.checked_add(op.volume))
+            .ok_or_else(|| {
+                Error::Layout(
+                    "the plan moves more elements per device than a 64-bit count holds".into(),
+                )
+            })
+    }
+
+    /// # Errors
+    /// [`Error::Topology`] if the layouts are not on the cluster's devices or `dtype_bytes` is not
+    /// positive.
+    pub fn cost(&self, cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Result<f64> {
+        // Checked even when no op runs: the plan must be for this cluster.
+        topology::check_dtype_bytes(dtype_bytes)?;
+        cluster.check(&self.source)?;
+        // A fold from +0.0: an empty f64 sum is -0.0.
+        self.all_ops().try_fold(0.0, |acc, op| {
+            Ok(acc + op.cost(cluster, dtype_bytes, model)?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::layout;
+
+    /// A sum past 2^64 elements is an error, not a wrap or a panic.
+    #[test]
+    fn volume_overflow_is_an_error() {
+        let big = layout(&[1 << 63], &[2], &[0]);
+        let gather = CommOp::new(OpKind::AllGather, 0, Some(0), None, big.clone());
+        assert_eq!(gather.volume, 1 << 62);
+        let mut plan = Redistribution {
+            source: big.clone(),
+            target: big,
+            ops: vec![gather; 3],
+            prelude: Vec::new(),
+            epilogue: Vec::new(),
+        };
+        assert_eq!(plan.volume().unwrap(), 3 << 62);
+        plan.ops.push(plan.ops[0].clone());
+        assert!(matches!(plan.volume(), Err(Error::Layout(_))));
+        // `2 (g-1) s` overflows 64 bits here; the all-reduce's `2 (g-1)/g s` does not.
+        let partial = Layout::with_partial(vec![1 << 63], vec![4], vec![-1], vec![0]).unwrap();
+        let sum = CommOp::new(OpKind::AllReduce, 0, None, None, partial);
+        assert_eq!(sum.volume, 3 << 62);
+    }
+}

@@ -1,0 +1,502 @@
+//! The search space of the optimal planner around one unified pair: its layouts ([`State`]: a
+//! tensor map and partial dims), the steps between them with their prices, and a lower bound on
+//! the price of the rest ([`Space::remaining`], the search's heuristic).
+//!
+//! Each device dim may split only the tensor dim it splits in the source or in the target, or a
+//! dim that neither splits (where a slice shrinks the shard before a dearer step); a dim that
+//! splits the same tensor dim at both ends stays, one that splits nothing at either end splits
+//! nothing on the way, and a free dim whose target dim is unsplit is sliced there first. The
+//! plans of Algorithm 1 stay inside, so the search never returns a dearer plan than it, and the
+//! space stays small enough to plan the edges of a strategy search.
+
+use crate::layout::Layout;
+use crate::plan::ops::{volume, Objective, OpKind};
+
+/// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
+/// stepping allocates nothing).
+pub(super) const MAX_DIMS: usize = 32;
+
+/// A layout of the search: the tensor map (-1 past the layout's dims) and the partial device
+/// dims (a mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct State {
+    pub(super) map: [i8; MAX_DIMS],
+    pub(super) partial: u64,
+}
+
+impl State {
+    pub(super) fn of(layout: &Layout) -> Self {
+        let mut map = [-1; MAX_DIMS];
+        for (m, &x) in map.iter_mut().zip(layout.tensor_map()) {
+            *m = x as i8;
+        }
+        State {
+            map,
+            partial: mask_of(layout.partial()),
+        }
+    }
+
+    /// The state an op (`kind` on device dim `k`, tensor dims `i` and `to` as in a `CommOp`; not a
+    /// collective-permute) leads to.
+    pub(super) fn after(
+        mut self,
+        kind: OpKind,
+        k: usize,
+        i: Option<usize>,
+        to: Option<usize>,
+    ) -> Self {
+        let bit = 1u64 << k;
+        match (kind, i, to) {
+            (OpKind::Slice | OpKind::ReduceScatter, Some(i), _) => self.map[i] = k as i8,
+            (OpKind::AllGather, Some(i), _) => self.map[i] = -1,
+            (OpKind::AllToAll, Some(i), Some(to)) => {
+                self.map[i] = -1;
+                self.map[to] = k as i8;
+            }
+            _ => {}
+        }
+        if matches!(kind, OpKind::AllReduce | OpKind::ReduceScatter) {
+            self.partial &= !bit;
+        }
+        self
+    }
+
+    /// The device dims that split a tensor dim (a mask).
+    pub(super) fn used(&self) -> u64 {
+        self.map
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .fold(0, |mask, k| mask | 1 << k)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Step {
+    Op(OpKind, usize, Option<usize>, Option<usize>),
+    Permute,
+}
+
+/// The least of `latency + rate * elements` over `rates`; nothing to move prices nothing.
+fn least_price(rates: &[(f64, f64)], elements: f64) -> f64 {
+    if elements <= 0.0 {
+        return 0.0;
+    }
+    rates
+        .iter()
+        .map(|&(latency, rate)| latency + rate * elements)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least price of an op moving `elements` per device over any group, by the `rates` of every
+/// device dim.
+fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
+    rates
+        .iter()
+        .map(|rates| least_price(rates, elements))
+        .fold(f64::INFINITY, f64::min)
+}
+
+pub(super) fn mask_of(dims: &[usize]) -> u64 {
+    dims.iter().fold(0, |m, &k| m | 1 << k)
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    let mut rest = mask;
+    std::iter::from_fn(move || {
+        (rest != 0).then(|| {
+            let k = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            k
+        })
+    })
+}
+
+/// Per device dim of the unified pair `source` -> `target`, the tensor dims it may split on the
+/// way (a mask): the one it splits in the source or in the target, or one that neither splits
+/// (scratch, for a dim that splits something at an end or holds partial sums), if its size
+/// divides the dim.
+pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
+    let (src, tgt) = (source.tensor_map(), target.tensor_map());
+    let src_partial = mask_of(source.partial());
+    let scratch = (0..source.ndim())
+        .filter(|&i| src[i] < 0 && tgt[i] < 0)
+        .fold(0u64, |m, i| m | 1 << i);
+    (0..source.num_device_dims())
+        .map(|k| {
+            let d = source.dim_size(k);
+            let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
+            let ends = [at(src), at(tgt)];
+            // A dim that splits nothing at either end would only have to be gathered again.
+            let start = if ends.iter().all(Option::is_none) && src_partial >> k & 1 == 0 {
+                0
+            } else {
+                scratch
+            };
+            let places = ends.into_iter().flatten().fold(start, |m, i| m | 1 << i);
+            bits(places)
+                .filter(|&i| source.shape()[i] % d == 0)
+                .fold(0, |m, i| m | 1 << i)
+        })
+        .collect()
+}
+
+/// The layout of `state` on `template`'s shape and device matrix.
+pub(super) fn state_layout(template: &Layout, state: &State) -> Layout {
+    template.with_state(
+        state.map[..template.ndim()]
+            .iter()
+            .map(|&m| i64::from(m))
+            .collect(),
+        bits(state.partial).collect(),
+    )
+}
+
+/// The search space around one unified pair.
+pub(super) struct Space<'a> {
+    pub(super) template: &'a Layout,
+    /// Per device dim, the tensor dims it may split (a mask).
+    allowed: Vec<u64>,
+    /// Per device dim, the tensor dim the target splits along it, if any.
+    goal: Vec<Option<usize>>,
+    /// The target's tensor map.
+    target_map: Vec<i8>,
+    /// The device dims that split the same tensor dim in the source and the target: they stay.
+    fixed: u64,
+    /// Per device dim, the device dims of the same size.
+    same_size: Vec<u64>,
+    /// Per device dim, `(latency, price per element)` pairs bounding the price of any op whose
+    /// group holds it, by the elements it moves ([`Objective::least_rates`]).
+    rates: Vec<Vec<(f64, f64)>>,
+    /// Per device dim, a lower bound on the price of any op whose group holds it.
+    least: Vec<f64>,
+    /// Per device dim, its share of the price of an op whose group holds it: `least` over the
+    /// number of device dims a collective-permute may move at once (the only op of several dims).
+    share: Vec<f64>,
+    /// `least` and `share` of the ops that end a device dim's split (for a dim the target does
+    /// not split along): an all-gather, `(g-1)` shards, or a collective-permute, one.
+    least_leave: Vec<f64>,
+    share_leave: Vec<f64>,
+    /// Per device dim, a lower bound on the price of the op that sums its partial sums: the
+    /// shard then is whole along it.
+    least_sum: Vec<f64>,
+    /// Elements per device in the target.
+    goal_shard: f64,
+    /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
+    least_last: f64,
+}
+
+impl<'a> Space<'a> {
+    /// The space of `source` and `target` (no more dims than the masks hold: [`Problem::of`](super::Problem::of)).
+    pub(super) fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
+        let h = source.num_device_dims();
+        let (src, tgt) = (source.tensor_map(), target.tensor_map());
+        let allowed = allowed(source, target);
+        let goal: Vec<Option<usize>> = (0..h)
+            .map(|k| tgt.iter().position(|&m| m == k as i64))
+            .collect();
+        let fixed = (0..h)
+            .filter(|&k| goal[k].is_some() && goal[k] == src.iter().position(|&m| m == k as i64))
+            .fold(0u64, |m, k| m | 1 << k);
+        let same_size: Vec<u64> = (0..h)
+            .map(|k| {
+                (0..h)
+                    .filter(|&j| source.dim_size(j) == source.dim_size(k))
+                    .fold(0u64, |m, j| m | 1 << j)
+            })
+            .collect();
+        // A collective-permute moves device dims that are not fixed and have a partner of their
+        // size that is not fixed either.
+        let permutable = (0..h)
+            .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
+            .fold(0u64, |m, k| m | 1 << k);
+        let spread = |k: usize| {
+            if permutable >> k & 1 == 1 {
+                permutable
+            } else {
+                1 << k
+            }
+        };
+        // The dims that may split the tensor on the way.
+        let splitting = (0..h)
+            .filter(|&k| allowed[k] != 0)
+            .fold(0u64, |m, k| m | 1 << k);
+        let whole = source.num_elements() as f64;
+        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards.
+        let (least, least_leave): (Vec<f64>, Vec<f64>) = (0..h)
+            .map(|k| {
+                let rates = objective.least_rates(source, k, spread(k), splitting);
+                let g = source.dim_size(k) as f64;
+                // Shards an all-gather moves, or a collective-permute (one) if one may.
+                let leave = if permutable >> k & 1 == 1 {
+                    (g - 1.0).min(1.0)
+                } else {
+                    g - 1.0
+                };
+                (
+                    least_price(&rates, (g - 1.0) / g * whole),
+                    least_price(&rates, leave * whole),
+                )
+            })
+            .unzip();
+        let movers = f64::from(permutable.count_ones());
+        let shares = |least: &[f64]| -> Vec<f64> {
+            (0..h)
+                .map(|k| {
+                    if permutable >> k & 1 == 1 {
+                        least[k] / movers
+                    } else {
+                        least[k]
+                    }
+                })
+                .collect()
+        };
+        let (share, share_leave) = (shares(&least), shares(&least_leave));
+        // A dim holding partial sums splits nothing: its sum (an op of that dim alone) moves
+        // `(g-1)/g` of a shard split by the other dims at most.
+        let least_sum: Vec<f64> = (0..h)
+            .map(|k| {
+                let g = source.dim_size(k) as f64;
+                let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
+                least_price(&rates, (g - 1.0) / g * whole)
+            })
+            .collect();
+        // Per element moved, over any group.
+        let rates: Vec<Vec<(f64, f64)>> = (0..h)
+            .map(|k| objective.least_rates(source, k, spread(k), 0))
+            .collect();
+        let goal_shard = target.shard_size() as f64;
+        let least_last = cheapest(&rates, goal_shard / 2.0);
+        Space {
+            template: source,
+            allowed,
+            goal,
+            target_map: tgt.iter().map(|&m| m as i8).collect(),
+            fixed,
+            same_size,
+            rates,
+            least,
+            share,
+            least_leave,
+            share_leave,
+            least_sum,
+            goal_shard,
+            least_last,
+        }
+    }
+
+    /// A lower bound on the price of the steps from `state` to the goal (A*'s heuristic), the
+    /// largest of three, each of which no op lowers by more than it prices (so the bound is
+    /// consistent: A* never reopens a layout):
+    /// - every device dim that splits another tensor dim than in the goal, or holds partial sums
+    ///   the goal does not keep, takes part in one op at least. An op of one device dim prices at
+    ///   least its `least`, a collective-permute at least the sum of the `share`s of its dims; so
+    ///   the rest prices at least the largest `least` and at least the sum of the `share`s;
+    /// - only all-gathers grow a shard, `g` times for `(g-1)` shards: growing it to the goal's
+    ///   size moves at least the difference; the partial sums' ops come on top;
+    /// - unless slices alone reach the goal, the last other op moves at least half the goal's
+    ///   shard (only slices follow it, and an op moves at least half its larger shard).
+    ///
+    /// Scaled down by a hair so that rounding never makes it exceed a true price.
+    pub(super) fn remaining(&self, state: &State, shard: u64, keep: u64) -> f64 {
+        let n = self.template.ndim();
+        let bound = |k: usize| {
+            if self.goal[k].is_none() {
+                (self.least_leave[k], self.share_leave[k])
+            } else {
+                (self.least[k], self.share[k])
+            }
+        };
+        let sums = state.partial & !keep;
+        let misplaced = state.map[..n]
+            .iter()
+            .zip(&self.target_map)
+            .filter(|(m, t)| m != t)
+            .filter_map(|(&m, _)| usize::try_from(m).ok())
+            .map(bound)
+            .chain(bits(sums).map(|k| (self.least_sum[k], self.least_sum[k])));
+        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
+            (f64::max(most, least), sum + share)
+        });
+        let grow = cheapest(&self.rates, self.goal_shard - shard as f64)
+            + bits(sums).map(|k| self.least_sum[k]).sum::<f64>();
+        let sliced = sums == 0
+            && state.map[..n]
+                .iter()
+                .zip(&self.target_map)
+                .all(|(&m, &t)| m < 0 || m == t);
+        let last = if sliced { 0.0 } else { self.least_last };
+        most.max(sum).max(grow).max(last) * (1.0 - 1e-9)
+    }
+
+    /// Elements per device after `step` from a layout of `shard` elements per device.
+    pub(super) fn shard_after(&self, shard: u64, step: Step) -> u64 {
+        match step {
+            Step::Op(OpKind::Slice | OpKind::ReduceScatter, k, ..) => {
+                shard >> self.template.dim_size(k).trailing_zeros()
+            }
+            Step::Op(OpKind::AllGather, k, ..) => {
+                shard << self.template.dim_size(k).trailing_zeros()
+            }
+            Step::Op(..) | Step::Permute => shard,
+        }
+    }
+
+    /// The price of `step` from `state` (whose shards hold `shard` elements, and whose device
+    /// dims in the mask `distinct` hold distinct data) to `next`, from what the topology model
+    /// needs of the layout, without building it.
+    pub(super) fn price(
+        &self,
+        objective: Objective<'_>,
+        (state, distinct, shard): (&State, u64, u64),
+        step: Step,
+        next: &State,
+    ) -> f64 {
+        let (kind, group, volume) = match step {
+            Step::Op(kind, k, ..) => (kind, 1 << k, volume(kind, self.template.dim_size(k), shard)),
+            Step::Permute => (OpKind::CollectivePermute, moved(state, next), shard),
+        };
+        objective.price_on(kind, group, volume, self.template.device_matrix(), |k| {
+            distinct >> k & 1 == 1
+        })
+    }
+
+    /// Every step from `state` with the state it leads to; `keep` are the partial dims the
+    /// target keeps.
+    pub(super) fn steps(&self, state: &State, keep: u64, out: &mut Vec<(Step, State)>) {
+        out.clear();
+        let h = self.allowed.len();
+        let map = &state.map[..self.template.ndim()];
+        let used = state.used();
+        let unsplit = map
+            .iter()
+            .enumerate()
+            .filter(|&(_, &m)| m < 0)
+            .fold(0u64, |mask, (i, _)| mask | 1 << i);
+        let mut push = |kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>| {
+            out.push((Step::Op(kind, k, i, to), state.after(kind, k, i, to)));
+        };
+        // A free device dim whose target dim is unsplit is sliced there first: free, and every
+        // later step moves a smaller shard.
+        let free = |k: usize| (used | state.partial) >> k & 1 == 0;
+        if let Some((k, i)) = (0..h).filter(|&k| free(k)).find_map(|k| {
+            self.goal[k]
+                .filter(|&i| unsplit >> i & 1 == 1)
+                .map(|i| (k, i))
+        }) {
+            push(OpKind::Slice, k, Some(i), None);
+            return;
+        }
+        for k in 0..h {
+            let bit = 1u64 << k;
+            let targets = self.allowed[k] & unsplit;
+            if free(k) {
+                for i in bits(targets) {
+                    push(OpKind::Slice, k, Some(i), None);
+                }
+            }
+            if state.partial & bit != 0 && keep & bit == 0 {
+                push(OpKind::AllReduce, k, None, None);
+                for j in bits(targets) {
+                    push(OpKind::ReduceScatter, k, Some(j), None);
+                }
+            }
+        }
+        for (i, &m) in map.iter().enumerate() {
+            let Ok(k) = usize::try_from(m) else { continue };
+            if self.fixed >> k & 1 == 1 {
+                continue;
+            }
+            push(OpKind::AllGather, k, Some(i), None);
+            for j in bits(self.allowed[k] & unsplit) {
+                push(OpKind::AllToAll, k, Some(i), Some(j));
+            }
+        }
+        self.permutes(state, out);
+    }
+
+    /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
+    /// to the device dim of the same size that splits that tensor dim in the target (and holds
+    /// no partial sums), one dim to one dim; at least one moves. The step records nothing: the
+    /// two layouts say which dim took over which split ([`permutation`]).
+    fn permutes(&self, state: &State, out: &mut Vec<(Step, State)>) {
+        let n = self.template.ndim();
+        let movable = state.map[..n]
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .filter(|&k| self.fixed >> k & 1 == 0)
+            .fold(0u64, |mask, k| mask | 1 << k);
+        let taken = (state.used() | state.partial) & !movable;
+        self.assign(state, state.map, 0, taken, out);
+    }
+
+    /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
+    /// itself or to a free dim of its size that splits that tensor dim in the target; `next` is
+    /// the map so far.
+    fn assign(
+        &self,
+        state: &State,
+        mut next: [i8; MAX_DIMS],
+        at: usize,
+        taken: u64,
+        out: &mut Vec<(Step, State)>,
+    ) {
+        let n = self.template.ndim();
+        let Some(i) = (at..n)
+            .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
+        else {
+            if next != state.map {
+                out.push((
+                    Step::Permute,
+                    State {
+                        map: next,
+                        partial: state.partial,
+                    },
+                ));
+            }
+            return;
+        };
+        let k = state.map[i] as usize;
+        let options = self.same_size[k] & !taken & !self.fixed;
+        for d in bits(options) {
+            if d == k || self.goal[d] == Some(i) {
+                next[i] = d as i8;
+                self.assign(state, next, i + 1, taken | 1 << d, out);
+            }
+        }
+    }
+}
+
+/// The device dims a collective-permute from `before` to `after` moves (a mask): each dim that
+/// hands its split to another, and that other.
+fn moved(before: &State, after: &State) -> u64 {
+    before
+        .map
+        .iter()
+        .zip(&after.map)
+        .filter(|(k, d)| k != d)
+        .fold(0, |mask, (&k, &d)| mask | 1 << k | 1 << d)
+}
+
+/// The permutation of the `h` device dims a collective-permute from `before` to `after` makes:
+/// for each dim `k`, the dim that takes over its splits. The dims that give up a split and take
+/// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
+pub(super) fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
+    let mut sigma: Vec<Option<usize>> = vec![None; h];
+    for (&k, &d) in before.map.iter().zip(&after.map) {
+        if let (Ok(k), Ok(d)) = (usize::try_from(k), usize::try_from(d)) {
+            sigma[k] = Some(d);
+        }
+    }
+    let taken_over = |d: usize| sigma.contains(&Some(d));
+    let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
+    let mut full: Vec<usize> = (0..h).collect();
+    for (k, d) in sigma.iter().enumerate() {
+        if let Some(d) = d {
+            full[k] = *d;
+        }
+    }
+    for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
+        full[sources.next().expect("as many sources as targets")] = d;
+    }
+    full
+}

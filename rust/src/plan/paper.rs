@@ -1,0 +1,302 @@
+//! The paper's Algorithm 1 ([`Planner::Paper`](super::Planner::Paper)): the two layouts lined up
+//! (unified, with all-gathers before and slices after where reshaping cannot line them up), then
+//! slices, all-to-alls and all-gathers in a fixed order.
+
+use std::borrow::Cow;
+
+use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Redistribution};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::topology::{self, Cluster, CostModel};
+use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Unified};
+
+/// Algorithm 1 from a unified layout to the unified target `t`: all-reduce the partial sums the
+/// target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
+/// device dim into all-to-alls until neither applies, then gather one dim that is split
+/// differently in the target, and repeat. `step` gets each op (kind, device dim, tensor dim, dim
+/// split by an all-to-all) with the layout before it; `current` is stepped in place so that
+/// pricing the ops allocates nothing (but for partial sums).
+fn plan_unified(
+    mut current: Layout,
+    t: &Layout,
+    mut step: impl FnMut(OpKind, usize, Option<usize>, Option<usize>, &Layout),
+) {
+    for &k in &current.partial().to_vec() {
+        if !t.partial().contains(&k) {
+            step(OpKind::AllReduce, k, None, None, &current);
+            let partial = current
+                .partial()
+                .iter()
+                .copied()
+                .filter(|&p| p != k)
+                .collect();
+            current = current.with_state(current.tensor_map().to_vec(), partial);
+        }
+    }
+    let t = t.tensor_map();
+    let n = t.len();
+    loop {
+        loop {
+            let mut progress = false;
+            for i in 0..n {
+                let m = current.tensor_map();
+                if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
+                    step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
+                    current.set_map_entry(i, t[i]);
+                    progress = true;
+                }
+            }
+            for i in 0..n {
+                let m = current.tensor_map();
+                if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
+                    if let Some(j) = m.iter().position(|&x| x == t[i]) {
+                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
+                        current.set_map_entry(j, -1);
+                        current.set_map_entry(i, t[i]);
+                        progress = true;
+                    }
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        // Left over: dims split in the source and not the same way in the target. (A dim that
+        // waits for a device dim held elsewhere would have been served by an all-to-all.)
+        let m = current.tensor_map();
+        let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+            break;
+        };
+        step(OpKind::AllGather, m[i] as usize, Some(i), None, &current);
+        current.set_map_entry(i, -1);
+    }
+    debug_assert_eq!(current.tensor_map(), t);
+}
+
+/// Two layouts made unifiable: the unified pair, and the fallback steps around it.
+struct LinedUp {
+    unified: Unified,
+    prelude: Vec<CommOp>,
+    epilogue: Vec<CommOp>,
+}
+
+/// Unifies `a` with `b`, reshaping and, where reshaping cannot line them up, giving up splits.
+fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
+    check_same_tensor(a, b)?;
+    let mut src = Reshaped::new(a);
+    let mut tgt = Reshaped::new(b);
+    let mut prelude = Vec::new();
+    let mut relaxed = Vec::new();
+    let unified = loop {
+        let blocker = match try_unify(&src, &tgt) {
+            Ok(unified) => break unified,
+            Err(blocker) => blocker,
+        };
+        if reshape_for(blocker, &mut src, &mut tgt) {
+            continue;
+        }
+        // Reshaping alone cannot line the two up: give up a split, the blocked dim's or, if that
+        // is unsplit, a neighbour's.
+        let side = match blocker.side {
+            Side::First => &mut src,
+            Side::Second => &mut tgt,
+        };
+        let j = blocker.dim;
+        let dim = [Some(j), j.checked_add(1), j.checked_sub(1)]
+            .into_iter()
+            .flatten()
+            .find_map(|j| side.split_dim(j))
+            .ok_or_else(|| {
+                Error::Unify(format!("no split to give up to unify {a:?} with {b:?}"))
+            })?;
+        let before = side.layout.clone().into_owned();
+        let k = before.tensor_map()[dim];
+        let mut map = before.tensor_map().to_vec();
+        map[dim] = -1;
+        side.layout = Cow::Owned(before.with_map(map));
+        match blocker.side {
+            Side::First => prelude.push(CommOp::new(
+                OpKind::AllGather,
+                k as usize,
+                Some(dim),
+                None,
+                before,
+            )),
+            Side::Second => relaxed.push((dim, k)),
+        }
+    };
+    let mut epilogue = Vec::new();
+    // Borrowed (not cloned) unless a split of the target was given up.
+    let mut current = tgt.layout;
+    for &(dim, k) in relaxed.iter().rev() {
+        let mut map = current.tensor_map().to_vec();
+        map[dim] = k;
+        let after = current.with_map(map);
+        epilogue.push(CommOp::new(
+            OpKind::Slice,
+            k as usize,
+            Some(dim),
+            None,
+            current.into_owned(),
+        ));
+        current = Cow::Owned(after);
+    }
+    debug_assert_eq!(&*current, b);
+    Ok(LinedUp {
+        unified,
+        prelude,
+        epilogue,
+    })
+}
+
+/// The target may keep partial sums the source has, but no step creates them.
+fn check_partial(source: &Layout, target: &Layout, a: &Layout, b: &Layout) -> Result<()> {
+    if target
+        .partial()
+        .iter()
+        .all(|k| source.partial().contains(k))
+    {
+        Ok(())
+    } else {
+        Err(Error::Layout(format!(
+            "{b:?} holds partial sums where {a:?} does not: no redistribution step creates \
+             partial sums"
+        )))
+    }
+}
+
+/// Algorithm 1 on `a` and `b` as given.
+///
+/// # Errors
+/// As [`plan_redistribution`](super::plan_redistribution).
+pub(super) fn plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
+    let on = match objective {
+        Objective::Volume => None,
+        Objective::Seconds {
+            cluster,
+            dtype_bytes,
+        } => Some((cluster, dtype_bytes)),
+    };
+    let mut plan = lined_up(a, b, on)?;
+    plan.ops = unified_ops(&plan.source, &plan.target);
+    Ok(plan)
+}
+
+/// Algorithm 1's ops from the unified `source` to the unified `target`, each with the layout
+/// before it.
+pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
+    let mut ops = Vec::new();
+    plan_unified(source.clone(), target, |kind, k, i, to, l| {
+        ops.push(CommOp::new(kind, k, i, to, l.clone()));
+    });
+    ops
+}
+
+/// What both forms of Algorithm 1 start from: `a` and `b` lined up ([`line_up`]), as a plan
+/// with no ops yet, its partial sums checked and, when pricing on a cluster (with bytes per
+/// element), its layouts checked against it.
+pub(super) fn lined_up(
+    a: &Layout,
+    b: &Layout,
+    on: Option<(&Cluster, f64)>,
+) -> Result<Redistribution> {
+    let lined = line_up(a, b)?;
+    let source = lined.unified.layout(Side::First);
+    let target = lined.unified.layout(Side::Second);
+    check_partial(&source, &target, a, b)?;
+    if let Some((cluster, dtype_bytes)) = on {
+        topology::check_dtype_bytes(dtype_bytes)?;
+        // Every layout of the plan has the source's device count.
+        cluster.check(&source)?;
+    }
+    Ok(Redistribution {
+        source,
+        target,
+        ops: Vec::new(),
+        prelude: lined.prelude,
+        epilogue: lined.epilogue,
+    })
+}
+
+/// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
+/// bit, without building the ops of the unified pair: the batch kernel's inner loop. Also the
+/// plan's elements received per device, summed as [`Objective::Volume`] prices it (what the
+/// optimal planner compares under the volume model), in the same pass.
+///
+/// # Errors
+/// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
+pub(crate) fn cost(
+    a: &Layout,
+    b: &Layout,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> Result<(f64, f64)> {
+    let lined = lined_up(a, b, Some((cluster, dtype_bytes)))?;
+    // In plan order, from +0.0 as the plan's own sums.
+    let add = |(cost, elements): (f64, f64), op: &CommOp| {
+        Ok::<_, Error>((
+            cost + op.cost(cluster, dtype_bytes, model)?,
+            elements + op.volume() as f64,
+        ))
+    };
+    let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
+    plan_unified(lined.source, &lined.target, |kind, k, _, _, l| {
+        let volume = step_volume(kind, k, l);
+        total.0 += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.1 += volume as f64;
+    });
+    lined.epilogue.iter().try_fold(total, add)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::layout;
+
+    /// The paper's table "Tensor Redistribution" (caption erratum applied).
+    #[test]
+    fn paper_example() {
+        let (d3, d2, d1, d0) = (2u64, 4, 2, 8);
+        let dm = [d3, d2, d1, d0];
+        let shape = [16, 16, 16, 16, 16];
+        let a = layout(&shape, &dm, &[-1, 1, 2, -1, 3]);
+        let b = layout(&shape, &dm, &[1, -1, -1, 0, 3]);
+        let plan = plan(&a, &b, Objective::Volume).unwrap();
+        let steps: Vec<_> = plan
+            .ops
+            .iter()
+            .map(|o| (o.kind(), o.device_dim(), o.tensor_dim(), o.to_tensor_dim()))
+            .collect();
+        assert_eq!(
+            steps,
+            vec![
+                (OpKind::Slice, 0, Some(3), None),
+                (OpKind::AllToAll, 1, Some(1), Some(0)),
+                (OpKind::AllGather, 2, Some(2), None),
+            ]
+        );
+        let size: u64 = shape.iter().product();
+        assert_eq!(
+            plan.volume().unwrap() * d0 * d1 * d1 * d2 * d3,
+            (d1 * d2 - 1) * size
+        );
+        assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
+    }
+
+    #[test]
+    fn identical_layouts_need_nothing() {
+        let a = layout(&[8, 8], &[2, 4], &[0, 1]);
+        assert!(plan(&a, &a, Objective::Volume).unwrap().ops.is_empty());
+    }
+
+    #[test]
+    fn misaligned_reshape_falls_back_to_a_gather() {
+        let a = layout(&[6, 16], &[16], &[-1, 0]);
+        let b = layout(&[96], &[16], &[0]);
+        let plan = plan(&a, &b, Objective::Volume).unwrap();
+        assert!(!plan.prelude.is_empty() || !plan.epilogue.is_empty());
+        // Never more than gathering everything: 15 * 6 elements per device.
+        assert!(plan.volume().unwrap() <= 15 * 6);
+    }
+}

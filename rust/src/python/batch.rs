@@ -1,0 +1,183 @@
+//! The batch cost kernels: `redistribution_costs`, `allreduce_costs` and `min_plus`, on all cores
+//! with the GIL released.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+
+use numpy::ndarray::{Array2, Array3};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray2, PyReadonlyArray3};
+use pyo3::prelude::*;
+
+use super::convert::{signed_list, unsigned_list, Num};
+use super::layout::PyLayout;
+use super::strategies::strategy;
+use super::topology::PyCluster;
+use crate::batch;
+use crate::error::Error;
+use crate::layout::Layout;
+use crate::minplus;
+use crate::plan::Planner;
+use crate::topology::CostModel;
+
+/// The matrix of redistribution costs from each source to each target, on all cores.
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper"),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper')"
+)]
+pub(super) fn redistribution_costs<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    cluster: &PyCluster,
+    dtype_bytes: Num<f64>,
+    model: &str,
+    planner: &str,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let planner = Planner::parse(planner)?;
+    let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
+    let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
+    let model = CostModel::parse(model)?;
+    let shape = (sources.len(), targets.len());
+    let stop = AtomicBool::new(false);
+    let run = || {
+        batch::redistribution_costs_until(
+            &sources,
+            &targets,
+            &cluster,
+            dtype_bytes,
+            model,
+            planner,
+            &stop,
+        )
+    };
+    let costs = if planner == Planner::Paper {
+        py.detach(run)?
+    } else {
+        // The optimal planner's batch can take minutes: it runs on a worker thread while this one
+        // looks for Ctrl-C (only the main thread sees Python's signals), and stops it on one.
+        std::thread::scope(|scope| {
+            let worker = scope.spawn(run);
+            while !worker.is_finished() {
+                py.detach(|| std::thread::sleep(Duration::from_millis(10)));
+                if let Err(interrupt) = py.check_signals() {
+                    stop.store(true, Relaxed);
+                    // The worker ends within milliseconds; its result is dropped.
+                    drop(py.detach(|| worker.join()));
+                    return Err(interrupt);
+                }
+            }
+            Ok(worker.join().expect("the batch kernel does not panic")?)
+        })?
+    };
+    let costs = costs.expect("nothing stopped the batch");
+    let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
+    Ok(array.into_pyarray(py))
+}
+
+/// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
+/// one per row, or one dim per split axis if not given), the summed all_reduce cost of the
+/// tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
+/// replica, on all cores.
+#[pyfunction]
+#[pyo3(signature = (degrees, device_maps, tensors, cluster, model="topology", device_matrices=None))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn allreduce_costs<'py>(
+    py: Python<'py>,
+    degrees: PyReadonlyArray2<'py, i64>,
+    device_maps: PyReadonlyArray2<'py, i64>,
+    tensors: Vec<(Vec<Num<i64>>, Vec<Num<i64>>, Num<f64>)>,
+    cluster: &PyCluster,
+    model: &str,
+    device_matrices: Option<Vec<Vec<Num<i64>>>>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let (degrees, device_maps) = (degrees.as_array(), device_maps.as_array());
+    if degrees.shape() != device_maps.shape() {
+        return Err(Error::Strategy(format!(
+            "degrees {:?} and device_maps {:?} must have one shape: strategies x axes",
+            degrees.shape(),
+            device_maps.shape()
+        ))
+        .into());
+    }
+    if let Some(m) = &device_matrices {
+        if m.len() != degrees.nrows() {
+            return Err(Error::Strategy(format!(
+                "{} device matrices for {} strategies",
+                m.len(),
+                degrees.nrows()
+            ))
+            .into());
+        }
+    }
+    let strategies = degrees
+        .rows()
+        .into_iter()
+        .zip(device_maps.rows())
+        .enumerate()
+        .map(|(i, (d, m))| {
+            let degrees = d
+                .iter()
+                .map(|&v| {
+                    u64::try_from(v).map_err(|_| {
+                        Error::Strategy(format!(
+                            "degrees {d}: entry {v} is not a positive power of two"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            strategy(
+                degrees,
+                m.to_vec(),
+                device_matrices.as_ref().map(|all| &all[i][..]),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tensors = tensors
+        .into_iter()
+        .map(|(axes, shape, bytes)| {
+            Ok(batch::AxesTensor {
+                axes: signed_list(&axes, "axes", Error::Layout)?,
+                shape: unsigned_list(&shape, "shape", "a positive size", Error::Layout)?,
+                dtype_bytes: bytes.get("dtype_bytes", Error::Topology)?,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let cluster = cluster.inner.clone();
+    let model = CostModel::parse(model)?;
+    let costs =
+        py.detach(move || batch::allreduce_costs(&strategies, &tensors, &cluster, model))?;
+    Ok(costs.into_pyarray(py))
+}
+
+/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of costs with objectives on the
+/// last axis, lexicographic (the first objective up to a relative `tie`), on all cores.
+#[pyfunction]
+pub(super) fn min_plus<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray3<'py, f64>,
+    y: PyReadonlyArray3<'py, f64>,
+    tie: f64,
+) -> PyResult<Bound<'py, PyArray3<f64>>> {
+    let (xs, ys) = (x.as_array().dim(), y.as_array().dim());
+    let dims = minplus::Dims {
+        rows: xs.0,
+        inner: xs.1,
+        cols: ys.1,
+        objectives: xs.2,
+    };
+    if ys.0 != dims.inner || ys.2 != dims.objectives {
+        return Err(Error::Shape(format!(
+            "min-plus product of costs of shapes {xs:?} and {ys:?}: the inner sizes and the \
+             objectives must match"
+        ))
+        .into());
+    }
+    let (x, y) = (x.as_slice()?, y.as_slice()?);
+    let out = py.detach(move || minplus::min_plus(x, y, dims, tie))?;
+    let array = Array3::from_shape_vec((dims.rows, dims.cols, dims.objectives), out)
+        .expect("one entry per pair of rows and columns");
+    Ok(array.into_pyarray(py))
+}

@@ -1,0 +1,491 @@
+//! The topology-aware cost model (docs/conventions.md#topology-aware-cost) on a [`Cluster`]: how
+//! many communication groups of a part cross its boundary at once (`ct`), the effective bandwidth
+//! that leaves each, and the cost of a collective in seconds, or in bytes under the volume model.
+
+use super::cluster::{Cluster, Replicas};
+use crate::error::{parse_name, Error, Result};
+use crate::layout::Layout;
+
+/// The kind of a collective the cost model prices. (A kind, not a collective: the Python
+/// `taps.costs.Collective` record is one collective of an operator, with its tensor and layout.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    AllReduce,
+    AllGather,
+    AllToAll,
+    ReduceScatter,
+    CollectivePermute,
+}
+
+impl CollectiveKind {
+    /// Every kind, in the order of [`CollectiveKind::NAMES`].
+    pub const ALL: [CollectiveKind; 5] = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::AllToAll,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::CollectivePermute,
+    ];
+
+    /// The names callers use (Python, the CLI, a plan's steps): the one list of them.
+    pub const NAMES: [&'static str; 5] = [
+        "all_reduce",
+        "all_gather",
+        "all_to_all",
+        "reduce_scatter",
+        "collective_permute",
+    ];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The kind named `name`, one of [`CollectiveKind::NAMES`].
+    ///
+    /// # Errors
+    /// [`Error::Topology`] for any other name.
+    pub fn parse(name: &str) -> Result<Self> {
+        parse_name(name, "collective", &Self::NAMES, Error::Topology).map(|i| Self::ALL[i])
+    }
+}
+
+/// What a cost means: seconds on the cluster, or bytes moved per device on uniform links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CostModel {
+    Topology,
+    Volume,
+}
+
+impl CostModel {
+    /// Every model, in the order of [`CostModel::NAMES`].
+    pub const ALL: [CostModel; 2] = [CostModel::Topology, CostModel::Volume];
+
+    /// The names callers use (Python, the CLI): the one list of them.
+    pub const NAMES: [&'static str; 2] = ["topology", "volume"];
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The model named `name`, one of [`CostModel::NAMES`].
+    ///
+    /// # Errors
+    /// [`Error::Topology`] for any other name.
+    pub fn parse(name: &str) -> Result<Self> {
+        parse_name(name, "cost model", &Self::NAMES, Error::Topology).map(|i| Self::ALL[i])
+    }
+}
+
+/// Checks the bytes per element that every cost takes: positive and finite.
+///
+/// # Errors
+/// [`Error::Topology`] otherwise.
+pub fn check_dtype_bytes(dtype_bytes: f64) -> Result<()> {
+    if dtype_bytes.is_finite() && dtype_bytes > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Topology(format!(
+            "dtype_bytes must be a positive number of bytes, got {dtype_bytes}"
+        )))
+    }
+}
+
+/// Checks a node size: `ct` assumes a node holds a power-of-two block of consecutive ranks.
+///
+/// # Errors
+/// [`Error::Topology`] unless `devices_per_node` is a positive power of two.
+pub fn check_devices_per_node(devices_per_node: u64) -> Result<()> {
+    if devices_per_node.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(Error::Topology(format!(
+            "devices_per_node must be a positive power of two, got {devices_per_node}"
+        )))
+    }
+}
+
+impl Cluster {
+    /// The cost of a collective over `group` (device dims) of `layout`: seconds under
+    /// [`CostModel::Topology`], bytes per device under [`CostModel::Volume`].
+    ///
+    /// # Errors
+    /// [`Error::Topology`] if the layout is not on this cluster's devices, the group is invalid or
+    /// `dtype_bytes` is not positive.
+    pub fn collective_cost(
+        &self,
+        layout: &Layout,
+        collective: CollectiveKind,
+        device_dim: Option<usize>,
+        dtype_bytes: f64,
+        model: CostModel,
+    ) -> Result<f64> {
+        check_dtype_bytes(dtype_bytes)?;
+        self.check(layout)?;
+        let group = group_dims(layout, collective, device_dim)?;
+        let size = group.iter().map(|&k| layout.dim_size(k)).product();
+        Ok(self.priced(
+            layout,
+            collective,
+            size,
+            |k| group.contains(&k),
+            dtype_bytes,
+            model,
+        ))
+    }
+
+    /// [`Cluster::collective_cost`] of an all_reduce, for a layout on this cluster's devices,
+    /// without listing its group: the node-cost kernel's inner loop.
+    pub(crate) fn allreduce_cost(
+        &self,
+        layout: &Layout,
+        dtype_bytes: f64,
+        model: CostModel,
+    ) -> f64 {
+        let unused = |k| !layout.uses(k);
+        let size = (0..layout.num_device_dims())
+            .filter(|&k| unused(k))
+            .map(|k| layout.dim_size(k))
+            .product();
+        self.priced(
+            layout,
+            CollectiveKind::AllReduce,
+            size,
+            unused,
+            dtype_bytes,
+            model,
+        )
+    }
+
+    /// The cost of a collective over the group of `size` devices whose device dims pass
+    /// `in_group`.
+    fn priced(
+        &self,
+        layout: &Layout,
+        collective: CollectiveKind,
+        size: u64,
+        in_group: impl Fn(usize) -> bool,
+        dtype_bytes: f64,
+        model: CostModel,
+    ) -> f64 {
+        let bytes = collective_volume(layout, collective, size) * dtype_bytes;
+        match model {
+            CostModel::Volume => bytes,
+            CostModel::Topology => self.seconds(
+                layout.device_matrix(),
+                |k| layout.distinct_along(k),
+                collective,
+                in_group,
+                bytes,
+            ),
+        }
+    }
+
+    /// Seconds to move `bytes` per device in a collective over the device dims that pass
+    /// `in_group` of a layout on `device_matrix` whose dims that pass `distinct` hold distinct
+    /// data (tests rather than lists or a layout, so that pricing allocates nothing and the
+    /// optimal planner prices a step without building its layout); the group is valid.
+    pub(crate) fn seconds(
+        &self,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+        collective: CollectiveKind,
+        in_group: impl Fn(usize) -> bool,
+        bytes: f64,
+    ) -> f64 {
+        if bytes == 0.0 {
+            return 0.0;
+        }
+        let flat = self.replicas() == Replicas::Flat;
+        // The innermost level one unit of which holds every group, and how many groups cross the
+        // parts of the level below it (counted once, in the same walk).
+        let (mut ct, mut here) = (0, 0);
+        let j = self
+            .levels()
+            .iter()
+            .position(|l| {
+                ct = here;
+                here = crossing(device_matrix, &distinct, &in_group, l.devices, flat);
+                here == 0
+            })
+            .unwrap_or(self.levels().len() - 1);
+        let level = &self.levels()[j];
+        if j == 0 {
+            return level.latency + bytes / level.bandwidth;
+        }
+        let below = self.levels()[j - 1].devices;
+        let effective = level.bandwidth / ct as f64;
+        let factor = if collective == CollectiveKind::AllToAll {
+            // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
+            let p = device_matrix
+                .iter()
+                .rev()
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, &d)| d)
+                .product::<u64>() as f64;
+            let k = extents(device_matrix, below)
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, e)| e)
+                .product::<u64>() as f64;
+            k * (p - k) / (p - 1.0)
+        } else {
+            1.0
+        };
+        level.latency + factor * bytes / effective
+    }
+
+    /// What the topology model prices by, as numbers: each level's devices, bandwidth and
+    /// latency, and the replica model.
+    pub(crate) fn fingerprint(&self) -> Vec<u64> {
+        let levels = self
+            .levels()
+            .iter()
+            .flat_map(|l| [l.devices, l.bandwidth.to_bits(), l.latency.to_bits()]);
+        levels.chain([self.replicas() as u64]).collect()
+    }
+
+    /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
+    /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
+    /// `k`), on layouts of `device_matrix` where only the dims of `splitting` (a mask) may split
+    /// the tensor: per level such a group may cross up to, `(latency, rate)` with the collective
+    /// taking at least `latency + c * bytes * rate`.
+    ///
+    /// Within a node, a shard is at least the tensor over every dim of `splitting`. Across
+    /// units, what the groups crossing a unit move together counts: a shard times the groups
+    /// with distinct data (or every group, with flat replicas) is at least the tensor over the
+    /// number of units each splitting dim spans, and over the whole size of the dims of the
+    /// group. A group of more dims crosses no fewer levels than `k` alone; an all-to-all's factor
+    /// is at least 1.
+    pub(crate) fn least_rates(
+        &self,
+        device_matrix: &[u64],
+        k: usize,
+        spread: u64,
+        splitting: u64,
+    ) -> Vec<(f64, f64)> {
+        let flat = self.replicas() == Replicas::Flat;
+        let first = self
+            .levels()
+            .iter()
+            .position(|l| crossing(device_matrix, |_| true, |i| i == k, l.devices, flat) == 0)
+            .unwrap_or(self.levels().len() - 1);
+        // A group of `k` alone runs at its first level; a wider one at that level or above.
+        let last = if spread == 1 << k {
+            first
+        } else {
+            self.levels().len() - 1
+        };
+        let splits = |i: usize| splitting >> i & 1 == 1;
+        (first..=last)
+            .map(|j| {
+                let level = &self.levels()[j];
+                let parts: f64 = if j == 0 {
+                    (0..device_matrix.len())
+                        .filter(|&i| splits(i))
+                        .map(|i| device_matrix[device_matrix.len() - 1 - i] as f64)
+                        .product()
+                } else {
+                    extents(device_matrix, self.levels()[j - 1].devices)
+                        .zip(device_matrix.iter().rev())
+                        .enumerate()
+                        .filter(|&(i, _)| splits(i))
+                        .map(|(i, (e, &d))| {
+                            if spread >> i & 1 == 1 {
+                                d as f64
+                            } else {
+                                (d / e) as f64
+                            }
+                        })
+                        .product()
+                };
+                (level.latency, 1.0 / (parts * level.bandwidth))
+            })
+            .collect()
+    }
+}
+
+/// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
+#[must_use]
+pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {
+    extents(layout.device_matrix(), l).collect()
+}
+
+/// [`extents_in_node`] of the layouts on `device_matrix`, without the vector, for the cost
+/// kernels.
+fn extents(device_matrix: &[u64], l: u64) -> impl Iterator<Item = u64> + '_ {
+    let mut inner = 1u64;
+    device_matrix.iter().rev().map(move |&d| {
+        // `inner` is a power of two: `l / inner` as a shift.
+        let e = d.min((l >> inner.trailing_zeros()).max(1));
+        inner = inner.saturating_mul(d);
+        e
+    })
+}
+
+/// The device dims a collective runs over: the unused dims for an all_reduce of partial sums,
+/// `device_dim` otherwise.
+pub(crate) fn group_dims(
+    layout: &Layout,
+    collective: CollectiveKind,
+    device_dim: Option<usize>,
+) -> Result<Vec<usize>> {
+    match (collective, device_dim) {
+        (CollectiveKind::AllReduce, None) => Ok((0..layout.num_device_dims())
+            .filter(|&k| !layout.uses(k))
+            .collect()),
+        (CollectiveKind::AllReduce, Some(_)) => Err(Error::Topology(
+            "an all_reduce runs over the device dims the tensor map does not use; pass no device_dim"
+                .into(),
+        )),
+        (_, None) => Err(Error::Topology(format!(
+            "{collective:?} needs the device dim it runs along"
+        ))),
+        (_, Some(k)) if k >= layout.num_device_dims() => Err(Error::Topology(format!(
+            "device dim {k} is not one of the {} dims of device matrix {:?}",
+            layout.num_device_dims(),
+            layout.device_matrix()
+        ))),
+        (_, Some(k)) => Ok(vec![k]),
+    }
+}
+
+/// Elements received per device by a collective over a group of `size` devices of `layout`.
+fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> f64 {
+    let g = size as f64;
+    let s = layout.shard_size() as f64;
+    match collective {
+        CollectiveKind::AllReduce => 2.0 * (g - 1.0) / g * s,
+        CollectiveKind::AllGather => (g - 1.0) * s,
+        CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => (g - 1.0) / g * s,
+        CollectiveKind::CollectivePermute => s,
+    }
+}
+
+/// `ct` for a valid group, the device dims that pass `in_group`: 0 if the group stays inside a
+/// node, else the number of groups with distinct data that leave one node at once. Replicas
+/// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
+/// the other dims outside the group count.
+pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
+    crossing(
+        layout.device_matrix(),
+        |k| layout.distinct_along(k),
+        in_group,
+        l,
+        false,
+    )
+}
+
+/// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
+/// counts as a group of its own.
+fn crossing(
+    device_matrix: &[u64],
+    distinct: impl Fn(usize) -> bool,
+    in_group: impl Fn(usize) -> bool,
+    l: u64,
+    flat: bool,
+) -> u64 {
+    let mut inside = true;
+    let mut ct = 1;
+    for ((k, e), &d) in extents(device_matrix, l)
+        .enumerate()
+        .zip(device_matrix.iter().rev())
+    {
+        if in_group(k) {
+            inside &= e == d;
+        } else if flat || distinct(k) {
+            ct *= e;
+        }
+    }
+    if inside {
+        0
+    } else {
+        ct
+    }
+}
+
+/// The exact `ct` (docs/conventions.md#ct) of a collective of `layout` on nodes of
+/// `devices_per_node` devices.
+///
+/// # Errors
+/// [`Error::Topology`] if `devices_per_node` is not a positive power of two or the group is
+/// invalid.
+pub fn inter_node_groups(
+    layout: &Layout,
+    collective: CollectiveKind,
+    devices_per_node: u64,
+    device_dim: Option<usize>,
+) -> Result<u64> {
+    check_devices_per_node(devices_per_node)?;
+    let group = group_dims(layout, collective, device_dim)?;
+    Ok(groups_crossing(
+        layout,
+        |k| group.contains(&k),
+        devices_per_node,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dW of a MatMul with (d, r, c) = (8, 2, 2) on 32 devices, 8 per node, for the d dim
+    /// outermost, innermost and in the middle: the paper's ct of 4, 0 and 2.
+    #[test]
+    fn paper_ct_example() {
+        let cases = [
+            (vec![8, 2, 2], vec![1, 0], 4),
+            (vec![2, 2, 8], vec![2, 1], 0),
+            (vec![2, 8, 2], vec![2, 0], 2),
+        ];
+        for (dm, map, ct) in cases {
+            let dw = Layout::new(vec![64, 64], dm, map).unwrap();
+            assert_eq!(
+                inter_node_groups(&dw, CollectiveKind::AllReduce, 8, None).unwrap(),
+                ct
+            );
+        }
+    }
+
+    /// Two 8-device nodes, groups (0, 8), (1, 9), ...: eight groups share the inter-node link.
+    #[test]
+    fn paper_bandwidth_example() {
+        let cluster = Cluster::new(2, 8, 60e9, 12.5e9, None).unwrap();
+        let t = Layout::new(vec![16, 16], vec![2, 8], vec![1, 0]).unwrap();
+        let bytes = 16.0 * 2.0;
+        let cost = cluster
+            .collective_cost(
+                &t,
+                CollectiveKind::AllGather,
+                Some(1),
+                2.0,
+                CostModel::Topology,
+            )
+            .unwrap();
+        assert_eq!(
+            inter_node_groups(&t, CollectiveKind::AllGather, 8, Some(1)).unwrap(),
+            8
+        );
+        assert!((cost - bytes / 1.5625e9).abs() < 1e-15);
+    }
+
+    #[test]
+    fn names_parse_back_and_others_are_rejected() {
+        for kind in CollectiveKind::ALL {
+            assert_eq!(CollectiveKind::parse(kind.name()), Ok(kind));
+        }
+        for model in CostModel::ALL {
+            assert_eq!(CostModel::parse(model.name()), Ok(model));
+        }
+        let Err(Error::Topology(m)) = CostModel::parse("bytes") else {
+            panic!("an unknown cost model parsed")
+        };
+        assert_eq!(
+            m,
+            r#"unknown cost model "bytes": expected "topology" or "volume""#
+        );
+        assert!(CollectiveKind::parse("broadcast").is_err());
+    }
+}
