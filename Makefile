@@ -17,7 +17,7 @@ MATURIN := PIP_QUIET=1 VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develo
 
 # A stamp is written only once everything is installed and importable from .venv, so a failed
 # or interrupted install is redone by the next make, never taken for done.
-$(STAMP): pyproject.toml Cargo.toml $(wildcard rust/src/*.rs)
+$(STAMP): pyproject.toml Cargo.toml Cargo.lock $(shell find rust/src -name "*.rs")
 	@rm -f $(STAMP)
 	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && python3 -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip 'maturin>=1.7,<2'
