@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taps.frontends.builder import Builder, Value, groups
+from taps.frontends.torch.builder import AtenGraphBuilder, AtenValue, groups
 
 
 def _factorizations(draw, n: int) -> tuple[int, ...]:
@@ -44,7 +44,7 @@ def cases(draw):
     return taps_shape, perm, target
 
 
-def _read(b: Builder, v: Value, data: dict[int, torch.Tensor]) -> torch.Tensor:
+def _read(b: AtenGraphBuilder, v: AtenValue, data: dict[int, torch.Tensor]) -> torch.Tensor:
     """The framework tensor ``v`` as the graph holds it: its graph tensor, made from its base
     by a row-major reshape (views) or by the operator's copy (a transpose), then permuted."""
     assert v.tensor is not None
@@ -55,7 +55,7 @@ def _read(b: Builder, v: Value, data: dict[int, torch.Tensor]) -> torch.Tensor:
 @given(cases())
 def test_reshape_of_a_transposed_tensor_reads_what_torch_computes(case):
     taps_shape, perm, target = case
-    b = Builder()
+    b = AtenGraphBuilder()
     x = b.input("x", taps_shape, 4)
     data = {x.tensor: torch.arange(math.prod(taps_shape)).reshape(taps_shape)}
     v = b.permute(x, perm)
@@ -84,7 +84,7 @@ def test_groups(a, c, expected):
 
 def test_factor_splits_the_producing_operator():
     """A split of (b, 3h) into q, k, v makes the projection's out axis two axes (3, h)."""
-    b = Builder()
+    b = AtenGraphBuilder()
     x = b.input("x", (8, 16), 2)
     w = b.parameter("w", (48, 16), 2)
     y = b.op("linear", "proj", [(x, ["b", "in"]), (w, ["out", "in"])], (8, 48), ["b", "out"], 2)

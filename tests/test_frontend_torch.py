@@ -409,7 +409,6 @@ def test_repeated_blocks_group_identical_layers_aligned():
     module, ids = _hf_llama(layers=3)
     g = from_torch(module, ids, tie=False)
     assert g.tied == ()
-    from taps.frontends.torch import _torch  # noqa: F401  (torch is installed here)
 
     program = torch.export.export(module, (ids,))
     conversion = convert(program, name=g.name)

@@ -1,9 +1,16 @@
 """Real models in: a PyTorch module (torch.export) or a JAX function (its jaxpr) as a taps graph.
 
-One module per framework (``torch.py`` with its ATen rules in ``aten_rules.py`` and its builder
-in ``builder.py``; ``jax.py`` with its primitive rules in ``jax_rules.py`` and its graph
-builder in ``jax_builder.py``); the frameworks are optional extras, imported only inside the
-calls.
+One package per framework:
+
+- :mod:`taps.frontends.torch`: ``torch.export`` a module and convert its training IR
+  (``module.py`` the entry points, ``program.py`` the driver, ``rules/`` one rule per ATen
+  operator in a module per family, ``builder.py`` the graph builder, ``blocks.py`` the repeated
+  blocks to tie);
+- :mod:`taps.frontends.jax`: trace a function and convert its jaxpr (``convert.py`` the driver,
+  ``rules.py`` one rule per primitive, ``builder.py`` the graph builder).
+
+The frameworks are optional extras, imported only inside the calls: importing taps imports
+neither torch nor jax.
 """
 
 from typing import Any

@@ -2,7 +2,7 @@
 
 The function is traced with :func:`jax.make_jaxpr` on ``jax.ShapeDtypeStruct`` arguments, so no
 array is allocated; each equation goes through its primitive's rule
-(:mod:`taps.frontends.jax_rules`) and calls (``jit``, ``custom_jvp_call``, ...) are inlined.
+(:mod:`taps.frontends.jax.rules`) and calls (``jit``, ``custom_jvp_call``, ...) are inlined.
 docs/frontends.md ("JAX") has the details.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from taps._core import GraphError
 from taps._support.extras import require
-from taps.frontends.jax_builder import Builder, Value, constant
-from taps.frontends.jax_rules import RULES, stack, unsupported
+from taps.frontends.jax.builder import JaxprGraphBuilder, JaxprValue, constant
+from taps.frontends.jax.rules import RULES, stack, unsupported
 from taps.graph import Graph
 
 #: Primitives whose equation runs an inner jaxpr on its operands, inlined; the parameter that
@@ -96,7 +96,7 @@ def from_jax(
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphError(f"tracing {fn_name} failed: {type(e).__name__}: {first}") from None
 
-    b = Builder(Graph(name or fn_name, layers), split_reductions, fuse)
+    b = JaxprGraphBuilder(Graph(name or fn_name, layers), split_reductions, fuse)
     arg_names = _arg_names(fn, len(example_args))
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
     values = []
@@ -160,7 +160,7 @@ def _scope(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
-def _consts(closed: Any) -> list[Value]:
+def _consts(closed: Any) -> list[JaxprValue]:
     """The values of a closed jaxpr's constants (arrays it closed over): constants."""
     return [constant(tuple(getattr(c, "shape", ()))) for c in getattr(closed, "consts", ())]
 
@@ -170,17 +170,19 @@ class _Converter:
     rule; ``missing`` collects the primitives with no rule (primitive -> where), which are kept
     whole."""
 
-    def __init__(self, b: Builder, jax: Any) -> None:
+    def __init__(self, b: JaxprGraphBuilder, jax: Any) -> None:
         self.b, self.jax = b, jax
         self.missing: dict[str, list[str]] = {}
 
-    def run(self, jaxpr: Any, consts: list[Value], args: list[Value], scope: str) -> list[Value]:
+    def run(
+        self, jaxpr: Any, consts: list[JaxprValue], args: list[JaxprValue], scope: str
+    ) -> list[JaxprValue]:
         """Record the operators of ``jaxpr`` applied to ``args``; returns its output values."""
-        env: dict[Any, Value] = dict(zip(jaxpr.constvars, consts))
+        env: dict[Any, JaxprValue] = dict(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
         literal = self.jax.extend.core.Literal
 
-        def read(atom: Any) -> Value:
+        def read(atom: Any) -> JaxprValue:
             if isinstance(atom, literal):
                 return constant(tuple(getattr(atom.aval, "shape", ())))
             return env[atom]
@@ -210,17 +212,17 @@ class _Converter:
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]
 
-    def unroll(self, eqn: Any, ins: list[Value], scope: str) -> list[Value]:
+    def unroll(self, eqn: Any, ins: list[JaxprValue], scope: str) -> list[JaxprValue]:
         """A ``scan``, one copy of its body per step under ``scan.<step>``: each step reads one
-        slice of every stacked operand (:meth:`Builder.index`) and the carry of the step before;
-        the per-step outputs are stacked by a ``stack`` operator."""
+        slice of every stacked operand (:meth:`JaxprGraphBuilder.index`) and the carry of the step
+        before; the per-step outputs are stacked by a ``stack`` operator."""
         p = eqn.params
         body = p["jaxpr"]
         n_fixed, n_carry = p["num_consts"], p["num_carry"]
         fixed, carry = ins[:n_fixed], ins[n_fixed : n_fixed + n_carry]
         stacked = list(zip(ins[n_fixed + n_carry :], eqn.invars[n_fixed + n_carry :]))
         steps = range(p["length"])
-        per_step: list[list[Value]] = []
+        per_step: list[list[JaxprValue]] = []
         for step in reversed(steps) if p["reverse"] else steps:
             where = _scope(scope, f"scan.{step}")
             xs = [

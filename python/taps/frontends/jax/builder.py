@@ -2,11 +2,11 @@
 then emit them through the public :class:`taps.Graph` API.
 
 A jaxpr value is not always a graph tensor: a transpose, a broadcast or a squeeze only relabels the
-dims of a tensor, so a :class:`Value` is a *source* tensor plus, for each of its dims, which axis of
-the source it reads (or none: a broadcast dim). Operators read sources with axis labels, so those
-relabellings cost nothing. Only a reshape needs the source's dims in a fixed row-major order; an
-operator's output has no order of its own until a reshape asks for one, which is why emission waits
-for the end: the reshape then becomes a view of the operator's output with no copy in between.
+dims of a tensor, so a :class:`JaxprValue` is a *source* tensor plus, for each of its dims, which
+axis of the source it reads (or none: a broadcast dim). Operators read sources with axis labels, so
+those relabellings cost nothing. Only a reshape needs the source's dims in a fixed row-major order;
+an operator's output has no order of its own until a reshape asks for one, which is why emission
+waits for the end: the reshape then becomes a view of the operator's output with no copy in between.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Value:
+class JaxprValue:
     """A jaxpr value: ``source`` read through ``dims``, the source axis behind each of its dims
     (``None`` for a broadcast dim). A value with no source is a constant: it depends on no
     example argument (literals, iota, closed-over arrays), and operators drop it as an operand."""
@@ -65,9 +65,9 @@ class Value:
         return self.source is None
 
 
-def constant(shape: tuple[int, ...]) -> Value:
+def constant(shape: tuple[int, ...]) -> JaxprValue:
     """A value that depends on no example argument."""
-    return Value(None, (None,) * len(shape), shape)
+    return JaxprValue(None, (None,) * len(shape), shape)
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ class _ViewRecord:
 
 
 @dataclass
-class Builder:
-    """Records operators and views over :class:`Value` s; :meth:`emit` adds them to a graph.
+class JaxprGraphBuilder:
+    """Records operators and views over :class:`JaxprValue` s; :meth:`emit` adds them to a graph.
     ``split_reductions`` (the rules' choice for reduced dims) and ``fuse`` (elementwise chains
-    become one operator) are the options of :func:`taps.frontends.jax.from_jax`."""
+    become one operator) are the options of :func:`taps.frontends.jax.convert.from_jax`."""
 
     graph: Graph
     split_reductions: bool = True
@@ -121,7 +121,7 @@ class Builder:
 
     def argument(
         self, name: str, shape: tuple[int, ...], dtype_bytes: int, kind: str, requires_grad: bool
-    ) -> Value:
+    ) -> JaxprValue:
         """An example argument's leaf: a graph input or parameter (added by :meth:`emit`)."""
         if name in self._used:
             raise GraphError(
@@ -134,9 +134,9 @@ class Builder:
             tuple(shape), identity, argument=_Argument(name, kind, dtype_bytes, requires_grad)
         )
         self._arguments.append(source)
-        return Value(source, identity, tuple(shape))
+        return JaxprValue(source, identity, tuple(shape))
 
-    def index(self, name: str, value: Value, i: int, dtype_bytes: int) -> Value:
+    def index(self, name: str, value: JaxprValue, i: int, dtype_bytes: int) -> JaxprValue:
         """``value[i]``, as a ``scan`` hands its body one slice of each stacked operand per step.
         A slice of an example argument is an argument of its own, ``name.i`` (so a stack of
         per-layer weights becomes per-layer parameters, which need no operator to read); a
@@ -147,7 +147,7 @@ class Builder:
             return constant(shape)
         source = value.source
         if axis is None:  # a broadcast along the scanned dim: every step reads the same
-            return Value(source, value.dims[1:], shape)
+            return JaxprValue(source, value.dims[1:], shape)
         rest = tuple(d if d is None or d < axis else d - 1 for d in value.dims[1:])
         arg = source.argument
         if arg is not None and (not source.slices or source.axis == axis):
@@ -158,7 +158,7 @@ class Builder:
                     self.unique(f"{arg.name}.{i}"), arg.kind, arg.dtype_bytes, arg.requires_grad
                 )
                 source.slices[i] = Source(sizes, tuple(range(len(sizes))), argument=piece)
-            return Value(source.slices[i], rest, shape)
+            return JaxprValue(source.slices[i], rest, shape)
         labels = tuple(f"d{j}" for j in range(len(shape)))
         return self.op(name, "index", [(value, ("i", *labels))], labels, shape, dtype_bytes)
 
@@ -166,13 +166,13 @@ class Builder:
         self,
         name: str,
         kind: str,
-        inputs: list[tuple[Value, tuple[str, ...]]],
+        inputs: list[tuple[JaxprValue, tuple[str, ...]]],
         out_labels: tuple[str, ...],
         out_shape: tuple[int, ...],
         dtype_bytes: int,
         partitionable: tuple[str, ...] | None = None,
         fusible: bool = False,
-    ) -> Value:
+    ) -> JaxprValue:
         """An operator reading each input value with one label per value dim, writing a new tensor
         with ``out_labels``; ``partitionable=None`` means every label. Constant inputs are not
         operands, and an operand read twice is read once; an operator of constants only is a
@@ -215,9 +215,9 @@ class Builder:
             fusible,
         )
         self._records.append(record)
-        return Value(output, tuple(range(len(out_shape))), tuple(out_shape))
+        return JaxprValue(output, tuple(range(len(out_shape))), tuple(out_shape))
 
-    def copy(self, name: str, value: Value, dtype_bytes: int) -> Value:
+    def copy(self, name: str, value: JaxprValue, dtype_bytes: int) -> JaxprValue:
         """Materialise ``value`` (a transpose or broadcast of its source) as a tensor of its own
         shape, in row-major order."""
         labels = tuple(f"d{i}" for i in range(len(value.shape)))
@@ -226,7 +226,9 @@ class Builder:
         out.source.order = tuple(range(len(value.shape)))
         return out
 
-    def reshape(self, name: str, value: Value, shape: tuple[int, ...], dtype_bytes: int) -> Value:
+    def reshape(
+        self, name: str, value: JaxprValue, shape: tuple[int, ...], dtype_bytes: int
+    ) -> JaxprValue:
         """``value`` with another shape of the same element count: a relabelling when only size-1
         dims come or go, else a view of the source in the value's dim order (a copy first when the
         source is already fixed in another order or the value broadcasts)."""
@@ -234,7 +236,9 @@ class Builder:
             return constant(shape)
         if [s for s in value.shape if s != 1] == [s for s in shape if s != 1]:
             kept = iter(a for a, s in zip(value.dims, value.shape) if s != 1)
-            return Value(value.source, tuple(next(kept) if s != 1 else None for s in shape), shape)
+            return JaxprValue(
+                value.source, tuple(next(kept) if s != 1 else None for s in shape), shape
+            )
         source = value.source
         wanted = [a for a, s in zip(value.dims, value.shape) if s != 1]
         axes = [a for a in wanted if a is not None]
@@ -246,10 +250,10 @@ class Builder:
             source = copied
         view = Source(shape, tuple(range(len(shape))))
         self._records.append(_ViewRecord(self.unique(name), source, view))
-        return Value(view, tuple(range(len(shape))), shape)
+        return JaxprValue(view, tuple(range(len(shape))), shape)
 
     def _fused(
-        self, records: list[_OpRecord | _ViewRecord], outputs: list[Value]
+        self, records: list[_OpRecord | _ViewRecord], outputs: list[JaxprValue]
     ) -> list[_OpRecord | _ViewRecord]:
         """The records with each elementwise operator fused into the elementwise operator that
         reads it, when that is its only reader (a compiler fuses such chains; fusing a tensor
@@ -302,7 +306,7 @@ class Builder:
         return [record for record in out if id(record) not in absorbed]
 
     def _live(
-        self, records: list[_OpRecord | _ViewRecord], outputs: list[Value]
+        self, records: list[_OpRecord | _ViewRecord], outputs: list[JaxprValue]
     ) -> tuple[list[_OpRecord | _ViewRecord], set[int]]:
         """The records whose output reaches the function's outputs, and the ids of every source
         they (or the outputs) read: computations that reach no output cost nothing."""
@@ -358,7 +362,7 @@ class Builder:
         for source in self._arguments:
             place(source, False)
 
-    def emit(self, outputs: list[Value]) -> Graph:
+    def emit(self, outputs: list[JaxprValue]) -> Graph:
         """Add the example arguments, then the recorded operators (elementwise chains fused,
         :meth:`_fused`) and views that reach ``outputs`` (the function's), to the graph in
         recording (topological) order."""

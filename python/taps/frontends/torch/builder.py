@@ -1,15 +1,15 @@
-"""What a front end builds before it names anything: framework tensors as labelled views of graph
-tensors, and records of inputs, parameters, views and operators that become a :class:`Graph` once
-every name is known.
+"""The PyTorch front end's graph builder: what the ATen rules build before anything is named.
+Torch tensors are labelled views of graph tensors, and records of inputs, parameters, views and
+operators become a :class:`Graph` once every name is known.
 
-A framework tensor is a :class:`Value`: a graph tensor seen through a permutation of its dims
-(a transpose is a relabelling, not an operator) and maybe with dims the framework does not see
+A torch tensor is an :class:`AtenValue`: a graph tensor seen through a permutation of its dims
+(a transpose is a relabelling, not an operator) and maybe with dims torch does not see
 (the real and imaginary parts of a complex tensor). A constant (computed the same way on every
 device from no data, such as a causal mask or rotary tables) has no graph tensor at all.
 
 Records are kept until the end because a later operator can change an earlier one: a split of a
-fused projection's output into heads factors that projection's output axis (see :meth:`factor`),
-and names depend on how many operators a module makes.
+fused projection's output into heads factors that projection's output axis (see
+:meth:`AtenGraphBuilder.factor`), and names depend on how many operators a module makes.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from taps.graph import Graph
 
 
 @dataclass(frozen=True)
-class Value:
-    """A framework tensor as the graph sees it.
+class AtenValue:
+    """A torch tensor as the graph sees it.
 
     Attributes:
         tensor: the id of its graph tensor (a :class:`TensorRecord`), or ``None`` for a constant.
@@ -49,10 +49,10 @@ class Value:
         return self.tensor is None
 
 
-def constant(shape: Sequence[int], dtype_bytes: int, hint: str = "constant") -> Value:
+def constant(shape: Sequence[int], dtype_bytes: int, hint: str = "constant") -> AtenValue:
     """A value computed on every device from no data: it needs no graph tensor."""
     shape = tuple(shape)
-    return Value(None, shape, tuple(range(len(shape))), dtype_bytes, hint=hint)
+    return AtenValue(None, shape, tuple(range(len(shape))), dtype_bytes, hint=hint)
 
 
 @dataclass
@@ -117,8 +117,8 @@ def groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int
     return out
 
 
-class Builder:
-    """Collects records; :meth:`build` names them and makes the graph."""
+class AtenGraphBuilder:
+    """Collects the records of the ATen rules; :meth:`build` names them and makes the graph."""
 
     def __init__(self) -> None:
         self.tensors: list[TensorRecord] = []
@@ -135,23 +135,26 @@ class Builder:
         return tid
 
     def shape(self, tid: int) -> tuple[int, ...]:
+        """The shape of graph tensor ``tid``."""
         return self.tensors[tid].shape
 
     def input(
         self, name: str, shape: Sequence[int], dtype_bytes: int, requires_grad: bool = False
-    ) -> Value:
+    ) -> AtenValue:
+        """A graph input (a user input of the exported program)."""
         shape = tuple(shape)
         tid = self._tensor(
             TensorRecord("input", shape, dtype_bytes, name=name, requires_grad=requires_grad)
         )
-        return Value(tid, shape, tuple(range(len(shape))), dtype_bytes)
+        return AtenValue(tid, shape, tuple(range(len(shape))), dtype_bytes)
 
-    def parameter(self, name: str, shape: Sequence[int], dtype_bytes: int) -> Value:
+    def parameter(self, name: str, shape: Sequence[int], dtype_bytes: int) -> AtenValue:
+        """A parameter, named by its ``state_dict`` key."""
         shape = tuple(shape)
         tid = self._tensor(TensorRecord("parameter", shape, dtype_bytes, name=name))
-        return Value(tid, shape, tuple(range(len(shape))), dtype_bytes)
+        return AtenValue(tid, shape, tuple(range(len(shape))), dtype_bytes)
 
-    def materialize(self, v: Value, path: str) -> Value:
+    def materialize(self, v: AtenValue, path: str) -> AtenValue:
         """A constant as a graph input (when an operator other than an elementwise one reads
         it); named after what made it."""
         if not v.constant:
@@ -167,6 +170,7 @@ class Builder:
         return self._tensor(TensorRecord("view", shape, rec.dtype_bytes, path, label, base=base))
 
     def root(self, tid: int) -> int:
+        """The graph tensor that ``tid`` views (itself if it is no view)."""
         while self.tensors[tid].base is not None:
             tid = self.tensors[tid].base  # type: ignore[assignment]
         return tid
@@ -181,7 +185,9 @@ class Builder:
 
     # -- operators --------------------------------------------------------------------------
 
-    def operand(self, v: Value, labels: Sequence[str], path: str) -> tuple[int, tuple[str, ...]]:
+    def operand(
+        self, v: AtenValue, labels: Sequence[str], path: str
+    ) -> tuple[int, tuple[str, ...]]:
         """The graph operand of ``v`` read with one axis label per framework dim; hidden dims
         get the labels ``ri0``, ``ri1``, ..."""
         v = self.materialize(v, path)
@@ -199,15 +205,15 @@ class Builder:
         self,
         kind: str,
         path: str,
-        inputs: Sequence[tuple[Value, Sequence[str]]],
+        inputs: Sequence[tuple[AtenValue, Sequence[str]]],
         out_shape: Sequence[int],
         out_labels: Sequence[str],
         dtype_bytes: int,
         partitionable: Sequence[str] | None = None,
         order: Sequence[int] | None = None,
         hidden: Sequence[int] = (),
-        addends: Sequence[tuple[Value, Sequence[str]]] = (),
-    ) -> Value:
+        addends: Sequence[tuple[AtenValue, Sequence[str]]] = (),
+    ) -> AtenValue:
         """An operator reading ``inputs`` (each a value and a label per framework dim) and
         making a tensor of framework shape ``out_shape`` labelled ``out_labels``; ``addends``
         are inputs added after the contraction (a bias), over output labels.
@@ -252,11 +258,11 @@ class Builder:
         self.order.append(("op", len(self.ops) - 1))
         perm = tuple(order.index(i) for i in range(len(out_shape)))
         hidden_dims = tuple(range(len(out_shape), len(out_dims)))
-        return Value(tid, out_shape, perm, dtype_bytes, hidden_dims)
+        return AtenValue(tid, out_shape, perm, dtype_bytes, hidden_dims)
 
     # -- views ------------------------------------------------------------------------------
 
-    def reshape(self, v: Value, shape: Sequence[int], path: str, label: str) -> Value:
+    def reshape(self, v: AtenValue, shape: Sequence[int], path: str, label: str) -> AtenValue:
         """``v`` with framework shape ``shape`` (same element count): a view of its graph tensor
         when the reshape only merges or splits dims that lie in one order in the graph tensor,
         else a copy in the framework's order first (a ``transpose`` operator)."""
@@ -287,8 +293,8 @@ class Builder:
         return made
 
     def _permuted_view(
-        self, v: Value, shape: tuple[int, ...], path: str, label: str
-    ) -> Value | None:
+        self, v: AtenValue, shape: tuple[int, ...], path: str, label: str
+    ) -> AtenValue | None:
         assert v.tensor is not None
         pairs = groups(v.shape, shape)
         graph_shape = self.shape(v.tensor)
@@ -319,9 +325,9 @@ class Builder:
         tid = v.tensor
         if new_shape != self.shape(tid):
             tid = self._view(tid, new_shape, path, label)
-        return Value(tid, shape, perm, v.dtype_bytes)
+        return AtenValue(tid, shape, perm, v.dtype_bytes)
 
-    def permute(self, v: Value, dims: Sequence[int]) -> Value:
+    def permute(self, v: AtenValue, dims: Sequence[int]) -> AtenValue:
         """``v.permute(dims)``: a relabelling, no operator."""
         dims = [d % len(v.shape) for d in dims] if v.shape else []
         return replace(
@@ -330,7 +336,7 @@ class Builder:
 
     # -- factoring --------------------------------------------------------------------------
 
-    def factor(self, v: Value, dim: int, path: str) -> None:
+    def factor(self, v: AtenValue, dim: int, path: str) -> None:
         """Let framework dim ``dim`` of ``v`` be an axis of the operator that made it.
 
         When ``v`` views an operator's output and ``dim`` is one piece of an output dim that the

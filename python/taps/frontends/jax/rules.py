@@ -14,9 +14,10 @@ work is to label the dims of its operands and output:
 - a gather that looks rows up in a table (``table[ids]``) is an embedding: the table's row axis is
   contracted, as for ``taps.Graph.embedding``;
 - transposes, broadcasts, squeezes and dtype conversions relabel or alias a value (no operator),
-  and reshapes are views (:mod:`taps.frontends.jax_builder`).
+  and reshapes are views (:mod:`taps.frontends.jax.builder`).
 
-Calls (``jit``, ``custom_jvp_call``, ...) are inlined by :mod:`taps.frontends.jax`, not here.
+Calls (``jit``, ``custom_jvp_call``, ...) are inlined by :mod:`taps.frontends.jax.convert`, not
+here.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from taps.frontends.jax_builder import Builder, Value, constant
+from taps.frontends.jax.builder import JaxprGraphBuilder, JaxprValue, constant
 
 #: A rule returns the equation's output values, or None when the equation is a form of its
 #: primitive the rule does not cover (then it is unsupported, as a primitive without a rule).
-Rule = Callable[[Builder, Any, list[Value], str], "list[Value] | None"]
+Rule = Callable[[JaxprGraphBuilder, Any, list[JaxprValue], str], "list[JaxprValue] | None"]
 
 
 def _out(eqn: Any, i: int = 0) -> tuple[tuple[int, ...], int]:
@@ -41,15 +42,17 @@ def _labels(n: int, prefix: str = "d") -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(n))
 
 
-def _stretch(v: Value, shape: tuple[int, ...]) -> Value:
+def _stretch(v: JaxprValue, shape: tuple[int, ...]) -> JaxprValue:
     """``v`` read as ``shape``: a size-1 dim facing a larger one is a broadcast."""
     if not v.shape:
-        return Value(v.source, (None,) * len(shape), shape)
+        return JaxprValue(v.source, (None,) * len(shape), shape)
     dims = tuple(d if n == m else None for d, n, m in zip(v.dims, v.shape, shape))
-    return Value(v.source, dims, shape)
+    return JaxprValue(v.source, dims, shape)
 
 
-def elementwise(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def elementwise(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """Operands of the output's shape, or broadcasting to it (scalars, size-1 dims)."""
     shape, dtype = _out(eqn)
     labels = _labels(len(shape))
@@ -57,40 +60,46 @@ def elementwise(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value
     return [b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, fusible=True)]
 
 
-def alias(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def alias(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
     """A dtype conversion, copy or gradient stop: the same tensor."""
     return ins[: len(eqn.outvars)]
 
 
-def broadcast_in_dim(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def broadcast_in_dim(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
+    """The operand relabelled: new and stretched dims read no axis of its source."""
     (v,) = ins[:1]
     shape, _ = _out(eqn)
     dims: list[int | None] = [None] * len(shape)
     for i, d in enumerate(eqn.params["broadcast_dimensions"]):
         if v.shape[i] == shape[d]:  # a size-1 dim stretched to more is a broadcast
             dims[d] = v.dims[i]
-    return [Value(v.source, tuple(dims), shape)]
+    return [JaxprValue(v.source, tuple(dims), shape)]
 
 
-def transpose(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def transpose(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
+    """The operand's dims permuted: a relabelling."""
     (v,) = ins
     perm = eqn.params["permutation"]
-    return [Value(v.source, tuple(v.dims[p] for p in perm), tuple(v.shape[p] for p in perm))]
+    return [JaxprValue(v.source, tuple(v.dims[p] for p in perm), tuple(v.shape[p] for p in perm))]
 
 
-def squeeze(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def squeeze(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
+    """The operand without its squeezed size-1 dims: a relabelling."""
     (v,) = ins
     gone = {d % len(v.shape) for d in eqn.params["dimensions"]}
     keep = [i for i in range(len(v.shape)) if i not in gone]
-    return [Value(v.source, tuple(v.dims[i] for i in keep), tuple(v.shape[i] for i in keep))]
+    return [JaxprValue(v.source, tuple(v.dims[i] for i in keep), tuple(v.shape[i] for i in keep))]
 
 
-def reshape(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def reshape(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
+    """A view of the operand's source (:meth:`JaxprGraphBuilder.reshape`)."""
     shape, dtype = _out(eqn)
     return [b.reshape(name, ins[0], shape, dtype)]
 
 
-def reduction(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def reduction(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
     """Reduced dims are contracted: split, each device reduces its part and an all_reduce
     combines them. With ``split_reductions=False`` they stay whole."""
     (v,) = ins
@@ -102,7 +111,9 @@ def reduction(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
     return [b.op(name, eqn.primitive.name, [(v, labels)], out, shape, dtype, part)]
 
 
-def dot_general(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def dot_general(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """Batch dims (``b0``, ...) in both operands and the output, contracting dims (``k0``, ...)
     in both operands, free dims (``m0``, ... of the left, ``n0``, ... of the right) in one operand
     and the output, which lists batch, left free, right free dims in that order."""
@@ -130,7 +141,9 @@ def _spatial(n: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     return _labels(n, "i"), _labels(n, "k"), _labels(n, "o")
 
 
-def conv_general_dilated(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def conv_general_dilated(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """Batch ``b``, input channels ``ci`` (contracted), output channels ``co`` may be split;
     spatial dims stay whole. With ``feature_group_count`` g > 1 the channels are read as
     (g, per group) views and the groups are an axis ``g`` that may be split too (a depthwise
@@ -152,7 +165,9 @@ def conv_general_dilated(b: Builder, eqn: Any, ins: list[Value], name: str) -> l
             labels[spec[2 + j]] = spatial[j]
         return labels
 
-    def grouped(v: Value, labels: list[str], dim: int, view: str) -> tuple[Value, tuple[str, ...]]:
+    def grouped(
+        v: JaxprValue, labels: list[str], dim: int, view: str
+    ) -> tuple[JaxprValue, tuple[str, ...]]:
         """``v`` with its channel dim ``dim`` read as (g, per group)."""
         if g == 1:
             return v, tuple(labels)
@@ -174,7 +189,9 @@ def conv_general_dilated(b: Builder, eqn: Any, ins: list[Value], name: str) -> l
     return [out if g == 1 else b.reshape(f"{name}.channels", out, shape, dtype)]
 
 
-def reduce_window(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def reduce_window(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """Pooling: a dim the window does not touch (size 1, stride 1, no padding or dilation) may be
     split; the others are whole, with an input and an output axis."""
     (v,) = ins
@@ -200,14 +217,19 @@ def reduce_window(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Val
 
 
 def _windowed(
-    b: Builder, eqn: Any, ins: list[Value], name: str, touched: set[int], out: int = 0
-) -> Value:
+    b: JaxprGraphBuilder,
+    eqn: Any,
+    ins: list[JaxprValue],
+    name: str,
+    touched: set[int],
+    out: int = 0,
+) -> JaxprValue:
     """An operator that keeps some dims of its array operands as they are and cuts, pads or
     joins the others: the kept dims are shared and may be split; each other dim stays whole, with
     an axis per operand and one for the output. Scalar operands (indices, pad values) only feed
     it."""
     shape, dtype = _out(eqn, out)
-    inputs: list[tuple[Value, tuple[str, ...]]] = []
+    inputs: list[tuple[JaxprValue, tuple[str, ...]]] = []
     for slot, v in enumerate(ins):
         if len(v.shape) != len(shape):
             inputs.append((v, ()))
@@ -219,7 +241,7 @@ def _windowed(
     return b.op(name, eqn.primitive.name, inputs, labels, shape, dtype, part)
 
 
-def slicing(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def slicing(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
     """``slice``, ``dynamic_slice`` and ``pad``: the dims they cut or pad stay whole."""
     shape, _ = _out(eqn)
     v = ins[0]
@@ -231,25 +253,31 @@ def slicing(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
     return [_windowed(b, eqn, ins, name, cut)]
 
 
-def dynamic_update_slice(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def dynamic_update_slice(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """The dims the update does not cover stay whole."""
     v, update = ins[:2]
     cut = {d for d, (n, m) in enumerate(zip(v.shape, update.shape)) if n != m}
     return [_windowed(b, eqn, ins, name, cut)]
 
 
-def concatenate(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def concatenate(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """The joined dim stays whole."""
     return [_windowed(b, eqn, ins, name, {eqn.params["dimension"]})]
 
 
-def split(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def split(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
     """One operator per part; the split dim stays whole."""
     axis = eqn.params["axis"] % len(ins[0].shape)
     return [_windowed(b, eqn, ins, name, {axis}, i) for i in range(len(eqn.outvars))]
 
 
-def gather(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value] | None:
+def gather(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue] | None:
     """``table[ids]``: rows of a table looked up by an index array, as an embedding (the table's
     row axis ``v`` contracted). Other gathers have no rule."""
     table, ids = ins
@@ -272,7 +300,9 @@ def gather(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value] | N
     return [b.op(name, "embedding", inputs, (*lead, *rows), shape, dtype)]
 
 
-def unsupported(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def unsupported(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue]:
     """An operator per output that keeps every axis whole (``unknown="replicate"``)."""
     inputs = [(v, _labels(len(v.shape), f"x{slot}_")) for slot, v in enumerate(ins)]
     outs = []
@@ -283,13 +313,15 @@ def unsupported(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value
     return outs
 
 
-def local(b: Builder, eqn: Any, ins: list[Value], name: str) -> list[Value]:
+def local(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> list[JaxprValue]:
     """A primitive each device computes alone, from no model data (``iota``, random numbers
     drawn from a key, as for a dropout mask): a constant."""
     return [constant(_out(eqn, i)[0]) for i in range(len(eqn.outvars))]
 
 
-def stack(b: Builder, values: list[Value], name: str, eqn: Any, out: int) -> Value:
+def stack(
+    b: JaxprGraphBuilder, values: list[JaxprValue], name: str, eqn: Any, out: int
+) -> JaxprValue:
     """The per-step outputs of a ``scan`` stacked along a new leading dim (whole)."""
     shape, dtype = _out(eqn, out)
     labels = _labels(len(shape) - 1)

@@ -1,21 +1,20 @@
-"""The PyTorch front end: ``torch.export`` a module on the meta device (or fake tensors), then turn
-the training IR into a :class:`~taps.graph.Graph` with the op rules of
-:mod:`taps.frontends.aten_rules`. Nothing is allocated: shapes come from the exported graph's
-metadata. docs/frontends.md describes what each operator becomes.
+"""The conversion driver of the PyTorch front end: an ``ExportedProgram``'s training IR turned
+into a :class:`~taps.graph.Graph` node by node, through the op rules of
+:mod:`taps.frontends.torch.rules`, with the links from each fx node to the operators it made.
+Nothing is allocated: shapes come from the exported graph's metadata.
 """
 
 from __future__ import annotations
 
-import importlib
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from taps._core import GraphError
-from taps._support.extras import require
-from taps.frontends.aten_rules import RULES, Unsupported, flat
-from taps.frontends.builder import Builder, Value, constant
+from taps.frontends.torch._extra import require_torch
+from taps.frontends.torch.builder import AtenGraphBuilder, AtenValue, constant
+from taps.frontends.torch.rules import RULES, Unsupported, flat
 from taps.graph import Graph
 
 UNKNOWN = ("error", "replicate")
@@ -34,10 +33,6 @@ _THROUGH = {
 }
 _VIEWS = {"view", "reshape", "_unsafe_view"}
 _PERMUTES = {"transpose", "permute", "t", "swapaxes", "swapdims", "numpy_T"}
-
-
-def _torch() -> Any:
-    return require("torch", "torch", "taps.from_torch")
 
 
 @dataclass(frozen=True)
@@ -76,55 +71,8 @@ class Conversion:
     links: dict[str, list[Link]] = field(default_factory=dict)
 
 
-def from_torch(
-    module: Any,
-    *example_inputs: Any,
-    unknown: str = "error",
-    tie: bool = True,
-    name: str | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    rows: bool = True,
-) -> Graph:
-    """The graph of ``module`` called on ``example_inputs`` (and keyword ``kwargs``).
-
-    Build the module and the inputs on the meta device (``with torch.device("meta"):``) to
-    convert a model of any size without allocating it. Parameter names are the module's
-    ``state_dict`` keys, operator names its module paths (``layers.3.attention.wo``; a module
-    that makes several operators gives ``path.kind``). An input with ``requires_grad`` stands
-    for an earlier layer's output (its gradient flows back).
-
-    With ``rows`` (the default), operators on (batch, seq, features) tensors other than
-    attention (linear layers, norms, elementwise operators, embeddings) see batch * seq as one
-    rows axis, as Megatron-LM's 2-D matmuls and :func:`taps.models.gpt` do: far fewer
-    strategies to search; ``rows=False`` keeps batch and sequence apart (sequence splits too).
-
-    ``unknown="error"`` raises :class:`taps.GraphError` listing every operator without a rule;
-    ``"replicate"`` keeps such operators whole (no partitionable axis). With ``tie``, identical
-    repeated blocks (children of a ``ModuleList``, ``ModuleDict`` or ``Sequential``) are declared
-    with :meth:`Graph.tie`.
-    """
-    torch = _torch()
-    if not isinstance(module, torch.nn.Module):
-        raise GraphError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
-    check_unknown(unknown)
-    try:
-        program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
-    except Exception as e:  # torch raises many kinds; the user needs the message, once
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
-    grads = [
-        bool(getattr(t, "requires_grad", False))
-        for t in flat([*example_inputs, *(kwargs or {}).values()])
-        if isinstance(t, torch.Tensor)
-    ]
-    conversion = convert(program, unknown, name or type(module).__name__, grads, rows)
-    if tie:
-        for instances in repeated_blocks(conversion, module):
-            conversion.graph.tie(instances)
-    return conversion.graph
-
-
 def check_unknown(unknown: str) -> None:
+    """Raise :class:`taps.GraphError` unless ``unknown`` is ``"error"`` or ``"replicate"``."""
     if unknown not in UNKNOWN:
         raise GraphError(f"unknown= must be 'error' or 'replicate', got {unknown!r}")
 
@@ -145,12 +93,12 @@ def _target_name(target: Any) -> str:
 
 
 class _Context:
-    """What a rule sees of one node (see :class:`taps.frontends.aten_rules.Context`)."""
+    """What a rule sees of one node (see :class:`taps.frontends.torch.rules.Context`)."""
 
     def __init__(
         self,
         torch: Any,
-        b: Builder,
+        b: AtenGraphBuilder,
         node: Any,
         env: dict[Any, Any],
         kind: str,
@@ -237,10 +185,11 @@ def convert(
     """Convert an ``ExportedProgram`` (its training IR) into a graph.
 
     ``input_grads`` says, for each user input in order, whether it stands for an earlier
-    layer's output (requires a gradient); ``rows`` as in :func:`from_torch`."""
-    torch = _torch()
+    layer's output (requires a gradient); ``rows`` as in
+    :func:`~taps.frontends.torch.module.from_torch`."""
+    torch = require_torch()
     check_unknown(unknown)
-    b = Builder()
+    b = AtenGraphBuilder()
     env: dict[Any, Any] = {}
     sig = program.graph_signature
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
@@ -291,7 +240,7 @@ def convert(
         kind = kind[:-1] if in_place else kind
         path = _module_path(node)
         cx = _Context(torch, b, node, env, kind, path, rows)
-        tensors = [a for a in flat([*cx.args, *cx.kwargs.values()]) if isinstance(a, Value)]
+        tensors = [a for a in flat([*cx.args, *cx.kwargs.values()]) if isinstance(a, AtenValue)]
         if kind != "getitem" and all(v.constant for v in tensors) and cx.shapes:
             # Made from constants alone (a mask, rotary tables): computed on every device.
             env[node] = _constants(cx)
@@ -328,7 +277,7 @@ def convert(
 
 
 def _links(
-    b: Builder, op_names: list[str], first: int, end: int, args: list[Any], out: Any
+    b: AtenGraphBuilder, op_names: list[str], first: int, end: int, args: list[Any], out: Any
 ) -> list[Link]:
     """The links of one node's operators (records ``first`` to ``end``) with its flattened
     arguments and output value: an operand views an argument when both are views of one graph
@@ -341,7 +290,7 @@ def _links(
                 (
                     k
                     for k, a in enumerate(args)
-                    if isinstance(a, Value)
+                    if isinstance(a, AtenValue)
                     and not a.constant
                     and not a.hidden
                     and b.root(a.tensor) == b.root(tid)  # type: ignore[arg-type]
@@ -351,7 +300,7 @@ def _links(
             if k is not None:
                 a = args[k]
                 found.append(Link(op_names[i], slot, k, b.shape(tid), b.shape(a.tensor), a.perm))
-    if isinstance(out, Value) and not out.constant and not out.hidden:
+    if isinstance(out, AtenValue) and not out.constant and not out.hidden:
         root = b.root(out.tensor)  # type: ignore[arg-type]
         for i in reversed(range(first, end)):
             if b.root(b.ops[i].output) == root:
@@ -369,7 +318,7 @@ def _constants(cx: _Context) -> Any:
     return values if isinstance(val, (list, tuple)) else values[0]
 
 
-def _replicate(cx: _Context, tensors: list[Value]) -> Any:
+def _replicate(cx: _Context, tensors: list[AtenValue]) -> Any:
     """An operator without a rule kept whole: no axis can be split. One per tensor output."""
     inputs = [(v, [f"x{k}_{i}" for i in range(len(v.shape))]) for k, v in enumerate(tensors)]
     inputs = [(v, labels) for v, labels in inputs if not v.constant]
@@ -382,108 +331,3 @@ def _replicate(cx: _Context, tensors: list[Value]) -> Any:
         outs.append(cx.b.op(cx.kind, cx.path, inputs, shape, out_l, dtype, partitionable=()))
     val = cx.node.meta.get("val")
     return outs if isinstance(val, (list, tuple)) else (outs[0] if outs else None)
-
-
-# -- repeated blocks --------------------------------------------------------------------------
-
-
-def _block_signature(graph: Graph, names: Sequence[str]) -> tuple[Any, ...]:
-    """What makes two blocks repeats of each other: per operator, everything but names, and
-    where each input comes from (an operator of the block by position, or outside)."""
-    index = {n: i for i, n in enumerate(names)}
-    sig = []
-    for n in names:
-        op = graph.op(n)
-        inputs = []
-        for o in op.inputs:
-            t, root = graph.tensors[o.tensor], graph.root(o.tensor)
-            source = index.get(root.producer or "", -1) if root.kind == "activation" else -1
-            # An input from outside the block comes from a different producer in every
-            # instance (the one before it): its root's shape need not agree.
-            root_shape = root.shape if source >= 0 else None
-            inputs.append((o.dims, t.shape, t.kind, root.kind, root_shape, t.dtype_bytes, source))
-        # Graph.signature is what Graph.tie compares (it also holds gradients and parameters).
-        sig.append((op.kind, graph.signature(n), op.output.dims, tuple(inputs)))
-    return tuple(sig)
-
-
-def repeated_blocks(conversion: Conversion, module: Any) -> list[list[list[str]]]:
-    """Identical repeated blocks of a converted module: for every ``ModuleList``,
-    ``ModuleDict`` or ``Sequential`` (outermost first), its children whose operators have the
-    same signature (kinds, axes, sizes, operand shapes and the wiring inside the block), grouped.
-    Each group lists its instances (two or more), each the operator names of one child in graph
-    order, aligned by position. A block inside an instance already grouped is not grouped
-    again."""
-    torch = _torch()
-    containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
-    ops_of: dict[str, list[str]] = {}
-    for op_name, path in conversion.module_of.items():
-        ops_of.setdefault(path, []).append(op_name)
-    order = {op.name: i for i, op in enumerate(conversion.graph.ops)}
-    covered: set[str] = set()
-    found: list[list[list[str]]] = []
-    for path, mod in module.named_modules():
-        if not isinstance(mod, containers) or any(
-            path == c or path.startswith(c + ".") for c in covered
-        ):
-            continue
-        by_sig: dict[tuple[Any, ...], list[tuple[str, list[str]]]] = {}
-        for child_name, child in mod.named_children():
-            child_path = f"{path}.{child_name}" if path else child_name
-            names = sorted(
-                (
-                    n
-                    for p, ns in ops_of.items()
-                    if p == child_path or p.startswith(child_path + ".")
-                    for n in ns
-                ),
-                key=order.__getitem__,
-            )
-            if len(names) < 2:  # a single operator gains nothing from a tie
-                continue
-            key = (type(child).__qualname__, _block_signature(conversion.graph, names))
-            by_sig.setdefault(key, []).append((child_path, names))
-        for members in by_sig.values():
-            if len(members) > 1:
-                found.append([names for _, names in members])
-                covered.update(p for p, _ in members)
-    return found
-
-
-def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
-    """The graph of a saved ``torch.export`` archive (``.pt2``)."""
-    torch = _torch()
-    try:
-        program = torch.export.load(path)
-    except Exception as e:
-        raise GraphError(f"cannot load torch.export archive {path!r}: {e}") from None
-    return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
-
-
-def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
-    """``(module, inputs)`` made by ``package.module:factory``, a callable returning the module
-    and its example inputs (a tuple or a single tensor)."""
-    torch = _torch()
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise GraphError(f"{spec!r} is not package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except ImportError as e:
-        raise GraphError(f"cannot import {module_name!r}: {e}") from None
-    except AttributeError:
-        raise GraphError(f"module {module_name!r} has no {attr!r}") from None
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2):
-        raise GraphError(f"{spec} must return (module, inputs), got {type(made).__name__}")
-    module, inputs = made
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    return module, tuple(inputs)
-
-
-def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
-    """The graph of ``package.module:factory`` (:func:`load_factory`), converted by
-    :func:`from_torch`."""
-    module, inputs = load_factory(spec)
-    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=spec.partition(":")[2])

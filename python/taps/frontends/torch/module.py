@@ -1,0 +1,103 @@
+"""A PyTorch model as a graph: a ``torch.nn.Module`` exported with ``torch.export`` and
+converted (its repeated blocks tied), a saved ``torch.export`` archive, or a factory named
+``package.module:factory``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from taps._core import GraphError
+from taps.frontends.torch._extra import require_torch
+from taps.frontends.torch.blocks import repeated_blocks
+from taps.frontends.torch.program import check_unknown, convert
+from taps.frontends.torch.rules import flat
+from taps.graph import Graph
+
+
+def from_torch(
+    module: Any,
+    *example_inputs: Any,
+    unknown: str = "error",
+    tie: bool = True,
+    name: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    rows: bool = True,
+) -> Graph:
+    """The graph of ``module`` called on ``example_inputs`` (and keyword ``kwargs``).
+
+    Build the module and the inputs on the meta device (``with torch.device("meta"):``) to
+    convert a model of any size without allocating it. Parameter names are the module's
+    ``state_dict`` keys, operator names its module paths (``layers.3.attention.wo``; a module
+    that makes several operators gives ``path.kind``). An input with ``requires_grad`` stands
+    for an earlier layer's output (its gradient flows back).
+
+    With ``rows`` (the default), operators on (batch, seq, features) tensors other than
+    attention (linear layers, norms, elementwise operators, embeddings) see batch * seq as one
+    rows axis, as Megatron-LM's 2-D matmuls and :func:`taps.models.gpt` do: far fewer
+    strategies to search; ``rows=False`` keeps batch and sequence apart (sequence splits too).
+
+    ``unknown="error"`` raises :class:`taps.GraphError` listing every operator without a rule;
+    ``"replicate"`` keeps such operators whole (no partitionable axis). With ``tie``, identical
+    repeated blocks (children of a ``ModuleList``, ``ModuleDict`` or ``Sequential``) are declared
+    with :meth:`Graph.tie`.
+    """
+    torch = require_torch()
+    if not isinstance(module, torch.nn.Module):
+        raise GraphError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
+    check_unknown(unknown)
+    try:
+        program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+    except Exception as e:  # torch raises many kinds; the user needs the message, once
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
+    grads = [
+        bool(getattr(t, "requires_grad", False))
+        for t in flat([*example_inputs, *(kwargs or {}).values()])
+        if isinstance(t, torch.Tensor)
+    ]
+    conversion = convert(program, unknown, name or type(module).__name__, grads, rows)
+    if tie:
+        for instances in repeated_blocks(conversion, module):
+            conversion.graph.tie(instances)
+    return conversion.graph
+
+
+def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
+    """The graph of a saved ``torch.export`` archive (``.pt2``)."""
+    torch = require_torch()
+    try:
+        program = torch.export.load(path)
+    except Exception as e:
+        raise GraphError(f"cannot load torch.export archive {path!r}: {e}") from None
+    return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
+
+
+def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """``(module, inputs)`` made by ``package.module:factory``, a callable returning the module
+    and its example inputs (a tuple or a single tensor)."""
+    torch = require_torch()
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise GraphError(f"{spec!r} is not package.module:factory")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as e:
+        raise GraphError(f"cannot import {module_name!r}: {e}") from None
+    except AttributeError:
+        raise GraphError(f"module {module_name!r} has no {attr!r}") from None
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise GraphError(f"{spec} must return (module, inputs), got {type(made).__name__}")
+    module, inputs = made
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    return module, tuple(inputs)
+
+
+def from_factory(spec: str, unknown: str = "error", tie: bool = True) -> Graph:
+    """The graph of ``package.module:factory`` (:func:`load_factory`), converted by
+    :func:`from_torch`."""
+    module, inputs = load_factory(spec)
+    return from_torch(module, *inputs, unknown=unknown, tie=tie, name=spec.partition(":")[2])

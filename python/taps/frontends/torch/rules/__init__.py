@@ -1,0 +1,135 @@
+"""The op-rule table of the PyTorch front end: one rule per ATen operator of the training IR
+(``torch.export``'s default graph), keyed by the operator's name without its overload.
+
+The rules live in one module per family (aliases, views, pointwise, contractions, convolution,
+norms, attention, reductions, splits, joins), written in the vocabulary of :mod:`._context`;
+this module assembles :data:`RULES`. docs/frontends.md documents what each operator becomes. A
+node whose tensor arguments are all constants never reaches a rule: its output is a constant too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from taps.frontends.torch.rules import (
+    aliases,
+    attention,
+    contractions,
+    convolution,
+    joins,
+    norms,
+    pointwise,
+    reductions,
+    splits,
+    views,
+)
+from taps.frontends.torch.rules._context import Context, Rule, Unsupported, flat
+
+
+def _table(rules: Sequence[tuple[Rule, Sequence[str]]]) -> dict[str, Rule]:
+    return {name: rule for rule, names in rules for name in names}
+
+
+#: ATen operator name (without overload) -> rule. Anything else has no rule.
+RULES: dict[str, Rule] = _table(
+    [
+        (
+            aliases.free,
+            [
+                "clone",
+                "contiguous",
+                "detach",
+                "alias",
+                "lift_fresh_copy",
+                "dropout",
+                "feature_dropout",
+                "alpha_dropout",
+                "_to_copy",
+                "to",
+                "type_as",
+                "_assert_tensor_metadata",
+            ],
+        ),
+        (aliases.native_dropout, ["native_dropout"]),
+        (aliases.no_value, ["_assert_scalar", "sym_constrain_range_for_size", "_assert_async"]),
+        (
+            views.view,
+            [
+                "view",
+                "reshape",
+                "_unsafe_view",
+                "flatten",
+                "unflatten",
+                "squeeze",
+                "unsqueeze",
+                "view_as",
+                "reshape_as",
+            ],
+        ),
+        (views.transpose, ["transpose", "swapaxes", "swapdims"]),
+        (views.t, ["t", "numpy_T"]),
+        (views.permute, ["permute"]),
+        (views.movedim, ["movedim"]),
+        (views.view_as_complex, ["view_as_complex"]),
+        (views.view_as_real, ["view_as_real"]),
+        (pointwise.pointwise, [*pointwise.UNARY, *pointwise.BINARY]),
+        (contractions.linear, ["linear"]),
+        (contractions.mm, ["mm"]),
+        (contractions.addmm, ["addmm"]),
+        (contractions.bmm, ["bmm"]),
+        (contractions.matmul, ["matmul"]),
+        (contractions.einsum, ["einsum"]),
+        (contractions.embedding, ["embedding"]),
+        (convolution.conv2d, ["conv2d"]),
+        (
+            convolution.pool2d,
+            [
+                "max_pool2d",
+                "avg_pool2d",
+                "adaptive_avg_pool2d",
+                "max_pool2d_with_indices",
+                "adaptive_max_pool2d",
+            ],
+        ),
+        (norms.layer_norm, ["layer_norm"]),
+        (norms.rms_norm, ["rms_norm"]),
+        (norms.group_norm, ["group_norm"]),
+        (
+            norms.batch_norm,
+            [
+                "batch_norm",
+                "_native_batch_norm_legit_functional",
+                "_native_batch_norm_legit_no_training",
+            ],
+        ),
+        (norms.softmax, ["softmax", "_softmax", "log_softmax", "_log_softmax"]),
+        (attention.sdpa, ["scaled_dot_product_attention"]),
+        (
+            reductions.reduction,
+            [
+                "sum",
+                "mean",
+                "amax",
+                "amin",
+                "max",
+                "min",
+                "var",
+                "std",
+                "prod",
+                "logsumexp",
+                "norm",
+            ],
+        ),
+        (splits.split, ["split", "split_with_sizes"]),
+        (splits.chunk, ["chunk"]),
+        (splits.unbind, ["unbind"]),
+        (splits.select, ["select"]),
+        (splits.slice_, ["slice", "narrow"]),
+        (splits.getitem, ["getitem"]),
+        (joins.cat, ["cat", "concat", "concatenate"]),
+        (joins.stack, ["stack"]),
+        (joins.expand, ["expand", "expand_as", "broadcast_to"]),
+    ]
+)
+
+__all__ = ["RULES", "Context", "Rule", "Unsupported", "flat"]
