@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import taps
 from strategies_gen import POW2_ATOMS, layouts, to_layout
 from taps.export import ExportError, layout_placements, layout_spec, mesh_for, to_dtensor, to_jax
-from taps.verify.devices import jax_with_devices
+from taps.verify.xla.devices import jax_with_devices
 
 jax = jax_with_devices(64)  # one JAX per test session: the most any module needs
 

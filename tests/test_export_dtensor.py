@@ -63,7 +63,7 @@ def _with_partial(draw_spec, choice):
 @settings(max_examples=150)
 @given(layouts(max_log2_devices=6), st.lists(st.booleans(), min_size=6, max_size=6))
 def test_partial_sums_are_partial_on_exactly_their_mesh_dims(spec, choice):
-    from taps.verify.steps import layout_groups
+    from taps.steps.kinds import layout_groups
 
     layout = _with_partial(spec, choice)
     mesh = mesh_for([layout], layout.num_devices)

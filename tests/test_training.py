@@ -452,12 +452,12 @@ def test_bias_gradient_all_reduce_is_what_xla_runs():
     """The replay on XLA (jax.vjp of the sharded program) all_reduces a bias gradient over the
     batch split only: the training step prices exactly those bytes, the paper's model more."""
     pytest.importorskip("jax")
-    from taps.verify import verify_graph
+    from taps.verify import verify
 
     g = Graph("bias")
     g.linear("fc1", g.input("x", (32, 16)), 32, bias=True)
     cluster, s = Cluster(1, 8), {"fc1": Strategy([2, 2, 2], [2, 1, 0])}
-    r = verify_graph(g, cluster, s)
+    r = verify(Plan(g, cluster, s))
     (xla,) = [c.measured_bytes for c in r.collectives if c.what == "gradient of fc1.bias"]
     # The replay runs float32, the graph is fp16: twice the bytes.
     priced = {

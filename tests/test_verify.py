@@ -9,14 +9,16 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
 from strategies_gen import layout_pairs, to_layout
-from taps.verify import verify, verify_graph, verify_redistribution, verify_redistributions
-from taps.verify.devices import jax_with_devices
+from taps.verify import compare_gspmd, verify, verify_redistribution, verify_redistributions
 from taps.verify.result import OK, SHARED, UNPRICED
+from taps.verify.xla.devices import jax_with_devices
+from taps.verify.xla.replay import _in_fresh_process
 
 jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
 
@@ -91,7 +93,7 @@ def test_one_redistribution_and_its_json():
 
 def test_a_wrong_prediction_is_caught(monkeypatch):
     """The check can fail: predictions with the wrong bytes are flagged."""
-    import taps.verify.replay as replay
+    import taps.verify.xla.replay as replay
 
     real = replay.predicted_steps
 
@@ -107,15 +109,14 @@ def test_a_wrong_prediction_is_caught(monkeypatch):
     assert r.mismatches and r.mismatches[0].startswith("differs: forward all_to_all")
 
 
-def _searched(graph, cluster):
-    return taps.search(graph, cluster, taps.Pricing(step="forward")).plan.strategies
+FORWARD = taps.Pricing(step="forward")
 
 
 def test_mlp_plan_verifies_on_16_devices():
     """The paper's model (``step="forward"``): JAX's own backward pass, its redistributions
     unpriced."""
     g = taps.models.mlp(batch=64, sizes=(32, 64, 64, 32))
-    r = verify(taps.search(g, taps.Cluster(2, 8), taps.Pricing(step="forward")))
+    r = verify(taps.search(g, taps.Cluster(2, 8), FORWARD).plan)
     assert r.ok, r.mismatches
     assert any(c.status == UNPRICED for c in r.collectives)
     assert r.max_error < 1e-5
@@ -129,7 +130,7 @@ def test_mlp_plan_verifies_on_16_devices():
 def test_gpt_layer_verifies_on_16_devices():
     g = taps.models.gpt(hidden=64, heads=4, seq=16, batch=8)
     cluster = taps.Cluster(2, 8)
-    r = verify_graph(g, cluster, _searched(g, cluster), step="forward")
+    r = taps.verify(taps.search(g, cluster, FORWARD).plan)
     assert r.ok, r.mismatches
     assert {c.status for c in r.collectives} == {OK, UNPRICED, SHARED}
     assert sum(c.status == OK for c in r.collectives) > 20
@@ -145,7 +146,7 @@ def test_random_strategies_of_an_mlp_verify(data):
         op.name: data.draw(st.sampled_from(taps.strategies_for(g, op.name, cluster)))
         for op in g.ops
     }
-    r = verify_graph(g, cluster, strategies, step="forward")
+    r = verify(taps.Plan(g, cluster, strategies, FORWARD))
     assert r.ok, (strategies, r.mismatches)
 
 
@@ -158,7 +159,7 @@ def test_bias_gradient_is_priced_over_too_many_devices():
     g.linear("fc1", g.input("x", (32, 16)), 32, bias=True)
     cluster, s = taps.Cluster(1, 8), {"fc1": taps.Strategy([2, 2, 2], [2, 1, 0])}
     for step, status, predicted in (("forward", "differs", 96), ("training", "ok", 64)):
-        r = verify_graph(g, cluster, s, step=step)
+        r = verify(taps.Plan(g, cluster, s, taps.Pricing(step=step)))
         bias = [c for c in r.collectives if c.what == "gradient of fc1.bias"]
         assert [(c.status, c.predicted_bytes, c.measured_bytes) for c in bias] == [
             (status, predicted, 64)
@@ -174,7 +175,7 @@ import jax, taps
 from taps.verify import verify
 assert jax.device_count() == 2
 g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-r = verify(taps.search(g, taps.Cluster.preset("dgx-h100"), planner="optimal"))
+r = verify(taps.search(g, taps.Cluster.preset("dgx-h100"), taps.Pricing(planner="optimal")).plan)
 print(r.ok, r.num_devices, len(r.collectives))
 """
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
@@ -183,3 +184,22 @@ print(r.ok, r.num_devices, len(r.collectives))
     )
     ok, devices, count = done.stdout.split()
     assert (ok, devices) == ("True", "8") and int(count) > 0
+
+
+def test_a_fresh_process_says_why_it_failed():
+    """The child's error comes back as the parent's one-line VerifyError."""
+    g = taps.models.mlp(batch=16, sizes=(8, 8))
+    plan = taps.search(g, taps.Cluster(1, 4)).plan
+    with pytest.raises(taps.VerifyError, match="unknown dtype 'int8'"):
+        _in_fresh_process(plan, "int8", 0)
+
+
+@pytest.mark.parametrize("who", [verify, taps.verify, compare_gspmd])
+def test_anything_but_a_plan_is_a_type_error(who):
+    """A search result (not its ``.plan``), or a graph, is refused in one line."""
+    g = taps.models.mlp(batch=16, sizes=(8, 8))
+    found = taps.search(g, taps.Cluster(1, 4))
+    for wrong in (found, g):
+        with pytest.raises(TypeError, match=r"takes a taps\.Plan .*, got") as e:
+            who(wrong)
+        assert "\n" not in str(e.value)

@@ -7,7 +7,7 @@ import json
 
 import taps
 from taps.cli import main
-from taps.verify.devices import jax_with_devices
+from taps.verify.xla.devices import jax_with_devices
 
 jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
 
@@ -34,7 +34,7 @@ def test_verify_a_model(tmp_path, capsys):
 
 def test_verify_exits_1_on_a_mismatch(tmp_path, capsys, monkeypatch):
     """Predictions off by a factor of two: every collective differs, the exit code is 1."""
-    from taps.verify.program import GraphProgram
+    from taps.verify.xla.program import GraphProgram
 
     real = GraphProgram.predicted
 

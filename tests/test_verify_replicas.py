@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import taps
-from taps.verify import verify, verify_graph
-from taps.verify.devices import jax_with_devices
+from taps.verify import verify
+from taps.verify.xla.devices import jax_with_devices
 from test_replicas import _with_scalar_loss, megatron_mlp
 
 jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
@@ -42,7 +42,7 @@ PLANS = {
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_replicated_plans_run_as_predicted(name):
-    result = verify_graph(megatron_mlp(), CLUSTER, PLANS[name])
+    result = verify(taps.Plan(megatron_mlp(), CLUSTER, PLANS[name]))
     assert result.ok, result.mismatches
     assert result.max_error < 1e-4
 
@@ -52,5 +52,5 @@ def test_searched_plan_with_a_scalar_loss_runs_as_predicted(replicate):
     """The loss has no axis to split: the default search replicates it, and XLA agrees."""
     found = taps.search(_with_scalar_loss(), CLUSTER, replicate=replicate)
     assert found.plan.strategies["loss"].replicas == 8
-    result = verify(found)
+    result = verify(found.plan)
     assert result.ok, result.mismatches

@@ -21,9 +21,8 @@ from taps.cli import main
 from taps.export import ExportError, layout_placements, mesh_for
 from taps.export.distribute import framework_placements
 from taps.frontends.torch import from_torch
-from taps.verify import VerifyError
+from taps.verify import VerifyError, verify_torch
 from taps.verify.result import OK
-from taps.verify.torch_engine import verify_torch
 from test_frontend_torch import Block
 
 torch_utils = pytest.importorskip("torch.distributed.tensor._utils")
@@ -49,8 +48,8 @@ def block() -> tuple[nn.Module, torch.Tensor]:
 def _verify(factory, nodes, per_node, **kwargs):
     module, x = factory()
     graph = from_torch(module, x)
-    result = taps.search(graph, taps.Cluster(nodes, per_node))
-    return verify_torch(module, [x], result, **kwargs)
+    plan = taps.search(graph, taps.Cluster(nodes, per_node)).plan
+    return verify_torch(module, [x], plan, **kwargs)
 
 
 def _exact(result):
@@ -105,14 +104,14 @@ def test_a_wrong_prediction_is_reported(monkeypatch):
     """Every prediction off by a factor of two: nothing matches, every row is a mismatch."""
     import dataclasses
 
-    from taps.verify import torch_engine
+    from taps.verify.torch import engine
 
-    real = torch_engine.predicted_collectives
+    real = engine.predicted_collectives
 
     def doubled(*args):
         return [dataclasses.replace(p, bytes=2 * p.bytes) for p in real(*args)]
 
-    monkeypatch.setattr(torch_engine, "predicted_collectives", doubled)
+    monkeypatch.setattr(engine, "predicted_collectives", doubled)
     result = _verify(plain_mlp, 2, 8, numerics=None)
     assert not result.ok
     predicted = [c for c in result.collectives if c.predicted_bytes is not None]
@@ -147,17 +146,25 @@ def test_cli_bad_input_is_one_line(argv, message, capsys):
 def test_torch_missing_names_the_extra(monkeypatch):
     module, x = plain_mlp()
     graph = from_torch(module, x)
-    result = taps.search(graph, taps.Cluster(1, 4))
+    plan = taps.search(graph, taps.Cluster(1, 4)).plan
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(taps.MissingExtraError, match=r"taps\[torch\]"):
-        verify_torch(module, [x], result, numerics=None)
+        verify_torch(module, [x], plan, numerics=None)
 
 
 def test_a_numerics_run_takes_4_or_8_ranks():
     module, x = plain_mlp()
-    result = taps.search(from_torch(module, x), taps.Cluster(1, 4))
+    plan = taps.search(from_torch(module, x), taps.Cluster(1, 4)).plan
     with pytest.raises(VerifyError, match="takes 4 or 8 ranks, not 3"):
-        verify_torch(module, [x], result, numerics=3)
+        verify_torch(module, [x], plan, numerics=3)
+
+
+def test_a_search_result_is_not_a_plan():
+    """The plan is the search result's ``.plan``: the result itself is refused in one line."""
+    module, x = plain_mlp()
+    result = taps.search(from_torch(module, x), taps.Cluster(1, 4))
+    with pytest.raises(TypeError, match=r"verify_torch takes a taps\.Plan .*, got SearchResult"):
+        verify_torch(module, [x], result, numerics=None)
 
 
 # -- placements through a reshape, against DTensor's arithmetic ----------------------------------
@@ -235,7 +242,7 @@ def _steps_rank(rank, tmp):
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from taps.export.torch_steps import Steps
+    from taps.steps.torch import Steps
 
     tdist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=4)
     try:
@@ -283,8 +290,8 @@ def test_dtensor_mode_places_every_tensor_as_taps_says():
     from taps.export import distribute_module, to_dtensor
 
     module, x = plain_mlp()
-    result = taps.search(from_torch(module, x), taps.Cluster(2, 8))
-    plan = to_dtensor(result)
+    found = taps.search(from_torch(module, x), taps.Cluster(2, 8)).plan
+    plan = to_dtensor(found)
     tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=16)
     try:
         mesh = DeviceMesh("cpu", torch.arange(16).reshape(plan.mesh.shape))
@@ -293,7 +300,7 @@ def test_dtensor_mode_places_every_tensor_as_taps_says():
         y.sum().backward()
     finally:
         tdist.destroy_process_group()
-    assert list(y.placements) == plan.placements(result.plan.graph.ops[-1].output.tensor)
+    assert list(y.placements) == plan.placements(found.graph.ops[-1].output.tensor)
     for name, p in dm.parameters.items():
         assert list(p.placements) == plan.placements(name)
         assert p.grad is not None and p.grad.shape == p.shape

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 import taps
 from taps.cli import main
-from taps.verify import verify, verify_graph
-from taps.verify.devices import jax_with_devices
-from taps.verify.program import GraphProgram, predicted_collectives
+from taps.verify import verify
+from taps.verify.prediction import predicted_collectives
 from taps.verify.result import OK, SHARED
-from taps.verify.training import block_error
+from taps.verify.xla.devices import jax_with_devices
+from taps.verify.xla.program import GraphProgram
+from taps.verify.xla.training import block_error
 
 jax_with_devices(64)  # one JAX per test session: every module asks for the most any needs
 
@@ -85,7 +86,7 @@ def _residual(batch: int = 16) -> taps.Graph:
 def test_searched_training_plans_run_as_priced(graph, zero):
     """taps' training-step plan on 2 x 8 devices, replayed whole."""
     found = taps.search(graph, TWO_NODES, taps.Pricing(zero=zero))
-    r = verify(found)
+    r = verify(found.plan)
     _check(r, graph, TWO_NODES, found.plan.strategies, zero=zero)
     kinds = Counter((c.phase, c.kind) for c in r.collectives)
     assert kinds[("backward", "all_reduce")] + kinds[("backward", "reduce_scatter")] > 0
@@ -108,7 +109,7 @@ def test_optimal_plans_by_the_cluster_run_as_priced():
         "a": taps.Strategy([16, 2, 1], [1, 0, -1]),
         "b": taps.Strategy([2, 16, 1], [0, 1, -1]),
     }
-    r = verify_graph(g, cluster, strategies, planner="optimal")
+    r = verify(taps.Plan(g, cluster, strategies, taps.Pricing(planner="optimal")))
     assert r.ok, r.mismatches
     assert {c.status for c in r.collectives} <= {OK, SHARED}
     assert r.max_error < 1e-5
@@ -147,7 +148,7 @@ def test_partial_sums_flow_and_edges_pay_their_backward():
         "out": taps.Strategy([1, 4], [-1, 0]),
     }
     cluster = taps.Cluster(1, 4)
-    r = verify_graph(g, cluster, s)
+    r = verify(taps.Plan(g, cluster, s))
     _check(r, g, cluster, s)
     edge = [
         c for c in r.collectives if c.what.startswith("edge fc2 -> out") and c.phase == "forward"
@@ -171,7 +172,7 @@ def test_random_strategies_run_as_priced(graph, data):
         for op in g.ops
     }
     zero = data.draw(st.booleans())
-    r = verify_graph(g, cluster, strategies, zero=zero)
+    r = verify(taps.Plan(g, cluster, strategies, taps.Pricing(zero=zero)))
     _check(r, g, cluster, strategies, zero=zero)
 
 
@@ -187,7 +188,7 @@ def test_a_swapped_backward_plan_is_caught(monkeypatch):
 
     monkeypatch.setattr(GraphProgram, "predicted", rotated)
     g = taps.models.mlp(batch=64, sizes=(32, 64, 64, 32))
-    r = verify(taps.search(g, TWO_NODES))
+    r = verify(taps.search(g, TWO_NODES).plan)
     assert not r.ok
     assert any(line.split(":")[0] in ("differs", "missing", "unexpected") for line in r.mismatches)
     assert any("backward" in line for line in r.mismatches)
@@ -206,7 +207,7 @@ def test_zero_predicted_as_an_all_reduce_is_caught(monkeypatch):
 
     monkeypatch.setattr(GraphProgram, "predicted", plain)
     g = taps.models.mlp(batch=64, sizes=(32, 64, 32))
-    r = verify(taps.search(g, TWO_NODES, taps.Pricing(zero=True)))
+    r = verify(taps.search(g, TWO_NODES, taps.Pricing(zero=True)).plan)
     statuses = Counter(line.split(":")[0] for line in r.mismatches)
     assert statuses["missing"] > 0 and statuses["unexpected"] == 2 * statuses["missing"]
 
@@ -263,7 +264,7 @@ def test_zero_pads_a_gradient_the_group_does_not_divide():
     g = taps.Graph("tiny-bias")
     g.linear("fc", g.input("x", (64, 16), 4), 4, bias=True)
     s = {"fc": taps.Strategy([8, 1, 1], [0, -1, -1])}
-    r = verify_graph(g, taps.Cluster(1, 8), s, zero=True)
+    r = verify(taps.Plan(g, taps.Cluster(1, 8), s, taps.Pricing(zero=True)))
     rows = {
         (c.what, c.kind): (c.status, c.predicted_bytes, c.measured_bytes) for c in r.collectives
     }
@@ -285,19 +286,16 @@ def test_an_adds_gradient_goes_back_once_where_its_edges_run_alike():
     batch = taps.Strategy([4, 1, 1], [0, -1, -1])
     s = {"a": batch, "b": batch, "sum": taps.Strategy([1, 4], [-1, 0])}
     cluster = taps.Cluster(1, 4)
-    r = verify_graph(g, cluster, s)
+    r = verify(taps.Plan(g, cluster, s))
     _check(r, g, cluster, s)
     shared = [(c.phase, c.kind) for c in r.collectives if c.status == SHARED]
     assert shared == [("backward", "all_to_all")]
 
 
-def test_bad_pricing_is_one_clear_error():
+def test_zero_in_the_paper_model_is_one_clear_error():
+    """Unknown steps and planners are the Pricing's to refuse; ZeRO outside the training step
+    is the replay's."""
     g = taps.models.mlp(batch=16, sizes=(8, 8))
-    cluster = taps.Cluster(1, 4)
-    s = taps.search(g, cluster).plan.strategies
-    with pytest.raises(taps.TapsError, match=r"ZeRO .* training step only"):
-        verify_graph(g, cluster, s, step="forward", zero=True)
-    with pytest.raises(taps.TapsError, match="unknown step 'backward'"):
-        verify_graph(g, cluster, s, step="backward")
-    with pytest.raises(taps.TapsError, match="unknown planner"):
-        verify_graph(g, cluster, s, planner="best")
+    plan = taps.search(g, taps.Cluster(1, 4)).plan
+    with pytest.raises(taps.VerifyError, match=r"ZeRO .* training step only"):
+        verify(plan.with_pricing(taps.Pricing(step="forward", zero=True)))

@@ -19,8 +19,8 @@ from taps.cli.args import (
 )
 from taps.plan.pricing import Pricing, Step
 from taps.search.searching import search
-from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify_graph
-from taps.verify.program import TOLERANCE
+from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
+from taps.verify.result import TOLERANCE
 
 ENGINES = ("xla", "torch")
 
@@ -62,28 +62,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
             graph = load_model(args.model, args.batch)
         c = cluster(args)
         step: Step = args.step or ("forward" if args.engine == "torch" else "training")
-        result = search(graph, c, Pricing(step=step, planner=args.planner, zero=args.zero))
+        pricing = Pricing(step=step, planner=args.planner, zero=args.zero)
+        plan = search(graph, c, pricing).plan
         against = None
         if args.engine == "torch":
-            from taps.verify.torch_engine import verify_torch
-
             verified = verify_torch(
-                module, inputs, result, dtype=args.dtype, numerics=args.gloo or None
+                module, inputs, plan, dtype=args.dtype, numerics=args.gloo or None
             )
         else:
-            verified = verify_graph(
-                graph,
-                c,
-                result.plan.strategies,
-                args.dtype,
-                0,
-                step,
-                args.planner,
-                args.zero,
-                result.plan.pricing.cost_model,
-            )
+            verified = verify(plan, args.dtype)
             if args.gspmd:
-                against = compare_gspmd(graph, c, result.plan.strategies, args.dtype)
+                against = compare_gspmd(plan, args.dtype)
         if args.json:
             outputs[args.json].write_text(verified.to_json())
         outputs.commit()

@@ -36,10 +36,10 @@ from taps.export.dtensor import (
     layout_placements,
     placement_objects,
 )
-from taps.export.torch_steps import Steps
 from taps.graph import Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan
+from taps.steps.torch import Steps
 
 #: How a module runs (see :func:`distribute_module`).
 MODES = ("dtensor", "taps")

@@ -1,8 +1,12 @@
-"""Every plan verified by running it: taps' own steps replayed on XLA under ``shard_map`` with
-simulated CPU devices (the whole training step, forward and backward, by taps' plans; or the
-paper's model), every compiled collective matched with taps' prediction, and the results
-compared with an unsharded run; taps' plan against XLA's own partitioner; and a torch module's
-plan on PyTorch DTensor (fake process group and gloo ranks; docs/verify.md)."""
+"""Every plan verified by running it on an engine, against what taps predicts for it.
+
+This package owns the engine-neutral part: what taps predicts a plan runs (:mod:`.prediction`)
+and the records every engine fills in, their pairing and the verdict (:mod:`.result`). The
+engines run the plan: XLA (:mod:`.xla`: taps' own steps replayed under ``shard_map`` on
+simulated CPU devices, the whole training step or the paper's model, every compiled collective
+read from the HLO; and taps' plan against XLA's own partitioner) and PyTorch DTensor
+(:mod:`.torch`: the fake process group at the full world size, and gloo ranks for the numbers).
+docs/verify.md has the details."""
 
 from __future__ import annotations
 
@@ -10,17 +14,18 @@ import sys
 import types
 
 from taps.errors import VerifyError
-from taps.verify.devices import jax_with_devices, simulate_cpu_devices
-from taps.verify.gspmd import GspmdReport, Traffic, compare_gspmd
-from taps.verify.hlo import HloCollective, collectives, replica_groups
-from taps.verify.replay import verify, verify_graph, verify_redistribution, verify_redistributions
-from taps.verify.result import CollectiveCheck, Predicted, VerifyResult
-from taps.verify.torch_engine import verify_torch
+from taps.verify.result import CollectiveCheck, Measured, Predicted, VerifyResult
+from taps.verify.torch.engine import verify_torch
+from taps.verify.xla.devices import jax_with_devices, simulate_cpu_devices
+from taps.verify.xla.gspmd import GspmdReport, Traffic, compare_gspmd
+from taps.verify.xla.hlo import HloCollective, collectives, replica_groups
+from taps.verify.xla.replay import verify, verify_redistribution, verify_redistributions
 
 __all__ = [
     "CollectiveCheck",
     "GspmdReport",
     "HloCollective",
+    "Measured",
     "Predicted",
     "Traffic",
     "VerifyError",
@@ -31,7 +36,6 @@ __all__ = [
     "replica_groups",
     "simulate_cpu_devices",
     "verify",
-    "verify_graph",
     "verify_redistribution",
     "verify_redistributions",
     "verify_torch",
@@ -39,7 +43,7 @@ __all__ = [
 
 
 class _CallableModule(types.ModuleType):
-    """``taps.verify(...)`` runs :func:`verify`, while ``taps.verify.hlo`` and the rest stay
+    """``taps.verify(...)`` runs :func:`verify`, while ``taps.verify.xla`` and the rest stay
     reachable as the package's modules."""
 
     __call__ = staticmethod(verify)

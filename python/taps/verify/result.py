@@ -1,15 +1,26 @@
-"""Predicted against measured collectives, one for one, and the verdict of a verification."""
+"""Predicted against measured collectives, one for one, and the verdict of a verification: the
+records every engine fills in (:class:`Predicted`, :class:`Measured`), their pairing
+(:func:`match`) and the result (:class:`VerifyResult`), with the numerics it is held to.
+
+Bytes are per device received, the convention of taps' cost model (``s`` the bytes each device puts
+in, ``g`` the group size): all-gather ``(g-1) s``, all-to-all and reduce-scatter ``(g-1)/g s``,
+all-reduce ``2(g-1)/g s`` (ring), collective-permute ``s``.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
-from taps.verify.hlo import HloCollective
+from taps.errors import VerifyError
+
+#: Relative error allowed per dtype (float sums run in another order when sharded).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 
 #: A prediction matched by a collective of the same kind, groups and bytes.
 OK = "ok"
@@ -51,6 +62,42 @@ class Predicted:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A collective an engine ran.
+
+    Attributes:
+        kind: ``"all_gather"``, ``"all_reduce"``, ``"all_to_all"``, ``"reduce_scatter"``,
+            ``"collective_permute"`` (or ``"collective_broadcast"``).
+        name: the engine's name for it.
+        groups: the groups of ranks as sorted tuples, sorted; for a collective-permute, the
+            ``(source, target)`` pairs.
+        group_size: ranks per group (2 for a collective-permute).
+        dtype: the element type.
+        in_bytes: bytes each device puts in.
+        bytes: bytes each device receives (module doc).
+    """
+
+    kind: str
+    name: str
+    groups: tuple[tuple[int, ...], ...]
+    group_size: int
+    dtype: str
+    in_bytes: int
+    bytes: int
+
+
+def received_bytes(kind: str, in_bytes: int, g: int) -> int:
+    """Bytes each device receives (module doc) for ``in_bytes`` put in by each of ``g``."""
+    if kind == "all_gather":
+        return (g - 1) * in_bytes
+    if kind == "all_reduce":
+        return 2 * (g - 1) * in_bytes // g
+    if kind in ("all_to_all", "reduce_scatter"):
+        return (g - 1) * in_bytes // g
+    return in_bytes
+
+
+@dataclass(frozen=True)
 class CollectiveCheck:
     """One row of the comparison."""
 
@@ -74,7 +121,7 @@ def inter_node_groups(groups: Iterable[Iterable[int]], devices_per_node: int | N
 
 def match(
     predicted: list[Predicted],
-    measured: list[tuple[str, str, HloCollective]],
+    measured: Sequence[tuple[str, str, Measured]],
     describe: dict[str, str],
     devices_per_node: int | None = None,
     unpriced: bool = True,
@@ -92,7 +139,7 @@ def match(
     done: dict[Hashable, str] = {}  # the scope each ``same`` key was compiled for
 
     def row(
-        status: str, p: Predicted | None, m: HloCollective | None, what: str, phase: str = ""
+        status: str, p: Predicted | None, m: Measured | None, what: str, phase: str = ""
     ) -> None:
         rows.append(
             CollectiveCheck(
@@ -229,6 +276,20 @@ class VerifyResult:
     def table(self, title: str = "Verification") -> Table:
         """A rich table: predicted against measured per collective, then the verdict."""
         return result_table(self, title)
+
+
+def check_dtype(name: str) -> None:
+    """A :class:`VerifyError` unless a verification runs in dtype ``name`` (one of
+    :data:`TOLERANCE`)."""
+    if name not in TOLERANCE:
+        raise VerifyError(f"unknown dtype {name!r}: expected one of {sorted(TOLERANCE)}")
+
+
+def relative_error(got: Any, want: Any) -> float:
+    """The largest difference, relative to the largest magnitude of ``want`` (0 for equal)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(want), initial=0.0)) or 1.0
+    return float(np.max(np.abs(got - want), initial=0.0)) / scale
 
 
 def verdict(

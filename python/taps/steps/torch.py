@@ -1,6 +1,6 @@
-"""taps' communication steps on a rank's local block with PyTorch's functional collectives: each
-step one collective over the ranks that differ only along its device dims, however many mesh
-dims those span (DTensor's ``redistribute`` runs one collective per mesh dim).
+"""taps' steps as PyTorch functional collectives, on a rank's local block: each step one
+collective over the ranks that differ only along its device dims, however many mesh dims those
+span (DTensor's ``redistribute`` runs one collective per mesh dim).
 
 A group of several mesh dims is the flattened sub-mesh of those dims, outermost first, so a
 rank's position in it is its coordinate along the step's device dim in taps' order. The sums

@@ -4,8 +4,8 @@ edge or operator of the plan they serve.
 DTensor issues every collective as one of PyTorch's functional collectives (``_c10d_functional``,
 or ``_dtensor.shard_dim_alltoall`` for a shard-to-shard move); a dispatch mode sees each call with
 its input and its process group's name, which gives the group's ranks and the bytes each device
-puts in. Bytes received follow taps' volume model (docs/verify.md): all-gather ``(g-1) s``,
-all-to-all and reduce-scatter ``(g-1)/g s``, all-reduce ``2(g-1)/g s``.
+puts in. Bytes received follow taps' volume model
+(:func:`taps.verify.result.received_bytes`).
 
 DTensor on a CPU mesh (gloo, or the fake process group with CPU or meta tensors) runs a
 shard-to-shard move as an all-gather and a local chunk, gloo having no all-to-all; the recorder
@@ -28,7 +28,7 @@ import numpy as np
 
 from taps._support.extras import require
 from taps.export.distribute import Tracer
-from taps.verify.hlo import HloCollective, received_bytes
+from taps.verify.result import Measured, received_bytes
 
 #: Per functional collective, its kind and the position of its process-group name argument.
 _OPS = {
@@ -88,7 +88,7 @@ class Recorder(Tracer):
     edges: dict[tuple[str, int], int]
     ops: dict[str, int]
     mesh_shape: tuple[int, ...]
-    measured: list[tuple[str, str, HloCollective]] = field(default_factory=list)
+    measured: list[tuple[str, str, Measured]] = field(default_factory=list)
     current: str = ""
     phase: str = "forward"
     in_all_to_all: int = 0
@@ -130,7 +130,7 @@ class Recorder(Tracer):
             (
                 self.current,
                 self.phase,
-                HloCollective(
+                Measured(
                     kind,
                     f"{name}.{len(self.measured)}",
                     mesh_groups(ranks, self.mesh_shape),
@@ -138,8 +138,6 @@ class Recorder(Tracer):
                     str(x.dtype).removeprefix("torch."),
                     in_bytes,
                     received_bytes(kind, in_bytes, g),
-                    self.current,
-                    False,
                 ),
             )
         )

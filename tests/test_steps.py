@@ -1,6 +1,7 @@
-"""The step table on its own: the rows for steps of layouts with partial sums (reduce-scatter) and
-for block moves (collective-permute), run on hand-made ops and on the optimal planner's own plans,
-and checked against numpy and against the compiled HLO."""
+"""taps' steps as JAX collectives on their own (taps.steps.jax, with the groups of
+taps.steps.kinds): steps of layouts with partial sums (reduce-scatter) and block moves
+(collective-permute), run on hand-made ops and on the optimal planner's own plans, and checked
+against numpy and against the compiled HLO."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import numpy as np
 import taps
 from taps.export.jax import jax_mesh, layout_spec
 from taps.plan.mesh import mesh_for
+from taps.steps.jax import redistribute
+from taps.steps.kinds import step_kind
 from taps.verify import collectives
-from taps.verify.devices import jax_with_devices
-from taps.verify.program import redistribute
-from taps.verify.steps import step
+from taps.verify.xla.devices import jax_with_devices
 
 jax = jax_with_devices(64)  # one JAX per test session: the most any module needs
 P = jax.sharding.PartitionSpec
@@ -50,7 +51,7 @@ def test_reduce_scatter_sums_partials_and_splits():
         total = sum(partials[j] for j in row)
         np.testing.assert_array_equal(got[r], total[2 * (r % 4) : 2 * (r % 4) + 2])
     (c,) = collectives(compiled.as_text(), 8)
-    assert (c.kind, c.groups) == ("reduce_scatter", step("reduce_scatter").groups(op))
+    assert (c.kind, c.groups) == ("reduce_scatter", step_kind("reduce_scatter").groups(op))
     assert c.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
     assert (c.in_bytes, c.bytes) == (128, 96)
 
@@ -79,7 +80,9 @@ def test_collective_permute_moves_blocks_between_device_dims():
     (c,) = collectives(compiled.as_text(), 4)
     assert c.kind == "collective_permute"
     # Ranks 1 and 2 swap blocks; 0 and 3 keep theirs (XLA lists them too).
-    assert c.groups == step("collective_permute").groups(op) == ((0, 0), (1, 2), (2, 1), (3, 3))
+    assert (
+        c.groups == step_kind("collective_permute").groups(op) == ((0, 0), (1, 2), (2, 1), (3, 3))
+    )
     assert (c.in_bytes, c.bytes) == (16, 16)
 
 
@@ -109,5 +112,7 @@ def test_the_optimal_planners_reduce_scatter_runs_as_planned():
         np.testing.assert_array_equal(got[r], total[block])
     (c,) = collectives(compiled.as_text(), 8)
     assert c.kind == "reduce_scatter"
-    assert c.groups == step("reduce_scatter").groups(plan.ops[0]) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert (
+        c.groups == step_kind("reduce_scatter").groups(plan.ops[0]) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    )
     assert c.bytes == plan.volume * 4

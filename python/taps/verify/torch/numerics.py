@@ -3,7 +3,7 @@
 machine's CPU, run forward and backward, its output and every parameter's (and every input's)
 gradient compared with the dense module run on the same values.
 
-Each rank is a fresh Python process (``python -m taps.verify.torch_numerics DIR RANK RANKS``:
+Each rank is a fresh Python process (``python -m taps.verify.torch.numerics DIR RANK RANKS``:
 the module, the inputs and the plan are pickled in DIR; start-up is most of the time, so keep the
 rank count small); rank 0 writes the errors to a file the caller reads.
 """
@@ -16,56 +16,46 @@ import pickle
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from taps._core import Cluster, Strategy
+from taps._core import Cluster
 from taps.errors import VerifyError
-from taps.graph import Graph
+from taps.export.distribute import distribute_module
+from taps.plan.layouts import layouts_of
+from taps.plan.plan import Plan
+from taps.verify.result import relative_error
+from taps.verify.torch.values import backward, cast_inputs, materialize, torch_dtype, user_specs
 
 #: The rank counts a numerics run takes (gloo processes on one machine).
 RANKS = (4, 8)
 
 
-def numerics_plan(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy], ranks: int
-) -> tuple[Cluster, dict[str, Strategy]]:
-    """The plan the numbers are checked on: ``strategies`` when ``cluster`` has ``ranks``
-    devices, else taps' plan for ``ranks`` devices on one node."""
+def numerics_plan(plan: Plan, ranks: int) -> Plan:
+    """The plan the numbers are checked on: ``plan`` when its cluster has ``ranks`` devices,
+    else taps' plan for ``ranks`` devices on one node."""
     if ranks not in RANKS:
         raise VerifyError(f"a numerics run takes {' or '.join(map(str, RANKS))} ranks, not {ranks}")
-    if cluster.num_devices == ranks:
-        return cluster, dict(strategies)
+    if plan.cluster.num_devices == ranks:
+        return plan
     from taps.search.searching import search
 
-    small = Cluster(1, ranks)
-    return small, dict(search(graph, small).plan.strategies)
+    return search(plan.graph, Cluster(1, ranks)).plan
 
 
 def gloo_errors(
     module: Any,
     inputs: Sequence[Any],
-    graph: Graph,
-    cluster: Cluster,
-    strategies: Mapping[str, Strategy],
+    plan: Plan,
     ranks: int = 4,
     dtype: str = "float32",
     seed: int = 0,
 ) -> dict[str, float]:
     """Per output (``"output i"``) and per gradient (``"grad name"``), the error relative to the
     dense module, from ``ranks`` gloo processes running taps' plan for them."""
-    small, plan = numerics_plan(graph, cluster, strategies, ranks)
+    small = numerics_plan(plan, ranks)
     with tempfile.TemporaryDirectory(prefix="taps-gloo-") as tmp:
-        payload = (
-            module,
-            list(inputs),
-            graph.to_dict(),
-            (small.nodes, small.devices_per_node),
-            {k: (s.degrees, s.device_map) for k, s in plan.items()},
-            dtype,
-            seed,
-            tmp,
-        )
+        payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
             pickle.dump(payload, f)
         # The module's class must import in the children as it does here.
@@ -95,32 +85,19 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from taps.export import plan_layouts
-    from taps.export.distribute import distribute_module
-    from taps.verify.program import relative_error
-    from taps.verify.torch_engine import (
-        _user_specs,
-        backward,
-        cast_inputs,
-        materialize,
-        torch_dtype,
-    )
-
-    module, inputs, graph_doc, shape, plan, dtype, seed, tmp = payload
+    module, inputs, plan_json, dtype, seed, tmp = payload
     tdist.init_process_group(
         "gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=rank, world_size=ranks
     )
     try:
-        graph = Graph.from_dict(graph_doc)
-        layouts = plan_layouts(
-            graph, {k: Strategy(d, m) for k, (d, m) in plan.items()}, Cluster(*shape)
-        )
+        plan = Plan.from_json(plan_json)
+        layouts = layouts_of(plan)
         tdtype = torch_dtype(dtype)
         dense = materialize(module, tdtype, "cpu", seed)
         xs = cast_inputs(inputs, tdtype, "cpu", seed)
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
-        dist = distribute_module(dense, layouts, *xs, mesh=mesh, mode="taps")
-        specs = _user_specs(dist)
+        dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps")
+        specs = user_specs(dist)
         placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(specs, xs)]
         outs = dist(*placed)
         cts = backward(dist, outs, seed)

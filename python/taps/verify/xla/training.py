@@ -33,9 +33,10 @@ import numpy as np
 from taps._core import Layout, Redistribution
 from taps.graph import Operator
 from taps.search.prices import Collective
-from taps.verify.operators import compute
-from taps.verify.program import GraphProgram, redistribute
-from taps.verify.steps import layout_groups, step
+from taps.steps.jax import all_reduce, redistribute
+from taps.steps.kinds import layout_groups
+from taps.verify.xla.operators import compute
+from taps.verify.xla.program import GraphProgram
 
 
 def _edge(
@@ -69,7 +70,7 @@ def _all_reduce(prog: GraphProgram, axes: tuple[str, ...]) -> Callable[[Any], An
 
     @jax.custom_vjp
     def total(y: Any) -> Any:
-        return step("all_reduce").run(y, None, axes)
+        return all_reduce(y, axes)
 
     total.defvjp(lambda y: (total(y), None), lambda _, g: (g,))
     return total
@@ -101,7 +102,7 @@ def _gradient_sync(prog: GraphProgram, c: Collective) -> Callable[[Any], Any]:
 
     def sync(g: Any) -> Any:
         if not c.zero:
-            return step("all_reduce").run(g, None, axes)
+            return all_reduce(g, axes)
         flat = jnp.ravel(g)
         pad = -flat.size % size
         flat = jnp.pad(flat, (0, pad))

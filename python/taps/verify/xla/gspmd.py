@@ -1,6 +1,8 @@
 """taps' plan against the compiler's own: the graph as whole-tensor JAX code with taps' layouts as
 sharding constraints on every operator input and output, partitioned by XLA (Shardy or GSPMD),
-compared with taps' predictions edge by edge and operator by operator.
+compared with taps' predictions edge by edge and operator by operator. JAX differentiates the
+program itself, so taps' side is the paper's model (forward redistributions, gradients all_reduced
+at their operators), whatever the plan's pricing.
 
 Where the two differ is the evidence the cost model is judged by: per edge or operator and pass,
 the bytes each device receives under taps' plan and under XLA's, and how many of them cross nodes
@@ -16,18 +18,19 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.table import Table
 
-from taps._core import Cluster, Strategy
-from taps.graph import Graph
-from taps.verify.program import TOLERANCE, GraphProgram, measured
-from taps.verify.replay import COMPILER_OPTIONS
-from taps.verify.result import inter_node_groups
+from taps.plan.plan import Plan
+from taps.plan.pricing import Pricing
+from taps.verify.prediction import check_plan
+from taps.verify.result import TOLERANCE, inter_node_groups
+from taps.verify.xla.program import GraphProgram, measured
+from taps.verify.xla.replay import COMPILER_OPTIONS
 
 _REMAT = "Involuntary full rematerialization"
 
@@ -162,16 +165,12 @@ def _summary(items: list[tuple[str, int]]) -> str:
     )
 
 
-def compare_gspmd(
-    graph: Graph,
-    cluster: Cluster,
-    strategies: Mapping[str, Strategy],
-    dtype: str = "float32",
-    seed: int = 0,
-) -> GspmdReport:
+def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdReport:
     """Compile the plan's training step with XLA's partitioner and compare (module doc)."""
+    check_plan(plan, "compare_gspmd")
     t0 = time.perf_counter()
-    prog = GraphProgram(graph, cluster, strategies, dtype, seed)
+    prog = GraphProgram(plan.with_pricing(Pricing(step="forward")), dtype, seed)
+    graph, cluster = plan.graph, plan.cluster
     jax = prog.jax
     args = prog.placed()
     fn = prog.train(lambda d, f: prog.body(d, f, "gspmd"))

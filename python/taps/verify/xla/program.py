@@ -15,154 +15,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from taps._core import Cluster, CommOp, Layout, Redistribution, Strategy
+from taps._core import Layout, Redistribution
 from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
-from taps.graph import Graph
-from taps.plan.candidates import Candidate, assigned
-from taps.plan.layouts import PlanLayouts, plan_layouts
-from taps.plan.mesh import Mesh, mesh_for_plans
+from taps.plan.candidates import assigned
+from taps.plan.layouts import layouts_of
+from taps.plan.mesh import mesh_for_plans
 from taps.plan.plan import Plan
-from taps.plan.pricing import Pricing, Step
 from taps.search.evaluate import breakdown
-from taps.search.prices import Collective, intra_collectives, partial_flows
-from taps.verify import hlo
-from taps.verify.devices import jax_with_devices
-from taps.verify.operators import compute
-from taps.verify.result import Predicted
-from taps.verify.steps import layout_groups, step
-
-if TYPE_CHECKING:
-    from taps._core import _CostModel as CostModel
-    from taps._core import _Planner as Planner
-
-#: Relative error allowed per dtype (float sums run in another order when sharded).
-TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+from taps.search.prices import partial_flows
+from taps.steps.jax import all_reduce, redistribute
+from taps.verify.prediction import describe_scopes, predicted_collectives
+from taps.verify.result import Predicted, check_dtype, relative_error
+from taps.verify.xla import hlo
+from taps.verify.xla.devices import jax_with_devices
+from taps.verify.xla.operators import compute
 
 _SCOPE = re.compile(r"taps_([eo]\d+)")
 
 MODES = ("shard_map", "gspmd", "reference")
-
-
-def _unused_dims(layout: Layout) -> list[int]:
-    return [k for k in range(len(layout.device_matrix)) if k not in layout.tensor_map]
-
-
-def _volume_bytes(cluster: Cluster, op: CommOp, itemsize: int) -> int:
-    return round(op.cost(cluster, itemsize, "volume"))
-
-
-def redistribute(x: Any, plan: Redistribution, target: Layout, mesh: Mesh) -> Any:
-    """A device's block of the plan's source, taken to its block of ``target`` by the plan's
-    steps (prelude on the source's shape, the unified steps, epilogue on the target's)."""
-    jnp = import_jax().numpy
-
-    def run(x: Any, op: CommOp) -> Any:
-        row = step(op.kind)
-        return row.run(x, op, mesh.group_axes(op.layout, row.dims(op)))
-
-    for op in plan.prelude:
-        x = run(x, op)
-    x = jnp.reshape(x, plan.source.shard_shape)
-    for op in plan.ops:
-        x = run(x, op)
-    x = jnp.reshape(x, (plan.epilogue[0].layout if plan.epilogue else target).shard_shape)
-    for op in plan.epilogue:
-        x = run(x, op)
-    return x
-
-
-def predicted_steps(
-    plan: Redistribution,
-    cluster: Cluster,
-    itemsize: int,
-    scope: str,
-    what: str,
-    phase: str = "forward",
-    origin: str | None = None,
-) -> list[Predicted]:
-    """The collectives of a plan's steps (slices are free and compile to none). With ``origin``
-    (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
-    origin and the distributions before and after the step (normal forms, whatever shapes the
-    plans write them in): plans that take one tensor through the same move compute the same
-    blocks."""
-    ops = plan.all_ops
-    after = [op.layout for op in ops[1:]] + [plan.target]
-    return [
-        Predicted(
-            step(op.kind).hlo_kind or "",
-            step(op.kind).groups(op),
-            _volume_bytes(cluster, op, itemsize),
-            scope,
-            phase,
-            f"{what}: {op.kind}"
-            + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
-            + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
-            None if origin is None else (origin, op.layout.normalized(), after[k].normalized()),
-        )
-        for k, op in enumerate(ops)
-        if step(op.kind).hlo_kind is not None
-    ]
-
-
-def operator_collectives(
-    graph: Graph, strategies: Mapping[str, Strategy]
-) -> dict[str, list[Collective]]:
-    """taps' all_reduces of every operator (forward partial sums and gradients)."""
-    return {
-        op.name: intra_collectives(graph, op, Candidate.of(op, strategies[op.name]))
-        for op in graph.ops
-    }
-
-
-def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
-    """What each scope is: ``e<i>`` the redistribution of edge ``i``, ``o<j>`` operator ``j``."""
-    out = {f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)}
-    out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.graph.ops)})
-    return out
-
-
-def predicted_collectives(
-    layouts: PlanLayouts,
-    intra: Mapping[str, list[Collective]],
-    itemsize: int,
-    describe: Mapping[str, str],
-    backward: Sequence[Redistribution | None] = (),
-) -> list[Predicted]:
-    """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
-    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
-    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
-    steps of the edges' ``backward`` plans (backward phase), if given."""
-    one_node = Cluster(1, layouts.mesh.num_devices)
-    out = []
-    for j, op in enumerate(layouts.graph.ops):
-        for c in intra[op.name]:
-            cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
-            groups = layout_groups(c.layout, _unused_dims(c.layout))
-            phase = "forward" if c.reason == "forward partial sum" else "backward"
-            what = f"{c.reason} of {c.tensor}"
-            if c.zero:
-                out.append(Predicted("reduce_scatter", groups, cost // 2, f"o{j}", phase, what))
-                out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
-            else:
-                out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
-    for i, (e, plan) in enumerate(layouts.plans):
-        out += predicted_steps(
-            plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
-        )
-    for i, ((e, _), back) in enumerate(zip(layouts.plans, backward)):
-        if back is not None:
-            what = f"{describe[f'e{i}']} (gradient)"
-            # An add hands its output's gradient to every operand: one tensor for all its edges.
-            add = layouts.graph.op(e.consumer).kind == "add"
-            origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
-            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
-    return out
 
 
 def measured(text: str, n: int) -> list[tuple[str, str, hlo.HloCollective]]:
@@ -175,53 +51,28 @@ def measured(text: str, n: int) -> list[tuple[str, str, hlo.HloCollective]]:
     return out
 
 
-def relative_error(got: Any, want: Any) -> float:
-    """The largest difference, relative to the largest magnitude of ``want`` (0 for equal)."""
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    scale = float(np.max(np.abs(want), initial=0.0)) or 1.0
-    return float(np.max(np.abs(got - want), initial=0.0)) / scale
-
-
 def run_dtype(name: str) -> Any:
-    """The JAX dtype a replay runs in, by name (one of :data:`TOLERANCE`)."""
-    if name not in TOLERANCE:
-        raise VerifyError(f"unknown dtype {name!r}: expected one of {sorted(TOLERANCE)}")
+    """The JAX dtype a replay runs in, by name (one of :data:`~taps.verify.result.TOLERANCE`)."""
+    check_dtype(name)
     return import_jax().numpy.dtype(name)
 
 
 class GraphProgram:
     """Everything the replays of one plan share: layouts and mesh, taps' plans and collectives of
-    ``step`` (:func:`taps.breakdown`; in the training step the edges plan from flowing partial
-    sums and each has a backward plan, and the mesh fits every layout they pass through), the
-    input values (one per operator slot that reads a parameter or an input, keyed
+    the plan's step (:func:`taps.breakdown`; in the training step the edges plan from flowing
+    partial sums and each has a backward plan, and the mesh fits every layout they pass through),
+    the input values (one per operator slot that reads a parameter or an input, keyed
     ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
 
-    def __init__(
-        self,
-        graph: Graph,
-        cluster: Cluster,
-        strategies: Mapping[str, Strategy],
-        dtype: str = "float32",
-        seed: int = 0,
-        step: Step = "forward",
-        planner: Planner = "paper",
-        zero: bool = False,
-        cost_model: CostModel = "topology",
-    ) -> None:
-        self.graph, self.cluster, self.strategies = graph, cluster, dict(strategies)
-        self.step, self.planner, self.zero = step, planner, zero
-        self.layouts = plan_layouts(graph, strategies, cluster)
+    def __init__(self, plan: Plan, dtype: str = "float32", seed: int = 0) -> None:
+        self.plan = plan
+        graph, cluster, step = plan.graph, plan.cluster, plan.pricing.step
+        self.graph = graph
+        self.layouts = layouts_of(plan)
         # taps' own plans and collectives of the step, as the search priced them (the optimal
-        # planner minimises what ``cost_model`` measures: seconds on the cluster, or elements);
+        # planner minimises what the cost model measures: seconds on the cluster, or elements);
         # in the paper's model they are plan_layouts' plans.
-        rows = breakdown(
-            Plan(
-                graph,
-                cluster,
-                strategies,
-                Pricing(cost_model=cost_model, step=step, planner=planner, zero=zero),
-            )
-        )
+        rows = breakdown(plan)
         incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
         #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
         self.backward: list[Redistribution | None] = [
@@ -230,7 +81,7 @@ class GraphProgram:
         #: taps' collectives of every operator (forward partial sums and gradients).
         self.intra = {r.name: [c for c, _ in r.collectives] for r in rows}
         self.flows = partial_flows(graph, step)
-        self.candidates = assigned(graph, strategies)
+        self.candidates = assigned(graph, plan.strategies)
         if step == "training":
             forward = [(e, incoming[(e.consumer, e.slot)].redistribution) for e in graph.edges]
             every = [
@@ -339,7 +190,7 @@ class GraphProgram:
                         axes = self.mesh.unused_axes(c.layout)
 
             def reduce(y: Any, addend: Any = None, axes: tuple[str, ...] = axes) -> Any:
-                y = step("all_reduce").run(y, None, axes) if axes else y
+                y = all_reduce(y, axes) if axes else y
                 return y if addend is None else y + addend
 
             with jax.named_scope(f"taps_o{j}"):

@@ -1,8 +1,8 @@
 """Exact replay: taps' own plan, step by step, under ``shard_map`` on XLA.
 
 The graph becomes JAX code, one operator at a time (:mod:`.operators`), each edge's input
-redistributed by exactly the steps taps plans (:mod:`.steps`). The step replayed is the one taps
-prices (``step``, as in :func:`taps.search`):
+redistributed by exactly the steps taps plans (:mod:`taps.steps.jax`). The step replayed is the
+one the plan is priced for (``plan.pricing.step``, as in :func:`taps.search`):
 
 - ``"training"`` (the default): the whole training step (:mod:`.training`), forward and backward
   by taps' own plans: partial sums flowing into the edges that sum them, every edge's backward
@@ -13,41 +13,37 @@ prices (``step``, as in :func:`taps.search`):
   listed as ``unpriced``.
 
 The step is compiled, and every collective of the optimized HLO is paired with a predicted one
-(:mod:`.result`). Outputs and gradients are compared with the same program run unsharded.
+(:func:`taps.verify.result.match`). Outputs and gradients are compared with the same program run
+unsharded.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from taps._core import Cluster, Layout, Strategy, plan_redistribution
+from taps._core import Cluster, Layout, plan_redistribution
 from taps.errors import VerifyError
 from taps.export.jax import jax_mesh, layout_spec, named_sharding
-from taps.graph import Graph
 from taps.plan.mesh import mesh_for_plans
-from taps.plan.pricing import Step, check_planner, check_step
-from taps.verify import training
-from taps.verify.devices import have_devices, jax_with_devices
-from taps.verify.fresh import verify_in_fresh_process
-from taps.verify.program import (
-    TOLERANCE,
-    GraphProgram,
-    measured,
-    predicted_steps,
-    redistribute,
-    relative_error,
-    run_dtype,
-)
-from taps.verify.result import VerifyResult, match
+from taps.plan.plan import Plan
+from taps.steps.jax import redistribute
+from taps.verify.prediction import check_plan, predicted_steps
+from taps.verify.result import TOLERANCE, VerifyResult, match, relative_error
+from taps.verify.xla import training
+from taps.verify.xla.devices import have_devices, jax_with_devices
+from taps.verify.xla.program import GraphProgram, measured, run_dtype
 
 if TYPE_CHECKING:
-    from taps._core import _CostModel, _Planner
-    from taps.search.searching import SearchResult
+    from taps._core import _Planner
 
 #: XLA passes that merge collectives (one launch for several): off, so that each of taps' steps
 #: is one compiled collective. They change launches, not bytes or groups.
@@ -57,33 +53,21 @@ COMPILER_OPTIONS = {
 }
 
 
-def verify_graph(
-    graph: Graph,
-    cluster: Cluster,
-    strategies: Mapping[str, Strategy],
-    dtype: str = "float32",
-    seed: int = 0,
-    step: Step = "training",
-    planner: _Planner = "paper",
-    zero: bool = False,
-    cost_model: _CostModel = "topology",
-) -> VerifyResult:
-    """Run ``graph`` under ``strategies`` on ``cluster.num_devices`` XLA devices exactly as taps
-    plans it, and compare with taps' predictions and with the unsharded run (module doc).
-    ``step="training"`` replays the training step taps prices (``planner`` plans every edge,
-    minimising what ``cost_model`` measures, as the search did; ``zero`` shards parameters'
-    gradients); ``step="forward"`` the paper's model, with JAX's own backward pass. If JAX
-    already started with fewer devices, the verification runs in a fresh process."""
-    check_step(step)
-    check_planner(planner)
-    if zero and step != "training":
+def verify(plan: Plan, dtype: str = "float32", seed: int = 0) -> VerifyResult:
+    """Run ``plan`` on ``plan.cluster.num_devices`` XLA devices exactly as taps plans it, and
+    compare with taps' predictions and with the unsharded run (module doc). The plan's pricing
+    says what runs: in the training step, its planner plans every edge (minimising what its cost
+    model measures, as the search did) and ZeRO shards parameters' gradients; in the forward
+    step, the paper's model with JAX's own backward pass. If JAX already started with fewer
+    devices, the verification runs in a fresh process (:mod:`.fresh`)."""
+    check_plan(plan, "verify")
+    step = plan.pricing.step
+    if plan.pricing.zero and step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
-    if not have_devices(cluster.num_devices):
-        return verify_in_fresh_process(
-            graph, cluster, strategies, dtype, seed, step, planner, zero, cost_model
-        )
+    if not have_devices(plan.cluster.num_devices):
+        return _in_fresh_process(plan, dtype, seed)
     t0 = time.perf_counter()
-    prog = GraphProgram(graph, cluster, strategies, dtype, seed, step, planner, zero, cost_model)
+    prog = GraphProgram(plan, dtype, seed)
     jax = prog.jax
     args = prog.placed()
     in_specs = (prog.specs_of(prog.diff), prog.specs_of(prog.fixed))
@@ -94,7 +78,7 @@ def verify_graph(
             mesh=prog.jmesh,
             in_specs=(*in_specs, prog.out_specs),
             out_specs=(
-                {op.name: stacked for op in graph.ops},
+                {op.name: stacked for op in plan.graph.ops},
                 {k: stacked for k in prog.diff},
             ),
             check_vma=False,
@@ -115,11 +99,12 @@ def verify_graph(
     t2 = time.perf_counter()
     check = training.errors if step == "training" else GraphProgram.errors
     errors = check(prog, outs, grads)
+    per_node = plan.cluster.devices_per_node
     rows = match(
         prog.predicted(),
         measured(compiled.as_text(), prog.mesh.num_devices),
         prog.describe,
-        cluster.devices_per_node,
+        per_node,
         unpriced=step == "forward",
     )
     return VerifyResult.judged(
@@ -128,41 +113,31 @@ def verify_graph(
         TOLERANCE[dtype],
         "xla",
         prog.mesh.num_devices,
-        cluster.devices_per_node,
+        per_node,
         {"compile": t1 - t0, "run": t2 - t1, "reference": time.perf_counter() - t2},
     )
 
 
-def verify(
-    source: SearchResult | Graph,
-    cluster: Cluster | None = None,
-    strategies: Mapping[str, Strategy] | None = None,
-    dtype: str = "float32",
-    seed: int = 0,
-    step: Step = "training",
-    planner: _Planner = "paper",
-    zero: bool = False,
-    cost_model: _CostModel = "topology",
-) -> VerifyResult:
-    """:func:`verify_graph` of a search result (its step, planner, ZeRO setting and cost model),
-    or of ``graph`` under ``strategies`` on ``cluster``."""
-    if isinstance(source, Graph):
-        if cluster is None or strategies is None:
-            raise VerifyError("verifying a graph needs its cluster and strategies")
-        return verify_graph(
-            source, cluster, strategies, dtype, seed, step, planner, zero, cost_model
-        )
-    return verify_graph(
-        source.graph,
-        source.cluster,
-        source.strategies,
-        dtype,
-        seed,
-        source.step,
-        source.planner,
-        source.zero,
-        source.cost_model,
+def _in_fresh_process(plan: Plan, dtype: str, seed: int) -> VerifyResult:
+    """:func:`verify` run by ``python -m taps.verify.xla.fresh`` (the plan's JSON on stdin)."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the child asks for its own device count
+    done = subprocess.run(
+        [sys.executable, "-m", "taps.verify.xla.fresh", dtype, str(seed)],
+        input=plan.to_json(),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerifyError(f"verification in a fresh process failed: {tail}") from None
+    if "error" in data:
+        raise VerifyError(data["error"])
+    return VerifyResult.from_dict(data)
 
 
 def verify_redistributions(

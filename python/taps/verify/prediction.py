@@ -1,0 +1,120 @@
+"""What taps predicts a plan runs, whatever the engine: every collective of every edge's steps
+(forward, and backward in the training step) and of every operator (forward partial sums and
+gradients), with its groups of ranks and the bytes each device receives at the run's element
+size, in the scope it runs in (``e<i>`` the redistribution of edge ``i``, ``o<j>`` operator
+``j``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from taps._core import Cluster, CommOp, Layout, Redistribution
+from taps.plan.candidates import Candidate
+from taps.plan.layouts import PlanLayouts
+from taps.plan.plan import Plan
+from taps.search.prices import Collective, intra_collectives
+from taps.steps.kinds import layout_groups, step_kind
+from taps.verify.result import Predicted
+
+
+def check_plan(plan: object, who: str) -> None:
+    """A one-line :class:`TypeError` unless ``plan`` is a :class:`taps.Plan`."""
+    if not isinstance(plan, Plan):
+        raise TypeError(
+            f"{who} takes a taps.Plan (a search result's .plan), got {type(plan).__name__}"
+        )
+
+
+def _unused_dims(layout: Layout) -> list[int]:
+    return [k for k in range(len(layout.device_matrix)) if k not in layout.tensor_map]
+
+
+def _volume_bytes(cluster: Cluster, op: CommOp, itemsize: int) -> int:
+    return round(op.cost(cluster, itemsize, "volume"))
+
+
+def predicted_steps(
+    plan: Redistribution,
+    cluster: Cluster,
+    itemsize: int,
+    scope: str,
+    what: str,
+    phase: str = "forward",
+    origin: str | None = None,
+) -> list[Predicted]:
+    """The collectives of a plan's steps (slices are free and run none). With ``origin``
+    (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
+    origin and the distributions before and after the step (normal forms, whatever shapes the
+    plans write them in): plans that take one tensor through the same move compute the same
+    blocks."""
+    ops = plan.all_ops
+    after = [op.layout for op in ops[1:]] + [plan.target]
+    return [
+        Predicted(
+            step_kind(op.kind).collective or "",
+            step_kind(op.kind).groups(op),
+            _volume_bytes(cluster, op, itemsize),
+            scope,
+            phase,
+            f"{what}: {op.kind}"
+            + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
+            + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
+            None if origin is None else (origin, op.layout.normalized(), after[k].normalized()),
+        )
+        for k, op in enumerate(ops)
+        if step_kind(op.kind).collective is not None
+    ]
+
+
+def operator_collectives(plan: Plan) -> dict[str, list[Collective]]:
+    """taps' all_reduces of every operator in the paper's model (forward partial sums and
+    gradients)."""
+    return {
+        op.name: intra_collectives(plan.graph, op, Candidate.of(op, plan.strategies[op.name]))
+        for op in plan.graph.ops
+    }
+
+
+def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
+    """What each scope is: ``e<i>`` the redistribution of edge ``i``, ``o<j>`` operator ``j``."""
+    out = {f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)}
+    out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.graph.ops)})
+    return out
+
+
+def predicted_collectives(
+    layouts: PlanLayouts,
+    intra: Mapping[str, list[Collective]],
+    itemsize: int,
+    describe: Mapping[str, str],
+    backward: Sequence[Redistribution | None] = (),
+) -> list[Predicted]:
+    """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
+    ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
+    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
+    steps of the edges' ``backward`` plans (backward phase), if given."""
+    one_node = Cluster(1, layouts.mesh.num_devices)
+    out = []
+    for j, op in enumerate(layouts.graph.ops):
+        for c in intra[op.name]:
+            cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
+            groups = layout_groups(c.layout, _unused_dims(c.layout))
+            phase = "forward" if c.reason == "forward partial sum" else "backward"
+            what = f"{c.reason} of {c.tensor}"
+            if c.zero:
+                out.append(Predicted("reduce_scatter", groups, cost // 2, f"o{j}", phase, what))
+                out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
+            else:
+                out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
+    for i, (e, plan) in enumerate(layouts.plans):
+        out += predicted_steps(
+            plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
+        )
+    for i, ((e, _), back) in enumerate(zip(layouts.plans, backward)):
+        if back is not None:
+            what = f"{describe[f'e{i}']} (gradient)"
+            # An add hands its output's gradient to every operand: one tensor for all its edges.
+            add = layouts.graph.op(e.consumer).kind == "add"
+            origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
+            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
+    return out

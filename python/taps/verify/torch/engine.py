@@ -1,0 +1,165 @@
+"""A taps plan run on PyTorch DTensor: the module distributed by
+:func:`taps.export.distribute_module`, run forward and backward on the fake process group at the
+plan's full world size in this process (meta tensors: nothing is computed, every collective is
+dispatched), each collective read as it is dispatched (:mod:`.collectives`) and paired with
+taps' prediction; and, for the numbers, the same on a few gloo ranks (:mod:`.numerics`).
+
+What DTensor does that taps' plan does not say is listed, as for XLA (docs/verify.md): DTensor
+plans each redistribution itself (one collective per mesh dim, where taps may move several mesh
+dims in one), and its sharding propagation may add collectives inside an operator's node. In the
+backward pass DTensor takes each gradient back through the inverse of the forward
+redistributions, summing partial gradients on the way (a reduce-scatter where taps prices an
+all_reduce and a backward redistribution): backward collectives that are not taps' predicted
+gradient all_reduces are ``unpriced``, and the parameter gradients are reduced to the
+parameters' placements at the end, which is where taps' gradient all_reduces of parameters run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from taps.errors import VerifyError
+from taps.export.distribute import distribute_module
+from taps.plan.layouts import layouts_of
+from taps.plan.plan import Plan
+from taps.verify.prediction import (
+    check_plan,
+    describe_scopes,
+    operator_collectives,
+    predicted_collectives,
+)
+from taps.verify.result import (
+    TOLERANCE,
+    UNEXPECTED,
+    UNPRICED,
+    CollectiveCheck,
+    VerifyResult,
+    match,
+)
+from taps.verify.torch.collectives import Recorder
+from taps.verify.torch.numerics import gloo_errors
+from taps.verify.torch.values import (
+    backward,
+    cast_inputs,
+    import_torch,
+    materialize,
+    torch_dtype,
+    user_specs,
+)
+
+
+def collective_rows(
+    module: Any,
+    inputs: Sequence[Any],
+    plan: Plan,
+    dtype: str = "float32",
+    seed: int = 0,
+    mode: str = "taps",
+) -> tuple[list[CollectiveCheck], dict[str, float]]:
+    """Run the plan on the fake process group (meta tensors) and pair every dispatched collective
+    with taps' prediction; also the times (``compile`` = distributing, ``run``)."""
+    torch = import_torch()
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if tdist.is_initialized():
+        raise VerifyError(
+            "the fake-process-group run needs this process without a process group (one is "
+            "initialised already)"
+        )
+    t0 = time.perf_counter()
+    graph = plan.graph
+    layouts = layouts_of(plan)
+    tdtype = torch_dtype(dtype)
+    grid = layouts.mesh
+    n = grid.num_devices
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        # A CPU mesh holding meta tensors: nothing is computed.
+        mesh = DeviceMesh(
+            "cpu", torch.arange(n).reshape(grid.shape), mesh_dim_names=grid.axis_names
+        )
+        dense = materialize(module, tdtype, "meta", seed)
+        xs = cast_inputs(inputs, tdtype, "meta", seed)
+        dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
+        recorder = Recorder(
+            {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.plans)},
+            {op.name: j for j, op in enumerate(graph.ops)},
+            tuple(grid.shape),
+        )
+        dist.tracer = recorder
+        placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
+        t1 = time.perf_counter()
+        with recorder.recording():
+            outs = dist(*placed)
+            recorder.phase = "backward"
+            backward(dist, outs, seed)
+        t2 = time.perf_counter()
+    finally:
+        tdist.destroy_process_group()
+    describe = describe_scopes(layouts)
+    predicted = predicted_collectives(
+        layouts, operator_collectives(plan), tdtype.itemsize, describe
+    )
+    # A node that makes several operators (attention: scores, softmax, context) runs backward as
+    # one torch operator, in the scope of the operator that makes its output.
+    index = recorder.ops
+    inner = {}
+    for links in dist.conversion.links.values():
+        out = [f"o{index[li.op]}" for li in links if li.slot is None]
+        inner.update({f"o{index[li.op]}": out[0] for li in links if out})
+    predicted = [
+        dataclasses.replace(p, scope=inner.get(p.scope, p.scope)) if p.phase == "backward" else p
+        for p in predicted
+    ]
+    for scope, _, _ in recorder.measured:
+        if scope.startswith("n:"):
+            describe[scope] = f"node {scope[2:]} (DTensor's own)"
+        elif scope.startswith("l:"):
+            describe[scope] = f"a leaf placed for {scope[2:]} (taps: no edge)"
+    rows = match(predicted, recorder.measured, describe, plan.cluster.devices_per_node)
+    return [_backward_status(r) for r in rows], {"compile": t1 - t0, "run": t2 - t1}
+
+
+def _backward_status(row: CollectiveCheck) -> CollectiveCheck:
+    """A backward collective taps did not predict (the backward of a redistribution), and the
+    placing of a parameter or input for a second reader, are ``unpriced`` (module doc)."""
+    if row.status == UNEXPECTED and (row.phase == "backward" or "(taps: no edge)" in row.what):
+        return dataclasses.replace(row, status=UNPRICED)
+    return row
+
+
+def verify_torch(
+    module: Any,
+    inputs: Sequence[Any],
+    plan: Plan,
+    dtype: str = "float32",
+    seed: int = 0,
+    numerics: int | None = 4,
+) -> VerifyResult:
+    """Verify ``plan`` of ``module`` (a plan of ``taps.from_torch(module, *inputs)``) on PyTorch
+    DTensor: collectives on the fake process group at the full world size, and, with
+    ``numerics`` (4 to 8), the outputs and gradients on that many gloo ranks under taps' plan for
+    them (the same plan when the world is that size; else the plan :func:`taps.search` finds for
+    ``numerics`` devices on one node) against the dense module."""
+    check_plan(plan, "verify_torch")
+    rows, timings = collective_rows(module, inputs, plan, dtype, seed)
+    errors: dict[str, float] = {}
+    if numerics is not None:
+        t = time.perf_counter()
+        errors = gloo_errors(module, inputs, plan, numerics, dtype, seed)
+        timings["numerics"] = time.perf_counter() - t
+    return VerifyResult.judged(
+        rows,
+        errors,
+        TOLERANCE[dtype],
+        "torch",
+        plan.cluster.num_devices,
+        plan.cluster.devices_per_node,
+        timings,
+    )
