@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from taps._support.extras import require
 from taps.export.distribute import Tracer
 from taps.verify.result import Measured, received_bytes
+from taps.verify.torch.values import import_torch
 
 #: Per functional collective, its kind and the position of its process-group name argument.
 _OPS = {
@@ -56,7 +56,7 @@ def mesh_groups(group: Sequence[int], mesh_shape: Sequence[int]) -> tuple[tuple[
 @cache
 def _mark() -> Any:
     """The identity whose backward sets a recorder's scope (one class for every call)."""
-    torch = require("torch", "torch", "verifying a plan on PyTorch")
+    torch = import_torch()
 
     class Mark(torch.autograd.Function):  # type: ignore[misc,name-defined]
         @staticmethod
@@ -145,7 +145,7 @@ class Recorder(Tracer):
     @contextmanager
     def recording(self) -> Iterator[None]:
         """Record every functional collective dispatched inside."""
-        torch = require("torch", "torch", "verifying a plan on PyTorch")
+        torch = import_torch()
         from torch.distributed.tensor import placement_types
         from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -65,7 +65,6 @@ class GraphProgram:
     ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
 
     def __init__(self, plan: Plan, dtype: str = "float32", seed: int = 0) -> None:
-        self.plan = plan
         graph, cluster, step = plan.graph, plan.cluster, plan.pricing.step
         self.graph = graph
         self.layouts = layouts_of(plan)
