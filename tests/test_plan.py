@@ -185,7 +185,8 @@ def test_cli_refuses_a_bad_saved_plan_in_one_line(tmp_path, capsys, saved):
     path.write_text(json.dumps(saved))
     assert _cli("search", path, "--nodes", "2") == 2
     assert (
-        "a saved plan carries its graph and cluster: leave out --nodes" in capsys.readouterr().err
+        "a saved plan carries its graph, cluster and pricing: leave out --nodes"
+        in capsys.readouterr().err
     )
     graph = tmp_path / "graph.json"
     graph.write_text(taps.models.mlp().to_json())
@@ -207,3 +208,22 @@ def test_redistribute_and_its_old_name(tmp_path, capsys):
     old = capsys.readouterr()
     assert old.err == "taps plan is now taps redistribute (the old name still works)\n"
     assert old.out == new.rsplit("wrote", 1)[0]
+
+
+def test_verify_runs_a_saved_plan_as_it_was_saved(tmp_path, capsys, monkeypatch):
+    """The plan saved under the optimal planner and ZeRO is what runs: every collective XLA
+    compiles is one taps predicted for that pricing, and nothing is searched again."""
+    path, out = tmp_path / "plan.json", tmp_path / "verify.json"
+    graph = taps.models.mlp(batch=64, sizes=(32, 64, 32))
+    plan = taps.search(graph, Cluster(2, 2), Pricing(planner="optimal", zero=True)).plan
+    plan.save(path)
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("a saved plan was searched again")
+
+    monkeypatch.setattr("taps.cli.verify.search", no_search)
+    assert _cli("verify", path, "--json", out) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["collectives"]
+    assert _cli("verify", path, "--planner", "paper") == 2
+    assert "leave out --planner" in capsys.readouterr().err

@@ -14,7 +14,8 @@ from taps._core import PLANNERS, Cluster, GraphError
 from taps.errors import ArgumentError, PlanFileError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
-from taps.plan import STEPS, Plan, is_saved_plan
+from taps.plan import STEPS, Plan, Pricing, is_saved_plan
+from taps.plan.pricing import Step
 
 
 class Parser(argparse.ArgumentParser):
@@ -219,19 +220,19 @@ def add_model_args(p: argparse.ArgumentParser, torch_metavar: str, torch_help: s
     p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
 
 
-def add_pricing_args(p: argparse.ArgumentParser, step: str | None) -> None:
-    """What a plan is priced as: ``--step`` (default ``step``), ``--planner``, ``--zero``."""
+def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
+    """What a plan is priced as: ``--step`` (default ``step``, said in its help), ``--planner``,
+    ``--zero``; left None when not given (:func:`pricing_of` fills them in)."""
     p.add_argument(
         "--step",
         choices=STEPS,
-        default=step,
-        help="what is priced: the whole training step, or forward, the paper's model "
-        f"({step or 'training; forward for the torch engine'})",
+        default=None,
+        help=f"what is priced: the whole training step, or forward, the paper's model ({step})",
     )
     p.add_argument(
         "--planner",
         choices=PLANNERS,
-        default="paper",
+        default=None,
         help="the redistribution planner of every edge: paper (Algorithm 1, the default) or "
         "optimal (shortest plans, tens of times slower per edge)",
     )
@@ -276,24 +277,36 @@ def read_saved_plan(name: str | None) -> Plan | None:
         raise PlanFileError(f"{name}: {e}") from None
 
 
-def refuse_cluster_args(args: argparse.Namespace) -> None:
-    """A saved plan carries its cluster: options that would describe another are refused."""
-    given = [
-        flag
-        for flag, value in (
-            ("--nodes", args.nodes),
-            ("--devices-per-node", args.devices_per_node),
-            ("--cluster", args.cluster),
-            ("--intra-bandwidth", args.intra_bandwidth),
-            ("--inter-bandwidth", args.inter_bandwidth),
-            ("--batch", getattr(args, "batch", None)),
-        )
-        if value is not None
-    ]
+#: What a saved plan already says: its graph, cluster and pricing (flag, attribute).
+_PLAN_HOLDS = (
+    ("--nodes", "nodes"),
+    ("--devices-per-node", "devices_per_node"),
+    ("--cluster", "cluster"),
+    ("--intra-bandwidth", "intra_bandwidth"),
+    ("--inter-bandwidth", "inter_bandwidth"),
+    ("--batch", "batch"),
+    ("--memory", "memory"),
+    ("--cost-model", "cost_model"),
+    ("--step", "step"),
+    ("--planner", "planner"),
+    ("--zero", "zero"),
+    ("--time-limit", "time_limit"),
+)
+
+
+def refuse_for_saved_plan(args: argparse.Namespace) -> None:
+    """A saved plan carries its graph, cluster and pricing: options that would describe another
+    are refused, not silently ignored."""
+    given = [flag for flag, name in _PLAN_HOLDS if getattr(args, name, None) not in (None, False)]
     if given:
         raise ArgumentError(
-            f"a saved plan carries its graph and cluster: leave out {', '.join(given)}"
+            f"a saved plan carries its graph, cluster and pricing: leave out {', '.join(given)}"
         )
+
+
+def pricing_of(args: argparse.Namespace, step: Step = "training") -> Pricing:
+    """The pricing the options give (``step`` when ``--step`` is not given)."""
+    return Pricing(step=args.step or step, planner=args.planner or "paper", zero=args.zero)
 
 
 def load_graph(args: argparse.Namespace, unknown: str = "error") -> Graph:

@@ -20,10 +20,11 @@ from taps.cli.args import (
     load_graph,
     memory_size,
     positive,
+    pricing_of,
     read_saved_plan,
-    refuse_cluster_args,
+    refuse_for_saved_plan,
 )
-from taps.plan import Plan, Pricing
+from taps.plan import Plan
 from taps.report.plot import check_available, plot_plan
 from taps.report.tables import collectives_table, comparison_table, result_dict, strategy_table
 from taps.search.searching import Comparison, SearchResult, compare, search
@@ -43,19 +44,19 @@ def run(args: argparse.Namespace, console: Console) -> None:
         saved = read_saved_plan(args.model) if args.torch is None else None
         comparison: Comparison | None = None
         if saved is not None:
-            refuse_cluster_args(args)
+            refuse_for_saved_plan(args)
             # A saved plan is reported as it is: nothing is searched again.
             plans: list[Plan] = [saved]
             results: list[SearchResult | Plan] = [saved]
         else:
             graph = load_graph(args)
             c = cluster(args, args.memory)
-            pricing = Pricing(step=args.step, planner=args.planner, zero=args.zero)
+            pricing = pricing_of(args)
             if args.cost_model == "both":
                 comparison = compare(graph, c, pricing, time_limit=args.time_limit)
                 found = [comparison.topology, comparison.volume]
             else:
-                pricing = replace(pricing, cost_model=args.cost_model)
+                pricing = replace(pricing, cost_model=args.cost_model or "topology")
                 found = [search(graph, c, pricing, time_limit=args.time_limit)]
             plans, results = [r.plan for r in found], list(found)
         # Everything is built before anything is printed or written; the first plan (the
@@ -126,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cost-model",
         choices=(*COST_MODELS, "both"),
-        default="topology",
+        default=None,
         help="what the search minimises; both compares the two (topology)",
     )
     add_pricing_args(p, "training")

@@ -16,8 +16,10 @@ from taps.cli.args import (
     cluster,
     integer,
     load_model,
+    pricing_of,
+    read_saved_plan,
+    refuse_for_saved_plan,
 )
-from taps.plan.pricing import Pricing, Step
 from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
 from taps.verify.result import TOLERANCE
@@ -49,21 +51,25 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "the torch engine replays the paper's model (--step forward, no --zero): the "
             "training step runs on --engine xla"
         )
+    saved = read_saved_plan(args.model) if args.torch is None else None
+    if saved is not None:
+        refuse_for_saved_plan(args)
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
         module: object = None
         inputs: tuple[object, ...] = ()
-        if args.torch is not None:
-            from taps.frontends.torch import from_torch, load_factory
-
-            module, inputs = load_factory(args.torch)
-            graph = from_torch(module, *inputs, name=args.torch.partition(":")[2])
+        if saved is not None:
+            plan = saved  # run as it was saved: not searched again
         else:
-            graph = load_model(args.model, args.batch)
-        c = cluster(args)
-        step: Step = args.step or ("forward" if args.engine == "torch" else "training")
-        pricing = Pricing(step=step, planner=args.planner, zero=args.zero)
-        plan = search(graph, c, pricing).plan
+            if args.torch is not None:
+                from taps.frontends.torch import from_torch, load_factory
+
+                module, inputs = load_factory(args.torch)
+                graph = from_torch(module, *inputs, name=args.torch.partition(":")[2])
+            else:
+                graph = load_model(args.model, args.batch)
+            pricing = pricing_of(args, "forward" if args.engine == "torch" else "training")
+            plan = search(graph, cluster(args), pricing).plan
         against = None
         if args.engine == "torch":
             verified = verify_torch(
@@ -78,7 +84,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         outputs.commit()
     if against is not None:
         console.print(against.table())
-    code = report(verified, console, f"{graph.name} on {c.nodes} x {c.devices_per_node}")
+    c = plan.cluster
+    code = report(verified, console, f"{plan.graph.name} on {c.nodes} x {c.devices_per_node}")
     if args.json:
         console.print(f"wrote {args.json}")
     return code
@@ -89,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verify",
         help="run a model's plan on an engine and check it against taps' prediction",
-        description="Search the plan of MODEL (or of a PyTorch module), run it exactly as taps "
+        description="Search the plan of MODEL (or of a PyTorch module), or read a plan saved by "
+        "taps search --save (MODEL a saved plan's JSON file: run as it is), run it exactly as taps "
         "plans it, and compare every collective with taps' prediction and the results with an "
         "unsharded run. Engines: xla (simulated XLA CPU devices; MODEL is one of "
         f"{', '.join(models.names())}, a graph JSON file, or --torch) and torch (DTensor on the "
@@ -105,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pip install 'taps[torch]'",
     )
     p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
-    add_pricing_args(p, None)
+    add_pricing_args(p, "training; forward for the torch engine")
     p.add_argument(
         "--gloo",
         type=integer,
