@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import taps
+
 ROOT = Path(__file__).parents[1]
 DOCS = ["README.md", "docs/getting-started.md"]
 SKIP = "<!-- no-test -->"
@@ -64,7 +66,13 @@ def test_every_python_block_runs(doc, tmp_path):
     assert blocks, f"{doc} has no python block"
     script = tmp_path / "run_blocks.py"
     script.write_text(RUNNER.format(blocks=blocks, doc=doc), encoding="utf-8")
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}"}
+    # The taps this test imports, whatever the working directory and PYTHONPATH say.
+    path = os.pathsep.join([str(Path(taps.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
+    }
     # The blocks write files (plan.json): in a directory of their own.
     run = subprocess.run(
         [sys.executable, str(script)],
