@@ -18,7 +18,7 @@ import taps
 from graphs_gen import inception, pair_cost, skip_ladder, small_cores, small_enough
 from taps import Pricing
 from taps.search.tables import build_tables
-from taps.solve.elimination import plan
+from taps.solve.elimination import elimination_order
 from taps.solve.reductions import PairCost, Problem, reduce
 
 
@@ -54,7 +54,7 @@ def _brute_force(problem: Problem) -> float:
 @settings(max_examples=300, deadline=None)
 @given(problems())
 def test_elimination_equals_brute_force(problem):
-    elimination = plan(problem)
+    elimination = elimination_order(problem)
     assert elimination is not None
     choice, cost = elimination.solve()
     assert set(choice) == set(problem.node_cost)
@@ -76,9 +76,9 @@ def test_budget_refuses_wide_tables():
         for u, w in itertools.combinations(names, 2)
     ]
     problem = Problem(node, pairs)
-    assert plan(problem, max_table=30**4 - 1) is None
-    assert plan(problem, max_work=4 * 30**5 - 1) is None
-    elimination = plan(problem)
+    assert elimination_order(problem, max_table=30**4 - 1) is None
+    assert elimination_order(problem, max_work=4 * 30**5 - 1) is None
+    elimination = elimination_order(problem)
     assert elimination is not None and elimination.largest == 30**4
 
 
@@ -87,7 +87,7 @@ def test_deadline_stops_the_elimination():
         {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0])},
         [PairCost("a", "b", np.arange(2), np.arange(2), np.eye(2))],
     )
-    elimination = plan(problem)
+    elimination = elimination_order(problem)
     assert elimination is not None
     assert elimination.solve(deadline=time.perf_counter() - 1) is None
     assert elimination.solve() == ({"a": 1, "b": 0}, 0.0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
-from taps.export.dtensor import DTensorPlan, layout_placements, placement_objects
-from taps.export.jax import JaxPlan, layout_spec
+from taps.export.dtensor import DTensorPlacements, layout_placements, placement_objects
+from taps.export.jax import JaxShardings, layout_spec
 from taps.plan.layouts import PlanLayouts, layouts_of, plan_layouts
 from taps.plan.mesh import Mesh, mesh_for
 from taps.plan.plan import Plan
@@ -15,14 +15,14 @@ from taps.plan.plan import Plan
 FRAMEWORKS = ("jax", "dtensor")
 
 
-def to_jax(plan: Plan) -> JaxPlan:
+def to_jax(plan: Plan) -> JaxShardings:
     """The JAX mesh and a ``PartitionSpec`` per tensor of ``plan``."""
-    return JaxPlan.from_layouts(layouts_of(plan))
+    return JaxShardings.from_layouts(layouts_of(plan))
 
 
-def to_dtensor(plan: Plan) -> DTensorPlan:
+def to_dtensor(plan: Plan) -> DTensorPlacements:
     """The DeviceMesh shape and DTensor placements per tensor of ``plan``."""
-    return DTensorPlan.from_layouts(layouts_of(plan))
+    return DTensorPlacements.from_layouts(layouts_of(plan))
 
 
 def check_framework(framework: str) -> None:
@@ -31,7 +31,7 @@ def check_framework(framework: str) -> None:
         raise ExportError(f"unknown framework {framework!r}: expected 'jax' or 'dtensor'")
 
 
-def export(plan: Plan, framework: str) -> JaxPlan | DTensorPlan:
+def export(plan: Plan, framework: str) -> JaxShardings | DTensorPlacements:
     """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``)."""
     check_framework(framework)
     return to_jax(plan) if framework == "jax" else to_dtensor(plan)
@@ -39,10 +39,10 @@ def export(plan: Plan, framework: str) -> JaxPlan | DTensorPlan:
 
 __all__ = [
     "FRAMEWORKS",
-    "DTensorPlan",
+    "DTensorPlacements",
     "DistributedModule",
     "ExportError",
-    "JaxPlan",
+    "JaxShardings",
     "Mesh",
     "PlanLayouts",
     "check_framework",

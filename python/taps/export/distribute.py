@@ -32,7 +32,7 @@ from taps.errors import ExportError
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
-    DTensorPlan,
+    DTensorPlacements,
     layout_placements,
     placement_objects,
 )
@@ -218,7 +218,7 @@ class DistributedModule:
     """A module run on DTensors in taps' placements (see :func:`distribute_module`).
 
     Attributes:
-        plan: the placements.
+        chosen: the DTensor placements taps chose for every tensor and operator.
         conversion: the front end's conversion of the module (the graph and the links of each fx
             node to its operators).
         mesh: the torch ``DeviceMesh``.
@@ -234,19 +234,21 @@ class DistributedModule:
         self,
         program: Any,
         conversion: Conversion,
-        plan: DTensorPlan,
+        chosen: DTensorPlacements,
         mesh: Any,
         parameters: dict[str, Any],
         buffers: dict[str, Any],
         replay: Replay | None = None,
     ) -> None:
-        self.program, self.conversion, self.plan, self.mesh = program, conversion, plan, mesh
+        self.program, self.conversion, self.chosen, self.mesh = program, conversion, chosen, mesh
         self.buffers = buffers
         self.replay = replay
         self.tracer = Tracer()
         self.leaves: dict[str, tuple[Any, Any]] = {}
         self.parameters = {
-            name: self.leaf(name, p, plan.tensors.get(name, (REPLICATE,) * len(plan.mesh.shape)))
+            name: self.leaf(
+                name, p, chosen.tensors.get(name, (REPLICATE,) * len(chosen.mesh.shape))
+            )
             for name, p in parameters.items()
         }
 
@@ -261,19 +263,20 @@ class DistributedModule:
         """The placement objects of the node's tensor a link names, for placements ``texts``
         of the linked operand (or of the same data seen as ``shape``)."""
         operand = link.operand_shape if shape is None else shape
+        shape_of_mesh = self.chosen.mesh.shape
         return placement_objects(
-            framework_placements(texts, self.plan.mesh.shape, operand, link.graph_shape, link.perm)
+            framework_placements(texts, shape_of_mesh, operand, link.graph_shape, link.perm)
         )
 
     def layout_placements(self, layout: Layout, link: Link) -> list[Any]:
         """The placement objects of the node's tensor a link names, in ``layout`` (of the
         linked operand, in any shape it can be reshaped to)."""
-        return self.placements(layout_placements(self.plan.mesh, layout), link, layout.shape)
+        return self.placements(layout_placements(self.chosen.mesh, layout), link, layout.shape)
 
     def distribute_input(self, name: str, value: Any) -> Any:
         """An input of the program as a DTensor in the plan's placements (each rank takes its
         block of the same whole tensor: no communication)."""
-        texts = self.plan.tensors.get(name, (REPLICATE,) * len(self.plan.mesh.shape))
+        texts = self.chosen.tensors.get(name, (REPLICATE,) * len(self.chosen.mesh.shape))
         return self.leaf(name, value, texts)
 
     def leaf(self, name: str, value: Any, texts: Sequence[str]) -> Any:
@@ -489,7 +492,7 @@ class _Interpreter:
         with tracer.scope("node", node.name, None):
             leaves = [x.whole() if isinstance(x, _Pending) else x for x in leaves]
         leaves = self._as_dtensors(leaves)
-        ops = dist.plan.operators
+        ops = dist.chosen.operators
         for link in links:
             if link.slot is not None:
                 with tracer.scope("edge", link.op, link.slot):
@@ -510,7 +513,7 @@ class _Interpreter:
     def holds(self, x: Any, layout: Layout) -> bool:
         """Whether DTensor ``x``'s local block, reshaped, is ``layout``'s (its placements are
         the layout's, carried onto its shape in its own dim order)."""
-        mesh = self.dist.plan.mesh
+        mesh = self.dist.chosen.mesh
         try:
             texts = framework_placements(
                 layout_placements(mesh, layout),
@@ -528,7 +531,7 @@ class _Interpreter:
         there by taps' steps (in the edge's scope), its gradient summed over the mesh dims the
         operator splits and it does not (in the operator's scope)."""
         dist = self.dist
-        replay, mesh = dist.replay, dist.plan.mesh
+        replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None and link.slot is not None
         plan = replay.plans.get((link.op, link.slot))
         ours = replay.layouts.inputs[link.op][link.slot]
@@ -573,7 +576,7 @@ class _Interpreter:
         sum (a linear layer's bias added after it) and made a DTensor in the output's
         placements."""
         DTensor, dist, torch = self.dtensor.DTensor, self.dist, _torch()
-        replay, mesh = dist.replay, dist.plan.mesh
+        replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None
         partial = replay.partial[out.op]
         bias = None
@@ -605,7 +608,7 @@ class _Interpreter:
             made = DTensor.from_local(
                 result,
                 dist.mesh,
-                dist.placements(dist.plan.operators[out.op]["output"], out),
+                dist.placements(dist.chosen.operators[out.op]["output"], out),
                 run_check=False,
                 shape=tuple(val.shape),
                 stride=tuple(val.stride()),
@@ -628,7 +631,7 @@ def _is_linear(target: Any) -> bool:
 
 def distribute_module(
     module: Any,
-    plan: Plan | DTensorPlan,
+    plan: Plan | DTensorPlacements,
     *example_inputs: Any,
     mesh: Any = None,
     rows: bool = True,
@@ -639,7 +642,7 @@ def distribute_module(
     its tensors in taps' placements.
 
     ``plan`` is a :class:`taps.Plan` of the graph :func:`taps.from_torch` makes of ``module`` on
-    ``example_inputs`` (with the same ``rows``), or its :class:`DTensorPlan`;
+    ``example_inputs`` (with the same ``rows``), or its :class:`DTensorPlacements`;
     ``mesh`` a ``DeviceMesh`` of ``plan.mesh.shape`` (default: ``init_device_mesh`` on the
     module's device type, with the plan's dim names). The process group must be initialised.
 
@@ -656,16 +659,16 @@ def distribute_module(
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}: expected one of {MODES}")
-    if not isinstance(plan, (Plan, DTensorPlan)):
+    if not isinstance(plan, (Plan, DTensorPlacements)):
         raise TypeError(
-            f"distribute_module: plan must be a taps.Plan or a DTensorPlan, got "
+            f"distribute_module: plan must be a taps.Plan or a DTensorPlacements, got "
             f"{type(plan).__name__}"
         )
     layouts = layouts_of(plan) if isinstance(plan, Plan) else None
     if mode == "taps" and layouts is None:
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
-    placements = DTensorPlan.from_layouts(layouts) if layouts is not None else plan
-    assert isinstance(placements, DTensorPlan)
+    placements = DTensorPlacements.from_layouts(layouts) if layouts is not None else plan
+    assert isinstance(placements, DTensorPlacements)
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
     try:

@@ -6,7 +6,7 @@ the layout holds partial sums along it (the devices that differ only there hold 
 is the tensor: DTensor's ``Partial("sum")``), ``Replicate()`` elsewhere. A tensor dim split over
 several mesh dims lists ``Shard(i)`` on each of them; DTensor splits in mesh-dim order, the first
 the major one, which is the taps order (see :mod:`.mesh`).
-:meth:`DTensorPlan.placements` builds the torch objects (``pip install 'taps[torch]'``).
+:meth:`DTensorPlacements.placements` builds the torch objects (``pip install 'taps[torch]'``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def placement_objects(texts: Sequence[str]) -> list[Any]:
 
 
 @dataclass(frozen=True)
-class DTensorPlan:
+class DTensorPlacements:
     """The device mesh and the placements of every tensor of a plan.
 
     Attributes:
@@ -72,7 +72,7 @@ class DTensorPlan:
     operators: dict[str, dict[str, Any]]
 
     @classmethod
-    def from_layouts(cls, layouts: PlanLayouts) -> DTensorPlan:
+    def from_layouts(cls, layouts: PlanLayouts) -> DTensorPlacements:
         mesh = layouts.mesh
         return cls(
             mesh,

@@ -1,7 +1,7 @@
 """A taps plan as a JAX mesh and a ``PartitionSpec`` per tensor.
 
-Computing the plan needs no JAX; :meth:`JaxPlan.mesh`, :meth:`JaxPlan.partition_spec` and
-:meth:`JaxPlan.sharding` import it (``pip install 'taps[jax]'``).
+Computing the plan needs no JAX; :meth:`JaxShardings.mesh`, :meth:`JaxShardings.partition_spec` and
+:meth:`JaxShardings.sharding` import it (``pip install 'taps[jax]'``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _spec_json(spec: Spec) -> list:
 
 
 @dataclass(frozen=True)
-class JaxPlan:
+class JaxShardings:
     """The mesh and the sharding of every tensor of a plan.
 
     Attributes:
@@ -81,7 +81,7 @@ class JaxPlan:
     operators: dict[str, dict[str, Any]]
 
     @classmethod
-    def from_layouts(cls, layouts: PlanLayouts) -> JaxPlan:
+    def from_layouts(cls, layouts: PlanLayouts) -> JaxShardings:
         mesh = layouts.mesh
         tensors = {name: layout_spec(mesh, lay) for name, lay in layouts.tensors.items()}
         operators = {

@@ -211,7 +211,7 @@ def _placed(table: np.ndarray, order: list[int], ndim: int, start: int, stop: in
     return arranged.reshape(shape)
 
 
-def plan(
+def elimination_order(
     problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
 ) -> Elimination | None:
     """An elimination order of ``problem`` whose estimated work and largest table fit the budget,

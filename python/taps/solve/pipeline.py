@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from taps.errors import InfeasibleError, TapsError
-from taps.solve.elimination import MAX_WORK, plan
+from taps.solve.elimination import MAX_WORK, elimination_order
 from taps.solve.ilp import solve_ilp
 from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
@@ -178,7 +178,7 @@ def _eliminated(
         return None
     t0 = time.perf_counter()
     flows = sum(p.cost.size for p in objectives[0].pairs)
-    elimination = plan(objectives[0], max_work=min(MAX_WORK, _WORK_PER_FLOW * flows))
+    elimination = elimination_order(objectives[0], max_work=min(MAX_WORK, _WORK_PER_FLOW * flows))
     solved = None if elimination is None else elimination.solve(deadline)
     if solved is None:
         return None
