@@ -51,7 +51,7 @@ class Replay:
 
     Attributes:
         layouts: the plan's layouts.
-        plans: taps' redistribution of each operator input slot ``(operator, slot)``.
+        redistributions: taps' redistribution of each operator input slot ``(operator, slot)``.
         partial: per operator, the mesh axes its forward partial sum runs over (its local
             result is partial along them before the all_reduce).
         used: per operator, the mesh axes its strategy splits anything along: an input
@@ -59,7 +59,7 @@ class Replay:
     """
 
     layouts: PlanLayouts
-    plans: dict[tuple[str, int], Redistribution]
+    redistributions: dict[tuple[str, int], Redistribution]
     partial: dict[str, tuple[str, ...]]
     used: dict[str, set[str]]
     steps: Steps
@@ -85,7 +85,7 @@ class Replay:
             every = [*layouts.inputs[op.name], layouts.outputs[op.name]]
             used[op.name] = set().union(*(mesh.used_axes(lay) for lay in every))
             used[op.name].update(partial[op.name])
-        plans = {(e.consumer, e.slot): r for e, r in layouts.plans}
+        plans = {(e.consumer, e.slot): r for e, r in layouts.redistributions}
         return cls(layouts, plans, partial, used, Steps(mesh, device_mesh))
 
 
@@ -533,7 +533,7 @@ class _Interpreter:
         dist = self.dist
         replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None and link.slot is not None
-        plan = replay.plans.get((link.op, link.slot))
+        plan = replay.redistributions.get((link.op, link.slot))
         ours = replay.layouts.inputs[link.op][link.slot]
         with dist.tracer.scope("edge", link.op, link.slot):
             first = (

@@ -154,7 +154,7 @@ def assigned(
     return {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
 
 
-def edge_plans(
+def edge_redistributions(
     graph: Graph,
     chosen: Mapping[str, Candidate],
     planner: Planner = "paper",
@@ -187,7 +187,7 @@ def edge_plans(
     ]
 
 
-def backward_plans(
+def backward_redistributions(
     graph: Graph,
     chosen: Mapping[str, Candidate],
     planner: Planner = "paper",

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from taps._core import Cluster, Layout, Redistribution, Strategy
 from taps.errors import ExportError
 from taps.graph import Edge, Graph
-from taps.plan.candidates import assigned, edge_plans
-from taps.plan.mesh import Mesh, mesh_for_plans
+from taps.plan.candidates import assigned, edge_redistributions
+from taps.plan.mesh import Mesh, mesh_for_redistributions
 from taps.plan.plan import Plan
 
 
@@ -24,7 +24,8 @@ class PlanLayouts:
         tensors: per tensor name: an activation's producer layout; a parameter's, an input's or a
             view's layout at its first reader (a parameter read twice in different layouts has
             the others in ``inputs``).
-        plans: per graph edge (``graph.edges`` order), the redistribution taps plans on it.
+        redistributions: per graph edge (``graph.edges`` order), the redistribution taps plans
+            on it.
         mesh: the coarsest mesh every layout above and every layout of the plans fits on.
     """
 
@@ -33,7 +34,7 @@ class PlanLayouts:
     inputs: dict[str, list[Layout]]
     outputs: dict[str, Layout]
     tensors: dict[str, Layout]
-    plans: list[tuple[Edge, Redistribution]]
+    redistributions: list[tuple[Edge, Redistribution]]
     mesh: Mesh
 
 
@@ -49,11 +50,11 @@ def plan_layouts(
     for op in graph.ops:
         for o, layout in zip(op.inputs, inputs[op.name]):
             tensors.setdefault(o.tensor, layout)
-    plans = edge_plans(graph, chosen)
+    plans = edge_redistributions(graph, chosen)
     every = [*tensors.values(), *(x for ls in inputs.values() for x in ls)]
     if n is None:
         n = next(iter(outputs.values())).num_devices if outputs else 1
-    mesh = mesh_for_plans(every, [plan for _, plan in plans], n)
+    mesh = mesh_for_redistributions(every, [plan for _, plan in plans], n)
     return PlanLayouts(graph, dict(strategies), inputs, outputs, tensors, plans, mesh)
 
 

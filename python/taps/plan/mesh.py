@@ -110,7 +110,9 @@ def mesh_for(layouts: Iterable[Layout], num_devices: int) -> Mesh:
     return Mesh(tuple(2 ** (b - a) for a, b in bits), tuple(names), tuple(bits))
 
 
-def mesh_for_plans(layouts: Sequence[Layout], plans: Sequence[Redistribution], n: int) -> Mesh:
+def mesh_for_redistributions(
+    layouts: Sequence[Layout], plans: Sequence[Redistribution], n: int
+) -> Mesh:
     """:func:`mesh_for` of ``layouts`` and of every layout the ``plans`` pass through."""
     every = list(layouts)
     for plan in plans:

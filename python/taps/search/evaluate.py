@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from taps._core import Redistribution, Strategy
 from taps.graph import Edge
-from taps.plan.candidates import assigned, backward_plans, edge_plans
+from taps.plan.candidates import assigned, backward_redistributions, edge_redistributions
 from taps.plan.plan import Plan
 from taps.search.prices import Collective, intra_collectives, partial_flows
 
@@ -64,9 +64,9 @@ def breakdown(plan: Plan) -> list[OpCost]:
     # The optimal planner minimises what the cost model measures: seconds on the cluster, or
     # elements without one.
     on = cluster if cost_model == "topology" else None
-    forward = edge_plans(graph, chosen, pricing.planner, on, flows)
+    forward = edge_redistributions(graph, chosen, pricing.planner, on, flows)
     backward = (
-        backward_plans(graph, chosen, pricing.planner, on)
+        backward_redistributions(graph, chosen, pricing.planner, on)
         if step == "training"
         else [(e, None) for e in graph.edges]
     )

@@ -77,7 +77,10 @@ def operator_collectives(plan: Plan) -> dict[str, list[Collective]]:
 
 def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
     """What each scope is: ``e<i>`` the redistribution of edge ``i``, ``o<j>`` operator ``j``."""
-    out = {f"e{i}": f"edge {e.producer} -> {e.consumer}" for i, (e, _) in enumerate(layouts.plans)}
+    out = {
+        f"e{i}": f"edge {e.producer} -> {e.consumer}"
+        for i, (e, _) in enumerate(layouts.redistributions)
+    }
     out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.graph.ops)})
     return out
 
@@ -106,11 +109,11 @@ def predicted_collectives(
                 out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
             else:
                 out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
-    for i, (e, plan) in enumerate(layouts.plans):
+    for i, (e, plan) in enumerate(layouts.redistributions):
         out += predicted_steps(
             plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
         )
-    for i, ((e, _), back) in enumerate(zip(layouts.plans, backward)):
+    for i, ((e, _), back) in enumerate(zip(layouts.redistributions, backward)):
         if back is not None:
             what = f"{describe[f'e{i}']} (gradient)"
             # An add hands its output's gradient to every operand: one tensor for all its edges.

@@ -88,7 +88,7 @@ def collective_rows(
         xs = cast_inputs(inputs, tdtype, "meta", seed)
         dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
         recorder = Recorder(
-            {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.plans)},
+            {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
             {op.name: j for j, op in enumerate(graph.ops)},
             tuple(grid.shape),
         )

@@ -196,7 +196,9 @@ def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdRep
                 continue
             producer = graph.ops[int(scope[1:])].name
             remat_scopes.update(
-                f"e{i}" for i, (e, _) in enumerate(prog.layouts.plans) if e.producer == producer
+                f"e{i}"
+                for i, (e, _) in enumerate(prog.layouts.redistributions)
+                if e.producer == producer
             )
     L = cluster.devices_per_node
     rows: dict[tuple[str, str], dict[str, Any]] = {}

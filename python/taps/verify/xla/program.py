@@ -25,7 +25,7 @@ from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
 from taps.plan.candidates import assigned
 from taps.plan.layouts import layouts_of
-from taps.plan.mesh import mesh_for_plans
+from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
 from taps.search.evaluate import breakdown
 from taps.search.prices import partial_flows
@@ -90,14 +90,14 @@ class GraphProgram:
                 *(c.layout for cs in self.intra.values() for c in cs),
             ]
             plans = [p for _, p in forward] + [p for p in self.backward if p is not None]
-            mesh = mesh_for_plans(every, plans, cluster.num_devices)
-            self.layouts = dataclasses.replace(self.layouts, plans=forward, mesh=mesh)
+            mesh = mesh_for_redistributions(every, plans, cluster.num_devices)
+            self.layouts = dataclasses.replace(self.layouts, redistributions=forward, mesh=mesh)
         self.mesh = self.layouts.mesh
         self.jax = jax_with_devices(self.mesh.num_devices)
         self.dtype = run_dtype(dtype)
         self.jmesh = jax_mesh(self.mesh)
         self.edges = {
-            (e.consumer, e.slot): (i, e, p) for i, (e, p) in enumerate(self.layouts.plans)
+            (e.consumer, e.slot): (i, e, p) for i, (e, p) in enumerate(self.layouts.redistributions)
         }
         self.describe = describe_scopes(self.layouts)
         rng = np.random.default_rng(seed)

@@ -33,7 +33,7 @@ import numpy as np
 from taps._core import Cluster, Layout, plan_redistribution
 from taps.errors import VerifyError
 from taps.export.jax import jax_mesh, layout_spec, named_sharding
-from taps.plan.mesh import mesh_for_plans
+from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
 from taps.steps.jax import redistribute
 from taps.verify.prediction import check_plan, predicted_steps
@@ -154,7 +154,7 @@ def verify_redistributions(
     t0 = time.perf_counter()
     n = pairs[0][0].num_devices
     plans = [plan_redistribution(a, b, planner=planner) for a, b in pairs]
-    mesh = mesh_for_plans([x for a, b in pairs for x in (a, b)], plans, n)
+    mesh = mesh_for_redistributions([x for a, b in pairs for x in (a, b)], plans, n)
     jax = jax_with_devices(n)
     P = jax.sharding.PartitionSpec
     dt = run_dtype(dtype)

@@ -44,7 +44,7 @@ def _edge(
 ) -> Callable[[Any], Any]:
     """Edge ``i``: its forward plan; backward, its backward plan (no gradient without one)."""
     jax = prog.jax
-    e = prog.layouts.plans[i][0]
+    e = prog.layouts.redistributions[i][0]
     target = prog.layouts.inputs[e.consumer][e.slot]
     produced = prog.layouts.outputs[e.producer]
 
