@@ -1,7 +1,10 @@
 """taps: topology-aware intra-operator parallelism strategy search (TAPS).
 
-The layout, redistribution and cost core is Rust (``taps._core``); the graph model, the ILP search,
-reports and the CLI are Python. See ``docs/`` for the conventions and every public name.
+A model's :class:`Graph` and a :class:`Cluster` go into :func:`search`, whose result holds the
+:class:`Plan` it chose (a strategy per operator and its :class:`Pricing`); :func:`evaluate` and
+:func:`breakdown` price any plan, :mod:`taps.export` puts it on a framework's mesh and
+:func:`verify` runs it. The layout, redistribution and cost core is Rust (``taps._core``);
+docs/architecture.md maps the packages.
 """
 
 from taps import export, models, search, verify
