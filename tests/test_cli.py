@@ -176,3 +176,12 @@ def test_builtin_model_with_batch(capsys):
         == 0
     )
     assert "alexnet(batch=16)" in capsys.readouterr().out
+
+
+def test_an_argument_holding_a_line_break_is_still_one_line(capsys):
+    """Found by the fuzz test: argparse quotes an unrecognised argument as it is."""
+    with pytest.raises(SystemExit) as e:
+        main(["search", "mlp", "\n"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err == "taps: error: unrecognized arguments: \\n\n"

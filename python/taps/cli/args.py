@@ -22,7 +22,9 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line on stderr and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        # An argument may hold a line break; the message stays one line.
+        one_line = message.replace("\r", "\\r").replace("\n", "\\n")
+        sys.stderr.write(f"{self.prog}: error: {one_line}\n")
         raise SystemExit(2)
 
 
