@@ -185,3 +185,19 @@ def test_an_argument_holding_a_line_break_is_still_one_line(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err == "taps: error: unrecognized arguments: \\n\n"
+
+
+def test_names_are_printed_as_text_not_markup(tmp_path, capsys):
+    """Operator and tensor names, and file names, are whatever the model says: "[/]" would end
+    rich's markup and "[b]" start a style."""
+    g = taps.Graph("[i]net")
+    x = g.input("x", (8, 16))
+    h = g.relu("[/]", x)
+    g.relu("[b]act", h)
+    path = tmp_path / "[red]g.json"
+    path.write_text(g.to_json(), encoding="utf-8")
+    argv = ["search", str(path), "--nodes", "1", "--devices-per-node", "2", "--collectives"]
+    assert main([*argv, "--json", str(tmp_path / "[b].json")]) == 0
+    out = capsys.readouterr().out
+    for text in ("[i]net", "│ [/] ", "│ [b]act ", "[b].json"):
+        assert text in out

@@ -32,13 +32,22 @@ def test_import_reads_a_saved_export(tmp_path):
     assert [op.kind for op in taps.Graph.from_json(out.read_text()).ops] == ["linear", "relu"]
 
 
-def test_import_errors_are_one_line_and_write_nothing(tmp_path, capsys):
+def test_import_errors_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "x.json"
+    (tmp_path / "broken_module.py").write_text("def f(:\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
     for source, message in [
         ("no_such_module:f", "cannot import 'no_such_module'"),
         ("torch_factories:missing", "has no 'missing'"),
         ("torch_factories:not_a_pair", "must return (module, inputs)"),
         ("torch_factories", "is not package.module:factory"),
+        # The user's code failing is theirs: one line, what it raised (not "a bug in taps").
+        (
+            "torch_factories:raises",
+            "the factory torch_factories:raises raised ValueError: the config has no field",
+        ),
+        ("torch_factories:CONSTANT", "torch_factories:CONSTANT is not callable"),
+        ("broken_module:f", "importing 'broken_module' raised SyntaxError"),
     ]:
         assert main(["import", source, str(out)]) == 2
         err = capsys.readouterr().err

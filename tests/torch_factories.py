@@ -15,3 +15,11 @@ def mlp() -> tuple[nn.Module, torch.Tensor]:
 
 def not_a_pair() -> nn.Module:
     return nn.Linear(4, 4)
+
+
+def raises() -> tuple[nn.Module, torch.Tensor]:
+    raise ValueError("the config has no field 'hidden'\nsecond line")
+
+
+#: Not callable: ``torch_factories:CONSTANT`` names a value.
+CONSTANT = 3

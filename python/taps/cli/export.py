@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             record = {"plan": args.plan, "to": args.to, "out": args.out, "graph": plan.graph.name}
             outputs[args.json].write_text(json.dumps(record, indent=2) + "\n")
         outputs.commit()
-    console.print(f"wrote {args.out}: {plan.graph.name}, {args.to} plan")
+    console.print(f"wrote {args.out}: {plan.graph.name}, {args.to} plan", markup=False)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
         outputs.commit()
     console.print(
         f"wrote {args.out}: {graph.name}, {len(graph.ops)} operators, "
-        f"{graph.num_parameters():,} parameters, {len(graph.tied)} tied groups"
+        f"{graph.num_parameters():,} parameters, {len(graph.tied)} tied groups",
+        markup=False,
     )
 
 

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         code = _run(args, console, outputs)
         outputs.commit()
     if args.json:
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.json}", markup=False)
     if args.command == "plan":
         # Said once the work is done, so that an error stays one line.
         sys.stderr.write("taps plan is now taps redistribute (the old name still works)\n")
@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
         saving = 0.0 if paper == 0 else 100 * (1 - best / paper)
         output.append(f"optimal planner: {saving:.1f}% less time than Algorithm 1")
     for item in output:
-        console.print(item)
+        console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
     doc: dict[str, object] = {
         "source": layout_dict(first.source),
         "target": layout_dict(first.target),

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             outputs[args.json].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         outputs.commit()
     if args.json:
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.json}", markup=False)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

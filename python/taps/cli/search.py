@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             output.append(f"wrote {export_path}")
         outputs.commit()
     for item in output:
-        console.print(item)
+        console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
 
 
 def _json(results: list[SearchResult | Plan], comparison: Comparison | None) -> str:

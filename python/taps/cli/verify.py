@@ -31,7 +31,7 @@ def report(result: VerifyResult, console: Console, title: str) -> int:
     """Print a verification; the exit code: 1 if it failed."""
     console.print(result.table(title))
     for line in result.mismatches:
-        console.print(f"[red]{line}[/]")
+        console.print(line, style="red", markup=False)
     return 0 if result.ok else 1
 
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     c = plan.cluster
     code = report(verified, console, f"{plan.graph.name} on {c.nodes} x {c.devices_per_node}")
     if args.json:
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.json}", markup=False)
     return code
 
 

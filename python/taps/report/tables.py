@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
@@ -102,7 +103,7 @@ def strategy_table(source: SearchResult | Plan) -> Table:
     model = plan.pricing.cost_model
     what = "search" if isinstance(source, SearchResult) else "saved plan"
     table = Table(
-        title=f"{plan.graph.name}: {model} {what} on "
+        title=f"{escape(plan.graph.name)}: {model} {what} on "
         f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
         title_justify="left",
     )
@@ -113,7 +114,7 @@ def strategy_table(source: SearchResult | Plan) -> Table:
     for row in rows:
         op = plan.graph.op(row.name)
         table.add_row(
-            row.name,
+            escape(row.name),
             _strategy_text(op.partitionable, row.strategy),
             str(row.strategy.device_matrix),
             format_cost(row.intra_cost, model),
@@ -190,7 +191,13 @@ def collectives_table(source: SearchResult | Plan) -> Table:
                 group *= c.layout.device_dim_size(k)
             ct = inter_node_groups(c.layout, "all_reduce", cluster.devices_per_node)
             table.add_row(
-                row.name, c.tensor, c.reason, c.kind, str(group), str(ct), format_cost(cost, model)
+                escape(row.name),
+                escape(c.tensor),
+                c.reason,
+                c.kind,
+                str(group),
+                str(ct),
+                format_cost(cost, model),
             )
         for inc in row.incoming:
             dtype = plan.graph.tensors[inc.edge.tensor].dtype_bytes
@@ -203,9 +210,9 @@ def collectives_table(source: SearchResult | Plan) -> Table:
                     if op.kind == "slice":
                         continue
                     table.add_row(
-                        row.name,
-                        inc.edge.tensor,
-                        why,
+                        escape(row.name),
+                        escape(inc.edge.tensor),
+                        escape(why),
                         op.kind,
                         str(op.group_size),
                         str(op.inter_node_groups(cluster.devices_per_node)),

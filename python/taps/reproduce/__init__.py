@@ -82,5 +82,5 @@ def reproduce(out: Path, quick: bool, console: Console) -> tuple[list[Row], list
         plot_ratio(rows, stage / "ratio.png")
     for line in headline(rows).lines():
         console.print(line)
-    console.print(f"wrote {', '.join(FILES)} into {out}")
+    console.print(f"wrote {', '.join(FILES)} into {out}", markup=False)
     return rows, timing_rows

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from taps.errors import VerifyError
@@ -315,7 +316,7 @@ def _bytes(n: int | None) -> str:
 
 
 def result_table(result: VerifyResult, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for name in ("phase", "collective", "group", "what", "predicted B", "measured B", "ct", ""):
         right = name in ("group", "predicted B", "measured B", "ct")
         table.add_column(name, justify="right" if right else "left", overflow="fold")
@@ -325,7 +326,7 @@ def result_table(result: VerifyResult, title: str) -> Table:
             c.phase,
             c.kind,
             str(c.group_size),
-            c.what,
+            escape(c.what),
             _bytes(c.predicted_bytes),
             _bytes(c.measured_bytes),
             "-" if c.inter_node_groups is None else str(c.inter_node_groups),

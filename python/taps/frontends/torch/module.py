@@ -74,6 +74,12 @@ def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
 
 
+def _first_line(error: BaseException) -> str:
+    """An exception of the user's code as one line: its type and its message's first line."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     """``(module, inputs)`` made by ``package.module:factory``, a callable returning the module
     and its example inputs (a tuple or a single tensor)."""
@@ -82,12 +88,20 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     if not sep or not module_name or not attr:
         raise GraphError(f"{spec!r} is not package.module:factory")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        imported = importlib.import_module(module_name)
     except ImportError as e:
         raise GraphError(f"cannot import {module_name!r}: {e}") from None
-    except AttributeError:
-        raise GraphError(f"module {module_name!r} has no {attr!r}") from None
-    made = factory()
+    except Exception as e:  # the user's module failed as it ran: theirs to fix, said as such
+        raise GraphError(f"importing {module_name!r} raised {_first_line(e)}") from None
+    factory = getattr(imported, attr, None)
+    if factory is None:
+        raise GraphError(f"module {module_name!r} has no {attr!r}")
+    if not callable(factory):
+        raise GraphError(f"{spec} is not callable")
+    try:
+        made = factory()
+    except Exception as e:  # the user's factory failed
+        raise GraphError(f"the factory {spec} raised {_first_line(e)}") from None
     if not (isinstance(made, tuple) and len(made) == 2):
         raise GraphError(f"{spec} must return (module, inputs), got {type(made).__name__}")
     module, inputs = made

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from taps.plan.plan import Plan
@@ -139,7 +140,7 @@ class GspmdReport:
             end = "[/]" if r.differs else ""
             table.add_row(
                 r.phase,
-                r.what + (" [red](full remat)[/]" if r.rematerialized else ""),
+                escape(r.what) + (" [red](full remat)[/]" if r.rematerialized else ""),
                 f"{r.taps_bytes:,}",
                 f"{mark}{r.xla_bytes:,}{end}",
                 f"{r.taps_cross_node_bytes:,}",
