@@ -6,6 +6,7 @@ import pickle
 import pytest
 
 import taps
+from taps.cli import main
 
 LINE = taps.Layout([64, 64], [4, 8], [1, 0])  # 32 devices, both device dims split a tensor dim
 
@@ -78,6 +79,30 @@ def test_bad_levels():
     for levels in ([], [(0, 1e9, 0.0)], [(3, 1e9, 0.0)], [(4, -1.0, 0.0)], [(4, 1e9, -1e-6)]):
         with pytest.raises(taps.TopologyError):
             taps.Cluster.hierarchy(levels)
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda: taps.Cluster(1, 8, 5e-320), "intra_bandwidth .* at least 1 byte per second"),
+        (lambda: taps.Cluster(2, 8, inter_latency=1e308), "inter_latency .* from 0 to 1e6"),
+        (lambda: taps.Cluster(2, 2**62), "more than 2\\^62 devices"),
+    ],
+)
+def test_numbers_at_the_edge_are_refused_with_their_reason(make, why):
+    """A subnormal bandwidth or a huge latency would price every plan at infinity (numpy
+    overflow warnings, "inf s"); 2^63 devices do not fit the core's integers."""
+    with pytest.raises(taps.TopologyError, match=why):
+        make()
+
+
+def test_a_cluster_file_of_too_many_devices_says_so(tmp_path, capsys):
+    path = tmp_path / "big.toml"
+    path.write_text(f"[[levels]]\ncount = {2**62}\nbandwidth = 1e9\n[[levels]]\nbandwidth = 1e9\n")
+    argv = ["search", "mlp", "--cluster", str(path), "--nodes", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "make more than 2^62 devices" in err
 
 
 TOML = """

@@ -5,6 +5,15 @@
 use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
 
+/// The most devices a cluster may have: their count and products of it stay within `i64`.
+pub const MAX_DEVICES: u64 = 1 << 62;
+/// The least bandwidth a level may have, in bytes per second: with [`MAX_LATENCY`], any
+/// collective's time stays a finite number of seconds (a subnormal bandwidth or a latency near
+/// `f64::MAX` would price plans at infinity).
+pub const MIN_BANDWIDTH: f64 = 1.0;
+/// The most latency a level may have, in seconds per collective.
+pub const MAX_LATENCY: f64 = 1e6;
+
 /// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices each, nested in
 /// [`Level`]s. Validated once by [`Cluster::hierarchy`] (which [`Cluster::new`] and
 /// [`Cluster::preset`] call); the fields are read through accessors so that no cluster skips the
@@ -107,6 +116,11 @@ impl Cluster {
             )));
         }
         let total = counts.iter().try_fold(1u64, |n, &c| n.checked_mul(c));
+        if total.is_none_or(|n| n > MAX_DEVICES) {
+            return Err(Error::Topology(format!(
+                "levels of {counts:?} parts (devices per node first) make more than 2^62 devices"
+            )));
+        }
         if !total.is_some_and(u64::is_power_of_two) {
             return Err(Error::Topology(format!(
                 "levels of {counts:?} parts (devices per node first): the device count must be a \
@@ -122,15 +136,15 @@ impl Cluster {
                 1 => format!("inter_{what} (the {what} of level 1)"),
                 _ => format!("the {what} of level {j}"),
             };
-            if !(bandwidth.is_finite() && bandwidth > 0.0) {
+            if !(bandwidth.is_finite() && bandwidth >= MIN_BANDWIDTH) {
                 return Err(Error::Topology(format!(
-                    "{} must be a positive number of bytes per second, got {bandwidth}",
+                    "{} must be a finite number of at least 1 byte per second, got {bandwidth}",
                     name("bandwidth")
                 )));
             }
-            if !(latency.is_finite() && latency >= 0.0) {
+            if !(latency.is_finite() && (0.0..=MAX_LATENCY).contains(&latency)) {
                 return Err(Error::Topology(format!(
-                    "{} must be a finite number of seconds, not negative, got {latency}",
+                    "{} must be a number of seconds from 0 to 1e6, got {latency}",
                     name("latency")
                 )));
             }
@@ -306,6 +320,30 @@ mod tests {
                 Err(Error::Topology(_))
             ));
         }
+    }
+
+    /// Numbers at the edge of floating point and of the integers are refused with their reason,
+    /// and the edges themselves are accepted.
+    #[test]
+    fn device_counts_bandwidths_and_latencies_keep_prices_finite() {
+        let refused = |levels: &[(u64, f64, f64)], why: &str| {
+            let e = Cluster::hierarchy(levels, None, Replicas::Flat).unwrap_err();
+            assert!(matches!(&e, Error::Topology(m) if m.contains(why)), "{e:?}");
+        };
+        refused(
+            &[(1 << 62, 1e9, 0.0), (2, 1e9, 0.0)],
+            "more than 2^62 devices",
+        );
+        refused(
+            &[(1 << 40, 1e9, 0.0), (1 << 40, 1e9, 0.0)],
+            "more than 2^62 devices",
+        );
+        refused(&[(8, 5e-320, 0.0)], "at least 1 byte per second");
+        refused(&[(8, 0.5, 0.0)], "at least 1 byte per second");
+        refused(&[(8, 1e9, 1e308)], "from 0 to 1e6");
+        let edge = [(1 << 62, MIN_BANDWIDTH, MAX_LATENCY)];
+        let c = Cluster::hierarchy(&edge, None, Replicas::Flat).unwrap();
+        assert_eq!(c.num_devices(), 1 << 62);
     }
 
     #[test]
