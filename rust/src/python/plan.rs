@@ -87,11 +87,8 @@ impl PyCommOp {
         text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
     )]
     fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
-        Ok(self.inner.cost(
-            &cluster.inner,
-            dtype_bytes.get("dtype_bytes", Error::Topology)?,
-            CostModel::parse(model)?,
-        )?)
+        let (dtype_bytes, model) = cost_args(dtype_bytes, model)?;
+        Ok(self.inner.cost(&cluster.inner, dtype_bytes, model)?)
     }
 
     fn __repr__(&self) -> String {
@@ -178,11 +175,8 @@ impl PyRedistribution {
         text_signature = "($self, cluster, dtype_bytes=2.0, model='topology')"
     )]
     fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
-        Ok(self.inner.cost(
-            &cluster.inner,
-            dtype_bytes.get("dtype_bytes", Error::Topology)?,
-            CostModel::parse(model)?,
-        )?)
+        let (dtype_bytes, model) = cost_args(dtype_bytes, model)?;
+        Ok(self.inner.cost(&cluster.inner, dtype_bytes, model)?)
     }
 
     fn __repr__(&self) -> String {
@@ -228,4 +222,12 @@ pub(super) fn plan_redistribution(
     Ok(PyRedistribution {
         inner: plan::plan_redistribution(&a.inner, &b.inner, planner, objective)?,
     })
+}
+
+/// The element size and the cost model of a `cost(cluster, dtype_bytes, model)` call, checked.
+fn cost_args(dtype_bytes: Num<f64>, model: &str) -> PyResult<(f64, CostModel)> {
+    Ok((
+        dtype_bytes.get("dtype_bytes", Error::Topology)?,
+        CostModel::parse(model)?,
+    ))
 }
