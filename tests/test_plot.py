@@ -19,7 +19,7 @@ def result() -> taps.SearchResult:
 
 def test_png_has_the_documented_size_and_is_not_blank(result, tmp_path):
     path = tmp_path / "plan.png"
-    plot_plan(result.plan, path)
+    plot_plan(result, path)
     image = imread(path)
     width, height = figure_size(len(result.plan.graph.ops))
     assert image.shape[:2] == (height, width)
@@ -27,7 +27,7 @@ def test_png_has_the_documented_size_and_is_not_blank(result, tmp_path):
 
 
 def test_one_row_per_operator_one_segment_per_split(result):
-    strategies, costs = plan_figure(result.plan).axes[:2]
+    strategies, costs = plan_figure(result).axes[:2]
     names = [t.get_text() for t in strategies.get_yticklabels()]
     assert names == [row.name for row in result.breakdown]
     # A segment per split axis, each as wide as log2 of its degree: every row fills log2 N.
@@ -47,13 +47,13 @@ def test_one_row_per_operator_one_segment_per_split(result):
 
 
 def test_cost_split_adds_up_and_separates_nodes(result):
-    split = cost_split(result.plan, result.breakdown)
+    split = cost_split(result)
     for (inside, across, redistribution), row in zip(split, result.breakdown):
         assert inside + across == pytest.approx(row.intra_cost)
         assert redistribution == row.incoming_cost
     # On one node nothing crosses a node boundary.
     single = taps.search(taps.models.alexnet(), taps.Cluster(1, 8))
-    assert all(across == 0 for _, across, _ in cost_split(single.plan, single.breakdown))
+    assert all(across == 0 for _, across, _ in cost_split(single))
     assert any(across > 0 for _, across, _ in split)
 
 

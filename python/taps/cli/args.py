@@ -262,23 +262,6 @@ def _read(name: str) -> bytes:
         raise GraphError(f"cannot read {name!r}: {e}") from None
 
 
-def read_saved_plan(name: str | None) -> Plan | None:
-    """The plan saved in the JSON file ``name`` (``taps search --save``), or None when ``name``
-    is not a saved plan (a model name or a graph file)."""
-    if name is None or not name.endswith(".json"):
-        return None
-    try:
-        data = json.loads(_read(name))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return None  # the graph reader says what is wrong with it
-    if not is_saved_plan(data):
-        return None
-    try:
-        return Plan.from_dict(data)
-    except PlanFileError as e:
-        raise PlanFileError(f"{name}: {e}") from None
-
-
 #: What a saved plan already says: its graph, cluster and pricing (flag, attribute).
 _PLAN_HOLDS = (
     ("--nodes", "nodes"),
@@ -311,21 +294,22 @@ def pricing_of(args: argparse.Namespace, step: Step = "training") -> Pricing:
     return Pricing(step=args.step or step, planner=args.planner or "paper", zero=args.zero)
 
 
-def load_graph(args: argparse.Namespace, unknown: str = "error") -> Graph:
-    """The graph of MODEL or ``--torch``."""
-    if args.torch is not None:
-        from taps.cli.imports import read_torch
-
-        return read_torch(args.torch, unknown)
-    return load_model(args.model, args.batch)
-
-
-def load_model(name: str, batch: int | None) -> Graph:
-    """A built-in model by name, or a graph JSON file."""
+def load_model(name: str, batch: int | None) -> Graph | Plan:
+    """A built-in model by name, a graph JSON file, or a plan saved by ``taps search --save``
+    (a JSON file too: read once, and told apart by its ``format``)."""
     if name.endswith(".json"):
         data = _read(name)
         try:
-            return Graph.from_json(data)
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            doc = None  # the graph reader says what is wrong with it
+        if is_saved_plan(doc):
+            try:
+                return Plan.from_dict(doc)
+            except PlanFileError as e:
+                raise PlanFileError(f"{name}: {e}") from None
+        try:
+            return Graph.from_json(data) if doc is None else Graph.from_dict(doc)
         except GraphError as e:
             raise GraphError(f"graph file {name!r}: {e}") from None
     if name.lower() in models.names() or name.lower().startswith("megatron-"):

@@ -9,14 +9,15 @@ import json
 from rich.console import Console
 
 from taps._support.outputs import Outputs
-from taps.cli.args import read_saved_plan
+from taps.cli.args import load_model
 from taps.errors import PlanFileError
 from taps.export import FRAMEWORKS, export
+from taps.plan import Plan
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    plan = read_saved_plan(args.plan)
-    if plan is None:
+    plan = load_model(args.plan, None)
+    if not isinstance(plan, Plan):
         raise PlanFileError(f"{args.plan}: not a plan saved by taps search --save")
     with Outputs(args.out, args.json) as outputs:
         exported = export(plan, args.to)

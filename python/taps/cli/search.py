@@ -17,17 +17,18 @@ from taps.cli.args import (
     add_pricing_args,
     check_one_model,
     cluster,
-    load_graph,
+    load_model,
     memory_size,
     positive,
     pricing_of,
-    read_saved_plan,
     refuse_for_saved_plan,
 )
+from taps.graph import Graph
 from taps.plan import Plan
 from taps.report.plot import check_available, plot_plan
+from taps.report.priced import Priced, PricedPlan
 from taps.report.tables import collectives_table, comparison_table, result_dict, strategy_table
-from taps.search.searching import Comparison, SearchResult, compare, search
+from taps.search.searching import Comparison, compare, search
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
@@ -41,24 +42,27 @@ def run(args: argparse.Namespace, console: Console) -> None:
     # Checked (a temporary file made beside each) before the search, written after it.
     with Outputs(args.json, args.plot, export_path, args.save) as outputs:
         check_one_model(args)
-        saved = read_saved_plan(args.model) if args.torch is None else None
-        comparison: Comparison | None = None
-        if saved is not None:
-            refuse_for_saved_plan(args)
-            # A saved plan is reported as it is: nothing is searched again.
-            plans: list[Plan] = [saved]
-            results: list[SearchResult | Plan] = [saved]
+        if args.torch is not None:
+            from taps.cli.imports import read_torch
+
+            source: Graph | Plan = read_torch(args.torch, "error")
         else:
-            graph = load_graph(args)
+            source = load_model(args.model, args.batch)
+        comparison: Comparison | None = None
+        if isinstance(source, Plan):
+            refuse_for_saved_plan(args)
+            # A saved plan is reported as it is: priced once, nothing searched again.
+            results: list[Priced] = [PricedPlan.of(source)]
+        else:
             c = cluster(args, args.memory)
             pricing = pricing_of(args)
             if args.cost_model == "both":
-                comparison = compare(graph, c, pricing, time_limit=args.time_limit)
+                comparison = compare(source, c, pricing, time_limit=args.time_limit)
                 found = [comparison.topology, comparison.volume]
             else:
                 pricing = replace(pricing, cost_model=args.cost_model or "topology")
-                found = [search(graph, c, pricing, time_limit=args.time_limit)]
-            plans, results = [r.plan for r in found], list(found)
+                found = [search(source, c, pricing, time_limit=args.time_limit)]
+            results = list(found)
         # Everything is built before anything is printed or written; the first plan (the
         # topology-aware one under --cost-model both) is the one saved, drawn and exported.
         output: list[Any] = []
@@ -72,26 +76,23 @@ def run(args: argparse.Namespace, console: Console) -> None:
             outputs[args.json].write_text(_json(results, comparison))
             output.append(f"wrote {args.json}")
         if args.save:
-            outputs[args.save].write_text(plans[0].to_json())
+            outputs[args.save].write_text(results[0].plan.to_json())
             output.append(f"wrote {args.save}")
         if args.plot:
-            plot_plan(plans[0], outputs[args.plot].temp)
+            plot_plan(results[0], outputs[args.plot].temp)
             output.append(f"wrote {args.plot}")
         if export_path is not None:
             from taps.export import export
 
-            outputs[export_path].write_text(export(plans[0], framework).to_json())
+            outputs[export_path].write_text(export(results[0].plan, framework).to_json())
             output.append(f"wrote {export_path}")
         outputs.commit()
     for item in output:
         console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
 
 
-def _json(results: list[SearchResult | Plan], comparison: Comparison | None) -> str:
-    data: dict[str, Any] = {}
-    for r in results:
-        plan = r if isinstance(r, Plan) else r.plan
-        data[plan.pricing.cost_model] = result_dict(r)
+def _json(results: list[Priced], comparison: Comparison | None) -> str:
+    data: dict[str, Any] = {r.plan.pricing.cost_model: result_dict(r) for r in results}
     if comparison is not None:
         data["comparison"] = {
             "volume_under_topology": comparison.volume_under_topology,

@@ -17,9 +17,10 @@ from taps.cli.args import (
     integer,
     load_model,
     pricing_of,
-    read_saved_plan,
     refuse_for_saved_plan,
 )
+from taps.graph import Graph
+from taps.plan import Plan
 from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
 from taps.verify.result import TOLERANCE
@@ -51,25 +52,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "the torch engine replays the paper's model (--step forward, no --zero): the "
             "training step runs on --engine xla"
         )
-    saved = read_saved_plan(args.model) if args.torch is None else None
-    if saved is not None:
-        refuse_for_saved_plan(args)
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
         module: object = None
         inputs: tuple[object, ...] = ()
-        if saved is not None:
-            plan = saved  # run as it was saved: not searched again
-        else:
-            if args.torch is not None:
-                from taps.frontends.torch import from_torch, load_factory
+        if args.torch is not None:
+            from taps.frontends.torch import from_torch, load_factory
 
-                module, inputs = load_factory(args.torch)
-                graph = from_torch(module, *inputs, name=args.torch.partition(":")[2])
-            else:
-                graph = load_model(args.model, args.batch)
+            module, inputs = load_factory(args.torch)
+            source: Graph | Plan = from_torch(module, *inputs, name=args.torch.partition(":")[2])
+        else:
+            source = load_model(args.model, args.batch)
+        if isinstance(source, Plan):
+            refuse_for_saved_plan(args)
+            plan = source  # run as it was saved: not searched again
+        else:
             pricing = pricing_of(args, "forward" if args.engine == "torch" else "training")
-            plan = search(graph, cluster(args), pricing).plan
+            plan = search(source, cluster(args), pricing).plan
         against = None
         if args.engine == "torch":
             verified = verify_torch(

@@ -8,7 +8,7 @@ from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
 from taps.export.dtensor import DTensorPlacements, layout_placements, placement_objects
 from taps.export.jax import JaxShardings, layout_spec
-from taps.plan.layouts import PlanLayouts, layouts_of, plan_layouts
+from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.mesh import Mesh, mesh_for
 from taps.plan.plan import Plan
 
@@ -53,7 +53,6 @@ __all__ = [
     "layouts_of",
     "mesh_for",
     "placement_objects",
-    "plan_layouts",
     "to_dtensor",
     "to_jax",
 ]

@@ -66,14 +66,13 @@ class Replay:
 
     @classmethod
     def of(cls, layouts: PlanLayouts, device_mesh: Any) -> Replay:
-        from taps.plan.candidates import Candidate
         from taps.search.prices import intra_collectives
 
-        mesh, graph = layouts.mesh, layouts.graph
+        mesh, graph = layouts.mesh, layouts.plan.graph
         partial: dict[str, tuple[str, ...]] = {}
         used: dict[str, set[str]] = {}
         for op in graph.ops:
-            chosen = Candidate.of(op, layouts.strategies[op.name])
+            chosen = layouts.plan.candidates[op.name]
             partial[op.name] = next(
                 (
                     mesh.unused_axes(c.layout)

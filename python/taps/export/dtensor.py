@@ -82,7 +82,7 @@ class DTensorPlacements:
                     "inputs": [layout_placements(mesh, lay) for lay in layouts.inputs[op.name]],
                     "output": layout_placements(mesh, layouts.outputs[op.name]),
                 }
-                for op in layouts.graph.ops
+                for op in layouts.plan.graph.ops
             },
         )
 

@@ -89,7 +89,7 @@ class JaxShardings:
                 "inputs": [layout_spec(mesh, lay) for lay in layouts.inputs[op.name]],
                 "output": layout_spec(mesh, layouts.outputs[op.name]),
             }
-            for op in layouts.graph.ops
+            for op in layouts.plan.graph.ops
         }
         return cls(mesh, tensors, operators)
 

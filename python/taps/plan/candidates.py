@@ -21,7 +21,6 @@ from taps._core import (
     Layout,
     Redistribution,
     Strategy,
-    StrategyError,
     enumerate_strategies,
     plan_redistribution,
 )
@@ -131,27 +130,6 @@ def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[C
     """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
     specs = operand_specs(op)
     return [Candidate.of(op, s, specs) for s in strategies(op, num_devices, replicas)]
-
-
-def assigned(
-    graph: Graph,
-    strategies: Mapping[str, Strategy],
-    num_devices: int | None = None,
-    error: type[Exception] = StrategyError,
-) -> dict[str, Candidate]:
-    """The candidate of every operator under ``strategies`` (checked: one for every operator,
-    each on ``num_devices`` devices if given; ``error`` otherwise)."""
-    missing = [op.name for op in graph.ops if op.name not in strategies]
-    if missing:
-        raise error(f"no strategy given for operators {missing}")
-    for op in graph.ops:
-        s = strategies[op.name]
-        if num_devices is not None and s.num_devices != num_devices:
-            raise error(
-                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the cluster "
-                f"{num_devices}"
-            )
-    return {op.name: Candidate.of(op, strategies[op.name]) for op in graph.ops}
 
 
 def edge_redistributions(

@@ -1,24 +1,22 @@
-"""The layout of every tensor and operand of a graph under an assignment of strategies."""
+"""The layout of every tensor and operand of a graph under a plan."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from taps._core import Cluster, Layout, Redistribution, Strategy
-from taps.errors import ExportError
-from taps.graph import Edge, Graph
-from taps.plan.candidates import assigned, edge_redistributions
+from taps._core import Layout, Redistribution
+from taps.graph import Edge
+from taps.plan.candidates import edge_redistributions
 from taps.plan.mesh import Mesh, mesh_for_redistributions
 from taps.plan.plan import Plan
 
 
 @dataclass(frozen=True)
 class PlanLayouts:
-    """Where every tensor lives under one assignment.
+    """Where every tensor lives under one plan.
 
     Attributes:
-        graph, strategies: what the layouts come from.
+        plan: what the layouts come from.
         inputs: per operator, the layout each input slot wants (after its redistribution).
         outputs: per operator, the layout of its output.
         tensors: per tensor name: an activation's producer layout; a parameter's, an input's or a
@@ -29,8 +27,7 @@ class PlanLayouts:
         mesh: the coarsest mesh every layout above and every layout of the plans fits on.
     """
 
-    graph: Graph
-    strategies: Mapping[str, Strategy]
+    plan: Plan
     inputs: dict[str, list[Layout]]
     outputs: dict[str, Layout]
     tensors: dict[str, Layout]
@@ -38,28 +35,18 @@ class PlanLayouts:
     mesh: Mesh
 
 
-def plan_layouts(
-    graph: Graph, strategies: Mapping[str, Strategy], cluster: Cluster | None = None
-) -> PlanLayouts:
-    """Every operand's layout, every edge's plan and their common mesh."""
-    n = None if cluster is None else cluster.num_devices
-    chosen = assigned(graph, strategies, n, ExportError)
+def layouts_of(plan: Plan) -> PlanLayouts:
+    """Every tensor's layout under ``plan``, every edge's redistribution and their common mesh."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"expected a taps.Plan, got {type(plan).__name__}")
+    graph, chosen = plan.graph, plan.candidates
     inputs = {v: list(c.inputs) for v, c in chosen.items()}
     outputs = {v: c.output for v, c in chosen.items()}
     tensors = {graph.op(v).output.tensor: layout for v, layout in outputs.items()}
     for op in graph.ops:
         for o, layout in zip(op.inputs, inputs[op.name]):
             tensors.setdefault(o.tensor, layout)
-    plans = edge_redistributions(graph, chosen)
+    moves = edge_redistributions(graph, chosen)
     every = [*tensors.values(), *(x for ls in inputs.values() for x in ls)]
-    if n is None:
-        n = next(iter(outputs.values())).num_devices if outputs else 1
-    mesh = mesh_for_redistributions(every, [plan for _, plan in plans], n)
-    return PlanLayouts(graph, dict(strategies), inputs, outputs, tensors, plans, mesh)
-
-
-def layouts_of(plan: Plan) -> PlanLayouts:
-    """Every tensor's layout under ``plan``, every edge's redistribution and their common mesh."""
-    if not isinstance(plan, Plan):
-        raise TypeError(f"expected a taps.Plan, got {type(plan).__name__}")
-    return plan_layouts(plan.graph, plan.strategies, plan.cluster)
+    mesh = mesh_for_redistributions(every, [r for _, r in moves], plan.cluster.num_devices)
+    return PlanLayouts(plan, inputs, outputs, tensors, moves, mesh)

@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -22,6 +23,7 @@ from taps._core import Cluster, Strategy
 from taps._support.outputs import Outputs
 from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
 from taps.graph import Graph
+from taps.plan.candidates import Candidate
 from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
@@ -46,16 +48,12 @@ class Plan:
     pricing: Pricing = field(default_factory=Pricing)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.graph, Graph):
-            raise TypeError(f"Plan: graph must be a taps.Graph, got {type(self.graph).__name__}")
-        if not isinstance(self.cluster, Cluster):
-            raise TypeError(
-                f"Plan: cluster must be a taps.Cluster, got {type(self.cluster).__name__}"
-            )
-        if not isinstance(self.pricing, Pricing):
-            raise TypeError(
-                f"Plan: pricing must be a taps.Pricing, got {type(self.pricing).__name__}"
-            )
+        for name, kind in (("graph", Graph), ("cluster", Cluster), ("pricing", Pricing)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"Plan: {name} must be a taps.{kind.__name__}, got {type(value).__name__}"
+                )
         if not isinstance(self.strategies, Mapping):
             raise TypeError(
                 "Plan: strategies must map operator names to taps.Strategy, got "
@@ -75,6 +73,14 @@ class Plan:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    @cached_property
+    def candidates(self) -> Mapping[str, Candidate]:
+        """Every operator's candidate: the layout its strategy gives each operand, worked out
+        once for the plan (pricing, exports and verifiers all read them)."""
+        return MappingProxyType(
+            {op.name: Candidate.of(op, self.strategies[op.name]) for op in self.graph.ops}
+        )
 
     def with_pricing(self, pricing: Pricing) -> Plan:
         """The same strategies priced another way."""
@@ -204,6 +210,11 @@ def is_saved_plan(data: Any) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
+def _some(names: list[str]) -> str:
+    """The first few of ``names``, quoted, for a one-line message."""
+    return ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+
+
 def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PlanFileError(f"the plan's {what} must be a JSON object")
@@ -239,14 +250,12 @@ def _checked(
     foreign = [n for n in strategies if n not in names]
     if foreign:
         raise GraphError(
-            f"strategies for operators graph {graph.name!r} does not have: "
-            f"{', '.join(repr(n) for n in foreign[:5])}{' ...' if len(foreign) > 5 else ''}"
+            f"strategies for operators graph {graph.name!r} does not have: {_some(foreign)}"
         )
     missing = [op.name for op in graph.ops if op.name not in strategies]
     if missing:
         raise StrategyError(
-            f"no strategy for {len(missing)} operator(s) of graph {graph.name!r}: "
-            f"{', '.join(repr(n) for n in missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            f"no strategy for {len(missing)} operator(s) of graph {graph.name!r}: {_some(missing)}"
         )
     out: dict[str, Strategy] = {}
     for op in graph.ops:

@@ -4,7 +4,7 @@ parameter takes. Every function that prices a plan reads these choices from one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from taps._core import COST_MODELS, PLANNERS
@@ -77,13 +77,7 @@ class Pricing:
 
     def to_dict(self) -> dict[str, Any]:
         """The choices as a JSON object."""
-        return {
-            "cost_model": self.cost_model,
-            "step": self.step,
-            "planner": self.planner,
-            "zero": self.zero,
-            "bytes_per_parameter": self.bytes_per_parameter,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> Pricing:

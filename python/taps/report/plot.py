@@ -15,7 +15,8 @@ from typing import Any
 from taps._core import inter_node_groups
 from taps._support.extras import require
 from taps.plan.plan import Plan
-from taps.search.evaluate import OpCost, breakdown
+from taps.report.priced import Priced
+from taps.search.evaluate import OpCost
 
 #: Inches: figure width, height per operator and for title, axes and legends.
 WIDTH = 12.0
@@ -49,12 +50,12 @@ def figure_size(num_operators: int) -> tuple[int, int]:
     return round(WIDTH * DPI), round((MARGIN_HEIGHT + ROW_HEIGHT * num_operators) * DPI)
 
 
-def cost_split(plan: Plan, rows: list[OpCost]) -> list[tuple[float, float, float]]:
-    """Per operator row of ``plan``'s breakdown: the cost of its collectives inside a node, of
-    those across nodes, and of its incoming redistributions (they add up to its total)."""
-    dpn = plan.cluster.devices_per_node
+def cost_split(source: Priced) -> list[tuple[float, float, float]]:
+    """Per operator row of the breakdown: the cost of its collectives inside a node, of those
+    across nodes, and of its incoming redistributions (they add up to its total)."""
+    dpn = source.plan.cluster.devices_per_node
     out = []
-    for row in rows:
+    for row in source.breakdown:
         inside = across = 0.0
         for c, cost in row.collectives:
             if inter_node_groups(c.layout, "all_reduce", dpn):  # the only intra-operator kind
@@ -65,21 +66,21 @@ def cost_split(plan: Plan, rows: list[OpCost]) -> list[tuple[float, float, float
     return out
 
 
-def plot_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Draw :func:`plan_figure` of ``plan`` into ``path`` (PNG, or any format matplotlib knows
+def plot_plan(source: Priced, path: str | os.PathLike[str]) -> None:
+    """Draw :func:`plan_figure` of ``source`` into ``path`` (PNG, or any format matplotlib knows
     by the suffix); the size in pixels is :func:`figure_size`."""
-    plan_figure(plan).savefig(os.fspath(path), dpi=DPI)
+    plan_figure(source).savefig(os.fspath(path), dpi=DPI)
 
 
-def plan_figure(plan: Plan) -> Any:
-    """The figure of ``plan``: the strategies on its first axes, the costs on its second."""
-    rows = breakdown(plan)
+def plan_figure(source: Priced) -> Any:
+    """The figure of a priced plan: the strategies on its first axes, the costs on its second."""
+    plan, rows = source.plan, source.breakdown
     width, height = figure_size(len(rows))
     fig = new_figure(width / DPI, height / DPI)
     strategy_ax, cost_ax = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1))
     cluster = plan.cluster
     _draw_strategies(strategy_ax, plan, rows)
-    costs = cost_split(plan, rows)
+    costs = cost_split(source)
     topology = plan.pricing.cost_model == "topology"
     scale, unit = (1e3, "ms") if topology else (2.0**-20, "MiB")
     left = [0.0] * len(rows)
@@ -93,7 +94,7 @@ def plan_figure(plan: Plan) -> Any:
     )
     cost_ax.legend(fontsize=7, loc="best")
     cost_ax.tick_params(labelsize=8)
-    total = f"{sum(r.total for r in rows) * scale:.4g} {unit}"
+    total = f"{source.cost * scale:.4g} {unit}"
     fig.suptitle(
         f"{plan.graph.name}: {plan.pricing.cost_model} plan on {cluster.nodes} x "
         f"{cluster.devices_per_node} devices, {total} per step",

@@ -9,8 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
-from taps.plan.plan import Plan
-from taps.search.evaluate import OpCost, breakdown
+from taps.report.priced import Priced
 from taps.search.searching import Comparison, SearchResult
 
 if TYPE_CHECKING:
@@ -88,18 +87,10 @@ def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
     return " ".join(parts) or "replicated"
 
 
-def _priced(source: SearchResult | Plan) -> tuple[Plan, list[OpCost], float]:
-    """The plan of a search result or a saved plan, its rows and its cost."""
-    if isinstance(source, Plan):
-        rows = breakdown(source)
-        return source, rows, sum(r.total for r in rows)
-    return source.plan, source.breakdown, source.cost
-
-
-def strategy_table(source: SearchResult | Plan) -> Table:
+def strategy_table(source: Priced) -> Table:
     """One row per operator: its strategy, device matrix and the cost it adds; a search result's
     caption also says how the search went."""
-    plan, rows, cost = _priced(source)
+    plan, rows, cost = source.plan, source.breakdown, source.cost
     model = plan.pricing.cost_model
     what = "search" if isinstance(source, SearchResult) else "saved plan"
     table = Table(
@@ -172,10 +163,10 @@ def ilp_text(result: SearchResult) -> str:
     )
 
 
-def collectives_table(source: SearchResult | Plan) -> Table:
+def collectives_table(source: Priced) -> Table:
     """Every collective of the chosen assignment: intra-operator all_reduces and the ops of each
     incoming redistribution, with ct and cost, so a reader sees where the time goes."""
-    plan, rows, _ = _priced(source)
+    plan, rows = source.plan, source.breakdown
     model = plan.pricing.cost_model
     cluster = plan.cluster
     table = Table(title="Collectives", title_justify="left")
@@ -278,10 +269,10 @@ def _ops_dict(plan: Redistribution) -> list[dict[str, Any]]:
     ]
 
 
-def result_dict(source: SearchResult | Plan) -> dict[str, Any]:
+def result_dict(source: Priced) -> dict[str, Any]:
     """A search result or a saved plan as plain JSON-ready data: strategies, costs and the full
     breakdown; a search result's also says how the search went."""
-    plan, rows, cost = _priced(source)
+    plan, rows, cost = source.plan, source.breakdown, source.cost
     ops = []
     for row in rows:
         op = plan.graph.op(row.name)
@@ -339,7 +330,7 @@ def result_dict(source: SearchResult | Plan) -> dict[str, Any]:
         "cost": cost,
         "operators": ops,
     }
-    if isinstance(source, Plan):
+    if not isinstance(source, SearchResult):
         return out
     result = source
     return {

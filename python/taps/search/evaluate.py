@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from taps._core import Redistribution, Strategy
 from taps.graph import Edge
-from taps.plan.candidates import assigned, backward_redistributions, edge_redistributions
+from taps.plan.candidates import backward_redistributions, edge_redistributions
 from taps.plan.plan import Plan
 from taps.search.prices import Collective, intra_collectives, partial_flows
 
@@ -57,9 +57,9 @@ def breakdown(plan: Plan) -> list[OpCost]:
     plan's pricing. Computed directly from the plans, independently of the search's tables."""
     if not isinstance(plan, Plan):
         raise TypeError(f"breakdown takes a taps.Plan, got {type(plan).__name__}")
-    graph, cluster, strategies, pricing = plan.graph, plan.cluster, plan.strategies, plan.pricing
+    graph, cluster, pricing = plan.graph, plan.cluster, plan.pricing
     cost_model, step = pricing.cost_model, pricing.step
-    chosen = assigned(graph, strategies, cluster.num_devices)
+    chosen = plan.candidates
     flows = partial_flows(graph, step)
     # The optimal planner minimises what the cost model measures: seconds on the cluster, or
     # elements without one.
@@ -90,7 +90,7 @@ def breakdown(plan: Plan) -> list[OpCost]:
                 graph, op, chosen[op.name], step, op.name in flows, pricing.zero
             )
         )
-        out.append(OpCost(op.name, strategies[op.name], colls, tuple(incoming[op.name])))
+        out.append(OpCost(op.name, plan.strategies[op.name], colls, tuple(incoming[op.name])))
     return out
 
 

@@ -168,7 +168,8 @@ def build_tables(
     candidate list, node cost and memory vector, and edges between operators of the same two
     signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
-    ``replicas`` also enumerates the strategies over fewer devices (:func:`sharding.strategies`)."""
+    ``replicas`` also enumerates the strategies over fewer devices
+    (:func:`taps.plan.candidates.strategies`)."""
     cost_model, step, planner, zero = (
         pricing.cost_model,
         pricing.step,

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from taps._core import Cluster, CommOp, Layout, Redistribution
-from taps.plan.candidates import Candidate
 from taps.plan.layouts import PlanLayouts
 from taps.plan.plan import Plan
 from taps.search.prices import Collective, intra_collectives
@@ -70,7 +69,7 @@ def operator_collectives(plan: Plan) -> dict[str, list[Collective]]:
     """taps' all_reduces of every operator in the paper's model (forward partial sums and
     gradients)."""
     return {
-        op.name: intra_collectives(plan.graph, op, Candidate.of(op, plan.strategies[op.name]))
+        op.name: intra_collectives(plan.graph, op, plan.candidates[op.name])
         for op in plan.graph.ops
     }
 
@@ -81,7 +80,7 @@ def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
         f"e{i}": f"edge {e.producer} -> {e.consumer}"
         for i, (e, _) in enumerate(layouts.redistributions)
     }
-    out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.graph.ops)})
+    out.update({f"o{j}": f"operator {op.name}" for j, op in enumerate(layouts.plan.graph.ops)})
     return out
 
 
@@ -98,7 +97,7 @@ def predicted_collectives(
     steps of the edges' ``backward`` plans (backward phase), if given."""
     one_node = Cluster(1, layouts.mesh.num_devices)
     out = []
-    for j, op in enumerate(layouts.graph.ops):
+    for j, op in enumerate(layouts.plan.graph.ops):
         for c in intra[op.name]:
             cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
             groups = layout_groups(c.layout, _unused_dims(c.layout))
@@ -117,7 +116,7 @@ def predicted_collectives(
         if back is not None:
             what = f"{describe[f'e{i}']} (gradient)"
             # An add hands its output's gradient to every operand: one tensor for all its edges.
-            add = layouts.graph.op(e.consumer).kind == "add"
+            add = layouts.plan.graph.op(e.consumer).kind == "add"
             origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
             out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
     return out

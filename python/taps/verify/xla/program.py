@@ -23,7 +23,6 @@ import numpy as np
 from taps._core import Layout, Redistribution
 from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
-from taps.plan.candidates import assigned
 from taps.plan.layouts import layouts_of
 from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
@@ -70,7 +69,7 @@ class GraphProgram:
         self.layouts = layouts_of(plan)
         # taps' own plans and collectives of the step, as the search priced them (the optimal
         # planner minimises what the cost model measures: seconds on the cluster, or elements);
-        # in the paper's model they are plan_layouts' plans.
+        # in the paper's model they are layouts_of's.
         rows = breakdown(plan)
         incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
         #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
@@ -80,13 +79,12 @@ class GraphProgram:
         #: taps' collectives of every operator (forward partial sums and gradients).
         self.intra = {r.name: [c for c, _ in r.collectives] for r in rows}
         self.flows = partial_flows(graph, step)
-        self.candidates = assigned(graph, plan.strategies)
         if step == "training":
             forward = [(e, incoming[(e.consumer, e.slot)].redistribution) for e in graph.edges]
             every = [
                 *self.layouts.tensors.values(),
                 *(x for ls in self.layouts.inputs.values() for x in ls),
-                *(c.partial_output for c in self.candidates.values()),
+                *(c.partial_output for c in plan.candidates.values()),
                 *(c.layout for cs in self.intra.values() for c in cs),
             ]
             plans = [p for _, p in forward] + [p for p in self.backward if p is not None]

@@ -140,7 +140,7 @@ def _reduction(prog: GraphProgram, op: Operator) -> Callable[..., Any]:
 def output_layout(prog: GraphProgram, op: Operator) -> Layout:
     """The layout of ``op``'s output as the training step leaves it: partial where it flows."""
     if op.name in prog.flows:
-        return prog.candidates[op.name].partial_output
+        return prog.layouts.plan.candidates[op.name].partial_output
     return prog.layouts.outputs[op.name]
 
 
