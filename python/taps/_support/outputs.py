@@ -10,6 +10,7 @@ outputs, or none."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -55,6 +56,11 @@ class OutputFile:
     def write_text(self, text: str) -> None:
         """Write ``text`` (UTF-8) into the temporary file."""
         self.temp.write_text(text, encoding="utf-8")
+
+    def write_json(self, doc: object) -> None:
+        """Write ``doc`` as the commands write JSON: indented, and refused with a ValueError if
+        it holds NaN or an infinity (JSON has neither, and no reader should meet them)."""
+        self.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
 
 class Outputs:

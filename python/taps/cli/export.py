@@ -4,7 +4,6 @@ searching again."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 
@@ -24,7 +23,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         outputs[args.out].write_text(exported.to_json())
         if args.json:
             record = {"plan": args.plan, "to": args.to, "out": args.out, "graph": plan.graph.name}
-            outputs[args.json].write_text(json.dumps(record, indent=2) + "\n")
+            outputs[args.json].write_json(record)
         outputs.commit()
     console.print(f"wrote {args.out}: {plan.graph.name}, {args.to} plan", markup=False)
 

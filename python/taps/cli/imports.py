@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 
@@ -33,7 +32,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
                 "parameters": graph.num_parameters(),
                 "tied_groups": len(graph.tied),
             }
-            outputs[args.json].write_text(json.dumps(record, indent=2) + "\n")
+            outputs[args.json].write_json(record)
         outputs.commit()
     console.print(
         f"wrote {args.out}: {graph.name}, {len(graph.ops)} operators, "

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Literal
 
@@ -74,7 +73,7 @@ def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
             code = max(code, report(verified, console, f"{TITLES[p]}, verified on XLA"))
             doc["planners"][p]["verified"] = verified.to_dict()  # type: ignore[index]
     if args.json:
-        outputs[args.json].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        outputs[args.json].write_json(doc)
     return code
 
 

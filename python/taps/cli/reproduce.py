@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -20,7 +19,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
                 "results": [r.csv_dict() for r in rows],
                 "search_times": [t.csv_dict() for t in timing_rows],
             }
-            outputs[args.json].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+            outputs[args.json].write_json(doc)
         outputs.commit()
     if args.json:
         console.print(f"wrote {args.json}", markup=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         if comparison is not None:
             output.append(comparison_table(comparison))
         if args.json:
-            outputs[args.json].write_text(_json(results, comparison))
+            outputs[args.json].write_json(_json(results, comparison))
             output.append(f"wrote {args.json}")
         if args.save:
             outputs[args.save].write_text(results[0].plan.to_json())
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
 
 
-def _json(results: list[Priced], comparison: Comparison | None) -> str:
+def _json(results: list[Priced], comparison: Comparison | None) -> dict[str, Any]:
     data: dict[str, Any] = {r.plan.pricing.cost_model: result_dict(r) for r in results}
     if comparison is not None:
         data["comparison"] = {
@@ -99,8 +98,7 @@ def _json(results: list[Priced], comparison: Comparison | None) -> str:
             "topology_under_volume": comparison.topology_under_volume,
             "saving_percent": comparison.saving,
         }
-    # allow_nan=False: JSON has no NaN or Infinity, and no reader should meet them.
-    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    return data
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
