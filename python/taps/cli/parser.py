@@ -1,0 +1,27 @@
+"""The ``taps`` argument parser: one module per command (``search``, ``verify``, ``export``,
+``redistribute``, ``import``, ``reproduce``), each with a ``register(subparsers)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+
+from taps.cli import export, imports, redistribute, reproduce, search, verify
+from taps.cli.args import Parser
+
+COMMANDS = (search, verify, export, redistribute, imports, reproduce)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    parser = Parser(
+        prog="taps",
+        description="Topology-aware intra-operator parallelism strategy search.",
+    )
+    # The installed distribution's version: the package itself is a layer above the CLI.
+    version = importlib.metadata.version("taps")
+    parser.add_argument("--version", action="version", version=f"taps {version}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
