@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from rich.console import Console
 
+        from taps._support.quiet import hidden_stderr
         from taps.cli.args import attach_values
         from taps.cli.parser import build_parser
 
@@ -77,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Wide enough for the tables when the output is a file or a pipe.
         console = Console(width=None if sys.stdout.isatty() else 160)
         # A command returns nothing, or an exit code (``taps verify``: 1 on a mismatch).
-        code = args.run(args, console)
+        # torch, jax, XLA and gloo log to stderr around the one line taps prints: hidden but
+        # with -v (taps' own notes still come through).
+        with hidden_stderr(not args.verbose):
+            code = args.run(args, console)
     except Terminated:
         sys.stderr.write(f"{prog}: terminated\n")
         return EXIT_TERMINATED

@@ -24,4 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)
+    # One parser per command (an alias names the same one).
+    for command_parser in {id(p): p for p in sub.choices.values()}.values():
+        command_parser.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="show what torch, jax and XLA log while the command runs (hidden by default)",
+        )
     return parser
