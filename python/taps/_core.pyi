@@ -11,6 +11,7 @@ __all__ = [
     "COST_MODELS",
     "DEVICES",
     "PLANNERS",
+    "PRESETS",
     "REPLICA_MODELS",
     "Cluster",
     "CommOp",
@@ -43,6 +44,7 @@ _CostModel: TypeAlias = Literal["topology", "volume"]
 _Planner: TypeAlias = Literal["optimal", "paper"]
 _Replicas: TypeAlias = Literal["shared", "flat"]
 _DeviceKind: TypeAlias = Literal["v100", "a100", "h100", "h200", "b200", "tpu-v5p"]
+_Preset: TypeAlias = Literal["dgx-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "tpu-v5p"]
 _OpKind: TypeAlias = Literal[
     "slice", "all_gather", "all_to_all", "reduce_scatter", "all_reduce", "collective_permute"
 ]
@@ -57,6 +59,8 @@ REPLICA_MODELS: Final[tuple[_Replicas, ...]]
 """The replica model names a cluster accepts, from the core's enum (the one list of them)."""
 DEVICES: Final[tuple[_DeviceKind, ...]]
 """The device kinds a cluster may be made of, from the core's table (the one list of them)."""
+PRESETS: Final[tuple[_Preset, ...]]
+"""The built-in clusters `Cluster.preset` takes, one per device kind (the one list of them)."""
 
 class TapsError(ValueError):
     """Base class of every error taps raises."""
@@ -157,28 +161,30 @@ class Cluster:
     """A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
     consecutive ranks. Bandwidths in bytes per second, latencies in seconds per collective, memory
     in bytes per device; `replicas` says whether copies of a tensor share one transfer out of a
-    node (`"shared"`, the paper's model) or send one each (`"flat"`); `device` names the kind of
-    device (one of `DEVICES`). More levels (nodes in pods): `Cluster.hierarchy`; named clusters:
-    `Cluster.preset`. Immutable, picklable."""
+    node (`"shared"`, the paper's model) or send one each (`"flat"`, as NCCL and XLA: the
+    default); `device` names the kind of device (one of `DEVICES`). A bandwidth or latency not
+    given is the device's preset's (its node level, its outermost level); `device_memory` not
+    given is the device's memory, `math.inf` no limit. More levels (nodes in pods):
+    `Cluster.hierarchy`; named clusters: `Cluster.preset`. Immutable, picklable."""
 
     def __new__(
         cls,
         nodes: int,
         devices_per_node: int,
-        intra_bandwidth: float = 60e9,  # the dgx-v100 preset's (the paper's cluster)
-        inter_bandwidth: float = 6e9,
+        intra_bandwidth: float | None = None,
+        inter_bandwidth: float | None = None,
         device_memory: float | None = None,
         *,
-        intra_latency: float = 0.0,
-        inter_latency: float = 0.0,
-        replicas: _Replicas = "shared",
+        intra_latency: float | None = None,
+        inter_latency: float | None = None,
+        replicas: _Replicas = "flat",
         device: _DeviceKind = "v100",
     ) -> Cluster: ...
     @staticmethod
     def hierarchy(
         levels: Sequence[tuple[int, float, float]],
         device_memory: float | None = None,
-        replicas: _Replicas = "shared",
+        replicas: _Replicas = "flat",
         device: _DeviceKind = "v100",
         *,
         nodes: int | None = None,
@@ -188,11 +194,12 @@ class Cluster:
         bytes per second out of one part of the level below, latencies in seconds per collective.
         With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
         read; one level is one node), as presets and cluster files are read. `device` names the
-        kind of device (one of `DEVICES`)."""
+        kind of device (one of `DEVICES`); `device_memory` defaults to its memory (`math.inf`: no
+        limit)."""
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> Cluster:
-        """The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
-        cluster of a TOML file (a name ending in `.toml`; docs/core.md)."""
+        """The built-in cluster `name` (one of `PRESETS`) with `nodes` nodes, or the cluster of a
+        TOML file (a name ending in `.toml`; docs/core.md)."""
     @property
     def levels(self) -> list[tuple[int, float, float]]:
         """The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first."""
@@ -217,7 +224,7 @@ class Cluster:
         """Bytes per second out of a node, shared by every group that crosses it at once."""
     @property
     def device_memory(self) -> float | None:
-        """Bytes of memory per device, or None if unlimited."""
+        """Bytes of memory per device (its kind's unless told otherwise), or None if unlimited."""
     @property
     def num_devices(self) -> int:
         """The number of devices: nodes times devices per node."""
@@ -237,7 +244,7 @@ class Cluster:
         self,
     ) -> tuple[
         Callable[..., Cluster],
-        tuple[list[tuple[int, float, float]], float | None, _Replicas, _DeviceKind],
+        tuple[list[tuple[int, float, float]], float, _Replicas, _DeviceKind],
     ]: ...
 
 @final

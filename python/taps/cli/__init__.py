@@ -1,8 +1,8 @@
 """The ``taps`` command line: one module per command (``search``, ``verify``, ``export``,
-``redistribute``, ``import``, ``reproduce``), each with a ``register(subparsers)``; this module
-builds the parser and applies the one rule for errors (docs/errors.md): bad input or a failed read
-or write is one line and exit code 2, Ctrl-C one line and 130, anything else one line asking for a
-bug report (``TAPS_DEBUG=1`` shows the traceback)."""
+``redistribute``, ``import``, ``reproduce``, ``calibrate``), each with a ``register(subparsers)``;
+this module builds the parser and applies the one rule for errors (docs/errors.md): bad input or a
+failed read or write is one line and exit code 2, Ctrl-C one line and 130, anything else one line
+asking for a bug report (``TAPS_DEBUG=1`` shows the traceback)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from taps._core import TapsError
-from taps.cli import export, imports, redistribute, reproduce, search, verify
+from taps.cli import calibrate, export, imports, redistribute, reproduce, search, verify
 from taps.cli.args import Parser, attach_values
 
-COMMANDS = (search, verify, export, redistribute, imports, reproduce)
+COMMANDS = (search, verify, export, redistribute, imports, reproduce, calibrate)
 
 #: Exit codes (docs/errors.md).
 EXIT_BAD_INPUT = 2

@@ -29,7 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::plan::Planner;
-use crate::topology::{CollectiveKind, CostModel, Device, Replicas};
+use crate::topology::{CollectiveKind, CostModel, Device, Replicas, PRESETS};
 use errors::{
     GraphError, InfeasibleError, LayoutError, StrategyError, TapsError, TopologyError, UnifyError,
 };
@@ -46,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
     m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
     m.add("DEVICES", PyTuple::new(py, Device::NAMES)?)?;
+    m.add("PRESETS", PyTuple::new(py, PRESETS.map(|p| p.name))?)?;
     m.add("COST_MODELS", PyTuple::new(py, CostModel::NAMES)?)?;
     m.add("PLANNERS", PyTuple::new(py, Planner::NAMES)?)?;
     m.add("REPLICA_MODELS", PyTuple::new(py, Replicas::NAMES)?)?;

@@ -6,7 +6,7 @@ use pyo3::types::PyType;
 use super::convert::{self, Num};
 use super::layout::PyLayout;
 use crate::error::Error;
-use crate::topology::{self, Cluster, CollectiveKind, CostModel, Device, Replicas, PAPER};
+use crate::topology::{self, Cluster, CollectiveKind, CostModel, Device, Preset, Replicas};
 
 /// A kind of device, by name (one of `DEVICES`): its dense fp16/bf16 matrix-multiply peak in
 /// FLOP/s, memory bandwidth in bytes per second and memory in bytes, from its datasheet.
@@ -82,11 +82,18 @@ pub struct PyCluster {
     pub(super) inner: Cluster,
 }
 
-/// The argument `device_memory`, if given.
-fn memory(device_memory: Option<Num<f64>>) -> Result<Option<f64>, Error> {
-    device_memory
+/// The memory limit `device_memory` gives a device of `device`'s kind: its kind's memory if
+/// None, no limit if infinite.
+fn memory(device: Device, device_memory: Option<Num<f64>>) -> Result<Option<f64>, Error> {
+    let given = device_memory
         .map(|m| m.get("device_memory", Error::Topology))
-        .transpose()
+        .transpose()?;
+    Ok(topology::memory_limit(device, given))
+}
+
+/// The number `given`, or `default` if None.
+fn or_default(given: Option<Num<f64>>, what: &str, default: f64) -> Result<f64, Error> {
+    given.map_or(Ok(default), |v| v.get(what, Error::Topology))
 }
 
 #[pymethods]
@@ -96,49 +103,53 @@ impl PyCluster {
         signature = (
             nodes,
             devices_per_node,
-            intra_bandwidth=Num::Fits(PAPER.levels[0].1),
-            inter_bandwidth=Num::Fits(PAPER.levels[1].1),
+            intra_bandwidth=None,
+            inter_bandwidth=None,
             device_memory=None,
             *,
-            intra_latency=Num::Fits(0.0),
-            inter_latency=Num::Fits(0.0),
-            replicas="shared",
+            intra_latency=None,
+            inter_latency=None,
+            replicas="flat",
             device="v100",
         ),
-        text_signature = "(nodes, devices_per_node, intra_bandwidth=60e9, inter_bandwidth=6e9, device_memory=None, *, intra_latency=0.0, inter_latency=0.0, replicas='shared', device='v100')"
+        text_signature = "(nodes, devices_per_node, intra_bandwidth=None, inter_bandwidth=None, device_memory=None, *, intra_latency=None, inter_latency=None, replicas='flat', device='v100')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         nodes: Num<i64>,
         devices_per_node: Num<i64>,
-        intra_bandwidth: Num<f64>,
-        inter_bandwidth: Num<f64>,
+        intra_bandwidth: Option<Num<f64>>,
+        inter_bandwidth: Option<Num<f64>>,
         device_memory: Option<Num<f64>>,
-        intra_latency: Num<f64>,
-        inter_latency: Num<f64>,
+        intra_latency: Option<Num<f64>>,
+        inter_latency: Option<Num<f64>>,
         replicas: &str,
         device: &str,
     ) -> PyResult<Self> {
         let positive = "a positive count";
         let kind = Error::Topology;
+        let device = Device::parse(device)?;
+        // What is not given is the device's preset's: its node level and its outermost one.
+        let preset = Preset::of(device).levels;
+        let (node, outer) = (preset[0], preset[preset.len() - 1]);
         Ok(PyCluster {
             inner: Cluster::hierarchy(
                 &[
                     (
                         devices_per_node.unsigned("devices_per_node", positive, kind)?,
-                        intra_bandwidth.get("intra_bandwidth", kind)?,
-                        intra_latency.get("intra_latency", kind)?,
+                        or_default(intra_bandwidth, "intra_bandwidth", node.1)?,
+                        or_default(intra_latency, "intra_latency", node.2)?,
                     ),
                     (
                         nodes.unsigned("nodes", positive, kind)?,
-                        inter_bandwidth.get("inter_bandwidth", kind)?,
-                        inter_latency.get("inter_latency", kind)?,
+                        or_default(inter_bandwidth, "inter_bandwidth", outer.1)?,
+                        or_default(inter_latency, "inter_latency", outer.2)?,
                     ),
                 ],
-                memory(device_memory)?,
+                memory(device, device_memory)?,
                 Replicas::parse(replicas)?,
             )?
-            .with_device(Device::parse(device)?),
+            .with_device(device),
         })
     }
 
@@ -147,9 +158,10 @@ impl PyCluster {
     /// bytes per second out of one part of the level below, latencies in seconds per collective.
     /// With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
     /// read; one level is one node), as presets and cluster files are read. `device` names the
-    /// kind of device (one of `DEVICES`).
+    /// kind of device (one of `DEVICES`); `device_memory` defaults to its memory (`math.inf`: no
+    /// limit).
     #[staticmethod]
-    #[pyo3(signature = (levels, device_memory=None, replicas="shared", device="v100", *, nodes=None))]
+    #[pyo3(signature = (levels, device_memory=None, replicas="flat", device="v100", *, nodes=None))]
     fn hierarchy(
         levels: Vec<(Num<i64>, Num<f64>, Num<f64>)>,
         device_memory: Option<Num<f64>>,
@@ -169,7 +181,8 @@ impl PyCluster {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let (memory, replicas) = (memory(device_memory)?, Replicas::parse(replicas)?);
+        let device = Device::parse(device)?;
+        let (memory, replicas) = (memory(device, device_memory)?, Replicas::parse(replicas)?);
         let inner = match nodes {
             None => Cluster::hierarchy(&levels, memory, replicas)?,
             Some(n) => Cluster::filled(
@@ -180,12 +193,12 @@ impl PyCluster {
             )?,
         };
         Ok(PyCluster {
-            inner: inner.with_device(Device::parse(device)?),
+            inner: inner.with_device(device),
         })
     }
 
-    /// The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
-    /// cluster of a TOML file (a name ending in `.toml`; docs/core.md).
+    /// The built-in cluster `name` (one of `PRESETS`) with `nodes` nodes, or the cluster of a
+    /// TOML file (a name ending in `.toml`; docs/core.md).
     #[classmethod]
     #[pyo3(signature = (name, nodes=Num::Fits(1)), text_signature = "(name, nodes=1)")]
     fn preset(_cls: &Bound<'_, PyType>, name: &str, nodes: Num<i64>) -> PyResult<Self> {
@@ -240,7 +253,7 @@ impl PyCluster {
         self.inner.inter_bandwidth()
     }
 
-    /// Bytes of memory per device, or None if unlimited.
+    /// Bytes of memory per device (its kind's unless told otherwise), or None if unlimited.
     #[getter]
     fn device_memory(&self) -> Option<f64> {
         self.inner.device_memory()
@@ -280,7 +293,7 @@ impl PyCluster {
         let c = &self.inner;
         let memory = c
             .device_memory()
-            .map_or("None".to_string(), |m| format!("{m:e}"));
+            .map_or("float('inf')".to_string(), |m| format!("{m:e}"));
         let (replicas, device) = (c.replicas().name(), c.device().name);
         if let [node, outer] = c.levels() {
             format!(
@@ -311,7 +324,7 @@ impl PyCluster {
         Py<PyAny>,
         (
             Vec<(u64, f64, f64)>,
-            Option<f64>,
+            f64,
             &'static str,
             &'static str,
         ),
@@ -321,7 +334,7 @@ impl PyCluster {
             slf.get_type().getattr("hierarchy")?.unbind(),
             (
                 c.level_parts(),
-                c.device_memory(),
+                c.device_memory().unwrap_or(f64::INFINITY),
                 c.replicas().name(),
                 c.device().name,
             ),

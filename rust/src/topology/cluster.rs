@@ -71,6 +71,17 @@ impl Replicas {
     }
 }
 
+/// The memory limit of a device of `device`'s kind given `requested` bytes: its kind's memory
+/// if none is requested, no limit for an infinite request (the paper's model), else the request.
+#[must_use]
+pub fn memory_limit(device: Device, requested: Option<f64>) -> Option<f64> {
+    match requested {
+        None => Some(device.memory),
+        Some(m) if m == f64::INFINITY => None,
+        Some(m) => Some(m),
+    }
+}
+
 impl Cluster {
     /// Two levels, nodes of `devices_per_node` devices, no latency, shared replicas, of V100s:
     /// the paper's model.
@@ -362,6 +373,16 @@ mod tests {
         let edge = [(1 << 62, MIN_BANDWIDTH, MAX_LATENCY)];
         let c = Cluster::hierarchy(&edge, None, Replicas::Flat).unwrap();
         assert_eq!(c.num_devices(), 1 << 62);
+    }
+
+    #[test]
+    fn memory_defaults_to_the_devices_and_infinity_is_no_limit() {
+        let h100 = crate::topology::Device::parse("h100").unwrap();
+        assert_eq!(memory_limit(h100, None), Some(80e9));
+        assert_eq!(memory_limit(h100, Some(40e9)), Some(40e9));
+        assert_eq!(memory_limit(h100, Some(f64::INFINITY)), None);
+        let c = Cluster::new(1, 8, 60e9, 6e9, None).unwrap().with_device(h100);
+        assert_eq!((c.device(), c.device_memory()), (h100, None));
     }
 
     #[test]

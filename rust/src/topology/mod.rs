@@ -12,11 +12,11 @@ mod device;
 mod file;
 mod presets;
 
-pub use cluster::{Cluster, Level, Replicas};
+pub use cluster::{memory_limit, Cluster, Level, Replicas};
 pub(crate) use cost::groups_crossing;
 pub use cost::{
     check_devices_per_node, check_dtype_bytes, extents_in_node, inter_node_groups, CollectiveKind,
     CostModel,
 };
 pub use device::{Device, DEVICES};
-pub use presets::{Preset, PAPER, PRESETS};
+pub use presets::{Preset, PRESETS};
