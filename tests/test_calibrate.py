@@ -82,10 +82,7 @@ def test_measurements_of_a_known_cluster_are_fitted_back():
     assert 0.01 < result.relative_rms < 0.06  # the noise, not a bad model
     assert result.cluster.device == TRUE.device and result.cluster.replicas == "flat"
     # Without noise the fit is exact.
-    exact = [
-        Measurement(m.collective, m.nodes, 8, m.bytes, p)
-        for m, p in zip(ms, fit(ms, TRUE).predicted, strict=True)
-    ]
+    exact = [_measured(m.collective, m.nodes, m.bytes, noise, 0.0) for m in ms]
     levels = fit(exact, taps.Cluster(1, 8, device="h100")).cluster.levels
     assert [x for level in levels for x in level[1:]] == pytest.approx(
         [x for level in TRUE.levels for x in level[1:]], rel=1e-9

@@ -33,6 +33,7 @@ def paper_cluster(
     devices_per_node: int = DEVICES_PER_NODE,
     intra_bandwidth: float = INTRA_BANDWIDTH,
     inter_bandwidth: float = INTER_BANDWIDTH,
+    device_memory: float = math.inf,
 ) -> Cluster:
     """A cluster as the paper models it: replicas sharing one transfer out of a node, no latency
     and no memory limit (the paper's search has none), unlike a ``Cluster``'s defaults."""
@@ -41,7 +42,7 @@ def paper_cluster(
         devices_per_node,
         intra_bandwidth,
         inter_bandwidth,
-        math.inf,
+        device_memory,
         intra_latency=0.0,
         inter_latency=0.0,
         replicas="shared",
