@@ -3,35 +3,17 @@ cluster (with noise) are fitted back; nccl-tests output parses; bad files are on
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
 import taps
-from taps.calibrate import Measurement, fit, read_csv, read_nccl_tests
+from taps.calibrate import Measurement, fit, read_nccl_tests
 from taps.cli import main
 
-#: What nccl-tests' all_reduce_perf prints (2.x), on 2 nodes of 8 GPUs: sizes in bytes, times in
-#: microseconds (out of place, then in place).
-NCCL_TESTS = """\
-# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
-#
-# Using devices
-#  Rank  0 Group  0 Pid  41230 on   node-a device  0 [0x18] NVIDIA H100 80GB HBM3
-#  Rank  8 Group  0 Pid  52101 on   node-b device  0 [0x18] NVIDIA H100 80GB HBM3
-#
-#                                                              out-of-place                       in-place
-#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
-#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
-     1048576        262144     float     sum      -1    31.52   33.27   62.38      0    31.20   33.61   63.01      0
-     4194304       1048576     float     sum      -1    55.87   75.07  140.76      0    55.40   75.71  141.95      0
-    16777216       4194304     float     sum      -1    107.4  156.21  292.89      0    106.9  156.94  294.27      0
-    67108864      16777216     float     sum      -1    328.6  204.23  382.93      0    327.5  204.91  384.21      0
-   268435456      67108864     float     sum      -1   1236.4  217.11  407.08      0   1235.0  217.36  407.55      0
-  1073741824     268435456     float     sum      -1   4882.1  219.93  412.37      0   4879.8  220.04  412.57      0
-# Out of bounds values : 0 OK
-# Avg bus bandwidth    : 290.6
-#
-"""
+#: What nccl-tests' all_reduce_perf prints (2.x; written in its format), on 2 nodes of 8 GPUs:
+#: sizes in bytes, times in microseconds (out of place, then in place).
+NCCL_TESTS = (Path(__file__).parent / "data" / "all_reduce_perf.txt").read_text()
 
 TRUE = taps.Cluster.preset("dgx-h100", 4)
 
