@@ -24,6 +24,7 @@ LAYERS = {
     "taps.plan": 4,
     "taps.solve": 4,
     "taps.search": 5,
+    "taps.calibrate": 5,
     "taps.frontends": 5,
     "taps.steps": 5,
     "taps.report": 6,

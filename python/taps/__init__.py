@@ -7,6 +7,7 @@ A model's :class:`Graph` and a :class:`Cluster` go into :func:`search`, whose re
 docs/architecture.md maps the packages.
 """
 
+<<<<<<< HEAD
 from __future__ import annotations
 
 import importlib
@@ -118,6 +119,44 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
+=======
+from taps import export, models, search, verify
+from taps._core import (
+    Cluster,
+    CommOp,
+    Device,
+    GraphError,
+    InfeasibleError,
+    Layout,
+    LayoutError,
+    Redistribution,
+    Strategy,
+    StrategyError,
+    TapsError,
+    TopologyError,
+    UnifyError,
+    enumerate_strategies,
+    inter_node_groups,
+    plan_redistribution,
+    redistribution_costs,
+    unify,
+)
+from taps.errors import (
+    ArgumentError,
+    ExportError,
+    MissingExtraError,
+    OutputError,
+    PlanFileError,
+    ResourceError,
+    VerifyError,
+)
+from taps.frontends import from_jax, from_torch
+from taps.graph import Edge, Graph, Operand, Operator, Tensor
+from taps.plan import Plan, Pricing
+from taps.plan.candidates import strategies_for
+from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate
+from taps.solve import IlpOptions
+>>>>>>> h-cluster
 
 __version__ = "0.1.0"
 
@@ -126,6 +165,7 @@ __all__ = [
     "Cluster",
     "CommOp",
     "Comparison",
+    "Device",
     "Edge",
     "ExportError",
     "Graph",

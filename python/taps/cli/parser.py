@@ -1,15 +1,15 @@
 """The ``taps`` argument parser: one module per command (``search``, ``verify``, ``export``,
-``redistribute``, ``import``, ``reproduce``), each with a ``register(subparsers)``."""
+``redistribute``, ``import``, ``reproduce``, ``calibrate``), each with a ``register(subparsers)``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
 
-from taps.cli import export, imports, redistribute, reproduce, search, verify
+from taps.cli import calibrate, export, imports, redistribute, reproduce, search, verify
 from taps.cli.args import Parser
 
-COMMANDS = (search, verify, export, redistribute, imports, reproduce)
+COMMANDS = (search, verify, export, redistribute, imports, reproduce, calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -122,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--memory",
         type=memory_size,
         default=None,
-        help="device memory limit, e.g. 80GB or 16GiB (none)",
+        help="device memory limit, e.g. 80GB or 16GiB, or inf for none (the device's)",
     )
     p.add_argument(
         "--cost-model",

@@ -321,6 +321,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
             "devices_per_node": c.devices_per_node,
             "intra_bandwidth": c.intra_bandwidth,
             "inter_bandwidth": c.inter_bandwidth,
+            "device": c.device.name,
             "device_memory": c.device_memory,
         },
         "cost_model": plan.pricing.cost_model,

@@ -3,6 +3,7 @@ times, with a progress bar."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -14,13 +15,7 @@ from taps import models
 from taps._core import Cluster
 from taps.graph import Graph
 from taps.plan.pricing import Pricing
-from taps.reproduce.cases import (
-    DEVICES_PER_NODE,
-    INTER_BANDWIDTH,
-    INTRA_BANDWIDTH,
-    Case,
-    TimingCase,
-)
+from taps.reproduce.cases import DEVICES_PER_NODE, Case, TimingCase, paper_cluster
 from taps.search.searching import STAGES, SearchResult, search
 from taps.search.tables import build_tables
 from taps.solve.pipeline import IlpOptions, solve
@@ -143,13 +138,11 @@ FULL_MODEL = Pricing(step="training", planner="paper")
 
 def full_cluster(cluster: Cluster) -> Cluster:
     """``cluster`` with flat replicas (every copy sends its own transfer, as NCCL and XLA do)."""
-    return Cluster(
-        cluster.nodes,
-        cluster.devices_per_node,
-        cluster.intra_bandwidth,
-        cluster.inter_bandwidth,
-        cluster.device_memory,
-        replicas="flat",
+    return Cluster.hierarchy(
+        cluster.levels,
+        math.inf if cluster.device_memory is None else cluster.device_memory,
+        "flat",
+        cluster.device.name,
     )
 
 
@@ -246,7 +239,7 @@ def time_search(case: TimingCase, repeat: int = 3) -> TimingRow:
     """The median search of a case, and the median without the exact reductions."""
     batch = models.default_batch(case.model)
     graph = models.by_name(case.model, batch)
-    cluster = Cluster(case.nodes, DEVICES_PER_NODE, INTRA_BANDWIDTH, INTER_BANDWIDTH)
+    cluster = paper_cluster(case.nodes)
     result = median_search(graph, cluster, IlpOptions(), repeat)
     whole = median_search(graph, cluster, IlpOptions(reduce=False), repeat)
     return TimingRow(
