@@ -182,3 +182,34 @@ def test_optimal_planner_prices_by_the_cluster():
         assert best.cost(c) <= paper.cost(c)
         got = taps.redistribution_costs([a], [b], c, planner="optimal")[0, 0]
         assert got == best.cost(c)
+
+
+def test_device_kinds():
+    assert taps._core.DEVICES == ("v100", "a100", "h100", "h200", "b200", "tpu-v5p")
+    h100 = taps.Device("h100")
+    # The H100 SXM datasheet's dense bf16 peak, HBM3 bandwidth and memory.
+    assert (h100.name, h100.peak_flops, h100.memory_bandwidth, h100.memory) == (
+        "h100",
+        989e12,
+        3.35e12,
+        80e9,
+    )
+    assert h100 == taps.Device("h100") != taps.Device("h200")
+    assert len({taps.Device(n) for n in taps._core.DEVICES}) == len(taps._core.DEVICES)
+    assert pickle.loads(pickle.dumps(h100)) == h100
+    assert repr(h100) == "Device('h100', peak_flops=9.89e14, memory_bandwidth=3.35e12, memory=8e10)"
+    with pytest.raises(AttributeError):
+        h100.memory = 1.0  # type: ignore[misc]
+    with pytest.raises(taps.TopologyError, match=r'^unknown device kind "H100": expected "v100"'):
+        taps.Device("H100")
+    c = taps.Cluster(2, 8, device="b200")
+    assert c.device == taps.Device("b200")
+    assert c != taps.Cluster(2, 8, device="h100")
+    assert pickle.loads(pickle.dumps(c)) == c
+    assert eval(repr(c), {"Cluster": taps.Cluster}) == c
+    deep = taps.Cluster.hierarchy([(4, 1e11, 1e-6), (2, 2e10, 0.0), (2, 5e9, 0.0)], device="a100")
+    assert deep.device.name == "a100"
+    assert pickle.loads(pickle.dumps(deep)) == deep
+    assert eval(repr(deep), {"Cluster": taps.Cluster}) == deep
+    with pytest.raises(taps.TopologyError, match="unknown device kind"):
+        taps.Cluster(1, 8, device="k80")  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from taps import export, models, search, verify
 from taps._core import (
     Cluster,
     CommOp,
+    Device,
     GraphError,
     InfeasibleError,
     Layout,
@@ -50,6 +51,7 @@ __all__ = [
     "Cluster",
     "CommOp",
     "Comparison",
+    "Device",
     "Edge",
     "ExportError",
     "Graph",
