@@ -58,7 +58,7 @@ def test_buckets_as_ddp_packs_them() -> None:
         Gradient(3, "a", 1 * mib),
         Gradient(3, "b", 1 * mib),
     ]
-    assert BUCKET_BYTES == 25 * mib
+    assert 25 * mib == BUCKET_BYTES
     assert buckets_of(grads) == [("b", [1]), ("a", [0, 2]), ("a", [3]), ("b", [4])]
 
 

@@ -41,7 +41,16 @@ from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.plan import Plan, Pricing
 from taps.plan.candidates import strategies_for
-from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate
+from taps.search import (
+    Comparison,
+    OpCost,
+    SearchResult,
+    StepTime,
+    breakdown,
+    compare,
+    evaluate,
+    step_time,
+)
 from taps.solve import IlpOptions
 
 __version__ = "0.1.0"
@@ -71,6 +80,7 @@ __all__ = [
     "Redistribution",
     "ResourceError",
     "SearchResult",
+    "StepTime",
     "Strategy",
     "StrategyError",
     "TapsError",
@@ -91,6 +101,7 @@ __all__ = [
     "plan_redistribution",
     "redistribution_costs",
     "search",
+    "step_time",
     "strategies_for",
     "unify",
     "verify",
