@@ -325,15 +325,18 @@ def test_kernel_rejects_device_matrices_that_do_not_fit_the_rows():
 
 
 def test_without_a_memory_limit_full_replication_is_free_and_a_limit_trades_it():
-    """Copies cost no communication: unbounded, every operator is copied to every device; under
-    the memory of the default plan, the wider search stays within it and is no worse."""
+    """Copies cost no communication: unbounded, the communication-only search copies every
+    operator to every device; under the memory of the default plan, the wider search stays
+    within it and is no worse. (Counting compute, copies cost their duplicated work:
+    tests/test_steptime.py.)"""
     g = megatron_mlp()
     cluster = paper_cluster(2, 4)
-    free = taps.search(g, cluster, replicate=True)
+    comm = taps.Pricing(compute=False)
+    free = taps.search(g, cluster, comm, replicate=True)
     assert free.cost == 0.0
     assert all(s.replicas == 8 for s in free.plan.strategies.values())
-    plain = taps.search(g, cluster)
-    bounded = taps.search(g, cluster, memory_limit=plain.memory_per_device, replicate=True)
+    plain = taps.search(g, cluster, comm)
+    bounded = taps.search(g, cluster, comm, memory_limit=plain.memory_per_device, replicate=True)
     assert bounded.memory_per_device <= plain.memory_per_device
     assert bounded.cost <= plain.cost * (1 + 1e-9)
     assert free.memory_per_device > plain.memory_per_device

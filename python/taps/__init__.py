@@ -154,7 +154,16 @@ from taps.frontends import from_jax, from_torch
 from taps.graph import Edge, Graph, Operand, Operator, Tensor
 from taps.plan import Plan, Pricing
 from taps.plan.candidates import strategies_for
-from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate
+from taps.search import (
+    Comparison,
+    OpCost,
+    SearchResult,
+    StepTime,
+    breakdown,
+    compare,
+    evaluate,
+    step_time,
+)
 from taps.solve import IlpOptions
 >>>>>>> h-cluster
 
@@ -185,6 +194,7 @@ __all__ = [
     "Redistribution",
     "ResourceError",
     "SearchResult",
+    "StepTime",
     "Strategy",
     "StrategyError",
     "TapsError",
@@ -205,6 +215,7 @@ __all__ = [
     "plan_redistribution",
     "redistribution_costs",
     "search",
+    "step_time",
     "strategies_for",
     "unify",
     "verify",

@@ -29,7 +29,7 @@ from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
