@@ -25,8 +25,7 @@ def _steps(c: Measured) -> list[list[tuple[int, int, float]]]:
     if c.kind == "all_to_all":
         piece = c.in_bytes / p
         return [
-            [(g[i], g[(i + t) % p], piece) for g in c.groups for i in range(p)]
-            for t in range(1, p)
+            [(g[i], g[(i + t) % p], piece) for g in c.groups for i in range(p)] for t in range(1, p)
         ]
     count, chunk = {
         "all_gather": (p - 1, float(c.in_bytes)),
