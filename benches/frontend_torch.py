@@ -73,6 +73,8 @@ FAMILIES = [
     "deberta_v2",
     "phi3",
     "qwen2_gqa",
+    "bart",
+    "bloom",
     "timm_vit",
     "timm_convnext",
     "timm_efficientnet",

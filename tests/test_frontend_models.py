@@ -36,6 +36,8 @@ MODELS = [
     ("deberta_v2", False),
     ("phi3", False),
     ("qwen2_gqa", False),
+    ("bart", True),
+    ("bloom", True),
     ("timm_vit", False),
     ("timm_convnext", False),
     ("timm_efficientnet", False),
@@ -177,6 +179,7 @@ def test_scans_sorts_and_arg_reductions_keep_their_dim_whole():
     for kind, fn in [
         ("cumsum", lambda x: torch.cumsum(x, 1)),
         ("sort", lambda x: torch.sort(x, 1).values),
+        ("sort", lambda x: torch.sort(x, dim=1, stable=True).values),
         ("argsort", lambda x: torch.argsort(x, 1)),
         ("topk", lambda x: torch.topk(x, 3, dim=1).values),
         ("argmax", lambda x: torch.argmax(x, 1)),
@@ -186,6 +189,14 @@ def test_scans_sorts_and_arg_reductions_keep_their_dim_whole():
         o = split_soundly(fn, X, kind=kind, combine=torch.maximum)
         dim = 2 if kind == "argmin" else 1
         assert _whole(o, "args_0", [dim]) == (kind != "max"), kind  # max: partial maxima
+
+
+def test_baddbmm_and_copy():
+    bias, a, c = torch.randn(4, 6, 8), torch.randn(4, 6, 2), torch.randn(4, 2, 8)
+    # Split along k, each half adds the bias: the partial results hold it twice.
+    o = split_soundly(torch.baddbmm, bias, a, c, kind="matmul", combine=lambda p, q: p + q - bias)
+    assert set(o.partitionable) == {"b", "i", "j", "k"}
+    split_soundly(lambda y: y.new_zeros(y.shape).copy_(y), X, kind="copy")
 
 
 def test_argmax_of_everything_is_whole():

@@ -167,6 +167,36 @@ def qwen2_gqa() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         return Qwen2ForCausalLM(config), (_ids(),)
 
 
+def bart() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """An encoder-decoder whose decoder inputs are the ids shifted right (a slice assignment:
+    ``copy_``)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        vocab_size=1000,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
+    with torch.device("meta"):
+        return BartForConditionalGeneration(config), (_ids(),)
+
+
+def bloom() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """ALiBi attention: the bias added to the scores by ``baddbmm``."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=1000, use_cache=False)
+    with torch.device("meta"):
+        return BloomForCausalLM(config), (_ids(),)
+
+
 def _timm(name: str, **options: object) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     import timm
 

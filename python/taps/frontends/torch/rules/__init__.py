@@ -56,6 +56,7 @@ RULES: dict[str, Rule] = _table(
             ],
         ),
         (aliases.native_dropout, ["native_dropout"]),
+        (aliases.copy, ["copy"]),
         (aliases.no_value, ["_assert_scalar", "sym_constrain_range_for_size", "_assert_async"]),
         (
             views.view,
@@ -83,6 +84,7 @@ RULES: dict[str, Rule] = _table(
         (contractions.mm, ["mm"]),
         (contractions.addmm, ["addmm"]),
         (contractions.bmm, ["bmm"]),
+        (contractions.baddbmm, ["baddbmm"]),
         (contractions.matmul, ["matmul"]),
         (contractions.einsum, ["einsum"]),
         (contractions.embedding, ["embedding"]),

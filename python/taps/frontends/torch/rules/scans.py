@@ -27,7 +27,7 @@ def sort(cx: Context) -> Any:
     """``sort`` (values, indices) and ``argsort`` (indices): a ``sort`` operator, and for the
     indices an ``argsort`` operator, ``dim`` whole."""
     x = tensor_arg(cx, 0, "self")
-    dim = norm_dim(cx.kwargs.get("dim", cx.arg(1, "dim", -1)), len(x.shape))
+    dim = norm_dim(cx.arg(1, "dim", -1), len(x.shape))
     if cx.kind == "argsort":
         return _along(cx, "argsort", x, dim)
     return [_along(cx, "sort", x, dim), _along(cx, "argsort", x, dim)]
