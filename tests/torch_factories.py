@@ -97,19 +97,26 @@ def clip() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         return CLIPModel(config), (_ids(), _images())
 
 
+def _encoder_decoder() -> dict[str, object]:
+    """:func:`_small`'s widths as encoder-decoder configs name them."""
+    return {
+        "vocab_size": 1000,
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+    }
+
+
 def whisper() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     config = WhisperConfig(
-        vocab_size=1000,
+        **_encoder_decoder(),
         num_mel_bins=16,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
         max_source_positions=32,
         max_target_positions=32,
         pad_token_id=0,
@@ -172,18 +179,7 @@ def bart() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     ``copy_``)."""
     from transformers import BartConfig, BartForConditionalGeneration
 
-    config = BartConfig(
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        vocab_size=1000,
-        max_position_embeddings=32,
-        use_cache=False,
-    )
+    config = BartConfig(**_encoder_decoder(), max_position_embeddings=32, use_cache=False)
     with torch.device("meta"):
         return BartForConditionalGeneration(config), (_ids(),)
 
