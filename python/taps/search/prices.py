@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy
-from taps.graph import Graph, Operand, Operator
+from taps.graph import SHARE, Graph, Operand, Operator
 from taps.plan.candidates import Candidate, operand_axis_indices, operand_shape, split_dims
 from taps.plan.pricing import BYTES_PER_PARAMETER
 
@@ -187,5 +187,7 @@ def memory(
                 weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
                 per = weight + (per - weight) / g
             total += math.prod(layout.shard_shape) * per
+    if op.kind == SHARE:  # its output is the parameter it holds, counted above, not saved
+        return total
     out = graph.tensors[op.output.tensor]
     return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes
