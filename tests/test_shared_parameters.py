@@ -79,6 +79,19 @@ def test_tied_weight_is_held_once_and_its_gradient_comes_back_on_the_edges():
     assert mem["use1"] == mem["use2"] == 512 / 4 * 64 * 4  # the outputs only
 
 
+def test_a_replicated_shared_weight_is_reduced_by_its_uses_only():
+    """The weight whole on every device (data parallelism): each use's gradient comes back on
+    its edge as one all_reduce, already summed, so the share operator reduces nothing more."""
+    g = _tied()
+    g.share_parameters()
+    dp = Strategy([4, 1, 1], [0, -1, -1])
+    whole = {"use1": dp, "use2": dp, "w.share": Strategy([1, 1], [-1, -1], [4])}
+    plan = Plan(g, Cluster(1, 4), whole, Pricing(cost_model="volume", planner="optimal"))
+    costs = {c.name: c for c in breakdown(plan)}
+    assert costs["w.share"].total == 0
+    assert evaluate(plan) == pytest.approx(2 * (2 * 3 / 4 * 64 * 64 * 4))
+
+
 def _gpt2():
     cfg = transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=64, use_cache=False

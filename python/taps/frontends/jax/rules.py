@@ -306,6 +306,34 @@ def _index_labels(
     return labels, [*idx, "index"]
 
 
+def _picked(
+    eqn: Any, operand: JaxprValue, ids: JaxprValue, names: tuple[str, str, str]
+) -> tuple[list[str], list[str], list[int]] | None:
+    """The labels of a gather's or scatter's operand and index array (:func:`_index_labels`)
+    and the operand dims it keeps whole (neither indexed nor batching), read from the dimension
+    numbers' fields ``names`` (indexed dims, operand batching dims, index batching dims); None
+    unless the index vector holds one index per indexed dim."""
+    dn = eqn.params["dimension_numbers"]
+    indexed, batching, index_batching = (tuple(getattr(dn, n, ())) for n in names)
+    if ids.shape[-1:] != (len(indexed),):
+        return None
+    rest = [d for d in range(len(operand.shape)) if d not in indexed and d not in batching]
+    labels, idx = _index_labels(operand.shape, indexed, batching, index_batching, len(ids.shape))
+    return labels, idx, rest
+
+
+def _windowed_labels(
+    rank: int, window: Sequence[int], rest: Sequence[int], labels: list[str], idx: list[str]
+) -> tuple[str, ...]:
+    """The labels of a gather's output or a scatter's updates: the operand's whole dims at the
+    ``window`` positions, the index array's dims (but the index vector) elsewhere, in order."""
+    out = [""] * rank
+    for pos, d in zip(window, rest):
+        out[pos] = labels[d]
+    lead = iter(idx[:-1])
+    return tuple(o or next(lead) for o in out)
+
+
 def gather(
     b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
 ) -> list[JaxprValue] | None:
@@ -317,35 +345,28 @@ def gather(
     Megatron-LM's vocabulary-parallel embedding and cross-entropy do; batching dims and the
     index array's dims may be split, the index vector is whole. Other gathers have no rule."""
     table, ids = ins
-    p = eqn.params
-    dn = p["dimension_numbers"]
+    dn = eqn.params["dimension_numbers"]
     shape, dtype = _out(eqn)
-    indexed = tuple(dn.start_index_map)
-    batching = tuple(getattr(dn, "operand_batching_dims", ()))
-    index_batching = tuple(getattr(dn, "start_indices_batching_dims", ()))
-    sizes = tuple(p["slice_sizes"])
-    rest = [d for d in range(len(table.shape)) if d not in indexed and d not in batching]
+    found = _picked(
+        eqn, table, ids, ("start_index_map", "operand_batching_dims", "start_indices_batching_dims")
+    )
+    if found is None:
+        return None
+    labels, idx, rest = found
+    sizes = tuple(eqn.params["slice_sizes"])
+    picked = [d for d in range(len(table.shape)) if d not in rest]
     if (
-        sorted(dn.collapsed_slice_dims) != sorted(indexed)
-        or ids.shape[-1:] != (len(indexed),)
-        or any(sizes[d] != 1 for d in (*indexed, *batching))
+        sorted(dn.collapsed_slice_dims) != sorted(dn.start_index_map)
+        or any(sizes[d] != 1 for d in picked)
         or any(sizes[d] != table.shape[d] for d in rest)
         or len(dn.offset_dims) != len(rest)
     ):
         return None
-    labels, idx = _index_labels(table.shape, indexed, batching, index_batching, len(ids.shape))
-    out: list[str] = [""] * len(shape)
-    for pos, d in zip(dn.offset_dims, rest):
-        out[pos] = labels[d]
-    lead = iter(idx[:-1])
-    out = [o or next(lead) for o in out]
-    kind = "embedding" if indexed == (0,) and not batching else "gather"
-    part = tuple(x for x in {*labels, *idx} if x != "index")
-    return [
-        b.op(
-            name, kind, [(ids, tuple(idx)), (table, tuple(labels))], tuple(out), shape, dtype, part
-        )
-    ]
+    out = _windowed_labels(len(shape), dn.offset_dims, rest, labels, idx)
+    simple = tuple(dn.start_index_map) == (0,) and not tuple(dn.operand_batching_dims)
+    part = tuple(x for x in (*labels, *idx) if x != "index")
+    inputs = [(ids, tuple(idx)), (table, tuple(labels))]
+    return [b.op(name, "embedding" if simple else "gather", inputs, out, shape, dtype, part)]
 
 
 def scatter(
@@ -357,33 +378,31 @@ def scatter(
     dims; the updates' index dims are contracted for an add into zeros (split, their partial
     sums are all_reduced) and whole otherwise (the last write wins, which is no sum)."""
     operand, ids, updates = ins
-    p = eqn.params
-    dn = p["dimension_numbers"]
+    dn = eqn.params["dimension_numbers"]
     shape, dtype = _out(eqn)
-    indexed = tuple(dn.scatter_dims_to_operand_dims)
-    batching = tuple(getattr(dn, "operand_batching_dims", ()))
-    index_batching = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
-    rest = [d for d in range(len(operand.shape)) if d not in indexed and d not in batching]
+    found = _picked(
+        eqn,
+        operand,
+        ids,
+        ("scatter_dims_to_operand_dims", "operand_batching_dims", "scatter_indices_batching_dims"),
+    )
+    if found is None:
+        return None
+    labels, idx, rest = found
     window = tuple(dn.update_window_dims)
     if (
-        sorted(dn.inserted_window_dims) != sorted(indexed)
-        or ids.shape[-1:] != (len(indexed),)
+        sorted(dn.inserted_window_dims) != sorted(dn.scatter_dims_to_operand_dims)
         or len(window) != len(rest)
         or any(updates.shape[w] != operand.shape[d] for w, d in zip(window, rest))
     ):
         return None
-    labels, idx = _index_labels(operand.shape, indexed, batching, index_batching, len(ids.shape))
-    up: list[str] = [""] * len(updates.shape)
-    for pos, d in zip(window, rest):
-        up[pos] = labels[d]
-    lead = iter(idx[:-1])
-    up = [u or next(lead) for u in up]
+    up = _windowed_labels(len(updates.shape), window, rest, labels, idx)
     # Split index dims leave partial sums, in which an operand that is not zero would be counted
     # once per part: only an add into a constant (zeros) may split them.
     summed = eqn.primitive.name == "scatter-add" and operand.source is None
     whole = {"index"} if summed else {"index", *idx}
-    part = tuple(x for x in {*labels, *idx} if x not in whole)
-    inputs = [(operand, tuple(labels)), (ids, tuple(idx)), (updates, tuple(up))]
+    part = tuple(x for x in (*labels, *idx) if x not in whole)
+    inputs = [(operand, tuple(labels)), (ids, tuple(idx)), (updates, up)]
     return [b.op(name, eqn.primitive.name, inputs, tuple(labels), shape, dtype, part)]
 
 
