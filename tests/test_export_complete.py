@@ -125,3 +125,46 @@ def test_reshaped_examples():
     assert reshaped(qkv, [64, 192]).tensor_map == [0, -1]  # the inner 64 is no top factor
     # A layer scale (64,) read as (64, 1, 1): the channels split carries over.
     assert reshaped(taps.Layout([64, 1, 1], [4], [0, -1, -1]), [64]).tensor_map == [0]
+
+
+class _TiedHead(torch.nn.Module):
+    """An input projection whose weight the output reads again (a tied embedding and head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Linear(32, 64, bias=False)
+        self.mid = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.mid(self.emb(x))) @ self.emb.weight
+
+
+@pytest.mark.parametrize("mode", ["dtensor", "taps"])
+def test_distribute_module_runs_a_tied_weight(mode):
+    """Both modes run a module whose weight two operators read, on the fake process group: the
+    one parameter is placed where its share operator holds it and takes a gradient."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    module, x = _TiedHead(), torch.randn(16, 32)
+    graph = from_torch(module, x)
+    assert graph.ops[0].name == "emb.weight.share"
+    plan = taps.search(graph, taps.Cluster(1, 4)).plan
+    dt = to_dtensor(plan)
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = DeviceMesh(
+            "cpu", torch.arange(4).reshape(dt.mesh.shape), mesh_dim_names=dt.mesh.axis_names
+        )
+        dm = distribute_module(module, plan, x, mesh=mesh, mode=mode)
+        y = dm(x)
+        y.to_local().sum().backward()
+    finally:
+        tdist.destroy_process_group()
+    assert tuple(y.shape) == (16, 32)
+    assert set(dm.parameters) == {"emb.weight", "mid.weight", "mid.bias"}
+    assert [str(p) for p in dm.parameters["emb.weight"].placements] == [
+        str(p) for p in dt.placements("emb.weight")
+    ]
+    assert dm.grad("emb.weight") is not None
