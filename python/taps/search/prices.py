@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy
-from taps.graph import Graph, Operand, Operator
+from taps.graph import SHARE, Graph, Operand, Operator
 from taps.plan.candidates import Candidate, operand_axis_indices, operand_shape, split_dims
 from taps.plan.pricing import BYTES_PER_PARAMETER
 
@@ -77,7 +77,8 @@ def reduced_operands(
       consumer (``flowing``, :func:`partial_flows`);
     - every input that needs a gradient; in the training step only those no operator produces
       (parameters and graph inputs: an activation's gradient goes back on its edge), and an
-      addend's gradient is summed over the output axes it lacks only (the others are kept apart).
+      addend's gradient is summed over the output axes it lacks only (the others are kept apart);
+      none of a ``share`` operator (its uses reduce the shared parameter's gradient).
 
     Each needs an all_reduce over the device dims its per-replica layout leaves unused, but for
     the axes kept apart (the replicas of a replicated operator see the same output gradient, so
@@ -87,7 +88,9 @@ def reduced_operands(
     if set(op.contracted) & set(op.partitionable) and not flowing:
         out.append((op.output, "forward partial sum", ()))
     for o in op.inputs:
-        if not graph.tensors[o.tensor].requires_grad:
+        # A shared parameter's gradient is reduced by its uses (on their edges in the training
+        # step, at them in the paper's model), which hand it back summed.
+        if not graph.tensors[o.tensor].requires_grad or op.kind == SHARE:
             continue
         apart: tuple[str, ...] = ()
         if step == "training":
@@ -219,5 +222,7 @@ def memory(
                 weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
                 per = weight + (per - weight) / g
             total += math.prod(layout.shard_shape) * per
+    if op.kind == SHARE:  # its output is the parameter it holds, counted above, not saved
+        return total
     out = graph.tensors[op.output.tensor]
     return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes
