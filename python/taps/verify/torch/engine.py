@@ -23,14 +23,9 @@ from typing import Any
 
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module
-from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
-from taps.verify.prediction import (
-    check_plan,
-    describe_scopes,
-    operator_collectives,
-    predicted_collectives,
-)
+from taps.search.evaluate import step_layouts
+from taps.verify.prediction import check_plan, describe_scopes, predicted_collectives
 from taps.verify.result import (
     TOLERANCE,
     UNEXPECTED,
@@ -72,7 +67,8 @@ def collective_rows(
         )
     t0 = time.perf_counter()
     graph = plan.graph
-    layouts = layouts_of(plan)
+    step = step_layouts(plan)
+    layouts = step.layouts
     tdtype = torch_dtype(dtype)
     grid = layouts.mesh
     n = grid.num_devices
@@ -104,7 +100,7 @@ def collective_rows(
         tdist.destroy_process_group()
     describe = describe_scopes(layouts)
     predicted = predicted_collectives(
-        layouts, operator_collectives(plan), tdtype.itemsize, describe
+        layouts, step.intra, tdtype.itemsize, describe, step.backward
     )
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
