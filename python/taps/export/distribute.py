@@ -561,6 +561,8 @@ class _Interpreter:
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         packet = getattr(target, "_overloadpacket", None)
+        if packet_name(target).startswith("_assert"):
+            return None  # export's checks of shapes, dtypes and devices: nothing to compute
         if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
             out = self.view(args[0], args[1])
             if out is not None:
@@ -683,6 +685,31 @@ class _Interpreter:
             lacks = replay.used[link.op] - mesh.used_axes(ours)
             return replay.steps.sum_grad(local, _ordered(mesh.axis_names, lacks))
 
+    def _aligned(
+        self,
+        x: Any,
+        linked: dict[int, tuple[tuple[int, ...], list[Any]]],
+        shape: tuple[int, ...],
+        placements: list[Any],
+    ) -> Any:
+        """A whole tensor the operator reads beside its graph operands (a buffer, a constant
+        table) as the rank's block of it: in the placements of a linked input of its shape
+        (BatchNorm's running statistics, shaped as its weight), else cut where it broadcasts
+        against a split dim of the output (rotary tables, masks)."""
+        dtensor, mesh = self.dtensor, self.dist.mesh
+        same = next((p for s, p in linked.values() if s == tuple(x.shape)), None)
+        if same is not None:
+            return dtensor.distribute_tensor(x.detach(), mesh, same, src_data_rank=None).to_local()
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
+        lead = len(shape) - x.dim()
+        for d in range(max(0, -lead), x.dim()):
+            o = d + lead
+            if x.shape[d] == shape[o] and sizes[o] != shape[o]:
+                x = x.narrow(d, offsets[o], sizes[o])
+        return x
+
     def local(self, node: Any, target: Any, leaves: list[Any], links: list[Link], out: Link) -> Any:
         """The node run on each rank's blocks, as taps' plan runs it (:class:`Replay`): every
         input in the operator's layout, the result summed over the operator's forward partial
@@ -697,14 +724,34 @@ class _Interpreter:
         split = partial or flowing
         if split and _has_bias(target) and len(leaves) >= 3 and leaves[2] is not None:
             bias, leaves = leaves[2], [*leaves[:2], None, *leaves[3:]]
-        local = []
+        val = node.meta["val"]
+        placements = (
+            dist.layout_placements(replay.layouts.plan.candidates[out.op].partial_output, out)
+            if flowing is not None
+            else dist.placements(dist.chosen.operators[out.op]["output"], out)
+        )
+        local: list[Any] = []
+        linked: dict[int, Any] = {}  # the global shapes and placements of the linked inputs
         for k, x in enumerate(leaves):
             link = next((li for li in links if li.slot is not None and li.arg == k), None)
             if link is not None and isinstance(x, (torch.Tensor, _Pending)):
                 local.append(self.local_input(x, link))
+                assert link.slot is not None
+                ours = replay.layouts.inputs[link.op][link.slot]
+                linked[k] = (tuple(x.shape), dist.layout_placements(ours, link))
             else:
                 x = x.whole() if isinstance(x, _Pending) else x
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
+        packet = packet_name(target)
+        for k, x in enumerate(local):
+            if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
+                local[k] = self._aligned(x, linked, tuple(val.shape), placements)
+            elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
+                local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
+        if packet == "expand":  # its sizes (flattened after the input) are the output's
+            shape = _local_shape(tuple(val.shape), dist.mesh, placements)
+            for i, size in enumerate(shape):
+                local[1 + i] = -1 if local[1 + i] == -1 else size
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
@@ -713,7 +760,7 @@ class _Interpreter:
             if bias is not None and replay.training:
                 link = next(li for li in links if li.slot is not None and li.arg == 2)
                 b = self.local_input(bias, link)
-                if b.dim() == 1 and result.dim() > 2:  # a convolution's bias, per channel
+                if packet == "convolution":  # a bias per channel
                     b = b.reshape(-1, *([1] * (result.dim() - 2)))
                 result = replay.steps.add_once(result, b, flowing or ())
             elif bias is not None:
@@ -725,12 +772,6 @@ class _Interpreter:
                 b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
-            val = node.meta["val"]
-            placements = (
-                dist.layout_placements(replay.layouts.plan.candidates[out.op].partial_output, out)
-                if flowing is not None
-                else dist.placements(dist.chosen.operators[out.op]["output"], out)
-            )
             made = DTensor.from_local(
                 result,
                 dist.mesh,
@@ -740,6 +781,12 @@ class _Interpreter:
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+def _local_shape(shape: tuple[int, ...], mesh: Any, placements: list[Any]) -> list[int]:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return list(compute_local_shape_and_global_offset(shape, mesh, placements)[0])
 
 
 def _ordered(names: Sequence[str], chosen: set[str]) -> tuple[str, ...]:

@@ -41,6 +41,8 @@ from taps.verify.torch.values import (
     cast_inputs,
     import_torch,
     materialize,
+    replaying,
+    token_bound,
     torch_dtype,
     user_specs,
 )
@@ -72,32 +74,33 @@ def collective_rows(
     tdtype = torch_dtype(dtype)
     grid = layouts.mesh
     n = grid.num_devices
-    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
+    with replaying():
+        tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+        try:
+            from torch.distributed.device_mesh import DeviceMesh
 
-        # A CPU mesh holding meta tensors: nothing is computed.
-        mesh = DeviceMesh(
-            "cpu", torch.arange(n).reshape(grid.shape), mesh_dim_names=grid.axis_names
-        )
-        dense = materialize(module, tdtype, "meta", seed)
-        xs = cast_inputs(inputs, tdtype, "meta", seed)
-        dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
-        recorder = Recorder(
-            {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
-            {op.name: j for j, op in enumerate(graph.ops)},
-            tuple(grid.shape),
-        )
-        dist.tracer = recorder
-        placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
-        t1 = time.perf_counter()
-        with recorder.recording():
-            outs = dist(*placed)
-            recorder.phase = "backward"
-            backward(dist, outs, seed)
-        t2 = time.perf_counter()
-    finally:
-        tdist.destroy_process_group()
+            # A CPU mesh holding meta tensors: nothing is computed.
+            mesh = DeviceMesh(
+                "cpu", torch.arange(n).reshape(grid.shape), mesh_dim_names=grid.axis_names
+            )
+            dense = materialize(module, tdtype, "meta", seed)
+            xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
+            dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
+            recorder = Recorder(
+                {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
+                {op.name: j for j, op in enumerate(graph.ops)},
+                tuple(grid.shape),
+            )
+            dist.tracer = recorder
+            placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
+            t1 = time.perf_counter()
+            with recorder.recording():
+                outs = dist(*placed)
+                recorder.phase = "backward"
+                backward(dist, outs, seed)
+            t2 = time.perf_counter()
+        finally:
+            tdist.destroy_process_group()
     describe = describe_scopes(layouts)
     predicted = predicted_collectives(
         layouts, step.intra, tdtype.itemsize, describe, step.backward
@@ -144,6 +147,8 @@ def verify_torch(
     them (the same plan when the world is that size; else the plan :func:`taps.search` finds for
     ``numerics`` devices on one node) against the dense module."""
     check_plan(plan, "verify_torch")
+    if plan.pricing.zero and plan.pricing.step != "training":
+        raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     rows, timings = collective_rows(module, inputs, plan, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:
