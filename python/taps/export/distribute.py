@@ -383,7 +383,9 @@ class DistributedModule:
                     shape=shape,
                     stride=_contiguous(shape),
                 ).full_tensor()
-                whole = whole.reshape(self.parameters[name].shape if name in self.parameters else whole.shape)
+                whole = whole.reshape(
+                    self.parameters[name].shape if name in self.parameters else whole.shape
+                )
                 total = whole if total is None else total + whole
             if total is None:
                 return None
@@ -842,7 +844,9 @@ def distribute_module(
     # The replay runs the plan as its step runs (the training step's mesh fits its backward
     # plans too); the placements are on that mesh.
     step = step_layouts(plan) if mode == "taps" and isinstance(plan, Plan) else None
-    layouts = step.layouts if step is not None else layouts_of(plan) if isinstance(plan, Plan) else None
+    layouts = (
+        step.layouts if step is not None else layouts_of(plan) if isinstance(plan, Plan) else None
+    )
     if mode == "taps" and layouts is None:
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
     placements = DTensorPlacements.from_layouts(layouts) if layouts is not None else plan

@@ -1,17 +1,14 @@
 """A taps plan run on PyTorch DTensor: the module distributed by
-:func:`taps.export.distribute_module`, run forward and backward on the fake process group at the
-plan's full world size in this process (meta tensors: nothing is computed, every collective is
-dispatched), each collective read as it is dispatched (:mod:`.collectives`) and paired with
-taps' prediction; and, for the numbers, the same on a few gloo ranks (:mod:`.numerics`).
+:func:`taps.export.distribute_module` (``mode="taps"``), run forward and backward on the fake
+process group at the plan's full world size in this process (meta tensors: nothing is computed,
+every collective is dispatched), each collective read as it is dispatched (:mod:`.collectives`)
+and paired with taps' prediction; and, for the numbers, the same on a few gloo ranks
+(:mod:`.numerics`).
 
-What DTensor does that taps' plan does not say is listed, as for XLA (docs/verify.md): DTensor
-plans each redistribution itself (one collective per mesh dim, where taps may move several mesh
-dims in one), and its sharding propagation may add collectives inside an operator's node. In the
-backward pass DTensor takes each gradient back through the inverse of the forward
-redistributions, summing partial gradients on the way (a reduce-scatter where taps prices an
-all_reduce and a backward redistribution): backward collectives that are not taps' predicted
-gradient all_reduces are ``unpriced``, and the parameter gradients are reduced to the
-parameters' placements at the end, which is where taps' gradient all_reduces of parameters run.
+What runs is the plan's step, as on XLA (docs/verify.md): in the training step taps' forward and
+backward plans edge by edge, flowing partial sums and gradient all_reduces (ZeRO's reduce_scatter
+and all_gather), every collective predicted; in the paper's model autograd takes gradients back
+through the forward steps, and those backward collectives are ``unpriced``.
 """
 
 from __future__ import annotations
@@ -102,9 +99,7 @@ def collective_rows(
         finally:
             tdist.destroy_process_group()
     describe = describe_scopes(layouts)
-    predicted = predicted_collectives(
-        layouts, step.intra, tdtype.itemsize, describe, step.backward
-    )
+    predicted = predicted_collectives(layouts, step.intra, tdtype.itemsize, describe, step.backward)
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
     index = recorder.ops
@@ -121,13 +116,19 @@ def collective_rows(
             describe[scope] = f"node {scope[2:]} (DTensor's own)"
         elif scope.startswith("l:"):
             describe[scope] = f"a leaf placed for {scope[2:]} (taps: no edge)"
-    rows = match(predicted, recorder.measured, describe, plan.cluster.devices_per_node)
-    return [_backward_status(r) for r in rows], {"compile": t1 - t0, "run": t2 - t1}
+    paper = plan.pricing.step != "training"
+    rows = match(
+        predicted, recorder.measured, describe, plan.cluster.devices_per_node, unpriced=paper
+    )
+    if paper:
+        rows = [_backward_status(r) for r in rows]
+    return rows, {"compile": t1 - t0, "run": t2 - t1}
 
 
 def _backward_status(row: CollectiveCheck) -> CollectiveCheck:
-    """A backward collective taps did not predict (the backward of a redistribution), and the
-    placing of a parameter or input for a second reader, are ``unpriced`` (module doc)."""
+    """In the paper's model, a backward collective taps did not predict (the backward of a
+    redistribution), and the placing of a parameter or input for a second reader, are
+    ``unpriced`` (module doc)."""
     if row.status == UNEXPECTED and (row.phase == "backward" or "(taps: no edge)" in row.what):
         return dataclasses.replace(row, status=UNPRICED)
     return row

@@ -41,14 +41,14 @@ RANKS = (4, 8)
 
 def numerics_plan(plan: Plan, ranks: int) -> Plan:
     """The plan the numbers are checked on: ``plan`` when its cluster has ``ranks`` devices,
-    else taps' plan for ``ranks`` devices on one node."""
+    else taps' plan for ``ranks`` devices on one node, with the same pricing."""
     if ranks not in RANKS:
         raise VerifyError(f"a numerics run takes {' or '.join(map(str, RANKS))} ranks, not {ranks}")
     if plan.cluster.num_devices == ranks:
         return plan
     from taps.search.searching import search
 
-    return search(plan.graph, Cluster(1, ranks)).plan
+    return search(plan.graph, Cluster(1, ranks), plan.pricing).plan
 
 
 def gloo_errors(

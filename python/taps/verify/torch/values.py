@@ -52,7 +52,9 @@ def cast_inputs(
             out.append(x)
         elif not x.is_floating_point():
             if x.is_complex() or x.dtype == torch.bool:
-                raise VerifyError(f"the torch engine takes floating or integer inputs, got {x.dtype}")
+                raise VerifyError(
+                    f"the torch engine takes floating or integer inputs, got {x.dtype}"
+                )
             value = torch.randint(0, bound, x.shape, generator=gen) if x.is_meta else x.cpu()
             out.append(value.to(device=device, dtype=x.dtype))
         else:
