@@ -754,10 +754,13 @@ class _Interpreter:
             shape = _local_shape(tuple(val.shape), dist.mesh, placements)
             for i, size in enumerate(shape):
                 local[1 + i] = -1 if local[1 + i] == -1 else size
+        share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
             result = target(*tree[:n], **dict(zip(node.kwargs, tree[n:])))
+            if packet == "mean":
+                result = result * share
             result = replay.steps.sum(result, partial)
             if bias is not None and replay.training:
                 link = next(li for li in links if li.slot is not None and li.arg == 2)
@@ -783,6 +786,15 @@ class _Interpreter:
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+def _mean_share(node: Any, whole: Any, block: Any) -> float:
+    """The share of a mean's elements a rank's block holds: the local mean over a split dim,
+    scaled by it, sums over the ranks to the mean (torch divides by the local count)."""
+    rank = len(whole.shape)
+    dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else range(rank)
+    dims = [int(d) % rank for d in dims]
+    return math.prod(block.shape[d] for d in dims) / math.prod(whole.shape[d] for d in dims)
 
 
 def _local_shape(shape: tuple[int, ...], mesh: Any, placements: list[Any]) -> list[int]:
