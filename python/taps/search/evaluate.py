@@ -15,6 +15,8 @@ import numpy as np
 from taps._core import Layout, Redistribution, Strategy
 from taps.graph import Edge
 from taps.plan.candidates import backward_redistributions, edge_redistributions
+from taps.plan.layouts import PlanLayouts, layouts_of
+from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
 from taps.search.compute import compute_times, roofline_of
 from taps.search.prices import Collective, intra_collectives, partial_flows
@@ -237,3 +239,46 @@ def step_time(plan: Plan) -> StepTime:
     """The step of ``plan`` under its pricing: compute, communication and exposed communication
     (the gradient reductions' overlap with the backward from its timeline)."""
     return StepTime.of(breakdown(plan))
+
+
+@dataclass(frozen=True)
+class StepLayouts:
+    """A plan as its step runs, for the engines that replay it (docs/verify.md).
+
+    Attributes:
+        layouts: the plan's layouts, with the forward plan of every edge as :func:`breakdown`
+            prices it (in the training step from the producer's partial sums where they flow)
+            and a mesh that fits every layout those plans, the backward plans, the partial outputs
+            and the operators' collectives pass through.
+        backward: per graph edge, the backward plan of the gradient (``None``: no gradient, or
+            the paper's model).
+        intra: per operator, its collectives (forward partial sums and gradients).
+        flows: the operators whose partial sums flow to their consumer.
+    """
+
+    layouts: PlanLayouts
+    backward: list[Redistribution | None]
+    intra: dict[str, list[Collective]]
+    flows: frozenset[str]
+
+
+def step_layouts(plan: Plan) -> StepLayouts:
+    """``plan``'s layouts and plans as its pricing's step runs them (:class:`StepLayouts`)."""
+    graph, step = plan.graph, plan.pricing.step
+    layouts = layouts_of(plan)
+    rows = breakdown(plan)
+    incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
+    backward = [incoming[(e.consumer, e.slot)].backward for e in graph.edges]
+    intra = {r.name: [c for c, _ in r.collectives] for r in rows}
+    if step == "training":
+        forward = [(e, incoming[(e.consumer, e.slot)].redistribution) for e in graph.edges]
+        every = [
+            *layouts.tensors.values(),
+            *(x for ls in layouts.inputs.values() for x in ls),
+            *(c.partial_output for c in plan.candidates.values()),
+            *(c.layout for cs in intra.values() for c in cs),
+        ]
+        plans = [p for _, p in forward] + [p for p in backward if p is not None]
+        mesh = mesh_for_redistributions(every, plans, plan.cluster.num_devices)
+        layouts = replace(layouts, redistributions=forward, mesh=mesh)
+    return StepLayouts(layouts, backward, intra, partial_flows(graph, step))
