@@ -7,7 +7,6 @@ A model's :class:`Graph` and a :class:`Cluster` go into :func:`search`, whose re
 docs/architecture.md maps the packages.
 """
 
-<<<<<<< HEAD
 from __future__ import annotations
 
 import importlib
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from taps._core import (
         Cluster,
         CommOp,
+        Device,
         GraphError,
         InfeasibleError,
         Layout,
@@ -51,7 +51,16 @@ if TYPE_CHECKING:
     from taps.graph import Edge, Graph, Operand, Operator, Tensor
     from taps.plan import Plan, Pricing
     from taps.plan.candidates import strategies_for
-    from taps.search import Comparison, OpCost, SearchResult, breakdown, compare, evaluate
+    from taps.search import (
+        Comparison,
+        OpCost,
+        SearchResult,
+        StepTime,
+        breakdown,
+        compare,
+        evaluate,
+        step_time,
+    )
     from taps.solve import IlpOptions
 
 #: Where each public name lives. ``import taps`` imports none of them: each is imported on first
@@ -64,6 +73,7 @@ _HOMES = {
     "verify": "taps.verify",
     "Cluster": "taps._core",
     "CommOp": "taps._core",
+    "Device": "taps._core",
     "GraphError": "taps._core",
     "InfeasibleError": "taps._core",
     "Layout": "taps._core",
@@ -102,6 +112,8 @@ _HOMES = {
     "breakdown": "taps.search",
     "compare": "taps.search",
     "evaluate": "taps.search",
+    "StepTime": "taps.search",
+    "step_time": "taps.search",
     "IlpOptions": "taps.solve",
 }
 
@@ -119,53 +131,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
-=======
-from taps import export, models, search, verify
-from taps._core import (
-    Cluster,
-    CommOp,
-    Device,
-    GraphError,
-    InfeasibleError,
-    Layout,
-    LayoutError,
-    Redistribution,
-    Strategy,
-    StrategyError,
-    TapsError,
-    TopologyError,
-    UnifyError,
-    enumerate_strategies,
-    inter_node_groups,
-    plan_redistribution,
-    redistribution_costs,
-    unify,
-)
-from taps.errors import (
-    ArgumentError,
-    ExportError,
-    MissingExtraError,
-    OutputError,
-    PlanFileError,
-    ResourceError,
-    VerifyError,
-)
-from taps.frontends import from_jax, from_torch
-from taps.graph import Edge, Graph, Operand, Operator, Tensor
-from taps.plan import Plan, Pricing
-from taps.plan.candidates import strategies_for
-from taps.search import (
-    Comparison,
-    OpCost,
-    SearchResult,
-    StepTime,
-    breakdown,
-    compare,
-    evaluate,
-    step_time,
-)
-from taps.solve import IlpOptions
->>>>>>> h-cluster
 
 __version__ = "0.1.0"
 

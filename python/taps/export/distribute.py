@@ -287,15 +287,12 @@ class DistributedModule:
         self.replay = replay
         self.tracer = Tracer()
         self.leaves: dict[str, tuple[Any, Any]] = {}
-<<<<<<< HEAD
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
             raise ExportError(f"the plan places no parameter {unplaced[:5]} of the module")
-=======
         #: Training-step replay: per parameter or input, each reader's block (a leaf of its own),
         #: its placements and the reader's view of the whole (see :meth:`reader_block`).
         self.readers: dict[str, list[tuple[Any, list[Any], tuple[int, ...]]]] = {}
->>>>>>> h-torchverify
         self.parameters = {
             name: self.leaf(name, p, chosen.tensors[name]) for name, p in parameters.items()
         }
