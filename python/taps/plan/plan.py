@@ -162,8 +162,10 @@ class Plan:
             )
         except PlanFileError:
             raise
-        except (TapsError, KeyError, TypeError) as e:
-            detail = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        except (TapsError, KeyError, TypeError, ValueError, OverflowError) as e:
+            # ValueError and OverflowError: the core's conversions of a malformed or too large
+            # value (a level that is not three numbers, a size beyond 64 bits).
+            detail = f"missing key {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
             raise PlanFileError(f"the saved plan does not hold together: {detail}") from None
 
     @classmethod
