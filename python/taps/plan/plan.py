@@ -28,7 +28,7 @@ from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +39,8 @@ class Plan:
         graph: the model's graph.
         cluster: the cluster the strategies place the operators on.
         strategies: operator name -> its strategy, in the graph's operator order (read-only).
-        pricing: how the plan is priced (cost model, step, planner, ZeRO, bytes per parameter).
+        pricing: how the plan is priced (cost model, step, planner, ZeRO, what training keeps
+            per parameter).
     """
 
     graph: Graph

@@ -16,7 +16,7 @@ import numpy as np
 from taps._core import Cluster, Layout, Strategy
 from taps.graph import Graph, Operand, Operator
 from taps.plan.candidates import Candidate, operand_axis_indices, operand_shape, split_dims
-from taps.plan.pricing import BYTES_PER_PARAMETER
+from taps.plan.pricing import Pricing
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -165,27 +165,35 @@ def all_reduce_operands(
     ]
 
 
-def memory(
-    graph: Graph,
-    op: Operator,
-    candidate: Candidate,
-    bytes_per_parameter: float = BYTES_PER_PARAMETER,
-    zero: bool = False,
-) -> float:
-    """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
-    optimizer state, and its output shard, saved for the backward pass. A device of a replicated
-    strategy holds its replica's whole blocks: the layouts' replica dims split nothing. With
-    ``zero``, all of a parameter's bytes but its weight (``dtype_bytes``) are divided among the
-    ``g`` devices its gradient is reduced over (ZeRO: gradient and optimizer state sharded)."""
+def memory(graph: Graph, op: Operator, candidate: Candidate, pricing: Pricing = Pricing()) -> float:
+    """Bytes per device for one layer of ``op``: its parameter shards with their gradients,
+    master copies and optimizer state (:meth:`Pricing.parameter_memory`), and what its backward
+    keeps of its output shard (:func:`saved_bytes`). A device of a replicated strategy holds its
+    replica's whole blocks: the layouts' replica dims split nothing. With ``pricing.zero``, all
+    of a parameter's bytes but its weight are divided among the ``g`` devices its gradient is
+    reduced over (ZeRO: gradient, master copy and optimizer state sharded)."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.root(operand.tensor).kind == "parameter":  # a view of one too
-            per = bytes_per_parameter
-            if zero:
+            weight, rest = pricing.parameter_memory(graph.tensors[operand.tensor].dtype_bytes)
+            if pricing.zero:
                 dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
-                g = float(np.prod([layout.device_dim_size(k) for k in dims]))
-                weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
-                per = weight + (per - weight) / g
-            total += math.prod(layout.shard_shape) * per
-    out = graph.tensors[op.output.tensor]
-    return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes
+                rest /= float(np.prod([layout.device_dim_size(k) for k in dims]))
+            total += math.prod(layout.shard_shape) * (weight + rest)
+    return total + saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)
+
+
+#: Bytes of the per-row statistic an operator that keeps ``"rows"`` saves (fp32 logsumexp).
+ROW_BYTES = 4
+
+
+def saved_bytes(op: Operator, output: Layout, dtype_bytes: int) -> float:
+    """Bytes per device the backward keeps of ``op``'s output in layout ``output``
+    (:attr:`taps.graph.Operator.saved`): its shard, one fp32 number per row of it (all dims but
+    the last), or nothing."""
+    shard = output.shard_shape
+    if op.saved == "none":
+        return 0.0
+    if op.saved == "rows":
+        return float(math.prod(shard[:-1]) * ROW_BYTES)
+    return float(math.prod(shard) * dtype_bytes)

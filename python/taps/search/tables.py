@@ -170,12 +170,7 @@ def build_tables(
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices
     (:func:`taps.plan.candidates.strategies`)."""
-    cost_model, step, planner, zero = (
-        pricing.cost_model,
-        pricing.step,
-        pricing.planner,
-        pricing.zero,
-    )
+    cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     n = cluster.num_devices
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
@@ -216,7 +211,7 @@ def build_tables(
                 node = node + np.array(
                     [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
                 )
-            mem = np.array([memory(graph, op, c, pricing.bytes_per_parameter, zero) for c in cands])
+            mem = np.array([memory(graph, op, c, pricing) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
