@@ -15,6 +15,7 @@ import taps
 from taps import Cluster, Pricing
 from taps.frontends.torch import from_torch
 from taps.plan.candidates import candidates
+from taps.search.checkpointing import checkpointing
 from taps.search.prices import memory
 from taps.search.tables import build_tables
 from taps.solve.pipeline import largest_needs, smallest_memory
@@ -172,3 +173,77 @@ def test_nothing_fits_names_the_layers_and_the_largest_operators():
     assert f"the smallest needs {need:,.0f} bytes for 12 layer(s)" in message
     assert re.search(rf"'h0\.{re.escape(top[0])}' x4 {per_position[top[0]]:,.0f}", message)
     assert math.isclose(sum(per_position.values()), need, rel_tol=1e-12)
+
+
+def _peak_by_schedule(graph: taps.Graph, every: int) -> float:
+    """A second, plain account of checkpointing on one device: list the model's layers (tie
+    instances in order, each graph copy after the other), and walk the backward from the last
+    layer to the first; while a checkpointed layer runs its backward its forward's activations
+    are held again. The peak over that walk, plus what lies outside the layers."""
+    one = {op.name: memory(graph, op, candidates(op, 1)[0]) for op in graph.ops}
+    params = {op.name: memory(graph, op, candidates(op, 1)[0], Pricing(), 0.0) for op in graph.ops}
+    instances = [list(i) for group in graph.tied for i in group] or [[o.name for o in graph.ops]]
+    layers = [inst for _ in range(graph.layers) for inst in instances]
+    marked = [i % every == 0 for i in range(len(layers))]
+    consumers: dict[str, set[str]] = {}
+    for e in graph.edges:
+        consumers.setdefault(e.tensor, set()).add(e.consumer)
+
+    def leaves(name: str, inst: list[str]) -> bool:
+        used = consumers.get(graph.op(name).output.tensor, set())
+        return not used or not used <= set(inst)
+
+    in_layers = {n for inst in instances for n in inst}
+    outside = graph.layers * sum(one[n] for n in one if n not in in_layers)
+    weights = sum(params[n] for inst in layers for n in inst)
+    held = [
+        sum(one[n] - params[n] for n in inst if not m or leaves(n, inst))
+        for inst, m in zip(layers, marked)
+    ]
+    again = [
+        sum(one[n] - params[n] for n in inst if not leaves(n, inst)) if m else 0.0
+        for inst, m in zip(layers, marked)
+    ]
+    return outside + weights + sum(held) + max(again)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 4])
+@pytest.mark.parametrize("copies", [1, 2])
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_checkpointing_keeps_the_schedules_peak(blocks, copies, every):
+    g = taps.models.gpt(
+        hidden=32, heads=2, seq=16, batch=2, layers=copies, blocks=blocks, tie=blocks > 1
+    )
+    one = Cluster(1, 1)
+    tables = build_tables(g, one, Pricing(checkpoint=every))
+    assert smallest_memory(tables) == pytest.approx(_peak_by_schedule(g, every), rel=1e-12)
+    layers = copies * blocks
+    marked = len(range(0, layers, every))
+    # One checkpointed layer holds its activations again while it recomputes: no saving.
+    plain = smallest_memory(build_tables(g, one))
+    assert smallest_memory(tables) < plain if marked > 1 else smallest_memory(tables) == plain
+    recomputed = checkpointing(g, every).recomputed
+    assert copies * sum(recomputed.values()) == pytest.approx(marked * len(g.ops) / blocks)
+
+
+def test_checkpointing_is_refused_below_zero_and_saved_with_the_plan():
+    with pytest.raises(taps.ArgumentError, match="checkpoint must be 0"):
+        Pricing(checkpoint=-1)
+    g = taps.models.gpt(hidden=32, heads=2, seq=16, batch=2, blocks=2, tie=True)
+    plan = taps.search(g, Cluster(1, 2), Pricing(checkpoint=1, optimizer="sgd")).plan
+    assert taps.Plan.from_json(plan.to_json()).pricing == plan.pricing
+
+
+def test_the_command_line_states_optimizer_and_checkpointing(tmp_path, capsys):
+    from taps.cli import main
+
+    path = tmp_path / "plan.json"
+    argv = ["search", "gpt", "--nodes", "1", "--devices-per-node", "2", "--batch", "2"]
+    assert main([*argv, "--optimizer", "sgd", "--checkpoint", "2", "--save", str(path)]) == 0
+    pricing = taps.Plan.load(path).pricing
+    assert (pricing.optimizer, pricing.checkpoint) == ("sgd", 2)
+    # A saved plan carries them: giving them again is refused in one line.
+    assert main(["search", str(path), "--checkpoint", "1"]) == 2
+    assert "leave out --checkpoint" in capsys.readouterr().err
+    assert main([*argv, "--checkpoint", "-1"]) == 2
+    assert "checkpoint must be 0" in capsys.readouterr().err

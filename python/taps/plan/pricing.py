@@ -65,6 +65,10 @@ class Pricing:
             updates (mixed precision; the default).
         optimizer: ``"adam"`` (two fp32 moments per element, the default), ``"sgd"`` (SGD with
             momentum: one) or ``"none"``.
+        checkpoint: activation checkpointing of every ``checkpoint``-th layer (the instances of
+            the graph's ties; 1: every layer, 0: none, the default): a checkpointed layer keeps
+            only what leaves it and runs its forward again in the backward
+            (:mod:`taps.search.checkpointing`).
 
     The defaults on a bf16 or fp16 graph are mixed-precision Adam: 2 + 2 + 4 + 8 = 16 bytes per
     parameter element (:meth:`parameter_memory`).
@@ -78,6 +82,7 @@ class Pricing:
     gradient_bytes: int | None = None
     master_weights: bool = True
     optimizer: Optimizer = "adam"
+    checkpoint: int = 0
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model)
@@ -95,6 +100,13 @@ class Pricing:
                     f"Pricing: {name} must be a positive int (bytes per element) or None, "
                     f"got {value!r}"
                 )
+        if not isinstance(self.checkpoint, int) or isinstance(self.checkpoint, bool):
+            raise TypeError(f"checkpoint must be an int, got {self.checkpoint!r}")
+        if self.checkpoint < 0:
+            raise ArgumentError(
+                f"Pricing: checkpoint must be 0 (none) or every how many layers, got "
+                f"{self.checkpoint}"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise ArgumentError(
                 f"Pricing: unknown optimizer {self.optimizer!r}: expected one of "

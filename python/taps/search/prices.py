@@ -165,10 +165,17 @@ def all_reduce_operands(
     ]
 
 
-def memory(graph: Graph, op: Operator, candidate: Candidate, pricing: Pricing = Pricing()) -> float:
+def memory(
+    graph: Graph,
+    op: Operator,
+    candidate: Candidate,
+    pricing: Pricing = Pricing(),
+    kept: float = 1.0,
+) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients,
     master copies and optimizer state (:meth:`Pricing.parameter_memory`), and what its backward
-    keeps of its output shard (:func:`saved_bytes`). A device of a replicated strategy holds its
+    keeps of its output shard (:func:`saved_bytes`), ``kept`` of it (activation checkpointing,
+    :class:`taps.search.checkpointing.Checkpointing`). A device of a replicated strategy holds its
     replica's whole blocks: the layouts' replica dims split nothing. With ``pricing.zero``, all
     of a parameter's bytes but its weight are divided among the ``g`` devices its gradient is
     reduced over (ZeRO: gradient, master copy and optimizer state sharded)."""
@@ -180,7 +187,8 @@ def memory(graph: Graph, op: Operator, candidate: Candidate, pricing: Pricing = 
                 dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
                 rest /= float(np.prod([layout.device_dim_size(k) for k in dims]))
             total += math.prod(layout.shard_shape) * (weight + rest)
-    return total + saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)
+    out = saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)
+    return total + kept * out
 
 
 #: Bytes of the per-row statistic an operator that keeps ``"rows"`` saves (fp32 logsumexp).

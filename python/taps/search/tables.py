@@ -15,6 +15,7 @@ from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistributio
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
+from taps.search.checkpointing import checkpointing
 from taps.search.prices import (
     all_reduce_operands,
     collective_of,
@@ -175,16 +176,18 @@ def build_tables(
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
     training = step == "training"
+    kept = checkpointing(graph, pricing.checkpoint).kept
 
     def key_of(op: Operator) -> Any:
         if not share:
             return op.name
+        # Checkpointing keeps another share of some outputs.
         if not training:
-            return graph.signature(op.name)
+            return (graph.signature(op.name), kept[op.name])
         # The training step also depends on whether the output's partial sums flow and on which
         # inputs have a producer (their gradients go back on the edge).
         made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
-        return (graph.signature(op.name), op.name in flows, made)
+        return (graph.signature(op.name), kept[op.name], op.name in flows, made)
 
     signature = {op.name: key_of(op) for op in graph.ops}
     distinct: dict[Any, OpTable] = {}
@@ -211,7 +214,7 @@ def build_tables(
                 node = node + np.array(
                     [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
                 )
-            mem = np.array([memory(graph, op, c, pricing) for c in cands])
+            mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
