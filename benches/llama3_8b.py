@@ -79,9 +79,7 @@ def main() -> None:
         f"{free.memory_per_device / 1e9:.1f} GB per device"
     )
     tables = build_tables(graph, cluster, pricing)
-    most = ", ".join(
-        f"{name} x{n} {size / 1e9:.1f} GB" for name, n, size in largest_needs(tables)
-    )
+    most = ", ".join(f"{name} x{n} {size / 1e9:.1f} GB" for name, n, size in largest_needs(tables))
     print(f"  least memory {smallest_memory(tables) / 1e9:.1f} GB per device; most: {most}")
     try:
         kept = taps.search(unfused(graph), cluster, pricing)
