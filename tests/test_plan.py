@@ -33,7 +33,10 @@ PRICINGS = st.builds(
     step=st.sampled_from(["training", "forward"]),
     planner=st.just("paper"),
     zero=st.booleans(),
-    bytes_per_parameter=st.sampled_from([16, 12.5, 2]),
+    parameter_bytes=st.sampled_from([None, 2, 4]),
+    gradient_bytes=st.sampled_from([None, 4]),
+    master_weights=st.booleans(),
+    optimizer=st.sampled_from(["adam", "sgd", "none"]),
 )
 
 
@@ -87,6 +90,8 @@ def _refused(data: object, match: str) -> None:
 
 
 def test_another_version_is_refused(saved):
+    _refused({**saved, "version": 3}, "format version 3: this taps reads version 2")
+    # Version 1 priced memory by one bytes_per_parameter, which names no dtype or optimizer.
     _refused({**saved, "version": 1}, "format version 1: this taps reads version 2")
 
 

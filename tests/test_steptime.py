@@ -41,11 +41,11 @@ def test_pricing_counts_compute_under_topology_only() -> None:
     assert Pricing().counts_compute and Pricing(compute=None).counts_compute
     assert not Pricing(cost_model="volume").counts_compute
     assert not COMM_ONLY.counts_compute
-    assert Pricing().gradient_dtype_bytes == 4
+    assert Pricing().gradient_bytes == 4
     with pytest.raises(TopologyError, match="volume model prices bytes"):
         Pricing(cost_model="volume", compute=True)
-    with pytest.raises(TopologyError, match="gradient_dtype_bytes"):
-        Pricing(gradient_dtype_bytes=0)
+    with pytest.raises(TopologyError, match="gradient_bytes"):
+        Pricing(gradient_bytes=0)
 
 
 def test_node_cost_is_compute_plus_overlapped_reductions() -> None:
@@ -71,15 +71,13 @@ def test_node_cost_is_compute_plus_overlapped_reductions() -> None:
 
 def test_gradients_reduced_in_their_dtype() -> None:
     """A parameter's gradient reduction moves 4 bytes an element by default, the parameter's
-    own 2 with ``gradient_dtype_bytes=None``; an activation's partial sums keep their dtype."""
+    own 2 with ``gradient_bytes=None``; an activation's partial sums keep their dtype."""
     g, cluster = _mlp(), _cluster()
     data_parallel = {o.name: strategies_for(g, o.name, cluster)[0] for o in g.ops}
     volume = Pricing(cost_model="volume")
     rows = {
         b: taps.breakdown(
-            taps.Plan(
-                g, cluster, data_parallel, Pricing(cost_model="volume", gradient_dtype_bytes=b)
-            )
+            taps.Plan(g, cluster, data_parallel, Pricing(cost_model="volume", gradient_bytes=b))
         )
         for b in (None, 4)
     }
@@ -88,7 +86,7 @@ def test_gradients_reduced_in_their_dtype() -> None:
             assert c16.parameter == c32.parameter
             assert cost32 == pytest.approx(cost16 * (2 if c16.parameter else 1))
             assert c32.dtype_bytes == (4 if c32.parameter else 2)
-    assert volume.gradient_dtype_bytes == 4
+    assert volume.gradient_bytes == 4
 
 
 def test_step_time_adds_up_and_hides_only_with_compute() -> None:
@@ -169,9 +167,9 @@ def test_replicate_no_longer_replicates_everything(preset: str) -> None:
 
 def test_saved_plan_keeps_the_pricing_and_refuses_version_1() -> None:
     g, cluster = _mlp(), _cluster()
-    plan = taps.search(g, cluster, Pricing(compute=False, gradient_dtype_bytes=None)).plan
+    plan = taps.search(g, cluster, Pricing(compute=False, gradient_bytes=None)).plan
     again = taps.Plan.from_json(plan.to_json())
-    assert again == plan and again.pricing.gradient_dtype_bytes is None
+    assert again == plan and again.pricing.gradient_bytes is None
     assert not again.pricing.counts_compute
     doc = json.loads(plan.to_json())
     doc["version"] = 1
@@ -187,7 +185,7 @@ def test_json_reports_the_step(tmp_path) -> None:
     out = tmp_path / "r.json"
     main(["search", "mlp", "--cluster", "dgx-h100", "--nodes", "2", "--json", str(out)])
     data = json.loads(out.read_text())["topology"]
-    assert data["compute"] is True and data["gradient_dtype_bytes"] == 4
+    assert data["compute"] is True and data["gradient_bytes"] == 4
     assert data["step_time"] == pytest.approx(data["compute_time"] + data["exposed"])
     ops = data["operators"]
     assert sum(o["exposed"] for o in ops) == pytest.approx(data["exposed"])

@@ -90,7 +90,7 @@ def test_forward_step_is_the_papers_model():
     for s in _assignments(g, cluster):
         d, r, c = s["fc"].degrees
         want = 2 * ((d - 1) * 8 * 4 + (r - 1) * 16 * 4 + (c - 1) * 16 * 8) / (d * r * c) * 2
-        paper = Pricing(cost_model="volume", step="forward", gradient_dtype_bytes=None)
+        paper = Pricing(cost_model="volume", step="forward", gradient_bytes=None)
         assert evaluate(Plan(g, cluster, s, paper)) == pytest.approx(want)
 
 
@@ -254,7 +254,7 @@ def test_zero_divides_optimizer_state_by_the_data_parallel_group():
     params = 64 * 64 + 64
     out = 512 * 64 / 4 * 4
     assert memory(g, op, cand) == params * 16 + out
-    assert memory(g, op, cand, zero=True) == params * (4 + 12 / 4) + out
+    assert memory(g, op, cand, Pricing(zero=True)) == params * (4 + 12 / 4) + out
     cluster = Cluster(1, 4)
     s = {"fc1": cand.strategy, "act": Strategy([4, 1], [0, -1]), "fc2": cand.strategy}
     assert evaluate(Plan(g, cluster, s, Pricing(zero=True))) == evaluate(Plan(g, cluster, s))

@@ -14,7 +14,7 @@ from taps._core import DEVICES, PLANNERS, PRESETS, REPLICA_MODELS, Cluster, Grap
 from taps.errors import ArgumentError, PlanFileError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
-from taps.plan import STEPS, Plan, Pricing, is_saved_plan
+from taps.plan import OPTIMIZERS, STEPS, Plan, Pricing, is_saved_plan
 from taps.plan.pricing import Step
 
 
@@ -313,6 +313,21 @@ def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
         help="shard parameters' gradients and optimizer state over their data-parallel "
         "devices (ZeRO: reduce_scatter + all_gather, less memory)",
     )
+    p.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default=None,
+        help="the optimizer whose fp32 state every parameter keeps: adam (2 moments, the "
+        "default), sgd (momentum) or none",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=integer,
+        default=None,
+        metavar="N",
+        help="activation checkpointing of every N-th layer (1: every layer): it keeps only its "
+        "output and runs its forward again in the backward",
+    )
 
 
 def check_one_model(args: argparse.Namespace) -> None:
@@ -348,6 +363,8 @@ _PLAN_HOLDS = (
     ("--step", "step"),
     ("--planner", "planner"),
     ("--zero", "zero"),
+    ("--optimizer", "optimizer"),
+    ("--checkpoint", "checkpoint"),
     ("--time-limit", "time_limit"),
 )
 
@@ -364,7 +381,13 @@ def refuse_for_saved_plan(args: argparse.Namespace) -> None:
 
 def pricing_of(args: argparse.Namespace, step: Step = "training") -> Pricing:
     """The pricing the options give (``step`` when ``--step`` is not given)."""
-    return Pricing(step=args.step or step, planner=args.planner or "paper", zero=args.zero)
+    return Pricing(
+        step=args.step or step,
+        planner=args.planner or "paper",
+        zero=args.zero,
+        optimizer=args.optimizer or "adam",
+        checkpoint=args.checkpoint or 0,
+    )
 
 
 def load_model(name: str, batch: int | None) -> Graph | Plan:

@@ -1,5 +1,6 @@
 """The ``taps`` argument parser: one module per command (``search``, ``verify``, ``export``,
-``redistribute``, ``import``, ``reproduce``, ``calibrate``), each with a ``register(subparsers)``."""
+``redistribute``, ``import``, ``reproduce``, ``calibrate``), each with a
+``register(subparsers)``."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from taps._core import GraphError
 from taps.graph.records import (
+    SAVED,
     SHARE,
     Edge,
     Operand,
@@ -96,6 +97,7 @@ class GraphIR:
         dtype_bytes: int | None = None,
         axis_order: Sequence[str] | None = None,
         addends: Sequence[tuple[Tensor | str, Sequence[str]]] = (),
+        saved: str = "output",
     ) -> Tensor:
         """The one path every operator takes.
 
@@ -106,13 +108,18 @@ class GraphIR:
         output axes that no input has (it may repeat others, which must agree). ``dtype_bytes``
         defaults to that of the first input. ``axis_order`` lists every axis in the order the
         operator keeps them (default: first appearance in the inputs, then output-only axes).
-        Returns the output activation, named ``name + ".out"``.
+        ``saved`` is what the backward keeps of the output (:attr:`Operator.saved`). Returns the
+        output activation, named ``name + ".out"``.
         """
         self._new_name(name)
         out_name = f"{name}.out"
         self._new_name(out_name)
         if not isinstance(kind, str) or not kind:
             raise GraphError(f"operator {name!r}: kind must be a non-empty string, got {kind!r}")
+        if saved not in SAVED:
+            raise GraphError(
+                f"operator {name!r}: saved must be one of {', '.join(SAVED)}, got {saved!r}"
+            )
         if not inputs:
             raise GraphError(f"operator {name!r}: needs at least one input")
         sizes: dict[str, int] = {}
@@ -186,6 +193,7 @@ class GraphIR:
             part,
             tuple(operands),
             Operand(out_name, output_dims),
+            saved,
         )
         self._ops[name] = op
         return self._add_tensor(
@@ -358,7 +366,8 @@ class GraphIR:
     def signature(self, op_name: str) -> tuple[Any, ...]:
         """Everything about an operator but its name and kind: its axes with their sizes, its
         partitionable axes, and per operand its dims, whether it is a parameter, whether it needs
-        a gradient, its element size, and per input whether it is an addend. Operators of one
+        a gradient, its element size, and per input whether it is an addend; and what its backward
+        keeps of its output (:attr:`Operator.saved`). Operators of one
         signature have the same candidates, costs and memory (the search shares their tables)."""
         op = self.op(op_name)
 
@@ -372,6 +381,7 @@ class GraphIR:
             op.partitionable,
             tuple((*operand(o), o.addend) for o in op.inputs),
             operand(op.output),
+            op.saved,
         )
 
     @property

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from taps._core import GraphError
 from taps.graph.ir import GraphIR
-from taps.graph.records import is_positive_int
+from taps.graph.records import SAVED, is_positive_int
 
 #: The graph class a document is read into (:class:`taps.Graph`).
 G = TypeVar("G", bound=GraphIR)
@@ -56,6 +56,8 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
                 "output": {
                     "dims": list(op.output.dims),
                     "dtype_bytes": g.tensors[op.output.tensor].dtype_bytes,
+                    # Written only when not the default, so older files read the same.
+                    **({"saved": op.saved} if op.saved != "output" else {}),
                 },
             }
         )
@@ -321,9 +323,12 @@ def _read_op(op: Any, path: str) -> _Pending:
         pair = (_get(operand, p, "tensor", str), _list_of(operand, p, "dims", str))
         (addends if addend else inputs).append(pair)
     out = _get(op, path, "output", dict)
-    _fields(out, f"{path}.output", {"dims", "dtype_bytes"})
+    _fields(out, f"{path}.output", {"dims", "dtype_bytes", "saved"})
     out_dims = _list_of(out, f"{path}.output", "dims", str)
     dtype = _get(out, f"{path}.output", "dtype_bytes", int)
+    saved = _get(out, f"{path}.output", "saved", str) if "saved" in out else "output"
+    if saved not in SAVED:
+        raise GraphError(f"{path}.output.saved: expected one of {', '.join(SAVED)}, got {saved!r}")
 
     def add(g: GraphIR) -> None:
         for field, dims in [
@@ -335,7 +340,16 @@ def _read_op(op: Any, path: str) -> _Pending:
                     raise GraphError(f"{path}.{field}: axis {d!r} is not in axes")
         # The file's axis order is the operator's: keep it rather than the inferred one.
         g.add_operator(
-            name, kind, inputs, out_dims, part, sizes, dtype, list(sizes), addends=addends
+            name,
+            kind,
+            inputs,
+            out_dims,
+            part,
+            sizes,
+            dtype,
+            list(sizes),
+            addends=addends,
+            saved=saved,
         )
 
     uses = tuple((f"inputs[{j}].tensor", t) for j, (t, _) in enumerate([*inputs, *addends]))

@@ -40,7 +40,8 @@ class Plan:
         graph: the model's graph.
         cluster: the cluster the strategies place the operators on.
         strategies: operator name -> its strategy, in the graph's operator order (read-only).
-        pricing: how the plan is priced (cost model, step, planner, ZeRO, bytes per parameter).
+        pricing: how the plan is priced (cost model, step, planner, ZeRO, what training keeps
+            per parameter).
     """
 
     graph: Graph

@@ -354,7 +354,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
         "planner": plan.pricing.planner,
         "zero": plan.pricing.zero,
         "compute": plan.pricing.counts_compute,
-        "gradient_dtype_bytes": plan.pricing.gradient_dtype_bytes,
+        "gradient_bytes": plan.pricing.gradient_bytes,
         "cost": cost,
         "step_time": source.step.step_time,
         "compute_time": source.step.compute,

@@ -130,12 +130,12 @@ def _saving(cost: float, baseline: float) -> float:
 #: The paper's model: forward redistributions planned by Algorithm 1, gradients all_reduced at
 #: the operators in the model's dtype, replicas sharing one transfer out of a node; communication
 #: only (no compute).
-PAPER_MODEL = Pricing(step="forward", planner="paper", compute=False, gradient_dtype_bytes=None)
+PAPER_MODEL = Pricing(step="forward", planner="paper", compute=False, gradient_bytes=None)
 #: Closer to what engines run: the training step and (on the cluster) flat replicas. Algorithm 1
 #: plans the edges, as taps.search does by default: the optimal planner is tens of times slower
 #: (docs/search.md#speed). Communication only, gradients in the model's dtype, as the column it
 #: is compared with.
-FULL_MODEL = Pricing(step="training", planner="paper", compute=False, gradient_dtype_bytes=None)
+FULL_MODEL = Pricing(step="training", planner="paper", compute=False, gradient_bytes=None)
 
 
 def full_cluster(cluster: Cluster) -> Cluster:

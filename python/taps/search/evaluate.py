@@ -18,6 +18,7 @@ from taps.plan.candidates import backward_redistributions, edge_redistributions
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
+from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, roofline_of
 from taps.search.prices import Collective, intra_collectives, partial_flows
 from taps.search.timeline import Gradient, backward_timeline
@@ -202,6 +203,7 @@ def breakdown(plan: Plan) -> list[OpCost]:
             )
         )
     device = roofline_of(cluster) if pricing.counts_compute else None
+    again = checkpointing(graph, pricing.checkpoint).recomputed
     out = []
     for op in graph.ops:
         strategy = plan.strategies[op.name]
@@ -214,13 +216,14 @@ def breakdown(plan: Plan) -> list[OpCost]:
                 step,
                 op.name in flows,
                 pricing.zero,
-                pricing.gradient_dtype_bytes,
+                pricing.gradient_bytes,
             )
         )
         fwd, bwd = (0.0, 0.0)
         if device is not None:
             times = compute_times(graph, op, np.array([strategy.degrees]), *device)
-            fwd, bwd = float(times[0][0]), float(times[1][0])
+            # A checkpointed layer runs its forward again (counted as forward compute).
+            fwd, bwd = float(times[0][0]) * (1 + again[op.name]), float(times[1][0])
         out.append(OpCost(op.name, strategy, colls, tuple(incoming[op.name]), fwd, bwd))
     exposed = _exposed(plan, out)
     return [replace(r, exposed=e) for r, e in zip(out, exposed)]

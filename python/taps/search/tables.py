@@ -15,6 +15,7 @@ from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistributio
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
+from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
@@ -174,28 +175,26 @@ def build_tables(
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices
     (:func:`taps.plan.candidates.strategies`)."""
-    cost_model, step, planner, zero = (
-        pricing.cost_model,
-        pricing.step,
-        pricing.planner,
-        pricing.zero,
-    )
+    cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     n = cluster.num_devices
-    grads = pricing.gradient_dtype_bytes
+    grads = pricing.gradient_bytes
     device = roofline_of(cluster) if pricing.counts_compute else None
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
     training = step == "training"
+    checkpointed = checkpointing(graph, pricing.checkpoint)
+    kept, again = checkpointed.kept, checkpointed.recomputed
 
     def key_of(op: Operator) -> Any:
         if not share:
             return op.name
+        # Checkpointing keeps another share of some outputs and runs some forwards again.
         if not training:
-            return graph.signature(op.name)
+            return (graph.signature(op.name), kept[op.name], again[op.name])
         # The training step also depends on whether the output's partial sums flow and on which
         # inputs have a producer (their gradients go back on the edge).
         made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
-        return (graph.signature(op.name), op.name in flows, made)
+        return (graph.signature(op.name), kept[op.name], again[op.name], op.name in flows, made)
 
     signature = {op.name: key_of(op) for op in graph.ops}
     distinct: dict[Any, OpTable] = {}
@@ -245,8 +244,9 @@ def build_tables(
                 node = other + param
             else:
                 fwd, bwd = compute_times(graph, op, degrees, *device)
-                node = other + fwd + overlapped_backward(bwd, param)
-            mem = np.array([memory(graph, op, c, pricing.bytes_per_parameter, zero) for c in cands])
+                # A checkpointed layer runs its forward again in the backward.
+                node = other + fwd * (1 + again[op.name]) + overlapped_backward(bwd, param)
+            mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1

@@ -86,6 +86,8 @@ class OpRecord:
     post: list[int] = field(default_factory=list)
     #: How many of the last inputs are addends (a bias: ``Graph.add_operator(addends=...)``).
     addends: int = 0
+    #: What the backward keeps of the output (``taps.graph.Operator.saved``).
+    saved: str = "output"
 
 
 def groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -213,10 +215,12 @@ class AtenGraphBuilder:
         order: Sequence[int] | None = None,
         hidden: Sequence[int] = (),
         addends: Sequence[tuple[AtenValue, Sequence[str]]] = (),
+        saved: str = "output",
     ) -> AtenValue:
         """An operator reading ``inputs`` (each a value and a label per framework dim) and
         making a tensor of framework shape ``out_shape`` labelled ``out_labels``; ``addends``
-        are inputs added after the contraction (a bias), over output labels.
+        are inputs added after the contraction (a bias), over output labels; ``saved`` is what
+        the backward keeps of the output (``taps.graph.Operator.saved``).
 
         ``partitionable`` defaults to every label; labels of size 1 never are. ``order`` lays
         the output's graph dims out in that order of framework dims (so a transpose that follows
@@ -260,6 +264,7 @@ class AtenGraphBuilder:
                 {d: sizes[d] for d in out_dims if d not in known},
                 dtype_bytes,
                 addends=len(addends),
+                saved=saved,
             )
         )
         self.order.append(("op", len(self.ops) - 1))
@@ -476,6 +481,7 @@ class AtenGraphBuilder:
                 op.axis_sizes,
                 op.dtype_bytes,
                 addends=operands[factors:],
+                saved=op.saved,
             ).name
             for tid in op.post:
                 tensor(tid)
