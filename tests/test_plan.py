@@ -63,7 +63,9 @@ def test_a_searched_plan_round_trips_through_a_file(tmp_path):
     result.plan.save(path)
     back = Plan.load(path)
     assert back == result.plan
-    assert taps.evaluate(back) == result.cost
+    assert taps.evaluate(back) == taps.evaluate(result.plan)
+    # The search sums its tables in another order: equal to rounding.
+    assert taps.evaluate(back) == pytest.approx(result.cost, rel=1e-12)
     assert json.loads(path.read_text())["version"] == taps.plan.VERSION
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import taps
 from taps import Pricing
-from taps.errors import PlanFileError, TopologyError
+from taps.errors import ArgumentError, PlanFileError, TopologyError
 from taps.plan.candidates import strategies_for
 from taps.search.compute import backward_work, forward_work
 from taps.search.tables import build_tables
@@ -44,7 +44,7 @@ def test_pricing_counts_compute_under_topology_only() -> None:
     assert Pricing().gradient_bytes == 4
     with pytest.raises(TopologyError, match="volume model prices bytes"):
         Pricing(cost_model="volume", compute=True)
-    with pytest.raises(TopologyError, match="gradient_bytes"):
+    with pytest.raises(ArgumentError, match="gradient_bytes"):
         Pricing(gradient_bytes=0)
 
 
