@@ -6,6 +6,7 @@
     python benches/frontend_torch.py --against REV  # also the search with taps at git REV
     python benches/frontend_torch.py --untied     # also the search without ties
     python benches/frontend_torch.py --rss 70B    # peak RSS of converting 70B (run on its own)
+    python benches/frontend_torch.py --families   # export + convert each model family of the tests
 
 Prints one line per measurement; times are wall clock on this machine. With ``--against`` the
 tied search runs again in a fresh interpreter with the taps package of git revision REV (the code
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import torch
 
@@ -60,6 +63,58 @@ def timed_search(graph_json: str, nodes: int, per_node: int, memory: float | Non
     return {"seconds": seconds, "cost": result.cost, "status": result.status, "gap": result.gap}
 
 
+#: The small configs of the model families in tests/torch_factories.py (2 layers, small widths).
+FAMILIES = [
+    "falcon",
+    "clip",
+    "whisper",
+    "swin",
+    "roberta",
+    "deberta_v2",
+    "phi3",
+    "qwen2_gqa",
+    "bart",
+    "bloom",
+    "timm_vit",
+    "timm_convnext",
+    "timm_efficientnet",
+    "timm_mixer",
+    "timm_swin",
+    "timm_deit_drop_path",
+    "tv_shufflenet",
+    "tv_densenet",
+    "tv_resnet",
+    "tv_mobilenet_v3",
+    "tv_efficientnet",
+    "tv_vit",
+]
+
+
+def families() -> None:
+    """Export, convert and tie each family of the tests' factories: one line each, and the
+    slowest conversion."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import torch_factories
+
+    worst = 0.0
+    for name in FAMILIES:
+        module, inputs = getattr(torch_factories, name)()
+        t0 = time.perf_counter()
+        program = torch.export.export(module, tuple(inputs))
+        t1 = time.perf_counter()
+        conversion = convert(program, name=name)
+        for instances in repeated_blocks(conversion, module):
+            conversion.graph.tie(instances)
+        t2 = time.perf_counter()
+        worst = max(worst, t2 - t1)
+        print(
+            f"{name}: {len(conversion.graph.ops)} operators, export {t1 - t0:.2f} s, "
+            f"convert + tie {t2 - t1:.2f} s",
+            flush=True,
+        )
+    print(f"slowest conversion on top of torch.export: {worst:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flavor", default="8B")
@@ -73,7 +128,11 @@ def main() -> None:
     parser.add_argument("--untied", action="store_true", help="also search without the ties")
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
     parser.add_argument("--against", metavar="REV", help="also search with taps at git REV")
+    parser.add_argument("--families", action="store_true", help="time each tested model family")
     args = parser.parse_args()
+    if args.families:
+        families()
+        return
     flavor = args.rss or args.flavor
     t0 = time.perf_counter()
     module = llama3(flavor, args.layers)

@@ -287,14 +287,14 @@ class DistributedModule:
         self.replay = replay
         self.tracer = Tracer()
         self.leaves: dict[str, tuple[Any, Any]] = {}
+        unplaced = sorted(set(parameters) - set(chosen.tensors))
+        if unplaced:
+            raise ExportError(f"the plan places no parameter {unplaced[:5]} of the module")
         #: Training-step replay: per parameter or input, each reader's block (a leaf of its own),
         #: its placements and the reader's view of the whole (see :meth:`reader_block`).
         self.readers: dict[str, list[tuple[Any, list[Any], tuple[int, ...]]]] = {}
         self.parameters = {
-            name: self.leaf(
-                name, p, chosen.tensors.get(name, (REPLICATE,) * len(chosen.mesh.shape))
-            )
-            for name, p in parameters.items()
+            name: self.leaf(name, p, chosen.tensors[name]) for name, p in parameters.items()
         }
 
     @property
@@ -415,8 +415,8 @@ class DistributedModule:
         args = []
         for spec in sig.input_specs:
             kind, target = spec.kind.name, spec.target
-            if kind == "PARAMETER":
-                args.append(self.parameters[target])
+            if kind == "PARAMETER":  # a tied weight's other keys read the one parameter
+                args.append(self.parameters[self.conversion.aliases.get(target, target)])
             elif kind == "USER_INPUT":
                 x = next(users)
                 if isinstance(x, torch.Tensor) and not isinstance(x, dtensor.DTensor):

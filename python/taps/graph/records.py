@@ -12,6 +12,9 @@ from typing import Any
 from taps._core import GraphError
 
 TENSOR_KINDS = ("input", "parameter", "activation", "view")
+#: The kind of the operator through which every use reads a parameter used more than once
+#: (:meth:`taps.graph.ir.GraphIR.share_parameters`).
+SHARE = "share"
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,11 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
     }
     if g.tied:
         doc["tied"] = [[list(inst) for inst in group] for group in g.tied]
+    if g.stacks:
+        doc["stacks"] = [
+            {"name": name, "pieces": list(pieces), "axis": axis}
+            for name, (pieces, axis) in g.stacks.items()
+        ]
     return doc
 
 
@@ -78,7 +83,7 @@ def to_json(g: GraphIR) -> str:
     lines = ["{"]
     for key in ("format", "version", "name", "layers"):
         lines.append(f"  {json.dumps(key)}: {json.dumps(doc[key])},")
-    keys = [k for k in ("tensors", "ops", "tied") if k in doc]
+    keys = [k for k in ("tensors", "ops", "tied", "stacks") if k in doc]
     for key in keys:
         items = [f"    {json.dumps(item)}" for item in doc[key]]
         body = "[\n" + ",\n".join(items) + "\n  ]" if items else "[]"
@@ -101,7 +106,7 @@ def from_json(text: str | bytes, cls: type[G]) -> G:
 
 def from_dict(data: Any, cls: type[G]) -> G:
     """Read the document :func:`to_dict` makes; see :func:`from_json`."""
-    _fields(data, "", {"format", "version", "name", "layers", "tensors", "ops", "tied"})
+    _fields(data, "", {"format", "version", "name", "layers", "tensors", "ops", "tied", "stacks"})
     fmt, version = _get(data, "", "format", str), _get(data, "", "version", int)
     if fmt != FORMAT:
         raise GraphError(f"format: expected {FORMAT!r}, got {fmt!r}")
@@ -127,6 +132,15 @@ def from_dict(data: Any, cls: type[G]) -> G:
                 raise GraphError(f"tied[{i}]: expected a list of lists of operator names")
             with _At(f"tied[{i}]"):
                 g.tie(group)
+    for i, stack in enumerate(_get(data, "", "stacks", list) if "stacks" in data else []):
+        path = f"stacks[{i}]"
+        _fields(stack, path, {"name", "pieces", "axis"})
+        with _At(path):
+            g.stack(
+                _get(stack, path, "name", str),
+                _list_of(stack, path, "pieces", str),
+                _get(stack, path, "axis", int),
+            )
     return g
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,7 +29,7 @@ from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,8 +229,10 @@ def _digest(graph: Any) -> str:
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    """The cluster as JSON: ``device_memory`` null is no limit (JSON has no infinity)."""
     return {
         "levels": [list(level) for level in cluster.levels],
+        "device": cluster.device.name,
         "device_memory": cluster.device_memory,
         "replicas": cluster.replicas,
     }
@@ -238,7 +241,10 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
 def _cluster_of(data: Any) -> Cluster:
     data = _object(data, "cluster")
     levels = [tuple(level) for level in data["levels"]]
-    return Cluster.hierarchy(levels, data["device_memory"], data["replicas"])
+    memory = data["device_memory"]
+    return Cluster.hierarchy(
+        levels, math.inf if memory is None else memory, data["replicas"], data["device"]
+    )
 
 
 def _checked(

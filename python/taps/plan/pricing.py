@@ -1,6 +1,6 @@
-"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO and the bytes a
-parameter takes. Every function that prices a plan reads these choices from one :class:`Pricing`
-(docs/search.md)."""
+"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO, the bytes a
+parameter takes, whether compute is counted and the dtype gradients are reduced in. Every function
+that prices a plan reads these choices from one :class:`Pricing` (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ Step = Literal["training", "forward"]
 #: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
 #: Adam moments (mixed-precision Adam).
 BYTES_PER_PARAMETER = 16
+
+#: Bytes per element of a parameter's gradient as it is reduced: fp32, as mixed-precision training
+#: reduces it (torch DDP under autocast keeps fp32 parameters and gradients, torchtitan's FSDP2
+#: sets ``reduce_dtype=float32``, JAX keeps fp32 parameters and reduces their gradients so).
+GRADIENT_DTYPE_BYTES = 4
 
 
 def check_cost_model(cost_model: object) -> None:
@@ -59,6 +64,11 @@ class Pricing:
         zero: parameters' gradients and optimizer state sharded over their data-parallel devices
             (ZeRO: reduce_scatter and all_gather).
         bytes_per_parameter: device memory per parameter (weight, gradient, optimizer state).
+        compute: whether each operator's compute (a roofline, forward and backward) is counted,
+            so that the objective is the step time; ``None`` (the default) counts it under the
+            topology model, never under the volume model (bytes have no compute).
+        gradient_dtype_bytes: bytes per element a parameter's gradient is reduced in (4: fp32,
+            mixed precision); ``None`` reduces it in the parameter's own dtype (the paper's model).
     """
 
     cost_model: CostModel = "topology"
@@ -66,6 +76,8 @@ class Pricing:
     planner: Planner = "paper"
     zero: bool = False
     bytes_per_parameter: float = BYTES_PER_PARAMETER
+    compute: bool | None = None
+    gradient_dtype_bytes: int | None = GRADIENT_DTYPE_BYTES
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model)
@@ -74,6 +86,18 @@ class Pricing:
         if not isinstance(self.zero, bool):
             raise TypeError(f"zero must be True or False, got {self.zero!r}")
         number("Pricing", "bytes_per_parameter", self.bytes_per_parameter, positive=False)
+        if self.compute not in (None, True, False):
+            raise TypeError(f"compute must be True, False or None, got {self.compute!r}")
+        if self.compute and self.cost_model == "volume":
+            raise TopologyError("the volume model prices bytes: it cannot count compute")
+        g = self.gradient_dtype_bytes
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+            raise TopologyError(f"gradient_dtype_bytes must be a positive int or None, got {g!r}")
+
+    @property
+    def counts_compute(self) -> bool:
+        """Whether compute is counted: ``compute``, or by default under the topology model."""
+        return self.cost_model == "topology" if self.compute is None else self.compute
 
     def to_dict(self) -> dict[str, Any]:
         """The choices as a JSON object."""

@@ -15,6 +15,7 @@ from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistributio
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
+from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
     collective_of,
@@ -162,7 +163,10 @@ def build_tables(
     ``pricing.step`` says what is priced (docs/search.md): ``"training"`` (partial sums flowing to
     the consumer, every edge's backward redistribution, the gradients of parameters and inputs at
     their operators) or ``"forward"`` (the paper's model); ``pricing.planner`` plans the edges;
-    ``pricing.zero`` shards parameters' gradients and optimizer state (ZeRO).
+    ``pricing.zero`` shards parameters' gradients and optimizer state (ZeRO). With
+    ``pricing.counts_compute`` a node cost is the step time the operator adds: its forward and
+    backward compute (:mod:`taps.search.compute`), its collectives, and its parameters' gradient
+    reductions overlapping its backward (:func:`taps.search.compute.overlapped_backward`).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
@@ -177,6 +181,8 @@ def build_tables(
         pricing.zero,
     )
     n = cluster.num_devices
+    grads = pricing.gradient_dtype_bytes
+    device = roofline_of(cluster) if pricing.counts_compute else None
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
     training = step == "training"
@@ -201,21 +207,45 @@ def build_tables(
             cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
             flowing = op.name in flows
-            node = allreduce_costs(
-                np.array([c.strategy.degrees for c in cands], dtype=np.int64),
-                np.array([c.strategy.device_map for c in cands], dtype=np.int64),
-                all_reduce_operands(graph, op, step, flowing),
-                cluster,
-                cost_model,
-                [c.strategy.device_matrix for c in cands],
+            degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
+            maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
+            matrices = [c.strategy.device_matrix for c in cands]
+            # Parameters' gradient reductions (param) apart from the rest (other): with compute
+            # counted they overlap the backward.
+            other, param = (
+                allreduce_costs(
+                    degrees,
+                    maps,
+                    all_reduce_operands(graph, op, step, flowing, grads, parameters),
+                    cluster,
+                    cost_model,
+                    matrices,
+                )
+                for parameters in (False, True)
             )
             apart = [r for r in reduced_operands(graph, op, step, flowing) if r[2]]
             if apart:
                 # Addends' gradients keep some axes apart: priced one candidate at a time.
-                found = [[collective_of(graph, op, c.strategy, r) for r in apart] for c in cands]
-                node = node + np.array(
-                    [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
-                )
+                found = [
+                    [collective_of(graph, op, c.strategy, r, False, grads) for r in apart]
+                    for c in cands
+                ]
+                for parameters, into in ((False, other), (True, param)):
+                    into += np.array(
+                        [
+                            sum(
+                                col.cost(cluster, cost_model)
+                                for col in row
+                                if col and col.parameter == parameters
+                            )
+                            for row in found
+                        ]
+                    )
+            if device is None:
+                node = other + param
+            else:
+                fwd, bwd = compute_times(graph, op, degrees, *device)
+                node = other + fwd + overlapped_backward(bwd, param)
             mem = np.array([memory(graph, op, c, pricing.bytes_per_parameter, zero) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0

@@ -221,9 +221,16 @@ class AtenGraphBuilder:
         ``partitionable`` defaults to every label; labels of size 1 never are. ``order`` lays
         the output's graph dims out in that order of framework dims (so a transpose that follows
         costs nothing); ``hidden`` adds trailing dims of those sizes the framework does not see
-        (labelled ``ri0``, ...)."""
-        operands = [self.operand(v, labels, path) for v, labels in [*inputs, *addends]]
+        (labelled ``ri0``, ...).
+
+        A tensor with no elements (a dim of size 0: Phi-3's rotary slice past the head dim)
+        holds no data: as an output it is a constant, as an operand it is left out."""
         out_shape = tuple(out_shape)
+        if 0 in out_shape:
+            return constant(out_shape, dtype_bytes)
+        inputs = [(v, labels) for v, labels in inputs if 0 not in v.shape]
+        addends = [(v, labels) for v, labels in addends if 0 not in v.shape]
+        operands = [self.operand(v, labels, path) for v, labels in [*inputs, *addends]]
         order = tuple(range(len(out_shape))) if order is None else tuple(order)
         hidden_labels = [f"ri{k}" for k in range(len(hidden))]
         sizes = dict(zip(out_labels, out_shape))
