@@ -16,6 +16,7 @@ before a change) on the same graph, and the ratio of the two search times is pri
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import sys
 import time
@@ -52,7 +53,7 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def timed_search(graph_json: str, nodes: int, per_node: int, memory: float | None) -> dict:
+def timed_search(graph_json: str, nodes: int, per_node: int, memory: float) -> dict:
     """The tied search of a graph (as JSON, to cross into a fresh interpreter): its time and
     result."""
     graph = taps.Graph.from_json(graph_json)
@@ -158,13 +159,13 @@ def main() -> None:
     )
     if args.rss or args.no_search:
         return
-    memory = args.memory or None
+    memory = args.memory or math.inf  # 0: no limit
     cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=memory)
     for tie in (True, False) if args.untied else (True,):
         t5 = time.perf_counter()
         result = taps.search(graph, cluster, tie=tie)
         t6 = time.perf_counter()
-        limit = f"{memory / 1e9:g} GB" if memory else "no memory limit"
+        limit = f"{memory / 1e9:g} GB" if math.isfinite(memory) else "no memory limit"
         print(
             f"  search ({'tied' if tie else 'untied'}) on {args.nodes} x {args.devices_per_node} "
             f"({limit}): {t6 - t5:.2f} s, status {result.status}, gap "

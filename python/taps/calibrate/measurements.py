@@ -8,12 +8,14 @@ import csv
 import io
 import math
 from dataclasses import dataclass
+from typing import Literal, cast
 
 from taps._core import COLLECTIVE_KINDS
 from taps.errors import CalibrationError
 
 #: The collectives a measurement may time: those nccl-tests times and the core prices by a group.
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+Kind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+KINDS: tuple[Kind, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 assert set(KINDS) <= set(COLLECTIVE_KINDS)
 #: The columns of a measurements CSV file, in any order (others are ignored).
 COLUMNS = ("collective", "nodes", "devices_per_node", "bytes", "seconds")
@@ -26,7 +28,7 @@ class Measurement:
     buffer of an all_reduce, the gathered output of an all_gather, the input of a reduce_scatter,
     one device's send buffer of an all_to_all) and ``seconds`` it took."""
 
-    collective: str
+    collective: Kind
     nodes: int
     devices_per_node: int
     bytes: int
@@ -80,7 +82,7 @@ def read_csv(text: str, name: str) -> list[Measurement]:
                 raise CalibrationError("too few values")
             out.append(
                 Measurement(
-                    row["collective"].strip(),
+                    cast(Kind, row["collective"].strip()),
                     _integer(row["nodes"], "nodes"),
                     _integer(row["devices_per_node"], "devices_per_node"),
                     _integer(row["bytes"], "bytes"),
@@ -95,7 +97,7 @@ def read_csv(text: str, name: str) -> list[Measurement]:
 
 
 def read_nccl_tests(
-    text: str, name: str, collective: str, nodes: int, devices_per_node: int
+    text: str, name: str, collective: Kind, nodes: int, devices_per_node: int
 ) -> list[Measurement]:
     """The measurements of nccl-tests' output ``text`` (e.g. ``all_reduce_perf -b 8 -e 1G -f
     2``) of the file ``name``, run on ``nodes`` nodes with ``devices_per_node`` devices each: one

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import cast
 
 from rich.console import Console
 from rich.table import Table
@@ -12,7 +13,7 @@ from rich.table import Table
 from taps._core import DEVICES, Cluster
 from taps._support.outputs import Outputs
 from taps.calibrate import Measurement, cluster_toml, fit, read_csv, read_nccl_tests
-from taps.calibrate.measurements import KINDS
+from taps.calibrate.measurements import KINDS, Kind
 from taps.cli.args import integer
 from taps.errors import ArgumentError, CalibrationError
 
@@ -27,7 +28,7 @@ def _read(name: str) -> str:
         raise CalibrationError(f"{name!r} is not UTF-8 text") from None
 
 
-def nccl_run(text: str) -> tuple[str, int, int, str]:
+def nccl_run(text: str) -> tuple[Kind, int, int, str]:
     """``all_reduce:2x8:FILE`` -> the collective, nodes, devices per node and file."""
     match = re.fullmatch(r"([a-z_]+):(\d+)x(\d+):(.+)", text)
     if not match or match[1] not in KINDS:
@@ -35,7 +36,7 @@ def nccl_run(text: str) -> tuple[str, int, int, str]:
             f"{text!r} is not COLLECTIVE:NODESxDEVICES:FILE with a collective of "
             f"{', '.join(KINDS)}, e.g. all_reduce:2x8:allreduce.txt"
         )
-    return match[1], int(match[2]), int(match[3]), match[4]
+    return cast(Kind, match[1]), int(match[2]), int(match[3]), match[4]
 
 
 def _base(args: argparse.Namespace) -> Cluster:

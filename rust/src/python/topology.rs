@@ -322,12 +322,7 @@ impl PyCluster {
         slf: &Bound<'_, Self>,
     ) -> PyResult<(
         Py<PyAny>,
-        (
-            Vec<(u64, f64, f64)>,
-            f64,
-            &'static str,
-            &'static str,
-        ),
+        (Vec<(u64, f64, f64)>, f64, &'static str, &'static str),
     )> {
         let c = &slf.get().inner;
         Ok((

@@ -381,7 +381,9 @@ mod tests {
         assert_eq!(memory_limit(h100, None), Some(80e9));
         assert_eq!(memory_limit(h100, Some(40e9)), Some(40e9));
         assert_eq!(memory_limit(h100, Some(f64::INFINITY)), None);
-        let c = Cluster::new(1, 8, 60e9, 6e9, None).unwrap().with_device(h100);
+        let c = Cluster::new(1, 8, 60e9, 6e9, None)
+            .unwrap()
+            .with_device(h100);
         assert_eq!((c.device(), c.device_memory()), (h100, None));
     }
 

@@ -82,6 +82,9 @@ pub const PRESETS: [Preset; 6] = [
 impl Preset {
     /// The preset of `device`'s kind: where a cluster of that kind takes the bandwidths and
     /// latencies it is not given.
+    ///
+    /// # Panics
+    /// Never for a kind of [`DEVICES`]: each has a preset (a test checks).
     #[must_use]
     pub fn of(device: Device) -> Preset {
         *PRESETS
@@ -150,7 +153,12 @@ mod tests {
     fn the_paper_preset_has_the_papers_bandwidths_and_unknown_names_are_refused() {
         let c = Cluster::preset("dgx-v100", 4).unwrap();
         assert_eq!(
-            (c.nodes(), c.devices_per_node(), c.intra_bandwidth(), c.inter_bandwidth()),
+            (
+                c.nodes(),
+                c.devices_per_node(),
+                c.intra_bandwidth(),
+                c.inter_bandwidth()
+            ),
             (4, 8, 60e9, 6e9)
         );
         assert_eq!(c.device(), Device::V100);
