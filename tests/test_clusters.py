@@ -36,15 +36,16 @@ def test_presets():
         assert pickle.loads(pickle.dumps(c)) == c
 
 
-def test_latency_is_paid_once_per_collective_at_its_level():
+def test_latency_is_paid_once_per_ring_step_at_its_level():
     fast = taps.Cluster(4, 8, intra_latency=0.0, inter_latency=0.0)
     slow = taps.Cluster(4, 8, intra_latency=2e-6, inter_latency=7e-6)
     s = 16 * 8 * 2  # bytes of a shard
     inside = slow.collective_cost(LINE, "all_gather", 0)  # device dim 0: the 8 GPUs of a node
-    assert inside == pytest.approx(fast.collective_cost(LINE, "all_gather", 0) + 2e-6)
-    assert inside == pytest.approx(2e-6 + 7 * s / 60e9)
+    # A ring all_gather over 8 takes 7 steps, an all_reduce 2 * 7.
+    assert inside == pytest.approx(fast.collective_cost(LINE, "all_gather", 0) + 7 * 2e-6)
+    assert inside == pytest.approx(7 * 2e-6 + 7 * s / 60e9)
     across = slow.collective_cost(LINE, "all_gather", 1)  # device dim 1: across the 4 nodes
-    assert across == pytest.approx(fast.collective_cost(LINE, "all_gather", 1) + 7e-6)
+    assert across == pytest.approx(fast.collective_cost(LINE, "all_gather", 1) + 3 * 7e-6)
     assert slow.collective_cost(LINE, "all_gather", 1, model="volume") == 3 * s
 
 
@@ -56,14 +57,16 @@ def test_three_levels():
     layout = taps.Layout([32, 32], [4, 2, 4], [2, 1])  # dims: 4 GPUs, 2 nodes, 4 pods
     s = 8 * 16 * 2
     # Along the GPUs: inside a node.
-    assert c.collective_cost(layout, "all_gather", 0) == pytest.approx(1e-6 + 3 * s / 100e9)
+    assert c.collective_cost(layout, "all_gather", 0) == pytest.approx(3 * 1e-6 + 3 * s / 100e9)
     # Along the nodes of a pod: out of each node, shared by the groups with distinct data that
     # leave it (the map splits nothing along dim 0, so its 4 replicas share one transfer).
     ct = taps.inter_node_groups(layout, "all_gather", 4, 1)
     assert ct == 1
     assert c.collective_cost(layout, "all_gather", 1) == pytest.approx(2e-6 + s / (20e9 / ct))
     # Along the pods: out of each pod of 8, whose 2 nodes hold distinct blocks (dim 1).
-    assert c.collective_cost(layout, "all_gather", 2) == pytest.approx(3e-6 + 3 * s / (5e9 / 2))
+    assert c.collective_cost(layout, "all_gather", 2) == pytest.approx(
+        3 * 3e-6 + 3 * s / (5e9 / 2)
+    )
     assert pickle.loads(pickle.dumps(c)) == c
     assert "hierarchy" in repr(c)
 

@@ -238,7 +238,8 @@ class Cluster:
     ) -> float:
         """Seconds (topology model) or bytes per device (volume model) of a collective of
         `layout`: an `"all_reduce"` over the device dims the map does not use (no `device_dim`),
-        or any other kind of `COLLECTIVE_KINDS` along `device_dim`."""
+        or any other kind of `COLLECTIVE_KINDS` along `device_dim` but `"collective_permute"`
+        (priced by its pairs, as a plan's step: `CommOp.cost`)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(
         self,

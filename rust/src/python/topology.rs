@@ -267,7 +267,8 @@ impl PyCluster {
 
     /// Seconds (topology model) or bytes per device (volume model) of a collective of `layout`:
     /// an `"all_reduce"` over the device dims the map does not use (no `device_dim`), or any
-    /// other kind of `COLLECTIVE_KINDS` along `device_dim`.
+    /// other kind of `COLLECTIVE_KINDS` along `device_dim` but `"collective_permute"` (priced by
+    /// its pairs, as a plan's step: `CommOp.cost`).
     #[pyo3(
         signature = (layout, collective, device_dim=None, dtype_bytes=Num::Fits(2.0), model="topology"),
         text_signature = "($self, layout, collective, device_dim=None, dtype_bytes=2.0, model='topology')"

@@ -424,7 +424,9 @@ impl PermutedBits {
 
     /// The highest bit that moves, if any does.
     fn highest_moved(&self) -> Option<u32> {
-        (0..self.len).rev().find(|&b| self.from[b as usize] != b as u8)
+        (0..self.len)
+            .rev()
+            .find(|&b| self.from[b as usize] != b as u8)
     }
 
     /// How many bits of dim `k` lie below bit `m`.
@@ -602,7 +604,13 @@ mod tests {
     /// devices of one unit whose destination leaves it, counted rank by rank.
     #[test]
     fn most_leaving_counts_the_devices_that_leave_a_unit() {
-        for dm in [vec![4, 4], vec![2, 2, 2], vec![2, 4, 2, 4], vec![8, 2, 8], vec![2, 2, 2, 2]] {
+        for dm in [
+            vec![4, 4],
+            vec![2, 2, 2],
+            vec![2, 4, 2, 4],
+            vec![8, 2, 8],
+            vec![2, 2, 2, 2],
+        ] {
             let h = dm.len();
             let n: u64 = dm.iter().product();
             let coords = |mut r: u64| -> Vec<u64> {
@@ -615,21 +623,23 @@ mod tests {
                     })
                     .collect()
             };
-            let mut perms = vec![Vec::new()];
+            let mut perms: Vec<Vec<usize>> = vec![Vec::new()];
             for _ in 0..h {
-                perms = perms
-                    .into_iter()
-                    .flat_map(|p: Vec<usize>| {
-                        (0..h).filter(move |k| !p.contains(k)).map(move |k| {
-                            let mut q = p.clone();
-                            q.push(k);
-                            q
-                        })
-                    })
-                    .collect();
+                let mut longer = Vec::new();
+                for p in &perms {
+                    for k in (0..h).filter(|k| !p.contains(k)) {
+                        let mut q = p.clone();
+                        q.push(k);
+                        longer.push(q);
+                    }
+                }
+                perms = longer;
             }
             let size = |k: usize| dm[h - 1 - k];
-            for perm in perms.iter().filter(|p| (0..h).all(|k| size(p[k]) == size(k))) {
+            for perm in perms
+                .iter()
+                .filter(|p| (0..h).all(|k| size(p[k]) == size(k)))
+            {
                 let bits = PermutedBits::new(&dm, perm);
                 let dest = |r: u64| {
                     let c = coords(r);
@@ -640,7 +650,7 @@ mod tests {
                     to.iter()
                         .enumerate()
                         .rev()
-                        .fold(0, |acc, (k, &x)| acc * size(k) as u64 + x)
+                        .fold(0, |acc, (k, &x)| acc * size(k) + x)
                 };
                 for m in 0..=n.trailing_zeros() {
                     let most = (0..n >> m)
