@@ -64,9 +64,7 @@ def test_three_levels():
     assert ct == 1
     assert c.collective_cost(layout, "all_gather", 1) == pytest.approx(2e-6 + s / (20e9 / ct))
     # Along the pods: out of each pod of 8, whose 2 nodes hold distinct blocks (dim 1).
-    assert c.collective_cost(layout, "all_gather", 2) == pytest.approx(
-        3 * 3e-6 + 3 * s / (5e9 / 2)
-    )
+    assert c.collective_cost(layout, "all_gather", 2) == pytest.approx(3 * 3e-6 + 3 * s / (5e9 / 2))
     assert pickle.loads(pickle.dumps(c)) == c
     assert "hierarchy" in repr(c)
 

@@ -184,7 +184,7 @@ def test_a_split_of_the_groups_communicates_nothing():
     """Closed form: the groups are neither contracted nor missing from the weight, so splitting
     only them leaves no partial sum and no gradient to reduce; splitting only the batch
     all-reduces the weight's gradient: ``2 (n - 1) / n`` times its bytes per device (in fp32,
-    ``gradient_dtype_bytes=4``)."""
+    ``gradient_bytes=4``)."""
     module, (x,) = meta(lambda: nn.Conv2d(64, 128, 3, groups=16, bias=False), (32, 64, 8, 8))
     g = convert_checked(module, x)
     (op,) = g.ops
@@ -195,7 +195,7 @@ def test_a_split_of_the_groups_communicates_nothing():
     }
     volume = {
         k: taps.evaluate(
-            taps.Plan(g, CLUSTER, {op.name: s}, taps.Pricing("volume", gradient_dtype_bytes=4))
+            taps.Plan(g, CLUSTER, {op.name: s}, taps.Pricing("volume", gradient_bytes=4))
         )
         for k, s in by_axes.items()
     }
@@ -283,7 +283,7 @@ def test_gpt2_block_fused_qkv_keeps_the_per_head_split():
     assert [c_attn.axis_size(a) for a in c_attn.output.dims] == [batch * seq, 3, hidden]
     # Communication only, gradients in the model's dtype: the block's extra elementwise operators
     # would add their own compute, and its biases' gradients weigh double in fp32.
-    comm = taps.Pricing(compute=False, gradient_dtype_bytes=None)
+    comm = taps.Pricing(compute=False, gradient_bytes=None)
     a = taps.search(g, CLUSTER, comm).cost
     b = taps.search(_fused_gpt(hidden, heads, seq, batch), CLUSTER, comm).cost
     assert abs(a / b - 1) < 0.005

@@ -37,9 +37,7 @@ def test_gpt_layer_against_the_partitioner():
             ), op.name
     # taps' side is taps' own price of the plan (bytes, at float32 instead of the graph's fp16).
     assert report.taps_bytes == 2 * taps.evaluate(
-        plan.with_pricing(
-            taps.Pricing(cost_model="volume", step="forward", gradient_dtype_bytes=None)
-        )
+        plan.with_pricing(taps.Pricing(cost_model="volume", step="forward", gradient_bytes=None))
     )
     # Where XLA reshards worse than taps' plan, it says so in its log; each warning is read.
     assert report.warnings and all("rematerialization" in w for w in report.warnings)
