@@ -92,7 +92,10 @@ def test_nccl_tests_output_parses_and_fits(tmp_path, capsys):
     intra = tmp_path / "intra.csv"
     intra.write_text(
         "collective,nodes,devices_per_node,bytes,seconds\n"
-        + "".join(f"all_reduce,1,8,{b},{2e-6 + 2 * 7 / 8 * b / 450e9}\n" for b in (2**16, 2**28))
+        # A ring all_reduce over 8 devices: 2 x 7 steps of 2 us each, 2 x 7/8 of the bytes.
+        + "".join(
+            f"all_reduce,1,8,{b},{14 * 2e-6 + 2 * 7 / 8 * b / 450e9}\n" for b in (2**16, 2**28)
+        )
     )
     out, doc = tmp_path / "fitted.toml", tmp_path / "fit.json"
     argv = [

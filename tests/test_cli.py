@@ -76,8 +76,8 @@ def test_cluster_presets_on_the_command_line(capsys, tmp_path):
 
 
 def test_cluster_options_build_the_cluster_a_library_user_gets():
-    from taps.cli import build_parser
     from taps.cli.args import cluster
+    from taps.cli.parser import build_parser
 
     def built(*options: str) -> taps.Cluster:
         return cluster(build_parser().parse_args(["search", "mlp", *options]))

@@ -97,7 +97,9 @@ def test_a_bias_gradient_is_priced_over_too_many_devices():
     result = _verify(biased, 2, 8, taps.Pricing(step="forward"), numerics=None)
     assert not result.ok
     (row,) = [c for c in result.collectives if c.status != OK and "bias" in c.what]
-    assert row.status == "differs" and row.measured_bytes < row.predicted_bytes
+    # The engine reduces it over fewer devices, or (its block summed where it is added) not at all.
+    assert row.status in ("differs", "missing")
+    assert (row.measured_bytes or 0) < row.predicted_bytes
 
 
 def test_a_wrong_prediction_is_reported(monkeypatch):

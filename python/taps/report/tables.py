@@ -251,7 +251,9 @@ def comparison_table(comparison: Comparison) -> Table:
         format_bytes(vol.cost),
         f"{vol.timings['total']:.3f} s",
     )
-    table.caption = f"saving: {comparison.saving:.1f}% less communication time"
+    # With compute counted the topology model prices the step, else its communication.
+    what = "time per step" if topo.plan.pricing.counts_compute else "communication time"
+    table.caption = f"saving: {comparison.saving:.1f}% less {what}"
     table.caption_justify = "left"
     return table
 

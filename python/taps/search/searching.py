@@ -190,7 +190,8 @@ class Comparison:
 
     @property
     def saving(self) -> float:
-        """Percent less communication time of the topology-aware result."""
+        """Percent less time (what the topology model prices: the step with compute counted, its
+        communication without) of the topology-aware result."""
         if self.volume_under_topology == 0:
             return 0.0
         return 100.0 * (1.0 - self.topology.cost / self.volume_under_topology)
