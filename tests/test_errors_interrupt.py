@@ -56,9 +56,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _interrupted(script: str, args: list[str], marker: str, wait: float) -> tuple[str, str, float]:
-    """Run ``script`` with ``args``, send SIGINT ``wait`` seconds after it prints ``marker``: its
-    stdout and stderr after that, and how long it took to end (it must exit 130)."""
+def _interrupted(
+    script: str, args: list[str], marker: str, wait: float, sent_signal: int = signal.SIGINT
+) -> tuple[str, str, float]:
+    """Run ``script`` with ``args``, send ``sent_signal`` ``wait`` seconds after it prints
+    ``marker``: its stdout and stderr after that, and how long it took to end (it must exit 128
+    plus the signal's number: 130 for SIGINT, 143 for SIGTERM)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
@@ -70,12 +73,12 @@ def _interrupted(script: str, args: list[str], marker: str, wait: float) -> tupl
         assert proc.stdout.readline() == marker + "\n"
         time.sleep(wait)
         sent = time.perf_counter()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sent_signal)
         out, err = proc.communicate(timeout=60)
         elapsed = time.perf_counter() - sent
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + sent_signal
     return out, err, elapsed
 
 
@@ -209,21 +212,8 @@ def test_sigterm_stops_a_solve_and_leaves_no_temporary_file(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     args = [*_long_solve(tmp_path), "--json", str(out_dir / "result.json")]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "SOLVING\n"
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert (proc.returncode, err) == (143, "taps search: terminated\n")
+    _, err, _ = _interrupted(SCRIPT, args, "SOLVING", 0.5, signal.SIGTERM)
+    assert err == "taps search: terminated\n"
     assert list(out_dir.iterdir()) == []  # not even a hidden temporary file
 
 
