@@ -174,7 +174,15 @@ def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
 def breakdown(plan: Plan) -> list[OpCost]:
     """Per operator of ``plan``, in topological order: its collectives and incoming
     redistributions (forward and, in the training step, backward) with their costs under the
-    plan's pricing. Computed directly from the plans, independently of the search's tables."""
+    plan's pricing, its compute and its exposed communication. Computed directly from the plans,
+    independently of the search's tables."""
+    rows = _priced_rows(plan)
+    return [replace(r, exposed=e) for r, e in zip(rows, _exposed(plan, rows))]
+
+
+def _priced_rows(plan: Plan) -> list[OpCost]:
+    """:func:`breakdown`'s rows before the backward's timeline gives their exposed part (what
+    :func:`evaluate` and :func:`step_layouts` need, without running the timeline)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"breakdown takes a taps.Plan, got {type(plan).__name__}")
     graph, cluster, pricing = plan.graph, plan.cluster, plan.pricing
@@ -225,8 +233,7 @@ def breakdown(plan: Plan) -> list[OpCost]:
             # A checkpointed layer runs its forward again (counted as forward compute).
             fwd, bwd = float(times[0][0]) * (1 + again[op.name]), float(times[1][0])
         out.append(OpCost(op.name, strategy, colls, tuple(incoming[op.name]), fwd, bwd))
-    exposed = _exposed(plan, out)
-    return [replace(r, exposed=e) for r, e in zip(out, exposed)]
+    return out
 
 
 def evaluate(plan: Plan) -> float:
@@ -235,7 +242,7 @@ def evaluate(plan: Plan) -> float:
     (``step="forward"``); with compute counted, communication and compute with the gradient
     reductions' additive overlap (:attr:`OpCost.total`). The step time itself is
     :func:`step_time`."""
-    return sum(c.total for c in breakdown(plan))
+    return sum(c.total for c in _priced_rows(plan))
 
 
 def step_time(plan: Plan) -> StepTime:
@@ -269,7 +276,7 @@ def step_layouts(plan: Plan) -> StepLayouts:
     """``plan``'s layouts and plans as its pricing's step runs them (:class:`StepLayouts`)."""
     graph, step = plan.graph, plan.pricing.step
     layouts = layouts_of(plan)
-    rows = breakdown(plan)
+    rows = _priced_rows(plan)
     incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
     backward = [incoming[(e.consumer, e.slot)].backward for e in graph.edges]
     intra = {r.name: [c for c, _ in r.collectives] for r in rows}
