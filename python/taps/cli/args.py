@@ -213,9 +213,9 @@ def memory_size(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a memory size such as 80GB, 16GiB or 1.6e10"
         ) from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or value < 1:
         raise argparse.ArgumentTypeError(
-            f"the memory size must be positive and finite, got {text!r}"
+            f"the memory size must be finite and at least 1 byte, got {text!r}"
         )
     return value
 

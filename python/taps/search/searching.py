@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from taps._core import Cluster
 from taps._support.arguments import number
 from taps._support.limits import check_candidates, check_table_memory
+from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
@@ -112,8 +113,8 @@ def _check(
         raise TypeError(f"{where}: cluster must be a taps.Cluster, got {type(cluster).__name__}")
     if not isinstance(pricing, Pricing):
         raise TypeError(f"{where}: pricing must be a taps.Pricing, got {type(pricing).__name__}")
-    if memory_limit is not None:
-        number(where, "memory_limit", memory_limit)
+    if memory_limit is not None and number(where, "memory_limit", memory_limit) < 1:
+        raise ArgumentError(f"{where}: memory_limit must be at least 1 byte, got {memory_limit!r}")
     if time_limit is not None:
         number(where, "time_limit", time_limit)
     # The tables are shared by operators of one signature and edges between the same signatures
