@@ -130,7 +130,8 @@ class Stage:
             long for their gradients back); 0 for the last.
         memory: bytes per device at its peak: its parameters and what training keeps of them,
             and the activations of ``in_flight`` microbatches.
-        in_flight: microbatches whose activations it holds at once under the schedule.
+        in_flight: microbatches whose activations it holds at once under the schedule (a
+            fraction under the interleaved schedule: its share of its group's).
     """
 
     index: int
@@ -142,7 +143,7 @@ class Stage:
     backward: float
     send: float
     memory: float
-    in_flight: int
+    in_flight: float
 
     @property
     def devices(self) -> int:
@@ -186,7 +187,7 @@ class Stage:
             backward=float(data["backward"]),
             send=float(data["send"]),
             memory=float(data["memory"]),
-            in_flight=int(data["in_flight"]),
+            in_flight=float(data["in_flight"]),
         )
 
 
