@@ -214,7 +214,10 @@ class _Units:
         self.searches += 1
         try:
             result = self.search(
-                sub, _slice(self.cluster, devices), self.pricing, memory_limit=self.limit / share
+                sub,
+                _slice(self.cluster, devices),
+                self.pricing,
+                memory_limit=self.limit / share if math.isfinite(self.limit) else None,
             )
         except InfeasibleError:
             return None
