@@ -39,6 +39,7 @@ from taps.plan.stages import (
     SCHEDULES,
     Pipeline,
     Stage,
+    batch_of,
     microbatched,
     stage_graph,
     sub_cluster,
@@ -267,24 +268,40 @@ class _Candidate:
         return self.groups * self.chunks
 
 
-def _candidates(spec: Pipeline, devices: int, units: int, batches: Sequence[int]) -> Iterator[_Candidate]:
+#: Samples per microbatch the search tries when the microbatch count is not given: one (the
+#: least bubble) and a few more (fewer, larger collectives per step).
+SAMPLES = (1, 2, 4, 8)
+
+
+def candidates(spec: Pipeline, devices: int, units: int, batch: int) -> Iterator[_Candidate]:
+    """Every pipeline ``spec`` allows on ``devices`` for a graph of ``units`` units and a batch
+    of ``batch`` samples: copies and groups powers of two, the interleaved schedule on two or
+    more groups with two chunks (its microbatches a multiple of the groups), microbatches of
+    :data:`SAMPLES` samples each."""
     for replicas in [spec.replicas] if spec.replicas else _powers(devices):
         for groups in [spec.stages] if spec.stages else _powers(devices // replicas):
             if replicas * groups > devices or devices % (replicas * groups):
+                continue
+            if batch % replicas:
                 continue
             for schedule in [spec.schedule] if spec.schedule else SCHEDULES:
                 interleaved = schedule == "interleaved-1f1b"
                 if interleaved and groups < 2:
                     continue
-                chunk_options = [spec.chunks] if spec.chunks else ([2] if interleaved else [1])
-                for chunks in chunk_options:
-                    if groups * chunks > units or (chunks > 1 and not interleaved):
+                chunks = spec.chunks or (2 if interleaved else 1)
+                if groups * chunks > units:
+                    continue
+                if spec.microbatches:
+                    counts = [spec.microbatches]
+                else:
+                    counts = sorted(
+                        {batch // (replicas * b) for b in SAMPLES if batch % (replicas * b) == 0},
+                        reverse=True,
+                    )
+                for m in counts:
+                    if interleaved and m % groups:
                         continue
-                    options = [spec.microbatches] if spec.microbatches else batches
-                    for m in options:
-                        if interleaved and m % groups:
-                            continue
-                        yield _Candidate(replicas, groups, chunks, m, schedule)
+                    yield _Candidate(replicas, groups, chunks, m, schedule)
 
 
 @dataclass(frozen=True)
@@ -373,7 +390,9 @@ def search_pipeline(
     pipeline fits in memory."""
     t0 = time.perf_counter()
     if not isinstance(spec, Pipeline):
-        raise TypeError(f"search: pipeline must be a bool or a taps.Pipeline, got {type(spec).__name__}")
+        raise TypeError(
+            f"search: pipeline must be a bool or a taps.Pipeline, got {type(spec).__name__}"
+        )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     limit = math.inf if limit is None else float(limit)
     work = _Units(graph, cluster, pricing, limit, search)
@@ -389,26 +408,33 @@ def search_pipeline(
             f"search: {spec.stages * (spec.chunks or 1)} stage(s) for graph {graph.name!r}, "
             f"which cuts into {n} unit(s) at most"
         )
-    batch = min((t.shape[0] for t in graph.tensors.values() if t.kind == "input"), default=1)
-    counts = [m for m in range(1, batch + 1) if batch % m == 0]
+    batch = batch_of(graph)
     best: tuple[float, _Candidate, Cuts, list[UnitCost]] | None = None
     by_schedule: dict[str, float | None] = {s: None for s in SCHEDULES}
-    for c in _candidates(spec, devices, n, counts):
-        parts = c.replicas * c.microbatches
-        if work.micro(parts) is None:
-            continue
-        size = devices // (c.replicas * c.groups)
-        share = max(1, math.ceil(n / c.stages))
-        costs = [work.cost(u, size, parts, share) for u in range(n)]
-        if any(x is None for x in costs):
-            continue
-        found = _cut(work, cluster, pricing, c, size, parts, [x for x in costs if x is not None], limit)
-        if found is None:
-            continue
-        known = by_schedule[c.schedule]
-        by_schedule[c.schedule] = found.step if known is None else min(known, found.step)
-        if best is None or found.step < best[0]:
-            best = (found.step, c, found, [x for x in costs if x is not None])
+    for wide in (False, True):
+        # Stages inside a node first; stages of whole nodes only when none of those fits.
+        for lower, c, size, parts in _bounded(work, spec, devices, batch, wide):
+            old = by_schedule[c.schedule]
+            if old is not None and lower >= old:
+                continue  # no cut of it can beat the best of its schedule
+            found = None
+            # Each unit is first planned within the whole device; if its stages then do not
+            # fit, again within its even share of it.
+            for share in sorted({1, math.ceil(n / c.stages)}):
+                costs = [work.cost(u, size, parts, share) for u in range(n)]
+                if None in costs:
+                    continue
+                known = [x for x in costs if x is not None]
+                found = _cut(work, cluster, pricing, c, size, parts, known, limit)
+                if found is not None:
+                    break
+            if found is None:
+                continue
+            by_schedule[c.schedule] = found.step if old is None else min(old, found.step)
+            if best is None or found.step < best[0]:
+                best = (found.step, c, found, known)
+        if best is not None:
+            break
     if best is None:
         raise InfeasibleError(
             f"no pipeline of graph {graph.name!r} fits in {limit:,.0f} bytes per device on "
@@ -416,9 +442,34 @@ def search_pipeline(
         )
     _, chosen, cuts, costs = best
     plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, costs)
-    return PipelineResult(
-        plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule
-    )
+    return PipelineResult(plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule)
+
+
+def _bounded(
+    work: _Units, spec: Pipeline, devices: int, batch: int, wide: bool
+) -> list[tuple[float, _Candidate, int, int]]:
+    """The pipelines :func:`candidates` gives whose groups span whole nodes (``wide``) or lie
+    inside one, each with the least step any cuts of it can take (stages no faster than the
+    mean of its units planned within the whole device, nothing sent or reduced), least first."""
+    n = len(work.units)
+    out = []
+    for c in candidates(spec, devices, n, batch):
+        size = devices // (c.replicas * c.groups)
+        if (size > work.cluster.devices_per_node) != wide:
+            continue
+        parts = c.replicas * c.microbatches
+        costs = [work.cost(u, size, parts, 1) for u in range(n)]
+        if None in costs:
+            continue
+        total = sum(x.forward + x.backward for x in costs if x is not None)
+        m = c.microbatches
+        if c.schedule == "interleaved-1f1b":
+            lower = m * total / c.groups + (c.groups - 1) * total / c.stages
+        else:
+            lower = total + (m - 1) * total / c.stages
+        out.append((lower, c, size, parts))
+    out.sort(key=lambda x: x[0])
+    return out
 
 
 def _stage_numbers(
@@ -428,7 +479,9 @@ def _stage_numbers(
     out: tuple[list[float], ...] = ([], [], [], [], [])
     for a, b in zip(bounds, bounds[1:]):
         part = costs[a:b]
-        for values, field in zip(out, ("forward", "backward", "gradients", "parameters", "activations")):
+        for values, field in zip(
+            out, ("forward", "backward", "gradients", "parameters", "activations")
+        ):
             values.append(sum(getattr(x, field) for x in part))
     return out  # type: ignore[return-value]
 
@@ -498,14 +551,20 @@ def _cut(
     if c.stages > 1:
         send = np.array([send_seconds(cluster, size, b / parts) for b in work.crossing[:-1]])
 
+    reduced: dict[float, float] = {}
+
+    def over_copies(count: float) -> float:
+        if count not in reduced:
+            reduced[count] = _replica_reduction(cluster, pricing, c.replicas, count)
+        return reduced[count]
+
     def step(bounds: tuple[int, ...]) -> float:
-        f, b, g, _, _ = _stage_numbers(costs, bounds)
+        at = np.asarray(bounds)
+        f, b, g = (np.diff(prefix[x][at]) for x in ("forward", "backward", "gradients"))
         sends = [float(send[e - 1]) for e in bounds[1:-1]] + [0.0]
-        reductions = [
-            g[k] + _replica_reduction(cluster, pricing, c.replicas, float(elements[e] - elements[s]))
-            for k, (s, e) in enumerate(zip(bounds, bounds[1:]))
-        ]
-        return _step(cluster, pricing, c, f, b, sends, reductions)
+        counts = np.diff(elements[at])
+        reductions = [float(g[k]) + over_copies(float(counts[k])) for k in range(len(g))]
+        return _step(cluster, pricing, c, list(f), list(b), sends, reductions)
 
     total = float(prefix["forward"][-1] + prefix["backward"][-1])
     m = c.microbatches
@@ -515,7 +574,9 @@ def _cut(
             return m * total / c.groups + (c.groups - 1) * bound
         return total + (m - 1) * bound
 
-    return best_cuts(times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower)
+    return best_cuts(
+        times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower
+    )
 
 
 def _gradient_elements(cost: UnitCost, pricing: Pricing) -> float:
