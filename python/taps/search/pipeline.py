@@ -22,16 +22,16 @@ the data-parallel copies after the pipeline's flush.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from taps._core import Cluster, InfeasibleError, Layout, Strategy
-from taps.errors import ArgumentError, GraphError
+from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
@@ -44,8 +44,11 @@ from taps.plan.stages import (
     stage_graph,
     sub_cluster,
 )
+from taps.search.evaluate import breakdown
 from taps.search.prices import saved_bytes
 from taps.search.schedules import in_flight, step_time
+from taps.search.tables import CostTables, build_tables
+from taps.solve.pipeline import solve
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def units_of(graph: Graph) -> list[tuple[str, ...]]:
     names = [op.name for op in graph.ops]
     starts = sorted(set(cut_points(graph)) | {0})
     bounds = [*starts, len(names)]
-    return [tuple(names[a:b]) for a, b in zip(bounds, bounds[1:]) if a < b]
+    return [tuple(names[a:b]) for a, b in itertools.pairwise(bounds) if a < b]
 
 
 def cut_points(graph: Graph) -> list[int]:
@@ -172,33 +175,26 @@ def _powers(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
 
 
-#: The intra-operator search a unit is planned by (:func:`taps.search.searching.search`).
-Searcher = Callable[..., Any]
-
-
 class _Units:
     """Every unit's cost, searched once per (unit key, sub-cluster shape, microbatch, share)."""
 
-    def __init__(
-        self, graph: Graph, cluster: Cluster, pricing: Pricing, limit: float, search: Searcher
-    ) -> None:
+    def __init__(self, graph: Graph, cluster: Cluster, pricing: Pricing, limit: float) -> None:
         self.graph, self.cluster, self.pricing, self.limit = graph, cluster, pricing, limit
-        self.search = search
         self.units = units_of(graph)
         self.keys = _unit_keys(graph, self.units)
         self.crossing = _crossing_bytes(graph, self.units)
-        self._micro: dict[int, Graph | None] = {}
+        self._graphs: dict[object, Graph] = {}
+        self._tables: dict[object, CostTables] = {}
         self._costs: dict[tuple[object, int, int, int], UnitCost | None] = {}
         self.searches = 0
 
-    def micro(self, parts: int) -> Graph | None:
-        """The graph on ``1/parts`` of its batch (``None``: the batch does not split so)."""
-        if parts not in self._micro:
-            try:
-                self._micro[parts] = microbatched(self.graph, parts)
-            except GraphError:
-                self._micro[parts] = None
-        return self._micro[parts]
+    def unit_graph(self, unit: int, parts: int) -> Graph:
+        """The sub-graph of unit ``unit`` (:func:`stage_graph`) on ``1/parts`` of the batch."""
+        key = (self.keys[unit], parts)
+        if key not in self._graphs:
+            whole = stage_graph(self.graph, self.units[unit])
+            self._graphs[key] = microbatched(whole, parts)
+        return self._graphs[key]
 
     def cost(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
         """Unit ``unit`` on ``devices`` at ``1/parts`` of the batch, searched within ``1/share``
@@ -209,20 +205,24 @@ class _Units:
         return self._costs[key]
 
     def _search(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
-        micro = self.micro(parts)
-        assert micro is not None
-        sub = stage_graph(micro, self.units[unit])
+        """taps' intra-operator search of the unit (as :func:`taps.search.searching.search`
+        runs it), its cost tables built once for every share of the memory."""
+        sub = self.unit_graph(unit, parts)
+        where = _slice(self.cluster, devices)
+        key = (self.keys[unit], devices, parts)
+        if key not in self._tables:
+            self._tables[key] = build_tables(sub, where, self.pricing)
+        tables = self._tables[key]
         self.searches += 1
         try:
-            result = self.search(
-                sub,
-                _slice(self.cluster, devices),
-                self.pricing,
-                memory_limit=self.limit / share if math.isfinite(self.limit) else None,
-            )
+            solution = solve(tables, self.limit / share if math.isfinite(self.limit) else None)
         except InfeasibleError:
             return None
-        return _unit_cost(result.plan, result.breakdown, result.memory_per_device)
+        plan = Plan(sub, where, tables.strategies(solution.choice), self.pricing)
+        memory = sub.layers * sum(
+            float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
+        )
+        return _unit_cost(plan, breakdown(plan), memory)
 
 
 def _unit_cost(plan: Plan, rows: Sequence, memory: float) -> UnitCost:
@@ -337,18 +337,21 @@ def best_cuts(
     values = np.unique(times[np.isfinite(times)])
     edge = np.concatenate([2 * send, [0.0]])  # paid after every stage but the last
 
+    # A stage ending after unit b - 1 pays the sends across that boundary, but the last.
+    paid = np.where(fits, (times + edge[np.arange(n + 1) - 1][None, :])[None], np.inf)
+    paid[-1] = np.where(fits[-1], times, np.inf)
+    columns = np.arange(n + 1)
+
     def programme(bound: float) -> tuple[int, ...] | None:
-        allowed = fits & (times <= bound)[None, :, :]
-        cost = np.where(allowed, times[None] + edge[np.arange(n + 1) - 1][None, None, :], np.inf)
+        over = times > bound
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         back = np.zeros((stages, n + 1), dtype=np.int64)
         for k in range(stages):
-            c = best[:, None] + cost[k]
-            if k == stages - 1:
-                c = best[:, None] + np.where(allowed[k], times, np.inf)
+            c = best[:, None] + paid[k]
+            c[over] = np.inf
             back[k] = np.argmin(c, axis=0)
-            best = c[back[k], np.arange(n + 1)]
+            best = c[back[k], columns]
         if not np.isfinite(best[n]):
             return None
         bounds = [n]
@@ -382,11 +385,10 @@ def search_pipeline(
     cluster: Cluster,
     pricing: Pricing,
     spec: Pipeline,
-    search: Searcher,
     memory_limit: float | None = None,
 ) -> PipelineResult:
     """The pipelined plan of least step time for ``graph`` on ``cluster`` (the module
-    docstring); ``spec`` fixes any of the pipeline's fields; ``search`` plans a unit. :class:`InfeasibleError` when no
+    docstring); ``spec`` fixes any of the pipeline's fields. :class:`InfeasibleError` when no
     pipeline fits in memory."""
     t0 = time.perf_counter()
     if not isinstance(spec, Pipeline):
@@ -395,7 +397,7 @@ def search_pipeline(
         )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     limit = math.inf if limit is None else float(limit)
-    work = _Units(graph, cluster, pricing, limit, search)
+    work = _Units(graph, cluster, pricing, limit)
     n = len(work.units)
     devices = cluster.num_devices
     if spec.stages is not None and spec.stages * (spec.replicas or 1) > devices:
@@ -477,7 +479,7 @@ def _stage_numbers(
 ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """Per stage: forward, backward, gradient reductions, parameter bytes, activation bytes."""
     out: tuple[list[float], ...] = ([], [], [], [], [])
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         part = costs[a:b]
         for values, field in zip(
             out, ("forward", "backward", "gradients", "parameters", "activations")
@@ -530,7 +532,7 @@ def _cut(
     elements = np.concatenate([[0.0], np.cumsum([_gradient_elements(x, pricing) for x in costs])])
 
     def span(field: str) -> np.ndarray:
-        p = prefix[field] if field in prefix else elements
+        p = prefix.get(field, elements)
         return p[None, :] - p[:, None]
 
     a_b = np.arange(n + 1)
@@ -596,12 +598,8 @@ def _plan(
 ) -> tuple[Plan, float, float]:
     """The pipelined plan of the chosen cuts, each stage priced again whole from its units'
     strategies (:func:`taps.search.evaluate.breakdown`), its step time and most memory."""
-    from taps.search.evaluate import breakdown
-
     size = cluster.num_devices // (c.replicas * c.groups)
     parts = c.replicas * c.microbatches
-    micro = work.micro(parts)
-    assert micro is not None
     sub = _slice(cluster, size)
     strategies: dict[str, Strategy] = {}
     for u, cost in enumerate(costs):
@@ -612,7 +610,8 @@ def _plan(
         key = tuple(work.keys[a:b])
         if key not in priced:
             ops = [n for u in work.units[a:b] for n in u]
-            p = Plan(stage_graph(micro, ops), sub, {n: strategies[n] for n in ops}, pricing)
+            graph = microbatched(stage_graph(work.graph, ops), parts)
+            p = Plan(graph, sub, {n: strategies[n] for n in ops}, pricing)
             rows = breakdown(p)
             param = sum(x.parameters for x in costs[a:b])
             whole = _unit_cost(p, rows, param + sum(x.activations for x in costs[a:b]))
