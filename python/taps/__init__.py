@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from taps.graph import Edge, Graph, Operand, Operator, Tensor
     from taps.plan import Plan, Pricing
     from taps.plan.candidates import strategies_for
+    from taps.plan.stages import Pipeline, Stage
     from taps.search import (
         Comparison,
         OpCost,
@@ -105,6 +106,8 @@ _HOMES = {
     "Tensor": "taps.graph",
     "Plan": "taps.plan",
     "Pricing": "taps.plan",
+    "Pipeline": "taps.plan.stages",
+    "Stage": "taps.plan.stages",
     "strategies_for": "taps.plan.candidates",
     "Comparison": "taps.search",
     "OpCost": "taps.search",
@@ -153,12 +156,14 @@ __all__ = [
     "Operand",
     "Operator",
     "OutputError",
+    "Pipeline",
     "Plan",
     "PlanFileError",
     "Pricing",
     "Redistribution",
     "ResourceError",
     "SearchResult",
+    "Stage",
     "StepTime",
     "Strategy",
     "StrategyError",

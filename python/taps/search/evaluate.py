@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from taps._core import Layout, Redistribution, Strategy
+from taps._core import Layout, Redistribution, Strategy, StrategyError
 from taps.graph import Edge
 from taps.plan.candidates import backward_redistributions, edge_redistributions
 from taps.plan.layouts import PlanLayouts, layouts_of
@@ -185,6 +185,10 @@ def _priced_rows(plan: Plan) -> list[OpCost]:
     :func:`evaluate` and :func:`step_layouts` need, without running the timeline)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"breakdown takes a taps.Plan, got {type(plan).__name__}")
+    if plan.stages:
+        raise StrategyError(
+            "a pipelined plan is priced stage by stage: evaluate each of plan.stage_plans"
+        )
     graph, cluster, pricing = plan.graph, plan.cluster, plan.pricing
     cost_model, step = pricing.cost_model, pricing.step
     chosen = plan.candidates

@@ -12,7 +12,9 @@ from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
+from taps.plan.stages import Pipeline
 from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
+from taps.search.pipeline import PipelineResult, search_pipeline
 from taps.search.tables import build_tables
 from taps.solve.pipeline import solve
 from taps.solve.problem import IlpOptions, IlpSize
@@ -61,7 +63,8 @@ def search(
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
     replicate: bool = False,
-) -> SearchResult:
+    pipeline: bool | Pipeline = False,
+) -> SearchResult | PipelineResult:
     """Find the plan, a strategy for every operator, that minimises the step time under
     ``pricing`` (the ILP of docs/conventions.md#the-ilp): communication, and with
     ``pricing.counts_compute`` (the default under the topology model) each operator's compute,
@@ -88,8 +91,21 @@ def search(
     with no split over every device gets those. A search whose cost tables would not fit this
     machine's memory is refused up front (:class:`taps.errors.ResourceError`); so is an operator
     with too many candidates.
+
+    ``pipeline=True`` (or a :class:`taps.Pipeline` fixing any of its fields) searches the whole
+    plan of a multi-node run instead: pipeline stages, each planned by this search on its
+    sub-cluster (docs/pipeline.md); it returns a :class:`taps.search.pipeline.PipelineResult`
+    whose plan has ``stages``.
     """
     t0 = time.perf_counter()
+    if pipeline is not False:
+        if not isinstance(pipeline, (bool, Pipeline)):
+            raise TypeError(
+                f"search: pipeline must be a bool or a taps.Pipeline, got {type(pipeline).__name__}"
+            )
+        _check("search", graph, cluster, pricing, memory_limit, time_limit)
+        spec = pipeline if isinstance(pipeline, Pipeline) else Pipeline()
+        return search_pipeline(graph, cluster, pricing, spec, memory_limit)
     _check("search", graph, cluster, pricing, memory_limit, time_limit, replicate)
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
