@@ -29,7 +29,7 @@ from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 2
+VERSION = 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +63,11 @@ class Plan:
             )
         ordered = _checked(self.graph, self.cluster, self.strategies)
         object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        sharded = self.pricing.fsdp if isinstance(self.pricing.fsdp, tuple) else ()
+        if foreign := [n for n in sharded if n not in ordered]:
+            raise GraphError(
+                f"fsdp names operators graph {self.graph.name!r} does not have: {_some(foreign)}"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
