@@ -1,7 +1,7 @@
 """How a plan is priced: the cost model, the step, the redistribution planner, ZeRO, parameter
 storage sharding (FSDP), whether compute is counted, and what training keeps per parameter
-(weight, gradient, master copy, optimizer state) and reduces its gradients in. Every function that prices a plan reads these
-choices from one :class:`Pricing` (docs/search.md)."""
+(weight, gradient, master copy, optimizer state) and reduces its gradients in. Every function
+that prices a plan reads these choices from one :class:`Pricing` (docs/search.md)."""
 
 from __future__ import annotations
 
