@@ -23,6 +23,7 @@ from taps.search.compute import compute_times, roofline_of
 from taps.search.prices import (
     BACKWARD_GATHER,
     FORWARD_GATHER,
+    GATHERS,
     Collective,
     intra_collectives,
     partial_flows,
@@ -77,17 +78,15 @@ class OpCost:
 
     @property
     def gradient_cost(self) -> float:
-        """Its parameters' gradient reductions, and under sharded storage (FSDP) their gathers
-        before the backward (the part that may overlap the backward)."""
-        return sum(
-            cost for c, cost in self.collectives if c.parameter and c.reason != FORWARD_GATHER
-        )
+        """Its parameters' gradient reductions (the part that may overlap the backward)."""
+        return sum(cost for c, cost in self.collectives if c.parameter and c.reason == "gradient")
 
     @property
     def gather_cost(self) -> float:
-        """Its parameters' all_gathers before the forward under sharded storage (FSDP; the part
-        that may overlap the forward)."""
-        return sum(cost for c, cost in self.collectives if c.reason == FORWARD_GATHER)
+        """Its parameters' all_gathers under sharded storage (FSDP), before the forward and the
+        backward: on the communication stream, prefetched behind the operator before (the
+        timeline's), whole in the search's additive form."""
+        return sum(cost for c, cost in self.collectives if c.reason in GATHERS)
 
     @property
     def compute(self) -> float:
@@ -96,11 +95,9 @@ class OpCost:
     @property
     def total(self) -> float:
         """What the search minimises for the operator: its compute and communication, less its
-        gradient reductions up to its backward's length and its forward gathers up to its
-        forward's (the additive form of the overlap,
+        gradient reductions up to its backward's length (the additive form of the overlap,
         :func:`taps.search.compute.overlapped_backward`)."""
         hidden = min(self.backward_compute, self.gradient_cost)
-        hidden += min(self.forward_compute, self.gather_cost)
         return self.compute + self.communication - hidden
 
     @property
@@ -176,7 +173,9 @@ def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
         whole = cluster.collective_cost(layout, "all_reduce", None, dtype, cost_model)
         return whole if kind == "all_reduce" else whole / 2  # as Collective.cost
 
-    before = backward_timeline(forward, [], cost, gathers=[r.gather_cost for r in rows])
+    before = backward_timeline(
+        forward, [], cost, gathers=[_gathers(r, FORWARD_GATHER) for r in rows]
+    )
     durations: list[float] = []
     gathers: list[float] = []
     gradients: list[Gradient] = []
@@ -187,7 +186,7 @@ def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
             + sum(i.backward_cost for i in r.incoming)
             + sum(cost for c, cost in r.collectives if c.reason == "gradient" and not c.parameter)
         )
-        gathers.append(sum(cost for c, cost in r.collectives if c.reason == BACKWARD_GATHER))
+        gathers.append(_gathers(r, BACKWARD_GATHER))
         for c, _ in r.collectives:
             if c.parameter and c.reason == "gradient":
                 size = math.prod(c.layout.shard_shape) * c.dtype_bytes
@@ -203,6 +202,11 @@ def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
         for i in bucket.members:
             exposed[owner[i]] += bucket.exposed * gradients[i].bytes / bucket.bytes
     return exposed
+
+
+def _gathers(row: OpCost, reason: str) -> float:
+    """The seconds of a row's parameter gathers before its forward or its backward."""
+    return sum(cost for c, cost in row.collectives if c.reason == reason)
 
 
 def breakdown(plan: Plan) -> list[OpCost]:

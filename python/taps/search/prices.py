@@ -44,6 +44,7 @@ def partial_flows(graph: Graph, step: Step = "training") -> frozenset[str]:
 #: the parameter's all_gathers before the forward and before the backward.
 FORWARD_GATHER = "forward gather"
 BACKWARD_GATHER = "backward gather"
+GATHERS = (FORWARD_GATHER, BACKWARD_GATHER)
 
 
 @dataclass(frozen=True)

@@ -229,9 +229,9 @@ def build_tables(
     reductions overlapping its backward (:func:`taps.search.compute.overlapped_backward`).
     With ``pricing.fsdp``, every candidate of an operator it allows whose strategy reduces a
     parameter's gradient over some devices has a twin storing the parameters sharded over them
-    (FSDP, :func:`taps.search.prices.sharded_storage`): its gathers and reduce_scatter on the
-    communication stream, the forward gather overlapping the forward and the rest the backward as
-    above, and less memory (:func:`taps.search.prices.memory`).
+    (FSDP, :func:`taps.search.prices.sharded_storage`): its gathers priced whole, its
+    reduce_scatter overlapping the backward as above, and less memory
+    (:func:`taps.search.prices.memory`).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
@@ -302,7 +302,9 @@ def build_tables(
             ]
             if twins:
                 # The all_reduce of a weight is its two gathers (each half an all_reduce), the
-                # gradient's is a reduce_scatter and half its all_reduce.
+                # gradient's is a reduce_scatter and half its all_reduce. The gathers are priced
+                # whole: how much of them the prefetch hides depends on the operator before
+                # (the timeline's), so sharding is chosen where memory needs it.
                 gathers = _reductions(*how, True, pricing.parameter_bytes)[twins]
                 scatter = param[twins] / 2
                 if device is None:
@@ -310,8 +312,9 @@ def build_tables(
                 else:
                     twin_node = (
                         other[twins]
-                        + overlapped_backward(fwd[twins], gathers / 2)
-                        + overlapped_backward(bwd[twins], gathers / 2 + scatter)
+                        + fwd[twins]
+                        + gathers
+                        + overlapped_backward(bwd[twins], scatter)
                     )
                 twin_mem = [
                     memory(graph, op, cands[i], pricing, kept[op.name], True, copies[op.name])
