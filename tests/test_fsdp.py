@@ -140,14 +140,13 @@ def test_prefetched_gathers_hide_behind_the_step_before():
     assert t.waits == (2.0, 1.0, 1.0) and t.end == 7.0 and t.exposed == 4.0
 
 
-def test_a_reduction_queued_before_a_gather_delays_it():
-    """One communication stream in issue order: a bucket issued before the next gather is
-    prefetched runs first."""
+def test_gathers_and_reductions_run_on_their_own_streams():
+    """A reduction issued before the next gather does not delay it (FSDP2's all-gather stream);
+    the gathers queue behind each other."""
     from taps.search.timeline import Gradient
 
-    # Step 0 ends at 1 and issues a 5 s reduction; step 1's gather (2 s) was issued at step 0's
-    # start (0), so it runs first (0-2); step 2's gather is issued at step 1's start (2) behind
-    # the reduction (1 issued -> 2-7), so it runs 7-9.
+    # Step 0 ends at 1 and issues a 5 s reduction (1-6); step 1's gather (2 s) was issued at
+    # step 0's start (0-2), step 2's at step 1's start (2-4): the computes run 0-1, 2-3, 4-5.
     t = backward_timeline(
         [1.0, 1.0, 1.0],
         [Gradient(0, "g", 1.0)],
@@ -155,7 +154,8 @@ def test_a_reduction_queued_before_a_gather_delays_it():
         bucket_bytes=1.0,
         gathers=[0.0, 2.0, 2.0],
     )
-    assert t.waits == (0.0, 1.0, 6.0) and t.compute_end == 10.0 and t.end == 10.0
+    assert t.waits == (0.0, 1.0, 1.0) and t.compute_end == 5.0 and t.end == 6.0
+    assert t.exposed == 3.0
 
 
 # --- the search -----------------------------------------------------------------------------------

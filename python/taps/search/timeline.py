@@ -1,11 +1,11 @@
 """The forward and backward passes as engines run them: a compute stream that runs every
 operator's forward or backward in turn, and a communication stream that reduces parameters'
 gradients in buckets, each issued when its last gradient is ready (torch DDP's gradient buckets;
-docs/search.md#the-step-time), and gathers the parameters stored sharded (FSDP), each issued when
-the step before the one that needs it starts (FSDP2's prefetch of the next all_gather during the
-current compute; docs/search.md#parameter-storage-sharding). The communication stream runs what
-it is given in the order it was issued. Only the part of the communication that outlasts the
-compute stream, or that it waits for, is exposed."""
+docs/search.md#the-step-time), and a gather stream that gathers the parameters stored sharded
+(FSDP), each issued when the step before the one that needs it starts (FSDP2's prefetch of the
+next all_gather during the current compute; docs/search.md#parameter-storage-sharding). Each
+communication stream runs what it is given in the order it was issued. Only the part of the
+communication that outlasts the compute stream, or that it waits for, is exposed."""
 
 from __future__ import annotations
 
@@ -105,15 +105,19 @@ def backward_timeline(
     communication stream, one at a time in the order issued, taking ``cost(group, bytes)``.
     ``gathers`` (seconds per step, 0 or missing: none) are the all_gathers a step's compute waits
     for, each issued when the step before it starts (the first at once), so that it runs while
-    that step computes."""
+    that step computes; they run one at a time on a stream of their own, as FSDP2 issues them
+    (its all-gather stream), alongside the reductions (taken not to slow each other)."""
     closing: dict[int, list[tuple[Hashable, list[int]]]] = {}
     for group, members in buckets_of(gradients, bucket_bytes):
         closing.setdefault(gradients[members[-1]].step, []).append((group, members))
     gather = [*gathers, *[0.0] * (len(durations) - len(gathers))]
     clock = stream = 0.0
+    # The gathers have their own stream (FSDP2's all-gather stream), one at a time.
     ready = [0.0] * len(durations)  # when each step's gather has arrived
     if gather and gather[0]:
-        ready[0] = stream = gather[0]
+        ready[0] = gathering = gather[0]
+    else:
+        gathering = 0.0
     waits: list[float] = []
     out = []
     for k, d in enumerate(durations):
@@ -121,7 +125,7 @@ def backward_timeline(
         waits.append(start - clock)
         if k + 1 < len(durations) and gather[k + 1]:
             # The next step's gather, prefetched as this one starts.
-            ready[k + 1] = stream = max(stream, start) + gather[k + 1]
+            ready[k + 1] = gathering = max(gathering, start) + gather[k + 1]
         clock = start + d
         for group, members in closing.get(k, []):
             size = sum(gradients[i].bytes for i in members)
