@@ -73,6 +73,11 @@ class Plan:
         devices = _stage_devices(self.graph, self.cluster, self.stages, self.pipeline)
         ordered = _checked(self.graph, self.cluster, self.strategies, devices)
         object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        sharded = self.pricing.fsdp if isinstance(self.pricing.fsdp, tuple) else ()
+        if foreign := [n for n in sharded if n not in ordered]:
+            raise GraphError(
+                f"fsdp names operators graph {self.graph.name!r} does not have: {_some(foreign)}"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):

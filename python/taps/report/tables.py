@@ -10,6 +10,8 @@ from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
 from taps.report.priced import Priced
+from taps.search.evaluate import OpCost
+from taps.search.prices import GATHERS
 from taps.search.searching import Comparison, SearchResult
 
 if TYPE_CHECKING:
@@ -115,7 +117,7 @@ def strategy_table(source: Priced) -> Table:
         op = plan.graph.op(row.name)
         table.add_row(
             escape(row.name),
-            _strategy_text(op.partitionable, row.strategy),
+            _strategy_text(op.partitionable, row.strategy) + (" FSDP" if _sharded(row) else ""),
             str(row.strategy.device_matrix),
             format_cost(row.intra_cost, model),
             format_cost(row.incoming_cost, model),
@@ -141,6 +143,9 @@ def strategy_table(source: Priced) -> Table:
         "strategy: axis=degree@device dim (0 innermost); "
         f"{kind}, {pricing.planner} planner{', ZeRO' if pricing.zero else ''}"
     )
+    sharded = sum(map(_sharded, rows))
+    if sharded:
+        table.caption += f"; FSDP: {sharded} operator(s) store their parameters sharded"
     if timed:
         table.caption += (
             f"; step time {format_seconds(step.step_time)}: compute "
@@ -151,6 +156,11 @@ def strategy_table(source: Priced) -> Table:
         table.caption += _search_caption(source)
     table.caption_justify = "left"
     return table
+
+
+def _sharded(row: OpCost) -> bool:
+    """Whether an operator stores its parameters sharded (FSDP): it gathers them."""
+    return any(c.reason in GATHERS for c, _ in row.collectives)
 
 
 def _search_caption(result: SearchResult) -> str:
@@ -311,6 +321,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
                 "exposed": row.exposed,
                 "step_time": row.step_time,
                 "total": row.total,
+                "sharded": _sharded(row),
                 "collectives": [
                     {
                         "tensor": c.tensor,
@@ -355,6 +366,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
         "step": plan.pricing.step,
         "planner": plan.pricing.planner,
         "zero": plan.pricing.zero,
+        "fsdp": plan.pricing.fsdp,
         "compute": plan.pricing.counts_compute,
         "gradient_bytes": plan.pricing.gradient_bytes,
         "cost": cost,

@@ -166,7 +166,9 @@ def _search(
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     solution = solve(tables, limit, left, options, tie=tie)
     t1 = time.perf_counter()
-    plan = Plan(graph, cluster, tables.strategies(solution.choice), pricing)
+    plan = Plan(
+        graph, cluster, tables.strategies(solution.choice), tables.pricing_of(solution.choice)
+    )
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )
