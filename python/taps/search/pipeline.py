@@ -347,9 +347,9 @@ def best_cuts(
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         back = np.zeros((stages, n + 1), dtype=np.int64)
+        allowed = np.where(over[None], np.inf, paid)
         for k in range(stages):
-            c = best[:, None] + paid[k]
-            c[over] = np.inf
+            c = best[:, None] + allowed[k]
             back[k] = np.argmin(c, axis=0)
             best = c[back[k], columns]
         if not np.isfinite(best[n]):
@@ -451,10 +451,12 @@ def _bounded(
     work: _Units, spec: Pipeline, devices: int, batch: int, wide: bool
 ) -> list[tuple[float, _Candidate, int, int]]:
     """The pipelines :func:`candidates` gives whose groups span whole nodes (``wide``) or lie
-    inside one, each with the least step any cuts of it can take (stages no faster than the
-    mean of its units planned within the whole device, nothing sent or reduced), least first."""
+    inside one, each with a bound on the step its cuts can take, least first: stages no faster
+    than the mean of its units as planned within the whole device, the least sends, nothing
+    reduced."""
     n = len(work.units)
     out = []
+    sends: dict[tuple[int, int], list[float]] = {}
     for c in candidates(spec, devices, n, batch):
         size = devices // (c.replicas * c.groups)
         if (size > work.cluster.devices_per_node) != wide:
@@ -468,7 +470,15 @@ def _bounded(
         if c.schedule == "interleaved-1f1b":
             lower = m * total / c.groups + (c.groups - 1) * total / c.stages
         else:
-            lower = total + (m - 1) * total / c.stages
+            least = 0.0
+            if c.stages > 1:
+                if (size, parts) not in sends:
+                    crossing = work.crossing[:-1]
+                    sends[size, parts] = sorted(
+                        send_seconds(work.cluster, size, b / parts) for b in crossing
+                    )
+                least = sum(sends[size, parts][: c.stages - 1])
+            lower = total + (m - 1) * total / c.stages + 2 * least
         out.append((lower, c, size, parts))
     out.sort(key=lambda x: x[0])
     return out
