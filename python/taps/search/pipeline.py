@@ -523,6 +523,24 @@ def _step(
     return pipe + max(reductions)
 
 
+def pipeline_step(plan: Plan) -> float:
+    """The step time of a pipelined plan from its stages alone: its schedule's (bubble
+    included) and the slowest stage's gradient reductions after the flush."""
+    p = plan.pipeline
+    if p is None or p.schedule is None or p.microbatches is None:
+        raise ArgumentError("pipeline_step: the plan has no stages")
+    s = plan.stages
+    pipe = step_time(
+        p.schedule,
+        [x.forward for x in s],
+        [x.backward for x in s],
+        [x.send for x in s],
+        p.microbatches,
+        p.stages,
+    )
+    return pipe + max(x.reduction for x in s)
+
+
 def _cut(
     work: _Units,
     cluster: Cluster,
@@ -637,7 +655,6 @@ def _plan(
         + _replica_reduction(cluster, pricing, c.replicas, _gradient_elements(x, pricing))
         for x in stages_costs
     ]
-    step = _step(cluster, pricing, c, forward, backward, send, reductions)
     stages = []
     for k, ((a, b), x) in enumerate(zip(zip(cuts.bounds, cuts.bounds[1:]), stages_costs)):
         flight = in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches)
@@ -654,8 +671,9 @@ def _plan(
                 send=send[k],
                 memory=x.parameters + flight * x.activations,
                 in_flight=flight,
+                reduction=reductions[k],
             )
         )
     chosen = Pipeline(c.groups, c.microbatches, c.schedule, c.replicas, c.chunks)
     plan = Plan(work.graph, cluster, strategies, pricing, tuple(stages), chosen)
-    return plan, step, max(s.memory for s in stages)
+    return plan, pipeline_step(plan), max(s.memory for s in stages)
