@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -320,8 +320,8 @@ def best_cuts(
     fits: np.ndarray,
     send: np.ndarray,
     stages: int,
-    step: callable,  # type: ignore[valid-type]
-    lower: callable,  # type: ignore[valid-type]
+    step: Callable[[tuple[int, ...]], float],
+    lower: Callable[[float], float],
 ) -> Cuts | None:
     """The cuts of ``len(send)`` units into ``stages`` runs of least ``step(bounds)``.
 
@@ -442,8 +442,8 @@ def search_pipeline(
             f"no pipeline of graph {graph.name!r} fits in {limit:,.0f} bytes per device on "
             f"{devices:,} devices"
         )
-    _, chosen, cuts, costs = best
-    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, costs)
+    _, chosen, cuts, chosen_costs = best
+    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, chosen_costs)
     return PipelineResult(plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule)
 
 
@@ -648,8 +648,6 @@ def _plan(
     send = [
         send_seconds(cluster, size, work.crossing[b - 1] / parts) for b in cuts.bounds[1:-1]
     ] + [0.0]
-    forward = [x.forward for x in stages_costs]
-    backward = [x.backward for x in stages_costs]
     reductions = [
         x.gradients
         + _replica_reduction(cluster, pricing, c.replicas, _gradient_elements(x, pricing))
