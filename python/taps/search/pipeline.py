@@ -201,7 +201,12 @@ class _Units:
         of the device memory (``None``: nothing fits)."""
         key = (self.keys[unit], devices, parts, share)
         if key not in self._costs:
-            self._costs[key] = self._search(unit, devices, parts, share)
+            whole = self.cost(unit, devices, parts, 1) if share > 1 else None
+            if whole is not None and whole.parameters + whole.activations <= self.limit / share:
+                # The plan within the whole device fits the share too: it is the optimum there.
+                self._costs[key] = whole
+            else:
+                self._costs[key] = self._search(unit, devices, parts, share)
         return self._costs[key]
 
     def _search(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
@@ -359,15 +364,16 @@ def best_cuts(
             bounds.append(int(back[k][bounds[-1]]))
         return tuple(reversed(bounds))
 
-    lo, hi = 0, len(values) - 1
-    if hi < 0 or programme(values[hi]) is None:
+    # The least bound any cuts meet: the min-max programme over the same stages.
+    bottleneck = np.full(n + 1, np.inf)
+    bottleneck[0] = 0.0
+    for k in range(stages):
+        bottleneck = np.min(
+            np.maximum(bottleneck[:, None], np.where(fits[k], times, np.inf)), axis=0
+        )
+    if not np.isfinite(bottleneck[n]):
         return None
-    while lo < hi:  # the least bound any cuts meet
-        mid = (lo + hi) // 2
-        if programme(values[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = int(np.searchsorted(values, bottleneck[n]))
     best: Cuts | None = None
     for bound in values[lo:]:
         if best is not None and lower(bound) >= best.step:
