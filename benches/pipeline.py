@@ -43,8 +43,8 @@ def gpt3() -> taps.Graph:
 def llama3_70b() -> taps.Graph:
     """torchtitan's Llama 3 70B exported on the meta device, its 80 blocks tied."""
     import torch
-    from frontend_torch import llama3
 
+    from frontend_torch import llama3
     from taps.frontends.torch import convert, repeated_blocks
 
     module = llama3("70B")
@@ -104,26 +104,39 @@ def case(
     )
     if flat:
         t0 = time.perf_counter()
-        try:
-            whole = taps.search(graph, cluster)
+        whole = _fitting(lambda pricing: taps.search(graph, cluster, pricing))
+        if whole is not None:
+            result, how = whole
             print(
-                f"  taps, not pipelined: step {whole.step.step_time:.3f} s, "
-                f"{whole.memory_per_device / 1e9:.1f} GB per device "
+                f"  taps, not pipelined{how}: step {result.step.step_time:.3f} s, "
+                f"{result.memory_per_device / 1e9:.1f} GB per device "
                 f"(searched in {time.perf_counter() - t0:.1f} s)"
             )
-        except taps.TapsError as e:
-            print(f"  taps, not pipelined: {e}")
     replicas = cluster.num_devices // (8 * pipe)
     spec = Pipeline(stages=pipe, replicas=replicas, schedule="1f1b", microbatches=batch // replicas)
-    try:
-        megatron = taps.search(graph, cluster, pipeline=spec)
+    recipe = _fitting(lambda pricing: taps.search(graph, cluster, pricing, pipeline=spec))
+    if recipe is not None:
+        megatron, how = recipe
         print(
-            f"  Megatron-LM recipe (pipeline, tensor, data) {degrees(megatron.plan)}, 1f1b, "
+            f"  Megatron-LM recipe{how} (pipeline, tensor, data) {degrees(megatron.plan)}, 1f1b, "
             f"{spec.microbatches} microbatches: step {megatron.step_time:.3f} s, "
             f"{megatron.memory_per_device / 1e9:.1f} GB per device"
         )
-    except taps.TapsError as e:
-        print(f"  Megatron-LM recipe (pipeline {pipe}, tensor 8, data {replicas}): {e}")
+
+
+def _fitting(run):  # type: ignore[no-untyped-def]
+    """``run(pricing)`` under the default pricing, or with every layer's activations
+    checkpointed when nothing fits without (as Megatron-LM recomputes them); prints the refusal
+    when neither fits."""
+    try:
+        return run(taps.Pricing()), ""
+    except taps.InfeasibleError as e:
+        first = str(e)
+    try:
+        return run(taps.Pricing(checkpoint=1)), ", every layer checkpointed"
+    except taps.InfeasibleError as e:
+        print(f"    does not fit: {first}; checkpointed: {e}")
+        return None
 
 
 def main() -> None:

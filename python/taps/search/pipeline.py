@@ -71,7 +71,9 @@ class PipelineResult:
     """What the stage search chose: the pipelined ``plan`` (``plan.stages``, ``plan.pipeline``),
     its predicted ``step_time`` (seconds: the schedule's, bubble included, and the gradients'
     reduction over the copies), the most memory a device needs, the unit searches it ran and its
-    seconds, and the best step found per schedule (``None``: nothing fitted)."""
+    seconds, and the least step found per schedule: the chosen schedule's is its optimum, the
+    others' the best of the pipelines that were cut (one that cannot beat the best found is
+    not), ``None`` if none was."""
 
     plan: Plan
     step_time: float
@@ -423,8 +425,8 @@ def search_pipeline(
         # Stages inside a node first; stages of whole nodes only when none of those fits.
         for lower, c, size, parts in _bounded(work, spec, devices, batch, wide):
             old = by_schedule[c.schedule]
-            if old is not None and lower >= old:
-                continue  # no cut of it can beat the best of its schedule
+            if best is not None and lower >= best[0]:
+                continue  # no cut of it can beat the best found
             found = None
             # Each unit is first planned within the whole device; if its stages then do not
             # fit, again within its even share of it.
