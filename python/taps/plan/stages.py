@@ -132,6 +132,8 @@ class Stage:
             and the activations of ``in_flight`` microbatches.
         in_flight: microbatches whose activations it holds at once under the schedule (a
             fraction under the interleaved schedule: its share of its group's).
+        reduction: seconds of its parameters' gradient reductions once per step, after the
+            pipeline's flush: inside its group and over the copies of the pipeline.
     """
 
     index: int
@@ -144,6 +146,7 @@ class Stage:
     send: float
     memory: float
     in_flight: float
+    reduction: float = 0.0
 
     @property
     def devices(self) -> int:
@@ -170,6 +173,7 @@ class Stage:
             "send": self.send,
             "memory": self.memory,
             "in_flight": self.in_flight,
+            "reduction": self.reduction,
         }
 
     @classmethod
@@ -188,6 +192,7 @@ class Stage:
             send=float(data["send"]),
             memory=float(data["memory"]),
             in_flight=float(data["in_flight"]),
+            reduction=float(data["reduction"]),
         )
 
 
@@ -356,7 +361,7 @@ def microbatched(graph: Graph, microbatches: int) -> Graph:
     tensors = {t["name"]: t for t in doc["tensors"]}
     for name, d in stored:
         tensors[name]["shape"][d] //= microbatches
-    split = {}
+    split: dict[str, set[str]] = {}
     for o, a in axes:
         split.setdefault(o, set()).add(a)
     for entry in doc["ops"]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +71,9 @@ class PipelineResult:
     """What the stage search chose: the pipelined ``plan`` (``plan.stages``, ``plan.pipeline``),
     its predicted ``step_time`` (seconds: the schedule's, bubble included, and the gradients'
     reduction over the copies), the most memory a device needs, the unit searches it ran and its
-    seconds, and the best step found per schedule (``None``: nothing fitted)."""
+    seconds, and the least step found per schedule: the chosen schedule's is its optimum, the
+    others' the best of the pipelines that were cut (one that cannot beat the best found is
+    not), ``None`` if none was."""
 
     plan: Plan
     step_time: float
@@ -201,7 +203,12 @@ class _Units:
         of the device memory (``None``: nothing fits)."""
         key = (self.keys[unit], devices, parts, share)
         if key not in self._costs:
-            self._costs[key] = self._search(unit, devices, parts, share)
+            whole = self.cost(unit, devices, parts, 1) if share > 1 else None
+            if whole is not None and whole.parameters + whole.activations <= self.limit / share:
+                # The plan within the whole device fits the share too: it is the optimum there.
+                self._costs[key] = whole
+            else:
+                self._costs[key] = self._search(unit, devices, parts, share)
         return self._costs[key]
 
     def _search(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
@@ -320,8 +327,8 @@ def best_cuts(
     fits: np.ndarray,
     send: np.ndarray,
     stages: int,
-    step: callable,  # type: ignore[valid-type]
-    lower: callable,  # type: ignore[valid-type]
+    step: Callable[[tuple[int, ...]], float],
+    lower: Callable[[float], float],
 ) -> Cuts | None:
     """The cuts of ``len(send)`` units into ``stages`` runs of least ``step(bounds)``.
 
@@ -347,9 +354,9 @@ def best_cuts(
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         back = np.zeros((stages, n + 1), dtype=np.int64)
+        allowed = np.where(over[None], np.inf, paid)
         for k in range(stages):
-            c = best[:, None] + paid[k]
-            c[over] = np.inf
+            c = best[:, None] + allowed[k]
             back[k] = np.argmin(c, axis=0)
             best = c[back[k], columns]
         if not np.isfinite(best[n]):
@@ -359,15 +366,16 @@ def best_cuts(
             bounds.append(int(back[k][bounds[-1]]))
         return tuple(reversed(bounds))
 
-    lo, hi = 0, len(values) - 1
-    if hi < 0 or programme(values[hi]) is None:
+    # The least bound any cuts meet: the min-max programme over the same stages.
+    bottleneck = np.full(n + 1, np.inf)
+    bottleneck[0] = 0.0
+    for k in range(stages):
+        bottleneck = np.min(
+            np.maximum(bottleneck[:, None], np.where(fits[k], times, np.inf)), axis=0
+        )
+    if not np.isfinite(bottleneck[n]):
         return None
-    while lo < hi:  # the least bound any cuts meet
-        mid = (lo + hi) // 2
-        if programme(values[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = int(np.searchsorted(values, bottleneck[n]))
     best: Cuts | None = None
     for bound in values[lo:]:
         if best is not None and lower(bound) >= best.step:
@@ -417,8 +425,8 @@ def search_pipeline(
         # Stages inside a node first; stages of whole nodes only when none of those fits.
         for lower, c, size, parts in _bounded(work, spec, devices, batch, wide):
             old = by_schedule[c.schedule]
-            if old is not None and lower >= old:
-                continue  # no cut of it can beat the best of its schedule
+            if best is not None and lower >= best[0]:
+                continue  # no cut of it can beat the best found
             found = None
             # Each unit is first planned within the whole device; if its stages then do not
             # fit, again within its even share of it.
@@ -442,8 +450,8 @@ def search_pipeline(
             f"no pipeline of graph {graph.name!r} fits in {limit:,.0f} bytes per device on "
             f"{devices:,} devices"
         )
-    _, chosen, cuts, costs = best
-    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, costs)
+    _, chosen, cuts, chosen_costs = best
+    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, chosen_costs)
     return PipelineResult(plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule)
 
 
@@ -451,10 +459,12 @@ def _bounded(
     work: _Units, spec: Pipeline, devices: int, batch: int, wide: bool
 ) -> list[tuple[float, _Candidate, int, int]]:
     """The pipelines :func:`candidates` gives whose groups span whole nodes (``wide``) or lie
-    inside one, each with the least step any cuts of it can take (stages no faster than the
-    mean of its units planned within the whole device, nothing sent or reduced), least first."""
+    inside one, each with a bound on the step its cuts can take, least first: stages no faster
+    than the mean of its units as planned within the whole device, the least sends, nothing
+    reduced."""
     n = len(work.units)
     out = []
+    sends: dict[tuple[int, int], list[float]] = {}
     for c in candidates(spec, devices, n, batch):
         size = devices // (c.replicas * c.groups)
         if (size > work.cluster.devices_per_node) != wide:
@@ -468,7 +478,15 @@ def _bounded(
         if c.schedule == "interleaved-1f1b":
             lower = m * total / c.groups + (c.groups - 1) * total / c.stages
         else:
-            lower = total + (m - 1) * total / c.stages
+            least = 0.0
+            if c.stages > 1:
+                if (size, parts) not in sends:
+                    crossing = work.crossing[:-1]
+                    sends[size, parts] = sorted(
+                        send_seconds(work.cluster, size, b / parts) for b in crossing
+                    )
+                least = sum(sends[size, parts][: c.stages - 1])
+            lower = total + (m - 1) * total / c.stages + 2 * least
         out.append((lower, c, size, parts))
     out.sort(key=lambda x: x[0])
     return out
@@ -511,6 +529,24 @@ def _step(
     """The schedule's step time and the slowest stage's gradient reductions after the flush."""
     pipe = step_time(c.schedule, forward, backward, sends, c.microbatches, c.groups)
     return pipe + max(reductions)
+
+
+def pipeline_step(plan: Plan) -> float:
+    """The step time of a pipelined plan from its stages alone: its schedule's (bubble
+    included) and the slowest stage's gradient reductions after the flush."""
+    p = plan.pipeline
+    if p is None or p.schedule is None or p.microbatches is None:
+        raise ArgumentError("pipeline_step: the plan has no stages")
+    s = plan.stages
+    pipe = step_time(
+        p.schedule,
+        [x.forward for x in s],
+        [x.backward for x in s],
+        [x.send for x in s],
+        p.microbatches,
+        p.stages,
+    )
+    return pipe + max(x.reduction for x in s)
 
 
 def _cut(
@@ -620,14 +656,11 @@ def _plan(
     send = [
         send_seconds(cluster, size, work.crossing[b - 1] / parts) for b in cuts.bounds[1:-1]
     ] + [0.0]
-    forward = [x.forward for x in stages_costs]
-    backward = [x.backward for x in stages_costs]
     reductions = [
         x.gradients
         + _replica_reduction(cluster, pricing, c.replicas, _gradient_elements(x, pricing))
         for x in stages_costs
     ]
-    step = _step(cluster, pricing, c, forward, backward, send, reductions)
     stages = []
     for k, ((a, b), x) in enumerate(zip(zip(cuts.bounds, cuts.bounds[1:]), stages_costs)):
         flight = in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches)
@@ -644,8 +677,9 @@ def _plan(
                 send=send[k],
                 memory=x.parameters + flight * x.activations,
                 in_flight=flight,
+                reduction=reductions[k],
             )
         )
     chosen = Pipeline(c.groups, c.microbatches, c.schedule, c.replicas, c.chunks)
     plan = Plan(work.graph, cluster, strategies, pricing, tuple(stages), chosen)
-    return plan, step, max(s.memory for s in stages)
+    return plan, pipeline_step(plan), max(s.memory for s in stages)
