@@ -283,9 +283,9 @@ def build_tables(
             degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
             # Parameters' gradient reductions (param) apart from the rest (other): with compute
             # counted they overlap the backward.
-            how = (graph, op, cands, step, flowing, cluster, cost_model)
-            other = _reductions(*how, False, grads)
-            param = _reductions(*how, True, grads)
+            at = (graph, op, cands, step, flowing, cluster, cost_model)
+            other = _reductions(*at, False, grads)
+            param = _reductions(*at, True, grads)
             fwd = bwd = np.zeros(len(cands))
             if device is None:
                 node = other + param
@@ -305,7 +305,7 @@ def build_tables(
                 # gradient's is a reduce_scatter and half its all_reduce. The gathers are priced
                 # whole: how much of them the prefetch hides depends on the operator before
                 # (the timeline's), so sharding is chosen where memory needs it.
-                gathers = _reductions(*how, True, pricing.parameter_bytes)[twins]
+                gathers = _reductions(*at, True, pricing.parameter_bytes)[twins]
                 scatter = param[twins] / 2
                 if device is None:
                     twin_node = other[twins] + gathers + scatter
