@@ -144,7 +144,7 @@ def _block(
     tokens = list(dict.fromkeys(outside))
     if len(tokens) != 1:
         raise GraphError(
-            f"the mixture-of-experts block {path} reads {len(tokens)} activations from outside "
+            f"the mixture-of-experts block {path} reads {len(tokens)} activations from outside {[str(t) for t in tokens]} "
             "(one, its tokens, expected)"
         )
     outputs = [n for n in members if n in routed and any(u not in routed for u in n.users)]
@@ -235,7 +235,7 @@ def emit(
         (groups, seq, experts, capacity),
         ("g", "s", "e", "c"),
         gse[0][0].dtype_bytes,
-        partitionable=("g", "s"),
+        partitionable="g",
         saved="none",
     )
     dtype = x.dtype_bytes
@@ -246,10 +246,17 @@ def emit(
         (experts, groups, capacity, width),
         "egcm",
         dtype,
+        partitionable="ge",
     )
     h = _experts(block, b, env, h, width, dtype)
     out = b.op(
-        MOE_COMBINE, block.path, [(route, "gsec"), (h, "egcm")], (groups, seq, width), "gsm", dtype
+        MOE_COMBINE,
+        block.path,
+        [(route, "gsec"), (h, "egcm")],
+        (groups, seq, width),
+        "gsm",
+        dtype,
+        partitionable="ge",
     )
     for v in extras.values():
         extra = b.reshape(v, (groups, seq, width), block.path, "shared")
@@ -291,8 +298,16 @@ def _experts(
         labels = _labels(w.shape, width, out if x_labels[-1] == "m" else "h", out)
         size = next(d for d, lab in zip(w.shape, labels) if lab == out) if out != "m" else width
         path = key.rsplit(".", 1)[0]
+        # Tensor parallelism inside the experts as Megatron-LM's MLP: gate and up split by
+        # their outputs, down by its inputs; the capacity and the model width stay whole.
         return b.op(
-            MOE_EXPERT, path, [(x, x_labels), (w, labels)], (e, g, c, size), f"egc{out}", dtype
+            MOE_EXPERT,
+            path,
+            [(x, x_labels), (w, labels)],
+            (e, g, c, size),
+            f"egc{out}",
+            dtype,
+            partitionable=("e", "g", "h" if out == "m" else out),
         )
 
     act = block.activation
@@ -301,7 +316,13 @@ def _experts(
         (gk, gw), (uk, uw) = ins
         gate, up = project(gk, gw, h, "egcm", "h"), project(uk, uw, h, "egcm", "h")
         hidden = b.op(
-            GLU_KINDS[act], block.path, [(gate, "egch"), (up, "egch")], gate.shape, "egch", dtype
+            GLU_KINDS[act],
+            block.path,
+            [(gate, "egch"), (up, "egch")],
+            gate.shape,
+            "egch",
+            dtype,
+            partitionable="egh",
         )
     else:
         key, w = ins[0]
@@ -315,8 +336,10 @@ def _experts(
                 (e, g, c, inner),
                 "egch",
                 dtype,
-                partitionable="egch",
+                partitionable="egh",
             )
         else:  # no gate: up, the activation
-            hidden = b.op(act, block.path, [(fused, "egch")], fused.shape, "egch", dtype)
+            hidden = b.op(
+                act, block.path, [(fused, "egch")], fused.shape, "egch", dtype, partitionable="egh"
+            )
     return project(down_key, down, hidden, "egch", "m")
