@@ -207,7 +207,11 @@ def emit(
             if a.name in block.routed:
                 continue
             v = read(a)
-            if not isinstance(v, AtenValue) or v.constant or b.tensors[v.tensor].kind == "parameter":  # type: ignore[index]
+            if (
+                not isinstance(v, AtenValue)
+                or v.constant
+                or b.tensors[v.tensor].kind == "parameter"
+            ):  # type: ignore[index]
                 continue
             root = b.root(v.tensor)  # type: ignore[arg-type]
             size = math.prod(b.shape(root))
