@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 
-import linkload
 import numpy as np
 import pytest
 import torch
 import transformers
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+import linkload
 import taps
 from taps.frontends.torch import from_torch
 from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
@@ -45,7 +46,7 @@ EXPERTS = {
 def _model(family: str, **extra):
     config_cls, model_cls, kwargs = FAMILIES[family]
     config = config_cls(
-        num_hidden_layers=2, use_cache=False, vocab_size=1000, **{**kwargs, **extra}
+        **{"num_hidden_layers": 2, "use_cache": False, "vocab_size": 1000, **kwargs, **extra}
     )
     return model_cls(config)
 
@@ -252,3 +253,27 @@ def test_the_search_splits_the_experts_and_prices_their_all_to_all_as_the_judge(
             cluster.levels, "all_to_all", linkload.groups_along(dm, [step.device_dim]), shard
         )
         assert step.cost(cluster, 2) == pytest.approx(want, rel=1e-9)
+
+
+def test_torchtitans_moe_converts_with_its_expert_axis_and_parameter_count():
+    """torchtitan's DeepSeek-V3 16B, 2 layers: its router runs under autocast (a wrapped
+    subgraph), its experts are ``_grouped_mm`` on w1, w3 and w2, its shared experts linears.
+    Fake CPU tensors: autocast refuses the meta device."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.deepseek_v3 import model_registry
+
+    config = model_registry("16B").model
+    config.layers = config.layers[:2]
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = config.build()
+        ids = torch.zeros(2, 16, dtype=torch.long)
+    graph = from_torch(model, ids)
+    assert graph.num_parameters() == sum(p.numel() for p in model.parameters())
+    ops = [op for op in graph.ops if op.name.startswith("layers.1.moe")]
+    kinds = [op.kind for op in ops]
+    assert kinds.count(MOE_EXPERT) == 3 and kinds.count("swiglu") == 1
+    route = next(op for op in ops if op.kind == MOE_ROUTE)
+    assert (route.axis_size("e"), route.axis_size("c")) == (64, math.ceil(6 * 16 / 64))
+    assert len(_shared_adds(ops)) == 1

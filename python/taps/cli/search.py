@@ -26,7 +26,13 @@ from taps.graph import Graph
 from taps.plan import Plan
 from taps.report.plot import check_available, plot_plan
 from taps.report.priced import Priced, PricedPlan
-from taps.report.tables import collectives_table, comparison_table, result_dict, strategy_table
+from taps.report.tables import (
+    collectives_table,
+    comparison_table,
+    experts_text,
+    result_dict,
+    strategy_table,
+)
 from taps.search.searching import Comparison, compare, search
 
 
@@ -67,6 +73,9 @@ def run(args: argparse.Namespace, console: Console) -> None:
         output: list[Any] = []
         for result in results:
             output.append(strategy_table(result))
+            experts = experts_text(result.plan)
+            if experts is not None:
+                output.append(experts)
             if args.collectives:
                 output.append(collectives_table(result))
         if comparison is not None:

@@ -44,7 +44,7 @@ class MoeBlock:
     Attributes:
         path: the block's module path.
         router: the module path of the top-k (the router).
-        routed: names of the fx nodes replaced by the GShard operators.
+        routed: the fx nodes replaced by the GShard operators, in graph order.
         last: the routed node (last in graph order) at which the operators are made.
         outputs: routed nodes read outside the routed part; the first is the block's output.
         tokens: the fx node of the block's input (the tokens).
@@ -55,7 +55,7 @@ class MoeBlock:
 
     path: str
     router: str
-    routed: frozenset[str]
+    routed: tuple[Any, ...]
     last: str
     outputs: tuple[Any, ...]
     tokens: Any
@@ -91,13 +91,19 @@ def find_blocks(program: Any, name_of: Callable[[Any], str]) -> list[MoeBlock]:
         if spec.kind.name in ("BUFFER", "CONSTANT_TENSOR", "PARAMETER")
     }
     topks = [n for n in nodes if n.op == "call_function" and name_of(n) == "topk"]
+    within: dict[str, list[Any]] = {}  # module path -> the nodes of its subgraph, in order
+    if topks:
+        for n in nodes:
+            if n.op == "call_function":
+                for path in dict.fromkeys(_stack(n)):
+                    within.setdefault(path, []).append(n)
     found: list[MoeBlock] = []
     done: set[Any] = set()
     for topk in topks:
         if topk in done:
             continue
         for path in reversed(_stack(topk)):
-            members = [n for n in nodes if n.op == "call_function" and path in _stack(n)]
+            members = within.get(path, [])
             block = _block(path, members, topk, params, held, order, name_of)
             if block is not None:
                 found.append(block)
@@ -139,13 +145,13 @@ def _block(
         a
         for n in members
         for a in n.all_input_nodes
-        if a not in inside and not (a.op == "placeholder" and a.name in held)
+        if a not in inside and a.op != "get_attr" and not (a.op == "placeholder" and a.name in held)
     ]
     tokens = list(dict.fromkeys(outside))
     if len(tokens) != 1:
         raise GraphError(
-            f"the mixture-of-experts block {path} reads {len(tokens)} activations from outside {[str(t) for t in tokens]} "
-            "(one, its tokens, expected)"
+            f"the mixture-of-experts block {path} reads {len(tokens)} activations from outside "
+            f"({', '.join(t.name for t in tokens)}; one, its tokens, expected)"
         )
     outputs = [n for n in members if n in routed and any(u not in routed for u in n.users)]
     width = _shape(tokens[0])[-1]
@@ -158,7 +164,7 @@ def _block(
     return MoeBlock(
         path,
         _stack(choice)[-1],
-        frozenset(n.name for n in routed),
+        tuple(sorted(routed, key=order.__getitem__)),
         max(routed, key=order.__getitem__).name,
         (out, *(n for n in outputs if n is not out)),
         tokens[0],
@@ -201,19 +207,16 @@ def emit(
     token_root = b.root(tokens.tensor)  # type: ignore[arg-type]
     scores: dict[int, AtenValue] = {}
     extras: dict[int, AtenValue] = {}
-    for name in sorted(block.routed):
-        node = _node(block, name)
+    for node in block.routed:
         for a in node.all_input_nodes:
-            if a.name in block.routed:
+            if a in block.routed:
                 continue
             v = read(a)
-            if (
-                not isinstance(v, AtenValue)
-                or v.constant
-                or b.tensors[v.tensor].kind == "parameter"
-            ):  # type: ignore[index]
+            if not isinstance(v, AtenValue) or v.tensor is None:
                 continue
-            root = b.root(v.tensor)  # type: ignore[arg-type]
+            root = b.root(v.tensor)
+            if b.tensors[root].kind == "parameter":
+                continue
             size = math.prod(b.shape(root))
             if root == token_root:
                 continue
@@ -272,11 +275,6 @@ def emit(
         vals = val if isinstance(val, (list, tuple)) else [val]
         made = [constant(tuple(int(d) for d in t.shape), 4) for t in vals if hasattr(t, "shape")]
         env[node] = made if isinstance(val, (list, tuple)) else (made[0] if made else None)
-
-
-def _node(block: MoeBlock, name: str) -> Any:
-    graph = block.tokens.graph
-    return next(n for n in graph.nodes if n.name == name)
 
 
 def _experts(
