@@ -32,6 +32,7 @@ from taps.report.priced import Priced, PricedPlan
 from taps.report.tables import (
     collectives_table,
     comparison_table,
+    experts_text,
     pipeline_dict,
     result_dict,
     stages_table,
@@ -146,6 +147,9 @@ def _intra(
     output: list[Any] = []
     for result in results:
         output.append(strategy_table(result))
+        experts = experts_text(result.plan)
+        if experts is not None:
+            output.append(experts)
         if args.collectives:
             output.append(collectives_table(result))
     if comparison is not None:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
+from taps.plan.experts import expert_splits
 from taps.plan.plan import Plan
 from taps.report.priced import Priced
 from taps.search.evaluate import OpCost
@@ -162,6 +163,21 @@ def strategy_table(source: Priced) -> Table:
 def _sharded(row: OpCost) -> bool:
     """Whether an operator stores its parameters sharded (FSDP): it gathers them."""
     return any(c.reason in GATHERS for c, _ in row.collectives)
+
+
+def experts_text(plan: Plan) -> str | None:
+    """One line on the plan's expert parallelism (docs/moe.md), or None without experts: per
+    distinct split of its expert operators, the expert-parallel degree and where its group sits,
+    the data-parallel degree around it and the tensor-parallel degree inside each expert."""
+    splits = expert_splits(plan)
+    if not splits:
+        return None
+    parts = [
+        f"expert-parallel {s.expert} ({s.level}), data-parallel {s.data}, tensor-parallel "
+        f"{s.tensor} in {n} expert operator{'s' if n > 1 else ''}"
+        for s, n in sorted(splits.items(), key=lambda item: -item[1])
+    ]
+    return "experts: " + "; ".join(parts)
 
 
 def _search_caption(result: SearchResult) -> str:
@@ -377,6 +393,18 @@ def result_dict(source: Priced) -> dict[str, Any]:
         "exposed": source.step.exposed,
         "operators": ops,
     }
+    splits = expert_splits(plan)
+    if splits:
+        out["experts"] = [
+            {
+                "expert_parallel": s.expert,
+                "level": s.level,
+                "data_parallel": s.data,
+                "tensor_parallel": s.tensor,
+                "operators": n,
+            }
+            for s, n in splits.items()
+        ]
     if not isinstance(source, SearchResult):
         return out
     result = source
