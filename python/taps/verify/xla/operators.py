@@ -148,11 +148,19 @@ def _relu(x: Any) -> Any:
     return jax.nn.relu(x)
 
 
+def _silu(x: Any) -> Any:
+    import jax
+
+    return jax.nn.silu(x)
+
+
 OPERATORS: dict[str, Callable[[Operator, list[Any], Reduce], Any]] = {
     "add": _elementwise(lambda a, b: a + b),
     "mul": _elementwise(lambda a, b: a * b),
     "relu": _elementwise(_relu),
     "gelu": _elementwise(_gelu),
+    "silu": _elementwise(_silu),
+    "div": _elementwise(lambda a, b: a / b),
     "layernorm": _layernorm,
     "softmax": _softmax,
 }
