@@ -138,7 +138,8 @@ def _in_fresh_process(
     env.pop("XLA_FLAGS", None)  # the child asks for its own device count
     with tempfile.TemporaryDirectory(prefix="taps-values-") as tmp:
         path = os.path.join(tmp, "values.npz")
-        np.savez(path, **{k: np.asarray(v) for k, v in (values or {}).items()})
+        arrays = {k: np.asarray(v) for k, v in (values or {}).items()}
+        np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         done = subprocess.run(
             [sys.executable, "-m", "taps.verify.xla.fresh", dtype, str(seed), path],
             input=plan.to_json(),
