@@ -32,8 +32,12 @@ def _jnp() -> Any:
 
 
 def _align(x: Any, dims: Sequence[str], to: Sequence[str]) -> Any:
-    """``x`` (dims ``dims``, a subset of ``to``) transposed and expanded to broadcast as ``to``."""
+    """``x`` (dims ``dims``, a subset of ``to``, and any of size 1 that ``to`` lacks: a
+    broadcast operand kept with ``keepdim``) transposed and expanded to broadcast as ``to``."""
     jnp = _jnp()
+    extra = [i for i, d in enumerate(dims) if d not in to]
+    if extra:
+        x, dims = jnp.squeeze(x, extra), [d for d in dims if d in to]
     order = [d for d in to if d in dims]
     x = jnp.transpose(x, [list(dims).index(d) for d in order])
     return jnp.reshape(x, [x.shape[order.index(d)] if d in dims else 1 for d in to])
