@@ -13,6 +13,7 @@ from typing import Any
 
 from taps._core import GraphError
 from taps.frontends.torch._extra import require_torch
+from taps.frontends.torch import moe
 from taps.frontends.torch.builder import AtenGraphBuilder, AtenValue, constant
 from taps.frontends.torch.rules import RULES, Unsupported, flat
 from taps.graph import Graph
@@ -218,6 +219,10 @@ def convert(
                     key, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
                 )
             env[placeholders[spec.arg.name]] = values[key]
+    # Mixture-of-experts blocks: their routed part becomes the GShard form's operators, made at
+    # its last node (docs/moe.md).
+    blocks = moe.find_blocks(program, lambda n: _target_name(n.target))
+    routed = {name: block for block in blocks for name in block.routed}
     unsupported: list[str] = []
     # Per node that made operators: (first record, records end, flattened args, output value).
     made: dict[str, tuple[int, int, list[Any], Any]] = {}
@@ -246,6 +251,11 @@ def convert(
                 )
             continue
         if node.op != "call_function":
+            continue
+        if node.name in routed:
+            block = routed[node.name]
+            if node.name == block.last:
+                moe.emit(block, b, env, env.get)
             continue
         kind = _target_name(node.target)
         # An in-place variant (relu_, add_) converts as its functional form; later readers of
