@@ -141,16 +141,10 @@ def titan_moe(experts: int = 4, width: int = 8, hidden: int = 16, top_k: int = 2
 
 
 def _expert_ops(graph: taps.Graph) -> list[str]:
-    """The operators between dispatch (the einsum making ``egcm`` from the mask) and combine
-    (the last operator): the experts."""
+    """The operators between dispatch (the first making ``egcm``) and combine (the last
+    operator): the experts."""
     names = [op.name for op in graph.ops]
-    start = next(
-        i
-        for i, op in enumerate(graph.ops)
-        if op.kind == "einsum"
-        and any(o.tensor == "dispatch" for o in op.inputs)
-        and op.output.dims[0] == "e"
-    )
+    start = next(i for i, op in enumerate(graph.ops) if op.output.dims[0] == "e")
     return names[start + 1 : -1]
 
 
@@ -175,3 +169,38 @@ def gshard_plan(graph: taps.Graph, cluster: taps.Cluster, ep: int) -> taps.Plan:
         else:
             strategies[op.name] = taps.Strategy([n] + [1] * rest, [0] + [-1] * rest)
     return taps.Plan(graph, cluster, strategies)
+
+
+def moe_graph(
+    groups: int = 8,
+    tokens: int = 4,
+    experts: int = 8,
+    capacity: int = 1,
+    width: int = 8,
+    hidden: int = 16,
+) -> taps.Graph:
+    """A GShard layer as taps' MoE operators (``moe_route``, ``moe_dispatch``, ``moe_expert``,
+    ``swiglu``, ``moe_combine``, as the torch front end makes them), with torchtitan's parameter
+    names, built with the graph builders."""
+    from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
+
+    g = taps.Graph("moe")
+    x = g.input("x", (groups, tokens, width), requires_grad=True)
+    gate = g.parameter("router.gate.weight", (experts, width))
+    probs = g.softmax("router.softmax", g.einsum("router", "gsm,em->gse", x, gate))
+    route = g.add_operator(
+        "route", MOE_ROUTE, [(probs, "gse")], "gsec", "g", {"c": capacity}, saved="none"
+    )
+    h = g.einsum("dispatch", "gsec,gsm->egcm", route, x, kind=MOE_DISPATCH, partitionable="ge")
+    inner = "routed_experts.inner_experts"
+    w1 = g.parameter(f"{inner}.w1_EFD", (experts, hidden, width))
+    w2 = g.parameter(f"{inner}.w2_EDF", (experts, width, hidden))
+    w3 = g.parameter(f"{inner}.w3_EFD", (experts, hidden, width))
+    up = [
+        g.einsum(f"experts.{w}", "egcm,ehm->egch", h, t, kind=MOE_EXPERT, partitionable="egh")
+        for w, t in (("w1", w1), ("w3", w3))
+    ]
+    act = g.add_operator("experts.act", "swiglu", [(t, "egch") for t in up], "egch", "egh")
+    down = g.einsum("experts.w2", "egch,emh->egcm", act, w2, kind=MOE_EXPERT, partitionable="egh")
+    g.einsum("combine", "gsec,egcm->gsm", route, down, kind=MOE_COMBINE, partitionable="ge")
+    return g
