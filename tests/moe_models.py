@@ -67,10 +67,12 @@ class MixtralGShard(nn.Module):
 
 class TitanGShard(nn.Module):
     """torchtitan's ``MoE`` (softmax router without renormalisation, ``w1``/``w3`` ``[e, h, m]``
-    and ``w2`` ``[e, m, h]`` stacked, no shared experts)."""
+    and ``w2`` ``[e, m, h]`` stacked, no shared experts); with ``norm`` its ``route_norm``, the
+    top-k weights renormalised."""
 
-    def __init__(self, experts: int, width: int, hidden: int) -> None:
+    def __init__(self, experts: int, width: int, hidden: int, norm: bool = False) -> None:
         super().__init__()
+        self.norm = norm
         self.router = nn.Module()
         self.router.gate = nn.Linear(width, experts, bias=False)
         self.routed_experts = nn.Module()
@@ -82,6 +84,8 @@ class TitanGShard(nn.Module):
     def forward(self, x: torch.Tensor, dispatch: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router.gate(x), dim=-1)
         combine = torch.einsum("gse,gsec->gsec", probs, dispatch)
+        if self.norm:
+            combine = combine / combine.sum(dim=(2, 3), keepdim=True)
         xe = torch.einsum("gsec,gsm->egcm", dispatch, x)
         inner = self.routed_experts.inner_experts
         return torch.einsum(

@@ -18,6 +18,7 @@ from moe_models import (
     TitanGShard,
     gshard_plan,
     mixtral_block,
+    moe_graph,
     route,
     titan_moe,
 )
@@ -200,3 +201,51 @@ def test_an_uneven_expert_split_is_refused() -> None:
         expert_placements(placements, "w", 6)
     with pytest.raises(taps.ExportError, match="unknown tensor"):
         expert_placements(placements, "v", 8)
+
+
+def _jax_layer(params: dict, x: jax.Array, route: jax.Array) -> jax.Array:
+    """The GShard layer in JAX (torchtitan's parameter names), the routing given."""
+    import jax.numpy as jnp
+
+    inner = "routed_experts.inner_experts"
+    probs = jax.nn.softmax(jnp.einsum("gsm,em->gse", x, params["router.gate.weight"]), axis=-1)
+    combine = probs[..., None] * route
+    h = jnp.einsum("gsec,gsm->egcm", route, x)
+    a = jnp.einsum("egcm,ehm->egch", h, params[f"{inner}.w1_EFD"])
+    b = jnp.einsum("egcm,ehm->egch", h, params[f"{inner}.w3_EFD"])
+    y = jnp.einsum("egch,emh->egcm", jax.nn.silu(a) * b, params[f"{inner}.w2_EDF"])
+    return jnp.einsum("gsec,egcm->gsm", combine, y)
+
+
+def test_a_jax_moe_runs_in_the_exported_shardings() -> None:
+    """The plan of taps' MoE operators exported to JAX: every parameter's ``PartitionSpec`` puts
+    its experts on the expert-parallel mesh axes; the JAX layer jitted with its parameters and
+    tokens placed so computes what it computes on one device."""
+    from taps.verify.xla.operators import balanced_routing
+
+    graph = moe_graph(G, S, E, C, M, H)
+    plan = gshard_plan(graph, taps.Cluster(2, 4), EP)
+    jx = to_jax(plan)
+    mesh = jx.jax_mesh()
+    (inner,) = [a for a, size in zip(jx.mesh.axis_names, jx.mesh.shape) if size == EP]
+    rng = np.random.default_rng(0)
+    params = {
+        n: rng.standard_normal(t.shape).astype(np.float32)
+        for n, t in graph.tensors.items()
+        if t.kind == "parameter"
+    }
+    for n, w in params.items():
+        if w.ndim == 3:
+            assert jx.tensors[n][0] in (inner, (inner,))
+    x = rng.standard_normal((G, S, M)).astype(np.float32)
+    route = np.broadcast_to(balanced_routing(S, E, C), (G, S, E, C)).astype(np.float32)
+    placed = {n: jax.device_put(w, jx.sharding(n, mesh)) for n, w in params.items()}
+    got = jax.jit(_jax_layer)(placed, jax.device_put(x, jx.sharding("x", mesh)), route)
+    want = _jax_layer(params, x, route)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # Each device holds the experts of its place in its expert group.
+    w = placed["routed_experts.inner_experts.w1_EFD"]
+    for shard in w.addressable_shards:
+        r = list(mesh.devices.flat).index(shard.device)  # rank r is mesh position r
+        per = E // EP
+        assert (shard.index[0].start, shard.index[0].stop) == ((r % EP) * per, (r % EP + 1) * per)

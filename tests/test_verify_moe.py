@@ -70,13 +70,18 @@ def test_the_searched_moe_plan_runs_on_xla_as_predicted() -> None:
     assert _all_to_alls(result.collectives)
 
 
-def test_the_replay_computes_the_real_layer() -> None:
+@pytest.mark.parametrize("norm", [False, True])
+def test_the_replay_computes_the_real_layer(norm: bool) -> None:
     """The replay's unsharded program is the layer itself: on the routing input and the layer's
     weights, XLA's reference output (checked against the sharded run by ``verify``) is
-    torch's."""
+    torch's; with the top-k weights renormalised too (a division by a sum kept with
+    ``keepdim``). Capacity for every token: none is dropped."""
     from taps.verify.xla.program import GraphProgram
 
-    layer, x, dispatch = _layer()
+    layer = TitanGShard(E, M, H, norm=norm)
+    x = torch.randn(G, S, M, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    with torch.no_grad():
+        dispatch = route(torch.softmax(layer.router.gate(x), dim=-1), K, S * K)
     graph = taps.from_torch(layer, x, dispatch)
     plan = gshard_plan(graph, taps.Cluster(1, 4), 2)
     values = {"x": x.detach().numpy(), "dispatch": dispatch.numpy()}
