@@ -124,13 +124,19 @@ def stacked_layouts(draw: st.DrawFn) -> taps.Layout:
     return taps.Layout(shape, matrix, dims)
 
 
-@given(stacked_layouts())
-def test_each_expert_lives_where_the_stacked_weight_puts_it(layout: taps.Layout) -> None:
+@given(stacked_layouts(), st.booleans())
+def test_each_expert_lives_where_the_stacked_weight_puts_it(
+    layout: taps.Layout, finest: bool
+) -> None:
     """Against the layout itself (``Layout.shard_index``, taps' core) and JAX's placement of the
     expert's sub-mesh spec: each expert on exactly the ranks whose block of the stacked weight
-    holds it, and there each rank's block of the expert is its block of the stacked weight."""
+    holds it, and there each rank's block of the expert is its block of the stacked weight. On
+    the finest mesh (one axis per bit, as another tensor of the plan may ask) a device dim of 4
+    is two mesh axes, the expert dim split over both."""
     n = layout.num_devices
-    mesh = mesh_for([layout], n)
+    bits = n.bit_length() - 1
+    others = [taps.Layout([1], [2] * bits, [-1])] if finest and bits > 1 else []
+    mesh = mesh_for([layout, *others], n)
     placements = DTensorPlacements(mesh, {"w": layout_placements(mesh, layout)}, {})
     experts = expert_placements(placements, "w", layout.shape[0])
     devices = np.array(jax.devices()[:n])
