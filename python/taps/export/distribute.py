@@ -967,8 +967,9 @@ class _Interpreter:
         flowing = replay.flowing.get(out.op)
         bias = None
         split = partial or flowing
-        if split and _has_bias(target) and len(leaves) >= 3 and leaves[2] is not None:
-            bias, leaves = leaves[2], [*leaves[:2], None, *leaves[3:]]
+        at = _bias_arg(target)
+        if split and at is not None and len(leaves) > at and leaves[at] is not None:
+            bias, leaves = leaves[at], [*leaves[:at], None, *leaves[at + 1 :]]
         val = node.meta["val"]
         layout = (
             replay.layouts.plan.candidates[out.op].partial_output
@@ -995,6 +996,8 @@ class _Interpreter:
                 )
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         packet = packet_name(target)
+        if bias is not None and at == 0:  # addmm's bias, added after the partial sums
+            local[0] = local[1].new_zeros(())
         for k, x in enumerate(local):
             if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
                 local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks)
@@ -1005,21 +1008,31 @@ class _Interpreter:
             for i, size in enumerate(shape):
                 local[1 + i] = -1 if local[1 + i] == -1 else size
         share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
+        inside = None
+        if packet == "embedding" and 0 in linked:  # rows of the table split: each rank its own
+            ours = linked[0][1]
+            start, stop = ours.shard_index(dist.mesh.get_rank())[0]
+            if stop - start < ours.shape[0]:
+                ids = local[1]
+                inside = (ids >= start) & (ids < stop)
+                local[1] = torch.where(inside, ids - start, torch.zeros_like(ids))
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
             result = target(*tree[:n], **dict(zip(node.kwargs, tree[n:])))
             if packet == "mean":
                 result = result * share
+            if inside is not None:  # a row another rank holds adds nothing to the partial sum
+                result = result * inside.unsqueeze(-1).to(result.dtype)
             result = replay.steps.sum(result, partial)
             if bias is not None and replay.training:
-                link = next(li for li in links if li.slot is not None and li.arg == 2)
+                link = next(li for li in links if li.slot is not None and li.arg == at)
                 b = self.local_input(bias, link)
                 if packet == "convolution":  # a bias per channel
                     b = b.reshape(-1, *([1] * (result.dim() - 2)))
                 result = replay.steps.add_once(result, b, flowing or ())
             elif bias is not None:
-                link = next(li for li in links if li.slot is not None and li.arg == 2)
+                link = next(li for li in links if li.slot is not None and li.arg == at)
                 layout = replay.layouts.outputs[out.op]
                 used = {a for axes in mesh.dim_axes(layout) for a in axes}
                 assert link.slot is not None
@@ -1125,10 +1138,12 @@ def packet_name(target: Any) -> str:
     return str(getattr(getattr(target, "_overloadpacket", None), "__name__", ""))
 
 
-def _has_bias(target: Any) -> bool:
-    """Whether ``target`` takes a bias as its third argument, added after its contraction."""
+def _bias_arg(target: Any) -> int | None:
+    """The argument of ``target`` that is a bias added after its contraction (a linear's or a
+    convolution's third, ``addmm``'s first), or ``None``."""
     aten = _torch().ops.aten
-    return getattr(target, "_overloadpacket", None) in (aten.linear, aten.convolution)
+    packet = getattr(target, "_overloadpacket", None)
+    return 2 if packet in (aten.linear, aten.convolution) else 0 if packet is aten.addmm else None
 
 
 def distribute_module(
