@@ -65,13 +65,21 @@ def cast_inputs(
 
 def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     """A copy of ``module`` in ``dtype`` on ``device``; a module on the meta device gets seeded
-    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer."""
+    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer, its tied weights
+    kept tied."""
     torch = import_torch()
     module = copy.deepcopy(module)
     if device == "meta":
         return module.to(device="meta", dtype=dtype)
     if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        tied: dict[int, list[str]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(name)
         module = module.to_empty(device=device)
+        for first, *others in tied.values():  # to_empty makes each key a tensor of its own
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(module.get_submodule(owner), attr, module.get_parameter(first))
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
