@@ -341,5 +341,8 @@ def microbatched(graph: Graph, microbatches: int) -> Graph:
         out = [i for i, d in enumerate(op.output.dims) if d in axes]
         if out:
             batch_dim[op.output.tensor] = out[0]
+    for name, t in graph.tensors.items():  # views no operator reads (a model's output)
+        if t.kind == "view":
+            batched(name)
     return Graph.from_dict(doc)
 
