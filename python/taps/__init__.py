@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from taps.frontends import from_jax, from_torch
     from taps.graph import Edge, Graph, Operand, Operator, Tensor
     from taps.plan import Plan, Pricing
-    from taps.plan.stages import Pipeline, Stage
     from taps.plan.candidates import strategies_for
+    from taps.plan.stages import Pipeline, Stage
     from taps.search import (
         Comparison,
         OpCost,

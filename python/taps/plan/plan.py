@@ -105,16 +105,20 @@ class Plan:
     @cached_property
     def stage_plans(self) -> tuple[Plan, ...]:
         """A pipelined plan's stages as plans of their own, in pipeline order: each stage's
-        sub-graph (:func:`taps.plan.stages.stage_graph`) on a microbatch
+        sub-graph (:func:`taps.plan.stages.stage_graph`; the tensors crossing into it hold the
+        batch in their leading dim) on a microbatch
         (:func:`taps.plan.stages.microbatched`), its sub-cluster and its operators' strategies,
         under this plan's pricing; empty for a plan without stages."""
         if self.pipeline is None:
             return ()
         assert self.pipeline.replicas is not None and self.pipeline.microbatches is not None
-        micro = microbatched(self.graph, self.pipeline.replicas * self.pipeline.microbatches)
+        parts = self.pipeline.replicas * self.pipeline.microbatches
         return tuple(
             Plan(
-                stage_graph(micro, s.operators, f"{self.graph.name} stage {s.index}"),
+                microbatched(
+                    stage_graph(self.graph, s.operators, f"{self.graph.name} stage {s.index}"),
+                    parts,
+                ),
                 s.cluster,
                 {n: self.strategies[n] for n in s.operators},
                 self.pricing,
@@ -175,7 +179,15 @@ class Plan:
             )
         missing = [
             k
-            for k in ("graph", "graph_digest", "cluster", "pricing", "pipeline", "stages", "strategies")
+            for k in (
+                "graph",
+                "graph_digest",
+                "cluster",
+                "pricing",
+                "pipeline",
+                "stages",
+                "strategies",
+            )
             if k not in data
         ]
         if missing:

@@ -132,6 +132,8 @@ class Stage:
             and the activations of ``in_flight`` microbatches.
         in_flight: microbatches whose activations it holds at once under the schedule (a
             fraction under the interleaved schedule: its share of its group's).
+        reduction: seconds of its parameters' gradient reductions once per step, after the
+            pipeline's flush: inside its group and over the copies of the pipeline.
     """
 
     index: int
@@ -144,6 +146,7 @@ class Stage:
     send: float
     memory: float
     in_flight: float
+    reduction: float = 0.0
 
     @property
     def devices(self) -> int:
@@ -170,6 +173,7 @@ class Stage:
             "send": self.send,
             "memory": self.memory,
             "in_flight": self.in_flight,
+            "reduction": self.reduction,
         }
 
     @classmethod
@@ -188,6 +192,7 @@ class Stage:
             send=float(data["send"]),
             memory=float(data["memory"]),
             in_flight=float(data["in_flight"]),
+            reduction=float(data["reduction"]),
         )
 
 
@@ -200,7 +205,11 @@ def sub_cluster(cluster: Cluster, nodes: int, devices_per_node: int) -> Cluster:
         raise ArgumentError(
             f"a sub-cluster of {nodes} node(s) x {devices_per_node} device(s) is no slice"
         )
-    if nodes > cluster.nodes or devices_per_node > whole or (nodes > 1 and devices_per_node < whole):
+    if (
+        nodes > cluster.nodes
+        or devices_per_node > whole
+        or (nodes > 1 and devices_per_node < whole)
+    ):
         raise ArgumentError(
             f"a sub-cluster of {nodes} node(s) x {devices_per_node} device(s) is no slice of "
             f"{cluster.nodes} node(s) x {whole}"
@@ -295,6 +304,44 @@ def stage_graph(graph: Graph, operators: Sequence[str], name: str | None = None)
     return sub
 
 
+def _batch_dims(graph: Graph) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """Where the batch lies: (tensor, dim) of every graph input and view that holds it, and
+    (operator, axis) of every operator axis that indexes it (:func:`microbatched`)."""
+    tensors: dict[str, int] = {}  # tensor name -> its batched dim
+    axes: list[tuple[str, str]] = []
+
+    def batched(name: str) -> int | None:
+        if name not in tensors:
+            t = graph.tensors[name]
+            if t.kind == "input" or (
+                t.kind == "view" and t.base is not None and batched(t.base) is not None
+            ):
+                tensors[name] = 0
+        return tensors.get(name)
+
+    for op in graph.ops:
+        found: set[str] = set()
+        for o in op.inputs:
+            d = batched(o.tensor)
+            if d is not None:
+                found.add(o.dims[d])
+        axes += [(op.name, a) for a in op.axes if a in found]
+        out = [i for i, d in enumerate(op.output.dims) if d in found]
+        if out:
+            tensors[op.output.tensor] = out[0]
+    stored = [(n, d) for n, d in tensors.items() if graph.tensors[n].kind in ("input", "view")]
+    return stored, axes
+
+
+def batch_of(graph: Graph) -> int:
+    """The most microbatches ``graph``'s batch splits into (:func:`microbatched`): the greatest
+    common divisor of the sizes that hold it."""
+    stored, axes = _batch_dims(graph)
+    sizes = [graph.tensors[n].shape[d] for n, d in stored]
+    sizes += [graph.op(o).axis_size(a) for o, a in axes]
+    return math.gcd(*sizes) if sizes else 1
+
+
 def microbatched(graph: Graph, microbatches: int) -> Graph:
     """``graph`` on a microbatch: its batch divided by ``microbatches``. The batch is the leading
     dim of every graph input that is not a parameter; it follows the operators' axes (an axis
@@ -303,46 +350,22 @@ def microbatched(graph: Graph, microbatches: int) -> Graph:
     _count("microbatched", "microbatches", microbatches)
     if microbatches == 1:
         return graph
+    whole = batch_of(graph)
+    if whole % microbatches:
+        raise GraphError(
+            f"graph {graph.name!r}: its batch (splitting into {whole} at most) does not split "
+            f"into {microbatches} microbatches"
+        )
+    stored, axes = _batch_dims(graph)
     doc = graph.to_dict()
     tensors = {t["name"]: t for t in doc["tensors"]}
-    batch_dim: dict[str, int] = {}  # tensor name -> its batched dim
-
-    def split(size: int, what: str) -> int:
-        if size % microbatches:
-            raise GraphError(
-                f"graph {graph.name!r}: the batch of {what} ({size}) does not split into "
-                f"{microbatches} microbatches"
-            )
-        return size // microbatches
-
-    def batched(name: str) -> int | None:
-        if name in batch_dim:
-            return batch_dim[name]
-        t = graph.tensors[name]
-        if t.kind == "input":
-            batch_dim[name] = 0
-        elif t.kind == "view" and t.base is not None and batched(t.base) is not None:
-            batch_dim[name] = 0
-        else:
-            return None
-        shape = tensors[name]["shape"]
-        shape[0] = split(shape[0], f"tensor {name!r}")
-        return 0
-
-    for op, entry in zip(graph.ops, doc["ops"]):
-        axes: set[str] = set()
-        for o in op.inputs:
-            d = batched(o.tensor)
-            if d is not None:
-                axes.add(o.dims[d])
+    for name, d in stored:
+        tensors[name]["shape"][d] //= microbatches
+    split = {}
+    for o, a in axes:
+        split.setdefault(o, set()).add(a)
+    for entry in doc["ops"]:
         for pair in entry["axes"]:
-            if pair[0] in axes:
-                pair[1] = split(pair[1], f"operator {op.name!r}")
-        out = [i for i, d in enumerate(op.output.dims) if d in axes]
-        if out:
-            batch_dim[op.output.tensor] = out[0]
-    for name, t in graph.tensors.items():  # views no operator reads (a model's output)
-        if t.kind == "view":
-            batched(name)
+            if pair[0] in split.get(entry["name"], ()):
+                pair[1] //= microbatches
     return Graph.from_dict(doc)
-

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
+from taps.plan.plan import Plan
 from taps.report.priced import Priced
 from taps.search.searching import Comparison, SearchResult
 
@@ -382,4 +383,58 @@ def result_dict(source: Priced) -> dict[str, Any]:
         },
         "memory_per_device": result.memory_per_device,
         "timings": result.timings,
+    }
+
+
+def stages_table(plan: Plan, step_time: float) -> Table:
+    """A pipelined plan's stages, one row each: its operators, its devices, its operators' most
+    common split degrees (tensor, data: the degrees of its first contraction), its times per
+    microbatch, its send and its memory; the caption gives the pipeline and the step time."""
+    p = plan.pipeline
+    assert p is not None
+    copies = f"{p.replicas} cop{'y' if p.replicas == 1 else 'ies'}"
+    table = Table(
+        title=f"{plan.graph.name}: {p.stages} stage group(s) x {copies} on "
+        f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
+        title_justify="left",
+        caption=f"{p.schedule}, {p.microbatches} microbatches"
+        + (f", {p.chunks} chunks per group" if p.chunks and p.chunks > 1 else "")
+        + f"; step time {format_seconds(step_time)}",
+        caption_justify="left",
+    )
+    for name in (
+        "stage",
+        "operators",
+        "devices",
+        "ranks",
+        "forward",
+        "backward",
+        "send",
+        "memory",
+    ):
+        table.add_column(name, justify="left" if name in ("operators", "ranks") else "right")
+    for s in plan.stages:
+        first, last = s.operators[0], s.operators[-1]
+        ops = first if first == last else f"{first} .. {last} ({len(s.operators)})"
+        where = f"{s.cluster.nodes} node(s)" if s.cluster.nodes > 1 else f"{s.devices} of a node"
+        table.add_row(
+            str(s.index),
+            escape(ops),
+            f"{s.devices} ({where})",
+            f"{s.first_device}..{s.first_device + s.devices - 1}",
+            format_seconds(s.forward),
+            format_seconds(s.backward),
+            format_seconds(s.send),
+            f"{format_bytes(s.memory)} ({s.in_flight:g} in flight)",
+        )
+    return table
+
+
+def pipeline_dict(plan: Plan, step_time: float) -> dict[str, Any]:
+    """A pipelined plan's pipeline, stages and step time as a JSON object."""
+    assert plan.pipeline is not None
+    return {
+        "pipeline": plan.pipeline.to_dict(),
+        "step_time": step_time,
+        "stages": [s.to_dict() for s in plan.stages],
     }

@@ -22,16 +22,16 @@ the data-parallel copies after the pipeline's flush.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from taps._core import Cluster, InfeasibleError, Layout, Strategy
-from taps.errors import ArgumentError, GraphError
+from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
@@ -39,12 +39,16 @@ from taps.plan.stages import (
     SCHEDULES,
     Pipeline,
     Stage,
+    batch_of,
     microbatched,
     stage_graph,
     sub_cluster,
 )
+from taps.search.evaluate import breakdown
 from taps.search.prices import saved_bytes
 from taps.search.schedules import in_flight, step_time
+from taps.search.tables import CostTables, build_tables
+from taps.solve.pipeline import solve
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def units_of(graph: Graph) -> list[tuple[str, ...]]:
     names = [op.name for op in graph.ops]
     starts = sorted(set(cut_points(graph)) | {0})
     bounds = [*starts, len(names)]
-    return [tuple(names[a:b]) for a, b in zip(bounds, bounds[1:]) if a < b]
+    return [tuple(names[a:b]) for a, b in itertools.pairwise(bounds) if a < b]
 
 
 def cut_points(graph: Graph) -> list[int]:
@@ -171,33 +175,26 @@ def _powers(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
 
 
-#: The intra-operator search a unit is planned by (:func:`taps.search.searching.search`).
-Searcher = Callable[..., Any]
-
-
 class _Units:
     """Every unit's cost, searched once per (unit key, sub-cluster shape, microbatch, share)."""
 
-    def __init__(
-        self, graph: Graph, cluster: Cluster, pricing: Pricing, limit: float, search: Searcher
-    ) -> None:
+    def __init__(self, graph: Graph, cluster: Cluster, pricing: Pricing, limit: float) -> None:
         self.graph, self.cluster, self.pricing, self.limit = graph, cluster, pricing, limit
-        self.search = search
         self.units = units_of(graph)
         self.keys = _unit_keys(graph, self.units)
         self.crossing = _crossing_bytes(graph, self.units)
-        self._micro: dict[int, Graph | None] = {}
+        self._graphs: dict[object, Graph] = {}
+        self._tables: dict[object, CostTables] = {}
         self._costs: dict[tuple[object, int, int, int], UnitCost | None] = {}
         self.searches = 0
 
-    def micro(self, parts: int) -> Graph | None:
-        """The graph on ``1/parts`` of its batch (``None``: the batch does not split so)."""
-        if parts not in self._micro:
-            try:
-                self._micro[parts] = microbatched(self.graph, parts)
-            except GraphError:
-                self._micro[parts] = None
-        return self._micro[parts]
+    def unit_graph(self, unit: int, parts: int) -> Graph:
+        """The sub-graph of unit ``unit`` (:func:`stage_graph`) on ``1/parts`` of the batch."""
+        key = (self.keys[unit], parts)
+        if key not in self._graphs:
+            whole = stage_graph(self.graph, self.units[unit])
+            self._graphs[key] = microbatched(whole, parts)
+        return self._graphs[key]
 
     def cost(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
         """Unit ``unit`` on ``devices`` at ``1/parts`` of the batch, searched within ``1/share``
@@ -208,20 +205,24 @@ class _Units:
         return self._costs[key]
 
     def _search(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
-        micro = self.micro(parts)
-        assert micro is not None
-        sub = stage_graph(micro, self.units[unit])
+        """taps' intra-operator search of the unit (as :func:`taps.search.searching.search`
+        runs it), its cost tables built once for every share of the memory."""
+        sub = self.unit_graph(unit, parts)
+        where = _slice(self.cluster, devices)
+        key = (self.keys[unit], devices, parts)
+        if key not in self._tables:
+            self._tables[key] = build_tables(sub, where, self.pricing)
+        tables = self._tables[key]
         self.searches += 1
         try:
-            result = self.search(
-                sub,
-                _slice(self.cluster, devices),
-                self.pricing,
-                memory_limit=self.limit / share if math.isfinite(self.limit) else None,
-            )
+            solution = solve(tables, self.limit / share if math.isfinite(self.limit) else None)
         except InfeasibleError:
             return None
-        return _unit_cost(result.plan, result.breakdown, result.memory_per_device)
+        plan = Plan(sub, where, tables.strategies(solution.choice), self.pricing)
+        memory = sub.layers * sum(
+            float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
+        )
+        return _unit_cost(plan, breakdown(plan), memory)
 
 
 def _unit_cost(plan: Plan, rows: Sequence, memory: float) -> UnitCost:
@@ -267,24 +268,40 @@ class _Candidate:
         return self.groups * self.chunks
 
 
-def _candidates(spec: Pipeline, devices: int, units: int, batches: Sequence[int]) -> Iterator[_Candidate]:
+#: Samples per microbatch the search tries when the microbatch count is not given: one (the
+#: least bubble) and a few more (fewer, larger collectives per step).
+SAMPLES = (1, 2, 4, 8)
+
+
+def candidates(spec: Pipeline, devices: int, units: int, batch: int) -> Iterator[_Candidate]:
+    """Every pipeline ``spec`` allows on ``devices`` for a graph of ``units`` units and a batch
+    of ``batch`` samples: copies and groups powers of two, the interleaved schedule on two or
+    more groups with two chunks (its microbatches a multiple of the groups), microbatches of
+    :data:`SAMPLES` samples each."""
     for replicas in [spec.replicas] if spec.replicas else _powers(devices):
         for groups in [spec.stages] if spec.stages else _powers(devices // replicas):
             if replicas * groups > devices or devices % (replicas * groups):
+                continue
+            if batch % replicas:
                 continue
             for schedule in [spec.schedule] if spec.schedule else SCHEDULES:
                 interleaved = schedule == "interleaved-1f1b"
                 if interleaved and groups < 2:
                     continue
-                chunk_options = [spec.chunks] if spec.chunks else ([2] if interleaved else [1])
-                for chunks in chunk_options:
-                    if groups * chunks > units or (chunks > 1 and not interleaved):
+                chunks = spec.chunks or (2 if interleaved else 1)
+                if groups * chunks > units:
+                    continue
+                if spec.microbatches:
+                    counts = [spec.microbatches]
+                else:
+                    counts = sorted(
+                        {batch // (replicas * b) for b in SAMPLES if batch % (replicas * b) == 0},
+                        reverse=True,
+                    )
+                for m in counts:
+                    if interleaved and m % groups:
                         continue
-                    options = [spec.microbatches] if spec.microbatches else batches
-                    for m in options:
-                        if interleaved and m % groups:
-                            continue
-                        yield _Candidate(replicas, groups, chunks, m, schedule)
+                    yield _Candidate(replicas, groups, chunks, m, schedule)
 
 
 @dataclass(frozen=True)
@@ -320,18 +337,21 @@ def best_cuts(
     values = np.unique(times[np.isfinite(times)])
     edge = np.concatenate([2 * send, [0.0]])  # paid after every stage but the last
 
+    # A stage ending after unit b - 1 pays the sends across that boundary, but the last.
+    paid = np.where(fits, (times + edge[np.arange(n + 1) - 1][None, :])[None], np.inf)
+    paid[-1] = np.where(fits[-1], times, np.inf)
+    columns = np.arange(n + 1)
+
     def programme(bound: float) -> tuple[int, ...] | None:
-        allowed = fits & (times <= bound)[None, :, :]
-        cost = np.where(allowed, times[None] + edge[np.arange(n + 1) - 1][None, None, :], np.inf)
+        over = times > bound
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         back = np.zeros((stages, n + 1), dtype=np.int64)
+        allowed = np.where(over[None], np.inf, paid)
         for k in range(stages):
-            c = best[:, None] + cost[k]
-            if k == stages - 1:
-                c = best[:, None] + np.where(allowed[k], times, np.inf)
+            c = best[:, None] + allowed[k]
             back[k] = np.argmin(c, axis=0)
-            best = c[back[k], np.arange(n + 1)]
+            best = c[back[k], columns]
         if not np.isfinite(best[n]):
             return None
         bounds = [n]
@@ -365,18 +385,19 @@ def search_pipeline(
     cluster: Cluster,
     pricing: Pricing,
     spec: Pipeline,
-    search: Searcher,
     memory_limit: float | None = None,
 ) -> PipelineResult:
     """The pipelined plan of least step time for ``graph`` on ``cluster`` (the module
-    docstring); ``spec`` fixes any of the pipeline's fields; ``search`` plans a unit. :class:`InfeasibleError` when no
+    docstring); ``spec`` fixes any of the pipeline's fields. :class:`InfeasibleError` when no
     pipeline fits in memory."""
     t0 = time.perf_counter()
     if not isinstance(spec, Pipeline):
-        raise TypeError(f"search: pipeline must be a bool or a taps.Pipeline, got {type(spec).__name__}")
+        raise TypeError(
+            f"search: pipeline must be a bool or a taps.Pipeline, got {type(spec).__name__}"
+        )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     limit = math.inf if limit is None else float(limit)
-    work = _Units(graph, cluster, pricing, limit, search)
+    work = _Units(graph, cluster, pricing, limit)
     n = len(work.units)
     devices = cluster.num_devices
     if spec.stages is not None and spec.stages * (spec.replicas or 1) > devices:
@@ -389,26 +410,33 @@ def search_pipeline(
             f"search: {spec.stages * (spec.chunks or 1)} stage(s) for graph {graph.name!r}, "
             f"which cuts into {n} unit(s) at most"
         )
-    batch = min((t.shape[0] for t in graph.tensors.values() if t.kind == "input"), default=1)
-    counts = [m for m in range(1, batch + 1) if batch % m == 0]
+    batch = batch_of(graph)
     best: tuple[float, _Candidate, Cuts, list[UnitCost]] | None = None
     by_schedule: dict[str, float | None] = {s: None for s in SCHEDULES}
-    for c in _candidates(spec, devices, n, counts):
-        parts = c.replicas * c.microbatches
-        if work.micro(parts) is None:
-            continue
-        size = devices // (c.replicas * c.groups)
-        share = max(1, math.ceil(n / c.stages))
-        costs = [work.cost(u, size, parts, share) for u in range(n)]
-        if any(x is None for x in costs):
-            continue
-        found = _cut(work, cluster, pricing, c, size, parts, [x for x in costs if x is not None], limit)
-        if found is None:
-            continue
-        known = by_schedule[c.schedule]
-        by_schedule[c.schedule] = found.step if known is None else min(known, found.step)
-        if best is None or found.step < best[0]:
-            best = (found.step, c, found, [x for x in costs if x is not None])
+    for wide in (False, True):
+        # Stages inside a node first; stages of whole nodes only when none of those fits.
+        for lower, c, size, parts in _bounded(work, spec, devices, batch, wide):
+            old = by_schedule[c.schedule]
+            if old is not None and lower >= old:
+                continue  # no cut of it can beat the best of its schedule
+            found = None
+            # Each unit is first planned within the whole device; if its stages then do not
+            # fit, again within its even share of it.
+            for share in sorted({1, math.ceil(n / c.stages)}):
+                costs = [work.cost(u, size, parts, share) for u in range(n)]
+                if None in costs:
+                    continue
+                known = [x for x in costs if x is not None]
+                found = _cut(work, cluster, pricing, c, size, parts, known, limit)
+                if found is not None:
+                    break
+            if found is None:
+                continue
+            by_schedule[c.schedule] = found.step if old is None else min(old, found.step)
+            if best is None or found.step < best[0]:
+                best = (found.step, c, found, known)
+        if best is not None:
+            break
     if best is None:
         raise InfeasibleError(
             f"no pipeline of graph {graph.name!r} fits in {limit:,.0f} bytes per device on "
@@ -416,9 +444,44 @@ def search_pipeline(
         )
     _, chosen, cuts, costs = best
     plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, costs)
-    return PipelineResult(
-        plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule
-    )
+    return PipelineResult(plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule)
+
+
+def _bounded(
+    work: _Units, spec: Pipeline, devices: int, batch: int, wide: bool
+) -> list[tuple[float, _Candidate, int, int]]:
+    """The pipelines :func:`candidates` gives whose groups span whole nodes (``wide``) or lie
+    inside one, each with a bound on the step its cuts can take, least first: stages no faster
+    than the mean of its units as planned within the whole device, the least sends, nothing
+    reduced."""
+    n = len(work.units)
+    out = []
+    sends: dict[tuple[int, int], list[float]] = {}
+    for c in candidates(spec, devices, n, batch):
+        size = devices // (c.replicas * c.groups)
+        if (size > work.cluster.devices_per_node) != wide:
+            continue
+        parts = c.replicas * c.microbatches
+        costs = [work.cost(u, size, parts, 1) for u in range(n)]
+        if None in costs:
+            continue
+        total = sum(x.forward + x.backward for x in costs if x is not None)
+        m = c.microbatches
+        if c.schedule == "interleaved-1f1b":
+            lower = m * total / c.groups + (c.groups - 1) * total / c.stages
+        else:
+            least = 0.0
+            if c.stages > 1:
+                if (size, parts) not in sends:
+                    crossing = work.crossing[:-1]
+                    sends[size, parts] = sorted(
+                        send_seconds(work.cluster, size, b / parts) for b in crossing
+                    )
+                least = sum(sends[size, parts][: c.stages - 1])
+            lower = total + (m - 1) * total / c.stages + 2 * least
+        out.append((lower, c, size, parts))
+    out.sort(key=lambda x: x[0])
+    return out
 
 
 def _stage_numbers(
@@ -426,9 +489,11 @@ def _stage_numbers(
 ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """Per stage: forward, backward, gradient reductions, parameter bytes, activation bytes."""
     out: tuple[list[float], ...] = ([], [], [], [], [])
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         part = costs[a:b]
-        for values, field in zip(out, ("forward", "backward", "gradients", "parameters", "activations")):
+        for values, field in zip(
+            out, ("forward", "backward", "gradients", "parameters", "activations")
+        ):
             values.append(sum(getattr(x, field) for x in part))
     return out  # type: ignore[return-value]
 
@@ -458,6 +523,24 @@ def _step(
     return pipe + max(reductions)
 
 
+def pipeline_step(plan: Plan) -> float:
+    """The step time of a pipelined plan from its stages alone: its schedule's (bubble
+    included) and the slowest stage's gradient reductions after the flush."""
+    p = plan.pipeline
+    if p is None or p.schedule is None or p.microbatches is None:
+        raise ArgumentError("pipeline_step: the plan has no stages")
+    s = plan.stages
+    pipe = step_time(
+        p.schedule,
+        [x.forward for x in s],
+        [x.backward for x in s],
+        [x.send for x in s],
+        p.microbatches,
+        p.stages,
+    )
+    return pipe + max(x.reduction for x in s)
+
+
 def _cut(
     work: _Units,
     cluster: Cluster,
@@ -477,7 +560,7 @@ def _cut(
     elements = np.concatenate([[0.0], np.cumsum([_gradient_elements(x, pricing) for x in costs])])
 
     def span(field: str) -> np.ndarray:
-        p = prefix[field] if field in prefix else elements
+        p = prefix.get(field, elements)
         return p[None, :] - p[:, None]
 
     a_b = np.arange(n + 1)
@@ -498,14 +581,20 @@ def _cut(
     if c.stages > 1:
         send = np.array([send_seconds(cluster, size, b / parts) for b in work.crossing[:-1]])
 
+    reduced: dict[float, float] = {}
+
+    def over_copies(count: float) -> float:
+        if count not in reduced:
+            reduced[count] = _replica_reduction(cluster, pricing, c.replicas, count)
+        return reduced[count]
+
     def step(bounds: tuple[int, ...]) -> float:
-        f, b, g, _, _ = _stage_numbers(costs, bounds)
+        at = np.asarray(bounds)
+        f, b, g = (np.diff(prefix[x][at]) for x in ("forward", "backward", "gradients"))
         sends = [float(send[e - 1]) for e in bounds[1:-1]] + [0.0]
-        reductions = [
-            g[k] + _replica_reduction(cluster, pricing, c.replicas, float(elements[e] - elements[s]))
-            for k, (s, e) in enumerate(zip(bounds, bounds[1:]))
-        ]
-        return _step(cluster, pricing, c, f, b, sends, reductions)
+        counts = np.diff(elements[at])
+        reductions = [float(g[k]) + over_copies(float(counts[k])) for k in range(len(g))]
+        return _step(cluster, pricing, c, list(f), list(b), sends, reductions)
 
     total = float(prefix["forward"][-1] + prefix["backward"][-1])
     m = c.microbatches
@@ -515,7 +604,9 @@ def _cut(
             return m * total / c.groups + (c.groups - 1) * bound
         return total + (m - 1) * bound
 
-    return best_cuts(times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower)
+    return best_cuts(
+        times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower
+    )
 
 
 def _gradient_elements(cost: UnitCost, pricing: Pricing) -> float:
@@ -535,12 +626,8 @@ def _plan(
 ) -> tuple[Plan, float, float]:
     """The pipelined plan of the chosen cuts, each stage priced again whole from its units'
     strategies (:func:`taps.search.evaluate.breakdown`), its step time and most memory."""
-    from taps.search.evaluate import breakdown
-
     size = cluster.num_devices // (c.replicas * c.groups)
     parts = c.replicas * c.microbatches
-    micro = work.micro(parts)
-    assert micro is not None
     sub = _slice(cluster, size)
     strategies: dict[str, Strategy] = {}
     for u, cost in enumerate(costs):
@@ -551,7 +638,8 @@ def _plan(
         key = tuple(work.keys[a:b])
         if key not in priced:
             ops = [n for u in work.units[a:b] for n in u]
-            p = Plan(stage_graph(micro, ops), sub, {n: strategies[n] for n in ops}, pricing)
+            graph = microbatched(stage_graph(work.graph, ops), parts)
+            p = Plan(graph, sub, {n: strategies[n] for n in ops}, pricing)
             rows = breakdown(p)
             param = sum(x.parameters for x in costs[a:b])
             whole = _unit_cost(p, rows, param + sum(x.activations for x in costs[a:b]))
@@ -567,7 +655,6 @@ def _plan(
         + _replica_reduction(cluster, pricing, c.replicas, _gradient_elements(x, pricing))
         for x in stages_costs
     ]
-    step = _step(cluster, pricing, c, forward, backward, send, reductions)
     stages = []
     for k, ((a, b), x) in enumerate(zip(zip(cuts.bounds, cuts.bounds[1:]), stages_costs)):
         flight = in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches)
@@ -584,8 +671,9 @@ def _plan(
                 send=send[k],
                 memory=x.parameters + flight * x.activations,
                 in_flight=flight,
+                reduction=reductions[k],
             )
         )
     chosen = Pipeline(c.groups, c.microbatches, c.schedule, c.replicas, c.chunks)
     plan = Plan(work.graph, cluster, strategies, pricing, tuple(stages), chosen)
-    return plan, step, max(s.memory for s in stages)
+    return plan, pipeline_step(plan), max(s.memory for s in stages)

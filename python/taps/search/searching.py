@@ -104,7 +104,7 @@ def search(
             )
         _check("search", graph, cluster, pricing, memory_limit, time_limit)
         spec = pipeline if isinstance(pipeline, Pipeline) else Pipeline()
-        return search_pipeline(graph, cluster, pricing, spec, search, memory_limit)
+        return search_pipeline(graph, cluster, pricing, spec, memory_limit)
     _check("search", graph, cluster, pricing, memory_limit, time_limit, replicate)
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
