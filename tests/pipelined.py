@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch_models import VOCAB, llama
 
 import taps
 from taps.plan.stages import Pipeline, Stage, microbatched, stage_graph, sub_cluster
+from torch_models import VOCAB, llama
 
 
 def llama8(layers: int = 2) -> tuple[torch.nn.Module, torch.Tensor]:

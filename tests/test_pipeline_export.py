@@ -11,9 +11,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from pipelined import llama8, pipelined
 
 import taps
+from pipelined import llama8, pipelined
 from taps.errors import ExportError
 from taps.export.pipeline import (
     Cut,
@@ -235,13 +235,15 @@ def test_errors_are_one_line(llama):
     with pytest.raises(ExportError, match="no pipeline stages"):
         to_jax_pipeline(plain)
     inside = pipelined(graph, taps.Cluster(1, 4), ["model.layers.1.input_layernorm.mean"])
-    with pytest.raises(ExportError, match=r"inside module 'model\.layers\.1\.input_layernorm'") as e:
+    with pytest.raises(
+        ExportError, match=r"inside module 'model\.layers\.1\.input_layernorm'"
+    ) as e:
         to_pipeline(module, inside, x)
     assert "\n" not in str(e.value)
     plan = pipelined(graph, taps.Cluster(1, 4), ["model.layers.1.input_layernorm.pow"])
     with pytest.raises(ExportError, match="does not split into 2 microbatches"):
         to_pipeline(module, plan, x[:3])
-    with pytest.raises(ExportError, match="torch.nn.Module"):
+    with pytest.raises(ExportError, match=r"torch\.nn\.Module"):
         to_pipeline(object(), plan, x)
     with pytest.raises(ExportError, match="no stage 2"):
         to_jax_pipeline(plan).ranks(2)

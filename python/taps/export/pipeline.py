@@ -427,7 +427,9 @@ class TorchPipeline(DTensorPipeline):
             stages.append(pipelining.PipelineStage(runner, k, n, dev, group=pp))
         cls = getattr(pipelining, self.schedule_class)
         kw: dict[str, Any] = {"loss_fn": loss_fn, "scale_grads": scale_grads}
-        schedule = cls(stages if self.schedule == "interleaved-1f1b" else stages[0], self.microbatches, **kw)
+        schedule = cls(
+            stages if self.schedule == "interleaved-1f1b" else stages[0], self.microbatches, **kw
+        )
         return RankPipeline(place, tuple(stages), tuple(modules), schedule, pp, dp)
 
 
@@ -510,7 +512,11 @@ def _runner_class() -> Any:
                 whole = torch.empty(shape, device="meta")
                 args.append(
                     dtensor.DTensor.from_local(
-                        x, mesh, _send_placements(whole, mesh), run_check=False, shape=shape,
+                        x,
+                        mesh,
+                        _send_placements(whole, mesh),
+                        run_check=False,
+                        shape=shape,
                         stride=whole.stride(),
                     )
                 )
@@ -554,7 +560,9 @@ def to_pipeline(module: Any, plan: Plan, *example_inputs: Any) -> TorchPipeline:
     try:
         pipe = pipelining.pipeline(module, mb_args=mb, split_spec=spec)
     except Exception as e:  # torch raises many kinds; the user needs the message, once
-        raise ExportError(f"torch.distributed.pipelining could not split the module: {_first_line(e)}") from None
+        raise ExportError(
+            f"torch.distributed.pipelining could not split the module: {_first_line(e)}"
+        ) from None
     if pipe.num_stages != len(plan.stages):
         raise ExportError(
             f"the module split into {pipe.num_stages} stages, the plan has {len(plan.stages)}"

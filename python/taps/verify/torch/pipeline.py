@@ -67,9 +67,7 @@ def check_pipelined(plan: Plan) -> None:
         raise VerifyError("a pipelined run keeps whole parameters per stage: ZeRO is not run")
 
 
-def verify_pipeline(
-    module: Any, inputs: Sequence[Any], plan: Plan, seed: int = 0
-) -> VerifyResult:
+def verify_pipeline(module: Any, inputs: Sequence[Any], plan: Plan, seed: int = 0) -> VerifyResult:
     """Run pipelined ``plan`` of ``module`` (a plan of ``taps.from_torch(module, *inputs)``) on
     gloo, one process per rank, float32: the loss and every parameter's gradient against the
     dense module's, and the bytes sent between stages against taps' prediction (rows of kind
@@ -92,8 +90,6 @@ def verify_pipeline(
             for rank in range(ranks)
         ]
         failed = [(p.wait(), p.stderr.read() if p.stderr else "") for p in procs]
-        for i, (c, e) in enumerate(failed):  # DEBUG
-            open(f"/tmp/pe/rank{i}.err", "w").write(e)
         for code, err in failed:
             if code:
                 tail = (err.strip().splitlines() or ["no output"])[-1]
@@ -224,7 +220,9 @@ def _count_sends(stage: Any, sent: dict[str, dict[str, int]]) -> None:
         grads = stage.submod.grads
         for i, op in enumerate(out):
             phase = "forward" if len(grads) != len(out) or grads[i] else "unpriced"
-            sent[phase][key] = sent[phase].get(key, 0) + op.tensor.numel() * op.tensor.element_size()
+            sent[phase][key] = (
+                sent[phase].get(key, 0) + op.tensor.numel() * op.tensor.element_size()
+            )
         return out
 
     stage_fwd = stage.get_fwd_send_ops
@@ -233,8 +231,6 @@ def _count_sends(stage: Any, sent: dict[str, dict[str, int]]) -> None:
 
 
 if __name__ == "__main__":
-    import faulthandler
-    faulthandler.dump_traceback_later(int(os.environ.get("TAPS_DEBUG_HANG", "0")) or 10**6, exit=True)
     from taps.verify.torch.values import replaying
 
     with open(os.path.join(sys.argv[1], "payload.pkl"), "rb") as f, replaying():
