@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         ResourceError,
         VerifyError,
     )
+    from taps.export.pipeline import to_jax_pipeline, to_pipeline
     from taps.frontends import from_jax, from_torch
     from taps.graph import Edge, Graph, Operand, Operator, Tensor
     from taps.plan import Plan, Pricing
@@ -118,6 +119,8 @@ _HOMES = {
     "StepTime": "taps.search",
     "step_time": "taps.search",
     "IlpOptions": "taps.solve",
+    "to_jax_pipeline": "taps.export.pipeline",
+    "to_pipeline": "taps.export.pipeline",
 }
 
 
@@ -187,6 +190,8 @@ __all__ = [
     "search",
     "step_time",
     "strategies_for",
+    "to_jax_pipeline",
+    "to_pipeline",
     "unify",
     "verify",
 ]

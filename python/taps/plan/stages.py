@@ -329,6 +329,9 @@ def _batch_dims(graph: Graph) -> tuple[list[tuple[str, int]], list[tuple[str, st
         out = [i for i, d in enumerate(op.output.dims) if d in found]
         if out:
             tensors[op.output.tensor] = out[0]
+    for name, t in graph.tensors.items():  # views no operator reads (a model's output)
+        if t.kind == "view":
+            batched(name)
     stored = [(n, d) for n, d in tensors.items() if graph.tensors[n].kind in ("input", "view")]
     return stored, axes
 
