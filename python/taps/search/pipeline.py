@@ -3,9 +3,10 @@
 The graph is cut, in its operator order, into units: its tied layers (each instance of a tie,
 and the runs of operators between them) when it has ties, else the runs between single-tensor
 cuts (a cut that one tensor crosses, a module's boundary in a torch-exported graph). Every unit
-is planned by taps' intra-operator search (:func:`taps.search.searching.search`) on its
-sub-graph at the microbatch's batch, on a sub-cluster of the stage's shape, once per (unit
-signature, sub-cluster shape, microbatch, memory share): a tie's instances share one. A stage
+is planned by taps' intra-operator search (the cost tables and the solver
+:func:`taps.search.searching.search` runs) on its sub-graph at the microbatch's batch, on a
+sub-cluster of the stage's shape, once per (unit signature, sub-cluster shape, microbatch,
+memory share), its tables built once for every share: a tie's instances share them. A stage
 (a run of units) costs the sum of its units: its forward and backward per microbatch, its
 parameters' memory and its activations per microbatch in flight.
 
@@ -14,10 +15,10 @@ schedule) a dynamic programme over the cuts (Alpa's, Zheng et al. 2022) minimise
 schedule's step time (:mod:`taps.search.schedules`): for a bound on every stage's time per
 microbatch it finds the cuts of least total time that fit in memory, with stage ``k``'s
 activations held for its schedule's microbatches in flight; the bounds are tried from the least
-that any cuts meet upwards, until the bound alone costs more than the best step found. The
-chosen stages are then planned again whole (their units' strategies together) and priced by
-:func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the gradients over
-the data-parallel copies after the pipeline's flush.
+that any cuts meet (a min-max programme) upwards, until the bound alone costs more than the best
+step found. The chosen stages are then planned again whole (their units' strategies together)
+and priced by :func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the
+gradients over the data-parallel copies after the pipeline's flush.
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ def candidates(spec: Pipeline, devices: int, units: int, batch: int) -> Iterator
                 if groups * chunks > units:
                     continue
                 if spec.microbatches:
-                    counts = [spec.microbatches]
+                    m = spec.microbatches
+                    counts = [m] if batch % (replicas * m) == 0 else []
                 else:
                     counts = sorted(
                         {batch // (replicas * b) for b in SAMPLES if batch % (replicas * b) == 0},
@@ -419,6 +421,11 @@ def search_pipeline(
             f"which cuts into {n} unit(s) at most"
         )
     batch = batch_of(graph)
+    if next(candidates(spec, devices, n, batch), None) is None:
+        raise ArgumentError(
+            f"search: no pipeline of {spec} on {devices} devices for graph {graph.name!r} (a "
+            f"batch of {batch}, {n} unit(s))"
+        )
     best: tuple[float, _Candidate, Cuts, list[UnitCost]] | None = None
     by_schedule: dict[str, float | None] = {s: None for s in SCHEDULES}
     for wide in (False, True):
@@ -440,7 +447,8 @@ def search_pipeline(
                     break
             if found is None:
                 continue
-            by_schedule[c.schedule] = found.step if old is None else min(old, found.step)
+            step = float(found.step)
+            by_schedule[c.schedule] = step if old is None else min(old, step)
             if best is None or found.step < best[0]:
                 best = (found.step, c, found, known)
         if best is not None:
