@@ -22,7 +22,6 @@ LAYERS = {
     "taps.graph": 3,
     "taps.models": 4,
     "taps.plan": 4,
-    "taps.plan.stages": 4,
     "taps.solve": 4,
     "taps.search": 5,
     "taps.calibrate": 5,
