@@ -105,10 +105,11 @@ def test_the_search_against_every_pipeline_and_cut(limit):
 def _brute(work, cluster, pricing, c, size, parts, costs, limit):
     n = len(costs)
     best = math.inf
+    buffer = max(x.buffer for x in costs)
     for bounds in _all_cuts(n, c.stages):
         f, b, g, p, a = _stage_numbers(costs, bounds)
         if any(
-            p[k] + in_flight("1f1b", k, c.groups, 1, c.microbatches) * a[k] > limit
+            p[k] + in_flight("1f1b", k, c.groups, 1, c.microbatches) * a[k] + buffer > limit
             for k in range(c.stages)
         ):
             continue
@@ -226,3 +227,32 @@ def test_bad_pipelines_are_refused(spec, match):
 def test_too_many_stages_is_one_line():
     with pytest.raises(ArgumentError, match="cuts into 4 unit"):
         taps.search(_small(), taps.Cluster(2, 4), pipeline=Pipeline(stages=8))
+
+
+def test_a_pipeline_the_batch_does_not_allow_is_one_line():
+    spec = Pipeline(replicas=8, stages=1, microbatches=3)
+    with pytest.raises(ArgumentError, match="no pipeline of Pipeline"):
+        taps.search(_small(), taps.Cluster(2, 4), pipeline=spec)
+
+
+def test_checkpointed_stages_keep_what_leaves_each_layer():
+    """On one device per stage (nothing split): a stage of two layers holds per microbatch in
+    flight each layer's saved outputs, or, every layer checkpointed, each layer's output (its
+    tokens x hidden in bf16) and one layer's saved outputs once more while it recomputes."""
+    graph, cluster = _small(), taps.Cluster(1, 2)
+
+    def stages(checkpoint):
+        spec = Pipeline(stages=2, replicas=1, microbatches=2, schedule="1f1b")
+        pricing = taps.Pricing(checkpoint=checkpoint)
+        return taps.search(graph, cluster, pricing, pipeline=spec).plan.stages
+
+    first, last = stages(0)
+    assert len(first.operators) == len(last.operators) == 28  # two layers each
+    assert (first.in_flight, last.in_flight) == (2, 1)
+    saved = first.memory - last.memory  # two layers' saved outputs of one microbatch
+    parameters = last.memory - saved
+    leaving = (8 // 2) * 16 * 64 * 2  # a microbatch's tokens x hidden, bf16
+    checkpointed = stages(1)[0]
+    assert math.isclose(checkpointed.memory, parameters + 2 * 2 * leaving + saved / 2)
+    with pytest.raises(ArgumentError, match="checkpoint 1 or 0"):
+        taps.search(graph, cluster, taps.Pricing(checkpoint=2), pipeline=True)

@@ -129,7 +129,8 @@ class Stage:
         send: seconds to send its output activations of one microbatch to the next stage (and as
             long for their gradients back); 0 for the last.
         memory: bytes per device at its peak: its parameters and what training keeps of them,
-            and the activations of ``in_flight`` microbatches.
+            and the activations of ``in_flight`` microbatches (checkpointed: what leaves each
+            layer, and one layer's saved outputs again while it recomputes).
         in_flight: microbatches whose activations it holds at once under the schedule (a
             fraction under the interleaved schedule: its share of its group's).
         reduction: seconds of its parameters' gradient reductions once per step, after the

@@ -3,9 +3,10 @@
 The graph is cut, in its operator order, into units: its tied layers (each instance of a tie,
 and the runs of operators between them) when it has ties, else the runs between single-tensor
 cuts (a cut that one tensor crosses, a module's boundary in a torch-exported graph). Every unit
-is planned by taps' intra-operator search (:func:`taps.search.searching.search`) on its
-sub-graph at the microbatch's batch, on a sub-cluster of the stage's shape, once per (unit
-signature, sub-cluster shape, microbatch, memory share): a tie's instances share one. A stage
+is planned by taps' intra-operator search (the cost tables and the solver
+:func:`taps.search.searching.search` runs) on its sub-graph at the microbatch's batch, on a
+sub-cluster of the stage's shape, once per (unit signature, sub-cluster shape, microbatch,
+memory share), its tables built once for every share: a tie's instances share them. A stage
 (a run of units) costs the sum of its units: its forward and backward per microbatch, its
 parameters' memory and its activations per microbatch in flight.
 
@@ -14,10 +15,10 @@ schedule) a dynamic programme over the cuts (Alpa's, Zheng et al. 2022) minimise
 schedule's step time (:mod:`taps.search.schedules`): for a bound on every stage's time per
 microbatch it finds the cuts of least total time that fit in memory, with stage ``k``'s
 activations held for its schedule's microbatches in flight; the bounds are tried from the least
-that any cuts meet upwards, until the bound alone costs more than the best step found. The
-chosen stages are then planned again whole (their units' strategies together) and priced by
-:func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the gradients over
-the data-parallel copies after the pipeline's flush.
+that any cuts meet (a min-max programme) upwards, until the bound alone costs more than the best
+step found. The chosen stages are then planned again whole (their units' strategies together)
+and priced by :func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the
+gradients over the data-parallel copies after the pipeline's flush.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,8 +45,8 @@ from taps.plan.stages import (
     stage_graph,
     sub_cluster,
 )
-from taps.search.evaluate import breakdown
-from taps.search.prices import saved_bytes
+from taps.search.evaluate import OpCost, breakdown
+from taps.search.prices import memory, saved_bytes
 from taps.search.schedules import in_flight, step_time
 from taps.search.tables import CostTables, build_tables
 from taps.solve.pipeline import solve
@@ -55,14 +56,16 @@ from taps.solve.pipeline import solve
 class UnitCost:
     """One unit planned on one sub-cluster at one microbatch: seconds per microbatch forward and
     backward (its parameters' gradient reductions apart), seconds of those reductions per step,
-    bytes per device of its parameters (with what training keeps of them) and of the activations
-    of one microbatch, and the strategies chosen."""
+    bytes per device of its parameters (with what training keeps of them), of the activations
+    of one microbatch, and held once while it recomputes (checkpointed), and the strategies
+    chosen."""
 
     forward: float
     backward: float
     gradients: float
     parameters: float
     activations: float
+    buffer: float
     strategies: dict[str, Strategy]
 
 
@@ -204,7 +207,8 @@ class _Units:
         key = (self.keys[unit], devices, parts, share)
         if key not in self._costs:
             whole = self.cost(unit, devices, parts, 1) if share > 1 else None
-            if whole is not None and whole.parameters + whole.activations <= self.limit / share:
+            need = None if whole is None else whole.parameters + whole.activations + whole.buffer
+            if need is not None and need <= self.limit / share:
                 # The plan within the whole device fits the share too: it is the optimum there.
                 self._costs[key] = whole
             else:
@@ -226,16 +230,16 @@ class _Units:
         except InfeasibleError:
             return None
         plan = Plan(sub, where, tables.strategies(solution.choice), self.pricing)
-        memory = sub.layers * sum(
-            float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
-        )
-        return _unit_cost(plan, breakdown(plan), memory)
+        return _unit_cost(plan, breakdown(plan))
 
 
-def _unit_cost(plan: Plan, rows: Sequence, memory: float) -> UnitCost:
-    """A searched unit's :class:`UnitCost` from its plan and breakdown."""
+def _unit_cost(plan: Plan, rows: Sequence[OpCost]) -> UnitCost:
+    """A searched unit's :class:`UnitCost` from its plan and breakdown. With every layer
+    checkpointed (``checkpoint=1``) a microbatch in flight keeps only what leaves the unit, and
+    the unit's saved outputs are held once more while its forward runs again."""
     graph = plan.graph
-    forward = backward = gradients = activations = 0.0
+    forward = backward = gradients = parameters = saved = leaving = 0.0
+    read = {graph.root(o.tensor).name for op in graph.ops for o in op.inputs}
     for r in rows:
         forward += r.forward_compute + sum(i.cost for i in r.incoming)
         backward += r.backward_compute + sum(i.backward_cost for i in r.incoming)
@@ -247,15 +251,20 @@ def _unit_cost(plan: Plan, rows: Sequence, memory: float) -> UnitCost:
             else:
                 forward += cost
         op = graph.op(r.name)
+        candidate = plan.candidates[r.name]
         dtype = graph.tensors[op.output.tensor].dtype_bytes
-        activations += saved_bytes(op, plan.candidates[r.name].output, dtype)
-    activations *= graph.layers
+        parameters += memory(graph, op, candidate, plan.pricing, kept=0.0)
+        saved += saved_bytes(op, candidate.output, dtype)
+        if op.output.tensor not in read:
+            leaving += math.prod(candidate.output.shard_shape) * dtype
+    checkpointed = plan.pricing.checkpoint == 1
     return UnitCost(
         forward,
         backward,
         gradients,
-        max(memory - activations, 0.0),
-        activations,
+        parameters * graph.layers,
+        (leaving if checkpointed else saved) * graph.layers,
+        (saved if checkpointed else 0.0) * graph.layers,
         dict(plan.strategies),
     )
 
@@ -299,7 +308,8 @@ def candidates(spec: Pipeline, devices: int, units: int, batch: int) -> Iterator
                 if groups * chunks > units:
                     continue
                 if spec.microbatches:
-                    counts = [spec.microbatches]
+                    m = spec.microbatches
+                    counts = [m] if batch % (replicas * m) == 0 else []
                 else:
                     counts = sorted(
                         {batch // (replicas * b) for b in SAMPLES if batch % (replicas * b) == 0},
@@ -418,7 +428,17 @@ def search_pipeline(
             f"search: {spec.stages * (spec.chunks or 1)} stage(s) for graph {graph.name!r}, "
             f"which cuts into {n} unit(s) at most"
         )
+    if pricing.checkpoint > 1:
+        raise ArgumentError(
+            "search: a pipeline checkpoints every layer or none (checkpoint 1 or 0), got "
+            f"checkpoint {pricing.checkpoint}"
+        )
     batch = batch_of(graph)
+    if next(candidates(spec, devices, n, batch), None) is None:
+        raise ArgumentError(
+            f"search: no pipeline of {spec} on {devices} devices for graph {graph.name!r} (a "
+            f"batch of {batch}, {n} unit(s))"
+        )
     best: tuple[float, _Candidate, Cuts, list[UnitCost]] | None = None
     by_schedule: dict[str, float | None] = {s: None for s in SCHEDULES}
     for wide in (False, True):
@@ -440,7 +460,8 @@ def search_pipeline(
                     break
             if found is None:
                 continue
-            by_schedule[c.schedule] = found.step if old is None else min(old, found.step)
+            step = float(found.step)
+            by_schedule[c.schedule] = step if old is None else min(old, step)
             if best is None or found.step < best[0]:
                 best = (found.step, c, found, known)
         if best is not None:
@@ -571,6 +592,7 @@ def _cut(
         p = prefix.get(field, elements)
         return p[None, :] - p[:, None]
 
+    buffer = max(x.buffer for x in costs)  # the most a checkpointed unit holds again
     a_b = np.arange(n + 1)
     valid = a_b[None, :] > a_b[:, None]
     times = np.where(valid, span("forward") + span("backward"), np.inf)
@@ -580,6 +602,7 @@ def _cut(
             & (
                 span("parameters")
                 + in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches) * span("activations")
+                + buffer
                 <= limit * (1 if c.chunks == 1 else 1 / c.chunks)
             )
             for k in range(c.stages)
@@ -649,8 +672,12 @@ def _plan(
             graph = microbatched(stage_graph(work.graph, ops), parts)
             p = Plan(graph, sub, {n: strategies[n] for n in ops}, pricing)
             rows = breakdown(p)
-            param = sum(x.parameters for x in costs[a:b])
-            whole = _unit_cost(p, rows, param + sum(x.activations for x in costs[a:b]))
+            # In flight, each unit keeps its own; checkpointed, one unit recomputes at a time.
+            whole = replace(
+                _unit_cost(p, rows),
+                activations=sum(x.activations for x in costs[a:b]),
+                buffer=max(x.buffer for x in costs[a:b]),
+            )
             priced[key] = whole
         stages_costs.append(priced[key])
     send = [
@@ -675,7 +702,7 @@ def _plan(
                 forward=x.forward,
                 backward=x.backward,
                 send=send[k],
-                memory=x.parameters + flight * x.activations,
+                memory=x.parameters + flight * x.activations + x.buffer,
                 in_flight=flight,
                 reduction=reductions[k],
             )
