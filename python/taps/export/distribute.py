@@ -232,9 +232,11 @@ def block_shape(
     shape: Sequence[int], shard: Sequence[int], view: Sequence[int]
 ) -> list[int] | None:
     """The shape of a rank's block of a tensor of ``shape`` (blocks of ``shard``) seen as
-    ``view``, a row-major reshape of it; ``None`` when the block is no block of ``view`` (a split
-    falls across a dim of ``view`` other than as its top factor). Weaker than a DTensor form: a
-    split inside one dim of ``view`` (a fused q, k, v projection split by heads) has a block."""
+    ``view``, a row-major reshape of it: the block reshaped to it is a sub-grid of ``view`` (one
+    set of indices per dim), so torch nodes computing on several such blocks pair the right
+    elements. ``None`` when a split is no product of ranges of the factors both shapes cut the
+    flattened index into (or those do not nest). Weaker than a DTensor form: a split inside one
+    dim of ``view`` (a fused q, k, v projection split by heads: 3 x 32 of 3 x 64) has a block."""
     if math.prod(shape) != math.prod(view) or 0 in shape:
         return None
     # The dims of both as factors of the flattened index, cut wherever either shape cuts it.

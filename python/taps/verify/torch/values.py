@@ -65,8 +65,8 @@ def cast_inputs(
 
 def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     """A copy of ``module`` in ``dtype`` on ``device``; a module on the meta device gets seeded
-    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer, its tied weights
-    kept tied."""
+    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer (running variances
+    positive), its tied weights kept tied."""
     torch = import_torch()
     module = copy.deepcopy(module)
     if device == "meta":
@@ -86,6 +86,9 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
                 if t.is_floating_point():
                     scale = 1 / t.shape[-1] ** 0.5 if t.dim() > 1 else 1.0
                     t.copy_(torch.randn(t.shape, generator=gen) * scale)
+            for m in module.modules():  # a variance is positive (eval-mode BatchNorm divides)
+                if isinstance(getattr(m, "running_var", None), torch.Tensor):
+                    m.running_var.abs_().add_(0.5)
     return module.to(device=device, dtype=dtype)
 
 
