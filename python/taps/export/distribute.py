@@ -823,12 +823,14 @@ class _Interpreter:
                 f"operator {op!r} input {slot} reads {x.layout!r}; taps' plan starts from "
                 f"{plan.source!r}"
             )
-        return replay.steps.edge(
+        local = replay.steps.edge(
             x.local,
             plan,
             replay.backward.get((op, slot)),
             lambda: self.dist.tracer.scope("edge", op, slot),
         )
+        # The plan's target may be the slot's layout in another shape (a reshape moves nothing).
+        return local.reshape(replay.layouts.inputs[op][slot].shard_shape)
 
     def shared(self, op: str) -> Blocks:
         """The parameter a ``share`` operator hands on, as its block in the share operator's
