@@ -9,7 +9,9 @@ redistributed to the placements of the operator's input slot before it runs, and
 redistributed to the operator's output placements after; DTensor computes each node on the local
 blocks (its own sharding propagation picks the local kernel, and may add collectives of its own
 where its rules want other placements). Nodes that made no operator (views, transposes) run as
-DTensor propagates them.
+DTensor propagates them. The training-step replay (``mode="taps"``) carries every operator's
+output as its blocks in taps' layout instead (:class:`Blocks`), which DTensor placements cannot
+always express (a fused q, k, v projection split along its heads).
 
 A placement list of the plan is per mesh dim over the dims of the operator's operand in the
 graph; the node's argument views that graph tensor through a row-major reshape (rows: batch and
