@@ -9,7 +9,9 @@ redistributed to the placements of the operator's input slot before it runs, and
 redistributed to the operator's output placements after; DTensor computes each node on the local
 blocks (its own sharding propagation picks the local kernel, and may add collectives of its own
 where its rules want other placements). Nodes that made no operator (views, transposes) run as
-DTensor propagates them.
+DTensor propagates them. The training-step replay (``mode="taps"``) carries every operator's
+output as its blocks in taps' layout instead (:class:`Blocks`), which DTensor placements cannot
+always express (a fused q, k, v projection split along its heads).
 
 A placement list of the plan is per mesh dim over the dims of the operator's operand in the
 graph; the node's argument views that graph tensor through a row-major reshape (rows: batch and
@@ -232,9 +234,11 @@ def block_shape(
     shape: Sequence[int], shard: Sequence[int], view: Sequence[int]
 ) -> list[int] | None:
     """The shape of a rank's block of a tensor of ``shape`` (blocks of ``shard``) seen as
-    ``view``, a row-major reshape of it; ``None`` when the block is no block of ``view`` (a split
-    falls across a dim of ``view`` other than as its top factor). Weaker than a DTensor form: a
-    split inside one dim of ``view`` (a fused q, k, v projection split by heads) has a block."""
+    ``view``, a row-major reshape of it: the block reshaped to it is a sub-grid of ``view`` (one
+    set of indices per dim), so torch nodes computing on several such blocks pair the right
+    elements. ``None`` when a split is no product of ranges of the factors both shapes cut the
+    flattened index into (or those do not nest). Weaker than a DTensor form: a split inside one
+    dim of ``view`` (a fused q, k, v projection split by heads: 3 x 32 of 3 x 64) has a block."""
     if math.prod(shape) != math.prod(view) or 0 in shape:
         return None
     # The dims of both as factors of the flattened index, cut wherever either shape cuts it.
@@ -821,12 +825,14 @@ class _Interpreter:
                 f"operator {op!r} input {slot} reads {x.layout!r}; taps' plan starts from "
                 f"{plan.source!r}"
             )
-        return replay.steps.edge(
+        local = replay.steps.edge(
             x.local,
             plan,
             replay.backward.get((op, slot)),
             lambda: self.dist.tracer.scope("edge", op, slot),
         )
+        # The plan's target may be the slot's layout in another shape (a reshape moves nothing).
+        return local.reshape(replay.layouts.inputs[op][slot].shard_shape)
 
     def shared(self, op: str) -> Blocks:
         """The parameter a ``share`` operator hands on, as its block in the share operator's

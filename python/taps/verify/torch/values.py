@@ -65,8 +65,9 @@ def cast_inputs(
 
 def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     """A copy of ``module`` in ``dtype`` on ``device``; a module on the meta device gets seeded
-    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer, its tied weights
-    kept tied."""
+    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer (running variances
+    positive; integer buffers, such as position or token-type ids, below
+    :func:`token_bound`), its tied weights kept tied."""
     torch = import_torch()
     module = copy.deepcopy(module)
     if device == "meta":
@@ -75,6 +76,7 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
         tied: dict[int, list[str]] = {}
         for name, p in module.named_parameters(remove_duplicate=False):
             tied.setdefault(id(p), []).append(name)
+        bound = token_bound(module)
         module = module.to_empty(device=device)
         for first, *others in tied.values():  # to_empty makes each key a tensor of its own
             for name in others:
@@ -86,6 +88,11 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
                 if t.is_floating_point():
                     scale = 1 / t.shape[-1] ** 0.5 if t.dim() > 1 else 1.0
                     t.copy_(torch.randn(t.shape, generator=gen) * scale)
+                elif t.dtype != torch.bool:  # ids kept in buffers index every table
+                    t.copy_(torch.randint(0, bound, t.shape, generator=gen))
+            for m in module.modules():  # a variance is positive (eval-mode BatchNorm divides)
+                if isinstance(getattr(m, "running_var", None), torch.Tensor):
+                    m.running_var.abs_().add_(0.5)
     return module.to(device=device, dtype=dtype)
 
 
