@@ -24,6 +24,7 @@ from taps.errors import InfeasibleError, TapsError
 from taps.solve.elimination import MAX_WORK, elimination_order
 from taps.solve.ilp import solve_ilp
 from taps.solve.memory_price import price_memory, prune_by_price
+from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
 from taps.solve.reductions import Reduction, reduce
@@ -242,6 +243,19 @@ def _limited(
     # The price's best assignment is the one to beat: candidates that cannot are dropped.
     keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
     restricted, kept_memory, start = _restricted(objectives, memory, keep, priced.choice)
+    assert kept_memory is not None and start is not None
+    exact = solve_pareto(
+        restricted[0],
+        {v: m * memory.layers for v, m in kept_memory.per_op.items()},
+        memory.limit,
+        deadline,
+        (priced.price, priced.bound, start),
+    )
+    if exact is not None:
+        size = IlpSize(0, 0, 0, 0, eliminated=len(problem.node_cost))
+        return IlpSolution(
+            _lifted(exact, keep), "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size
+        )
     price_time = time.perf_counter() - t0
     run = _pruned_run(restricted, options, kept_memory, deadline, start)
     return replace(run, choice=_lifted(run.choice, keep), reduce_time=price_time)
