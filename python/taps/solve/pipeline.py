@@ -6,7 +6,8 @@ Stage by stage (each exact; :class:`taps.solve.problem.IlpOptions` switches them
 2. exact reductions, leaf, series, parallel and fixed operators, by dynamic programming
    (:mod:`taps.solve.reductions`);
 3. under a binding memory limit, a Lagrangian price on memory that decides the problem or prunes
-   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`);
+   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`), then what it leaves
+   solved over (cost, memory) Pareto frontiers when they fit a budget (:mod:`taps.solve.pareto`);
 4. what the reductions leave solved by variable elimination when its tables are small
    (:mod:`taps.solve.elimination`);
 5. otherwise dominated candidates pruned (:mod:`taps.solve.prune`) and the ILP solved by SCIP
