@@ -226,3 +226,9 @@ def test_bad_pipelines_are_refused(spec, match):
 def test_too_many_stages_is_one_line():
     with pytest.raises(ArgumentError, match="cuts into 4 unit"):
         taps.search(_small(), taps.Cluster(2, 4), pipeline=Pipeline(stages=8))
+
+
+def test_a_pipeline_the_batch_does_not_allow_is_one_line():
+    spec = Pipeline(replicas=8, stages=1, microbatches=3)
+    with pytest.raises(ArgumentError, match="no pipeline of Pipeline"):
+        taps.search(_small(), taps.Cluster(2, 4), pipeline=spec)

@@ -364,7 +364,7 @@ def microbatched(graph: Graph, microbatches: int) -> Graph:
     tensors = {t["name"]: t for t in doc["tensors"]}
     for name, d in stored:
         tensors[name]["shape"][d] //= microbatches
-    split = {}
+    split: dict[str, set[str]] = {}
     for o, a in axes:
         split.setdefault(o, set()).add(a)
     for entry in doc["ops"]:

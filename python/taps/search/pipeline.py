@@ -3,9 +3,10 @@
 The graph is cut, in its operator order, into units: its tied layers (each instance of a tie,
 and the runs of operators between them) when it has ties, else the runs between single-tensor
 cuts (a cut that one tensor crosses, a module's boundary in a torch-exported graph). Every unit
-is planned by taps' intra-operator search (:func:`taps.search.searching.search`) on its
-sub-graph at the microbatch's batch, on a sub-cluster of the stage's shape, once per (unit
-signature, sub-cluster shape, microbatch, memory share): a tie's instances share one. A stage
+is planned by taps' intra-operator search (the cost tables and the solver
+:func:`taps.search.searching.search` runs) on its sub-graph at the microbatch's batch, on a
+sub-cluster of the stage's shape, once per (unit signature, sub-cluster shape, microbatch,
+memory share), its tables built once for every share: a tie's instances share them. A stage
 (a run of units) costs the sum of its units: its forward and backward per microbatch, its
 parameters' memory and its activations per microbatch in flight.
 
@@ -14,10 +15,10 @@ schedule) a dynamic programme over the cuts (Alpa's, Zheng et al. 2022) minimise
 schedule's step time (:mod:`taps.search.schedules`): for a bound on every stage's time per
 microbatch it finds the cuts of least total time that fit in memory, with stage ``k``'s
 activations held for its schedule's microbatches in flight; the bounds are tried from the least
-that any cuts meet upwards, until the bound alone costs more than the best step found. The
-chosen stages are then planned again whole (their units' strategies together) and priced by
-:func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the gradients over
-the data-parallel copies after the pipeline's flush.
+that any cuts meet (a min-max programme) upwards, until the bound alone costs more than the best
+step found. The chosen stages are then planned again whole (their units' strategies together)
+and priced by :func:`taps.search.evaluate.breakdown`, and the step adds the reductions of the
+gradients over the data-parallel copies after the pipeline's flush.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,9 @@ class PipelineResult:
     """What the stage search chose: the pipelined ``plan`` (``plan.stages``, ``plan.pipeline``),
     its predicted ``step_time`` (seconds: the schedule's, bubble included, and the gradients'
     reduction over the copies), the most memory a device needs, the unit searches it ran and its
-    seconds, and the best step found per schedule (``None``: nothing fitted)."""
+    seconds, and the least step found per schedule: the chosen schedule's is its optimum, the
+    others' the best of the pipelines that were cut (one that cannot beat the best found is
+    not), ``None`` if none was."""
 
     plan: Plan
     step_time: float
@@ -201,7 +204,12 @@ class _Units:
         of the device memory (``None``: nothing fits)."""
         key = (self.keys[unit], devices, parts, share)
         if key not in self._costs:
-            self._costs[key] = self._search(unit, devices, parts, share)
+            whole = self.cost(unit, devices, parts, 1) if share > 1 else None
+            if whole is not None and whole.parameters + whole.activations <= self.limit / share:
+                # The plan within the whole device fits the share too: it is the optimum there.
+                self._costs[key] = whole
+            else:
+                self._costs[key] = self._search(unit, devices, parts, share)
         return self._costs[key]
 
     def _search(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
@@ -292,7 +300,8 @@ def candidates(spec: Pipeline, devices: int, units: int, batch: int) -> Iterator
                 if groups * chunks > units:
                     continue
                 if spec.microbatches:
-                    counts = [spec.microbatches]
+                    m = spec.microbatches
+                    counts = [m] if batch % (replicas * m) == 0 else []
                 else:
                     counts = sorted(
                         {batch // (replicas * b) for b in SAMPLES if batch % (replicas * b) == 0},
@@ -320,8 +329,8 @@ def best_cuts(
     fits: np.ndarray,
     send: np.ndarray,
     stages: int,
-    step: callable,  # type: ignore[valid-type]
-    lower: callable,  # type: ignore[valid-type]
+    step: Callable[[tuple[int, ...]], float],
+    lower: Callable[[float], float],
 ) -> Cuts | None:
     """The cuts of ``len(send)`` units into ``stages`` runs of least ``step(bounds)``.
 
@@ -359,15 +368,16 @@ def best_cuts(
             bounds.append(int(back[k][bounds[-1]]))
         return tuple(reversed(bounds))
 
-    lo, hi = 0, len(values) - 1
-    if hi < 0 or programme(values[hi]) is None:
+    # The least bound any cuts meet: the min-max programme over the same stages.
+    bottleneck = np.full(n + 1, np.inf)
+    bottleneck[0] = 0.0
+    for k in range(stages):
+        bottleneck = np.min(
+            np.maximum(bottleneck[:, None], np.where(fits[k], times, np.inf)), axis=0
+        )
+    if not np.isfinite(bottleneck[n]):
         return None
-    while lo < hi:  # the least bound any cuts meet
-        mid = (lo + hi) // 2
-        if programme(values[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = int(np.searchsorted(values, bottleneck[n]))
     best: Cuts | None = None
     for bound in values[lo:]:
         if best is not None and lower(bound) >= best.step:
@@ -411,14 +421,19 @@ def search_pipeline(
             f"which cuts into {n} unit(s) at most"
         )
     batch = batch_of(graph)
+    if next(candidates(spec, devices, n, batch), None) is None:
+        raise ArgumentError(
+            f"search: no pipeline of {spec} on {devices} devices for graph {graph.name!r} (a "
+            f"batch of {batch}, {n} unit(s))"
+        )
     best: tuple[float, _Candidate, Cuts, list[UnitCost]] | None = None
     by_schedule: dict[str, float | None] = {s: None for s in SCHEDULES}
     for wide in (False, True):
         # Stages inside a node first; stages of whole nodes only when none of those fits.
         for lower, c, size, parts in _bounded(work, spec, devices, batch, wide):
             old = by_schedule[c.schedule]
-            if old is not None and lower >= old:
-                continue  # no cut of it can beat the best of its schedule
+            if best is not None and lower >= best[0]:
+                continue  # no cut of it can beat the best found
             found = None
             # Each unit is first planned within the whole device; if its stages then do not
             # fit, again within its even share of it.
@@ -432,7 +447,8 @@ def search_pipeline(
                     break
             if found is None:
                 continue
-            by_schedule[c.schedule] = found.step if old is None else min(old, found.step)
+            step = float(found.step)
+            by_schedule[c.schedule] = step if old is None else min(old, step)
             if best is None or found.step < best[0]:
                 best = (found.step, c, found, known)
         if best is not None:
@@ -442,8 +458,8 @@ def search_pipeline(
             f"no pipeline of graph {graph.name!r} fits in {limit:,.0f} bytes per device on "
             f"{devices:,} devices"
         )
-    _, chosen, cuts, costs = best
-    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, costs)
+    _, chosen, cuts, chosen_costs = best
+    plan, step, memory = _plan(work, cluster, pricing, chosen, cuts, chosen_costs)
     return PipelineResult(plan, step, memory, work.searches, time.perf_counter() - t0, by_schedule)
 
 
@@ -648,8 +664,6 @@ def _plan(
     send = [
         send_seconds(cluster, size, work.crossing[b - 1] / parts) for b in cuts.bounds[1:-1]
     ] + [0.0]
-    forward = [x.forward for x in stages_costs]
-    backward = [x.backward for x in stages_costs]
     reductions = [
         x.gradients
         + _replica_reduction(cluster, pricing, c.replicas, _gradient_elements(x, pricing))

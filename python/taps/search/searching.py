@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Literal, overload
 
 from taps._core import Cluster
 from taps._support.arguments import number
@@ -52,6 +53,32 @@ class SearchResult:
         return StepTime.of(self.breakdown)
 
 
+@overload
+def search(
+    graph: Graph,
+    cluster: Cluster,
+    pricing: Pricing = ...,
+    *,
+    memory_limit: float | None = ...,
+    time_limit: float | None = ...,
+    options: IlpOptions = ...,
+    tie: bool = ...,
+    replicate: bool = ...,
+    pipeline: Literal[False] = ...,
+) -> SearchResult: ...
+@overload
+def search(
+    graph: Graph,
+    cluster: Cluster,
+    pricing: Pricing = ...,
+    *,
+    memory_limit: float | None = ...,
+    time_limit: float | None = ...,
+    options: IlpOptions = ...,
+    tie: bool = ...,
+    replicate: bool = ...,
+    pipeline: Literal[True] | Pipeline,
+) -> PipelineResult: ...
 def search(
     graph: Graph,
     cluster: Cluster,
