@@ -247,3 +247,20 @@ def test_errors_are_one_line(llama):
         to_pipeline(object(), plan, x)
     with pytest.raises(ExportError, match="no stage 2"):
         to_jax_pipeline(plan).ranks(2)
+
+
+def test_cli_exports_a_saved_pipelined_plan(llama, tmp_path):
+    from taps.cli import main
+
+    _, _, graph = llama
+    plan = pipelined(graph, taps.Cluster(1, 4), ["model.layers.1.input_layernorm.pow"])
+    saved = tmp_path / "plan.json"
+    plan.save(saved)
+    for framework in ("dtensor", "jax"):
+        out = tmp_path / f"{framework}.json"
+        assert main(["export", str(saved), "--to", framework, str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["format"] == "taps.export.pipeline" and doc["framework"] == framework
+        assert [s["ranks"] for s in doc["stages"]] == [[[0, 1]], [[2, 3]]]
+        key = "dtensor" if framework == "dtensor" else "jax"
+        assert doc["stages"][1][key]["mesh"]["shape"] == [2]
