@@ -194,8 +194,15 @@ def _routes(pipe: Any, inputs: Sequence[Any]) -> tuple[tuple[Route, ...], dict[s
     calls = [n for n in nodes if n.op == "call_module"]
     made: list[tuple[str, ...]] = []
     for call in calls:
-        items = [u for u in call.users if u.op == "call_function" and u.target is operator.getitem]
-        made.append(tuple(u.name for u in sorted(items, key=lambda u: u.args[1])) or (call.name,))
+        # A tuple's items by position ("" for one nothing reads), else the one output.
+        items = {
+            u.args[1]: u.name
+            for u in call.users
+            if u.op == "call_function" and u.target is operator.getitem
+        }
+        made.append(
+            tuple(items.get(i, "") for i in range(max(items) + 1)) if items else (call.name,)
+        )
     reads = [tuple(a.name for a in call.args) for call in calls]
     out = next(n for n in nodes if n.op == "output")
     final = [a.name for a in out.all_input_nodes]
