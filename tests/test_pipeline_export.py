@@ -109,12 +109,12 @@ def _check_split(module: torch.nn.Module, x: torch.Tensor, plan: taps.Plan) -> N
         for n, p in real.named_parameters():
             p.copy_(values[n])
         pp = to_pipeline(real, plan, x)
-        xs = pp.stage_inputs[0]
-        for k in range(len(plan.stages)):
-            out = pp.stage_module(k)(*xs)
-            xs = out if isinstance(out, tuple) else (out,)
+        got = dict(zip(pp.routes[0].received, pp.stage_inputs[0]))
+        for k, route in enumerate(pp.routes):
+            out = pp.stage_module(k)(*(got[n] for n in route.reads))
+            got.update(zip(route.makes, out if isinstance(out, tuple) else (out,)))
         want = real(x[: x.shape[0] // (plan.pipeline.microbatches * plan.pipeline.replicas)])
-    torch.testing.assert_close(xs[0], want)
+    torch.testing.assert_close(got[pp.routes[-1].carries[0]], want)
 
 
 def test_llama_split_at_a_layer(llama):
@@ -186,7 +186,7 @@ def test_interleaved_schedule_and_replicas(llama):
     pp = to_pipeline(module, plan, x)
     assert [c.module for c in pp.cuts] == [
         "model.layers.0.self_attn",
-        "model.layers.1",
+        "model.layers.1.input_layernorm",  # layer 1 is cut again: its norm alone opens the stage
         "model.layers.1.self_attn",
     ]
     assert pp.schedule_class == "ScheduleInterleaved1F1B"
@@ -247,3 +247,20 @@ def test_errors_are_one_line(llama):
         to_pipeline(object(), plan, x)
     with pytest.raises(ExportError, match="no stage 2"):
         to_jax_pipeline(plan).ranks(2)
+
+
+def test_cli_exports_a_saved_pipelined_plan(llama, tmp_path):
+    from taps.cli import main
+
+    _, _, graph = llama
+    plan = pipelined(graph, taps.Cluster(1, 4), ["model.layers.1.input_layernorm.pow"])
+    saved = tmp_path / "plan.json"
+    plan.save(saved)
+    for framework in ("dtensor", "jax"):
+        out = tmp_path / f"{framework}.json"
+        assert main(["export", str(saved), "--to", framework, str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["format"] == "taps.export.pipeline" and doc["framework"] == framework
+        assert [s["ranks"] for s in doc["stages"]] == [[[0, 1]], [[2, 3]]]
+        key = "dtensor" if framework == "dtensor" else "jax"
+        assert doc["stages"][1][key]["mesh"]["shape"] == [2]

@@ -17,10 +17,12 @@ leading dim (the batch) over the group, as taps prices the send
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from taps._support.extras import require
@@ -150,6 +152,73 @@ def microbatch(inputs: Sequence[Any], parts: int) -> tuple[Any, ...]:
             x = x[: x.shape[0] // parts]
         out.append(x)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a stage takes, runs and hands on, by the names of the split program's values
+    (``torch.distributed.pipelining`` passes a value made by one stage straight to a later one;
+    a ``PipelineStage`` hands its outputs to the next stage only, so each stage carries on the
+    values later stages read, as its own outputs).
+
+    Attributes:
+        received: the values it gets: the microbatch inputs (first stage), else what the
+            previous stage carries.
+        reads: its stage module's arguments, in order.
+        makes: its stage module's outputs, in order.
+        carries: the values it hands the next stage (the whole output, for the last).
+    """
+
+    received: tuple[str, ...]
+    reads: tuple[str, ...]
+    makes: tuple[str, ...]
+    carries: tuple[str, ...]
+
+
+def _routes(pipe: Any, inputs: Sequence[Any]) -> tuple[tuple[Route, ...], dict[str, Any]]:
+    """Each stage's :class:`Route` through ``pipe``'s split program, and every value of it on
+    ``inputs`` (one microbatch; no gradients taken)."""
+    torch = require("torch", "torch", "a pipeline export")
+    gm = pipe.split_gm
+    values: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):  # type: ignore[name-defined]
+        def run_node(self, n: Any) -> Any:
+            values[n.name] = out = super().run_node(n)
+            return out
+
+    with torch.no_grad():
+        Recorder(gm).run(*inputs)
+    nodes = list(gm.graph.nodes)
+    placeholders = tuple(n.name for n in nodes if n.op == "placeholder")
+    calls = [n for n in nodes if n.op == "call_module"]
+    made: list[tuple[str, ...]] = []
+    for call in calls:
+        # A tuple's items by position ("" for one nothing reads), else the one output.
+        items = {
+            u.args[1]: u.name
+            for u in call.users
+            if u.op == "call_function" and u.target is operator.getitem
+        }
+        made.append(
+            tuple(items.get(i, "") for i in range(max(items) + 1)) if items else (call.name,)
+        )
+    reads = [tuple(a.name for a in call.args) for call in calls]
+    out = next(n for n in nodes if n.op == "output")
+    final = [a.name for a in out.all_input_nodes]
+    routes = []
+    received = placeholders
+    for k in range(len(calls)):
+        later = {a for r in reads[k + 1 :] for a in r}
+        have = [*received, *made[k]]
+        carries = (
+            tuple(dict.fromkeys(a for a in have if a in later))
+            if k + 1 < len(calls)
+            else tuple(final)
+        )
+        routes.append(Route(received, reads[k], made[k], carries))
+        received = carries
+    return tuple(routes), values
 
 
 def _first_line(e: BaseException) -> str:
@@ -355,12 +424,16 @@ class TorchPipeline(DTensorPipeline):
         placements: each stage's DTensor placements on its own sub-mesh.
         cuts: where the module is split before each stage but the first.
         pipe: the ``torch.distributed.pipelining.Pipe`` (``pipe.get_stage_module(k)``).
-        stage_inputs: each stage's example inputs on one microbatch (whole tensors).
+        stage_inputs: each stage module's example arguments on one microbatch (whole).
+        routes: what each stage takes, runs and hands on (:class:`Route`).
+        shapes: the whole shape of every tensor value of the split program on a microbatch.
     """
 
     cuts: tuple[Cut, ...] = ()
     pipe: Any = None
     stage_inputs: tuple[tuple[Any, ...], ...] = ()
+    routes: tuple[Route, ...] = ()
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def stage_cuts(self) -> dict[int, Cut]:
         """The cut before each stage but the first."""
@@ -422,7 +495,7 @@ class TorchPipeline(DTensorPipeline):
             dm = distribute_module(
                 module, plan, *self.stage_inputs[k], mesh=meshes[k], mode="dtensor"
             )
-            runner = _runner_class()(dm, k == 0, k == n - 1, self.stage_inputs[k])
+            runner = _runner_class()(dm, self.routes[k], self.shapes, k == 0, k == n - 1)
             modules.append(dm)
             stages.append(pipelining.PipelineStage(runner, k, n, dev, group=pp))
         cls = getattr(pipelining, self.schedule_class)
@@ -490,43 +563,55 @@ def _runner_class() -> Any:
     torch = require("torch", "torch", "a pipeline export")
     dtensor = require("torch.distributed.tensor", "torch", "a pipeline export")
 
-    class _StageRunner(torch.nn.Module):
-        """A stage's distributed module between plain tensors: each crossing tensor arrives and
-        leaves as this rank's block of it (:func:`_send_placements`); the first stage takes the
-        microbatch whole, the last gives its outputs whole (for the loss)."""
+    class _StageRunner(torch.nn.Module):  # type: ignore[name-defined]
+        """A stage's distributed module between plain tensors (:class:`Route`): each value
+        from another stage arrives and leaves as this rank's block of it
+        (:func:`_send_placements`), one it only carries on leaves as it came; the first stage
+        takes the microbatch whole, the last gives its outputs whole (for the loss)."""
 
-        def __init__(self, dm: Any, first: bool, last: bool, examples: Sequence[Any]) -> None:
+        def __init__(
+            self, dm: Any, route: Route, shapes: dict[str, Any], first: bool, last: bool
+        ) -> None:
             super().__init__()
-            self.dm, self.first, self.last = dm, first, last
-            self.shapes = [tuple(x.shape) for x in examples]
-            #: Per output of the last forward, whether it takes a gradient back.
+            self.dm, self.route, self.shapes = dm, route, shapes
+            self.first, self.last = first, last
+            #: Per value handed on in the last forward, whether it takes a gradient back.
             self.grads: list[bool] = []
 
+        def arrive(self, name: str, x: Any) -> Any:
+            if self.first or not isinstance(x, torch.Tensor):
+                return x
+            mesh, shape = self.dm.mesh, self.shapes[name]
+            whole = torch.empty(shape, device="meta")
+            return dtensor.DTensor.from_local(
+                x,
+                mesh,
+                _send_placements(whole, mesh),
+                run_check=False,
+                shape=shape,
+                stride=whole.stride(),
+            )
+
         def forward(self, *xs: Any) -> Any:
-            mesh = self.dm.mesh
-            args = []
-            for x, shape in zip(xs, self.shapes):
-                if self.first or not isinstance(x, torch.Tensor):
-                    args.append(x)
-                    continue
-                whole = torch.empty(shape, device="meta")
-                args.append(
-                    dtensor.DTensor.from_local(
-                        x,
-                        mesh,
-                        _send_placements(whole, mesh),
-                        run_check=False,
-                        shape=shape,
-                        stride=whole.stride(),
-                    )
-                )
-            out = self.dm(*args)
+            route, mesh = self.route, self.dm.mesh
+            got = dict(zip(route.received, xs))
+            out = self.dm(*(self.arrive(n, got[n]) for n in route.reads))
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
+            made = dict(zip(route.makes, outs))
+            last = self.last
             done = []
-            for y in outs:
-                if not isinstance(y, dtensor.DTensor):
+            for n in route.carries:
+                y = made.get(n)
+                if y is None:  # carried on as it came (the first stage's inputs: its block)
+                    x = got[n]
+                    if self.first and isinstance(x, torch.Tensor):
+                        x = dtensor.distribute_tensor(
+                            x, mesh, _send_placements(x, mesh), src_data_rank=None
+                        ).to_local()
+                    done.append(x.view_as(x) if isinstance(x, torch.Tensor) else x)
+                elif not isinstance(y, dtensor.DTensor):
                     done.append(y)
-                elif self.last:
+                elif last:
                     done.append(y.full_tensor())
                 else:
                     done.append(y.redistribute(mesh, _send_placements(y, mesh)).to_local())
@@ -541,7 +626,8 @@ def to_pipeline(module: Any, plan: Plan, *example_inputs: Any) -> TorchPipeline:
     :func:`taps.from_torch` converted it for ``plan``) for ``torch.distributed.pipelining``: one
     stage module per stage of the pipelined ``plan``, cut at the module boundaries its cuts fall
     on (:func:`split_points`), each stage's DTensor placements, and the schedule; call
-    :meth:`TorchPipeline.build` on every rank to run it."""
+    :meth:`TorchPipeline.build` on every rank to run it. ``module`` is left as it was (the stage
+    modules hold a copy of its parameters)."""
     torch = require("torch", "torch", "a pipeline export")
     pipelining = require("torch.distributed.pipelining", "torch", "a pipeline export")
     _pipelined(plan)
@@ -558,7 +644,8 @@ def to_pipeline(module: Any, plan: Plan, *example_inputs: Any) -> TorchPipeline:
         for c in cuts
     }
     try:
-        pipe = pipelining.pipeline(module, mb_args=mb, split_spec=spec)
+        # On a copy: the split changes the module it traces (it cannot split it twice).
+        pipe = pipelining.pipeline(copy.deepcopy(module), mb_args=mb, split_spec=spec)
     except Exception as e:  # torch raises many kinds; the user needs the message, once
         raise ExportError(
             f"torch.distributed.pipelining could not split the module: {_first_line(e)}"
@@ -567,17 +654,16 @@ def to_pipeline(module: Any, plan: Plan, *example_inputs: Any) -> TorchPipeline:
         raise ExportError(
             f"the module split into {pipe.num_stages} stages, the plan has {len(plan.stages)}"
         )
-    inputs: list[tuple[Any, ...]] = []
-    xs: tuple[Any, ...] = mb
-    with torch.no_grad():
-        for k in range(pipe.num_stages):
-            inputs.append(xs)
-            out = pipe.get_stage_module(k)(*xs)
-            out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
-            xs = tuple(
-                o.detach().requires_grad_(o.is_floating_point())
-                if isinstance(o, torch.Tensor)
-                else o
-                for o in out
-            )
-    return TorchPipeline(plan, _stage_placements(plan), cuts, pipe, tuple(inputs))
+    routes, values = _routes(pipe, mb)
+
+    def example(name: str) -> Any:
+        x = values[name]
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.detach().requires_grad_(True)  # another stage's output
+        return x
+
+    inputs = tuple(
+        mb if k == 0 else tuple(example(n) for n in r.reads) for k, r in enumerate(routes)
+    )
+    shapes = {n: tuple(v.shape) for n, v in values.items() if isinstance(v, torch.Tensor)}
+    return TorchPipeline(plan, _stage_placements(plan), cuts, pipe, inputs, routes, shapes)
