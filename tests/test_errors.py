@@ -216,7 +216,8 @@ def test_available_memory_is_known_here():
     machine = limits._meminfo_available()
     if machine is not None:
         assert have is not None
-        assert have <= machine
+        # Two reads of a number other processes change: allow what moved between them.
+        assert have <= machine + 256 * 2**20
 
 
 def _needs_scip() -> tuple[taps.Graph, IlpOptions]:
