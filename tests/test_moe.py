@@ -6,6 +6,7 @@ the experts and the all_to_all between dispatch and experts is priced as the jud
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import linkload
 import taps
+from taps.cli import main
 from taps.frontends.torch import from_torch
 from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
 
@@ -277,3 +279,31 @@ def test_torchtitans_moe_converts_with_its_expert_axis_and_parameter_count():
     route = next(op for op in ops if op.kind == MOE_ROUTE)
     assert (route.axis_size("e"), route.axis_size("c")) == (64, math.ceil(6 * 16 / 64))
     assert len(_shared_adds(ops)) == 1
+
+
+def small_mixtral() -> tuple[torch.nn.Module, torch.Tensor]:
+    """``taps search --torch test_moe:small_mixtral``: one layer of 8 experts, top-2."""
+    with torch.device("meta"):
+        model = _model("mixtral", **SMALL, num_local_experts=8, num_hidden_layers=1)
+        return model, torch.zeros(8, 64, dtype=torch.long)
+
+
+def test_taps_search_names_the_expert_parallel_degree_and_its_level(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    args = [
+        "search",
+        "--torch",
+        "test_moe:small_mixtral",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+    ]
+    assert main([*args, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = next(line for line in text.splitlines() if line.startswith("experts: "))
+    data = json.loads(out.read_text())["topology"]["experts"]
+    assert sum(d["operators"] for d in data) == 2  # gate-up and down
+    for d in data:
+        assert f"expert-parallel {d['expert_parallel']} ({d['level']})" in line
+        assert d["expert_parallel"] * d["data_parallel"] * d["tensor_parallel"] <= 8
