@@ -158,6 +158,15 @@ def _silu(x: Any) -> Any:
     return jax.nn.silu(x)
 
 
+def _divide(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+    """``div`` of two operands; of one (a division by a constant the graph does not keep, as a
+    JAX mean's sum over its count), the operand as an einsum carries it."""
+    if len(xs) != 2:
+        return _einsum(op, xs, reduce)
+    a, b = (_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs))
+    return a / b
+
+
 def balanced_routing(tokens: int, experts: int, capacity: int) -> np.ndarray:
     """A fixed routing ``[s, e, c]`` (0/1) of ``tokens`` per group: the ``k`` choices of every
     token, ``k = c e / s`` (at least 1, at most ``e``), fill the experts' slots in turn, token by
@@ -216,7 +225,7 @@ OPERATORS: dict[str, Callable[[Operator, list[Any], Reduce], Any]] = {
     "relu": _elementwise(_relu),
     "gelu": _elementwise(_gelu),
     "silu": _elementwise(_silu),
-    "div": _elementwise(lambda a, b: a / b),
+    "div": _divide,
     "layernorm": _layernorm,
     "softmax": _softmax,
     MOE_ROUTE: _route,
