@@ -130,7 +130,7 @@ def verify(
 
 
 def _in_fresh_process(
-    plan: Plan, dtype: str, seed: int, values: Mapping[str, Any] | None
+    plan: Plan, dtype: str, seed: int, values: Mapping[str, Any] | None = None
 ) -> VerifyResult:
     """:func:`verify` run by ``python -m taps.verify.xla.fresh`` (the plan's JSON on stdin, the
     given values in an ``.npz`` file)."""
