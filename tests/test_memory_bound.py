@@ -78,8 +78,9 @@ def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
     _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
 
 
-@pytest.mark.parametrize("blocks, shape", [(3, (2, 4)), (6, (1, 8)), (4, (4, 4))])
-@pytest.mark.parametrize("position", [0.2, 0.5, 0.8])
+@pytest.mark.parametrize(
+    ("blocks", "shape", "position"), [(3, (2, 4), 0.2), (2, (1, 8), 0.5), (3, (4, 4), 0.8)]
+)
 def test_distinct_layers_under_a_binding_limit_equal_the_plain_ilp(blocks, shape, position):
     # Untied layers: every layer decides on its own, the memory of all of them under one limit.
     graph = models.gpt(64, 4, 16, 8, blocks=blocks, layers=2)
