@@ -134,7 +134,7 @@ def _unit_keys(graph: Graph, units: Sequence[tuple[str, ...]]) -> list[object]:
     return [tied.get(u, u) for u in units]
 
 
-def _crossing_bytes(graph: Graph, units: Sequence[tuple[str, ...]]) -> list[float]:
+def crossing_bytes(graph: Graph, units: Sequence[tuple[str, ...]]) -> list[float]:
     """Per unit boundary ``i`` (after unit ``i``), the bytes of the tensors made before it and
     read after it (whole, at the graph's batch)."""
     where = {n: i for i, u in enumerate(units) for n in u}
@@ -187,7 +187,7 @@ class _Units:
         self.graph, self.cluster, self.pricing, self.limit = graph, cluster, pricing, limit
         self.units = units_of(graph)
         self.keys = _unit_keys(graph, self.units)
-        self.crossing = _crossing_bytes(graph, self.units)
+        self.crossing = crossing_bytes(graph, self.units)
         self._graphs: dict[object, Graph] = {}
         self._tables: dict[object, CostTables] = {}
         self._costs: dict[tuple[object, int, int, int], UnitCost | None] = {}

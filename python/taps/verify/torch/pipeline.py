@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from taps.errors import VerifyError
 from taps.plan.plan import Plan
 from taps.plan.stages import microbatched
-from taps.search.pipeline import _crossing_bytes as crossing_bytes
+from taps.search.pipeline import crossing_bytes
 from taps.verify.result import (
     DIFFERS,
     OK,
@@ -36,6 +35,7 @@ from taps.verify.result import (
     VerifyResult,
     relative_error,
 )
+from taps.verify.torch.numerics import run_ranks
 
 #: The most gloo processes a pipelined run starts (one per rank of the plan).
 MAX_RANKS = 8
@@ -77,22 +77,7 @@ def verify_pipeline(module: Any, inputs: Sequence[Any], plan: Plan, seed: int = 
     with tempfile.TemporaryDirectory(prefix="taps-pipe-") as tmp:
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
             pickle.dump((module, list(inputs), plan.to_json(), seed, tmp), f)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", __name__, tmp, str(rank), str(ranks)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(ranks)
-        ]
-        failed = [(p.wait(), p.stderr.read() if p.stderr else "") for p in procs]
-        for code, err in failed:
-            if code:
-                tail = (err.strip().splitlines() or ["no output"])[-1]
-                raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
+        run_ranks(__name__, tmp, ranks)
         measured = []
         for rank in range(ranks):
             with open(os.path.join(tmp, f"rank{rank}.json")) as f:
