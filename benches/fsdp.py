@@ -21,7 +21,7 @@ import time
 from collections import Counter
 
 import taps
-from llama3_8b import llama3_8b_graph
+from frontend_torch import tied_llama3
 
 
 def _distinct(names: tuple[str, ...]) -> str:
@@ -54,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Llama 3 8B only")
     args = parser.parse_args()
-    llama = llama3_8b_graph(16, 8192)
+    llama = tied_llama3("8B", 16, 8192)
     for nodes, limit in ((8, 80e9), (8, 40e9), (4, 80e9)):
         run("llama3-8B", llama, taps.Cluster.preset("dgx-h100", nodes), limit)
     if args.quick:

@@ -42,17 +42,9 @@ def gpt3() -> taps.Graph:
 
 def llama3_70b() -> taps.Graph:
     """torchtitan's Llama 3 70B exported on the meta device, its 80 blocks tied."""
-    import torch
+    from frontend_torch import tied_llama3
 
-    from frontend_torch import llama3
-    from taps.frontends.torch import convert, repeated_blocks
-
-    module = llama3("70B")
-    tokens = torch.zeros(LLAMA_BATCH, LLAMA_SEQ, dtype=torch.long, device="meta")
-    conversion = convert(torch.export.export(module, (tokens,)), name="llama3-70B")
-    for instances in repeated_blocks(conversion, module):
-        conversion.graph.tie(instances)
-    return conversion.graph
+    return tied_llama3("70B", LLAMA_BATCH, LLAMA_SEQ)
 
 
 def degrees(plan: taps.Plan) -> tuple[int, int, int]:
