@@ -295,11 +295,11 @@ def build_tables(
                 node = other + fwd + overlapped_backward(bwd, param)
             mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
             sharded = np.zeros(len(cands), dtype=bool)
-            twins = [
-                i
-                for i, c in enumerate(cands)
-                if pricing.shards(op.name) and _stores(graph, op, c, step, flowing)
-            ]
+            twins = (
+                [i for i, c in enumerate(cands) if _stores(graph, op, c, step, flowing)]
+                if pricing.shards(op.name)
+                else []
+            )
             if twins:
                 # The all_reduce of a weight is its two gathers (each half an all_reduce), the
                 # gradient's is a reduce_scatter and half its all_reduce. The gathers are priced
