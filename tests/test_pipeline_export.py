@@ -23,6 +23,7 @@ from taps.export.pipeline import (
     to_pipeline,
 )
 from taps.plan.stages import Pipeline
+from taps.verify.torch.values import materialize
 
 # -- the cut against a brute force ----------------------------------------------------------
 
@@ -103,11 +104,10 @@ def _check_split(module: torch.nn.Module, x: torch.Tensor, plan: taps.Plan) -> N
     for k, stage in enumerate(plan.stages):
         graph = taps.from_torch(pp.stage_module(k), *pp.stage_inputs[k], tie=False)
         assert [op.name for op in graph.ops] == list(stage.operators)
-    values = {n: torch.randn(p.shape) for n, p in module.named_parameters()}
-    real = module.to_empty(device="cpu")
+    # Seeded values for every parameter and buffer: to_empty alone leaves the buffers (the
+    # rotary tables) as whatever memory held, NaN at times.
+    real = materialize(module, torch.float32, "cpu", seed=0)
     with torch.no_grad():
-        for n, p in real.named_parameters():
-            p.copy_(values[n])
         pp = to_pipeline(real, plan, x)
         got = dict(zip(pp.routes[0].received, pp.stage_inputs[0]))
         for k, route in enumerate(pp.routes):
