@@ -6,7 +6,16 @@ forward all_reduce of the sharded run, nothing in the reference). Operands are a
 axis names, so any operand dim order works. A convolution or a pooling is an einsum too, with a
 constant window tensor per spatial axis (:func:`window`): the graph keeps their axes and sizes,
 not their stride or padding, and the replay needs only the axes (spatial axes are never split, so
-the windows are whole on every device). Embeddings (a gather) are a :class:`VerifyError`.
+the windows are whole on every device).
+
+Reads by index (an embedding, ``index``, ``gather``) run on integer index values the program
+draws below the indexed size (:func:`index_bounds`); a vocabulary split over devices reads its
+own rows as a one-hot product, whose partial sums the reduce adds up, as a vocabulary-parallel
+embedding does. Axes of the output that no input has are broadcast (``expand``, ``repeat``), or
+taken from the start of the whole input axis they narrow (``slice``, ``split``: the graph keeps
+sizes, not offsets); ``cat`` joins its operands in order, zeros where a constant operand was.
+Where an operator needs its place in the tensor (a one-hot's offset, a broadcast's block size),
+it asks its :class:`Block`.
 
 ``reduce(y, addend=None)`` sums the partial sums of ``y`` and adds ``addend`` (an operand added
 after the contraction, a linear's bias, already aligned to the output) once.
@@ -14,7 +23,8 @@ after the contraction, a linear's bias, already aligned to the output) once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +33,41 @@ from taps.errors import VerifyError
 from taps.graph import MOE_DISPATCH, MOE_ROUTE, Operator
 
 Reduce = Callable[..., Any]
+
+
+class Block:
+    """A device's block of an operator's axes: per axis, its size and the mesh axes that split
+    it (major first); the whole axis from 0 outside ``shard_map`` (no split)."""
+
+    def __init__(self, op: Operator, splits: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+        self.splits = {a: tuple(splits.get(a, ())) for a in op.axes}
+        self.sizes = {
+            a: op.axis_size(a) // math.prod(n for _, n in s) for a, s in self.splits.items()
+        }
+
+    def size(self, axis: str) -> int:
+        """The block's size along ``axis``."""
+        return self.sizes[axis]
+
+    def start(self, axis: str) -> Any:
+        """The block's first index along ``axis`` (a traced scalar under ``shard_map``)."""
+        if not self.splits[axis]:
+            return 0
+        import jax
+
+        index: Any = 0
+        for name, n in self.splits[axis]:
+            index = index * n + jax.lax.axis_index(name)
+        return index * self.sizes[axis]
+
+
+#: An operator's JAX form: ``(op, operands, reduce, block) -> output``.
+Form = Callable[[Operator, list[Any], Reduce, Block], Any]
+
+
+def whole(op: Operator) -> Block:
+    """The block of a device holding ``op``'s whole axes."""
+    return Block(op, {})
 
 
 def _jnp() -> Any:
@@ -43,8 +88,16 @@ def _align(x: Any, dims: Sequence[str], to: Sequence[str]) -> Any:
     return jnp.reshape(x, [x.shape[order.index(d)] if d in dims else 1 for d in to])
 
 
-#: A convolution's (input, kernel, output) spatial axes, and a pooling's (input, output).
-WINDOWS = (("hi", "kh", "ho"), ("wi", "kw", "wo"), ("hi", "ho"), ("wi", "wo"))
+#: A convolution's (input, kernel, output) spatial axes, and a pooling's (input, output): named
+#: ``hi kh ho`` and ``wi kw wo`` in two dims, ``x<i>i k<i> x<i>o`` in one or three.
+WINDOWS = (
+    ("hi", "kh", "ho"),
+    ("wi", "kw", "wo"),
+    *((f"x{i}i", f"k{i}", f"x{i}o") for i in range(3)),
+    ("hi", "ho"),
+    ("wi", "wo"),
+    *((f"x{i}i", f"x{i}o") for i in range(3)),
+)
 
 
 def window(sizes: Sequence[int]) -> np.ndarray:
@@ -75,39 +128,210 @@ def _windows(op: Operator, dtype: Any) -> list[tuple[tuple[str, ...], Any]]:
     return out
 
 
-def _einsum(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
-    """The product of the factors (and of a convolution's or pooling's windows) summed over the
-    axes the output lacks; then the addends (a bias), once, after the partial sums."""
-    letters: dict[str, str] = {}
-    for a in op.axes:
-        letters[a] = chr(ord("a") + len(letters)) if len(letters) < 26 else chr(65 + len(letters))
+def _contract(
+    op: Operator,
+    factors: Sequence[tuple[Sequence[str], Any]],
+    addends: Sequence[tuple[Sequence[str], Any]],
+    reduce: Reduce,
+    block: Block,
+) -> Any:
+    """The product of ``factors`` (and of a convolution's or pooling's windows) summed over the
+    axes the output lacks, its partial sums reduced; then ``addends`` (a bias), once. An output
+    axis ``<name>_out`` no factor has narrows the whole input axis ``<name>_in`` (from its
+    start: a slice); any other output axis no factor has is a broadcast."""
+    jnp = _jnp()
+    narrowed: list[tuple[list[str], Any]] = []
+    for dims, x in factors:
+        names = list(dims)
+        for k, d in enumerate(dims):
+            out = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
+            if out in op.output.dims and not any(out in f for f, _ in factors):
+                x = jnp.take(x, np.arange(block.size(out)), axis=k)
+                names[k] = out
+        narrowed.append((names, x))
+    narrowed += [(list(dims), w) for dims, w in _windows(op, narrowed[0][1].dtype)]
+    letters = {a: chr(ord("a") + i) if i < 26 else chr(65 + i - 26) for i, a in enumerate(op.axes)}
 
     def word(dims: Sequence[str]) -> str:
         return "".join(letters[d] for d in dims)
 
-    factors = [(o.dims, x) for o, x in zip(op.inputs, xs) if not o.addend]
-    factors += _windows(op, xs[0].dtype)
-    missing = [d for d in op.output.dims if all(d not in dims for dims, _ in factors)]
-    wide = [d for d in missing if op.axis_size(d) != 1]
-    if wide:
-        raise VerifyError(
-            f"operator {op.name!r} ({op.kind}): output axes {wide} come from no input, so it "
-            "has no einsum form to replay"
-        )
-    # A size-1 output axis no input has (a mean kept with keepdims, then broadcast by the
-    # reader): the einsum without it, the axis added back.
-    made = [d for d in op.output.dims if d not in missing]
-    spec = ",".join(word(dims) for dims, _ in factors) + "->" + word(made)
-    y = _jnp().einsum(spec, *(x for _, x in factors))
-    if missing:
-        y = _jnp().expand_dims(y, [op.output.dims.index(d) for d in missing])
-    addends = [_align(x, o.dims, op.output.dims) for o, x in zip(op.inputs, xs) if o.addend]
-    return reduce(y, sum(addends[1:], addends[0])) if addends else reduce(y)
+    out = op.output.dims
+    made = [d for d in out if any(d in dims for dims, _ in narrowed)]
+    spec = ",".join(word(dims) for dims, _ in narrowed) + "->" + word(made)
+    y = jnp.einsum(spec, *(x for _, x in narrowed))
+    if len(made) < len(out):
+        y = jnp.expand_dims(y, [i for i, d in enumerate(out) if d not in made])
+        y = jnp.broadcast_to(y, [block.size(d) for d in out])
+    if not addends:
+        return reduce(y)
+    aligned = [_align(x, dims, out) for dims, x in addends]
+    return reduce(y, sum(aligned[1:], aligned[0]))
 
 
-def _elementwise(fn: Callable[..., Any]) -> Callable[[Operator, list[Any], Reduce], Any]:
-    def run(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
-        return fn(*(_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs)))
+def _einsum(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """The operator as the product of its operands (:func:`_contract`), addends after."""
+    pairs = list(zip(op.inputs, xs))
+    factors = [(o.dims, x) for o, x in pairs if not o.addend]
+    return _contract(op, factors, [(o.dims, x) for o, x in pairs if o.addend], reduce, block)
+
+
+def _ids(x: Any, bound: int) -> Any:
+    """Index values: integers as given; computed ones (floats) folded into ``[0, bound)``."""
+    jnp = _jnp()
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return x
+    return jnp.mod(jnp.floor(jnp.abs(x)), bound).astype(jnp.int32)
+
+
+def _embedding(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``ids x table``: the table's rows the ids pick, as the one-hot product over the
+    device's block of the vocabulary (zero for ids outside it; the reduce sums the blocks)."""
+    import jax
+
+    ids, table = op.inputs
+    v = table.dims[0]
+    hot = jax.nn.one_hot(
+        _ids(xs[0], op.axis_size(v)) - block.start(v), block.size(v), dtype=xs[1].dtype
+    )
+    return _contract(op, [([*ids.dims, v], hot), (table.dims, xs[1])], [], reduce, block)
+
+
+def _source(op: Operator, suffix: str) -> int | None:
+    """The slot of the tensor an ``index`` or ``gather`` reads from (its dims with ``suffix``
+    are the indexed ones); ``None`` when it is a constant the graph does not keep."""
+    return next(
+        (i for i, o in enumerate(op.inputs) if any(d.endswith(suffix) for d in o.dims)), None
+    )
+
+
+def index_bounds(op: Operator) -> dict[int, int]:
+    """Per input slot read as index values, the size they index (values are drawn below it)."""
+    if op.kind == "embedding":
+        return {0: op.axis_size(op.inputs[1].dims[0])}
+    suffix = {"index": "_idx", "gather": "_src"}.get(op.kind)
+    if suffix is None:
+        return {}
+    src = _source(op, suffix)
+    if src is None:
+        return {i: 1 for i in range(len(op.inputs))}
+    dims = op.inputs[src].dims
+    indexed = [op.axis_size(d) for d in dims if d.endswith(suffix)]
+    return {i: min(indexed) for i in range(len(op.inputs)) if i != src}
+
+
+def _constant_source(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """An ``index`` or ``gather`` of a constant table: the index values, broadcast (what the
+    table holds is not in the graph)."""
+    factors = [(o.dims, x.astype(_jnp().float32)) for o, x in zip(op.inputs, xs)]
+    return _contract(op, factors, [], reduce, block)
+
+
+def _place(op: Operator, dims: Sequence[str], block: Block) -> Any:
+    """Each element's row-major position in the whole tensor of ``dims``, on the block."""
+    jnp = _jnp()
+    place: Any = 0
+    for k, d in enumerate(dims):
+        shape = [1] * len(dims)
+        shape[k] = block.size(d)
+        at = jnp.reshape(block.start(d) + jnp.arange(block.size(d)), shape)
+        place = place * op.axis_size(d) + at
+    return place
+
+
+def _index(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``x[i, j]``: the indexed dims of ``x`` are whole, the index tensors' dims (``i0``, ...)
+    and ``x``'s other dims are the output's, in any split."""
+    src = _source(op, "_idx")
+    if src is None:
+        return _constant_source(op, xs, reduce, block)
+    x_dims = op.inputs[src].dims
+    at = [k for k, d in enumerate(x_dims) if d.endswith("_idx")]
+    kept = [d for d in x_dims if not d.endswith("_idx")]
+    idx = [d for d in op.output.dims if d not in kept]
+    bound = index_bounds(op)
+    ids = tuple(
+        _align(_ids(x, bound[i]), o.dims, idx)
+        for i, (o, x) in enumerate(zip(op.inputs, xs))
+        if i != src
+    )
+    if not ids:  # constant indices: each position reads the row of its place, wrapped
+        place = _place(op, idx, block)
+        ids = tuple(place % op.axis_size(x_dims[k]) for k in at)
+    x = _jnp().transpose(xs[src], at + [k for k in range(len(x_dims)) if k not in at])
+    y = x.at[ids].get(mode="clip")
+    y = _jnp().broadcast_to(y, [block.size(d) for d in idx] + list(y.shape[len(idx) :]))
+    return _align(y, idx + kept, op.output.dims)
+
+
+def _gather(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``gather(x, dim, ids)``: ``x`` along ``dim`` at the ids; ``x``'s other ``_src`` dims are
+    read as their prefix of the ids' size. Without ids (a constant index), each position reads
+    its own row."""
+    src = _source(op, "_src")
+    if src is None:
+        return _constant_source(op, xs, reduce, block)
+    jnp = _jnp()
+    x, names = xs[src], list(op.inputs[src].dims)
+    axis = None
+    for k, d in enumerate(names):
+        if d.endswith("_src"):
+            names[k] = base = d[: -len("_src")]
+            if base in op.partitionable:
+                axis = k
+            else:
+                x = jnp.take(x, np.arange(block.size(base)), axis=k)
+    if axis is None:
+        raise VerifyError(f"operator {op.name!r} ({op.kind}): no gathered dim to replay")
+    out = op.output.dims
+    x = _align(x, names, out)
+    rest = [(o, v) for i, (o, v) in enumerate(zip(op.inputs, xs)) if i != src]
+    if rest:
+        (o, v), bound = rest[0], index_bounds(op)[1 - src]
+        ids = _align(_ids(v, bound), o.dims, out)
+    else:
+        k = out.index(names[axis])
+        shape = [1] * len(out)
+        shape[k] = block.size(out[k])
+        ids = jnp.reshape(block.start(out[k]) + jnp.arange(block.size(out[k])), shape)
+    ids = jnp.broadcast_to(ids, [block.size(d) for d in out])
+    return jnp.take_along_axis(x, ids, axis=out.index(names[axis]), mode="clip")
+
+
+def _cat(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``cat``: the operands in order along the joined (whole) axis ``<name>_cat``, zeros after
+    them where the graph dropped a constant operand."""
+    jnp = _jnp()
+    out = list(op.output.dims)
+    (joined,) = [k for k, d in enumerate(out) if d.endswith("_cat")]
+    parts = []
+    for o, x in zip(op.inputs, xs):
+        names = [out[joined] if d not in out else d for d in o.dims]
+        parts.append(_align(x, names, out))
+    y = jnp.concatenate(parts, axis=joined)
+    pad = [(0, 0)] * len(out)
+    pad[joined] = (0, block.size(out[joined]) - y.shape[joined])
+    return jnp.pad(y, pad)
+
+
+def _stack(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``stack``: the operands along the new (output-only) axis, zeros for dropped constants."""
+    jnp = _jnp()
+    out = list(op.output.dims)
+    (new,) = [k for k, d in enumerate(out) if all(d not in o.dims for o in op.inputs)]
+    rest = [d for d in out if d != out[new]]
+    y = jnp.stack([_align(x, o.dims, rest) for o, x in zip(op.inputs, xs)], axis=new)
+    pad = [(0, 0)] * len(out)
+    pad[new] = (0, block.size(out[new]) - y.shape[new])
+    return jnp.pad(y, pad)
+
+
+def _elementwise(fn: Callable[..., Any], arity: int = 1) -> Form:
+    """``fn`` of the operands aligned to the output; of fewer than ``arity`` (the others
+    constants the graph does not keep), the first operand."""
+
+    def run(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+        aligned = [_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs)]
+        return aligned[0] if len(aligned) < arity else fn(*aligned)
 
     return run
 
@@ -120,7 +344,7 @@ def _whole_axes(op: Operator) -> tuple[int, ...]:
     return whole
 
 
-def _layernorm(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+def _layernorm(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     jnp = _jnp()
     axes = _whole_axes(op)
     x = _align(xs[0], op.inputs[0].dims, op.output.dims)
@@ -133,7 +357,7 @@ def _layernorm(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
     return y
 
 
-def _softmax(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+def _softmax(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     import jax
 
     x = _align(xs[0], op.inputs[0].dims, op.output.dims)
@@ -158,11 +382,11 @@ def _silu(x: Any) -> Any:
     return jax.nn.silu(x)
 
 
-def _divide(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+def _divide(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     """``div`` of two operands; of one (a division by a constant the graph does not keep, as a
     JAX mean's sum over its count), the operand as an einsum carries it."""
     if len(xs) != 2:
-        return _einsum(op, xs, reduce)
+        return _einsum(op, xs, reduce, block)
     a, b = (_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs))
     return a / b
 
@@ -179,7 +403,7 @@ def balanced_routing(tokens: int, experts: int, capacity: int) -> np.ndarray:
     return mask
 
 
-def _route(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+def _route(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     """``moe_route`` ``gse -> gsec``: the router's scores at the slots of
     :func:`balanced_routing` (the graph keeps the capacity, not the model's top-k, and the
     collectives do not depend on which tokens go where); the same in every token group, so a
@@ -193,19 +417,19 @@ def _route(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
     return scores[..., None] * mask[None]
 
 
-def _dispatch(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+def _dispatch(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     """``moe_dispatch`` ``gsec,gsm -> egcm``: each expert's tokens gathered where the routing
     tensor is not zero (its weights apply at the combine; no gradient reaches the router here,
     as in an index-based dispatch)."""
     mask = _jnp().where(xs[0] != 0, 1.0, 0.0).astype(xs[0].dtype)
-    return _einsum(op, [mask, *xs[1:]], reduce)
+    return _einsum(op, [mask, *xs[1:]], reduce, block)
 
 
-def _glu(act: Callable[[Any], Any]) -> Callable[[Operator, list[Any], Reduce], Any]:
+def _glu(act: Callable[[Any], Any]) -> Form:
     """A gated activation, ``act(gate) * up``: of two operands, or of one whose extra axis of
     size 2 holds gate (first) and up (a fused gate-up projection)."""
 
-    def run(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+    def run(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
         out = op.output.dims
         if len(xs) == 2:
             gate, up = (_align(x, o.dims, out) for x, o in zip(xs, op.inputs))
@@ -219,9 +443,14 @@ def _glu(act: Callable[[Any], Any]) -> Callable[[Operator, list[Any], Reduce], A
     return run
 
 
-OPERATORS: dict[str, Callable[[Operator, list[Any], Reduce], Any]] = {
-    "add": _elementwise(lambda a, b: a + b),
-    "mul": _elementwise(lambda a, b: a * b),
+OPERATORS: dict[str, Form] = {
+    "add": _elementwise(lambda a, b: a + b, 2),
+    "embedding": _embedding,
+    "index": _index,
+    "gather": _gather,
+    "cat": _cat,
+    "stack": _stack,
+    "mul": _elementwise(lambda a, b: a * b, 2),
     "relu": _elementwise(_relu),
     "gelu": _elementwise(_gelu),
     "silu": _elementwise(_silu),
@@ -235,12 +464,8 @@ OPERATORS: dict[str, Callable[[Operator, list[Any], Reduce], Any]] = {
     "reglu": _glu(_relu),
 }
 
-#: Kinds whose computation is not an einsum of their operands.
-UNSUPPORTED = ("embedding",)
 
-
-def compute(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
-    """Run ``op`` on ``xs`` (one array per input slot); any other kind is an einsum."""
-    if op.kind in UNSUPPORTED:
-        raise VerifyError(f"operator {op.name!r}: the replay has no JAX form for kind {op.kind!r}")
-    return OPERATORS.get(op.kind, _einsum)(op, xs, reduce)
+def compute(op: Operator, xs: list[Any], reduce: Reduce, block: Block | None = None) -> Any:
+    """Run ``op`` on ``xs`` (one array per input slot; ``block``: where the device's block of
+    its axes lies, the whole axes by default); any other kind is an einsum."""
+    return OPERATORS.get(op.kind, _einsum)(op, xs, reduce, whole(op) if block is None else block)

@@ -22,6 +22,7 @@ import numpy as np
 from taps._core import Layout, Redistribution
 from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
+from taps.graph import Operator
 from taps.plan.plan import Plan
 from taps.search.evaluate import step_layouts
 from taps.steps.jax import all_reduce, redistribute
@@ -29,7 +30,7 @@ from taps.verify.prediction import describe_scopes, predicted_collectives
 from taps.verify.result import Predicted, check_dtype, relative_error
 from taps.verify.xla import hlo
 from taps.verify.xla.devices import jax_with_devices
-from taps.verify.xla.operators import compute
+from taps.verify.xla.operators import Block, compute, index_bounds, whole
 
 _SCOPE = re.compile(r"taps_([eo]\d+)")
 
@@ -100,6 +101,8 @@ class GraphProgram:
         }
         self.describe = describe_scopes(self.layouts)
         rng = np.random.default_rng(seed)
+        bounds = self._index_bounds()
+        ids = np.random.default_rng([seed, 1])
         roots: dict[str, np.ndarray] = {}
         self.diff: dict[str, np.ndarray] = {}
         self.fixed: dict[str, np.ndarray] = {}
@@ -112,21 +115,51 @@ class GraphProgram:
                 if root.name not in roots:
                     scale = 1 / math.sqrt(root.shape[0]) if len(root.shape) > 1 else 1.0
                     drawn = rng.standard_normal(root.shape) * scale  # drawn anyway: same seeds
-                    roots[root.name] = (
-                        given(values, root).astype(self.dtype)
-                        if (values and root.name in values)
-                        else drawn.astype(self.dtype)
-                    )
+                    if values and root.name in values:
+                        drawn = given(values, root)
+                    elif root.name in bounds:
+                        drawn = ids.integers(0, bounds[root.name], root.shape)
+                    roots[root.name] = drawn
                 key = f"{op.name}#{slot}"
                 self.leaf_layouts[key] = self.layouts.inputs[op.name][slot]
                 value = roots[root.name].reshape(graph.tensors[o.tensor].shape)
-                (self.diff if root.requires_grad else self.fixed)[key] = value
+                if root.name in bounds:  # index values: integers where read as indices
+                    index = slot in index_bounds(op)
+                    self.fixed[key] = value.astype(np.int32 if index else self.dtype)
+                else:
+                    value = value.astype(self.dtype)
+                    (self.diff if root.requires_grad else self.fixed)[key] = value
         self.cts = {
             op.name: rng.standard_normal(graph.tensors[op.output.tensor].shape).astype(self.dtype)
             for op in graph.ops
         }
         self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
         self._reference: tuple[Any, Any] | None = None
+
+    def _index_bounds(self) -> dict[str, int]:
+        """Per parameter or input read as index values (token ids), the least size it indexes."""
+        bounds: dict[str, int] = {}
+        for op in self.graph.ops:
+            for slot, bound in index_bounds(op).items():
+                root = self.graph.root(op.inputs[slot].tensor)
+                if root.kind != "activation":
+                    bounds[root.name] = min(bound, bounds.get(root.name, bound))
+        return bounds
+
+    def block(self, op: Operator) -> Block:
+        """Where a device's block of ``op``'s axes lies under ``shard_map``: each axis split as
+        the first operand (or the output) having it whole-sized is laid out."""
+        splits: dict[str, list[tuple[str, int]]] = {}
+        pairs = [
+            *zip(op.inputs, self.layouts.inputs[op.name]),
+            (op.output, self.layouts.outputs[op.name]),
+        ]
+        for o, layout in pairs:
+            shape = self.graph.tensors[o.tensor].shape
+            for d, n, axes in zip(o.dims, shape, self.mesh.dim_axes(layout)):
+                if d not in splits and n == op.axis_size(d):
+                    splits[d] = [(a, self.jmesh.shape[a]) for a in axes]
+        return Block(op, splits)
 
     def spec(self, layout: Layout) -> Any:
         return self.jax.sharding.PartitionSpec(*layout_spec(self.mesh, layout))
@@ -196,8 +229,9 @@ class GraphProgram:
                 y = all_reduce(y, axes) if axes else y
                 return y if addend is None else y + addend
 
+            block = self.block(op) if mode == "shard_map" else whole(op)
             with jax.named_scope(f"taps_o{j}"):
-                vals[op.name] = fix(compute(op, xs, reduce), self.layouts.outputs[op.name])
+                vals[op.name] = fix(compute(op, xs, reduce, block), self.layouts.outputs[op.name])
         return vals
 
     def train(self, fn: Any) -> Any:

@@ -161,6 +161,7 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
                 grads.remove(c)
                 syncs[f"{op.name}#{slot}"] = _gradient_sync(prog, c)
     reductions = {op.name: _reduction(prog, op) for op in prog.graph.ops}
+    blocks = {op.name: prog.block(op) for op in prog.graph.ops}
 
     def forward(d: Mapping[str, Any], f: Mapping[str, Any]) -> dict[str, Any]:
         vals: dict[str, Any] = {}
@@ -178,7 +179,7 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
                     with jax.named_scope(f"taps_e{i}"):
                         xs.append(edges[(op.name, slot)](vals[e.producer]))
             with jax.named_scope(f"taps_o{j}"):
-                vals[op.name] = compute(op, xs, reductions[op.name])
+                vals[op.name] = compute(op, xs, reductions[op.name], blocks[op.name])
         return vals
 
     def run(d: Any, f: Any, cts: Any) -> Any:
