@@ -6,13 +6,16 @@ of the same group size and bytes."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
+import pytest
 
 import taps
+from fsdp_collectives import predicted
 from taps.export.storage import stored_groups
+from taps.plan.layouts import layouts_of
+from taps.search.prices import BACKWARD_GATHER, FORWARD_GATHER
 from taps.verify.xla import hlo
 from taps.verify.xla.devices import jax_with_devices
 
@@ -35,23 +38,6 @@ def _plan(devices: int) -> taps.Plan:
     split = taps.Strategy([devices, 1, 1], [0, -1, -1])
     strategies = {"fc1": split, "act": taps.Strategy([devices, 1], [0, -1]), "fc2": split}
     return taps.Plan(g, taps.Cluster(1, devices), strategies, taps.Pricing(fsdp=True))
-
-
-def _predicted(plan: taps.Plan) -> Counter:
-    """taps' collectives by kind, group size and the whole tensor's bytes."""
-    return Counter(
-        (
-            c.kind,
-            math.prod(
-                c.layout.device_dim_size(k)
-                for k in range(len(c.layout.device_matrix))
-                if k not in c.layout.tensor_map
-            ),
-            math.prod(c.layout.shard_shape) * c.dtype_bytes,
-        )
-        for r in taps.breakdown(plan)
-        for c, _ in r.collectives
-    )
 
 
 def _found(compiled, n: int) -> Counter:
@@ -110,10 +96,10 @@ def test_xla_partitioner_gathers_the_stored_parameters_as_taps_prices():
     params, x, ct = _inputs(specs, mesh)
     stored = {k: v.sharding for k, v in params.items()}
     found = _found(jax.jit(step, out_shardings=stored).lower(params, x, ct).compile(), n)
-    predicted = _predicted(plan)
+    want = predicted(plan)
     assert set(stored_groups(plan)) == {"fc1.weight", "fc2.weight"}
-    gathers = {k: v for k, v in predicted.items() if k[0] == "all_gather"}
-    scatters = {k: v for k, v in predicted.items() if k[0] == "reduce_scatter"}
+    gathers = {k: v for k, v in want.items() if k[0] == "all_gather"}
+    scatters = {k: v for k, v in want.items() if k[0] == "reduce_scatter"}
     assert {k: v for k, v in found.items() if k[0] == "all_gather"} == {
         k: v // 2 for k, v in gathers.items()
     }
@@ -163,6 +149,93 @@ def test_a_replay_of_fsdp_issues_exactly_taps_collectives():
     # (it keeps the gathered weight, memory being no concern to it); without it the program
     # runs FSDP2's default.
     found = _found(lowered.compile(compiler_options={"xla_disable_hlo_passes": "cse"}), n)
-    assert found == _predicted(plan)
+    assert found == predicted(plan)
     kept = _found(lowered.compile(), n)
     assert kept == {k: v // 2 if k[0] == "all_gather" else v for k, v in found.items()}
+
+
+# --- taps verify ----------------------------------------------------------------------------------
+
+
+GATHERS = (FORWARD_GATHER, BACKWARD_GATHER)
+
+
+def _tensor_split(plan: taps.Plan) -> list[str]:
+    """The operators that store a parameter sharded and also split it (tensor parallelism)."""
+    layouts = layouts_of(plan)
+    return [
+        op.name
+        for op in plan.graph.ops
+        if plan.pricing.shards(op.name)
+        and any(
+            m >= 0
+            for o, lay in zip(op.inputs, layouts.inputs[op.name])
+            if plan.graph.root(o.tensor).kind == "parameter"
+            for m in lay.tensor_map
+        )
+    ]
+
+
+def _fsdp_rows(result) -> Counter:
+    """The rows of sharded storage's collectives by status, kind and phase."""
+    return Counter(
+        (c.status, c.kind, c.phase)
+        for c in result.collectives
+        if c.what.startswith(GATHERS) or (c.kind, c.what[:8]) == ("reduce_scatter", "gradient")
+    )
+
+
+def test_verify_replays_sharded_storage_exactly():
+    """``taps.verify`` on the data-parallel plan: every weight gathered before the forward and
+    the backward and its gradient reduce-scattered, each of the closed form's bytes ((g-1)/g of
+    the weight per device, float32), every row matched, every device's shard of every gradient
+    equal to the dense run's."""
+    n = 4
+    plan = _plan(n)
+    result = taps.verify(plan)
+    assert result.ok, result.mismatches
+    assert _fsdp_rows(result) == {
+        ("ok", "all_gather", "forward"): 2,
+        ("ok", "all_gather", "backward"): 2,
+        ("ok", "reduce_scatter", "backward"): 2,
+    }
+    weight = {"fc1.weight": 32 * 64 * 4, "fc2.weight": 64 * 32 * 4}
+    for c in result.collectives:
+        tensor = c.what.rsplit(" of ", 1)[-1]
+        assert c.measured_bytes == (n - 1) * weight[tensor] // n, c
+    assert {k for k in result.errors if k.startswith("grad")} == {"grad fc1#1", "grad fc2#1"}
+    assert 0 < result.max_error <= result.tolerance
+
+
+@pytest.mark.parametrize(
+    ("graph", "cluster", "fraction"),
+    [
+        (taps.models.mlp(), taps.Cluster(2, 4), 0.97),
+        (taps.models.gpt(hidden=64, heads=4, seq=16, batch=8), taps.Cluster(2, 8), 0.9),
+    ],
+    ids=["mlp-2x4", "gpt-2x8"],
+)
+def test_verify_matches_searched_fsdp_plans(graph, cluster, fraction):
+    """Plans a search shards under a memory limit below the unsharded plan's (here operators
+    that are tensor-split too): ``taps.verify`` predicts and compiles their gathers and
+    reduce_scatters one for one with everything else, and the numbers equal the dense run's."""
+    plain = taps.search(graph, cluster)
+    limit = fraction * plain.memory_per_device
+    plan = taps.search(graph, cluster, taps.Pricing(fsdp=True), memory_limit=limit).plan
+    stored = stored_groups(plan)
+    assert stored and _tensor_split(plan)
+    result = taps.verify(plan)
+    assert result.ok, result.mismatches
+    assert _fsdp_rows(result) == {
+        ("ok", "all_gather", "forward"): len(stored),
+        ("ok", "all_gather", "backward"): len(stored),
+        ("ok", "reduce_scatter", "backward"): len(stored),
+    }
+    assert result.max_error <= result.tolerance
+
+
+def test_sharded_storage_is_replayed_in_the_training_step_only():
+    plan = _plan(4)
+    forward = plan.with_pricing(taps.Pricing(step="forward", fsdp=True))
+    with pytest.raises(taps.VerifyError, match="training step only"):
+        taps.verify(forward)
