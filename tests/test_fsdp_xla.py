@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 import taps
-from fsdp_collectives import predicted
+from fsdp_collectives import fsdp_rows, predicted, stored_rows, tensor_split
 from taps.export.storage import stored_groups
-from taps.plan.layouts import layouts_of
-from taps.search.prices import BACKWARD_GATHER, FORWARD_GATHER
 from taps.verify.xla import hlo
 from taps.verify.xla.devices import jax_with_devices
 
@@ -157,34 +155,6 @@ def test_a_replay_of_fsdp_issues_exactly_taps_collectives():
 # --- taps verify ----------------------------------------------------------------------------------
 
 
-GATHERS = (FORWARD_GATHER, BACKWARD_GATHER)
-
-
-def _tensor_split(plan: taps.Plan) -> list[str]:
-    """The operators that store a parameter sharded and also split it (tensor parallelism)."""
-    layouts = layouts_of(plan)
-    return [
-        op.name
-        for op in plan.graph.ops
-        if plan.pricing.shards(op.name)
-        and any(
-            m >= 0
-            for o, lay in zip(op.inputs, layouts.inputs[op.name])
-            if plan.graph.root(o.tensor).kind == "parameter"
-            for m in lay.tensor_map
-        )
-    ]
-
-
-def _fsdp_rows(result) -> Counter:
-    """The rows of sharded storage's collectives by status, kind and phase."""
-    return Counter(
-        (c.status, c.kind, c.phase)
-        for c in result.collectives
-        if c.what.startswith(GATHERS) or (c.kind, c.what[:8]) == ("reduce_scatter", "gradient")
-    )
-
-
 def test_verify_replays_sharded_storage_exactly():
     """``taps.verify`` on the data-parallel plan: every weight gathered before the forward and
     the backward and its gradient reduce-scattered, each of the closed form's bytes ((g-1)/g of
@@ -194,11 +164,7 @@ def test_verify_replays_sharded_storage_exactly():
     plan = _plan(n)
     result = taps.verify(plan)
     assert result.ok, result.mismatches
-    assert _fsdp_rows(result) == {
-        ("ok", "all_gather", "forward"): 2,
-        ("ok", "all_gather", "backward"): 2,
-        ("ok", "reduce_scatter", "backward"): 2,
-    }
+    assert fsdp_rows(result.collectives) == stored_rows(2)
     weight = {"fc1.weight": 32 * 64 * 4, "fc2.weight": 64 * 32 * 4}
     for c in result.collectives:
         tensor = c.what.rsplit(" of ", 1)[-1]
@@ -223,14 +189,10 @@ def test_verify_matches_searched_fsdp_plans(graph, cluster, fraction):
     limit = fraction * plain.memory_per_device
     plan = taps.search(graph, cluster, taps.Pricing(fsdp=True), memory_limit=limit).plan
     stored = stored_groups(plan)
-    assert stored and _tensor_split(plan)
+    assert stored and tensor_split(plan)
     result = taps.verify(plan)
     assert result.ok, result.mismatches
-    assert _fsdp_rows(result) == {
-        ("ok", "all_gather", "forward"): len(stored),
-        ("ok", "all_gather", "backward"): len(stored),
-        ("ok", "reduce_scatter", "backward"): len(stored),
-    }
+    assert fsdp_rows(result.collectives) == stored_rows(len(stored))
     assert result.max_error <= result.tolerance
 
 
