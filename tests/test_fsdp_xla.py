@@ -201,3 +201,27 @@ def test_sharded_storage_is_replayed_in_the_training_step_only():
     forward = plan.with_pricing(taps.Pricing(step="forward", fsdp=True))
     with pytest.raises(taps.VerifyError, match="training step only"):
         taps.verify(forward)
+
+
+def test_a_block_the_group_does_not_divide_is_padded_as_fsdp_pads():
+    """A weight of 30 rows stored over 4 devices: each holds 8 rows (FSDP2 pads dim 0 to a
+    multiple of the group), so its gathers and reduce_scatter move the padded 32 rows' bytes,
+    ``(g-1) * 8 * 64 * 4``, where taps prices the 30 rows'; the numbers are the dense run's."""
+    n = 4
+    g = taps.Graph(name="mlp")
+    x = g.input("x", (16, 30), dtype_bytes=4)
+    g.linear("fc1", x, 64)
+    plan = taps.Plan(
+        g,
+        taps.Cluster(1, n),
+        {"fc1": taps.Strategy([n, 1, 1], [0, -1, -1])},
+        taps.Pricing(fsdp=True),
+    )
+    result = taps.verify(plan)
+    fsdp = [c for c in result.collectives if c.what.endswith("of fc1.weight")]
+    assert [c.status for c in fsdp] == ["differs"] * 3
+    assert {(c.predicted_bytes, c.measured_bytes) for c in fsdp} == {
+        ((n - 1) * 30 * 64 * 4 // n, (n - 1) * 8 * 64 * 4)
+    }
+    assert all(c.status == "ok" for c in result.collectives if c not in fsdp)
+    assert result.max_error <= result.tolerance
