@@ -432,7 +432,9 @@ class DistributedModule:
         def view(b: Any) -> Any:
             return Blocks(b, layout, link.graph_shape, link.perm, self).framework()
 
-        again = lambda: view(steps.gathered(shard.detach(), axes, rows))  # noqa: E731
+        def again() -> Any:
+            return view(steps.gathered(shard.detach(), axes, rows))
+
         return view(steps.stored(shard, axes, rows, scope)), again
 
     def _reader_block(self, x: Any, layout: Layout, link: Link) -> Any:
