@@ -123,7 +123,11 @@ class GraphProgram:
                 (self.diff if root.requires_grad else self.fixed)[key] = value
         #: The leaves an operator stores sharded (FSDP, training step): each device holds its
         #: piece, stacked in rank order (:mod:`.sharded`).
-        self.stored = sharded.stored_leaves(self) if plan.pricing.step == "training" else {}
+        self.stored = (
+            sharded.stored_leaves(graph, self.intra, self.leaf_layouts, self.mesh)
+            if plan.pricing.step == "training"
+            else {}
+        )
         self.cts = {
             op.name: rng.standard_normal(graph.tensors[op.output.tensor].shape).astype(self.dtype)
             for op in graph.ops

@@ -20,19 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from taps._core import Layout
-from taps.graph import Operator
+from taps.graph import Graph, Operator
+from taps.plan.mesh import Mesh
 from taps.search.prices import Collective
 from taps.steps.kinds import layout_groups
 from taps.verify.result import relative_error
 from taps.verify.xla.operators import Reduce, compute
-
-if TYPE_CHECKING:
-    from taps.verify.xla.program import GraphProgram
 
 
 @dataclass(frozen=True)
@@ -51,10 +49,10 @@ class Stored:
     axes: tuple[str, ...]
 
     @classmethod
-    def of(cls, prog: GraphProgram, layout: Layout, scatter: Collective) -> Stored:
+    def of(cls, mesh: Mesh, layout: Layout, scatter: Collective) -> Stored:
         over = scatter.layout
         unused = [k for k in range(len(over.device_matrix)) if k not in over.tensor_map]
-        return cls(layout, layout_groups(over, unused), prog.mesh.unused_axes(over))
+        return cls(layout, layout_groups(over, unused), mesh.unused_axes(over))
 
     @property
     def size(self) -> int:
@@ -91,17 +89,23 @@ class Stored:
         return relative_error(np.asarray(blocks).reshape(want.shape), want)
 
 
-def stored_leaves(prog: GraphProgram) -> dict[str, Stored]:
-    """Per leaf key (``"op#slot"``) whose parameter its operator stores sharded, how."""
+def stored_leaves(
+    graph: Graph,
+    intra: Mapping[str, list[Collective]],
+    leaf_layouts: Mapping[str, Layout],
+    mesh: Mesh,
+) -> dict[str, Stored]:
+    """Per leaf key (``"op#slot"``, its layout in ``leaf_layouts``) whose parameter its operator
+    stores sharded (a reduce_scatter of its gradient in ``intra``), how."""
     out: dict[str, Stored] = {}
-    for op in prog.graph.ops:
-        scatters = [c for c in prog.intra[op.name] if c.kind == "reduce_scatter"]
+    for op in graph.ops:
+        scatters = [c for c in intra[op.name] if c.kind == "reduce_scatter"]
         for slot, o in enumerate(op.inputs):
             c = next((c for c in scatters if c.tensor == o.tensor), None)
             key = f"{op.name}#{slot}"
-            if c is not None and key in prog.leaf_layouts:
+            if c is not None and key in leaf_layouts:
                 scatters.remove(c)
-                out[key] = Stored.of(prog, prog.leaf_layouts[key], c)
+                out[key] = Stored.of(mesh, leaf_layouts[key], c)
     return out
 
 
@@ -112,11 +116,11 @@ def _local(y: Any, addend: Any = None) -> Any:
 
 
 def unit(
-    prog: GraphProgram, op: Operator, stored: Mapping[int, Stored], reduce: Reduce
+    jax: Any, op: Operator, stored: Mapping[int, Stored], reduce: Reduce
 ) -> Callable[[list[Any]], Any]:
     """``op`` on its inputs (``xs``, each slot's local value; the slots in ``stored`` as the
-    device's shard) as an FSDP unit (module doc)."""
-    jax, jnp = prog.jax, prog.jax.numpy
+    device's shard) as an FSDP unit (module doc), in ``jax``."""
+    jnp = jax.numpy
     slots = sorted(stored)
 
     def gather(slot: int, shard: Any) -> Any:
@@ -157,10 +161,10 @@ def unit(
     return run
 
 
-def unit_slots(prog: GraphProgram, op: Operator) -> dict[int, Stored]:
-    """The slots of ``op`` reading a parameter it stores sharded."""
+def unit_slots(stored: Mapping[str, Stored], op: Operator) -> dict[int, Stored]:
+    """The slots of ``op`` reading a parameter it stores sharded (``stored``, by leaf key)."""
     return {
-        slot: prog.stored[f"{op.name}#{slot}"]
+        slot: stored[f"{op.name}#{slot}"]
         for slot in range(len(op.inputs))
-        if f"{op.name}#{slot}" in prog.stored
+        if f"{op.name}#{slot}" in stored
     }

@@ -168,9 +168,9 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
                     syncs[f"{op.name}#{slot}"] = _gradient_sync(prog, c)
     reductions = {op.name: _reduction(prog, op) for op in prog.graph.ops}
     units = {
-        op.name: sharded.unit(prog, op, slots, reductions[op.name])
+        op.name: sharded.unit(jax, op, slots, reductions[op.name])
         for op in prog.graph.ops
-        if (slots := sharded.unit_slots(prog, op))
+        if (slots := sharded.unit_slots(prog.stored, op))
     }
 
     def forward(d: Mapping[str, Any], f: Mapping[str, Any]) -> dict[str, Any]:
