@@ -7,7 +7,6 @@ exports place those parameters as stored (``Shard(0)`` on the group's mesh dims)
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -17,6 +16,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import taps
+from fsdp_collectives import predicted
 from taps.export.fsdp import fully_shard_plan
 from taps.export.storage import stored_groups
 from taps.plan.candidates import Candidate, strategies_for
@@ -78,20 +78,7 @@ def llama_plan():
 
 def test_fully_shard_issues_the_gathers_and_scatters_taps_prices(fake_group, llama_plan):
     module, ids, plan = llama_plan
-    predicted = Counter(
-        (
-            c.kind,
-            math.prod(
-                c.layout.device_dim_size(k)
-                for k in range(len(c.layout.device_matrix))
-                if k not in c.layout.tensor_map
-            ),
-            math.prod(c.layout.shard_shape) * c.dtype_bytes,
-        )
-        for r in taps.breakdown(plan)
-        for c, _ in r.collectives
-        if c.kind in ("all_gather", "reduce_scatter")
-    )
+    want = predicted(plan, ("all_gather", "reduce_scatter"))
     module.to_empty(device="cpu")
     mesh = torch.distributed.device_mesh.init_device_mesh(
         "cpu",
@@ -106,7 +93,7 @@ def test_fully_shard_issues_the_gathers_and_scatters_taps_prices(fake_group, lla
     with record:
         module(ids).sum().backward()
     seen = Counter(record.seen)
-    assert seen == predicted
+    assert seen == want
     assert sum(n for (k, _, _), n in seen.items() if k == "all_gather") == 2 * len(params)
 
 

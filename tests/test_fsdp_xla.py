@@ -6,12 +6,13 @@ of the same group size and bytes."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
+import pytest
 
 import taps
+from fsdp_collectives import fsdp_rows, predicted, stored_rows, tensor_split
 from taps.export.storage import stored_groups
 from taps.verify.xla import hlo
 from taps.verify.xla.devices import jax_with_devices
@@ -35,23 +36,6 @@ def _plan(devices: int) -> taps.Plan:
     split = taps.Strategy([devices, 1, 1], [0, -1, -1])
     strategies = {"fc1": split, "act": taps.Strategy([devices, 1], [0, -1]), "fc2": split}
     return taps.Plan(g, taps.Cluster(1, devices), strategies, taps.Pricing(fsdp=True))
-
-
-def _predicted(plan: taps.Plan) -> Counter:
-    """taps' collectives by kind, group size and the whole tensor's bytes."""
-    return Counter(
-        (
-            c.kind,
-            math.prod(
-                c.layout.device_dim_size(k)
-                for k in range(len(c.layout.device_matrix))
-                if k not in c.layout.tensor_map
-            ),
-            math.prod(c.layout.shard_shape) * c.dtype_bytes,
-        )
-        for r in taps.breakdown(plan)
-        for c, _ in r.collectives
-    )
 
 
 def _found(compiled, n: int) -> Counter:
@@ -110,10 +94,10 @@ def test_xla_partitioner_gathers_the_stored_parameters_as_taps_prices():
     params, x, ct = _inputs(specs, mesh)
     stored = {k: v.sharding for k, v in params.items()}
     found = _found(jax.jit(step, out_shardings=stored).lower(params, x, ct).compile(), n)
-    predicted = _predicted(plan)
+    want = predicted(plan)
     assert set(stored_groups(plan)) == {"fc1.weight", "fc2.weight"}
-    gathers = {k: v for k, v in predicted.items() if k[0] == "all_gather"}
-    scatters = {k: v for k, v in predicted.items() if k[0] == "reduce_scatter"}
+    gathers = {k: v for k, v in want.items() if k[0] == "all_gather"}
+    scatters = {k: v for k, v in want.items() if k[0] == "reduce_scatter"}
     assert {k: v for k, v in found.items() if k[0] == "all_gather"} == {
         k: v // 2 for k, v in gathers.items()
     }
@@ -163,6 +147,81 @@ def test_a_replay_of_fsdp_issues_exactly_taps_collectives():
     # (it keeps the gathered weight, memory being no concern to it); without it the program
     # runs FSDP2's default.
     found = _found(lowered.compile(compiler_options={"xla_disable_hlo_passes": "cse"}), n)
-    assert found == _predicted(plan)
+    assert found == predicted(plan)
     kept = _found(lowered.compile(), n)
     assert kept == {k: v // 2 if k[0] == "all_gather" else v for k, v in found.items()}
+
+
+# --- taps verify ----------------------------------------------------------------------------------
+
+
+def test_verify_replays_sharded_storage_exactly():
+    """``taps.verify`` on the data-parallel plan: every weight gathered before the forward and
+    the backward and its gradient reduce-scattered, each of the closed form's bytes ((g-1)/g of
+    the weight per device, float32), every row matched, every device's shard of every gradient
+    equal to the dense run's."""
+    n = 4
+    plan = _plan(n)
+    result = taps.verify(plan)
+    assert result.ok, result.mismatches
+    assert fsdp_rows(result.collectives) == stored_rows(2)
+    weight = {"fc1.weight": 32 * 64 * 4, "fc2.weight": 64 * 32 * 4}
+    for c in result.collectives:
+        tensor = c.what.rsplit(" of ", 1)[-1]
+        assert c.measured_bytes == (n - 1) * weight[tensor] // n, c
+    assert {k for k in result.errors if k.startswith("grad")} == {"grad fc1#1", "grad fc2#1"}
+    assert 0 < result.max_error <= result.tolerance
+
+
+@pytest.mark.parametrize(
+    ("graph", "cluster", "fraction"),
+    [
+        (taps.models.mlp(), taps.Cluster(2, 4), 0.97),
+        (taps.models.gpt(hidden=64, heads=4, seq=16, batch=8), taps.Cluster(2, 8), 0.9),
+    ],
+    ids=["mlp-2x4", "gpt-2x8"],
+)
+def test_verify_matches_searched_fsdp_plans(graph, cluster, fraction):
+    """Plans a search shards under a memory limit below the unsharded plan's (here operators
+    that are tensor-split too): ``taps.verify`` predicts and compiles their gathers and
+    reduce_scatters one for one with everything else, and the numbers equal the dense run's."""
+    plain = taps.search(graph, cluster)
+    limit = fraction * plain.memory_per_device
+    plan = taps.search(graph, cluster, taps.Pricing(fsdp=True), memory_limit=limit).plan
+    stored = stored_groups(plan)
+    assert stored and tensor_split(plan)
+    result = taps.verify(plan)
+    assert result.ok, result.mismatches
+    assert fsdp_rows(result.collectives) == stored_rows(len(stored))
+    assert result.max_error <= result.tolerance
+
+
+def test_sharded_storage_is_replayed_in_the_training_step_only():
+    plan = _plan(4)
+    forward = plan.with_pricing(taps.Pricing(step="forward", fsdp=True))
+    with pytest.raises(taps.VerifyError, match="training step only"):
+        taps.verify(forward)
+
+
+def test_a_block_the_group_does_not_divide_is_padded_as_fsdp_pads():
+    """A weight of 30 rows stored over 4 devices: each holds 8 rows (FSDP2 pads dim 0 to a
+    multiple of the group), so its gathers and reduce_scatter move the padded 32 rows' bytes,
+    ``(g-1) * 8 * 64 * 4``, where taps prices the 30 rows'; the numbers are the dense run's."""
+    n = 4
+    g = taps.Graph(name="mlp")
+    x = g.input("x", (16, 30), dtype_bytes=4)
+    g.linear("fc1", x, 64)
+    plan = taps.Plan(
+        g,
+        taps.Cluster(1, n),
+        {"fc1": taps.Strategy([n, 1, 1], [0, -1, -1])},
+        taps.Pricing(fsdp=True),
+    )
+    result = taps.verify(plan)
+    fsdp = [c for c in result.collectives if c.what.endswith("of fc1.weight")]
+    assert [c.status for c in fsdp] == ["differs"] * 3
+    assert {(c.predicted_bytes, c.measured_bytes) for c in fsdp} == {
+        ((n - 1) * 30 * 64 * 4 // n, (n - 1) * 8 * 64 * 4)
+    }
+    assert all(c.status == "ok" for c in result.collectives if c not in fsdp)
+    assert result.max_error <= result.tolerance

@@ -83,3 +83,17 @@ def test_search_export_bad_framework(tmp_path, capsys):
     assert main([*argv, "--export", "flax", str(path)]) == 2
     assert "unknown framework 'flax'" in capsys.readouterr().err
     assert not path.exists()
+
+
+def test_verify_searches_under_a_memory_limit_with_sharded_storage(tmp_path, capsys):
+    """``--fsdp --memory``: the plan searched under the limit stores a parameter sharded, and its
+    gathers and reduce_scatter are verified with everything else."""
+    out = tmp_path / "v.json"
+    argv = ["verify", _mlp(tmp_path), "--nodes", "2", "--devices-per-node", "8"]
+    assert main([*argv, "--fsdp", "--memory", "13.8kB", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    fsdp = [
+        c for c in doc["collectives"] if c["what"].startswith(("forward gather", "backward gather"))
+    ]
+    assert doc["ok"] is True and len(fsdp) == 2
+    assert all(c["status"] == "ok" for c in doc["collectives"])

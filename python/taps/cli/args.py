@@ -291,6 +291,16 @@ def add_model_args(p: argparse.ArgumentParser, torch_metavar: str, torch_help: s
     p.add_argument("--batch", type=integer, default=None, help="batch size (model default)")
 
 
+def add_memory_arg(p: argparse.ArgumentParser) -> None:
+    """``--memory``: the device memory the search fits the plan in."""
+    p.add_argument(
+        "--memory",
+        type=memory_size,
+        default=None,
+        help="device memory limit, e.g. 80GB or 16GiB, or inf for none (the device's)",
+    )
+
+
 def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
     """What a plan is priced as: ``--step`` (default ``step``, said in its help), ``--planner``,
     ``--zero``, ``--fsdp``; left None when not given (:func:`pricing_of` fills them in)."""

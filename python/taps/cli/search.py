@@ -12,13 +12,13 @@ from taps import models
 from taps._core import COST_MODELS
 from taps._support.outputs import Outputs
 from taps.cli.args import (
+    add_memory_arg,
     add_model_args,
     add_pricing_args,
     check_one_model,
     cluster,
     integer,
     load_model,
-    memory_size,
     positive,
     pricing_of,
     refuse_for_saved_plan,
@@ -199,12 +199,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "search a PyTorch model instead: package.module:factory (returning (module, inputs)) or "
         "a torch.export archive .pt2; needs pip install 'taps[torch]'",
     )
-    p.add_argument(
-        "--memory",
-        type=memory_size,
-        default=None,
-        help="device memory limit, e.g. 80GB or 16GiB, or inf for none (the device's)",
-    )
+    add_memory_arg(p)
     p.add_argument(
         "--cost-model",
         choices=(*COST_MODELS, "both"),

@@ -10,6 +10,7 @@ from rich.console import Console
 from taps import models
 from taps._support.outputs import Outputs
 from taps.cli.args import (
+    add_memory_arg,
     add_model_args,
     add_pricing_args,
     check_one_model,
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             plan = source  # run as it was saved: not searched again
         else:
             pricing = pricing_of(args, "training")
-            plan = search(source, cluster(args), pricing, pipeline=args.pipeline).plan
+            on = cluster(args, args.memory)
+            plan = search(source, on, pricing, pipeline=args.pipeline).plan
         against = None
         if plan.stages:  # a pipelined plan runs its schedule on gloo, one process per rank
             if args.engine != "torch" or args.gspmd or module is None:
@@ -117,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pip install 'taps[torch]'",
     )
     p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
+    add_memory_arg(p)
     add_pricing_args(p, "training")
     p.add_argument(
         "--gloo",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -332,9 +332,10 @@ class DistributedModule:
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
             raise ExportError(f"the plan places no parameter {unplaced[:5]} of the module")
-        #: Training-step replay: per parameter or input, each reader's block (a leaf of its own),
-        #: its placements and the reader's view of the whole (see :meth:`reader_block`).
-        self.readers: dict[str, list[tuple[Any, Layout]]] = {}
+        #: Training-step replay: per parameter or input, each reader's block (a leaf of its own)
+        #: and its layout (see :meth:`reader_block`), and the mesh axes the block is stored
+        #: sharded over (FSDP, :meth:`stored_block`: the leaf is the rank's piece; else empty).
+        self.readers: dict[str, list[tuple[Any, Layout, tuple[str, ...]]]] = {}
         #: The shapes of the inputs distributed (a reader's gradient is summed at this shape).
         self.inputs: dict[str, tuple[int, ...]] = {}
         self.parameters = {
@@ -402,14 +403,45 @@ class DistributedModule:
         (the graph tensor of ``link``), which the training-step replay holds whole on every rank:
         taken locally (no communication), a leaf of its own when ``grad`` (its gradient summed
         into ``name``'s by :meth:`grad`); in the module's dims."""
-        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
-        whole = x.to_local() if isinstance(x, dtensor.DTensor) else x
-        graph = whole.permute(_inverse(link.perm)).reshape(link.graph_shape)
-        block = self.block(graph, layout)
+        block = self._reader_block(x, layout, link)
         if grad:
             block = block.detach().requires_grad_(True)
-            self.readers.setdefault(name, []).append((block, layout))
+            self.readers.setdefault(name, []).append((block, layout, ()))
         return Blocks(block, layout, link.graph_shape, link.perm, self).framework()
+
+    def stored_block(
+        self,
+        x: Any,
+        name: str,
+        layout: Layout,
+        link: Link,
+        axes: tuple[str, ...],
+        scope: Callable[[], AbstractContextManager[Any]],
+    ) -> tuple[Any, Callable[[], Any]]:
+        """As :meth:`reader_block` for a parameter its reader stores sharded over ``axes``
+        (FSDP): the leaf is the rank's piece of the block (:meth:`Steps.piece`), all-gathered to
+        the block (its gradient reduce-scattered back) in ``scope()``. Also the block gathered
+        again from the piece, for the reader's backward."""
+        assert self.replay is not None
+        steps = self.replay.steps
+        block = self._reader_block(x, layout, link).detach()
+        shard = steps.piece(block, axes).detach().requires_grad_(True)
+        self.readers.setdefault(name, []).append((shard, layout, axes))
+        rows = block.shape[0]
+
+        def view(b: Any) -> Any:
+            return Blocks(b, layout, link.graph_shape, link.perm, self).framework()
+
+        def again() -> Any:
+            return view(steps.gathered(shard.detach(), axes, rows))
+
+        return view(steps.stored(shard, axes, rows, scope)), again
+
+    def _reader_block(self, x: Any, layout: Layout, link: Link) -> Any:
+        """The block in ``layout`` of ``x`` (the module's view of a whole graph tensor)."""
+        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+        whole = x.to_local() if isinstance(x, dtensor.DTensor) else x
+        return self.block(whole.permute(_inverse(link.perm)).reshape(link.graph_shape), layout)
 
     def block(self, whole: Any, layout: Layout) -> Any:
         """This rank's block of ``whole`` (any row-major reshape of ``layout.shape``) in
@@ -456,10 +488,14 @@ class DistributedModule:
             DTensor = require("torch.distributed.tensor", "torch", "grad").DTensor
             shape = self.parameters[name].shape if name in self.parameters else self.inputs[name]
             total = None
-            for block, layout in self.readers[name]:
+            for block, layout, axes in self.readers[name]:
                 if block.grad is None:
                     continue
-                whole = self.gather(block.grad, layout).reshape(shape)
+                grad = block.grad
+                if axes:  # the pieces of a block stored sharded, gathered
+                    assert self.replay is not None
+                    grad = self.replay.steps.gathered(grad, axes, layout.shard_shape[0])
+                whole = self.gather(grad, layout).reshape(shape)
                 total = whole if total is None else total + whole
             if total is None:
                 return None
@@ -616,6 +652,9 @@ class _Interpreter:
         self.permutes = {aten.transpose, aten.permute, aten.t}
         self.locals: dict[int, tuple[Any, Any]] = {}  # the DTensor kept: its id stays its own
         self.shares: dict[str, Blocks] = {}  # per share operator, the parameter's block
+        #: The operator running: its blocks of parameters stored sharded (FSDP), each with the
+        #: gather of it again (:meth:`DistributedModule.stored_block`).
+        self.unit: list[tuple[Any, Callable[[], Any]]] = []
 
     def run(self, *args: Any) -> Any:
         return self.interpreter.run(*args, enable_io_processing=False)
@@ -846,7 +885,7 @@ class _Interpreter:
             block = dist.block(param.to_local(), layout).detach()
             if dist.graph.tensors[name].requires_grad:
                 block.requires_grad_(True)
-                dist.readers.setdefault(name, []).append((block, layout))
+                dist.readers.setdefault(name, []).append((block, layout, ()))
             whole = tuple(layout.shape)
             self.shares[op] = Blocks(block, layout, whole, tuple(range(len(whole))), dist)
         return self.shares[op]
@@ -877,6 +916,12 @@ class _Interpreter:
         plan = replay.redistributions.get((link.op, link.slot))
         ours = replay.layouts.inputs[link.op][link.slot]
         producer = graph.root(graph.op(link.op).inputs[link.slot].tensor).producer
+        c = replay.gradients.get((link.op, link.slot)) if replay.training else None
+        stored = c is not None and c.kind == "reduce_scatter"  # FSDP: the unit's gathers
+
+        def scope() -> AbstractContextManager[Any]:
+            return dist.tracer.scope("op", link.op, None)
+
         with dist.tracer.scope("edge", link.op, link.slot):
             first = (
                 None if plan is None else plan.all_ops[0].layout if plan.all_ops else plan.target
@@ -909,31 +954,59 @@ class _Interpreter:
             elif replay.training:
                 # A parameter or input: each reader takes its block of the whole (no edge).
                 root = graph.root(graph.op(link.op).inputs[link.slot].tensor)
-                local = dist.reader_block(
-                    x.whole() if isinstance(x, _Pending) else x,
-                    root.name,
-                    ours,
-                    link,
-                    root.name in dist.readers and root.requires_grad,
-                )
+                whole = x.whole() if isinstance(x, _Pending) else x
+                if stored:
+                    assert c is not None
+                    axes = mesh.unused_axes(c.layout)
+                    local, again = dist.stored_block(whole, root.name, ours, link, axes, scope)
+                    self.unit.append((local, again))
+                else:
+                    local = dist.reader_block(
+                        whole,
+                        root.name,
+                        ours,
+                        link,
+                        root.name in dist.readers and root.requires_grad,
+                    )
             else:
                 # A parameter or input read here in another layout than at its first reader:
                 # taps places it for each reader (no edge); the move has a scope of its own.
                 with dist.tracer.scope("leaf", link.op, link.slot):
                     local = self.local_of(self._to(x, dist.layout_placements(ours, link)))
         if replay.training:
-            c = replay.gradients.get((link.op, link.slot))
-            if c is None:
+            if c is None or stored:
                 return local
-            return replay.steps.gradient_sync(
-                local,
-                mesh.unused_axes(c.layout),
-                c.zero,
-                lambda: dist.tracer.scope("op", link.op, None),
-            )
+            return replay.steps.gradient_sync(local, mesh.unused_axes(c.layout), c.zero, scope)
         with dist.tracer.scope("op", link.op, None):
             lacks = replay.used[link.op] - mesh.used_axes(ours)
             return replay.steps.sum_grad(local, _ordered(mesh.axis_names, lacks))
+
+    @staticmethod
+    def _unsaved(
+        unit: list[tuple[Any, Callable[[], Any]]], again: dict[int, Any]
+    ) -> AbstractContextManager[Any]:
+        """While the operator runs, autograd keeps each gathered block of ``unit`` (FSDP) as a
+        reference to ``again``, which its pre-backward gather fills: the forward's gathered
+        blocks are not kept (``reshard_after_forward=True``)."""
+        if not unit:
+            return nullcontext()
+
+        def base(t: Any) -> Any:
+            return t if t._base is None else t._base
+
+        def pack(t: Any) -> Any:
+            # The operator keeps views of the block (a linear its transpose): kept as where
+            # they are in the block's storage, which the gather again makes alike.
+            k = next((k for k, (b, _) in enumerate(unit) if base(t) is base(b)), None)
+            return t if k is None else (k, t.size(), t.stride(), t.storage_offset())
+
+        def unpack(x: Any) -> Any:
+            if not isinstance(x, tuple):
+                return x
+            k, size, stride, offset = x
+            return base(again[k]).as_strided(size, stride, offset)
+
+        return _torch().autograd.graph.saved_tensors_hooks(pack, unpack)
 
     def _aligned(
         self,
@@ -969,6 +1042,7 @@ class _Interpreter:
         DTensor, dist, torch = self.dtensor.DTensor, self.dist, _torch()
         replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None
+        self.unit = []
         partial = replay.partial[out.op]
         flowing = replay.flowing.get(out.op)
         bias = None
@@ -1024,7 +1098,9 @@ class _Interpreter:
                 local[1] = torch.where(inside, ids - start, torch.zeros_like(ids))
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
-        with dist.tracer.scope("op", out.op, None):
+        unit = self.unit
+        again: dict[int, Any] = {}
+        with dist.tracer.scope("op", out.op, None), self._unsaved(unit, again):
             result = target(*tree[:n], **dict(zip(node.kwargs, tree[n:])))
             if packet == "mean":
                 result = result * share
@@ -1046,6 +1122,13 @@ class _Interpreter:
                 b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
+            if unit:  # FSDP: the blocks gathered again before the operator's backward
+
+                def fetch() -> None:
+                    with dist.tracer.scope("op", out.op, None):
+                        again.update({k: f() for k, (_, f) in enumerate(unit)})
+
+                result = replay.steps.before_backward(result, fetch)
             if replay.training:
                 return self.made(result.permute(_inverse(out.perm)), result_blocks.layout, out)
             made = DTensor.from_local(

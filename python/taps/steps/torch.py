@@ -9,8 +9,10 @@ partial sum: summed forward, the gradient passed back unchanged) and :meth:`Step
 (the gradient of an input replicated where its operator splits: passed forward, the gradient
 summed). The training step's own backward (docs/verify.md) is :meth:`Steps.edge` (an edge's
 forward plan, its backward plan on the gradient), :meth:`Steps.gradient_sync` (a parameter's
-gradient all_reduce, or ZeRO's reduce_scatter and all_gather) and :meth:`Steps.add_once` (an
-addend on partial sums).
+gradient all_reduce, or ZeRO's reduce_scatter and all_gather), :meth:`Steps.add_once` (an
+addend on partial sums) and, for a parameter stored sharded (FSDP), :meth:`Steps.stored` (its
+piece all-gathered, the gradient reduce-scattered) with :meth:`Steps.before_backward` (the
+gather again before the operator's backward).
 """
 
 from __future__ import annotations
@@ -124,6 +126,35 @@ class Steps:
             return x
         return _training("sync").apply(x, self.group(axes), zero, scope)
 
+    def piece(self, block: Any, axes: tuple[str, ...]) -> Any:
+        """This rank's piece of ``block`` stored sharded (FSDP) over ``axes``: dim 0 padded with
+        zeros to a multiple of the group, cut, the piece at the rank's place in the group."""
+        group = self.group(axes)
+        g = group.size()
+        rows = -(-block.shape[0] // g)
+        return _padded(block, rows * g).narrow(0, group.get_local_rank() * rows, rows)
+
+    def stored(
+        self,
+        shard: Any,
+        axes: tuple[str, ...],
+        rows: int,
+        scope: Callable[[], AbstractContextManager[Any]],
+    ) -> Any:
+        """The block of ``rows`` rows whose piece over ``axes`` is ``shard`` (:meth:`piece`),
+        all-gathered; its gradient reduce-scattered (padded) to the piece. Both inside
+        ``scope()``."""
+        return _training("stored").apply(shard, self.group(axes), rows, scope)
+
+    def gathered(self, shard: Any, axes: tuple[str, ...], rows: int) -> Any:
+        """The block whose piece over ``axes`` is ``shard``, all-gathered (no gradient)."""
+        return _gather(shard, 0, self.group(axes)).narrow(0, 0, rows)
+
+    def before_backward(self, y: Any, fetch: Callable[[], None]) -> Any:
+        """``y`` unchanged; ``fetch()`` runs when its gradient arrives, before the backward of
+        what made it (FSDP's pre-backward gather)."""
+        return _training("pre").apply(y, fetch)
+
     def add_once(self, y: Any, addend: Any, axes: tuple[str, ...]) -> Any:
         """``y + addend`` where the ranks along ``axes`` hold partial sums of ``y``: the addend
         on the first of each group only, so that the sum counts it once; its gradient is the
@@ -225,6 +256,12 @@ def _zero_sync(grad: Any, group: Any) -> Any:
     return whole[: grad.numel()].reshape(grad.shape)
 
 
+def _padded(x: Any, rows: int) -> Any:
+    """``x`` with zero rows appended along dim 0 up to ``rows``."""
+    pad = rows - x.shape[0]
+    return _torch().cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
+
+
 def _training(kind: str) -> Any:
     """The autograd functions of the training step (:meth:`Steps.edge`,
     :meth:`Steps.gradient_sync`, :meth:`Steps.add_once`), made once."""
@@ -275,5 +312,39 @@ def _training(kind: str) -> Any:
         def backward(ctx: Any, grad: Any) -> Any:
             return grad, None
 
-    _CACHE.update({"training edge": Edge, "training sync": Sync, "training once": Once})
+    class Stored(Function):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(ctx: Any, shard: Any, group: Any, rows: int, scope: Any) -> Any:
+            ctx.group, ctx.scope = group, scope
+            with scope():
+                return _gather(shard, 0, group).narrow(0, 0, rows)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            group = ctx.group
+            whole = _padded(grad, -(-grad.shape[0] // group.size()) * group.size())
+            with ctx.scope():
+                out = _wait(_funcol().reduce_scatter_tensor(whole.contiguous(), "sum", 0, group))
+            return out, None, None, None
+
+    class Pre(Function):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(ctx: Any, y: Any, fetch: Any) -> Any:
+            ctx.fetch = fetch
+            return y.view_as(y)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            ctx.fetch()
+            return grad, None
+
+    _CACHE.update(
+        {
+            "training edge": Edge,
+            "training sync": Sync,
+            "training once": Once,
+            "training stored": Stored,
+            "training pre": Pre,
+        }
+    )
     return _CACHE[key]

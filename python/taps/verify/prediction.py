@@ -11,9 +11,13 @@ from collections.abc import Mapping, Sequence
 from taps._core import Cluster, CommOp, Layout, Redistribution
 from taps.plan.layouts import PlanLayouts
 from taps.plan.plan import Plan
-from taps.search.prices import Collective, intra_collectives
+from taps.search.prices import FORWARD_GATHER, Collective, intra_collectives
 from taps.steps.kinds import layout_groups, step_kind
 from taps.verify.result import Predicted
+
+#: The operators' collectives that run in the forward pass: partial sums, and under sharded storage
+#: (FSDP) a parameter's gather before the forward.
+FORWARD = ("forward partial sum", FORWARD_GATHER)
 
 
 def check_plan(plan: object, who: str) -> None:
@@ -95,7 +99,9 @@ def predicted_collectives(
 ) -> list[Predicted]:
     """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
     ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
-    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
+    gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes; under
+    sharded storage, FSDP, a parameter's gathers before the forward and the backward and its
+    gradient's reduce_scatter, each half the gradient all_reduce's bytes), and the
     steps of the edges' ``backward`` plans (backward phase), if given."""
     cluster = layouts.plan.cluster
     out = []
@@ -104,12 +110,19 @@ def predicted_collectives(
             cost = round(cluster.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
             seconds = cluster.collective_cost(c.layout, "all_reduce", None, itemsize)
             groups = layout_groups(c.layout, _unused_dims(c.layout))
-            phase = "forward" if c.reason == "forward partial sum" else "backward"
+            phase = "forward" if c.reason in FORWARD else "backward"
             what = f"{c.reason} of {c.tensor}"
-            # A ZeRO gradient: the ring all_reduce's two halves, each half its steps and bytes.
+            # A ZeRO gradient: the ring all_reduce's two halves, each half its steps and bytes;
+            # sharded storage's gathers and reduce_scatter (FSDP) are one half each.
             halves = [("reduce_scatter", cost // 2), ("all_gather", cost - cost // 2)]
-            for kind, b in halves if c.zero else [("all_reduce", cost)]:
-                share = seconds / 2 if c.zero else seconds
+            if c.zero:
+                kinds = halves
+            elif c.kind == "all_reduce":
+                kinds = [("all_reduce", cost)]
+            else:
+                kinds = [h for h in halves if h[0] == c.kind]
+            for kind, b in kinds:
+                share = seconds if kind == "all_reduce" else seconds / 2
                 out.append(Predicted(kind, groups, b, f"o{j}", phase, what, seconds=share))
     for i, (e, plan) in enumerate(layouts.redistributions):
         out += predicted_steps(

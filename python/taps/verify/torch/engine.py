@@ -150,6 +150,8 @@ def verify_torch(
     check_plan(plan, "verify_torch")
     if plan.pricing.zero and plan.pricing.step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
+    if plan.pricing.fsdp and plan.pricing.step != "training":
+        raise VerifyError("sharded storage (fsdp) is replayed in the training step only")
     rows, timings = collective_rows(module, inputs, plan, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:

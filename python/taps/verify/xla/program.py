@@ -28,7 +28,7 @@ from taps.search.evaluate import step_layouts
 from taps.steps.jax import all_reduce, redistribute
 from taps.verify.prediction import describe_scopes, predicted_collectives
 from taps.verify.result import Predicted, check_dtype, relative_error
-from taps.verify.xla import hlo
+from taps.verify.xla import hlo, sharded
 from taps.verify.xla.devices import jax_with_devices
 from taps.verify.xla.operators import Block, compute, index_bounds, whole
 
@@ -129,6 +129,13 @@ class GraphProgram:
                 else:
                     value = value.astype(self.dtype)
                     (self.diff if root.requires_grad else self.fixed)[key] = value
+        #: The leaves an operator stores sharded (FSDP, training step): each device holds its
+        #: piece, stacked in rank order (:mod:`.sharded`).
+        self.stored = (
+            sharded.stored_leaves(graph, self.intra, self.leaf_layouts, self.mesh)
+            if plan.pricing.step == "training"
+            else {}
+        )
         self.cts = {
             op.name: rng.standard_normal(graph.tensors[op.output.tensor].shape).astype(self.dtype)
             for op in graph.ops
@@ -164,18 +171,32 @@ class GraphProgram:
     def spec(self, layout: Layout) -> Any:
         return self.jax.sharding.PartitionSpec(*layout_spec(self.mesh, layout))
 
+    def stacked_spec(self) -> Any:
+        """The spec of a per-device block stacked along a leading dim over every mesh axis (rank
+        order)."""
+        return self.jax.sharding.PartitionSpec(self.mesh.axis_names)
+
     def specs_of(self, leaves: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: self.spec(self.leaf_layouts[k]) for k in leaves}
+        """The specs of leaves as placed: in their reader's layout, stored ones stacked."""
+        return {
+            k: self.stacked_spec() if k in self.stored else self.spec(self.leaf_layouts[k])
+            for k in leaves
+        }
 
     def sharding(self, spec: Any) -> Any:
         return self.jax.sharding.NamedSharding(self.jmesh, spec)
 
     def placed(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """The differentiated leaves, the other leaves and the cotangents, on the devices in
-        taps' layouts."""
+        taps' layouts (a leaf stored sharded as every device's piece)."""
 
         def put(values: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
-            return {k: self.jax.device_put(v, self.sharding(specs[k])) for k, v in values.items()}
+            return {
+                k: self.jax.device_put(
+                    self.stored[k].shards(v) if k in self.stored else v, self.sharding(specs[k])
+                )
+                for k, v in values.items()
+            }
 
         return (
             put(self.diff, self.specs_of(self.diff)),

@@ -75,6 +75,8 @@ def verify(
     step = plan.pricing.step
     if plan.pricing.zero and step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
+    if plan.pricing.fsdp and step != "training":
+        raise VerifyError("sharded storage (fsdp) is replayed in the training step only")
     if not have_devices(plan.cluster.num_devices):
         return _in_fresh_process(plan, dtype, seed, values)
     t0 = time.perf_counter()
@@ -83,7 +85,7 @@ def verify(
     args = prog.placed()
     in_specs = (prog.specs_of(prog.diff), prog.specs_of(prog.fixed))
     if step == "training":
-        stacked = training.stacked_spec(prog)
+        stacked = prog.stacked_spec()
         fn = jax.shard_map(
             training.training_step(prog),
             mesh=prog.jmesh,
@@ -103,7 +105,12 @@ def verify(
                 out_specs=prog.out_specs,
             )
         )
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options=COMPILER_OPTIONS)
+    options = dict(COMPILER_OPTIONS)
+    if prog.stored:
+        # CSE would merge the gather before the backward into the forward's (keeping the
+        # gathered parameter, FSDP's reshard_after_forward=False); taps prices both.
+        options["xla_disable_hlo_passes"] += ",cse"
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=options)
     t1 = time.perf_counter()
     outs, grads = compiled(*args)
     jax.block_until_ready((outs, grads))

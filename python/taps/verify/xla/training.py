@@ -15,7 +15,10 @@ whose backward is taps' plan, so autodiff adds no collective of its own:
   gradient on every device, as if added after the sum;
 - a parameter or input read by an operator is the identity forward; backward, taps' gradient
   all_reduce (ZeRO: a reduce_scatter and an all_gather of the flattened gradient, padded to a
-  multiple of the group when it does not divide).
+  multiple of the group when it does not divide);
+- an operator that stores its parameters sharded (FSDP) is one unit (:mod:`.sharded`): its
+  parameters gathered before its forward and again before its backward, their gradients
+  reduce-scattered.
 
 The shard_map runs without JAX's replication checks (``check_vma=False``), which would otherwise
 make JAX add its own all_reduces for replicated operands. Every device's block of every output and
@@ -35,6 +38,7 @@ from taps.graph import Operator
 from taps.search.prices import Collective
 from taps.steps.jax import all_reduce, redistribute
 from taps.steps.kinds import layout_groups
+from taps.verify.xla import sharded
 from taps.verify.xla.operators import compute
 from taps.verify.xla.program import GraphProgram
 
@@ -146,8 +150,9 @@ def output_layout(prog: GraphProgram, op: Operator) -> Layout:
 
 def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
     """``(d, f, cts) -> (outputs, gradients)`` on a device's local blocks (run it under
-    ``shard_map`` with :func:`stacked_spec` outputs): every output and gradient comes back as the
-    device's block with a leading dim of 1."""
+    ``shard_map`` with :meth:`GraphProgram.stacked_spec` outputs): every output and gradient
+    comes back as the device's block with a leading dim of 1 (a leaf stored sharded: its
+    piece's gradient)."""
     jax = prog.jax
     edges = {
         key: _edge(prog, i, plan, prog.backward[i]) for key, (i, _, plan) in prog.edges.items()
@@ -159,9 +164,15 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
             c = next((c for c in grads if c.tensor == o.tensor), None)
             if c is not None:
                 grads.remove(c)
-                syncs[f"{op.name}#{slot}"] = _gradient_sync(prog, c)
+                if f"{op.name}#{slot}" not in prog.stored:  # those: the unit's reduce_scatter
+                    syncs[f"{op.name}#{slot}"] = _gradient_sync(prog, c)
     reductions = {op.name: _reduction(prog, op) for op in prog.graph.ops}
     blocks = {op.name: prog.block(op) for op in prog.graph.ops}
+    units = {
+        op.name: sharded.unit(jax, op, slots, reductions[op.name], blocks[op.name])
+        for op in prog.graph.ops
+        if (slots := sharded.unit_slots(prog.stored, op))
+    }
 
     def forward(d: Mapping[str, Any], f: Mapping[str, Any]) -> dict[str, Any]:
         vals: dict[str, Any] = {}
@@ -171,6 +182,8 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
                 key = f"{op.name}#{slot}"
                 if key in f:
                     xs.append(f[key])
+                elif key in prog.stored:
+                    xs.append(d[key][0])  # the device's piece (stacked: a leading dim of 1)
                 elif key in d:
                     with jax.named_scope(f"taps_o{j}"):
                         xs.append(syncs[key](d[key]) if key in syncs else d[key])
@@ -179,21 +192,19 @@ def training_step(prog: GraphProgram) -> Callable[[Any, Any, Any], Any]:
                     with jax.named_scope(f"taps_e{i}"):
                         xs.append(edges[(op.name, slot)](vals[e.producer]))
             with jax.named_scope(f"taps_o{j}"):
-                vals[op.name] = compute(op, xs, reductions[op.name], blocks[op.name])
+                if op.name in units:
+                    vals[op.name] = units[op.name](xs)
+                else:
+                    vals[op.name] = compute(op, xs, reductions[op.name], blocks[op.name])
         return vals
 
     def run(d: Any, f: Any, cts: Any) -> Any:
         outs, pull = jax.vjp(lambda d: forward(d, f), d)
         (grads,) = pull(cts)
-        return {k: v[None] for k, v in outs.items()}, {k: v[None] for k, v in grads.items()}
+        stacked = {k: v if k in prog.stored else v[None] for k, v in grads.items()}
+        return {k: v[None] for k, v in outs.items()}, stacked
 
     return run
-
-
-def stacked_spec(prog: GraphProgram) -> Any:
-    """The spec of a per-device block stacked along a leading dim over every mesh axis (rank
-    order)."""
-    return prog.jax.sharding.PartitionSpec(prog.mesh.axis_names)
 
 
 def block_error(blocks: np.ndarray, layout: Layout, want: Any) -> float:
@@ -221,6 +232,9 @@ def errors(
         layout = output_layout(prog, op)
         out[op.output.tensor] = block_error(np.asarray(outs[op.name]), layout, ref_outs[op.name])
     for key, g in grads.items():
-        layout = prog.leaf_layouts[key]
-        out[f"grad {key}"] = block_error(np.asarray(g), layout, ref_grads[key])
+        if key in prog.stored:
+            out[f"grad {key}"] = prog.stored[key].error(g, ref_grads[key])
+        else:
+            layout = prog.leaf_layouts[key]
+            out[f"grad {key}"] = block_error(np.asarray(g), layout, ref_grads[key])
     return out
