@@ -144,10 +144,10 @@ def _contract(
     for dims, x in factors:
         names = list(dims)
         for k, d in enumerate(dims):
-            out = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
-            if out in op.output.dims and not any(out in f for f, _ in factors):
-                x = jnp.take(x, np.arange(block.size(out)), axis=k)
-                names[k] = out
+            narrow = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
+            if narrow in op.output.dims and not any(narrow in f for f, _ in factors):
+                x = jnp.take(x, np.arange(block.size(narrow)), axis=k)
+                names[k] = narrow
         narrowed.append((names, x))
     narrowed += [(list(dims), w) for dims, w in _windows(op, narrowed[0][1].dtype)]
     letters = {a: chr(ord("a") + i) if i < 26 else chr(65 + i - 26) for i, a in enumerate(op.axes)}
