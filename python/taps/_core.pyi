@@ -29,6 +29,8 @@ __all__ = [
     "allreduce_costs",
     "enumerate_strategies",
     "inter_node_groups",
+    "least_bottleneck",
+    "least_cuts",
     "min_plus",
     "plan_redistribution",
     "redistribution_costs",
@@ -423,3 +425,16 @@ def min_plus(
     relative ``tie`` (``p <= least + tie * abs(least)``), then the second, the first ``k`` of
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
+
+def least_cuts(
+    paid: npt.NDArray[np.float64], times: npt.NDArray[np.float64], bound: float
+) -> list[int] | None:
+    """The cut points ``0 = c_0 < ... < c_K = n`` of least total ``paid[k, c_k, c_(k+1)]`` (C-
+    contiguous, ``K x (n + 1) x (n + 1)``, ``inf`` where stage ``k`` may not run so) whose stages
+    all take at most ``bound`` by ``times[a, b]``, or ``None``; among equal totals the first
+    start of each stage (numpy's ``argmin``). Raises TapsError when the shapes do not fit."""
+
+def least_bottleneck(fits: npt.NDArray[np.bool_], times: npt.NDArray[np.float64]) -> float:
+    """The least, over every cut into ``K`` stages that all fit (``fits[k, a, b]``), of the
+    slowest stage's ``times[a, b]``; ``inf`` if no cut fits. Raises TapsError when the shapes do
+    not fit."""
