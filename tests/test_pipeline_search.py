@@ -10,12 +10,20 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
 from taps.errors import ArgumentError
-from taps.plan.stages import Pipeline, locate, microbatched, stage_graph, sub_cluster
+from taps.plan.stages import (
+    Pipeline,
+    batch_of,
+    locate,
+    microbatched,
+    stage_graph,
+    sub_cluster,
+)
 from taps.search.pipeline import (
     _Candidate,
     _replica_reduction,
@@ -256,3 +264,33 @@ def test_checkpointed_stages_keep_what_leaves_each_layer():
     assert math.isclose(checkpointed.memory, parameters + 2 * 2 * leaving + saved / 2)
     with pytest.raises(ArgumentError, match="checkpoint 1 or 0"):
         taps.search(graph, cluster, taps.Pricing(checkpoint=2), pipeline=True)
+
+
+def test_microbatches_split_only_the_inputs_that_carry_the_batch():
+    """transformers' GPT-2 (built from its config on the meta device) adds a table of positions
+    (its position ids, of leading dim 1 where they meet the tokens) to the token embeddings: on
+    a microbatch the graph is the graph of the model exported at that batch, the positions
+    whole; and a pipelined search of it runs on microbatches."""
+    from torch_models import gpt2
+
+    module, _ = gpt2()
+
+    def graph(batch: int) -> taps.Graph:
+        return taps.from_torch(module, torch.zeros(batch, 16, dtype=torch.long, device="meta"))
+
+    whole, half = graph(8), graph(4)
+    inputs = [n for n, t in whole.tensors.items() if t.kind == "input"]
+    assert len(inputs) == 2  # the token ids and the positions
+    assert batch_of(whole) == 8
+    split = microbatched(whole, 2)
+    for key in ("tensors", "ops"):
+        assert {x["name"]: x for x in split.to_dict()[key]} == {
+            x["name"]: x for x in half.to_dict()[key]
+        }
+    assert sorted(split.tensors[n].shape[0] for n in inputs) == sorted(
+        half.tensors[n].shape[0] for n in inputs
+    )
+    spec = Pipeline(stages=2, microbatches=2, schedule="1f1b", replicas=1)
+    result = taps.search(whole, taps.Cluster(1, 2), pipeline=spec)
+    first = result.plan.stage_plans[0].graph
+    assert first.tensors[inputs[0]].shape[0] == 4
