@@ -427,14 +427,32 @@ def min_plus(
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
 
 def least_cuts(
-    paid: npt.NDArray[np.float64], times: npt.NDArray[np.float64], bound: float
+    times: npt.NDArray[np.float64],
+    edge: npt.NDArray[np.float64],
+    parameters: npt.NDArray[np.float64],
+    activations: npt.NDArray[np.float64],
+    flights: npt.NDArray[np.float64],
+    buffer: float,
+    limit: float,
+    bound: float,
 ) -> list[int] | None:
-    """The cut points ``0 = c_0 < ... < c_K = n`` of least total ``paid[k, c_k, c_(k+1)]`` (C-
-    contiguous, ``K x (n + 1) x (n + 1)``, ``inf`` where stage ``k`` may not run so) whose stages
-    all take at most ``bound`` by ``times[a, b]``, or ``None``; among equal totals the first
-    start of each stage (numpy's ``argmin``). Raises TapsError when the shapes do not fit."""
+    """The cut points ``0 = c_0 < ... < c_K = n`` of a chain of ``n`` units into ``K =
+    len(flights)`` stages of least total ``times[a, b]`` (C-contiguous over the ``n + 1`` cut
+    points, ``inf`` unless ``b > a``) plus ``edge[b]`` after every stage but the last, whose
+    stages all fit (stage ``k`` over ``a..b``: ``parameters[a, b] + flights[k] *
+    activations[a, b] + buffer <= limit``) and take at most ``bound``; ``None`` if none. Among
+    equal totals, the first start of each stage (numpy's ``argmin``). Raises TapsError when the
+    shapes do not fit."""
 
-def least_bottleneck(fits: npt.NDArray[np.bool_], times: npt.NDArray[np.float64]) -> float:
-    """The least, over every cut into ``K`` stages that all fit (``fits[k, a, b]``), of the
+def least_bottleneck(
+    times: npt.NDArray[np.float64],
+    edge: npt.NDArray[np.float64],
+    parameters: npt.NDArray[np.float64],
+    activations: npt.NDArray[np.float64],
+    flights: npt.NDArray[np.float64],
+    buffer: float,
+    limit: float,
+) -> float:
+    """The least, over every cut of the chain of :func:`least_cuts` whose stages all fit, of the
     slowest stage's ``times[a, b]``; ``inf`` if no cut fits. Raises TapsError when the shapes do
     not fit."""

@@ -1,58 +1,93 @@
 //! The dynamic programmes of the stage search over cuts (docs/pipeline.md): a chain of `n` units
-//! cut into `stages` runs, stage `k` covering units `a..b`. Its costs come as dense row-major
-//! matrices over the `n + 1` cut points, `inf` where a run cannot be a stage. The results are
-//! numpy's to the bit (the search's numpy code computed them before): the same sums, the same
-//! minimum, the first of equal choices.
+//! cut into `K` stages, stage `k` covering units `a..b`. The results are numpy's to the bit (the
+//! search's numpy code computed them before): the same sums and comparisons, the same minimum,
+//! the first of equal choices.
 
 use crate::error::{Error, Result};
 
-/// Checks that `matrices` holds `count` square matrices over `points` cut points.
-fn check(what: &str, len: usize, count: usize, points: usize) -> Result<()> {
-    if points < 2 || len != count * points * points {
-        return Err(Error::Shape(format!(
-            "{what}: {len} entries are not {count} square matrices over {points} cut points \
-             (at least 2)"
-        )));
-    }
-    Ok(())
+/// A chain of units as the programmes read it, over its `points = n + 1` cut points; matrices
+/// are row-major `points x points`, indexed `[a][b]` for the run of units `a..b`.
+#[derive(Debug, Clone, Copy)]
+pub struct Chain<'a> {
+    /// Seconds per microbatch of the run (`inf` unless `b > a`).
+    pub times: &'a [f64],
+    /// Per end point `b`, what a stage ending there pays after it (the sends across it, both
+    /// ways), but the last stage.
+    pub edge: &'a [f64],
+    /// Parameter bytes of the run.
+    pub parameters: &'a [f64],
+    /// Activation bytes of the run per microbatch in flight.
+    pub activations: &'a [f64],
+    /// Per stage, the microbatches in flight it holds.
+    pub flights: &'a [f64],
+    /// Bytes held once more (a checkpointed unit recomputing).
+    pub buffer: f64,
+    /// Bytes per device a stage may hold.
+    pub limit: f64,
 }
 
-/// The cuts of least total `paid` whose stages all take at most `bound`: `paid[k][a][b]` is
-/// what stage `k` costs covering units `a..b` (`inf` where it may not), `times[a][b]` its time,
-/// and a stage of time over `bound` is not allowed. Returns the `stages + 1` cut points
-/// `0 = c_0 < ... < c_K = n`, or `None` when no cuts meet the bound. Among equal totals the
-/// programme keeps, for every stage end, the first start.
+impl Chain<'_> {
+    /// The cut points, checked against every array's length.
+    fn points(&self) -> Result<usize> {
+        let points = self.edge.len();
+        let square = points * points;
+        if points < 2
+            || self.flights.is_empty()
+            || [self.times, self.parameters, self.activations]
+                .iter()
+                .any(|m| m.len() != square)
+        {
+            return Err(Error::Shape(format!(
+                "a chain of units needs at least one stage and its times, parameters and \
+                 activations over {points} x {points} cut points (at least 2), got {}, {} and {} \
+                 entries for {} stage(s)",
+                self.times.len(),
+                self.parameters.len(),
+                self.activations.len(),
+                self.flights.len()
+            )));
+        }
+        Ok(points)
+    }
+
+    /// Whether stage `k` fits in memory covering the run at index `i` (`a * points + b`).
+    fn fits(&self, k: usize, i: usize) -> bool {
+        self.parameters[i] + self.flights[k] * self.activations[i] + self.buffer <= self.limit
+    }
+}
+
+/// The cuts of least total time (the stages' times and what they pay after them) whose stages
+/// all fit and take at most `bound`. Returns the `K + 1` cut points `0 = c_0 < ... < c_K = n`,
+/// or `None` when no cuts meet the bound. Among equal totals the programme keeps, for every
+/// stage end, the first start.
 ///
 /// # Errors
-/// [`Error::Shape`] when the matrices' sizes do not fit `stages` and `points`.
-pub fn least_cuts(
-    paid: &[f64],
-    times: &[f64],
-    stages: usize,
-    points: usize,
-    bound: f64,
-) -> Result<Option<Vec<usize>>> {
-    check("least_cuts: paid", paid.len(), stages, points)?;
-    check("least_cuts: times", times.len(), 1, points)?;
+/// [`Error::Shape`] when the arrays' sizes do not fit together.
+pub fn least_cuts(chain: &Chain<'_>, bound: f64) -> Result<Option<Vec<usize>>> {
+    let points = chain.points()?;
+    let stages = chain.flights.len();
     let mut best = vec![f64::INFINITY; points];
     best[0] = 0.0;
     let mut next = vec![0.0; points];
     let mut back = vec![0usize; stages * points];
     for k in 0..stages {
-        let stage = &paid[k * points * points..(k + 1) * points * points];
+        let last = k + 1 == stages;
         for b in 0..points {
-            let (mut least, mut at) = (f64::INFINITY, 0usize);
-            let mut first = true;
+            let (mut least, mut at) = (best[0] + f64::INFINITY, 0usize);
             for a in 0..points {
-                let cost = if times[a * points + b] > bound {
+                let i = a * points + b;
+                let time = chain.times[i];
+                let cost = if time > bound || !chain.fits(k, i) {
                     f64::INFINITY
+                } else if last {
+                    time
                 } else {
-                    stage[a * points + b]
+                    time + chain.edge[b]
                 };
+                // numpy's argmin: the first least.
                 let c = best[a] + cost;
-                // numpy's argmin: the first least (inf ties keep the first index).
-                if first || c < least {
-                    (least, at, first) = (c, a, false);
+                if c < least {
+                    (least, at) = (c, a);
                 }
             }
             back[k * points + b] = at;
@@ -72,24 +107,23 @@ pub fn least_cuts(
     Ok(Some(cuts))
 }
 
-/// The least, over every cut into `stages` runs that all fit (`fits[k][a][b]`), of the slowest
-/// stage's time (`times[a][b]`): the least bound any cuts meet (`inf` if none fit).
+/// The least, over every cut into stages that all fit, of the slowest stage's time: the least
+/// bound any cuts meet (`inf` if none fit).
 ///
 /// # Errors
-/// [`Error::Shape`] when the matrices' sizes do not fit `stages` and `points`.
-pub fn least_bottleneck(fits: &[bool], times: &[f64], stages: usize, points: usize) -> Result<f64> {
-    check("least_bottleneck: fits", fits.len(), stages, points)?;
-    check("least_bottleneck: times", times.len(), 1, points)?;
+/// [`Error::Shape`] when the arrays' sizes do not fit together.
+pub fn least_bottleneck(chain: &Chain<'_>) -> Result<f64> {
+    let points = chain.points()?;
     let mut best = vec![f64::INFINITY; points];
     best[0] = 0.0;
     let mut next = vec![0.0; points];
-    for k in 0..stages {
-        let fit = &fits[k * points * points..(k + 1) * points * points];
+    for k in 0..chain.flights.len() {
         for (b, slot) in next.iter_mut().enumerate() {
             let mut least = f64::INFINITY;
-            for a in 0..points {
-                if fit[a * points + b] {
-                    least = least.min(best[a].max(times[a * points + b]));
+            for (a, before) in best.iter().enumerate() {
+                let i = a * points + b;
+                if chain.fits(k, i) {
+                    least = least.min(before.max(chain.times[i]));
                 }
             }
             *slot = least;
@@ -118,53 +152,88 @@ mod tests {
         out
     }
 
-    /// A chain of units with the given times, every stage paying its time.
-    fn chain(units: &[f64], stages: usize) -> (Vec<f64>, Vec<f64>) {
+    /// The runs' sums of `units` over every pair of cut points (`inf` unless `b > a`).
+    fn runs(units: &[f64]) -> Vec<f64> {
         let points = units.len() + 1;
-        let mut times = vec![f64::INFINITY; points * points];
+        let mut out = vec![f64::INFINITY; points * points];
         for a in 0..points {
             for b in (a + 1)..points {
-                times[a * points + b] = units[a..b].iter().sum();
+                out[a * points + b] = units[a..b].iter().sum();
             }
         }
-        let paid = times.repeat(stages);
-        (paid, times)
+        out
     }
 
-    #[test]
-    fn the_bottleneck_is_the_least_slowest_stage_of_every_cut() {
-        let units = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0];
-        for k in 1..=units.len() {
-            let (_, times) = chain(&units, k);
-            let fits = vec![true; k * (units.len() + 1).pow(2)];
-            let got = least_bottleneck(&fits, &times, k, units.len() + 1).unwrap();
-            let brute = all_cuts(units.len(), k)
-                .iter()
-                .map(|c| {
-                    c.windows(2)
-                        .map(|w| units[w[0]..w[1]].iter().sum::<f64>())
-                        .fold(0.0, f64::max)
+    const UNITS: [f64; 7] = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0];
+    const BYTES: [f64; 7] = [1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 2.0];
+
+    /// Checks both programmes against every cut of [`UNITS`] into `stages`, stage `k` holding
+    /// `stages - k` microbatches of [`BYTES`] within `limit`, each boundary sending 0.5.
+    fn against_brute_force(stages: usize, limit: f64, bound: f64) {
+        let (times, bytes) = (runs(&UNITS), runs(&BYTES));
+        let points = UNITS.len() + 1;
+        let zero = vec![0.0; points * points];
+        let mut edge = vec![1.0; points];
+        edge[points - 1] = 0.0;
+        #[allow(clippy::cast_precision_loss)]
+        let flights: Vec<f64> = (0..stages).map(|k| (stages - k) as f64).collect();
+        let chain = Chain {
+            times: &times,
+            edge: &edge,
+            parameters: &zero,
+            activations: &bytes,
+            flights: &flights,
+            buffer: 0.0,
+            limit,
+        };
+        let fitting: Vec<Vec<usize>> = all_cuts(UNITS.len(), stages)
+            .into_iter()
+            .filter(|c| {
+                c.windows(2).enumerate().all(|(k, w)| {
+                    BYTES[w[0]..w[1]].iter().sum::<f64>() * flights[k] <= limit
                 })
-                .fold(f64::INFINITY, f64::min);
-            assert!((got - brute).abs() < 1e-12, "k {k}: {got} vs {brute}");
+            })
+            .collect();
+        let slowest = |c: &Vec<usize>| {
+            c.windows(2)
+                .map(|w| UNITS[w[0]..w[1]].iter().sum::<f64>())
+                .fold(0.0, f64::max)
+        };
+        let brute = fitting.iter().map(slowest).fold(f64::INFINITY, f64::min);
+        assert_eq!(least_bottleneck(&chain).unwrap(), brute);
+        // Under the bound, the least number of sends is the most units per stage: any cut that
+        // meets it has stages - 1 sends; the programme finds one iff one exists.
+        let meets = fitting.iter().filter(|c| slowest(c) <= bound).count();
+        let found = least_cuts(&chain, bound).unwrap();
+        assert_eq!(found.is_some(), meets > 0, "stages {stages}, limit {limit}");
+        if let Some(cuts) = found {
+            assert!(fitting.contains(&cuts) && slowest(&cuts) <= bound);
         }
     }
 
     #[test]
-    fn the_cuts_meet_the_bound_or_there_are_none() {
-        let units = [3.0, 1.0, 4.0, 1.0, 5.0];
-        let (paid, times) = chain(&units, 2);
-        let cuts = least_cuts(&paid, &times, 2, 6, 8.0).unwrap().unwrap();
-        assert_eq!(cuts.len(), 3);
-        for w in cuts.windows(2) {
-            assert!(units[w[0]..w[1]].iter().sum::<f64>() <= 8.0);
+    fn the_programmes_agree_with_every_cut() {
+        for stages in 1..=UNITS.len() {
+            for limit in [4.0, 8.0, 100.0] {
+                for bound in [6.0, 9.0, 12.0, 30.0] {
+                    against_brute_force(stages, limit, bound);
+                }
+            }
         }
-        assert_eq!(least_cuts(&paid, &times, 2, 6, 6.0).unwrap(), None);
     }
 
     #[test]
     fn bad_sizes_are_refused() {
-        assert!(least_cuts(&[0.0; 8], &[0.0; 4], 1, 2, 1.0).is_err());
-        assert!(least_bottleneck(&[true; 3], &[0.0; 4], 1, 2).is_err());
+        let chain = Chain {
+            times: &[0.0; 4],
+            edge: &[0.0; 2],
+            parameters: &[0.0; 3],
+            activations: &[0.0; 4],
+            flights: &[1.0],
+            buffer: 0.0,
+            limit: 1.0,
+        };
+        assert!(least_cuts(&chain, 1.0).is_err());
+        assert!(least_bottleneck(&chain).is_err());
     }
 }

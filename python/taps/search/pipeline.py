@@ -363,45 +363,60 @@ class Cuts:
     step: float
 
 
+@dataclass(frozen=True)
+class Memory:
+    """What the stages of a chain of units hold, over its cut points ``[a, b]`` (the run of
+    units ``a..b-1``): parameter bytes and activation bytes per microbatch in flight, the
+    microbatches in flight per stage, the bytes held once more (a checkpointed unit
+    recomputing) and the bytes a stage may hold."""
+
+    parameters: np.ndarray
+    activations: np.ndarray
+    flights: np.ndarray
+    buffer: float
+    limit: float
+
+
 def best_cuts(
     times: np.ndarray,
-    forward: np.ndarray,
-    backward: np.ndarray,
-    fits: np.ndarray,
     send: np.ndarray,
-    stages: int,
+    memory: Memory,
     step: Callable[[tuple[int, ...]], float],
     lower: Callable[[float], float],
 ) -> Cuts | None:
-    """The cuts of ``len(send)`` units into ``stages`` runs of least ``step(bounds)``.
+    """The cuts of ``len(send) + 1`` units into ``len(memory.flights)`` runs of least
+    ``step(bounds)``.
 
     ``times[a, b]`` is the time per microbatch of a stage of units ``a..b-1`` (``inf`` where
-    ``b <= a``), ``fits[k, a, b]`` whether it fits in memory as stage ``k``, ``send[i]`` the
-    seconds across the boundary after unit ``i``. For each bound on the stages' times, from the
-    least any cuts meet, the dynamic programme finds the cuts of least total time (stage times
-    and sends) meeting it; ``lower(bound)`` is the least step any cuts under that bound can take,
-    which ends the sweep."""
+    ``b <= a``), ``send[i]`` the seconds across the boundary after unit ``i``; stage ``k`` fits
+    when ``parameters + flights[k] * activations + buffer <= limit``. For each bound on the
+    stages' times, from the least any cuts meet, the dynamic programme finds the cuts of least
+    total time (stage times and sends) meeting it; ``lower(bound)`` is the least step any cuts
+    under that bound can take, which ends the sweep."""
     n = times.shape[0] - 1
-    if stages > n:
+    if len(memory.flights) > n:
         return None
-    times = np.ascontiguousarray(times, dtype=np.float64)
-    values = np.unique(times[np.isfinite(times)])
-    edge = np.concatenate([2 * send, [0.0]])  # paid after every stage but the last
-
-    # A stage ending after unit b - 1 pays the sends across that boundary, but the last.
-    paid = np.where(fits, (times + edge[np.arange(n + 1) - 1][None, :])[None], np.inf)
-    paid[-1] = np.where(fits[-1], times, np.inf)
-
+    chain = (
+        np.ascontiguousarray(times, dtype=np.float64),
+        # A stage ending at cut point b pays the sends across it, but the last.
+        np.concatenate([[0.0], 2 * np.asarray(send, dtype=np.float64), [0.0]]),
+        np.ascontiguousarray(memory.parameters, dtype=np.float64),
+        np.ascontiguousarray(memory.activations, dtype=np.float64),
+        np.ascontiguousarray(memory.flights, dtype=np.float64),
+        float(memory.buffer),
+        float(memory.limit),
+    )
     # The least bound any cuts meet: the min-max programme over the same stages.
-    least = least_bottleneck(np.ascontiguousarray(fits), times)
+    least = least_bottleneck(*chain)
     if not math.isfinite(least):
         return None
+    values = np.unique(times[np.isfinite(times)])
     lo = int(np.searchsorted(values, least))
     best: Cuts | None = None
     for bound in values[lo:]:
         if best is not None and lower(bound) >= best.step:
             break
-        found = least_cuts(paid, times, float(bound))
+        found = least_cuts(*chain, float(bound))
         if found is not None:
             bounds = tuple(found)
             s = step(bounds)
@@ -590,7 +605,6 @@ class _Chain:
     costs: list[UnitCost]
     prefix: dict[str, np.ndarray]
     elements: np.ndarray
-    valid: np.ndarray
     times: np.ndarray
     parameters: np.ndarray
     activations: np.ndarray
@@ -618,7 +632,6 @@ class _Chain:
             costs,
             prefix,
             elements,
-            valid,
             np.where(valid, span(prefix["forward"]) + span(prefix["backward"]), np.inf),
             span(prefix["parameters"]),
             span(prefix["activations"]),
@@ -636,9 +649,12 @@ def _cut(
     flights = np.array(
         [in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches) for k in range(c.stages)]
     )
-    fits = chain.valid[None] & (
-        chain.parameters[None] + flights[:, None, None] * chain.activations[None] + chain.buffer
-        <= limit * (1 if c.chunks == 1 else 1 / c.chunks)
+    held = Memory(
+        chain.parameters,
+        chain.activations,
+        flights,
+        chain.buffer,
+        limit * (1 if c.chunks == 1 else 1 / c.chunks),
     )
     send = chain.send if c.stages > 1 else np.zeros(n - 1)
 
@@ -665,9 +681,7 @@ def _cut(
             return m * total / c.groups + (c.groups - 1) * bound
         return total + (m - 1) * bound
 
-    return best_cuts(
-        chain.times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower
-    )
+    return best_cuts(chain.times, send, held, step, lower)
 
 
 def _gradient_elements(cost: UnitCost, pricing: Pricing) -> float:

@@ -1,57 +1,59 @@
 //! The stage search's programmes over cuts: `least_cuts` and `least_bottleneck`, with the GIL
 //! released.
 
-use numpy::{PyReadonlyArray2, PyReadonlyArray3};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
-use crate::cuts;
-use crate::error::Error;
+use crate::cuts::{self, Chain};
 
-/// The matrices' stage count and cut points, checked square and alike.
-fn sizes(
-    what: &str,
-    stacked: (usize, usize, usize),
-    times: (usize, usize),
-) -> PyResult<(usize, usize)> {
-    let (stages, rows, cols) = stacked;
-    if rows != cols || times != (rows, cols) {
-        return Err(Error::Shape(format!(
-            "{what}: the stages' matrices ({rows} x {cols}) and the times ({} x {}) must be \
-             one square size",
-            times.0, times.1
-        ))
-        .into());
-    }
-    Ok((stages, rows))
-}
-
-/// The cut points of least total `paid[k, a, b]` whose stages all take at most `bound` by
-/// `times[a, b]`, or `None`.
+/// The cut points of least total time whose stages all fit and take at most `bound`, or
+/// `None`.
 #[pyfunction]
+#[pyo3(signature = (times, edge, parameters, activations, flights, buffer, limit, bound))]
 pub(super) fn least_cuts(
     py: Python<'_>,
-    paid: PyReadonlyArray3<'_, f64>,
     times: PyReadonlyArray2<'_, f64>,
+    edge: PyReadonlyArray1<'_, f64>,
+    parameters: PyReadonlyArray2<'_, f64>,
+    activations: PyReadonlyArray2<'_, f64>,
+    flights: PyReadonlyArray1<'_, f64>,
+    buffer: f64,
+    limit: f64,
     bound: f64,
 ) -> PyResult<Option<Vec<usize>>> {
-    let (stages, points) = sizes("least_cuts", paid.as_array().dim(), times.as_array().dim())?;
-    let (paid, times) = (paid.as_slice()?, times.as_slice()?);
-    Ok(py.detach(move || cuts::least_cuts(paid, times, stages, points, bound))?)
+    let chain = Chain {
+        times: times.as_slice()?,
+        edge: edge.as_slice()?,
+        parameters: parameters.as_slice()?,
+        activations: activations.as_slice()?,
+        flights: flights.as_slice()?,
+        buffer,
+        limit,
+    };
+    Ok(py.detach(move || cuts::least_cuts(&chain, bound))?)
 }
 
-/// The least slowest stage's `times[a, b]` over every cut whose stages all fit
-/// (`fits[k, a, b]`); `inf` if none.
+/// The least slowest stage's time over every cut whose stages all fit; `inf` if none.
 #[pyfunction]
+#[pyo3(signature = (times, edge, parameters, activations, flights, buffer, limit))]
 pub(super) fn least_bottleneck(
     py: Python<'_>,
-    fits: PyReadonlyArray3<'_, bool>,
     times: PyReadonlyArray2<'_, f64>,
+    edge: PyReadonlyArray1<'_, f64>,
+    parameters: PyReadonlyArray2<'_, f64>,
+    activations: PyReadonlyArray2<'_, f64>,
+    flights: PyReadonlyArray1<'_, f64>,
+    buffer: f64,
+    limit: f64,
 ) -> PyResult<f64> {
-    let (stages, points) = sizes(
-        "least_bottleneck",
-        fits.as_array().dim(),
-        times.as_array().dim(),
-    )?;
-    let (fits, times) = (fits.as_slice()?, times.as_slice()?);
-    Ok(py.detach(move || cuts::least_bottleneck(fits, times, stages, points))?)
+    let chain = Chain {
+        times: times.as_slice()?,
+        edge: edge.as_slice()?,
+        parameters: parameters.as_slice()?,
+        activations: activations.as_slice()?,
+        flights: flights.as_slice()?,
+        buffer,
+        limit,
+    };
+    Ok(py.detach(move || cuts::least_bottleneck(&chain))?)
 }
