@@ -7,18 +7,21 @@ inside a node, pipeline across nodes, data parallel on the rest), all priced by 
     python benches/pipeline.py --case gpt3-h100 # one of gpt3-v100, gpt3-h100, llama3-70b
     python benches/pipeline.py --no-flat        # without the search without pipelining
 
-Prints per case: the pipelined search's seconds (one run, after the graph is built) and the
-process's peak memory so far, the chosen pipeline ((pipeline, tensor, data) degrees,
-microbatches, schedule) and step time, taps without pipelining, and the Megatron-LM recipe.
+Prints per case: the pipelined search's seconds (one run, after the graph is built and taps'
+search imported), the machine's load average and the process's peak memory so far, the chosen
+pipeline ((pipeline, tensor, data) degrees, microbatches, schedule) and step time, taps without
+pipelining, and the Megatron-LM recipe.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 
 import taps
+import taps.search  # imported here, not inside the first timed search
 from taps.plan.stages import Pipeline
 
 #: GPT-3 175B as Megatron-LM trained it (Narayanan et al. 2021, table 1): global batch 1,536,
@@ -86,8 +89,8 @@ def case(
     seconds = time.perf_counter() - t0
     p = found.plan.pipeline
     print(
-        f"  pipelined search: {seconds:.2f} s ({found.unit_searches} unit searches), peak "
-        f"memory so far {peak_gib():.2f} GiB"
+        f"  pipelined search: {seconds:.2f} s ({found.unit_searches} unit searches; load "
+        f"average {os.getloadavg()[0]:.1f}), peak memory so far {peak_gib():.2f} GiB"
     )
     print(
         f"  taps, pipelined: (pipeline, tensor, data) {degrees(found.plan)}, {p.schedule}, "

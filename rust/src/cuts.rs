@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// are row-major `points x points`, indexed `[a][b]` for the run of units `a..b`.
 #[derive(Debug, Clone, Copy)]
 pub struct Chain<'a> {
-    /// Seconds per microbatch of the run (`inf` unless `b > a`).
+    /// Seconds per microbatch of the run (`inf` unless `b > a`), not shrinking as it grows.
     pub times: &'a [f64],
     /// Per end point `b`, what a stage ending there pays after it (the sends across it, both
     /// ways), but the last stage.
@@ -57,7 +57,8 @@ impl Chain<'_> {
 }
 
 /// The cuts of least total time (the stages' times and what they pay after them) whose stages
-/// all fit and take at most `bound`. Returns the `K + 1` cut points `0 = c_0 < ... < c_K = n`,
+/// all fit and take at most `bound`. A run's time must not shrink as it grows (units of
+/// non-negative time): each stage end looks back only to the first start over the bound. Returns the `K + 1` cut points `0 = c_0 < ... < c_K = n`,
 /// or `None` when no cuts meet the bound. Among equal totals the programme keeps, for every
 /// stage end, the first start.
 ///
@@ -73,20 +74,21 @@ pub fn least_cuts(chain: &Chain<'_>, bound: f64) -> Result<Option<Vec<usize>>> {
     for k in 0..stages {
         let last = k + 1 == stages;
         for b in 0..points {
-            let (mut least, mut at) = (best[0] + f64::INFINITY, 0usize);
-            for a in 0..points {
+            let (mut least, mut at) = (f64::INFINITY, 0usize);
+            // From the shortest stage ending at b to the first over the bound (a run's time
+            // grows with it); numpy's argmin keeps the first least, so among equals the last
+            // seen. A start from which nothing is finite is never followed back.
+            for a in (0..b).rev() {
                 let i = a * points + b;
                 let time = chain.times[i];
-                let cost = if time > bound || !chain.fits(k, i) {
-                    f64::INFINITY
-                } else if last {
-                    time
-                } else {
-                    time + chain.edge[b]
-                };
-                // numpy's argmin: the first least.
-                let c = best[a] + cost;
-                if c < least {
+                if time > bound {
+                    break;
+                }
+                if !chain.fits(k, i) {
+                    continue;
+                }
+                let c = best[a] + if last { time } else { time + chain.edge[b] };
+                if c <= least && c.is_finite() {
                     (least, at) = (c, a);
                 }
             }
@@ -108,7 +110,7 @@ pub fn least_cuts(chain: &Chain<'_>, bound: f64) -> Result<Option<Vec<usize>>> {
 }
 
 /// The least, over every cut into stages that all fit, of the slowest stage's time: the least
-/// bound any cuts meet (`inf` if none fit).
+/// bound any cuts meet (`inf` if none fit). A run's time must not shrink as it grows.
 ///
 /// # Errors
 /// [`Error::Shape`] when the arrays' sizes do not fit together.
@@ -120,10 +122,14 @@ pub fn least_bottleneck(chain: &Chain<'_>) -> Result<f64> {
     for k in 0..chain.flights.len() {
         for (b, slot) in next.iter_mut().enumerate() {
             let mut least = f64::INFINITY;
-            for (a, before) in best.iter().enumerate() {
+            // Longer stages take no less: stop at the first as slow as the least found.
+            for a in (0..b).rev() {
                 let i = a * points + b;
+                if chain.times[i] >= least {
+                    break;
+                }
                 if chain.fits(k, i) {
-                    least = least.min(before.max(chain.times[i]));
+                    least = least.min(best[a].max(chain.times[i]));
                 }
             }
             *slot = least;
@@ -189,9 +195,9 @@ mod tests {
         let fitting: Vec<Vec<usize>> = all_cuts(UNITS.len(), stages)
             .into_iter()
             .filter(|c| {
-                c.windows(2).enumerate().all(|(k, w)| {
-                    BYTES[w[0]..w[1]].iter().sum::<f64>() * flights[k] <= limit
-                })
+                c.windows(2)
+                    .enumerate()
+                    .all(|(k, w)| BYTES[w[0]..w[1]].iter().sum::<f64>() * flights[k] <= limit)
             })
             .collect();
         let slowest = |c: &Vec<usize>| {

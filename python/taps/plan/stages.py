@@ -372,9 +372,11 @@ def batch_of(graph: Graph) -> int:
 
 def microbatched(graph: Graph, microbatches: int) -> Graph:
     """``graph`` on a microbatch: its batch divided by ``microbatches``. The batch is the leading
-    dim of every graph input that is not a parameter; it follows the operators' axes (an axis
-    that indexes a batched dim is the batch) to their outputs, and a view of a batched tensor
-    carries it in its leading dim. A batch that does not split so is a :class:`GraphError`."""
+    dim of the graph inputs that carry it (:func:`_batch_dims`: those whose leading dim reaches
+    an output's; the others, such as a table of positions broadcast over the batch, stay
+    whole); it follows the operators' axes (an axis that indexes a batched dim is the batch) to
+    their outputs, and a view of a batched tensor carries it in its leading dim. A batch that
+    does not split so is a :class:`GraphError`."""
     _count("microbatched", "microbatches", microbatches)
     if microbatches == 1:
         return graph
