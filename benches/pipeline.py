@@ -8,9 +8,10 @@ inside a node, pipeline across nodes, data parallel on the rest), all priced by 
     python benches/pipeline.py --no-flat        # without the search without pipelining
 
 Prints per case: the pipelined search's seconds (one run, after the graph is built and taps'
-search imported), the machine's load average and the process's peak memory so far, the chosen
-pipeline ((pipeline, tensor, data) degrees, microbatches, schedule) and step time, taps without
-pipelining, and the Megatron-LM recipe.
+search imported; with its CPU seconds, which a loaded machine stretches less, and the load
+average), the process's peak memory so far, the chosen pipeline ((pipeline, tensor, data)
+degrees, microbatches, schedule) and step time, taps without pipelining, and the Megatron-LM
+recipe.
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ def case(
         f"batch {batch}; {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
         f"({cluster.num_devices:,} devices)"
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     found = taps.search(graph, cluster, pipeline=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     p = found.plan.pipeline
     print(
-        f"  pipelined search: {seconds:.2f} s ({found.unit_searches} unit searches; load "
-        f"average {os.getloadavg()[0]:.1f}), peak memory so far {peak_gib():.2f} GiB"
+        f"  pipelined search: {seconds:.2f} s ({cpu:.2f} s of CPU, {found.unit_searches} unit "
+        f"searches; load average {os.getloadavg()[0]:.1f}), peak memory so far "
+        f"{peak_gib():.2f} GiB"
     )
     print(
         f"  taps, pipelined: (pipeline, tensor, data) {degrees(found.plan)}, {p.schedule}, "
