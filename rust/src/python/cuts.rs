@@ -10,6 +10,7 @@ use crate::cuts::{self, Chain};
 /// `None`.
 #[pyfunction]
 #[pyo3(signature = (times, edge, parameters, activations, flights, buffer, limit, bound))]
+#[allow(clippy::too_many_arguments)] // the chain's arrays, as Python holds them
 pub(super) fn least_cuts(
     py: Python<'_>,
     times: PyReadonlyArray2<'_, f64>,
@@ -36,6 +37,7 @@ pub(super) fn least_cuts(
 /// The least slowest stage's time over every cut whose stages all fit; `inf` if none.
 #[pyfunction]
 #[pyo3(signature = (times, edge, parameters, activations, flights, buffer, limit))]
+#[allow(clippy::too_many_arguments)] // the chain's arrays, as Python holds them
 pub(super) fn least_bottleneck(
     py: Python<'_>,
     times: PyReadonlyArray2<'_, f64>,
