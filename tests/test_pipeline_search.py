@@ -10,13 +10,22 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
 from taps.errors import ArgumentError
-from taps.plan.stages import Pipeline, locate, microbatched, stage_graph, sub_cluster
+from taps.plan.stages import (
+    Pipeline,
+    batch_of,
+    locate,
+    microbatched,
+    stage_graph,
+    sub_cluster,
+)
 from taps.search.pipeline import (
+    Memory,
     _Candidate,
     _replica_reduction,
     _stage_numbers,
@@ -49,7 +58,11 @@ def test_the_programme_finds_the_best_cuts_of_random_chains(data, n, m):
     ab = np.arange(n + 1)
     valid = ab[None, :] > ab[:, None]
     times = np.where(valid, (pf + pb)[None, :] - (pf + pb)[:, None], np.inf)
-    fits = np.stack([valid & ((k - s) * (pm[None, :] - pm[:, None]) <= limit) for s in range(k)])
+    flights = np.arange(k, 0, -1, dtype=float)  # stage s holds k - s microbatches
+    held = Memory(np.zeros_like(times), pm[None, :] - pm[:, None], flights, 0.0, limit)
+
+    def fits(s, a, b):
+        return flights[s] * (pm[b] - pm[a]) <= limit
 
     def step(bounds):
         fs = [pf[e] - pf[s] for s, e in itertools.pairwise(bounds)]
@@ -58,12 +71,73 @@ def test_the_programme_finds_the_best_cuts_of_random_chains(data, n, m):
         return step_time("1f1b", fs, bs, cs, m)
 
     total = float(pf[-1] + pb[-1])
-    found = best_cuts(times, pf, pb, fits, send, k, step, lambda t: total + (m - 1) * t)
-    brute = [step(c) for c in _all_cuts(n, k) if all(fits[s, c[s], c[s + 1]] for s in range(k))]
+    found = best_cuts(times, send, held, step, lambda t: total + (m - 1) * t)
+    brute = [step(c) for c in _all_cuts(n, k) if all(fits(s, c[s], c[s + 1]) for s in range(k))]
     if not brute:
         assert found is None
     else:
         assert found is not None and math.isclose(found.step, min(brute), rel_tol=1e-9)
+
+
+def _plain_programmes(times, send, held, bound):
+    """The programmes over cuts in plain numpy (as the search ran them before they moved to
+    Rust): the least bottleneck, and the cuts of least total time under ``bound``."""
+    n, stages = times.shape[0] - 1, len(held.flights)
+    fits = held.parameters[None] + held.flights[:, None, None] * held.activations[None]
+    fits = fits + held.buffer <= held.limit
+    edge = np.concatenate([2 * send, [0.0]])
+    paid = np.where(fits, (times + edge[np.arange(n + 1) - 1][None, :])[None], np.inf)
+    paid[-1] = np.where(fits[-1], times, np.inf)
+    bottleneck = np.full(n + 1, np.inf)
+    bottleneck[0] = 0.0
+    for k in range(stages):
+        bottleneck = np.min(
+            np.maximum(bottleneck[:, None], np.where(fits[k], times, np.inf)), axis=0
+        )
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    back = np.zeros((stages, n + 1), dtype=np.int64)
+    allowed = np.where((times > bound)[None], np.inf, paid)
+    for k in range(stages):
+        c = best[:, None] + allowed[k]
+        back[k] = np.argmin(c, axis=0)
+        best = c[back[k], np.arange(n + 1)]
+    if not np.isfinite(best[n]):
+        return bottleneck[n], None
+    bounds = [n]
+    for k in range(stages - 1, -1, -1):
+        bounds.append(int(back[k][bounds[-1]]))
+    return bottleneck[n], list(reversed(bounds))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.integers(1, 9))
+def test_the_rust_programmes_equal_the_plain_ones_on_random_chains(data, n):
+    """Rust's least_bottleneck and least_cuts against the plain numpy programmes, to the bit:
+    integer times and sends make many ties, which both break alike (the first start)."""
+    k = data.draw(st.integers(1, n))
+    ints = st.integers(0, 4).map(float)
+    units = np.array(data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)), float)
+    params = np.array(data.draw(st.lists(ints, min_size=n, max_size=n)))
+    acts = np.array(data.draw(st.lists(ints, min_size=n, max_size=n)))
+    send = np.array(data.draw(st.lists(ints, min_size=n - 1, max_size=n - 1))) / 2
+    pt, pp, pa = (np.concatenate([[0.0], np.cumsum(x)]) for x in (units, params, acts))
+    ab = np.arange(n + 1)
+    times = np.where(ab[None, :] > ab[:, None], pt[None, :] - pt[:, None], np.inf)
+    flights = np.array(data.draw(st.lists(st.integers(1, 4), min_size=k, max_size=k)), float)
+    held = Memory(
+        pp[None, :] - pp[:, None],
+        pa[None, :] - pa[:, None],
+        flights,
+        data.draw(ints),
+        data.draw(st.floats(0, 40)),
+    )
+    bound = float(data.draw(st.integers(1, 4 * n)))
+    least, plain = _plain_programmes(times, send, held, bound)
+    edge = np.concatenate([[0.0], 2 * send, [0.0]])
+    args = (times, edge, held.parameters, held.activations, flights, held.buffer, held.limit)
+    assert taps._core.least_bottleneck(*args) == least
+    assert taps._core.least_cuts(*args, bound) == plain
 
 
 def _small():
@@ -256,3 +330,33 @@ def test_checkpointed_stages_keep_what_leaves_each_layer():
     assert math.isclose(checkpointed.memory, parameters + 2 * 2 * leaving + saved / 2)
     with pytest.raises(ArgumentError, match="checkpoint 1 or 0"):
         taps.search(graph, cluster, taps.Pricing(checkpoint=2), pipeline=True)
+
+
+def test_microbatches_split_only_the_inputs_that_carry_the_batch():
+    """transformers' GPT-2 (built from its config on the meta device) adds a table of positions
+    (its position ids, of leading dim 1 where they meet the tokens) to the token embeddings: on
+    a microbatch the graph is the graph of the model exported at that batch, the positions
+    whole; and a pipelined search of it runs on microbatches."""
+    from torch_models import gpt2
+
+    module, _ = gpt2()
+
+    def graph(batch: int) -> taps.Graph:
+        return taps.from_torch(module, torch.zeros(batch, 16, dtype=torch.long, device="meta"))
+
+    whole, half = graph(8), graph(4)
+    inputs = [n for n, t in whole.tensors.items() if t.kind == "input"]
+    assert len(inputs) == 2  # the token ids and the positions
+    assert batch_of(whole) == 8
+    split = microbatched(whole, 2)
+    for key in ("tensors", "ops"):
+        assert {x["name"]: x for x in split.to_dict()[key]} == {
+            x["name"]: x for x in half.to_dict()[key]
+        }
+    assert sorted(split.tensors[n].shape[0] for n in inputs) == sorted(
+        half.tensors[n].shape[0] for n in inputs
+    )
+    spec = Pipeline(stages=2, microbatches=2, schedule="1f1b", replicas=1)
+    result = taps.search(whole, taps.Cluster(1, 2), pipeline=spec)
+    first = result.plan.stage_plans[0].graph
+    assert first.tensors[inputs[0]].shape[0] == 4

@@ -29,6 +29,8 @@ __all__ = [
     "allreduce_costs",
     "enumerate_strategies",
     "inter_node_groups",
+    "least_bottleneck",
+    "least_cuts",
     "min_plus",
     "plan_redistribution",
     "redistribution_costs",
@@ -423,3 +425,34 @@ def min_plus(
     relative ``tie`` (``p <= least + tie * abs(least)``), then the second, the first ``k`` of
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
+
+def least_cuts(
+    times: npt.NDArray[np.float64],
+    edge: npt.NDArray[np.float64],
+    parameters: npt.NDArray[np.float64],
+    activations: npt.NDArray[np.float64],
+    flights: npt.NDArray[np.float64],
+    buffer: float,
+    limit: float,
+    bound: float,
+) -> list[int] | None:
+    """The cut points ``0 = c_0 < ... < c_K = n`` of a chain of ``n`` units into ``K =
+    len(flights)`` stages of least total ``times[a, b]`` (C-contiguous over the ``n + 1`` cut
+    points, ``inf`` unless ``b > a``) plus ``edge[b]`` after every stage but the last, whose
+    stages all fit (stage ``k`` over ``a..b``: ``parameters[a, b] + flights[k] *
+    activations[a, b] + buffer <= limit``) and take at most ``bound``; ``None`` if none. Among
+    equal totals, the first start of each stage (numpy's ``argmin``). Raises TapsError when the
+    shapes do not fit."""
+
+def least_bottleneck(
+    times: npt.NDArray[np.float64],
+    edge: npt.NDArray[np.float64],
+    parameters: npt.NDArray[np.float64],
+    activations: npt.NDArray[np.float64],
+    flights: npt.NDArray[np.float64],
+    buffer: float,
+    limit: float,
+) -> float:
+    """The least, over every cut of the chain of :func:`least_cuts` whose stages all fit, of the
+    slowest stage's ``times[a, b]``; ``inf`` if no cut fits. Raises TapsError when the shapes do
+    not fit."""

@@ -1,8 +1,10 @@
 //! The core of taps: layouts, unification, the redistribution planners, the topology-aware cost
-//! model, strategy enumeration, the batch cost kernels and the min-plus products of the search.
+//! model, strategy enumeration, the batch cost kernels, the min-plus products of the search and the
+//! stage search's programmes over cuts.
 //! Plain Rust; the PyO3 bindings live in [`python`] behind the `python` feature.
 
 pub mod batch;
+pub mod cuts;
 pub mod error;
 pub mod layout;
 pub mod minplus;

@@ -260,7 +260,8 @@ def stage_graph(graph: Graph, operators: Sequence[str], name: str | None = None)
     operators are kept where every instance of them is in (each tie trimmed to those
     instances)."""
     chosen = set(operators)
-    unknown = [n for n in operators if n not in {op.name for op in graph.ops}]
+    known = {op.name for op in graph.ops}
+    unknown = [n for n in operators if n not in known]
     if unknown:
         raise GraphError(f"stage_graph: graph {graph.name!r} has no operator {unknown[0]!r}")
     sub = Graph(name=name or graph.name, layers=graph.layers)
@@ -305,16 +306,18 @@ def stage_graph(graph: Graph, operators: Sequence[str], name: str | None = None)
     return sub
 
 
-def _batch_dims(graph: Graph) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
-    """Where the batch lies: (tensor, dim) of every graph input and view that holds it, and
-    (operator, axis) of every operator axis that indexes it (:func:`microbatched`)."""
+def _follow(graph: Graph, sources: set[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The batch followed from the leading dim of the graph inputs ``sources``: the batched dim
+    of every tensor that holds it, and (operator, axis) of every operator axis that indexes it.
+    An axis that indexes a batched dim of an operand is the batch, and so is the output dim it
+    indexes; a view of a batched tensor carries it in its leading dim."""
     tensors: dict[str, int] = {}  # tensor name -> its batched dim
     axes: list[tuple[str, str]] = []
 
     def batched(name: str) -> int | None:
         if name not in tensors:
             t = graph.tensors[name]
-            if t.kind == "input" or (
+            if name in sources or (
                 t.kind == "view" and t.base is not None and batched(t.base) is not None
             ):
                 tensors[name] = 0
@@ -333,6 +336,27 @@ def _batch_dims(graph: Graph) -> tuple[list[tuple[str, int]], list[tuple[str, st
     for name, t in graph.tensors.items():  # views no operator reads (a model's output)
         if t.kind == "view":
             batched(name)
+    return tensors, axes
+
+
+def _batch_dims(graph: Graph) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """Where the batch lies: (tensor, dim) of every graph input and view that holds it, and
+    (operator, axis) of every operator axis that indexes it (:func:`microbatched`). The inputs
+    that carry the batch are those whose leading dim, followed through the operators, reaches
+    the leading dim of one of the graph's outputs (a tensor no operator reads): a model's token
+    ids or an earlier stage's activations, not a table of positions broadcast over the batch
+    (GPT-2's position ids, of leading dim 1 where they meet the tokens). When no input reaches
+    an output so (a graph ending in a loss), every input carries it."""
+    inputs = [n for n, t in graph.tensors.items() if t.kind == "input"]
+    read = {o.tensor for op in graph.ops for o in op.inputs}
+    read |= {t.base for t in graph.tensors.values() if t.kind == "view" and t.base is not None}
+    outputs = [
+        n for n, t in graph.tensors.items() if t.kind in ("activation", "view") and n not in read
+    ]
+    carrying = {
+        name for name in inputs if any(_follow(graph, {name})[0].get(o) == 0 for o in outputs)
+    }
+    tensors, axes = _follow(graph, carrying or set(inputs))
     stored = [(n, d) for n, d in tensors.items() if graph.tensors[n].kind in ("input", "view")]
     return stored, axes
 
@@ -348,9 +372,11 @@ def batch_of(graph: Graph) -> int:
 
 def microbatched(graph: Graph, microbatches: int) -> Graph:
     """``graph`` on a microbatch: its batch divided by ``microbatches``. The batch is the leading
-    dim of every graph input that is not a parameter; it follows the operators' axes (an axis
-    that indexes a batched dim is the batch) to their outputs, and a view of a batched tensor
-    carries it in its leading dim. A batch that does not split so is a :class:`GraphError`."""
+    dim of the graph inputs that carry it (:func:`_batch_dims`: those whose leading dim reaches
+    an output's; the others, such as a table of positions broadcast over the batch, stay
+    whole); it follows the operators' axes (an axis that indexes a batched dim is the batch) to
+    their outputs, and a view of a batched tensor carries it in its leading dim. A batch that
+    does not split so is a :class:`GraphError`."""
     _count("microbatched", "microbatches", microbatches)
     if microbatches == 1:
         return graph

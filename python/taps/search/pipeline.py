@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from taps._core import Cluster, InfeasibleError, Layout, Strategy
+from taps._core import Cluster, InfeasibleError, Layout, Strategy, least_bottleneck, least_cuts
 from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
@@ -191,6 +191,9 @@ class _Units:
         self._graphs: dict[object, Graph] = {}
         self._tables: dict[object, CostTables] = {}
         self._costs: dict[tuple[object, int, int, int], UnitCost | None] = {}
+        self._lists: dict[tuple[int, int, int], list[UnitCost] | None] = {}
+        self._sends: dict[tuple[int, int], np.ndarray] = {}
+        self._chains: dict[tuple[int, int, int], _Chain | None] = {}
         self.searches = 0
 
     def unit_graph(self, unit: int, parts: int) -> Graph:
@@ -200,6 +203,36 @@ class _Units:
             whole = stage_graph(self.graph, self.units[unit])
             self._graphs[key] = microbatched(whole, parts)
         return self._graphs[key]
+
+    def costs(self, devices: int, parts: int, share: int) -> list[UnitCost] | None:
+        """Every unit's :meth:`cost` (``None`` if one does not fit)."""
+        key = (devices, parts, share)
+        if key not in self._lists:
+            costs = [self.cost(u, devices, parts, share) for u in range(len(self.units))]
+            self._lists[key] = None if None in costs else [x for x in costs if x is not None]
+        return self._lists[key]
+
+    def sends(self, devices: int, parts: int) -> np.ndarray:
+        """Seconds across each unit boundary between groups of ``devices`` at ``1/parts`` of the
+        batch (:func:`send_seconds`)."""
+        key = (devices, parts)
+        if key not in self._sends:
+            self._sends[key] = np.array(
+                [send_seconds(self.cluster, devices, b / parts) for b in self.crossing[:-1]]
+            )
+        return self._sends[key]
+
+    def chain(self, devices: int, parts: int, share: int) -> _Chain | None:
+        """The units' :class:`_Chain` (``None`` if one does not fit)."""
+        key = (devices, parts, share)
+        if key not in self._chains:
+            costs = self.costs(devices, parts, share)
+            self._chains[key] = (
+                None
+                if costs is None
+                else _Chain.of(costs, self.pricing, self.sends(devices, parts))
+            )
+        return self._chains[key]
 
     def cost(self, unit: int, devices: int, parts: int, share: int) -> UnitCost | None:
         """Unit ``unit`` on ``devices`` at ``1/parts`` of the batch, searched within ``1/share``
@@ -330,68 +363,62 @@ class Cuts:
     step: float
 
 
+@dataclass(frozen=True)
+class Memory:
+    """What the stages of a chain of units hold, over its cut points ``[a, b]`` (the run of
+    units ``a..b-1``): parameter bytes and activation bytes per microbatch in flight, the
+    microbatches in flight per stage, the bytes held once more (a checkpointed unit
+    recomputing) and the bytes a stage may hold."""
+
+    parameters: np.ndarray
+    activations: np.ndarray
+    flights: np.ndarray
+    buffer: float
+    limit: float
+
+
 def best_cuts(
     times: np.ndarray,
-    forward: np.ndarray,
-    backward: np.ndarray,
-    fits: np.ndarray,
     send: np.ndarray,
-    stages: int,
+    memory: Memory,
     step: Callable[[tuple[int, ...]], float],
     lower: Callable[[float], float],
 ) -> Cuts | None:
-    """The cuts of ``len(send)`` units into ``stages`` runs of least ``step(bounds)``.
+    """The cuts of ``len(send) + 1`` units into ``len(memory.flights)`` runs of least
+    ``step(bounds)``.
 
     ``times[a, b]`` is the time per microbatch of a stage of units ``a..b-1`` (``inf`` where
-    ``b <= a``), ``fits[k, a, b]`` whether it fits in memory as stage ``k``, ``send[i]`` the
-    seconds across the boundary after unit ``i``. For each bound on the stages' times, from the
-    least any cuts meet, the dynamic programme finds the cuts of least total time (stage times
-    and sends) meeting it; ``lower(bound)`` is the least step any cuts under that bound can take,
-    which ends the sweep."""
+    ``b <= a``), ``send[i]`` the seconds across the boundary after unit ``i``; stage ``k`` fits
+    when ``parameters + flights[k] * activations + buffer <= limit``. For each bound on the
+    stages' times, from the least any cuts meet, the dynamic programme finds the cuts of least
+    total time (stage times and sends) meeting it; ``lower(bound)`` is the least step any cuts
+    under that bound can take, which ends the sweep."""
     n = times.shape[0] - 1
-    if stages > n:
+    if len(memory.flights) > n:
+        return None
+    chain = (
+        np.ascontiguousarray(times, dtype=np.float64),
+        # A stage ending at cut point b pays the sends across it, but the last.
+        np.concatenate([[0.0], 2 * np.asarray(send, dtype=np.float64), [0.0]]),
+        np.ascontiguousarray(memory.parameters, dtype=np.float64),
+        np.ascontiguousarray(memory.activations, dtype=np.float64),
+        np.ascontiguousarray(memory.flights, dtype=np.float64),
+        float(memory.buffer),
+        float(memory.limit),
+    )
+    # The least bound any cuts meet: the min-max programme over the same stages.
+    least = least_bottleneck(*chain)
+    if not math.isfinite(least):
         return None
     values = np.unique(times[np.isfinite(times)])
-    edge = np.concatenate([2 * send, [0.0]])  # paid after every stage but the last
-
-    # A stage ending after unit b - 1 pays the sends across that boundary, but the last.
-    paid = np.where(fits, (times + edge[np.arange(n + 1) - 1][None, :])[None], np.inf)
-    paid[-1] = np.where(fits[-1], times, np.inf)
-    columns = np.arange(n + 1)
-
-    def programme(bound: float) -> tuple[int, ...] | None:
-        over = times > bound
-        best = np.full(n + 1, np.inf)
-        best[0] = 0.0
-        back = np.zeros((stages, n + 1), dtype=np.int64)
-        allowed = np.where(over[None], np.inf, paid)
-        for k in range(stages):
-            c = best[:, None] + allowed[k]
-            back[k] = np.argmin(c, axis=0)
-            best = c[back[k], columns]
-        if not np.isfinite(best[n]):
-            return None
-        bounds = [n]
-        for k in range(stages - 1, -1, -1):
-            bounds.append(int(back[k][bounds[-1]]))
-        return tuple(reversed(bounds))
-
-    # The least bound any cuts meet: the min-max programme over the same stages.
-    bottleneck = np.full(n + 1, np.inf)
-    bottleneck[0] = 0.0
-    for k in range(stages):
-        bottleneck = np.min(
-            np.maximum(bottleneck[:, None], np.where(fits[k], times, np.inf)), axis=0
-        )
-    if not np.isfinite(bottleneck[n]):
-        return None
-    lo = int(np.searchsorted(values, bottleneck[n]))
+    lo = int(np.searchsorted(values, least))
     best: Cuts | None = None
     for bound in values[lo:]:
         if best is not None and lower(bound) >= best.step:
             break
-        bounds = programme(bound)
-        if bounds is not None:
+        found = least_cuts(*chain, float(bound))
+        if found is not None:
+            bounds = tuple(found)
             s = step(bounds)
             if best is None or s < best.step:
                 best = Cuts(bounds, s)
@@ -451,11 +478,11 @@ def search_pipeline(
             # Each unit is first planned within the whole device; if its stages then do not
             # fit, again within its even share of it.
             for share in sorted({1, math.ceil(n / c.stages)}):
-                costs = [work.cost(u, size, parts, share) for u in range(n)]
-                if None in costs:
+                chain = work.chain(size, parts, share)
+                if chain is None:
                     continue
-                known = [x for x in costs if x is not None]
-                found = _cut(work, cluster, pricing, c, size, parts, known, limit)
+                known = chain.costs
+                found = _cut(cluster, pricing, c, chain, limit)
                 if found is not None:
                     break
             if found is None:
@@ -491,10 +518,10 @@ def _bounded(
         if (size > work.cluster.devices_per_node) != wide:
             continue
         parts = c.replicas * c.microbatches
-        costs = [work.cost(u, size, parts, 1) for u in range(n)]
-        if None in costs:
+        costs = work.costs(size, parts, 1)
+        if costs is None:
             continue
-        total = sum(x.forward + x.backward for x in costs if x is not None)
+        total = sum(x.forward + x.backward for x in costs)
         m = c.microbatches
         if c.schedule == "interleaved-1f1b":
             lower = m * total / c.groups + (c.groups - 1) * total / c.stages
@@ -502,10 +529,7 @@ def _bounded(
             least = 0.0
             if c.stages > 1:
                 if (size, parts) not in sends:
-                    crossing = work.crossing[:-1]
-                    sends[size, parts] = sorted(
-                        send_seconds(work.cluster, size, b / parts) for b in crossing
-                    )
+                    sends[size, parts] = sorted(float(x) for x in work.sends(size, parts))
                 least = sum(sends[size, parts][: c.stages - 1])
             lower = total + (m - 1) * total / c.stages + 2 * least
         out.append((lower, c, size, parts))
@@ -570,47 +594,69 @@ def pipeline_step(plan: Plan) -> float:
     return pipe + max(x.reduction for x in s)
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """The units' costs on groups of one size at one microbatch and memory share, as the
+    programme over cuts reads them: prefix sums per :class:`UnitCost` field (and of the gradient
+    elements), over every run ``a..b`` of units (``[a, b]``) its time per microbatch (``inf``
+    unless ``b > a``), parameter and activation bytes, the most a checkpointed unit holds again,
+    and the seconds across each unit boundary."""
+
+    costs: list[UnitCost]
+    prefix: dict[str, np.ndarray]
+    elements: np.ndarray
+    times: np.ndarray
+    parameters: np.ndarray
+    activations: np.ndarray
+    buffer: float
+    send: np.ndarray
+
+    @classmethod
+    def of(cls, costs: list[UnitCost], pricing: Pricing, send: np.ndarray) -> _Chain:
+        """The chain of ``costs`` (one per unit), ``send`` its boundaries' seconds."""
+        n = len(costs)
+        prefix = {
+            field: np.concatenate([[0.0], np.cumsum([getattr(x, field) for x in costs])])
+            for field in ("forward", "backward", "gradients", "parameters", "activations")
+        }
+        elements = np.concatenate(
+            [[0.0], np.cumsum([_gradient_elements(x, pricing) for x in costs])]
+        )
+
+        def span(p: np.ndarray) -> np.ndarray:
+            return p[None, :] - p[:, None]
+
+        a_b = np.arange(n + 1)
+        valid = a_b[None, :] > a_b[:, None]
+        return cls(
+            costs,
+            prefix,
+            elements,
+            np.where(valid, span(prefix["forward"]) + span(prefix["backward"]), np.inf),
+            span(prefix["parameters"]),
+            span(prefix["activations"]),
+            max(x.buffer for x in costs),
+            send,
+        )
+
+
 def _cut(
-    work: _Units,
-    cluster: Cluster,
-    pricing: Pricing,
-    c: _Candidate,
-    size: int,
-    parts: int,
-    costs: list[UnitCost],
-    limit: float,
+    cluster: Cluster, pricing: Pricing, c: _Candidate, chain: _Chain, limit: float
 ) -> Cuts | None:
     """The best cuts of the units for pipeline ``c`` (``None``: none fits)."""
-    n = len(costs)
-    prefix = {
-        field: np.concatenate([[0.0], np.cumsum([getattr(x, field) for x in costs])])
-        for field in ("forward", "backward", "gradients", "parameters", "activations")
-    }
-    elements = np.concatenate([[0.0], np.cumsum([_gradient_elements(x, pricing) for x in costs])])
-
-    def span(field: str) -> np.ndarray:
-        p = prefix.get(field, elements)
-        return p[None, :] - p[:, None]
-
-    buffer = max(x.buffer for x in costs)  # the most a checkpointed unit holds again
-    a_b = np.arange(n + 1)
-    valid = a_b[None, :] > a_b[:, None]
-    times = np.where(valid, span("forward") + span("backward"), np.inf)
-    fits = np.stack(
-        [
-            valid
-            & (
-                span("parameters")
-                + in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches) * span("activations")
-                + buffer
-                <= limit * (1 if c.chunks == 1 else 1 / c.chunks)
-            )
-            for k in range(c.stages)
-        ]
+    n = len(chain.costs)
+    prefix, elements = chain.prefix, chain.elements
+    flights = np.array(
+        [in_flight(c.schedule, k, c.groups, c.chunks, c.microbatches) for k in range(c.stages)]
     )
-    send = np.zeros(n - 1)
-    if c.stages > 1:
-        send = np.array([send_seconds(cluster, size, b / parts) for b in work.crossing[:-1]])
+    held = Memory(
+        chain.parameters,
+        chain.activations,
+        flights,
+        chain.buffer,
+        limit * (1 if c.chunks == 1 else 1 / c.chunks),
+    )
+    send = chain.send if c.stages > 1 else np.zeros(n - 1)
 
     reduced: dict[float, float] = {}
 
@@ -635,9 +681,7 @@ def _cut(
             return m * total / c.groups + (c.groups - 1) * bound
         return total + (m - 1) * bound
 
-    return best_cuts(
-        times, prefix["forward"], prefix["backward"], fits, send, c.stages, step, lower
-    )
+    return best_cuts(chain.times, send, held, step, lower)
 
 
 def _gradient_elements(cost: UnitCost, pricing: Pricing) -> float:

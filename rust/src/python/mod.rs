@@ -19,6 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod batch;
 mod convert;
+mod cuts;
 mod errors;
 mod layout;
 mod plan;
@@ -63,5 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::redistribution_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::allreduce_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::min_plus, m)?)?;
+    m.add_function(wrap_pyfunction!(cuts::least_cuts, m)?)?;
+    m.add_function(wrap_pyfunction!(cuts::least_bottleneck, m)?)?;
     Ok(())
 }
