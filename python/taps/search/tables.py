@@ -137,17 +137,15 @@ def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple
     return cls, list(index)
 
 
-def _order(layout: Layout) -> tuple[list[int], ...]:
-    return (layout.shape, layout.device_matrix, layout.tensor_map, layout.partial)
-
-
 class _Priced:
-    """``redistribution_costs`` computed once per pair of layout lists that hold the same
-    layouts in any order: the kernel prices each pair on its own, so the matrix of the lists in
-    one canonical order, read back in the order asked for, is the same matrix."""
+    """``redistribution_costs`` computed once per pair of layout sets, in whatever order an edge
+    lists them: the kernel prices each pair on its own, so the matrix of the sets in the order
+    first asked for, read back in another order, is the same matrix. (The sets are keyed as
+    frozensets and read back through a row and a column per layout: hashing the layouts is far
+    cheaper than sorting them by their fields.)"""
 
     def __init__(self) -> None:
-        self._memo: dict[Any, np.ndarray] = {}
+        self._memo: dict[Any, tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]] = {}
 
     def __call__(
         self,
@@ -158,13 +156,16 @@ class _Priced:
         cost_model: CostModel,
         planner: Planner,
     ) -> np.ndarray:
-        rows = sorted(range(len(sources)), key=lambda i: _order(sources[i]))
-        cols = sorted(range(len(targets)), key=lambda j: _order(targets[j]))
-        srcs, dsts = tuple(sources[i] for i in rows), tuple(targets[j] for j in cols)
-        key = (srcs, dsts, dtype)
+        key = (frozenset(sources), frozenset(targets), dtype)
         if key not in self._memo:
-            self._memo[key] = redistribution_costs(srcs, dsts, cluster, dtype, cost_model, planner)
-        return self._memo[key][np.ix_(np.argsort(rows), np.argsort(cols))]
+            srcs, dsts = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(targets))
+            self._memo[key] = (
+                redistribution_costs(srcs, dsts, cluster, dtype, cost_model, planner),
+                {layout: i for i, layout in enumerate(srcs)},
+                {layout: j for j, layout in enumerate(dsts)},
+            )
+        matrix, row, col = self._memo[key]
+        return matrix[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
 
 
 def _reductions(

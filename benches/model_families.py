@@ -1,0 +1,134 @@
+"""The search on every model of the model-family tests, on the default 8 x 8 cluster.
+
+The models are those the front-end tests convert and search: the PyTorch families of
+``tests/test_frontend_models.py`` (``MODELS``, built by ``tests/torch_factories.py``) and the JAX
+ones of ``tests/test_frontend_jax_models.py`` and ``tests/test_frontend_jax.py`` (a flax
+``nn.scan`` stack, a plain-JAX Llama). Each runs in a fresh interpreter, which converts it,
+searches it on ``taps.Cluster(8, 8)`` (8 nodes of 8 V100s, as a user builds it) and reports its
+own peak resident memory. The target (issue 25): every search at most 2 s, no process over 2 GB;
+lines over it are flagged.
+
+    python benches/model_families.py                  # every model
+    python benches/model_families.py tv_shufflenet    # some of them
+    python benches/model_families.py --time-limit 30  # each search stopped after 30 s
+
+Prints one line per model: operators, convert time, search time (wall clock) and the CPU time
+of the search (all threads: the cost tables run on all cores, SCIP in a thread of its own), the
+search's stages, its status and cost, peak RSS; then the models over target. The load average
+is printed before and after: on a loaded machine the wall clock can be several times the CPU
+time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import taps
+from peak_memory import in_fresh_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+#: The targets of issue 25.
+SECONDS = 2.0
+PEAK_BYTES = 2e9
+
+
+def _torch(name: str) -> taps.Graph:
+    import torch_factories
+    from taps.frontends import from_torch
+
+    module, inputs = getattr(torch_factories, name)()
+    return from_torch(module, *inputs)
+
+
+def _flax_scan() -> taps.Graph:
+    import jax
+
+    from taps.frontends.jax import from_jax
+    from test_frontend_jax_models import X, _Scanned
+
+    module = _Scanned()
+    return from_jax(module.apply, jax.eval_shape(module.init, jax.random.key(0), X), X)
+
+
+def _jax_llama() -> taps.Graph:
+    import jax.numpy as jnp
+
+    from taps.frontends.jax import from_jax
+    from test_frontend_jax import S, _llama, _llama_params
+
+    params = _llama_params(layers=2, hidden=256, heads=8, kv=2, ffn=512, vocab=1024)
+    return from_jax(functools.partial(_llama, heads=8, kv=2), params, S((4, 64), jnp.int32))
+
+
+def builders() -> dict[str, Callable[[], taps.Graph]]:
+    """Every model by name: the torch factories', then the JAX ones."""
+    from test_frontend_models import MODELS
+
+    out: dict[str, Callable[[], taps.Graph]] = {
+        name: functools.partial(_torch, name) for name, _ in MODELS
+    }
+    out["jax_flax_scan"] = _flax_scan
+    out["jax_llama"] = _jax_llama
+    return out
+
+
+def measure(name: str, time_limit: float) -> dict[str, object]:
+    """Convert and search one model (in the calling process), the search stopped after
+    ``time_limit`` seconds."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    t0 = time.perf_counter()
+    graph = builders()[name]()
+    t1, c1 = time.perf_counter(), time.process_time()
+    result = taps.search(graph, taps.Cluster(8, 8), time_limit=time_limit)
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {
+        "operators": len(graph.ops),
+        "convert": t1 - t0,
+        "search": t2 - t1,
+        "cpu": c2 - c1,
+        "cost": result.cost,
+        "status": result.status,
+        "ilp": result.ilp.operators,
+        "stages": {k: v for k, v in result.timings.items() if k != "total"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="names (default: every model)")
+    parser.add_argument(
+        "--time-limit", type=float, default=120.0, help="stop a search after this (seconds)"
+    )
+    args = parser.parse_args()
+    names = args.models or list(builders())
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    over = []
+    for name in names:
+        out, peak_mib = in_fresh_process(measure, name, args.time_limit)
+        peak = peak_mib * 2**20
+        slow = out["search"] > SECONDS or peak > PEAK_BYTES
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in out["stages"].items())  # type: ignore[attr-defined]
+        print(
+            f"{name:22s} {out['operators']:4d} ops  convert {out['convert']:6.2f} s  "
+            f"search {out['search']:6.2f} s, CPU {out['cpu']:6.2f} s ({stages}; "
+            f"SCIP operators {out['ilp']})  {out['status']}, cost {out['cost']:.6e}  "
+            f"peak {peak / 1e9:.2f} GB{'  OVER TARGET' if slow else ''}",
+            flush=True,
+        )
+        if slow:
+            over.append(name)
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print(f"over target ({SECONDS:g} s, {PEAK_BYTES / 1e9:g} GB): {', '.join(over) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
