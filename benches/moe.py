@@ -2,6 +2,7 @@
 
     python benches/moe.py                 # Mixtral 8x7B (32 layers) on 64 devices, DeepSeek-V3
                                           # (61 layers, 256 experts) on 256: export, convert, search
+    python benches/moe.py --whole         # the same, every layer exported (not once and copied)
     python benches/moe.py --compare       # one layer of each on 8 x 8 DGX H100 and on the paper's
                                           # cluster: the searched plan against pure data and pure
                                           # tensor parallelism, priced by the same model
@@ -21,7 +22,7 @@ import torch
 import transformers
 
 import taps
-from taps.frontends.torch import convert, repeated_blocks
+from taps.frontends.torch import from_torch
 from taps.graph import MOE_DISPATCH
 from taps.report.tables import experts_text
 from taps.reproduce.cases import paper_cluster
@@ -43,20 +44,14 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def graph_of(name: str, layers: int, batch: int, seq: int) -> tuple[taps.Graph, float, float]:
-    """The model's tied graph, the export's and the conversion's seconds."""
+def graph_of(name: str, layers: int, batch: int, seq: int, once: bool = True) -> taps.Graph:
+    """The model's tied graph (``once``: its identical layers exported once and copied)."""
     config_cls, model_cls, extra, _, _ = MODELS[name]
     config = config_cls(num_hidden_layers=layers, use_cache=False, **extra)
     with torch.device("meta"):
         model = model_cls(config).to(torch.bfloat16)
         ids = torch.zeros(batch, seq, dtype=torch.long)
-    t0 = time.perf_counter()
-    program = torch.export.export(model, (ids,))
-    t1 = time.perf_counter()
-    conversion = convert(program, name=name)
-    for instances in repeated_blocks(conversion, model):
-        conversion.graph.tie(instances)
-    return conversion.graph, t1 - t0, time.perf_counter() - t1
+    return from_torch(model, ids, name=name, once=once)
 
 
 def _blocks(graph: taps.Graph) -> list[str]:
@@ -101,7 +96,7 @@ def lifted(plan: taps.Plan, graph: taps.Graph, cluster: taps.Cluster) -> taps.Pl
 
 
 def compare(name: str, batch: int, seq: int) -> None:
-    graph, _, _ = graph_of(name, 1, batch, seq)
+    graph = graph_of(name, 1, batch, seq)
     for label, cluster in (
         ("8 x 8 DGX H100", taps.Cluster.preset("dgx-h100", 8)),
         ("the paper's cluster, 8 x 8", paper_cluster(8)),
@@ -128,17 +123,17 @@ def compare(name: str, batch: int, seq: int) -> None:
             )
 
 
-def full(name: str, batch: int, seq: int) -> None:
+def full(name: str, batch: int, seq: int, once: bool) -> None:
     _, _, _, layers, nodes = MODELS[name]
     t0 = time.perf_counter()
-    graph, export, conv = graph_of(name, layers, batch, seq)
+    graph = graph_of(name, layers, batch, seq, once)
     cluster = taps.Cluster.preset("dgx-h100", nodes)
     t1 = time.perf_counter()
     result = taps.search(graph, cluster)
     t2 = time.perf_counter()
     print(
         f"{name}: {layers} layers, {len(graph.ops)} operators, {cluster.num_devices} devices: "
-        f"export {export:.1f} s, convert + tie {conv:.2f} s, search {t2 - t1:.1f} s, module to "
+        f"export + convert + tie {t1 - t0:.1f} s, search {t2 - t1:.1f} s, module to "
         f"plan {t2 - t0:.1f} s; {result.status}, {result.memory_per_device / 2**30:.1f} GiB per "
         f"device, step {result.step.step_time * 1e3:.1f} ms; peak RSS {peak_rss_gib():.2f} GiB"
     )
@@ -151,12 +146,13 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--whole", action="store_true", help="export every layer (not once)")
     args = parser.parse_args()
     for name in args.model or sorted(MODELS, reverse=True):
         if args.compare:
             compare(name, args.batch, args.seq)
         else:
-            full(name, args.batch, args.seq)
+            full(name, args.batch, args.seq, not args.whole)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from graphs_gen import CLUSTERS, small_enough, small_graphs
 from taps.search.tables import build_tables
 from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pipeline import IlpOptions, solve
+from taps.solve.reductions import PairCost, Problem, reduce
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -37,7 +39,7 @@ def test_price_bound_assignment_and_pruning(graph, shape, position):
     fitting = [c for c in every if mem(c) <= limit]
     best = min(problem.evaluate(c) for c in fitting)
     priced = price_memory(problem, memory, limit)
-    assume(priced is not None)  # a graph the reductions cannot decide alone
+    assume(priced is not None)  # a core beyond variable elimination's budget
     assert priced.bound <= best * (1 + 1e-9) + 1e-15
     assert priced.choice is not None
     assert mem(priced.choice) <= limit
@@ -77,3 +79,37 @@ def test_priced_search_equals_the_plain_ilp_and_brute_force(graph, shape, positi
     assert fast.gap == 0
     assert tables.evaluate(fast.choice) == pytest.approx(best, rel=1e-9, abs=1e-15)
     assert tables.evaluate(plain.choice) == pytest.approx(best, rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_a_core_the_reductions_leave_is_priced_by_elimination(seed, position):
+    # Four operators joined pairwise (K4: not series-parallel, the reductions leave it whole), as
+    # an MoE layer's router joins its dispatch and combine: the price decides it anyway, and its
+    # bound and assignment hold against every assignment.
+    rng = np.random.default_rng(seed)
+    names = ["a", "b", "c", "d"]
+    sizes = {v: int(rng.integers(2, 5)) for v in names}
+    node = {v: rng.random(sizes[v]) for v in names}
+    pairs = [
+        PairCost(u, w, np.arange(sizes[u]), np.arange(sizes[w]), rng.random((sizes[u], sizes[w])))
+        for u, w in itertools.combinations(names, 2)
+    ]
+    problem = Problem(node, pairs)
+    assert reduce([problem], names).cores[0].pairs  # a core is left
+    memory = {v: rng.integers(1, 10, sizes[v]).astype(float) for v in names}
+    every = [dict(zip(names, c)) for c in itertools.product(*(range(sizes[v]) for v in names))]
+
+    def mem(choice):
+        return sum(memory[v][i] for v, i in choice.items())
+
+    lo, hi = min(map(mem, every)), max(map(mem, every))
+    limit = lo + position * (hi - lo)
+    best = min(problem.evaluate(c) for c in every if mem(c) <= limit)
+    priced = price_memory(problem, memory, limit)
+    assert priced is not None and priced.choice is not None
+    assert mem(priced.choice) <= limit
+    assert priced.bound <= best * (1 + 1e-9) + 1e-15
+    assert priced.cost >= best * (1 - 1e-9) - 1e-15
+    if priced.optimal:
+        assert priced.cost == pytest.approx(best, rel=1e-9, abs=1e-15)

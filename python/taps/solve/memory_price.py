@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taps.solve.elimination import MAX_WORK, WORK_PER_FLOW, elimination_order
 from taps.solve.reductions import Problem, min_marginals, reduce
 
 #: Prices tried at most; each is one run of the reductions.
@@ -55,11 +56,15 @@ def _minimise(
     problem: Problem, memory: Mapping[str, np.ndarray], lam: float
 ) -> dict[str, int] | None:
     """The assignment minimising cost + lam * memory, if the reductions decide the whole
-    problem."""
+    problem or variable elimination the core they leave (within its budget)."""
     reduction = reduce([_priced(problem, memory, lam)], list(problem.node_cost))
-    if reduction.cores[0].pairs:
-        return None
-    return reduction.expand(reduction.isolated_choice())
+    core = reduction.cores[0]
+    if not core.pairs:
+        return reduction.expand(reduction.isolated_choice())
+    flows = sum(p.cost.size for p in core.pairs)
+    elimination = elimination_order(core, max_work=min(MAX_WORK, WORK_PER_FLOW * flows))
+    solved = None if elimination is None else elimination.solve()
+    return None if solved is None else reduction.expand(solved[0])
 
 
 def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: float) -> Priced | None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from taps.errors import InfeasibleError, TapsError
-from taps.solve.elimination import MAX_WORK, elimination_order
+from taps.solve.elimination import MAX_WORK, WORK_PER_FLOW, elimination_order
 from taps.solve.ilp import solve_ilp
 from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pareto import solve_pareto
@@ -30,13 +30,6 @@ from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, Memor
 from taps.solve.prune import dominance_survivors, negated, restrict
 from taps.solve.reductions import Reduction, reduce
 from taps.solve.ties import Ties
-
-#: Variable elimination is tried when its estimated work (additions) is below this many per flow
-#: variable the core's ILP would have: numpy adds about 1e8 a second, SCIP builds and solves
-#: about 2e4 flows a second (a skip ladder of 500 operators on 64 devices: 55,000 flows, 4 s in
-#: SCIP, 0.8 s eliminated; a dense block of 7 layers on 32 devices: 0.27 s in SCIP, 0.58 s
-#: eliminated).
-_WORK_PER_FLOW = 5_000
 
 
 def smallest_memory(instance: Instance) -> float:
@@ -211,7 +204,7 @@ def _eliminated(
         return None
     t0 = time.perf_counter()
     flows = sum(p.cost.size for p in objectives[0].pairs)
-    elimination = elimination_order(objectives[0], max_work=min(MAX_WORK, _WORK_PER_FLOW * flows))
+    elimination = elimination_order(objectives[0], max_work=min(MAX_WORK, WORK_PER_FLOW * flows))
     solved = None if elimination is None else elimination.solve(deadline)
     if solved is None:
         return None

@@ -5,13 +5,14 @@ converted (its repeated blocks tied), a saved ``torch.export`` archive, or a fac
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from taps._core import GraphError
 from taps.frontends.torch._extra import require_torch
 from taps.frontends.torch.blocks import repeated_blocks
-from taps.frontends.torch.program import check_unknown, convert
+from taps.frontends.torch.instances import NotRepeated, cuts, instanced, truncated
+from taps.frontends.torch.program import Conversion, check_unknown, convert
 from taps.frontends.torch.rules import flat
 from taps.graph import Graph
 
@@ -24,6 +25,7 @@ def from_torch(
     name: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
     rows: bool = True,
+    once: bool = True,
 ) -> Graph:
     """The graph of ``module`` called on ``example_inputs`` (and keyword ``kwargs``).
 
@@ -41,27 +43,58 @@ def from_torch(
     ``unknown="error"`` raises :class:`taps.GraphError` listing every operator without a rule;
     ``"replicate"`` keeps such operators whole (no partitionable axis). With ``tie``, identical
     repeated blocks (children of a ``ModuleList``, ``ModuleDict`` or ``Sequential``) are declared
-    with :meth:`Graph.tie`.
+    with :meth:`Graph.tie`. With ``once`` (the default), layers that repeat are exported once
+    and their operators copied (:mod:`taps.frontends.torch.instances`): the same graph, in the
+    time of a few layers' export.
     """
     torch = require_torch()
     if not isinstance(module, torch.nn.Module):
         raise GraphError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
     check_unknown(unknown)
-    try:
-        program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
-    except Exception as e:  # torch raises many kinds; the user needs the message, once
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
     grads = [
         bool(getattr(t, "requires_grad", False))
         for t in flat([*example_inputs, *(kwargs or {}).values()])
         if isinstance(t, torch.Tensor)
     ]
-    conversion = convert(program, unknown, name or type(module).__name__, grads, rows)
+    name = name or type(module).__name__
+    conversion = _once(module, example_inputs, kwargs, unknown, name, grads, rows) if once else None
+    if conversion is None:
+        try:
+            program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+        except Exception as e:  # torch raises many kinds; the user needs the message, once
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
+        conversion = convert(program, unknown, name, grads, rows)
     if tie:
         for instances in repeated_blocks(conversion, module):
             conversion.graph.tie(instances)
     return conversion.graph
+
+
+def _once(
+    module: Any,
+    example_inputs: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    unknown: str,
+    name: str,
+    grads: list[bool],
+    rows: bool,
+) -> Conversion | None:
+    """The conversion of ``module`` with its repeated layers exported once, or ``None`` when
+    it has none, or its prefix does not export or does not show the copies right."""
+    torch = require_torch()
+    found = cuts(module)
+    if not found:
+        return None
+    try:
+        with truncated(module, found):
+            program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+    except Exception:  # a module that needs all its layers (it indexes them): export it whole
+        return None
+    try:
+        return instanced(convert(program, unknown, name, grads, rows), found)
+    except (GraphError, NotRepeated):
+        return None  # the whole export says what is wrong, or converts what this could not
 
 
 def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
