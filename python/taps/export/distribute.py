@@ -799,13 +799,19 @@ class _Interpreter:
         ins, outs = op.inputs[0].dims, op.output.dims
         pieces = [tuple(v.shape) for v in cut.node.meta["val"]]
         with dist.tracer.scope("op", out.op, None):
+            k = next(i for i, d in enumerate(ins) if d not in outs)
             if len(outs) < len(ins):  # one index of a dim (unbind, or equal pieces as a dim)
-                local = local.select(next(i for i, d in enumerate(ins) if d not in outs), index)
-            else:  # a range of a dim
-                k = next(i for i, (a, b) in enumerate(zip(ins, outs)) if a != b)
-                d = next(i for i, (a, b) in enumerate(zip(cut.of.shape, pieces[index])) if a != b)
-                start = sum(p[d] for p in pieces[:index])
-                local = local.narrow(k, start, pieces[index][d])
+                local = local.select(k, index)
+                now = [d for i, d in enumerate(ins) if i != k]
+            else:  # a range of a dim (the piece's dim named anew)
+                at = next(i for i, (a, b) in enumerate(zip(cut.of.shape, pieces[index])) if a != b)
+                start = sum(p[at] for p in pieces[:index])
+                local = local.narrow(k, start, pieces[index][at])
+                new = next(o for o in outs if o not in ins)
+                now = [new if i == k else d for i, d in enumerate(ins)]
+            # The operator may order its output's dims unlike its input's (timm's unbind of q,
+            # k and v after a permute: its input is the projection's reshape, unpermuted).
+            local = local.permute([now.index(d) for d in outs])
         return self.made(local, replay.layouts.outputs[out.op], out)
 
     def made(self, local: Any, layout: Layout, out: Link) -> Blocks:
