@@ -22,7 +22,7 @@ from taps.errors import VerifyError
 from taps.export.distribute import distribute_module, export_module
 from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
-from taps.verify.result import relative_error
+from taps.verify.result import step_errors
 from taps.verify.torch.ranks import run_ranks
 from taps.verify.torch.values import (
     backward,
@@ -117,10 +117,10 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         want.update(
             {f"grad {s.arg.name}": x.grad for s, x in zip(specs, refs) if x.grad is not None}
         )
-        errors = {
-            k: relative_error(v.detach().double().numpy(), want[k].detach().double().numpy())
-            for k, v in got.items()
-        }
+        errors = step_errors(
+            {k: v.detach().double().numpy() for k, v in got.items()},
+            {k: v.detach().double().numpy() for k, v in want.items() if v is not None},
+        )
         with open(os.path.join(tmp, "errors.json"), "w") as f:
             json.dump(errors, f)
     finally:
