@@ -301,3 +301,30 @@ def test_a_broken_backward_plan_is_reported(monkeypatch):
     result = verify_torch(module, [x], _plan(module, x, taps.Cluster(2, 2)), numerics=None)
     assert not result.ok
     assert any(c.status == "missing" and c.phase == "backward" for c in result.collectives)
+
+
+@pytest.mark.parametrize("failing", [-1, 2])
+def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing):
+    """The shared state is made once, in the process every rank is forked from; a rank that
+    fails is one line naming its error."""
+    import os
+    import pickle
+
+    from taps.errors import VerifyError
+    from taps.verify.torch.ranks import run_ranks
+
+    with open(tmp_path / "payload.pkl", "wb") as f:
+        pickle.dump((str(tmp_path), failing), f)
+    if failing >= 0:
+        with pytest.raises(
+            VerifyError,
+            match=r"^a gloo rank failed: VerifyError: .*: rank 2 of 4 was asked to fail$",
+        ):
+            run_ranks("rank_probe", str(tmp_path), 4)
+        return
+    run_ranks("rank_probe", str(tmp_path), 4)
+    assert (tmp_path / "prepared").read_text() == "once\n"
+    ran = [(tmp_path / f"ran{r}").read_text().split() for r in range(4)]
+    assert len({pid for pid, _, _ in ran}) == 4
+    assert {(parent, prepared) for _, parent, prepared in ran} == {(ran[0][1], ran[0][1])}
+    assert str(os.getpid()) not in {pid for pid, _, _ in ran}
