@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -19,7 +20,7 @@ from taps.frontends.torch import from_torch
 from taps.search.evaluate import step_layouts
 from taps.verify import verify_torch
 from taps.verify.prediction import describe_scopes, predicted_collectives
-from taps.verify.result import OK
+from taps.verify.result import OK, TOLERANCE, relative_error, step_errors
 from torch_models import MODELS
 
 pytest.importorskip("torch.distributed.tensor")
@@ -226,43 +227,53 @@ def test_zero_numbers_on_4_gloo_ranks():
     assert result.ok, result.mismatches
 
 
-def test_gpt2_numbers_on_4_gloo_ranks():
-    """A fused q, k, v projection split by heads, addmm's bias after the partial sums, a
-    vocabulary-split embedding, the head tied to the embedding: the output and every
-    parameter's gradient equal the dense GPT-2's (the tied weight's the sum of its uses')."""
-    module, ids = MODELS["gpt2"]()
-    plan = _plan(module, ids, taps.Cluster(1, 4))
-    result = verify_torch(module, [ids], plan, numerics=4)
-    assert result.ok, result.mismatches
-    names = {f"grad {k}" for k, _ in module.named_parameters()} | {"output 0"}
-    assert set(result.errors) == names
-    assert "grad model.transformer.wte.weight" in names
+#: What each model's numbers exercise.
+_NUMBERS = {
+    "gpt2": "a fused q, k, v projection split by heads, addmm's bias after the partial sums, a "
+    "vocabulary-split embedding, the head tied to the embedding (its gradient the sum of its "
+    "uses')",
+    "llama": "token ids, RMSNorm's mean over a split hidden dim, rotary tables",
+    "bert": "token-type and position embeddings; the key bias's gradient, zero in exact math",
+    # BatchNorm over a split batch keeps statistics per device (data parallelism without
+    # SyncBatchNorm): in training mode the output differs from the dense module's by design. In
+    # eval mode it normalises by the running statistics, the same on every device.
+    "resnet": "every convolution, the residuals, BatchNorm's weight and bias (eval mode)",
+    "vit": "torch's multi-head attention, a class token through expand",
+    "timm_vit": "q, k and v unbound from a permuted fused projection",
+    "mixer": "a token-mixing MLP over transposes, its output bias's gradient zero in exact math",
+}
 
 
-def test_resnet_numbers_on_4_gloo_ranks_in_eval_mode():
-    """BatchNorm over a split batch keeps statistics per device (as data parallelism without
-    SyncBatchNorm): in training mode its output differs from the dense module's by design. In
-    eval mode it normalises by the running statistics, the same on every device, so the plan's
-    numbers (every convolution, the residuals, BatchNorm's weight and bias gradients) must equal
-    the dense ResNet's."""
-    module, x = MODELS["resnet"]()
-    module.eval()
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_real_models_numbers_on_4_gloo_ranks(name):
+    """The whole training step on 4 gloo processes under taps' plan for 1 x 4: the output and
+    every parameter's gradient equal the dense model's (``_NUMBERS``: what each exercises)."""
+    assert set(_NUMBERS) == set(MODELS)
+    module, x = MODELS[name]()
+    if name == "resnet":
+        module.eval()
     plan = _plan(module, x, taps.Cluster(1, 4))
     result = verify_torch(module, [x], plan, numerics=4)
     assert result.ok, result.mismatches
     names = {f"grad {k}" for k, _ in module.named_parameters()} | {"output 0"}
     assert set(result.errors) == names
+    assert 0 < result.max_error <= result.tolerance
 
 
-def test_llama_numbers_on_4_gloo_ranks():
-    """Token ids, embeddings, RMSNorm's mean over a split hidden dim, rotary tables: the output
-    and every parameter's gradient equal the dense Llama's."""
-    module, ids = MODELS["llama"]()
-    plan = _plan(module, ids, taps.Cluster(1, 4))
-    result = verify_torch(module, [ids], plan, numerics=4)
-    assert result.ok, result.mismatches
-    names = {f"grad {k}" for k, _ in module.named_parameters()} | {"output 0"}
-    assert set(result.errors) == names
+def test_step_errors_compare_a_zero_gradient_at_the_steps_scale():
+    """A gradient that exact math makes zero is rounding noise on both sides: within the
+    tolerance at the step's gradient scale (noise over noise is not); a small gradient wrong by
+    1 % still fails, and an output keeps its own scale."""
+    rng = np.random.default_rng(0)
+    big = rng.normal(size=(64, 64)) * 30
+    noise = rng.normal(size=64) * 1e-6
+    errors = step_errors({"grad w": big, "grad b": -noise}, {"grad w": big, "grad b": noise})
+    assert errors["grad b"] <= TOLERANCE["float32"] < 1.0 <= relative_error(-noise, noise)
+    small = rng.normal(size=64) * 1e-3 * np.abs(big).max()
+    got = {"grad w": big, "grad s": small * 1.01, "output 0": small * 1.01}
+    errors = step_errors(got, {"grad w": big, "grad s": small, "output 0": small})
+    assert errors["grad s"] > TOLERANCE["float32"]
+    assert errors["output 0"] == pytest.approx(0.01)
 
 
 def test_a_broken_backward_plan_is_reported(monkeypatch):
@@ -290,3 +301,30 @@ def test_a_broken_backward_plan_is_reported(monkeypatch):
     result = verify_torch(module, [x], _plan(module, x, taps.Cluster(2, 2)), numerics=None)
     assert not result.ok
     assert any(c.status == "missing" and c.phase == "backward" for c in result.collectives)
+
+
+@pytest.mark.parametrize("failing", [-1, 2])
+def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing):
+    """The shared state is made once, in the process every rank is forked from; a rank that
+    fails is one line naming its error."""
+    import os
+    import pickle
+
+    from taps.errors import VerifyError
+    from taps.verify.torch.ranks import run_ranks
+
+    with open(tmp_path / "payload.pkl", "wb") as f:
+        pickle.dump((str(tmp_path), failing), f)
+    if failing >= 0:
+        with pytest.raises(
+            VerifyError,
+            match=r"^a gloo rank failed: VerifyError: .*: rank 2 of 4 was asked to fail$",
+        ):
+            run_ranks("rank_probe", str(tmp_path), 4)
+        return
+    run_ranks("rank_probe", str(tmp_path), 4)
+    assert (tmp_path / "prepared").read_text() == "once\n"
+    ran = [(tmp_path / f"ran{r}").read_text().split() for r in range(4)]
+    assert len({pid for pid, _, _ in ran}) == 4
+    assert {(parent, prepared) for _, parent, prepared in ran} == {(ran[0][1], ran[0][1])}
+    assert str(os.getpid()) not in {pid for pid, _, _ in ran}

@@ -838,13 +838,19 @@ class _Interpreter:
         ins, outs = op.inputs[0].dims, op.output.dims
         pieces = [tuple(v.shape) for v in cut.node.meta["val"]]
         with dist.tracer.scope("op", out.op, None):
+            k = next(i for i, d in enumerate(ins) if d not in outs)
             if len(outs) < len(ins):  # one index of a dim (unbind, or equal pieces as a dim)
-                local = local.select(next(i for i, d in enumerate(ins) if d not in outs), index)
-            else:  # a range of a dim
-                k = next(i for i, (a, b) in enumerate(zip(ins, outs)) if a != b)
-                d = next(i for i, (a, b) in enumerate(zip(cut.of.shape, pieces[index])) if a != b)
-                start = sum(p[d] for p in pieces[:index])
-                local = local.narrow(k, start, pieces[index][d])
+                local = local.select(k, index)
+                now = [d for i, d in enumerate(ins) if i != k]
+            else:  # a range of a dim (the piece's dim named anew)
+                at = next(i for i, (a, b) in enumerate(zip(cut.of.shape, pieces[index])) if a != b)
+                start = sum(p[at] for p in pieces[:index])
+                local = local.narrow(k, start, pieces[index][at])
+                new = next(o for o in outs if o not in ins)
+                now = [new if i == k else d for i, d in enumerate(ins)]
+            # The operator may order its output's dims unlike its input's (timm's unbind of q,
+            # k and v after a permute: its input is the projection's reshape, unpermuted).
+            local = local.permute([now.index(d) for d in outs])
         return self.made(local, replay.layouts.outputs[out.op], out)
 
     def made(self, local: Any, layout: Layout, out: Link) -> Blocks:
@@ -1235,6 +1241,30 @@ def _bias_arg(target: Any) -> int | None:
     return 2 if packet in (aten.linear, aten.convolution) else 0 if packet is aten.addmm else None
 
 
+@dataclass(frozen=True)
+class Exported:
+    """A module's ``torch.export`` program and the torch front end's conversion of it: what
+    :func:`distribute_module` runs (see :func:`export_module`)."""
+
+    program: Any
+    conversion: Conversion
+
+
+def export_module(module: Any, *example_inputs: Any, rows: bool = True) -> Exported:
+    """``module`` exported on ``example_inputs`` and converted as :func:`taps.from_torch` does
+    (with the same ``rows``), an operator without a rule an error."""
+    torch = _torch()
+    from taps.frontends.torch import convert
+
+    try:
+        program = torch.export.export(module, tuple(example_inputs))
+    except Exception as e:  # torch raises many kinds; the user needs the message, once
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"torch.export failed on {type(module).__name__}: {first}") from None
+    grads = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
+    return Exported(program, convert(program, "error", type(module).__name__, grads, rows))
+
+
 def distribute_module(
     module: Any,
     plan: Plan | DTensorPlacements,
@@ -1242,6 +1272,7 @@ def distribute_module(
     mesh: Any = None,
     rows: bool = True,
     mode: str = "dtensor",
+    exported: Exported | None = None,
 ) -> DistributedModule:
     """``module`` with every parameter distributed as a DTensor in ``plan``'s placements, run
     (call the result with whole input tensors) so that every operator taps placed reads and makes
@@ -1258,10 +1289,12 @@ def distribute_module(
     :class:`taps.Plan`): each edge through taps' own steps, one ``redistribute`` per
     step, and each node that made operators on the local blocks, its forward partial sum the
     redistribution to the output's placements (see :meth:`_Interpreter.local`).
+
+    ``exported`` is :func:`export_module` of ``module`` on ``example_inputs``, made once for
+    several distributions (each process of a run forked after it); by default it is made here.
     """
     torch = _torch()
     dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
-    from taps.frontends.torch import convert
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}: expected one of {MODES}")
@@ -1282,13 +1315,9 @@ def distribute_module(
     assert isinstance(placements, DTensorPlacements)
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
-    try:
-        program = torch.export.export(module, tuple(example_inputs))
-    except Exception as e:  # torch raises many kinds; the user needs the message, once
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExportError(f"torch.export failed on {type(module).__name__}: {first}") from None
-    grads = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
-    conversion = convert(program, "error", type(module).__name__, grads, rows)
+    if exported is None:
+        exported = export_module(module, *example_inputs, rows=rows)
+    program, conversion = exported.program, exported.conversion
     missing = sorted(set(placements.operators) ^ {op.name for op in conversion.graph.ops})
     if missing:
         raise ExportError(

@@ -7,8 +7,8 @@ previous (their gradients), counted at the stages' send operations, against taps
 every tensor made before a cut and read after it, whole, once per microbatch each way
 (:func:`taps.search.pipeline.crossing_bytes`).
 
-Each rank is a fresh Python process (``python -m taps.verify.torch.pipeline DIR RANK RANKS``);
-each writes what it measured to DIR, which the caller reads.
+The ranks are processes forked from one fresh Python process (:mod:`.ranks`); each writes what
+it measured to a directory the caller reads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from taps.verify.result import (
     VerifyResult,
     relative_error,
 )
-from taps.verify.torch.numerics import run_ranks
+from taps.verify.torch.ranks import run_ranks
 
 #: The most gloo processes a pipelined run starts (one per rank of the plan).
 MAX_RANKS = 8
@@ -119,7 +118,7 @@ def _send_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[CollectiveChe
     return rows
 
 
-def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
+def run_rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
     """One rank: the dense module and its stage of the pipeline run, what it measured written."""
     import torch
     import torch.distributed as tdist
@@ -128,7 +127,6 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
     from taps.verify.torch.values import cast_inputs, materialize, token_bound
 
     module, inputs, plan_json, seed, tmp = payload
-    torch.set_num_threads(1)  # one core each: the ranks share this machine's
     tdist.init_process_group(
         "gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=rank, world_size=ranks
     )
@@ -210,10 +208,3 @@ def _count_sends(stage: Any, sent: dict[str, dict[str, int]]) -> None:
     stage_fwd = stage.get_fwd_send_ops
     stage.get_fwd_send_ops = forward
     stage.get_bwd_send_ops = counted(stage.get_bwd_send_ops, "backward")
-
-
-if __name__ == "__main__":
-    from taps.verify.torch.values import replaying
-
-    with open(os.path.join(sys.argv[1], "payload.pkl"), "rb") as f, replaying():
-        _rank(int(sys.argv[2]), int(sys.argv[3]), pickle.load(f))

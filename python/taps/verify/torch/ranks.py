@@ -1,0 +1,91 @@
+"""A few gloo ranks on this machine: one fresh Python process (``python -m
+taps.verify.torch.ranks MAIN DIR RANKS``) imports torch, the caller's module ``MAIN`` and the
+pickled payload in ``DIR`` once (the model's library with it), lets ``MAIN.prepare`` do what every
+rank shares (the numerics export the model there), then forks one process per rank, each running
+``MAIN.run_rank(rank, ranks, state)``.
+
+Start-up is most of a gloo run's time: a fresh interpreter per rank imports torch and the model's
+library (transformers pulls in torchvision and dynamo) and exports the model once per rank. One
+interpreter forked after the imports pays for them once. The fork comes before any process group
+exists and after torch is held to one thread (the ranks share this machine's cores, and a forked
+child must not inherit a started OpenMP pool).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import subprocess
+import sys
+import traceback
+
+from taps.errors import VerifyError
+
+
+def run_ranks(main: str, tmp: str, ranks: int) -> None:
+    """Run ``main``'s ``run_rank`` on ``ranks`` gloo processes (module doc), the payload in
+    ``tmp/payload.pkl``, and wait for them all; a rank that fails raises a VerifyError with the
+    last line it printed."""
+    # The module's class must import in the child as it does here.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", __name__, main, tmp, str(ranks)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if proc.returncode:
+        said = [_read(os.path.join(tmp, f"rank{r}.error")) for r in range(ranks)]
+        lines = [s for s in said if s] or [*proc.stderr.strip().splitlines()[-1:], "no output"]
+        tail = lines[0].strip()
+        raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
+def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
+    """The forking process: the shared state made once, one child per rank; 1 when a rank
+    failed."""
+    import torch
+
+    from taps.verify.torch.values import replaying
+
+    torch.set_num_threads(1)
+    module = importlib.import_module(main)
+    with open(os.path.join(tmp, "payload.pkl"), "rb") as f, replaying():
+        payload = pickle.load(f)
+        prepare = getattr(module, "prepare", None)
+        state = prepare(payload) if prepare is not None else payload
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                with replaying():
+                    module.run_rank(rank, ranks, state)
+            except BaseException as e:  # said to the caller in one line, by file
+                with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
+                    out.write(traceback.format_exception_only(e)[-1])
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.append(pid)
+    failed = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in children]
+    return 1 if any(failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_fork_ranks(sys.argv[1], sys.argv[2], int(sys.argv[3])))
