@@ -6,6 +6,7 @@
     python benches/frontend_torch.py --against REV  # also the search with taps at git REV
     python benches/frontend_torch.py --untied     # also the search without ties
     python benches/frontend_torch.py --rss 70B    # peak RSS of converting 70B (run on its own)
+    python benches/frontend_torch.py --families   # export + convert each model family of the tests
 
 Prints one line per measurement; times are wall clock on this machine. With ``--against`` the
 tied search runs again in a fresh interpreter with the taps package of git revision REV (the code
@@ -15,9 +16,12 @@ before a change) on the same graph, and the ratio of the two search times is pri
 from __future__ import annotations
 
 import argparse
+import math
 import resource
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import torch
 
@@ -49,7 +53,7 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def timed_search(graph_json: str, nodes: int, per_node: int, memory: float | None) -> dict:
+def timed_search(graph_json: str, nodes: int, per_node: int, memory: float) -> dict:
     """The tied search of a graph (as JSON, to cross into a fresh interpreter): its time and
     result."""
     graph = taps.Graph.from_json(graph_json)
@@ -58,6 +62,58 @@ def timed_search(graph_json: str, nodes: int, per_node: int, memory: float | Non
     result = taps.search(graph, cluster)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "cost": result.cost, "status": result.status, "gap": result.gap}
+
+
+#: The small configs of the model families in tests/torch_factories.py (2 layers, small widths).
+FAMILIES = [
+    "falcon",
+    "clip",
+    "whisper",
+    "swin",
+    "roberta",
+    "deberta_v2",
+    "phi3",
+    "qwen2_gqa",
+    "bart",
+    "bloom",
+    "timm_vit",
+    "timm_convnext",
+    "timm_efficientnet",
+    "timm_mixer",
+    "timm_swin",
+    "timm_deit_drop_path",
+    "tv_shufflenet",
+    "tv_densenet",
+    "tv_resnet",
+    "tv_mobilenet_v3",
+    "tv_efficientnet",
+    "tv_vit",
+]
+
+
+def families() -> None:
+    """Export, convert and tie each family of the tests' factories: one line each, and the
+    slowest conversion."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import torch_factories
+
+    worst = 0.0
+    for name in FAMILIES:
+        module, inputs = getattr(torch_factories, name)()
+        t0 = time.perf_counter()
+        program = torch.export.export(module, tuple(inputs))
+        t1 = time.perf_counter()
+        conversion = convert(program, name=name)
+        for instances in repeated_blocks(conversion, module):
+            conversion.graph.tie(instances)
+        t2 = time.perf_counter()
+        worst = max(worst, t2 - t1)
+        print(
+            f"{name}: {len(conversion.graph.ops)} operators, export {t1 - t0:.2f} s, "
+            f"convert + tie {t2 - t1:.2f} s",
+            flush=True,
+        )
+    print(f"slowest conversion on top of torch.export: {worst:.2f} s")
 
 
 def main() -> None:
@@ -73,7 +129,11 @@ def main() -> None:
     parser.add_argument("--untied", action="store_true", help="also search without the ties")
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
     parser.add_argument("--against", metavar="REV", help="also search with taps at git REV")
+    parser.add_argument("--families", action="store_true", help="time each tested model family")
     args = parser.parse_args()
+    if args.families:
+        families()
+        return
     flavor = args.rss or args.flavor
     t0 = time.perf_counter()
     module = llama3(flavor, args.layers)
@@ -99,13 +159,13 @@ def main() -> None:
     )
     if args.rss or args.no_search:
         return
-    memory = args.memory or None
+    memory = args.memory or math.inf  # 0: no limit
     cluster = taps.Cluster(args.nodes, args.devices_per_node, device_memory=memory)
     for tie in (True, False) if args.untied else (True,):
         t5 = time.perf_counter()
         result = taps.search(graph, cluster, tie=tie)
         t6 = time.perf_counter()
-        limit = f"{memory / 1e9:g} GB" if memory else "no memory limit"
+        limit = f"{memory / 1e9:g} GB" if math.isfinite(memory) else "no memory limit"
         print(
             f"  search ({'tied' if tie else 'untied'}) on {args.nodes} x {args.devices_per_node} "
             f"({limit}): {t6 - t5:.2f} s, status {result.status}, gap "

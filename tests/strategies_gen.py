@@ -162,3 +162,22 @@ def dense_pairs(
     if prod(shape) > 4 * MAX_ELEMENTS:
         shape = need  # at most 64 * 64 elements
     return (shape, dm, ta), (list(shape), list(dm), tb)
+
+
+@st.composite
+def clusters(draw, log2: int):
+    """A cluster of 2 or 3 levels of ``2**log2`` devices, flat replicas, latencies given."""
+    nlevels = draw(st.integers(2, 3))
+    cuts = sorted(draw(st.lists(st.integers(0, log2), min_size=nlevels - 1, max_size=nlevels - 1)))
+    exps = [b - a for a, b in zip([0, *cuts], [*cuts, log2])]
+    levels = [
+        (
+            2**e,
+            draw(st.sampled_from([25e9, 50e9, 100e9, 450e9])),
+            draw(st.sampled_from([0.0, 2e-6, 1e-5])),
+        )
+        for e in exps
+    ]
+    import taps
+
+    return taps.Cluster.hierarchy(levels, replicas="flat")

@@ -24,6 +24,7 @@ LAYERS = {
     "taps.plan": 4,
     "taps.solve": 4,
     "taps.search": 5,
+    "taps.calibrate": 5,
     "taps.frontends": 5,
     "taps.steps": 5,
     "taps.report": 6,
@@ -181,3 +182,25 @@ def test_every_file_the_docs_name_exists():
             )
             missing += [f"{doc.name}: {n}" for n in names if not (ROOT / n).exists()]
     assert not missing, "\n".join(missing)
+
+
+def test_the_public_names_are_one_list_and_each_resolves():
+    """``taps`` imports its public names on first use (:data:`taps._HOMES`): ``__all__``, the
+    table and the type checkers' imports name the same things, and each name is the object its
+    home module holds."""
+    import importlib
+
+    assert sorted(taps.__all__) == sorted([*taps._HOMES, "__version__"])
+    source = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    checked = {
+        alias.asname or alias.name: node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("taps")
+        for alias in node.names
+    }
+    homes = {n: m.rpartition(".")[0] if m == f"taps.{n}" else m for n, m in taps._HOMES.items()}
+    assert checked == homes
+    for name, home in taps._HOMES.items():
+        module = importlib.import_module(home)
+        assert getattr(taps, name) is (module if home == f"taps.{name}" else getattr(module, name))
+    assert "search" in dir(taps)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import strategies_gen as sg
 import taps
+from taps.reproduce.cases import paper_cluster
 
 
 def _not_a_panic(exc):
@@ -23,7 +24,7 @@ def test_matrix_matches_single_plans(log2, data):
     tgts = [sg.to_layout(t) for t in targets]
     n = 2**log2
     L = data.draw(st.sampled_from([2**e for e in range(log2 + 1)]))
-    cl = taps.Cluster(n // L, L)
+    cl = paper_cluster(n // L, L)
     dtype_bytes = data.draw(st.sampled_from([1, 2, 4]))
     for model in ("topology", "volume"):
         got = taps.redistribution_costs(srcs, tgts, cl, dtype_bytes, model)
@@ -42,7 +43,7 @@ def test_defaults_and_known_values():
     a = taps.Layout([8, 8], [4], [0, -1])
     b = taps.Layout([8, 8], [4], [-1, 0])
     c = taps.Layout([8, 8], [4], [-1, -1])
-    cl = taps.Cluster(2, 2)
+    cl = paper_cluster(2, 2)
     got = taps.redistribution_costs([a, c], [a, b, c], cl, model="volume")
     # a->a: 0; a->b: all_to_all 3/4*16; a->c: gather 3*16; c->a, c->b: slices; c->c: 0
     want = np.array([[0, 12, 48], [0, 0, 0]], dtype=np.float64) * 2
@@ -55,13 +56,13 @@ def test_defaults_and_known_values():
 
 def test_empty_inputs():
     a = taps.Layout([8], [4], [0])
-    cl = taps.Cluster(1, 4)
+    cl = paper_cluster(1, 4)
     assert taps.redistribution_costs([], [a], cl).shape == (0, 1)
     assert taps.redistribution_costs([a], [], cl).shape == (1, 0)
 
 
 def test_bad_inputs_raise_taps_errors():
-    cl = taps.Cluster(2, 2)
+    cl = paper_cluster(2, 2)
     a = taps.Layout([8, 8], [4], [0, -1])
     wrong_devices = taps.Layout([8, 8], [8], [0, -1])
     wrong_size = taps.Layout([8, 4], [4], [0, -1])
@@ -88,7 +89,7 @@ def test_bad_inputs_raise_taps_errors():
 
 
 def test_non_layouts_do_not_panic():
-    cl = taps.Cluster(2, 2)
+    cl = paper_cluster(2, 2)
     a = taps.Layout([8, 8], [4], [0, -1])
     for args in (([a], [42], cl), ([a], [a], "cluster"), (a, [a], cl)):
         try:
@@ -107,7 +108,7 @@ def test_mismatched_plans_never_panic(pair):
     ta, tb = pair
     a, b = sg.to_layout(ta), sg.to_layout(tb)
     bad = taps.Layout([prod_plus(ta[0])], [1], [-1])
-    cl = taps.Cluster(1, a.num_devices)
+    cl = paper_cluster(1, a.num_devices)
     for s, t in ((a, b), (a, bad), (bad, b)):
         try:
             taps.redistribution_costs([s], [t], cl)
@@ -128,7 +129,7 @@ def test_matmul_strategy_matrix(num_devices):
     ys = [s.tensor_layout([0, 2], [b, o]) for s in strategies]
     # the next MatMul's X has shape (b, o): its in-axis is this one's out-axis
     xs = [s.tensor_layout([0, 1], [b, o]) for s in strategies]
-    cl = taps.Cluster(num_devices // 4, 4)
+    cl = paper_cluster(num_devices // 4, 4)
     got = taps.redistribution_costs(ys, xs, cl)
     assert got.shape == (len(ys), len(xs))
     assert np.all(got >= 0)
@@ -167,7 +168,7 @@ def test_high_rank_pairs_equal_the_reference(log2, data):
 
     sources, targets = data.draw(_high_rank_sets(log2))
     per_node = data.draw(st.sampled_from([2**e for e in range(log2 + 1)]))
-    cluster = taps.Cluster(2**log2 // per_node, per_node)
+    cluster = paper_cluster(2**log2 // per_node, per_node)
     params = (2**log2 // per_node, per_node, cluster.intra_bandwidth, cluster.inter_bandwidth)
     srcs, tgts = [sg.to_layout(t) for t in sources], [sg.to_layout(t) for t in targets]
     for model in ("topology", "volume"):

@@ -68,11 +68,41 @@ def test_cluster_presets_on_the_command_line(capsys, tmp_path):
     v100 = capsys.readouterr().out
     assert h100 != v100  # other bandwidths and latencies
     assert main([*argv, "--nodes", "2", "--cluster", "dgx-h100", "--devices-per-node", "8"]) == 2
-    assert "--cluster gives the devices per node" in capsys.readouterr().err
+    assert "--cluster gives the devices" in capsys.readouterr().err
     assert main([*argv, "--nodes", "2"]) == 2
     assert "--devices-per-node is required" in capsys.readouterr().err
     assert main([*argv, "--nodes", "2", "--cluster", "no-such-preset"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cluster_options_build_the_cluster_a_library_user_gets():
+    from taps.cli.args import cluster
+    from taps.cli.parser import build_parser
+
+    def built(*options: str) -> taps.Cluster:
+        return cluster(build_parser().parse_args(["search", "mlp", *options]))
+
+    assert built("--nodes", "2", "--devices-per-node", "8") == taps.Cluster(2, 8)
+    h100 = built("--nodes", "2", "--devices-per-node", "8", "--device", "h100")
+    assert h100 == taps.Cluster.preset("dgx-h100", 2)
+    paper = built(
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "8",
+        "--replicas",
+        "shared",
+        "--intra-latency",
+        "0",
+        "--inter-latency",
+        "0",
+    )
+    assert paper == taps.Cluster(2, 8, replicas="shared", intra_latency=0.0, inter_latency=0.0)
+    shared = built("--nodes", "2", "--cluster", "dgx-h100", "--replicas", "shared")
+    assert (shared.replicas, shared.levels) == ("shared", h100.levels)
+    assert shared.device == h100.device
+    with pytest.raises(taps.TapsError, match="leave out --device"):
+        built("--nodes", "2", "--cluster", "dgx-h100", "--device", "a100")
 
 
 @pytest.mark.parametrize(

@@ -48,10 +48,16 @@ def test_search_refuses_nan_negative_and_infinite_limits(alexnet, function, name
     assert function.__name__.rpartition(".")[2] in str(e.value)
 
 
-@pytest.mark.parametrize("value", [NAN, -1.0, INF, -INF])
-def test_pricing_refuses_nan_negative_and_infinite_bytes_per_parameter(value):
-    with pytest.raises(ArgumentError, match="Pricing: bytes_per_parameter must be a finite"):
-        taps.Pricing(bytes_per_parameter=value)
+@pytest.mark.parametrize("value", [NAN, -1, 0, 2.0, INF, True])
+@pytest.mark.parametrize("name", ["parameter_bytes", "gradient_bytes"])
+def test_pricing_refuses_element_sizes_that_are_not_positive_ints(name, value):
+    with pytest.raises(ArgumentError, match=f"Pricing: {name} must be a positive int"):
+        taps.Pricing(**{name: value})
+
+
+def test_pricing_refuses_an_unknown_optimizer():
+    with pytest.raises(ArgumentError, match="unknown optimizer 'lamb': expected one of adam"):
+        taps.Pricing(optimizer="lamb")  # type: ignore[arg-type]
 
 
 def test_nan_memory_limit_no_longer_gives_a_wrong_optimum(alexnet):
@@ -77,8 +83,8 @@ def test_search_refuses_wrong_types(alexnet, kwargs, match):
 
 
 def test_pricing_refuses_wrong_types():
-    with pytest.raises(TypeError, match="bytes_per_parameter must be a number"):
-        taps.Pricing(bytes_per_parameter=None)
+    with pytest.raises(TypeError, match="master_weights must be True or False"):
+        taps.Pricing(master_weights=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="zero must be True or False"):
         taps.Pricing(zero=1)
     with pytest.raises(TypeError, match=r"pricing must be a taps\.Pricing"):
@@ -92,8 +98,9 @@ def test_search_refuses_what_is_not_a_graph_or_cluster(alexnet):
         taps.compare(alexnet, (2, 8))  # type: ignore[arg-type]
 
 
-def test_zero_bytes_per_parameter_is_allowed(alexnet):
-    assert taps.search(alexnet, CLUSTER, taps.Pricing(bytes_per_parameter=0)).status == "optimal"
+def test_no_optimizer_state_is_allowed(alexnet):
+    pricing = taps.Pricing(master_weights=False, optimizer="none")
+    assert taps.search(alexnet, CLUSTER, pricing).status == "optimal"
 
 
 @pytest.mark.parametrize(

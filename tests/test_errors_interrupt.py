@@ -14,6 +14,7 @@ import time
 import pytest
 
 import taps
+import taps.cli.search
 import taps.reproduce
 from taps._support.outputs import Outputs, _deferred_interrupt
 from taps.cli import main
@@ -34,7 +35,7 @@ def _long_solve(tmp_path) -> list[str]:
         "--devices-per-node",
         "8",
         "--memory",
-        "6.72GB",
+        "5.98GB",
     ]
 
 
@@ -55,9 +56,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _interrupted(script: str, args: list[str], marker: str, wait: float) -> tuple[str, str, float]:
-    """Run ``script`` with ``args``, send SIGINT ``wait`` seconds after it prints ``marker``: its
-    stdout and stderr after that, and how long it took to end (it must exit 130)."""
+def _interrupted(
+    script: str, args: list[str], marker: str, wait: float, sent_signal: int = signal.SIGINT
+) -> tuple[str, str, float]:
+    """Run ``script`` with ``args``, send ``sent_signal`` ``wait`` seconds after it prints
+    ``marker``: its stdout and stderr after that, and how long it took to end (it must exit 128
+    plus the signal's number: 130 for SIGINT, 143 for SIGTERM)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
@@ -69,12 +73,12 @@ def _interrupted(script: str, args: list[str], marker: str, wait: float) -> tupl
         assert proc.stdout.readline() == marker + "\n"
         time.sleep(wait)
         sent = time.perf_counter()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sent_signal)
         out, err = proc.communicate(timeout=60)
         elapsed = time.perf_counter() - sent
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + sent_signal
     return out, err, elapsed
 
 
@@ -164,3 +168,96 @@ def test_ctrl_c_waits_until_every_file_is_in_place(tmp_path):
             outputs.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.png"]
     assert (tmp_path / "b.png").read_text() == "new"
+
+
+def test_the_command_line_takes_charge_of_signals_before_any_heavy_import():
+    """``import taps.cli`` (what the ``taps`` script runs first) imports none of numpy, SCIP,
+    rich or the core: they load inside :func:`taps.cli.main`, whose handlers catch an interrupt
+    that comes while they load."""
+    code = (
+        "import sys, taps.cli\n"
+        "heavy = {'numpy', 'pyscipopt', 'rich', 'torch', 'jax', 'taps._core'}\n"
+        "print(sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"
+
+
+STARTED_SCRIPT = textwrap.dedent(
+    """
+    import signal
+    # A background job of a script starts with Ctrl-C ignored; a SIGINT sent to taps still counts.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from taps.cli import run  # light: see the test above
+    print("RUN", flush=True)
+    run()
+    """
+)
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8])
+def test_ctrl_c_from_the_first_moment_is_one_line_and_130(wait, tmp_path):
+    """Sent while the command imports its modules, parses or searches: never lost (even with
+    SIGINT ignored by the parent), never a traceback, no output file."""
+    # A long solve: whatever the machine's speed, the command is still running at the signal.
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = [*_long_solve(tmp_path), "--json", str(out_dir / "a.json")]
+    _, err, _ = _interrupted(STARTED_SCRIPT, args, "RUN", wait)
+    assert err == "taps: interrupted\n" or err == "taps search: interrupted\n"
+    assert list(out_dir.iterdir()) == []
+
+
+def test_sigterm_stops_a_solve_and_leaves_no_temporary_file(tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = [*_long_solve(tmp_path), "--json", str(out_dir / "result.json")]
+    _, err, _ = _interrupted(SCRIPT, args, "SOLVING", 0.5, signal.SIGTERM)
+    assert err == "taps search: terminated\n"
+    assert list(out_dir.iterdir()) == []  # not even a hidden temporary file
+
+
+def test_an_output_directory_removed_during_the_run_fails_the_command(
+    tmp_path, capsys, monkeypatch
+):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    real = taps.cli.search.search
+
+    def removing(*args, **kwargs):
+        result = real(*args, **kwargs)
+        for p in out_dir.iterdir():
+            p.unlink()
+        out_dir.rmdir()
+        return result
+
+    monkeypatch.setattr(taps.cli.search, "search", removing)
+    args = ["search", "alexnet", "--nodes", "2", "--devices-per-node", "8"]
+    code = main([*args, "--json", str(out_dir / "a.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    target = str(out_dir / "a.json")
+    assert err == f"taps search: error: cannot write {target!r}: No such file or directory\n"
+    assert not out_dir.exists()
+
+
+def test_reproduce_writes_its_files_and_json_all_or_none(tmp_path, capsys, monkeypatch):
+    """The JSON failing last (its directory gone) leaves the earlier run's files as they were."""
+    for name in FILES:
+        (tmp_path / name).write_text("old")
+    json_dir = tmp_path / "json"
+    json_dir.mkdir()
+    write_files = taps.reproduce.write_files
+
+    def then_the_json_directory_goes(*args, **kwargs):
+        write_files(*args, **kwargs)
+        for p in json_dir.iterdir():
+            p.unlink()
+        json_dir.rmdir()
+
+    monkeypatch.setattr("taps.cli.reproduce.write_files", then_the_json_directory_goes)
+    args = ["reproduce", "--quick", "--out", str(tmp_path), "--json", str(json_dir / "r.json")]
+    assert main(args) == 2
+    assert "No such file or directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES)
+    assert all((tmp_path / name).read_text() == "old" for name in FILES)

@@ -90,7 +90,9 @@ def test_partial_placements_round_trip_through_json():
 
     graph = taps.models.mlp(batch=64, sizes=(32, 64, 32))
     # The paper's model's plan: its mesh is (4, 2).
-    plan = to_dtensor(taps.search(graph, taps.Cluster(1, 8), taps.Pricing(step="forward")).plan)
+    from taps.reproduce.cases import paper_cluster
+
+    plan = to_dtensor(taps.search(graph, paper_cluster(1, 8), taps.Pricing(step="forward")).plan)
     assert plan.mesh.shape == (4, 2)
     layout = taps.Layout([64, 32], [4, 2], [1, -1], [0])
     texts = layout_placements(plan.mesh, layout)

@@ -564,3 +564,48 @@ def test_shuffled_ops_come_back_in_topological_order(graph, rnd):
     assert back.tensors == graph.tensors
     assert sorted(back.ops, key=lambda op: op.name) == sorted(graph.ops, key=lambda op: op.name)
     assert_topological(back)
+
+
+def test_stacks_name_slices_and_round_trip():
+    Graph = taps.Graph
+    g = Graph("stacked")
+    for i in range(3):
+        g.parameter(f"w.{i}", (4, 8))
+    g.stack("w", ["w.0", "w.1", "w.2"], axis=1)
+    assert g.stacks == {"w": (("w.0", "w.1", "w.2"), 1)} and g.stack_shape("w") == (4, 3, 8)
+    g.parameter("v.0.0", (2,))
+    g.parameter("v.0.1", (2,))
+    g.stack("v.0", ["v.0.0", "v.0.1"])
+    g.stack("v", ["v.0"])  # a stack of stacks (nested scans)
+    assert g.stack_shape("v") == (1, 2, 2)
+    assert Graph.from_json(g.to_json()) == g
+    assert json.loads(g.to_json())["stacks"][0] == {
+        "name": "w",
+        "pieces": ["w.0", "w.1", "w.2"],
+        "axis": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "pieces", "axis", "message"),
+    [
+        ("w", ["w.0"], 0, "already used"),
+        ("s", [], 0, "at least one piece"),
+        ("s", ["w.0", "x"], 0, "shapes"),
+        ("s", ["w.0"], 3, "axis 3"),
+        ("s", ["y.out"], 0, "no parameter, input or stack"),
+        ("s", ["nope"], 0, "unknown tensor"),
+    ],
+)
+def test_bad_stacks_are_refused(name, pieces, axis, message):
+    Graph, GraphError = taps.Graph, taps.GraphError
+    g = Graph()
+    g.parameter("w.0", (4, 8))
+    g.parameter("w", (1,))
+    x = g.input("x", (8,))
+    g.relu("y", x)
+    with pytest.raises(GraphError, match=message):
+        g.stack(name, pieces, axis)
+    assert g.stacks == {}
+    with pytest.raises(GraphError, match="stacks\\[0\\]"):
+        Graph.from_dict({**g.to_dict(), "stacks": [{"name": name, "pieces": pieces, "axis": axis}]})

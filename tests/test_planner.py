@@ -12,6 +12,7 @@ import oracle
 import sim
 import strategies_gen as sg
 import taps
+from taps.reproduce.cases import paper_cluster
 
 
 def _ops(plan):
@@ -22,7 +23,7 @@ def _cluster_for(n, data, **kw):
     """A cluster of ``n`` devices with a drawn node size (a power of two dividing ``n``)."""
     sizes = [2**e for e in range(n.bit_length()) if n % 2**e == 0]
     L = data.draw(st.sampled_from(sizes), label="devices_per_node")
-    return taps.Cluster(n // L, L, **kw)
+    return paper_cluster(n // L, L, **kw)
 
 
 # --------------------------------------------------------------------------- the paper's example
@@ -86,11 +87,11 @@ def test_identity_plan_is_empty():
     assert plan.all_ops == []
     assert plan.volume == 0
     for model in ("topology", "volume"):
-        cost = plan.cost(taps.Cluster(2, 4), model=model)
+        cost = plan.cost(paper_cluster(2, 4), model=model)
         assert cost == 0
         assert math.copysign(1.0, cost) == 1.0, f"{model} cost of an empty plan is {cost!r}"
     with pytest.raises(taps.TopologyError):
-        plan.cost(taps.Cluster(1, 4))  # the layout spans 8 devices, the cluster 4
+        plan.cost(paper_cluster(1, 4))  # the layout spans 8 devices, the cluster 4
 
 
 def test_op_attributes():
@@ -128,7 +129,7 @@ def test_fallback_plans_replay(src, tgt):
     rep = sim.replay_plan(plan, a, b)
     assert rep.received == [plan.volume] * a.num_devices
     n = a.num_devices
-    cl = taps.Cluster(n // 2 if n > 1 else 1, 2 if n > 1 else 1)
+    cl = paper_cluster(n // 2 if n > 1 else 1, 2 if n > 1 else 1)
     assert plan.cost(cl) == pytest.approx(oracle.plan_cost(rep.steps, cl), rel=1e-9, abs=0)
     assert plan.cost(cl, model="volume") == pytest.approx(2 * plan.volume, rel=1e-12)
 

@@ -43,7 +43,7 @@ def test_one_row_per_operator_one_segment_per_split(result):
                 assert f"{axis}\u00d7{d}" in labels
     # Three stacked bars per operator: the ends of the last ones are the operator totals (ms).
     ends = [p.get_x() + p.get_width() for p in costs.patches[-len(result.breakdown) :]]
-    assert ends == pytest.approx([row.total * 1e3 for row in result.breakdown])
+    assert ends == pytest.approx([row.communication * 1e3 for row in result.breakdown])
 
 
 def test_cost_split_adds_up_and_separates_nodes(result):

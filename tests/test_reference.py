@@ -16,6 +16,7 @@ import reference as ref
 import strategies_gen as sg
 import taps
 from taps._core import allreduce_costs
+from taps.reproduce.cases import paper_cluster
 
 MODELS = ("topology", "volume")
 
@@ -23,7 +24,8 @@ MODELS = ("topology", "volume")
 def _cluster(n: int, data) -> tuple[taps.Cluster, tuple[int, int, float, float]]:
     per_node = data.draw(st.sampled_from([2**e for e in range(n.bit_length())]))
     intra, inter = data.draw(st.sampled_from([(60e9, 6e9), (100e9, 12.5e9)]))
-    return taps.Cluster(n // per_node, per_node, intra, inter), (
+    # The reference prices the paper's model: shared replicas, no latency.
+    return paper_cluster(n // per_node, per_node, intra, inter), (
         n // per_node,
         per_node,
         intra,
@@ -86,7 +88,7 @@ def test_repeated_layouts_share_their_entries():
     b = ([8, 8], [4], [-1, 0])
     c = ([64], [2, 2], [-1])
     sources, targets = [a, b, a, c, b], [b, a, c, b, a]
-    cluster = taps.Cluster(2, 2)
+    cluster = paper_cluster(2, 2)
     for model in MODELS:
         got = taps.redistribution_costs(
             [sg.to_layout(t) for t in sources],
@@ -139,7 +141,7 @@ def test_allreduce_costs_equal_reference(op, log2, data):
 
 
 def test_allreduce_costs_bad_input_raises_taps_errors():
-    cluster = taps.Cluster(1, 4)
+    cluster = paper_cluster(1, 4)
     deg = np.array([[2, 2]], dtype=np.int64)
     dmap = np.array([[1, 0]], dtype=np.int64)
     x = ([0, 1], [8, 8], 2.0)
@@ -148,7 +150,7 @@ def test_allreduce_costs_bad_input_raises_taps_errors():
         ((np.array([[3, 2]], dtype=np.int64), dmap, [x], cluster), taps.StrategyError),
         ((np.array([[-2, 2]], dtype=np.int64), dmap, [x], cluster), taps.StrategyError),
         ((deg, np.array([[0, 0]], dtype=np.int64), [x], cluster), taps.StrategyError),
-        ((deg, dmap, [x], taps.Cluster(2, 4)), taps.TopologyError),
+        ((deg, dmap, [x], paper_cluster(2, 4)), taps.TopologyError),
         ((deg, dmap, [([0, 2], [8, 8], 2.0)], cluster), taps.LayoutError),
         ((deg, dmap, [([0, 1], [3, 8], 2.0)], cluster), taps.LayoutError),
         ((deg, dmap, [([0, 1], [8, -8], 2.0)], cluster), taps.LayoutError),

@@ -10,7 +10,7 @@ import pytest
 import taps
 from taps.cli import main
 from taps.reproduce import CSV_COLUMNS, FILES, TOLERANCE, Case, experiment_cases, run_case
-from taps.reproduce.run import full_cluster
+from taps.reproduce.run import FULL_MODEL, PAPER_MODEL, full_cluster
 
 SMALL = [
     Case("test", "mlp", 1024, 1, 4),
@@ -49,7 +49,7 @@ def test_invariants(case):
         for cost in (row.volume_cost_best_tie, row.volume_cost_worst_tie):
             assert row.topology_cost == pytest.approx(cost, rel=TOLERANCE)
     # The returned tie is what taps.search returns, priced from the plans, not the tables.
-    comparison = taps.compare(case.graph(), case.cluster(), taps.Pricing(step="forward"))
+    comparison = taps.compare(case.graph(), case.cluster(), PAPER_MODEL)
     assert row.topology_cost == pytest.approx(comparison.topology.cost, rel=TOLERANCE)
     assert row.volume_cost_returned == pytest.approx(
         comparison.volume_under_topology, rel=TOLERANCE
@@ -65,10 +65,10 @@ def test_full_model_column():
     assert row.full_cost is not None and row.full_cost_of_paper_plan is not None
     graph, flat = case.graph(), full_cluster(case.cluster())
     assert flat.replicas == "flat"
-    assert row.full_cost == pytest.approx(taps.search(graph, flat).cost, rel=TOLERANCE)
-    paper = taps.search(graph, case.cluster(), taps.Pricing(step="forward"))
+    assert row.full_cost == pytest.approx(taps.search(graph, flat, FULL_MODEL).cost, rel=TOLERANCE)
+    paper = taps.search(graph, case.cluster(), PAPER_MODEL)
     assert row.topology_cost == pytest.approx(paper.cost, rel=TOLERANCE)
-    priced = taps.evaluate(taps.Plan(graph, flat, paper.plan.strategies))
+    priced = taps.evaluate(taps.Plan(graph, flat, paper.plan.strategies, FULL_MODEL))
     assert row.full_cost_of_paper_plan == pytest.approx(priced, rel=TOLERANCE)
     assert _at_most(row.full_cost, row.full_cost_of_paper_plan)
     assert row.full_saving is not None and row.full_saving > 0

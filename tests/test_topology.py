@@ -9,6 +9,7 @@ import oracle
 import sim
 import strategies_gen as sg
 import taps
+from taps.reproduce.cases import paper_cluster
 
 # --------------------------------------------------------------------------- the paper's examples
 
@@ -44,7 +45,7 @@ def test_paper_dw_all_reduce(order, ct):
 
 def test_paper_effective_bandwidth_example():
     # 2 nodes x 8 devices; groups (0, 8), (1, 9), ...: the outer device dim of [2, 8]
-    cl = taps.Cluster(2, 8, intra_bandwidth=100e9, inter_bandwidth=12.5e9)
+    cl = paper_cluster(2, 8, intra_bandwidth=100e9, inter_bandwidth=12.5e9)
     lay = taps.Layout([4, 16], [2, 8], [1, 0])  # all 8 groups hold distinct data
     assert taps.inter_node_groups(lay, "all_gather", 8, device_dim=1) == 8
     v = (2 - 1) * (2 * 2) * 2  # (g-1) * s elements * 2 bytes
@@ -86,7 +87,7 @@ def test_replicas_count_once():
 
 def test_all_to_all_partial_node_factor():
     # 16 devices, 4 per node, all_to_all along [16]: p = 16 members, k = 4 in a node
-    cl = taps.Cluster(4, 4, intra_bandwidth=60e9, inter_bandwidth=6e9)
+    cl = paper_cluster(4, 4, intra_bandwidth=60e9, inter_bandwidth=6e9)
     lay = taps.Layout([32, 16], [16], [0, -1])
     ct = taps.inter_node_groups(lay, "all_to_all", 4, device_dim=0)
     assert ct == oracle.inter_node_groups(lay, "all_to_all", 4, 0) == 1
@@ -131,7 +132,7 @@ def test_inter_node_groups_matches_brute_force(case):
 def test_collective_cost_matches_oracle(case, dtype_bytes, bw):
     t, kind, k, L = case
     n = sim.num_devices(t[1])
-    cl = taps.Cluster(n // L, L, intra_bandwidth=bw[0], inter_bandwidth=bw[1])
+    cl = paper_cluster(n // L, L, intra_bandwidth=bw[0], inter_bandwidth=bw[1])
     lay = sg.to_layout(t)
     for model in ("topology", "volume"):
         got = cl.collective_cost(lay, kind, device_dim=k, dtype_bytes=dtype_bytes, model=model)
@@ -157,7 +158,10 @@ def test_cluster_attributes():
     assert cl.num_devices == 16
     assert cl.intra_bandwidth == 60e9
     assert cl.inter_bandwidth == 6e9
-    assert cl.device_memory is None
+    # Engine-faithful defaults: the V100's memory, flat replicas, latency at every level.
+    assert (cl.device_memory, cl.replicas, cl.device.name) == (32e9, "flat", "v100")
+    assert all(latency > 0 for _, _, latency in cl.levels)
+    assert paper_cluster(2, 8).device_memory is None  # the paper's model: no limit
     cl2 = taps.Cluster(4, 2, intra_bandwidth=1e9, inter_bandwidth=2e8, device_memory=2**30)
     assert (cl2.num_devices, cl2.intra_bandwidth, cl2.inter_bandwidth) == (8, 1e9, 2e8)
     assert cl2.device_memory == 2**30

@@ -45,10 +45,10 @@ def block() -> tuple[nn.Module, torch.Tensor]:
     return Block(hidden=64, heads=4, batch=8), torch.randn(8 * 16, 64, requires_grad=True)
 
 
-def _verify(factory, nodes, per_node, **kwargs):
+def _verify(factory, nodes, per_node, pricing=None, **kwargs):
     module, x = factory()
     graph = from_torch(module, x)
-    plan = taps.search(graph, taps.Cluster(nodes, per_node)).plan
+    plan = taps.search(graph, taps.Cluster(nodes, per_node), pricing or taps.Pricing()).plan
     return verify_torch(module, [x], plan, **kwargs)
 
 
@@ -87,17 +87,19 @@ def test_gpt2_block_numbers_on_4_gloo_ranks():
 
 
 def test_a_bias_gradient_is_priced_over_too_many_devices():
-    """As on XLA (docs/verify.md): the bias is added after the forward partial sums, so its
-    gradient is partial over fewer devices than taps prices."""
+    """In the paper's model, as on XLA (docs/verify.md): the bias is added after the forward
+    partial sums, so its gradient is partial over fewer devices than taps prices."""
 
     def biased():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)), torch.randn(32, 64)
 
-    result = _verify(biased, 2, 8, numerics=None)
+    result = _verify(biased, 2, 8, taps.Pricing(step="forward"), numerics=None)
     assert not result.ok
     (row,) = [c for c in result.collectives if c.status != OK and "bias" in c.what]
-    assert row.status == "differs" and row.measured_bytes < row.predicted_bytes
+    # The engine reduces it over fewer devices, or (its block summed where it is added) not at all.
+    assert row.status in ("differs", "missing")
+    assert (row.measured_bytes or 0) < row.predicted_bytes
 
 
 def test_a_wrong_prediction_is_reported(monkeypatch):

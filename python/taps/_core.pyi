@@ -9,10 +9,13 @@ import numpy.typing as npt
 __all__ = [
     "COLLECTIVE_KINDS",
     "COST_MODELS",
+    "DEVICES",
     "PLANNERS",
+    "PRESETS",
     "REPLICA_MODELS",
     "Cluster",
     "CommOp",
+    "Device",
     "GraphError",
     "InfeasibleError",
     "Layout",
@@ -40,6 +43,8 @@ _CollectiveKind: TypeAlias = Literal[
 _CostModel: TypeAlias = Literal["topology", "volume"]
 _Planner: TypeAlias = Literal["optimal", "paper"]
 _Replicas: TypeAlias = Literal["shared", "flat"]
+_DeviceKind: TypeAlias = Literal["v100", "a100", "h100", "h200", "b200", "tpu-v5p"]
+_Preset: TypeAlias = Literal["dgx-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "tpu-v5p"]
 _OpKind: TypeAlias = Literal[
     "slice", "all_gather", "all_to_all", "reduce_scatter", "all_reduce", "collective_permute"
 ]
@@ -52,6 +57,10 @@ PLANNERS: Final[tuple[_Planner, ...]]
 """The redistribution planner names, from the core's enum (the one list of them)."""
 REPLICA_MODELS: Final[tuple[_Replicas, ...]]
 """The replica model names a cluster accepts, from the core's enum (the one list of them)."""
+DEVICES: Final[tuple[_DeviceKind, ...]]
+"""The device kinds a cluster may be made of, from the core's table (the one list of them)."""
+PRESETS: Final[tuple[_Preset, ...]]
+"""The built-in clusters `Cluster.preset` takes, one per device kind (the one list of them)."""
 
 class TapsError(ValueError):
     """Base class of every error taps raises."""
@@ -125,30 +134,58 @@ class Layout:
     ) -> tuple[type[Layout], tuple[list[int], list[int], list[int], list[int]]]: ...
 
 @final
+class Device:
+    """A kind of device, by name (one of `DEVICES`): its dense fp16/bf16 matrix-multiply peak in
+    FLOP/s, memory bandwidth in bytes per second and memory in bytes, from its datasheet.
+    Immutable, picklable."""
+
+    def __new__(cls, name: _DeviceKind) -> Device: ...
+    @property
+    def name(self) -> _DeviceKind:
+        """The kind's name, as `DEVICES` spells it."""
+    @property
+    def peak_flops(self) -> float:
+        """Dense fp16/bf16 matrix-multiply peak, FLOP per second."""
+    @property
+    def memory_bandwidth(self) -> float:
+        """Memory bandwidth, bytes per second."""
+    @property
+    def memory(self) -> float:
+        """Memory, bytes."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Device], tuple[_DeviceKind]]: ...
+
+@final
 class Cluster:
     """A homogeneous cluster of `nodes` nodes with `devices_per_node` devices each; a node holds
     consecutive ranks. Bandwidths in bytes per second, latencies in seconds per collective, memory
     in bytes per device; `replicas` says whether copies of a tensor share one transfer out of a
-    node (`"shared"`, the paper's model) or send one each (`"flat"`). More levels (nodes in pods):
+    node (`"shared"`, the paper's model) or send one each (`"flat"`, as NCCL and XLA: the
+    default); `device` names the kind of device (one of `DEVICES`). A bandwidth or latency not
+    given is the device's preset's (its node level, its outermost level); `device_memory` not
+    given is the device's memory, `math.inf` no limit. More levels (nodes in pods):
     `Cluster.hierarchy`; named clusters: `Cluster.preset`. Immutable, picklable."""
 
     def __new__(
         cls,
         nodes: int,
         devices_per_node: int,
-        intra_bandwidth: float = 60e9,  # the dgx-v100 preset's (the paper's cluster)
-        inter_bandwidth: float = 6e9,
+        intra_bandwidth: float | None = None,
+        inter_bandwidth: float | None = None,
         device_memory: float | None = None,
         *,
-        intra_latency: float = 0.0,
-        inter_latency: float = 0.0,
-        replicas: _Replicas = "shared",
+        intra_latency: float | None = None,
+        inter_latency: float | None = None,
+        replicas: _Replicas = "flat",
+        device: _DeviceKind = "v100",
     ) -> Cluster: ...
     @staticmethod
     def hierarchy(
         levels: Sequence[tuple[int, float, float]],
         device_memory: float | None = None,
-        replicas: _Replicas = "shared",
+        replicas: _Replicas = "flat",
+        device: _DeviceKind = "v100",
         *,
         nodes: int | None = None,
     ) -> Cluster:
@@ -156,11 +193,13 @@ class Cluster:
         devices per node, then the nodes per pod, ..., then the outermost units. Bandwidths in
         bytes per second out of one part of the level below, latencies in seconds per collective.
         With `nodes`, the outermost level holds as many units as the nodes fill (its parts are not
-        read; one level is one node), as presets and cluster files are read."""
+        read; one level is one node), as presets and cluster files are read. `device` names the
+        kind of device (one of `DEVICES`); `device_memory` defaults to its memory (`math.inf`: no
+        limit)."""
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> Cluster:
-        """The built-in cluster `name` (`"dgx-v100"`, `"dgx-h100"`) with `nodes` nodes, or the
-        cluster of a TOML file (a name ending in `.toml`; docs/core.md)."""
+        """The built-in cluster `name` (one of `PRESETS`) with `nodes` nodes, or the cluster of a
+        TOML file (a name ending in `.toml`; docs/core.md)."""
     @property
     def levels(self) -> list[tuple[int, float, float]]:
         """The levels as `hierarchy` takes them: `(parts, bandwidth, latency)`, innermost first."""
@@ -168,6 +207,9 @@ class Cluster:
     def replicas(self) -> _Replicas:
         """How copies of a tensor send it out of a node: `"shared"` (one transfer for all the
         copies, as the paper) or `"flat"` (one per copy, as NCCL)."""
+    @property
+    def device(self) -> Device:
+        """The kind of device the cluster is made of."""
     @property
     def nodes(self) -> int:
         """The number of nodes."""
@@ -182,7 +224,7 @@ class Cluster:
         """Bytes per second out of a node, shared by every group that crosses it at once."""
     @property
     def device_memory(self) -> float | None:
-        """Bytes of memory per device, or None if unlimited."""
+        """Bytes of memory per device (its kind's unless told otherwise), or None if unlimited."""
     @property
     def num_devices(self) -> int:
         """The number of devices: nodes times devices per node."""
@@ -196,12 +238,14 @@ class Cluster:
     ) -> float:
         """Seconds (topology model) or bytes per device (volume model) of a collective of
         `layout`: an `"all_reduce"` over the device dims the map does not use (no `device_dim`),
-        or any other kind of `COLLECTIVE_KINDS` along `device_dim`."""
+        or any other kind of `COLLECTIVE_KINDS` along `device_dim` but `"collective_permute"`
+        (priced by its pairs, as a plan's step: `CommOp.cost`)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(
         self,
     ) -> tuple[
-        Callable[..., Cluster], tuple[list[tuple[int, float, float]], float | None, _Replicas]
+        Callable[..., Cluster],
+        tuple[list[tuple[int, float, float]], float, _Replicas, _DeviceKind],
     ]: ...
 
 @final

@@ -31,6 +31,10 @@ class MissingExtraError(TapsError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
+class CalibrationError(TapsError):
+    """Measurements that cannot be read, or that do not determine a cluster."""
+
+
 class ExportError(TapsError):
     """A plan that cannot be put on a framework's mesh, or a missing framework."""
 
@@ -46,6 +50,7 @@ class VerifyError(TapsError):
 
 __all__ = [
     "ArgumentError",
+    "CalibrationError",
     "ExportError",
     "GraphError",
     "InfeasibleError",

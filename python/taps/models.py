@@ -127,6 +127,7 @@ def gpt(
     dtype_bytes: int = 2,
     blocks: int = 1,
     tie: bool = False,
+    fused_attention: bool = True,
 ) -> Graph:
     """One pre-norm transformer layer on ``batch * seq`` tokens: layernorm, q/k/v projections,
     attention scores, softmax, context, output projection, residual add, layernorm, two-layer MLP
@@ -139,6 +140,10 @@ def gpt(
     As in the 2-D MatMuls of Megatron-LM and MindSpore, the projections and the MLP see the tokens
     as one axis (splitting it is data parallelism); attention sees batch, sequence and heads, and
     splits any of them but the head dim, the key sequence it normalises over and contracts.
+
+    ``fused_attention`` (the default) is attention as engines run it (flash or memory-efficient):
+    the backward keeps the softmax's logsumexp per row, not the scores or the probabilities
+    (:attr:`taps.graph.Operator.saved`); ``False`` keeps both, as the unfused einsums do.
     """
     _sizes(
         "gpt",
@@ -174,8 +179,17 @@ def gpt(
             g.reshape(f"{p}{n}.heads", g.linear(f"{p}{n}", h, hidden), (batch, seq, heads, hd))
             for n in ("q", "k", "v")
         )
-        scores = g.einsum(f"{p}scores", "bsnd,btnd->bnst", q, k, partitionable="bsn")
-        probs = g.softmax(f"{p}softmax", scores)
+        # Fused attention (flash, memory-efficient) keeps neither the scores nor the
+        # probabilities for the backward, only the logsumexp per row; the paper's model kept both.
+        scores = g.einsum(
+            f"{p}scores",
+            "bsnd,btnd->bnst",
+            q,
+            k,
+            partitionable="bsn",
+            saved="none" if fused_attention else "output",
+        )
+        probs = g.softmax(f"{p}softmax", scores, saved="rows" if fused_attention else "output")
         ctx = g.einsum(f"{p}context", "bnst,btnd->bsnd", probs, v, partitionable="bsn")
         flat = g.reshape(f"{p}context.flat", ctx, (tokens, hidden))
         x = g.add(f"{p}residual1", x, g.linear(f"{p}proj", flat, hidden))

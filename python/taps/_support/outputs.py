@@ -3,8 +3,8 @@
 A command checks where it will write before it works: each file gets a temporary file beside it
 up front (so a missing directory, a directory in the way, a device such as /dev/full or a
 read-only place fails at once), the results go into the temporary files, and only when every one
-is written are they renamed over the targets (``os.replace``, atomic), with Ctrl-C held back
-for that moment. A failure or an interrupt removes the temporary files and leaves the old
+is written are they renamed over the targets (``os.replace``, atomic), with Ctrl-C and SIGTERM
+held back for that moment. A failure or an interrupt removes the temporary files and leaves the old
 outputs, or none."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 from taps.errors import OutputError
 
@@ -55,7 +55,17 @@ class OutputFile:
 
     def write_text(self, text: str) -> None:
         """Write ``text`` (UTF-8) into the temporary file."""
-        self.temp.write_text(text, encoding="utf-8")
+        with self.writing():
+            self.temp.write_text(text, encoding="utf-8")
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A block that writes the temporary file (or moves it into place): an OSError in it
+        names the target, not the temporary file (its directory removed meanwhile, a full disk)."""
+        try:
+            yield
+        except OSError as e:
+            raise OutputError(f"cannot write {str(self.path)!r}: {e.strerror or e}") from None
 
     def write_json(self, doc: object) -> None:
         """Write ``doc`` as the commands write JSON: indented, and refused with a ValueError if
@@ -98,9 +108,11 @@ class Outputs:
         """Move every written file into place, all of them or, on an error, none."""
         with _deferred_interrupt():
             for f in self.files:
-                f.temp.chmod(_mode(f.path))
+                with f.writing():
+                    f.temp.chmod(_mode(f.path))
             for f in self.files:
-                os.replace(f.temp, f.path)
+                with f.writing():
+                    os.replace(f.temp, f.path)
         self.files = []
 
     def discard(self) -> None:
@@ -111,42 +123,46 @@ class Outputs:
 
 
 @contextlib.contextmanager
-def staged_directory(out: Path) -> Iterator[Path]:
-    """A temporary directory inside ``out`` (created if missing) to write a command's files into;
-    when the block ends normally they replace those of ``out``, and the directory goes either way.
-    """
+def output_directory(out: Path) -> Iterator[None]:
+    """A block that writes into the directory ``out``, created if missing; if the block fails,
+    a directory it created is removed again when it is still empty."""
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"cannot create output directory {str(out)!r}: {e.strerror}") from None
     try:
-        stage = Path(tempfile.mkdtemp(dir=out, prefix=".taps-"))
-    except OSError as e:
-        raise OutputError(f"cannot write into {str(out)!r}: {e.strerror}") from None
-    try:
-        yield stage
-        names = sorted(p.name for p in stage.iterdir())
-        for name in names:
-            if (out / name).is_dir():
-                raise OutputError(f"cannot write {str(out / name)!r}: it is a directory")
-        with _deferred_interrupt():
-            for name in names:
-                os.replace(stage / name, out / name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+#: The signals that stop a command: held back while outputs move into place.
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def _deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C back until the block is done (main thread only; elsewhere it cannot come)."""
+    """Hold Ctrl-C and SIGTERM back until the block is done, then act on the first that came
+    as its handler would have (main thread only; elsewhere they cannot come)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[tuple[int, FrameType | None]] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    hold = lambda n, f: caught.append((n, f))  # noqa: E731
+    previous: dict[int, Any] = {s: signal.signal(s, hold) for s in _STOPS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(*caught[0])
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught:
+            signum, frame = caught[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)

@@ -1,44 +1,46 @@
-"""The ``taps`` command line: one module per command (``search``, ``verify``, ``export``,
-``redistribute``, ``import``, ``reproduce``), each with a ``register(subparsers)``; this module
-builds the parser and applies the one rule for errors (docs/errors.md): bad input or a failed read
-or write is one line and exit code 2, Ctrl-C one line and 130, anything else one line asking for a
-bug report (``TAPS_DEBUG=1`` shows the traceback)."""
+"""The ``taps`` command line (the parser and its commands: :mod:`taps.cli.parser`) and the one
+rule for errors (docs/errors.md): bad input or a failed read or write is one line and exit code 2,
+Ctrl-C one line and 130, SIGTERM one line and 143, anything else one line asking for a bug report
+(``TAPS_DEBUG=1`` shows the traceback).
+
+This module imports nothing heavy at its top: :func:`run` takes charge of the signals first, and
+everything else (numpy, SCIP, rich, torch) is imported inside the handled block, so an interrupt
+at any moment, import time included, ends the same way."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
 import os
+import signal
 import sys
-import traceback
-from collections.abc import Sequence
 
-from rich.console import Console
-
-from taps._core import TapsError
-from taps.cli import export, imports, redistribute, reproduce, search, verify
-from taps.cli.args import Parser, attach_values
-
-COMMANDS = (search, verify, export, redistribute, imports, reproduce)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import FrameType
 
 #: Exit codes (docs/errors.md).
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="taps",
-        description="Topology-aware intra-operator parallelism strategy search.",
-    )
-    # The installed distribution's version: the package itself is a layer above the CLI.
-    version = importlib.metadata.version("taps")
-    parser.add_argument("--version", action="version", version=f"taps {version}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.register(sub)
-    return parser
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, like Ctrl-C: every path that cleans up after an
+    interrupt (temporary outputs, a SCIP solve, the Rust kernels' signal checks) cleans up after
+    it too."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def _take_signals() -> None:
+    """Ctrl-C raises KeyboardInterrupt even where the parent asked to ignore it (a background
+    job of a script: whoever sends SIGINT to taps means it), and SIGTERM raises
+    :class:`Terminated`. Main thread only (signals are delivered there)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
 
 
 def _one_line(text: str) -> str:
@@ -53,17 +55,36 @@ def _describe(error: BaseException) -> str:
     return _one_line(str(error)) or type(error).__name__
 
 
+def _bad_input(error: Exception) -> bool:
+    """Whether ``error`` is the user's (bad input, a failed read or write, no memory left)."""
+    from taps._core import TapsError
+
+    return isinstance(error, (TapsError, OSError, MemoryError))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``taps`` with ``argv`` (default: the command line); returns the exit code."""
     prog = "taps"
     try:
+        from rich.console import Console
+
+        from taps._support.quiet import hidden_stderr
+        from taps.cli.args import attach_values
+        from taps.cli.parser import build_parser
+
         parser = build_parser()
         args = parser.parse_args(attach_values(parser, sys.argv[1:] if argv is None else argv))
         prog = f"taps {args.command}"
         # Wide enough for the tables when the output is a file or a pipe.
         console = Console(width=None if sys.stdout.isatty() else 160)
         # A command returns nothing, or an exit code (``taps verify``: 1 on a mismatch).
-        code = args.run(args, console)
+        # torch, jax, XLA and gloo log to stderr around the one line taps prints: hidden but
+        # with -v (taps' own notes still come through).
+        with hidden_stderr(not args.verbose):
+            code = args.run(args, console)
+    except Terminated:
+        sys.stderr.write(f"{prog}: terminated\n")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return EXIT_INTERRUPTED
@@ -72,15 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BAD_INPUT
-    except (TapsError, OSError, MemoryError) as e:
-        message = "out of memory" if isinstance(e, MemoryError) else _describe(e)
-        if os.environ.get("TAPS_DEBUG"):
-            traceback.print_exc()
-        sys.stderr.write(f"{prog}: error: {message}\n")
-        return EXIT_BAD_INPUT
     except Exception as e:
         if os.environ.get("TAPS_DEBUG"):
+            import traceback
+
             traceback.print_exc()
+        if _bad_input(e):
+            message = "out of memory" if isinstance(e, MemoryError) else _describe(e)
+            sys.stderr.write(f"{prog}: error: {message}\n")
+            return EXIT_BAD_INPUT
         sys.stderr.write(
             f"{prog}: internal error ({type(e).__name__}: {_one_line(str(e))[:200]}); this is a "
             "bug in taps, please report it with the command line (TAPS_DEBUG=1 shows the "
@@ -91,11 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``taps`` program: :func:`main` on the command line, then exit. After Ctrl-C the
-    process ends at once: an interrupted solve leaves a large SCIP model whose teardown would
-    take seconds, and every output file is already cleaned up."""
+    """The ``taps`` program: :func:`main` on the command line, then exit. After Ctrl-C or
+    SIGTERM the process ends at once: an interrupted solve leaves a large SCIP model whose
+    teardown would take seconds, and every output file is already cleaned up."""
+    _take_signals()
     code = main()
-    if code == EXIT_INTERRUPTED:
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

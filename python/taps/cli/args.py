@@ -10,11 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from taps import models
-from taps._core import PLANNERS, Cluster, GraphError
+from taps._core import DEVICES, PLANNERS, PRESETS, REPLICA_MODELS, Cluster, GraphError
 from taps.errors import ArgumentError, PlanFileError
 from taps.graph import Graph
 from taps.graph.records import MAX_INT
-from taps.plan import STEPS, Plan, Pricing, is_saved_plan
+from taps.plan import OPTIMIZERS, STEPS, Plan, Pricing, is_saved_plan
 from taps.plan.pricing import Step
 
 
@@ -65,9 +65,9 @@ def matrix_map(text: str) -> tuple[list[int], list[int]]:
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """``--nodes``, ``--devices-per-node`` and the two bandwidths (default: the Cluster's), or
-    ``--cluster`` for a preset or a TOML file."""
-    defaults = Cluster(1, 1)
+    """``--nodes``, ``--devices-per-node``, ``--device``, the bandwidths and latencies (default:
+    the device's preset's) and ``--replicas``, or ``--cluster`` for a preset or a TOML file."""
+    v100 = Cluster(1, 1)
     p.add_argument("--nodes", type=integer, default=None, help="number of nodes (required)")
     p.add_argument(
         "--devices-per-node",
@@ -79,44 +79,111 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         "--cluster",
         metavar="NAME|FILE.toml",
         default=None,
-        help="a cluster preset (dgx-v100, dgx-h100) or a TOML file: its nodes, bandwidths, "
+        help=f"a cluster preset ({', '.join(PRESETS)}) or a TOML file: its devices, bandwidths, "
         "latencies and replica model (docs/core.md); --nodes still says how many nodes",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help=f"the kind of device; the bandwidths, latencies and memory not given are its "
+        f"preset's ({v100.device.name})",
     )
     p.add_argument(
         "--intra-bandwidth",
         type=positive("the intra-node bandwidth"),
         default=None,
-        help=f"bytes/s inside a node ({defaults.intra_bandwidth:g})",
+        help=f"bytes/s inside a node ({v100.intra_bandwidth:g} on {v100.device.name})",
     )
     p.add_argument(
         "--inter-bandwidth",
         type=positive("the inter-node bandwidth"),
         default=None,
-        help=f"bytes/s between nodes ({defaults.inter_bandwidth:g})",
+        help=f"bytes/s out of a node ({v100.inter_bandwidth:g} on {v100.device.name})",
+    )
+    p.add_argument(
+        "--intra-latency",
+        type=latency("the intra-node latency"),
+        default=None,
+        help=f"latency in seconds inside a node ({v100.levels[0][2]:g} on {v100.device.name})",
+    )
+    p.add_argument(
+        "--inter-latency",
+        type=latency("the inter-node latency"),
+        default=None,
+        help=f"latency in seconds across nodes ({v100.levels[1][2]:g} on {v100.device.name})",
+    )
+    p.add_argument(
+        "--replicas",
+        choices=REPLICA_MODELS,
+        default=None,
+        help=f"copies of a tensor send one transfer each out of a node (flat, as NCCL and XLA) "
+        f"or share one (shared, the paper's model) ({v100.replicas}; with --cluster, the "
+        "cluster's)",
     )
 
 
+#: The options that describe a cluster's parts, which --cluster gives instead.
+_CLUSTER_PARTS = (
+    ("--devices-per-node", "devices_per_node"),
+    ("--device", "device"),
+    ("--intra-bandwidth", "intra_bandwidth"),
+    ("--inter-bandwidth", "inter_bandwidth"),
+    ("--intra-latency", "intra_latency"),
+    ("--inter-latency", "inter_latency"),
+)
+
+
 def cluster(args: argparse.Namespace, memory: float | None = None) -> Cluster:
-    """The cluster the cluster options describe."""
+    """The cluster the cluster options describe, with ``memory`` bytes per device (default: its
+    device's; infinite: no limit)."""
     if args.nodes is None:
         raise ArgumentError("--nodes is required")
-    bandwidths = [args.intra_bandwidth, args.inter_bandwidth]
     if args.cluster is None:
         if args.devices_per_node is None:
             raise ArgumentError("--devices-per-node is required (or a --cluster preset)")
-        defaults = Cluster(1, 1)
-        intra = defaults.intra_bandwidth if bandwidths[0] is None else bandwidths[0]
-        inter = defaults.inter_bandwidth if bandwidths[1] is None else bandwidths[1]
-        return Cluster(args.nodes, args.devices_per_node, intra, inter, memory)
-    if args.devices_per_node is not None or bandwidths != [None, None]:
+        return Cluster(
+            args.nodes,
+            args.devices_per_node,
+            args.intra_bandwidth,
+            args.inter_bandwidth,
+            memory,
+            intra_latency=args.intra_latency,
+            inter_latency=args.inter_latency,
+            replicas=args.replicas or "flat",
+            device=args.device or "v100",
+        )
+    given = [flag for flag, name in _CLUSTER_PARTS if getattr(args, name) is not None]
+    if given:
         raise ArgumentError(
-            "--cluster gives the devices per node and the bandwidths: leave out "
-            "--devices-per-node, --intra-bandwidth and --inter-bandwidth"
+            f"--cluster gives the devices, bandwidths and latencies: leave out {', '.join(given)}"
         )
     preset = Cluster.preset(args.cluster, args.nodes)
-    if memory is None:
+    if memory is None and args.replicas is None:
         return preset
-    return Cluster.hierarchy(preset.levels, device_memory=memory, replicas=preset.replicas)
+    return Cluster.hierarchy(
+        preset.levels,
+        memory if memory is not None else preset.device_memory or math.inf,
+        args.replicas or preset.replicas,
+        preset.device.name,
+    )
+
+
+def latency(what: str) -> Callable[[str], float]:
+    """An argument type: a finite number of seconds, not negative, ``what`` naming it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a finite number of seconds, not negative, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 _UNITS = {
@@ -134,8 +201,10 @@ _UNITS = {
 
 
 def memory_size(text: str) -> float:
-    """``"80GB"``, ``"16GiB"`` or ``"1.6e10"`` -> bytes."""
+    """``"80GB"``, ``"16GiB"`` or ``"1.6e10"`` -> bytes; ``"inf"`` -> no limit (infinity)."""
     t = text.strip().upper()
+    if t == "INF":
+        return math.inf
     number = t.rstrip("KMGTIB")
     unit = t[len(number) :]
     try:
@@ -244,6 +313,21 @@ def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
         help="shard parameters' gradients and optimizer state over their data-parallel "
         "devices (ZeRO: reduce_scatter + all_gather, less memory)",
     )
+    p.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default=None,
+        help="the optimizer whose fp32 state every parameter keeps: adam (2 moments, the "
+        "default), sgd (momentum) or none",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=integer,
+        default=None,
+        metavar="N",
+        help="activation checkpointing of every N-th layer (1: every layer): it keeps only its "
+        "output and runs its forward again in the backward",
+    )
 
 
 def check_one_model(args: argparse.Namespace) -> None:
@@ -267,14 +351,20 @@ _PLAN_HOLDS = (
     ("--nodes", "nodes"),
     ("--devices-per-node", "devices_per_node"),
     ("--cluster", "cluster"),
+    ("--device", "device"),
     ("--intra-bandwidth", "intra_bandwidth"),
     ("--inter-bandwidth", "inter_bandwidth"),
+    ("--intra-latency", "intra_latency"),
+    ("--inter-latency", "inter_latency"),
+    ("--replicas", "replicas"),
     ("--batch", "batch"),
     ("--memory", "memory"),
     ("--cost-model", "cost_model"),
     ("--step", "step"),
     ("--planner", "planner"),
     ("--zero", "zero"),
+    ("--optimizer", "optimizer"),
+    ("--checkpoint", "checkpoint"),
     ("--time-limit", "time_limit"),
 )
 
@@ -291,7 +381,13 @@ def refuse_for_saved_plan(args: argparse.Namespace) -> None:
 
 def pricing_of(args: argparse.Namespace, step: Step = "training") -> Pricing:
     """The pricing the options give (``step`` when ``--step`` is not given)."""
-    return Pricing(step=args.step or step, planner=args.planner or "paper", zero=args.zero)
+    return Pricing(
+        step=args.step or step,
+        planner=args.planner or "paper",
+        zero=args.zero,
+        optimizer=args.optimizer or "adam",
+        checkpoint=args.checkpoint or 0,
+    )
 
 
 def load_model(name: str, batch: int | None) -> Graph | Plan:

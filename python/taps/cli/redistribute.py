@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, Literal
 
 from rich.console import Console
 
 from taps._core import Layout, plan_redistribution
 from taps._support.outputs import Outputs
+from taps._support.quiet import note
 from taps.cli.args import add_cluster_args, cluster, ints, matrix_map, positive
 from taps.report.tables import layout_dict, layout_text, plan_table, redistribution_dict
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"wrote {args.json}", markup=False)
     if args.command == "plan":
         # Said once the work is done, so that an error stays one line.
-        sys.stderr.write("taps plan is now taps redistribute (the old name still works)\n")
+        note("taps plan is now taps redistribute (the old name still works)")
     return code
 
 

@@ -7,13 +7,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taps._support.outputs import Outputs
-from taps.reproduce import FILES, reproduce
+from taps._support.outputs import Outputs, output_directory
+from taps.reproduce import FILES, reproduce, write_files
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
-    with Outputs(args.json) as outputs:
-        rows, timing_rows = reproduce(args.out, args.quick, console)
+    # Every file of the run, the JSON too, is checked up front and written all or none: an
+    # interrupt or an error leaves the files of an earlier run as they were.
+    with output_directory(args.out), Outputs(*(args.out / n for n in FILES), args.json) as outputs:
+        rows, timing_rows = reproduce(args.quick, console)
+        write_files(rows, timing_rows, args.quick, {n: outputs[args.out / n] for n in FILES})
         if args.json:
             doc = {
                 "results": [r.csv_dict() for r in rows],
@@ -21,6 +24,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             }
             outputs[args.json].write_json(doc)
         outputs.commit()
+    console.print(f"wrote {', '.join(FILES)} into {args.out}", markup=False)
     if args.json:
         console.print(f"wrote {args.json}", markup=False)
 

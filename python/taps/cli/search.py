@@ -78,7 +78,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
             outputs[args.save].write_text(results[0].plan.to_json())
             output.append(f"wrote {args.save}")
         if args.plot:
-            plot_plan(results[0], outputs[args.plot].temp)
+            with outputs[args.plot].writing():
+                plot_plan(results[0], outputs[args.plot].temp)
             output.append(f"wrote {args.plot}")
         if export_path is not None:
             from taps.export import export
@@ -121,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--memory",
         type=memory_size,
         default=None,
-        help="device memory limit, e.g. 80GB or 16GiB (none)",
+        help="device memory limit, e.g. 80GB or 16GiB, or inf for none (the device's)",
     )
     p.add_argument(
         "--cost-model",

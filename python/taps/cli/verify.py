@@ -47,11 +47,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     if args.gspmd and args.engine != "xla":
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
-    if args.engine == "torch" and (args.step == "training" or args.zero):
-        raise VerifyError(
-            "the torch engine replays the paper's model (--step forward, no --zero): the "
-            "training step runs on --engine xla"
-        )
     # Checked (a temporary file made beside it) before the work, written after it.
     with Outputs(args.json) as outputs:
         module: object = None
@@ -67,7 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             refuse_for_saved_plan(args)
             plan = source  # run as it was saved: not searched again
         else:
-            pricing = pricing_of(args, "forward" if args.engine == "torch" else "training")
+            pricing = pricing_of(args, "training")
             plan = search(source, cluster(args), pricing).plan
         against = None
         if args.engine == "torch":
@@ -101,9 +96,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "unsharded run. Engines: xla (simulated XLA CPU devices; MODEL is one of "
         f"{', '.join(models.names())}, a graph JSON file, or --torch) and torch (DTensor on the "
         "fake process group at the full world size, and the numbers on a few gloo ranks; needs "
-        "--torch; the paper's model only). On XLA, --step training (the default) runs the whole "
-        "training step with taps' own forward and backward plans; --step forward the paper's "
-        "model, with JAX's own backward pass. Exit code 1 on any mismatch.",
+        "--torch). --step training (the default) runs the whole training step with taps' own "
+        "forward and backward plans; --step forward the paper's model, with the engine's own "
+        "backward pass. Exit code 1 on any mismatch.",
     )
     add_model_args(
         p,
@@ -112,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pip install 'taps[torch]'",
     )
     p.add_argument("--engine", default="xla", help=f"the engine: {' or '.join(ENGINES)} (xla)")
-    add_pricing_args(p, "training; forward for the torch engine")
+    add_pricing_args(p, "training")
     p.add_argument(
         "--gloo",
         type=integer,

@@ -39,6 +39,8 @@ from taps.export.dtensor import (
 from taps.graph import Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan
+from taps.search.evaluate import StepLayouts, step_layouts
+from taps.search.prices import Collective
 from taps.steps.torch import Steps
 
 #: How a module runs (see :func:`distribute_module`).
@@ -47,45 +49,86 @@ MODES = ("dtensor", "taps")
 
 @dataclass(frozen=True)
 class Replay:
-    """What running taps' plan exactly needs beyond the placements.
+    """What running taps' plan exactly needs beyond the placements: the plan as its pricing's
+    step runs it (:func:`taps.search.evaluate.step_layouts`).
 
     Attributes:
-        layouts: the plan's layouts.
+        layouts: the step's layouts (in the training step, forward plans from flowing partial
+            sums, on a mesh fitting the backward plans too).
         redistributions: taps' redistribution of each operator input slot ``(operator, slot)``.
+        backward: in the training step, the backward plan of each input slot's gradient (``None``
+            for no gradient); empty in the paper's model, where autograd takes the gradient back
+            through the forward steps.
         partial: per operator, the mesh axes its forward partial sum runs over (its local
             result is partial along them before the all_reduce).
+        flowing: per operator whose partial sums flow to its consumer (training step), the mesh
+            axes of its partial output (a bias is added on the first rank along them).
+        gradients: in the training step, taps' gradient collective of each input slot that reads
+            a parameter or an input (``(operator, slot)``).
         used: per operator, the mesh axes its strategy splits anything along: an input
-            replicated along one of them gets a partial gradient there.
+            replicated along one of them gets a partial gradient there (the paper's model).
     """
 
     layouts: PlanLayouts
     redistributions: dict[tuple[str, int], Redistribution]
+    backward: dict[tuple[str, int], Redistribution | None]
     partial: dict[str, tuple[str, ...]]
+    flowing: dict[str, tuple[str, ...]]
+    gradients: dict[tuple[str, int], Collective]
     used: dict[str, set[str]]
     steps: Steps
 
-    @classmethod
-    def of(cls, layouts: PlanLayouts, device_mesh: Any) -> Replay:
-        from taps.search.prices import intra_collectives
+    @property
+    def training(self) -> bool:
+        """Whether this replays the training step (taps' own backward plans)."""
+        return self.layouts.plan.pricing.step == "training"
 
+    @classmethod
+    def of(cls, step: StepLayouts, device_mesh: Any) -> Replay:
+        layouts = step.layouts
         mesh, graph = layouts.mesh, layouts.plan.graph
+        chosen = layouts.plan.candidates
         partial: dict[str, tuple[str, ...]] = {}
+        flowing: dict[str, tuple[str, ...]] = {}
+        gradients: dict[tuple[str, int], Collective] = {}
         used: dict[str, set[str]] = {}
         for op in graph.ops:
-            chosen = layouts.plan.candidates[op.name]
             partial[op.name] = next(
                 (
                     mesh.unused_axes(c.layout)
-                    for c in intra_collectives(graph, op, chosen)
+                    for c in step.intra[op.name]
                     if c.reason == "forward partial sum"
                 ),
                 (),
             )
+            if op.name in step.flows:
+                out = chosen[op.name].partial_output
+                flowing[op.name] = mesh.group_axes(out, out.partial) if out.partial else ()
+            grads = [c for c in step.intra[op.name] if c.reason == "gradient"]
+            for slot, o in enumerate(op.inputs):
+                c = next((c for c in grads if c.tensor == o.tensor), None)
+                if c is not None:
+                    grads.remove(c)
+                    gradients[(op.name, slot)] = c
             every = [*layouts.inputs[op.name], layouts.outputs[op.name]]
             used[op.name] = set().union(*(mesh.used_axes(lay) for lay in every))
             used[op.name].update(partial[op.name])
         plans = {(e.consumer, e.slot): r for e, r in layouts.redistributions}
-        return cls(layouts, plans, partial, used, Steps(mesh, device_mesh))
+        backward = {
+            (e.consumer, e.slot): b for (e, _), b in zip(layouts.redistributions, step.backward)
+        }
+        if layouts.plan.pricing.step != "training":
+            backward, gradients = {}, {}
+        return cls(
+            layouts,
+            plans,
+            backward,
+            partial,
+            flowing,
+            gradients,
+            used,
+            Steps(mesh, device_mesh),
+        )
 
 
 if TYPE_CHECKING:
@@ -244,11 +287,14 @@ class DistributedModule:
         self.replay = replay
         self.tracer = Tracer()
         self.leaves: dict[str, tuple[Any, Any]] = {}
+        unplaced = sorted(set(parameters) - set(chosen.tensors))
+        if unplaced:
+            raise ExportError(f"the plan places no parameter {unplaced[:5]} of the module")
+        #: Training-step replay: per parameter or input, each reader's block (a leaf of its own),
+        #: its placements and the reader's view of the whole (see :meth:`reader_block`).
+        self.readers: dict[str, list[tuple[Any, list[Any], tuple[int, ...]]]] = {}
         self.parameters = {
-            name: self.leaf(
-                name, p, chosen.tensors.get(name, (REPLICATE,) * len(chosen.mesh.shape))
-            )
-            for name, p in parameters.items()
+            name: self.leaf(name, p, chosen.tensors[name]) for name, p in parameters.items()
         }
 
     @property
@@ -284,9 +330,15 @@ class DistributedModule:
         engine then accumulates its gradient on the block, not on a DTensor (DTensor's
         propagation of that ``detach`` searches a space exponential in the mesh dims)."""
         dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+        if self.replay is not None and self.replay.training:
+            # Whole on every rank: each reader takes its block of it (reader_block).
+            texts = (REPLICATE,) * len(self.chosen.mesh.shape)
+            self.readers[name] = []
         made = dtensor.distribute_tensor(
             value.detach(), self.mesh, placement_objects(texts), src_data_rank=None
         )
+        if self.replay is not None and self.replay.training:
+            return made
         if self.replay is None or not value.requires_grad:
             return made.requires_grad_(value.requires_grad)
         local = made.to_local().requires_grad_(True)
@@ -300,9 +352,45 @@ class DistributedModule:
             stride=made.stride(),
         )
 
+    def reader_block(self, x: Any, name: str, placements: list[Any], grad: bool) -> Any:
+        """The block in ``placements`` of ``x``, a view of the parameter or input ``name``, which
+        the training-step replay holds whole on every rank: taken locally (no communication), a
+        leaf of its own when ``grad``, its gradient summed into ``name``'s by :meth:`grad`."""
+        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+        whole = x.to_local() if isinstance(x, dtensor.DTensor) else x
+        block = dtensor.distribute_tensor(
+            whole.detach(), self.mesh, placements, src_data_rank=None
+        ).to_local()
+        if grad:
+            block = block.detach().requires_grad_(True)
+            self.readers.setdefault(name, []).append((block, placements, tuple(whole.shape)))
+        return block
+
     def grad(self, name: str) -> Any:
         """The gradient of a parameter or input (by name) as a DTensor in its placements, or
-        ``None``."""
+        ``None`` (in the training-step replay, replicated: its readers' gradients summed)."""
+        if self.readers.get(name):
+            DTensor = require("torch.distributed.tensor", "torch", "grad").DTensor
+            total = None
+            for block, placements, shape in self.readers[name]:
+                if block.grad is None:
+                    continue
+                whole = DTensor.from_local(
+                    block.grad,
+                    self.mesh,
+                    placements,
+                    run_check=False,
+                    shape=shape,
+                    stride=_contiguous(shape),
+                ).full_tensor()
+                whole = whole.reshape(
+                    self.parameters[name].shape if name in self.parameters else whole.shape
+                )
+                total = whole if total is None else total + whole
+            if total is None:
+                return None
+            replicate = placement_objects((REPLICATE,) * len(self.chosen.mesh.shape))
+            return DTensor.from_local(total, self.mesh, replicate, run_check=False)
         if name in self.leaves:
             local, made = self.leaves[name]
             if local.grad is None:
@@ -327,8 +415,8 @@ class DistributedModule:
         args = []
         for spec in sig.input_specs:
             kind, target = spec.kind.name, spec.target
-            if kind == "PARAMETER":
-                args.append(self.parameters[target])
+            if kind == "PARAMETER":  # a tied weight's other keys read the one parameter
+                args.append(self.parameters[self.conversion.aliases.get(target, target)])
             elif kind == "USER_INPUT":
                 x = next(users)
                 if isinstance(x, torch.Tensor) and not isinstance(x, dtensor.DTensor):
@@ -475,6 +563,8 @@ class _Interpreter:
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         packet = getattr(target, "_overloadpacket", None)
+        if packet_name(target).startswith("_assert"):
+            return None  # export's checks of shapes, dtypes and devices: nothing to compute
         if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
             out = self.view(args[0], args[1])
             if out is not None:
@@ -547,7 +637,15 @@ class _Interpreter:
                 else:
                     x = self._to(x, dist.layout_placements(first, link))
                     local = self.local_of(x).permute([link.perm.index(g) for g in range(rank)])
-                local = replay.steps.walk(local, plan)
+                if replay.training:
+                    local = replay.steps.edge(
+                        local,
+                        plan,
+                        replay.backward.get((link.op, link.slot)),
+                        lambda: dist.tracer.scope("edge", link.op, link.slot),
+                    )
+                else:
+                    local = replay.steps.walk(local, plan)
                 shape = _shard_shape(
                     framework_placements(
                         layout_placements(mesh, ours),
@@ -560,14 +658,59 @@ class _Interpreter:
                     link.graph_shape,
                 )
                 local = local.reshape(shape).permute(list(link.perm))
+            elif replay.training:
+                # A parameter or input: each reader takes its block of the whole (no edge).
+                graph = dist.graph
+                root = graph.root(graph.op(link.op).inputs[link.slot].tensor)
+                local = dist.reader_block(
+                    x.whole() if isinstance(x, _Pending) else x,
+                    root.name,
+                    dist.layout_placements(ours, link),
+                    root.name in dist.readers and root.requires_grad,
+                )
             else:
                 # A parameter or input read here in another layout than at its first reader:
                 # taps places it for each reader (no edge); the move has a scope of its own.
                 with dist.tracer.scope("leaf", link.op, link.slot):
                     local = self.local_of(self._to(x, dist.layout_placements(ours, link)))
+        if replay.training:
+            c = replay.gradients.get((link.op, link.slot))
+            if c is None:
+                return local
+            return replay.steps.gradient_sync(
+                local,
+                mesh.unused_axes(c.layout),
+                c.zero,
+                lambda: dist.tracer.scope("op", link.op, None),
+            )
         with dist.tracer.scope("op", link.op, None):
             lacks = replay.used[link.op] - mesh.used_axes(ours)
             return replay.steps.sum_grad(local, _ordered(mesh.axis_names, lacks))
+
+    def _aligned(
+        self,
+        x: Any,
+        linked: dict[int, tuple[tuple[int, ...], list[Any]]],
+        shape: tuple[int, ...],
+        placements: list[Any],
+    ) -> Any:
+        """A whole tensor the operator reads beside its graph operands (a buffer, a constant
+        table) as the rank's block of it: in the placements of a linked input of its shape
+        (BatchNorm's running statistics, shaped as its weight), else cut where it broadcasts
+        against a split dim of the output (rotary tables, masks)."""
+        dtensor, mesh = self.dtensor, self.dist.mesh
+        same = next((p for s, p in linked.values() if s == tuple(x.shape)), None)
+        if same is not None:
+            return dtensor.distribute_tensor(x.detach(), mesh, same, src_data_rank=None).to_local()
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
+        lead = len(shape) - x.dim()
+        for d in range(max(0, -lead), x.dim()):
+            o = d + lead
+            if x.shape[d] == shape[o] and sizes[o] != shape[o]:
+                x = x.narrow(d, offsets[o], sizes[o])
+        return x
 
     def local(self, node: Any, target: Any, leaves: list[Any], links: list[Link], out: Link) -> Any:
         """The node run on each rank's blocks, as taps' plan runs it (:class:`Replay`): every
@@ -578,23 +721,54 @@ class _Interpreter:
         replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None
         partial = replay.partial[out.op]
+        flowing = replay.flowing.get(out.op)
         bias = None
-        if partial and _is_linear(target) and len(leaves) >= 3 and leaves[2] is not None:
+        split = partial or flowing
+        if split and _has_bias(target) and len(leaves) >= 3 and leaves[2] is not None:
             bias, leaves = leaves[2], [*leaves[:2], None, *leaves[3:]]
-        local = []
+        val = node.meta["val"]
+        placements = (
+            dist.layout_placements(replay.layouts.plan.candidates[out.op].partial_output, out)
+            if flowing is not None
+            else dist.placements(dist.chosen.operators[out.op]["output"], out)
+        )
+        local: list[Any] = []
+        linked: dict[int, Any] = {}  # the global shapes and placements of the linked inputs
         for k, x in enumerate(leaves):
             link = next((li for li in links if li.slot is not None and li.arg == k), None)
             if link is not None and isinstance(x, (torch.Tensor, _Pending)):
                 local.append(self.local_input(x, link))
+                assert link.slot is not None
+                ours = replay.layouts.inputs[link.op][link.slot]
+                linked[k] = (tuple(x.shape), dist.layout_placements(ours, link))
             else:
                 x = x.whole() if isinstance(x, _Pending) else x
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
+        packet = packet_name(target)
+        for k, x in enumerate(local):
+            if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
+                local[k] = self._aligned(x, linked, tuple(val.shape), placements)
+            elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
+                local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
+        if packet == "expand":  # its sizes (flattened after the input) are the output's
+            shape = _local_shape(tuple(val.shape), dist.mesh, placements)
+            for i, size in enumerate(shape):
+                local[1 + i] = -1 if local[1 + i] == -1 else size
+        share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
             result = target(*tree[:n], **dict(zip(node.kwargs, tree[n:])))
+            if packet == "mean":
+                result = result * share
             result = replay.steps.sum(result, partial)
-            if bias is not None:
+            if bias is not None and replay.training:
+                link = next(li for li in links if li.slot is not None and li.arg == 2)
+                b = self.local_input(bias, link)
+                if packet == "convolution":  # a bias per channel
+                    b = b.reshape(-1, *([1] * (result.dim() - 2)))
+                result = replay.steps.add_once(result, b, flowing or ())
+            elif bias is not None:
                 link = next(li for li in links if li.slot is not None and li.arg == 2)
                 layout = replay.layouts.outputs[out.op]
                 used = {a for axes in mesh.dim_axes(layout) for a in axes}
@@ -603,16 +777,30 @@ class _Interpreter:
                 b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
-            val = node.meta["val"]
             made = DTensor.from_local(
                 result,
                 dist.mesh,
-                dist.placements(dist.chosen.operators[out.op]["output"], out),
+                placements,
                 run_check=False,
                 shape=tuple(val.shape),
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+def _mean_share(node: Any, whole: Any, block: Any) -> float:
+    """The share of a mean's elements a rank's block holds: the local mean over a split dim,
+    scaled by it, sums over the ranks to the mean (torch divides by the local count)."""
+    rank = len(whole.shape)
+    dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else range(rank)
+    dims = [int(d) % rank for d in dims]
+    return math.prod(block.shape[d] for d in dims) / math.prod(whole.shape[d] for d in dims)
+
+
+def _local_shape(shape: tuple[int, ...], mesh: Any, placements: list[Any]) -> list[int]:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return list(compute_local_shape_and_global_offset(shape, mesh, placements)[0])
 
 
 def _ordered(names: Sequence[str], chosen: set[str]) -> tuple[str, ...]:
@@ -624,8 +812,10 @@ def packet_name(target: Any) -> str:
     return str(getattr(getattr(target, "_overloadpacket", None), "__name__", ""))
 
 
-def _is_linear(target: Any) -> bool:
-    return getattr(target, "_overloadpacket", None) is _torch().ops.aten.linear
+def _has_bias(target: Any) -> bool:
+    """Whether ``target`` takes a bias as its third argument, added after its contraction."""
+    aten = _torch().ops.aten
+    return getattr(target, "_overloadpacket", None) in (aten.linear, aten.convolution)
 
 
 def distribute_module(
@@ -663,7 +853,12 @@ def distribute_module(
             f"distribute_module: plan must be a taps.Plan or a DTensorPlacements, got "
             f"{type(plan).__name__}"
         )
-    layouts = layouts_of(plan) if isinstance(plan, Plan) else None
+    # The replay runs the plan as its step runs (the training step's mesh fits its backward
+    # plans too); the placements are on that mesh.
+    step = step_layouts(plan) if mode == "taps" and isinstance(plan, Plan) else None
+    layouts = (
+        step.layouts if step is not None else layouts_of(plan) if isinstance(plan, Plan) else None
+    )
     if mode == "taps" and layouts is None:
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
     placements = DTensorPlacements.from_layouts(layouts) if layouts is not None else plan
@@ -705,7 +900,7 @@ def distribute_module(
         for spec in program.graph_signature.input_specs
         if spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")
     }
-    replay = Replay.of(layouts, mesh) if mode == "taps" and layouts is not None else None
+    replay = Replay.of(step, mesh) if step is not None else None
     return DistributedModule(program, conversion, placements, mesh, parameters, buffers, replay)
 
 

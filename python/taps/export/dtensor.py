@@ -19,6 +19,7 @@ from taps._core import Layout
 from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.document import to_text
+from taps.export.roots import root_layouts
 from taps.plan.layouts import PlanLayouts
 from taps.plan.mesh import Mesh
 
@@ -62,8 +63,9 @@ class DTensorPlacements:
     Attributes:
         mesh: the mesh; ``mesh.shape`` is the ``init_device_mesh`` shape and ``mesh.axis_names``
             its ``mesh_dim_names`` (ranks in order: rank ``r`` is position ``r`` of the mesh).
-        tensors: placements per graph tensor (parameters and inputs at their first reader,
-            activations as produced, views at their first reader).
+        tensors: placements per graph tensor (parameters and inputs at their first reader, or
+            its view's layout carried back to them, activations as produced, views at their first
+            reader).
         operators: per operator, ``{"inputs": [placements per slot], "output": placements}``.
     """
 
@@ -76,7 +78,7 @@ class DTensorPlacements:
         mesh = layouts.mesh
         return cls(
             mesh,
-            {name: layout_placements(mesh, lay) for name, lay in layouts.tensors.items()},
+            {name: layout_placements(mesh, lay) for name, lay in root_layouts(layouts).items()},
             {
                 op.name: {
                     "inputs": [layout_placements(mesh, lay) for lay in layouts.inputs[op.name]],

@@ -13,6 +13,7 @@ from taps._core import Layout
 from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.document import to_text
+from taps.export.roots import root_layouts
 from taps.plan.layouts import PlanLayouts
 from taps.plan.mesh import Mesh
 
@@ -83,7 +84,7 @@ class JaxShardings:
     @classmethod
     def from_layouts(cls, layouts: PlanLayouts) -> JaxShardings:
         mesh = layouts.mesh
-        tensors = {name: layout_spec(mesh, lay) for name, lay in layouts.tensors.items()}
+        tensors = {name: layout_spec(mesh, lay) for name, lay in root_layouts(layouts).items()}
         operators = {
             op.name: {
                 "inputs": [layout_spec(mesh, lay) for lay in layouts.inputs[op.name]],

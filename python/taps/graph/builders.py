@@ -93,9 +93,11 @@ class Graph(GraphIR):
         *tensors: Tensor | str,
         partitionable: Iterable[str] | None = None,
         kind: str = "einsum",
+        saved: str = "output",
     ) -> Tensor:
         """An operator from an explicit einsum spec such as ``"bi,io->bo"``; each letter is an
-        axis, and every output letter must appear in an input."""
+        axis, and every output letter must appear in an input. ``saved``: what the backward keeps
+        of the output (:attr:`taps.graph.Operator.saved`)."""
         lhs, arrow, rhs = spec.replace(" ", "").partition("->")
         subscripts = lhs.split(",") if lhs else []
         if not arrow or not all(s.isalpha() for s in [*subscripts, rhs] if s):
@@ -111,6 +113,7 @@ class Graph(GraphIR):
             [(t, tuple(s)) for t, s in zip(tensors, subscripts)],
             tuple(rhs),
             partitionable,
+            saved=saved,
         )
 
     @_atomic
@@ -309,15 +312,21 @@ class Graph(GraphIR):
             partitionable=dims[:-1],
         )
 
-    def softmax(self, name: str, x: Tensor | str, axis: int = -1) -> Tensor:
-        """Softmax along ``axis`` (kept whole)."""
+    def softmax(self, name: str, x: Tensor | str, axis: int = -1, saved: str = "output") -> Tensor:
+        """Softmax along ``axis`` (kept whole); ``saved`` as :meth:`einsum`'s (``"rows"``: the
+        logsumexp of fused attention)."""
         x = self.tensor(x)
         dims = _dim_names(len(x.shape))
         if not isinstance(axis, int) or not -len(dims) <= axis < len(dims):
             raise GraphError(f"operator {name!r}: axis {axis} out of range for {list(x.shape)}")
         whole = dims[axis]
         return self.add_operator(
-            name, "softmax", [(x, dims)], dims, partitionable=[d for d in dims if d != whole]
+            name,
+            "softmax",
+            [(x, dims)],
+            dims,
+            partitionable=[d for d in dims if d != whole],
+            saved=saved,
         )
 
     @_atomic

@@ -6,12 +6,15 @@ use only what is public here."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from taps._core import GraphError
 from taps.graph.records import (
+    SAVED,
+    SHARE,
     Edge,
     Operand,
     Operator,
@@ -39,13 +42,14 @@ class GraphIR:
         self.tensors: dict[str, Tensor] = {}
         self._ops: dict[str, Operator] = {}
         self._tied: list[tuple[tuple[str, ...], ...]] = []
+        self._stacks: dict[str, tuple[tuple[str, ...], int]] = {}
 
     # -- building ---------------------------------------------------------------------------
 
     def _new_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise GraphError(f"names must be non-empty strings, got {name!r}")
-        if name in self.tensors or name in self._ops:
+        if name in self.tensors or name in self._ops or name in self._stacks:
             raise GraphError(f"name {name!r} is already used in graph {self.name!r}")
 
     def tensor(self, t: Tensor | str) -> Tensor:
@@ -93,6 +97,7 @@ class GraphIR:
         dtype_bytes: int | None = None,
         axis_order: Sequence[str] | None = None,
         addends: Sequence[tuple[Tensor | str, Sequence[str]]] = (),
+        saved: str = "output",
     ) -> Tensor:
         """The one path every operator takes.
 
@@ -103,13 +108,18 @@ class GraphIR:
         output axes that no input has (it may repeat others, which must agree). ``dtype_bytes``
         defaults to that of the first input. ``axis_order`` lists every axis in the order the
         operator keeps them (default: first appearance in the inputs, then output-only axes).
-        Returns the output activation, named ``name + ".out"``.
+        ``saved`` is what the backward keeps of the output (:attr:`Operator.saved`). Returns the
+        output activation, named ``name + ".out"``.
         """
         self._new_name(name)
         out_name = f"{name}.out"
         self._new_name(out_name)
         if not isinstance(kind, str) or not kind:
             raise GraphError(f"operator {name!r}: kind must be a non-empty string, got {kind!r}")
+        if saved not in SAVED:
+            raise GraphError(
+                f"operator {name!r}: saved must be one of {', '.join(SAVED)}, got {saved!r}"
+            )
         if not inputs:
             raise GraphError(f"operator {name!r}: needs at least one input")
         sizes: dict[str, int] = {}
@@ -183,6 +193,7 @@ class GraphIR:
             part,
             tuple(operands),
             Operand(out_name, output_dims),
+            saved,
         )
         self._ops[name] = op
         return self._add_tensor(
@@ -212,14 +223,66 @@ class GraphIR:
 
     view = reshape
 
+    def share_parameters(self) -> list[str]:
+        """Make every parameter read more than once (a weight tied to two layers, a module
+        called twice) one parameter read once: a ``share`` operator (kind :data:`SHARE`, named
+        ``param + ".share"``) reads it and every use reads the operator's output, directly or
+        through the same views as before. The parameter is then held, counted in memory and its
+        gradient reduced once, at that operator; each use's gradient comes back to it on its
+        edge (redistributed from the use's layout and summed there), and each use gets the weight
+        in its layout on the same edge forward. Returns the new operators' names, in order; call
+        it before :meth:`tie`."""
+        if self._tied:
+            raise GraphError("share_parameters: call it before declaring ties")
+        uses: dict[str, list[tuple[str, int]]] = {}
+        for op in self._ops.values():
+            for slot, o in enumerate(op.inputs):
+                root = self.root(o.tensor)
+                if root.kind == "parameter":
+                    uses.setdefault(root.name, []).append((op.name, slot))
+        shared = [p for p, u in uses.items() if len(u) > 1]
+        if not shared:
+            return []
+        for p in shared:  # checked before anything changes
+            self._new_name(f"{p}.share")
+            self._new_name(f"{p}.share.out")
+        made = []
+        before: dict[str, list[str]] = {}  # first reader -> the share operators to put before it
+        for p in shared:
+            t = self.tensors[p]
+            axes = [f"p{i}" for i in range(len(t.shape))]
+            out = self.add_operator(f"{p}.share", SHARE, [(p, axes)], axes).name
+            made.append(f"{p}.share")
+            before.setdefault(uses[p][0][0], []).append(f"{p}.share")
+            for name, v in list(self.tensors.items()):
+                if v.kind == "view" and v.base == p:
+                    self.tensors[name] = dataclasses.replace(v, base=out)
+            for op_name, slot in uses[p]:
+                op = self._ops[op_name]
+                if op.inputs[slot].tensor == p:
+                    inputs = list(op.inputs)
+                    inputs[slot] = dataclasses.replace(inputs[slot], tensor=out)
+                    self._ops[op_name] = dataclasses.replace(op, inputs=tuple(inputs))
+        order = [name for name in self._ops if name not in made]
+        ops = dict(self._ops)
+        self._ops = {}
+        for name in order:
+            for s in before.get(name, ()):
+                self._ops[s] = ops[s]
+            self._ops[name] = ops[name]
+        return made
+
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         """Undo every tensor and operator added inside the block if it raises
         :class:`GraphError`, so a builder that fails half-way leaves the graph as it was."""
         tensors, ops, tied = len(self.tensors), len(self._ops), len(self._tied)
+        stacks = len(self._stacks)
         try:
             yield
         except GraphError:
+            for name in list(self._stacks)[stacks:]:
+                del self._stacks[name]
             for name in list(self.tensors)[tensors:]:
                 del self.tensors[name]
             for name in list(self._ops)[ops:]:
@@ -258,10 +321,53 @@ class GraphIR:
                     )
         self._tied.append(tuple(groups))
 
+    def stack(self, name: str, pieces: Sequence[str], axis: int = 0) -> None:
+        """Declare ``name`` the framework's array (a JAX pytree leaf) whose slices along ``axis``
+        are the parameters or inputs ``pieces`` (or stacks declared before), in index order: a
+        ``scan`` over stacked layers reads each layer's slice as a tensor of its own, and the
+        exports place the stack as its first slice is placed, whole along ``axis``. A name, not a
+        tensor: nothing reads it."""
+        if not isinstance(name, str) or not name or name in self._stacks:
+            raise GraphError(f"stack: {name!r} is empty or already a stack")
+        self._new_name(name)
+        pieces = tuple(pieces)
+        if not pieces:
+            raise GraphError(f"stack {name!r}: needs at least one piece")
+        shapes = set()
+        for piece in pieces:
+            if piece in self._stacks:
+                shapes.add(self.stack_shape(piece))
+            elif self.tensor(piece).kind in ("parameter", "input"):
+                shapes.add(self.tensors[piece].shape)
+            else:
+                raise GraphError(f"stack {name!r}: {piece!r} is no parameter, input or stack")
+        if len(shapes) != 1:
+            raise GraphError(f"stack {name!r}: its pieces have shapes {sorted(shapes)}")
+        (shape,) = shapes
+        if not isinstance(axis, int) or not 0 <= axis <= len(shape):
+            raise GraphError(f"stack {name!r}: axis {axis!r} is not in 0..{len(shape)}")
+        self._stacks[name] = (pieces, axis)
+
+    @property
+    def stacks(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """The stacks declared with :meth:`stack`: name -> (pieces, axis)."""
+        return dict(self._stacks)
+
+    def stack_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a stack: its pieces' with their count inserted at its axis."""
+        pieces, axis = self._stacks[name]
+        first = pieces[0]
+        shape = list(
+            self.stack_shape(first) if first in self._stacks else self.tensors[first].shape
+        )
+        shape.insert(axis, len(pieces))
+        return tuple(shape)
+
     def signature(self, op_name: str) -> tuple[Any, ...]:
         """Everything about an operator but its name and kind: its axes with their sizes, its
         partitionable axes, and per operand its dims, whether it is a parameter, whether it needs
-        a gradient, its element size, and per input whether it is an addend. Operators of one
+        a gradient, its element size, and per input whether it is an addend; and what its backward
+        keeps of its output (:attr:`Operator.saved`). Operators of one
         signature have the same candidates, costs and memory (the search shares their tables)."""
         op = self.op(op_name)
 
@@ -275,6 +381,7 @@ class GraphIR:
             op.partitionable,
             tuple((*operand(o), o.addend) for o in op.inputs),
             operand(op.output),
+            op.saved,
         )
 
     @property
@@ -330,12 +437,20 @@ class GraphIR:
         if not isinstance(other, GraphIR):
             return NotImplemented
         # The order of operators is part of the graph; that of tensors is not.
-        return (self.name, self.layers, self.tensors, list(self._ops.items()), self._tied) == (
+        return (
+            self.name,
+            self.layers,
+            self.tensors,
+            list(self._ops.items()),
+            self._tied,
+            self._stacks,
+        ) == (
             other.name,
             other.layers,
             other.tensors,
             list(other._ops.items()),
             other._tied,
+            other._stacks,
         )
 
     def __repr__(self) -> str:

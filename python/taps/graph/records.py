@@ -12,6 +12,12 @@ from typing import Any
 from taps._core import GraphError
 
 TENSOR_KINDS = ("input", "parameter", "activation", "view")
+#: The kind of the operator through which every use reads a parameter used more than once
+#: (:meth:`taps.graph.ir.GraphIR.share_parameters`).
+SHARE = "share"
+
+#: What an operator's backward keeps of its output (:attr:`Operator.saved`).
+SAVED = ("output", "rows", "none")
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,11 @@ class Operator:
         partitionable: the axes a strategy may split, in ``axes`` order; the others stay whole.
         inputs: the input operands, in slot order.
         output: the output operand; its tensor is the activation named ``name + ".out"``.
+        saved: what the training step keeps of the output for the backward (device memory):
+            ``"output"`` the whole output (the default: an engine saves every activation some
+            backward reads); ``"rows"`` one fp32 number per row of it (over every output dim but
+            the last: fused attention's softmax keeps its logsumexp); ``"none"`` nothing (fused
+            attention's scores, recomputed in the backward).
     """
 
     name: str
@@ -84,6 +95,7 @@ class Operator:
     partitionable: tuple[str, ...]
     inputs: tuple[Operand, ...]
     output: Operand
+    saved: str = "output"
 
     def axis_size(self, axis: str) -> int:
         return self.axis_sizes[self.axes.index(axis)]

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from taps._core import GraphError
 from taps.graph.ir import GraphIR
-from taps.graph.records import is_positive_int
+from taps.graph.records import SAVED, is_positive_int
 
 #: The graph class a document is read into (:class:`taps.Graph`).
 G = TypeVar("G", bound=GraphIR)
@@ -56,6 +56,8 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
                 "output": {
                     "dims": list(op.output.dims),
                     "dtype_bytes": g.tensors[op.output.tensor].dtype_bytes,
+                    # Written only when not the default, so older files read the same.
+                    **({"saved": op.saved} if op.saved != "output" else {}),
                 },
             }
         )
@@ -69,6 +71,11 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
     }
     if g.tied:
         doc["tied"] = [[list(inst) for inst in group] for group in g.tied]
+    if g.stacks:
+        doc["stacks"] = [
+            {"name": name, "pieces": list(pieces), "axis": axis}
+            for name, (pieces, axis) in g.stacks.items()
+        ]
     return doc
 
 
@@ -78,7 +85,7 @@ def to_json(g: GraphIR) -> str:
     lines = ["{"]
     for key in ("format", "version", "name", "layers"):
         lines.append(f"  {json.dumps(key)}: {json.dumps(doc[key])},")
-    keys = [k for k in ("tensors", "ops", "tied") if k in doc]
+    keys = [k for k in ("tensors", "ops", "tied", "stacks") if k in doc]
     for key in keys:
         items = [f"    {json.dumps(item)}" for item in doc[key]]
         body = "[\n" + ",\n".join(items) + "\n  ]" if items else "[]"
@@ -101,7 +108,7 @@ def from_json(text: str | bytes, cls: type[G]) -> G:
 
 def from_dict(data: Any, cls: type[G]) -> G:
     """Read the document :func:`to_dict` makes; see :func:`from_json`."""
-    _fields(data, "", {"format", "version", "name", "layers", "tensors", "ops", "tied"})
+    _fields(data, "", {"format", "version", "name", "layers", "tensors", "ops", "tied", "stacks"})
     fmt, version = _get(data, "", "format", str), _get(data, "", "version", int)
     if fmt != FORMAT:
         raise GraphError(f"format: expected {FORMAT!r}, got {fmt!r}")
@@ -127,6 +134,15 @@ def from_dict(data: Any, cls: type[G]) -> G:
                 raise GraphError(f"tied[{i}]: expected a list of lists of operator names")
             with _At(f"tied[{i}]"):
                 g.tie(group)
+    for i, stack in enumerate(_get(data, "", "stacks", list) if "stacks" in data else []):
+        path = f"stacks[{i}]"
+        _fields(stack, path, {"name", "pieces", "axis"})
+        with _At(path):
+            g.stack(
+                _get(stack, path, "name", str),
+                _list_of(stack, path, "pieces", str),
+                _get(stack, path, "axis", int),
+            )
     return g
 
 
@@ -307,9 +323,12 @@ def _read_op(op: Any, path: str) -> _Pending:
         pair = (_get(operand, p, "tensor", str), _list_of(operand, p, "dims", str))
         (addends if addend else inputs).append(pair)
     out = _get(op, path, "output", dict)
-    _fields(out, f"{path}.output", {"dims", "dtype_bytes"})
+    _fields(out, f"{path}.output", {"dims", "dtype_bytes", "saved"})
     out_dims = _list_of(out, f"{path}.output", "dims", str)
     dtype = _get(out, f"{path}.output", "dtype_bytes", int)
+    saved = _get(out, f"{path}.output", "saved", str) if "saved" in out else "output"
+    if saved not in SAVED:
+        raise GraphError(f"{path}.output.saved: expected one of {', '.join(SAVED)}, got {saved!r}")
 
     def add(g: GraphIR) -> None:
         for field, dims in [
@@ -321,7 +340,16 @@ def _read_op(op: Any, path: str) -> _Pending:
                     raise GraphError(f"{path}.{field}: axis {d!r} is not in axes")
         # The file's axis order is the operator's: keep it rather than the inferred one.
         g.add_operator(
-            name, kind, inputs, out_dims, part, sizes, dtype, list(sizes), addends=addends
+            name,
+            kind,
+            inputs,
+            out_dims,
+            part,
+            sizes,
+            dtype,
+            list(sizes),
+            addends=addends,
+            saved=saved,
         )
 
     uses = tuple((f"inputs[{j}].tensor", t) for j, (t, _) in enumerate([*inputs, *addends]))

@@ -8,11 +8,11 @@ every tensor's layout under a plan, and :mod:`.mesh` the coarsest device mesh th
 """
 
 from taps.plan.plan import FORMAT, VERSION, Plan, is_saved_plan
-from taps.plan.pricing import BYTES_PER_PARAMETER, STEPS, Pricing
+from taps.plan.pricing import OPTIMIZERS, STEPS, Pricing
 
 __all__ = [
-    "BYTES_PER_PARAMETER",
     "FORMAT",
+    "OPTIMIZERS",
     "STEPS",
     "VERSION",
     "Plan",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,7 +29,7 @@ from taps.plan.pricing import Pricing
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +40,8 @@ class Plan:
         graph: the model's graph.
         cluster: the cluster the strategies place the operators on.
         strategies: operator name -> its strategy, in the graph's operator order (read-only).
-        pricing: how the plan is priced (cost model, step, planner, ZeRO, bytes per parameter).
+        pricing: how the plan is priced (cost model, step, planner, ZeRO, what training keeps
+            per parameter).
     """
 
     graph: Graph
@@ -161,8 +163,10 @@ class Plan:
             )
         except PlanFileError:
             raise
-        except (TapsError, KeyError, TypeError) as e:
-            detail = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        except (TapsError, KeyError, TypeError, ValueError, OverflowError) as e:
+            # ValueError and OverflowError: the core's conversions of a malformed or too large
+            # value (a level that is not three numbers, a size beyond 64 bits).
+            detail = f"missing key {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
             raise PlanFileError(f"the saved plan does not hold together: {detail}") from None
 
     @classmethod
@@ -228,8 +232,10 @@ def _digest(graph: Any) -> str:
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    """The cluster as JSON: ``device_memory`` null is no limit (JSON has no infinity)."""
     return {
         "levels": [list(level) for level in cluster.levels],
+        "device": cluster.device.name,
         "device_memory": cluster.device_memory,
         "replicas": cluster.replicas,
     }
@@ -238,7 +244,10 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
 def _cluster_of(data: Any) -> Cluster:
     data = _object(data, "cluster")
     levels = [tuple(level) for level in data["levels"]]
-    return Cluster.hierarchy(levels, data["device_memory"], data["replicas"])
+    memory = data["device_memory"]
+    return Cluster.hierarchy(
+        levels, math.inf if memory is None else memory, data["replicas"], data["device"]
+    )
 
 
 def _checked(

@@ -1,6 +1,7 @@
-"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO and the bytes a
-parameter takes. Every function that prices a plan reads these choices from one :class:`Pricing`
-(docs/search.md)."""
+"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO, whether
+compute is counted, and what training keeps per parameter (weight, gradient, master copy,
+optimizer state) and reduces its gradients in. Every function that prices a plan reads these
+choices from one :class:`Pricing` (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from taps._core import COST_MODELS, PLANNERS
-from taps._support.arguments import number
-from taps.errors import LayoutError, TopologyError
+from taps.errors import ArgumentError, LayoutError, TopologyError
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -20,9 +20,16 @@ if TYPE_CHECKING:
 STEPS = ("training", "forward")
 Step = Literal["training", "forward"]
 
-#: Bytes of device memory per parameter: fp16 weight and gradient, fp32 master weight and the two
-#: Adam moments (mixed-precision Adam).
-BYTES_PER_PARAMETER = 16
+#: The optimizers and how many fp32 numbers each keeps per parameter element: Adam its two
+#: moments, SGD with momentum one, none (plain SGD, or no training state at all) nothing.
+OPTIMIZERS = {"adam": 2, "sgd": 1, "none": 0}
+Optimizer = Literal["adam", "sgd", "none"]
+
+#: Bytes per element of a parameter's gradient, as training holds and reduces it: fp32, as
+#: mixed-precision training does (torch DDP under autocast keeps fp32 parameters and gradients,
+#: torchtitan's FSDP2 sets ``reduce_dtype=float32``, Megatron-LM accumulates ``main_grad`` in
+#: fp32, JAX keeps fp32 parameters and reduces their gradients so).
+GRADIENT_BYTES = 4
 
 
 def check_cost_model(cost_model: object) -> None:
@@ -58,22 +65,84 @@ class Pricing:
             ``"optimal"`` (the shortest plan within a search budget).
         zero: parameters' gradients and optimizer state sharded over their data-parallel devices
             (ZeRO: reduce_scatter and all_gather).
-        bytes_per_parameter: device memory per parameter (weight, gradient, optimizer state).
+        parameter_bytes: bytes per element of the weight a device keeps for the forward and
+            backward (None, the default: the graph's ``dtype_bytes`` of the parameter).
+        gradient_bytes: bytes per element of its gradient as it is held and reduced (4, the
+            default: fp32, :data:`GRADIENT_BYTES`; None: as the weight, the paper's model).
+        master_weights: an fp32 copy of every weight narrower than fp32, which the optimizer
+            updates (mixed precision; the default).
+        optimizer: ``"adam"`` (two fp32 moments per element, the default), ``"sgd"`` (SGD with
+            momentum: one) or ``"none"``.
+        compute: whether each operator's compute (a roofline, forward and backward) is counted,
+            so that the objective is the step time; ``None`` (the default) counts it under the
+            topology model, never under the volume model (bytes have no compute).
+        checkpoint: activation checkpointing of every ``checkpoint``-th layer (the instances of
+            the graph's ties; 1: every layer, 0: none, the default): a checkpointed layer keeps
+            only what leaves it and runs its forward again in the backward
+            (:mod:`taps.search.checkpointing`).
+
+    The defaults on a bf16 or fp16 graph are mixed-precision Adam: 2 (weight) + 4 (fp32 gradient)
+    + 4 (master copy) + 8 (moments) = 18 bytes per parameter element (:meth:`parameter_memory`),
+    as Megatron-LM counts it; on an fp32 graph 4 + 4 + 8 = 16.
     """
 
     cost_model: CostModel = "topology"
     step: Step = "training"
     planner: Planner = "paper"
     zero: bool = False
-    bytes_per_parameter: float = BYTES_PER_PARAMETER
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = GRADIENT_BYTES
+    master_weights: bool = True
+    optimizer: Optimizer = "adam"
+    compute: bool | None = None
+    checkpoint: int = 0
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model)
         check_step(self.step)
         check_planner(self.planner)
-        if not isinstance(self.zero, bool):
-            raise TypeError(f"zero must be True or False, got {self.zero!r}")
-        number("Pricing", "bytes_per_parameter", self.bytes_per_parameter, positive=False)
+        for name in ("zero", "master_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("parameter_bytes", "gradient_bytes"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ArgumentError(
+                    f"Pricing: {name} must be a positive int (bytes per element) or None, "
+                    f"got {value!r}"
+                )
+        if not isinstance(self.checkpoint, int) or isinstance(self.checkpoint, bool):
+            raise TypeError(f"checkpoint must be an int, got {self.checkpoint!r}")
+        if self.checkpoint < 0:
+            raise ArgumentError(
+                f"Pricing: checkpoint must be 0 (none) or every how many layers, got "
+                f"{self.checkpoint}"
+            )
+        if self.compute not in (None, True, False):
+            raise TypeError(f"compute must be True, False or None, got {self.compute!r}")
+        if self.compute and self.cost_model == "volume":
+            raise TopologyError("the volume model prices bytes: it cannot count compute")
+        if self.optimizer not in OPTIMIZERS:
+            raise ArgumentError(
+                f"Pricing: unknown optimizer {self.optimizer!r}: expected one of "
+                f"{', '.join(OPTIMIZERS)}"
+            )
+
+    @property
+    def counts_compute(self) -> bool:
+        """Whether compute is counted: ``compute``, or by default under the topology model."""
+        return self.cost_model == "topology" if self.compute is None else self.compute
+
+    def parameter_memory(self, dtype_bytes: int) -> tuple[float, float]:
+        """Device memory per element of a parameter of ``dtype_bytes`` in the graph, as
+        ``(weight, rest)``: the weight every device computing with it holds, and the gradient,
+        master copy and optimizer state (what ZeRO shards over the data-parallel devices)."""
+        weight = self.parameter_bytes or dtype_bytes
+        gradient = self.gradient_bytes or weight
+        master = 4 if self.master_weights and weight < 4 else 0
+        return float(weight), float(gradient + master + 4 * OPTIMIZERS[self.optimizer])
 
     def to_dict(self) -> dict[str, Any]:
         """The choices as a JSON object."""

@@ -94,7 +94,10 @@ def plan_figure(source: Priced) -> Any:
     )
     cost_ax.legend(fontsize=7, loc="best")
     cost_ax.tick_params(labelsize=8)
-    total = f"{source.cost * scale:.4g} {unit}"
+    step = source.step
+    total = f"{step.communication * scale:.4g} {unit} communication"
+    if plan.pricing.counts_compute:
+        total = f"step {step.step_time * scale:.4g} {unit} ({total})"
     fig.suptitle(
         f"{plan.graph.name}: {plan.pricing.cost_model} plan on {cluster.nodes} x "
         f"{cluster.devices_per_node} devices, {total} per step",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taps.plan.plan import Plan
-from taps.search.evaluate import OpCost, breakdown
+from taps.search.evaluate import OpCost, StepTime, breakdown
 from taps.search.searching import SearchResult
 
 
@@ -17,6 +17,11 @@ class PricedPlan:
     plan: Plan
     breakdown: list[OpCost]
     cost: float
+
+    @property
+    def step(self) -> StepTime:
+        """The plan's step: compute, communication, exposed communication and step time."""
+        return StepTime.of(self.breakdown)
 
     @classmethod
     def of(cls, plan: Plan) -> PricedPlan:

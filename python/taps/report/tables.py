@@ -100,8 +100,17 @@ def strategy_table(source: Priced) -> Table:
     )
     for name in ("operator", "strategy", "device matrix"):
         table.add_column(name, no_wrap=True)
-    for name in ("collectives", "redistribution", "total"):
+    timed = plan.pricing.counts_compute
+    # With compute counted the step's columns: compute, exposed communication, step time.
+    extra = ("compute", "exposed", "step") if timed else ()
+    for name in ("collectives", "redistribution", *extra, "total"):
         table.add_column(name, justify="right", no_wrap=True)
+
+    def step_cells(compute: float, exposed: float) -> list[str]:
+        if not timed:
+            return []
+        return [format_seconds(compute), format_seconds(exposed), format_seconds(compute + exposed)]
+
     for row in rows:
         op = plan.graph.op(row.name)
         table.add_row(
@@ -110,10 +119,12 @@ def strategy_table(source: Priced) -> Table:
             str(row.strategy.device_matrix),
             format_cost(row.intra_cost, model),
             format_cost(row.incoming_cost, model),
+            *step_cells(row.compute, row.exposed),
             format_cost(row.total, model),
         )
     intra = sum(r.intra_cost for r in rows)
     incoming = sum(r.incoming_cost for r in rows)
+    step = source.step
     table.add_section()
     table.add_row(
         "total",
@@ -121,14 +132,21 @@ def strategy_table(source: Priced) -> Table:
         "",
         format_cost(intra, model),
         format_cost(incoming, model),
+        *step_cells(step.compute, step.exposed),
         format_cost(cost, model),
     )
     pricing = plan.pricing
-    step = "training step" if pricing.step == "training" else "forward step (the paper)"
+    kind = "training step" if pricing.step == "training" else "forward step (the paper)"
     table.caption = (
         "strategy: axis=degree@device dim (0 innermost); "
-        f"{step}, {pricing.planner} planner{', ZeRO' if pricing.zero else ''}"
+        f"{kind}, {pricing.planner} planner{', ZeRO' if pricing.zero else ''}"
     )
+    if timed:
+        table.caption += (
+            f"; step time {format_seconds(step.step_time)}: compute "
+            f"{format_seconds(step.compute)}, communication {format_seconds(step.communication)}"
+            f" of which {format_seconds(step.exposed)} exposed (total: what the search minimises)"
+        )
     if isinstance(source, SearchResult):
         table.caption += _search_caption(source)
     table.caption_justify = "left"
@@ -233,7 +251,9 @@ def comparison_table(comparison: Comparison) -> Table:
         format_bytes(vol.cost),
         f"{vol.timings['total']:.3f} s",
     )
-    table.caption = f"saving: {comparison.saving:.1f}% less communication time"
+    # With compute counted the topology model prices the step, else its communication.
+    what = "time per step" if topo.plan.pricing.counts_compute else "communication time"
+    table.caption = f"saving: {comparison.saving:.1f}% less {what}"
     table.caption_justify = "left"
     return table
 
@@ -285,11 +305,18 @@ def result_dict(source: Priced) -> dict[str, Any]:
                 "device_matrix": row.strategy.device_matrix,
                 "intra_cost": row.intra_cost,
                 "incoming_cost": row.incoming_cost,
+                "forward_compute": row.forward_compute,
+                "backward_compute": row.backward_compute,
+                "communication": row.communication,
+                "exposed": row.exposed,
+                "step_time": row.step_time,
+                "total": row.total,
                 "collectives": [
                     {
                         "tensor": c.tensor,
                         "reason": c.reason,
                         "kind": c.kind,
+                        "parameter": c.parameter,
                         "cost": cost,
                         "layout": {
                             "shape": c.layout.shape,
@@ -321,13 +348,20 @@ def result_dict(source: Priced) -> dict[str, Any]:
             "devices_per_node": c.devices_per_node,
             "intra_bandwidth": c.intra_bandwidth,
             "inter_bandwidth": c.inter_bandwidth,
+            "device": c.device.name,
             "device_memory": c.device_memory,
         },
         "cost_model": plan.pricing.cost_model,
         "step": plan.pricing.step,
         "planner": plan.pricing.planner,
         "zero": plan.pricing.zero,
+        "compute": plan.pricing.counts_compute,
+        "gradient_bytes": plan.pricing.gradient_bytes,
         "cost": cost,
+        "step_time": source.step.step_time,
+        "compute_time": source.step.compute,
+        "communication": source.step.communication,
+        "exposed": source.step.exposed,
         "operators": ops,
     }
     if not isinstance(source, SearchResult):

@@ -19,11 +19,11 @@ The package: :mod:`~taps.reproduce.cases` (what runs), :mod:`~taps.reproduce.run
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
 
 from rich.console import Console
 
-from taps._support.outputs import staged_directory
+from taps._support.outputs import OutputFile
 from taps.reproduce.cases import (
     DEVICES_PER_NODE,
     TOLERANCE,
@@ -62,25 +62,34 @@ __all__ = [
     "run_case",
     "time_search",
     "timing_cases",
+    "write_files",
 ]
 
 
-def reproduce(out: Path, quick: bool, console: Console) -> tuple[list[Row], list[TimingRow]]:
-    """Run the experiments and write :data:`FILES` into ``out`` (created if missing): all of them
-    once the run is done, or none (an error or Ctrl-C leaves the old files)."""
+def reproduce(quick: bool, console: Console) -> tuple[list[Row], list[TimingRow]]:
+    """Run the experiments (:func:`write_files` writes what they found)."""
     check_available()
-    with staged_directory(out) as stage:
-        rows, timing_rows = run(experiment_cases(quick), timing_cases(quick), console)
-        write_csv(stage / "results.csv", CSV_COLUMNS, (r.csv_dict() for r in rows))
+    rows, timing_rows = run(experiment_cases(quick), timing_cases(quick), console)
+    for line in headline(rows).lines():
+        console.print(line)
+    return rows, timing_rows
+
+
+def write_files(
+    rows: list[Row], timing_rows: list[TimingRow], quick: bool, files: Mapping[str, OutputFile]
+) -> None:
+    """Write each of :data:`FILES` into its output file (taps.cli.reproduce commits them with
+    the command's other outputs, all or none)."""
+    with files["results.csv"].writing():
+        write_csv(files["results.csv"].temp, CSV_COLUMNS, (r.csv_dict() for r in rows))
+    with files["search_times.csv"].writing():
         write_csv(
-            stage / "search_times.csv",
+            files["search_times.csv"].temp,
             timing_rows[0].csv_dict().keys() if timing_rows else (),
             (t.csv_dict() for t in timing_rows),
         )
-        (stage / "report.md").write_text(report(rows, timing_rows, quick), encoding="utf-8")
-        plot_comparison(rows, stage / "comparison.png")
-        plot_ratio(rows, stage / "ratio.png")
-    for line in headline(rows).lines():
-        console.print(line)
-    console.print(f"wrote {', '.join(FILES)} into {out}", markup=False)
-    return rows, timing_rows
+    files["report.md"].write_text(report(rows, timing_rows, quick))
+    with files["comparison.png"].writing():
+        plot_comparison(rows, files["comparison.png"].temp)
+    with files["ratio.png"].writing():
+        plot_ratio(rows, files["ratio.png"].temp)

@@ -3,14 +3,16 @@ devices per node, Megatron batch), and the rows of the search-time table."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from taps import models
 from taps._core import Cluster
 from taps.graph import Graph
 
-#: The paper's evaluation cluster: the Cluster defaults (60 and 6 GB/s), 8 devices per node.
-_PAPER = Cluster(1, 1)
+#: The paper's evaluation cluster: the dgx-v100 preset's bandwidths (60 and 6 GB/s), 8 devices per
+#: node.
+_PAPER = Cluster.preset("dgx-v100")
 INTRA_BANDWIDTH = _PAPER.intra_bandwidth
 INTER_BANDWIDTH = _PAPER.inter_bandwidth
 DEVICES_PER_NODE = 8
@@ -26,6 +28,27 @@ MEGATRON_BATCHES = (1, 4, 16)
 TOLERANCE = 1e-9
 
 
+def paper_cluster(
+    nodes: int,
+    devices_per_node: int = DEVICES_PER_NODE,
+    intra_bandwidth: float = INTRA_BANDWIDTH,
+    inter_bandwidth: float = INTER_BANDWIDTH,
+    device_memory: float = math.inf,
+) -> Cluster:
+    """A cluster as the paper models it: replicas sharing one transfer out of a node, no latency
+    and no memory limit (the paper's search has none), unlike a ``Cluster``'s defaults."""
+    return Cluster(
+        nodes,
+        devices_per_node,
+        intra_bandwidth,
+        inter_bandwidth,
+        device_memory,
+        intra_latency=0.0,
+        inter_latency=0.0,
+        replicas="shared",
+    )
+
+
 @dataclass(frozen=True)
 class Case:
     """One (model, topology) of an experiment; ``sweep`` names the experiment."""
@@ -39,7 +62,7 @@ class Case:
     inter_bandwidth: float = INTER_BANDWIDTH
 
     def cluster(self) -> Cluster:
-        return Cluster(
+        return paper_cluster(
             self.nodes, self.devices_per_node, self.intra_bandwidth, self.inter_bandwidth
         )
 

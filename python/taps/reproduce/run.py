@@ -3,6 +3,7 @@ times, with a progress bar."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -14,13 +15,7 @@ from taps import models
 from taps._core import Cluster
 from taps.graph import Graph
 from taps.plan.pricing import Pricing
-from taps.reproduce.cases import (
-    DEVICES_PER_NODE,
-    INTER_BANDWIDTH,
-    INTRA_BANDWIDTH,
-    Case,
-    TimingCase,
-)
+from taps.reproduce.cases import DEVICES_PER_NODE, Case, TimingCase, paper_cluster
 from taps.search.searching import STAGES, SearchResult, search
 from taps.search.tables import build_tables
 from taps.solve.pipeline import IlpOptions, solve
@@ -133,23 +128,23 @@ def _saving(cost: float, baseline: float) -> float:
 
 
 #: The paper's model: forward redistributions planned by Algorithm 1, gradients all_reduced at
-#: the operators, replicas sharing one transfer out of a node.
-PAPER_MODEL = Pricing(step="forward", planner="paper")
+#: the operators in the model's dtype, replicas sharing one transfer out of a node; communication
+#: only (no compute).
+PAPER_MODEL = Pricing(step="forward", planner="paper", compute=False, gradient_bytes=None)
 #: Closer to what engines run: the training step and (on the cluster) flat replicas. Algorithm 1
 #: plans the edges, as taps.search does by default: the optimal planner is tens of times slower
-#: (docs/search.md#speed).
-FULL_MODEL = Pricing(step="training", planner="paper")
+#: (docs/search.md#speed). Communication only, gradients in the model's dtype, as the column it
+#: is compared with.
+FULL_MODEL = Pricing(step="training", planner="paper", compute=False, gradient_bytes=None)
 
 
 def full_cluster(cluster: Cluster) -> Cluster:
     """``cluster`` with flat replicas (every copy sends its own transfer, as NCCL and XLA do)."""
-    return Cluster(
-        cluster.nodes,
-        cluster.devices_per_node,
-        cluster.intra_bandwidth,
-        cluster.inter_bandwidth,
-        cluster.device_memory,
-        replicas="flat",
+    return Cluster.hierarchy(
+        cluster.levels,
+        math.inf if cluster.device_memory is None else cluster.device_memory,
+        "flat",
+        cluster.device.name,
     )
 
 
@@ -246,7 +241,7 @@ def time_search(case: TimingCase, repeat: int = 3) -> TimingRow:
     """The median search of a case, and the median without the exact reductions."""
     batch = models.default_batch(case.model)
     graph = models.by_name(case.model, batch)
-    cluster = Cluster(case.nodes, DEVICES_PER_NODE, INTRA_BANDWIDTH, INTER_BANDWIDTH)
+    cluster = paper_cluster(case.nodes)
     result = median_search(graph, cluster, IlpOptions(), repeat)
     whole = median_search(graph, cluster, IlpOptions(reduce=False), repeat)
     return TimingRow(

@@ -12,7 +12,7 @@ reachable as the package's modules (as ``taps.verify``).
 import sys
 import types
 
-from taps.search.evaluate import Incoming, OpCost, breakdown, evaluate
+from taps.search.evaluate import Incoming, OpCost, StepTime, breakdown, evaluate, step_time
 from taps.search.searching import STAGES, Comparison, SearchResult, compare, search
 
 __all__ = [
@@ -21,10 +21,12 @@ __all__ = [
     "Incoming",
     "OpCost",
     "SearchResult",
+    "StepTime",
     "breakdown",
     "compare",
     "evaluate",
     "search",
+    "step_time",
 ]
 
 

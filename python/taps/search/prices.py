@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy
-from taps.graph import Graph, Operand, Operator
+from taps.graph import SHARE, Graph, Operand, Operator
 from taps.plan.candidates import Candidate, operand_axis_indices, operand_shape, split_dims
-from taps.plan.pricing import BYTES_PER_PARAMETER
+from taps.plan.pricing import Pricing
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -54,6 +54,9 @@ class Collective:
     #: A parameter's gradient under ZeRO (``zero=True``): a reduce_scatter over the group and an
     #: all_gather of the updated shards, the all_reduce's bytes over its group, priced as it.
     zero: bool = False
+    #: A parameter's gradient: reduced in the gradient dtype, in buckets alongside the backward
+    #: (docs/search.md#the-step-time).
+    parameter: bool = False
 
     def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
         return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
@@ -74,7 +77,8 @@ def reduced_operands(
       consumer (``flowing``, :func:`partial_flows`);
     - every input that needs a gradient; in the training step only those no operator produces
       (parameters and graph inputs: an activation's gradient goes back on its edge), and an
-      addend's gradient is summed over the output axes it lacks only (the others are kept apart).
+      addend's gradient is summed over the output axes it lacks only (the others are kept apart);
+      none of a ``share`` operator (its uses reduce the shared parameter's gradient).
 
     Each needs an all_reduce over the device dims its per-replica layout leaves unused, but for
     the axes kept apart (the replicas of a replicated operator see the same output gradient, so
@@ -84,7 +88,9 @@ def reduced_operands(
     if set(op.contracted) & set(op.partitionable) and not flowing:
         out.append((op.output, "forward partial sum", ()))
     for o in op.inputs:
-        if not graph.tensors[o.tensor].requires_grad:
+        # A shared parameter's gradient is reduced by its uses (on their edges in the training
+        # step, at them in the paper's model), which hand it back summed.
+        if not graph.tensors[o.tensor].requires_grad or op.kind == SHARE:
             continue
         apart: tuple[str, ...] = ()
         if step == "training":
@@ -111,22 +117,43 @@ def _reduction_layout(
     )
 
 
+def is_parameter_gradient(graph: Graph, reduced: tuple[Operand, str, tuple[str, ...]]) -> bool:
+    """Whether one of :func:`reduced_operands` is a parameter's gradient (of a view of one too)."""
+    operand, reason, _ = reduced
+    return reason == "gradient" and graph.root(operand.tensor).kind == "parameter"
+
+
+def reduced_dtype_bytes(
+    graph: Graph,
+    reduced: tuple[Operand, str, tuple[str, ...]],
+    gradient_bytes: int | None = None,
+) -> int:
+    """Bytes per element one of :func:`reduced_operands` is reduced in: a parameter's gradient in
+    ``gradient_bytes`` (None: the parameter's dtype), everything else in its own dtype."""
+    if gradient_bytes is not None and is_parameter_gradient(graph, reduced):
+        return gradient_bytes
+    return graph.tensors[reduced[0].tensor].dtype_bytes
+
+
 def collective_of(
     graph: Graph,
     op: Operator,
     strategy: Strategy,
     reduced: tuple[Operand, str, tuple[str, ...]],
     zero: bool = False,
+    gradient_bytes: int | None = None,
 ) -> Collective | None:
     """The all_reduce of one of :func:`reduced_operands` under ``strategy``, or None if its
-    layout leaves no device dim of the group unused."""
+    layout leaves no device dim of the group unused; a parameter's gradient is reduced in
+    ``gradient_bytes`` (None: the parameter's dtype)."""
     operand, reason, apart = reduced
     layout = _reduction_layout(op, operand, strategy, apart)
     if not _replicated(layout):
         return None
     t = graph.tensors[operand.tensor]
-    param = reason == "gradient" and graph.root(operand.tensor).kind == "parameter"
-    return Collective(t.name, reason, layout, t.dtype_bytes, zero=zero and param)
+    param = is_parameter_gradient(graph, reduced)
+    dtype = reduced_dtype_bytes(graph, reduced, gradient_bytes)
+    return Collective(t.name, reason, layout, dtype, zero=zero and param, parameter=param)
 
 
 def intra_collectives(
@@ -136,32 +163,40 @@ def intra_collectives(
     step: Step = "forward",
     flowing: bool = False,
     zero: bool = False,
+    gradient_bytes: int | None = None,
 ) -> list[Collective]:
     """The all_reduces a candidate of ``op`` needs (:func:`reduced_operands`), one per
     operand whose layout leaves a device dim of its group unused; with ``zero``, a parameter's
-    gradient is marked as ZeRO's reduce_scatter and all_gather."""
+    gradient is marked as ZeRO's reduce_scatter and all_gather. Parameters' gradients are reduced
+    in ``gradient_bytes`` (None: their own dtype)."""
     found = (
-        collective_of(graph, op, candidate.strategy, r, zero)
+        collective_of(graph, op, candidate.strategy, r, zero, gradient_bytes)
         for r in reduced_operands(graph, op, step, flowing)
     )
     return [c for c in found if c is not None]
 
 
 def all_reduce_operands(
-    graph: Graph, op: Operator, step: Step = "forward", flowing: bool = False
+    graph: Graph,
+    op: Operator,
+    step: Step = "forward",
+    flowing: bool = False,
+    gradient_bytes: int | None = None,
+    parameters: bool | None = None,
 ) -> list[tuple[list[int], list[int], float]]:
     """The operands of :func:`reduced_operands` that keep no axis apart, as
     ``(strategy axes, shape, dtype bytes)`` for the Rust kernel ``allreduce_costs``, which prices
     an all_reduce over no device dim at 0 (in the per-replica layout, as
-    :func:`intra_collectives`)."""
+    :func:`intra_collectives`). ``parameters`` keeps only parameters' gradients (True) or only the
+    rest (False); parameters' gradients are reduced in ``gradient_bytes``."""
     return [
         (
-            operand_axis_indices(op, o),
-            operand_shape(op, o),
-            float(graph.tensors[o.tensor].dtype_bytes),
+            operand_axis_indices(op, r[0]),
+            operand_shape(op, r[0]),
+            float(reduced_dtype_bytes(graph, r, gradient_bytes)),
         )
-        for o, _, apart in reduced_operands(graph, op, step, flowing)
-        if not apart
+        for r in reduced_operands(graph, op, step, flowing)
+        if not r[2] and parameters in (None, is_parameter_gradient(graph, r))
     ]
 
 
@@ -169,23 +204,41 @@ def memory(
     graph: Graph,
     op: Operator,
     candidate: Candidate,
-    bytes_per_parameter: float = BYTES_PER_PARAMETER,
-    zero: bool = False,
+    pricing: Pricing = Pricing(),
+    kept: float = 1.0,
 ) -> float:
-    """Bytes per device for one layer of ``op``: its parameter shards with their gradients and
-    optimizer state, and its output shard, saved for the backward pass. A device of a replicated
-    strategy holds its replica's whole blocks: the layouts' replica dims split nothing. With
-    ``zero``, all of a parameter's bytes but its weight (``dtype_bytes``) are divided among the
-    ``g`` devices its gradient is reduced over (ZeRO: gradient and optimizer state sharded)."""
+    """Bytes per device for one layer of ``op``: its parameter shards with their gradients,
+    master copies and optimizer state (:meth:`Pricing.parameter_memory`), and what its backward
+    keeps of its output shard (:func:`saved_bytes`), ``kept`` of it (activation checkpointing,
+    :class:`taps.search.checkpointing.Checkpointing`). A device of a replicated strategy holds its
+    replica's whole blocks: the layouts' replica dims split nothing. With ``pricing.zero``, all
+    of a parameter's bytes but its weight are divided among the ``g`` devices its gradient is
+    reduced over (ZeRO: gradient, master copy and optimizer state sharded)."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.root(operand.tensor).kind == "parameter":  # a view of one too
-            per = bytes_per_parameter
-            if zero:
+            weight, rest = pricing.parameter_memory(graph.tensors[operand.tensor].dtype_bytes)
+            if pricing.zero:
                 dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
-                g = float(np.prod([layout.device_dim_size(k) for k in dims]))
-                weight = min(float(graph.tensors[operand.tensor].dtype_bytes), per)
-                per = weight + (per - weight) / g
-            total += math.prod(layout.shard_shape) * per
-    out = graph.tensors[op.output.tensor]
-    return total + math.prod(candidate.output.shard_shape) * out.dtype_bytes
+                rest /= float(np.prod([layout.device_dim_size(k) for k in dims]))
+            total += math.prod(layout.shard_shape) * (weight + rest)
+    if op.kind == SHARE:  # its output is the parameter it holds, counted above, not saved
+        return total
+    out = saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)
+    return total + kept * out
+
+
+#: Bytes of the per-row statistic an operator that keeps ``"rows"`` saves (fp32 logsumexp).
+ROW_BYTES = 4
+
+
+def saved_bytes(op: Operator, output: Layout, dtype_bytes: int) -> float:
+    """Bytes per device the backward keeps of ``op``'s output in layout ``output``
+    (:attr:`taps.graph.Operator.saved`): its shard, one fp32 number per row of it (all dims but
+    the last), or nothing."""
+    shard = output.shard_shape
+    if op.saved == "none":
+        return 0.0
+    if op.saved == "rows":
+        return float(math.prod(shard[:-1]) * ROW_BYTES)
+    return float(math.prod(shard) * dtype_bytes)

@@ -11,7 +11,7 @@ from taps._support.limits import check_candidates, check_table_memory
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
-from taps.search.evaluate import OpCost, breakdown, evaluate
+from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
 from taps.search.tables import build_tables
 from taps.solve.pipeline import solve
 from taps.solve.problem import IlpOptions, IlpSize
@@ -24,10 +24,12 @@ STAGES = ("enumerate", "costs", "reduce", "build", "solve", "extract", "total")
 class SearchResult:
     """What the search chose and what it costs.
 
-    ``plan`` is the chosen strategy of every operator with its pricing; ``cost`` is in seconds for
-    the topology model and bytes per device for the volume model; ``breakdown`` says per operator
-    where it goes. ``num_aux_edges`` is the paper's |E_A| (one per pair of strategies across a
-    graph edge); ``ilp`` is the size of the problem SCIP solved.
+    ``plan`` is the chosen strategy of every operator with its pricing; ``cost`` is what the
+    search minimised, in seconds for the topology model (communication, and with compute counted
+    compute too, the gradient reductions' overlap in its additive form) and bytes per device for
+    the volume model; ``breakdown`` says per operator where it goes, and ``step`` gives the step
+    time, compute and exposed communication. ``num_aux_edges`` is the paper's |E_A| (one per pair
+    of strategies across a graph edge); ``ilp`` is the size of the problem SCIP solved.
     """
 
     plan: Plan
@@ -41,6 +43,12 @@ class SearchResult:
     memory_per_device: float
     timings: dict[str, float]
 
+    @property
+    def step(self) -> StepTime:
+        """The plan's step: compute, communication, exposed communication and step time (the
+        gradient reductions' overlap from the timeline of the backward)."""
+        return StepTime.of(self.breakdown)
+
 
 def search(
     graph: Graph,
@@ -53,8 +61,10 @@ def search(
     tie: bool = True,
     replicate: bool = False,
 ) -> SearchResult:
-    """Find the plan, a strategy for every operator, that minimises communication under
-    ``pricing`` (the ILP of docs/conventions.md#the-ilp).
+    """Find the plan, a strategy for every operator, that minimises the step time under
+    ``pricing`` (the ILP of docs/conventions.md#the-ilp): communication, and with
+    ``pricing.counts_compute`` (the default under the topology model) each operator's compute,
+    its parameters' gradient reductions overlapping its backward.
 
     ``pricing.step="training"`` (the default) prices the whole training step: partial sums flow
     to the consumer, every edge also pays its backward redistribution, and only parameters' and
@@ -180,7 +190,8 @@ class Comparison:
 
     @property
     def saving(self) -> float:
-        """Percent less communication time of the topology-aware result."""
+        """Percent less time (what the topology model prices: the step with compute counted, its
+        communication without) of the topology-aware result."""
         if self.volume_under_topology == 0:
             return 0.0
         return 100.0 * (1.0 - self.topology.cost / self.volume_under_topology)
@@ -203,7 +214,9 @@ def compare(
         _search(
             graph,
             cluster,
-            replace(pricing, cost_model=model),
+            replace(
+                pricing, cost_model=model, compute=pricing.compute if model == "topology" else False
+            ),
             memory_limit,
             deadline,
             IlpOptions(),

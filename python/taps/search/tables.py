@@ -15,6 +15,8 @@ from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistributio
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
+from taps.search.checkpointing import checkpointing
+from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
     collective_of,
@@ -162,7 +164,10 @@ def build_tables(
     ``pricing.step`` says what is priced (docs/search.md): ``"training"`` (partial sums flowing to
     the consumer, every edge's backward redistribution, the gradients of parameters and inputs at
     their operators) or ``"forward"`` (the paper's model); ``pricing.planner`` plans the edges;
-    ``pricing.zero`` shards parameters' gradients and optimizer state (ZeRO).
+    ``pricing.zero`` shards parameters' gradients and optimizer state (ZeRO). With
+    ``pricing.counts_compute`` a node cost is the step time the operator adds: its forward and
+    backward compute (:mod:`taps.search.compute`), its collectives, and its parameters' gradient
+    reductions overlapping its backward (:func:`taps.search.compute.overlapped_backward`).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
@@ -170,26 +175,26 @@ def build_tables(
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices
     (:func:`taps.plan.candidates.strategies`)."""
-    cost_model, step, planner, zero = (
-        pricing.cost_model,
-        pricing.step,
-        pricing.planner,
-        pricing.zero,
-    )
+    cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     n = cluster.num_devices
+    grads = pricing.gradient_bytes
+    device = roofline_of(cluster) if pricing.counts_compute else None
     timings = {"enumerate": 0.0, "costs": 0.0}
     flows = partial_flows(graph, step)
     training = step == "training"
+    checkpointed = checkpointing(graph, pricing.checkpoint)
+    kept, again = checkpointed.kept, checkpointed.recomputed
 
     def key_of(op: Operator) -> Any:
         if not share:
             return op.name
+        # Checkpointing keeps another share of some outputs and runs some forwards again.
         if not training:
-            return graph.signature(op.name)
+            return (graph.signature(op.name), kept[op.name], again[op.name])
         # The training step also depends on whether the output's partial sums flow and on which
         # inputs have a producer (their gradients go back on the edge).
         made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
-        return (graph.signature(op.name), op.name in flows, made)
+        return (graph.signature(op.name), kept[op.name], again[op.name], op.name in flows, made)
 
     signature = {op.name: key_of(op) for op in graph.ops}
     distinct: dict[Any, OpTable] = {}
@@ -201,22 +206,47 @@ def build_tables(
             cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
             flowing = op.name in flows
-            node = allreduce_costs(
-                np.array([c.strategy.degrees for c in cands], dtype=np.int64),
-                np.array([c.strategy.device_map for c in cands], dtype=np.int64),
-                all_reduce_operands(graph, op, step, flowing),
-                cluster,
-                cost_model,
-                [c.strategy.device_matrix for c in cands],
+            degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
+            maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
+            matrices = [c.strategy.device_matrix for c in cands]
+            # Parameters' gradient reductions (param) apart from the rest (other): with compute
+            # counted they overlap the backward.
+            other, param = (
+                allreduce_costs(
+                    degrees,
+                    maps,
+                    all_reduce_operands(graph, op, step, flowing, grads, parameters),
+                    cluster,
+                    cost_model,
+                    matrices,
+                )
+                for parameters in (False, True)
             )
             apart = [r for r in reduced_operands(graph, op, step, flowing) if r[2]]
             if apart:
                 # Addends' gradients keep some axes apart: priced one candidate at a time.
-                found = [[collective_of(graph, op, c.strategy, r) for r in apart] for c in cands]
-                node = node + np.array(
-                    [sum(col.cost(cluster, cost_model) for col in row if col) for row in found]
-                )
-            mem = np.array([memory(graph, op, c, pricing.bytes_per_parameter, zero) for c in cands])
+                found = [
+                    [collective_of(graph, op, c.strategy, r, False, grads) for r in apart]
+                    for c in cands
+                ]
+                for parameters, into in ((False, other), (True, param)):
+                    into += np.array(
+                        [
+                            sum(
+                                col.cost(cluster, cost_model)
+                                for col in row
+                                if col and col.parameter == parameters
+                            )
+                            for row in found
+                        ]
+                    )
+            if device is None:
+                node = other + param
+            else:
+                fwd, bwd = compute_times(graph, op, degrees, *device)
+                # A checkpointed layer runs its forward again in the backward.
+                node = other + fwd * (1 + again[op.name]) + overlapped_backward(bwd, param)
+            mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
             distinct[key] = OpTable(op, cands, node, mem)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1

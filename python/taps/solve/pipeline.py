@@ -43,14 +43,45 @@ def smallest_memory(instance: Instance) -> float:
     return per_layer * instance.layers
 
 
+def layer_count(instance: Instance) -> int:
+    """How many layers the memory counts: the graph's ``layers`` times the instances of its
+    largest tie (a model whose 32 blocks are tied in one graph has 32)."""
+    return instance.layers * max((len(group) for group in instance.tied), default=1)
+
+
+def largest_needs(instance: Instance, count: int = 3) -> list[tuple[str, int, float]]:
+    """The ``count`` operators that need the most memory at their least, as (name, copies,
+    bytes of all copies), an operator of a tie standing for every instance of it (named by
+    its first)."""
+    copies: dict[str, list[str]] = {}
+    tied = {n for group in instance.tied for inst in group for n in inst}
+    for group in instance.tied:
+        for position, name in enumerate(group[0]):
+            copies[name] = [inst[position] for inst in group]
+    per_op = instance.memory_per_op
+    for name in per_op:
+        if name not in tied:
+            copies[name] = [name]
+    need = [
+        (name, len(same), instance.layers * sum(float(per_op[n].min()) for n in same))
+        for name, same in copies.items()
+    ]
+    return sorted(need, key=lambda x: -x[2])[:count]
+
+
 def _check_memory(instance: Instance, memory_limit: float | None) -> None:
     if memory_limit is None:
         return
     need = smallest_memory(instance)
     if need > memory_limit:
+        most = ", ".join(
+            f"{name!r}{f' x{n}' if n > 1 else ''} {size:,.0f}"
+            for name, n, size in largest_needs(instance)
+        )
         raise InfeasibleError(
             f"no assignment fits in the memory limit of {memory_limit:,.0f} bytes per device: "
-            f"the smallest needs {need:,.0f} bytes for {instance.layers} layer(s)"
+            f"the smallest needs {need:,.0f} bytes for {layer_count(instance)} layer(s); "
+            f"most of it (bytes at least): {most}"
         )
 
 

@@ -7,11 +7,16 @@ rank's position in it is its coordinate along the step's device dim in taps' ord
 taps prices as all_reduces come in two forms with autograd: :meth:`Steps.sum` (the forward
 partial sum: summed forward, the gradient passed back unchanged) and :meth:`Steps.sum_grad`
 (the gradient of an input replicated where its operator splits: passed forward, the gradient
-summed).
+summed). The training step's own backward (docs/verify.md) is :meth:`Steps.edge` (an edge's
+forward plan, its backward plan on the gradient), :meth:`Steps.gradient_sync` (a parameter's
+gradient all_reduce, or ZeRO's reduce_scatter and all_gather) and :meth:`Steps.add_once` (an
+addend on partial sums).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from taps._core import CommOp, Redistribution
@@ -92,6 +97,41 @@ class Steps:
         """``x`` unchanged, its gradient summed over ``axes``."""
         return _sum_backward().apply(x, self.group(axes)) if axes else x
 
+    def edge(
+        self,
+        x: Any,
+        forward: Redistribution,
+        backward: Redistribution | None,
+        scope: Callable[[], AbstractContextManager[Any]],
+    ) -> Any:
+        """A block of ``forward``'s source taken by its steps to the target's block; backward,
+        the gradient (in ``backward``'s source layout: the consumer's gradient, partial where it
+        is summed) taken by ``backward``'s steps to the source's layout (zeros without one),
+        inside ``scope()``."""
+        return _training("edge").apply(x, self, forward, backward, scope)
+
+    def gradient_sync(
+        self,
+        x: Any,
+        axes: tuple[str, ...],
+        zero: bool,
+        scope: Callable[[], AbstractContextManager[Any]],
+    ) -> Any:
+        """``x`` unchanged; its gradient all_reduced over ``axes`` inside ``scope()``, or with
+        ``zero`` reduce_scattered and all_gathered (flattened, padded to a multiple of the group
+        as ZeRO implementations do)."""
+        if not axes:
+            return x
+        return _training("sync").apply(x, self.group(axes), zero, scope)
+
+    def add_once(self, y: Any, addend: Any, axes: tuple[str, ...]) -> Any:
+        """``y + addend`` where the ranks along ``axes`` hold partial sums of ``y``: the addend
+        on the first of each group only, so that the sum counts it once; its gradient is the
+        output's on every rank."""
+        if not axes:
+            return y + addend
+        return y + _training("once").apply(addend, self.group(axes))
+
 
 def _torch() -> Any:
     import torch
@@ -171,3 +211,69 @@ def _sum_backward() -> Any:
 
         _CACHE["backward"] = SumBackward
     return _CACHE["backward"]
+
+
+def _zero_sync(grad: Any, group: Any) -> Any:
+    """ZeRO's reduce_scatter of the flattened gradient and all_gather of the shards."""
+    funcol = _funcol()
+    flat = grad.reshape(-1)
+    pad = -flat.numel() % group.size()
+    if pad:
+        flat = _torch().cat([flat, flat.new_zeros(pad)])
+    shard = _wait(funcol.reduce_scatter_tensor(flat.contiguous(), "sum", 0, group))
+    whole = _wait(funcol.all_gather_tensor(shard.contiguous(), 0, group))
+    return whole[: grad.numel()].reshape(grad.shape)
+
+
+def _training(kind: str) -> Any:
+    """The autograd functions of the training step (:meth:`Steps.edge`,
+    :meth:`Steps.gradient_sync`, :meth:`Steps.add_once`), made once."""
+    key = f"training {kind}"
+    if key in _CACHE:
+        return _CACHE[key]
+    torch = _torch()
+    Function = torch.autograd.Function
+
+    class Edge(Function):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(
+            ctx: Any, x: Any, steps: Steps, fwd: Redistribution, back: Any, scope: Any
+        ) -> Any:
+            ctx.steps, ctx.back, ctx.scope, ctx.shape = steps, back, scope, tuple(x.shape)
+            out = steps.walk(x, fwd)
+            return out.clone() if out._base is x or out is x else out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            if ctx.back is None:
+                return grad.new_zeros(ctx.shape), None, None, None, None
+            with ctx.scope():
+                out = ctx.steps.walk(grad.contiguous(), ctx.back)
+            return out.reshape(ctx.shape), None, None, None, None
+
+    class Sync(Function):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any, zero: bool, scope: Any) -> Any:
+            ctx.group, ctx.zero, ctx.scope = group, zero, scope
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            with ctx.scope():
+                if ctx.zero:
+                    out = _zero_sync(grad.contiguous(), ctx.group)
+                else:
+                    out = _all_reduce(grad, ctx.group)
+            return out, None, None, None
+
+    class Once(Function):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(ctx: Any, b: Any, group: Any) -> Any:
+            return b.clone() if group.get_local_rank() == 0 else torch.zeros_like(b)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad, None
+
+    _CACHE.update({"training edge": Edge, "training sync": Sync, "training once": Once})
+    return _CACHE[key]

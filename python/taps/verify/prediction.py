@@ -41,7 +41,8 @@ def predicted_steps(
     phase: str = "forward",
     origin: str | None = None,
 ) -> list[Predicted]:
-    """The collectives of a plan's steps (slices are free and run none). With ``origin``
+    """The collectives of a plan's steps (slices are free and run none), priced on ``cluster``.
+    With ``origin``
     (what the plan's input is: the producer of a forward edge), each step's ``same`` key is the
     origin and the distributions before and after the step (normal forms, whatever shapes the
     plans write them in): plans that take one tensor through the same move compute the same
@@ -59,6 +60,7 @@ def predicted_steps(
             + (f" of dim {op.tensor_dim}" if op.tensor_dim is not None else "")
             + (f" to dim {op.to_tensor_dim}" if op.to_tensor_dim is not None else ""),
             None if origin is None else (origin, op.layout.normalized(), after[k].normalized()),
+            op.cost(cluster, itemsize),
         )
         for k, op in enumerate(ops)
         if step_kind(op.kind).collective is not None
@@ -95,22 +97,23 @@ def predicted_collectives(
     ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
     gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes), and the
     steps of the edges' ``backward`` plans (backward phase), if given."""
-    one_node = Cluster(1, layouts.mesh.num_devices)
+    cluster = layouts.plan.cluster
     out = []
     for j, op in enumerate(layouts.plan.graph.ops):
         for c in intra[op.name]:
-            cost = round(one_node.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
+            cost = round(cluster.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
+            seconds = cluster.collective_cost(c.layout, "all_reduce", None, itemsize)
             groups = layout_groups(c.layout, _unused_dims(c.layout))
             phase = "forward" if c.reason == "forward partial sum" else "backward"
             what = f"{c.reason} of {c.tensor}"
-            if c.zero:
-                out.append(Predicted("reduce_scatter", groups, cost // 2, f"o{j}", phase, what))
-                out.append(Predicted("all_gather", groups, cost - cost // 2, f"o{j}", phase, what))
-            else:
-                out.append(Predicted("all_reduce", groups, cost, f"o{j}", phase, what))
+            # A ZeRO gradient: the ring all_reduce's two halves, each half its steps and bytes.
+            halves = [("reduce_scatter", cost // 2), ("all_gather", cost - cost // 2)]
+            for kind, b in halves if c.zero else [("all_reduce", cost)]:
+                share = seconds / 2 if c.zero else seconds
+                out.append(Predicted(kind, groups, b, f"o{j}", phase, what, seconds=share))
     for i, (e, plan) in enumerate(layouts.redistributions):
         out += predicted_steps(
-            plan, one_node, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
+            plan, cluster, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
         )
     for i, ((e, _), back) in enumerate(zip(layouts.redistributions, backward)):
         if back is not None:
@@ -118,5 +121,5 @@ def predicted_collectives(
             # An add hands its output's gradient to every operand: one tensor for all its edges.
             add = layouts.plan.graph.op(e.consumer).kind == "add"
             origin = f"gradient of {e.consumer}" + ("" if add else f"#{e.slot}")
-            out += predicted_steps(back, one_node, itemsize, f"e{i}", what, "backward", origin)
+            out += predicted_steps(back, cluster, itemsize, f"e{i}", what, "backward", origin)
     return out

@@ -51,6 +51,8 @@ class Predicted:
         what: a readable description (the edge or tensor and why).
         same: predictions with one ``same`` key run one collective on the same data (edges that
             move one tensor between the same distributions): the compiler keeps one of them.
+        seconds: taps' price of it on the plan's cluster (topology model, at the run's element
+            size).
     """
 
     kind: str
@@ -60,6 +62,7 @@ class Predicted:
     phase: str
     what: str
     same: Hashable | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,10 @@ class CollectiveCheck:
     what: str
     hlo_name: str = ""
     inter_node_groups: int | None = None
+    #: taps' price of the predicted collective on the plan's cluster.
+    predicted_seconds: float | None = None
+    #: The compiled collective's groups of ranks (its ``(source, target)`` pairs for a permute).
+    measured_groups: tuple[tuple[int, ...], ...] | None = None
 
 
 def inter_node_groups(groups: Iterable[Iterable[int]], devices_per_node: int | None) -> int | None:
@@ -153,6 +160,8 @@ def match(
                 what,
                 m.name if m else "",
                 inter_node_groups(m.groups if m else p.groups, devices_per_node),  # type: ignore[union-attr]
+                p.seconds if p else None,
+                m.groups if m else None,
             )
         )
 
@@ -268,7 +277,10 @@ class VerifyResult:
     def from_dict(cls, data: dict[str, Any]) -> VerifyResult:
         """The result :meth:`to_dict` wrote."""
         fields = dict(data)
-        fields["collectives"] = [CollectiveCheck(**c) for c in data["collectives"]]
+        fields["collectives"] = [
+            CollectiveCheck(**{**c, "measured_groups": _groups(c["measured_groups"])})
+            for c in data["collectives"]
+        ]
         return cls(**fields)
 
     def to_json(self) -> str:
@@ -277,6 +289,11 @@ class VerifyResult:
     def table(self, title: str = "Verification") -> Table:
         """A rich table: predicted against measured per collective, then the verdict."""
         return result_table(self, title)
+
+
+def _groups(groups: Any) -> tuple[tuple[int, ...], ...] | None:
+    """Groups read back from JSON lists."""
+    return None if groups is None else tuple(tuple(g) for g in groups)
 
 
 def check_dtype(name: str) -> None:

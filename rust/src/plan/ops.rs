@@ -62,7 +62,7 @@ pub enum Objective<'a> {
 impl Objective<'_> {
     /// `total` plus the price of `op`.
     pub(crate) fn add(&self, total: f64, op: &CommOp) -> f64 {
-        total + self.price(op.kind, op.group(), op.volume, &op.layout)
+        total + self.price(op.kind, op.over(), op.volume, &op.layout)
     }
 
     /// Everything prices depend on, as numbers: none for the volume, the cluster's levels,
@@ -117,8 +117,8 @@ impl Objective<'_> {
     }
 
     /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
-    pub(crate) fn price(&self, kind: OpKind, group: u64, volume: u64, layout: &Layout) -> f64 {
-        self.price_on(kind, group, volume, layout.device_matrix(), |k| {
+    pub(crate) fn price(&self, kind: OpKind, over: Over<'_>, volume: u64, layout: &Layout) -> f64 {
+        self.price_on(kind, over, volume, layout.device_matrix(), |k| {
             layout.distinct_along(k)
         })
     }
@@ -129,7 +129,7 @@ impl Objective<'_> {
     pub(crate) fn price_on(
         &self,
         kind: OpKind,
-        group: u64,
+        over: Over<'_>,
         volume: u64,
         device_matrix: &[u64],
         distinct: impl Fn(usize) -> bool,
@@ -141,7 +141,7 @@ impl Objective<'_> {
                 dtype_bytes,
             } => seconds(
                 kind,
-                group,
+                over,
                 volume,
                 device_matrix,
                 distinct,
@@ -150,6 +150,14 @@ impl Objective<'_> {
             ),
         }
     }
+}
+
+/// What an op communicates over: the device dims of its groups (a mask), or for a
+/// collective-permute the permutation of device dims it makes (priced by the pairs it moves).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Over<'a> {
+    Group(u64),
+    Permutation(&'a [usize]),
 }
 
 /// One step of a redistribution, with the layout it acts on. Built by the planners only (its
@@ -274,6 +282,13 @@ impl CommOp {
             .map_or(1 << self.device_dim, moved)
     }
 
+    /// What the op communicates over, as its price needs it.
+    pub(crate) fn over(&self) -> Over<'_> {
+        self.permutation
+            .as_deref()
+            .map_or(Over::Group(1 << self.device_dim), Over::Permutation)
+    }
+
     /// `ct` of the op on nodes of `devices_per_node` (0 for a slice): the groups over its device
     /// dims that leave a node at once, as [`topology::inter_node_groups`] counts them for a
     /// collective along one dim.
@@ -305,7 +320,7 @@ impl CommOp {
         }
         Ok(step_cost(
             self.kind,
-            self.group(),
+            self.over(),
             self.volume,
             &self.layout,
             cluster,
@@ -348,11 +363,11 @@ pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
     }
 }
 
-/// The cost of an op over the device dims `group` (a mask) moving `volume` elements per device;
-/// the layout is on the cluster's devices.
+/// The cost of an op over `over` moving `volume` elements per device; the layout is on the
+/// cluster's devices.
 pub(crate) fn step_cost(
     kind: OpKind,
-    group: u64,
+    over: Over<'_>,
     volume: u64,
     layout: &Layout,
     cluster: &Cluster,
@@ -364,7 +379,7 @@ pub(crate) fn step_cost(
         CostModel::Volume => volume as f64 * dtype_bytes,
         CostModel::Topology => seconds(
             kind,
-            group,
+            over,
             volume,
             layout.device_matrix(),
             |k| layout.distinct_along(k),
@@ -374,11 +389,11 @@ pub(crate) fn step_cost(
     }
 }
 
-/// The seconds of an op over the device dims `group` (a mask) moving `volume` elements per
-/// device, on a layout given by its device matrix and the dims that hold distinct data.
+/// The seconds of an op over `over` moving `volume` elements per device, on a layout given by
+/// its device matrix and the dims that hold distinct data.
 fn seconds(
     kind: OpKind,
-    group: u64,
+    over: Over<'_>,
     volume: u64,
     device_matrix: &[u64],
     distinct: impl Fn(usize) -> bool,
@@ -389,7 +404,14 @@ fn seconds(
         return 0.0;
     };
     let bytes = volume as f64 * dtype_bytes;
-    cluster.seconds(device_matrix, distinct, c, |k| group >> k & 1 == 1, bytes)
+    match over {
+        Over::Group(group) => {
+            cluster.seconds(device_matrix, distinct, c, |k| group >> k & 1 == 1, bytes)
+        }
+        Over::Permutation(permutation) => {
+            cluster.permute_seconds(device_matrix, distinct, permutation, bytes)
+        }
+    }
 }
 
 /// A plan: the unified layouts and the ops between them, plus the fallback steps used when the

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Redistribution};
+use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Over, Redistribution};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, Cluster, CostModel};
@@ -243,7 +243,15 @@ pub(crate) fn cost(
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
     plan_unified(lined.source, &lined.target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
-        total.0 += step_cost(kind, 1 << k, volume, l, cluster, dtype_bytes, model);
+        total.0 += step_cost(
+            kind,
+            Over::Group(1 << k),
+            volume,
+            l,
+            cluster,
+            dtype_bytes,
+            model,
+        );
         total.1 += volume as f64;
     });
     lined.epilogue.iter().try_fold(total, add)

@@ -29,7 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::plan::Planner;
-use crate::topology::{CollectiveKind, CostModel, Replicas};
+use crate::topology::{CollectiveKind, CostModel, Device, Replicas, PRESETS};
 use errors::{
     GraphError, InfeasibleError, LayoutError, StrategyError, TapsError, TopologyError, UnifyError,
 };
@@ -45,10 +45,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
     m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
+    m.add("DEVICES", PyTuple::new(py, Device::NAMES)?)?;
+    m.add("PRESETS", PyTuple::new(py, PRESETS.map(|p| p.name))?)?;
     m.add("COST_MODELS", PyTuple::new(py, CostModel::NAMES)?)?;
     m.add("PLANNERS", PyTuple::new(py, Planner::NAMES)?)?;
     m.add("REPLICA_MODELS", PyTuple::new(py, Replicas::NAMES)?)?;
     m.add_class::<layout::PyLayout>()?;
+    m.add_class::<topology::PyDevice>()?;
     m.add_class::<topology::PyCluster>()?;
     m.add_class::<plan::PyCommOp>()?;
     m.add_class::<plan::PyRedistribution>()?;

@@ -1,7 +1,8 @@
 //! A cluster of nested levels (GPUs in a node, nodes in a pod, ...), each with the bandwidth out of
-//! one of its parts and a latency per collective, and how copies of a tensor send it out of a
-//! node: built and checked once, read through accessors.
+//! one of its parts and a latency per collective, its kind of device, and how copies of a tensor
+//! send it out of a node: built and checked once, read through accessors.
 
+use super::device::Device;
 use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
 
@@ -20,6 +21,8 @@ pub const MAX_LATENCY: f64 = 1e6;
 /// checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
+    device: Device,
+    /// Bytes a device may hold, `None` for no limit (the paper's model).
     device_memory: Option<f64>,
     /// Innermost first, never empty: the node sizes and bandwidths are its first two levels'.
     levels: Vec<Level>,
@@ -68,9 +71,20 @@ impl Replicas {
     }
 }
 
+/// The memory limit of a device of `device`'s kind given `requested` bytes: its kind's memory
+/// if none is requested, no limit for an infinite request (the paper's model), else the request.
+#[must_use]
+pub fn memory_limit(device: Device, requested: Option<f64>) -> Option<f64> {
+    match requested {
+        None => Some(device.memory),
+        Some(m) if m == f64::INFINITY => None,
+        Some(m) => Some(m),
+    }
+}
+
 impl Cluster {
-    /// Two levels, nodes of `devices_per_node` devices, no latency, shared replicas: the paper's
-    /// model.
+    /// Two levels, nodes of `devices_per_node` devices, no latency, shared replicas, of V100s:
+    /// the paper's model.
     ///
     /// # Errors
     /// [`Error::Topology`] unless the sizes are positive with a power-of-two device count and
@@ -94,7 +108,9 @@ impl Cluster {
 
     /// A cluster of nested levels, innermost first, each given as (how many parts of the level
     /// below one unit holds, bandwidth, latency): the first count is the devices per node, the
-    /// product of the others the nodes.
+    /// product of the others the nodes. Its devices are V100s (the paper's) until
+    /// [`Cluster::with_device`] says otherwise; `device_memory` is the limit as given (`None`: no
+    /// limit), whatever the device.
     ///
     /// # Errors
     /// [`Error::Topology`] unless there is a level, the counts are positive with a power-of-two
@@ -163,6 +179,7 @@ impl Cluster {
             }
         }
         Ok(Cluster {
+            device: Device::V100,
             device_memory,
             levels: out,
             replicas,
@@ -247,6 +264,18 @@ impl Cluster {
     #[must_use]
     pub fn inter_bandwidth(&self) -> f64 {
         self.levels.get(1).unwrap_or(&self.levels[0]).bandwidth
+    }
+
+    /// This cluster made of `device`s (its levels, memory limit and replica model unchanged).
+    #[must_use]
+    pub fn with_device(self, device: Device) -> Self {
+        Cluster { device, ..self }
+    }
+
+    /// The kind of device the cluster is made of.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// Bytes of memory per device, if limited.
@@ -344,6 +373,18 @@ mod tests {
         let edge = [(1 << 62, MIN_BANDWIDTH, MAX_LATENCY)];
         let c = Cluster::hierarchy(&edge, None, Replicas::Flat).unwrap();
         assert_eq!(c.num_devices(), 1 << 62);
+    }
+
+    #[test]
+    fn memory_defaults_to_the_devices_and_infinity_is_no_limit() {
+        let h100 = crate::topology::Device::parse("h100").unwrap();
+        assert_eq!(memory_limit(h100, None), Some(80e9));
+        assert_eq!(memory_limit(h100, Some(40e9)), Some(40e9));
+        assert_eq!(memory_limit(h100, Some(f64::INFINITY)), None);
+        let c = Cluster::new(1, 8, 60e9, 6e9, None)
+            .unwrap()
+            .with_device(h100);
+        assert_eq!((c.device(), c.device_memory()), (h100, None));
     }
 
     #[test]

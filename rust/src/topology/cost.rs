@@ -111,8 +111,9 @@ impl Cluster {
     /// [`CostModel::Topology`], bytes per device under [`CostModel::Volume`].
     ///
     /// # Errors
-    /// [`Error::Topology`] if the layout is not on this cluster's devices, the group is invalid or
-    /// `dtype_bytes` is not positive.
+    /// [`Error::Topology`] if the layout is not on this cluster's devices, the group is invalid,
+    /// `dtype_bytes` is not positive or the collective is a permute (priced by its pairs, as a
+    /// plan's step).
     pub fn collective_cost(
         &self,
         layout: &Layout,
@@ -123,6 +124,13 @@ impl Cluster {
     ) -> Result<f64> {
         check_dtype_bytes(dtype_bytes)?;
         self.check(layout)?;
+        if collective == CollectiveKind::CollectivePermute {
+            return Err(Error::Topology(
+                "a collective_permute is priced by the pairs it moves, which a device dim does \
+                 not give: price the plan's step (CommOp.cost)"
+                    .into(),
+            ));
+        }
         let group = group_dims(layout, collective, device_dim)?;
         let size = group.iter().map(|&k| layout.dim_size(k)).product();
         Ok(self.priced(
@@ -185,7 +193,8 @@ impl Cluster {
     /// Seconds to move `bytes` per device in a collective over the device dims that pass
     /// `in_group` of a layout on `device_matrix` whose dims that pass `distinct` hold distinct
     /// data (tests rather than lists or a layout, so that pricing allocates nothing and the
-    /// optimal planner prices a step without building its layout); the group is valid.
+    /// optimal planner prices a step without building its layout); the group is valid. Not for a
+    /// collective-permute, which [`Cluster::permute_seconds`] prices by its pairs.
     pub(crate) fn seconds(
         &self,
         device_matrix: &[u64],
@@ -211,20 +220,23 @@ impl Cluster {
             })
             .unwrap_or(self.levels().len() - 1);
         let level = &self.levels()[j];
+        let p = device_matrix
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|&(k, _)| in_group(k))
+            .map(|(_, &d)| d)
+            .product::<u64>() as f64;
+        // Every step of a ring (and of the pairwise all-to-all) uses every edge of it at once, so
+        // each step crosses the outermost level the group spans and pays its latency.
+        let latency = steps(collective, p) * level.latency;
         if j == 0 {
-            return level.latency + bytes / level.bandwidth;
+            return latency + bytes / level.bandwidth;
         }
         let below = self.levels()[j - 1].devices;
         let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
-            let p = device_matrix
-                .iter()
-                .rev()
-                .enumerate()
-                .filter(|&(k, _)| in_group(k))
-                .map(|(_, &d)| d)
-                .product::<u64>() as f64;
             let k = extents(device_matrix, below)
                 .enumerate()
                 .filter(|&(k, _)| in_group(k))
@@ -234,7 +246,49 @@ impl Cluster {
         } else {
             1.0
         };
-        level.latency + factor * bytes / effective
+        latency + factor * bytes / effective
+    }
+
+    /// Seconds of a collective-permute of blocks of `bytes` on a layout of `device_matrix` whose
+    /// dims that pass `distinct` hold distinct data, by `permutation` (device dim `k` hands its
+    /// coordinate to `permutation[k]`, of the same size): one step at the latency of the
+    /// innermost level whose units hold every pair, and the most bytes that leave one unit of the
+    /// level below (every device whose destination is outside its unit sends its own block; with
+    /// shared replicas, copies along dims it does not move send one).
+    pub(crate) fn permute_seconds(
+        &self,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+        permutation: &[usize],
+        bytes: f64,
+    ) -> f64 {
+        let bits = PermutedBits::new(device_matrix, permutation);
+        let Some(top) = bits.highest_moved() else {
+            return 0.0;
+        };
+        if bytes == 0.0 {
+            return 0.0;
+        }
+        let j = self
+            .levels()
+            .iter()
+            .position(|l| top < l.devices.trailing_zeros())
+            .unwrap_or(self.levels().len() - 1);
+        let level = &self.levels()[j];
+        if j == 0 {
+            return level.latency + bytes / level.bandwidth;
+        }
+        let m = self.levels()[j - 1].devices.trailing_zeros();
+        let mut blocks = bits.most_leaving(m);
+        if self.replicas() == Replicas::Shared {
+            // Copies along the dims the permute leaves alone go to one unit: one block serves them.
+            let copies: u32 = (0..device_matrix.len())
+                .filter(|&k| permutation[k] == k && !distinct(k))
+                .map(|k| bits.below(k, m))
+                .sum();
+            blocks >>= copies;
+        }
+        level.latency + blocks as f64 * bytes / level.bandwidth
     }
 
     /// What the topology model prices by, as numbers: each level's devices, bandwidth and
@@ -323,6 +377,81 @@ fn extents(device_matrix: &[u64], l: u64) -> impl Iterator<Item = u64> + '_ {
         inner = inner.saturating_mul(d);
         e
     })
+}
+
+/// The steps of a collective over `p` devices as NCCL runs it: a ring all-reduce `2 (p - 1)`
+/// (reduce-scatter, then all-gather), a ring all-gather or reduce-scatter and a pairwise
+/// all-to-all `p - 1`, a collective-permute one.
+fn steps(collective: CollectiveKind, p: f64) -> f64 {
+    match collective {
+        CollectiveKind::AllReduce => 2.0 * (p - 1.0),
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+            p - 1.0
+        }
+        CollectiveKind::CollectivePermute => 1.0,
+    }
+}
+
+/// A permutation of device dims as a permutation of the bits of a rank: bit `t` of dim `k`'s
+/// coordinate becomes bit `t` of dim `permutation[k]`'s.
+struct PermutedBits {
+    /// For each rank bit, the source bit it is read from.
+    from: [u8; 64],
+    /// Each device dim's first rank bit, and one past the last.
+    offsets: [u32; 65],
+    len: u32,
+}
+
+impl PermutedBits {
+    fn new(device_matrix: &[u64], permutation: &[usize]) -> Self {
+        let h = device_matrix.len();
+        let mut offsets = [0u32; 65];
+        for (k, &d) in device_matrix.iter().rev().enumerate() {
+            offsets[k + 1] = offsets[k] + d.trailing_zeros();
+        }
+        let len = offsets[h];
+        let mut from = [0u8; 64];
+        for (b, f) in from.iter_mut().enumerate() {
+            *f = b as u8;
+        }
+        for (k, &to) in permutation.iter().enumerate() {
+            for t in 0..offsets[k + 1] - offsets[k] {
+                from[(offsets[to] + t) as usize] = (offsets[k] + t) as u8;
+            }
+        }
+        PermutedBits { from, offsets, len }
+    }
+
+    /// The highest bit that moves, if any does.
+    fn highest_moved(&self) -> Option<u32> {
+        (0..self.len)
+            .rev()
+            .find(|&b| self.from[b as usize] != b as u8)
+    }
+
+    /// How many bits of dim `k` lie below bit `m`.
+    fn below(&self, k: usize, m: u32) -> u32 {
+        self.offsets[k + 1].min(m).saturating_sub(self.offsets[k])
+    }
+
+    /// The most devices of one unit of `2^m` consecutive ranks whose destination is outside it.
+    /// A device stays iff each bit `b >= m` equals its source bit: if some such bit is read from
+    /// another bit `>= m`, the units where the two differ keep no device; else each moved bit
+    /// `b >= m` fixes one distinct bit below `m`, and of the `2^m` devices those that match stay.
+    fn most_leaving(&self, m: u32) -> u64 {
+        let mut fixed = 0;
+        for b in m..self.len {
+            let f = u32::from(self.from[b as usize]);
+            if f == b {
+                continue;
+            }
+            if f >= m {
+                return 1 << m;
+            }
+            fixed += 1;
+        }
+        (1u64 << m) - (1u64 << (m - fixed))
+    }
 }
 
 /// The device dims a collective runs over: the unused dims for an all_reduce of partial sums,
@@ -469,6 +598,73 @@ mod tests {
             8
         );
         assert!((cost - bytes / 1.5625e9).abs() < 1e-15);
+    }
+
+    /// Every permutation of the dims of small device matrices on every unit size: the most
+    /// devices of one unit whose destination leaves it, counted rank by rank.
+    #[test]
+    fn most_leaving_counts_the_devices_that_leave_a_unit() {
+        for dm in [
+            vec![4, 4],
+            vec![2, 2, 2],
+            vec![2, 4, 2, 4],
+            vec![8, 2, 8],
+            vec![2, 2, 2, 2],
+        ] {
+            let h = dm.len();
+            let n: u64 = dm.iter().product();
+            let coords = |mut r: u64| -> Vec<u64> {
+                dm.iter()
+                    .rev()
+                    .map(|&d| {
+                        let c = r % d;
+                        r /= d;
+                        c
+                    })
+                    .collect()
+            };
+            let mut perms: Vec<Vec<usize>> = vec![Vec::new()];
+            for _ in 0..h {
+                let mut longer = Vec::new();
+                for p in &perms {
+                    for k in (0..h).filter(|k| !p.contains(k)) {
+                        let mut q = p.clone();
+                        q.push(k);
+                        longer.push(q);
+                    }
+                }
+                perms = longer;
+            }
+            let size = |k: usize| dm[h - 1 - k];
+            for perm in perms
+                .iter()
+                .filter(|p| (0..h).all(|k| size(p[k]) == size(k)))
+            {
+                let bits = PermutedBits::new(&dm, perm);
+                let dest = |r: u64| {
+                    let c = coords(r);
+                    let mut to = vec![0; h];
+                    for k in 0..h {
+                        to[perm[k]] = c[k];
+                    }
+                    to.iter()
+                        .enumerate()
+                        .rev()
+                        .fold(0, |acc, (k, &x)| acc * size(k) + x)
+                };
+                for m in 0..=n.trailing_zeros() {
+                    let most = (0..n >> m)
+                        .map(|u| {
+                            (u << m..(u + 1) << m)
+                                .filter(|&r| dest(r) >> m != u)
+                                .count() as u64
+                        })
+                        .max()
+                        .unwrap();
+                    assert_eq!(bits.most_leaving(m), most, "{dm:?} {perm:?} m={m}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! the levels of the cluster innermost first, as [`Cluster::hierarchy`] takes them:
 //!
 //! ```toml
-//! device_memory = 80e9      # bytes per device, optional
-//! replicas = "flat"         # "shared" (the paper) or "flat" (NCCL, XLA), default "shared"
+//! device = "h100"           # the kind of device (DEVICES), default "v100"
+//! device_memory = 80e9      # bytes per device, default the device's; inf: no limit
+//! replicas = "flat"         # "flat" (NCCL, XLA, the default) or "shared" (the paper)
 //!
 //! [[levels]]                # the node
 //! count = 8                 # devices per node
@@ -22,7 +23,8 @@ use std::path::Path;
 
 use toml::{Table, Value};
 
-use super::cluster::{Cluster, Replicas};
+use super::cluster::{memory_limit, Cluster, Replicas};
+use super::device::Device;
 use crate::error::{Error, Result};
 
 impl Cluster {
@@ -61,8 +63,8 @@ fn os_reason(e: &std::io::Error) -> String {
 }
 
 /// The cluster the TOML `text` of the file `name` describes, with `nodes` nodes. Checked in the
-/// order of the file: the levels, each level's count, bandwidth and latency, the memory, the
-/// replica model, then the cluster.
+/// order of the file: the levels, each level's count, bandwidth and latency, the device, the
+/// memory, the replica model, then the cluster.
 fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
     let data: Table = text.parse().map_err(|e| {
         Error::Topology(format!(
@@ -106,12 +108,19 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
             ))
         })
         .collect::<Result<Vec<_>>>()?;
+    let device = match data.get("device") {
+        None => Ok(Device::V100),
+        Some(Value::String(d)) => Device::parse(d).map_err(|e| bad(e.to_string())),
+        Some(other) => Err(bad(format!(
+            "device must be the name of a device kind, got {other}"
+        ))),
+    }?;
     let memory = data
         .get("device_memory")
         .map(|_| number(&data, "device_memory", None).map_err(bad))
         .transpose()?;
     let replicas = match data.get("replicas") {
-        None => Some(Replicas::Shared),
+        None => Some(Replicas::Flat),
         Some(Value::String(r)) => Replicas::parse(r).ok(),
         Some(_) => None,
     }
@@ -135,7 +144,9 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
             Ok((count, bandwidth, latency))
         })
         .collect::<Result<Vec<_>>>()?;
-    Cluster::filled(&parts, nodes, memory, replicas).map_err(|e| bad(e.to_string()))
+    Cluster::filled(&parts, nodes, memory_limit(device, memory), replicas)
+        .map(|c| c.with_device(device))
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// The number `key` of `table` (`default` if it has none), or what is wrong with it.
@@ -173,9 +184,10 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Pods of 4 nodes of 8 devices, on flat replicas.
+    /// Pods of 4 nodes of 8 H100s, on shared replicas, with more memory than an H100's.
     const PODS: &str = r#"
-replicas = "flat"
+replicas = "shared"
+device = "h100"
 device_memory = 96e9
 
 [[levels]]
@@ -212,18 +224,23 @@ bandwidth = 25e9
         let want = Cluster::hierarchy(
             &[(8, 900e9, 2e-6), (4, 50e9, 0.0), (2, 25e9, 1e-5)],
             Some(96e9),
-            Replicas::Flat,
-        );
+            Replicas::Shared,
+        )
+        .map(|c| c.with_device(Device::parse("h100").unwrap()));
         assert_eq!(from_toml(PODS, "f.toml", 8), want);
         let path = file("pods.toml", PODS.as_bytes());
         assert_eq!(Cluster::preset(path.to_str().unwrap(), 8), want);
         std::fs::remove_file(path).unwrap();
-        // One level is one node: its count is the devices per node; integers are numbers.
+        // One level is one node: its count is the devices per node; integers are numbers. By
+        // default: V100s holding their memory, flat replicas.
         let one = "[[levels]]\ncount = 8\nbandwidth = 450000000000\n";
         assert_eq!(
             from_toml(one, "f.toml", 1),
-            Cluster::hierarchy(&[(8, 450e9, 0.0)], None, Replicas::Shared)
+            Cluster::hierarchy(&[(8, 450e9, 0.0)], Some(32e9), Replicas::Flat)
         );
+        // `inf` memory is no limit.
+        let unlimited = from_toml(&format!("device_memory = inf\n{one}"), "f.toml", 1).unwrap();
+        assert_eq!(unlimited.device_memory(), None);
     }
 
     #[test]
@@ -250,6 +267,14 @@ bandwidth = 25e9
         assert_eq!(
             error(&memory, 1),
             r#"f.toml: device_memory must be a number, got "lots""#
+        );
+        assert_eq!(
+            error(&format!("device = 'k80'\n{level}"), 1),
+            r#"f.toml: unknown device kind "k80": expected "v100", "a100", "h100", "h200", "b200" or "tpu-v5p""#
+        );
+        assert_eq!(
+            error(&format!("device = 100\n{level}"), 1),
+            "f.toml: device must be the name of a device kind, got 100"
         );
         for (replicas, got) in [("'copies'", r#""copies""#), ("1", "1")] {
             assert_eq!(

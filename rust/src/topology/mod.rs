@@ -2,18 +2,21 @@
 //! levels (GPUs in a node, nodes in a pod, ...), each with the bandwidth out of one of its parts
 //! and a latency per collective: how many communication groups of a part cross its boundary at
 //! once (`ct`), the effective bandwidth that leaves each, and the cost of a collective in seconds,
-//! or in bytes under the volume model. The cluster (`cluster.rs`), the built-in ones (`presets.rs`)
-//! and those of TOML files (`file.rs`) come first; the cost model (`cost.rs`) prices on them.
+//! or in bytes under the volume model. The kinds of device (`device.rs`), the cluster
+//! (`cluster.rs`), the built-in ones (`presets.rs`) and those of TOML files (`file.rs`) come
+//! first; the cost model (`cost.rs`) prices on them.
 
 mod cluster;
 mod cost;
+mod device;
 mod file;
 mod presets;
 
-pub use cluster::{Cluster, Level, Replicas};
+pub use cluster::{memory_limit, Cluster, Level, Replicas};
 pub(crate) use cost::groups_crossing;
 pub use cost::{
     check_devices_per_node, check_dtype_bytes, extents_in_node, inter_node_groups, CollectiveKind,
     CostModel,
 };
-pub use presets::{Preset, PAPER, PRESETS};
+pub use device::{Device, DEVICES};
+pub use presets::{Preset, PRESETS};

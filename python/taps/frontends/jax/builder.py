@@ -358,6 +358,10 @@ class JaxprGraphBuilder:
                         [x for x, n in zip(labels, piece.sizes) if n > 1],
                     ).name
                 place(piece, made)
+            if not made and source.slices:  # a stack only its slices stand for: named as one
+                assert source.argument is not None
+                pieces = [p.argument.name for _, p in sorted(source.slices.items()) if p.argument]
+                g.stack(source.argument.name, pieces, source.axis)
 
         for source in self._arguments:
             place(source, False)
@@ -393,4 +397,5 @@ class JaxprGraphBuilder:
                 record.sizes,
                 record.dtype_bytes,
             ).name
+        g.share_parameters()
         return g

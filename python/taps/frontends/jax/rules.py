@@ -11,8 +11,8 @@ work is to label the dims of its operands and output:
 - reductions: the reduced dims are contracted and may be split: each device reduces its part and an
   all_reduce combines the parts, which costs the same for a max as for a sum;
 - convolution and pooling: batch and channels may be split, spatial dims stay whole;
-- a gather that looks rows up in a table (``table[ids]``) is an embedding: the table's row axis is
-  contracted, as for ``taps.Graph.embedding``;
+- a gather that picks elements along some dims (``table[ids]``, ``take_along_axis``) contracts
+  those dims, as ``taps.Graph.embedding`` its vocabulary; a scatter mirrors it;
 - transposes, broadcasts, squeezes and dtype conversions relabel or alias a value (no operator),
   and reshapes are views (:mod:`taps.frontends.jax.builder`).
 
@@ -275,29 +275,135 @@ def split(b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str) -> l
     return [_windowed(b, eqn, ins, name, {axis}, i) for i in range(len(eqn.outvars))]
 
 
+def _index_labels(
+    operand: tuple[int, ...],
+    indexed: Sequence[int],
+    batching: Sequence[int],
+    index_batching: Sequence[int],
+    n_index_dims: int,
+) -> tuple[list[str], list[str]]:
+    """Labels of a gather's or scatter's operand dims and index array dims: the indexed dims
+    ``v`` (``v0``, ... with several), the batching dims ``b0``, ... (the same label in the
+    index array), the others ``h0``, ...; the index array's other dims ``t0``, ... and its
+    last dim (the index vector) ``index``."""
+    single = len(indexed) == 1
+    labels, h = [], 0
+    for d in range(len(operand)):
+        if d in indexed:
+            labels.append("v" if single else f"v{list(indexed).index(d)}")
+        elif d in batching:
+            labels.append(f"b{list(batching).index(d)}")
+        else:
+            labels.append(f"h{h}")
+            h += 1
+    idx, t = [], 0
+    for d in range(n_index_dims - 1):
+        if d in index_batching:
+            idx.append(f"b{list(index_batching).index(d)}")
+        else:
+            idx.append(f"t{t}")
+            t += 1
+    return labels, [*idx, "index"]
+
+
+def _picked(
+    eqn: Any, operand: JaxprValue, ids: JaxprValue, names: tuple[str, str, str]
+) -> tuple[list[str], list[str], list[int]] | None:
+    """The labels of a gather's or scatter's operand and index array (:func:`_index_labels`)
+    and the operand dims it keeps whole (neither indexed nor batching), read from the dimension
+    numbers' fields ``names`` (indexed dims, operand batching dims, index batching dims); None
+    unless the index vector holds one index per indexed dim."""
+    dn = eqn.params["dimension_numbers"]
+    indexed, batching, index_batching = (tuple(getattr(dn, n, ())) for n in names)
+    if ids.shape[-1:] != (len(indexed),):
+        return None
+    rest = [d for d in range(len(operand.shape)) if d not in indexed and d not in batching]
+    labels, idx = _index_labels(operand.shape, indexed, batching, index_batching, len(ids.shape))
+    return labels, idx, rest
+
+
+def _windowed_labels(
+    rank: int, window: Sequence[int], rest: Sequence[int], labels: list[str], idx: list[str]
+) -> tuple[str, ...]:
+    """The labels of a gather's output or a scatter's updates: the operand's whole dims at the
+    ``window`` positions, the index array's dims (but the index vector) elsewhere, in order."""
+    out = [""] * rank
+    for pos, d in zip(window, rest):
+        out[pos] = labels[d]
+    lead = iter(idx[:-1])
+    return tuple(o or next(lead) for o in out)
+
+
 def gather(
     b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
 ) -> list[JaxprValue] | None:
-    """``table[ids]``: rows of a table looked up by an index array, as an embedding (the table's
-    row axis ``v`` contracted). Other gathers have no rule."""
+    """A gather that picks single elements along its indexed dims (each slice 1 wide there and
+    whole along every other dim): ``table[ids]`` (``jnp.take``, an embedding) and
+    ``take_along_axis`` (a cross-entropy picking each row's label). The indexed dims are
+    contracted, as an embedding's vocabulary (``taps.Graph.embedding``): split, each device
+    picks the indices that fall in its part (zero elsewhere) and an all_reduce sums them, as
+    Megatron-LM's vocabulary-parallel embedding and cross-entropy do; batching dims and the
+    index array's dims may be split, the index vector is whole. Other gathers have no rule."""
     table, ids = ins
-    p = eqn.params
-    dn = p["dimension_numbers"]
+    dn = eqn.params["dimension_numbers"]
     shape, dtype = _out(eqn)
-    lookup = (
-        tuple(dn.collapsed_slice_dims) == (0,)
-        and tuple(dn.start_index_map) == (0,)
-        and not tuple(getattr(dn, "operand_batching_dims", ()))
-        and ids.shape[-1:] == (1,)
-        and tuple(p["slice_sizes"]) == (1, *table.shape[1:])
-        and tuple(dn.offset_dims) == tuple(range(len(ids.shape) - 1, len(shape)))
+    found = _picked(
+        eqn, table, ids, ("start_index_map", "operand_batching_dims", "start_indices_batching_dims")
     )
-    if not lookup:
+    if found is None:
         return None
-    lead = _labels(len(ids.shape) - 1, "t")
-    rows = _labels(len(table.shape) - 1, "h")
-    inputs = [(ids, (*lead, "index")), (table, ("v", *rows))]
-    return [b.op(name, "embedding", inputs, (*lead, *rows), shape, dtype)]
+    labels, idx, rest = found
+    sizes = tuple(eqn.params["slice_sizes"])
+    picked = [d for d in range(len(table.shape)) if d not in rest]
+    if (
+        sorted(dn.collapsed_slice_dims) != sorted(dn.start_index_map)
+        or any(sizes[d] != 1 for d in picked)
+        or any(sizes[d] != table.shape[d] for d in rest)
+        or len(dn.offset_dims) != len(rest)
+    ):
+        return None
+    out = _windowed_labels(len(shape), dn.offset_dims, rest, labels, idx)
+    simple = tuple(dn.start_index_map) == (0,) and not tuple(dn.operand_batching_dims)
+    part = tuple(x for x in (*labels, *idx) if x != "index")
+    inputs = [(ids, tuple(idx)), (table, tuple(labels))]
+    return [b.op(name, "embedding" if simple else "gather", inputs, out, shape, dtype, part)]
+
+
+def scatter(
+    b: JaxprGraphBuilder, eqn: Any, ins: list[JaxprValue], name: str
+) -> list[JaxprValue] | None:
+    """``x.at[ids].add(u)`` (``scatter-add``) and ``x.at[ids].set(u)`` (``scatter``) of single
+    elements along the indexed dims, the mirror of :func:`gather`: the output has the operand's
+    axes, each device adds (or writes) the updates whose indices fall in its part of the indexed
+    dims; the updates' index dims are contracted for an add into zeros (split, their partial
+    sums are all_reduced) and whole otherwise (the last write wins, which is no sum)."""
+    operand, ids, updates = ins
+    dn = eqn.params["dimension_numbers"]
+    shape, dtype = _out(eqn)
+    found = _picked(
+        eqn,
+        operand,
+        ids,
+        ("scatter_dims_to_operand_dims", "operand_batching_dims", "scatter_indices_batching_dims"),
+    )
+    if found is None:
+        return None
+    labels, idx, rest = found
+    window = tuple(dn.update_window_dims)
+    if (
+        sorted(dn.inserted_window_dims) != sorted(dn.scatter_dims_to_operand_dims)
+        or len(window) != len(rest)
+        or any(updates.shape[w] != operand.shape[d] for w, d in zip(window, rest))
+    ):
+        return None
+    up = _windowed_labels(len(updates.shape), window, rest, labels, idx)
+    # Split index dims leave partial sums, in which an operand that is not zero would be counted
+    # once per part: only an add into a constant (zeros) may split them.
+    summed = eqn.primitive.name == "scatter-add" and operand.source is None
+    whole = {"index"} if summed else {"index", *idx}
+    part = tuple(x for x in (*labels, *idx) if x not in whole)
+    inputs = [(operand, tuple(labels)), (ids, tuple(idx)), (updates, up)]
+    return [b.op(name, eqn.primitive.name, inputs, tuple(labels), shape, dtype, part)]
 
 
 def unsupported(
@@ -360,6 +466,7 @@ RULES: dict[str, Rule] = _table(
         (conv_general_dilated, "conv_general_dilated"),
         (reduce_window, "reduce_window_max reduce_window_min reduce_window_sum"),
         (gather, "gather"),
+        (scatter, "scatter-add scatter"),
         (slicing, "slice dynamic_slice pad"),
         (dynamic_update_slice, "dynamic_update_slice"),
         (concatenate, "concatenate"),

@@ -86,6 +86,8 @@ class OpRecord:
     post: list[int] = field(default_factory=list)
     #: How many of the last inputs are addends (a bias: ``Graph.add_operator(addends=...)``).
     addends: int = 0
+    #: What the backward keeps of the output (``taps.graph.Operator.saved``).
+    saved: str = "output"
 
 
 def groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -213,17 +215,26 @@ class AtenGraphBuilder:
         order: Sequence[int] | None = None,
         hidden: Sequence[int] = (),
         addends: Sequence[tuple[AtenValue, Sequence[str]]] = (),
+        saved: str = "output",
     ) -> AtenValue:
         """An operator reading ``inputs`` (each a value and a label per framework dim) and
         making a tensor of framework shape ``out_shape`` labelled ``out_labels``; ``addends``
-        are inputs added after the contraction (a bias), over output labels.
+        are inputs added after the contraction (a bias), over output labels; ``saved`` is what
+        the backward keeps of the output (``taps.graph.Operator.saved``).
 
         ``partitionable`` defaults to every label; labels of size 1 never are. ``order`` lays
         the output's graph dims out in that order of framework dims (so a transpose that follows
         costs nothing); ``hidden`` adds trailing dims of those sizes the framework does not see
-        (labelled ``ri0``, ...)."""
-        operands = [self.operand(v, labels, path) for v, labels in [*inputs, *addends]]
+        (labelled ``ri0``, ...).
+
+        A tensor with no elements (a dim of size 0: Phi-3's rotary slice past the head dim)
+        holds no data: as an output it is a constant, as an operand it is left out."""
         out_shape = tuple(out_shape)
+        if 0 in out_shape:
+            return constant(out_shape, dtype_bytes)
+        inputs = [(v, labels) for v, labels in inputs if 0 not in v.shape]
+        addends = [(v, labels) for v, labels in addends if 0 not in v.shape]
+        operands = [self.operand(v, labels, path) for v, labels in [*inputs, *addends]]
         order = tuple(range(len(out_shape))) if order is None else tuple(order)
         hidden_labels = [f"ri{k}" for k in range(len(hidden))]
         sizes = dict(zip(out_labels, out_shape))
@@ -253,6 +264,7 @@ class AtenGraphBuilder:
                 {d: sizes[d] for d in out_dims if d not in known},
                 dtype_bytes,
                 addends=len(addends),
+                saved=saved,
             )
         )
         self.order.append(("op", len(self.ops) - 1))
@@ -469,6 +481,7 @@ class AtenGraphBuilder:
                 op.axis_sizes,
                 op.dtype_bytes,
                 addends=operands[factors:],
+                saved=op.saved,
             ).name
             for tid in op.post:
                 tensor(tid)

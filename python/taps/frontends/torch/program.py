@@ -69,6 +69,9 @@ class Conversion:
     graph: Graph
     module_of: dict[str, str]
     links: dict[str, list[Link]] = field(default_factory=dict)
+    #: Per parameter ``state_dict`` key that names a tensor another key named first (a weight
+    #: tied to two modules), that first key: the graph's name of the one parameter.
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def check_unknown(unknown: str) -> None:
@@ -196,14 +199,25 @@ def convert(
     nodes = list(program.graph.nodes)
     user = 0
     # Parameters first, in state_dict order, so every parameter is in the graph (also one the
-    # forward pass does not use) and the count matches the module's.
+    # forward pass does not use) and the count matches the module's. A tensor under several
+    # keys (tied weights) is one parameter, named by its first key as ``named_parameters`` does.
     placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
+    first_key: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    values: dict[str, Any] = {}
     for spec in sig.input_specs:
         if spec.kind.name == "PARAMETER":
-            val = placeholders[spec.arg.name].meta["val"]
-            env[placeholders[spec.arg.name]] = b.parameter(
-                spec.target, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
-            )
+            target = str(spec.target)
+            held = program.state_dict.get(target)
+            key = first_key.setdefault(id(held), target) if held is not None else target
+            if key != target:
+                aliases[target] = key
+            else:
+                val = placeholders[spec.arg.name].meta["val"]
+                values[key] = b.parameter(
+                    key, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
+                )
+            env[placeholders[spec.arg.name]] = values[key]
     unsupported: list[str] = []
     # Per node that made operators: (first record, records end, flattened args, output value).
     made: dict[str, tuple[int, int, list[Any], Any]] = {}
@@ -272,8 +286,9 @@ def convert(
             f"(unknown='replicate' keeps them whole):{listed}"
         )
     graph, op_names = b.build(name)
+    graph.share_parameters()
     links = {k: _links(b, op_names, *m) for k, m in made.items()}
-    return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)}, links)
+    return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)}, links, aliases)
 
 
 def _links(

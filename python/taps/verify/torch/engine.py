@@ -1,17 +1,14 @@
 """A taps plan run on PyTorch DTensor: the module distributed by
-:func:`taps.export.distribute_module`, run forward and backward on the fake process group at the
-plan's full world size in this process (meta tensors: nothing is computed, every collective is
-dispatched), each collective read as it is dispatched (:mod:`.collectives`) and paired with
-taps' prediction; and, for the numbers, the same on a few gloo ranks (:mod:`.numerics`).
+:func:`taps.export.distribute_module` (``mode="taps"``), run forward and backward on the fake
+process group at the plan's full world size in this process (meta tensors: nothing is computed,
+every collective is dispatched), each collective read as it is dispatched (:mod:`.collectives`)
+and paired with taps' prediction; and, for the numbers, the same on a few gloo ranks
+(:mod:`.numerics`).
 
-What DTensor does that taps' plan does not say is listed, as for XLA (docs/verify.md): DTensor
-plans each redistribution itself (one collective per mesh dim, where taps may move several mesh
-dims in one), and its sharding propagation may add collectives inside an operator's node. In the
-backward pass DTensor takes each gradient back through the inverse of the forward
-redistributions, summing partial gradients on the way (a reduce-scatter where taps prices an
-all_reduce and a backward redistribution): backward collectives that are not taps' predicted
-gradient all_reduces are ``unpriced``, and the parameter gradients are reduced to the
-parameters' placements at the end, which is where taps' gradient all_reduces of parameters run.
+What runs is the plan's step, as on XLA (docs/verify.md): in the training step taps' forward and
+backward plans edge by edge, flowing partial sums and gradient all_reduces (ZeRO's reduce_scatter
+and all_gather), every collective predicted; in the paper's model autograd takes gradients back
+through the forward steps, and those backward collectives are ``unpriced``.
 """
 
 from __future__ import annotations
@@ -23,14 +20,9 @@ from typing import Any
 
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module
-from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
-from taps.verify.prediction import (
-    check_plan,
-    describe_scopes,
-    operator_collectives,
-    predicted_collectives,
-)
+from taps.search.evaluate import step_layouts
+from taps.verify.prediction import check_plan, describe_scopes, predicted_collectives
 from taps.verify.result import (
     TOLERANCE,
     UNEXPECTED,
@@ -46,6 +38,8 @@ from taps.verify.torch.values import (
     cast_inputs,
     import_torch,
     materialize,
+    replaying,
+    token_bound,
     torch_dtype,
     user_specs,
 )
@@ -72,40 +66,40 @@ def collective_rows(
         )
     t0 = time.perf_counter()
     graph = plan.graph
-    layouts = layouts_of(plan)
+    step = step_layouts(plan)
+    layouts = step.layouts
     tdtype = torch_dtype(dtype)
     grid = layouts.mesh
     n = grid.num_devices
-    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
+    with replaying():
+        tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+        try:
+            from torch.distributed.device_mesh import DeviceMesh
 
-        # A CPU mesh holding meta tensors: nothing is computed.
-        mesh = DeviceMesh(
-            "cpu", torch.arange(n).reshape(grid.shape), mesh_dim_names=grid.axis_names
-        )
-        dense = materialize(module, tdtype, "meta", seed)
-        xs = cast_inputs(inputs, tdtype, "meta", seed)
-        dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
-        recorder = Recorder(
-            {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
-            {op.name: j for j, op in enumerate(graph.ops)},
-            tuple(grid.shape),
-        )
-        dist.tracer = recorder
-        placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
-        t1 = time.perf_counter()
-        with recorder.recording():
-            outs = dist(*placed)
-            recorder.phase = "backward"
-            backward(dist, outs, seed)
-        t2 = time.perf_counter()
-    finally:
-        tdist.destroy_process_group()
+            # A CPU mesh holding meta tensors: nothing is computed.
+            mesh = DeviceMesh(
+                "cpu", torch.arange(n).reshape(grid.shape), mesh_dim_names=grid.axis_names
+            )
+            dense = materialize(module, tdtype, "meta", seed)
+            xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
+            dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
+            recorder = Recorder(
+                {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
+                {op.name: j for j, op in enumerate(graph.ops)},
+                tuple(grid.shape),
+            )
+            dist.tracer = recorder
+            placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
+            t1 = time.perf_counter()
+            with recorder.recording():
+                outs = dist(*placed)
+                recorder.phase = "backward"
+                backward(dist, outs, seed)
+            t2 = time.perf_counter()
+        finally:
+            tdist.destroy_process_group()
     describe = describe_scopes(layouts)
-    predicted = predicted_collectives(
-        layouts, operator_collectives(plan), tdtype.itemsize, describe
-    )
+    predicted = predicted_collectives(layouts, step.intra, tdtype.itemsize, describe, step.backward)
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
     index = recorder.ops
@@ -122,13 +116,19 @@ def collective_rows(
             describe[scope] = f"node {scope[2:]} (DTensor's own)"
         elif scope.startswith("l:"):
             describe[scope] = f"a leaf placed for {scope[2:]} (taps: no edge)"
-    rows = match(predicted, recorder.measured, describe, plan.cluster.devices_per_node)
-    return [_backward_status(r) for r in rows], {"compile": t1 - t0, "run": t2 - t1}
+    paper = plan.pricing.step != "training"
+    rows = match(
+        predicted, recorder.measured, describe, plan.cluster.devices_per_node, unpriced=paper
+    )
+    if paper:
+        rows = [_backward_status(r) for r in rows]
+    return rows, {"compile": t1 - t0, "run": t2 - t1}
 
 
 def _backward_status(row: CollectiveCheck) -> CollectiveCheck:
-    """A backward collective taps did not predict (the backward of a redistribution), and the
-    placing of a parameter or input for a second reader, are ``unpriced`` (module doc)."""
+    """In the paper's model, a backward collective taps did not predict (the backward of a
+    redistribution), and the placing of a parameter or input for a second reader, are
+    ``unpriced`` (module doc)."""
     if row.status == UNEXPECTED and (row.phase == "backward" or "(taps: no edge)" in row.what):
         return dataclasses.replace(row, status=UNPRICED)
     return row
@@ -148,6 +148,8 @@ def verify_torch(
     them (the same plan when the world is that size; else the plan :func:`taps.search` finds for
     ``numerics`` devices on one node) against the dense module."""
     check_plan(plan, "verify_torch")
+    if plan.pricing.zero and plan.pricing.step != "training":
+        raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     rows, timings = collective_rows(module, inputs, plan, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:

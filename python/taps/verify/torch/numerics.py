@@ -25,7 +25,15 @@ from taps.export.distribute import distribute_module
 from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
 from taps.verify.result import relative_error
-from taps.verify.torch.values import backward, cast_inputs, materialize, torch_dtype, user_specs
+from taps.verify.torch.values import (
+    backward,
+    cast_inputs,
+    materialize,
+    replaying,
+    token_bound,
+    torch_dtype,
+    user_specs,
+)
 
 #: The rank counts a numerics run takes (gloo processes on one machine).
 RANKS = (4, 8)
@@ -33,14 +41,14 @@ RANKS = (4, 8)
 
 def numerics_plan(plan: Plan, ranks: int) -> Plan:
     """The plan the numbers are checked on: ``plan`` when its cluster has ``ranks`` devices,
-    else taps' plan for ``ranks`` devices on one node."""
+    else taps' plan for ``ranks`` devices on one node, with the same pricing."""
     if ranks not in RANKS:
         raise VerifyError(f"a numerics run takes {' or '.join(map(str, RANKS))} ranks, not {ranks}")
     if plan.cluster.num_devices == ranks:
         return plan
     from taps.search.searching import search
 
-    return search(plan.graph, Cluster(1, ranks)).plan
+    return search(plan.graph, Cluster(1, ranks), plan.pricing).plan
 
 
 def gloo_errors(
@@ -74,7 +82,7 @@ def gloo_errors(
         for code, err in failed:
             if code:
                 tail = (err.strip().splitlines() or ["no output"])[-1]
-                raise VerifyError(f"a gloo rank failed: {tail}")
+                raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
         with open(os.path.join(tmp, "errors.json")) as f:
             return dict(json.load(f))
 
@@ -94,7 +102,7 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
         layouts = layouts_of(plan)
         tdtype = torch_dtype(dtype)
         dense = materialize(module, tdtype, "cpu", seed)
-        xs = cast_inputs(inputs, tdtype, "cpu", seed)
+        xs = cast_inputs(inputs, tdtype, "cpu", seed, token_bound(module))
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
         dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps")
         specs = user_specs(dist)
@@ -130,5 +138,5 @@ def _rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
 
 
 if __name__ == "__main__":
-    with open(os.path.join(sys.argv[1], "payload.pkl"), "rb") as f:
+    with open(os.path.join(sys.argv[1], "payload.pkl"), "rb") as f, replaying():
         _rank(int(sys.argv[2]), int(sys.argv[3]), pickle.load(f))

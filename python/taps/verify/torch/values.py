@@ -6,7 +6,11 @@ make them alike."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import logging
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from taps._support.extras import require
@@ -26,20 +30,36 @@ def torch_dtype(name: str) -> Any:
     return getattr(import_torch(), name)
 
 
-def cast_inputs(inputs: Sequence[Any], dtype: Any, device: str, seed: int) -> list[Any]:
-    """Floating inputs as ``dtype`` on ``device`` (meta inputs get seeded random values);
-    ``requires_grad`` kept."""
+def token_bound(module: Any) -> int:
+    """The bound of random integer inputs: the smallest embedding table of ``module`` (token ids
+    index every table), 2 without one."""
+    torch = import_torch()
+    sizes = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
+    return min(sizes, default=2)
+
+
+def cast_inputs(
+    inputs: Sequence[Any], dtype: Any, device: str, seed: int, bound: int = 2
+) -> list[Any]:
+    """Floating inputs as ``dtype`` on ``device`` (meta inputs get seeded random values),
+    ``requires_grad`` kept; integer inputs (token ids) as they are, meta ones seeded random
+    integers below ``bound`` (:func:`token_bound`)."""
     torch = import_torch()
     gen = torch.Generator().manual_seed(seed)
     out = []
     for x in inputs:
         if not isinstance(x, torch.Tensor):
             out.append(x)
-            continue
-        if not x.is_floating_point():
-            raise VerifyError(f"the torch engine takes floating inputs only, got {x.dtype}")
-        value = torch.randn(x.shape, generator=gen) if x.is_meta else x.detach().cpu()
-        out.append(value.to(device=device, dtype=dtype).requires_grad_(x.requires_grad))
+        elif not x.is_floating_point():
+            if x.is_complex() or x.dtype == torch.bool:
+                raise VerifyError(
+                    f"the torch engine takes floating or integer inputs, got {x.dtype}"
+                )
+            value = torch.randint(0, bound, x.shape, generator=gen) if x.is_meta else x.cpu()
+            out.append(value.to(device=device, dtype=x.dtype))
+        else:
+            value = torch.randn(x.shape, generator=gen) if x.is_meta else x.detach().cpu()
+            out.append(value.to(device=device, dtype=dtype).requires_grad_(x.requires_grad))
     return out
 
 
@@ -93,3 +113,33 @@ def backward(dist: DistributedModule, outs: Any, seed: int) -> list[Any]:
 def user_specs(dist: DistributedModule) -> list[Any]:
     """The specs of the module's own inputs, in order."""
     return [s for s in dist.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+
+
+#: The fx interpreter's note of the node a failure happened at.
+_NODE = re.compile(r"While executing %(\S+)")
+
+
+@contextmanager
+def replaying() -> Iterator[None]:
+    """A run of the replay: torch's own logs and warnings silenced (the fallbacks of a CPU
+    process group, export's notes), and anything that goes wrong inside torch one
+    :class:`VerifyError` naming the node of the module's program it happened at."""
+    loggers = [logging.getLogger(name) for name in ("torch", "torch.distributed")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except VerifyError:
+        raise
+    except Exception as e:  # torch raises many kinds from deep inside: said once, in one line
+        text = str(e).strip()
+        node = _NODE.search(text)
+        first = text.splitlines()[0] if text else type(e).__name__
+        where = f" at node {node.group(1)}" if node else ""
+        raise VerifyError(f"the torch replay failed{where}: {first}") from None
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

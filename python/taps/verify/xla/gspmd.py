@@ -1,8 +1,10 @@
 """taps' plan against the compiler's own: the graph as whole-tensor JAX code with taps' layouts as
 sharding constraints on every operator input and output, partitioned by XLA (Shardy or GSPMD),
 compared with taps' predictions edge by edge and operator by operator. JAX differentiates the
-program itself, so taps' side is the paper's model (forward redistributions, gradients all_reduced
-at their operators), whatever the plan's pricing.
+program itself; taps' side is priced as the search priced the plan (its ``Pricing``: the step, the
+planner of every edge, the cost model), and both sides in seconds on the plan's cluster: taps'
+steps by taps' cost model, XLA's collectives by the same model from their groups
+(:mod:`.pricing`).
 
 Where the two differ is the evidence the cost model is judged by: per edge or operator and pass,
 the bytes each device receives under taps' plan and under XLA's, and how many of them cross nodes
@@ -14,6 +16,7 @@ whole tensor), read from its log while it compiles.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -28,8 +31,10 @@ from rich.table import Table
 
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
+from taps.report.tables import format_seconds
 from taps.verify.prediction import check_plan
 from taps.verify.result import TOLERANCE, inter_node_groups
+from taps.verify.xla.pricing import collective_seconds
 from taps.verify.xla.program import GraphProgram, measured
 from taps.verify.xla.replay import COMPILER_OPTIONS
 
@@ -69,6 +74,8 @@ class Traffic:
     taps_collectives: str
     xla_collectives: str
     rematerialized: bool
+    taps_seconds: float = 0.0
+    xla_seconds: float = 0.0
 
     @property
     def differs(self) -> bool:
@@ -87,8 +94,10 @@ class GspmdReport:
         warnings: XLA's involuntary-rematerialization log lines.
         max_error: the largest relative error of XLA's outputs and gradients against the
             unsharded run.
-        taps_bytes, xla_bytes: totals per device over the training step (backward
-            redistributions, which taps leaves out, are in ``xla_bytes``).
+        taps_bytes, xla_bytes: totals per device over the training step (in the forward
+            model, backward redistributions, which taps leaves out, are in ``xla_bytes``).
+        taps_seconds, xla_seconds: the same in seconds on the plan's cluster.
+        step: the step taps' side is priced in (the plan's pricing).
     """
 
     rows: list[Traffic]
@@ -98,6 +107,7 @@ class GspmdReport:
     num_devices: int
     devices_per_node: int
     timings: dict[str, float] = field(default_factory=dict)
+    step: str = "training"
 
     @property
     def taps_bytes(self) -> int:
@@ -108,9 +118,26 @@ class GspmdReport:
         return sum(r.xla_bytes for r in self.rows)
 
     @property
+    def taps_seconds(self) -> float:
+        return math.fsum(r.taps_seconds for r in self.rows)
+
+    @property
+    def xla_seconds(self) -> float:
+        return math.fsum(r.xla_seconds for r in self.rows)
+
+    def _unpriced(self, r: Traffic) -> bool:
+        return self.step == "forward" and r.phase == "backward" and r.scope[0] == "e"
+
+    @property
     def xla_unpriced_bytes(self) -> int:
-        """XLA's bytes for the backward pass of redistributions, which taps does not price."""
-        return sum(r.xla_bytes for r in self.rows if r.phase == "backward" and r.scope[0] == "e")
+        """XLA's bytes for the backward pass of redistributions, which taps' forward model does
+        not price (0 in the training step)."""
+        return sum(r.xla_bytes for r in self.rows if self._unpriced(r))
+
+    @property
+    def xla_unpriced_seconds(self) -> float:
+        """:attr:`xla_unpriced_bytes` in seconds."""
+        return math.fsum(r.xla_seconds for r in self.rows if self._unpriced(r))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +149,10 @@ class GspmdReport:
             "taps_bytes": self.taps_bytes,
             "xla_bytes": self.xla_bytes,
             "xla_unpriced_bytes": self.xla_unpriced_bytes,
+            "step": self.step,
+            "taps_seconds": self.taps_seconds,
+            "xla_seconds": self.xla_seconds,
+            "xla_unpriced_seconds": self.xla_unpriced_seconds,
             "rows": [{**asdict(r), "differs": r.differs} for r in self.rows],
             "warnings": list(self.warnings),
             "timings": dict(self.timings),
@@ -132,8 +163,9 @@ class GspmdReport:
 
     def table(self, title: str = "taps against XLA's partitioner") -> Table:
         table = Table(title=title, title_justify="left")
-        for name in ("phase", "what", "taps B", "XLA B", "taps x-node B", "XLA x-node B", "XLA"):
-            right = name.endswith("B")
+        names = ("phase", "what", "taps B", "XLA B", "taps x-node B", "XLA x-node B")
+        for name in (*names, "taps s", "XLA s", "XLA"):
+            right = name.endswith(("B", " s"))
             table.add_column(name, justify="right" if right else "left", overflow="fold")
         for r in self.rows:
             mark = "[red]" if r.differs else ""
@@ -145,12 +177,16 @@ class GspmdReport:
                 f"{mark}{r.xla_bytes:,}{end}",
                 f"{r.taps_cross_node_bytes:,}",
                 f"{mark}{r.xla_cross_node_bytes:,}{end}",
+                format_seconds(r.taps_seconds),
+                format_seconds(r.xla_seconds),
                 r.xla_collectives,
             )
+        priced = self.xla_seconds - self.xla_unpriced_seconds
         table.caption = (
-            f"per device: taps {self.taps_bytes:,} B, XLA "
-            f"{self.xla_bytes - self.xla_unpriced_bytes:,} B on the same steps and "
-            f"{self.xla_unpriced_bytes:,} B for backward redistributions; "
+            f"per device: taps {self.taps_bytes:,} B in {format_seconds(self.taps_seconds)} "
+            f"({self.step} step), XLA {self.xla_bytes - self.xla_unpriced_bytes:,} B in "
+            f"{format_seconds(priced)} on the same steps and "
+            f"{self.xla_unpriced_bytes:,} B for backward redistributions taps does not price; "
             f"{len(self.warnings)} rematerialization warnings; max error {self.max_error:.3g}"
         )
         table.caption_justify = "left"
@@ -170,7 +206,11 @@ def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdRep
     """Compile the plan's training step with XLA's partitioner and compare (module doc)."""
     check_plan(plan, "compare_gspmd")
     t0 = time.perf_counter()
-    prog = GraphProgram(plan.with_pricing(Pricing(step="forward")), dtype, seed)
+    # The program: whole-tensor code under taps' layouts, differentiated by JAX (the forward
+    # model's program). taps' side: the plan as its search priced it.
+    forward = plan.with_pricing(Pricing(step="forward"))
+    prog = GraphProgram(forward, dtype, seed)
+    priced = prog if plan.pricing == forward.pricing else GraphProgram(plan, dtype, seed)
     graph, cluster = plan.graph, plan.cluster
     jax = prog.jax
     args = prog.placed()
@@ -207,19 +247,21 @@ def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdRep
     def row(scope: str, phase: str) -> dict[str, Any]:
         return rows.setdefault(
             (scope, phase),
-            {"taps": [], "xla": [], "tb": 0, "xb": 0, "tx": 0, "xx": 0},
+            {"taps": [], "xla": [], "tb": 0, "xb": 0, "tx": 0, "xx": 0, "ts": [], "xs": []},
         )
 
-    for p in prog.predicted():
+    for p in priced.predicted():
         r = row(p.scope, p.phase)
         r["taps"].append((p.kind, len(p.groups[0])))
         r["tb"] += p.bytes
         r["tx"] += p.bytes if inter_node_groups(p.groups, L) else 0
+        r["ts"].append(p.seconds or 0.0)
     for scope, phase, c in measured(compiled.as_text(), prog.mesh.num_devices):
         r = row(scope, phase)
         r["xla"].append((c.kind, c.group_size))
         r["xb"] += c.bytes
         r["xx"] += c.bytes if inter_node_groups(c.groups, L) else 0
+        r["xs"].append(collective_seconds(cluster, c))
     order = {s: i for i, s in enumerate(prog.describe)}
     traffic = [
         Traffic(
@@ -233,6 +275,8 @@ def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdRep
             _summary(r["taps"]),
             _summary(r["xla"]),
             scope in remat_scopes,
+            math.fsum(r["ts"]),
+            math.fsum(r["xs"]),
         )
         for (scope, phase), r in sorted(
             rows.items(), key=lambda kv: (kv[0][1] != "forward", order.get(kv[0][0], -1))
@@ -246,4 +290,5 @@ def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdRep
         prog.mesh.num_devices,
         L,
         {"compile": t1 - t0, "run": time.perf_counter() - t1},
+        plan.pricing.step,
     )

@@ -84,13 +84,19 @@ def _einsum(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
     factors = [(o.dims, x) for o, x in zip(op.inputs, xs) if not o.addend]
     factors += _windows(op, xs[0].dtype)
     missing = [d for d in op.output.dims if all(d not in dims for dims, _ in factors)]
-    if missing:
+    wide = [d for d in missing if op.axis_size(d) != 1]
+    if wide:
         raise VerifyError(
-            f"operator {op.name!r} ({op.kind}): output axes {missing} come from no input, so it "
+            f"operator {op.name!r} ({op.kind}): output axes {wide} come from no input, so it "
             "has no einsum form to replay"
         )
-    spec = ",".join(word(dims) for dims, _ in factors) + "->" + word(op.output.dims)
+    # A size-1 output axis no input has (a mean kept with keepdims, then broadcast by the
+    # reader): the einsum without it, the axis added back.
+    made = [d for d in op.output.dims if d not in missing]
+    spec = ",".join(word(dims) for dims, _ in factors) + "->" + word(made)
     y = _jnp().einsum(spec, *(x for _, x in factors))
+    if missing:
+        y = _jnp().expand_dims(y, [op.output.dims.index(d) for d in missing])
     addends = [_align(x, o.dims, op.output.dims) for o, x in zip(op.inputs, xs) if o.addend]
     return reduce(y, sum(addends[1:], addends[0])) if addends else reduce(y)
 

@@ -12,7 +12,6 @@ collectives of either step it prices; the training step's own body is :mod:`.tra
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -23,11 +22,8 @@ import numpy as np
 from taps._core import Layout, Redistribution
 from taps.errors import VerifyError
 from taps.export.jax import import_jax, jax_mesh, layout_spec
-from taps.plan.layouts import layouts_of
-from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
-from taps.search.evaluate import breakdown
-from taps.search.prices import partial_flows
+from taps.search.evaluate import step_layouts
 from taps.steps.jax import all_reduce, redistribute
 from taps.verify.prediction import describe_scopes, predicted_collectives
 from taps.verify.result import Predicted, check_dtype, relative_error
@@ -64,32 +60,18 @@ class GraphProgram:
     ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
 
     def __init__(self, plan: Plan, dtype: str = "float32", seed: int = 0) -> None:
-        graph, cluster, step = plan.graph, plan.cluster, plan.pricing.step
-        self.graph = graph
-        self.layouts = layouts_of(plan)
+        graph = plan.graph
         # taps' own plans and collectives of the step, as the search priced them (the optimal
         # planner minimises what the cost model measures: seconds on the cluster, or elements);
         # in the paper's model they are layouts_of's.
-        rows = breakdown(plan)
-        incoming = {(i.edge.consumer, i.edge.slot): i for r in rows for i in r.incoming}
+        step = step_layouts(plan)
+        self.graph = graph
+        self.layouts = step.layouts
         #: Per graph edge, the backward plan of the gradient (training step; None: no gradient).
-        self.backward: list[Redistribution | None] = [
-            incoming[(e.consumer, e.slot)].backward for e in graph.edges
-        ]
+        self.backward: list[Redistribution | None] = step.backward
         #: taps' collectives of every operator (forward partial sums and gradients).
-        self.intra = {r.name: [c for c, _ in r.collectives] for r in rows}
-        self.flows = partial_flows(graph, step)
-        if step == "training":
-            forward = [(e, incoming[(e.consumer, e.slot)].redistribution) for e in graph.edges]
-            every = [
-                *self.layouts.tensors.values(),
-                *(x for ls in self.layouts.inputs.values() for x in ls),
-                *(c.partial_output for c in plan.candidates.values()),
-                *(c.layout for cs in self.intra.values() for c in cs),
-            ]
-            plans = [p for _, p in forward] + [p for p in self.backward if p is not None]
-            mesh = mesh_for_redistributions(every, plans, cluster.num_devices)
-            self.layouts = dataclasses.replace(self.layouts, redistributions=forward, mesh=mesh)
+        self.intra = step.intra
+        self.flows = step.flows
         self.mesh = self.layouts.mesh
         self.jax = jax_with_devices(self.mesh.num_devices)
         self.dtype = run_dtype(dtype)

@@ -10,7 +10,7 @@
 //! space stays small enough to plan the edges of a strategy search.
 
 use crate::layout::Layout;
-use crate::plan::ops::{volume, Objective, OpKind};
+use crate::plan::ops::{volume, Objective, OpKind, Over};
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
 /// stepping allocates nothing).
@@ -415,13 +415,19 @@ impl<'a> Space<'a> {
         step: Step,
         next: &State,
     ) -> f64 {
-        let (kind, group, volume) = match step {
-            Step::Op(kind, k, ..) => (kind, 1 << k, volume(kind, self.template.dim_size(k), shard)),
-            Step::Permute => (OpKind::CollectivePermute, moved(state, next), shard),
-        };
-        objective.price_on(kind, group, volume, self.template.device_matrix(), |k| {
-            distinct >> k & 1 == 1
-        })
+        let distinct = |k: usize| distinct >> k & 1 == 1;
+        let matrix = self.template.device_matrix();
+        match step {
+            Step::Op(kind, k, ..) => {
+                let volume = volume(kind, self.template.dim_size(k), shard);
+                objective.price_on(kind, Over::Group(1 << k), volume, matrix, distinct)
+            }
+            Step::Permute => {
+                let sigma = permutation(self.allowed.len(), state, next);
+                let over = Over::Permutation(&sigma);
+                objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
+            }
+        }
     }
 
     /// Every step from `state` with the state it leads to; `keep` are the partial dims the
@@ -534,17 +540,6 @@ impl<'a> Space<'a> {
             }
         }
     }
-}
-
-/// The device dims a collective-permute from `before` to `after` moves (a mask): each dim that
-/// hands its split to another, and that other.
-fn moved(before: &State, after: &State) -> u64 {
-    before
-        .map
-        .iter()
-        .zip(&after.map)
-        .filter(|(k, d)| k != d)
-        .fold(0, |mask, (&k, &d)| mask | 1 << k | 1 << d)
 }
 
 /// The permutation of the `h` device dims a collective-permute from `before` to `after` makes:

@@ -2,9 +2,10 @@
 (``torch.export``'s default graph), keyed by the operator's name without its overload.
 
 The rules live in one module per family (aliases, views, pointwise, contractions, convolution,
-norms, attention, reductions, splits, joins), written in the vocabulary of :mod:`._context`;
-this module assembles :data:`RULES`. docs/frontends.md documents what each operator becomes. A
-node whose tensor arguments are all constants never reaches a rule: its output is a constant too.
+norms, attention, reductions, splits, joins, indexing, scans, moves, creation), written in the
+vocabulary of :mod:`._context`; this module assembles :data:`RULES`. docs/frontends.md documents
+what each operator becomes. A node whose tensor arguments are all constants never reaches a rule:
+its output is a constant too.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from taps.frontends.torch.rules import (
     attention,
     contractions,
     convolution,
+    creation,
+    indexing,
     joins,
+    moves,
     norms,
     pointwise,
     reductions,
+    scans,
     splits,
     views,
 )
@@ -51,6 +56,7 @@ RULES: dict[str, Rule] = _table(
             ],
         ),
         (aliases.native_dropout, ["native_dropout"]),
+        (aliases.copy, ["copy"]),
         (aliases.no_value, ["_assert_scalar", "sym_constrain_range_for_size", "_assert_async"]),
         (
             views.view,
@@ -73,22 +79,28 @@ RULES: dict[str, Rule] = _table(
         (views.view_as_complex, ["view_as_complex"]),
         (views.view_as_real, ["view_as_real"]),
         (pointwise.pointwise, [*pointwise.UNARY, *pointwise.BINARY]),
+        (pointwise.triangle, ["triu", "tril"]),
         (contractions.linear, ["linear"]),
         (contractions.mm, ["mm"]),
         (contractions.addmm, ["addmm"]),
         (contractions.bmm, ["bmm"]),
+        (contractions.baddbmm, ["baddbmm"]),
         (contractions.matmul, ["matmul"]),
         (contractions.einsum, ["einsum"]),
         (contractions.embedding, ["embedding"]),
-        (convolution.conv2d, ["conv2d"]),
+        (convolution.conv, ["conv1d", "conv2d", "conv3d", "convolution"]),
         (
-            convolution.pool2d,
+            convolution.pool,
             [
-                "max_pool2d",
-                "avg_pool2d",
-                "adaptive_avg_pool2d",
-                "max_pool2d_with_indices",
-                "adaptive_max_pool2d",
+                f"{kind}{k}d{suffix}"
+                for k in (1, 2, 3)
+                for kind, suffix in [
+                    ("max_pool", ""),
+                    ("avg_pool", ""),
+                    ("adaptive_avg_pool", ""),
+                    ("adaptive_max_pool", ""),
+                    ("max_pool", "_with_indices"),
+                ]
             ],
         ),
         (norms.layer_norm, ["layer_norm"]),
@@ -129,6 +141,40 @@ RULES: dict[str, Rule] = _table(
         (joins.cat, ["cat", "concat", "concatenate"]),
         (joins.stack, ["stack"]),
         (joins.expand, ["expand", "expand_as", "broadcast_to"]),
+        (indexing.index, ["index"]),
+        (indexing.index_select, ["index_select"]),
+        (indexing.gather, ["gather"]),
+        (indexing.index_put, ["index_put"]),
+        (indexing.index_add, ["index_add"]),
+        (indexing.scatter, ["scatter", "scatter_add", "scatter_reduce"]),
+        (scans.scan, ["cumsum", "cumprod", "logcumsumexp"]),
+        (scans.sort, ["sort", "argsort"]),
+        (scans.topk, ["topk"]),
+        (scans.arg_reduction, ["argmax", "argmin"]),
+        (moves.pad, ["pad", "constant_pad_nd"]),
+        (moves.roll, ["roll"]),
+        (moves.repeat, ["repeat"]),
+        (moves.repeat_interleave, ["repeat_interleave"]),
+        (
+            creation.created,
+            [
+                "new_zeros",
+                "new_ones",
+                "new_empty",
+                "new_full",
+                "new_empty_strided",
+                "zeros_like",
+                "ones_like",
+                "empty_like",
+                "full_like",
+                "rand_like",
+                "randn_like",
+                "randint_like",
+                "fill",
+                "zero",
+            ],
+        ),
+        (creation.bernoulli, ["bernoulli"]),
     ]
 )
 

@@ -12,7 +12,12 @@ def sdpa(cx: Context) -> AtenValue:
     Three operators as taps.models.gpt builds them: ``scores`` (q k^T), ``softmax`` over the
     keys and ``context`` (probabilities times v); batch, heads and query sequence partitionable,
     the head dim and key sequence whole. With grouped-query attention the heads are (kv heads,
-    queries per kv head). A mask that is not a constant is an input of ``scores``."""
+    queries per kv head). A mask that is not a constant is an input of ``scores``.
+
+    The kernels behind it on a GPU (flash and memory-efficient attention, with or without a
+    mask) never store the scores: the backward keeps only the output and the logsumexp per
+    query row and recomputes the rest, so ``scores`` keeps nothing and ``softmax`` keeps its
+    rows (:attr:`taps.graph.Operator.saved`)."""
     q, k, v = (tensor_arg(cx, i, n) for i, n in enumerate(("query", "key", "value")))
     mask = cx.arg(3, "attn_mask")
     b = cx.b
@@ -49,8 +54,10 @@ def sdpa(cx: Context) -> AtenValue:
             )
         )
     dtype = cx.dtypes[0]
-    scores = b.op("scores", cx.path, inputs, scores_shape, scores_l, dtype, part)
-    probs = b.op("softmax", cx.path, [(scores, scores_l)], scores_shape, scores_l, dtype, part)
+    scores = b.op("scores", cx.path, inputs, scores_shape, scores_l, dtype, part, saved="none")
+    probs = b.op(
+        "softmax", cx.path, [(scores, scores_l)], scores_shape, scores_l, dtype, part, saved="rows"
+    )
     out_shape = (*batch_shape, *split, q.shape[-2], v.shape[-1])
     out_l = [*batch, *head, "s", "e"]
     order = cx.order()

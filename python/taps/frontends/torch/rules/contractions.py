@@ -66,6 +66,17 @@ def bmm(cx: Context) -> AtenValue:
     return op(cx, "matmul", [(a, ["b", "i", "k"]), (c, ["b", "k", "j"])], ["b", "i", "j"])
 
 
+def baddbmm(cx: Context) -> AtenValue:
+    """``baddbmm``: a ``matmul`` ``b i k, b k j -> b i j`` plus ``self`` broadcast (an addend:
+    BLOOM's ALiBi bias added to the attention scores)."""
+    bias, a, c = cx.arg(0, "self"), tensor_arg(cx, 1, "batch1"), tensor_arg(cx, 2, "batch2")
+    labels = ["b", "i", "j"]
+    addends: list[tuple[AtenValue | None, Sequence[str]]] = []
+    if isinstance(bias, AtenValue) and not bias.constant:
+        addends.append((bias, broadcast_labels(bias, labels, cx.shapes[0])))
+    return op(cx, "matmul", [(a, ["b", "i", "k"]), (c, ["b", "k", "j"])], labels, None, addends)
+
+
 def matmul(cx: Context) -> AtenValue:
     """``matmul``: a ``matmul`` with vectors promoted and batch dims broadcast."""
     a, c = tensor_arg(cx, 0, "self"), tensor_arg(cx, 1, "other")

@@ -1,60 +1,80 @@
-"""Rules for ATen convolutions and pooling: batch and channels partitionable, spatial axes
-whole."""
+"""Rules for ATen convolutions and pooling of 1, 2 or 3 spatial dims: batch and channels
+partitionable, spatial axes whole."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from taps.frontends.torch.builder import AtenValue, constant
-from taps.frontends.torch.rules._context import Context, lead, op, tensor_arg
+from taps.frontends.torch.rules._context import Context, Unsupported, lead, op, tensor_arg
 
 
-def conv2d(cx: Context) -> AtenValue:
-    """``conv2d``: ``x (b, ci, h, w) * weight (co, ci, kh, kw) + bias (co)``, a ``conv2d``.
+def _spatial(k: int) -> tuple[list[str], list[str], list[str]]:
+    """Input, kernel and output labels of ``k`` spatial dims: ``hi wi``, ``kh kw``, ``ho wo``
+    for two (as the Graph API's conv2d names them), ``x0i``, ``k0``, ``x0o``, ... otherwise."""
+    if k == 2:
+        return ["hi", "wi"], ["kh", "kw"], ["ho", "wo"]
+    return [f"x{i}i" for i in range(k)], [f"k{i}" for i in range(k)], [f"x{i}o" for i in range(k)]
+
+
+def conv(cx: Context) -> AtenValue:
+    """``conv1d``, ``conv2d``, ``conv3d``, ``convolution``: ``x (b, ci, *spatial) * weight (co,
+    ci, *kernel) + bias (co)``, a ``conv1d``/``conv2d``/``conv3d`` operator.
 
     The bias is an addend; batch and channels partitionable, spatial axes whole. With ``groups`` > 1
-    the channels are (groups, per group) views, ``x (b, g, ci, h, w) * weight (g, co, ci, kh, kw) +
+    the channels are (groups, per group) views, ``x (b, g, ci, ...) * weight (g, co, ci, ...) +
     bias (g, co)``: the groups are a partitionable axis that neither is contracted nor sums partials
-    (ResNeXt's grouped and MobileNet's depthwise convolutions)."""
+    (ResNeXt's grouped and MobileNet's depthwise convolutions). An unbatched input has no ``b``."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
-    groups = cx.arg(6, "groups", 1)
+    if cx.kind == "convolution":
+        if cx.arg(6, "transposed", False):
+            raise Unsupported("a transposed convolution")
+        groups = cx.arg(8, "groups", 1)
+    else:
+        groups = cx.arg(6, "groups", 1)
+    k = len(w.shape) - 2
+    kind = f"conv{k}d"
+    batch = ["b"] if len(x.shape) == k + 2 else []
+    si, sk, so = _spatial(k)
     if groups == 1:
         return op(
             cx,
-            "conv2d",
-            [(x, ["b", "ci", "hi", "wi"]), (w, ["co", "ci", "kh", "kw"])],
-            ["b", "co", "ho", "wo"],
-            ["b", "ci", "co"],
+            kind,
+            [(x, [*batch, "ci", *si]), (w, ["co", "ci", *sk])],
+            [*batch, "co", *so],
+            [*batch, "ci", "co"],
             [(bias, ["co"])],
         )
-    b, _, h, wi = x.shape
-    cout, per_group, kh, kw = w.shape
+    nb = len(batch)
+    cout, per_group = w.shape[:2]
     g, co = groups, cout // groups
 
     def split(v: AtenValue, what: str, shape: tuple[int, ...], labels: list[str]) -> tuple:
         return cx.b.reshape(v, shape, cx.path, f"{what}_groups"), labels
 
     inputs = [
-        split(x, "input", (b, g, per_group, h, wi), ["b", "g", "ci", "hi", "wi"]),
-        split(w, "weight", (g, co, per_group, kh, kw), ["g", "co", "ci", "kh", "kw"]),
+        split(
+            x, "input", (*x.shape[:nb], g, per_group, *x.shape[nb + 1 :]), [*batch, "g", "ci", *si]
+        ),
+        split(w, "weight", (g, co, per_group, *w.shape[2:]), ["g", "co", "ci", *sk]),
     ]
     addends = [split(bias, "bias", (g, co), ["g", "co"])] if isinstance(bias, AtenValue) else []
     out = cx.shapes[0]
     grouped = cx.b.op(
-        "conv2d",
+        kind,
         cx.path,
         inputs,
-        (out[0], g, co, *out[2:]),
-        ["b", "g", "co", "ho", "wo"],
+        (*out[:nb], g, co, *out[nb + 1 :]),
+        [*batch, "g", "co", *so],
         cx.dtypes[0],
-        ["b", "g", "ci", "co"],
+        [*batch, "g", "ci", "co"],
         addends=addends,
     )
     return cx.b.reshape(grouped, out, cx.path, "channels")
 
 
-def pool2d(cx: Context) -> Any:
-    """``max_pool2d``, ``avg_pool2d``, ``adaptive_*_pool2d``, ...: a ``pool`` operator.
+def pool(cx: Context) -> Any:
+    """``max_pool2d``, ``avg_pool1d``, ``adaptive_avg_pool3d``, ...: a ``pool`` operator.
 
     Batch and channels partitionable, spatial axes whole. An adaptive pooling to the input's own
     size is the identity (torchvision's AlexNet at 224x224)."""
@@ -63,10 +83,10 @@ def pool2d(cx: Context) -> Any:
     if cx.kind.startswith("adaptive") and out == x.shape:
         result: Any = x
     else:
+        k = int(cx.kind.split("pool")[1][0])  # max_pool2d, adaptive_avg_pool1d, ...
         n = len(x.shape)
-        labels_in = [*lead(n - 2), "hi", "wi"]
-        labels_out = [*lead(n - 2), "ho", "wo"]
-        result = op(cx, "pool", [(x, labels_in)], labels_out, lead(n - 2))
+        si, _, so = _spatial(k)
+        result = op(cx, "pool", [(x, [*lead(n - k), *si])], [*lead(n - k), *so], lead(n - k))
     if len(cx.shapes) > 1:  # (values, indices)
         return [result, constant(cx.shapes[1], 8)]
     return result

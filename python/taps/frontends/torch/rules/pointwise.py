@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from taps.frontends.torch.builder import AtenValue
-from taps.frontends.torch.rules._context import Context, elementwise, flat
+from taps.frontends.torch.rules._context import Context, elementwise, flat, lead, op, tensor_arg
 
 #: Elementwise ATen operators of one tensor (and scalar options).
 UNARY = [
@@ -49,8 +49,6 @@ UNARY = [
     "round",
     "trunc",
     "nan_to_num",
-    "triu",
-    "tril",
     "sgn",
 ]
 #: Elementwise ATen operators of two or three tensors.
@@ -93,3 +91,12 @@ def pointwise(cx: Context) -> AtenValue:
     """A unary, binary or ternary ATen operator (``relu``, ``add``, ``where``, ...): one
     elementwise operator of its name over its non-constant operands, broadcast."""
     return elementwise(cx, cx.kind, flat([*cx.args, *cx.kwargs.values()]))
+
+
+def triangle(cx: Context) -> AtenValue:
+    """``triu``, ``tril``: a ``triu``/``tril`` operator, elementwise but for the matrix (last
+    two) dims, which stay whole: whether an element is kept depends on its row and column,
+    which a device holding a block would not know."""
+    x = tensor_arg(cx, 0, "self")
+    labels = lead(len(x.shape))
+    return op(cx, cx.kind, [(x, labels)], labels, labels[:-2])
