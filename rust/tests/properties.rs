@@ -250,6 +250,49 @@ fn partial_pair() -> impl Strategy<Value = (Layout, Layout)> {
 /// A layout of the search: the tensor map and the partial device dims.
 type Point = (Vec<i64>, Vec<usize>);
 
+/// The maps a collective-permute reaches from `map` (the search's layout of [`exhaustive_volume`]):
+/// every assignment of the split dims to themselves or to a device dim of their size (of `h`),
+/// not holding partial sums, that splits their tensor dim in the target map `goal`, one to one,
+/// other than `map`.
+fn permuted(
+    map: &[i64],
+    partial: &[usize],
+    goal: &[i64],
+    size: &impl Fn(usize) -> u64,
+    h: usize,
+) -> Vec<Vec<i64>> {
+    let split: Vec<usize> = (0..map.len()).filter(|&i| map[i] >= 0).collect();
+    let mut assignments: Vec<Vec<i64>> = vec![map.to_vec()];
+    for &i in &split {
+        let k = map[i] as usize;
+        let options: Vec<i64> = (0..h)
+            .filter(|&d| {
+                size(d) == size(k) && !partial.contains(&d) && (d == k || goal[i] == d as i64)
+            })
+            .map(|d| d as i64)
+            .collect();
+        assignments = assignments
+            .into_iter()
+            .flat_map(|m| {
+                options.iter().map(move |&d| {
+                    let mut m = m.clone();
+                    m[i] = d;
+                    m
+                })
+            })
+            .collect();
+    }
+    let one_to_one = |m: &[i64]| {
+        split
+            .iter()
+            .all(|&a| split.iter().all(|&b| a == b || m[a] != m[b]))
+    };
+    assignments
+        .into_iter()
+        .filter(|m| m != map && one_to_one(m))
+        .collect()
+}
+
 /// The least elements received per device from `source` to `target` (one shape, one device
 /// matrix), by a plain Dijkstra over every layout the optimal planner's steps reach, without its
 /// bound, heuristic, classes of equivalent layouts or pruning rules (docs/core.md): slices along
@@ -325,32 +368,8 @@ fn exhaustive_volume(source: &Layout, target: &Layout) -> u64 {
                 }
             }
         }
-        // Collective-permutes: every assignment of the split dims to themselves or to a device
-        // dim of their size, not holding partial sums, that splits their tensor dim in the target.
-        let split: Vec<usize> = (0..map.len()).filter(|&i| map[i] >= 0).collect();
-        let mut assignments: Vec<Vec<i64>> = vec![map.clone()];
-        for &i in &split {
-            let k = map[i] as usize;
-            let options: Vec<i64> = (0..h)
-                .filter(|&d| {
-                    size(d) == size(k) && !partial.contains(&d) && (d == k || goal.0[i] == d as i64)
-                })
-                .map(|d| d as i64)
-                .collect();
-            assignments = assignments
-                .into_iter()
-                .flat_map(|m| options.iter().map(move |&d| with(i, d, &m)))
-                .collect();
-        }
-        let one_to_one = |m: &[i64]| {
-            split
-                .iter()
-                .all(|&a| split.iter().all(|&b| a == b || m[a] != m[b]))
-        };
-        for m in assignments {
-            if &m != map && one_to_one(&m) {
-                moves.push((s, (m, partial.clone())));
-            }
+        for m in permuted(map, partial, &goal.0, &size, h) {
+            moves.push((s, (m, partial.clone())));
         }
         for (price, mut next) in moves {
             next.1.sort_unstable();

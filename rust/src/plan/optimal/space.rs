@@ -85,7 +85,7 @@ impl State {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
     Op(OpKind, usize, Option<usize>, Option<usize>),
     Permute,
@@ -188,13 +188,11 @@ pub(super) fn matching(from: &State, to: &State, runs: &[(usize, usize)]) -> [us
     let mut pi: [usize; MAX_DIMS] = std::array::from_fn(|i| i);
     for &(start, end) in runs {
         let mut free = (start..end).filter(|&j| to.map[j] < 0);
-        for i in start..end {
-            pi[i] = if from.map[i] < 0 {
+        for (p, &m) in pi[start..end].iter_mut().zip(&from.map[start..end]) {
+            *p = if m < 0 {
                 free.next().expect("one class")
             } else {
-                (start..end)
-                    .find(|&j| to.map[j] == from.map[i])
-                    .expect("one class")
+                (start..end).find(|&j| to.map[j] == m).expect("one class")
             };
         }
     }
