@@ -49,6 +49,16 @@ def llama3(flavor: str, layers: int | None = None) -> torch.nn.Module:
         return config.build().to(torch.bfloat16)
 
 
+def tied_llama3(flavor: str, batch: int, seq: int) -> taps.Graph:
+    """:func:`llama3` exported on ``batch`` x ``seq`` tokens and converted, its blocks tied."""
+    module = llama3(flavor)
+    tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    conversion = convert(torch.export.export(module, (tokens,)), name=f"llama3-{flavor}")
+    for instances in repeated_blocks(conversion, module):
+        conversion.graph.tie(instances)
+    return conversion.graph
+
+
 def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 

@@ -17,23 +17,10 @@ import argparse
 import statistics
 import time
 
-import torch
-
 import taps
-from frontend_torch import llama3
-from taps.frontends.torch import convert, repeated_blocks
+from frontend_torch import tied_llama3
 from taps.search.tables import build_tables
 from taps.solve.pipeline import largest_needs, smallest_memory
-
-
-def llama3_8b_graph(batch: int, seq: int) -> taps.Graph:
-    """The converted graph with its 32 blocks tied."""
-    module = llama3("8B")
-    tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    conversion = convert(torch.export.export(module, (tokens,)), name="llama3-8B")
-    for instances in repeated_blocks(conversion, module):
-        conversion.graph.tie(instances)
-    return conversion.graph
 
 
 def unfused(graph: taps.Graph) -> taps.Graph:
@@ -52,7 +39,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint", type=int, default=0)
     args = parser.parse_args()
-    graph = llama3_8b_graph(args.batch, args.seq)
+    graph = tied_llama3("8B", args.batch, args.seq)
     cluster = taps.Cluster.preset("dgx-h100", args.nodes)
     pricing = taps.Pricing(checkpoint=args.checkpoint)
     limit = cluster.device_memory

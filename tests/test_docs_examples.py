@@ -1,6 +1,7 @@
-"""The documentation's Python runs: every ```python block of README.md, docs/getting-started.md
-and docs/plan.md, each file's blocks in order in one namespace, in a fresh interpreter. A block
-that must not run (it needs the reader's own code) is preceded by an ``<!-- no-test -->`` line."""
+"""The documentation's Python runs: every ```python block of README.md, docs/getting-started.md,
+docs/plan.md and docs/pipeline.md, each file's blocks in order in one namespace, in a fresh
+interpreter. A block that must not run (it needs the reader's own code) is preceded by an
+``<!-- no-test -->`` line."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import taps
 
 ROOT = Path(__file__).parents[1]
-DOCS = ["README.md", "docs/getting-started.md", "docs/plan.md"]
+DOCS = ["README.md", "docs/getting-started.md", "docs/plan.md", "docs/pipeline.md"]
 SKIP = "<!-- no-test -->"
 #: A fenced block: its opening fence's language, its first line number and its text.
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)

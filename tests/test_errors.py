@@ -48,6 +48,13 @@ def test_search_refuses_nan_negative_and_infinite_limits(alexnet, function, name
     assert function.__name__.rpartition(".")[2] in str(e.value)
 
 
+@pytest.mark.parametrize("value", [1e-300, 0.5])
+def test_search_refuses_a_memory_limit_below_one_byte(alexnet, value):
+    """Shown as "0 bytes" in the infeasibility message, it would read as a bug in taps."""
+    with pytest.raises(ArgumentError, match=r"memory_limit must be at least 1 byte, got"):
+        taps.search(alexnet, CLUSTER, memory_limit=value)
+
+
 @pytest.mark.parametrize("value", [NAN, -1, 0, 2.0, INF, True])
 @pytest.mark.parametrize("name", ["parameter_bytes", "gradient_bytes"])
 def test_pricing_refuses_element_sizes_that_are_not_positive_ints(name, value):
@@ -209,7 +216,8 @@ def test_available_memory_is_known_here():
     machine = limits._meminfo_available()
     if machine is not None:
         assert have is not None
-        assert have <= machine
+        # Two reads of a number other processes change: allow what moved between them.
+        assert have <= machine + 256 * 2**20
 
 
 def _needs_scip() -> tuple[taps.Graph, IlpOptions]:
@@ -259,8 +267,9 @@ def _run(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([*SEARCH, "--memory", "-1GB"], "memory size must be positive"),
-        ([*SEARCH, "--memory", "nan"], "memory size must be positive"),
+        ([*SEARCH, "--memory", "-1GB"], "memory size must be finite and at least 1 byte"),
+        ([*SEARCH, "--memory", "nan"], "memory size must be finite and at least 1 byte"),
+        ([*SEARCH, "--memory", "1e-300"], "memory size must be finite and at least 1 byte"),
         ([*SEARCH, "--time-limit", "-1"], "time limit (seconds) must be a positive"),
         ([*SEARCH, "--time-limit", "nan"], "time limit (seconds) must be a positive"),
         ([*SEARCH, "--time-limit", "inf"], "time limit (seconds) must be a positive"),

@@ -139,12 +139,11 @@ class _TiedHead(torch.nn.Module):
         return torch.relu(self.mid(self.emb(x))) @ self.emb.weight
 
 
-# The training-step replay (mode="taps") does not yet carry a tied weight's gradient back through
-# its share operator (docs/verify.md, known gaps).
-@pytest.mark.parametrize("mode", ["dtensor"])
+@pytest.mark.parametrize("mode", ["dtensor", "taps"])
 def test_distribute_module_runs_a_tied_weight(mode):
-    """DTensor's mode runs a module whose weight two operators read, on the fake process group:
-    the one parameter is placed where its share operator holds it and takes a gradient."""
+    """Either mode runs a module whose weight two operators read, on the fake process group:
+    the one parameter is placed where its share operator holds it and takes a gradient (in
+    taps' replay, its uses' gradients carried back through the share operator)."""
     import torch.distributed as tdist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -162,10 +161,14 @@ def test_distribute_module_runs_a_tied_weight(mode):
         dm = distribute_module(module, plan, x, mesh=mesh, mode=mode)
         y = dm(x)
         y.to_local().sum().backward()
+        grad = dm.grad("emb.weight")  # the replay gathers it from every rank
     finally:
         tdist.destroy_process_group()
     assert tuple(y.shape) == (16, 32)
     assert set(dm.parameters) == {"emb.weight", "mid.weight", "mid.bias"}
     placed = [str(p) for p in dm.parameters["emb.weight"].placements]
-    assert placed == [str(p) for p in dt.placements("emb.weight")]
-    assert dm.grad("emb.weight") is not None
+    if mode == "dtensor":
+        assert placed == [str(p) for p in dt.placements("emb.weight")]
+    else:  # held whole; one block in the share operator's layout reads it for both uses
+        assert len(dm.readers["emb.weight"]) == 1
+    assert grad is not None

@@ -92,9 +92,10 @@ def _refused(data: object, match: str) -> None:
 
 
 def test_another_version_is_refused(saved):
-    _refused({**saved, "version": 3}, "format version 3: this taps reads version 2")
+    _refused({**saved, "version": 4}, "format version 4: this taps reads version 3")
+    _refused({**saved, "version": 2}, "format version 2: this taps reads version 3")
     # Version 1 priced memory by one bytes_per_parameter, which names no dtype or optimizer.
-    _refused({**saved, "version": 1}, "format version 1: this taps reads version 2")
+    _refused({**saved, "version": 1}, "format version 1: this taps reads version 3")
 
 
 def test_what_is_not_a_plan_is_refused(saved):

@@ -173,7 +173,7 @@ def test_saved_plan_keeps_the_pricing_and_refuses_version_1() -> None:
     assert not again.pricing.counts_compute
     doc = json.loads(plan.to_json())
     doc["version"] = 1
-    with pytest.raises(PlanFileError, match="version 1: this taps reads version 2"):
+    with pytest.raises(PlanFileError, match="version 1: this taps reads version 3"):
         taps.Plan.from_dict(doc)
 
 

@@ -26,15 +26,27 @@ class _Hidden(nn.Module):
         return self.model(input_ids=ids, use_cache=False).last_hidden_state
 
 
+class _Logits(nn.Module):
+    """A transformers language model returning its logits (its head tied to the embedding)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
 def gpt2() -> tuple[nn.Module, torch.Tensor]:
-    from transformers import GPT2Config, GPT2Model
+    """GPT-2 with its language-model head, whose weight is the token embedding's (tied)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
         vocab_size=VOCAB, n_positions=16, n_embd=64, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     with torch.device("meta"):
-        return _Hidden(GPT2Model(config)), _ids()
+        return _Logits(GPT2LMHeadModel(config)), _ids()
 
 
 def llama(layers: int = 2) -> tuple[nn.Module, torch.Tensor]:

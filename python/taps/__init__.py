@@ -47,10 +47,12 @@ if TYPE_CHECKING:
         ResourceError,
         VerifyError,
     )
+    from taps.export.pipeline import to_jax_pipeline, to_pipeline
     from taps.frontends import from_jax, from_torch
     from taps.graph import Edge, Graph, Operand, Operator, Tensor
     from taps.plan import Plan, Pricing
     from taps.plan.candidates import strategies_for
+    from taps.plan.stages import Pipeline, Stage
     from taps.search import (
         Comparison,
         OpCost,
@@ -105,6 +107,8 @@ _HOMES = {
     "Tensor": "taps.graph",
     "Plan": "taps.plan",
     "Pricing": "taps.plan",
+    "Pipeline": "taps.plan.stages",
+    "Stage": "taps.plan.stages",
     "strategies_for": "taps.plan.candidates",
     "Comparison": "taps.search",
     "OpCost": "taps.search",
@@ -115,6 +119,8 @@ _HOMES = {
     "StepTime": "taps.search",
     "step_time": "taps.search",
     "IlpOptions": "taps.solve",
+    "to_jax_pipeline": "taps.export.pipeline",
+    "to_pipeline": "taps.export.pipeline",
 }
 
 
@@ -153,12 +159,14 @@ __all__ = [
     "Operand",
     "Operator",
     "OutputError",
+    "Pipeline",
     "Plan",
     "PlanFileError",
     "Pricing",
     "Redistribution",
     "ResourceError",
     "SearchResult",
+    "Stage",
     "StepTime",
     "Strategy",
     "StrategyError",
@@ -182,6 +190,8 @@ __all__ = [
     "search",
     "step_time",
     "strategies_for",
+    "to_jax_pipeline",
+    "to_pipeline",
     "unify",
     "verify",
 ]

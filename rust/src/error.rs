@@ -52,3 +52,29 @@ pub(crate) fn parse_name(
         ))
     })
 }
+
+/// `x` as a message shows it: plainly when that is short, in exponent form at the edges of `f64`
+/// (Rust's plain form of 1e308 is 309 digits long).
+pub(crate) fn shown_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e16).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_number;
+
+    #[test]
+    fn numbers_at_the_edges_are_short() {
+        assert_eq!(shown_number(1e308), "1e308");
+        assert_eq!(shown_number(5e-324), "5e-324");
+        assert_eq!(shown_number(-2.5e20), "-2.5e20");
+        assert_eq!(shown_number(0.5), "0.5");
+        assert_eq!(shown_number(1e9), "1000000000");
+        assert_eq!(shown_number(0.0), "0");
+        assert_eq!(shown_number(f64::NAN), "NaN");
+    }
+}

@@ -213,9 +213,9 @@ def memory_size(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a memory size such as 80GB, 16GiB or 1.6e10"
         ) from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or value < 1:
         raise argparse.ArgumentTypeError(
-            f"the memory size must be positive and finite, got {text!r}"
+            f"the memory size must be finite and at least 1 byte, got {text!r}"
         )
     return value
 
@@ -293,7 +293,7 @@ def add_model_args(p: argparse.ArgumentParser, torch_metavar: str, torch_help: s
 
 def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
     """What a plan is priced as: ``--step`` (default ``step``, said in its help), ``--planner``,
-    ``--zero``; left None when not given (:func:`pricing_of` fills them in)."""
+    ``--zero``, ``--fsdp``; left None when not given (:func:`pricing_of` fills them in)."""
     p.add_argument(
         "--step",
         choices=STEPS,
@@ -312,6 +312,13 @@ def add_pricing_args(p: argparse.ArgumentParser, step: str) -> None:
         action="store_true",
         help="shard parameters' gradients and optimizer state over their data-parallel "
         "devices (ZeRO: reduce_scatter + all_gather, less memory)",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="let the search store any operator's parameters sharded over its data-parallel "
+        "devices (FSDP / ZeRO-3: gathered before use, gradients reduce_scattered), where memory "
+        "needs it",
     )
     p.add_argument(
         "--optimizer",
@@ -363,6 +370,7 @@ _PLAN_HOLDS = (
     ("--step", "step"),
     ("--planner", "planner"),
     ("--zero", "zero"),
+    ("--fsdp", "fsdp"),
     ("--optimizer", "optimizer"),
     ("--checkpoint", "checkpoint"),
     ("--time-limit", "time_limit"),
@@ -385,6 +393,7 @@ def pricing_of(args: argparse.Namespace, step: Step = "training") -> Pricing:
         step=args.step or step,
         planner=args.planner or "paper",
         zero=args.zero,
+        fsdp=args.fsdp,
         optimizer=args.optimizer or "adam",
         checkpoint=args.checkpoint or 0,
     )

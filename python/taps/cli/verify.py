@@ -24,6 +24,7 @@ from taps.plan import Plan
 from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
 from taps.verify.result import TOLERANCE
+from taps.verify.torch.pipeline import verify_pipeline
 
 ENGINES = ("xla", "torch")
 
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "the torch engine runs a torch module: give --torch package.module:factory "
             "(built-in models and graph JSON files have none)"
         )
+    if args.pipeline and args.engine != "torch":
+        raise VerifyError("--pipeline runs on --engine torch (the stages on gloo ranks)")
     if args.gspmd and args.engine != "xla":
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
     # Checked (a temporary file made beside it) before the work, written after it.
@@ -63,9 +66,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
             plan = source  # run as it was saved: not searched again
         else:
             pricing = pricing_of(args, "training")
-            plan = search(source, cluster(args), pricing).plan
+            plan = search(source, cluster(args), pricing, pipeline=args.pipeline).plan
         against = None
-        if args.engine == "torch":
+        if plan.stages:  # a pipelined plan runs its schedule on gloo, one process per rank
+            if args.engine != "torch" or args.gspmd or module is None:
+                raise VerifyError(
+                    "a pipelined plan runs on --engine torch --torch FACTORY (its stages on gloo "
+                    "ranks), without --gspmd"
+                )
+            verified = verify_pipeline(module, inputs, plan)
+        elif args.engine == "torch":
             verified = verify_torch(
                 module, inputs, plan, dtype=args.dtype, numerics=args.gloo or None
             )
@@ -121,6 +131,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gspmd",
         action="store_true",
         help="also compare with XLA's own partitioning of taps' layouts",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="torch engine: search pipeline stages too and run the plan's schedule on gloo, one "
+        "rank per device (at most 8): loss, gradients and the bytes between stages",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the verification as JSON")
     p.set_defaults(run=run)

@@ -1,6 +1,8 @@
 """Plans out to frameworks: a :class:`taps.Plan` as a JAX mesh and a ``PartitionSpec`` per
 tensor (:mod:`.jax`), as a PyTorch ``DeviceMesh`` shape and DTensor placements per tensor
-(:mod:`.dtensor`), or applied to a torch module (:mod:`.distribute`; docs/export.md)."""
+(:mod:`.dtensor`), or applied to a torch module (:mod:`.distribute`); a pipelined plan as
+``torch.distributed.pipelining`` stages and JAX meshes per stage (:mod:`.pipeline`;
+docs/export.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,14 @@ from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
 from taps.export.dtensor import DTensorPlacements, layout_placements, placement_objects
 from taps.export.jax import JaxShardings, layout_spec
+from taps.export.pipeline import (
+    DTensorPipeline,
+    JaxPipeline,
+    TorchPipeline,
+    to_dtensor_pipeline,
+    to_jax_pipeline,
+    to_pipeline,
+)
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.mesh import Mesh, mesh_for
 from taps.plan.plan import Plan
@@ -31,20 +41,28 @@ def check_framework(framework: str) -> None:
         raise ExportError(f"unknown framework {framework!r}: expected 'jax' or 'dtensor'")
 
 
-def export(plan: Plan, framework: str) -> JaxShardings | DTensorPlacements:
-    """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``)."""
+def export(
+    plan: Plan, framework: str
+) -> JaxShardings | DTensorPlacements | JaxPipeline | DTensorPipeline:
+    """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``); for a pipelined
+    plan, :func:`to_jax_pipeline` or :func:`to_dtensor_pipeline`."""
     check_framework(framework)
+    if plan.stages:
+        return to_jax_pipeline(plan) if framework == "jax" else to_dtensor_pipeline(plan)
     return to_jax(plan) if framework == "jax" else to_dtensor(plan)
 
 
 __all__ = [
     "FRAMEWORKS",
+    "DTensorPipeline",
     "DTensorPlacements",
     "DistributedModule",
     "ExportError",
+    "JaxPipeline",
     "JaxShardings",
     "Mesh",
     "PlanLayouts",
+    "TorchPipeline",
     "check_framework",
     "distribute_module",
     "export",
@@ -54,5 +72,8 @@ __all__ = [
     "mesh_for",
     "placement_objects",
     "to_dtensor",
+    "to_dtensor_pipeline",
     "to_jax",
+    "to_jax_pipeline",
+    "to_pipeline",
 ]

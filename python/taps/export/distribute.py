@@ -9,7 +9,9 @@ redistributed to the placements of the operator's input slot before it runs, and
 redistributed to the operator's output placements after; DTensor computes each node on the local
 blocks (its own sharding propagation picks the local kernel, and may add collectives of its own
 where its rules want other placements). Nodes that made no operator (views, transposes) run as
-DTensor propagates them.
+DTensor propagates them. The training-step replay (``mode="taps"``) carries every operator's
+output as its blocks in taps' layout instead (:class:`Blocks`), which DTensor placements cannot
+always express (a fused q, k, v projection split along its heads).
 
 A placement list of the plan is per mesh dim over the dims of the operator's operand in the
 graph; the node's argument views that graph tensor through a row-major reshape (rows: batch and
@@ -20,6 +22,7 @@ dim that holds the same part of the flattened index.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -36,7 +39,7 @@ from taps.export.dtensor import (
     layout_placements,
     placement_objects,
 )
-from taps.graph import Graph
+from taps.graph import SHARE, Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan
 from taps.search.evaluate import StepLayouts, step_layouts
@@ -227,6 +230,45 @@ def _shard_shape(
     return out
 
 
+def block_shape(
+    shape: Sequence[int], shard: Sequence[int], view: Sequence[int]
+) -> list[int] | None:
+    """The shape of a rank's block of a tensor of ``shape`` (blocks of ``shard``) seen as
+    ``view``, a row-major reshape of it: the block reshaped to it is a sub-grid of ``view`` (one
+    set of indices per dim), so torch nodes computing on several such blocks pair the right
+    elements. ``None`` when a split is no product of ranges of the factors both shapes cut the
+    flattened index into (or those do not nest). Weaker than a DTensor form: a split inside one
+    dim of ``view`` (a fused q, k, v projection split by heads: 3 x 32 of 3 x 64) has a block."""
+    if math.prod(shape) != math.prod(view) or 0 in shape:
+        return None
+    # The dims of both as factors of the flattened index, cut wherever either shape cuts it.
+    cuts = sorted({math.prod(s[i:]) for s in (shape, view) for i in range(len(s) + 1)})[::-1]
+    factors = list(itertools.pairwise(cuts))
+    if any(hi % lo for hi, lo in factors):
+        return None
+    local: dict[int, int] = {}  # per factor (by its low cut), the block's size along it
+    for i, (n, b) in enumerate(zip(shape, shard)):
+        top, low, d = math.prod(shape[i:]), math.prod(shape[i + 1 :]), n // b
+        for hi, lo in factors:
+            if hi <= top and lo >= low:  # a factor of dim i, outermost first: it takes the split
+                f = hi // lo
+                if d % f == 0:
+                    local[lo], d = 1, d // f
+                elif f % d == 0:
+                    local[lo], d = f // d, 1
+                else:
+                    return None
+    out = []
+    for j in range(len(view)):
+        top, low = math.prod(view[j:]), math.prod(view[j + 1 :])
+        out.append(math.prod(local[lo] for hi, lo in factors if hi <= top and lo >= low))
+    return out
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    return [list(perm).index(g) for g in range(len(perm))]
+
+
 def _leaves(tree: Any) -> list[Any]:
     """The leaves of nested lists and tuples, in order (the front end's flattening)."""
     if isinstance(tree, (list, tuple)):
@@ -292,7 +334,9 @@ class DistributedModule:
             raise ExportError(f"the plan places no parameter {unplaced[:5]} of the module")
         #: Training-step replay: per parameter or input, each reader's block (a leaf of its own),
         #: its placements and the reader's view of the whole (see :meth:`reader_block`).
-        self.readers: dict[str, list[tuple[Any, list[Any], tuple[int, ...]]]] = {}
+        self.readers: dict[str, list[tuple[Any, Layout]]] = {}
+        #: The shapes of the inputs distributed (a reader's gradient is summed at this shape).
+        self.inputs: dict[str, tuple[int, ...]] = {}
         self.parameters = {
             name: self.leaf(name, p, chosen.tensors[name]) for name, p in parameters.items()
         }
@@ -322,6 +366,7 @@ class DistributedModule:
         """An input of the program as a DTensor in the plan's placements (each rank takes its
         block of the same whole tensor: no communication)."""
         texts = self.chosen.tensors.get(name, (REPLICATE,) * len(self.chosen.mesh.shape))
+        self.inputs[name] = tuple(value.shape)
         return self.leaf(name, value, texts)
 
     def leaf(self, name: str, value: Any, texts: Sequence[str]) -> Any:
@@ -352,40 +397,69 @@ class DistributedModule:
             stride=made.stride(),
         )
 
-    def reader_block(self, x: Any, name: str, placements: list[Any], grad: bool) -> Any:
-        """The block in ``placements`` of ``x``, a view of the parameter or input ``name``, which
-        the training-step replay holds whole on every rank: taken locally (no communication), a
-        leaf of its own when ``grad``, its gradient summed into ``name``'s by :meth:`grad`."""
+    def reader_block(self, x: Any, name: str, layout: Layout, link: Link, grad: bool) -> Any:
+        """The block in ``layout`` of ``x``, the module's view of the parameter or input ``name``
+        (the graph tensor of ``link``), which the training-step replay holds whole on every rank:
+        taken locally (no communication), a leaf of its own when ``grad`` (its gradient summed
+        into ``name``'s by :meth:`grad`); in the module's dims."""
         dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
         whole = x.to_local() if isinstance(x, dtensor.DTensor) else x
-        block = dtensor.distribute_tensor(
-            whole.detach(), self.mesh, placements, src_data_rank=None
-        ).to_local()
+        graph = whole.permute(_inverse(link.perm)).reshape(link.graph_shape)
+        block = self.block(graph, layout)
         if grad:
             block = block.detach().requires_grad_(True)
-            self.readers.setdefault(name, []).append((block, placements, tuple(whole.shape)))
-        return block
+            self.readers.setdefault(name, []).append((block, layout))
+        return Blocks(block, layout, link.graph_shape, link.perm, self).framework()
+
+    def block(self, whole: Any, layout: Layout) -> Any:
+        """This rank's block of ``whole`` (any row-major reshape of ``layout.shape``) in
+        ``layout``, in its dims."""
+        x = whole.reshape(layout.shape)
+        for d, (start, stop) in enumerate(layout.shard_index(self.mesh.get_rank())):
+            x = x.narrow(d, start, stop - start)
+        return x
+
+    def block_range(self, x: Blocks) -> tuple[list[int], list[int]]:
+        """The sizes and the first index of this rank's block of ``x`` in the module's dims."""
+        layout = x.layout
+        shape = block_shape(layout.shape, layout.shard_shape, x.view)
+        if shape is None:
+            raise ExportError(f"the layout {layout!r} has no block on the module's {list(x.view)}")
+        starts = [a for a, _ in layout.shard_index(self.mesh.get_rank())]
+        flat = sum(s * st for s, st in zip(starts, _contiguous(layout.shape)))
+        corner = [flat // st % n for n, st in zip(x.view, _contiguous(x.view))]
+        return [shape[p] for p in x.perm], [corner[p] for p in x.perm]
+
+    def gather(self, local: Any, layout: Layout) -> Any:
+        """The whole tensor of ``layout`` from every rank's block ``local`` (an all_gather over
+        every rank: for results, not part of the replayed step)."""
+        if layout.partial:
+            raise ExportError(f"cannot gather partial sums of {layout!r} as a whole tensor")
+        import torch.distributed._functional_collectives as funcol
+
+        assert self.replay is not None
+        group = self.replay.steps.group(tuple(self.chosen.mesh.axis_names))
+        flat = local.detach().contiguous().reshape(-1)
+        every = funcol.wait_tensor(funcol.all_gather_tensor(flat, 0, group))
+        whole = flat.new_zeros(layout.shape)
+        for rank, piece in enumerate(every.chunk(group.size())):
+            target = whole
+            for d, (start, stop) in enumerate(layout.shard_index(rank)):
+                target = target.narrow(d, start, stop - start)
+            target.copy_(piece.reshape(layout.shard_shape))
+        return whole
 
     def grad(self, name: str) -> Any:
         """The gradient of a parameter or input (by name) as a DTensor in its placements, or
         ``None`` (in the training-step replay, replicated: its readers' gradients summed)."""
         if self.readers.get(name):
             DTensor = require("torch.distributed.tensor", "torch", "grad").DTensor
+            shape = self.parameters[name].shape if name in self.parameters else self.inputs[name]
             total = None
-            for block, placements, shape in self.readers[name]:
+            for block, layout in self.readers[name]:
                 if block.grad is None:
                     continue
-                whole = DTensor.from_local(
-                    block.grad,
-                    self.mesh,
-                    placements,
-                    run_check=False,
-                    shape=shape,
-                    stride=_contiguous(shape),
-                ).full_tensor()
-                whole = whole.reshape(
-                    self.parameters[name].shape if name in self.parameters else whole.shape
-                )
+                whole = self.gather(block.grad, layout).reshape(shape)
                 total = whole if total is None else total + whole
             if total is None:
                 return None
@@ -425,7 +499,7 @@ class DistributedModule:
             else:
                 args.append(self.buffers[target])
         out = _Interpreter(self).run(*args)
-        out = [o.whole() if isinstance(o, _Pending) else o for o in out]
+        out = [o.whole() if isinstance(o, _Pending) else _as_dtensor(o) for o in out]
         return out[0] if len(out) == 1 else out
 
 
@@ -441,6 +515,82 @@ class _Pending:
     def whole(self) -> Any:
         """The reshape done by DTensor, for a reader that is no operator of the plan."""
         return self.x.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A tensor of the training-step replay as each rank's block in a taps layout, whatever
+    DTensor can express: ``local`` is the rank's block of the graph tensor in ``layout`` (graph
+    dims, ``layout.shard_shape``), and the module's tensor is that graph tensor reshaped
+    (row-major) to ``view`` and permuted by ``perm`` (its dim ``i`` is ``view``'s ``perm[i]``).
+    An operator's output is one; views, transposes and splits carry it on; a node that is no
+    operator of the plan gets it as a DTensor where its placements have a DTensor form
+    (:meth:`dtensor`). A fused q, k, v projection split along its heads is a split inside one
+    dim of the module's tensor: no DTensor placement, but a block (:func:`block_shape`)."""
+
+    local: Any
+    layout: Layout
+    view: tuple[int, ...]
+    perm: tuple[int, ...]
+    dist: DistributedModule
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The module's (global) shape of the tensor."""
+        return tuple(self.view[p] for p in self.perm)
+
+    def dim(self) -> int:
+        return len(self.perm)
+
+    def framework(self) -> Any:
+        """The rank's block in the module's dims (what a torch node computes on)."""
+        shape = block_shape(self.layout.shape, self.layout.shard_shape, self.view)
+        if shape is None:
+            raise ExportError(
+                f"the layout {self.layout!r} has no block on the module's {list(self.view)}"
+            )
+        return self.local.reshape(shape).permute(list(self.perm))
+
+    def seen_as(self, view: Sequence[int], perm: Sequence[int]) -> Blocks:
+        """The same blocks, the module's tensor now ``view`` permuted by ``perm``."""
+        return Blocks(self.local, self.layout, tuple(view), tuple(perm), self.dist)
+
+    def dtensor(self) -> Any:
+        """The module's tensor as a DTensor (no communication), or an :class:`ExportError` when
+        its split has no DTensor form."""
+        dist = self.dist
+        mesh = dist.chosen.mesh
+        texts = framework_placements(
+            layout_placements(mesh, self.layout),
+            mesh.shape,
+            self.layout.shape,
+            self.view,
+            self.perm,
+        )
+        dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
+        return dtensor.DTensor.from_local(
+            self.framework(),
+            dist.mesh,
+            placement_objects(texts),
+            run_check=False,
+            shape=self.shape,
+            stride=_contiguous(self.shape),
+        )
+
+    def full_tensor(self) -> Any:
+        """The whole tensor in the module's dims, gathered from every rank (as
+        ``DTensor.full_tensor``)."""
+        whole = self.dist.gather(self.local, self.layout)
+        return whole.reshape(self.view).permute(list(self.perm))
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A split (``split``, ``chunk``, ``unbind``) of :class:`Blocks`: its pieces are taken by
+    the split operators that read them (:meth:`_Interpreter.piece`)."""
+
+    of: Blocks
+    node: Any
 
 
 class _Interpreter:
@@ -465,6 +615,7 @@ class _Interpreter:
         self.views = {aten.view, aten.reshape, aten._unsafe_view}
         self.permutes = {aten.transpose, aten.permute, aten.t}
         self.locals: dict[int, tuple[Any, Any]] = {}  # the DTensor kept: its id stays its own
+        self.shares: dict[str, Blocks] = {}  # per share operator, the parameter's block
 
     def run(self, *args: Any) -> Any:
         return self.interpreter.run(*args, enable_io_processing=False)
@@ -538,15 +689,8 @@ class _Interpreter:
     def permute(self, node: Any, target: Any, args: Any) -> Any:
         """A transpose or permute on the local block, its placements permuted alike (DTensor's
         own propagation searches a space exponential in the mesh dims)."""
-        x, rank = args[0], args[0].dim()
-        if packet_name(target) == "permute":
-            order = [d % rank for d in args[1]]
-        elif packet_name(target) == "t" or rank < 2:
-            order = list(range(rank))[::-1]
-        else:
-            order = list(range(rank))
-            a, b = args[1] % rank, args[2] % rank
-            order[a], order[b] = order[b], order[a]
+        x = args[0]
+        order = _order(packet_name(target), x.dim(), args)
         placements = [
             self.dtensor.Shard(order.index(p.dim)) if p.is_shard() else p for p in x.placements
         ]
@@ -565,6 +709,17 @@ class _Interpreter:
         packet = getattr(target, "_overloadpacket", None)
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute
+        links = dist.conversion.links.get(node.name, [])
+        outputs = [link for link in links if link.slot is None]
+        if args and isinstance(args[0], _Cut):
+            return self.piece(node, args[0], args[1], outputs)
+        blocks = any(isinstance(x, Blocks) for x in _leaves([*args, *kwargs.values()]))
+        if blocks and not outputs:
+            carried = self.carry(node, target, args)
+            if carried is not None:
+                return carried
+            # No operator of the plan: DTensor runs it (where the blocks have its form).
+            args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
         if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
             out = self.view(args[0], args[1])
             if out is not None:
@@ -573,8 +728,6 @@ class _Interpreter:
                 return _Pending(args[0], tuple(int(d) for d in node.meta["val"].shape))
         if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor):
             return self.permute(node, target, args)
-        links = dist.conversion.links.get(node.name, [])
-        outputs = [link for link in links if link.slot is None]
         leaves = _leaves([*args, *kwargs.values()])
         if dist.replay is not None and outputs:
             return self.local(node, target, self._as_dtensors(leaves), links, outputs[0])
@@ -599,6 +752,105 @@ class _Interpreter:
                 out = tracer.mark(out, link.op)
         return out
 
+    def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
+        """A node that is no operator of the plan run on :class:`Blocks` without computing:
+        a view (of a tensor whose dims are in the graph tensor's order), a transpose,
+        ``unsqueeze``/``squeeze``, a copy, a dropout that drops nothing, or a split (its pieces
+        taken by the operators reading them); ``None`` for anything else."""
+        x, name = args[0], packet_name(target)
+        if not isinstance(x, Blocks):
+            return None
+        val = node.meta.get("val")
+        if name in ("view", "reshape", "_unsafe_view", "unflatten", "flatten"):
+            seen = _reshaped(x.view, x.perm, [int(d) for d in val.shape])
+            return None if seen is None else x.seen_as(*seen)
+        if name in ("transpose", "permute", "t"):
+            return x.seen_as(x.view, [x.perm[d] for d in _order(name, x.dim(), args)])
+        if name == "unsqueeze":
+            perm = list(x.perm)
+            perm.insert(args[1] % (x.dim() + 1), len(x.view))
+            return x.seen_as((*x.view, 1), perm)
+        if name == "squeeze":
+            dims = args[1] if len(args) > 1 else range(x.dim())
+            dims = [d % x.dim() for d in ([dims] if isinstance(dims, int) else dims)]
+            gone = {x.perm[d] for d in dims if x.shape[d] == 1}
+            keep = [v for v in range(len(x.view)) if v not in gone]
+            view = [x.view[v] for v in keep]
+            return x.seen_as(view, [keep.index(p) for p in x.perm if p not in gone])
+        if name in ("contiguous", "clone", "alias") or (
+            name == "dropout" and (args[1] == 0 or not args[2])
+        ):
+            return x
+        if name in ("split", "split_with_sizes", "chunk", "unbind"):
+            return _Cut(x, node)
+        return None
+
+    def piece(self, node: Any, cut: _Cut, index: int, outputs: list[Link]) -> Any:
+        """Piece ``index`` of a split of :class:`Blocks`: the split operator's input taken to its
+        layout by taps' edge, and the piece cut from its local block along the split dim (which
+        the split operator keeps whole)."""
+        dist = self.dist
+        replay = dist.replay
+        if not outputs or replay is None:
+            raise ExportError(f"node {node.name} takes a piece no operator of the plan reads")
+        out = outputs[0]
+        op = dist.graph.op(out.op)
+        local = self.edge_block(cut.of, out.op, 0)
+        ins, outs = op.inputs[0].dims, op.output.dims
+        pieces = [tuple(v.shape) for v in cut.node.meta["val"]]
+        with dist.tracer.scope("op", out.op, None):
+            if len(outs) < len(ins):  # one index of a dim (unbind, or equal pieces as a dim)
+                local = local.select(next(i for i, d in enumerate(ins) if d not in outs), index)
+            else:  # a range of a dim
+                k = next(i for i, (a, b) in enumerate(zip(ins, outs)) if a != b)
+                d = next(i for i, (a, b) in enumerate(zip(cut.of.shape, pieces[index])) if a != b)
+                start = sum(p[d] for p in pieces[:index])
+                local = local.narrow(k, start, pieces[index][d])
+        return self.made(local, replay.layouts.outputs[out.op], out)
+
+    def made(self, local: Any, layout: Layout, out: Link) -> Blocks:
+        """An operator's output, its block ``local`` in ``layout`` (reshaped to its block
+        shape), marked for the backward pass."""
+        local = self.dist.tracer.mark(local.reshape(layout.shard_shape), out.op)
+        return Blocks(local, layout, out.graph_shape, out.perm, self.dist)
+
+    def edge_block(self, x: Blocks, op: str, slot: int) -> Any:
+        """The block of ``x`` taken by the edge into ``op``'s input ``slot`` (taps' forward plan;
+        backward, its backward plan) to the block of the slot's layout, in the graph dims."""
+        replay = self.dist.replay
+        assert replay is not None
+        plan = replay.redistributions[(op, slot)]
+        if x.layout.normalized() != plan.source.normalized():
+            raise ExportError(
+                f"operator {op!r} input {slot} reads {x.layout!r}; taps' plan starts from "
+                f"{plan.source!r}"
+            )
+        local = replay.steps.edge(
+            x.local,
+            plan,
+            replay.backward.get((op, slot)),
+            lambda: self.dist.tracer.scope("edge", op, slot),
+        )
+        # The plan's target may be the slot's layout in another shape (a reshape moves nothing).
+        return local.reshape(replay.layouts.inputs[op][slot].shard_shape)
+
+    def shared(self, op: str) -> Blocks:
+        """The parameter a ``share`` operator hands on, as its block in the share operator's
+        layout: one leaf for every use, so the gradients its uses' edges carry back (each
+        reduced by its backward plan, as taps prices them) add up on it."""
+        if op not in self.shares:
+            dist = self.dist
+            name = dist.graph.op(op).inputs[0].tensor
+            layout = dist.replay.layouts.outputs[op]  # type: ignore[union-attr]
+            param = dist.parameters[name]
+            block = dist.block(param.to_local(), layout).detach()
+            if dist.graph.tensors[name].requires_grad:
+                block.requires_grad_(True)
+                dist.readers.setdefault(name, []).append((block, layout))
+            whole = tuple(layout.shape)
+            self.shares[op] = Blocks(block, layout, whole, tuple(range(len(whole))), dist)
+        return self.shares[op]
+
     def holds(self, x: Any, layout: Layout) -> bool:
         """Whether DTensor ``x``'s local block, reshaped, is ``layout``'s (its placements are
         the layout's, carried onto its shape in its own dim order)."""
@@ -620,23 +872,29 @@ class _Interpreter:
         there by taps' steps (in the edge's scope), its gradient summed over the mesh dims the
         operator splits and it does not (in the operator's scope)."""
         dist = self.dist
-        replay, mesh = dist.replay, dist.chosen.mesh
+        replay, mesh, graph = dist.replay, dist.chosen.mesh, dist.graph
         assert replay is not None and link.slot is not None
         plan = replay.redistributions.get((link.op, link.slot))
         ours = replay.layouts.inputs[link.op][link.slot]
+        producer = graph.root(graph.op(link.op).inputs[link.slot].tensor).producer
         with dist.tracer.scope("edge", link.op, link.slot):
             first = (
                 None if plan is None else plan.all_ops[0].layout if plan.all_ops else plan.target
             )
             if isinstance(x, _Pending) and not (first and self.holds(x.x, first)):
                 x = x.whole()
-            if plan is not None and first is not None:
+            if replay.training and producer is not None and graph.op(producer).kind == SHARE:
+                x = self.shared(producer)
+            if isinstance(x, Blocks) and replay.training:
+                local = self.edge_block(x, link.op, link.slot)
+                local = Blocks(local, ours, link.graph_shape, link.perm, dist).framework()
+            elif plan is not None and first is not None:
                 rank = len(link.perm)
                 if isinstance(x, _Pending):
                     local = self.local_of(x.x)  # the block of the plan's source, in its own order
                 else:
                     x = self._to(x, dist.layout_placements(first, link))
-                    local = self.local_of(x).permute([link.perm.index(g) for g in range(rank)])
+                    local = self.local_of(x).permute(_inverse(link.perm))
                 if replay.training:
                     local = replay.steps.edge(
                         local,
@@ -646,26 +904,16 @@ class _Interpreter:
                     )
                 else:
                     local = replay.steps.walk(local, plan)
-                shape = _shard_shape(
-                    framework_placements(
-                        layout_placements(mesh, ours),
-                        mesh.shape,
-                        ours.shape,
-                        link.graph_shape,
-                        tuple(range(rank)),
-                    ),
-                    mesh.shape,
-                    link.graph_shape,
-                )
-                local = local.reshape(shape).permute(list(link.perm))
+                local = Blocks(local, ours, link.graph_shape, link.perm, dist).framework()
+                assert local.dim() == rank
             elif replay.training:
                 # A parameter or input: each reader takes its block of the whole (no edge).
-                graph = dist.graph
                 root = graph.root(graph.op(link.op).inputs[link.slot].tensor)
                 local = dist.reader_block(
                     x.whole() if isinstance(x, _Pending) else x,
                     root.name,
-                    dist.layout_placements(ours, link),
+                    ours,
+                    link,
                     root.name in dist.readers and root.requires_grad,
                 )
             else:
@@ -690,21 +938,22 @@ class _Interpreter:
     def _aligned(
         self,
         x: Any,
-        linked: dict[int, tuple[tuple[int, ...], list[Any]]],
+        linked: dict[int, tuple[tuple[int, ...], Layout, Link]],
         shape: tuple[int, ...],
-        placements: list[Any],
+        out: Blocks,
     ) -> Any:
         """A whole tensor the operator reads beside its graph operands (a buffer, a constant
-        table) as the rank's block of it: in the placements of a linked input of its shape
+        table) as the rank's block of it: in the layout of a linked input of its shape
         (BatchNorm's running statistics, shaped as its weight), else cut where it broadcasts
-        against a split dim of the output (rotary tables, masks)."""
-        dtensor, mesh = self.dtensor, self.dist.mesh
-        same = next((p for s, p in linked.values() if s == tuple(x.shape)), None)
+        against a split dim of the output ``out`` (rotary tables, masks)."""
+        same = next(((lay, li) for s, lay, li in linked.values() if s == tuple(x.shape)), None)
         if same is not None:
-            return dtensor.distribute_tensor(x.detach(), mesh, same, src_data_rank=None).to_local()
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
+            layout, link = same
+            graph = x.detach().permute(_inverse(link.perm)).reshape(link.graph_shape)
+            return Blocks(
+                self.dist.block(graph, layout), layout, link.graph_shape, link.perm, self.dist
+            ).framework()
+        sizes, offsets = self.dist.block_range(out)
         lead = len(shape) - x.dim()
         for d in range(max(0, -lead), x.dim()):
             o = d + lead
@@ -715,8 +964,8 @@ class _Interpreter:
     def local(self, node: Any, target: Any, leaves: list[Any], links: list[Link], out: Link) -> Any:
         """The node run on each rank's blocks, as taps' plan runs it (:class:`Replay`): every
         input in the operator's layout, the result summed over the operator's forward partial
-        sum (a linear layer's bias added after it) and made a DTensor in the output's
-        placements."""
+        sum (a linear layer's bias added after it); in the training step the result's blocks
+        (:class:`Blocks`), else a DTensor in the output's placements."""
         DTensor, dist, torch = self.dtensor.DTensor, self.dist, _torch()
         replay, mesh = dist.replay, dist.chosen.mesh
         assert replay is not None
@@ -724,52 +973,72 @@ class _Interpreter:
         flowing = replay.flowing.get(out.op)
         bias = None
         split = partial or flowing
-        if split and _has_bias(target) and len(leaves) >= 3 and leaves[2] is not None:
-            bias, leaves = leaves[2], [*leaves[:2], None, *leaves[3:]]
+        at = _bias_arg(target)
+        if split and at is not None and len(leaves) > at and leaves[at] is not None:
+            bias, leaves = leaves[at], [*leaves[:at], None, *leaves[at + 1 :]]
         val = node.meta["val"]
-        placements = (
-            dist.layout_placements(replay.layouts.plan.candidates[out.op].partial_output, out)
+        layout = (
+            replay.layouts.plan.candidates[out.op].partial_output
             if flowing is not None
-            else dist.placements(dist.chosen.operators[out.op]["output"], out)
+            else replay.layouts.outputs[out.op]
         )
+        result_blocks = Blocks(None, layout, out.graph_shape, out.perm, dist)
         local: list[Any] = []
-        linked: dict[int, Any] = {}  # the global shapes and placements of the linked inputs
+        linked: dict[int, tuple[tuple[int, ...], Layout, Link]] = {}  # the linked inputs
         for k, x in enumerate(leaves):
             link = next((li for li in links if li.slot is not None and li.arg == k), None)
-            if link is not None and isinstance(x, (torch.Tensor, _Pending)):
+            if link is not None and isinstance(x, (torch.Tensor, _Pending, Blocks)):
                 local.append(self.local_input(x, link))
                 assert link.slot is not None
                 ours = replay.layouts.inputs[link.op][link.slot]
-                linked[k] = (tuple(x.shape), dist.layout_placements(ours, link))
+                linked[k] = (tuple(x.shape), ours, link)
             else:
-                x = x.whole() if isinstance(x, _Pending) else x
+                x = (
+                    x.whole()
+                    if isinstance(x, _Pending)
+                    else x.dtensor()
+                    if isinstance(x, Blocks)
+                    else x
+                )
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         packet = packet_name(target)
+        if bias is not None and at == 0:  # addmm's bias, added after the partial sums
+            local[0] = local[1].new_zeros(())
         for k, x in enumerate(local):
             if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
-                local[k] = self._aligned(x, linked, tuple(val.shape), placements)
+                local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks)
             elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
                 local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
         if packet == "expand":  # its sizes (flattened after the input) are the output's
-            shape = _local_shape(tuple(val.shape), dist.mesh, placements)
+            shape = dist.block_range(result_blocks)[0]
             for i, size in enumerate(shape):
                 local[1 + i] = -1 if local[1 + i] == -1 else size
         share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
+        inside = None
+        if packet == "embedding" and 0 in linked:  # rows of the table split: each rank its own
+            ours = linked[0][1]
+            start, stop = ours.shard_index(dist.mesh.get_rank())[0]
+            if stop - start < ours.shape[0]:
+                ids = local[1]
+                inside = (ids >= start) & (ids < stop)
+                local[1] = torch.where(inside, ids - start, torch.zeros_like(ids))
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
         with dist.tracer.scope("op", out.op, None):
             result = target(*tree[:n], **dict(zip(node.kwargs, tree[n:])))
             if packet == "mean":
                 result = result * share
+            if inside is not None:  # a row another rank holds adds nothing to the partial sum
+                result = result * inside.unsqueeze(-1).to(result.dtype)
             result = replay.steps.sum(result, partial)
             if bias is not None and replay.training:
-                link = next(li for li in links if li.slot is not None and li.arg == 2)
+                link = next(li for li in links if li.slot is not None and li.arg == at)
                 b = self.local_input(bias, link)
                 if packet == "convolution":  # a bias per channel
                     b = b.reshape(-1, *([1] * (result.dim() - 2)))
                 result = replay.steps.add_once(result, b, flowing or ())
             elif bias is not None:
-                link = next(li for li in links if li.slot is not None and li.arg == 2)
+                link = next(li for li in links if li.slot is not None and li.arg == at)
                 layout = replay.layouts.outputs[out.op]
                 used = {a for axes in mesh.dim_axes(layout) for a in axes}
                 assert link.slot is not None
@@ -777,15 +1046,84 @@ class _Interpreter:
                 b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
                 have = {a for axes in mesh.dim_axes(ours) for a in axes}
                 result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
+            if replay.training:
+                return self.made(result.permute(_inverse(out.perm)), result_blocks.layout, out)
             made = DTensor.from_local(
                 result,
                 dist.mesh,
-                placements,
+                dist.placements(dist.chosen.operators[out.op]["output"], out),
                 run_check=False,
                 shape=tuple(val.shape),
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+def _order(name: str, rank: int, args: Any) -> list[int]:
+    """The dims of a ``transpose``, ``permute`` or ``t``'s input, in its output's order."""
+    if name == "permute":
+        return [d % rank for d in args[1]]
+    if name == "t" or rank < 2:
+        return list(range(rank))[::-1]
+    order = list(range(rank))
+    a, b = args[1] % rank, args[2] % rank
+    order[a], order[b] = order[b], order[a]
+    return order
+
+
+def _as_dtensor(x: Any) -> Any:
+    """An output's :class:`Blocks` as a DTensor where its split has a DTensor form (kept as
+    blocks where not: :meth:`Blocks.full_tensor` gathers them)."""
+    if not isinstance(x, Blocks):
+        return x
+    try:
+        return x.dtensor()
+    except ExportError:
+        return x
+
+
+def _reshaped(
+    view: Sequence[int], perm: Sequence[int], shape: Sequence[int]
+) -> tuple[list[int], list[int]] | None:
+    """A tensor that is ``view`` permuted by ``perm``, reshaped (row-major) to ``shape``, as a
+    view and a permutation again: each run of its dims that the reshape merges must be
+    consecutive dims of ``view`` in order (a split needs nothing); ``None`` when not."""
+    now = [view[p] for p in perm]
+    dims = [(now[i], perm[i]) for i in range(len(perm)) if now[i] != 1]
+    new = [j for j, g in enumerate(shape) if g != 1]
+    groups, i, j = [], 0, 0
+    while i < len(dims):
+        a, b, pa, pb = i + 1, j + 1, dims[i][0], shape[new[j]]
+        while pa != pb:
+            if pa < pb:
+                pa, a = pa * dims[a][0], a + 1
+            else:
+                pb, b = pb * shape[new[b]], b + 1
+        groups.append(([v for _, v in dims[i:a]], new[j:b]))
+        i, j = a, b
+    parts: dict[int, list[int]] = {}
+    for vs, gs in groups:
+        if vs != list(range(vs[0], vs[0] + len(vs))):
+            return None
+        parts[vs[0]] = gs
+    out: list[int] = []
+    pos: dict[int, int] = {}
+    for v in sorted(parts):
+        for g in parts[v]:
+            pos[g] = len(out)
+            out.append(shape[g])
+    for g, size in enumerate(shape):
+        if size == 1:
+            pos[g] = len(out)
+            out.append(1)
+    return out, [pos[g] for g in range(len(shape))]
+
+
+def _dtensors(tree: Any) -> Any:
+    """``tree`` with every :class:`Blocks` as a DTensor."""
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_dtensors(t) for t in tree)
+    return tree.dtensor() if isinstance(tree, Blocks) else tree
 
 
 def _mean_share(node: Any, whole: Any, block: Any) -> float:
@@ -797,12 +1135,6 @@ def _mean_share(node: Any, whole: Any, block: Any) -> float:
     return math.prod(block.shape[d] for d in dims) / math.prod(whole.shape[d] for d in dims)
 
 
-def _local_shape(shape: tuple[int, ...], mesh: Any, placements: list[Any]) -> list[int]:
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    return list(compute_local_shape_and_global_offset(shape, mesh, placements)[0])
-
-
 def _ordered(names: Sequence[str], chosen: set[str]) -> tuple[str, ...]:
     return tuple(a for a in names if a in chosen)
 
@@ -812,10 +1144,12 @@ def packet_name(target: Any) -> str:
     return str(getattr(getattr(target, "_overloadpacket", None), "__name__", ""))
 
 
-def _has_bias(target: Any) -> bool:
-    """Whether ``target`` takes a bias as its third argument, added after its contraction."""
+def _bias_arg(target: Any) -> int | None:
+    """The argument of ``target`` that is a bias added after its contraction (a linear's or a
+    convolution's third, ``addmm``'s first), or ``None``."""
     aten = _torch().ops.aten
-    return getattr(target, "_overloadpacket", None) in (aten.linear, aten.convolution)
+    packet = getattr(target, "_overloadpacket", None)
+    return 2 if packet in (aten.linear, aten.convolution) else 0 if packet is aten.addmm else None
 
 
 def distribute_module(

@@ -20,6 +20,7 @@ from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.document import to_text
 from taps.export.roots import root_layouts
+from taps.export.storage import stored_axes, stored_groups
 from taps.plan.layouts import PlanLayouts
 from taps.plan.mesh import Mesh
 
@@ -36,6 +37,13 @@ def layout_placements(mesh: Mesh, layout: Layout) -> tuple[str, ...]:
     owner = {a: f"Shard({i})" for i, axes in enumerate(mesh.dim_axes(layout)) for a in axes}
     summed = [k for k in layout.partial if layout.device_dim_size(k) > 1]  # a sum of one is none
     owner.update({a: PARTIAL for a in mesh.group_axes(layout, summed)})
+    return tuple(owner.get(a, REPLICATE) for a in mesh.axis_names)
+
+
+def stored_placements(mesh: Mesh, layout: Layout, group: tuple[int, ...]) -> tuple[str, ...]:
+    """The placements of a parameter in ``layout`` stored sharded over the device dims ``group``
+    (FSDP2's ``Shard(0)`` on the group's mesh dims; :mod:`taps.export.storage`)."""
+    owner = {a: f"Shard({i})" for i, axes in stored_axes(mesh, layout, group).items() for a in axes}
     return tuple(owner.get(a, REPLICATE) for a in mesh.axis_names)
 
 
@@ -65,7 +73,8 @@ class DTensorPlacements:
             its ``mesh_dim_names`` (ranks in order: rank ``r`` is position ``r`` of the mesh).
         tensors: placements per graph tensor (parameters and inputs at their first reader, or
             its view's layout carried back to them, activations as produced, views at their first
-            reader).
+            reader); a parameter the plan stores sharded (FSDP) as stored
+            (:func:`stored_placements`), gathered to its reader's placements.
         operators: per operator, ``{"inputs": [placements per slot], "output": placements}``.
     """
 
@@ -76,9 +85,13 @@ class DTensorPlacements:
     @classmethod
     def from_layouts(cls, layouts: PlanLayouts) -> DTensorPlacements:
         mesh = layouts.mesh
+        roots = root_layouts(layouts)
+        tensors = {name: layout_placements(mesh, lay) for name, lay in roots.items()}
+        for name, group in stored_groups(layouts.plan).items():
+            tensors[name] = stored_placements(mesh, roots[name], group)
         return cls(
             mesh,
-            {name: layout_placements(mesh, lay) for name, lay in root_layouts(layouts).items()},
+            tensors,
             {
                 op.name: {
                     "inputs": [layout_placements(mesh, lay) for lay in layouts.inputs[op.name]],

@@ -14,6 +14,7 @@ from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.document import to_text
 from taps.export.roots import root_layouts
+from taps.export.storage import stored_axes, stored_groups
 from taps.plan.layouts import PlanLayouts
 from taps.plan.mesh import Mesh
 
@@ -32,10 +33,19 @@ def import_jax() -> Any:
 
 def layout_spec(mesh: Mesh, layout: Layout) -> Spec:
     """The ``PartitionSpec`` entries of ``layout`` on ``mesh``."""
-    out: list[SpecEntry] = []
-    for axes in mesh.dim_axes(layout):
-        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return tuple(out)
+    return tuple(_entry(axes) for axes in mesh.dim_axes(layout))
+
+
+def _entry(axes: tuple[str, ...]) -> SpecEntry:
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def stored_spec(mesh: Mesh, layout: Layout, group: tuple[int, ...]) -> Spec:
+    """The ``PartitionSpec`` entries of a parameter in ``layout`` stored sharded over the device
+    dims ``group`` (FSDP: its first dim over the group's mesh axes too;
+    :mod:`taps.export.storage`)."""
+    axes = stored_axes(mesh, layout, group)
+    return tuple(_entry(axes.get(i, ())) for i in range(len(layout.shape)))
 
 
 def jax_mesh(mesh: Mesh, devices: Any = None) -> Any:
@@ -72,7 +82,9 @@ class JaxShardings:
     Attributes:
         mesh: the mesh (shape outermost first, axis ``"d0"`` innermost; see :mod:`.mesh`).
         tensors: ``PartitionSpec`` entries per graph tensor: every parameter and input (at its
-            first reader), activation (as its producer makes it) and view (at its first reader).
+            first reader; a parameter the plan stores sharded, FSDP, as stored:
+            :func:`stored_spec`), activation (as its producer makes it) and view (at its first
+            reader).
         operators: per operator, ``{"inputs": [spec per slot], "output": spec}``: the layout each
             input has after its redistribution, for ``with_sharding_constraint`` at the reader.
     """
@@ -84,7 +96,10 @@ class JaxShardings:
     @classmethod
     def from_layouts(cls, layouts: PlanLayouts) -> JaxShardings:
         mesh = layouts.mesh
-        tensors = {name: layout_spec(mesh, lay) for name, lay in root_layouts(layouts).items()}
+        roots = root_layouts(layouts)
+        tensors = {name: layout_spec(mesh, lay) for name, lay in roots.items()}
+        for name, group in stored_groups(layouts.plan).items():
+            tensors[name] = stored_spec(mesh, roots[name], group)
         operators = {
             op.name: {
                 "inputs": [layout_spec(mesh, lay) for lay in layouts.inputs[op.name]],

@@ -12,11 +12,26 @@ The package: :mod:`~taps.graph.records` (tensors, operands, operators, edges),
 """
 
 from taps.graph.builders import Graph, conv_output_size
-from taps.graph.records import SHARE, TENSOR_KINDS, Edge, Operand, Operator, Tensor
+from taps.graph.records import (
+    MOE_COMBINE,
+    MOE_DISPATCH,
+    MOE_EXPERT,
+    MOE_ROUTE,
+    SHARE,
+    TENSOR_KINDS,
+    Edge,
+    Operand,
+    Operator,
+    Tensor,
+)
 from taps.graph.serialize import FORMAT, VERSION
 
 __all__ = [
     "FORMAT",
+    "MOE_COMBINE",
+    "MOE_DISPATCH",
+    "MOE_EXPERT",
+    "MOE_ROUTE",
     "SHARE",
     "TENSOR_KINDS",
     "VERSION",

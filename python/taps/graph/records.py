@@ -15,6 +15,16 @@ TENSOR_KINDS = ("input", "parameter", "activation", "view")
 #: The kind of the operator through which every use reads a parameter used more than once
 #: (:meth:`taps.graph.ir.GraphIR.share_parameters`).
 SHARE = "share"
+#: The kinds of a mixture-of-experts block's operators in the GShard form (docs/moe.md): the
+#: routing tensor (``gse -> gsec``), the dispatch (``gsec,gsm -> egcm``) and the combine
+#: (``gsec,egcm -> gsm``), gathers whose first input is the routing tensor, and the experts'
+#: projections (``egcm,emh -> egch``), whose ``e`` is the expert axis.
+MOE_ROUTE, MOE_DISPATCH, MOE_COMBINE, MOE_EXPERT = (
+    "moe_route",
+    "moe_dispatch",
+    "moe_combine",
+    "moe_expert",
+)
 
 #: What an operator's backward keeps of its output (:attr:`Operator.saved`).
 SAVED = ("output", "rows", "none")

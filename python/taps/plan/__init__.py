@@ -4,7 +4,8 @@
 :class:`Pricing` (:mod:`.pricing`), saved and read back exactly. :mod:`.candidates` gives the
 layout a strategy gives every operand of an operator (its inputs, its output, the output's partial
 sums and the inputs' gradients) and plans the redistributions between them; :mod:`.layouts` holds
-every tensor's layout under a plan, and :mod:`.mesh` the coarsest device mesh they all fit.
+every tensor's layout under a plan, and :mod:`.mesh` the coarsest device mesh they all fit;
+:mod:`.experts` how a plan splits a mixture of experts (expert parallelism and its place).
 """
 
 from taps.plan.plan import FORMAT, VERSION, Plan, is_saved_plan

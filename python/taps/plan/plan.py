@@ -5,7 +5,9 @@ A :class:`Plan` is the value the rest of taps passes around: the search returns 
 put one on a framework's mesh and the verifiers run one. It is checked when it is made (every
 operator of the graph has exactly one strategy that fits it and the cluster, and no other name
 has one), and it is saved and read back exactly (:meth:`Plan.to_json`, :meth:`Plan.from_json`;
-docs/plan.md gives the file format).
+docs/plan.md gives the file format). A pipelined plan (docs/pipeline.md) also holds its stages
+(:class:`taps.plan.stages.Stage`) and the pipeline chosen; each operator's strategy then spans its
+stage's devices, and :attr:`Plan.stage_plans` gives every stage's own plan.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
 from taps.graph import Graph
 from taps.plan.candidates import Candidate
 from taps.plan.pricing import Pricing
+from taps.plan.stages import Pipeline, Stage, microbatched, stage_graph
 
 #: What the ``format`` key of a saved plan says, and the version this taps writes and reads.
 FORMAT = "taps.plan"
-VERSION = 2
+VERSION = 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,12 +45,17 @@ class Plan:
         strategies: operator name -> its strategy, in the graph's operator order (read-only).
         pricing: how the plan is priced (cost model, step, planner, ZeRO, what training keeps
             per parameter).
+        stages: a pipelined plan's stages, in pipeline order (empty: not pipelined); every
+            operator's strategy then spans its stage's sub-cluster.
+        pipeline: the pipeline chosen, every field set (``None``: not pipelined).
     """
 
     graph: Graph
     cluster: Cluster
     strategies: Mapping[str, Strategy]
     pricing: Pricing = field(default_factory=Pricing)
+    stages: tuple[Stage, ...] = ()
+    pipeline: Pipeline | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("graph", Graph), ("cluster", Cluster), ("pricing", Pricing)):
@@ -61,8 +69,15 @@ class Plan:
                 "Plan: strategies must map operator names to taps.Strategy, got "
                 f"{type(self.strategies).__name__}"
             )
-        ordered = _checked(self.graph, self.cluster, self.strategies)
+        object.__setattr__(self, "stages", tuple(self.stages))
+        devices = _stage_devices(self.graph, self.cluster, self.stages, self.pipeline)
+        ordered = _checked(self.graph, self.cluster, self.strategies, devices)
         object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        sharded = self.pricing.fsdp if isinstance(self.pricing.fsdp, tuple) else ()
+        if foreign := [n for n in sharded if n not in ordered]:
+            raise GraphError(
+                f"fsdp names operators graph {self.graph.name!r} does not have: {_some(foreign)}"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
@@ -71,6 +86,8 @@ class Plan:
             self.cluster == other.cluster
             and self.pricing == other.pricing
             and dict(self.strategies) == dict(other.strategies)
+            and self.stages == other.stages
+            and self.pipeline == other.pipeline
             and same_graph(self.graph, other.graph)
         )
 
@@ -85,8 +102,34 @@ class Plan:
         )
 
     def with_pricing(self, pricing: Pricing) -> Plan:
-        """The same strategies priced another way."""
-        return Plan(self.graph, self.cluster, dict(self.strategies), pricing)
+        """The same strategies (and stages) priced another way."""
+        return Plan(
+            self.graph, self.cluster, dict(self.strategies), pricing, self.stages, self.pipeline
+        )
+
+    @cached_property
+    def stage_plans(self) -> tuple[Plan, ...]:
+        """A pipelined plan's stages as plans of their own, in pipeline order: each stage's
+        sub-graph (:func:`taps.plan.stages.stage_graph`; the tensors crossing into it hold the
+        batch in their leading dim) on a microbatch
+        (:func:`taps.plan.stages.microbatched`), its sub-cluster and its operators' strategies,
+        under this plan's pricing; empty for a plan without stages."""
+        if self.pipeline is None:
+            return ()
+        assert self.pipeline.replicas is not None and self.pipeline.microbatches is not None
+        parts = self.pipeline.replicas * self.pipeline.microbatches
+        return tuple(
+            Plan(
+                microbatched(
+                    stage_graph(self.graph, s.operators, f"{self.graph.name} stage {s.index}"),
+                    parts,
+                ),
+                s.cluster,
+                {n: self.strategies[n] for n in s.operators},
+                self.pricing,
+            )
+            for s in self.stages
+        )
 
     # -- saved plans ------------------------------------------------------------------------
 
@@ -99,6 +142,8 @@ class Plan:
             "graph_digest": _digest(graph),
             "cluster": _cluster_dict(self.cluster),
             "pricing": self.pricing.to_dict(),
+            "pipeline": None if self.pipeline is None else self.pipeline.to_dict(),
+            "stages": [s.to_dict() for s in self.stages],
             "strategies": {
                 name: {
                     "degrees": s.degrees,
@@ -115,8 +160,10 @@ class Plan:
         writes it (so files diff well); :meth:`from_json` reads it back to an equal plan."""
         doc = self.to_dict()
         lines = ["{"]
-        for key in ("format", "version", "graph_digest", "cluster", "pricing"):
+        for key in ("format", "version", "graph_digest", "cluster", "pricing", "pipeline"):
             lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], allow_nan=False)},")
+        rows = [f"  {json.dumps(s, allow_nan=False)}" for s in doc["stages"]]
+        lines += [' "stages": [', ",\n".join(rows), " ],"] if rows else [' "stages": [],']
         rows = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in doc["strategies"].items()]
         lines += [' "strategies": {', ",\n".join(rows), " },"]
         lines.append(' "graph": ' + self.graph.to_json().rstrip("\n").replace("\n", "\n "))
@@ -137,7 +184,15 @@ class Plan:
             )
         missing = [
             k
-            for k in ("graph", "graph_digest", "cluster", "pricing", "strategies")
+            for k in (
+                "graph",
+                "graph_digest",
+                "cluster",
+                "pricing",
+                "pipeline",
+                "stages",
+                "strategies",
+            )
             if k not in data
         ]
         if missing:
@@ -155,11 +210,18 @@ class Plan:
                 name: Strategy(s["degrees"], s["device_map"], s["device_matrix"])
                 for name, s in _object(data["strategies"], "strategies").items()
             }
+            cluster = _cluster_of(data["cluster"])
+            pipeline = data["pipeline"]
+            stages = data["stages"]
+            if not isinstance(stages, list):
+                raise PlanFileError("the plan's stages must be a JSON list")
             return cls(
                 saved,
-                _cluster_of(data["cluster"]),
+                cluster,
                 strategies,
                 Pricing.from_dict(data["pricing"]),
+                tuple(Stage.from_dict(s, cluster) for s in stages),
+                None if pipeline is None else Pipeline.from_dict(pipeline),
             )
         except PlanFileError:
             raise
@@ -250,11 +312,60 @@ def _cluster_of(data: Any) -> Cluster:
     )
 
 
+def _stage_devices(
+    graph: Graph, cluster: Cluster, stages: tuple[Stage, ...], pipeline: Pipeline | None
+) -> dict[str, int]:
+    """Per operator of a pipelined plan, the devices its strategy spans (its stage's); empty
+    without stages. The stages must cut the graph's operators in order, one after the other, and
+    fill the cluster's devices as ``pipeline`` (every field set) lays them out."""
+    if pipeline is None and not stages:
+        return {}
+    if pipeline is None or not pipeline.resolved or not stages:
+        raise StrategyError("a pipelined plan needs its stages and its chosen pipeline, both")
+    for s in stages:
+        if not isinstance(s, Stage):
+            raise TypeError(f"Plan: stages must be taps.Stage, got {type(s).__name__}")
+    assert pipeline.stages is not None and pipeline.chunks is not None
+    assert pipeline.replicas is not None
+    if len(stages) != pipeline.stages * pipeline.chunks:
+        raise StrategyError(
+            f"the plan has {len(stages)} stage(s); its pipeline {pipeline.stages} group(s) of "
+            f"{pipeline.chunks} chunk(s)"
+        )
+    order = [n for s in stages for n in s.operators]
+    if order != [op.name for op in graph.ops]:
+        raise StrategyError(
+            f"the stages do not cut graph {graph.name!r}'s operators in order, each once"
+        )
+    size = stages[0].devices
+    for i, s in enumerate(stages):
+        if (s.index, s.group, s.first_device, s.devices) != (
+            i,
+            i % pipeline.stages,
+            (i % pipeline.stages) * size,
+            size,
+        ):
+            raise StrategyError(
+                f"stage {i} is not stage {i} of group {i % pipeline.stages} on devices "
+                f"{(i % pipeline.stages) * size}.. ({size} of them)"
+            )
+    if size * pipeline.stages * pipeline.replicas != cluster.num_devices:
+        raise StrategyError(
+            f"{pipeline.replicas} copies of {pipeline.stages} group(s) of {size} device(s) are "
+            f"not the cluster's {cluster.num_devices}"
+        )
+    return {n: s.devices for s in stages for n in s.operators}
+
+
 def _checked(
-    graph: Graph, cluster: Cluster, strategies: Mapping[str, Strategy]
+    graph: Graph,
+    cluster: Cluster,
+    strategies: Mapping[str, Strategy],
+    devices: Mapping[str, int],
 ) -> dict[str, Strategy]:
     """``strategies`` in the graph's operator order, each checked against its operator and the
-    cluster; names the graph does not have, and operators without one, are refused."""
+    cluster (its stage's ``devices``, in a pipelined plan); names the graph does not have, and
+    operators without one, are refused."""
     names = {op.name for op in graph.ops}
     foreign = [n for n in strategies if n not in names]
     if foreign:
@@ -286,10 +397,11 @@ def _checked(
                 f"operator {op.name!r}: strategy {s} splits axis {bad[0]!r} of size "
                 f"{op.axis_size(bad[0])} into {s.degrees[op.partitionable.index(bad[0])]} blocks"
             )
-        if s.num_devices != cluster.num_devices:
+        want = devices.get(op.name, cluster.num_devices)
+        if s.num_devices != want:
+            where = "its stage" if op.name in devices else "the cluster"
             raise StrategyError(
-                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, the "
-                f"cluster {cluster.num_devices}"
+                f"operator {op.name!r}: strategy {s} spans {s.num_devices} devices, {where} {want}"
             )
         out[op.name] = s
     return out

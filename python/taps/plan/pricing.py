@@ -1,10 +1,11 @@
-"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO, whether
-compute is counted, and what training keeps per parameter (weight, gradient, master copy,
-optimizer state) and reduces its gradients in. Every function that prices a plan reads these
-choices from one :class:`Pricing` (docs/search.md)."""
+"""How a plan is priced: the cost model, the step, the redistribution planner, ZeRO, parameter
+storage sharding (FSDP), whether compute is counted, and what training keeps per parameter
+(weight, gradient, master copy, optimizer state) and reduces its gradients in. Every function
+that prices a plan reads these choices from one :class:`Pricing` (docs/search.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -65,6 +66,13 @@ class Pricing:
             ``"optimal"`` (the shortest plan within a search budget).
         zero: parameters' gradients and optimizer state sharded over their data-parallel devices
             (ZeRO: reduce_scatter and all_gather).
+        fsdp: parameter storage sharding (FSDP, ZeRO-3; docs/search.md#parameter-storage-sharding):
+            the operators whose parameters are stored sharded over the devices their gradients
+            are reduced over, all-gathered before the forward and again before the backward, their
+            gradients reduce-scattered. ``False`` (the default): none; ``True``: every operator;
+            a tuple of operator names: those. To :func:`taps.search` it says which operators
+            *may* shard: the search picks per operator, and the plan it returns names those it
+            sharded (``False`` if none).
         parameter_bytes: bytes per element of the weight a device keeps for the forward and
             backward (None, the default: the graph's ``dtype_bytes`` of the parameter).
         gradient_bytes: bytes per element of its gradient as it is held and reduced (4, the
@@ -90,6 +98,7 @@ class Pricing:
     step: Step = "training"
     planner: Planner = "paper"
     zero: bool = False
+    fsdp: bool | tuple[str, ...] = False
     parameter_bytes: int | None = None
     gradient_bytes: int | None = GRADIENT_BYTES
     master_weights: bool = True
@@ -104,6 +113,7 @@ class Pricing:
         for name in ("zero", "master_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_fsdp()
         for name in ("parameter_bytes", "gradient_bytes"):
             value = getattr(self, name)
             if value is not None and (
@@ -130,6 +140,26 @@ class Pricing:
                 f"{', '.join(OPTIMIZERS)}"
             )
 
+    def _check_fsdp(self) -> None:
+        """``fsdp`` as True, False or the sorted tuple of its names (an empty one is False)."""
+        value = self.fsdp
+        if isinstance(value, bool):
+            return
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise TypeError(
+                f"fsdp must be True, False or operator names, got {type(value).__name__}"
+            )
+        names = tuple(value)
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise TypeError(f"fsdp: operator names must be strings, got {bad[0]!r}")
+        object.__setattr__(self, "fsdp", tuple(sorted(set(names))) or False)
+
+    def shards(self, op_name: str) -> bool:
+        """Whether operator ``op_name`` stores its parameters sharded (FSDP) under this pricing
+        (for a search: may store them so)."""
+        return self.fsdp is True or (isinstance(self.fsdp, tuple) and op_name in self.fsdp)
+
     @property
     def counts_compute(self) -> bool:
         """Whether compute is counted: ``compute``, or by default under the topology model."""
@@ -154,4 +184,5 @@ class Pricing:
         fields = set(cls.__dataclass_fields__)
         if not isinstance(data, dict) or set(data) != fields:
             raise TopologyError(f"a pricing needs exactly the keys {', '.join(sorted(fields))}")
-        return cls(**data)
+        fsdp = data["fsdp"]
+        return cls(**{**data, "fsdp": tuple(fsdp) if isinstance(fsdp, list) else fsdp})

@@ -137,3 +137,43 @@ def _draw_strategies(ax: Any, plan: Plan, rows: list[OpCost]) -> None:
     ax.set_xlabel("device dims, innermost first (width: log2 of the size)", fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     ax.tick_params(labelsize=8)
+
+
+def plot_stages(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Draw a pipelined plan's stages into ``path``: per stage a bar of its forward and backward
+    per microbatch and its send, labelled with its operators and devices, and its memory."""
+    stages = plan.stages
+    fig = new_figure(WIDTH, MARGIN_HEIGHT + 0.45 * len(stages))
+    time_ax, memory_ax = fig.subplots(1, 2, sharey=True, width_ratios=(2, 1))
+    ys = range(len(stages))
+    forward = [s.forward * 1e3 for s in stages]
+    backward = [s.backward * 1e3 for s in stages]
+    send = [s.send * 1e3 for s in stages]
+    time_ax.barh(ys, forward, color="tab:blue", label="forward", height=0.7)
+    time_ax.barh(ys, backward, left=forward, color="tab:orange", label="backward", height=0.7)
+    left = [f + b for f, b in zip(forward, backward)]
+    time_ax.barh(ys, send, left=left, color="tab:red", label="send", height=0.7)
+    labels = [
+        f"{s.index}: {s.operators[0]}..{s.operators[-1]} on {s.first_device}.."
+        f"{s.first_device + s.devices - 1}"
+        for s in stages
+    ]
+    time_ax.set_yticks(list(ys), labels)
+    time_ax.invert_yaxis()
+    time_ax.set_xlabel("ms per microbatch", fontsize=8)
+    time_ax.legend(fontsize=7, loc="best")
+    time_ax.tick_params(labelsize=7)
+    memory_ax.barh(ys, [s.memory / 2**30 for s in stages], color="tab:green", height=0.7)
+    limit = plan.cluster.device_memory
+    if limit is not None:
+        memory_ax.axvline(limit / 2**30, color="black", linestyle="--", linewidth=1)
+    memory_ax.set_xlabel("GiB per device (dashed: the limit)", fontsize=8)
+    memory_ax.tick_params(labelsize=7)
+    p = plan.pipeline
+    assert p is not None
+    fig.suptitle(
+        f"{plan.graph.name}: {p.schedule}, {p.stages} group(s) x {p.replicas} copies, "
+        f"{p.microbatches} microbatches",
+        fontsize=10,
+    )
+    fig.savefig(os.fspath(path), dpi=DPI)

@@ -9,7 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from taps._core import Cluster, Layout, Redistribution, inter_node_groups
+from taps.plan.experts import expert_splits
+from taps.plan.plan import Plan
 from taps.report.priced import Priced
+from taps.search.evaluate import OpCost
+from taps.search.prices import GATHERS
 from taps.search.searching import Comparison, SearchResult
 
 if TYPE_CHECKING:
@@ -115,7 +119,7 @@ def strategy_table(source: Priced) -> Table:
         op = plan.graph.op(row.name)
         table.add_row(
             escape(row.name),
-            _strategy_text(op.partitionable, row.strategy),
+            _strategy_text(op.partitionable, row.strategy) + (" FSDP" if _sharded(row) else ""),
             str(row.strategy.device_matrix),
             format_cost(row.intra_cost, model),
             format_cost(row.incoming_cost, model),
@@ -141,6 +145,9 @@ def strategy_table(source: Priced) -> Table:
         "strategy: axis=degree@device dim (0 innermost); "
         f"{kind}, {pricing.planner} planner{', ZeRO' if pricing.zero else ''}"
     )
+    sharded = sum(map(_sharded, rows))
+    if sharded:
+        table.caption += f"; FSDP: {sharded} operator(s) store their parameters sharded"
     if timed:
         table.caption += (
             f"; step time {format_seconds(step.step_time)}: compute "
@@ -151,6 +158,26 @@ def strategy_table(source: Priced) -> Table:
         table.caption += _search_caption(source)
     table.caption_justify = "left"
     return table
+
+
+def _sharded(row: OpCost) -> bool:
+    """Whether an operator stores its parameters sharded (FSDP): it gathers them."""
+    return any(c.reason in GATHERS for c, _ in row.collectives)
+
+
+def experts_text(plan: Plan) -> str | None:
+    """One line on the plan's expert parallelism (docs/moe.md), or None without experts: per
+    distinct split of its expert operators, the expert-parallel degree and where its group sits,
+    the data-parallel degree around it and the tensor-parallel degree inside each expert."""
+    splits = expert_splits(plan)
+    if not splits:
+        return None
+    parts = [
+        f"expert-parallel {s.expert} ({s.level}), data-parallel {s.data}, tensor-parallel "
+        f"{s.tensor} in {n} expert operator{'s' if n > 1 else ''}"
+        for s, n in sorted(splits.items(), key=lambda item: -item[1])
+    ]
+    return "experts: " + "; ".join(parts)
 
 
 def _search_caption(result: SearchResult) -> str:
@@ -311,6 +338,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
                 "exposed": row.exposed,
                 "step_time": row.step_time,
                 "total": row.total,
+                "sharded": _sharded(row),
                 "collectives": [
                     {
                         "tensor": c.tensor,
@@ -355,6 +383,7 @@ def result_dict(source: Priced) -> dict[str, Any]:
         "step": plan.pricing.step,
         "planner": plan.pricing.planner,
         "zero": plan.pricing.zero,
+        "fsdp": plan.pricing.fsdp,
         "compute": plan.pricing.counts_compute,
         "gradient_bytes": plan.pricing.gradient_bytes,
         "cost": cost,
@@ -364,6 +393,18 @@ def result_dict(source: Priced) -> dict[str, Any]:
         "exposed": source.step.exposed,
         "operators": ops,
     }
+    splits = expert_splits(plan)
+    if splits:
+        out["experts"] = [
+            {
+                "expert_parallel": s.expert,
+                "level": s.level,
+                "data_parallel": s.data,
+                "tensor_parallel": s.tensor,
+                "operators": n,
+            }
+            for s, n in splits.items()
+        ]
     if not isinstance(source, SearchResult):
         return out
     result = source
@@ -382,4 +423,58 @@ def result_dict(source: Priced) -> dict[str, Any]:
         },
         "memory_per_device": result.memory_per_device,
         "timings": result.timings,
+    }
+
+
+def stages_table(plan: Plan, step_time: float) -> Table:
+    """A pipelined plan's stages, one row each: its operators, its devices, its operators' most
+    common split degrees (tensor, data: the degrees of its first contraction), its times per
+    microbatch, its send and its memory; the caption gives the pipeline and the step time."""
+    p = plan.pipeline
+    assert p is not None
+    copies = f"{p.replicas} cop{'y' if p.replicas == 1 else 'ies'}"
+    table = Table(
+        title=f"{plan.graph.name}: {p.stages} stage group(s) x {copies} on "
+        f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
+        title_justify="left",
+        caption=f"{p.schedule}, {p.microbatches} microbatches"
+        + (f", {p.chunks} chunks per group" if p.chunks and p.chunks > 1 else "")
+        + f"; step time {format_seconds(step_time)}",
+        caption_justify="left",
+    )
+    for name in (
+        "stage",
+        "operators",
+        "devices",
+        "ranks",
+        "forward",
+        "backward",
+        "send",
+        "memory",
+    ):
+        table.add_column(name, justify="left" if name in ("operators", "ranks") else "right")
+    for s in plan.stages:
+        first, last = s.operators[0], s.operators[-1]
+        ops = first if first == last else f"{first} .. {last} ({len(s.operators)})"
+        where = f"{s.cluster.nodes} node(s)" if s.cluster.nodes > 1 else f"{s.devices} of a node"
+        table.add_row(
+            str(s.index),
+            escape(ops),
+            f"{s.devices} ({where})",
+            f"{s.first_device}..{s.first_device + s.devices - 1}",
+            format_seconds(s.forward),
+            format_seconds(s.backward),
+            format_seconds(s.send),
+            f"{format_bytes(s.memory)} ({s.in_flight:g} in flight)",
+        )
+    return table
+
+
+def pipeline_dict(plan: Plan, step_time: float) -> dict[str, Any]:
+    """A pipelined plan's pipeline, stages and step time as a JSON object."""
+    assert plan.pipeline is not None
+    return {
+        "pipeline": plan.pipeline.to_dict(),
+        "step_time": step_time,
+        "stages": [s.to_dict() for s in plan.stages],
     }

@@ -12,6 +12,10 @@ Every operator is an einsum over named axes; what it counts depends on its kind:
   same size, and of every addend (a bias) by a sum over the output;
 - an **embedding** (a lookup of table rows, modelled as a one-hot matmul) moves its output's rows,
   forward and (summed into the table's gradient) backward: no FLOPs;
+- a mixture-of-experts **dispatch or combine** (``moe_dispatch``, ``moe_combine``: einsums with
+  the routing tensor ``gsec``, docs/moe.md) is a gather: it moves its tokens, forward and
+  backward, and does no FLOPs; the routing tensor is read as its top-k indices and weights (k
+  per token), not whole, so its bytes are not counted;
 - **every other operator** (pointwise, normalisations, softmax, pooling, reductions, slices) does
   one FLOP per element of its largest operand; its backward as much per input that needs a
   gradient.
@@ -29,10 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps._core import Cluster
-from taps.graph import Graph, Operand, Operator
+from taps.graph import MOE_COMBINE, MOE_DISPATCH, Graph, Operand, Operator
 
 #: FLOPs per point of a contraction's iteration space: a multiply and an add.
 CONTRACTION_FLOPS = 2
+
+#: Gathers written as einsums whose first input is the routing tensor (docs/moe.md).
+GATHERS = (MOE_DISPATCH, MOE_COMBINE)
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,9 @@ def factors(op: Operator) -> list[Operand]:
 
 
 def is_contraction(op: Operator) -> bool:
-    """Whether ``op`` multiplies two or more inputs (an embedding is a lookup, not counted so)."""
-    return op.kind != "embedding" and len(factors(op)) >= 2
+    """Whether ``op`` multiplies two or more inputs (an embedding and the gathers of a
+    mixture of experts are lookups, not counted so)."""
+    return op.kind != "embedding" and op.kind not in GATHERS and len(factors(op)) >= 2
 
 
 def iteration_space(op: Operator) -> int:
@@ -94,6 +102,8 @@ def forward_work(graph: Graph, op: Operator) -> Work:
     moved = sum(_bytes(graph, op, o) for o in (*op.inputs, op.output))
     if op.kind == "embedding":
         return Work(0.0, 2 * _bytes(graph, op, op.output) + _bytes(graph, op, op.inputs[0]))
+    if op.kind in GATHERS:
+        return Work(0.0, sum(_bytes(graph, op, o) for o in (*op.inputs[1:], op.output)))
     if is_contraction(op):
         addends = len(op.inputs) - len(factors(op))
         flops = CONTRACTION_FLOPS * iteration_space(op) + addends * _numel(op, op.output)
@@ -109,6 +119,9 @@ def backward_work(graph: Graph, op: Operator) -> Work:
     grad_out = _bytes(graph, op, op.output)
     if op.kind == "embedding":
         return Work(0.0, 2 * grad_out) if any(o is not op.inputs[0] for o in needed) else NO_WORK
+    if op.kind in GATHERS:
+        tokens = [o for o in needed if o is not op.inputs[0]]
+        return Work(0.0, sum(grad_out + _bytes(graph, op, o) for o in tokens))
     if is_contraction(op):
         total = NO_WORK
         space = float(CONTRACTION_FLOPS * iteration_space(op))

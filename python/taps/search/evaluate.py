@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from taps._core import Layout, Redistribution, Strategy
+from taps._core import Layout, Redistribution, Strategy, StrategyError
 from taps.graph import Edge
 from taps.plan.candidates import backward_redistributions, edge_redistributions
 from taps.plan.layouts import PlanLayouts, layouts_of
@@ -20,7 +20,14 @@ from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
 from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, roofline_of
-from taps.search.prices import Collective, intra_collectives, partial_flows
+from taps.search.prices import (
+    BACKWARD_GATHER,
+    FORWARD_GATHER,
+    GATHERS,
+    Collective,
+    intra_collectives,
+    partial_flows,
+)
 from taps.search.timeline import Gradient, backward_timeline
 
 
@@ -72,7 +79,14 @@ class OpCost:
     @property
     def gradient_cost(self) -> float:
         """Its parameters' gradient reductions (the part that may overlap the backward)."""
-        return sum(cost for c, cost in self.collectives if c.parameter)
+        return sum(cost for c, cost in self.collectives if c.parameter and c.reason == "gradient")
+
+    @property
+    def gather_cost(self) -> float:
+        """Its parameters' all_gathers under sharded storage (FSDP), before the forward and the
+        backward: on the communication stream, prefetched behind the operator before (the
+        timeline's), whole in the search's additive form."""
+        return sum(cost for c, cost in self.collectives if c.reason in GATHERS)
 
     @property
     def compute(self) -> float:
@@ -117,28 +131,53 @@ class StepTime:
 
 
 #: A gradient reduction's group: the device matrix, the device dims its layout splits (the
-#: reduction runs over the others) and the bytes per element.
-Group = tuple[tuple[int, ...], tuple[int, ...], int]
+#: reduction runs over the others), the bytes per element, the collective's kind, and for
+#: sharded storage's reduce_scatters the operator (FSDP reduces each unit on its own, unbucketed).
+Group = tuple[tuple[int, ...], tuple[int, ...], int, str, int]
 
 
-def _group(c: Collective) -> Group:
+def _group(c: Collective, owner: int) -> Group:
     used = tuple(sorted({m for m in c.layout.tensor_map if m >= 0}))
-    return tuple(c.layout.device_matrix), used, c.dtype_bytes
+    unit = owner if c.kind == "reduce_scatter" else -1
+    return tuple(c.layout.device_matrix), used, c.dtype_bytes, c.kind, unit
 
 
 def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
     """Each operator's exposed communication under ``plan``: without compute counted all it
-    communicates; with it, all but its parameters' gradient reductions, and its share (by bytes)
-    of the exposed part of the buckets those are reduced in
-    (:func:`taps.search.timeline.backward_timeline`: the compute stream runs the operators'
-    backwards in reverse order, each with the redistributions of its inputs' gradients and its
-    other reductions of gradients)."""
+    communicates; with it, all but what runs on the communication stream (its parameters'
+    gradient reductions, and under sharded storage their gathers), plus its share (by bytes) of
+    the exposed part of the buckets those reductions are in and how long its compute waits for its
+    gathers (:func:`taps.search.timeline.backward_timeline`: the forward's compute stream runs the
+    operators in order, each with its forward redistributions and partial sums; the backward's
+    runs their backwards in reverse order, each with the redistributions of its inputs' gradients
+    and its other reductions of gradients)."""
     cluster, cost_model = plan.cluster, plan.pricing.cost_model
     if not plan.pricing.counts_compute:
         # No compute to hide behind: the step waits for all of it, as the objective says.
         return [r.communication for r in rows]
-    exposed = [r.communication - r.gradient_cost for r in rows]
+    exposed = [r.communication - r.gradient_cost - r.gather_cost for r in rows]
+    forward = [
+        r.forward_compute
+        + sum(i.cost for i in r.incoming)
+        + sum(cost for c, cost in r.collectives if c.reason == "forward partial sum")
+        for r in rows
+    ]
+
+    def cost(group: Hashable, size: float) -> float:
+        matrix, used, dtype, kind, _ = cast(Group, group)
+        layout = Layout(
+            [*(matrix[len(matrix) - 1 - k] for k in used), max(1, round(size / dtype))],
+            list(matrix),
+            [*used, -1],
+        )
+        whole = cluster.collective_cost(layout, "all_reduce", None, dtype, cost_model)
+        return whole if kind == "all_reduce" else whole / 2  # as Collective.cost
+
+    before = backward_timeline(
+        forward, [], cost, gathers=[_gathers(r, FORWARD_GATHER) for r in rows]
+    )
     durations: list[float] = []
+    gathers: list[float] = []
     gradients: list[Gradient] = []
     owner: list[int] = []
     for step, (index, r) in enumerate(reversed(list(enumerate(rows)))):
@@ -147,28 +186,27 @@ def _exposed(plan: Plan, rows: Sequence[OpCost]) -> list[float]:
             + sum(i.backward_cost for i in r.incoming)
             + sum(cost for c, cost in r.collectives if c.reason == "gradient" and not c.parameter)
         )
+        gathers.append(_gathers(r, BACKWARD_GATHER))
         for c, _ in r.collectives:
-            if c.parameter:
+            if c.parameter and c.reason == "gradient":
                 size = math.prod(c.layout.shard_shape) * c.dtype_bytes
-                gradients.append(Gradient(step, _group(c), float(size)))
+                gradients.append(Gradient(step, _group(c, index), float(size)))
                 owner.append(index)
-    if not gradients:
-        return exposed
 
-    def cost(group: Hashable, size: float) -> float:
-        matrix, used, dtype = cast(Group, group)
-        layout = Layout(
-            [*(matrix[len(matrix) - 1 - k] for k in used), max(1, round(size / dtype))],
-            list(matrix),
-            [*used, -1],
-        )
-        return cluster.collective_cost(layout, "all_reduce", None, dtype, cost_model)
-
-    timeline = backward_timeline(durations, gradients, cost)
+    timeline = backward_timeline(durations, gradients, cost, gathers=gathers)
+    for index, wait in enumerate(before.waits):
+        exposed[index] += wait
+    for step, wait in enumerate(timeline.waits):
+        exposed[len(rows) - 1 - step] += wait
     for bucket in timeline.buckets:
         for i in bucket.members:
             exposed[owner[i]] += bucket.exposed * gradients[i].bytes / bucket.bytes
     return exposed
+
+
+def _gathers(row: OpCost, reason: str) -> float:
+    """The seconds of a row's parameter gathers before its forward or its backward."""
+    return sum(cost for c, cost in row.collectives if c.reason == reason)
 
 
 def breakdown(plan: Plan) -> list[OpCost]:
@@ -185,6 +223,10 @@ def _priced_rows(plan: Plan) -> list[OpCost]:
     :func:`evaluate` and :func:`step_layouts` need, without running the timeline)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"breakdown takes a taps.Plan, got {type(plan).__name__}")
+    if plan.stages:
+        raise StrategyError(
+            "a pipelined plan is priced stage by stage: evaluate each of plan.stage_plans"
+        )
     graph, cluster, pricing = plan.graph, plan.cluster, plan.pricing
     cost_model, step = pricing.cost_model, pricing.step
     chosen = plan.candidates
@@ -225,6 +267,8 @@ def _priced_rows(plan: Plan) -> list[OpCost]:
                 op.name in flows,
                 pricing.zero,
                 pricing.gradient_bytes,
+                pricing.shards(op.name),
+                pricing.parameter_bytes,
             )
         )
         fwd, bwd = (0.0, 0.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -39,27 +39,44 @@ def partial_flows(graph: Graph, step: Step = "training") -> frozenset[str]:
     )
 
 
+#: What a parameter-reading operator's collectives are for (:attr:`Collective.reason`): the
+#: forward's all_reduce of partial sums, a gradient's reduction, and under sharded storage (FSDP)
+#: the parameter's all_gathers before the forward and before the backward.
+FORWARD_GATHER = "forward gather"
+BACKWARD_GATHER = "backward gather"
+GATHERS = (FORWARD_GATHER, BACKWARD_GATHER)
+
+
 @dataclass(frozen=True)
 class Collective:
-    """One intra-operator collective: an all_reduce of partial sums over the device dims the
-    tensor's map does not use. Each replica of a replicated operator reduces on its own: the layout
-    stacks the replicas' copies along leading dims split over the replica dims, so those dims are
-    outside the group."""
+    """One intra-operator collective over the device dims the tensor's map does not use: an
+    all_reduce of partial sums, or of a parameter's gradient; under sharded storage (FSDP) a
+    parameter's all_gather (forward and backward) and its gradient's reduce_scatter. Each replica
+    of a replicated operator reduces on its own: the layout stacks the replicas' copies along
+    leading dims split over the replica dims, so those dims are outside the group."""
 
     tensor: str
-    reason: str  # "forward partial sum" or "gradient"
+    reason: str  # "forward partial sum", "gradient", FORWARD_GATHER or BACKWARD_GATHER
     layout: Layout
     dtype_bytes: int
-    kind: Literal["all_reduce"] = "all_reduce"
+    kind: Literal["all_reduce", "all_gather", "reduce_scatter"] = "all_reduce"
     #: A parameter's gradient under ZeRO (``zero=True``): a reduce_scatter over the group and an
     #: all_gather of the updated shards, the all_reduce's bytes over its group, priced as it.
     zero: bool = False
-    #: A parameter's gradient: reduced in the gradient dtype, in buckets alongside the backward
+    #: A parameter's gradient, or its gathers under FSDP: on the communication stream, the
+    #: gradient reduced in the gradient dtype, in buckets alongside the backward
     #: (docs/search.md#the-step-time).
     parameter: bool = False
 
     def cost(self, cluster: Cluster, cost_model: CostModel = "topology") -> float:
-        return cluster.collective_cost(self.layout, self.kind, None, self.dtype_bytes, cost_model)
+        """Seconds (or bytes) on ``cluster``. A ring all_reduce is a reduce_scatter followed by
+        an all_gather over the same group, each half its ring steps and bytes, so the topology
+        model prices either of them over the group as half that all_reduce (exactly what
+        ``collective_cost`` gives the kind along one device dim; the group may span several)."""
+        whole = cluster.collective_cost(
+            self.layout, "all_reduce", None, self.dtype_bytes, cost_model
+        )
+        return whole if self.kind == "all_reduce" else whole / 2
 
 
 def _replicated(layout: Layout) -> bool:
@@ -156,6 +173,20 @@ def collective_of(
     return Collective(t.name, reason, layout, dtype, zero=zero and param, parameter=param)
 
 
+def sharded_storage(collective: Collective, weight_bytes: int) -> list[Collective]:
+    """A parameter's gradient all_reduce under sharded storage (FSDP2's ``fully_shard`` with its
+    default ``reshard_after_forward=True``, ZeRO-3): the parameter, stored as ``1/g`` of it on
+    each of the ``g`` devices of the reduction's group, is all-gathered in ``weight_bytes`` per
+    element before the forward and again before the backward (the forward's gathered copy is
+    freed), and the gradient is reduce-scattered instead of all-reduced."""
+    gather = replace(collective, dtype_bytes=weight_bytes, kind="all_gather", zero=False)
+    return [
+        replace(gather, reason=FORWARD_GATHER),
+        replace(gather, reason=BACKWARD_GATHER),
+        replace(collective, kind="reduce_scatter", zero=False),
+    ]
+
+
 def intra_collectives(
     graph: Graph,
     op: Operator,
@@ -164,16 +195,28 @@ def intra_collectives(
     flowing: bool = False,
     zero: bool = False,
     gradient_bytes: int | None = None,
+    sharded: bool = False,
+    parameter_bytes: int | None = None,
 ) -> list[Collective]:
     """The all_reduces a candidate of ``op`` needs (:func:`reduced_operands`), one per
     operand whose layout leaves a device dim of its group unused; with ``zero``, a parameter's
-    gradient is marked as ZeRO's reduce_scatter and all_gather. Parameters' gradients are reduced
-    in ``gradient_bytes`` (None: their own dtype)."""
+    gradient is marked as ZeRO's reduce_scatter and all_gather; with ``sharded`` (FSDP), it is
+    :func:`sharded_storage`'s gathers of the weight (in ``parameter_bytes``, None: its dtype) and
+    reduce_scatter. Parameters' gradients are reduced in ``gradient_bytes`` (None: their own
+    dtype)."""
     found = (
         collective_of(graph, op, candidate.strategy, r, zero, gradient_bytes)
         for r in reduced_operands(graph, op, step, flowing)
     )
-    return [c for c in found if c is not None]
+    out: list[Collective] = []
+    for c in found:
+        if c is None:
+            continue
+        if sharded and c.parameter:
+            out += sharded_storage(c, parameter_bytes or graph.tensors[c.tensor].dtype_bytes)
+        else:
+            out.append(c)
+    return out
 
 
 def all_reduce_operands(
@@ -200,12 +243,25 @@ def all_reduce_operands(
     ]
 
 
+def copies_of(graph: Graph) -> dict[str, int]:
+    """How many times each operator runs in the model: ``graph.layers`` times the instances of
+    its tie (:attr:`taps.Graph.tied`), or ``graph.layers`` for an operator in no tie."""
+    out = dict.fromkeys((op.name for op in graph.ops), graph.layers)
+    for group in graph.tied:
+        for inst in group:
+            for name in inst:
+                out[name] = graph.layers * len(group)
+    return out
+
+
 def memory(
     graph: Graph,
     op: Operator,
     candidate: Candidate,
     pricing: Pricing = Pricing(),
     kept: float = 1.0,
+    sharded: bool = False,
+    copies: int = 1,
 ) -> float:
     """Bytes per device for one layer of ``op``: its parameter shards with their gradients,
     master copies and optimizer state (:meth:`Pricing.parameter_memory`), and what its backward
@@ -213,15 +269,25 @@ def memory(
     :class:`taps.search.checkpointing.Checkpointing`). A device of a replicated strategy holds its
     replica's whole blocks: the layouts' replica dims split nothing. With ``pricing.zero``, all
     of a parameter's bytes but its weight are divided among the ``g`` devices its gradient is
-    reduced over (ZeRO: gradient, master copy and optimizer state sharded)."""
+    reduced over (ZeRO: gradient, master copy and optimizer state sharded). With ``sharded``
+    (FSDP), the weight of a parameter that needs a gradient is divided so too, and the weight
+    gathered to compute with is held only while the operator runs: at most the running
+    operator's and the prefetched one's, so at most twice the largest. It is charged as twice its
+    gathered weight spread over the operator's ``copies`` in the model (:func:`copies_of`), whose
+    sum bounds that from above."""
     total = 0.0
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.root(operand.tensor).kind == "parameter":  # a view of one too
             weight, rest = pricing.parameter_memory(graph.tensors[operand.tensor].dtype_bytes)
-            if pricing.zero:
+            shard = math.prod(layout.shard_shape)
+            if pricing.zero or sharded:
                 dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))
-                rest /= float(np.prod([layout.device_dim_size(k) for k in dims]))
-            total += math.prod(layout.shard_shape) * (weight + rest)
+                g = float(np.prod([layout.device_dim_size(k) for k in dims]))
+                rest /= g
+                if sharded and g > 1 and graph.tensors[operand.tensor].requires_grad:
+                    total += 2 * shard * weight / copies
+                    weight /= g
+            total += shard * (weight + rest)
     if op.kind == SHARE:  # its output is the parameter it holds, counted above, not saved
         return total
     out = saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Literal, overload
 
 from taps._core import Cluster
 from taps._support.arguments import number
 from taps._support.limits import check_candidates, check_table_memory
+from taps.errors import ArgumentError
 from taps.graph import Graph
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
+from taps.plan.stages import Pipeline
 from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
+from taps.search.pipeline import PipelineResult, search_pipeline
 from taps.search.tables import build_tables
 from taps.solve.pipeline import solve
 from taps.solve.problem import IlpOptions, IlpSize
@@ -50,6 +54,32 @@ class SearchResult:
         return StepTime.of(self.breakdown)
 
 
+@overload
+def search(
+    graph: Graph,
+    cluster: Cluster,
+    pricing: Pricing = ...,
+    *,
+    memory_limit: float | None = ...,
+    time_limit: float | None = ...,
+    options: IlpOptions = ...,
+    tie: bool = ...,
+    replicate: bool = ...,
+    pipeline: Literal[False] = ...,
+) -> SearchResult: ...
+@overload
+def search(
+    graph: Graph,
+    cluster: Cluster,
+    pricing: Pricing = ...,
+    *,
+    memory_limit: float | None = ...,
+    time_limit: float | None = ...,
+    options: IlpOptions = ...,
+    tie: bool = ...,
+    replicate: bool = ...,
+    pipeline: Literal[True] | Pipeline,
+) -> PipelineResult: ...
 def search(
     graph: Graph,
     cluster: Cluster,
@@ -60,7 +90,8 @@ def search(
     options: IlpOptions = IlpOptions(),
     tie: bool = True,
     replicate: bool = False,
-) -> SearchResult:
+    pipeline: bool | Pipeline = False,
+) -> SearchResult | PipelineResult:
     """Find the plan, a strategy for every operator, that minimises the step time under
     ``pricing`` (the ILP of docs/conventions.md#the-ilp): communication, and with
     ``pricing.counts_compute`` (the default under the topology model) each operator's compute,
@@ -87,8 +118,21 @@ def search(
     with no split over every device gets those. A search whose cost tables would not fit this
     machine's memory is refused up front (:class:`taps.errors.ResourceError`); so is an operator
     with too many candidates.
+
+    ``pipeline=True`` (or a :class:`taps.Pipeline` fixing any of its fields) searches the whole
+    plan of a multi-node run instead: pipeline stages, each planned by this search on its
+    sub-cluster (docs/pipeline.md); it returns a :class:`taps.search.pipeline.PipelineResult`
+    whose plan has ``stages``.
     """
     t0 = time.perf_counter()
+    if pipeline is not False:
+        if not isinstance(pipeline, (bool, Pipeline)):
+            raise TypeError(
+                f"search: pipeline must be a bool or a taps.Pipeline, got {type(pipeline).__name__}"
+            )
+        _check("search", graph, cluster, pricing, memory_limit, time_limit)
+        spec = pipeline if isinstance(pipeline, Pipeline) else Pipeline()
+        return search_pipeline(graph, cluster, pricing, spec, memory_limit)
     _check("search", graph, cluster, pricing, memory_limit, time_limit, replicate)
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
@@ -112,8 +156,8 @@ def _check(
         raise TypeError(f"{where}: cluster must be a taps.Cluster, got {type(cluster).__name__}")
     if not isinstance(pricing, Pricing):
         raise TypeError(f"{where}: pricing must be a taps.Pricing, got {type(pricing).__name__}")
-    if memory_limit is not None:
-        number(where, "memory_limit", memory_limit)
+    if memory_limit is not None and number(where, "memory_limit", memory_limit) < 1:
+        raise ArgumentError(f"{where}: memory_limit must be at least 1 byte, got {memory_limit!r}")
     if time_limit is not None:
         number(where, "time_limit", time_limit)
     # The tables are shared by operators of one signature and edges between the same signatures
@@ -149,7 +193,9 @@ def _search(
     left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     solution = solve(tables, limit, left, options, tie=tie)
     t1 = time.perf_counter()
-    plan = Plan(graph, cluster, tables.strategies(solution.choice), pricing)
+    plan = Plan(
+        graph, cluster, tables.strategies(solution.choice), tables.pricing_of(solution.choice)
+    )
     memory = graph.layers * sum(
         float(tables.ops[name].memory[i]) for name, i in solution.choice.items()
     )

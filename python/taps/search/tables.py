@@ -20,6 +20,9 @@ from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
     collective_of,
+    copies_of,
+    intra_collectives,
+    is_parameter_gradient,
     memory,
     partial_flows,
     reduced_operands,
@@ -33,12 +36,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class OpTable:
-    """The candidates of one operator with their node costs and memory."""
+    """The candidates of one operator with their node costs and memory; ``sharded`` marks the
+    candidates that store the operator's parameters sharded (FSDP: a strategy's twin, same
+    layouts, docs/search.md#parameter-storage-sharding)."""
 
     op: Operator
     candidates: list[Candidate]
     node_cost: np.ndarray
     memory: np.ndarray
+    sharded: np.ndarray
 
     @property
     def strategies(self) -> list[Strategy]:
@@ -109,6 +115,15 @@ class CostTables:
         """The strategies of one assignment."""
         return {name: self.ops[name].strategies[i] for name, i in choice.items()}
 
+    def sharded(self, choice: Mapping[str, int]) -> tuple[str, ...]:
+        """The operators of one assignment that store their parameters sharded (FSDP)."""
+        return tuple(name for name, i in choice.items() if self.ops[name].sharded[i])
+
+    def pricing_of(self, choice: Mapping[str, int]) -> Pricing:
+        """The pricing of one assignment's plan: the search's, ``fsdp`` naming the operators the
+        assignment shards (docs/plan.md)."""
+        return replace(self.pricing, fsdp=self.sharded(choice))
+
 
 def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
@@ -152,6 +167,50 @@ class _Priced:
         return self._memo[key][np.ix_(np.argsort(rows), np.argsort(cols))]
 
 
+def _reductions(
+    graph: Graph,
+    op: Operator,
+    cands: Sequence[Candidate],
+    step: Any,
+    flowing: bool,
+    cluster: Cluster,
+    cost_model: CostModel,
+    parameters: bool,
+    gradient_bytes: int | None,
+) -> np.ndarray:
+    """Per candidate, the all_reduces of :func:`taps.search.prices.reduced_operands`: of
+    parameters' gradients (``parameters``, in ``gradient_bytes`` per element) or of the rest."""
+    degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
+    maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
+    matrices = [c.strategy.device_matrix for c in cands]
+    operands = all_reduce_operands(graph, op, step, flowing, gradient_bytes, parameters)
+    costs = allreduce_costs(degrees, maps, operands, cluster, cost_model, matrices)
+    apart = [
+        r
+        for r in reduced_operands(graph, op, step, flowing)
+        if r[2] and is_parameter_gradient(graph, r) == parameters
+    ]
+    if apart:
+        # Addends' gradients keep some axes apart: priced one candidate at a time.
+        costs += np.array(
+            [
+                sum(
+                    col.cost(cluster, cost_model)
+                    for r in apart
+                    if (col := collective_of(graph, op, c.strategy, r, False, gradient_bytes))
+                )
+                for c in cands
+            ]
+        )
+    return costs
+
+
+def _stores(graph: Graph, op: Operator, candidate: Candidate, step: Any, flowing: bool) -> bool:
+    """Whether ``candidate`` reduces a parameter's gradient over some devices: its parameters
+    can then be stored sharded over them (FSDP)."""
+    return any(c.parameter for c in intra_collectives(graph, op, candidate, step, flowing))
+
+
 def build_tables(
     graph: Graph,
     cluster: Cluster,
@@ -168,6 +227,11 @@ def build_tables(
     ``pricing.counts_compute`` a node cost is the step time the operator adds: its forward and
     backward compute (:mod:`taps.search.compute`), its collectives, and its parameters' gradient
     reductions overlapping its backward (:func:`taps.search.compute.overlapped_backward`).
+    With ``pricing.fsdp``, every candidate of an operator it allows whose strategy reduces a
+    parameter's gradient over some devices has a twin storing the parameters sharded over them
+    (FSDP, :func:`taps.search.prices.sharded_storage`): its gathers priced whole, its
+    reduce_scatter overlapping the backward as above, and less memory
+    (:func:`taps.search.prices.memory`).
 
     Operators of one signature (:meth:`Graph.signature`: the repeated layers of a model) share one
     candidate list, node cost and memory vector, and edges between operators of the same two
@@ -184,17 +248,27 @@ def build_tables(
     training = step == "training"
     checkpointed = checkpointing(graph, pricing.checkpoint)
     kept, again = checkpointed.kept, checkpointed.recomputed
+    copies = copies_of(graph)
 
     def key_of(op: Operator) -> Any:
         if not share:
             return op.name
-        # Checkpointing keeps another share of some outputs and runs some forwards again.
+        # Checkpointing keeps another share of some outputs and runs some forwards again; sharded
+        # storage's gathered weights are spread over the operator's copies.
+        shards = pricing.shards(op.name) and copies[op.name]
         if not training:
-            return (graph.signature(op.name), kept[op.name], again[op.name])
+            return (graph.signature(op.name), kept[op.name], again[op.name], shards)
         # The training step also depends on whether the output's partial sums flow and on which
         # inputs have a producer (their gradients go back on the edge).
         made = tuple(graph.root(o.tensor).producer is not None for o in op.inputs)
-        return (graph.signature(op.name), kept[op.name], again[op.name], op.name in flows, made)
+        return (
+            graph.signature(op.name),
+            kept[op.name],
+            again[op.name],
+            shards,
+            op.name in flows,
+            made,
+        )
 
     signature = {op.name: key_of(op) for op in graph.ops}
     distinct: dict[Any, OpTable] = {}
@@ -207,47 +281,50 @@ def build_tables(
             t1 = time.perf_counter()
             flowing = op.name in flows
             degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
-            maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
-            matrices = [c.strategy.device_matrix for c in cands]
             # Parameters' gradient reductions (param) apart from the rest (other): with compute
             # counted they overlap the backward.
-            other, param = (
-                allreduce_costs(
-                    degrees,
-                    maps,
-                    all_reduce_operands(graph, op, step, flowing, grads, parameters),
-                    cluster,
-                    cost_model,
-                    matrices,
-                )
-                for parameters in (False, True)
-            )
-            apart = [r for r in reduced_operands(graph, op, step, flowing) if r[2]]
-            if apart:
-                # Addends' gradients keep some axes apart: priced one candidate at a time.
-                found = [
-                    [collective_of(graph, op, c.strategy, r, False, grads) for r in apart]
-                    for c in cands
-                ]
-                for parameters, into in ((False, other), (True, param)):
-                    into += np.array(
-                        [
-                            sum(
-                                col.cost(cluster, cost_model)
-                                for col in row
-                                if col and col.parameter == parameters
-                            )
-                            for row in found
-                        ]
-                    )
+            at = (graph, op, cands, step, flowing, cluster, cost_model)
+            other = _reductions(*at, False, grads)
+            param = _reductions(*at, True, grads)
+            fwd = bwd = np.zeros(len(cands))
             if device is None:
                 node = other + param
             else:
                 fwd, bwd = compute_times(graph, op, degrees, *device)
-                # A checkpointed layer runs its forward again in the backward.
-                node = other + fwd * (1 + again[op.name]) + overlapped_backward(bwd, param)
+                fwd = fwd * (1 + again[op.name])  # a checkpointed layer runs its forward again
+                node = other + fwd + overlapped_backward(bwd, param)
             mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
-            distinct[key] = OpTable(op, cands, node, mem)
+            sharded = np.zeros(len(cands), dtype=bool)
+            twins = (
+                [i for i, c in enumerate(cands) if _stores(graph, op, c, step, flowing)]
+                if pricing.shards(op.name)
+                else []
+            )
+            if twins:
+                # The all_reduce of a weight is its two gathers (each half an all_reduce), the
+                # gradient's is a reduce_scatter and half its all_reduce. The gathers are priced
+                # whole: how much of them the prefetch hides depends on the operator before
+                # (the timeline's), so sharding is chosen where memory needs it.
+                gathers = _reductions(*at, True, pricing.parameter_bytes)[twins]
+                scatter = param[twins] / 2
+                if device is None:
+                    twin_node = other[twins] + gathers + scatter
+                else:
+                    twin_node = (
+                        other[twins]
+                        + fwd[twins]
+                        + gathers
+                        + overlapped_backward(bwd[twins], scatter)
+                    )
+                twin_mem = [
+                    memory(graph, op, cands[i], pricing, kept[op.name], True, copies[op.name])
+                    for i in twins
+                ]
+                cands = cands + [cands[i] for i in twins]
+                node = np.concatenate([node, twin_node])
+                mem = np.concatenate([mem, twin_mem])
+                sharded = np.concatenate([sharded, np.ones(len(twins), dtype=bool)])
+            distinct[key] = OpTable(op, cands, node, mem, sharded)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
         shared = distinct[key]

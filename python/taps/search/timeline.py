@@ -1,12 +1,16 @@
-"""The backward pass as engines run it: a compute stream that runs every operator's backward in
-turn, and a communication stream that reduces parameters' gradients in buckets, each issued when
-its last gradient is ready (torch DDP's gradient buckets; docs/search.md#the-step-time). Only the
-part of the reductions that outlasts the compute stream is exposed."""
+"""The forward and backward passes as engines run them: a compute stream that runs every
+operator's forward or backward in turn, and a communication stream that reduces parameters'
+gradients in buckets, each issued when its last gradient is ready (torch DDP's gradient buckets;
+docs/search.md#the-step-time), and a gather stream that gathers the parameters stored sharded
+(FSDP), each issued when the step before the one that needs it starts (FSDP2's prefetch of the
+next all_gather during the current compute; docs/search.md#parameter-storage-sharding). Each
+communication stream runs what it is given in the order it was issued. Only the part of the
+communication that outlasts the compute stream, or that it waits for, is exposed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: Bytes of gradients per bucket: torch DDP's default ``bucket_cap_mb=25`` (MiB).
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -43,17 +47,20 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The backward's two streams: ``compute_end`` when the compute stream finishes, ``end`` when
-    both have, and the buckets in the order they ran."""
+    """The two streams: ``compute_end`` when the compute stream finishes, ``end`` when both
+    have, the buckets in the order they ran, and per step how long its compute waited for its
+    gather (``waits``)."""
 
     compute_end: float
     end: float
     buckets: tuple[Bucket, ...]
+    waits: tuple[float, ...] = ()
 
     @property
     def exposed(self) -> float:
-        """The reductions' time not hidden behind the compute stream."""
-        return self.end - self.compute_end
+        """The communication the compute stream does not hide: the waits for gathers and what
+        runs after the compute stream has finished."""
+        return self.end - self.compute_end + sum(self.waits)
 
     @property
     def reductions(self) -> float:
@@ -91,23 +98,40 @@ def backward_timeline(
     gradients: Sequence[Gradient],
     cost: Callable[[Hashable, float], float],
     bucket_bytes: float = BUCKET_BYTES,
+    gathers: Sequence[float] = (),
 ) -> Timeline:
     """Run the backward: the compute stream takes ``durations`` in order; each bucket
     (:func:`buckets_of`) is issued when the step of its last gradient ends and runs on the
-    communication stream, one at a time in the order issued, taking ``cost(group, bytes)``."""
-    ends: list[float] = []
-    clock = 0.0
-    for d in durations:
-        clock += d
-        ends.append(clock)
-    compute_end = clock
-    stream = 0.0
-    out = []
+    communication stream, one at a time in the order issued, taking ``cost(group, bytes)``.
+    ``gathers`` (seconds per step, 0 or missing: none) are the all_gathers a step's compute waits
+    for, each issued when the step before it starts (the first at once), so that it runs while
+    that step computes; they run one at a time on a stream of their own, as FSDP2 issues them
+    (its all-gather stream), alongside the reductions (taken not to slow each other)."""
+    closing: dict[int, list[tuple[Hashable, list[int]]]] = {}
     for group, members in buckets_of(gradients, bucket_bytes):
-        size = sum(gradients[i].bytes for i in members)
-        issued = ends[gradients[members[-1]].step]
-        start = max(stream, issued)
-        stream = start + cost(group, size)
-        exposed = max(0.0, stream - max(start, compute_end))
-        out.append(Bucket(group, tuple(members), size, issued, start, stream, exposed))
-    return Timeline(compute_end, max(compute_end, stream), tuple(out))
+        closing.setdefault(gradients[members[-1]].step, []).append((group, members))
+    gather = [*gathers, *[0.0] * (len(durations) - len(gathers))]
+    clock = stream = 0.0
+    # The gathers have their own stream (FSDP2's all-gather stream), one at a time.
+    ready = [0.0] * len(durations)  # when each step's gather has arrived
+    if gather and gather[0]:
+        ready[0] = gathering = gather[0]
+    else:
+        gathering = 0.0
+    waits: list[float] = []
+    out = []
+    for k, d in enumerate(durations):
+        start = max(clock, ready[k])
+        waits.append(start - clock)
+        if k + 1 < len(durations) and gather[k + 1]:
+            # The next step's gather, prefetched as this one starts.
+            ready[k + 1] = gathering = max(gathering, start) + gather[k + 1]
+        clock = start + d
+        for group, members in closing.get(k, []):
+            size = sum(gradients[i].bytes for i in members)
+            begin = max(stream, clock)
+            stream = begin + cost(group, size)
+            out.append(Bucket(group, tuple(members), size, clock, begin, stream, 0.0))
+    compute_end = clock
+    buckets = tuple(replace(b, exposed=max(0.0, b.end - max(b.start, compute_end))) for b in out)
+    return Timeline(compute_end, max(compute_end, stream), buckets, tuple(waits))

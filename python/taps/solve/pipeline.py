@@ -6,7 +6,8 @@ Stage by stage (each exact; :class:`taps.solve.problem.IlpOptions` switches them
 2. exact reductions, leaf, series, parallel and fixed operators, by dynamic programming
    (:mod:`taps.solve.reductions`);
 3. under a binding memory limit, a Lagrangian price on memory that decides the problem or prunes
-   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`);
+   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`), then what it leaves
+   solved over (cost, memory) Pareto frontiers when they fit a budget (:mod:`taps.solve.pareto`);
 4. what the reductions leave solved by variable elimination when its tables are small
    (:mod:`taps.solve.elimination`);
 5. otherwise dominated candidates pruned (:mod:`taps.solve.prune`) and the ILP solved by SCIP
@@ -24,6 +25,7 @@ from taps.errors import InfeasibleError, TapsError
 from taps.solve.elimination import MAX_WORK, elimination_order
 from taps.solve.ilp import solve_ilp
 from taps.solve.memory_price import price_memory, prune_by_price
+from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
 from taps.solve.reductions import Reduction, reduce
@@ -242,6 +244,19 @@ def _limited(
     # The price's best assignment is the one to beat: candidates that cannot are dropped.
     keep = prune_by_price(problem, scaled, memory.limit, priced.price, priced.cost)
     restricted, kept_memory, start = _restricted(objectives, memory, keep, priced.choice)
+    assert kept_memory is not None and start is not None
+    exact = solve_pareto(
+        restricted[0],
+        {v: m * memory.layers for v, m in kept_memory.per_op.items()},
+        memory.limit,
+        deadline,
+        (priced.price, priced.bound, start),
+    )
+    if exact is not None:
+        size = IlpSize(0, 0, 0, 0, eliminated=len(problem.node_cost))
+        return IlpSolution(
+            _lifted(exact, keep), "optimal", 0.0, 0.0, 0.0, time.perf_counter() - t0, size
+        )
     price_time = time.perf_counter() - t0
     run = _pruned_run(restricted, options, kept_memory, deadline, start)
     return replace(run, choice=_lifted(run.choice, keep), reduce_time=price_time)

@@ -3,7 +3,7 @@
 //! send it out of a node: built and checked once, read through accessors.
 
 use super::device::Device;
-use crate::error::{parse_name, Error, Result};
+use crate::error::{parse_name, shown_number, Error, Result};
 use crate::layout::Layout;
 
 /// The most devices a cluster may have: their count and products of it stay within `i64`.
@@ -154,14 +154,16 @@ impl Cluster {
             };
             if !(bandwidth.is_finite() && bandwidth >= MIN_BANDWIDTH) {
                 return Err(Error::Topology(format!(
-                    "{} must be a finite number of at least 1 byte per second, got {bandwidth}",
-                    name("bandwidth")
+                    "{} must be a finite number of at least 1 byte per second, got {}",
+                    name("bandwidth"),
+                    shown_number(bandwidth)
                 )));
             }
             if !(latency.is_finite() && (0.0..=MAX_LATENCY).contains(&latency)) {
                 return Err(Error::Topology(format!(
-                    "{} must be a number of seconds from 0 to 1e6, got {latency}",
-                    name("latency")
+                    "{} must be a number of seconds from 0 to 1e6, got {}",
+                    name("latency"),
+                    shown_number(latency)
                 )));
             }
             devices *= count;
@@ -172,9 +174,10 @@ impl Cluster {
             });
         }
         if let Some(m) = device_memory {
-            if !(m.is_finite() && m > 0.0) {
+            if !(m.is_finite() && m >= 1.0) {
                 return Err(Error::Topology(format!(
-                    "device_memory must be a positive number of bytes, got {m}"
+                    "device_memory must be a finite number of at least 1 byte, got {}",
+                    shown_number(m)
                 )));
             }
         }

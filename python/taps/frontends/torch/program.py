@@ -7,11 +7,12 @@ Nothing is allocated: shapes come from the exported graph's metadata.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from taps._core import GraphError
+from taps.frontends.torch import moe
 from taps.frontends.torch._extra import require_torch
 from taps.frontends.torch.builder import AtenGraphBuilder, AtenValue, constant
 from taps.frontends.torch.rules import RULES, Unsupported, flat
@@ -218,10 +219,21 @@ def convert(
                     key, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
                 )
             env[placeholders[spec.arg.name]] = values[key]
+    # Mixture-of-experts blocks: their routed part becomes the GShard form's operators, made at
+    # its last node (docs/moe.md).
+    blocks = moe.find_blocks(program, lambda n: _target_name(n.target))
+    routed = {n.name: block for block in blocks for n in block.routed}
+    nodes, bindings, results = _inlined(program, routed)
     unsupported: list[str] = []
     # Per node that made operators: (first record, records end, flattened args, output value).
     made: dict[str, tuple[int, int, list[Any], Any]] = {}
     for node in nodes:
+        if node in bindings:  # a wrapped subgraph's input: the wrapper's argument
+            env[node] = env.get(bindings[node])
+            continue
+        if node in results:  # a wrapper: its subgraph's outputs
+            env[node] = [env.get(o) if hasattr(o, "users") else o for o in results[node]]
+            continue
         if node.op == "placeholder":
             if node in env:
                 continue
@@ -246,6 +258,11 @@ def convert(
                 )
             continue
         if node.op != "call_function":
+            continue
+        if node.name in routed:
+            block = routed[node.name]
+            if node.name == block.last:
+                moe.emit(block, b, env, env.get)
             continue
         kind = _target_name(node.target)
         # An in-place variant (relu_, add_) converts as its functional form; later readers of
@@ -289,6 +306,36 @@ def convert(
     graph.share_parameters()
     links = {k: _links(b, op_names, *m) for k, m in made.items()}
     return Conversion(graph, {n: rec.path for n, rec in zip(op_names, b.ops)}, links, aliases)
+
+
+#: Higher-order operators that run a subgraph in a mode (autocast, grad mode: torchtitan's
+#: router): the subgraph converts in their place.
+_WRAPPERS = ("wrap_with_autocast", "wrap_with_set_grad_enabled")
+
+
+def _inlined(program: Any, skipped: Mapping[str, Any]) -> tuple[list[Any], dict, dict]:
+    """The program's nodes with each wrapper's subgraph before it (but a ``skipped`` wrapper's),
+    the subgraphs' placeholders bound to the wrappers' arguments, and each wrapper's outputs."""
+    nodes: list[Any] = []
+    bindings: dict[Any, Any] = {}
+    results: dict[Any, Any] = {}
+
+    def add(graph: Any, owner: Any) -> None:
+        for node in graph.nodes:
+            name = str(getattr(node.target, "__name__", ""))
+            if node.op == "call_function" and name in _WRAPPERS and node.name not in skipped:
+                at = next(i for i, a in enumerate(node.args) if getattr(a, "op", "") == "get_attr")
+                sub = getattr(owner, node.args[at].target)
+                inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+                bindings.update(zip(inputs, node.args[at + 1 :]))
+                nodes.extend(inputs)
+                add(sub.graph, sub)
+                out = next(n for n in sub.graph.nodes if n.op == "output")
+                results[node] = list(flat(list(out.args)))
+            nodes.append(node)
+
+    add(program.graph, program.graph_module)
+    return nodes, bindings, results
 
 
 def _links(

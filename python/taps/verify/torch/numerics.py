@@ -51,6 +51,28 @@ def numerics_plan(plan: Plan, ranks: int) -> Plan:
     return search(plan.graph, Cluster(1, ranks), plan.pricing).plan
 
 
+def run_ranks(main: str, tmp: str, ranks: int) -> None:
+    """Run ``python -m main tmp rank ranks`` for every rank at once and wait for them all; a rank
+    that fails raises a VerifyError with the last line it printed."""
+    # The module's class must import in the children as it does here.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", main, tmp, str(rank), str(ranks)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    failed = [(p.wait(), p.stderr.read() if p.stderr else "") for p in procs]
+    for code, err in failed:
+        if code:
+            tail = (err.strip().splitlines() or ["no output"])[-1]
+            raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
+
+
 def gloo_errors(
     module: Any,
     inputs: Sequence[Any],
@@ -66,23 +88,7 @@ def gloo_errors(
         payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
             pickle.dump(payload, f)
-        # The module's class must import in the children as it does here.
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", __name__, tmp, str(rank), str(ranks)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(ranks)
-        ]
-        failed = [(p.wait(), p.stderr.read() if p.stderr else "") for p in procs]
-        for code, err in failed:
-            if code:
-                tail = (err.strip().splitlines() or ["no output"])[-1]
-                raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
+        run_ranks(__name__, tmp, ranks)
         with open(os.path.join(tmp, "errors.json")) as f:
             return dict(json.load(f))
 

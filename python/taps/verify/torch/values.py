@@ -65,19 +65,34 @@ def cast_inputs(
 
 def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     """A copy of ``module`` in ``dtype`` on ``device``; a module on the meta device gets seeded
-    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer."""
+    random values (``1/sqrt(fan-in)`` scale) for every parameter and buffer (running variances
+    positive; integer buffers, such as position or token-type ids, below
+    :func:`token_bound`), its tied weights kept tied."""
     torch = import_torch()
     module = copy.deepcopy(module)
     if device == "meta":
         return module.to(device="meta", dtype=dtype)
     if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        tied: dict[int, list[str]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(name)
+        bound = token_bound(module)
         module = module.to_empty(device=device)
+        for first, *others in tied.values():  # to_empty makes each key a tensor of its own
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(module.get_submodule(owner), attr, module.get_parameter(first))
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 if t.is_floating_point():
                     scale = 1 / t.shape[-1] ** 0.5 if t.dim() > 1 else 1.0
                     t.copy_(torch.randn(t.shape, generator=gen) * scale)
+                elif t.dtype != torch.bool:  # ids kept in buffers index every table
+                    t.copy_(torch.randint(0, bound, t.shape, generator=gen))
+            for m in module.modules():  # a variance is positive (eval-mode BatchNorm divides)
+                if isinstance(getattr(m, "running_var", None), torch.Tensor):
+                    m.running_var.abs_().add_(0.5)
     return module.to(device=device, dtype=dtype)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from taps.errors import VerifyError
-from taps.graph import Operator
+from taps.graph import MOE_DISPATCH, MOE_ROUTE, Operator
 
 Reduce = Callable[..., Any]
 
@@ -32,8 +32,12 @@ def _jnp() -> Any:
 
 
 def _align(x: Any, dims: Sequence[str], to: Sequence[str]) -> Any:
-    """``x`` (dims ``dims``, a subset of ``to``) transposed and expanded to broadcast as ``to``."""
+    """``x`` (dims ``dims``, a subset of ``to``, and any of size 1 that ``to`` lacks: a
+    broadcast operand kept with ``keepdim``) transposed and expanded to broadcast as ``to``."""
     jnp = _jnp()
+    extra = [i for i, d in enumerate(dims) if d not in to]
+    if extra:
+        x, dims = jnp.squeeze(x, extra), [d for d in dims if d in to]
     order = [d for d in to if d in dims]
     x = jnp.transpose(x, [list(dims).index(d) for d in order])
     return jnp.reshape(x, [x.shape[order.index(d)] if d in dims else 1 for d in to])
@@ -148,13 +152,87 @@ def _relu(x: Any) -> Any:
     return jax.nn.relu(x)
 
 
+def _silu(x: Any) -> Any:
+    import jax
+
+    return jax.nn.silu(x)
+
+
+def _divide(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+    """``div`` of two operands; of one (a division by a constant the graph does not keep, as a
+    JAX mean's sum over its count), the operand as an einsum carries it."""
+    if len(xs) != 2:
+        return _einsum(op, xs, reduce)
+    a, b = (_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs))
+    return a / b
+
+
+def balanced_routing(tokens: int, experts: int, capacity: int) -> np.ndarray:
+    """A fixed routing ``[s, e, c]`` (0/1) of ``tokens`` per group: the ``k`` choices of every
+    token, ``k = c e / s`` (at least 1, at most ``e``), fill the experts' slots in turn, token by
+    token (choice ``q = t k + j`` to expert ``q mod e``, slot ``q // e``): every expert gets as
+    many tokens as the capacity allows, the balanced routing taps prices."""
+    k = max(1, min(experts, capacity * experts // tokens))
+    mask = np.zeros((tokens, experts, capacity))
+    for q in range(min(tokens * k, experts * capacity)):
+        mask[q // k, q % experts, q // experts] = 1.0
+    return mask
+
+
+def _route(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+    """``moe_route`` ``gse -> gsec``: the router's scores at the slots of
+    :func:`balanced_routing` (the graph keeps the capacity, not the model's top-k, and the
+    collectives do not depend on which tokens go where); the same in every token group, so a
+    device's block of groups needs no other."""
+    (o,) = op.inputs
+    scores = _align(xs[0], o.dims, [d for d in op.output.dims if d in o.dims])
+    s, e, c = (op.axis_size(d) for d in op.output.dims[1:])
+    if tuple(scores.shape[1:]) != (s, e):
+        raise VerifyError(f"operator {op.name!r} ({op.kind}): the replay routes whole groups only")
+    mask = balanced_routing(s, e, c).astype(scores.dtype)
+    return scores[..., None] * mask[None]
+
+
+def _dispatch(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+    """``moe_dispatch`` ``gsec,gsm -> egcm``: each expert's tokens gathered where the routing
+    tensor is not zero (its weights apply at the combine; no gradient reaches the router here,
+    as in an index-based dispatch)."""
+    mask = _jnp().where(xs[0] != 0, 1.0, 0.0).astype(xs[0].dtype)
+    return _einsum(op, [mask, *xs[1:]], reduce)
+
+
+def _glu(act: Callable[[Any], Any]) -> Callable[[Operator, list[Any], Reduce], Any]:
+    """A gated activation, ``act(gate) * up``: of two operands, or of one whose extra axis of
+    size 2 holds gate (first) and up (a fused gate-up projection)."""
+
+    def run(op: Operator, xs: list[Any], reduce: Reduce) -> Any:
+        out = op.output.dims
+        if len(xs) == 2:
+            gate, up = (_align(x, o.dims, out) for x, o in zip(xs, op.inputs))
+        else:
+            dims = op.inputs[0].dims
+            (pair,) = [i for i, d in enumerate(dims) if d not in out]
+            rest = [d for d in dims if d in out]
+            gate, up = (_align(_jnp().take(xs[0], i, axis=pair), rest, out) for i in (0, 1))
+        return act(gate) * up
+
+    return run
+
+
 OPERATORS: dict[str, Callable[[Operator, list[Any], Reduce], Any]] = {
     "add": _elementwise(lambda a, b: a + b),
     "mul": _elementwise(lambda a, b: a * b),
     "relu": _elementwise(_relu),
     "gelu": _elementwise(_gelu),
+    "silu": _elementwise(_silu),
+    "div": _divide,
     "layernorm": _layernorm,
     "softmax": _softmax,
+    MOE_ROUTE: _route,
+    MOE_DISPATCH: _dispatch,
+    "swiglu": _glu(_silu),
+    "geglu": _glu(_gelu),
+    "reglu": _glu(_relu),
 }
 
 #: Kinds whose computation is not an einsum of their operands.

@@ -46,6 +46,17 @@ def measured(text: str, n: int) -> list[tuple[str, str, hlo.HloCollective]]:
     return out
 
 
+def given(values: Mapping[str, Any], tensor: Any) -> np.ndarray:
+    """The value given for a parameter or input, checked against its shape."""
+    value = np.asarray(values[tensor.name])
+    if value.shape != tuple(tensor.shape):
+        raise VerifyError(
+            f"value of {tensor.name!r} has shape {list(value.shape)}, the graph's is "
+            f"{list(tensor.shape)}"
+        )
+    return value
+
+
 def run_dtype(name: str) -> Any:
     """The JAX dtype a replay runs in, by name (one of :data:`~taps.verify.result.TOLERANCE`)."""
     check_dtype(name)
@@ -57,9 +68,17 @@ class GraphProgram:
     the plan's step (:func:`taps.breakdown`; in the training step the edges plan from flowing
     partial sums and each has a backward plan, and the mesh fits every layout they pass through),
     the input values (one per operator slot that reads a parameter or an input, keyed
-    ``"op#slot"``), the cotangents, the predicted collectives, and :meth:`body` in each mode."""
+    ``"op#slot"``: seeded random ones, or ``values[name]`` for the parameters and inputs given
+    there, such as a fixed routing mask), the cotangents, the predicted collectives, and
+    :meth:`body` in each mode."""
 
-    def __init__(self, plan: Plan, dtype: str = "float32", seed: int = 0) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        dtype: str = "float32",
+        seed: int = 0,
+        values: Mapping[str, Any] | None = None,
+    ) -> None:
         graph = plan.graph
         # taps' own plans and collectives of the step, as the search priced them (the optimal
         # planner minimises what the cost model measures: seconds on the cluster, or elements);
@@ -92,7 +111,12 @@ class GraphProgram:
                     continue
                 if root.name not in roots:
                     scale = 1 / math.sqrt(root.shape[0]) if len(root.shape) > 1 else 1.0
-                    roots[root.name] = (rng.standard_normal(root.shape) * scale).astype(self.dtype)
+                    drawn = rng.standard_normal(root.shape) * scale  # drawn anyway: same seeds
+                    roots[root.name] = (
+                        given(values, root).astype(self.dtype)
+                        if (values and root.name in values)
+                        else drawn.astype(self.dtype)
+                    )
                 key = f"{op.name}#{slot}"
                 self.leaf_layouts[key] = self.layouts.inputs[op.name][slot]
                 value = roots[root.name].reshape(graph.tensors[o.tensor].shape)

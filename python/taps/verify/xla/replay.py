@@ -24,8 +24,9 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,21 +54,31 @@ COMPILER_OPTIONS = {
 }
 
 
-def verify(plan: Plan, dtype: str = "float32", seed: int = 0) -> VerifyResult:
+def verify(
+    plan: Plan,
+    dtype: str = "float32",
+    seed: int = 0,
+    values: Mapping[str, Any] | None = None,
+) -> VerifyResult:
     """Run ``plan`` on ``plan.cluster.num_devices`` XLA devices exactly as taps plans it, and
     compare with taps' predictions and with the unsharded run (module doc). The plan's pricing
     says what runs: in the training step, its planner plans every edge (minimising what its cost
     model measures, as the search did) and ZeRO shards parameters' gradients; in the forward
     step, the paper's model with JAX's own backward pass. If JAX already started with fewer
-    devices, the verification runs in a fresh process (:mod:`.fresh`)."""
+    devices, the verification runs in a fresh process (:mod:`.fresh`). ``values``: the values of
+    some parameters or inputs by name (a fixed routing mask), the others seeded random."""
     check_plan(plan, "verify")
+    leaves = {n for n, t in plan.graph.tensors.items() if t.kind in ("parameter", "input")}
+    unknown = sorted(set(values or ()) - leaves)
+    if unknown:
+        raise VerifyError(f"values given for {unknown}, which are no parameters or inputs")
     step = plan.pricing.step
     if plan.pricing.zero and step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if not have_devices(plan.cluster.num_devices):
-        return _in_fresh_process(plan, dtype, seed)
+        return _in_fresh_process(plan, dtype, seed, values)
     t0 = time.perf_counter()
-    prog = GraphProgram(plan, dtype, seed)
+    prog = GraphProgram(plan, dtype, seed, values)
     jax = prog.jax
     args = prog.placed()
     in_specs = (prog.specs_of(prog.diff), prog.specs_of(prog.fixed))
@@ -118,18 +129,25 @@ def verify(plan: Plan, dtype: str = "float32", seed: int = 0) -> VerifyResult:
     )
 
 
-def _in_fresh_process(plan: Plan, dtype: str, seed: int) -> VerifyResult:
-    """:func:`verify` run by ``python -m taps.verify.xla.fresh`` (the plan's JSON on stdin)."""
+def _in_fresh_process(
+    plan: Plan, dtype: str, seed: int, values: Mapping[str, Any] | None = None
+) -> VerifyResult:
+    """:func:`verify` run by ``python -m taps.verify.xla.fresh`` (the plan's JSON on stdin, the
+    given values in an ``.npz`` file)."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the child asks for its own device count
-    done = subprocess.run(
-        [sys.executable, "-m", "taps.verify.xla.fresh", dtype, str(seed)],
-        input=plan.to_json(),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="taps-values-") as tmp:
+        path = os.path.join(tmp, "values.npz")
+        arrays = {k: np.asarray(v) for k, v in (values or {}).items()}
+        np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+        done = subprocess.run(
+            [sys.executable, "-m", "taps.verify.xla.fresh", dtype, str(seed), path],
+            input=plan.to_json(),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
     try:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:

@@ -1,0 +1,123 @@
+"""torch's FSDP2 on the plan's sharded storage: ``taps.export.fsdp.fully_shard_plan`` shards the
+modules of a real transformers Llama whose parameters the plan stores sharded, on the fake process
+group, and the collectives ``fully_shard`` issues in a forward and backward (read as they are
+dispatched) are taps' prediction: per sharded parameter two all_gathers of its weight and a
+reduce_scatter of its gradient, of the group size and bytes taps prices; the DTensor and JAX
+exports place those parameters as stored (``Shard(0)`` on the group's mesh dims)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import taps
+from taps.export.fsdp import fully_shard_plan
+from taps.export.storage import stored_groups
+from taps.plan.candidates import Candidate, strategies_for
+from torch_models import llama
+
+WORLD = 4
+KINDS = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+
+
+class _Collectives(TorchDispatchMode):
+    """Every c10d collective dispatched: kind, group size (the whole tensor's elements over the
+    shard's) and bytes of the whole tensor (the gathered output, the scattered input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in KINDS:
+            whole, shard = args[:2] if name == "_allgather_base_" else args[1::-1]
+            group = whole.numel() // shard.numel()
+            self.seen.append((KINDS[name], group, whole.numel() * whole.element_size()))
+        elif "c10d" in str(func) and "barrier" not in str(func):
+            raise AssertionError(f"unexpected collective {func}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def fake_group():
+    dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+def _data_parallel_plan(graph: taps.Graph, cluster: taps.Cluster) -> taps.Plan:
+    """Every operator that reads a parameter splits only what leaves the parameter whole (its
+    rows), all storing their parameters sharded."""
+    chosen = {}
+    for op in graph.ops:
+        for s in strategies_for(graph, op.name, cluster):
+            cand = Candidate.of(op, s)
+            params = [
+                lay
+                for o, lay in zip(op.inputs, cand.inputs)
+                if graph.root(o.tensor).kind == "parameter"
+            ]
+            if all(m < 0 for lay in params for m in lay.tensor_map):
+                chosen[op.name] = s
+                break
+    return taps.Plan(graph, cluster, chosen, taps.Pricing(fsdp=True))
+
+
+@pytest.fixture(scope="module")
+def llama_plan():
+    module, ids = llama()
+    return module, ids, _data_parallel_plan(taps.from_torch(module, ids), taps.Cluster(1, WORLD))
+
+
+def test_fully_shard_issues_the_gathers_and_scatters_taps_prices(fake_group, llama_plan):
+    module, ids, plan = llama_plan
+    predicted = Counter(
+        (
+            c.kind,
+            math.prod(
+                c.layout.device_dim_size(k)
+                for k in range(len(c.layout.device_matrix))
+                if k not in c.layout.tensor_map
+            ),
+            math.prod(c.layout.shard_shape) * c.dtype_bytes,
+        )
+        for r in taps.breakdown(plan)
+        for c, _ in r.collectives
+        if c.kind in ("all_gather", "reduce_scatter")
+    )
+    module.to_empty(device="cpu")
+    mesh = torch.distributed.device_mesh.init_device_mesh(
+        "cpu",
+        taps.export.to_dtensor(plan).mesh.shape,
+        mesh_dim_names=taps.export.to_dtensor(plan).mesh.axis_names,
+    )
+    sharded = fully_shard_plan(module, plan, mesh)
+    params = {n for n, _ in module.named_parameters()}
+    assert set(stored_groups(plan)) == params  # every parameter, data parallel
+    assert len(sharded) == len(params)  # one parameter per module in Llama
+    record = _Collectives()
+    with record:
+        module(ids).sum().backward()
+    seen = Counter(record.seen)
+    assert seen == predicted
+    assert sum(n for (k, _, _), n in seen.items() if k == "all_gather") == 2 * len(params)
+
+
+def test_the_exports_place_stored_parameters_sharded(llama_plan):
+    plan = llama_plan[2]
+    placements = taps.export.to_dtensor(plan)
+    specs = taps.export.to_jax(plan)
+    axes = placements.mesh.axis_names
+    for name in stored_groups(plan):
+        assert placements.tensors[name] == ("Shard(0)",) * len(axes), name
+        first = specs.tensors[name][0]
+        assert (first if isinstance(first, tuple) else (first,)) == axes, name
+    unsharded = taps.export.to_dtensor(plan.with_pricing(taps.Pricing()))
+    assert all(set(unsharded.tensors[n]) == {"Replicate()"} for n in stored_groups(plan))

@@ -1,0 +1,109 @@
+"""The memory-limited problem solved over (cost, memory) Pareto frontiers (taps.solve.pareto)
+against brute force over every assignment, with and without the Lagrangian cut, and the search
+through it on stacks of distinct (untied) layers against the plain ILP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taps
+from taps import models
+from taps.search.tables import build_tables
+from taps.solve.pareto import solve_pareto
+from taps.solve.pipeline import IlpOptions, solve
+from taps.solve.problem import Problem
+from test_elimination import problems
+
+
+def _every(problem: Problem) -> list[dict[str, int]]:
+    names = list(problem.node_cost)
+    sizes = [range(len(problem.node_cost[v])) for v in names]
+    return [dict(zip(names, c)) for c in itertools.product(*sizes)]
+
+
+def _memory(problem: Problem, data: st.DataObject) -> dict[str, np.ndarray]:
+    """Small integer memory per candidate (many equal levels, as real tables have)."""
+    return {
+        v: np.array(data.draw(st.lists(st.integers(0, 6), min_size=len(c), max_size=len(c))), float)
+        for v, c in problem.node_cost.items()
+    }
+
+
+def _used(memory: dict[str, np.ndarray], choice: dict[str, int]) -> float:
+    return sum(float(memory[v][i]) for v, i in choice.items())
+
+
+def _check(problem, memory, limit, choice) -> None:
+    """``choice`` fits and is the cheapest that fits, up to sums rounded in another order."""
+    every = _every(problem)
+    assert choice is not None
+    assert _used(memory, choice) <= limit * (1 + 1e-12)
+    strict = min(
+        (problem.evaluate(c) for c in every if _used(memory, c) <= limit * (1 - 1e-12)),
+        default=np.inf,
+    )
+    loose = min(problem.evaluate(c) for c in every if _used(memory, c) <= limit * (1 + 1e-12))
+    assert loose <= problem.evaluate(choice) <= strict
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0))
+def test_frontiers_find_the_least_cost_that_fits(problem, data, position):
+    memory = _memory(problem, data)
+    every = _every(problem)
+    lo = min(_used(memory, c) for c in every)
+    hi = max(_used(memory, c) for c in every)
+    limit = lo + position * (hi - lo)
+    _check(problem, memory, limit, solve_pareto(problem, memory, limit))
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
+    # Any price gives a valid Lagrangian bound and any fitting assignment a cutoff: the cut
+    # (every ladder step of it) must never lose the optimum.
+    memory = _memory(problem, data)
+    every = _every(problem)
+    lo = min(_used(memory, c) for c in every)
+    hi = max(_used(memory, c) for c in every)
+    limit = lo + position * (hi - lo)
+    fitting = [c for c in every if _used(memory, c) <= limit]
+    bound = min(problem.evaluate(c) + lam * (_used(memory, c) - limit) for c in every)
+    known = data.draw(st.sampled_from(fitting))
+    _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
+
+
+@pytest.mark.parametrize(
+    ("blocks", "shape", "position"), [(3, (2, 4), 0.2), (2, (1, 8), 0.5), (3, (4, 4), 0.8)]
+)
+def test_distinct_layers_under_a_binding_limit_equal_the_plain_ilp(blocks, shape, position):
+    # Untied layers: every layer decides on its own, the memory of all of them under one limit.
+    graph = models.gpt(64, 4, 16, 8, blocks=blocks, layers=2)
+    tables = build_tables(graph, taps.Cluster(*shape))
+    free = solve(tables)
+    lo = sum(float(m.min()) for m in tables.memory_per_op.values()) * tables.layers
+    hi = tables.layers * sum(float(tables.memory_per_op[v][i]) for v, i in free.choice.items())
+    assert hi > lo
+    limit = lo + position * (hi - lo)
+    fast = solve(tables, limit)
+    plain = solve(tables, limit, options=IlpOptions(price=False))
+    used = tables.layers * sum(float(tables.memory_per_op[v][i]) for v, i in fast.choice.items())
+    assert used <= limit * (1 + 1e-9)
+    assert fast.gap == 0 and fast.status == "optimal"
+    assert tables.evaluate(fast.choice) == pytest.approx(tables.evaluate(plain.choice), rel=1e-9)
+
+
+def test_over_budget_says_none(monkeypatch):
+    # Beyond its budget the solver gives up (the pipeline then runs SCIP), it does not grow.
+    graph = models.gpt(64, 4, 16, 8, blocks=3)
+    tables = build_tables(graph, taps.Cluster(2, 4))
+    problem = tables.problem()
+    memory = {v: m * tables.layers for v, m in tables.memory_per_op.items()}
+    limit = sum(float(m.max()) for m in memory.values())
+    monkeypatch.setattr("taps.solve.pareto.MAX_WORK", 10)
+    assert solve_pareto(problem, memory, limit) is None
