@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::plan::optimal::{solve_classes, Key};
+use crate::plan::optimal::{Key, Path};
 use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
@@ -149,16 +149,20 @@ pub fn redistribution_costs_until(
             }
         }
         let searched: Vec<(&Key, usize)> = first.into_iter().collect();
-        let paths = solve_classes(searched, |k| {
-            if stop.load(Relaxed) {
-                return Ok(None);
-            }
-            let (a, b) = pair(k);
-            Ok::<_, Error>(search_problem(a, b)?.map(|p| solve(&p, objective, stop)))
-        })?;
-        let Some(paths) = paths.filter(|_| !stop.load(Relaxed)) else {
+        let paths: FxHashMap<&Key, Path> = searched
+            .into_par_iter()
+            .filter_map(|(key, k)| {
+                if stop.load(Relaxed) {
+                    return None;
+                }
+                let (a, b) = pair(k);
+                let problem = search_problem(a, b).transpose()?;
+                Some(problem.map(|p| (key, solve(&p, objective, stop))))
+            })
+            .collect::<Result<_>>()?;
+        if stop.load(Relaxed) {
             return Ok(None);
-        };
+        }
         // Per canonical pair, the plan's price under the objective and its cost.
         let mut canonical = vec![(0.0, 0.0); csrc.len() * cwidth];
         canonical

@@ -8,16 +8,16 @@
 //!
 //! The search runs on the pair with its tensor dims sorted by the part each plays ([`Key`]):
 //! pairs that differ only in that order, or in the sizes of dims of one part, have one search,
-//! which the batch kernel runs once for all of them ([`Problem`]).
+//! which the batch kernel runs once for all of them ([`Problem`]). Its result depends on the key
+//! alone, never on what was searched before (the memo only saves the work).
 
 mod space;
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 
-use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use super::ops::{CommOp, Objective};
@@ -196,114 +196,6 @@ impl Problem {
     }
 }
 
-impl Key {
-    /// The key with its elements left out: the shape class. The keys of one class have one
-    /// space and one set of paths, and each path prices `latency + elements * rate` (the shards
-    /// are the elements over the sizes of the dims that split them), exactly so when the elements
-    /// are a multiple of the device count ([`Key::linear`]).
-    fn class(&self) -> Key {
-        Key {
-            elements: 0,
-            ..self.clone()
-        }
-    }
-
-    /// Whether every shard of the key's space divides by every device dim's size, so that every
-    /// step's volume (a ring all-reduce's `2 (g-1)/g` shards rounded up included) is exactly
-    /// linear in the elements.
-    fn linear(&self) -> bool {
-        self.elements % self.device_matrix.iter().product::<u64>() == 0
-    }
-}
-
-/// The paths of `keys` (each the key of a pair the caller knows by an index), each the cheapest
-/// of its space: `solve` searches the pair of an index. Keys of one shape class ([`Key::class`])
-/// are taken in the order of their elements, and a path that is the cheapest at two element
-/// counts is the cheapest at every count between them, unsearched: each path prices
-/// `a + b * elements`, so if `P` is no dearer than any `Q` at both ends, the same holds for
-/// their convex combinations. Between ends with different paths, the middle key is searched and
-/// both halves are taken the same way. Which keys are searched depends on `keys` alone (not on the
-/// order of work), so the result is deterministic; `None` once `solve` gives none (a stop).
-pub(crate) fn solve_classes<'k, E: Send>(
-    keys: Vec<(&'k Key, usize)>,
-    solve: impl Fn(usize) -> std::result::Result<Option<Path>, E> + Sync,
-) -> std::result::Result<Option<FxHashMap<&'k Key, Path>>, E> {
-    let mut classes: FxHashMap<Key, Vec<(&'k Key, usize)>> = FxHashMap::default();
-    for (key, k) in keys {
-        classes.entry(key.class()).or_default().push((key, k));
-    }
-    let classes: Vec<Vec<(&'k Key, usize)>> = classes
-        .into_values()
-        .map(|mut class| {
-            class.sort_by_key(|(key, _)| key.elements);
-            class
-        })
-        .collect();
-    let solved: Vec<Option<Vec<(&'k Key, Path)>>> = classes
-        .into_par_iter()
-        .map(|class| {
-            let mut paths: Vec<Option<Path>> = vec![None; class.len()];
-            // The keys whose counts are not exactly linear are searched alone; the others by
-            // intervals.
-            let (linear, alone): (Vec<usize>, Vec<usize>) =
-                (0..class.len()).partition(|&x| class[x].0.linear());
-            for x in alone {
-                let Some(path) = solve(class[x].1)? else {
-                    return Ok(None);
-                };
-                paths[x] = Some(path);
-            }
-            if !linear.is_empty() && !between(&linear, &mut paths, &|x| solve(class[x].1))? {
-                return Ok(None);
-            }
-            Ok(Some(
-                class
-                    .iter()
-                    .zip(paths)
-                    .map(|(&(key, _), path)| (key, path.expect("every key solved")))
-                    .collect(),
-            ))
-        })
-        .collect::<std::result::Result<_, E>>()?;
-    let mut out = FxHashMap::default();
-    for class in solved {
-        let Some(class) = class else { return Ok(None) };
-        out.extend(class);
-    }
-    Ok(Some(out))
-}
-
-/// Fills `paths` at the positions of `at` (ascending element counts of one class): searches both
-/// ends, and the interior only where the ends' paths differ (halving). `false` once `solve` gives
-/// up.
-fn between<E>(
-    at: &[usize],
-    paths: &mut [Option<Path>],
-    solve: &impl Fn(usize) -> std::result::Result<Option<Path>, E>,
-) -> std::result::Result<bool, E> {
-    let (first, last) = (at[0], at[at.len() - 1]);
-    for x in [first, last] {
-        if paths[x].is_none() {
-            let Some(path) = solve(x)? else {
-                return Ok(false);
-            };
-            paths[x] = Some(path);
-        }
-    }
-    if at.len() <= 2 {
-        return Ok(true);
-    }
-    if paths[first] == paths[last] {
-        let path = paths[first].clone();
-        for &x in &at[1..at.len() - 1] {
-            paths[x].clone_from(&path);
-        }
-        return Ok(true);
-    }
-    let middle = at.len() / 2;
-    Ok(between(&at[..=middle], paths, solve)? && between(&at[middle..], paths, solve)?)
-}
-
 /// A solution: each step with the layout it acts on and the one it leads to (not made
 /// canonical).
 #[derive(Debug, Clone, PartialEq)]
@@ -311,19 +203,18 @@ pub(crate) struct Path {
     steps: Vec<(Step, State, State)>,
 }
 
-/// Paths found, by shape class ([`Key::class`]) and objective ([`Objective::fingerprint`]),
-/// then by elements: a search's pairs come back across its edges and directions, and across
-/// searches on one cluster, and tensors of one pattern differ in their sizes. A path found at two
-/// element counts (both exactly linear, [`Key::linear`]) is the cheapest at every count between
-/// them (see [`solve_classes`]), and is answered there unsearched. It is emptied past
-/// [`MEMO_SIZE`] classes.
+/// Paths found, by key and objective ([`Objective::fingerprint`]): a search's pairs come back
+/// across its edges and directions, and across searches on one cluster. The search of a key is
+/// deterministic (every pair of a key has one space, one bound and one order of expansion), so
+/// the memo changes no result, whatever was searched before; it is emptied past [`MEMO_SIZE`]
+/// paths.
 static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
 
-/// Paths by class and objective fingerprint, then by elements.
-type Memo = FxHashMap<(Key, Vec<u64>), BTreeMap<u64, Path>>;
+/// Paths by key and objective fingerprint.
+type Memo = FxHashMap<(Key, Vec<u64>), Path>;
 
-/// The most classes [`MEMO`] keeps (each a few paths of a few hundred bytes).
-const MEMO_SIZE: usize = 1 << 18;
+/// The most paths [`MEMO`] keeps (each a few hundred bytes).
+const MEMO_SIZE: usize = 1 << 20;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
@@ -335,24 +226,11 @@ pub(crate) fn solve(
     stop: &AtomicBool,
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
 ) -> Path {
-    let key = (problem.key.class(), objective.fingerprint());
-    let elements = problem.key.elements;
+    let key = (problem.key.clone(), objective.fingerprint());
     // A panic elsewhere while the lock was held leaves the map whole: use it.
     let memo = || MEMO.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(found) = memo().as_ref().and_then(|m| m.get(&key)) {
-        if let Some(path) = found.get(&elements) {
-            return path.clone();
-        }
-        if problem.key.linear() {
-            let below = found.range(..elements).next_back();
-            let above = found.range(elements..).next();
-            let whole = problem.key.device_matrix.iter().product::<u64>();
-            if let (Some((&lo, p)), Some((&hi, q))) = (below, above) {
-                if lo % whole == 0 && hi % whole == 0 && p == q {
-                    return p.clone();
-                }
-            }
-        }
+    if let Some(path) = memo().as_ref().and_then(|m| m.get(&key)) {
+        return path.clone();
     }
     let path = search_or_paper(problem, objective, stop, paper);
     if stop.load(Relaxed) {
@@ -363,7 +241,7 @@ pub(crate) fn solve(
     if map.len() >= MEMO_SIZE {
         map.clear();
     }
-    map.entry(key).or_default().insert(elements, path.clone());
+    map.insert(key, path.clone());
     path
 }
 
@@ -638,102 +516,5 @@ mod tests {
             }
         }
         assert!(compared > 1000, "{compared}");
-    }
-
-    /// The paths of a shape class taken by intervals ([`solve_classes`]) and those the memo
-    /// answers between two it holds ([`solve`]) price what a fresh unbounded search prices at
-    /// every element count, on a cluster with latencies (where the cheapest path changes with
-    /// the size), counts not a multiple of the device count included.
-    #[test]
-    fn classes_answer_what_a_search_finds() {
-        let levels = [(4, 100e9, 2e-5), (4, 5e9, 5e-4)];
-        let cluster = Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap();
-        let objective = Objective::Seconds {
-            cluster: &cluster,
-            dtype_bytes: 2.0,
-        };
-        // Device dims 0, 1, 2 of sizes 4, 2, 2.
-        let pairs = [
-            ([-1i64, 0, 1], [-1i64, 0, 2], None),
-            ([-1, 0, -1], [-1, -1, 1], Some(1usize)),
-            ([-1, 0, 1], [-1, 2, -1], Some(2)),
-            ([-1, 1, 2], [-1, 0, -1], None),
-        ];
-        let (mut priced, mut changes) = (0, 0);
-        for (from, to, partial) in pairs {
-            let pair = |m: u64| {
-                let shape = [m, 4, 2];
-                let a = layout(&shape, &[2, 2, 4], &from);
-                let a = match partial {
-                    Some(k) => a.with_state(a.tensor_map().to_vec(), vec![k]),
-                    None => a,
-                };
-                let problem = Problem::of(&a, &layout(&shape, &[2, 2, 4], &to)).unwrap();
-                (a, problem)
-            };
-            let sizes: Vec<u64> = (0..40)
-                .map(|x| 8 * (1 << (x / 4)) * (x % 4 + 1) + x % 3)
-                .collect();
-            let problems: Vec<(Layout, Problem)> = sizes.iter().map(|&m| pair(m)).collect();
-            let price = |(a, problem): &(Layout, Problem), path: &Path| {
-                let ops = problem.ops(path, a);
-                ops.iter().fold(0.0, |t, op| objective.add(t, op))
-            };
-            let fresh = |x: usize| {
-                let problem = &problems[x].1;
-                let stop = AtomicBool::new(false);
-                search(
-                    &problem.source,
-                    &problem.target,
-                    f64::INFINITY,
-                    objective,
-                    &stop,
-                )
-                .expect("a path")
-            };
-            let keys = problems
-                .iter()
-                .enumerate()
-                .map(|(x, (_, p))| (p.key(), x))
-                .collect();
-            let paths = solve_classes(keys, |x| Ok::<_, ()>(Some(fresh(x))))
-                .unwrap()
-                .unwrap();
-            // Sizes of one class whose cheapest paths differ: the halving runs.
-            changes += paths
-                .iter()
-                .filter(|(key, path)| {
-                    paths
-                        .iter()
-                        .any(|(other, p)| other.class() == key.class() && p != *path)
-                })
-                .count();
-            let stop = AtomicBool::new(false);
-            // The memo, filled out of order: every other size first, then the rest.
-            let order = (0..sizes.len())
-                .step_by(2)
-                .chain((1..sizes.len()).step_by(2));
-            for x in order {
-                let want = price(&problems[x], &fresh(x));
-                let got = price(&problems[x], &paths[problems[x].1.key()]);
-                let memo = price(
-                    &problems[x],
-                    &crate::plan::solve(&problems[x].1, objective, &stop),
-                );
-                for got in [got, memo] {
-                    assert!(
-                        (got - want).abs() <= 1e-12 * want,
-                        "{}: {got} against {want}",
-                        sizes[x]
-                    );
-                }
-                priced += 1;
-            }
-        }
-        assert_eq!(priced, 160);
-        assert!(
-            changes > 0,
-            "no class whose cheapest path changes with the size"
-        );
     }
 }
