@@ -85,3 +85,68 @@ def test_same_json_across_runs_threads_and_hash_seeds(model, tmp_path):
         assert _without_timings(run) == first
     # The timings were there, and are all that was left out.
     assert all("timings" in run["topology"] for run in runs)
+
+
+#: Runs the jobs named on the command line in that order in one process and prints, per job, what
+#: it chose: a search's plan and cost with the optimal planner, or the optimal plans (their ops)
+#: of pairs of one pattern at several sizes on a cluster with latencies, where the cheapest path
+#: changes with the size.
+_JOBS = """
+import json, sys
+import taps
+
+cluster = taps.Cluster(2, 4, intra_latency=2e-5, inter_latency=5e-4, device_memory=float("inf"))
+graphs = {
+    "alexnet": lambda: taps.models.by_name("alexnet"),
+    "gpt": lambda: taps.models.gpt(hidden=256, heads=4, seq=128, batch=8),
+}
+PATTERNS = [
+    (([-1, 0, 1], []), [-1, 0, 2]),
+    (([-1, 0, -1], [1]), [-1, -1, 1]),
+    (([-1, 0, 1], [2]), [-1, 2, -1]),
+    (([-1, 1, 2], []), [-1, 0, -1]),
+]
+
+def pairs(sizes):
+    out = []
+    for (src, partial), tgt in PATTERNS:
+        for m in sizes:
+            a = taps.Layout([m, 4, 2], [2, 2, 2], src, partial=partial)
+            b = taps.Layout([m, 4, 2], [2, 2, 2], tgt)
+            plan = taps.plan_redistribution(a, b, cluster, planner="optimal")
+            out.append([repr(op) for op in plan.ops])
+    return out
+
+out = {}
+for job in sys.argv[1:]:
+    kind, name = job.split(":")
+    if kind == "search":
+        r = taps.search(graphs[name](), cluster, taps.Pricing(planner="optimal"))
+        out[job] = [r.cost.hex(), r.plan.to_json()]
+    else:
+        out[job] = pairs([int(m) for m in name.split(",")])
+print(json.dumps(out))
+"""
+
+
+def _jobs(order: list[str]) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-c", _JOBS, *order], check=True, capture_output=True, text=True
+    )
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_optimal_plans_whatever_ran_before():
+    """The optimal planner remembers the paths it found (within one process): what it returns for
+    an input is the same whatever was planned before it, in whatever order. Two searches and
+    pairs of one pattern at sizes between, and at the ends of, sizes planned earlier."""
+    jobs = ["search:alexnet", "search:gpt", "pairs:64,4096", "pairs:256,1024", "pairs:512"]
+    forward = _jobs(jobs)
+    backward = _jobs(jobs[::-1])
+    alone = {job: _jobs([job])[job] for job in ("pairs:512", "search:gpt")}
+    assert forward == backward
+    for job, got in alone.items():
+        assert forward[job] == got
+    # Some pattern's cheapest plan changes between the sizes (latency against bandwidth).
+    ends = forward["pairs:64,4096"]
+    assert any(ends[2 * p] != ends[2 * p + 1] for p in range(len(ends) // 2))

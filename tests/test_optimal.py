@@ -31,6 +31,9 @@ ISSUE = [
     ),
     (([256, 256], [4, 4], [1, 0]), ([256, 256], [4, 4], [0, 1]), 6 * 4096, 4096),
     (([64, 4, 8, 16], [4, 4], [-1, 1, 0, -1]), ([64, 32, 16], [16], [0, -1, -1]), 3072, 1920),
+    # Issue 23: dim 1 sliced along the device dim the target uses for dim 0, then one
+    # collective_permute of the smaller shard (what XLA moves).
+    (([256, 1024], [4, 4], [0, -1]), ([256, 1024], [4, 4], [1, 0]), 49_152, 16_384),
 ]
 
 
@@ -149,13 +152,12 @@ def _brute_force(source, target):
     d = [sim.dev_size(dm, k) for k in range(h)]
     goal = {k: tgt.index(k) if k in tgt else None for k in range(h)}
     fixed = {k for k in range(h) if goal[k] is not None and k in src and src.index(k) == goal[k]}
-    scratch = {i for i in range(len(shape)) if src[i] < 0 and tgt[i] < 0}
     allowed = {}
     for k in range(h):
-        ends = {src.index(k) if k in src else None, goal[k]} - {None}
-        # A dim that splits nothing at either end (and sums nothing) only replicates.
-        places = ends | scratch if ends or k in src_partial else set()
-        allowed[k] = {i for i in places if shape[i] % d[k] == 0}
+        # A dim that splits nothing at either end (and sums nothing) only replicates; the others
+        # may split any dim they divide.
+        may = k in src or goal[k] is not None or k in src_partial
+        allowed[k] = {i for i in range(len(shape)) if may and shape[i] % d[k] == 0}
 
     def shard(tm):
         return prod(s // (d[m] if m >= 0 else 1) for s, m in zip(shape, tm))
@@ -234,10 +236,7 @@ def test_optimal_equals_brute_force(pair):
         return
     want = _brute_force(sim.layout4(plan.source), sim.layout4(plan.target))
     paper = taps.plan_redistribution(a, b, planner="paper").volume
-    # The search gives up (keeping Algorithm 1's plan) only past its expansion budget, which
-    # layouts of up to 16 devices do not reach (32 can: five device dims of 2 in a chain; with
-    # the budget lifted, the two agree there too).
-    assert plan.volume == want, (pair, plan, want, paper)
+    assert plan.volume == min(want, paper), (pair, plan, want, paper)
 
 
 @settings(max_examples=60, deadline=None)

@@ -57,8 +57,10 @@ def test_random_redistributions_on_16_devices(specs):
 
 def test_optimal_plans_on_16_devices():
     """The optimal planner's plans run on XLA as planned: a collective_permute (a 4 x 4 mesh
-    swapping its dims), plans between canonical forms (one distribution written two ways), and
-    the plan's collectives compile as predicted, bytes included."""
+    swapping its dims; a replicated dim sliced along the device dim the target uses for the
+    other, then a collective_permute, issue 23's case), plans between canonical forms (one
+    distribution written two ways), and the plan's collectives compile as predicted, bytes
+    included."""
     pairs = [
         (taps.Layout([16, 16], [4, 4], [1, 0]), taps.Layout([16, 16], [4, 4], [0, 1])),
         (
@@ -66,9 +68,12 @@ def test_optimal_plans_on_16_devices():
             taps.Layout([64, 32, 16], [16], [0, -1, -1]),
         ),
         (taps.Layout([16, 48], [8, 2], [0, -1]), taps.Layout([16, 48], [16], [0, -1])),
+        (taps.Layout([256, 1024], [4, 4], [0, -1]), taps.Layout([256, 1024], [4, 4], [1, 0])),
     ]
     plans = [taps.plan_redistribution(a, b, planner="optimal") for a, b in pairs]
     assert [op.kind for op in plans[0].all_ops] == ["collective_permute"]
+    assert [op.kind for op in plans[3].all_ops] == ["slice", "collective_permute"]
+    assert plans[3].volume == 16_384
     results = verify_redistributions(pairs, devices_per_node=8, planner="optimal")
     for r, plan, (a, b) in zip(results, plans, pairs):
         assert r.ok, (a, b, r.mismatches)

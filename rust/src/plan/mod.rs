@@ -181,6 +181,16 @@ mod tests {
                 "{a:?} -> {b:?}"
             );
         }
+        // Issue 23: a replicated dim sliced along the free device dim the target uses for the
+        // other dim, then one collective-permute of the smaller shard: what XLA moves.
+        let (paper, optimal) = both(
+            &layout(&[256, 1024], &[4, 4], &[0, -1]),
+            &layout(&[256, 1024], &[4, 4], &[1, 0]),
+        );
+        assert_eq!(paper.volume().unwrap(), 49_152);
+        assert_eq!(optimal.volume().unwrap(), 16_384);
+        let kinds: Vec<_> = optimal.ops.iter().map(CommOp::kind).collect();
+        assert_eq!(kinds, [OpKind::Slice, OpKind::CollectivePermute]);
         let swap = both(
             &layout(&[1024, 1024], &[4, 4], &[1, 0]),
             &layout(&[1024, 1024], &[4, 4], &[0, 1]),

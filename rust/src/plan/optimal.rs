@@ -3,11 +3,13 @@
 //! all-gathers and all-to-alls as in Algorithm 1, reduce-scatters and all-reduces of partial sums,
 //! and collective-permutes that hand the splits of some device dims to others of the same size.
 //! Algorithm 1's cost bounds the search: only a strictly cheaper plan is searched for, so no
-//! layout whose cost plus the lower bound on the rest reaches it is expanded.
+//! layout whose cost plus the lower bound on the rest reaches it is expanded. Nothing else stops
+//! it: the plan is the cheapest of the space.
 //!
 //! The search runs on the pair with its tensor dims sorted by the part each plays ([`Key`]):
 //! pairs that differ only in that order, or in the sizes of dims of one part, have one search,
-//! which the batch kernel runs once for all of them ([`Problem`]).
+//! which the batch kernel runs once for all of them ([`Problem`]). Its result depends on the key
+//! alone, never on what was searched before (the memo only saves the work).
 
 mod space;
 
@@ -20,18 +22,16 @@ use rustc_hash::FxHashMap;
 
 use super::ops::{CommOp, Objective};
 use crate::layout::Layout;
-use space::{allowed, mask_of, permutation, state_layout, Space, State, Step, MAX_DIMS};
-
-/// The layouts the search expands at most: past them it gives up, and the caller keeps Algorithm
-/// 1's plan (sound, the planner is still never dearer than Algorithm 1, but maybe not the
-/// cheapest). Most plans of a strategy search take a few dozen to a few hundred; the few that
-/// would take more (chains of many device dims of one size) would cost the search more than they
-/// save. (A budget of 256 halves a GPT-3 layer's search on 256 devices with the same result, but
-/// loses to Algorithm 1's fallback on 8% of random pairs there, by up to 6x.)
-const MAX_EXPANSIONS: usize = 1024;
+use space::{
+    allowed, canonical, mask_of, matching, permutation, runs, state_layout, Space, State, Step,
+    MAX_DIMS,
+};
 
 struct Node {
+    /// The layout, canonical within the space's runs ([`canonical`]).
     state: State,
+    /// The layout the step led to before it was made canonical (for the path's ops).
+    raw: State,
     /// Elements per device in `state`.
     shard: u64,
     cost: f64,
@@ -140,8 +140,15 @@ impl Problem {
     }
 
     /// The ops of `path` (a solution of a problem of this key) on the unified `source` this
-    /// problem was made of, each with the layout before it.
+    /// problem was made of, each with the layout before it. The path's steps act on layouts of
+    /// the sorted pair, each step on one of a class of equivalent layouts ([`space::runs`]): it is
+    /// carried over to the layout reached so far by the permutation within runs between the two.
     pub(crate) fn ops(&self, path: &Path, source: &Layout) -> Vec<CommOp> {
+        let runs = runs(
+            &self.source,
+            &self.target,
+            &allowed(&self.source, &self.target),
+        );
         let unsort = |state: &State| {
             let mut map = [-1; MAX_DIMS];
             for (c, &i) in self.order.iter().enumerate() {
@@ -153,35 +160,54 @@ impl Problem {
             }
         };
         let dim = |c: Option<usize>| c.map(|c| self.order[c]);
+        // The layout reached, in the sorted order.
+        let mut at = State::of(&self.source);
         let mut before = State::of(source);
         path.steps
             .iter()
-            .map(|(step, after)| {
-                let after = unsort(after);
+            .map(|&(step, from, raw)| {
+                let pi = matching(&from, &at, &runs);
+                let mut next = State {
+                    map: [-1; MAX_DIMS],
+                    partial: raw.partial,
+                };
+                for (&p, &m) in pi.iter().zip(&raw.map).take(self.source.ndim()) {
+                    next.map[p] = m;
+                }
+                let after = unsort(&next);
                 let layout = state_layout(source, &before);
-                let op = match *step {
-                    Step::Op(kind, k, i, to) => CommOp::new(kind, k, dim(i), dim(to), layout),
+                let op = match step {
+                    Step::Op(kind, k, i, to) => CommOp::new(
+                        kind,
+                        k,
+                        dim(i.map(|i| pi[i])),
+                        dim(to.map(|to| pi[to])),
+                        layout,
+                    ),
                     Step::Permute => CommOp::permute(
                         permutation(source.num_device_dims(), &before, &after),
                         layout,
                     ),
                 };
-                before = after;
+                (at, before) = (next, after);
                 op
             })
             .collect()
     }
 }
 
-/// A solution: each step with the layout it leads to.
-#[derive(Debug, Clone)]
+/// A solution: each step with the layout it acts on and the one it leads to (not made
+/// canonical).
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Path {
-    steps: Vec<(Step, State)>,
+    steps: Vec<(Step, State, State)>,
 }
 
 /// Paths found, by key and objective ([`Objective::fingerprint`]): a search's pairs come back
 /// across its edges and directions, and across searches on one cluster. The search of a key is
-/// deterministic, so the memo changes no result; it is emptied past [`MEMO_SIZE`] paths.
+/// deterministic (every pair of a key has one space, one bound and one order of expansion), so
+/// the memo changes no result, whatever was searched before; it is emptied past [`MEMO_SIZE`]
+/// paths.
 static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
 
 /// Paths by key and objective fingerprint.
@@ -192,8 +218,8 @@ const MEMO_SIZE: usize = 1 << 20;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
-/// Algorithm 1's if there is none or the search would expand more than [`MAX_EXPANSIONS`]
-/// layouts, or `stop` is set (then the path is not remembered). Remembered ([`MEMO`]).
+/// Algorithm 1's if there is none, or if `stop` is set (then the path is not remembered).
+/// Remembered ([`MEMO`]).
 pub(crate) fn solve(
     problem: &Problem,
     objective: Objective<'_>,
@@ -238,8 +264,9 @@ fn search_or_paper(
                 op.tensor_dim(),
                 op.to_tensor_dim(),
             );
+            let from = at;
             at = at.after(kind, k, i, to);
-            (Step::Op(kind, k, i, to), at)
+            (Step::Op(kind, k, i, to), from, at)
         });
         Path {
             steps: steps.collect(),
@@ -247,8 +274,8 @@ fn search_or_paper(
     })
 }
 
-/// A* from `source` to `target` among the paths cheaper than `bound`; `None` past the budget or
-/// once `stop` is set.
+/// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (no
+/// budget: exact); `None` if there is none or once `stop` is set.
 fn search(
     source: &Layout,
     target: &Layout,
@@ -261,6 +288,7 @@ fn search(
     let keep = goal.partial;
     let mut nodes = vec![Node {
         state: State::of(source),
+        raw: State::of(source),
         shard: source.shard_size(),
         cost: 0.0,
         ops: 0,
@@ -289,7 +317,7 @@ fn search(
         expanded += 1;
         // Checked now and then (and first): a caller stops a long batch (Ctrl-C) within
         // milliseconds.
-        if expanded > MAX_EXPANSIONS || expanded % 64 == 1 && stop.load(Relaxed) {
+        if expanded % 64 == 1 && stop.load(Relaxed) {
             return None;
         }
         if nodes[node].state == goal {
@@ -299,14 +327,15 @@ fn search(
         let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
         let (shard, distinct) = (nodes[node].shard, state.used() | state.partial);
         space.steps(&state, keep, &mut steps);
-        for (step, next) in steps.drain(..) {
+        for (step, raw) in steps.drain(..) {
+            let next = canonical(raw, &space.runs);
             // A layout already expanded is not reopened (the bound is consistent): skip it before
             // pricing the step.
             let seen = index.get(&next).copied();
             if seen.is_some_and(|id| nodes[id].done) {
                 continue;
             }
-            let total = cost + space.price(objective, (&state, distinct, shard), step, &next);
+            let total = cost + space.price(objective, (&state, distinct, shard), step, &raw);
             if seen.is_some_and(|id| (total, ops) >= (nodes[id].cost, nodes[id].ops)) {
                 continue;
             }
@@ -317,6 +346,7 @@ fn search(
             }
             let fresh = Node {
                 state: next,
+                raw,
                 shard: after,
                 cost: total,
                 ops,
@@ -347,8 +377,9 @@ fn path_to(nodes: &[Node], end: usize) -> Path {
     let mut steps = Vec::new();
     let mut at = end;
     while let Some(step) = nodes[at].step {
-        steps.push((step, nodes[at].state));
-        at = nodes[at].parent;
+        let parent = nodes[at].parent;
+        steps.push((step, nodes[parent].state, nodes[at].raw));
+        at = parent;
     }
     steps.reverse();
     Path { steps }
@@ -386,8 +417,9 @@ mod tests {
             let shard = state_layout(space.template, &state).shard_size();
             let distinct = state.used() | state.partial;
             space.steps(&state, goal.partial, &mut steps);
-            for (step, next) in steps.drain(..) {
-                let total = cost + space.price(objective, (&state, distinct, shard), step, &next);
+            for (step, raw) in steps.drain(..) {
+                let next = canonical(raw, &space.runs);
+                let total = cost + space.price(objective, (&state, distinct, shard), step, &raw);
                 if best.get(&next).is_none_or(|&b| total < b) {
                     best.insert(next, total);
                     states.push(next);
@@ -465,7 +497,7 @@ mod tests {
                         let (source, target) = (&problem.source, &problem.target);
                         let stop = AtomicBool::new(false);
                         let path = search(source, target, f64::INFINITY, objective, &stop)
-                            .expect("within the budget");
+                            .expect("a path");
                         let ops = problem.ops(&path, a);
                         ops.iter().fold(0.0, |t, op| objective.add(t, op))
                     };

@@ -18,10 +18,25 @@ pub(super) const MAX_DIMS: usize = 32;
 
 /// A layout of the search: the tensor map (-1 past the layout's dims) and the partial device
 /// dims (a mask).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct State {
     pub(super) map: [i8; MAX_DIMS],
     pub(super) partial: u64,
+}
+
+/// One word per state, its map's words and partial dims folded by odd multipliers: hashing the
+/// map byte by byte left long probe chains in the search's tables (mostly -1 bytes).
+impl std::hash::Hash for State {
+    fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
+        let word =
+            |c: usize| u64::from_le_bytes(std::array::from_fn(|b| self.map[8 * c + b] as u8));
+        let folded = (0..MAX_DIMS / 8).fold(self.partial, |h, c| {
+            (h ^ word(c))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(29)
+        });
+        hasher.write_u64(folded);
+    }
 }
 
 impl State {
@@ -70,7 +85,7 @@ impl State {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
     Op(OpKind, usize, Option<usize>, Option<usize>),
     Permute,
@@ -112,32 +127,76 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 }
 
 /// Per device dim of the unified pair `source` -> `target`, the tensor dims it may split on the
-/// way (a mask): the one it splits in the source or in the target, or one that neither splits
-/// (scratch, for a dim that splits something at an end or holds partial sums), if its size
-/// divides the dim.
+/// way (a mask): every dim its size divides, for a device dim that splits a tensor dim at either
+/// end or holds partial sums in the source; none for the others (they would only have to be
+/// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
     let (src, tgt) = (source.tensor_map(), target.tensor_map());
     let src_partial = mask_of(source.partial());
-    let scratch = (0..source.ndim())
-        .filter(|&i| src[i] < 0 && tgt[i] < 0)
-        .fold(0u64, |m, i| m | 1 << i);
     (0..source.num_device_dims())
         .map(|k| {
             let d = source.dim_size(k);
-            let at = |map: &[i64]| map.iter().position(|&m| m == k as i64);
-            let ends = [at(src), at(tgt)];
-            // A dim that splits nothing at either end would only have to be gathered again.
-            let start = if ends.iter().all(Option::is_none) && src_partial >> k & 1 == 0 {
-                0
-            } else {
-                scratch
-            };
-            let places = ends.into_iter().flatten().fold(start, |m, i| m | 1 << i);
-            bits(places)
+            let ends = src.iter().chain(tgt).any(|&m| m == k as i64);
+            if !ends && src_partial >> k & 1 == 0 {
+                return 0;
+            }
+            (0..source.ndim())
                 .filter(|&i| source.shape()[i] % d == 0)
                 .fold(0, |m, i| m | 1 << i)
         })
         .collect()
+}
+
+/// The runs `[start, end)` of two or more adjacent tensor dims that play one part: unsplit at
+/// both ends, split on the way by the same device dims. No price and no step tells them apart (a
+/// price sees the shard, not which dim a device dim splits), so the search keeps one layout of
+/// each class of layouts that differ only by a permutation within runs: the one whose map is
+/// sorted within each run ([`canonical`]). The problem's sorted order puts such dims together.
+pub(super) fn runs(source: &Layout, target: &Layout, allowed: &[u64]) -> Vec<(usize, usize)> {
+    let (src, tgt) = (source.tensor_map(), target.tensor_map());
+    let column = |i: usize| {
+        (src[i] < 0 && tgt[i] < 0).then(|| {
+            (0..allowed.len())
+                .filter(|&k| allowed[k] >> i & 1 == 1)
+                .fold(0u64, |m, k| m | 1 << k)
+        })
+    };
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=src.len() {
+        if i == src.len() || column(i).is_none() || column(i) != column(start) {
+            if i - start >= 2 && column(start).is_some() {
+                out.push((start, i));
+            }
+            start = i;
+        }
+    }
+    out
+}
+
+/// `state` with its map sorted within each of `runs`: one layout per class of equivalent ones.
+pub(super) fn canonical(mut state: State, runs: &[(usize, usize)]) -> State {
+    for &(start, end) in runs {
+        state.map[start..end].sort_unstable();
+    }
+    state
+}
+
+/// The permutation of tensor dims (within `runs`) that takes `from` to `to`, two layouts of one
+/// class: `pi[i]` is the dim of `to` that holds what dim `i` of `from` holds.
+pub(super) fn matching(from: &State, to: &State, runs: &[(usize, usize)]) -> [usize; MAX_DIMS] {
+    let mut pi: [usize; MAX_DIMS] = std::array::from_fn(|i| i);
+    for &(start, end) in runs {
+        let mut free = (start..end).filter(|&j| to.map[j] < 0);
+        for (p, &m) in pi[start..end].iter_mut().zip(&from.map[start..end]) {
+            *p = if m < 0 {
+                free.next().expect("one class")
+            } else {
+                (start..end).find(|&j| to.map[j] == m).expect("one class")
+            };
+        }
+    }
+    pi
 }
 
 /// The layout of `state` on `template`'s shape and device matrix.
@@ -156,6 +215,8 @@ pub(super) struct Space<'a> {
     pub(super) template: &'a Layout,
     /// Per device dim, the tensor dims it may split (a mask).
     allowed: Vec<u64>,
+    /// The runs of tensor dims that play one part ([`runs`]).
+    pub(super) runs: Vec<(usize, usize)>,
     /// Per device dim, the tensor dim the target splits along it, if any.
     goal: Vec<Option<usize>>,
     /// The target's tensor map.
@@ -268,6 +329,7 @@ impl<'a> Space<'a> {
         let least_last = cheapest(&rates, goal_shard / 2.0);
         Space {
             template: source,
+            runs: runs(source, target, &allowed),
             allowed,
             goal,
             target_map: tgt.iter().map(|&m| m as i8).collect(),
@@ -378,6 +440,12 @@ impl<'a> Space<'a> {
             .enumerate()
             .filter(|&(_, &m)| m < 0)
             .fold(0u64, |mask, (i, _)| mask | 1 << i);
+        // Of the unsplit dims of a run, one is split: the others would give equivalent layouts.
+        let open = self.runs.iter().fold(unsplit, |mask, &(start, end)| {
+            let run = (u64::MAX >> (64 - (end - start))) << start;
+            let first = mask & run & (mask & run).wrapping_neg();
+            mask & !run | first
+        });
         let mut push = |kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>| {
             out.push((Step::Op(kind, k, i, to), state.after(kind, k, i, to)));
         };
@@ -394,7 +462,7 @@ impl<'a> Space<'a> {
         }
         for k in 0..h {
             let bit = 1u64 << k;
-            let targets = self.allowed[k] & unsplit;
+            let targets = self.allowed[k] & open;
             if free(k) {
                 for i in bits(targets) {
                     push(OpKind::Slice, k, Some(i), None);
@@ -413,7 +481,7 @@ impl<'a> Space<'a> {
                 continue;
             }
             push(OpKind::AllGather, k, Some(i), None);
-            for j in bits(self.allowed[k] & unsplit) {
+            for j in bits(self.allowed[k] & open) {
                 push(OpKind::AllToAll, k, Some(i), Some(j));
             }
         }
