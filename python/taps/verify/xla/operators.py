@@ -12,8 +12,10 @@ Reads by index (an embedding, ``index``, ``gather``) run on integer index values
 draws below the indexed size (:func:`index_bounds`); a vocabulary split over devices reads its
 own rows as a one-hot product, whose partial sums the reduce adds up, as a vocabulary-parallel
 embedding does. Axes of the output that no input has are broadcast (``expand``, ``repeat``), or
-taken from the start of the whole input axis they narrow (``slice``, ``split``: the graph keeps
-sizes, not offsets); ``cat`` joins its operands in order, zeros where a constant operand was.
+taken from the whole input axis they narrow (``slice``, ``split``: the graph keeps sizes, not
+offsets, so each reads at an offset drawn from its name); ``cat`` joins its operands in order,
+zeros where a constant operand was. Pointwise kinds run their function (a ``pow`` squares: the
+exponent is not in the graph); others of one operand pass it through.
 Where an operator needs its place in the tensor (a one-hot's offset, a broadcast's block size),
 it asks its :class:`Block`.
 
@@ -24,6 +26,7 @@ after the contraction, a linear's bias, already aligned to the output) once.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -146,7 +149,10 @@ def _contract(
         for k, d in enumerate(dims):
             narrow = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
             if narrow in op.output.dims and not any(narrow in f for f, _ in factors):
-                x = jnp.take(x, np.arange(block.size(narrow)), axis=k)
+                # Its own offset (the graph keeps none): XLA must not merge slices the model
+                # takes at different places.
+                first = zlib.crc32(op.name.encode()) % (op.axis_size(d) - block.size(narrow) + 1)
+                x = jnp.take(x, first + np.arange(block.size(narrow)), axis=k)
                 names[k] = narrow
         narrowed.append((names, x))
     narrowed += [(list(dims), w) for dims, w in _windows(op, narrowed[0][1].dtype)]
@@ -254,9 +260,9 @@ def _index(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
         for i, (o, x) in enumerate(zip(op.inputs, xs))
         if i != src
     )
-    if not ids:  # constant indices: each position reads the row of its place, wrapped
+    if len(ids) < len(at):  # constant indices (dropped, the leading ones: ``x[arange(b), j]``)
         place = _place(op, idx, block)
-        ids = tuple(place % op.axis_size(x_dims[k]) for k in at)
+        ids = tuple(place % op.axis_size(x_dims[k]) for k in at[: len(at) - len(ids)]) + ids
     x = _jnp().transpose(xs[src], at + [k for k in range(len(x_dims)) if k not in at])
     y = x.at[ids].get(mode="clip")
     y = _jnp().broadcast_to(y, [block.size(d) for d in idx] + list(y.shape[len(idx) :]))
@@ -391,6 +397,17 @@ def _divide(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     return a / b
 
 
+def _mean(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``mean``: the einsum's sum over the axes the output lacks, divided by their count."""
+    summed = {d for o in op.inputs for d in o.dims} - set(op.output.dims)
+    return _einsum(op, xs, reduce, block) / math.prod(op.axis_size(d) for d in summed)
+
+
+def _unary(name: str) -> Callable[[Any], Any]:
+    """A pointwise function of ``jax.numpy`` by name (looked up when run: jax loads lazily)."""
+    return lambda x: getattr(_jnp(), name)(x)
+
+
 def balanced_routing(tokens: int, experts: int, capacity: int) -> np.ndarray:
     """A fixed routing ``[s, e, c]`` (0/1) of ``tokens`` per group: the ``k`` choices of every
     token, ``k = c e / s`` (at least 1, at most ``e``), fill the experts' slots in turn, token by
@@ -455,6 +472,15 @@ OPERATORS: dict[str, Form] = {
     "gelu": _elementwise(_gelu),
     "silu": _elementwise(_silu),
     "div": _divide,
+    "mean": _mean,
+    # A power's exponent is not in the graph: squared, as RMS norms take it.
+    "pow": _elementwise(lambda x: x * x),
+    "rsqrt": _elementwise(lambda x: _jnp().reciprocal(_jnp().sqrt(_jnp().abs(x)))),
+    "sqrt": _elementwise(lambda x: _jnp().sqrt(_jnp().abs(x))),
+    "exp": _elementwise(_unary("exp")),
+    "neg": _elementwise(_unary("negative")),
+    "tanh": _elementwise(_unary("tanh")),
+    "sigmoid": _elementwise(lambda x: _jnp().reciprocal(1 + _jnp().exp(-x))),
     "layernorm": _layernorm,
     "softmax": _softmax,
     MOE_ROUTE: _route,
@@ -468,4 +494,7 @@ OPERATORS: dict[str, Form] = {
 def compute(op: Operator, xs: list[Any], reduce: Reduce, block: Block | None = None) -> Any:
     """Run ``op`` on ``xs`` (one array per input slot; ``block``: where the device's block of
     its axes lies, the whole axes by default); any other kind is an einsum."""
-    return OPERATORS.get(op.kind, _einsum)(op, xs, reduce, whole(op) if block is None else block)
+    block = whole(op) if block is None else block
+    y = OPERATORS.get(op.kind, _einsum)(op, xs, reduce, block)
+    # An output axis only a size-1 operand has (a mask broadcast by the op) is the block's.
+    return _jnp().broadcast_to(y, [block.size(d) for d in op.output.dims])

@@ -114,7 +114,8 @@ class GraphProgram:
                     continue
                 if root.name not in roots:
                     scale = 1 / math.sqrt(root.shape[0]) if len(root.shape) > 1 else 1.0
-                    drawn: np.ndarray = rng.standard_normal(root.shape) * scale  # drawn anyway: same seeds
+                    # Drawn anyway, given or not: the same seeds for the other leaves.
+                    drawn: np.ndarray = rng.standard_normal(root.shape) * scale
                     if values and root.name in values:
                         drawn = given(values, root)
                     elif root.name in bounds:
