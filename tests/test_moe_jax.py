@@ -11,13 +11,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
-from jax_moe_models import GShardMoe, MoeLayer, MoeStack, NnxMoe, sorted_moe
+from jax_moe_models import GShardMoe, MoeLayer, MoeStack, NnxMoe, gshard_masks, sorted_moe
 from moe_models import gshard_plan
 from taps.export import to_jax
 from taps.frontends.jax import from_jax
@@ -272,3 +273,102 @@ def test_the_searched_plan_of_a_sorted_moe_runs_on_xla_as_predicted() -> None:
     result = verify(plan)
     assert result.max_error < result.tolerance
     assert [r for r in result.collectives if r.kind == "all_to_all" and r.status == "ok"]
+
+
+# -- the recognised operators compute the layer ------------------------------------------------
+
+
+def _einsum(op: Operator, arrays: list[np.ndarray]) -> np.ndarray:
+    letters: dict[str, str] = {}
+    for dims in [*(o.dims for o in op.inputs), op.output.dims]:
+        for d in dims:
+            letters.setdefault(d, chr(ord("a") + len(letters)))
+    spec = ",".join("".join(letters[d] for d in o.dims) for o in op.inputs)
+    return np.einsum(f"{spec}->{''.join(letters[d] for d in op.output.dims)}", *arrays)
+
+
+def _run_experts(graph: taps.Graph, values: dict[str, np.ndarray], combine: np.ndarray):
+    """The recognised operators from dispatch to combine in numpy, on the model's own combine
+    weights ``gsec`` at ``moe_route``'s output (the dispatch mask where they are not zero):
+    the experts read by the labels the front end gave their weights."""
+    env = dict(values)
+    env[next(op for op in graph.ops if op.kind == MOE_ROUTE).output.tensor] = combine
+    silu = lambda a: a / (1 + np.exp(-a))  # noqa: E731
+    for op in _moe_ops(graph)[1:]:
+        xs = []
+        for o in op.inputs:
+            t = graph.tensors[o.tensor]
+            base = env[o.tensor] if o.tensor in env else env[graph.root(o.tensor).name]
+            # Views are reshapes; the routing keeps its own capacity (a slot for every token),
+            # so the experts' tensors (egc...) keep their own c.
+            if base.size == math.prod(t.shape):
+                base = np.reshape(base, t.shape)
+            elif len(t.shape) > base.ndim:
+                base = np.reshape(base, base.shape[:3] + t.shape[3:])
+            xs.append(base)
+        if op.kind == MOE_DISPATCH:
+            xs[0] = (xs[0] != 0).astype(xs[0].dtype)
+        if op.kind == "swiglu":
+            if len(xs) == 1:  # a fused gate-up pair: its axis t, gate first
+                pair = op.inputs[0].dims.index("t")
+                gate, up = np.take(xs[0], 0, axis=pair), np.take(xs[0], 1, axis=pair)
+            else:
+                gate, up = xs
+            env[op.output.tensor] = silu(gate) * up
+        else:
+            env[op.output.tensor] = _einsum(op, xs)
+    return env[_moe_ops(graph)[-1].output.tensor]
+
+
+def _sorted_combine(params: dict, x: np.ndarray, k: int) -> np.ndarray:
+    """``sorted_moe``'s routing as GShard combine weights, a slot for every token."""
+    b, s, _ = x.shape
+    e = params["w_in"].shape[0]
+    scores = 1 / (1 + np.exp(-(x @ params["router"])))
+    out = np.zeros((b, s, e, s), np.float32)
+    for gi in range(b):
+        used = [0] * e
+        for t in range(s):
+            top = np.argsort(-scores[gi, t], kind="stable")[:k]
+            w = scores[gi, t, top] / scores[gi, t, top].sum()
+            for ei, wi in zip(top, w):
+                out[gi, t, ei, used[ei]] = wi
+                used[ei] += 1
+    return out
+
+
+@pytest.mark.parametrize("model", ["gshard", "gshard square", "sorted"])
+def test_the_recognised_operators_compute_the_layer(model: str) -> None:
+    """The experts' weights read with the labels, order and activation the front end found,
+    from dispatch to combine, on the model's own routing, equal the JAX layer's output; also
+    when the experts' hidden width is the model's (``[e, in, out]`` told apart by order)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, M)).astype(np.float32)
+    if model.startswith("gshard"):
+        hidden = M if model == "gshard square" else H
+        layer = GShardMoe(E, K, hidden, capacity_factor=E / K, renormalise=True)
+        params = layer.init(jax.random.key(1), x)
+        graph = from_jax(layer.apply, params, x)
+        probs = jax.nn.softmax(x @ params["params"]["router"]["kernel"], axis=-1)
+        _, combine = gshard_masks(probs, K, 8, True)
+        want = layer.apply(params, x)
+    else:
+        params = {
+            n: rng.standard_normal(v.shape).astype(np.float32) / 3
+            for n, v in _sorted_params(E, M, H).items()
+        }
+        graph = from_jax(lambda p, x: sorted_moe(p, x, K), params, x)
+        combine = _sorted_combine(params, x, K)
+        want = sorted_moe(params, x, K)
+    values = {n: np.asarray(v) for n, v in _leaves_values(params).items()}
+    tokens = next(op for op in graph.ops if op.kind == MOE_DISPATCH).inputs[1].tensor
+    values[graph.root(tokens).name] = x
+    got = _run_experts(graph, values, np.asarray(combine))
+    np.testing.assert_allclose(got.reshape(want.shape), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def _leaves_values(tree: object) -> dict[str, object]:
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="."): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
