@@ -247,6 +247,14 @@ class JaxprGraphBuilder:
                 kept.extend(made)
             if id(record) in removed:
                 continue
+            reads = (
+                [record.base]
+                if isinstance(record, _ViewRecord)
+                else [o.source for o in record.operands]
+            )
+            if not any(id(x) in gone or id(x) in replaced for x in reads):
+                kept.append(record)  # untouched: the same record
+                continue
             if isinstance(record, _ViewRecord):
                 if id(record.base) in gone:
                     gone.add(id(record.output))
