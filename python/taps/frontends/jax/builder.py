@@ -88,6 +88,7 @@ class _OpRecord:
     partitionable: tuple[str, ...]
     dtype_bytes: int
     fusible: bool
+    saved: str = "output"
 
 
 @dataclass(frozen=True)
@@ -172,12 +173,14 @@ class JaxprGraphBuilder:
         dtype_bytes: int,
         partitionable: tuple[str, ...] | None = None,
         fusible: bool = False,
+        saved: str = "output",
     ) -> JaxprValue:
         """An operator reading each input value with one label per value dim, writing a new tensor
         with ``out_labels``; ``partitionable=None`` means every label. Constant inputs are not
         operands, and an operand read twice is read once; an operator of constants only is a
         constant. Labels of size 1 are never split. ``fusible``: an elementwise operator, which
-        :meth:`emit` may fuse with the elementwise operators that feed it."""
+        :meth:`emit` may fuse with the elementwise operators that feed it; ``saved``: what the
+        backward keeps of the output (``taps.graph.Operator.saved``)."""
         sizes = dict(zip(out_labels, out_shape))
         operands: dict[tuple[int, tuple[str, ...]], _Operand] = {}
         fresh = 0
@@ -213,9 +216,77 @@ class JaxprGraphBuilder:
             part,
             dtype_bytes,
             fusible,
+            saved,
         )
         self._records.append(record)
         return JaxprValue(output, tuple(range(len(out_shape))), tuple(out_shape))
+
+    @property
+    def records(self) -> list[_OpRecord | _ViewRecord]:
+        """The operators and views recorded so far, in recording (topological) order."""
+        return list(self._records)
+
+    def splice(
+        self,
+        start: int,
+        removed: set[int],
+        at: int,
+        replaced: dict[int, Source],
+        outputs: list[JaxprValue],
+    ) -> list[JaxprValue]:
+        """Replace a part of the records by the records made since record ``start``, put where
+        record ``at`` was: the records whose ids are in ``removed`` go, readers of a source in
+        ``replaced`` (by id) read its replacement, and reads of a removed record's other outputs
+        are dropped (they depend on nothing kept: constants), a record left with no operand
+        going too. Returns ``outputs`` (the function's) read the same way."""
+        made, old = self._records[start:], self._records[:start]
+        gone = {id(r.output) for r in old if id(r) in removed} - set(replaced)
+        kept: list[_OpRecord | _ViewRecord] = []
+        for i, record in enumerate(old):
+            if i == at:
+                kept.extend(made)
+            if id(record) in removed:
+                continue
+            reads = (
+                [record.base]
+                if isinstance(record, _ViewRecord)
+                else [o.source for o in record.operands]
+            )
+            if not any(id(x) in gone or id(x) in replaced for x in reads):
+                kept.append(record)  # untouched: the same record
+                continue
+            if isinstance(record, _ViewRecord):
+                if id(record.base) in gone:
+                    gone.add(id(record.output))
+                    continue
+                base = replaced.get(id(record.base), record.base)
+                kept.append(dataclasses.replace(record, base=base))
+                continue
+            operands = tuple(
+                dataclasses.replace(o, source=replaced.get(id(o.source), o.source))
+                for o in record.operands
+                if id(o.source) not in gone
+            )
+            if not operands:
+                gone.add(id(record.output))
+                continue
+            used = {label for o in operands for label in o.labels} | set(record.out_labels)
+            kept.append(
+                dataclasses.replace(
+                    record,
+                    operands=operands,
+                    sizes={k: n for k, n in record.sizes.items() if k in used},
+                    partitionable=tuple(k for k in record.partitionable if k in used),
+                )
+            )
+        self._records = kept
+
+        def read(v: JaxprValue) -> JaxprValue:
+            if v.source is None or id(v.source) in gone:
+                return constant(v.shape)
+            return dataclasses.replace(v, source=replaced.get(id(v.source), v.source))
+
+        return [read(v) for v in outputs]
 
     def copy(self, name: str, value: JaxprValue, dtype_bytes: int) -> JaxprValue:
         """Materialise ``value`` (a transpose or broadcast of its source) as a tensor of its own
@@ -396,6 +467,7 @@ class JaxprGraphBuilder:
                 record.partitionable,
                 record.sizes,
                 record.dtype_bytes,
+                saved=record.saved,
             ).name
         g.share_parameters()
         return g

@@ -15,6 +15,7 @@ from typing import Any
 
 from taps._core import GraphError
 from taps._support.extras import require
+from taps.frontends.jax import moe
 from taps.frontends.jax.builder import JaxprGraphBuilder, JaxprValue, constant
 from taps.frontends.jax.rules import RULES, stack, unsupported
 from taps.graph import Graph
@@ -115,12 +116,14 @@ def from_jax(
 
     converter = _Converter(b, jax)
     outputs = converter.run(closed.jaxpr, _consts(closed), values, "")
-    if converter.missing and unknown == "error":
-        where = "; ".join(
-            f"{prim} at {', '.join(places)}" for prim, places in converter.missing.items()
-        )
+    # Mixture-of-experts blocks become the GShard form's operators (docs/moe.md), their top-k,
+    # sorts and cumsums (which have no rule) with them.
+    outputs = moe.rewrite(b, outputs)
+    missing = converter.missing()
+    if missing and unknown == "error":
+        where = "; ".join(f"{prim} at {', '.join(places)}" for prim, places in missing.items())
         raise GraphError(
-            f"{fn_name}: no rule for {len(converter.missing)} primitive(s): {where} "
+            f"{fn_name}: no rule for {len(missing)} primitive(s): {where} "
             "(unknown='replicate' keeps them whole)"
         )
     return b.emit(outputs)
@@ -167,12 +170,23 @@ def _consts(closed: Any) -> list[JaxprValue]:
 
 class _Converter:
     """Walks a jaxpr, inlining calls and unrolling scans, and records every equation through its
-    rule; ``missing`` collects the primitives with no rule (primitive -> where), which are kept
-    whole."""
+    rule; the operators of primitives with no rule are kept whole (:meth:`missing`)."""
 
     def __init__(self, b: JaxprGraphBuilder, jax: Any) -> None:
         self.b, self.jax = b, jax
-        self.missing: dict[str, list[str]] = {}
+        self.unsupported: list[tuple[str, str, list[JaxprValue]]] = []
+
+    def missing(self) -> dict[str, list[str]]:
+        """The primitives with no rule whose operators are still recorded (primitive ->
+        where)."""
+        made = {id(r.output) for r in self.b.records}
+        out: dict[str, list[str]] = {}
+        for prim, where, values in self.unsupported:
+            if any(id(v.source) in made for v in values):
+                places = out.setdefault(prim, [])
+                if where not in places:
+                    places.append(where)
+        return out
 
     def run(
         self, jaxpr: Any, consts: list[JaxprValue], args: list[JaxprValue], scope: str
@@ -204,10 +218,8 @@ class _Converter:
                 name = _scope(where, prim)
                 result = RULES[prim](self.b, eqn, ins, name) if prim in RULES else None
                 if result is None:
-                    places = self.missing.setdefault(prim, [])
-                    if (where or "top level") not in places:
-                        places.append(where or "top level")
                     result = unsupported(self.b, eqn, ins, name)
+                    self.unsupported.append((prim, where or "top level", result))
                 outs = result
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]

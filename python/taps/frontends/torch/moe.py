@@ -5,17 +5,10 @@ A block is the innermost module around a ``topk`` whose subgraph also reads the 
 (parameters of rank 3 stacked by expert). Its *routed part* is every node of the block that
 depends on a ``topk`` or on the experts' weights: the sort, histogram, index and scatter of the
 dispatch, the grouped matmuls (or batched matmuls) of the experts, the combine. Whatever the
-implementation writes there is replaced, with ``g`` token groups (the batch's sequences), ``s``
-tokens per group, ``e`` experts, ``c`` slots per expert and group, ``m`` the model's width and
-``h`` the experts' hidden width, by:
-
-- ``moe_route`` ``gse -> gsec``: the combine weights from the router's scores (top-k and the
-  model's normalisation); the dispatch mask is where they are not zero;
-- ``moe_dispatch`` ``gsec,gsm -> egcm``: each expert's tokens gathered;
-- ``moe_expert`` ``egcm,efm -> egcf`` (gate and up), the gated activation (``swiglu`` ...),
-  ``moe_expert`` ``egch,emh -> egcm`` (down);
-- ``moe_combine`` ``gsec,egcm -> gsm``: the experts' outputs weighted back to their tokens;
-- an ``add`` per other token-sized tensor the routed part adds (shared experts).
+implementation writes there is replaced by the GShard form's operators
+(:mod:`taps.frontends.gshard`), with ``g`` token groups (the batch's sequences), ``s`` tokens
+per group, ``e`` experts, ``c`` slots per expert and group, ``m`` the model's width; the
+other token-sized tensors the routed part adds (shared experts) are added to its combine.
 
 The router, its softmax or sigmoid and the shared experts are the block's other nodes and
 convert by the ordinary rules. Routing is taken as balanced: ``c = ceil(k * s / e)`` (a
@@ -30,11 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import GraphError
+from taps.frontends.gshard import GLU_KINDS, Experts, gshard
 from taps.frontends.torch.builder import AtenGraphBuilder, AtenValue, constant
-from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
-
-#: The gated activation operator made for the experts' activation, by the ATen activation.
-GLU_KINDS = {"silu": "swiglu", "gelu": "geglu", "relu": "reglu"}
 
 
 @dataclass(frozen=True)
@@ -175,21 +165,6 @@ def _block(
     )
 
 
-def _labels(shape: tuple[int, ...], width: int, other: str, into: str) -> list[str]:
-    """Labels of a stacked expert weight: ``e`` its first dim, ``m`` the model's width,
-    ``other`` the remaining one. When both are the model's width, the weight is taken as
-    ``(expert, out, in)`` (``F.linear``'s order, as transformers and torchtitan store them);
-    ``into`` is the label of its output (``m`` for the down projection)."""
-    rest = list(shape[1:])
-    if rest.count(width) == 2:
-        return ["e", into, "m" if into != "m" else other]
-    if rest.count(width) != 1:
-        raise GraphError(
-            f"expert weight of shape {list(shape)}: none of its dims is the model width {width}"
-        )
-    return ["e", *("m" if d == width else other for d in rest)]
-
-
 def emit(
     block: MoeBlock, b: AtenGraphBuilder, env: dict[Any, Any], read: Callable[[Any], Any]
 ) -> None:
@@ -201,8 +176,7 @@ def emit(
     *lead, width = x.shape
     groups = lead[0] if len(lead) == 2 else 1
     seq = math.prod(lead) // groups
-    experts, k = block.num_experts, block.top_k
-    capacity = math.ceil(k * seq / experts)
+    experts = block.num_experts
     tokens = b.reshape(x, (groups, seq, width), block.path, "tokens")
     token_root = b.root(tokens.tensor)  # type: ignore[arg-type]
     scores: dict[int, AtenValue] = {}
@@ -229,45 +203,20 @@ def emit(
                     f"the mixture-of-experts block {block.path}: its routed part reads "
                     f"{a.name} of shape {list(v.shape)}, neither its scores nor its tokens"
                 )
-    if not scores:
-        raise GraphError(f"the mixture-of-experts block {block.path} has no router scores")
-    gse = [
-        (b.reshape(v, (groups, seq, experts), block.router, "scores"), ("g", "s", "e"))
-        for v in scores.values()
-    ]
-    route = b.op(
-        MOE_ROUTE,
+    routed = Experts(
+        block.path,
         block.router,
-        gse,
-        (groups, seq, experts, capacity),
-        ("g", "s", "e", "c"),
-        gse[0][0].dtype_bytes,
-        partitionable="g",
-        saved="none",
+        tuple((key.rsplit(".", 1)[0], env[node]) for key, node in block.experts),
+        block.activation,
+        experts,
+        block.top_k,
+        math.ceil(block.top_k * seq / experts),
+        out_first=True,
     )
-    dtype = x.dtype_bytes
-    h = b.op(
-        MOE_DISPATCH,
-        block.path,
-        [(route, "gsec"), (tokens, "gsm")],
-        (experts, groups, capacity, width),
-        "egcm",
-        dtype,
-        partitionable="ge",
-    )
-    h = _experts(block, b, env, h, width, dtype)
-    out = b.op(
-        MOE_COMBINE,
-        block.path,
-        [(route, "gsec"), (h, "egcm")],
-        (groups, seq, width),
-        "gsm",
-        dtype,
-        partitionable="ge",
-    )
-    for v in extras.values():
-        extra = b.reshape(v, (groups, seq, width), block.path, "shared")
-        out = b.op("add", block.path, [(out, "gsm"), (extra, "gsm")], out.shape, "gsm", dtype)
+    gse = [b.reshape(v, (groups, seq, experts), block.router, "scores") for v in scores.values()]
+    shared = [b.reshape(v, (groups, seq, width), block.path, "shared") for v in extras.values()]
+    score_bytes = gse[0].dtype_bytes if gse else x.dtype_bytes
+    out = gshard(b, routed, tokens, gse, shared, x.dtype_bytes, score_bytes)
     first, *others = block.outputs
     env[first] = b.reshape(out, _shape(first), block.path, "routed")
     for node in others:
@@ -275,73 +224,3 @@ def emit(
         vals = val if isinstance(val, (list, tuple)) else [val]
         made = [constant(tuple(int(d) for d in t.shape), 4) for t in vals if hasattr(t, "shape")]
         env[node] = made if isinstance(val, (list, tuple)) else (made[0] if made else None)
-
-
-def _experts(
-    block: MoeBlock,
-    b: AtenGraphBuilder,
-    env: dict[Any, Any],
-    h: AtenValue,
-    width: int,
-    dtype: int,
-) -> AtenValue:
-    """The experts' MLP on the dispatched tokens ``h`` (``egcm``): gate and up (one fused
-    weight or two), the activation, down."""
-    weights = [(key, env[node]) for key, node in block.experts]
-    if len(weights) not in (2, 3):
-        raise GraphError(
-            f"the mixture-of-experts block {block.path} has {len(weights)} stacked expert "
-            "weights (2 or 3 expected: up or gate and up, then down)"
-        )
-    e, g, c, _ = h.shape
-    *ins, (down_key, down) = weights
-
-    def project(key: str, w: AtenValue, x: AtenValue, x_labels: str, out: str) -> AtenValue:
-        labels = _labels(w.shape, width, out if x_labels[-1] == "m" else "h", out)
-        size = next(d for d, lab in zip(w.shape, labels) if lab == out) if out != "m" else width
-        path = key.rsplit(".", 1)[0]
-        # Tensor parallelism inside the experts as Megatron-LM's MLP: gate and up split by
-        # their outputs, down by its inputs; the capacity and the model width stay whole.
-        return b.op(
-            MOE_EXPERT,
-            path,
-            [(x, x_labels), (w, labels)],
-            (e, g, c, size),
-            f"egc{out}",
-            dtype,
-            partitionable=("e", "g", "h" if out == "m" else out),
-        )
-
-    act = block.activation
-    inner = next((d for d in down.shape[1:] if d != width), width)
-    if len(ins) == 2:  # gate and up apart (torchtitan's w1 and w3)
-        (gk, gw), (uk, uw) = ins
-        gate, up = project(gk, gw, h, "egcm", "h"), project(uk, uw, h, "egcm", "h")
-        hidden = b.op(
-            GLU_KINDS[act],
-            block.path,
-            [(gate, "egch"), (up, "egch")],
-            gate.shape,
-            "egch",
-            dtype,
-            partitionable="egh",
-        )
-    else:
-        key, w = ins[0]
-        fused = project(key, w, h, "egcm", "f")
-        if fused.shape[-1] == 2 * inner:  # gate and up in one weight, gate first
-            pair = b.reshape(fused, (e, g, c, 2, inner), block.path, "gate_up")
-            hidden = b.op(
-                GLU_KINDS[act],
-                block.path,
-                [(pair, "egcth")],
-                (e, g, c, inner),
-                "egch",
-                dtype,
-                partitionable="egh",
-            )
-        else:  # no gate: up, the activation
-            hidden = b.op(
-                act, block.path, [(fused, "egch")], fused.shape, "egch", dtype, partitionable="egh"
-            )
-    return project(down_key, down, hidden, "egch", "m")
