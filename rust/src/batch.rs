@@ -252,7 +252,11 @@ pub fn allreduce_costs(
     for t in tensors {
         check_dtype_bytes(t.dtype_bytes)?;
     }
-    let mut costs = try_filled(strategies.len(), 0.0, "the all-reduce costs of the strategies")?;
+    let mut costs = try_filled(
+        strategies.len(),
+        0.0,
+        "the all-reduce costs of the strategies",
+    )?;
     // Into a preallocated vector: collecting results would gather them in per-job lists. Each job
     // builds its layouts in one scratch layout, set to a strategy's device matrix once.
     costs

@@ -408,8 +408,8 @@ pub fn enumerate_strategies(
     let n = log2(num_devices);
     // Counted first and the room taken at once: a count the memory cannot hold is an error here,
     // not an abort halfway through (each strategy also holds three short vectors: probed too).
-    let count = usize::try_from(strategy_count(axis_sizes, num_devices, replicas))
-        .unwrap_or(usize::MAX);
+    let count =
+        usize::try_from(strategy_count(axis_sizes, num_devices, replicas)).unwrap_or(usize::MAX);
     let what = format!(
         "the {count} strategies of {} axes on {num_devices} devices",
         axis_sizes.len()
@@ -466,12 +466,23 @@ mod tests {
 
     #[test]
     fn the_count_is_the_number_enumerated() {
-        let sizes: [&[u64]; 6] = [&[], &[3], &[12, 8], &[64, 6, 1], &[2, 4, 8, 16], &[96, 1000, 5]];
+        let sizes: [&[u64]; 6] = [
+            &[],
+            &[3],
+            &[12, 8],
+            &[64, 6, 1],
+            &[2, 4, 8, 16],
+            &[96, 1000, 5],
+        ];
         for axes in sizes {
             for n in 0..=6u32 {
                 for replicas in [false, true] {
                     let got = enumerate_strategies(axes, 1 << n, replicas).unwrap().len() as u64;
-                    assert_eq!(strategy_count(axes, 1 << n, replicas), got, "{axes:?} n={n}");
+                    assert_eq!(
+                        strategy_count(axes, 1 << n, replicas),
+                        got,
+                        "{axes:?} n={n}"
+                    );
                 }
             }
         }
@@ -481,7 +492,10 @@ mod tests {
     fn too_many_strategies_are_an_error_before_any_is_made() {
         // 8 axes on 2^40 devices: about 10^15 strategies, refused at the reservation.
         let e = enumerate_strategies(&[1 << 40; 8], 1 << 40, false).unwrap_err();
-        assert!(matches!(&e, Error::Memory(m) if m.contains("strategies of 8 axes")), "{e}");
+        assert!(
+            matches!(&e, Error::Memory(m) if m.contains("strategies of 8 axes")),
+            "{e}"
+        );
     }
 
     #[test]

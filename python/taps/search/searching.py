@@ -164,7 +164,10 @@ def _check(
     # (build_tables), so only the distinct ones take memory. Under FSDP an operator holding
     # parameters may have a twin of every candidate (sharded storage): counted at most.
     signature = {
-        op.name: (graph.signature(op.name), pricing.shards(op.name) and _holds_parameters(graph, op))
+        op.name: (
+            graph.signature(op.name),
+            pricing.shards(op.name) and _holds_parameters(graph, op),
+        )
         for op in graph.ops
     }
     counts: dict[object, int] = {}
