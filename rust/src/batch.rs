@@ -104,11 +104,7 @@ pub fn redistribution_costs_until(
     // Per distinct pair, Algorithm 1's cost and its price under the optimal planner's objective:
     // its cost under the topology model; under the volume model its elements, not its bytes,
     // whose rounding could break a tie otherwise than the planner does.
-    let mut paper = try_filled(
-        src.len() * width,
-        (0.0, 0.0),
-        "the redistribution costs of the distinct layout pairs",
-    )?;
+    let mut paper = try_filled(src.len() * width, (0.0, 0.0), "the layout pairs' costs")?;
     paper
         .par_iter_mut()
         .enumerate()
@@ -169,11 +165,7 @@ pub fn redistribution_costs_until(
             return Ok(None);
         }
         // Per canonical pair, the plan's price under the objective and its cost.
-        let mut canonical = try_filled(
-            csrc.len() * cwidth,
-            (0.0, 0.0),
-            "the redistribution costs of the canonical layout pairs",
-        )?;
+        let mut canonical = try_filled(csrc.len() * cwidth, (0.0, 0.0), "the pairs' plans")?;
         canonical
             .par_iter_mut()
             .enumerate()
@@ -204,19 +196,25 @@ pub fn redistribution_costs_until(
     if stop.load(Relaxed) {
         return Ok(None);
     }
-    let distinct = &distinct;
+    expanded(&distinct, &src_index, &tgt_index).map(Some)
+}
+
+/// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs
+/// (`distinct`, row-major over the distinct targets), reserved fallibly.
+fn expanded(distinct: &[f64], src_index: &[usize], tgt_index: &[usize]) -> Result<Vec<f64>> {
+    let width = tgt_index.iter().max().map_or(0, |&j| j + 1);
     let mut costs = Vec::new();
     reserve(
         &mut costs,
         src_index.len() * tgt_index.len(),
-        "the redistribution costs of the layout pairs",
+        "the layout pairs' costs",
     )?;
     costs.extend(
         src_index
             .iter()
             .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j])),
     );
-    Ok(Some(costs))
+    Ok(costs)
 }
 
 /// Strategies per job of [`allreduce_costs`]: fewer are priced in less time than waking another
