@@ -85,7 +85,11 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
             best, best_cost = x, cost
+        (overs if used > limit else unders).append(x)
         return cost, used, x
+
+    overs: list[dict[str, int]] = []
+    unders: list[dict[str, int]] = []
 
     at_zero = visit(0.0)
     if at_zero is None:
@@ -118,9 +122,13 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             over = x
         else:
             under = x
-    spliced = _splice(problem, memory, limit, over[2], under[2])
-    if spliced is not None and spliced[1] < best_cost:
-        best, best_cost = spliced
+    # Every minimiser that does not fit spliced with every one that does and with the best
+    # splice so far (a splice may mix more than two plans that way).
+    for x in reversed(overs):
+        for y in [*reversed(unders), best]:
+            spliced = _splice(problem, memory, limit, x, y)
+            if spliced is not None and spliced[1] < best_cost:
+                best, best_cost = spliced
     return Priced(best, best_cost, bound, price, steps)
 
 
