@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
 from taps.search.tables import build_tables
-from taps.solve.memory_price import price_memory, prune_by_price
+from taps.solve.memory_price import _splice, price_memory, prune_by_price
 from taps.solve.pipeline import IlpOptions, solve
 from taps.solve.reductions import PairCost, Problem, reduce
 
@@ -113,3 +113,36 @@ def test_a_core_the_reductions_leave_is_priced_by_elimination(seed, position):
     assert priced.cost >= best * (1 - 1e-9) - 1e-15
     if priced.optimal:
         assert priced.cost == pytest.approx(best, rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.data())
+def test_the_splice_is_the_cheapest_fitting_prefix_of_either(graph, shape, data):
+    # Against every splice point of both orders, built and priced one by one.
+    cluster = taps.Cluster(*shape)
+    tables = build_tables(graph, cluster)
+    problem = tables.problem()
+    names = list(problem.node_cost)
+    memory = {n: tables.ops[n].memory * graph.layers for n in names}
+    pick = st.fixed_dictionaries({n: st.integers(0, len(memory[n]) - 1) for n in names})
+    over, under = data.draw(pick), data.draw(pick)
+
+    def mem(choice):
+        return sum(float(memory[n][i]) for n, i in choice.items())
+
+    limit = data.draw(st.sampled_from(sorted({mem(over), mem(under)})))
+    splices = [
+        {v: (first if k < cut else rest)[v] for k, v in enumerate(names)}
+        for first, rest in ((over, under), (under, over))
+        for cut in range(len(names) + 1)
+    ]
+    fitting = [problem.evaluate(c) for c in splices if mem(c) <= limit]
+    found = _splice(problem, memory, limit, over, under)
+    if not fitting:
+        assert found is None
+        return
+    assert found is not None
+    choice, cost = found
+    assert mem(choice) <= limit
+    assert cost == problem.evaluate(choice)
+    assert cost == pytest.approx(min(fitting), rel=1e-12, abs=1e-18)

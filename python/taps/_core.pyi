@@ -21,6 +21,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "Redistribution",
+    "ResourceError",
     "Strategy",
     "StrategyError",
     "TapsError",
@@ -84,6 +85,9 @@ class GraphError(TapsError):
 
 class InfeasibleError(TapsError):
     """A search with no feasible assignment, such as a memory limit nothing meets."""
+
+class ResourceError(TapsError):
+    """A search too large for its limits or for the memory it may use."""
 
 @final
 class Layout:

@@ -8,6 +8,7 @@ from taps._core import (
     GraphError,
     InfeasibleError,
     LayoutError,
+    ResourceError,
     StrategyError,
     TapsError,
     TopologyError,
@@ -17,10 +18,6 @@ from taps._core import (
 
 class ArgumentError(TapsError):
     """A number argument out of its range: NaN, infinite, negative or too large."""
-
-
-class ResourceError(TapsError):
-    """A search too large for its limits or for this machine's memory."""
 
 
 class OutputError(TapsError):

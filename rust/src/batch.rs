@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::error::{Error, Result};
+use crate::error::{reserve, try_filled, Error, Result};
 use crate::layout::Layout;
 use crate::plan::optimal::{Key, Path};
 use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
@@ -56,8 +56,9 @@ fn objective(cluster: &Cluster, dtype_bytes: f64, model: CostModel) -> Objective
 /// Never: nothing sets the flag that would stop it ([`redistribution_costs_until`]).
 ///
 /// # Errors
-/// An error of some pair (layouts of different tensors, or not on the cluster), or
-/// [`Error::Topology`] if `dtype_bytes` is not positive.
+/// An error of some pair (layouts of different tensors, or not on the cluster),
+/// [`Error::Topology`] if `dtype_bytes` is not positive, or [`Error::Memory`] if the costs
+/// cannot be allocated.
 pub fn redistribution_costs(
     sources: &[Layout],
     targets: &[Layout],
@@ -103,7 +104,7 @@ pub fn redistribution_costs_until(
     // Per distinct pair, Algorithm 1's cost and its price under the optimal planner's objective:
     // its cost under the topology model; under the volume model its elements, not its bytes,
     // whose rounding could break a tie otherwise than the planner does.
-    let mut paper = vec![(0.0, 0.0); src.len() * width];
+    let mut paper = try_filled(src.len() * width, (0.0, 0.0), "the layout pairs' costs")?;
     paper
         .par_iter_mut()
         .enumerate()
@@ -164,7 +165,7 @@ pub fn redistribution_costs_until(
             return Ok(None);
         }
         // Per canonical pair, the plan's price under the objective and its cost.
-        let mut canonical = vec![(0.0, 0.0); csrc.len() * cwidth];
+        let mut canonical = try_filled(csrc.len() * cwidth, (0.0, 0.0), "the pairs' plans")?;
         canonical
             .par_iter_mut()
             .enumerate()
@@ -195,13 +196,25 @@ pub fn redistribution_costs_until(
     if stop.load(Relaxed) {
         return Ok(None);
     }
-    let distinct = &distinct;
-    Ok(Some(
+    expanded(&distinct, &src_index, &tgt_index).map(Some)
+}
+
+/// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs
+/// (`distinct`, row-major over the distinct targets), reserved fallibly.
+fn expanded(distinct: &[f64], src_index: &[usize], tgt_index: &[usize]) -> Result<Vec<f64>> {
+    let width = tgt_index.iter().max().map_or(0, |&j| j + 1);
+    let mut costs = Vec::new();
+    reserve(
+        &mut costs,
+        src_index.len() * tgt_index.len(),
+        "the layout pairs' costs",
+    )?;
+    costs.extend(
         src_index
             .iter()
-            .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j]))
-            .collect(),
-    ))
+            .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j])),
+    );
+    Ok(costs)
 }
 
 /// Strategies per job of [`allreduce_costs`]: fewer are priced in less time than waking another
@@ -227,7 +240,7 @@ pub struct AxesTensor {
 /// # Errors
 /// [`Error::Topology`] if a strategy is not on the cluster's devices or a tensor's `dtype_bytes`
 /// is not positive, [`Error::Layout`] if a tensor does not fit a strategy (an axis out of range,
-/// a split that does not divide).
+/// a split that does not divide), [`Error::Memory`] if the costs cannot be allocated.
 pub fn allreduce_costs(
     strategies: &[Strategy],
     tensors: &[AxesTensor],
@@ -237,7 +250,11 @@ pub fn allreduce_costs(
     for t in tensors {
         check_dtype_bytes(t.dtype_bytes)?;
     }
-    let mut costs = vec![0.0; strategies.len()];
+    let mut costs = try_filled(
+        strategies.len(),
+        0.0,
+        "the all-reduce costs of the strategies",
+    )?;
     // Into a preallocated vector: collecting results would gather them in per-job lists. Each job
     // builds its layouts in one scratch layout, set to a strategy's device matrix once.
     costs

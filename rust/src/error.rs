@@ -18,6 +18,9 @@ pub enum Error {
     Topology(String),
     /// Arrays whose sizes do not fit together, given to a numeric kernel.
     Shape(String),
+    /// Work whose memory could not be allocated (the machine's, or the process's address-space
+    /// limit): refused before it starts instead of aborting the process.
+    Memory(String),
 }
 
 impl fmt::Display for Error {
@@ -27,7 +30,8 @@ impl fmt::Display for Error {
             | Error::Unify(m)
             | Error::Strategy(m)
             | Error::Topology(m)
-            | Error::Shape(m) => f.write_str(m),
+            | Error::Shape(m)
+            | Error::Memory(m) => f.write_str(m),
         }
     }
 }
@@ -53,6 +57,26 @@ pub(crate) fn parse_name(
     })
 }
 
+/// A vector of `len` copies of `value`, or [`Error::Memory`] naming `what` when the allocator
+/// cannot give it (Rust's own allocation aborts the process instead).
+pub(crate) fn try_filled<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    reserve(&mut out, len, what)?;
+    out.resize(len, value);
+    Ok(out)
+}
+
+/// Room for `more` elements in `out`, or [`Error::Memory`] naming `what`.
+pub(crate) fn reserve<T>(out: &mut Vec<T>, more: usize, what: &str) -> Result<()> {
+    out.try_reserve_exact(more).map_err(|_| {
+        let bytes = more.saturating_mul(std::mem::size_of::<T>()) as f64;
+        Error::Memory(format!(
+            "out of memory: {what} need {:.1} GiB, more than can be allocated",
+            bytes / f64::from(1u32 << 30)
+        ))
+    })
+}
+
 /// `x` as a message shows it: plainly when that is short, in exponent form at the edges of `f64`
 /// (Rust's plain form of 1e308 is 309 digits long).
 pub(crate) fn shown_number(x: f64) -> String {
@@ -65,7 +89,7 @@ pub(crate) fn shown_number(x: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::shown_number;
+    use super::{shown_number, try_filled, Error};
 
     #[test]
     fn numbers_at_the_edges_are_short() {
@@ -76,5 +100,13 @@ mod tests {
         assert_eq!(shown_number(1e9), "1000000000");
         assert_eq!(shown_number(0.0), "0");
         assert_eq!(shown_number(f64::NAN), "NaN");
+    }
+
+    #[test]
+    fn an_allocation_too_large_is_an_error_not_an_abort() {
+        // More bytes than any address space holds: the allocator refuses it.
+        let e = try_filled(usize::MAX / 16, 0u64, "the test's table").unwrap_err();
+        assert!(matches!(&e, Error::Memory(m) if m.starts_with("out of memory: the test's table")));
+        assert_eq!(try_filled(3, 7u8, "three").unwrap(), vec![7, 7, 7]);
     }
 }

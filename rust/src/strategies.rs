@@ -3,7 +3,7 @@
 //! an order in the device matrix; optionally also every way to split over fewer devices, the
 //! remaining factor replicating the operator along one more device dim.
 
-use crate::error::{Error, Result};
+use crate::error::{reserve, Error, Result};
 use crate::layout::{log2, Layout};
 
 /// Degrees and device dims for the axes of one operator, on a device matrix whose dims no axis
@@ -279,19 +279,17 @@ fn compositions(p: usize, n: u32, prefix: &mut Vec<u32>, out: &mut Vec<Vec<u32>>
 }
 
 /// The strategies that split `axis_sizes` over all `2^n` devices (no replicas), in the order of
-/// [`enumerate_strategies`].
-fn splits(axis_sizes: &[u64], n: u32) -> Vec<Strategy> {
+/// [`enumerate_strategies`], pushed onto `out` (which has the room: the count came first).
+fn splits(axis_sizes: &[u64], n: u32, out: &mut Vec<Strategy>) {
     let p = axis_sizes.len();
     if p == 0 {
-        return if n == 0 {
-            vec![Strategy::new(vec![], vec![]).expect("the empty strategy")]
-        } else {
-            vec![]
-        };
+        if n == 0 {
+            out.push(Strategy::new(vec![], vec![]).expect("the empty strategy"));
+        }
+        return;
     }
     let mut exps = Vec::new();
     compositions(p, n, &mut Vec::new(), &mut exps);
-    let mut out = Vec::new();
     for e in exps {
         let degrees: Vec<u64> = e.iter().map(|&x| 1u64 << x).collect();
         if degrees.iter().zip(axis_sizes).any(|(&d, &s)| s % d != 0) {
@@ -314,7 +312,54 @@ fn splits(axis_sizes: &[u64], n: u32) -> Vec<Strategy> {
                 .map(|device_map| Strategy::new(degrees.clone(), device_map).expect("valid")),
         );
     }
-    out
+}
+
+/// `ways[i][k]`: the unordered choices of `i` split axes of `axis_sizes` whose exponents (each at
+/// least 1 and at most the power of two dividing its axis) add up to `k <= n` (saturating).
+fn split_ways(axis_sizes: &[u64], n: u32) -> Vec<Vec<u128>> {
+    let n = n as usize;
+    let mut ways = vec![vec![0u128; n + 1]; axis_sizes.len() + 1];
+    ways[0][0] = 1;
+    for (axis, &size) in axis_sizes.iter().enumerate() {
+        let most = (size.trailing_zeros() as usize).min(n);
+        for i in (0..=axis).rev() {
+            for k in (0..=n).rev() {
+                let w = ways[i][k];
+                for e in 1..=most.min(n - k) {
+                    ways[i + 1][k + e] = ways[i + 1][k + e].saturating_add(w);
+                }
+            }
+        }
+    }
+    ways
+}
+
+/// How many strategies [`enumerate_strategies`] returns for these arguments, counted without
+/// enumerating them (saturating at `u64::MAX`): the splits over `2^k` devices are the choices of
+/// `i` split axes in `i!` orders; with `replicas` each split over fewer devices once more per
+/// place of the replica dim among its `i` split dims.
+#[must_use]
+pub fn strategy_count(axis_sizes: &[u64], num_devices: u64, replicas: bool) -> u64 {
+    if !num_devices.is_power_of_two() || axis_sizes.contains(&0) {
+        return 0;
+    }
+    let n = log2(num_devices) as usize;
+    let ways = split_ways(axis_sizes, n as u32);
+    let mut total = 0u128;
+    let mut orders = 1u128;
+    for (i, row) in ways.iter().enumerate() {
+        if i > 0 {
+            orders = orders.saturating_mul(i as u128);
+        }
+        let mut per_order = row[n];
+        if replicas {
+            for &w in &row[..n] {
+                per_order = per_order.saturating_add(w.saturating_mul(i as u128 + 1));
+            }
+        }
+        total = total.saturating_add(orders.saturating_mul(per_order));
+    }
+    u64::try_from(total).unwrap_or(u64::MAX)
 }
 
 /// `s` with one replica dim of `r` devices inserted as device dim `k` (0 innermost): the split
@@ -345,7 +390,8 @@ fn with_replica_dim(s: &Strategy, r: u64, k: usize) -> Strategy {
 /// at every position among its `h` split dims, innermost (device dim 0) first.
 ///
 /// # Errors
-/// [`Error::Strategy`] if `num_devices` is not a positive power of two or a size is 0.
+/// [`Error::Strategy`] if `num_devices` is not a positive power of two or a size is 0;
+/// [`Error::Memory`] if the strategies (counted first) cannot be allocated.
 pub fn enumerate_strategies(
     axis_sizes: &[u64],
     num_devices: u64,
@@ -360,11 +406,26 @@ pub fn enumerate_strategies(
         return Err(Error::Strategy(format!("axis {i} has size 0")));
     }
     let n = log2(num_devices);
-    let mut out = splits(axis_sizes, n);
+    // Counted first and the room taken at once: a count the memory cannot hold is an error here,
+    // not an abort halfway through (each strategy also holds three short vectors: probed too).
+    let count =
+        usize::try_from(strategy_count(axis_sizes, num_devices, replicas)).unwrap_or(usize::MAX);
+    let what = format!(
+        "the {count} strategies of {} axes on {num_devices} devices",
+        axis_sizes.len()
+    );
+    let mut out = Vec::new();
+    reserve(&mut out, count, &what)?;
+    let each = 3 * (axis_sizes.len() + 1) * std::mem::size_of::<u64>();
+    reserve(&mut Vec::<u8>::new(), count.saturating_mul(each), &what)?;
+    splits(axis_sizes, n, &mut out);
     if replicas {
+        let mut smaller = Vec::new();
         for j in 1..=n {
-            for s in splits(axis_sizes, n - j) {
-                out.extend((0..=s.device_matrix.len()).map(|k| with_replica_dim(&s, 1 << j, k)));
+            smaller.clear();
+            splits(axis_sizes, n - j, &mut smaller);
+            for s in &smaller {
+                out.extend((0..=s.device_matrix.len()).map(|k| with_replica_dim(s, 1 << j, k)));
             }
         }
     }
@@ -401,6 +462,40 @@ mod tests {
                 assert_eq!(got, want, "p={p} n={n}");
             }
         }
+    }
+
+    #[test]
+    fn the_count_is_the_number_enumerated() {
+        let sizes: [&[u64]; 6] = [
+            &[],
+            &[3],
+            &[12, 8],
+            &[64, 6, 1],
+            &[2, 4, 8, 16],
+            &[96, 1000, 5],
+        ];
+        for axes in sizes {
+            for n in 0..=6u32 {
+                for replicas in [false, true] {
+                    let got = enumerate_strategies(axes, 1 << n, replicas).unwrap().len() as u64;
+                    assert_eq!(
+                        strategy_count(axes, 1 << n, replicas),
+                        got,
+                        "{axes:?} n={n}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_strategies_are_an_error_before_any_is_made() {
+        // 8 axes on 2^40 devices: about 10^15 strategies, refused at the reservation.
+        let e = enumerate_strategies(&[1 << 40; 8], 1 << 40, false).unwrap_err();
+        assert!(
+            matches!(&e, Error::Memory(m) if m.contains("strategies of 8 axes")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -468,7 +563,11 @@ mod tests {
                 );
                 let want = plain.len()
                     + (1..=n)
-                        .flat_map(|j| splits(&sizes, n - j))
+                        .flat_map(|j| {
+                            let mut smaller = Vec::new();
+                            splits(&sizes, n - j, &mut smaller);
+                            smaller
+                        })
                         .map(|s| s.device_matrix().len() + 1)
                         .sum::<usize>();
                 assert_eq!(all.len(), want, "{sizes:?} n={n}");

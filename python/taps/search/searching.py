@@ -10,7 +10,7 @@ from taps._core import Cluster
 from taps._support.arguments import number
 from taps._support.limits import check_candidates, check_table_memory
 from taps.errors import ArgumentError
-from taps.graph import Graph
+from taps.graph import Graph, Operator
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
 from taps.plan.stages import Pipeline
@@ -161,19 +161,32 @@ def _check(
     if time_limit is not None:
         number(where, "time_limit", time_limit)
     # The tables are shared by operators of one signature and edges between the same signatures
-    # (build_tables), so only the distinct ones take memory.
-    signature = {op.name: graph.signature(op.name) for op in graph.ops}
+    # (build_tables), so only the distinct ones take memory. Under FSDP an operator holding
+    # parameters may have a twin of every candidate (sharded storage): counted at most.
+    signature = {
+        op.name: (
+            graph.signature(op.name),
+            pricing.shards(op.name) and _holds_parameters(graph, op),
+        )
+        for op in graph.ops
+    }
     counts: dict[object, int] = {}
     for op in graph.ops:
         if signature[op.name] not in counts:
-            counts[signature[op.name]] = check_candidates(
+            count = check_candidates(
                 op.name, op.partitionable_sizes, cluster.num_devices, replicate
             )
+            counts[signature[op.name]] = 2 * count if signature[op.name][1] else count
     edges = {(signature[e.producer], signature[e.consumer], e.slot) for e in graph.edges}
     pairs = sum(counts[u] * counts[w] for u, w, _ in edges)
     check_table_memory(
         f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
     )
+
+
+def _holds_parameters(graph: Graph, op: Operator) -> bool:
+    """Whether an input of ``op`` is (a view of) a parameter."""
+    return any(graph.root(o.tensor).kind == "parameter" for o in op.inputs)
 
 
 def _search(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
+from taps._support.limits import check_ilp_memory
 from taps.errors import InfeasibleError, TapsError
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, MemoryLimit, PairCost, Problem
 
@@ -193,11 +194,18 @@ def solve_ilp(
 ) -> IlpSolution:
     """Build and solve the ILP of the first objective, then, if there is a second, minimise it
     among the optima of the first (a lexicographic solve). SCIP stops at ``deadline`` (a
-    ``time.perf_counter()`` value) with its best assignment so far."""
+    ``time.perf_counter()`` value) with its best assignment so far. An ILP whose estimated
+    memory exceeds what this process may use is a :class:`taps.errors.ResourceError`."""
     t0 = time.perf_counter()
     if options.formulation == "pairwise":
         objectives = [_ungrouped(o) for o in objectives]
     problem = objectives[0]
+    # Its size is known before SCIP holds any of it: refused up front rather than failing in
+    # SCIP ("insufficient memory") after a long build.
+    check_ilp_memory(
+        sum(len(c) for c in problem.node_cost.values()) + sum(p.cost.size for p in problem.pairs),
+        len(problem.node_cost) + sum(sum(p.cost.shape) for p in problem.pairs) + 1,
+    )
     built = _build(problem, options.formulation == "pairwise", memory)
     model = built.model
     if deadline is not None:

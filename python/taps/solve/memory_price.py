@@ -77,9 +77,9 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
     bound, price = -np.inf, 0.0
     steps = 0
 
-    def visit(lam: float) -> tuple[float, float] | None:
+    def visit(lam: float) -> tuple[float, float, dict[str, int]] | None:
         """Minimise at ``lam``; record the bound and any fitting assignment; return the
-        minimiser's cost and memory (None if the reductions leave a core)."""
+        minimiser's cost, memory and choice (None if the reductions leave a core)."""
         nonlocal best, best_cost, bound, price, steps
         steps += 1
         x = _minimise(problem, memory, lam)
@@ -90,7 +90,11 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
             best, best_cost = x, cost
-        return cost, used
+        (overs if used > limit else unders).append(x)
+        return cost, used, x
+
+    overs: list[dict[str, int]] = []
+    unders: list[dict[str, int]] = []
 
     at_zero = visit(0.0)
     if at_zero is None:
@@ -123,7 +127,67 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             over = x
         else:
             under = x
+    # Every minimiser that does not fit spliced with every one that does and with the best
+    # splice so far (a splice may mix more than two plans that way).
+    for x in reversed(overs):
+        for y in [*reversed(unders), best]:
+            spliced = _splice(problem, memory, limit, x, y)
+            if spliced is not None and spliced[1] < best_cost:
+                best, best_cost = spliced
     return Priced(best, best_cost, bound, price, steps)
+
+
+def _splice(
+    problem: Problem,
+    memory: Mapping[str, np.ndarray],
+    limit: float,
+    over: dict[str, int],
+    under: dict[str, int],
+) -> tuple[dict[str, int], float] | None:
+    """The cheapest fitting assignment that takes ``over``'s choices (a minimiser that does not
+    fit) for a run of the operators in their order and ``under``'s (one that fits) for the rest,
+    if any fits.
+
+    The price's minimisers bracket the limit; between them lie the assignments mixing the two.
+    On a stack of layers a prefix of them as ``over`` and the rest as ``under`` is close to the
+    bound (one layer's worth of rounding and one seam), far closer than ``under`` alone, and a
+    close assignment is what lets the reduced-cost fixing and the Pareto cutoffs prune."""
+    order = list(problem.node_cost)
+    touching: dict[str, list[int]] = {v: [] for v in order}
+    for k, p in enumerate(problem.pairs):
+        touching[p.u].append(k)
+        if p.w != p.u:
+            touching[p.w].append(k)
+
+    def pair(k: int, x: Mapping[str, int]) -> float:
+        p = problem.pairs[k]
+        return float(p.cost[p.u_class[x[p.u]], p.w_class[x[p.w]]])
+
+    found: tuple[dict[str, int], float] | None = None
+    # A prefix of ``over`` then ``under``, and a prefix of ``under`` then ``over``.
+    for first, rest in ((over, under), (under, over)):
+        x = dict(rest)
+        cost = problem.evaluate(x)
+        used = sum(float(memory[v][i]) for v, i in x.items())
+        cuts: list[tuple[float, float, int]] = []
+        for n, v in enumerate(order):
+            if x[v] != first[v]:
+                cost -= float(problem.node_cost[v][x[v]]) + sum(pair(k, x) for k in touching[v])
+                used -= float(memory[v][x[v]])
+                x[v] = first[v]
+                cost += float(problem.node_cost[v][x[v]]) + sum(pair(k, x) for k in touching[v])
+                used += float(memory[v][x[v]])
+            cuts.append((cost, used, n))
+        fitting = [c for c in cuts if c[1] <= limit]
+        if fitting:
+            _, _, n = min(fitting)
+            choice = {v: (first[v] if k <= n else rest[v]) for k, v in enumerate(order)}
+            # Summed afresh: the running sums may have drifted past the limit by rounding.
+            exact = problem.evaluate(choice)
+            fits = sum(float(memory[v][i]) for v, i in choice.items()) <= limit
+            if fits and (found is None or exact < found[1]):
+                found = (choice, exact)
+    return found
 
 
 def prune_by_price(

@@ -39,6 +39,12 @@ create_exception!(
 create_exception!(taps, GraphError, TapsError, "A malformed operator graph.");
 create_exception!(
     taps,
+    ResourceError,
+    TapsError,
+    "A search too large for its limits or for the memory it may use."
+);
+create_exception!(
+    taps,
     InfeasibleError,
     TapsError,
     "A search with no feasible assignment, such as a memory limit nothing meets."
@@ -52,6 +58,7 @@ impl From<Error> for PyErr {
             Error::Strategy(m) => StrategyError::new_err(m),
             Error::Topology(m) => TopologyError::new_err(m),
             Error::Shape(m) => TapsError::new_err(m),
+            Error::Memory(m) => ResourceError::new_err(m),
         }
     }
 }

@@ -32,7 +32,8 @@ use pyo3::types::PyTuple;
 use crate::plan::Planner;
 use crate::topology::{CollectiveKind, CostModel, Device, Replicas, PRESETS};
 use errors::{
-    GraphError, InfeasibleError, LayoutError, StrategyError, TapsError, TopologyError, UnifyError,
+    GraphError, InfeasibleError, LayoutError, ResourceError, StrategyError, TapsError,
+    TopologyError, UnifyError,
 };
 
 #[pymodule]
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TopologyError", py.get_type::<TopologyError>())?;
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
+    m.add("ResourceError", py.get_type::<ResourceError>())?;
     m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
     m.add("DEVICES", PyTuple::new(py, Device::NAMES)?)?;
     m.add("PRESETS", PyTuple::new(py, PRESETS.map(|p| p.name))?)?;

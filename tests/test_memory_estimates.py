@@ -1,0 +1,160 @@
+"""The memory a search may use and its estimates before it starts (taps._support.limits): the
+cost tables with FSDP's twins, SCIP's ILP against its measured peak, the address-space limit,
+and allocation failure as a clean error under a small address space (issue 25)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import taps
+from taps import models
+from taps._support import limits
+from taps.errors import ResourceError
+from taps.search import searching
+from taps.search.tables import build_tables
+from taps.solve.problem import IlpOptions
+
+PYTHON = Path(__file__).resolve().parent.parent / "python"
+
+
+def _run(code: str, cap: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (its address space capped at ``cap`` bytes if given)."""
+    prelude = "import resource\n"
+    if cap is not None:
+        prelude += f"resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))\n"
+    env = {**os.environ, "PYTHONPATH": str(PYTHON)}
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_the_table_estimate_counts_fsdp_twins(monkeypatch):
+    graph = models.alexnet()
+    cluster = taps.Cluster(2, 4)
+    seen: list[int] = []
+    monkeypatch.setattr(searching, "check_table_memory", lambda what, c, p: seen.append(c))
+    for fsdp in (False, True):
+        pricing = taps.Pricing(fsdp=fsdp)
+        searching._check("search", graph, cluster, pricing, None, None)
+        built = sum(len(t.candidates) for t in build_tables(graph, cluster, pricing).ops.values())
+        seen.append(built)
+    plain_estimate, plain, fsdp_estimate, fsdp = seen
+    # AlexNet's operators are all distinct: without FSDP the count is exact.
+    assert plain_estimate == plain
+    # The twins are real (the old estimate, the plain count, was low) and counted at most twice.
+    assert fsdp > plain
+    assert fsdp <= fsdp_estimate <= 2 * plain
+
+
+def test_the_address_space_limit_bounds_the_memory_available():
+    out = _run(
+        """
+        from taps._support import limits
+        print(limits.available_memory(), limits._address_room())
+        """,
+        cap=2**30,
+    )
+    assert out.returncode == 0, out.stderr
+    have, room = map(int, out.stdout.split())
+    assert 0 < room < 2**30
+    assert have <= room
+
+
+def _ilp_peak(graph: str, nodes: int) -> dict[str, float]:
+    """SCIP's variables and the resident memory its solve added, in a fresh interpreter."""
+    out = _run(
+        f"""
+        import json, time
+        from pathlib import Path
+        import taps
+        from taps import models
+        from taps.search.tables import build_tables
+        from taps.solve.ilp import solve_ilp
+        from taps.solve.problem import IlpOptions
+
+        def status(key):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+
+        problem = build_tables({graph}, taps.Cluster({nodes}, 8)).problem()
+        Path("/proc/self/clear_refs").write_text("5")  # the peak starts from here
+        base = status("VmRSS:")
+        run = solve_ilp([problem], IlpOptions(), None, time.perf_counter() + 2)
+        variables = run.size.binaries + run.size.continuous
+        print(json.dumps({{"variables": variables, "peak": status("VmHWM:") - base}}))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "graph, nodes",
+    [
+        ("models.gpt(1024, 16, 512, 8, blocks=1)", 4),
+        ("models.alexnet()", 8),
+        ("models.gpt(1024, 16, 512, 8, blocks=4)", 4),
+    ],
+)
+def test_the_ilp_estimate_is_within_a_factor_of_its_measured_peak(graph, nodes):
+    measured = _ilp_peak(graph, nodes)
+    estimate = limits.ilp_bytes(int(measured["variables"]))
+    # An estimate that errs high, never by more than 2x.
+    assert measured["peak"] <= estimate <= 2 * measured["peak"]
+
+
+def test_an_ilp_larger_than_the_memory_is_refused_before_scip(monkeypatch):
+    graph = models.alexnet()
+    cluster = taps.Cluster(2, 4)
+    monkeypatch.setattr(limits, "available_memory", lambda: 10 * 2**20)
+    with pytest.raises(ResourceError, match=r"the ILP of [\d,]+ variables .* in SCIP"):
+        taps.search(graph, cluster, options=IlpOptions(reduce=False))
+    # Solved without SCIP (the reductions decide it), the same search needs no room for one.
+    assert taps.search(graph, cluster).status == "optimal"
+
+
+def test_too_many_strategies_under_a_small_address_space_are_an_error_not_an_abort():
+    # The issue's SIGABRT ("memory allocation of 48 bytes failed"): an operator with 6
+    # partitionable axes on 8,192 devices, under 1 GiB of address space, through the search and
+    # through the core's enumeration directly at limits that fail inside it.
+    out = _run(
+        """
+        import taps
+        g = taps.Graph("wide")
+        x = g.input("x", [128] * 6)
+        g.add_operator("op", "einsum", [(x, list("abcdef"))], list("abcdef"))
+        try:
+            taps.search(g, taps.Cluster(1024, 8))
+        except taps.ResourceError as e:
+            print(e)
+        """,
+        cap=2**30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1
+    assert "973,500 candidate strategies" in out.stdout
+    for mib in (150, 300, 350):
+        out = _run(
+            """
+            import taps
+            try:
+                taps.enumerate_strategies([128] * 6, 8192)
+            except (taps.ResourceError, MemoryError) as e:
+                print(type(e).__name__, e)
+            """,
+            cap=mib * 2**20,
+        )
+        assert out.returncode == 0, (mib, out.returncode, out.stderr[-300:])
+        assert out.stdout.startswith(("ResourceError out of memory", "MemoryError")), out.stdout
