@@ -129,9 +129,9 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             under = x
     # Every minimiser that does not fit spliced with every one that does and with the best
     # splice so far (a splice may mix more than two plans that way).
-    for x in reversed(overs):
-        for y in [*reversed(unders), best]:
-            spliced = _splice(problem, memory, limit, x, y)
+    for over_choice in reversed(overs):
+        for under_choice in [*reversed(unders), best]:
+            spliced = _splice(problem, memory, limit, over_choice, under_choice)
             if spliced is not None and spliced[1] < best_cost:
                 best, best_cost = spliced
     return Priced(best, best_cost, bound, price, steps)
