@@ -108,6 +108,7 @@ class GraphProgram:
         self.fixed: dict[str, np.ndarray] = {}
         self.leaf_layouts: dict[str, Layout] = {}
         for op in graph.ops:
+            read_as_ids = index_bounds(op)
             for slot, o in enumerate(op.inputs):
                 root = graph.root(o.tensor)
                 if root.kind == "activation":
@@ -125,8 +126,7 @@ class GraphProgram:
                 self.leaf_layouts[key] = self.layouts.inputs[op.name][slot]
                 value = roots[root.name].reshape(graph.tensors[o.tensor].shape)
                 if root.name in bounds:  # index values: integers where read as indices
-                    index = slot in index_bounds(op)
-                    self.fixed[key] = value.astype(np.int32 if index else self.dtype)
+                    self.fixed[key] = value.astype(np.int32 if slot in read_as_ids else self.dtype)
                 else:
                     value = value.astype(self.dtype)
                     (self.diff if root.requires_grad else self.fixed)[key] = value
