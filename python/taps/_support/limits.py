@@ -77,7 +77,7 @@ def check_candidates(
     if count > MAX_CANDIDATES:
         raise ResourceError(
             f"operator {name!r}: {count:,} candidate strategies ({len(sizes)} partitionable axes "
-            f"on {num_devices:,} devices, about {_gib(count * CANDIDATE_BYTES)} of tables), more "
+            f"on {num_devices:,} devices, about {gib(count * CANDIDATE_BYTES)} of tables), more "
             f"than the {MAX_CANDIDATES:,} the search takes; make fewer axes partitionable or "
             "search fewer devices"
         )
@@ -90,11 +90,15 @@ def table_bytes(candidates: int, pairs: int) -> int:
     return candidates * CANDIDATE_BYTES + pairs * PAIR_BYTES
 
 
-def available_memory() -> int | None:
+def available_memory(reserved: int = 0) -> int | None:
     """Bytes of memory this process may still use: what the machine can still give (Linux's
     MemAvailable), less if its control group (a container) allows less or if its address-space
-    limit (``ulimit -v``, RLIMIT_AS) leaves less room; None if unknown."""
-    known = [n for n in (_meminfo_available(), _cgroup_room(), _address_room()) if n is not None]
+    limit (``ulimit -v``, RLIMIT_AS) leaves less room; None if unknown. ``reserved``: address
+    space the work will map without filling (threads' stacks), taken from that room only."""
+    room = _address_room()
+    if room is not None:
+        room = max(room - reserved, 0)
+    known = [n for n in (_meminfo_available(), _cgroup_room(), room) if n is not None]
     if known:
         return min(known)
     try:
@@ -157,9 +161,9 @@ def check_table_memory(what: str, candidates: int, pairs: int) -> None:
     have = available_memory()
     if have is not None and need > have:
         raise ResourceError(
-            f"the search of {what} would need about {_gib(need)} for its cost tables "
+            f"the search of {what} would need about {gib(need)} for its cost tables "
             f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges), more "
-            f"than the {_gib(have)} available"
+            f"than the {gib(have)} available"
         )
 
 
@@ -176,10 +180,11 @@ def check_ilp_memory(variables: int, constraints: int) -> None:
     if have is not None and need > have:
         raise ResourceError(
             f"the ILP of {variables:,} variables and {constraints:,} constraints would need about "
-            f"{_gib(need)} in SCIP, more than the {_gib(have)} available; search fewer devices "
+            f"{gib(need)} in SCIP, more than the {gib(have)} available; search fewer devices "
             "or tie the repeated layers (Graph.tie)"
         )
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
+    """``n`` bytes in GiB, for messages."""
     return f"{n / 2**30:,.1f} GiB"

@@ -22,6 +22,7 @@ from taps.errors import VerifyError
 from taps.export.distribute import distribute_module
 from taps.plan.plan import Plan
 from taps.search.evaluate import step_layouts
+from taps.verify.footprint import check_gloo
 from taps.verify.prediction import check_plan, describe_scopes, predicted_collectives
 from taps.verify.result import (
     TOLERANCE,
@@ -152,6 +153,8 @@ def verify_torch(
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if plan.pricing.fsdp and plan.pricing.step != "training":
         raise VerifyError("sharded storage (fsdp) is replayed in the training step only")
+    if numerics is not None:
+        check_gloo(plan, numerics, dtype)
     rows, timings = collective_rows(module, inputs, plan, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:

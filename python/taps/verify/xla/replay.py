@@ -37,6 +37,7 @@ from taps.export.jax import jax_mesh, layout_spec, named_sharding
 from taps.plan.mesh import mesh_for_redistributions
 from taps.plan.plan import Plan
 from taps.steps.jax import redistribute
+from taps.verify.footprint import check_xla, check_xla_layouts
 from taps.verify.prediction import check_plan, predicted_steps
 from taps.verify.result import TOLERANCE, VerifyResult, match, relative_error
 from taps.verify.xla import training
@@ -77,6 +78,7 @@ def verify(
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if plan.pricing.fsdp and step != "training":
         raise VerifyError("sharded storage (fsdp) is replayed in the training step only")
+    check_xla(plan, dtype)
     if not have_devices(plan.cluster.num_devices):
         return _in_fresh_process(plan, dtype, seed, values)
     t0 = time.perf_counter()
@@ -178,6 +180,7 @@ def verify_redistributions(
         return []
     t0 = time.perf_counter()
     n = pairs[0][0].num_devices
+    check_xla_layouts([x for pair in pairs for x in pair], dtype)
     plans = [plan_redistribution(a, b, planner=planner) for a, b in pairs]
     mesh = mesh_for_redistributions([x for a, b in pairs for x in (a, b)], plans, n)
     jax = jax_with_devices(n)
