@@ -16,7 +16,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import taps
-from fsdp_collectives import predicted
+from fsdp_collectives import edge_collectives, megatron_plan, predicted
 from taps.export.fsdp import fully_shard_plan
 from taps.export.storage import stored_groups
 from taps.plan.candidates import Candidate, strategies_for
@@ -24,6 +24,8 @@ from torch_models import llama
 
 WORLD = 4
 KINDS = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+#: DTensor's collectives (tensor parallelism) by their functional op, with their group's arg.
+FUNCTIONAL = {"all_reduce": ("all_reduce", 2)}
 
 
 class _Collectives(TorchDispatchMode):
@@ -40,7 +42,11 @@ class _Collectives(TorchDispatchMode):
             whole, shard = args[:2] if name == "_allgather_base_" else args[1::-1]
             group = whole.numel() // shard.numel()
             self.seen.append((KINDS[name], group, whole.numel() * whole.element_size()))
-        elif "c10d" in str(func) and "barrier" not in str(func):
+        elif "_c10d_functional" in str(func) and name in FUNCTIONAL:
+            kind, at = FUNCTIONAL[name]
+            group = dist.distributed_c10d._resolve_process_group(args[at]).size()
+            self.seen.append((kind, group, args[0].numel() * args[0].element_size()))
+        elif "c10d" in str(func) and not any(w in str(func) for w in ("barrier", "wait_tensor", "_wrap_tensor_autograd")):
             raise AssertionError(f"unexpected collective {func}")
         return func(*args, **(kwargs or {}))
 
@@ -108,3 +114,35 @@ def test_the_exports_place_stored_parameters_sharded(llama_plan):
         assert (first if isinstance(first, tuple) else (first,)) == axes, name
     unsharded = taps.export.to_dtensor(plan.with_pricing(taps.Pricing()))
     assert all(set(unsharded.tensors[n]) == {"Replicate()"} for n in stored_groups(plan))
+
+
+@pytest.fixture(scope="module")
+def megatron():
+    module, ids = llama()
+    return module, ids, megatron_plan(taps.from_torch(module, ids), taps.Cluster(2, 2))
+
+
+def test_fsdp_with_tensor_parallelism_issues_taps_collectives(fake_group, megatron):
+    """2-D: FSDP over the data-parallel mesh dim, Megatron's column and row splits over the
+    other; torch issues FSDP's gathers and scatters of the local tensor-parallel shards and
+    tensor parallelism's all-reduces (one per row split forward, one per column split's input
+    gradient), each of taps' kind, group and bytes."""
+    module, ids, plan = megatron
+    want = predicted(plan) + edge_collectives(plan)
+    module.to_empty(device="cpu")
+    placements = taps.export.to_dtensor(plan)
+    mesh = torch.distributed.device_mesh.init_device_mesh(
+        "cpu", placements.mesh.shape, mesh_dim_names=placements.mesh.axis_names
+    )
+    applied = fully_shard_plan(module, plan, mesh)
+    styles = Counter(a.style for a in applied.values())
+    assert styles == {"colwise": 10, "rowwise": 4, None: 6}  # 2 layers; embedding, 5 norms
+    assert {a.mesh_axes for a in applied.values()} == {("d1",)}
+    assert {a.tp_axes for a in applied.values() if a.style} == {("d0",)}
+    local = ids[: ids.shape[0] // 2]  # this rank's batch (data parallel over d1)
+    record = _Collectives()
+    with record:
+        module(local).sum().backward()
+    seen = Counter(record.seen)
+    assert seen == want
+    assert seen[("all_reduce", 2, local.numel() * 64 * 4)] == 2 * 7  # per layer: 2 + 5
