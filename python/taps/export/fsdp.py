@@ -105,6 +105,7 @@ def _sub_mesh(mesh: Any, axes: tuple[str, ...]) -> Any:
 def _tensor_parallel(module: Any, layouts: PlanLayouts) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Per submodule whose parameter the plan's strategy splits, its style and tensor-parallel
     mesh dims, checked against the plan (:func:`fully_shard_plan`)."""
+    torch = require("torch", "torch", "fully_shard")
     graph, mesh = layouts.plan.graph, layouts.mesh
     roots = root_layouts(layouts)
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -117,7 +118,7 @@ def _tensor_parallel(module: Any, layouts: PlanLayouts) -> dict[str, tuple[str, 
             if not split:
                 continue
             owner = root.name.rpartition(".")[0]
-            kind = type(module.get_submodule(owner)).__name__
+            kind = _kind(torch, module.get_submodule(owner))
             style = _STYLES.get((kind, split[0][0])) if len(split) == 1 else None
             if style is None:
                 raise ExportError(
@@ -170,6 +171,14 @@ def _check_local(
             f"fully_shard_plan: operator {op!r} is not Megatron-style tensor parallelism over "
             f"{axes} on local blocks (its input or an edge around it moves data otherwise)"
         )
+
+
+def _kind(torch: Any, module: Any) -> str:
+    """``"Linear"``, ``"Embedding"`` or else the module's class name."""
+    for kind in ("Linear", "Embedding"):
+        if isinstance(module, getattr(torch.nn, kind)):
+            return kind
+    return type(module).__name__
 
 
 def _partial_over(mesh: Mesh, layout: Layout, axes: set[str]) -> bool:
