@@ -7,6 +7,11 @@ exports place those parameters as stored (``Shard(0)`` on the group's mesh dims)
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+import pickle
+import tempfile
 from collections import Counter
 
 import pytest
@@ -16,14 +21,17 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import taps
-from fsdp_collectives import predicted
+from fsdp_collectives import edge_collectives, megatron_plan, predicted
 from taps.export.fsdp import fully_shard_plan
 from taps.export.storage import stored_groups
 from taps.plan.candidates import Candidate, strategies_for
+from taps.verify.torch.ranks import run_ranks
 from torch_models import llama
 
 WORLD = 4
 KINDS = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+#: DTensor's collectives (tensor parallelism) by their functional op, with their group's arg.
+FUNCTIONAL = {"all_reduce": ("all_reduce", 2)}
 
 
 class _Collectives(TorchDispatchMode):
@@ -40,7 +48,11 @@ class _Collectives(TorchDispatchMode):
             whole, shard = args[:2] if name == "_allgather_base_" else args[1::-1]
             group = whole.numel() // shard.numel()
             self.seen.append((KINDS[name], group, whole.numel() * whole.element_size()))
-        elif "c10d" in str(func) and "barrier" not in str(func):
+        elif "_c10d_functional" in str(func) and name in FUNCTIONAL:
+            kind, at = FUNCTIONAL[name]
+            group = dist.distributed_c10d._resolve_process_group(args[at]).size()
+            self.seen.append((kind, group, args[0].numel() * args[0].element_size()))
+        elif "c10d" in str(func) and not any(w in str(func) for w in ("barrier", "wait_tensor", "_wrap_tensor_autograd")):
             raise AssertionError(f"unexpected collective {func}")
         return func(*args, **(kwargs or {}))
 
@@ -108,3 +120,73 @@ def test_the_exports_place_stored_parameters_sharded(llama_plan):
         assert (first if isinstance(first, tuple) else (first,)) == axes, name
     unsharded = taps.export.to_dtensor(plan.with_pricing(taps.Pricing()))
     assert all(set(unsharded.tensors[n]) == {"Replicate()"} for n in stored_groups(plan))
+
+
+@pytest.fixture(scope="module")
+def megatron():
+    module, ids = llama()
+    return module, ids, megatron_plan(taps.from_torch(module, ids), taps.Cluster(2, 2))
+
+
+def test_fsdp_with_tensor_parallelism_issues_taps_collectives(fake_group, megatron):
+    """2-D: FSDP over the data-parallel mesh dim, Megatron's column and row splits over the
+    other; torch issues FSDP's gathers and scatters of the local tensor-parallel shards and
+    tensor parallelism's all-reduces (one per row split forward, one per column split's input
+    gradient), each of taps' kind, group and bytes."""
+    module, ids, plan = megatron
+    want = predicted(plan) + edge_collectives(plan)
+    module = copy.deepcopy(module).to_empty(device="cpu")  # the fixture's stays on meta
+    placements = taps.export.to_dtensor(plan)
+    mesh = torch.distributed.device_mesh.init_device_mesh(
+        "cpu", placements.mesh.shape, mesh_dim_names=placements.mesh.axis_names
+    )
+    applied = fully_shard_plan(module, plan, mesh)
+    styles = Counter(a.style for a in applied.values())
+    assert styles == {"colwise": 10, "rowwise": 4, None: 6}  # 2 layers; embedding, 5 norms
+    assert {a.mesh_axes for a in applied.values()} == {("d1",)}
+    assert {a.tp_axes for a in applied.values() if a.style} == {("d0",)}
+    local = ids[: ids.shape[0] // 2]  # this rank's batch (data parallel over d1)
+    record = _Collectives()
+    with record:
+        module(local).sum().backward()
+    seen = Counter(record.seen)
+    assert seen == want
+    assert seen[("all_reduce", 2, local.numel() * 64 * 4)] == 2 * 7  # per layer: 2 + 5
+
+
+def test_fsdp_with_tensor_parallelism_on_gloo_equals_the_dense_module(megatron):
+    """The same 2-D application on 4 gloo ranks (2 x 2): the output and every parameter's
+    gradient (gathered from its 2-D shards) equal the dense module's."""
+    module, ids, plan = megatron
+    with tempfile.TemporaryDirectory(prefix="taps-fsdp-tp-") as tmp:
+        with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
+            pickle.dump((module, ids, plan.to_json(), tmp), f)
+        run_ranks("fsdp_tp_ranks", tmp, 4)
+        with open(os.path.join(tmp, "errors.json")) as f:
+            errors = json.load(f)
+    names = {f"grad {n}" for n, _ in module.named_parameters()}
+    assert names | {"output 0"} == set(errors)
+    assert max(errors.values()) < 1e-5, errors
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [([0, 1], "split along dims \\[0, 1\\] of a Linear"), ([-1, 0], "not Megatron-style")],
+    ids=["both-dims", "row-split-of-a-replicated-input"],
+)
+def test_a_plan_the_local_forward_cannot_run_is_refused(megatron, weight, message):
+    """A query projection split along both weight dims, or along its input features while its
+    input is replicated there (the module's own forward on local blocks would compute something
+    else): one ExportError line, before any process group is touched."""
+    module, _, plan = megatron
+    op = plan.graph.op("model.layers.0.self_attn.q_proj")
+    chosen = dict(plan.strategies)
+    chosen[op.name] = next(
+        s
+        for s in strategies_for(plan.graph, op.name, plan.cluster, replicas=True)
+        if list(Candidate.of(op, s).inputs[1].tensor_map) == weight
+        and list(Candidate.of(op, s).inputs[1].device_matrix) == [2, 2]
+    )
+    bad = taps.Plan(plan.graph, plan.cluster, chosen, plan.pricing)
+    with pytest.raises(taps.export.ExportError, match=message):
+        fully_shard_plan(module, bad, mesh=None)
