@@ -74,41 +74,15 @@ def timed_search(graph_json: str, nodes: int, per_node: int, memory: float) -> d
     return {"seconds": seconds, "cost": result.cost, "status": result.status, "gap": result.gap}
 
 
-#: The small configs of the model families in tests/torch_factories.py (2 layers, small widths).
-FAMILIES = [
-    "falcon",
-    "clip",
-    "whisper",
-    "swin",
-    "roberta",
-    "deberta_v2",
-    "phi3",
-    "qwen2_gqa",
-    "bart",
-    "bloom",
-    "timm_vit",
-    "timm_convnext",
-    "timm_efficientnet",
-    "timm_mixer",
-    "timm_swin",
-    "timm_deit_drop_path",
-    "tv_shufflenet",
-    "tv_densenet",
-    "tv_resnet",
-    "tv_mobilenet_v3",
-    "tv_efficientnet",
-    "tv_vit",
-]
-
-
 def families() -> None:
     """Export, convert and tie each family of the tests' factories: one line each, and the
     slowest conversion."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import torch_factories
+    from test_frontend_models import MODELS
 
     worst = 0.0
-    for name in FAMILIES:
+    for name, _ in MODELS:
         module, inputs = getattr(torch_factories, name)()
         t0 = time.perf_counter()
         program = torch.export.export(module, tuple(inputs))
