@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import taps
 from strategies_gen import groupings, layouts, to_layout
 from taps.export import distribute_module, to_dtensor
+from taps.export.distribute import framework_placements, nearest_placements
 from taps.export.roots import reshaped
 from taps.frontends import from_torch
 
@@ -109,3 +110,59 @@ def test_distribute_module_runs_a_tied_weight(mode):
     else:  # held whole; one block in the share operator's layout reads it for both uses
         assert len(dm.readers["emb.weight"]) == 1
     assert grad is not None
+
+
+def test_nearest_placements_leave_whole_the_splits_without_a_form():
+    """A fused QKV weight (64, 3, 64) split by heads inside each of q, k and v has no DTensor
+    form on the module's (64, 192): that mesh dim is left whole, the others kept; placements
+    that have a form are unchanged."""
+    qkv, fused = (64, 3, 64), (64, 192)
+    assert nearest_placements(["Replicate()", "Shard(2)"], (2, 2), qkv, fused, (0, 1)) == (
+        "Replicate()",
+        "Replicate()",
+    )
+    assert nearest_placements(["Shard(2)", "Shard(0)"], (2, 2), qkv, fused, (0, 1)) == (
+        "Replicate()",
+        "Shard(0)",
+    )
+    with pytest.raises(taps.TapsError, match="no DTensor form"):
+        framework_placements(["Shard(2)", "Shard(0)"], (2, 2), qkv, fused, (0, 1))
+    # The split of the 3 is the top factor of the 192: it has a form, kept.
+    for texts in (["Shard(1)", "Shard(0)"], ["Partial()", "Shard(1)"]):
+        assert nearest_placements(texts, (2, 2), qkv, fused, (0, 1)) == framework_placements(
+            texts, (2, 2), qkv, fused, (0, 1)
+        )
+
+
+@pytest.mark.parametrize(
+    ("factory", "mode"),
+    [
+        ("gpt2", "dtensor"),  # the fused QKV split by heads, left whole for DTensor
+        ("falcon", "dtensor"),  # lift_fresh_copy of a constant table
+        ("bert", "taps"),  # training dropout of partial sums
+    ],
+)
+def test_distribute_module_runs_the_families(factory, mode):
+    """The forward of a family runs on the fake process group in the mode where DTensor
+    refused it before, its output in the placements of the operator that makes it."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import torch_factories
+
+    module, inputs = getattr(torch_factories, factory)()
+    module.train()
+    graph = from_torch(module, *inputs)
+    plan = taps.search(graph, taps.Cluster(1, 4)).plan
+    dt = to_dtensor(plan, module)
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = DeviceMesh(
+            "cpu", torch.arange(4).reshape(dt.mesh.shape), mesh_dim_names=dt.mesh.axis_names
+        )
+        out = distribute_module(module, plan, *inputs, mesh=mesh, mode=mode)(*inputs)
+    finally:
+        tdist.destroy_process_group()
+    logits = out if isinstance(out, torch.distributed.tensor.DTensor) else out[0]
+    assert logits.shape[:2] == inputs[0].shape

@@ -774,11 +774,31 @@ class _Interpreter:
             stride=tuple(val.stride()),
         )
 
+    def partial(self, x: Any) -> bool:
+        """Whether ``x`` is a DTensor holding partial sums along some mesh dim."""
+        return isinstance(x, self.dtensor.DTensor) and any(p.is_partial() for p in x.placements)
+
+    def dropout(self, x: Any, p: float) -> Any:
+        """A training dropout of partial sums: one mask for all the addends of each element
+        (drawn by DTensor on ``x``'s placements with the partial dims replicated), applied to
+        each addend (dropout is linear in its input). DTensor refuses to draw a mask on
+        partial placements."""
+        DTensor = self.dtensor.DTensor
+        whole = [self.dtensor.Replicate() if q.is_partial() else q for q in x.placements]
+        like = DTensor.from_local(
+            self.local_of(x), self.dist.mesh, whole, run_check=False, shape=x.shape,
+            stride=x.stride(),
+        )  # fmt: skip
+        mask = _torch().empty_like(like).bernoulli_(1 - p)
+        return x * mask / (1 - p)
+
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         packet = getattr(target, "_overloadpacket", None)
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute
+        if packet_name(target) == "lift_fresh_copy":
+            return args[0]  # a constant of the program, already on every rank as it is
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
         if args and isinstance(args[0], _Cut):
@@ -790,6 +810,8 @@ class _Interpreter:
                 return carried
             # No operator of the plan: DTensor runs it (where the blocks have its form).
             args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
+        if packet_name(target) == "dropout" and self.partial(args[0]) and args[1] and args[2]:
+            return self.dropout(args[0], args[1])
         if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
             out = self.view(args[0], args[1])
             if out is not None:
@@ -1344,8 +1366,11 @@ def distribute_module(
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
-    buffers = [name for name, _ in module.named_buffers()]
-    placements = DTensorPlacements.from_layouts(layouts, buffers) if layouts is not None else plan
+    placements = (
+        DTensorPlacements.from_layouts(layouts, dict(module.named_buffers()))
+        if layouts is not None
+        else plan
+    )
     assert isinstance(placements, DTensorPlacements)
     if exported is None:
         exported = export_module(module, *example_inputs, rows=rows)
