@@ -7,6 +7,7 @@
     python benches/frontend_torch.py --untied     # also the search without ties
     python benches/frontend_torch.py --rss 70B    # peak RSS of converting 70B (run on its own)
     python benches/frontend_torch.py --families   # export + convert each model family of the tests
+    python benches/frontend_torch.py --sweep      # each family: converts, parameters, export, runs
 
 Prints one line per measurement; times are wall clock on this machine. With ``--against`` the
 tied search runs again in a fresh interpreter with the taps package of git revision REV (the code
@@ -74,41 +75,15 @@ def timed_search(graph_json: str, nodes: int, per_node: int, memory: float) -> d
     return {"seconds": seconds, "cost": result.cost, "status": result.status, "gap": result.gap}
 
 
-#: The small configs of the model families in tests/torch_factories.py (2 layers, small widths).
-FAMILIES = [
-    "falcon",
-    "clip",
-    "whisper",
-    "swin",
-    "roberta",
-    "deberta_v2",
-    "phi3",
-    "qwen2_gqa",
-    "bart",
-    "bloom",
-    "timm_vit",
-    "timm_convnext",
-    "timm_efficientnet",
-    "timm_mixer",
-    "timm_swin",
-    "timm_deit_drop_path",
-    "tv_shufflenet",
-    "tv_densenet",
-    "tv_resnet",
-    "tv_mobilenet_v3",
-    "tv_efficientnet",
-    "tv_vit",
-]
-
-
 def families() -> None:
     """Export, convert and tie each family of the tests' factories: one line each, and the
     slowest conversion."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import torch_factories
+    from test_frontend_models import MODELS
 
     worst = 0.0
-    for name in FAMILIES:
+    for name, _ in MODELS:
         module, inputs = getattr(torch_factories, name)()
         t0 = time.perf_counter()
         program = torch.export.export(module, tuple(inputs))
@@ -126,6 +101,65 @@ def families() -> None:
     print(f"slowest conversion on top of torch.export: {worst:.2f} s")
 
 
+def sweep(names: list[str]) -> None:
+    """The new user's sweep (docs/frontends.md#the-model-families): per family of the tests,
+    whether it converts with no operator left without a rule, its graph parameters equal the
+    module's, the DTensor export of its plan on 1 x 4 devices names every parameter and buffer
+    with a placement per mesh dim, and ``distribute_module`` runs its forward in each mode on
+    the fake process group; a failure as its first line."""
+    import warnings
+
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taps.export import distribute_module, to_dtensor
+    from taps.export.distribute import export_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import torch_factories
+    from test_frontend_models import MODELS
+
+    warnings.simplefilter("ignore")
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    counts = dict.fromkeys(("converts", "params", "export", "dtensor", "taps"), 0)
+    for name in names or [m for m, _ in MODELS]:
+        row: dict[str, str] = {}
+        module, inputs = getattr(torch_factories, name)()
+        module.train()
+        try:
+            exported = export_module(module, *inputs)
+        except taps.TapsError as e:
+            print(f"{name}: converts: {str(e).splitlines()[0]}", flush=True)
+            continue
+        graph = exported.conversion.graph
+        row["converts"] = "yes"
+        want = sum(p.numel() for p in module.parameters())
+        row["params"] = "yes" if graph.num_parameters() == want else f"{graph.num_parameters()}"
+        plan = taps.search(graph, taps.Cluster(1, 4)).plan
+        dt = to_dtensor(plan, module)
+        named = [*dict(module.named_parameters()), *dict(module.named_buffers())]
+        bad = [n for n in named if len(dt.tensors.get(n, ())) != len(dt.mesh.shape)]
+        row["export"] = "yes" if not bad else f"{len(bad)} unnamed"
+        mesh = DeviceMesh(
+            "cpu", torch.arange(4).reshape(dt.mesh.shape), mesh_dim_names=dt.mesh.axis_names
+        )
+        for mode in ("dtensor", "taps"):
+            try:
+                dm = distribute_module(
+                    module, plan, *inputs, mesh=mesh, mode=mode, exported=exported
+                )
+                dm(*inputs)
+                row[mode] = "yes"
+            except Exception as e:  # a failure of the run is the sweep's finding
+                row[mode] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        for k, v in row.items():
+            counts[k] += v == "yes"
+        print(f"{name}: " + "; ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+    tdist.destroy_process_group()
+    print(", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flavor", default="8B")
@@ -140,9 +174,15 @@ def main() -> None:
     parser.add_argument("--rss", metavar="FLAVOR", help="only convert FLAVOR and print peak RSS")
     parser.add_argument("--against", metavar="REV", help="also search with taps at git REV")
     parser.add_argument("--families", action="store_true", help="time each tested model family")
+    parser.add_argument(
+        "--sweep", nargs="*", metavar="FAMILY", help="check each family (default: all) end to end"
+    )
     args = parser.parse_args()
     if args.families:
         families()
+        return
+    if args.sweep is not None:
+        sweep(args.sweep)
         return
     flavor = args.rss or args.flavor
     t0 = time.perf_counter()

@@ -1,84 +1,22 @@
-"""Exports name every parameter and buffer of the module: the plan's placements of real
-torchvision, timm and transformers models (built from configs on the meta device), a parameter
-read only through views placed by :func:`taps.export.roots.reshaped` (checked block by block
-against the view's layout), and ``distribute_module`` placing every parameter and buffer."""
+"""Exports name every parameter of the module: a parameter read only through views placed by
+:func:`taps.export.roots.reshaped` (checked block by block against the view's layout), and a
+tied weight run by ``distribute_module``. Every model family's export, naming every parameter
+and buffer, is checked by ``tests/test_frontend_models.py``."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import timm
 import torch
-import torchvision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taps
 from strategies_gen import groupings, layouts, to_layout
-from taps.export import distribute_module, to_dtensor, to_jax
+from taps.export import distribute_module, to_dtensor
+from taps.export.distribute import framework_placements, nearest_placements
 from taps.export.roots import reshaped
 from taps.frontends import from_torch
-from test_shared_parameters import TIED
-
-
-def _images() -> tuple[torch.Tensor]:
-    return (torch.zeros(2, 3, 32, 32),)  # made under the caller's device (meta)
-
-
-MODELS = {
-    "gpt2": TIED["gpt2"],
-    "bert": TIED["bert"],
-    "t5": TIED["t5"],
-    "convnext": lambda: (timm.create_model("convnext_atto", num_classes=10), _images()),
-    "vit": lambda: (
-        torchvision.models.VisionTransformer(
-            image_size=32,
-            patch_size=16,
-            num_layers=2,
-            num_heads=2,
-            hidden_dim=32,
-            mlp_dim=64,
-            num_classes=10,
-        ),
-        _images(),
-    ),
-    "efficientnet": lambda: (torchvision.models.efficientnet_b0(num_classes=10), _images()),
-    "mobilenetv3": lambda: (torchvision.models.mobilenet_v3_small(num_classes=10), _images()),
-    "resnet": lambda: (torchvision.models.resnet18(num_classes=10), _images()),
-}
-
-
-@pytest.mark.parametrize("family", sorted(MODELS))
-def test_export_places_every_parameter_and_buffer(family):
-    import torch.distributed as tdist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    with torch.device("meta"):
-        module, inputs = MODELS[family]()
-    module.train()
-    plan = taps.search(from_torch(module, *inputs), taps.Cluster(1, 4)).plan
-    params = dict(module.named_parameters())
-    dt, jx = to_dtensor(plan), to_jax(plan)
-    for name, p in params.items():
-        assert len(dt.tensors[name]) == len(dt.mesh.shape), name
-        assert len(jx.tensors[name]) == p.dim(), name
-    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    try:
-        mesh = DeviceMesh("cpu", torch.arange(4).reshape(dt.mesh.shape))
-        dm = distribute_module(module, dt, *inputs, mesh=mesh)
-    finally:
-        tdist.destroy_process_group()
-    placed = {**dm.parameters, **dm.buffers}
-    want = {**params, **dict(module.named_buffers())}
-    assert set(placed) == set(want)
-    for name, t in placed.items():
-        assert tuple(t.shape) == tuple(want[name].shape), name
-        assert len(t.placements) == len(dt.mesh.shape), name
-    for name in params:
-        assert [str(p) for p in dm.parameters[name].placements] == [
-            str(p) for p in dt.placements(name)
-        ]
 
 
 def _flat_blocks(layout: taps.Layout) -> list[set[int]]:
@@ -172,3 +110,59 @@ def test_distribute_module_runs_a_tied_weight(mode):
     else:  # held whole; one block in the share operator's layout reads it for both uses
         assert len(dm.readers["emb.weight"]) == 1
     assert grad is not None
+
+
+def test_nearest_placements_leave_whole_the_splits_without_a_form():
+    """A fused QKV weight (64, 3, 64) split by heads inside each of q, k and v has no DTensor
+    form on the module's (64, 192): that mesh dim is left whole, the others kept; placements
+    that have a form are unchanged."""
+    qkv, fused = (64, 3, 64), (64, 192)
+    assert nearest_placements(["Replicate()", "Shard(2)"], (2, 2), qkv, fused, (0, 1)) == (
+        "Replicate()",
+        "Replicate()",
+    )
+    assert nearest_placements(["Shard(2)", "Shard(0)"], (2, 2), qkv, fused, (0, 1)) == (
+        "Replicate()",
+        "Shard(0)",
+    )
+    with pytest.raises(taps.TapsError, match="no DTensor form"):
+        framework_placements(["Shard(2)", "Shard(0)"], (2, 2), qkv, fused, (0, 1))
+    # The split of the 3 is the top factor of the 192: it has a form, kept.
+    for texts in (["Shard(1)", "Shard(0)"], ["Partial()", "Shard(1)"]):
+        assert nearest_placements(texts, (2, 2), qkv, fused, (0, 1)) == framework_placements(
+            texts, (2, 2), qkv, fused, (0, 1)
+        )
+
+
+@pytest.mark.parametrize(
+    ("factory", "mode"),
+    [
+        ("gpt2", "dtensor"),  # the fused QKV split by heads, left whole for DTensor
+        ("falcon", "dtensor"),  # lift_fresh_copy of a constant table
+        ("bert", "taps"),  # training dropout of partial sums
+    ],
+)
+def test_distribute_module_runs_the_families(factory, mode):
+    """The forward of a family runs on the fake process group in the mode where DTensor
+    refused it before, its output in the placements of the operator that makes it."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import torch_factories
+
+    module, inputs = getattr(torch_factories, factory)()
+    module.train()
+    graph = from_torch(module, *inputs)
+    plan = taps.search(graph, taps.Cluster(1, 4)).plan
+    dt = to_dtensor(plan, module)
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = DeviceMesh(
+            "cpu", torch.arange(4).reshape(dt.mesh.shape), mesh_dim_names=dt.mesh.axis_names
+        )
+        out = distribute_module(module, plan, *inputs, mesh=mesh, mode=mode)(*inputs)
+    finally:
+        tdist.destroy_process_group()
+    logits = out if isinstance(out, torch.distributed.tensor.DTensor) else out[0]
+    assert logits.shape[:2] == inputs[0].shape

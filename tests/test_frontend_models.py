@@ -3,8 +3,9 @@ torch itself.
 
 Every model is a small config (2 layers, small widths) of a real family built on the meta device
 by ``tests/torch_factories.py``: it converts with no operator left without a rule, its graph
-searches, and its graph parameters equal the module's (a tied weight, the head sharing the
-embedding's, counted once in both).
+searches, its graph parameters equal the module's (a tied weight, the head sharing the
+embedding's, counted once in both), and the export of its plan names every parameter and buffer
+of the module, which ``distribute_module`` places.
 
 Each rule added for these models is checked on a tiny module with real CPU tensors: for every
 axis the rule lets a strategy split, the operator computed on the halves of its operands and
@@ -20,36 +21,64 @@ from torch import nn
 
 import taps
 import torch_factories
+from taps.export import distribute_module, to_dtensor, to_jax
+from taps.export.distribute import export_module
 from taps.frontends import from_torch
 
 CLUSTER = taps.Cluster(1, 4)
 
-#: (factory, its parameters are tied: the head shares the embedding's weight).
+#: Every family of the sweep (docs/frontends.md#the-model-families): (factory of
+#: tests/torch_factories.py, its parameters are tied: a weight under several keys).
 MODELS = [
+    # transformers: decoders
+    ("gpt2", True),
+    ("llama", False),
+    ("mistral", False),
+    ("qwen2_gqa", False),
+    ("gemma2", True),
+    ("gemma3", True),
+    ("phi3", False),
     ("falcon", True),
+    ("bloom", True),
+    ("opt", True),
+    ("gpt_neox", False),
+    # transformers: encoders, encoder-decoders, vision and audio
+    ("bert", True),
+    ("roberta", True),
+    ("albert", True),
+    ("distilbert", True),
+    ("deberta_v2", False),
+    ("t5", True),
+    ("bart", True),
+    ("whisper", True),
     ("clip", False),
     ("clip_text", False),
     ("clip_vision", False),
-    ("whisper", True),
+    ("hf_vit", False),
     ("swin", False),
-    ("roberta", True),
-    ("deberta_v2", False),
-    ("phi3", False),
-    ("qwen2_gqa", False),
-    ("bart", True),
-    ("bloom", True),
+    # timm
     ("timm_vit", False),
-    ("timm_convnext", False),
-    ("timm_efficientnet", False),
-    ("timm_mixer", False),
-    ("timm_swin", False),
+    ("timm_deit", False),
     ("timm_deit_drop_path", False),
+    ("timm_convnext", False),
+    ("timm_swin", False),
+    ("timm_mixer", False),
+    ("timm_efficientnet", False),
+    ("timm_mobilenet_v3", False),
+    ("timm_resnet", False),
+    # torchvision
+    ("tv_resnet", False),
+    ("tv_vit", False),
+    ("tv_convnext", False),
+    ("tv_efficientnet", False),
+    ("tv_mobilenet_v3", False),
     ("tv_shufflenet", False),
     ("tv_densenet", False),
-    ("tv_resnet", False),
-    ("tv_mobilenet_v3", False),
-    ("tv_efficientnet", False),
-    ("tv_vit", False),
+    ("tv_swin", False),
+    ("tv_alexnet", False),
+    ("tv_vgg", False),
+    # torchtitan
+    ("torchtitan_llama", False),
 ]
 
 
@@ -59,16 +88,48 @@ def _tied(module: nn.Module) -> bool:
     )
 
 
+@pytest.fixture(scope="module")
+def fake_mesh():
+    """A 4-rank fake process group (no communication) for the module's tests."""
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield
+    tdist.destroy_process_group()
+
+
 @pytest.mark.parametrize(("factory", "tied"), MODELS, ids=[m for m, _ in MODELS])
-def test_model_converts_searches_and_counts_its_parameters(factory, tied):
+def test_model_converts_searches_counts_its_parameters_and_exports(factory, tied, fake_mesh):
+    """Converted, the graph holds the module's parameters once each, searches; the DTensor
+    export names every parameter and buffer with a placement per mesh dim, the JAX one a spec
+    entry per dim, and ``distribute_module`` places the module with it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
     module, inputs = getattr(torch_factories, factory)()
     assert _tied(module) == tied
+    module.train()
+    exported = export_module(module, *inputs)
     g = from_torch(module, *inputs)
     # module.parameters() yields a tied weight once; the graph must count it once too.
     assert g.num_parameters() == sum(p.numel() for p in module.parameters())
     result = taps.search(g, CLUSTER)
     assert result.status in ("optimal", "feasible")
     assert set(result.plan.strategies) == {op.name for op in g.ops}
+    dt, jx = to_dtensor(result.plan, module), to_jax(result.plan)
+    params, buffers = dict(module.named_parameters()), dict(module.named_buffers())
+    for name in {**params, **buffers}:
+        assert len(dt.tensors[name]) == len(dt.mesh.shape), name
+    for name, p in params.items():
+        assert len(jx.tensors[name]) == p.dim(), name
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(dt.mesh.shape))
+    dm = distribute_module(module, dt, *inputs, mesh=mesh, exported=exported)
+    assert set(dm.parameters) == set(params) and set(buffers) <= set(dm.buffers)
+    for name, t in {**dm.parameters, **dm.buffers}.items():
+        assert len(t.placements) == len(dt.mesh.shape), name
+    for name, t in dm.parameters.items():
+        assert tuple(t.shape) == tuple(params[name].shape), name
+        assert list(t.placements) == dt.placements(name), name
 
 
 # -- each rule against torch: shards joined equal the whole -----------------------------------

@@ -5,10 +5,9 @@ their configs on the meta device) whose graph holds exactly the module's paramet
 from __future__ import annotations
 
 import pytest
-import torch
-import transformers
 
 import taps
+import torch_factories
 from taps import Cluster, Graph, GraphError, Plan, Pricing, Strategy
 from taps.frontends import from_torch
 from taps.search.evaluate import breakdown, evaluate
@@ -92,59 +91,13 @@ def test_a_replicated_shared_weight_is_reduced_by_its_uses_only():
     assert evaluate(plan) == pytest.approx(2 * (2 * 3 / 4 * 64 * 64 * 4))
 
 
-def _gpt2():
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=64, use_cache=False
-    )
-    return transformers.GPT2LMHeadModel(cfg), (torch.zeros(2, 16, dtype=torch.long),)
+#: The tied families of tests/torch_factories.py: the token embedding read again by the head.
+TIED = ["gpt2", "bert", "t5", "gemma2", "gemma3"]
 
 
-def _bert():
-    cfg = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=1000,
-    )
-    return transformers.BertForMaskedLM(cfg), (torch.zeros(2, 16, dtype=torch.long),)
-
-
-def _t5():
-    cfg = transformers.T5Config(
-        num_layers=2, d_model=64, num_heads=4, d_ff=128, vocab_size=1000, d_kv=16, use_cache=False
-    )
-    ids = torch.zeros(2, 16, dtype=torch.long)
-    return transformers.T5ForConditionalGeneration(cfg), (ids, None, ids[:, :8])
-
-
-def _gemma(config, model):
-    cfg = config(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=1000,
-        use_cache=False,
-    )
-    return model(cfg), (torch.zeros(2, 16, dtype=torch.long),)
-
-
-TIED = {
-    "gpt2": _gpt2,
-    "bert": _bert,
-    "t5": _t5,
-    "gemma2": lambda: _gemma(transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
-    "gemma3": lambda: _gemma(transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
-}
-
-
-@pytest.mark.parametrize("family", sorted(TIED))
+@pytest.mark.parametrize("family", TIED)
 def test_tied_models_have_the_modules_parameters(family):
-    with torch.device("meta"):
-        module, inputs = TIED[family]()
+    module, inputs = getattr(torch_factories, family)()
     g = from_torch(module, *inputs)
     named = dict(module.named_parameters())  # one key per tensor, its first
     assert g.num_parameters() == sum(p.numel() for p in named.values())

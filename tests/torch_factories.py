@@ -282,3 +282,159 @@ def tv_vit() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         hidden_dim=64,
         mlp_dim=128,
     )
+
+
+def _causal_lm(config_name: str, model_name: str, **extra: object) -> tuple[nn.Module, tuple]:
+    """A transformers causal language model of :func:`_small`'s widths (``extra`` on top)."""
+    import transformers
+
+    config = getattr(transformers, config_name)(**_small(**extra))
+    with torch.device("meta"):
+        return getattr(transformers, model_name)(config), (_ids(),)
+
+
+def gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """GPT-2 with its language-model head tied to the token embedding."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=1000,
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    with torch.device("meta"):
+        return GPT2LMHeadModel(config), (_ids(),)
+
+
+def llama() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _causal_lm("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=2)
+
+
+def mistral() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _causal_lm("MistralConfig", "MistralForCausalLM", num_key_value_heads=2)
+
+
+def gemma2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Gemma 2: sliding-window and full layers alternating, the head tied to the embedding."""
+    return _causal_lm("Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=16)
+
+
+def gemma3() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _causal_lm("Gemma3TextConfig", "Gemma3ForCausalLM", num_key_value_heads=2, head_dim=16)
+
+
+def gpt_neox() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """GPT-NeoX: a partial rotary embedding and parallel attention and MLP."""
+    return _causal_lm("GPTNeoXConfig", "GPTNeoXForCausalLM", rotary_pct=0.25)
+
+
+def opt() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=128,
+        word_embed_proj_dim=64,
+        vocab_size=1000,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
+    with torch.device("meta"):
+        return OPTForCausalLM(config), (_ids(),)
+
+
+def bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """BERT with its masked-language-model head tied to the token embedding."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    with torch.device("meta"):
+        return BertForMaskedLM(BertConfig(**_small())), (_ids(),)
+
+
+def albert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """ALBERT: one layer's parameters shared by every layer, and a factorised embedding."""
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    with torch.device("meta"):
+        return AlbertForMaskedLM(AlbertConfig(**_small(), embedding_size=32)), (_ids(),)
+
+
+def distilbert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    config = DistilBertConfig(
+        vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=128, pad_token_id=0
+    )
+    with torch.device("meta"):
+        return DistilBertForMaskedLM(config), (_ids(),)
+
+
+def t5() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """T5 (the decoder's ids given), its relative position bias made by the first layer."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        num_layers=2, d_model=64, num_heads=4, d_ff=128, vocab_size=1000, d_kv=16, use_cache=False
+    )
+    with torch.device("meta"):
+        ids = _ids()
+        return T5ForConditionalGeneration(config), (ids, None, ids[:, :8])
+
+
+def hf_vit() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(**_vision_widths(), image_size=32, patch_size=8)
+    with torch.device("meta"):
+        return ViTModel(config, add_pooling_layer=False), (_images(),)
+
+
+def torchtitan_llama() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """torchtitan's Llama 3 debug model (2 layers), SDPA attention, on the meta device."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs
+
+    config = llama3_configs["debugmodel"](attn_backend="flex")
+    config.layers = config.layers[:2]
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    with torch.device("meta"):
+        return config.build(), (_ids(),)
+
+
+def timm_resnet() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _timm("resnet18", num_classes=10)
+
+
+def timm_mobilenet_v3() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _timm("mobilenetv3_small_050", num_classes=10)
+
+
+def timm_deit() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """DeiT with its distillation token and second head."""
+    return _timm(
+        "deit_tiny_distilled_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10
+    )
+
+
+def tv_convnext() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _vision("convnext_tiny")
+
+
+def tv_swin() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _vision("swin_t")
+
+
+def tv_alexnet() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _vision("alexnet", size=64)
+
+
+def tv_vgg() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _vision("vgg11", size=32)

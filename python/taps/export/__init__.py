@@ -6,6 +6,8 @@ docs/export.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
 from taps.export.dtensor import DTensorPlacements, layout_placements, placement_objects
@@ -30,9 +32,12 @@ def to_jax(plan: Plan) -> JaxShardings:
     return JaxShardings.from_layouts(layouts_of(plan))
 
 
-def to_dtensor(plan: Plan) -> DTensorPlacements:
-    """The DeviceMesh shape and DTensor placements per tensor of ``plan``."""
-    return DTensorPlacements.from_layouts(layouts_of(plan))
+def to_dtensor(plan: Plan, module: Any = None) -> DTensorPlacements:
+    """The DeviceMesh shape and DTensor placements per tensor of ``plan``; given the torch
+    ``module`` the plan is of, every buffer of it too (those the graph does not read are
+    constants, replicated)."""
+    buffers = [name for name, _ in module.named_buffers()] if module is not None else []
+    return DTensorPlacements.from_layouts(layouts_of(plan), buffers)
 
 
 def check_framework(framework: str) -> None:

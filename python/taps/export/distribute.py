@@ -215,6 +215,28 @@ def framework_placements(
     return tuple(out)
 
 
+def nearest_placements(
+    texts: Sequence[str],
+    mesh_shape: Sequence[int],
+    operand_shape: Sequence[int],
+    graph_shape: Sequence[int],
+    perm: Sequence[int],
+) -> tuple[str, ...]:
+    """:func:`framework_placements` of ``texts``, each split that has no DTensor form on the
+    framework tensor (a fused QKV weight split by heads inside each of q, k and v) left whole:
+    the framework tensor then holds a superset of taps' block and DTensor moves the rest.
+    Mesh dims are kept in mesh order, each while the ones kept before it still have a form."""
+    kept = [REPLICATE] * len(texts)
+    for m, p in enumerate(texts):
+        trial = [*kept[:m], p, *kept[m + 1 :]]
+        try:
+            framework_placements(trial, mesh_shape, operand_shape, graph_shape, perm)
+        except ExportError:
+            continue
+        kept = trial
+    return framework_placements(kept, mesh_shape, operand_shape, graph_shape, perm)
+
+
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
@@ -356,6 +378,15 @@ class DistributedModule:
         shape_of_mesh = self.chosen.mesh.shape
         return placement_objects(
             framework_placements(texts, shape_of_mesh, operand, link.graph_shape, link.perm)
+        )
+
+    def nearest(self, texts: Sequence[str], link: Link) -> list[Any]:
+        """As :meth:`placements`, a split without a DTensor form left whole
+        (:func:`nearest_placements`): what DTensor runs the node in."""
+        return placement_objects(
+            nearest_placements(
+                texts, self.chosen.mesh.shape, link.operand_shape, link.graph_shape, link.perm
+            )
         )
 
     def layout_placements(self, layout: Layout, link: Link) -> list[Any]:
@@ -743,11 +774,31 @@ class _Interpreter:
             stride=tuple(val.stride()),
         )
 
+    def partial(self, x: Any) -> bool:
+        """Whether ``x`` is a DTensor holding partial sums along some mesh dim."""
+        return isinstance(x, self.dtensor.DTensor) and any(p.is_partial() for p in x.placements)
+
+    def dropout(self, x: Any, p: float) -> Any:
+        """A training dropout of partial sums: one mask for all the addends of each element
+        (drawn by DTensor on ``x``'s placements with the partial dims replicated), applied to
+        each addend (dropout is linear in its input). DTensor refuses to draw a mask on
+        partial placements."""
+        DTensor = self.dtensor.DTensor
+        whole = [self.dtensor.Replicate() if q.is_partial() else q for q in x.placements]
+        like = DTensor.from_local(
+            self.local_of(x), self.dist.mesh, whole, run_check=False, shape=x.shape,
+            stride=x.stride(),
+        )  # fmt: skip
+        mask = _torch().empty_like(like).bernoulli_(1 - p)
+        return x * mask / (1 - p)
+
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         packet = getattr(target, "_overloadpacket", None)
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute
+        if packet_name(target) == "lift_fresh_copy":
+            return args[0]  # a constant of the program, already on every rank as it is
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
         if args and isinstance(args[0], _Cut):
@@ -759,6 +810,8 @@ class _Interpreter:
                 return carried
             # No operator of the plan: DTensor runs it (where the blocks have its form).
             args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
+        if packet_name(target) == "dropout" and self.partial(args[0]) and args[1] and args[2]:
+            return self.dropout(args[0], args[1])
         if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
             out = self.view(args[0], args[1])
             if out is not None:
@@ -777,7 +830,7 @@ class _Interpreter:
         for link in links:
             if link.slot is not None:
                 with tracer.scope("edge", link.op, link.slot):
-                    want = dist.placements(ops[link.op]["inputs"][link.slot], link)
+                    want = dist.nearest(ops[link.op]["inputs"][link.slot], link)
                     leaves[link.arg] = self._to(leaves[link.arg], want)
         tree = _replace_leaves([*args, *kwargs.values()], leaves)
         with (
@@ -787,7 +840,7 @@ class _Interpreter:
         ):
             out = target(*tree[: len(args)], **dict(zip(kwargs, tree[len(args) :])))
             for link in outputs:
-                out = self._to(out, dist.placements(ops[link.op]["output"], link))
+                out = self._to(out, dist.nearest(ops[link.op]["output"], link))
                 out = tracer.mark(out, link.op)
         return out
 
@@ -1311,10 +1364,14 @@ def distribute_module(
     )
     if mode == "taps" and layouts is None:
         raise ExportError("mode='taps' needs a taps.Plan, not only its placements")
-    placements = DTensorPlacements.from_layouts(layouts) if layouts is not None else plan
-    assert isinstance(placements, DTensorPlacements)
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"distribute_module needs a torch.nn.Module, got {type(module).__name__}")
+    placements = (
+        DTensorPlacements.from_layouts(layouts, dict(module.named_buffers()))
+        if layouts is not None
+        else plan
+    )
+    assert isinstance(placements, DTensorPlacements)
     if exported is None:
         exported = export_module(module, *example_inputs, rows=rows)
     program, conversion = exported.program, exported.conversion

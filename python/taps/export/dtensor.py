@@ -11,7 +11,7 @@ the major one, which is the taps order (see :mod:`.mesh`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,9 @@ class DTensorPlacements:
         tensors: placements per graph tensor (parameters and inputs at their first reader, or
             its view's layout carried back to them, activations as produced, views at their first
             reader); a parameter the plan stores sharded (FSDP) as stored
-            (:func:`stored_placements`), gathered to its reader's placements.
+            (:func:`stored_placements`), gathered to its reader's placements; each buffer of
+            the module (when given) that the graph does not read, replicated (a constant,
+            computed whole on every device).
         operators: per operator, ``{"inputs": [placements per slot], "output": placements}``.
     """
 
@@ -83,12 +85,16 @@ class DTensorPlacements:
     operators: dict[str, dict[str, Any]]
 
     @classmethod
-    def from_layouts(cls, layouts: PlanLayouts) -> DTensorPlacements:
+    def from_layouts(cls, layouts: PlanLayouts, buffers: Iterable[str] = ()) -> DTensorPlacements:
+        """The placements of ``layouts``; ``buffers`` (a module's buffer names) replicated
+        where the graph reads none of them."""
         mesh = layouts.mesh
         roots = root_layouts(layouts)
         tensors = {name: layout_placements(mesh, lay) for name, lay in roots.items()}
         for name, group in stored_groups(layouts.plan).items():
             tensors[name] = stored_placements(mesh, roots[name], group)
+        for name in buffers:
+            tensors.setdefault(name, (REPLICATE,) * len(mesh.shape))
         return cls(
             mesh,
             tensors,
