@@ -125,17 +125,23 @@ def compare(name: str, batch: int, seq: int) -> None:
 
 def full(name: str, batch: int, seq: int, once: bool) -> None:
     _, _, _, layers, nodes = MODELS[name]
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     graph = graph_of(name, layers, batch, seq, once)
     cluster = taps.Cluster.preset("dgx-h100", nodes)
-    t1 = time.perf_counter()
+    w1, c1 = time.perf_counter(), time.process_time()
     result = taps.search(graph, cluster)
-    t2 = time.perf_counter()
+    w2, c2 = time.perf_counter(), time.process_time()
+    stages = ", ".join(
+        f"{stage} {result.timings[stage]:.1f}"
+        for stage in ("enumerate", "costs", "reduce", "build", "solve", "extract")
+    )
     print(
         f"{name}: {layers} layers, {len(graph.ops)} operators, {cluster.num_devices} devices: "
-        f"export + convert + tie {t1 - t0:.1f} s, search {t2 - t1:.1f} s, module to "
-        f"plan {t2 - t0:.1f} s; {result.status}, {result.memory_per_device / 2**30:.1f} GiB per "
-        f"device, step {result.step.step_time * 1e3:.1f} ms; peak RSS {peak_rss_gib():.2f} GiB"
+        f"export + convert + tie {w1 - w0:.1f} s (CPU {c1 - c0:.1f} s), search {w2 - w1:.1f} s "
+        f"(CPU {c2 - c1:.1f} s; {stages}), module to plan {w2 - w0:.1f} s (CPU {c2 - c0:.1f} s; "
+        f"the Rust kernels run on every core); {result.status}, cost {result.cost!r}, "
+        f"{result.memory_per_device / 2**30:.1f} GiB per device, step "
+        f"{result.step.step_time * 1e3:.1f} ms; peak RSS {peak_rss_gib():.2f} GiB"
     )
     print(f"  {experts_text(result.plan)}")
 
