@@ -5,8 +5,6 @@ operator, name for name, on real models; a module the prefix cannot stand for is
 
 from __future__ import annotations
 
-import gc
-
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -14,7 +12,7 @@ import transformers
 from hypothesis import given, settings
 from torch import nn
 
-from taps.frontends.torch import from_torch, instances
+from taps.frontends.torch import from_torch
 from taps.frontends.torch.instances import _period, cuts
 
 
@@ -206,30 +204,3 @@ def test_the_kept_prefix_is_the_shortest_that_shows_two_periods(head, unit, time
         assert kept == want[0]
         assert all(labels[i] == labels[i + period] for i in range(start, len(labels) - period))
         assert (len(labels) - kept) % period == 0
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_the_copies_are_made_with_the_collector_paused_and_left_as_it_was(enabled, monkeypatch):
-    module, inputs = mixtral()
-    seen = []
-    copy, read = instances._instanced, instances.Graph.from_dict
-
-    def copying(*args):
-        seen.append(("copy", gc.isenabled()))
-        return copy(*args)
-
-    def reading(data):
-        seen.append(("read", gc.isenabled()))
-        return read(data)
-
-    monkeypatch.setattr(instances, "_instanced", copying)
-    monkeypatch.setattr(instances.Graph, "from_dict", reading)
-    (gc.enable if enabled else gc.disable)()
-    try:
-        graph = from_torch(module, *inputs)
-        after = gc.isenabled()
-    finally:
-        gc.enable()
-    assert seen == [("copy", False), ("read", False)]
-    assert after == enabled
-    assert len(graph.ops) > 0

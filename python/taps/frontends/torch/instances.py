@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -283,27 +282,13 @@ def _instanced(doc: dict[str, Any], module_of: dict[str, str], cut: Cut) -> None
     doc["tensors"] = tensors
 
 
-@contextlib.contextmanager
-def _uncollected() -> Iterator[None]:
-    """The cyclic garbage collector paused (as it was after): the copies are many small acyclic
-    objects, and each full collection they trigger walks the whole heap, torch's and the exported
-    program's included (two such collections were 60% of DeepSeek-V3's copying)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def instanced(conversion: Conversion, found: Sequence[Cut]) -> Conversion:
     """The conversion of a module exported :func:`truncated` to ``found``, with the missing
     children's operators and parameters copied from the last exported period. Raises
     :class:`NotRepeated` when the prefix does not show the copies right."""
-    with _uncollected():
-        doc = conversion.graph.to_dict()
-        module_of = dict(conversion.module_of)
-        for cut in found:
-            _instanced(doc, module_of, cut)
-        return Conversion(Graph.from_dict(doc), module_of, conversion.links, conversion.aliases)
+    doc = conversion.graph.to_dict()
+    module_of = dict(conversion.module_of)
+    for cut in found:
+        _instanced(doc, module_of, cut)
+    graph = Graph.from_dict(doc)
+    return Conversion(graph, module_of, conversion.links, conversion.aliases)
