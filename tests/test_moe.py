@@ -307,3 +307,24 @@ def test_taps_search_names_the_expert_parallel_degree_and_its_level(tmp_path, ca
     for d in data:
         assert f"expert-parallel {d['expert_parallel']} ({d['level']})" in line
         assert d["expert_parallel"] * d["data_parallel"] * d["tensor_parallel"] <= 8
+
+
+def test_the_experts_biases_are_addends_of_their_projections():
+    """GPT-OSS's experts carry stacked biases (``gate_up_proj_bias`` ``(e, 2h)``,
+    ``down_proj_bias`` ``(e, m)``) beside weights stored ``(e, in, out)``: each is an addend of
+    its projection, split with the experts; the parameter count is the module's."""
+    config = transformers.GptOssConfig(num_hidden_layers=2, vocab_size=1000, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.GptOssForCausalLM(config)
+        ids = torch.zeros(2, 16, dtype=torch.long)
+    graph = from_torch(model, ids)
+    assert graph.num_parameters() == sum(p.numel() for p in model.parameters())
+    experts = [op for op in _moe_ops(graph, 1) if op.kind == MOE_EXPERT]
+    prefix = "model.layers.1.mlp.experts"
+    got = [[(o.tensor, o.dims) for o in op.inputs if o.addend] for op in experts]
+    assert got == [
+        [(f"{prefix}.gate_up_proj_bias", ("e", "f"))],
+        [(f"{prefix}.down_proj_bias", ("e", "m"))],
+    ]
+    for op in experts:
+        assert op.inputs[1].dims[0] == "e" and "e" in op.partitionable

@@ -123,7 +123,8 @@ def backward_work(graph: Graph, op: Operator) -> Work:
         total = Work(0.0, sum(grad_out + _bytes(graph, op, o) for o in tokens))
         if op.inputs[0] in needed:  # the combine's weights: a dot of m per routed slot
             slots = op.inputs[1]
-            total += Work(CONTRACTION_FLOPS * _numel(op, slots), grad_out + _bytes(graph, op, slots))
+            dots = CONTRACTION_FLOPS * _numel(op, slots)
+            total += Work(dots, grad_out + _bytes(graph, op, slots))
         return total
     if is_contraction(op):
         total = NO_WORK
