@@ -73,6 +73,7 @@ def find_blocks(program: Any, name_of: Callable[[Any], str]) -> list[MoeBlock]:
     """The mixture-of-experts blocks of ``program`` (an ``ExportedProgram``), in graph order;
     ``name_of`` gives an fx node's ATen operator name without overload."""
     nodes = list(program.graph.nodes)
+    _check_static(nodes)
     order = {n: i for i, n in enumerate(nodes)}
     params = {
         spec.arg.name: str(spec.target)
@@ -104,6 +105,23 @@ def find_blocks(program: Any, name_of: Callable[[Any], str]) -> list[MoeBlock]:
                 done.update(n for n in members if name_of(n) == "topk")
                 break
     return found
+
+
+def _check_static(nodes: list[Any]) -> None:
+    """Refuse, in one line, a program with a shape that depends on the data: a loop over
+    experts that picks each one's tokens (``torch.where``, ``nonzero``) exports so, and taps
+    reads static shapes only."""
+    for n in nodes:
+        val = n.meta.get("val")
+        shape = getattr(val, "shape", ())
+        if any(not isinstance(d, int) for d in shape):
+            where = _stack(n)[-1] if _stack(n) else "the top-level module"
+            raise GraphError(
+                f"node {n.name} in {where} has a shape that depends on the data "
+                f"({[str(d) for d in shape]}): taps reads static shapes; write the experts as "
+                "stacked weights (an nn.Parameter [experts, out, in] read by grouped_mm, bmm "
+                "or einsum) rather than a loop picking each expert's tokens"
+            )
 
 
 def _block(
