@@ -23,12 +23,9 @@ from taps.export.distribute import Blocks, DistributedModule, Exported, packet_n
 from taps.frontends.gshard import GLU_KINDS
 from taps.frontends.torch.moe import MoeBlock, find_blocks
 from taps.frontends.torch.program import Link
-from taps.graph import MOE_DISPATCH, MOE_ROUTE, Graph, Operator
+from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_ROUTE, Graph, Operator
 from taps.verify.torch.values import import_torch
 from taps.verify.xla.operators import balanced_routing
-
-#: The activation of an expert without a gate, by operator kind.
-_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu"}
 
 
 @dataclass
@@ -58,7 +55,7 @@ def blocks_of(exported: Exported) -> list[_Block]:
     out = []
     for block, start in zip(found, routes):
         end = start + 1
-        while end < len(ops) and ops[end].kind != "moe_combine":
+        while end < len(ops) and ops[end].kind != MOE_COMBINE:
             end += 1
         made = ops[end].output.tensor
         end += 1
@@ -73,13 +70,11 @@ def _origin(exported: Exported) -> Callable[[Any], str | None]:
     """The graph tensor a node's value holds: the output of the operator its node (or the node
     it views or casts, back to one that made an operator) made, or the input its placeholder
     is."""
-    makers = {
-        link.op: name
+    made = {
+        name: next(link.op for link in links if link.slot is None)
         for name, links in exported.conversion.links.items()
-        for link in links
-        if link.slot is None
+        if any(link.slot is None for link in links)
     }
-    made = {name: op for op, name in makers.items()}
     graph = exported.conversion.graph
 
     def origin(node: Any) -> str | None:
@@ -134,10 +129,8 @@ def compute(op: Operator, xs: list[Any]) -> Any:
             rest = [d for d in dims if d in out]
             gate, up = (_aligned(xs[0].select(pair, i), rest, out) for i in (0, 1))
         return getattr(torch.nn.functional, act)(gate) * up
-    if op.kind in _ACTIVATIONS:
-        return getattr(torch.nn.functional, _ACTIVATIONS[op.kind])(
-            _aligned(xs[0], op.inputs[0].dims, out)
-        )
+    if op.kind in GLU_KINDS:  # an expert's activation without a gate
+        return getattr(torch.nn.functional, op.kind)(_aligned(xs[0], op.inputs[0].dims, out))
     if op.kind == "add":
         a, b = (_aligned(x, o.dims, out) for x, o in zip(xs, op.inputs))
         return a + b
