@@ -307,3 +307,75 @@ def test_taps_search_names_the_expert_parallel_degree_and_its_level(tmp_path, ca
     for d in data:
         assert f"expert-parallel {d['expert_parallel']} ({d['level']})" in line
         assert d["expert_parallel"] * d["data_parallel"] * d["tensor_parallel"] <= 8
+
+
+def test_the_experts_biases_are_addends_of_their_projections():
+    """GPT-OSS's experts carry stacked biases (``gate_up_proj_bias`` ``(e, 2h)``,
+    ``down_proj_bias`` ``(e, m)``) beside weights stored ``(e, in, out)``: each is an addend of
+    its projection, split with the experts; the parameter count is the module's."""
+    config = transformers.GptOssConfig(num_hidden_layers=2, vocab_size=1000, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.GptOssForCausalLM(config)
+        ids = torch.zeros(2, 16, dtype=torch.long)
+    graph = from_torch(model, ids)
+    assert graph.num_parameters() == sum(p.numel() for p in model.parameters())
+    experts = [op for op in _moe_ops(graph, 1) if op.kind == MOE_EXPERT]
+    prefix = "model.layers.1.mlp.experts"
+    got = [[(o.tensor, o.dims) for o in op.inputs if o.addend] for op in experts]
+    assert got == [
+        [(f"{prefix}.gate_up_proj_bias", ("e", "f"))],
+        [(f"{prefix}.down_proj_bias", ("e", "m"))],
+    ]
+    for op in experts:
+        assert op.inputs[1].dims[0] == "e" and "e" in op.partitionable
+
+
+class _Expert(torch.nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Linear(width, hidden, bias=False)
+        self.w3 = torch.nn.Linear(width, hidden, bias=False)
+        self.w2 = torch.nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class _LoopMoE(torch.nn.Module):
+    """A user's MoE: a ModuleList of per-expert MLPs and a Python loop over them, each picking
+    its tokens (``torch.where``, data-dependent sizes) or, ``dense``, running every token
+    weighted by its routing weight (zero where not chosen)."""
+
+    def __init__(self, dense: bool, width: int = 16, hidden: int = 32, experts: int = 4) -> None:
+        super().__init__()
+        self.dense = dense
+        self.gate = torch.nn.Linear(width, experts, bias=False)
+        self.experts = torch.nn.ModuleList(_Expert(width, hidden) for _ in range(experts))
+
+    def forward(self, x):
+        b, t, m = x.shape
+        x = x.reshape(-1, m)
+        weights, chosen = torch.topk(torch.softmax(self.gate(x), -1), 2, dim=-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            if self.dense:
+                out = out + (weights * (chosen == i)).sum(-1, keepdim=True) * expert(x)
+            else:
+                token, slot = torch.where(chosen == i)
+                out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.reshape(b, t, m)
+
+
+def test_a_loop_over_per_expert_modules():
+    """Picking each expert's tokens gives shapes that depend on the data: refused in one line
+    naming the node and what to write instead. Run densely (every expert on every token), the
+    experts are the ordinary linears they are: each computes every token, as priced."""
+    x = torch.randn(2, 8, 16)
+    with pytest.raises(taps.GraphError, match=r"node \S+ in .*depends on the data"):
+        from_torch(_LoopMoE(dense=False), x)
+    model = _LoopMoE(dense=True)
+    graph = from_torch(model, x)
+    assert graph.num_parameters() == sum(p.numel() for p in model.parameters())
+    linears = [op for op in graph.ops if op.kind == "linear" and op.name.startswith("experts.")]
+    assert len(linears) == 3 * 4 and all(op.axis_size("out") in (16, 32) for op in linears)
+    assert not [op for op in graph.ops if op.kind.startswith("moe_")]

@@ -215,17 +215,34 @@ def test_the_moe_operators_all_to_alls_are_taps_prediction(ep: int) -> None:
         assert r.inter_node_groups == (0 if ep <= 4 else 1)
 
 
-def test_taps_prices_a_gradient_the_dispatch_does_not_take() -> None:
-    """The searched plan splits the routing tensor one way at ``moe_route`` and reads it another
-    way at ``moe_dispatch``. Forward the edge runs as predicted; backward taps prices the
-    gradient of the dispatch's routing operand back to the route, but a dispatch gathers tokens
-    by the mask and takes no gradient there (the router learns through the combine only), so
-    XLA compiles nothing for it. Everything else matches, numbers included."""
-    result = verify(taps.search(moe_graph(), taps.Cluster(2, 4)).plan)
-    assert result.max_error < result.tolerance
-    wrong = [r for r in result.collectives if r.status not in ("ok", "shared")]
-    assert wrong and all(
-        r.status == "missing" and r.phase == "backward" and "-> dispatch (gradient)" in r.what
-        for r in wrong
-    ), result.mismatches
-    assert [r for r in result.collectives if r.status == "ok" and "route -> dispatch" in r.what]
+def test_the_routing_gradient_is_priced_through_the_combine_and_replayed() -> None:
+    """The router learns through the combine's weights: taps takes the gradient of the combine's
+    routing operand back to ``moe_route`` (and on to the router and the block's input), not of
+    the dispatch's (a gather by the mask, as an index dispatch: no engine computes one). The
+    searched plan runs on XLA as predicted, backward edges included, and the router's gradient
+    (reaching it through the routing alone) equals the unsharded run's."""
+    from taps.search.compute import backward_work
+    from taps.search.evaluate import step_layouts
+
+    graph = moe_graph()
+    dispatch, combine = graph.op("dispatch"), graph.op("combine")
+    assert not graph.takes_gradient(dispatch, 0) and graph.takes_gradient(dispatch, 1)
+    assert graph.takes_gradient(combine, 0) and graph.takes_gradient(combine, 1)
+    # The combine's backward (2-byte elements): the experts' outputs' gradient moved (reading
+    # grad_out, writing egcm's) and the weights' a dot of m per routed slot (reading both).
+    slots = E * G * C * M
+    work = backward_work(graph, combine)
+    assert work.flops == 2 * slots
+    assert work.bytes == 2 * (2 * (G * S * M + slots))
+    assert backward_work(graph, dispatch).flops == 0
+    plan = taps.search(graph, taps.Cluster(2, 4)).plan
+    step = step_layouts(plan)
+    backward = {
+        (e.consumer, e.slot): b for (e, _), b in zip(step.layouts.redistributions, step.backward)
+    }
+    assert backward[("dispatch", 0)] is None and backward[("combine", 0)] is not None
+    result = verify(plan)
+    assert result.ok, result.mismatches
+    assert not [r for r in result.collectives if "-> dispatch (gradient)" in r.what]
+    grads = [k for k in result.errors if "router" in k and k.startswith("grad")]
+    assert grads and max(result.errors[k] for k in grads) < result.tolerance

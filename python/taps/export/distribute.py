@@ -350,6 +350,9 @@ class DistributedModule:
         self.buffers = buffers
         self.replay = replay
         self.tracer = Tracer()
+        #: Nodes another engine's code runs in the interpreter's place, by name: ``run(interpreter,
+        #: node)`` gives the node's value (a verifier's mixture-of-experts blocks).
+        self.nodes: dict[str, Callable[[Any, Any], Any]] = {}
         self.leaves: dict[str, tuple[Any, Any]] = {}
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
@@ -794,6 +797,8 @@ class _Interpreter:
 
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
+        if node.name in dist.nodes:
+            return dist.nodes[node.name](self, node)
         packet = getattr(target, "_overloadpacket", None)
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute

@@ -40,9 +40,11 @@ class OperatorBuilder(Protocol):
         dtype_bytes: int,
         partitionable: Sequence[str] | None = None,
         *,
+        addends: Sequence[tuple[Any, Sequence[str]]] = (),
         saved: str = "output",
     ) -> Any:
-        """An operator reading ``inputs`` (a value and a label per dim) into a new value."""
+        """An operator reading ``inputs`` (a value and a label per dim) into a new value;
+        ``addends`` are added after the contraction (the experts' biases)."""
 
     def reshape(self, v: Any, shape: Sequence[int], path: str, label: str) -> Any:
         """``v`` with another shape of the same element count."""
@@ -63,6 +65,8 @@ class Experts:
         out_first: how a weight whose two other dims are both the model width (``h == m``) is
             read: ``(expert, out, in)`` (``F.linear``'s order) or else ``(expert, in, out)``
             (``x @ w``, JAX's).
+        biases: per weight, its experts' stacked bias ``(e, out)`` (GPT-OSS's), or ``None``;
+            empty for none at all.
     """
 
     path: str
@@ -73,6 +77,7 @@ class Experts:
     top_k: int
     capacity: int
     out_first: bool
+    biases: tuple[Any | None, ...] = ()
 
 
 def gshard(
@@ -154,8 +159,9 @@ def _experts(b: OperatorBuilder, block: Experts, h: Any, width: int, dtype: int)
         )
     e, g, c, _ = h.shape
     *ins, (down_path, down) = block.weights
+    *in_biases, down_bias = block.biases or (None,) * len(block.weights)
 
-    def project(path: str, w: Any, x: Any, x_labels: str, out: str) -> Any:
+    def project(path: str, w: Any, x: Any, x_labels: str, out: str, bias: Any) -> Any:
         labels = weight_labels(
             tuple(w.shape), width, out if x_labels[-1] == "m" else "h", out, block.out_first
         )
@@ -170,13 +176,15 @@ def _experts(b: OperatorBuilder, block: Experts, h: Any, width: int, dtype: int)
             f"egc{out}",
             dtype,
             partitionable=("e", "g", "h" if out == "m" else out),
+            addends=[(bias, ("e", out))] if bias is not None else [],
         )
 
     act = block.activation
     inner = next((d for d in down.shape[1:] if d != width), width)
     if len(ins) == 2:  # gate and up apart (torchtitan's w1 and w3)
         (gk, gw), (uk, uw) = ins
-        gate, up = project(gk, gw, h, "egcm", "h"), project(uk, uw, h, "egcm", "h")
+        gate = project(gk, gw, h, "egcm", "h", in_biases[0])
+        up = project(uk, uw, h, "egcm", "h", in_biases[1])
         hidden = b.op(
             GLU_KINDS[act],
             block.path,
@@ -188,7 +196,7 @@ def _experts(b: OperatorBuilder, block: Experts, h: Any, width: int, dtype: int)
         )
     else:
         key, w = ins[0]
-        fused = project(key, w, h, "egcm", "f")
+        fused = project(key, w, h, "egcm", "f", in_biases[0])
         if fused.shape[-1] == 2 * inner:  # gate and up in one weight, gate first
             pair = b.reshape(fused, (e, g, c, 2, inner), block.path, "gate_up")
             hidden = b.op(
@@ -204,4 +212,4 @@ def _experts(b: OperatorBuilder, block: Experts, h: Any, width: int, dtype: int)
             hidden = b.op(
                 act, block.path, [(fused, "egch")], fused.shape, "egch", dtype, partitionable="egh"
             )
-    return project(down_path, down, hidden, "egch", "m")
+    return project(down_path, down, hidden, "egch", "m", down_bias)

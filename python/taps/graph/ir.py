@@ -13,6 +13,7 @@ from typing import Any
 
 from taps._core import GraphError
 from taps.graph.records import (
+    MOE_DISPATCH,
     SAVED,
     SHARE,
     Edge,
@@ -371,16 +372,18 @@ class GraphIR:
         signature have the same candidates, costs and memory (the search shares their tables)."""
         op = self.op(op_name)
 
-        def operand(o: Operand) -> tuple[Any, ...]:
+        def operand(o: Operand, grad: bool) -> tuple[Any, ...]:
             t = self.tensors[o.tensor]
-            return (o.dims, self.root(t.name).kind == "parameter", t.requires_grad, t.dtype_bytes)
+            return (o.dims, self.root(t.name).kind == "parameter", grad, t.dtype_bytes)
 
         return (
             op.axes,
             op.axis_sizes,
             op.partitionable,
-            tuple((*operand(o), o.addend) for o in op.inputs),
-            operand(op.output),
+            tuple(
+                (*operand(o, self.takes_gradient(op, i)), o.addend) for i, o in enumerate(op.inputs)
+            ),
+            operand(op.output, self.tensors[op.output.tensor].requires_grad),
             op.saved,
         )
 
@@ -401,6 +404,15 @@ class GraphIR:
         if name not in self._ops:
             raise GraphError(f"unknown operator {name!r} in graph {self.name!r}")
         return self._ops[name]
+
+    def takes_gradient(self, op: Operator, slot: int) -> bool:
+        """Whether the training step takes the gradient of ``op``'s input ``slot``: when its
+        tensor requires one, but for a mixture-of-experts dispatch's routing tensor (a gather of
+        the tokens where it is not zero, as an index dispatch: the router learns through the
+        combine's weights, docs/moe.md)."""
+        if op.kind == MOE_DISPATCH and slot == 0:
+            return False
+        return self.tensors[op.inputs[slot].tensor].requires_grad
 
     def root(self, tensor: str) -> Tensor:
         """The tensor behind a chain of views (the tensor itself if it is not a view)."""

@@ -172,8 +172,8 @@ def backward_redistributions(
     cluster: Cluster | None = None,
 ) -> list[tuple[Edge, Redistribution | None]]:
     """Per graph edge, the backward redistribution of the gradient: from the consumer's
-    :meth:`Candidate.gradient` of the input to the producer's output layout (None when the tensor
-    needs no gradient)."""
+    :meth:`Candidate.gradient` of the input to the producer's output layout (None when the input
+    takes no gradient, :meth:`taps.graph.Graph.takes_gradient`)."""
     return [
         (
             e,
@@ -184,7 +184,7 @@ def backward_redistributions(
                 planner,
                 graph.tensors[e.tensor].dtype_bytes,
             )
-            if graph.tensors[e.tensor].requires_grad
+            if graph.takes_gradient(graph.op(e.consumer), e.slot)
             else None,
         )
         for e in graph.edges

@@ -15,7 +15,10 @@ Every operator is an einsum over named axes; what it counts depends on its kind:
 - a mixture-of-experts **dispatch or combine** (``moe_dispatch``, ``moe_combine``: einsums with
   the routing tensor ``gsec``, docs/moe.md) is a gather: it moves its tokens, forward and
   backward, and does no FLOPs; the routing tensor is read as its top-k indices and weights (k
-  per token), not whole, so its bytes are not counted;
+  per token), not whole, so its bytes are not counted. The combine's backward also takes the
+  gradient of its weights (the router's, when it is trained): a dot of the output's gradient
+  with each routed slot's expert output, 2 FLOPs per element of ``egcm``; the dispatch takes
+  none (:meth:`taps.graph.Graph.takes_gradient`);
 - **every other operator** (pointwise, normalisations, softmax, pooling, reductions, slices) does
   one FLOP per element of its largest operand; its backward as much per input that needs a
   gradient.
@@ -93,10 +96,6 @@ def _numel(op: Operator, operand: Operand) -> float:
     return float(math.prod(op.axis_size(d) for d in operand.dims))
 
 
-def _needs_gradient(graph: Graph, operand: Operand) -> bool:
-    return graph.tensors[operand.tensor].requires_grad
-
-
 def forward_work(graph: Graph, op: Operator) -> Work:
     """The whole operator's forward work (all devices together)."""
     moved = sum(_bytes(graph, op, o) for o in (*op.inputs, op.output))
@@ -113,7 +112,7 @@ def forward_work(graph: Graph, op: Operator) -> Work:
 
 def backward_work(graph: Graph, op: Operator) -> Work:
     """The whole operator's backward work: the gradient of every input that needs one."""
-    needed = [o for o in op.inputs if _needs_gradient(graph, o)]
+    needed = [o for slot, o in enumerate(op.inputs) if graph.takes_gradient(op, slot)]
     if not needed:
         return NO_WORK
     grad_out = _bytes(graph, op, op.output)
@@ -121,7 +120,12 @@ def backward_work(graph: Graph, op: Operator) -> Work:
         return Work(0.0, 2 * grad_out) if any(o is not op.inputs[0] for o in needed) else NO_WORK
     if op.kind in GATHERS:
         tokens = [o for o in needed if o is not op.inputs[0]]
-        return Work(0.0, sum(grad_out + _bytes(graph, op, o) for o in tokens))
+        total = Work(0.0, sum(grad_out + _bytes(graph, op, o) for o in tokens))
+        if op.inputs[0] in needed:  # the combine's weights: a dot of m per routed slot
+            slots = op.inputs[1]
+            dots = CONTRACTION_FLOPS * _numel(op, slots)
+            total += Work(dots, grad_out + _bytes(graph, op, slots))
+        return total
     if is_contraction(op):
         total = NO_WORK
         space = float(CONTRACTION_FLOPS * iteration_space(op))

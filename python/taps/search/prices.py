@@ -104,10 +104,10 @@ def reduced_operands(
     out: list[tuple[Operand, str, tuple[str, ...]]] = []
     if set(op.contracted) & set(op.partitionable) and not flowing:
         out.append((op.output, "forward partial sum", ()))
-    for o in op.inputs:
+    for slot, o in enumerate(op.inputs):
         # A shared parameter's gradient is reduced by its uses (on their edges in the training
         # step, at them in the paper's model), which hand it back summed.
-        if not graph.tensors[o.tensor].requires_grad or op.kind == SHARE:
+        if not graph.takes_gradient(op, slot) or op.kind == SHARE:
             continue
         apart: tuple[str, ...] = ()
         if step == "training":

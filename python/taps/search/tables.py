@@ -341,7 +341,7 @@ def build_tables(
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
         if key not in cache:
-            backward = training and graph.tensors[edge.tensor].requires_grad
+            backward = training and graph.takes_gradient(graph.op(edge.consumer), edge.slot)
             flowing = edge.producer in flows
             src_cls, src = _classes(
                 [

@@ -62,9 +62,13 @@ class _Ops:
         dtype_bytes: int,
         partitionable: Sequence[str] | None = None,
         *,
+        addends: Sequence[tuple[Any, Sequence[str]]] = (),
         saved: str = "output",
     ) -> JaxprValue:
-        """An operator of the GShard form."""
+        """An operator of the GShard form (without addends: a JAX block's experts' biases are
+        not recognised)."""
+        if addends:
+            raise GraphError(f"{path}: the JAX front end reads no experts' biases")
         return self.b.op(
             f"{path}/{kind}" if path else kind,
             kind,

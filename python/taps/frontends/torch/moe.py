@@ -39,6 +39,9 @@ class MoeBlock:
         outputs: routed nodes read outside the routed part; the first is the block's output.
         tokens: the fx node of the block's input (the tokens).
         experts: the experts' stacked weights in order of use: ``(state_dict key, fx node)``.
+        biases: per weight, its experts' stacked bias ``(state_dict key, fx node)`` (a parameter
+            ``(e, out)`` the routed part reads, named as the weight with a suffix: GPT-OSS's
+            ``gate_up_proj_bias``), or ``None``.
         activation: the ATen activation of the experts (``silu``, ``gelu``, ``relu``).
         num_experts, top_k: from the router's top-k.
     """
@@ -50,6 +53,7 @@ class MoeBlock:
     outputs: tuple[Any, ...]
     tokens: Any
     experts: tuple[tuple[str, Any], ...]
+    biases: tuple[tuple[str, Any] | None, ...]
     activation: str
     num_experts: int
     top_k: int
@@ -69,6 +73,7 @@ def find_blocks(program: Any, name_of: Callable[[Any], str]) -> list[MoeBlock]:
     """The mixture-of-experts blocks of ``program`` (an ``ExportedProgram``), in graph order;
     ``name_of`` gives an fx node's ATen operator name without overload."""
     nodes = list(program.graph.nodes)
+    _check_static(nodes)
     order = {n: i for i, n in enumerate(nodes)}
     params = {
         spec.arg.name: str(spec.target)
@@ -100,6 +105,23 @@ def find_blocks(program: Any, name_of: Callable[[Any], str]) -> list[MoeBlock]:
                 done.update(n for n in members if name_of(n) == "topk")
                 break
     return found
+
+
+def _check_static(nodes: list[Any]) -> None:
+    """Refuse, in one line, a program with a shape that depends on the data: a loop over
+    experts that picks each one's tokens (``torch.where``, ``nonzero``) exports so, and taps
+    reads static shapes only."""
+    for n in nodes:
+        val = n.meta.get("val")
+        shape = getattr(val, "shape", ())
+        if any(not isinstance(d, int) for d in shape):
+            where = _stack(n)[-1] if _stack(n) else "the top-level module"
+            raise GraphError(
+                f"node {n.name} in {where} has a shape that depends on the data "
+                f"({[str(d) for d in shape]}): taps reads static shapes; write the experts as "
+                "stacked weights (an nn.Parameter [experts, out, in] read by grouped_mm, bmm "
+                "or einsum) rather than a loop picking each expert's tokens"
+            )
 
 
 def _block(
@@ -143,6 +165,15 @@ def _block(
             f"the mixture-of-experts block {path} reads {len(tokens)} activations from outside "
             f"({', '.join(t.name for t in tokens)}; one, its tokens, expected)"
         )
+    # The tokens' copies the experts read (transformers' batched_mm repeats each token k times):
+    # made of the tokens alone and read by the routed part alone, they are the dispatch's.
+    alone = {tokens[0]}
+    for n in members:
+        if n not in routed and all(a in alone or a.op == "get_attr" for a in n.all_input_nodes):
+            alone.add(n)
+    for n in reversed(members):
+        if n in alone and n.users and all(u in routed for u in n.users):
+            routed.add(n)
     outputs = [n for n in members if n in routed and any(u not in routed for u in n.users)]
     width = _shape(tokens[0])[-1]
     numel = math.prod(_shape(tokens[0]))
@@ -150,6 +181,17 @@ def _block(
     if not token_sized:
         raise GraphError(f"the mixture-of-experts block {path} has no output of its tokens' size")
     out = token_sized[-1]
+    stacked = {
+        a
+        for n in members
+        if n in routed
+        for a in n.all_input_nodes
+        if a.name in params and len(_shape(a)) == 2 and _shape(a)[0] == experts
+    }
+    biases = []
+    for w in weights:  # a bias's key extends its weight's, as GPT-OSS names them
+        named = [a for a in stacked if params[a.name].startswith(params[w.name])]
+        biases.append(min(named, key=lambda a: len(params[a.name]), default=None))
     activations = [name_of(n) for n in routed if name_of(n) in GLU_KINDS]
     return MoeBlock(
         path,
@@ -159,6 +201,7 @@ def _block(
         (out, *(n for n in outputs if n is not out)),
         tokens[0],
         tuple((params[w.name], w) for w in weights),
+        tuple(None if a is None else (params[a.name], a) for a in biases),
         activations[0] if activations else "silu",
         experts,
         int(choice.args[1]),
@@ -212,6 +255,7 @@ def emit(
         block.top_k,
         math.ceil(block.top_k * seq / experts),
         out_first=True,
+        biases=tuple(None if a is None else env[a[1]] for a in block.biases),
     )
     gse = [b.reshape(v, (groups, seq, experts), block.router, "scores") for v in scores.values()]
     shared = [b.reshape(v, (groups, seq, width), block.path, "shared") for v in extras.values()]

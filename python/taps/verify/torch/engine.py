@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from taps.errors import VerifyError
-from taps.export.distribute import distribute_module
+from taps.export.distribute import distribute_module, export_module
 from taps.plan.plan import Plan
 from taps.search.evaluate import step_layouts
 from taps.verify.footprint import check_gloo
@@ -32,6 +32,7 @@ from taps.verify.result import (
     VerifyResult,
     match,
 )
+from taps.verify.torch import moe
 from taps.verify.torch.collectives import Recorder
 from taps.verify.torch.numerics import gloo_errors
 from taps.verify.torch.values import (
@@ -83,7 +84,9 @@ def collective_rows(
             )
             dense = materialize(module, tdtype, "meta", seed)
             xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
-            dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
+            exported = export_module(dense, *xs)
+            dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode, exported=exported)
+            moe.install(dist, exported)
             recorder = Recorder(
                 {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
                 {op.name: j for j, op in enumerate(graph.ops)},
