@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
+from taps._support.deadline import check
 from taps._support.limits import check_ilp_memory
 from taps.errors import InfeasibleError, TapsError
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, MemoryLimit, PairCost, Problem
@@ -97,10 +98,21 @@ def _weighted(variables: Any, coefficients: np.ndarray) -> Any:
     return quicksum(variables[nonzero] * coefficients[nonzero])
 
 
-def _build(problem: Problem, binary_flows: bool, memory: MemoryLimit | None) -> _Model:
+def _by_class(variables: Any, cls: np.ndarray, count: int) -> list[Any]:
+    """The variables of each class ``0 .. count - 1``, in their order: one sort, not a mask per
+    class (quadratic in the candidates of an operator with thousands of classes)."""
+    order = np.argsort(cls, kind="stable")
+    bounds = np.searchsorted(cls[order], np.arange(count + 1))
+    return [variables[order[lo:hi]] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _build(
+    problem: Problem, binary_flows: bool, memory: MemoryLimit | None, deadline: float | None
+) -> _Model:
     """The ILP in bulk: one vector of selection variables and one of flows, each created by one
     call with its objective coefficients (the first objective of the solve), and the constraints
-    built as one list and added by one call."""
+    built as one list and added by one call. Past ``deadline`` (checked before each pair cost's
+    constraints), :class:`taps.errors.TimeLimitError`."""
     model = Model("taps")
     model.hideOutput()
     node, flow = _coefficients(problem)
@@ -111,11 +123,13 @@ def _build(problem: Problem, binary_flows: bool, memory: MemoryLimit | None) -> 
     offset = np.cumsum([0, *(p.cost.size for p in problem.pairs)]).tolist()
     conss = [quicksum(s[span[n]]) == 1 for n in problem.node_cost]
     for p, at in zip(problem.pairs, offset):
+        check(deadline, "building the ILP")
         na, nb = p.cost.shape
         fp = f[at : at + na * nb].reshape(na, nb)
-        u, w = s[span[p.u]], s[span[p.w]]
-        conss += [quicksum(fp[a]) == quicksum(u[p.u_class == a]) for a in range(na)]
-        conss += [quicksum(fp[:, b]) == quicksum(w[p.w_class == b]) for b in range(nb)]
+        u = _by_class(s[span[p.u]], p.u_class, na)
+        w = _by_class(s[span[p.w]], p.w_class, nb)
+        conss += [quicksum(fp[a]) == quicksum(u[a]) for a in range(na)]
+        conss += [quicksum(fp[:, b]) == quicksum(w[b]) for b in range(nb)]
     if memory is not None:
         # In units of the limit: coefficients near 1, not 1e9 bytes, keep the LP well conditioned
         # (in bytes SCIP has pruned the optimum as infeasible). SCIP takes a row as satisfied up
@@ -206,7 +220,7 @@ def solve_ilp(
         sum(len(c) for c in problem.node_cost.values()) + sum(p.cost.size for p in problem.pairs),
         len(problem.node_cost) + sum(sum(p.cost.shape) for p in problem.pairs) + 1,
     )
-    built = _build(problem, options.formulation == "pairwise", memory)
+    built = _build(problem, options.formulation == "pairwise", memory, deadline)
     model = built.model
     if deadline is not None:
         model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))
