@@ -492,3 +492,11 @@ def test_two_outputs_to_one_file_are_refused(tmp_path, capsys, monkeypatch):
     assert (code, out) == (2, "")
     assert "same file" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_time_limit_that_runs_out_in_the_cost_tables_is_one_line_and_exit_2(capsys):
+    code, out, err = _run([*SEARCH, "--time-limit", "1e-9"], capsys)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "the time limit ran out while pricing" in err
