@@ -18,8 +18,8 @@ import taps
 from graphs_gen import inception, pair_cost, skip_ladder, small_cores, small_enough
 from taps import Pricing
 from taps.search.tables import build_tables
-from taps.solve.pipeline import solve
 from taps.solve.elimination import elimination_order
+from taps.solve.pipeline import solve
 from taps.solve.reductions import PairCost, Problem, reduce
 
 

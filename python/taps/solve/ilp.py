@@ -10,6 +10,7 @@ objective is exact, and the LP relaxation is far tighter than one binary per str
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -103,7 +104,7 @@ def _by_class(variables: Any, cls: np.ndarray, count: int) -> list[Any]:
     class (quadratic in the candidates of an operator with thousands of classes)."""
     order = np.argsort(cls, kind="stable")
     bounds = np.searchsorted(cls[order], np.arange(count + 1))
-    return [variables[order[lo:hi]] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return [variables[order[lo:hi]] for lo, hi in itertools.pairwise(bounds)]
 
 
 def _build(
