@@ -92,31 +92,22 @@ def measure(name: str, time_limit: float) -> dict[str, object]:
     t0 = time.perf_counter()
     graph = builders()[name]()
     t1, c1 = time.perf_counter(), time.process_time()
+    failed = ""
     try:
         result = taps.search(graph, taps.Cluster(8, 8), time_limit=time_limit)
     except TimeLimitError as e:
         # No plan to return: the limit ran out in the cost tables.
-        t2, c2 = time.perf_counter(), time.process_time()
-        return {
-            "operators": len(graph.ops),
-            "convert": t1 - t0,
-            "search": t2 - t1,
-            "cpu": c2 - c1,
-            "cost": math.nan,
-            "status": f"no plan ({e})",
-            "ilp": None,
-            "stages": {},
-        }
+        result, failed = None, f"no plan ({e})"
     t2, c2 = time.perf_counter(), time.process_time()
     return {
         "operators": len(graph.ops),
         "convert": t1 - t0,
         "search": t2 - t1,
         "cpu": c2 - c1,
-        "cost": result.cost,
-        "status": result.status,
-        "ilp": result.ilp.operators,
-        "stages": {k: v for k, v in result.timings.items() if k != "total"},
+        "cost": math.nan if result is None else result.cost,
+        "status": failed if result is None else result.status,
+        "ilp": None if result is None else result.ilp.operators,
+        "stages": {} if result is None else dict(result.timings),
     }
 
 
@@ -134,7 +125,11 @@ def main() -> None:
         out, peak_mib = in_fresh_process(measure, name, args.time_limit)
         peak = peak_mib * 2**20
         slow = out["search"] > SECONDS or peak > PEAK_BYTES
-        stages = ", ".join(f"{k} {v:.2f}" for k, v in out["stages"].items())  # type: ignore[attr-defined]
+        stages = ", ".join(
+            f"{k} {v:.2f}"
+            for k, v in out["stages"].items()  # type: ignore[attr-defined]
+            if k != "total"
+        )
         print(
             f"{name:22s} {out['operators']:4d} ops  convert {out['convert']:6.2f} s  "
             f"search {out['search']:6.2f} s, CPU {out['cpu']:6.2f} s ({stages}; "
