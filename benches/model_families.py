@@ -12,6 +12,8 @@ lines over it are flagged.
     python benches/model_families.py tv_shufflenet    # some of them
     python benches/model_families.py --time-limit 30  # each search stopped after 30 s
 
+A search whose limit runs out while its cost tables are built has no plan: its line says so.
+
 Prints one line per model: operators, convert time, search time (wall clock) and the CPU time
 of the search (all threads: the cost tables run on all cores, SCIP in a thread of its own), the
 search's stages, its status and cost, peak RSS; then the models over target. The load average
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 import time
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import taps
 from peak_memory import in_fresh_process
+from taps.errors import TimeLimitError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -88,17 +92,22 @@ def measure(name: str, time_limit: float) -> dict[str, object]:
     t0 = time.perf_counter()
     graph = builders()[name]()
     t1, c1 = time.perf_counter(), time.process_time()
-    result = taps.search(graph, taps.Cluster(8, 8), time_limit=time_limit)
+    failed = ""
+    try:
+        result = taps.search(graph, taps.Cluster(8, 8), time_limit=time_limit)
+    except TimeLimitError as e:
+        # No plan to return: the limit ran out in the cost tables.
+        result, failed = None, f"no plan ({e})"
     t2, c2 = time.perf_counter(), time.process_time()
     return {
         "operators": len(graph.ops),
         "convert": t1 - t0,
         "search": t2 - t1,
         "cpu": c2 - c1,
-        "cost": result.cost,
-        "status": result.status,
-        "ilp": result.ilp.operators,
-        "stages": {k: v for k, v in result.timings.items() if k != "total"},
+        "cost": math.nan if result is None else result.cost,
+        "status": failed if result is None else result.status,
+        "ilp": None if result is None else result.ilp.operators,
+        "stages": {} if result is None else dict(result.timings),
     }
 
 
@@ -116,7 +125,11 @@ def main() -> None:
         out, peak_mib = in_fresh_process(measure, name, args.time_limit)
         peak = peak_mib * 2**20
         slow = out["search"] > SECONDS or peak > PEAK_BYTES
-        stages = ", ".join(f"{k} {v:.2f}" for k, v in out["stages"].items())  # type: ignore[attr-defined]
+        stages = ", ".join(
+            f"{k} {v:.2f}"
+            for k, v in out["stages"].items()  # type: ignore[attr-defined]
+            if k != "total"
+        )
         print(
             f"{name:22s} {out['operators']:4d} ops  convert {out['convert']:6.2f} s  "
             f"search {out['search']:6.2f} s, CPU {out['cpu']:6.2f} s ({stages}; "

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,9 +21,11 @@ import taps.cli.search as cli_search
 from taps._support import limits
 from taps._support.limits import candidate_count
 from taps.cli import main
-from taps.errors import ArgumentError, ResourceError
+from taps.errors import ArgumentError, ResourceError, TimeLimitError
 from taps.report.tables import result_dict
-from taps.solve.pipeline import IlpOptions
+from taps.search.tables import build_tables
+from taps.solve.pipeline import IlpOptions, solve
+from taps.solve.problem import PairCost, Problem
 
 NAN, INF = float("nan"), float("inf")
 
@@ -225,17 +229,55 @@ def _needs_scip() -> tuple[taps.Graph, IlpOptions]:
     return taps.models.alexnet(), IlpOptions(reduce=False)
 
 
-def test_time_limit_bounds_the_whole_search_and_still_returns_a_plan():
+def test_time_limit_that_runs_out_in_the_cost_tables_is_one_clean_error():
+    """The tables are checked between operators and edges: a limit that passes while they are
+    built has no assignment to return."""
     graph, options = _needs_scip()
-    result = taps.search(graph, CLUSTER, time_limit=1e-6, options=options)
-    assert result.status == "timelimit"
-    assert set(result.plan.strategies) == {op.name for op in graph.ops}
-    assert result.cost == pytest.approx(
-        taps.evaluate(taps.Plan(graph, CLUSTER, result.plan.strategies))
+    with pytest.raises(TimeLimitError, match="time limit ran out while pricing") as e:
+        taps.search(graph, CLUSTER, time_limit=1e-9, options=options)
+    assert isinstance(e.value, taps.TapsError)
+
+
+@pytest.mark.parametrize("reduce", [True, False])
+def test_time_limit_that_runs_out_before_scip_returns_its_first_assignment(reduce):
+    """The reductions, the pruning and the ILP build check the limit too: past it, the solve
+    returns SCIP's first assignment (each operator's cheapest candidate), a plan the search
+    prices as any other."""
+    graph = taps.models.alexnet()
+    tables = build_tables(graph, CLUSTER)
+    result = solve(tables, CLUSTER.device_memory, 1e-9, IlpOptions(reduce=reduce))
+    assert result.status == "timelimit" and result.gap == INF
+    assert result.choice == {n: int(np.argmin(t.node_cost)) for n, t in tables.ops.items()}
+    plan = taps.Plan(graph, CLUSTER, tables.strategies(result.choice))
+    assert tables.evaluate(result.choice) == pytest.approx(taps.evaluate(plan), rel=1e-9)
+    timed = type(taps.search(graph, CLUSTER))(
+        **{**taps.search(graph, CLUSTER).__dict__, "status": result.status, "gap": result.gap}
     )
-    data = json.loads(json.dumps(result_dict(result), allow_nan=False))
-    assert data["status"] == "timelimit"
-    assert data["gap"] is None or data["gap"] >= 0
+    data = json.loads(json.dumps(result_dict(timed), allow_nan=False))
+    assert data["status"] == "timelimit" and data["gap"] is None
+
+
+@dataclass
+class _Instance:
+    """A problem of two operators joined by one pair cost, as :func:`solve` takes it."""
+
+    memory_per_op: dict[str, np.ndarray]
+    layers: int = 1
+    tied: tuple = ()
+
+    def problem(self) -> Problem:
+        pair = PairCost("a", "b", np.array([0, 1]), np.array([0]), np.array([[0.0], [1.0]]))
+        return Problem({"a": np.array([1.0, 2.0]), "b": np.array([1.0])}, [pair])
+
+
+def test_time_limit_with_no_first_assignment_that_fits_is_one_clean_error():
+    """The cheapest candidate of ``a`` needs 10 bytes, the other 1: under a limit of 5 the solve
+    finds the second in time, and out of time it has nothing that fits to return."""
+    instance = _Instance({"a": np.array([10.0, 1.0]), "b": np.array([1.0])})
+    assert solve(instance, 5.0).choice == {"a": 1, "b": 0}
+    with pytest.raises(TimeLimitError, match="fits the memory limit of 5 bytes"):
+        solve(instance, 5.0, 1e-9)
+    assert solve(instance, 11.0, 1e-9).choice == {"a": 0, "b": 0}
 
 
 def test_compare_shares_its_time_limit_between_both_searches(alexnet):
@@ -450,3 +492,11 @@ def test_two_outputs_to_one_file_are_refused(tmp_path, capsys, monkeypatch):
     assert (code, out) == (2, "")
     assert "same file" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_time_limit_that_runs_out_in_the_cost_tables_is_one_line_and_exit_2(capsys):
+    code, out, err = _run([*SEARCH, "--time-limit", "1e-9"], capsys)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "the time limit ran out while pricing" in err

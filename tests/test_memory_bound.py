@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import taps
 from taps import models
 from taps.search.tables import build_tables
+from taps.solve import pareto
 from taps.solve.pareto import solve_pareto
 from taps.solve.pipeline import IlpOptions, solve
 from taps.solve.problem import Problem
@@ -107,3 +108,69 @@ def test_over_budget_says_none(monkeypatch):
     limit = sum(float(m.max()) for m in memory.values())
     monkeypatch.setattr("taps.solve.pareto.MAX_WORK", 10)
     assert solve_pareto(problem, memory, limit) is None
+
+
+# -- the frontiers' two steps against their definitions -----------------------------------------
+
+_levels = st.lists(st.integers(0, 8), max_size=5).map(lambda x: np.unique(np.array(x, float) / 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_levels, _levels, st.integers(0, 2), st.integers(0, 16), st.data())
+def test_adding_two_frontiers_keeps_each_entrys_pareto_points(ma, mb, dims, cap, data):
+    """``_added`` against the frontier of every sum by definition: per entry, at each memory
+    level, the least cost of the sums at that level, kept when below every lower level's."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 3), min_size=dims, max_size=dims)))
+    costs = st.sampled_from([0.0, 0.25, 0.5, 1.0, np.inf])
+
+    def table(levels: np.ndarray, dims_of: tuple[int, ...]) -> np.ndarray:
+        size = len(levels) * int(np.prod(dims_of))
+        values = data.draw(st.lists(costs, min_size=size, max_size=size))
+        return np.array(values, float).reshape(len(levels), *dims_of)
+
+    a, b = table(ma, shape), table(mb, (1,) * dims)
+    mems, out = pareto._added(a, ma, b, mb, cap / 4, pareto._Budget(None))
+    sums = [(i, j) for i in range(len(ma)) for j in range(len(mb)) if mb[j] <= cap / 4 - ma[i]]
+    levels = sorted({ma[i] + mb[j] for i, j in sums})
+    expected = np.full((len(levels), *shape), np.inf)
+    for index in np.ndindex(*shape):
+        lower = np.inf
+        for k, level in enumerate(levels):
+            at = min(
+                (
+                    a[(i, *index)] + b[(j, *(0 for _ in index))]
+                    for i, j in sums
+                    if ma[i] + mb[j] == level
+                ),
+                default=np.inf,
+            )
+            if at < lower:
+                expected[(k, *index)] = at
+                lower = at
+    alive = [k for k in range(len(levels)) if np.isfinite(expected[k]).any()]
+    assert mems.tolist() == [levels[k] for k in alive]
+    assert np.array_equal(out, expected[alive])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, 20),
+    st.integers(0, 12),
+)
+def test_splitting_a_point_finds_the_first_combination_that_makes_it(points, mem, cost):
+    """``_split`` against every combination in order (the first index first): the first whose
+    memories add up to ``mem`` and costs to at most ``cost``."""
+    entries = [(np.array([m / 10 for m, _ in e]), np.array([c / 10 for _, c in e])) for e in points]
+    expected = None
+    for combo in itertools.product(*(range(len(m)) for m, _ in entries)):
+        m = sum(float(entries[k][0][i]) for k, i in enumerate(combo))
+        c = sum(float(entries[k][1][i]) for k, i in enumerate(combo))
+        if abs(m - mem / 10) <= 1e-9 and c <= cost / 10 + 1e-9 * max(cost / 10, 1e-300):
+            expected = list(combo)
+            break
+    assert pareto._split(entries, mem / 10, cost / 10) == expected

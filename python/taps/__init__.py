@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         OutputError,
         PlanFileError,
         ResourceError,
+        TimeLimitError,
         VerifyError,
     )
     from taps.export.pipeline import to_jax_pipeline, to_pipeline
@@ -97,6 +98,7 @@ _HOMES = {
     "OutputError": "taps.errors",
     "PlanFileError": "taps.errors",
     "ResourceError": "taps.errors",
+    "TimeLimitError": "taps.errors",
     "VerifyError": "taps.errors",
     "from_jax": "taps.frontends",
     "from_torch": "taps.frontends",
@@ -172,6 +174,7 @@ __all__ = [
     "StrategyError",
     "TapsError",
     "Tensor",
+    "TimeLimitError",
     "TopologyError",
     "UnifyError",
     "VerifyError",

@@ -24,6 +24,11 @@ class OutputError(TapsError):
     """An output file that cannot be written where asked."""
 
 
+class TimeLimitError(TapsError):
+    """A search whose time limit ran out before it had any assignment to return (while its cost
+    tables were built, or with no assignment that fits the memory limit)."""
+
+
 class MissingExtraError(TapsError):
     """An optional dependency is not installed; the message names the extra to install."""
 
@@ -58,6 +63,7 @@ __all__ = [
     "ResourceError",
     "StrategyError",
     "TapsError",
+    "TimeLimitError",
     "TopologyError",
     "UnifyError",
     "VerifyError",

@@ -8,6 +8,7 @@ from typing import Literal, overload
 
 from taps._core import Cluster
 from taps._support.arguments import number
+from taps._support.deadline import left
 from taps._support.limits import check_candidates, check_table_memory
 from taps.errors import ArgumentError
 from taps.graph import Graph, Operator
@@ -201,10 +202,9 @@ def _search(
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, pricing, replicas=replicate)
+    tables = build_tables(graph, cluster, pricing, replicas=replicate, deadline=deadline)
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-    solution = solve(tables, limit, left, options, tie=tie)
+    solution = solve(tables, limit, left(deadline), options, tie=tie)
     t1 = time.perf_counter()
     plan = Plan(
         graph, cluster, tables.strategies(solution.choice), tables.pricing_of(solution.choice)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistribution_costs
+from taps._support.deadline import check
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
@@ -218,6 +219,7 @@ def build_tables(
     pricing: Pricing = Pricing(),
     share: bool = True,
     replicas: bool = False,
+    deadline: float | None = None,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
@@ -239,7 +241,9 @@ def build_tables(
     signatures share one cost matrix, so the tables cost what the distinct operators do, whatever
     the depth. ``share=False`` computes every operator and edge on its own (for the benchmark).
     ``replicas`` also enumerates the strategies over fewer devices
-    (:func:`taps.plan.candidates.strategies`)."""
+    (:func:`taps.plan.candidates.strategies`). ``deadline`` (a ``time.perf_counter()`` value) is
+    checked before every distinct operator and edge is priced: past it,
+    :class:`taps.errors.TimeLimitError`."""
     cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     n = cluster.num_devices
     grads = pricing.gradient_bytes
@@ -277,6 +281,7 @@ def build_tables(
     for op in graph.ops:
         key = signature[op.name]
         if key not in distinct:
+            check(deadline, f"pricing the candidates of operator {op.name!r}")
             t0 = time.perf_counter()
             cands = candidates(op, n, replicas)
             t1 = time.perf_counter()
@@ -341,6 +346,7 @@ def build_tables(
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
         if key not in cache:
+            check(deadline, f"pricing the redistributions of tensor {edge.tensor!r}")
             backward = training and graph.takes_gradient(graph.op(edge.consumer), edge.slot)
             flowing = edge.producer in flows
             src_cls, src = _classes(

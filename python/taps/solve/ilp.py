@@ -10,6 +10,7 @@ objective is exact, and the LP relaxation is far tighter than one binary per str
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 from pyscipopt import SCIP_PARAMSETTING, Model, quicksum
 
+from taps._support.deadline import check
 from taps._support.limits import check_ilp_memory
 from taps.errors import InfeasibleError, TapsError
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, MemoryLimit, PairCost, Problem
@@ -97,25 +99,48 @@ def _weighted(variables: Any, coefficients: np.ndarray) -> Any:
     return quicksum(variables[nonzero] * coefficients[nonzero])
 
 
-def _build(problem: Problem, binary_flows: bool, memory: MemoryLimit | None) -> _Model:
-    """The ILP in bulk: one vector of selection variables and one of flows, each created by one
-    call with its objective coefficients (the first objective of the solve), and the constraints
-    built as one list and added by one call."""
+def _by_class(variables: Any, cls: np.ndarray, count: int) -> list[Any]:
+    """The variables of each class ``0 .. count - 1``, in their order: one sort, not a mask per
+    class (quadratic in the candidates of an operator with thousands of classes)."""
+    order = np.argsort(cls, kind="stable")
+    bounds = np.searchsorted(cls[order], np.arange(count + 1))
+    return [variables[order[lo:hi]] for lo, hi in itertools.pairwise(bounds)]
+
+
+def _build(
+    problem: Problem, binary_flows: bool, memory: MemoryLimit | None, deadline: float | None
+) -> _Model:
+    """The ILP in bulk: one vector of selection variables, then each pair cost's flows, each
+    created by one call with its objective coefficients (the first objective of the solve), and
+    the constraints built and added a pair cost at a time. Past ``deadline`` (checked before
+    each pair cost's flows and constraints), :class:`taps.errors.TimeLimitError`."""
     model = Model("taps")
     model.hideOutput()
     node, flow = _coefficients(problem)
     s = model.addMatrixVar((len(node),), vtype="B", obj=node)
-    f = model.addMatrixVar((len(flow),), vtype="B" if binary_flows else "C", lb=0.0, obj=flow)
+    offset = np.cumsum([0, *(p.cost.size for p in problem.pairs)]).tolist()
+    flows = []
+    for at, end in itertools.pairwise(offset):
+        check(deadline, "building the ILP")
+        vtype = "B" if binary_flows else "C"
+        flows.append(model.addMatrixVar((end - at,), vtype=vtype, lb=0.0, obj=flow[at:end]))
+    f = np.concatenate(flows) if flows else np.zeros(0, dtype=object)
     ends = np.cumsum([len(c) for c in problem.node_cost.values()]).tolist()
     span = {n: slice(end - len(c), end) for (n, c), end in zip(problem.node_cost.items(), ends)}
-    offset = np.cumsum([0, *(p.cost.size for p in problem.pairs)]).tolist()
     conss = [quicksum(s[span[n]]) == 1 for n in problem.node_cost]
-    for p, at in zip(problem.pairs, offset):
+    model.addConss(conss)
+    count = len(conss)
+    for p, fk in zip(problem.pairs, flows):
+        check(deadline, "building the ILP")
         na, nb = p.cost.shape
-        fp = f[at : at + na * nb].reshape(na, nb)
-        u, w = s[span[p.u]], s[span[p.w]]
-        conss += [quicksum(fp[a]) == quicksum(u[p.u_class == a]) for a in range(na)]
-        conss += [quicksum(fp[:, b]) == quicksum(w[p.w_class == b]) for b in range(nb)]
+        fp = fk.reshape(na, nb)
+        u = _by_class(s[span[p.u]], p.u_class, na)
+        w = _by_class(s[span[p.w]], p.w_class, nb)
+        conss = [quicksum(fp[a]) == quicksum(u[a]) for a in range(na)]
+        conss += [quicksum(fp[:, b]) == quicksum(w[b]) for b in range(nb)]
+        model.addConss(conss)
+        count += len(conss)
+    conss = []
     if memory is not None:
         # In units of the limit: coefficients near 1, not 1e9 bytes, keep the LP well conditioned
         # (in bytes SCIP has pruned the optimum as infeasible). SCIP takes a row as satisfied up
@@ -128,7 +153,7 @@ def _build(problem: Problem, binary_flows: bool, memory: MemoryLimit | None) -> 
     size = IlpSize(
         len(node) + len(flow) if binary_flows else len(node),
         0 if binary_flows else len(flow),
-        len(conss),
+        count + len(conss),
         len(span),
     )
     return _Model(model, s, span, f, offset[:-1], size)
@@ -206,7 +231,7 @@ def solve_ilp(
         sum(len(c) for c in problem.node_cost.values()) + sum(p.cost.size for p in problem.pairs),
         len(problem.node_cost) + sum(sum(p.cost.shape) for p in problem.pairs) + 1,
     )
-    built = _build(problem, options.formulation == "pairwise", memory)
+    built = _build(problem, options.formulation == "pairwise", memory, deadline)
     model = built.model
     if deadline is not None:
         model.setParam("limits/time", max(deadline - time.perf_counter(), 0.0))

@@ -20,6 +20,7 @@ its least, exceeds the limit go; and only the candidates the price's reduced-cos
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -112,6 +113,20 @@ def _added(
     above ``cap`` dropped."""
     shape = np.broadcast_shapes(a.shape[1:], b.shape[1:])
     size = max(1, math.prod(shape))
+    # How many of b's levels fit with each of a's (ascending levels: fewer and fewer).
+    fitting = np.searchsorted(mb, cap - ma, side="right")
+    count = int(np.count_nonzero(fitting))
+    total = int(fitting[:count].sum()) * size
+    if total <= MAX_TABLE // 2:
+        # Every sum at once (the loop below, in one step: the same sums in the same order).
+        budget.spend(total)
+        rows = np.repeat(np.arange(count), fitting[:count])
+        starts = np.cumsum(fitting[:count]) - fitting[:count]
+        cols = np.arange(len(rows)) - np.repeat(starts, fitting[:count])
+        out_m, out_c = _frontier(ma[rows] + mb[cols], a[rows] + b[cols])
+        if count and count == len(ma):
+            budget.spend(out_c.size)
+        return out_m, out_c
     mems: list[np.ndarray] = []
     blocks: list[np.ndarray] = []
     held = 0
@@ -253,15 +268,32 @@ def _split(
     most ``cost`` (up to rounding), or None."""
     slack_m = _TOLERANCE * max(abs(mem), 1.0)
     slack_c = _TOLERANCE * max(abs(cost), 1e-300)
+    # What the entries after each one can add at least and at most: a branch that cannot reach
+    # the point even so is not tried (with twice the slack, so that no rounding of the sums in
+    # another order drops a branch that reaches it: the search finds the same indices).
+    last = len(entries)
+    low_m, high_m, low_c = np.zeros(last + 1), np.zeros(last + 1), np.zeros(last + 1)
+    for k in reversed(range(last)):
+        mems, costs = entries[k]
+        low_m[k] = low_m[k + 1] + (mems.min() if mems.size else np.inf)
+        high_m[k] = high_m[k + 1] + (mems.max() if mems.size else -np.inf)
+        low_c[k] = low_c[k + 1] + (costs.min() if costs.size else np.inf)
 
     def go(k: int, m: float, c: float) -> list[int] | None:
         mems, costs = entries[k]
-        if k == len(entries) - 1:
+        if k == last - 1:
             hit = np.flatnonzero(
                 (np.abs(m + mems - mem) <= slack_m) & (c + costs <= cost + slack_c)
             )
             return [int(hit[0])] if hit.size else None
-        for i in np.flatnonzero(m + mems <= mem + slack_m):
+        reach_m, reach_c = m + mems, c + costs
+        tried = np.flatnonzero(
+            (reach_m <= mem + slack_m)
+            & (reach_m + low_m[k + 1] <= mem + 2 * slack_m)
+            & (reach_m + high_m[k + 1] >= mem - 2 * slack_m)
+            & (reach_c + low_c[k + 1] <= cost + 2 * slack_c)
+        )
+        for i in tried:
             rest = go(k + 1, m + float(mems[i]), c + float(costs[i]))
             if rest is not None:
                 return [int(i), *rest]
@@ -286,9 +318,16 @@ def _plan(
     def size(v: str) -> int:
         return math.prod(counts[u] for u in {u for k in having[v] for u in names[k]})
 
+    # The least (size, position) first: a heap whose stale entries (an operator whose tables
+    # changed since) are skipped; only the operators of a step's new table change size.
+    current = {v: size(v) for v in order}
+    heap = [(n, position[v], v) for v, n in current.items()]
+    heapq.heapify(heap)
     steps = []
     while having:
-        v = min(having, key=lambda u: (size(u), position[u]))
+        n, _, v = heapq.heappop(heap)
+        if v not in having or current[v] != n:
+            continue
         inputs = sorted(having.pop(v), key=lambda k: (len(names[k]), k))
         for k in inputs:
             for u in names[k]:
@@ -299,6 +338,9 @@ def _plan(
             having[u].add(len(names))
         names.append(made)
         steps.append((v, inputs))
+        for u in made:
+            current[u] = size(u)
+            heapq.heappush(heap, (current[u], position[u], u))
     return steps
 
 

@@ -16,14 +16,15 @@ Stage by stage (each exact; :class:`taps.solve.problem.IlpOptions` switches them
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from taps.errors import InfeasibleError, TapsError
+from taps.errors import InfeasibleError, TapsError, TimeLimitError
 from taps.solve.elimination import MAX_WORK, WORK_PER_FLOW, elimination_order
-from taps.solve.ilp import solve_ilp
+from taps.solve.ilp import MEMORY_FEASTOL, solve_ilp
 from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
@@ -91,7 +92,9 @@ def solve(
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
     indexes the candidates of ``instance`` whatever the options. ``time_limit`` (seconds) bounds
-    the whole call: every SCIP solve in it gets what is left.
+    the whole call: every stage checks it, and every SCIP solve in it gets what is left. When it
+    runs out before SCIP, the result is SCIP's first assignment (each operator's cheapest
+    candidate) with status ``timelimit``.
 
     ``tie_break=(other, "min" | "max")`` solves lexicographically: among the assignments optimal
     for ``instance``, the one with the least (or most) cost under ``other``, which must have the
@@ -115,10 +118,26 @@ def solve(
         objectives = ties.fold(objectives)
         per_op = ties.fold_memory(per_op)
     memory = None if memory_limit is None else MemoryLimit(per_op, instance.layers, memory_limit)
-    solution = _solve(objectives, memory, options, deadline)
+    try:
+        solution = _solve(objectives, memory, options, deadline)
+    except TimeLimitError:
+        solution = _out_of_time(objectives[0], memory)
     if ties is not None:
         solution = replace(solution, choice=ties.expand(solution.choice))
     return solution
+
+
+def _out_of_time(problem: Problem, memory: MemoryLimit | None) -> IlpSolution:
+    """What a solve whose time ran out before SCIP returns: SCIP's first assignment (each
+    operator's cheapest candidate on its own), status ``timelimit`` and no bound (gap inf); a
+    :class:`taps.errors.TimeLimitError` if that assignment does not fit the memory limit."""
+    choice = {v: int(np.argmin(c)) for v, c in problem.node_cost.items()}
+    if memory is not None and memory.of(choice) > memory.limit * (1 + MEMORY_FEASTOL):
+        raise TimeLimitError(
+            "the time limit ran out before the search found an assignment that fits the "
+            f"memory limit of {memory.limit:,.0f} bytes per device"
+        )
+    return IlpSolution(choice, "timelimit", math.inf, 0.0, 0.0, 0.0, IlpSize(0, 0, 0, 0))
 
 
 def _solve(
@@ -137,7 +156,7 @@ def _solve(
     # optimum without the limit and the search under it.
     steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
     t0 = time.perf_counter()
-    pre = reduce(objectives, order, steady)
+    pre = reduce(objectives, order, steady, deadline)
     pre_time = time.perf_counter() - t0
     free = _reduced(pre.cores, list(pre.cores[0].node_cost), None, options, deadline)
     choice = pre.expand(free.choice)
@@ -163,7 +182,7 @@ def _reduced(
     they were already run)."""
     t0 = time.perf_counter()
     if reduction is None:
-        reduction = reduce(objectives, order, eliminable)
+        reduction = reduce(objectives, order, eliminable, deadline)
     reduce_time = time.perf_counter() - t0
     core = reduction.cores[0]
     if memory is not None:
@@ -291,9 +310,10 @@ def _pruned_run(
         return solve_ilp(objectives, options, memory, deadline, start)
     t0 = time.perf_counter()
     if memory is None:
-        keep = dominance_survivors(objectives)
+        keep = dominance_survivors(objectives, deadline=deadline)
     else:
-        keep = dominance_survivors(objectives, memory.per_op, memory.limit / memory.layers)
+        budget = memory.limit / memory.layers
+        keep = dominance_survivors(objectives, memory.per_op, budget, deadline)
     if start is not None:
         keep = {v: np.union1d(k, [start[v]]) for v, k in keep.items()}
     objectives, memory, start = _restricted(objectives, memory, keep, start)

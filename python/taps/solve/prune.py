@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from taps._support.deadline import passed
 from taps.solve.reductions import PairCost, Problem
 
 
@@ -37,6 +38,7 @@ def dominance_survivors(
     problems: Sequence[Problem],
     memory: Mapping[str, np.ndarray] | None = None,
     budget: float | None = None,
+    deadline: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Per operator, the candidate indices no other candidate dominates in all of ``problems``
     (problems over the same operators and candidates to be minimised, e.g. both objectives of a
@@ -44,7 +46,9 @@ def dominance_survivors(
     in ``memory`` (per operator and candidate) if given.
 
     With a ``budget`` (the memory limit in the units of ``memory``), candidates that exceed it even
-    with every other operator at its least memory go first."""
+    with every other operator at its least memory go first. Past ``deadline`` (a
+    ``time.perf_counter()`` value) the pruning stops where it is: what it kept so far holds the
+    optimum all the same."""
     first = problems[0]
     alive = {v: np.ones(len(c), dtype=bool) for v, c in first.node_cost.items()}
     if memory is not None and budget is not None:
@@ -58,6 +62,8 @@ def dominance_survivors(
     while changed:
         changed = False
         for v in first.node_cost:
+            if passed(deadline):
+                return {v: np.flatnonzero(a) for v, a in alive.items()}
             idx = np.flatnonzero(alive[v])
             parts = [] if memory is None else [memory[v][idx, None]]
             for problem in problems:

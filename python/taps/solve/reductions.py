@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from taps._core import min_plus
+from taps._support.deadline import check
 from taps.solve.problem import PairCost, Problem
 
 #: Eliminate an operator by a min-plus product only while its work (rows x columns x the operator's
@@ -223,11 +224,15 @@ class Reduction:
 
 
 def reduce(
-    objectives: Sequence[Problem], order: list[str], eliminable: Collection[str] | None = None
+    objectives: Sequence[Problem],
+    order: list[str],
+    eliminable: Collection[str] | None = None,
+    deadline: float | None = None,
 ) -> Reduction:
     """Apply the reductions until none applies, visiting operators in ``order`` (deterministic).
     Only operators in ``eliminable`` (all if None) are eliminated; the others may still take in
-    what is folded into them.
+    what is folded into them. Past ``deadline`` (checked before each operator),
+    :class:`taps.errors.TimeLimitError`.
 
     ``objectives`` are one problem, or two alike but for their costs to be minimised
     lexicographically (the second among the optima of the first)."""
@@ -325,6 +330,7 @@ def reduce(
     while changed:
         changed = False
         for v in order if eliminable is None else [v for v in order if v in eliminable]:
+            check(deadline, "reducing the problem")
             if v in node and incident[v] and eliminate(v):
                 changed = True
     cores = [
