@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
+from taps.export.draws import drawn, draws
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
@@ -312,6 +313,8 @@ class DistributedModule:
         buffers: buffers and constants, replicated.
         replay: what ``mode="taps"`` runs (``None`` in DTensor's mode).
         tracer: told of every redistribution and operator (a verifier's recorder).
+        seed: the seed of the step's random values (dropout's masks: :mod:`taps.export.draws`),
+            the same on every rank.
     """
 
     def __init__(
@@ -328,6 +331,7 @@ class DistributedModule:
         self.buffers = buffers
         self.replay = replay
         self.tracer = Tracer()
+        self.seed = 0
         self.leaves: dict[str, tuple[Any, Any]] = {}
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
@@ -587,6 +591,10 @@ class Blocks:
             )
         return self.local.reshape(shape).permute(list(self.perm))
 
+    def with_local(self, local: Any) -> Blocks:
+        """Other blocks of the same layout and view."""
+        return Blocks(local, self.layout, self.view, self.perm, self.dist)
+
     def seen_as(self, view: Sequence[int], perm: Sequence[int]) -> Blocks:
         """The same blocks, the module's tensor now ``view`` permuted by ``perm``."""
         return Blocks(self.local, self.layout, tuple(view), tuple(perm), self.dist)
@@ -655,6 +663,11 @@ class _Interpreter:
         #: The operator running: its blocks of parameters stored sharded (FSDP), each with the
         #: gather of it again (:meth:`DistributedModule.stored_block`).
         self.unit: list[tuple[Any, Callable[[], Any]]] = []
+        #: The program's draws of random values, numbered in program order.
+        self.draws: dict[str, int] = {}
+        for n in dist.program.graph.nodes:
+            if n.op == "call_function" and draws(packet_name(n.target), n.args, n.kwargs):
+                self.draws[n.name] = len(self.draws)
 
     def run(self, *args: Any) -> Any:
         return self.interpreter.run(*args, enable_io_processing=False)
@@ -748,6 +761,15 @@ class _Interpreter:
         packet = getattr(target, "_overloadpacket", None)
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute
+        if packet_name(target) == "lift_fresh_copy" and isinstance(args[0], self.dtensor.DTensor):
+            # A constant the module makes (``torch.tensor``): a copy of its replicated block
+            # (DTensor has no rule for this op).
+            x = args[0]
+            return self.dtensor.DTensor.from_local(
+                self.local_of(x).clone(), dist.mesh, x.placements, run_check=False
+            )
+        if node.name in self.draws:
+            return self.draw(node, target, args, kwargs)
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
         if args and isinstance(args[0], _Cut):
@@ -790,6 +812,42 @@ class _Interpreter:
                 out = self._to(out, dist.placements(ops[link.op]["output"], link))
                 out = tracer.mark(out, link.op)
         return out
+
+    def draw(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        """A draw of random values (:mod:`taps.export.draws`): the whole value drawn from the
+        run's seed, this rank's block of it taken in the placement of the tensor it is drawn
+        for (a dropout multiplies its input's block by its block of the mask)."""
+        dist, DTensor = self.dist, self.dtensor.DTensor
+        name = packet_name(target)
+        val = node.meta["val"]
+        whole = drawn(name, args, kwargs, tuple(val.shape), dist.seed, self.draws[node.name])
+        x = args[0] if args and name != "rand" else None
+        if isinstance(x, _Pending):
+            x = x.whole()
+        dropout = name == "dropout"
+        if isinstance(x, Blocks) and (dropout or not x.layout.partial):
+            block = dist.block(whole.permute(_inverse(x.perm)), x.layout).to(x.local)
+            return x.with_local(x.local * block if dropout else block)
+        if isinstance(x, Blocks):
+            x = x.dtensor()
+        if isinstance(x, DTensor):
+            local = self.local_of(x)
+            kept = [self.dtensor.Replicate() if p.is_partial() else p for p in x.placements]
+            block = self.dtensor.distribute_tensor(
+                whole.to(local), dist.mesh, kept, src_data_rank=None
+            ).to_local()
+            return DTensor.from_local(
+                local * block if dropout else block,
+                dist.mesh,
+                x.placements if dropout else kept,
+                run_check=False,
+                shape=x.shape,
+                stride=x.stride(),
+            )
+        like = next(iter([*dist.parameters.values(), *dist.buffers.values()]), None)
+        device = like.to_local().device if like is not None else "cpu"
+        whole = whole.to(dtype=val.dtype, device=device)
+        return x * whole.to(x) if dropout else whole
 
     def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
         """A node that is no operator of the plan run on :class:`Blocks` without computing:
@@ -1023,10 +1081,11 @@ class _Interpreter:
     ) -> Any:
         """A whole tensor the operator reads beside its graph operands (a buffer, a constant
         table) as the rank's block of it: in the layout of a linked input of its shape
-        (BatchNorm's running statistics, shaped as its weight), else cut where it broadcasts
-        against a split dim of the output ``out`` (rotary tables, masks)."""
+        (BatchNorm's running statistics, shaped as its weight) unless it has the output's
+        shape, else cut where it broadcasts against a split dim of the output ``out`` (rotary
+        tables, masks, a gather's index)."""
         same = next(((lay, li) for s, lay, li in linked.values() if s == tuple(x.shape)), None)
-        if same is not None:
+        if same is not None and tuple(x.shape) != shape:  # shaped as the output: cut as it
             layout, link = same
             graph = x.detach().permute(_inverse(link.perm)).reshape(link.graph_shape)
             return Blocks(
@@ -1089,10 +1148,15 @@ class _Interpreter:
                 local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks)
             elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
                 local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
-        if packet == "expand":  # its sizes (flattened after the input) are the output's
+        if packet in _SIZED:  # its sizes (after the input) are the output's: the block's
             shape = dist.block_range(result_blocks)[0]
             for i, size in enumerate(shape):
-                local[1 + i] = -1 if local[1 + i] == -1 else size
+                local[1 + i] = size
+        if packet == "repeat":  # its counts: the output's block over the input's
+            shape = dist.block_range(result_blocks)[0]
+            have = [1] * (len(shape) - local[0].dim()) + list(local[0].shape)
+            for i, (size, n) in enumerate(zip(shape, have)):
+                local[1 + i] = size // n
         share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
         inside = None
         if packet == "embedding" and 0 in linked:  # rows of the table split: each rank its own
@@ -1146,6 +1210,11 @@ class _Interpreter:
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+#: Operators whose arguments after the input are the output's sizes (a view of a permuted
+#: tensor merging its dims is an operator: its data moves).
+_SIZED = ("expand", "broadcast_to", "view", "reshape", "_unsafe_view")
 
 
 def _order(name: str, rank: int, args: Any) -> list[int]:

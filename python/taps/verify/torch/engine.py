@@ -83,6 +83,7 @@ def collective_rows(
             dense = materialize(module, tdtype, "meta", seed)
             xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
             dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode)
+            dist.seed = seed
             recorder = Recorder(
                 {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
                 {op.name: j for j, op in enumerate(graph.ops)},
@@ -99,7 +100,9 @@ def collective_rows(
         finally:
             tdist.destroy_process_group()
     describe = describe_scopes(layouts)
-    predicted = predicted_collectives(layouts, step.intra, tdtype.itemsize, describe, step.backward)
+    predicted = predicted_collectives(
+        layouts, step.intra, tdtype.itemsize, describe, step.backward, integer_sizes(dist)
+    )
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
     index = recorder.ops
@@ -123,6 +126,31 @@ def collective_rows(
     if paper:
         rows = [_backward_status(r) for r in rows]
     return rows, {"compile": t1 - t0, "run": t2 - t1}
+
+
+def integer_sizes(dist: Any) -> dict[object, int]:
+    """The element sizes of what the module holds as integers (position ids: the run keeps
+    them so, floating tensors take the run's dtype): by graph tensor, an operator's output; by
+    ``(operator, slot)``, what an edge carries into the operator."""
+    from taps.export.distribute import _leaves
+
+    graph = dist.graph
+    out: dict[object, int] = {}
+
+    def integer(val: Any) -> bool:
+        return hasattr(val, "is_floating_point") and not val.is_floating_point()
+
+    for node in dist.program.graph.nodes:
+        args = _leaves([*node.args, *node.kwargs.values()])
+        for link in dist.conversion.links.get(node.name, []):
+            val = node.meta.get("val") if link.slot is None else args[link.arg].meta.get("val")
+            if not integer(val):
+                continue
+            if link.slot is None:
+                out[graph.op(link.op).output.tensor] = val.dtype.itemsize
+            else:
+                out[(link.op, link.slot)] = val.dtype.itemsize
+    return out
 
 
 def _backward_status(row: CollectiveCheck) -> CollectiveCheck:

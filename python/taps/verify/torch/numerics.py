@@ -20,6 +20,7 @@ from typing import Any
 from taps._core import Cluster
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module, export_module
+from taps.export.draws import drawing
 from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
 from taps.verify.result import step_errors
@@ -93,6 +94,7 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         layouts = layouts_of(plan)
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
         dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps", exported=exported)
+        dist.seed = seed
         specs = user_specs(dist)
         placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(specs, xs)]
         outs = dist(*placed)
@@ -108,7 +110,8 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
             return
         # The dense run on the same values.
         refs = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
-        want_outs = dense(*refs)
+        with drawing(seed):  # the replay's random values (dropout's masks)
+            want_outs = dense(*refs)
         want_outs = list(want_outs) if isinstance(want_outs, (list, tuple)) else [want_outs]
         pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
         torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
