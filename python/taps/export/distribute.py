@@ -781,13 +781,14 @@ class _Interpreter:
                 return carried
             # No operator of the plan: DTensor runs it (where the blocks have its form).
             args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
-        if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
+        operator = dist.replay is not None and outputs  # a view of a permute: data moves
+        if packet in self.views and isinstance(args[0], self.dtensor.DTensor) and not operator:
             out = self.view(args[0], args[1])
             if out is not None:
                 return out
             if dist.replay is not None:
                 return _Pending(args[0], tuple(int(d) for d in node.meta["val"].shape))
-        if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor):
+        if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor) and not operator:
             return self.permute(node, target, args)
         leaves = _leaves([*args, *kwargs.values()])
         if dist.replay is not None and outputs:
@@ -852,8 +853,9 @@ class _Interpreter:
     def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
         """A node that is no operator of the plan run on :class:`Blocks` without computing:
         a view (of a tensor whose dims are in the graph tensor's order), a transpose,
-        ``unsqueeze``/``squeeze``, a copy, a dropout that drops nothing, or a split (its pieces
-        taken by the operators reading them); ``None`` for anything else."""
+        ``unsqueeze``/``squeeze``, a copy, a dropout that drops nothing, a padding by nothing,
+        or a split (its pieces taken by the operators reading them); ``None`` for anything
+        else."""
         x, name = args[0], packet_name(target)
         if not isinstance(x, Blocks):
             return None
@@ -874,8 +876,10 @@ class _Interpreter:
             keep = [v for v in range(len(x.view)) if v not in gone]
             view = [x.view[v] for v in keep]
             return x.seen_as(view, [keep.index(p) for p in x.perm if p not in gone])
-        if name in ("contiguous", "clone", "alias") or (
-            name == "dropout" and (args[1] == 0 or not args[2])
+        if (
+            name in ("contiguous", "clone", "alias")
+            or (name == "dropout" and (args[1] == 0 or not args[2]))
+            or (name == "pad" and not any(args[1]))
         ):
             return x
         if name in ("split", "split_with_sizes", "chunk", "unbind"):
@@ -1078,12 +1082,14 @@ class _Interpreter:
         linked: dict[int, tuple[tuple[int, ...], Layout, Link]],
         shape: tuple[int, ...],
         out: Blocks,
+        start: int | None = None,
     ) -> Any:
         """A whole tensor the operator reads beside its graph operands (a buffer, a constant
         table) as the rank's block of it: in the layout of a linked input of its shape
         (BatchNorm's running statistics, shaped as its weight) unless it has the output's
         shape, else cut where it broadcasts against a split dim of the output ``out`` (rotary
-        tables, masks, a gather's index)."""
+        tables, masks, a gather's index; its dims are the output's from ``start`` on, by
+        default its trailing ones, as broadcasting aligns them)."""
         same = next(((lay, li) for s, lay, li in linked.values() if s == tuple(x.shape)), None)
         if same is not None and tuple(x.shape) != shape:  # shaped as the output: cut as it
             layout, link = same
@@ -1092,7 +1098,7 @@ class _Interpreter:
                 self.dist.block(graph, layout), layout, link.graph_shape, link.perm, self.dist
             ).framework()
         sizes, offsets = self.dist.block_range(out)
-        lead = len(shape) - x.dim()
+        lead = len(shape) - x.dim() if start is None else start
         for d in range(max(0, -lead), x.dim()):
             o = d + lead
             if x.shape[d] == shape[o] and sizes[o] != shape[o]:
@@ -1141,17 +1147,20 @@ class _Interpreter:
                 )
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         packet = packet_name(target)
+        starts = _index_dims(packet, node.args)
         if bias is not None and at == 0:  # addmm's bias, added after the partial sums
             local[0] = local[1].new_zeros(())
         for k, x in enumerate(local):
             if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
-                local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks)
+                local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks, starts.get(k))
             elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
                 local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
         if packet in _SIZED:  # its sizes (after the input) are the output's: the block's
             shape = dist.block_range(result_blocks)[0]
             for i, size in enumerate(shape):
                 local[1 + i] = size
+            if packet == "view":  # of a block, which a permute before may leave strided
+                target = torch.ops.aten.reshape.default
         if packet == "repeat":  # its counts: the output's block over the input's
             shape = dist.block_range(result_blocks)[0]
             have = [1] * (len(shape) - local[0].dim()) + list(local[0].shape)
@@ -1215,6 +1224,23 @@ class _Interpreter:
 #: Operators whose arguments after the input are the output's sizes (a view of a permuted
 #: tensor merging its dims is an operator: its data moves).
 _SIZED = ("expand", "broadcast_to", "view", "reshape", "_unsafe_view")
+
+
+def _index_dims(packet: str, args: Sequence[Any]) -> dict[int, int]:
+    """Per argument (by leaf) holding indices, the output dim its dims start at: an
+    embedding's ids are its output's leading dims; ``index``'s tensors (broadcast together)
+    sit where the dims they index were, or first when those are not adjacent."""
+    if packet == "embedding":
+        return {1: 0}
+    if packet != "index":
+        return {}
+    indices = list(args[1])
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos:
+        return {}
+    first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    rank = max(len(indices[i].meta["val"].shape) for i in pos)
+    return {1 + i: first + rank - len(indices[i].meta["val"].shape) for i in pos}
 
 
 def _order(name: str, rank: int, args: Any) -> list[int]:

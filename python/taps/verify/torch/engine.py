@@ -38,10 +38,10 @@ from taps.verify.torch.values import (
     cast_inputs,
     import_torch,
     materialize,
+    placed_inputs,
     replaying,
     token_bound,
     torch_dtype,
-    user_specs,
 )
 
 
@@ -90,7 +90,7 @@ def collective_rows(
                 tuple(grid.shape),
             )
             dist.tracer = recorder
-            placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
+            placed = placed_inputs(dist, xs)
             t1 = time.perf_counter()
             with recorder.recording():
                 outs = dist(*placed)

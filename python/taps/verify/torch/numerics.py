@@ -29,6 +29,7 @@ from taps.verify.torch.values import (
     backward,
     cast_inputs,
     materialize,
+    placed_inputs,
     token_bound,
     torch_dtype,
     user_specs,
@@ -96,7 +97,7 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps", exported=exported)
         dist.seed = seed
         specs = user_specs(dist)
-        placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(specs, xs)]
+        placed = placed_inputs(dist, xs)
         outs = dist(*placed)
         cts = backward(dist, outs, seed)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
