@@ -101,7 +101,12 @@ def collective_rows(
             tdist.destroy_process_group()
     describe = describe_scopes(layouts)
     predicted = predicted_collectives(
-        layouts, step.intra, tdtype.itemsize, describe, step.backward, integer_sizes(dist)
+        layouts,
+        step.intra,
+        tdtype.itemsize,
+        describe,
+        step.backward,
+        integer_sizes(dist.program, dist.conversion),
     )
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
@@ -128,21 +133,22 @@ def collective_rows(
     return rows, {"compile": t1 - t0, "run": t2 - t1}
 
 
-def integer_sizes(dist: Any) -> dict[object, int]:
+def integer_sizes(program: Any, conversion: Any) -> dict[object, int]:
     """The element sizes of what the module holds as integers (position ids: the run keeps
     them so, floating tensors take the run's dtype): by graph tensor, an operator's output; by
-    ``(operator, slot)``, what an edge carries into the operator."""
+    ``(operator, slot)``, what an edge carries into the operator. ``program`` is the module's
+    export, ``conversion`` the front end's conversion of it."""
     from taps.export.distribute import _leaves
 
-    graph = dist.graph
+    graph = conversion.graph
     out: dict[object, int] = {}
 
     def integer(val: Any) -> bool:
         return hasattr(val, "is_floating_point") and not val.is_floating_point()
 
-    for node in dist.program.graph.nodes:
+    for node in program.graph.nodes:
         args = _leaves([*node.args, *node.kwargs.values()])
-        for link in dist.conversion.links.get(node.name, []):
+        for link in conversion.links.get(node.name, []):
             val = node.meta.get("val") if link.slot is None else args[link.arg].meta.get("val")
             if not integer(val):
                 continue

@@ -62,6 +62,7 @@ def gloo_errors(
     """Per output (``"output i"``) and per gradient (``"grad name"``), the error relative to the
     dense module, from ``ranks`` gloo processes running taps' plan for them."""
     small = numerics_plan(plan, ranks)
+    _check_batch_statistics(module, small)
     with tempfile.TemporaryDirectory(prefix="taps-gloo-") as tmp:
         payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
@@ -69,6 +70,27 @@ def gloo_errors(
         run_ranks(__name__, tmp, ranks)
         with open(os.path.join(tmp, "errors.json")) as f:
             return dict(json.load(f))
+
+
+def _check_batch_statistics(module: Any, plan: Plan) -> None:
+    """A one-line :class:`VerifyError` when ``plan`` splits the batch of a BatchNorm in
+    training mode: each device normalises by its own samples' statistics (data parallelism
+    without ``SyncBatchNorm``, as the front end's rule has it), which no dense run of the module
+    computes."""
+    import torch
+
+    layouts = layouts_of(plan)
+    names = {op.name for op in plan.graph.ops if op.kind == "batchnorm"}
+    for name, m in module.named_modules():
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or not m.training:
+            continue
+        if name in names and layouts.mesh.dim_axes(layouts.outputs[name])[0]:
+            raise VerifyError(
+                f"BatchNorm {name!r} in training mode normalises each device's part of the "
+                "split batch by its own statistics, which the dense module does not: compare "
+                "the numbers in eval mode (module.eval()), or verify the collectives only "
+                "(numerics=None, --gloo 0)"
+            )
 
 
 def prepare(payload: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -113,7 +135,8 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         refs = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
         with drawing(seed):  # the replay's random values (dropout's masks)
             want_outs = dense(*refs)
-        want_outs = list(want_outs) if isinstance(want_outs, (list, tuple)) else [want_outs]
+        # Flattened as the exported program's outputs are (a model output's fields in order).
+        want_outs = torch.utils._pytree.tree_leaves(want_outs)
         pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
         torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
         want = {f"output {i}": y for i, y in enumerate(want_outs)}
