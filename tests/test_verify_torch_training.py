@@ -415,3 +415,36 @@ def test_batchnorm_in_training_mode_over_a_split_batch_is_one_line():
     plan = _plan(module, x, taps.Cluster(1, 4))
     with pytest.raises(VerifyError, match=r"^BatchNorm 'bn1' in training mode normalises each"):
         verify_torch(module, [x], plan, numerics=4)
+
+
+def test_the_dense_run_draws_the_steps_values_in_program_order():
+    """The k-th draw of the module's own code under ``drawing`` is the program's k-th drawing
+    node's value (``drawn``), computed here by hand: a dropout keeps where ``u >= p`` and
+    scales by ``1 / (1 - p)``, ``rand`` is ``u``; a dropout that drops nothing draws nothing."""
+    from taps.export.distribute import packet_name
+    from taps.export.draws import drawing, draws
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            y = nn.functional.dropout(x, 0.0, True)  # no draw
+            y = nn.functional.dropout(y, 0.25, True)
+            return y + torch.rand(y.shape), nn.functional.dropout(x, 0.5, True)
+
+    x = torch.randn(4, 6)
+    program = torch.export.export(Noisy(), (x,))
+    drawing_nodes = [
+        n.name
+        for n in program.graph.nodes
+        if n.op == "call_function" and draws(packet_name(n.target), n.args, n.kwargs)
+    ]
+    assert drawing_nodes == ["dropout_1", "rand", "dropout_2"]
+    with drawing(3):
+        got = Noisy()(x)
+
+    def u(k):
+        gen = torch.Generator().manual_seed(3 * 7919 + k)
+        return torch.rand((4, 6), generator=gen, dtype=torch.float64).float()
+
+    first = x * (u(0) >= 0.25) / 0.75
+    assert torch.allclose(got[0], first + u(1))
+    assert torch.allclose(got[1], x * (u(2) >= 0.5) / 0.5)
