@@ -132,7 +132,12 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         if rank != 0:
             return
         # The dense run on the same values.
-        refs = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
+        refs = [
+            x.detach().clone().requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor)
+            else x  # an absent mask
+            for x in xs
+        ]
         with drawing(seed):  # the replay's random values (dropout's masks)
             want_outs = dense(*refs)
         # Flattened as the exported program's outputs are (a model output's fields in order).
@@ -142,7 +147,11 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         want = {f"output {i}": y for i, y in enumerate(want_outs)}
         want.update({f"grad {k}": p.grad for k, p in dense.named_parameters()})
         want.update(
-            {f"grad {s.arg.name}": x.grad for s, x in zip(specs, refs) if x.grad is not None}
+            {
+                f"grad {s.arg.name}": x.grad
+                for s, x in zip(specs, refs)
+                if getattr(x, "grad", None) is not None
+            }
         )
         errors = step_errors(
             {k: v.detach().double().numpy() for k, v in got.items()},
