@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
+from taps.export.draws import drawn, draws
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
@@ -334,6 +335,8 @@ class DistributedModule:
         buffers: buffers and constants, replicated.
         replay: what ``mode="taps"`` runs (``None`` in DTensor's mode).
         tracer: told of every redistribution and operator (a verifier's recorder).
+        seed: the seed of the step's random values (dropout's masks: :mod:`taps.export.draws`),
+            the same on every rank.
     """
 
     def __init__(
@@ -353,6 +356,7 @@ class DistributedModule:
         #: Nodes another engine's code runs in the interpreter's place, by name: ``run(interpreter,
         #: node)`` gives the node's value (a verifier's mixture-of-experts blocks).
         self.nodes: dict[str, Callable[[Any, Any], Any]] = {}
+        self.seed = 0
         self.leaves: dict[str, tuple[Any, Any]] = {}
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
@@ -621,6 +625,10 @@ class Blocks:
             )
         return self.local.reshape(shape).permute(list(self.perm))
 
+    def with_local(self, local: Any) -> Blocks:
+        """Other blocks of the same layout and view."""
+        return Blocks(local, self.layout, self.view, self.perm, self.dist)
+
     def seen_as(self, view: Sequence[int], perm: Sequence[int]) -> Blocks:
         """The same blocks, the module's tensor now ``view`` permuted by ``perm``."""
         return Blocks(self.local, self.layout, tuple(view), tuple(perm), self.dist)
@@ -689,6 +697,11 @@ class _Interpreter:
         #: The operator running: its blocks of parameters stored sharded (FSDP), each with the
         #: gather of it again (:meth:`DistributedModule.stored_block`).
         self.unit: list[tuple[Any, Callable[[], Any]]] = []
+        #: The program's draws of random values, numbered in program order.
+        self.draws: dict[str, int] = {}
+        for n in dist.program.graph.nodes:
+            if n.op == "call_function" and draws(packet_name(n.target), n.args, n.kwargs):
+                self.draws[n.name] = len(self.draws)
 
     def run(self, *args: Any) -> Any:
         return self.interpreter.run(*args, enable_io_processing=False)
@@ -781,20 +794,6 @@ class _Interpreter:
         """Whether ``x`` is a DTensor holding partial sums along some mesh dim."""
         return isinstance(x, self.dtensor.DTensor) and any(p.is_partial() for p in x.placements)
 
-    def dropout(self, x: Any, p: float) -> Any:
-        """A training dropout of partial sums: one mask for all the addends of each element
-        (drawn by DTensor on ``x``'s placements with the partial dims replicated), applied to
-        each addend (dropout is linear in its input). DTensor refuses to draw a mask on
-        partial placements."""
-        DTensor = self.dtensor.DTensor
-        whole = [self.dtensor.Replicate() if q.is_partial() else q for q in x.placements]
-        like = DTensor.from_local(
-            self.local_of(x), self.dist.mesh, whole, run_check=False, shape=x.shape,
-            stride=x.stride(),
-        )  # fmt: skip
-        mask = _torch().empty_like(like).bernoulli_(1 - p)
-        return x * mask / (1 - p)
-
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         if node.name in dist.nodes:
@@ -803,7 +802,16 @@ class _Interpreter:
         if packet_name(target).startswith("_assert"):
             return None  # export's checks of shapes, dtypes and devices: nothing to compute
         if packet_name(target) == "lift_fresh_copy":
+            if isinstance(args[0], self.dtensor.DTensor):
+                # A constant the module makes (``torch.tensor``): a copy of its replicated block
+                # (DTensor has no rule for this op).
+                x = args[0]
+                return self.dtensor.DTensor.from_local(
+                    self.local_of(x).clone(), dist.mesh, x.placements, run_check=False
+                )
             return args[0]  # a constant of the program, already on every rank as it is
+        if node.name in self.draws:
+            return self.draw(node, target, args, kwargs)
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
         if args and isinstance(args[0], _Cut):
@@ -815,15 +823,14 @@ class _Interpreter:
                 return carried
             # No operator of the plan: DTensor runs it (where the blocks have its form).
             args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
-        if packet_name(target) == "dropout" and self.partial(args[0]) and args[1] and args[2]:
-            return self.dropout(args[0], args[1])
-        if packet in self.views and isinstance(args[0], self.dtensor.DTensor):
+        operator = dist.replay is not None and outputs  # a view of a permute: data moves
+        if packet in self.views and isinstance(args[0], self.dtensor.DTensor) and not operator:
             out = self.view(args[0], args[1])
             if out is not None:
                 return out
             if dist.replay is not None:
                 return _Pending(args[0], tuple(int(d) for d in node.meta["val"].shape))
-        if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor):
+        if packet in self.permutes and isinstance(args[0], self.dtensor.DTensor) and not operator:
             return self.permute(node, target, args)
         leaves = _leaves([*args, *kwargs.values()])
         if dist.replay is not None and outputs:
@@ -849,11 +856,48 @@ class _Interpreter:
                 out = tracer.mark(out, link.op)
         return out
 
+    def draw(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        """A draw of random values (:mod:`taps.export.draws`): the whole value drawn from the
+        run's seed, this rank's block of it taken in the placement of the tensor it is drawn
+        for (a dropout multiplies its input's block by its block of the mask)."""
+        dist, DTensor = self.dist, self.dtensor.DTensor
+        name = packet_name(target)
+        val = node.meta["val"]
+        whole = drawn(name, args, kwargs, tuple(val.shape), dist.seed, self.draws[node.name])
+        x = args[0] if args and name != "rand" else None
+        if isinstance(x, _Pending):
+            x = x.whole()
+        dropout = name == "dropout"
+        if isinstance(x, Blocks) and (dropout or not x.layout.partial):
+            block = dist.block(whole.permute(_inverse(x.perm)), x.layout).to(x.local)
+            return x.with_local(x.local * block if dropout else block)
+        if isinstance(x, Blocks):
+            x = x.dtensor()
+        if isinstance(x, DTensor):
+            local = self.local_of(x)
+            kept = [self.dtensor.Replicate() if p.is_partial() else p for p in x.placements]
+            block = self.dtensor.distribute_tensor(
+                whole.to(local), dist.mesh, kept, src_data_rank=None
+            ).to_local()
+            return DTensor.from_local(
+                local * block if dropout else block,
+                dist.mesh,
+                x.placements if dropout else kept,
+                run_check=False,
+                shape=x.shape,
+                stride=x.stride(),
+            )
+        like = next(iter([*dist.parameters.values(), *dist.buffers.values()]), None)
+        device = like.to_local().device if like is not None else "cpu"
+        whole = whole.to(dtype=val.dtype, device=device)
+        return x * whole.to(x) if dropout else whole
+
     def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
         """A node that is no operator of the plan run on :class:`Blocks` without computing:
         a view (of a tensor whose dims are in the graph tensor's order), a transpose,
-        ``unsqueeze``/``squeeze``, a copy, a dropout that drops nothing, or a split (its pieces
-        taken by the operators reading them); ``None`` for anything else."""
+        ``unsqueeze``/``squeeze``, a copy, a dropout that drops nothing, a padding by nothing,
+        or a split (its pieces taken by the operators reading them); ``None`` for anything
+        else."""
         x, name = args[0], packet_name(target)
         if not isinstance(x, Blocks):
             return None
@@ -874,8 +918,10 @@ class _Interpreter:
             keep = [v for v in range(len(x.view)) if v not in gone]
             view = [x.view[v] for v in keep]
             return x.seen_as(view, [keep.index(p) for p in x.perm if p not in gone])
-        if name in ("contiguous", "clone", "alias") or (
-            name == "dropout" and (args[1] == 0 or not args[2])
+        if (
+            name in ("contiguous", "clone", "alias")
+            or (name == "dropout" and (args[1] == 0 or not args[2]))
+            or (name == "pad" and not any(args[1]))
         ):
             return x
         if name in ("split", "split_with_sizes", "chunk", "unbind"):
@@ -1078,20 +1124,23 @@ class _Interpreter:
         linked: dict[int, tuple[tuple[int, ...], Layout, Link]],
         shape: tuple[int, ...],
         out: Blocks,
+        start: int | None = None,
     ) -> Any:
         """A whole tensor the operator reads beside its graph operands (a buffer, a constant
         table) as the rank's block of it: in the layout of a linked input of its shape
-        (BatchNorm's running statistics, shaped as its weight), else cut where it broadcasts
-        against a split dim of the output ``out`` (rotary tables, masks)."""
+        (BatchNorm's running statistics, shaped as its weight) unless it has the output's
+        shape, else cut where it broadcasts against a split dim of the output ``out`` (rotary
+        tables, masks, a gather's index; its dims are the output's from ``start`` on, by
+        default its trailing ones, as broadcasting aligns them)."""
         same = next(((lay, li) for s, lay, li in linked.values() if s == tuple(x.shape)), None)
-        if same is not None:
+        if same is not None and tuple(x.shape) != shape:  # shaped as the output: cut as it
             layout, link = same
             graph = x.detach().permute(_inverse(link.perm)).reshape(link.graph_shape)
             return Blocks(
                 self.dist.block(graph, layout), layout, link.graph_shape, link.perm, self.dist
             ).framework()
         sizes, offsets = self.dist.block_range(out)
-        lead = len(shape) - x.dim()
+        lead = len(shape) - x.dim() if start is None else start
         for d in range(max(0, -lead), x.dim()):
             o = d + lead
             if x.shape[d] == shape[o] and sizes[o] != shape[o]:
@@ -1140,17 +1189,25 @@ class _Interpreter:
                 )
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         packet = packet_name(target)
+        starts = _index_dims(packet, node.args)
         if bias is not None and at == 0:  # addmm's bias, added after the partial sums
             local[0] = local[1].new_zeros(())
         for k, x in enumerate(local):
             if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
-                local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks)
+                local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks, starts.get(k))
             elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
                 local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
-        if packet == "expand":  # its sizes (flattened after the input) are the output's
+        if packet in _SIZED:  # its sizes (after the input) are the output's: the block's
             shape = dist.block_range(result_blocks)[0]
             for i, size in enumerate(shape):
-                local[1 + i] = -1 if local[1 + i] == -1 else size
+                local[1 + i] = size
+            if packet == "view":  # of a block, which a permute before may leave strided
+                target = torch.ops.aten.reshape.default
+        if packet == "repeat":  # its counts: the output's block over the input's
+            shape = dist.block_range(result_blocks)[0]
+            have = [1] * (len(shape) - local[0].dim()) + list(local[0].shape)
+            for i, (size, n) in enumerate(zip(shape, have)):
+                local[1 + i] = size // n
         share = _mean_share(node, leaves[0], local[0]) if packet == "mean" else 1.0
         inside = None
         if packet == "embedding" and 0 in linked:  # rows of the table split: each rank its own
@@ -1184,8 +1241,8 @@ class _Interpreter:
                 assert link.slot is not None
                 ours = replay.layouts.inputs[link.op][link.slot]
                 b = self.local_of(self._to(bias, dist.layout_placements(ours, link)))
-                have = {a for axes in mesh.dim_axes(ours) for a in axes}
-                result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - have))
+                held = {a for axes in mesh.dim_axes(ours) for a in axes}
+                result = result + replay.steps.sum_grad(b, _ordered(mesh.axis_names, used - held))
             if unit:  # FSDP: the blocks gathered again before the operator's backward
 
                 def fetch() -> None:
@@ -1204,6 +1261,28 @@ class _Interpreter:
                 stride=tuple(val.stride()),
             )
             return dist.tracer.mark(made, out.op)
+
+
+#: Operators whose arguments after the input are the output's sizes (a view of a permuted
+#: tensor merging its dims is an operator: its data moves).
+_SIZED = ("expand", "broadcast_to", "view", "reshape", "_unsafe_view")
+
+
+def _index_dims(packet: str, args: Sequence[Any]) -> dict[int, int]:
+    """Per argument (by leaf) holding indices, the output dim its dims start at: an
+    embedding's ids are its output's leading dims; ``index``'s tensors (broadcast together)
+    sit where the dims they index were, or first when those are not adjacent."""
+    if packet == "embedding":
+        return {1: 0}
+    if packet != "index":
+        return {}
+    indices = list(args[1])
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos:
+        return {}
+    first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    rank = max(len(indices[i].meta["val"].shape) for i in pos)
+    return {1 + i: first + rank - len(indices[i].meta["val"].shape) for i in pos}
 
 
 def _order(name: str, rank: int, args: Any) -> list[int]:

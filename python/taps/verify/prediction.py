@@ -96,19 +96,25 @@ def predicted_collectives(
     itemsize: int,
     describe: Mapping[str, str],
     backward: Sequence[Redistribution | None] = (),
+    itemsizes: Mapping[object, int] | None = None,
 ) -> list[Predicted]:
     """taps' collectives of a plan at ``itemsize`` bytes per element: every edge's steps (scope
     ``e<i>``), every operator's all_reduces (``o<j>``; gradients in the backward phase, a ZeRO
     gradient as its reduce_scatter and all_gather, each half the all_reduce's bytes; under
     sharded storage, FSDP, a parameter's gathers before the forward and the backward and its
     gradient's reduce_scatter, each half the gradient all_reduce's bytes), and the
-    steps of the edges' ``backward`` plans (backward phase), if given."""
+    steps of the edges' ``backward`` plans (backward phase), if given. ``itemsizes``: the
+    element sizes that differ from ``itemsize`` (integer tensors keep their width), by tensor
+    name (an operator's collectives) or by ``(consumer, slot)`` (an edge's steps)."""
     cluster = layouts.plan.cluster
+    graph = layouts.plan.graph
+    sizes = itemsizes or {}
     out = []
-    for j, op in enumerate(layouts.plan.graph.ops):
+    for j, op in enumerate(graph.ops):
         for c in intra[op.name]:
-            cost = round(cluster.collective_cost(c.layout, "all_reduce", None, itemsize, "volume"))
-            seconds = cluster.collective_cost(c.layout, "all_reduce", None, itemsize)
+            size = sizes.get(c.tensor, itemsize)
+            cost = round(cluster.collective_cost(c.layout, "all_reduce", None, size, "volume"))
+            seconds = cluster.collective_cost(c.layout, "all_reduce", None, size)
             groups = layout_groups(c.layout, _unused_dims(c.layout))
             phase = "forward" if c.reason in FORWARD else "backward"
             what = f"{c.reason} of {c.tensor}"
@@ -125,8 +131,9 @@ def predicted_collectives(
                 share = seconds if kind == "all_reduce" else seconds / 2
                 out.append(Predicted(kind, groups, b, f"o{j}", phase, what, seconds=share))
     for i, (e, plan) in enumerate(layouts.redistributions):
+        size = sizes.get((e.consumer, e.slot), itemsize)
         out += predicted_steps(
-            plan, cluster, itemsize, f"e{i}", describe[f"e{i}"], "forward", e.producer
+            plan, cluster, size, f"e{i}", describe[f"e{i}"], "forward", e.producer
         )
     for i, ((e, _), back) in enumerate(zip(layouts.redistributions, backward)):
         if back is not None:

@@ -40,10 +40,10 @@ from taps.verify.torch.values import (
     cast_inputs,
     import_torch,
     materialize,
+    placed_inputs,
     replaying,
     token_bound,
     torch_dtype,
-    user_specs,
 )
 
 
@@ -86,6 +86,7 @@ def collective_rows(
             xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
             exported = export_module(dense, *xs)
             dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode, exported=exported)
+            dist.seed = seed
             moe.install(dist, exported)
             recorder = Recorder(
                 {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},
@@ -93,7 +94,7 @@ def collective_rows(
                 tuple(grid.shape),
             )
             dist.tracer = recorder
-            placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(user_specs(dist), xs)]
+            placed = placed_inputs(dist, xs)
             t1 = time.perf_counter()
             with recorder.recording():
                 outs = dist(*placed)
@@ -103,7 +104,14 @@ def collective_rows(
         finally:
             tdist.destroy_process_group()
     describe = describe_scopes(layouts)
-    predicted = predicted_collectives(layouts, step.intra, tdtype.itemsize, describe, step.backward)
+    predicted = predicted_collectives(
+        layouts,
+        step.intra,
+        tdtype.itemsize,
+        describe,
+        step.backward,
+        integer_sizes(dist.program, dist.conversion),
+    )
     # A node that makes several operators (attention: scores, softmax, context) runs backward as
     # one torch operator, in the scope of the operator that makes its output.
     index = recorder.ops
@@ -127,6 +135,32 @@ def collective_rows(
     if paper:
         rows = [_backward_status(r) for r in rows]
     return rows, {"compile": t1 - t0, "run": t2 - t1}
+
+
+def integer_sizes(program: Any, conversion: Any) -> dict[object, int]:
+    """The element sizes of what the module holds as integers (position ids: the run keeps
+    them so, floating tensors take the run's dtype): by graph tensor, an operator's output; by
+    ``(operator, slot)``, what an edge carries into the operator. ``program`` is the module's
+    export, ``conversion`` the front end's conversion of it."""
+    from taps.export.distribute import _leaves
+
+    graph = conversion.graph
+    out: dict[object, int] = {}
+
+    def integer(val: Any) -> bool:
+        return hasattr(val, "is_floating_point") and not val.is_floating_point()
+
+    for node in program.graph.nodes:
+        args = _leaves([*node.args, *node.kwargs.values()])
+        for link in conversion.links.get(node.name, []):
+            val = node.meta.get("val") if link.slot is None else args[link.arg].meta.get("val")
+            if not integer(val):
+                continue
+            if link.slot is None:
+                out[graph.op(link.op).output.tensor] = val.dtype.itemsize
+            else:
+                out[(link.op, link.slot)] = val.dtype.itemsize
+    return out
 
 
 def _backward_status(row: CollectiveCheck) -> CollectiveCheck:

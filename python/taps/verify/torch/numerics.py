@@ -20,6 +20,7 @@ from typing import Any
 from taps._core import Cluster
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module, export_module
+from taps.export.draws import drawing
 from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
 from taps.verify.result import step_errors
@@ -29,6 +30,7 @@ from taps.verify.torch.values import (
     backward,
     cast_inputs,
     materialize,
+    placed_inputs,
     token_bound,
     torch_dtype,
     user_specs,
@@ -61,6 +63,7 @@ def gloo_errors(
     """Per output (``"output i"``) and per gradient (``"grad name"``), the error relative to the
     dense module, from ``ranks`` gloo processes running taps' plan for them."""
     small = numerics_plan(plan, ranks)
+    _check_batch_statistics(module, small)
     with tempfile.TemporaryDirectory(prefix="taps-gloo-") as tmp:
         payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
@@ -68,6 +71,27 @@ def gloo_errors(
         run_ranks(__name__, tmp, ranks)
         with open(os.path.join(tmp, "errors.json")) as f:
             return dict(json.load(f))
+
+
+def _check_batch_statistics(module: Any, plan: Plan) -> None:
+    """A one-line :class:`VerifyError` when ``plan`` splits the batch of a BatchNorm in
+    training mode: each device normalises by its own samples' statistics (data parallelism
+    without ``SyncBatchNorm``, as the front end's rule has it), which no dense run of the module
+    computes."""
+    import torch
+
+    layouts = layouts_of(plan)
+    names = {op.name for op in plan.graph.ops if op.kind == "batchnorm"}
+    for name, m in module.named_modules():
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or not m.training:
+            continue
+        if name in names and layouts.mesh.dim_axes(layouts.outputs[name])[0]:
+            raise VerifyError(
+                f"BatchNorm {name!r} in training mode normalises each device's part of the "
+                "split batch by its own statistics, which the dense module does not: compare "
+                "the numbers in eval mode (module.eval()), or verify the collectives only "
+                "(numerics=None, --gloo 0)"
+            )
 
 
 def prepare(payload: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -94,9 +118,10 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         layouts = layouts_of(plan)
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
         dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps", exported=exported)
+        dist.seed = seed
         moe.install(dist, exported)
         specs = user_specs(dist)
-        placed = [dist.distribute_input(s.arg.name, x) for s, x in zip(specs, xs)]
+        placed = placed_inputs(dist, xs)
         outs = dist(*placed)
         cts = backward(dist, outs, seed)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -109,18 +134,29 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         if rank != 0:
             return
         # The dense run on the same values.
-        refs = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
-        if moe.has_blocks(plan.graph):  # the experts' routing fixed as the replay's
-            want_outs = moe.dense_run(exported, dense, refs)
-        else:
-            want_outs = dense(*refs)
-        want_outs = list(want_outs) if isinstance(want_outs, (list, tuple)) else [want_outs]
+        refs = [
+            x.detach().clone().requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor)
+            else x  # an absent mask
+            for x in xs
+        ]
+        with drawing(seed):  # the replay's random values (dropout's masks)
+            if moe.has_blocks(plan.graph):  # the experts' routing fixed as the replay's
+                want_outs = moe.dense_run(exported, dense, refs)
+            else:
+                want_outs = dense(*refs)
+        # Flattened as the exported program's outputs are (a model output's fields in order).
+        want_outs = torch.utils._pytree.tree_leaves(want_outs)
         pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
         torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
         want = {f"output {i}": y for i, y in enumerate(want_outs)}
         want.update({f"grad {k}": p.grad for k, p in dense.named_parameters()})
         want.update(
-            {f"grad {s.arg.name}": x.grad for s, x in zip(specs, refs) if x.grad is not None}
+            {
+                f"grad {s.arg.name}": x.grad
+                for s, x in zip(specs, refs)
+                if getattr(x, "grad", None) is not None
+            }
         )
         errors = step_errors(
             {k: v.detach().double().numpy() for k, v in got.items()},

@@ -130,6 +130,16 @@ def user_specs(dist: DistributedModule) -> list[Any]:
     return [s for s in dist.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
 
 
+def placed_inputs(dist: DistributedModule, xs: Sequence[Any]) -> list[Any]:
+    """The module's inputs placed as the plan reads them (a ``None``, an absent mask, as it
+    is)."""
+    torch = import_torch()
+    return [
+        dist.distribute_input(s.arg.name, x) if isinstance(x, torch.Tensor) else x
+        for s, x in zip(user_specs(dist), xs)
+    ]
+
+
 #: The fx interpreter's note of the node a failure happened at.
 _NODE = re.compile(r"While executing %(\S+)")
 

@@ -1,0 +1,89 @@
+"""The random values of a step (dropout's masks, stochastic depth's): each draw is a whole tensor
+made from the run's seed and the draw's place in the step, so that every rank holding an element
+holds the same value (tensor-parallel ranks must drop the same activations), each rank takes
+its block of it, and a dense run of the module drawing in the same order (:func:`drawing`) draws
+the very same values: the replay's numbers compare exactly with random ops in the step.
+
+A draw is a call of ``dropout`` that drops something (``p > 0`` in training), ``bernoulli``
+(``bernoulli_``) with a probability given as a number, or ``rand`` (``rand_like``); the
+``k``-th draw of a step, in program order (which is the order the module calls them), takes
+generator seed ``seed * 7919 + k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from taps._support.extras import require
+from taps.errors import ExportError
+
+#: The operators (and functions of the module's code) that draw.
+DRAWING = ("dropout", "bernoulli", "bernoulli_", "rand", "rand_like")
+
+
+def _dropout_args(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[float, bool]:
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    train = args[2] if len(args) > 2 else kwargs.get("train", kwargs.get("training", True))
+    return float(p), bool(train)
+
+
+def draws(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a call of ``name`` on ``args`` draws (a dropout that drops nothing does not)."""
+    if name == "dropout":
+        p, train = _dropout_args(args, kwargs)
+        return p > 0 and train
+    return name in DRAWING
+
+
+def drawn(
+    name: str, args: Sequence[Any], kwargs: dict[str, Any], shape: Sequence[int], seed: int, k: int
+) -> Any:
+    """The ``k``-th draw of a step, whole (``shape``, float64 on the CPU): a dropout's scaled
+    keep mask (``x`` times it is the dropout), a Bernoulli sample, or uniform values."""
+    torch = require("torch", "torch", "the step's random values")
+    gen = torch.Generator().manual_seed(seed * 7919 + k)
+    u = torch.rand(tuple(shape), generator=gen, dtype=torch.float64)
+    if name == "dropout":
+        p, _ = _dropout_args(args, kwargs)
+        return (u >= p).double() / (1 - p)
+    if name.startswith("bernoulli"):
+        q = args[1] if len(args) > 1 else kwargs.get("p")
+        if not isinstance(q, (int, float)):
+            raise ExportError(f"{name} with probabilities from a tensor is not replayed")
+        return (u < q).double()
+    return u
+
+
+@contextmanager
+def drawing(seed: int) -> Iterator[None]:
+    """Inside, the module's own code draws the step's values (:func:`drawn`, in call order):
+    the dense run that a replay seeded with ``seed`` is compared with."""
+    torch = require("torch", "torch", "the step's random values")
+    from torch.overrides import TorchFunctionMode
+
+    count = [0]
+
+    class Mode(TorchFunctionMode):  # type: ignore[misc]
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if name not in DRAWING or not draws(name, args, kwargs):
+                return func(*args, **kwargs)
+            x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            shape = x.shape if x is not None else func(*args, **kwargs).shape
+            value = drawn(name, args, kwargs, shape, seed, count[0])
+            count[0] += 1
+            like = x if x is not None else torch.empty((), dtype=kwargs.get("dtype"))
+            value = value.to(dtype=like.dtype, device=like.device)
+            if name == "dropout":
+                return x * value
+            if name == "bernoulli_" and x is not None:
+                return x.copy_(value)
+            return value
+
+    with Mode():
+        yield
