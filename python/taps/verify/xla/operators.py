@@ -567,6 +567,7 @@ OPERATORS: dict[str, Form] = {
     "mean": _mean,
     # A power's exponent is not in the graph: squared, as RMS norms take it.
     "pow": _elementwise(lambda x: x * x),
+    "square": _elementwise(lambda x: x * x),
     "rsqrt": _elementwise(lambda x: _jnp().reciprocal(_jnp().sqrt(_jnp().abs(x)))),
     "sqrt": _elementwise(lambda x: _jnp().sqrt(_jnp().abs(x))),
     "exp": _elementwise(_unary("exp")),
