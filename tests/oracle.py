@@ -8,7 +8,7 @@ imports ``taps``.
 
 from __future__ import annotations
 
-from math import prod
+from math import ceil, prod
 from typing import Any
 
 from sim import coords, dev_size, parts, shard_shape
@@ -78,13 +78,13 @@ def members_in_node(layout: Any, gdims: set[int], devices_per_node: int) -> int:
 
 
 def volume_elements(layout: Any, collective: str, device_dim: int | None = None) -> float:
-    """Per-device volume in elements (all_reduce ``2(g-1)/g*s``, all_gather ``(g-1)*s``,
-    all_to_all ``(g-1)/g*s``)."""
+    """Per-device volume in elements (all_reduce ``2(g-1)/g*s`` rounded up to whole elements,
+    all_gather ``(g-1)*s``, all_to_all ``(g-1)/g*s``)."""
     _, dm, _ = parts(layout)
     s = prod(shard_shape(layout))
     g = prod(dev_size(dm, k) for k in group_dims(layout, collective, device_dim))
     if collective == "all_reduce":
-        return 2 * (g - 1) / g * s
+        return ceil(2 * (g - 1) * s / g)
     if collective == "all_gather":
         return (g - 1) * s
     return (g - 1) / g * s

@@ -502,8 +502,9 @@ def allreduce_cost(layout: Triple, c: Any, dtype_bytes: float, model: str) -> fl
     """An all_reduce of partial sums over the device dims the map does not use."""
     _, dm, tm = layout
     group = [k for k in range(len(dm)) if k not in tm]
-    g = float(prod(dsize(dm, k) for k in group))
-    nbytes = 2.0 * (g - 1.0) / g * shard_size(layout) * dtype_bytes
+    g = prod(dsize(dm, k) for k in group)
+    # A ring's 2 (g-1)/g of the shard, in whole elements.
+    nbytes = -(-2 * (g - 1) * shard_size(layout) // g) * dtype_bytes
     if model == "volume":
         return nbytes
     return seconds(layout, "all_reduce", group, nbytes, cluster_params(c))

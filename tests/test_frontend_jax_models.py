@@ -2,7 +2,7 @@
 loss): every pytree leaf is one graph parameter (a scanned stack named as the leaf, a tied
 embedding one parameter), gathers and scatters on integer labels and ids convert, a search
 runs, the export places every leaf with a spec of its rank, and layer norms written the usual
-ways verify on XLA."""
+ways (by hand, flax, equinox) and a cross-entropy on integer labels verify on XLA."""
 
 from __future__ import annotations
 
@@ -179,15 +179,35 @@ def _ln_rsqrt(p, x):
     return (x - m) * jax.lax.rsqrt(v + 1e-5) * p["g"] + p["b"]
 
 
-@pytest.mark.parametrize("form", [_ln_mean_var, _ln_rsqrt, "flax"])
+@pytest.mark.parametrize("form", [_ln_mean_var, _ln_rsqrt, "flax", "equinox"])
 def test_layer_norms_verify_on_xla(form):
     """The usual JAX layer norms (their mean kept with keepdims, then broadcast back) replay
     on 8 XLA host devices, every collective as priced."""
     if form == "flax":
         fn = lambda p, x: nn.LayerNorm().apply(p, x)  # noqa: E731
         params = jax.eval_shape(nn.LayerNorm().init, jax.random.key(0), X)
+    elif form == "equinox":
+        norm = eqx.filter_eval_shape(eqx.nn.LayerNorm, 32)
+        params, static = eqx.partition(norm, lambda leaf: isinstance(leaf, S))
+        fn = lambda p, x: jax.vmap(eqx.combine(p, static))(x)  # noqa: E731
     else:
         fn, params = form, {"g": S((32,), F32), "b": S((32,), F32)}
     g = from_jax(fn, params, X)
+    result = taps.verify(taps.search(g, taps.Cluster(2, 4)).plan)
+    assert result.ok, result
+
+
+def _picked(logits, labels):
+    """The cross-entropy's pick written as advanced indexing (rows by ``arange``)."""
+    return -jax.nn.log_softmax(logits)[jnp.arange(logits.shape[0]), labels].mean()
+
+
+@pytest.mark.parametrize("pick", [_cross_entropy, _picked])
+def test_a_cross_entropy_on_integer_labels_verifies_on_xla(pick):
+    """A linear classifier's loss on integer labels (a ``gather`` of the log-probabilities at
+    the labels, ``take_along_axis`` or ``x[arange, labels]``) replays on 8 XLA host devices:
+    every collective as priced, the loss and gradients those of the unsharded run."""
+    g = from_jax(lambda p, x, labels: pick(x @ p["w"], labels), {"w": S((32, 10), F32)}, X, LABELS)
+    assert "gather" in [op.kind for op in g.ops]
     result = taps.verify(taps.search(g, taps.Cluster(2, 4)).plan)
     assert result.ok, result

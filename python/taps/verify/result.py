@@ -4,7 +4,8 @@ records every engine fills in (:class:`Predicted`, :class:`Measured`), their pai
 
 Bytes are per device received, the convention of taps' cost model (``s`` the bytes each device puts
 in, ``g`` the group size): all-gather ``(g-1) s``, all-to-all and reduce-scatter ``(g-1)/g s``,
-all-reduce ``2(g-1)/g s`` (ring), collective-permute ``s``.
+all-reduce ``2(g-1)/g s`` (ring) rounded up to whole elements (as taps prices it: a scalar's
+all-reduce over 4 devices receives 2 elements, not 1.5), collective-permute ``s``.
 """
 
 from __future__ import annotations
@@ -90,12 +91,13 @@ class Measured:
     bytes: int
 
 
-def received_bytes(kind: str, in_bytes: int, g: int) -> int:
-    """Bytes each device receives (module doc) for ``in_bytes`` put in by each of ``g``."""
+def received_bytes(kind: str, in_bytes: int, g: int, itemsize: int) -> int:
+    """Bytes each device receives (module doc) for ``in_bytes`` put in by each of ``g``, in
+    elements of ``itemsize`` bytes."""
     if kind == "all_gather":
         return (g - 1) * in_bytes
     if kind == "all_reduce":
-        return 2 * (g - 1) * in_bytes // g
+        return -(-2 * (g - 1) * (in_bytes // itemsize) // g) * itemsize
     if kind in ("all_to_all", "reduce_scatter"):
         return (g - 1) * in_bytes // g
     return in_bytes

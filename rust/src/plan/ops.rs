@@ -353,12 +353,7 @@ pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
         // `g` is a power of two: `s / g` as a shift. The dim a reduce-scatter splits is whole in
         // the shard, so `g` divides `s`.
         OpKind::AllToAll | OpKind::ReduceScatter => (g - 1) * (s >> g.trailing_zeros()),
-        // A ring: reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements
-        // (in 128 bits: `2 (g-1) s` may not fit 64; the result, under `2 s`, saturates).
-        OpKind::AllReduce => {
-            u64::try_from((2 * u128::from(g - 1) * u128::from(s)).div_ceil(u128::from(g)))
-                .unwrap_or(u64::MAX)
-        }
+        OpKind::AllReduce => topology::all_reduce_volume(g, s),
         OpKind::CollectivePermute => s,
     }
 }

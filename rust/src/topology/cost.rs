@@ -486,11 +486,20 @@ fn collective_volume(layout: &Layout, collective: CollectiveKind, size: u64) -> 
     let g = size as f64;
     let s = layout.shard_size() as f64;
     match collective {
-        CollectiveKind::AllReduce => 2.0 * (g - 1.0) / g * s,
+        // Whole elements, as a plan's all_reduce step is priced (a scalar's over 4 devices: 2).
+        CollectiveKind::AllReduce => all_reduce_volume(size, layout.shard_size()) as f64,
         CollectiveKind::AllGather => (g - 1.0) * s,
         CollectiveKind::AllToAll | CollectiveKind::ReduceScatter => (g - 1.0) / g * s,
         CollectiveKind::CollectivePermute => s,
     }
+}
+
+/// Elements received per device by a ring all_reduce over `g` devices holding `s` elements each:
+/// reduce-scatter then all-gather, `2 (g-1)/g s`, rounded up to whole elements (in 128 bits:
+/// `2 (g-1) s` may not fit 64; the result, under `2 s`, saturates).
+pub(crate) fn all_reduce_volume(g: u64, s: u64) -> u64 {
+    u64::try_from((2 * u128::from(g - 1) * u128::from(s)).div_ceil(u128::from(g)))
+        .unwrap_or(u64::MAX)
 }
 
 /// `ct` for a valid group, the device dims that pass `in_group`: 0 if the group stays inside a

@@ -137,7 +137,7 @@ class Recorder(Tracer):
                     g,
                     str(x.dtype).removeprefix("torch."),
                     in_bytes,
-                    received_bytes(kind, in_bytes, g),
+                    received_bytes(kind, in_bytes, g, int(x.element_size())),
                 ),
             )
         )

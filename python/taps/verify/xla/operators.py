@@ -13,9 +13,12 @@ draws below the indexed size (:func:`index_bounds`); a vocabulary split over dev
 own rows as a one-hot product, whose partial sums the reduce adds up, as a vocabulary-parallel
 embedding does. Axes of the output that no input has are broadcast (``expand``, ``repeat``), or
 taken from the whole input axis they narrow (``slice``, ``split``: the graph keeps sizes, not
-offsets, so each reads at an offset drawn from its name); ``cat`` joins its operands in order,
+offsets, so the operators narrowing one tensor read consecutive pieces, :func:`narrow_offsets`);
+``cat`` joins its operands in order,
 zeros where a constant operand was. Pointwise kinds run their function (a ``pow`` squares: the
-exponent is not in the graph); others of one operand pass it through.
+exponent is not in the graph; a scalar operand the graph drops is a constant of the operator's
+own, :func:`constant`); ``cumsum`` sums along its whole axis; others of one operand pass it
+through.
 Where an operator needs its place in the tensor (a one-hot's offset, a broadcast's block size),
 it asks its :class:`Block`.
 
@@ -40,13 +43,21 @@ Reduce = Callable[..., Any]
 
 class Block:
     """A device's block of an operator's axes: per axis, its size and the mesh axes that split
-    it (major first); the whole axis from 0 outside ``shard_map`` (no split)."""
+    it (major first); the whole axis from 0 outside ``shard_map`` (no split). ``offsets``: per
+    piece the operator reads (a slice's output axis, a selected dim), where it starts in the
+    input's dim (:func:`narrow_offsets`; drawn from the operator's name if not given)."""
 
-    def __init__(self, op: Operator, splits: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+    def __init__(
+        self,
+        op: Operator,
+        splits: Mapping[str, Sequence[tuple[str, int]]],
+        offsets: Mapping[str, int] | None = None,
+    ) -> None:
         self.splits = {a: tuple(splits.get(a, ())) for a in op.axes}
         self.sizes = {
             a: op.axis_size(a) // math.prod(n for _, n in s) for a, s in self.splits.items()
         }
+        self.offsets = dict(offsets or {})
 
     def size(self, axis: str) -> int:
         """The block's size along ``axis``."""
@@ -68,9 +79,9 @@ class Block:
 Form = Callable[[Operator, list[Any], Reduce, Block], Any]
 
 
-def whole(op: Operator) -> Block:
+def whole(op: Operator, offsets: Mapping[str, int] | None = None) -> Block:
     """The block of a device holding ``op``'s whole axes."""
-    return Block(op, {})
+    return Block(op, {}, offsets)
 
 
 def _jnp() -> Any:
@@ -131,6 +142,43 @@ def _windows(op: Operator, dtype: Any) -> list[tuple[tuple[str, ...], Any]]:
     return out
 
 
+def _narrows(
+    op: Operator, dims: Sequence[str], factors: Sequence[Sequence[str]]
+) -> list[tuple[int, str, int]]:
+    """The dims of an operand (``dims``, one of ``factors``) that ``op`` reads a piece of:
+    ``<name>_in`` narrowed to its output axis ``<name>_out`` (which no factor has), and
+    ``<name>_sel`` of which it selects one index (a split's piece, ``unbind``; the output lacks
+    it). As ``(position, key, size)``: ``key`` the output axis, or the selected dim."""
+    out = []
+    for k, d in enumerate(dims):
+        narrow = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
+        if narrow in op.output.dims and not any(narrow in f for f in factors):
+            out.append((k, narrow, op.axis_size(narrow)))
+        elif d.endswith("_sel") and d not in op.output.dims:
+            out.append((k, d, 1))
+    return out
+
+
+def narrow_offsets(ops: Sequence[Operator]) -> dict[str, dict[str, int]]:
+    """Where each operator reading a piece of its input (:func:`_narrows`: a slice, a split's
+    piece) starts in that dim: the operators reading pieces of one tensor's dim take
+    consecutive pieces, in graph order (a split's or an unbind's pieces, a rotary half and the
+    other), wrapping round past its end. Sibling pieces differ, as in the model (the graph
+    keeps sizes, not offsets)."""
+    taken: dict[tuple[str, int], int] = {}
+    out: dict[str, dict[str, int]] = {}
+    for op in ops:
+        factors = [o.dims for o in op.inputs if not o.addend]
+        for o in op.inputs:
+            if o.addend:
+                continue
+            for k, key, n in _narrows(op, o.dims, factors):
+                first = taken.get((o.tensor, k), 0)
+                out.setdefault(op.name, {})[key] = first % (op.axis_size(o.dims[k]) - n + 1)
+                taken[(o.tensor, k)] = first + n
+    return out
+
+
 def _contract(
     op: Operator,
     factors: Sequence[tuple[Sequence[str], Any]],
@@ -140,20 +188,24 @@ def _contract(
 ) -> Any:
     """The product of ``factors`` (and of a convolution's or pooling's windows) summed over the
     axes the output lacks, its partial sums reduced; then ``addends`` (a bias), once. An output
-    axis ``<name>_out`` no factor has narrows the whole input axis ``<name>_in`` (from its
-    start: a slice); any other output axis no factor has is a broadcast."""
+    axis ``<name>_out`` no factor has narrows the whole input axis ``<name>_in`` (a slice, from
+    the block's offset), and a dim ``<name>_sel`` the output lacks is read at one index (a
+    split's piece); any other output axis no factor has is a broadcast."""
     jnp = _jnp()
     narrowed: list[tuple[list[str], Any]] = []
     for dims, x in factors:
         names = list(dims)
-        for k, d in enumerate(dims):
-            narrow = d[: -len("_in")] + "_out" if d.endswith("_in") else ""
-            if narrow in op.output.dims and not any(narrow in f for f, _ in factors):
-                # Its own offset (the graph keeps none): XLA must not merge slices the model
-                # takes at different places.
-                first = zlib.crc32(op.name.encode()) % (op.axis_size(d) - block.size(narrow) + 1)
-                x = jnp.take(x, first + np.arange(block.size(narrow)), axis=k)
-                names[k] = narrow
+        for k, key, _ in _narrows(op, dims, [f for f, _ in factors]):
+            # A selected index stays a dim of size 1, which the einsum sums away.
+            n = block.size(key) if key in op.output.dims else 1
+            # Its own offset (the graph keeps none): XLA must not merge slices the model takes
+            # at different places.
+            first = block.offsets.get(key)
+            if first is None:
+                first = zlib.crc32(op.name.encode()) % (op.axis_size(dims[k]) - n + 1)
+            x = jnp.take(x, first + np.arange(n), axis=k)
+            if key in op.output.dims:
+                names[k] = key
         narrowed.append((names, x))
     narrowed += [(list(dims), w) for dims, w in _windows(op, narrowed[0][1].dtype)]
     letters = {a: chr(ord("a") + i) if i < 26 else chr(65 + i - 26) for i, a in enumerate(op.axes)}
@@ -225,11 +277,21 @@ def index_bounds(op: Operator) -> dict[int, int]:
     return {i: min(indexed) for i in range(len(op.inputs)) if i != src}
 
 
+def constant(op: Operator) -> float:
+    """The value, in ``[1, 2)``, the replay takes for a constant operand of ``op`` the graph
+    does not keep (a scalar addend or factor, a buffer read by index): drawn from the
+    operator's name, so that two operators the model computes differently never compute the
+    same value (XLA would merge their collectives into one, where the model runs both)."""
+    return 1.0 + zlib.crc32(op.name.encode()) % 1024 / 1024
+
+
 def _constant_source(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
-    """An ``index`` or ``gather`` of a constant table: the index values, broadcast (what the
-    table holds is not in the graph)."""
+    """An ``index`` or ``gather`` of a constant table (what it holds is not in the graph): read
+    as the table whose row ``i`` holds ``i + c`` (:func:`constant`), so the index values plus
+    ``c``, broadcast."""
     factors = [(o.dims, x.astype(_jnp().float32)) for o, x in zip(op.inputs, xs)]
-    return _contract(op, factors, [], reduce, block)
+    # Added once, after the partial sums of a split table (an addend).
+    return _contract(op, factors, [((), _jnp().float32(constant(op)))], reduce, block)
 
 
 def _place(op: Operator, dims: Sequence[str], block: Block) -> Any:
@@ -333,13 +395,31 @@ def _stack(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
 
 def _elementwise(fn: Callable[..., Any], arity: int = 1) -> Form:
     """``fn`` of the operands aligned to the output; of fewer than ``arity`` (the others
-    constants the graph does not keep), the first operand."""
+    constants the graph does not keep), of the operand and :func:`constant`."""
 
     def run(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
         aligned = [_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs)]
-        return aligned[0] if len(aligned) < arity else fn(*aligned)
+        if len(aligned) < arity:
+            aligned.append(constant(op))
+        return fn(*aligned)
 
     return run
+
+
+#: The ``jax.numpy`` function of each comparison kind.
+_COMPARISONS = {
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+}
+
+
+def _compare(kind: str) -> Callable[[Any, Any], Any]:
+    """The comparison ``kind`` of two operands, as 0/1 in the first one's dtype."""
+    return lambda a, b: getattr(_jnp(), _COMPARISONS[kind])(a, b).astype(a.dtype)
 
 
 def _whole_axes(op: Operator) -> tuple[int, ...]:
@@ -360,6 +440,14 @@ def _layernorm(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any
     for x_extra, o in zip(xs[1:], op.inputs[1:]):
         aligned = _align(x_extra, o.dims, op.output.dims)
         y = y * aligned if o is op.inputs[1] else y + aligned
+    return y
+
+
+def _cumsum(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """``cumsum`` along the axis it keeps whole."""
+    y = _align(xs[0], op.inputs[0].dims, op.output.dims)
+    for axis in _whole_axes(op):
+        y = _jnp().cumsum(y, axis=axis)
     return y
 
 
@@ -390,9 +478,10 @@ def _silu(x: Any) -> Any:
 
 def _divide(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     """``div`` of two operands; of one (a division by a constant the graph does not keep, as a
-    JAX mean's sum over its count), the operand as an einsum carries it."""
+    JAX mean's sum over its count), the operand as an einsum carries it over
+    :func:`constant`."""
     if len(xs) != 2:
-        return _einsum(op, xs, reduce, block)
+        return _einsum(op, xs, reduce, block) / constant(op)
     a, b = (_align(x, o.dims, op.output.dims) for x, o in zip(xs, op.inputs))
     return a / b
 
@@ -468,6 +557,9 @@ OPERATORS: dict[str, Form] = {
     "cat": _cat,
     "stack": _stack,
     "mul": _elementwise(lambda a, b: a * b, 2),
+    # Comparisons: 0/1 in the first operand's dtype (a mask, no gradient: position ids from
+    # a padding mask stay small integers, exact in floats).
+    **{kind: _elementwise(_compare(kind), 2) for kind in _COMPARISONS},
     "relu": _elementwise(_relu),
     "gelu": _elementwise(_gelu),
     "silu": _elementwise(_silu),
@@ -475,6 +567,7 @@ OPERATORS: dict[str, Form] = {
     "mean": _mean,
     # A power's exponent is not in the graph: squared, as RMS norms take it.
     "pow": _elementwise(lambda x: x * x),
+    "square": _elementwise(lambda x: x * x),
     "rsqrt": _elementwise(lambda x: _jnp().reciprocal(_jnp().sqrt(_jnp().abs(x)))),
     "sqrt": _elementwise(lambda x: _jnp().sqrt(_jnp().abs(x))),
     "exp": _elementwise(_unary("exp")),
@@ -482,6 +575,7 @@ OPERATORS: dict[str, Form] = {
     "tanh": _elementwise(_unary("tanh")),
     "sigmoid": _elementwise(lambda x: _jnp().reciprocal(1 + _jnp().exp(-x))),
     "layernorm": _layernorm,
+    "cumsum": _cumsum,
     "softmax": _softmax,
     MOE_ROUTE: _route,
     MOE_DISPATCH: _dispatch,

@@ -30,7 +30,7 @@ from taps.verify.prediction import describe_scopes, predicted_collectives
 from taps.verify.result import Predicted, check_dtype, relative_error
 from taps.verify.xla import hlo, sharded
 from taps.verify.xla.devices import jax_with_devices
-from taps.verify.xla.operators import Block, compute, index_bounds, whole
+from taps.verify.xla.operators import Block, compute, index_bounds, narrow_offsets, whole
 
 _SCOPE = re.compile(r"taps_([eo]\d+)")
 
@@ -100,6 +100,8 @@ class GraphProgram:
             (e.consumer, e.slot): (i, e, p) for i, (e, p) in enumerate(self.layouts.redistributions)
         }
         self.describe = describe_scopes(self.layouts)
+        #: Where each narrowing operator starts in its input axis.
+        self.offsets = narrow_offsets(graph.ops)
         rng = np.random.default_rng(seed)
         bounds = self._index_bounds()
         ids = np.random.default_rng([seed, 1])
@@ -167,7 +169,7 @@ class GraphProgram:
             for d, n, axes in zip(o.dims, shape, self.mesh.dim_axes(layout)):
                 if d not in splits and n == op.axis_size(d):
                     splits[d] = [(a, self.jmesh.shape[a]) for a in axes]
-        return Block(op, splits)
+        return Block(op, splits, self.offsets.get(op.name))
 
     def spec(self, layout: Layout) -> Any:
         return self.jax.sharding.PartitionSpec(*layout_spec(self.mesh, layout))
@@ -251,7 +253,7 @@ class GraphProgram:
                 y = all_reduce(y, axes) if axes else y
                 return y if addend is None else y + addend
 
-            block = self.block(op) if mode == "shard_map" else whole(op)
+            block = self.block(op) if mode == "shard_map" else whole(op, self.offsets.get(op.name))
             with jax.named_scope(f"taps_o{j}"):
                 vals[op.name] = fix(compute(op, xs, reduce, block), self.layouts.outputs[op.name])
         return vals
