@@ -1,7 +1,8 @@
 """Search time by cost model and planner, on the paper's search-time cases and the GPT-3 layer.
 
-Columns: the paper's model (``step="forward"``, Algorithm 1), the training step with Algorithm 1
-(the default) and with the optimal planner, each the median of ``--repeat`` runs after a warm-up
+Columns (wall / CPU seconds, the CPU of every thread of the process): the paper's model
+(``step="forward"``, Algorithm 1), the training step with Algorithm 1 (the default) and with the
+optimal planner, each the median of ``--repeat`` runs after a warm-up
 (the optimal planner: one run after a warm-up with Algorithm 1, so that its memo of paths starts
 empty), and the ratio of the optimal planner's time to the default's. ``--against PYTHON`` also
 times the default search of another installation of taps (the interpreter of a virtualenv holding
@@ -59,7 +60,8 @@ def cases(large: bool) -> list[Case]:
 #: Times ``search(**kwargs)`` on the case ``build`` makes: one warm-up run with ``warmup`` (the
 #: same options, or Algorithm 1's for the optimal planner: the imports and caches every search
 #: fills are then warm, and the optimal planner's memo of paths still empty), then ``repeat``
-#: runs; prints the median seconds and the cost as JSON.
+#: runs; prints the median wall and CPU seconds (every thread of the process: on a loaded machine
+#: the wall time measures the load as much as the search) and the cost as JSON.
 TIMER = """
 import json, statistics, sys, time
 import taps
@@ -70,24 +72,35 @@ def run(kwargs):
         return taps.search(graph, cluster, taps.Pricing(**kwargs))
     return taps.search(graph, cluster, **kwargs)
 run({warmup})
-runs = []
+runs, cpu = [], []
 for k in range({repeat}):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     result = run({kwargs})
     runs.append(time.perf_counter() - t)
-print(json.dumps([statistics.median(runs), result.cost]))
+    cpu.append(time.process_time() - c)
+print(json.dumps([statistics.median(runs), statistics.median(cpu), result.cost]))
 """
 
 
-def timed(python: str, case: Case, repeat: int, **kwargs: str) -> tuple[float, float]:
-    """Median seconds and cost of ``repeat`` searches of ``case`` with ``kwargs`` under
-    ``python``, after a warm-up (with Algorithm 1 when ``kwargs`` asks for the optimal planner,
-    whose memo would answer every later run)."""
+def timed(python: str, case: Case, repeat: int, **kwargs: str) -> tuple[float, float, float]:
+    """Median wall and CPU seconds and the cost of ``repeat`` searches of ``case`` with
+    ``kwargs`` under ``python``, after a warm-up (with Algorithm 1 when ``kwargs`` asks for the
+    optimal planner, whose memo would answer every later run)."""
     warmup = {**kwargs, "planner": "paper"} if kwargs.get("planner") == "optimal" else kwargs
     code = TIMER.format(build=case.build, repeat=repeat, kwargs=kwargs, warmup=warmup)
     out = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True)
-    seconds, cost = json.loads(out.stdout.strip().splitlines()[-1])
-    return seconds, cost
+    seconds, cpu, cost = json.loads(out.stdout.strip().splitlines()[-1])
+    return seconds, cpu, cost
+
+
+def pair(timing: tuple[float, float, float]) -> str:
+    """A timing's wall and CPU seconds."""
+    return f"{timing[0]:.3f} / {timing[1]:.3f} s"
+
+
+def ratios(one: tuple[float, float, float], other: tuple[float, float, float]) -> str:
+    """The ratios of two timings' wall and CPU seconds."""
+    return f"{one[0] / other[0]:.2f}x / {one[1] / other[1]:.2f}x"
 
 
 def main() -> None:
@@ -97,7 +110,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs per Algorithm 1 column")
     parser.add_argument("--against", metavar="PYTHON", help="also time this interpreter's taps")
     args = parser.parse_args()
-    table = Table(title="taps.search by cost model and planner (median seconds)")
+    table = Table(title="taps.search by cost model and planner (median seconds: wall / CPU)")
     columns = ["case", "forward, Algorithm 1", "training, Algorithm 1", "ratio"]
     if not args.no_optimal:
         columns += ["training, optimal planner", "/ default", "its cost against Algorithm 1's"]
@@ -108,19 +121,19 @@ def main() -> None:
     here = sys.executable
     for case in cases(args.large):
         started = time.perf_counter()
-        forward, _ = timed(here, case, args.repeat, step="forward")
-        training, paper_cost = timed(here, case, args.repeat)
-        cells = [case.label, f"{forward:.3f} s", f"{training:.3f} s", f"{training / forward:.2f}x"]
+        forward = timed(here, case, args.repeat, step="forward")
+        training = timed(here, case, args.repeat)
+        cells = [case.label, pair(forward), pair(training), ratios(training, forward)]
         if not args.no_optimal:
-            optimal, optimal_cost = timed(here, case, 1, planner="optimal")
+            optimal = timed(here, case, 1, planner="optimal")
             cells += [
-                f"{optimal:.2f} s",
-                f"{optimal / training:.1f}x",
-                f"{optimal_cost / paper_cost - 1:+.1%}",
+                pair(optimal),
+                ratios(optimal, training),
+                f"{optimal[2] / training[2] - 1:+.1%}",
             ]
         if args.against:
-            before, _ = timed(args.against, case, args.repeat)
-            cells += [f"{before:.3f} s", f"{training / before:.2f}x"]
+            before = timed(args.against, case, args.repeat)
+            cells += [pair(before), ratios(training, before)]
         table.add_row(*cells)
         Console(stderr=True).print(f"{case.label}: {time.perf_counter() - started:.0f} s")
     Console(width=200).print(table)

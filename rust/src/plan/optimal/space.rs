@@ -9,6 +9,10 @@
 //! plans of Algorithm 1 stay inside, so the search never returns a dearer plan than it, and the
 //! space stays small enough to plan the edges of a strategy search.
 
+use std::cell::RefCell;
+
+use rustc_hash::FxHashMap;
+
 use crate::layout::Layout;
 use crate::plan::ops::{volume, Objective, OpKind, Over};
 
@@ -244,6 +248,9 @@ pub(super) struct Space<'a> {
     goal_shard: f64,
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
     least_last: f64,
+    /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
+    /// holding distinct data (all a price depends on): a search meets each many times.
+    prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
 }
 
 impl<'a> Space<'a> {
@@ -343,6 +350,7 @@ impl<'a> Space<'a> {
             least_sum,
             goal_shard,
             least_last,
+            prices: RefCell::default(),
         }
     }
 
@@ -413,16 +421,25 @@ impl<'a> Space<'a> {
         step: Step,
         next: &State,
     ) -> f64 {
-        let distinct = |k: usize| distinct >> k & 1 == 1;
         let matrix = self.template.device_matrix();
         match step {
+            Step::Op(OpKind::Slice, ..) => 0.0,
             Step::Op(kind, k, ..) => {
                 let volume = volume(kind, self.template.dim_size(k), shard);
-                objective.price_on(kind, Over::Group(1 << k), volume, matrix, distinct)
+                *self
+                    .prices
+                    .borrow_mut()
+                    .entry((kind, k, volume, distinct))
+                    .or_insert_with(|| {
+                        objective.price_on(kind, Over::Group(1 << k), volume, matrix, |k| {
+                            distinct >> k & 1 == 1
+                        })
+                    })
             }
             Step::Permute => {
                 let sigma = permutation(self.allowed.len(), state, next);
                 let over = Over::Permutation(&sigma);
+                let distinct = |k: usize| distinct >> k & 1 == 1;
                 objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
             }
         }
