@@ -140,7 +140,12 @@ def test_toml_file(tmp_path):
     path = tmp_path / "pods.toml"
     path.write_text(TOML)
     c = taps.Cluster.preset(str(path), nodes=8)
-    want = taps.Cluster.hierarchy([(4, 100e9, 1e-6), (2, 20e9, 0.0), (4, 5e9, 3e-6)], 40e9, "flat")
+    # The pod level gives no latency: the V100 preset's network latency, as Cluster(n, d) has.
+    network = taps.Cluster(2, 8).levels[1][2]
+    assert network > 0
+    want = taps.Cluster.hierarchy(
+        [(4, 100e9, 1e-6), (2, 20e9, network), (4, 5e9, 3e-6)], 40e9, "flat"
+    )
     assert c == want
     with pytest.raises(taps.TopologyError, match="do not fill"):
         taps.Cluster.preset(str(path), nodes=3)
@@ -161,6 +166,9 @@ def test_toml_file(tmp_path):
     # One level is one node: its count is the devices per node.
     one = tmp_path / "one.toml"
     one.write_text("[[levels]]\ncount = 8\nbandwidth = 450e9\n")
+    nvlink = taps.Cluster(2, 8).levels[0][2]
+    assert taps.Cluster.preset(str(one)) == taps.Cluster.hierarchy([(8, 450e9, nvlink)])
+    one.write_text("[[levels]]\ncount = 8\nbandwidth = 450e9\nlatency = 0\n")
     assert taps.Cluster.preset(str(one)) == taps.Cluster.hierarchy([(8, 450e9, 0.0)])
     with pytest.raises(taps.TopologyError, match="one level is one node, not 2"):
         taps.Cluster.preset(str(one), nodes=2)

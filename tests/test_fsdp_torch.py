@@ -52,7 +52,9 @@ class _Collectives(TorchDispatchMode):
             kind, at = FUNCTIONAL[name]
             group = dist.distributed_c10d._resolve_process_group(args[at]).size()
             self.seen.append((kind, group, args[0].numel() * args[0].element_size()))
-        elif "c10d" in str(func) and not any(w in str(func) for w in ("barrier", "wait_tensor", "_wrap_tensor_autograd")):
+        elif "c10d" in str(func) and not any(
+            w in str(func) for w in ("barrier", "wait_tensor", "_wrap_tensor_autograd")
+        ):
             raise AssertionError(f"unexpected collective {func}")
         return func(*args, **(kwargs or {}))
 

@@ -110,7 +110,7 @@ def _tensor_parallel(module: Any, layouts: PlanLayouts) -> dict[str, tuple[str, 
     roots = root_layouts(layouts)
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
     for op in graph.ops:
-        for slot, o in enumerate(op.inputs):
+        for o in op.inputs:
             root = graph.root(o.tensor)
             if root.kind != "parameter":
                 continue
@@ -132,7 +132,9 @@ def _tensor_parallel(module: Any, layouts: PlanLayouts) -> dict[str, tuple[str, 
                     f"fully_shard_plan: module {owner!r} is split two ways ({out[owner]} and "
                     f"{found})"
                 )
-            data = next(i for i, d in enumerate(op.inputs) if graph.root(d.tensor).kind != "parameter")
+            data = next(
+                i for i, d in enumerate(op.inputs) if graph.root(d.tensor).kind != "parameter"
+            )
             features = (kind, style) == ("Linear", "rowwise")
             _check_local(layouts, mesh, op.name, data, features, found[1])
     return out
@@ -154,9 +156,7 @@ def _check_local(
     else:
         local = not tp & mesh.used_axes(x) and not _partial_over(mesh, x, tp)
     moves = [
-        (e, r)
-        for e, r in layouts.redistributions
-        if op in (e.producer, e.consumer) and r.all_ops
+        (e, r) for e, r in layouts.redistributions if op in (e.producer, e.consumer) and r.all_ops
     ]
     for e, r in moves:
         reduce = [c for c in r.all_ops if c.kind == "all_reduce"]

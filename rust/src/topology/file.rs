@@ -9,7 +9,7 @@
 //! [[levels]]                # the node
 //! count = 8                 # devices per node
 //! bandwidth = 450e9         # bytes per second between two devices of a node
-//! latency = 5e-6            # seconds per collective inside a node, default 0
+//! latency = 5e-6            # seconds per collective step inside a node, default the device's
 //!
 //! [[levels]]                # the outermost level: its count comes from `nodes`
 //! bandwidth = 400e9
@@ -17,7 +17,10 @@
 //! ```
 //!
 //! Levels between the first and the last (pods, racks) give `count`, their parts of the level
-//! below; `nodes` must fill whole units of them ([`Cluster::filled`]).
+//! below; `nodes` must fill whole units of them ([`Cluster::filled`]). A level without a latency
+//! takes its device kind's preset's ([`Preset::of`]): the node's for the first level, the
+//! network's for the others, as `Cluster(nodes, devices_per_node)` does (latency is on by
+//! default; `latency = 0` turns it off).
 
 use std::path::Path;
 
@@ -25,6 +28,7 @@ use toml::{Table, Value};
 
 use super::cluster::{memory_limit, Cluster, Replicas};
 use super::device::Device;
+use super::presets::Preset;
 use crate::error::{Error, Result};
 
 impl Cluster {
@@ -59,6 +63,17 @@ fn os_reason(e: &std::io::Error) -> String {
             .trim_end_matches(&format!(" (os error {code})"))
             .to_string(),
         None => text,
+    }
+}
+
+/// The latency of level `j` of a cluster of `device` whose file gives none: its preset's node
+/// latency for the first level, its network latency for the levels above.
+fn default_latency(device: Device, j: usize) -> f64 {
+    let levels = Preset::of(device).levels;
+    if j == 0 {
+        levels[0].2
+    } else {
+        levels[levels.len() - 1].2
     }
 }
 
@@ -104,7 +119,10 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
             Ok((
                 count,
                 number(table, "bandwidth", None).map_err(at)?,
-                number(table, "latency", Some(0.0)).map_err(at)?,
+                table
+                    .get("latency")
+                    .map(|_| number(table, "latency", None).map_err(at))
+                    .transpose()?,
             ))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -136,6 +154,7 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
         .into_iter()
         .enumerate()
         .map(|(j, (count, bandwidth, latency))| {
+            let latency = latency.unwrap_or_else(|| default_latency(device, j));
             let count = u64::try_from(count).map_err(|_| {
                 bad(format!(
                     "the parts of level {j} must be a positive count, got {count}"
@@ -222,7 +241,7 @@ bandwidth = 25e9
     #[test]
     fn a_file_gives_the_levels_with_the_outermost_filled_by_the_nodes() {
         let want = Cluster::hierarchy(
-            &[(8, 900e9, 2e-6), (4, 50e9, 0.0), (2, 25e9, 1e-5)],
+            &[(8, 900e9, 2e-6), (4, 50e9, 5e-6), (2, 25e9, 1e-5)],
             Some(96e9),
             Replicas::Shared,
         )
@@ -232,10 +251,25 @@ bandwidth = 25e9
         assert_eq!(Cluster::preset(path.to_str().unwrap(), 8), want);
         std::fs::remove_file(path).unwrap();
         // One level is one node: its count is the devices per node; integers are numbers. By
-        // default: V100s holding their memory, flat replicas.
+        // default: V100s holding their memory, flat replicas, the V100 preset's latencies.
         let one = "[[levels]]\ncount = 8\nbandwidth = 450000000000\n";
         assert_eq!(
             from_toml(one, "f.toml", 1),
+            Cluster::hierarchy(&[(8, 450e9, 2e-6)], Some(32e9), Replicas::Flat)
+        );
+        let two = format!("device = \"h100\"\n{one}[[levels]]\nbandwidth = 4e11\n");
+        assert_eq!(
+            from_toml(&two, "f.toml", 2),
+            Cluster::hierarchy(
+                &[(8, 450e9, 2e-6), (2, 4e11, 5e-6)],
+                Some(80e9),
+                Replicas::Flat
+            )
+            .map(|c| c.with_device(Device::parse("h100").unwrap()))
+        );
+        let off = "[[levels]]\ncount = 8\nbandwidth = 450000000000\nlatency = 0\n";
+        assert_eq!(
+            from_toml(off, "f.toml", 1),
             Cluster::hierarchy(&[(8, 450e9, 0.0)], Some(32e9), Replicas::Flat)
         );
         // `inf` memory is no limit.
