@@ -70,8 +70,16 @@ def seconds(
     kind: str,
     groups: Sequence[Sequence[int]],
     in_bytes: float,
+    itemsize: int | None = None,
 ) -> float:
-    """A collective's seconds: the sum of its steps'."""
+    """A collective's seconds: the sum of its steps'. With ``itemsize``, an all_reduce moves
+    whole elements: its ``2 (p - 1) / p`` blocks received are rounded up to a whole number of
+    elements and spread evenly over its steps (how taps and the HLO reader count a block that
+    ``p`` does not divide)."""
+    if kind == "all_reduce" and itemsize:
+        p = len(groups[0])
+        elements = -(-2 * (p - 1) * int(in_bytes // itemsize) // p)
+        in_bytes = elements * itemsize * p / (2 * (p - 1)) if p > 1 else in_bytes
     return math.fsum(step_seconds(levels, s) for s in schedule(kind, groups, in_bytes))
 
 

@@ -38,8 +38,8 @@ THREE = taps.Cluster.hierarchy(
 WIDE = taps.Cluster.hierarchy([(2, 450e9, 5e-6), (8, 50e9, 10e-6)], replicas="flat")
 
 
-def _judged(levels, kind: str, groups, in_bytes: float, taps_price: float) -> None:
-    want = linkload.seconds(levels, kind, groups, in_bytes)
+def _judged(levels, kind: str, groups, in_bytes: float, taps_price: float, itemsize: int) -> None:
+    want = linkload.seconds(levels, kind, groups, in_bytes, itemsize)
     assert taps_price == pytest.approx(want, rel=1e-9, abs=1e-15), (kind, groups, in_bytes)
 
 
@@ -70,7 +70,7 @@ def test_every_step_of_every_plan_is_priced_as_the_judge_prices_it(data):
                 kind, groups = "all_reduce", linkload.groups_along(dm, unused)
             else:
                 kind, groups = op.kind, linkload.groups_along(dm, [op.device_dim])
-            _judged(levels, kind, groups, shard, op.cost(cluster, 4))
+            _judged(levels, kind, groups, shard, op.cost(cluster, 4), 4)
 
 
 @settings(max_examples=200, deadline=None)
@@ -86,11 +86,11 @@ def test_ring_and_pairwise_collectives_along_any_dim_are_priced_as_the_judge_pri
     levels = cluster.levels
     unused = [k for k in range(len(dm)) if k not in layout.tensor_map]
     got = cluster.collective_cost(layout, "all_reduce", None, 2)
-    _judged(levels, "all_reduce", linkload.groups_along(dm, unused), shard, got)
+    _judged(levels, "all_reduce", linkload.groups_along(dm, unused), shard, got, 2)
     for k in range(len(dm)):
         for kind in ("all_gather", "all_to_all", "reduce_scatter"):
             got = cluster.collective_cost(layout, kind, k, 2)
-            _judged(levels, kind, linkload.groups_along(dm, [k]), shard, got)
+            _judged(levels, kind, linkload.groups_along(dm, [k]), shard, got, 2)
 
 
 def test_the_issues_swaps_cost_every_block_that_leaves_a_node():
