@@ -68,12 +68,42 @@ def _with_selectors(g: taps.Graph) -> taps.Graph:
     return taps.Graph.from_dict(data)
 
 
-@pytest.mark.parametrize("devices", [(1, 4), (2, 4)])
-def test_the_pieces_dim_whole_keeps_the_optimum(devices):
-    g, _ = _deepseek_v3()
+def _gpt2_block() -> taps.Graph:
+    """GPT-2's block: its fused QKV projection split into three pieces."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    config = transformers.GPT2Config(n_embd=64, n_head=4, n_positions=16, use_cache=False)
+    with torch.device("meta"):
+        x = torch.empty(BATCH, 16, 64)
+        return from_torch(GPT2Block(config), x)
+
+
+def _phi3_mlp() -> taps.Graph:
+    """Phi-3's MLP: its fused gate and up projection chunked in two, on rows."""
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    config = transformers.Phi3Config(hidden_size=64, intermediate_size=96)
+    with torch.device("meta"):
+        x = torch.empty(BATCH, 16, 64)
+        return from_torch(Phi3MLP(config), x)
+
+
+@pytest.mark.parametrize(
+    ("model", "pieces", "devices"),
+    [
+        ("deepseek_v3", 4, (1, 4)),
+        ("deepseek_v3", 4, (2, 4)),
+        ("gpt2", 3, (2, 4)),
+        ("phi3", 2, (2, 4)),
+    ],
+)
+def test_the_pieces_dim_whole_keeps_the_optimum(model, pieces, devices):
+    """Searched with the pieces' dim partitionable (the old conversion: a superset of the
+    strategies), the optimum costs the same."""
+    g = {"deepseek_v3": lambda: _deepseek_v3()[0], "gpt2": _gpt2_block, "phi3": _phi3_mlp}[model]()
     old = _with_selectors(g)
     widened = [op for op in old.ops if op.partitionable != g.op(op.name).partitionable]
-    assert len(widened) == 4
+    assert len(widened) == pieces
     cluster = paper_cluster(*devices)
     new_result, old_result = taps.search(g, cluster), taps.search(old, cluster)
     assert new_result.status == old_result.status == "optimal"
