@@ -8,6 +8,7 @@ with an axis, and builds operators through the builder; it returns the value of 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -88,33 +89,32 @@ def broadcast_labels(
     return labels
 
 
-def rowable(cx: Context, v: AtenValue) -> bool:
-    """Whether ``v``, an operand of a node whose output no transpose reads, can be seen with
-    its first two dims (batch, seq) as one rows dim: it has the output's first two dims, they
-    follow each other in its graph tensor, and the output has rank 3 (batch, seq, features) or
-    ``v`` already comes from rows (the heads of a projection's output; not the channels and
-    pixels of a convolution's)."""
+def rowable(cx: Context, v: AtenValue) -> int:
+    """How many leading dims of ``v``, an operand of a node whose output no transpose reads,
+    can be seen as one rows dim (0: none). They are the output's leading dims and follow each
+    other in ``v``'s graph tensor; two of them (batch, seq) when the output has rank 3 (batch,
+    seq, features), else as many as make the rows of the graph tensor behind ``v`` (the heads of
+    a projection's output; not the channels and pixels of a convolution's), dims of size 1
+    included: DeepSeek-V3's latent ``(batch, 1, seq, rank)`` is rows."""
     out = cx.shapes[0]
-    if not (
-        cx.rows
-        and len(out) >= 3
-        and cx.order() is None
-        and len(v.shape) == len(out)
-        and v.shape[:2] == out[:2]
-        and v.perm[1] == v.perm[0] + 1
-    ):
-        return False
-    return len(out) == 3 or from_rows(cx, v)
+    if not (cx.rows and len(out) >= 3 and cx.order() is None and len(v.shape) == len(out)):
+        return 0
+    for k in range(2, len(out)):
+        if v.shape[:k] != out[:k] or v.perm[k - 1] != v.perm[k - 2] + 1:
+            return 0
+        if len(out) == 3 or from_rows(cx, v, k):
+            return k
+    return 0
 
 
-def from_rows(cx: Context, v: AtenValue) -> bool:
-    """Whether the graph tensor behind ``v`` has (batch * seq) rows first."""
-    return v.tensor is None or cx.b.shape(cx.b.root(v.tensor))[0] == v.shape[0] * v.shape[1]
+def from_rows(cx: Context, v: AtenValue, k: int = 2) -> bool:
+    """Whether the graph tensor behind ``v`` has rows first that ``v``'s first ``k`` dims make."""
+    return v.tensor is None or cx.b.shape(cx.b.root(v.tensor))[0] == math.prod(v.shape[:k])
 
 
-def rows(cx: Context, v: AtenValue) -> AtenValue:
-    """``v`` with its (batch, seq) dims seen as one rows dim (a view)."""
-    return cx.b.reshape(v, (v.shape[0] * v.shape[1], *v.shape[2:]), cx.path, "rows")
+def rows(cx: Context, v: AtenValue, k: int = 2) -> AtenValue:
+    """``v`` with its first ``k`` dims (batch, seq) seen as one rows dim (a view)."""
+    return cx.b.reshape(v, (math.prod(v.shape[:k]), *v.shape[k:]), cx.path, "rows")
 
 
 def unrows(cx: Context, out: AtenValue) -> AtenValue:
@@ -130,9 +130,10 @@ def elementwise(cx: Context, kind: str, values: Sequence[Any]) -> AtenValue:
     shape = cx.shapes[0]
     values = live(values)
     hidden = (2,) if cx.complex_out else ()
-    if values and all(len(v.shape) <= len(shape) - 2 or rowable(cx, v) for v in values):
-        shape2 = (shape[0] * shape[1], *shape[2:])
-        operands = [rows(cx, v) if len(v.shape) == len(shape) else v for v in values]
+    k = _common_rows(cx, values)
+    if values and k:
+        shape2 = (math.prod(shape[:k]), *shape[k:])
+        operands = [rows(cx, v, k) if len(v.shape) == len(shape) else v for v in values]
         labels = lead(len(shape2))
         inputs = [(v, broadcast_labels(v, labels, shape2)) for v in operands]
         made = cx.b.op(kind, cx.path, inputs, shape2, labels, cx.dtypes[0], hidden=hidden)
@@ -142,6 +143,15 @@ def elementwise(cx: Context, kind: str, values: Sequence[Any]) -> AtenValue:
     return cx.b.op(
         kind, cx.path, inputs, shape, labels, cx.dtypes[0], order=cx.order(), hidden=hidden
     )
+
+
+def _common_rows(cx: Context, values: Sequence[AtenValue]) -> int:
+    """The leading dims that every operand of the output's rank sees as rows (:func:`rowable`;
+    two if there is none), if the others are broadcast within the remaining dims; else 0."""
+    n = len(cx.shapes[0])
+    ks = {rowable(cx, v) for v in values if len(v.shape) == n}
+    k = ks.pop() if len(ks) == 1 else 0 if ks else 2
+    return k if all(len(v.shape) in (n, *range(n - k + 1)) for v in values) else 0
 
 
 def tensor_arg(cx: Context, i: int, name: str) -> AtenValue:

@@ -26,8 +26,9 @@ def linear(cx: Context) -> AtenValue:
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
     # The bias is added after the contraction: an addend.
     addends = [(bias, ["out"])] if isinstance(bias, AtenValue) else []
-    if rowable(cx, x):
-        r = rows(cx, x)
+    k = rowable(cx, x)
+    if k:
+        r = rows(cx, x, k)
         lead_r = lead(len(r.shape) - 1)
         out = cx.b.op(
             "linear",

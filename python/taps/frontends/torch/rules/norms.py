@@ -28,8 +28,9 @@ def _norm(
     n = len(x.shape)
     whole = [f"h{i}" if normalized > 1 else "h" for i in range(normalized)]
     ps = [p for p in params if isinstance(p, AtenValue) and not p.constant]
-    if normalized == 1 and rowable(cx, x):
-        r = rows(cx, x)
+    k = rowable(cx, x) if normalized == 1 else 0
+    if k:
+        r = rows(cx, x, k)
         row_labels = [*lead(len(r.shape) - 1), "h"]
         row_inputs = [(r, row_labels), *((p, ["h"]) for p in ps)]
         made = cx.b.op(

@@ -3,6 +3,7 @@ the ``getitem`` that reads a piece. A split makes no operator until a piece is r
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ class Pieces:
 def _take(cx: Context, v: AtenValue, dim: int, start: int, stop: int, kind: str) -> AtenValue:
     """``v`` narrowed to ``[start, stop)`` along ``dim``: an operator whose input dim is whole
     and whose output dim is its own axis (on rows when the dim is not batch or seq)."""
-    if dim >= 2 and rowable(cx, v):
-        return unrows(cx, _take(_Rowless(cx), rows(cx, v), dim - 1, start, stop, kind))
+    k = rowable(cx, v)
+    if k and dim >= k:
+        return unrows(cx, _take(_Rowless(cx, k), rows(cx, v, k), dim - k + 1, start, stop, kind))
     n = len(v.shape)
     labels = lead(n)
     in_l = [f"{lab}_in" if i == dim else lab for i, lab in enumerate(labels)]
@@ -69,16 +71,21 @@ def _select(cx: Context, v: AtenValue, dim: int, kind: str) -> AtenValue:
     in_l = [f"{lab}_sel" if i == dim else lab for i, lab in enumerate(labels)]
     out_l = [lab for i, lab in enumerate(labels) if i != dim]
     shape = v.shape[:dim] + v.shape[dim + 1 :]
-    return cx.b.op(kind, cx.path, [(v, in_l)], shape, out_l, cx.dtypes[0], None, cx.order())
+    # A piece of a split reads the pieces' dim whole, as its producer keeps it (factor): split
+    # there, every device but one would read zeros and the piece be partial sums, all-reduced.
+    # A ``select`` keeps the dim partitionable (x[:, 0] of a tensor split by sequence).
+    part = out_l if kind == "split" else None
+    return cx.b.op(kind, cx.path, [(v, in_l)], shape, out_l, cx.dtypes[0], part, cx.order())
 
 
 class _Rowless:
-    """The context of a node already seen as rows: no second merge, and the rows shape."""
+    """The context of a node already seen as rows (its first ``k`` dims): no second merge, and
+    the rows shape."""
 
-    def __init__(self, cx: Context) -> None:
+    def __init__(self, cx: Context, k: int = 2) -> None:
         self._cx = cx
         out = cx.shapes[0]
-        self.shapes = [(out[0] * out[1], *out[2:])]
+        self.shapes = [(math.prod(out[:k]), *out[k:])]
         self.rows = False
 
     def __getattr__(self, name: str) -> Any:
