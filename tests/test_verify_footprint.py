@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,6 @@ from taps.errors import ResourceError
 from taps.verify import footprint
 
 PYTHON = Path(__file__).resolve().parent.parent / "python"
-TAPS = [sys.executable, "-c", "from taps.cli import run; run()"]
 
 
 def _fresh(code: str) -> list[int]:
@@ -40,19 +38,19 @@ def _fresh(code: str) -> list[int]:
 
 
 def _capped(argv: list[str], cap: int) -> subprocess.CompletedProcess[str]:
-    """``taps argv`` with its address space capped at ``cap`` bytes."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-
+    """``taps argv`` with its address space capped at ``cap`` bytes (set by the child itself: a
+    ``preexec_fn`` would fork this process, whose JAX runs threads)."""
+    code = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap})); "
+        "from taps.cli import run; run()"
+    )
     env = {**os.environ, "PYTHONPATH": str(PYTHON)}
     return subprocess.run(
-        [*TAPS, *argv],
+        [sys.executable, "-c", code, *argv],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
-        preexec_fn=limit,
         check=False,
     )
 
