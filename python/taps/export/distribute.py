@@ -348,6 +348,7 @@ class DistributedModule:
         parameters: dict[str, Any],
         buffers: dict[str, Any],
         replay: Replay | None = None,
+        seed: int = 0,
     ) -> None:
         self.program, self.conversion, self.chosen, self.mesh = program, conversion, chosen, mesh
         self.buffers = buffers
@@ -356,7 +357,7 @@ class DistributedModule:
         #: Nodes another engine's code runs in the interpreter's place, by name: ``run(interpreter,
         #: node)`` gives the node's value (a verifier's mixture-of-experts blocks).
         self.nodes: dict[str, Callable[[Any, Any], Any]] = {}
-        self.seed = 0
+        self.seed = seed
         self.leaves: dict[str, tuple[Any, Any]] = {}
         unplaced = sorted(set(parameters) - set(chosen.tensors))
         if unplaced:
@@ -1410,6 +1411,7 @@ def distribute_module(
     rows: bool = True,
     mode: str = "dtensor",
     exported: Exported | None = None,
+    seed: int = 0,
 ) -> DistributedModule:
     """``module`` with every parameter distributed as a DTensor in ``plan``'s placements, run
     (call the result with whole input tensors) so that every operator taps placed reads and makes
@@ -1429,6 +1431,7 @@ def distribute_module(
 
     ``exported`` is :func:`export_module` of ``module`` on ``example_inputs``, made once for
     several distributions (each process of a run forked after it); by default it is made here.
+    ``seed`` seeds the step's random values (dropout's masks; :mod:`taps.export.draws`).
     """
     torch = _torch()
     dtensor = require("torch.distributed.tensor", "torch", "distribute_module")
@@ -1488,7 +1491,9 @@ def distribute_module(
         if spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")
     }
     replay = Replay.of(step, mesh) if step is not None else None
-    return DistributedModule(program, conversion, placements, mesh, parameters, buffers, replay)
+    return DistributedModule(
+        program, conversion, placements, mesh, parameters, buffers, replay, seed
+    )
 
 
 def _constant(program: Any, target: str) -> Any:

@@ -21,10 +21,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from taps._core import GraphError
-from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
+from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE, Operator
 
 #: The gated activation operator made for the experts' activation (``silu``, ``gelu``, ``relu``).
 GLU_KINDS = {"silu": "swiglu", "gelu": "geglu", "relu": "reglu"}
+
+
+def fused_pair(op: Operator) -> tuple[int, list[str]]:
+    """Of a gated activation with one operand (a fused gate-up projection): the position of
+    its operand's axis of size 2 (gate first, then up) and the operand's other axes, in order."""
+    dims, out = op.inputs[0].dims, op.output.dims
+    (pair,) = [i for i, d in enumerate(dims) if d not in out]
+    return pair, [d for d in dims if d in out]
 
 
 class OperatorBuilder(Protocol):

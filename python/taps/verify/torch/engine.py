@@ -85,8 +85,9 @@ def collective_rows(
             dense = materialize(module, tdtype, "meta", seed)
             xs = cast_inputs(inputs, tdtype, "meta", seed, token_bound(module))
             exported = export_module(dense, *xs)
-            dist = distribute_module(dense, plan, *xs, mesh=mesh, mode=mode, exported=exported)
-            dist.seed = seed
+            dist = distribute_module(
+                dense, plan, *xs, mesh=mesh, mode=mode, exported=exported, seed=seed
+            )
             moe.install(dist, exported)
             recorder = Recorder(
                 {(e.consumer, e.slot): i for i, (e, _) in enumerate(layouts.redistributions)},

@@ -20,7 +20,7 @@ from typing import Any
 
 from taps.errors import VerifyError
 from taps.export.distribute import Blocks, DistributedModule, Exported, packet_name
-from taps.frontends.gshard import GLU_KINDS
+from taps.frontends.gshard import GLU_KINDS, fused_pair
 from taps.frontends.torch.moe import MoeBlock, find_blocks
 from taps.frontends.torch.program import Link
 from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_ROUTE, Graph, Operator
@@ -124,9 +124,7 @@ def compute(op: Operator, xs: list[Any]) -> Any:
         if len(xs) == 2:
             gate, up = (_aligned(x, o.dims, out) for x, o in zip(xs, op.inputs))
         else:
-            dims = op.inputs[0].dims
-            (pair,) = [i for i, d in enumerate(dims) if d not in out]
-            rest = [d for d in dims if d in out]
+            pair, rest = fused_pair(op)
             gate, up = (_aligned(xs[0].select(pair, i), rest, out) for i in (0, 1))
         return getattr(torch.nn.functional, act)(gate) * up
     if op.kind in GLU_KINDS:  # an expert's activation without a gate

@@ -117,8 +117,9 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
     try:
         layouts = layouts_of(plan)
         mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
-        dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps", exported=exported)
-        dist.seed = seed
+        dist = distribute_module(
+            dense, plan, *xs, mesh=mesh, mode="taps", exported=exported, seed=seed
+        )
         moe.install(dist, exported)
         specs = user_specs(dist)
         placed = placed_inputs(dist, xs)

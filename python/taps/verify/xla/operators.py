@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from taps.errors import VerifyError
+from taps.frontends.gshard import fused_pair
 from taps.graph import MOE_DISPATCH, MOE_ROUTE, Operator
 
 Reduce = Callable[..., Any]
@@ -476,6 +477,10 @@ def _silu(x: Any) -> Any:
     return jax.nn.silu(x)
 
 
+def _square(x: Any) -> Any:
+    return x * x
+
+
 def _divide(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     """``div`` of two operands; of one (a division by a constant the graph does not keep, as a
     JAX mean's sum over its count), the operand as an einsum carries it over
@@ -540,9 +545,7 @@ def _glu(act: Callable[[Any], Any]) -> Form:
         if len(xs) == 2:
             gate, up = (_align(x, o.dims, out) for x, o in zip(xs, op.inputs))
         else:
-            dims = op.inputs[0].dims
-            (pair,) = [i for i, d in enumerate(dims) if d not in out]
-            rest = [d for d in dims if d in out]
+            pair, rest = fused_pair(op)
             gate, up = (_align(_jnp().take(xs[0], i, axis=pair), rest, out) for i in (0, 1))
         return act(gate) * up
 
@@ -566,8 +569,8 @@ OPERATORS: dict[str, Form] = {
     "div": _divide,
     "mean": _mean,
     # A power's exponent is not in the graph: squared, as RMS norms take it.
-    "pow": _elementwise(lambda x: x * x),
-    "square": _elementwise(lambda x: x * x),
+    "pow": _elementwise(_square),
+    "square": _elementwise(_square),
     "rsqrt": _elementwise(lambda x: _jnp().reciprocal(_jnp().sqrt(_jnp().abs(x)))),
     "sqrt": _elementwise(lambda x: _jnp().sqrt(_jnp().abs(x))),
     "exp": _elementwise(_unary("exp")),
