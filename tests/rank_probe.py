@@ -1,23 +1,29 @@
 """A ``MAIN`` for :func:`taps.verify.torch.ranks.run_ranks` in the tests: ``prepare`` counts its
 calls in the run's directory, each rank writes its rank and the process it ran in, and the
-payload may ask a rank to fail."""
+payload may ask a rank to fail: by raising, or killed by a signal, while the ranks before it fail
+as gloo does on a closed peer."""
 
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 
-def prepare(payload: tuple[str, int]) -> tuple[str, int, int]:
-    tmp, failing = payload
+def prepare(payload: tuple[str, int, str]) -> tuple[str, int, str, int]:
+    tmp, failing, how = payload
     with open(os.path.join(tmp, "prepared"), "a") as f:
         f.write("once\n")
-    return tmp, failing, os.getpid()
+    return tmp, failing, how, os.getpid()
 
 
-def run_rank(rank: int, ranks: int, state: tuple[str, int, int]) -> Any:
-    tmp, failing, parent = state
+def run_rank(rank: int, ranks: int, state: tuple[str, int, str, int]) -> Any:
+    tmp, failing, how, parent = state
+    if rank == failing and how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if rank == failing:
         raise ValueError(f"rank {rank} of {ranks} was asked to fail")
+    if 0 <= rank < failing:
+        raise RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:65242")
     with open(os.path.join(tmp, f"ran{rank}"), "w") as f:
         f.write(f"{os.getpid()} {os.getppid()} {parent}")

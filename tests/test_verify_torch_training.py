@@ -305,10 +305,17 @@ def test_a_broken_backward_plan_is_reported(monkeypatch):
     assert any(c.status == "missing" and c.phase == "backward" for c in result.collectives)
 
 
-@pytest.mark.parametrize("failing", [-1, 2])
-def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing):
+@pytest.mark.parametrize(
+    ("failing", "how", "said"),
+    [
+        (-1, "", ""),
+        (2, "raise", r"VerifyError: .*: rank 2 of 4 was asked to fail"),
+        (2, "kill", r"rank 2 of 4 was killed by SIGKILL"),
+    ],
+)
+def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing, how, said):
     """The shared state is made once, in the process every rank is forked from; a rank that
-    fails is one line naming its error."""
+    fails is one line naming its error, the cause (not the ranks that lost it as a peer)."""
     import os
     import pickle
 
@@ -316,12 +323,9 @@ def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing):
     from taps.verify.torch.ranks import run_ranks
 
     with open(tmp_path / "payload.pkl", "wb") as f:
-        pickle.dump((str(tmp_path), failing), f)
+        pickle.dump((str(tmp_path), failing, how), f)
     if failing >= 0:
-        with pytest.raises(
-            VerifyError,
-            match=r"^a gloo rank failed: VerifyError: .*: rank 2 of 4 was asked to fail$",
-        ):
+        with pytest.raises(VerifyError, match=rf"^a gloo rank failed: {said}$"):
             run_ranks("rank_probe", str(tmp_path), 4)
         return
     run_ranks("rank_probe", str(tmp_path), 4)

@@ -114,56 +114,51 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
     tdist.init_process_group(
         "gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=rank, world_size=ranks
     )
-    try:
-        layouts = layouts_of(plan)
-        mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
-        dist = distribute_module(
-            dense, plan, *xs, mesh=mesh, mode="taps", exported=exported, seed=seed
-        )
-        moe.install(dist, exported)
-        specs = user_specs(dist)
-        placed = placed_inputs(dist, xs)
-        outs = dist(*placed)
-        cts = backward(dist, outs, seed)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        # Whole results are gathered by every rank (a collective); rank 0 compares them.
-        got = {f"output {i}": y.full_tensor() for i, y in enumerate(outs)}
-        for name in [*dist.parameters, *(s.arg.name for s in specs)]:
-            grad = dist.grad(name)
-            if grad is not None:
-                got[f"grad {name}"] = grad.full_tensor()
-        if rank != 0:
-            return
-        # The dense run on the same values.
-        refs = [
-            x.detach().clone().requires_grad_(x.requires_grad)
-            if isinstance(x, torch.Tensor)
-            else x  # an absent mask
-            for x in xs
-        ]
-        with drawing(seed):  # the replay's random values (dropout's masks)
-            if moe.has_blocks(plan.graph):  # the experts' routing fixed as the replay's
-                want_outs = moe.dense_run(exported, dense, refs)
-            else:
-                want_outs = dense(*refs)
-        # Flattened as the exported program's outputs are (a model output's fields in order).
-        want_outs = torch.utils._pytree.tree_leaves(want_outs)
-        pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
-        torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
-        want = {f"output {i}": y for i, y in enumerate(want_outs)}
-        want.update({f"grad {k}": p.grad for k, p in dense.named_parameters()})
-        want.update(
-            {
-                f"grad {s.arg.name}": x.grad
-                for s, x in zip(specs, refs)
-                if getattr(x, "grad", None) is not None
-            }
-        )
-        errors = step_errors(
-            {k: v.detach().double().numpy() for k, v in got.items()},
-            {k: v.detach().double().numpy() for k, v in want.items() if v is not None},
-        )
-        with open(os.path.join(tmp, "errors.json"), "w") as f:
-            json.dump(errors, f)
-    finally:
-        tdist.destroy_process_group()
+    layouts = layouts_of(plan)
+    mesh = init_device_mesh("cpu", layouts.mesh.shape, mesh_dim_names=layouts.mesh.axis_names)
+    dist = distribute_module(dense, plan, *xs, mesh=mesh, mode="taps", exported=exported, seed=seed)
+    moe.install(dist, exported)
+    specs = user_specs(dist)
+    placed = placed_inputs(dist, xs)
+    outs = dist(*placed)
+    cts = backward(dist, outs, seed)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    # Whole results are gathered by every rank (a collective); rank 0 compares them.
+    got = {f"output {i}": y.full_tensor() for i, y in enumerate(outs)}
+    for name in [*dist.parameters, *(s.arg.name for s in specs)]:
+        grad = dist.grad(name)
+        if grad is not None:
+            got[f"grad {name}"] = grad.full_tensor()
+    if rank != 0:
+        return
+    # The dense run on the same values.
+    refs = [
+        x.detach().clone().requires_grad_(x.requires_grad)
+        if isinstance(x, torch.Tensor)
+        else x  # an absent mask
+        for x in xs
+    ]
+    with drawing(seed):  # the replay's random values (dropout's masks)
+        if moe.has_blocks(plan.graph):  # the experts' routing fixed as the replay's
+            want_outs = moe.dense_run(exported, dense, refs)
+        else:
+            want_outs = dense(*refs)
+    # Flattened as the exported program's outputs are (a model output's fields in order).
+    want_outs = torch.utils._pytree.tree_leaves(want_outs)
+    pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
+    torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
+    want = {f"output {i}": y for i, y in enumerate(want_outs)}
+    want.update({f"grad {k}": p.grad for k, p in dense.named_parameters()})
+    want.update(
+        {
+            f"grad {s.arg.name}": x.grad
+            for s, x in zip(specs, refs)
+            if getattr(x, "grad", None) is not None
+        }
+    )
+    errors = step_errors(
+        {k: v.detach().double().numpy() for k, v in got.items()},
+        {k: v.detach().double().numpy() for k, v in want.items() if v is not None},
+    )
+    with open(os.path.join(tmp, "errors.json"), "w") as f:
+        json.dump(errors, f)

@@ -130,48 +130,45 @@ def run_rank(rank: int, ranks: int, payload: tuple[Any, ...]) -> None:
     tdist.init_process_group(
         "gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=rank, world_size=ranks
     )
-    try:
-        plan = Plan.from_json(plan_json)
-        dense = materialize(module, torch.float32, "cpu", seed)
-        xs = cast_inputs(inputs, torch.float32, "cpu", seed, token_bound(module))
-        out = dense(*xs)  # the dense step (the split runs a copy of the module)
-        target = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
-        loss = (out * target).sum()
-        loss.backward()
-        want = {name: p.grad for name, p in dense.named_parameters() if p.grad is not None}
+    plan = Plan.from_json(plan_json)
+    dense = materialize(module, torch.float32, "cpu", seed)
+    xs = cast_inputs(inputs, torch.float32, "cpu", seed, token_bound(module))
+    out = dense(*xs)  # the dense step (the split runs a copy of the module)
+    target = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
+    loss = (out * target).sum()
+    loss.backward()
+    want = {name: p.grad for name, p in dense.named_parameters() if p.grad is not None}
 
-        run = to_pipeline(dense, plan, *xs).build(rank, loss_fn=_sum_loss)
-        sent: dict[str, dict[str, int]] = {"forward": {}, "backward": {}, "unpriced": {}}
-        for stage in run.stages:
-            _count_sends(stage, sent)
-        losses: list[Any] = []
-        place = run.place
-        first, last = 0 in place.stages, len(plan.stages) - 1 in place.stages
-        args = xs if first else ()
-        kwargs: dict[str, Any] = {}
+    run = to_pipeline(dense, plan, *xs).build(rank, loss_fn=_sum_loss)
+    sent: dict[str, dict[str, int]] = {"forward": {}, "backward": {}, "unpriced": {}}
+    for stage in run.stages:
+        _count_sends(stage, sent)
+    losses: list[Any] = []
+    place = run.place
+    first, last = 0 in place.stages, len(plan.stages) - 1 in place.stages
+    args = xs if first else ()
+    kwargs: dict[str, Any] = {}
+    if last:
+        kwargs = {"target": target, "losses": losses}
+    run.schedule.step(*args, **kwargs)
+    errors: dict[str, float] = {}
+    if place.rank == 0:
         if last:
-            kwargs = {"target": target, "losses": losses}
-        run.schedule.step(*args, **kwargs)
-        errors: dict[str, float] = {}
-        if place.rank == 0:
-            if last:
-                got = float(sum(x.detach() for x in losses))
-                errors["loss"] = relative_error(got, float(loss.detach()))
-            for dm in run.modules:
-                for name, p in dm.parameters.items():
-                    if p.grad is None:
-                        continue
-                    g = p.grad.full_tensor().detach().double().numpy()
-                    errors[f"grad {name}"] = relative_error(g, want[name].double().numpy())
-        else:
-            for dm in run.modules:  # full_tensor is collective over the stage's ranks
-                for p in dm.parameters.values():
-                    if p.grad is not None:
-                        p.grad.full_tensor()
-        with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:
-            json.dump({"stages": list(place.stages), "sent": sent, "errors": errors}, f)
-    finally:
-        tdist.destroy_process_group()
+            got = float(sum(x.detach() for x in losses))
+            errors["loss"] = relative_error(got, float(loss.detach()))
+        for dm in run.modules:
+            for name, p in dm.parameters.items():
+                if p.grad is None:
+                    continue
+                g = p.grad.full_tensor().detach().double().numpy()
+                errors[f"grad {name}"] = relative_error(g, want[name].double().numpy())
+    else:
+        for dm in run.modules:  # full_tensor is collective over the stage's ranks
+            for p in dm.parameters.values():
+                if p.grad is not None:
+                    p.grad.full_tensor()
+    with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:
+        json.dump({"stages": list(place.stages), "sent": sent, "errors": errors}, f)
 
 
 def _sum_loss(output: Any, target: Any) -> Any:

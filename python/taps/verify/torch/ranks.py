@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import re
+import signal
 import subprocess
 import sys
 import traceback
@@ -38,10 +40,20 @@ def run_ranks(main: str, tmp: str, ranks: int) -> None:
         check=False,
     )
     if proc.returncode:
-        said = [_read(os.path.join(tmp, f"rank{r}.error")) for r in range(ranks)]
-        lines = [s for s in said if s] or [*proc.stderr.strip().splitlines()[-1:], "no output"]
-        tail = lines[0].strip()
+        said = [_read(os.path.join(tmp, f"rank{r}.error")).strip() for r in range(ranks)]
+        # A rank that fails closes its connections, so the others fail after it on a closed
+        # peer: the cause is what the first rank to fail of its own said.
+        causes = [s for s in said if s and not _PEER_GONE.search(s)]
+        lines = causes or [s for s in said if s] or [*proc.stderr.strip().splitlines()[-1:]]
+        tail = lines[0] if lines else "no output"
+        printed = proc.stderr.strip().splitlines()
+        if tail in causes and " was killed by " in tail and printed:
+            tail = f"{tail} ({printed[-1].strip()})"  # what the process said as it died
         raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
+
+
+#: What gloo says on a rank whose peer went away (a consequence, not a cause).
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|remote worker crash")
 
 
 def _read(path: str) -> str:
@@ -74,6 +86,7 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
             try:
                 with replaying():
                     module.run_rank(rank, ranks, state)
+                    _leave_together()
             except BaseException as e:  # said to the caller in one line, by file
                 with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
                     out.write(traceback.format_exception_only(e)[-1])
@@ -83,8 +96,28 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
                 sys.stderr.flush()
                 os._exit(code)
         children.append(pid)
-    failed = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in children]
-    return 1 if any(failed) else 0
+    failed = False
+    for rank, pid in enumerate(children):
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code < 0:  # killed by a signal: it wrote nothing, so say it here
+            with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
+                out.write(f"rank {rank} of {ranks} was killed by {signal.Signals(-code).name}")
+        failed = failed or code != 0
+    return 1 if failed else 0
+
+
+def _leave_together() -> None:
+    """Wait until every rank is done, then leave without tearing the process group down.
+
+    A rank that closes its connections while another still runs a collective (or is still
+    waiting to tear its own group down) makes gloo fail there: "Connection closed by peer" in
+    the collective, or ``std::terminate`` from the connection's destructor (SIGABRT). After the
+    barrier no collective is pending anywhere, and the process exits at once (``os._exit``)
+    without running those destructors."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.barrier()
 
 
 if __name__ == "__main__":
