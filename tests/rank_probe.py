@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 
@@ -20,6 +21,7 @@ def prepare(payload: tuple[str, int, str]) -> tuple[str, int, str, int]:
 def run_rank(rank: int, ranks: int, state: tuple[str, int, str, int]) -> Any:
     tmp, failing, how, parent = state
     if rank == failing and how == "kill":
+        print(f"rank {rank}: last words", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == failing:
         raise ValueError(f"rank {rank} of {ranks} was asked to fail")

@@ -177,3 +177,40 @@ def test_high_rank_pairs_equal_the_reference(log2, data):
         for (i, j), w in np.ndenumerate(want):
             assert got[i, j] == pytest.approx(w, rel=1e-12, abs=1e-300), (i, j, model)
         assert got[0, -1] == 0.0
+
+
+def _distributions(shape: list[int], devices: int) -> list[taps.Layout]:
+    """The distinct distributions of a tensor of ``shape`` over every strategy on ``devices``."""
+    axes = list(range(len(shape)))
+    layouts = (
+        s.tensor_layout(axes, shape).normalized() for s in taps.enumerate_strategies(shape, devices)
+    )
+    return list(dict.fromkeys(layouts))
+
+
+def test_a_batch_stops_when_its_time_limit_runs_out():
+    """A batch of 505 x 505 distributions on 64 devices takes far longer than the 10 ms at which
+    the kernel first looks at the clock; a limit of 0 stops it there."""
+    layouts = _distributions([8, 16, 32, 64], 64)
+    assert len(layouts) == 505
+    cl = taps.Cluster(8, 8)
+    with pytest.raises(
+        taps.TimeLimitError,
+        match=r"^the time limit ran out while pricing 505 x 505 redistributions$",
+    ):
+        taps.redistribution_costs(layouts, layouts, cl, time_limit=0.0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(taps.TimeLimitError, match="must be a non-negative number of seconds"):
+            taps.redistribution_costs(layouts, layouts, cl, time_limit=bad)
+
+
+def test_a_watched_batch_equals_its_rows_priced_alone():
+    """A batch of more than 4,096 pairs runs on a watched worker thread (under a time limit here);
+    each row alone (100 pairs) runs on the calling thread: the same matrix."""
+    layouts = _distributions([8, 16, 32, 64], 16)[:100]
+    cl = taps.Cluster(2, 8)
+    whole = taps.redistribution_costs(layouts, layouts, cl, time_limit=3600.0)
+    rows = np.vstack([taps.redistribution_costs([a], layouts, cl) for a in layouts])
+    assert whole.shape == (100, 100)
+    np.testing.assert_array_equal(whole, rows)
+    assert np.count_nonzero(whole) > 9000

@@ -310,7 +310,7 @@ def test_a_broken_backward_plan_is_reported(monkeypatch):
     [
         (-1, "", ""),
         (2, "raise", r"VerifyError: .*: rank 2 of 4 was asked to fail"),
-        (2, "kill", r"rank 2 of 4 was killed by SIGKILL"),
+        (2, "kill", r"rank 2 of 4 was killed by SIGKILL \(rank 2: last words\)"),
     ],
 )
 def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing, how, said):

@@ -25,6 +25,7 @@ __all__ = [
     "Strategy",
     "StrategyError",
     "TapsError",
+    "TimeLimitError",
     "TopologyError",
     "UnifyError",
     "allreduce_costs",
@@ -88,6 +89,10 @@ class InfeasibleError(TapsError):
 
 class ResourceError(TapsError):
     """A search too large for its limits or for the memory it may use."""
+
+class TimeLimitError(TapsError):
+    """A search whose time limit ran out before it had any assignment to return (while its cost
+    tables were built, or with no assignment that fits the memory limit)."""
 
 @final
 class Layout:
@@ -404,8 +409,12 @@ def redistribution_costs(
     dtype_bytes: float = 2.0,
     model: _CostModel = "topology",
     planner: _Planner = "paper",
+    time_limit: float | None = None,
 ) -> npt.NDArray[np.float64]:
-    """The matrix of redistribution costs from each source to each target, on all cores."""
+    """The matrix of redistribution costs from each source to each target, on all cores.
+
+    Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
+    milliseconds."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

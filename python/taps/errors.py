@@ -11,6 +11,7 @@ from taps._core import (
     ResourceError,
     StrategyError,
     TapsError,
+    TimeLimitError,
     TopologyError,
     UnifyError,
 )
@@ -22,11 +23,6 @@ class ArgumentError(TapsError):
 
 class OutputError(TapsError):
     """An output file that cannot be written where asked."""
-
-
-class TimeLimitError(TapsError):
-    """A search whose time limit ran out before it had any assignment to return (while its cost
-    tables were built, or with no assignment that fits the memory limit)."""
 
 
 class MissingExtraError(TapsError):

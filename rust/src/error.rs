@@ -21,6 +21,8 @@ pub enum Error {
     /// Work whose memory could not be allocated (the machine's, or the process's address-space
     /// limit): refused before it starts instead of aborting the process.
     Memory(String),
+    /// Work stopped because the time limit its caller gave ran out.
+    TimeLimit(String),
 }
 
 impl fmt::Display for Error {
@@ -31,7 +33,8 @@ impl fmt::Display for Error {
             | Error::Strategy(m)
             | Error::Topology(m)
             | Error::Shape(m)
-            | Error::Memory(m) => f.write_str(m),
+            | Error::Memory(m)
+            | Error::TimeLimit(m) => f.write_str(m),
         }
     }
 }

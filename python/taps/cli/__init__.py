@@ -115,8 +115,15 @@ def run() -> None:
     """The ``taps`` program: :func:`main` on the command line, then exit. After Ctrl-C or
     SIGTERM the process ends at once: an interrupted solve leaves a large SCIP model whose
     teardown would take seconds, and every output file is already cleaned up."""
-    _take_signals()
-    code = main()
+    try:
+        _take_signals()
+        code = main()
+    except KeyboardInterrupt:  # in the instants before main's own handlers
+        sys.stderr.write("taps: interrupted\n")
+        code = EXIT_INTERRUPTED
+    except Terminated:
+        sys.stderr.write("taps: terminated\n")
+        code = EXIT_TERMINATED
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()

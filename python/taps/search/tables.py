@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistribution_costs
-from taps._support.deadline import check
+from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
 from taps.plan.pricing import Pricing
@@ -156,12 +156,16 @@ class _Priced:
         dtype: float,
         cost_model: CostModel,
         planner: Planner,
+        deadline: float | None,
     ) -> np.ndarray:
         key = (frozenset(sources), frozenset(targets), dtype)
         if key not in self._memo:
             srcs, dsts = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(targets))
             self._memo[key] = (
-                redistribution_costs(srcs, dsts, cluster, dtype, cost_model, planner),
+                # The kernel watches the time left itself: one large edge can take longer.
+                redistribution_costs(
+                    srcs, dsts, cluster, dtype, cost_model, planner, time_limit=left(deadline)
+                ),
                 {layout: i for i, layout in enumerate(srcs)},
                 {layout: j for j, layout in enumerate(dsts)},
             )
@@ -367,7 +371,7 @@ def build_tables(
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:
-                how = (cluster, dtype, cost_model, planner)
+                how = (cluster, dtype, cost_model, planner, deadline)
                 cost = priced([r[0] for r in src], [r[0] for r in dst], *how)
                 if backward:
                     cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *how).T

@@ -2,7 +2,8 @@
 //! with the GIL released.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use numpy::ndarray::{Array2, Array3};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray2, PyReadonlyArray3};
@@ -19,12 +20,14 @@ use crate::minplus;
 use crate::plan::Planner;
 use crate::topology::CostModel;
 
-/// The matrix of redistribution costs from each source to each target, on all cores.
+/// The matrix of redistribution costs from each source to each target, on all cores; a
+/// [`Error::TimeLimit`] if `time_limit` seconds pass first.
 #[pyfunction]
 #[pyo3(
-    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper"),
-    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper')"
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper", time_limit=None),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper', time_limit=None)"
 )]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn redistribution_costs<'py>(
     py: Python<'py>,
     sources: Vec<Bound<'py, PyLayout>>,
@@ -33,6 +36,7 @@ pub(super) fn redistribution_costs<'py>(
     dtype_bytes: Num<f64>,
     model: &str,
     planner: &str,
+    time_limit: Option<Num<f64>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let planner = Planner::parse(planner)?;
     let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
@@ -40,6 +44,12 @@ pub(super) fn redistribution_costs<'py>(
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
+    let time_limit = match time_limit.map(|t| t.get("time_limit", Error::TimeLimit)) {
+        Some(Ok(t)) if t.is_nan() || t < 0.0 => Err(Error::TimeLimit(format!(
+            "time_limit must be a non-negative number of seconds, got {t}"
+        ))),
+        other => other.transpose(),
+    }?;
     let shape = (sources.len(), targets.len());
     let stop = AtomicBool::new(false);
     let run = || {
@@ -53,28 +63,71 @@ pub(super) fn redistribution_costs<'py>(
             &stop,
         )
     };
-    let costs = if planner == Planner::Paper {
+    let costs = if planner == Planner::Paper && shape.0 * shape.1 <= WATCHED_PAIRS {
         py.detach(run)?
     } else {
-        // The optimal planner's batch can take minutes: it runs on a worker thread while this one
-        // looks for Ctrl-C (only the main thread sees Python's signals), and stops it on one.
-        std::thread::scope(|scope| {
-            let worker = scope.spawn(run);
-            while !worker.is_finished() {
-                py.detach(|| std::thread::sleep(Duration::from_millis(10)));
-                if let Err(interrupt) = py.check_signals() {
-                    stop.store(true, Relaxed);
-                    // The worker ends within milliseconds; its result is dropped.
-                    drop(py.detach(|| worker.join()));
-                    return Err(interrupt);
-                }
-            }
-            Ok(worker.join().expect("the batch kernel does not panic")?)
-        })?
+        let what = || {
+            format!(
+                "the time limit ran out while pricing {} x {} redistributions",
+                shape.0, shape.1
+            )
+        };
+        watched(py, &stop, time_limit, what, run)??
     };
     let costs = costs.expect("nothing stopped the batch");
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
+}
+
+/// Batches of Algorithm 1 with at most this many pairs take milliseconds: they run on this
+/// thread, not a watched worker.
+const WATCHED_PAIRS: usize = 4096;
+
+/// `work` on a worker thread while this one (the only thread that sees Python's signals) waits
+/// for it, looking every 10 ms for Ctrl-C and at the clock: on either it sets `stop`, which the
+/// work looks at often, and raises (`KeyboardInterrupt`, or [`Error::TimeLimit`] worded by
+/// `what`) once the worker has ended.
+fn watched<T: Send>(
+    py: Python<'_>,
+    stop: &AtomicBool,
+    time_limit: Option<f64>,
+    what: impl Fn() -> String,
+    work: impl FnOnce() -> T + Send,
+) -> PyResult<T> {
+    let start = Instant::now();
+    let (done, mut result) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(move || {
+            // The receiver outlives the worker (the scope joins it), so the send cannot fail.
+            drop(done.send(work()));
+        });
+        loop {
+            // The receiver is moved into the wait and back (it is not `Sync`).
+            let (got, back) = py.detach(move || {
+                let got = result.recv_timeout(Duration::from_millis(10));
+                (got, result)
+            });
+            result = back;
+            match got {
+                Ok(value) => return Ok(value),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "the worker ended without a result: {:?}",
+                        worker.join().err()
+                    )
+                }
+            }
+            let late = time_limit.is_some_and(|t| start.elapsed().as_secs_f64() > t);
+            let interrupt = py.check_signals().err();
+            if late || interrupt.is_some() {
+                stop.store(true, Relaxed);
+                // The worker ends within milliseconds; its result is dropped.
+                drop(py.detach(|| worker.join()));
+                return Err(interrupt.unwrap_or_else(|| Error::TimeLimit(what()).into()));
+            }
+        }
+    })
 }
 
 /// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,

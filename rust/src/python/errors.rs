@@ -50,6 +50,13 @@ create_exception!(
     "A search with no feasible assignment, such as a memory limit nothing meets."
 );
 
+create_exception!(
+    taps,
+    TimeLimitError,
+    TapsError,
+    "A search whose time limit ran out before it had any assignment to return (while its cost\ntables were built, or with no assignment that fits the memory limit)."
+);
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
@@ -59,6 +66,7 @@ impl From<Error> for PyErr {
             Error::Topology(m) => TopologyError::new_err(m),
             Error::Shape(m) => TapsError::new_err(m),
             Error::Memory(m) => ResourceError::new_err(m),
+            Error::TimeLimit(m) => TimeLimitError::new_err(m),
         }
     }
 }

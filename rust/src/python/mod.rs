@@ -33,7 +33,7 @@ use crate::plan::Planner;
 use crate::topology::{CollectiveKind, CostModel, Device, Replicas, PRESETS};
 use errors::{
     GraphError, InfeasibleError, LayoutError, ResourceError, StrategyError, TapsError,
-    TopologyError, UnifyError,
+    TimeLimitError, TopologyError, UnifyError,
 };
 
 #[pymodule]
@@ -47,6 +47,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("InfeasibleError", py.get_type::<InfeasibleError>())?;
     m.add("ResourceError", py.get_type::<ResourceError>())?;
+    m.add("TimeLimitError", py.get_type::<TimeLimitError>())?;
     m.add("COLLECTIVE_KINDS", PyTuple::new(py, CollectiveKind::NAMES)?)?;
     m.add("DEVICES", PyTuple::new(py, Device::NAMES)?)?;
     m.add("PRESETS", PyTuple::new(py, PRESETS.map(|p| p.name))?)?;

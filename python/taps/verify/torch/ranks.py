@@ -46,9 +46,6 @@ def run_ranks(main: str, tmp: str, ranks: int) -> None:
         causes = [s for s in said if s and not _PEER_GONE.search(s)]
         lines = causes or [s for s in said if s] or [*proc.stderr.strip().splitlines()[-1:]]
         tail = lines[0] if lines else "no output"
-        printed = proc.stderr.strip().splitlines()
-        if tail in causes and " was killed by " in tail and printed:
-            tail = f"{tail} ({printed[-1].strip()})"  # what the process said as it died
         raise VerifyError(f"a gloo rank failed: {tail.removeprefix('taps.errors.')}")
 
 
@@ -61,6 +58,10 @@ def _read(path: str) -> str:
         return ""
     with open(path) as f:
         return f.read()
+
+
+def _stderr(tmp: str, rank: int) -> str:
+    return os.path.join(tmp, f"rank{rank}.stderr")
 
 
 def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
@@ -83,6 +84,9 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
         pid = os.fork()
         if pid == 0:
             code = 0
+            # Each rank's own stderr, for the last words of one a signal kills.
+            said = os.open(_stderr(tmp, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(said, 2)
             try:
                 with replaying():
                     module.run_rank(rank, ranks, state)
@@ -100,8 +104,12 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
     for rank, pid in enumerate(children):
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code < 0:  # killed by a signal: it wrote nothing, so say it here
+            last = _read(_stderr(tmp, rank)).strip().splitlines()[-1:]
+            words = f" ({last[0].strip()})" if last else ""
             with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
-                out.write(f"rank {rank} of {ranks} was killed by {signal.Signals(-code).name}")
+                out.write(
+                    f"rank {rank} of {ranks} was killed by {signal.Signals(-code).name}{words}"
+                )
         failed = failed or code != 0
     return 1 if failed else 0
 
