@@ -33,7 +33,6 @@ from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.draws import drawn, draws
-from taps.export.experts import stacked_parameters
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
@@ -41,6 +40,7 @@ from taps.export.dtensor import (
     layout_placements,
     placement_objects,
 )
+from taps.export.experts import stacked_parameters
 from taps.graph import SHARE, Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan

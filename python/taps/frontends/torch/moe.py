@@ -4,9 +4,10 @@ the GShard form's operators (docs/moe.md).
 A block is the innermost module around a ``topk`` whose subgraph also reads the experts' weights:
 parameters of rank 3 stacked by expert, or per-expert weights (an ``nn.ModuleList`` of expert
 MLPs: one parameter per expert whose keys differ in the expert's index alone), which the graph
-holds stacked under one name with ``*`` for the index (:func:`expert_keys`). Its *routed part* is every node of the block that
-depends on a ``topk`` or on the experts' weights: the sort, histogram, index and scatter of the
-dispatch, the grouped matmuls (or batched matmuls) of the experts, the combine. Whatever the
+holds stacked under one name with ``*`` for the index (:func:`expert_keys`). Its *routed part*
+is every node of the block that depends on a ``topk`` or on the experts' weights: the sort,
+histogram, index and scatter of the dispatch, the grouped matmuls (or batched matmuls) of the
+experts (or the per-expert linears), the combine. Whatever the
 implementation writes there is replaced by the GShard form's operators
 (:mod:`taps.frontends.gshard`), with ``g`` token groups (the batch's sequences), ``s`` tokens
 per group, ``e`` experts, ``c`` slots per expert and group, ``m`` the model's width; the
