@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import taps
+from moe_models import assert_experts_held
 from moe_modulelist import CapacityLoopMoE, DenseLoopMoE, Layer, Model, PickLoopMoE
 from taps.export import layouts_of, to_dtensor
 from taps.export.distribute import export_module
-from taps.export.experts import distribute_experts, expert_placements, stacked_parameters
+from taps.export.experts import expert_placements, stacked_parameters
 from taps.frontends.torch.moe import expert_keys
 from taps.graph import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT, MOE_ROUTE
 from taps.plan.experts import expert_splits
@@ -193,13 +194,6 @@ def test_each_experts_weight_is_placed_on_its_expert_group(kind: str) -> None:
     """The searched plan's placements of a stacked weight give each of the module's experts its
     ranks: on every rank of the fake process group, the experts it holds are its block of the
     stacked weight (taps' layout), each placed as DTensor places the stacked weight."""
-    import torch.distributed as tdist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import distribute_tensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from taps.export.dtensor import placement_objects
-
     model, ids = _model(kind, meta=False)
     plan = taps.search(taps.from_torch(model, ids), taps.Cluster(2, 4)).plan
     dt = to_dtensor(plan, model)
@@ -216,28 +210,8 @@ def test_each_experts_weight_is_placed_on_its_expert_group(kind: str) -> None:
                 for r in range(8)
                 if layout.shard_index(r)[0][0] <= e.expert < layout.shard_index(r)[0][1]
             ]
-        mesh = dt.mesh
-        for rank in range(8):
-            tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-            try:
-                dm = DeviceMesh(
-                    "cpu", torch.arange(8).reshape(mesh.shape), mesh_dim_names=mesh.axis_names
-                )
-                whole = distribute_tensor(
-                    stacked[name].detach(),
-                    dm,
-                    placement_objects(dt.tensors[name]),
-                    src_data_rank=None,
-                ).to_local()
-                own = [e.get_submodule(w).weight.detach() for e in model.layers[0].mlp.experts]
-                held = distribute_experts(own, dt, name, dm)
-                (start, stop), *_ = layout.shard_index(rank)
-                assert sorted(held) == list(range(start, stop))
-                for i, t in held.items():
-                    local = t.to_local() if hasattr(t, "to_local") else t
-                    assert torch.equal(local, whole[i - start])
-            finally:
-                tdist.destroy_process_group()
+        own = [e.get_submodule(w).weight.detach() for e in model.layers[0].mlp.experts]
+        assert_experts_held(dt, name, layout, stacked[name].detach(), own)
 
 
 def test_on_gloo_every_experts_gradient_is_the_dense_runs() -> None:
