@@ -9,7 +9,10 @@
 
 Targets: Mixtral from the module to a plan in at most 10 s, DeepSeek-V3 in at most 30 s, peak
 memory under 2 GB. The models are transformers' built from their configs on the meta device in
-bf16, a batch of ``--batch`` sequences of ``--seq`` tokens.
+bf16, a batch of ``--batch`` sequences of ``--seq`` tokens: by default Mixtral 64 x 4096 on 64
+devices, DeepSeek-V3 16 x 4096 on 256 (all 61 layers on 256 devices, no pipeline: 64 sequences
+need 119 GB per device, 16 fit; DeepSeek-V3 trains on 4096-token sequences, its 15,360-sequence
+batch over 2,048 GPUs in micro-batches, 1,920 sequences per 256 GPUs per step).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from taps.graph import MOE_DISPATCH
 from taps.report.tables import experts_text
 from taps.reproduce.cases import paper_cluster
 
+#: Per model: config, model class, config changes, layers, DGX H100 nodes, default batch.
 MODELS = {
-    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, {}, 32, 8),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, {}, 32, 8, 64),
     # Every layer a mixture of experts (the released model's first three are dense).
     "deepseek-v3": (
         transformers.DeepseekV3Config,
@@ -36,6 +40,7 @@ MODELS = {
         {"first_k_dense_replace": 0},
         61,
         32,
+        16,
     ),
 }
 
@@ -46,7 +51,7 @@ def peak_rss_gib() -> float:
 
 def graph_of(name: str, layers: int, batch: int, seq: int, once: bool = True) -> taps.Graph:
     """The model's tied graph (``once``: its identical layers exported once and copied)."""
-    config_cls, model_cls, extra, _, _ = MODELS[name]
+    config_cls, model_cls, extra, *_ = MODELS[name]
     config = config_cls(num_hidden_layers=layers, use_cache=False, **extra)
     with torch.device("meta"):
         model = model_cls(config).to(torch.bfloat16)
@@ -124,19 +129,30 @@ def compare(name: str, batch: int, seq: int) -> None:
 
 
 def full(name: str, batch: int, seq: int, once: bool) -> None:
-    _, _, _, layers, nodes = MODELS[name]
+    layers, nodes = MODELS[name][3:5]
     w0, c0 = time.perf_counter(), time.process_time()
     graph = graph_of(name, layers, batch, seq, once)
     cluster = taps.Cluster.preset("dgx-h100", nodes)
     w1, c1 = time.perf_counter(), time.process_time()
-    result = taps.search(graph, cluster)
+    try:
+        result = taps.search(graph, cluster)
+    except taps.TapsError as e:
+        w2, c2 = time.perf_counter(), time.process_time()
+        print(
+            f"{name}: {layers} layers, batch {batch} x {seq}, {len(graph.ops)} operators, "
+            f"{cluster.num_devices} devices: export + convert + tie {w1 - w0:.1f} s (CPU "
+            f"{c1 - c0:.1f} s); the search stopped after {w2 - w1:.1f} s (CPU {c2 - c1:.1f} s): "
+            f"{str(e).splitlines()[0]}; peak RSS {peak_rss_gib():.2f} GiB"
+        )
+        return
     w2, c2 = time.perf_counter(), time.process_time()
     stages = ", ".join(
         f"{stage} {result.timings[stage]:.1f}"
         for stage in ("enumerate", "costs", "reduce", "build", "solve", "extract")
     )
     print(
-        f"{name}: {layers} layers, {len(graph.ops)} operators, {cluster.num_devices} devices: "
+        f"{name}: {layers} layers, batch {batch} x {seq}, {len(graph.ops)} operators, "
+        f"{cluster.num_devices} devices: "
         f"export + convert + tie {w1 - w0:.1f} s (CPU {c1 - c0:.1f} s), search {w2 - w1:.1f} s "
         f"(CPU {c2 - c1:.1f} s; {stages}), module to plan {w2 - w0:.1f} s (CPU {c2 - c0:.1f} s; "
         f"the Rust kernels run on every core); {result.status}, cost {result.cost!r}, "
@@ -150,15 +166,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", action="store_true")
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, help="sequences (default: the model's, above)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--whole", action="store_true", help="export every layer (not once)")
     args = parser.parse_args()
     for name in args.model or sorted(MODELS, reverse=True):
+        batch = args.batch or MODELS[name][5]
         if args.compare:
-            compare(name, args.batch, args.seq)
+            compare(name, args.batch or 64, args.seq)
         else:
-            full(name, args.batch, args.seq, not args.whole)
+            full(name, batch, args.seq, not args.whole)
 
 
 if __name__ == "__main__":

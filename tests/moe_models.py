@@ -11,6 +11,8 @@ hidden width; router ``gsm,me->gse``; dispatch ``gsec,gsm->egcm``; experts ``egc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -208,3 +210,38 @@ def moe_graph(
     down = g.einsum("experts.w2", "egch,emh->egcm", act, w2, kind=MOE_EXPERT, partitionable="egh")
     g.einsum("combine", "gsec,egcm->gsm", route, down, kind=MOE_COMBINE, partitionable="ge")
     return g
+
+
+def assert_experts_held(
+    placements: Any, name: str, layout: taps.Layout, stacked: torch.Tensor, experts: list
+) -> None:
+    """On every rank of the fake process group in turn: the experts
+    :func:`taps.export.experts.distribute_experts` gives it (``experts[i]`` expert ``i``'s own
+    weight) are its block of the stacked weight ``name`` in ``layout``, each holding what DTensor
+    places of the stacked weight ``stacked`` there."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taps.export.dtensor import placement_objects
+    from taps.export.experts import distribute_experts
+
+    mesh, n = placements.mesh, layout.num_devices
+    for rank in range(n):
+        tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=n)
+        try:
+            dm = DeviceMesh(
+                "cpu", torch.arange(n).reshape(mesh.shape), mesh_dim_names=mesh.axis_names
+            )
+            whole = distribute_tensor(
+                stacked, dm, placement_objects(placements.tensors[name]), src_data_rank=None
+            ).to_local()
+            held = distribute_experts(experts, placements, name, dm)
+            (start, stop), *_ = layout.shard_index(rank)
+            assert sorted(held) == list(range(start, stop))
+            for i, t in held.items():
+                local = t.to_local() if hasattr(t, "to_local") else t
+                assert torch.equal(local, whole[i - start])
+        finally:
+            tdist.destroy_process_group()

@@ -16,6 +16,7 @@ import taps
 from moe_models import (
     MixtralGShard,
     TitanGShard,
+    assert_experts_held,
     gshard_plan,
     mixtral_block,
     moe_graph,
@@ -24,7 +25,7 @@ from moe_models import (
 )
 from taps.export import layout_placements, mesh_for, to_dtensor, to_jax
 from taps.export.dtensor import DTensorPlacements
-from taps.export.experts import distribute_experts, expert_placements
+from taps.export.experts import expert_placements
 
 G, S, E, M, H, K = 8, 4, 8, 8, 16, 2
 C = S * K // E
@@ -170,33 +171,11 @@ def test_each_expert_lives_where_the_stacked_weight_puts_it(
 def test_experts_are_distributed_on_their_sub_meshes_as_dtensors() -> None:
     """Every rank of the fake process group in turn: the DTensors of the experts it holds have
     its block of the stacked weight, as DTensor places the stacked weight itself."""
-    import torch.distributed as tdist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import distribute_tensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from taps.export.dtensor import placement_objects
-
     layout = taps.Layout([8, 4, 8], [2, 2, 2], [1, -1, 0])  # experts 2 ways, width 2 ways
     mesh = mesh_for([layout], 8)
     placements = DTensorPlacements(mesh, {"w": layout_placements(mesh, layout)}, {})
     stacked = torch.arange(8 * 4 * 8, dtype=torch.float32).reshape(8, 4, 8)
-    for rank in range(8):
-        tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-        try:
-            dm = DeviceMesh(
-                "cpu", torch.arange(8).reshape(mesh.shape), mesh_dim_names=mesh.axis_names
-            )
-            whole = distribute_tensor(
-                stacked, dm, placement_objects(placements.tensors["w"]), src_data_rank=None
-            ).to_local()
-            held = distribute_experts(list(stacked), placements, "w", dm)
-            (start, stop), *_ = layout.shard_index(rank)
-            assert sorted(held) == list(range(start, stop))
-            for i, t in held.items():
-                assert torch.equal(t.to_local(), whole[i - start])
-        finally:
-            tdist.destroy_process_group()
+    assert_experts_held(placements, "w", layout, stacked, list(stacked))
 
 
 def test_an_uneven_expert_split_is_refused() -> None:

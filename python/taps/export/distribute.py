@@ -40,6 +40,7 @@ from taps.export.dtensor import (
     layout_placements,
     placement_objects,
 )
+from taps.export.experts import stacked_parameters
 from taps.graph import SHARE, Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan
@@ -565,7 +566,9 @@ class DistributedModule:
         for spec in sig.input_specs:
             kind, target = spec.kind.name, spec.target
             if kind == "PARAMETER":  # a tied weight's other keys read the one parameter
-                args.append(self.parameters[self.conversion.aliases.get(target, target)])
+                # (an expert's weight is read as its stacked experts', by the block's runner)
+                name = self.conversion.aliases.get(target, target)
+                args.append(self.parameters.get(name))
             elif kind == "USER_INPUT":
                 x = next(users)
                 if isinstance(x, torch.Tensor) and not isinstance(x, dtensor.DTensor):
@@ -1467,7 +1470,7 @@ def distribute_module(
         raise ExportError(
             f"the plan is not of this module: operators {missing[:5]} are in one and not the other"
         )
-    params = dict(module.named_parameters())
+    params = stacked_parameters(dict(module.named_parameters()), conversion.graph)
     if mesh is None:
         device = next(iter(params.values())).device.type if params else "cpu"
         from torch.distributed.device_mesh import init_device_mesh

@@ -15,14 +15,17 @@ experts, as expert-parallel training does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.dtensor import PARTIAL, DTensorPlacements, placement_objects
+from taps.frontends.torch.moe import expert_keys
+from taps.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -118,4 +121,29 @@ def distribute_experts(
         out[w.expert] = distribute_tensor(
             e, sub, placement_objects(w.placements), src_data_rank=None
         )
+    return out
+
+
+def stacked_parameters(params: Mapping[str, Any], graph: Graph) -> dict[str, Any]:
+    """A module's parameters (by ``state_dict`` key) as ``graph`` holds them: the weights of a
+    ``ModuleList`` of experts, one per expert, stacked (``torch.stack``: gradients reach each
+    expert's own) under the graph's name of them (``experts.*.w1.weight``,
+    :func:`taps.frontends.torch.moe.expert_keys`), where the first expert's was; the others as
+    they are."""
+    stacks: dict[str, list[str]] = {}
+    for t in graph.tensors.values():
+        keys = expert_keys(t.name, t.shape[0]) if t.kind == "parameter" and t.shape else None
+        if keys is not None and all(k in params for k in keys):
+            stacks[t.name] = keys
+    if not stacks:
+        return dict(params)
+    torch = require("torch", "torch", "stacked_parameters")
+    first = {keys[0]: name for name, keys in stacks.items()}
+    held = {k for keys in stacks.values() for k in keys}
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        if key in first:
+            out[first[key]] = torch.stack([params[k] for k in stacks[first[key]]])
+        elif key not in held:
+            out[key] = p
     return out

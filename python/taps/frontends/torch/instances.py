@@ -6,7 +6,9 @@ once"). ``torch.export`` costs about the same per layer whatever it is; a copy c
 The copies are only made where the exported prefix shows them right: the last period's
 operators must equal the period's before it up to the shift of their names (same operators,
 same wiring: what a layer reads from the layer before it, and what it reads from outside the
-list), and what follows the list may read only the last period. Otherwise the module is
+list), each layer must read the one before it (children side by side, as a ``ModuleList`` of
+experts, are exported whole: how many there are may matter), and what follows the list may read
+only the last period. Otherwise the module is
 exported whole."""
 
 from __future__ import annotations
@@ -253,6 +255,10 @@ def _instanced(doc: dict[str, Any], module_of: dict[str, str], cut: Cut) -> None
         if len(mine) != len(theirs) or not all(
             _repeats(cut, e, by_name.get(back(e["name"]))) for e in mine
         ):
+            raise NotRepeated(cut.prefix(child))
+        # Layers chain: each reads the one before it. Children side by side (a ModuleList of
+        # experts) may be told apart by what reads them (the router's count of experts).
+        if not any(cut.owner(x) == child - 1 for e in mine for x in _names(e)[1:]):
             raise NotRepeated(cut.prefix(child))
     # What follows the list reads its last period, which is the whole list's last period.
     tail = _shifter(cut, lambda c: c + n - kept if c >= kept - period else None)

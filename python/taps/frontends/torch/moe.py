@@ -1,10 +1,13 @@
 """Mixture-of-experts blocks of an exported program, found by their module structure and made
 the GShard form's operators (docs/moe.md).
 
-A block is the innermost module around a ``topk`` whose subgraph also reads the experts' weights
-(parameters of rank 3 stacked by expert). Its *routed part* is every node of the block that
-depends on a ``topk`` or on the experts' weights: the sort, histogram, index and scatter of the
-dispatch, the grouped matmuls (or batched matmuls) of the experts, the combine. Whatever the
+A block is the innermost module around a ``topk`` whose subgraph also reads the experts' weights:
+parameters of rank 3 stacked by expert, or per-expert weights (an ``nn.ModuleList`` of expert
+MLPs: one parameter per expert whose keys differ in the expert's index alone), which the graph
+holds stacked under one name with ``*`` for the index (:func:`expert_keys`). Its *routed part*
+is every node of the block that depends on a ``topk`` or on the experts' weights: the sort,
+histogram, index and scatter of the dispatch, the grouped matmuls (or batched matmuls) of the
+experts (or the per-expert linears), the combine. Whatever the
 implementation writes there is replaced by the GShard form's operators
 (:mod:`taps.frontends.gshard`), with ``g`` token groups (the batch's sequences), ``s`` tokens
 per group, ``e`` experts, ``c`` slots per expert and group, ``m`` the model's width; the
@@ -38,10 +41,12 @@ class MoeBlock:
         last: the routed node (last in graph order) at which the operators are made.
         outputs: routed nodes read outside the routed part; the first is the block's output.
         tokens: the fx node of the block's input (the tokens).
-        experts: the experts' stacked weights in order of use: ``(state_dict key, fx node)``.
-        biases: per weight, its experts' stacked bias ``(state_dict key, fx node)`` (a parameter
-            ``(e, out)`` the routed part reads, named as the weight with a suffix: GPT-OSS's
-            ``gate_up_proj_bias``), or ``None``.
+        experts: the experts' stacked weights in order of use, ``(name, fx nodes)``: a stacked
+            parameter's ``state_dict`` key and its node, or per-expert weights' stacked name
+            (``experts.*.w1.weight``, :func:`expert_keys`) and their nodes in expert order.
+        biases: per weight, its experts' stacked bias in the same form (a parameter ``(e, out)``
+            the routed part reads, named as the weight with a suffix: GPT-OSS's
+            ``gate_up_proj_bias``; per expert, the bias of the weight's linear), or ``None``.
         activation: the ATen activation of the experts (``silu``, ``gelu``, ``relu``).
         num_experts, top_k: from the router's top-k.
     """
@@ -52,8 +57,8 @@ class MoeBlock:
     last: str
     outputs: tuple[Any, ...]
     tokens: Any
-    experts: tuple[tuple[str, Any], ...]
-    biases: tuple[tuple[str, Any] | None, ...]
+    experts: tuple[tuple[str, tuple[Any, ...]], ...]
+    biases: tuple[tuple[str, tuple[Any, ...]] | None, ...]
     activation: str
     num_experts: int
     top_k: int
@@ -138,20 +143,24 @@ def _block(
     widths = {n: _shape(n.args[0])[-1] for n in choices}
     experts = max(widths.values())
     choice = next(n for n in choices if widths[n] == experts)
-    weights = sorted(
-        {
-            a
-            for n in members
-            for a in n.all_input_nodes
-            if a.name in params and len(_shape(a)) == 3 and _shape(a)[0] == experts
-        },
-        key=lambda a: min(order[u] for u in a.users if u in inside),
-    )
+    read = {a for n in members for a in n.all_input_nodes if a.name in params}
+
+    def first_use(nodes: tuple[Any, ...]) -> int:
+        return min(order[u] for u in nodes[0].users if u in inside)
+
+    stacks = [
+        (params[a.name], (a,)) for a in read if len(_shape(a)) == 3 and _shape(a)[0] == experts
+    ]
+    singles = _per_expert(read, params, experts)
+    if not stacks:
+        stacks = [(k, ns) for k, ns in singles.items() if len(_shape(ns[0])) == 2]
+    weights = sorted(stacks, key=lambda w: first_use(w[1]))
     if not weights:
         return None
+    weight_nodes = {a for _, ns in weights for a in ns}
     routed: set[Any] = set()
     for n in members:  # graph order: a node is routed when it reads a routed node
-        if n in choices or any(a in routed or a in weights for a in n.all_input_nodes):
+        if n in choices or any(a in routed or a in weight_nodes for a in n.all_input_nodes):
             routed.add(n)
     outside = [
         a
@@ -181,17 +190,25 @@ def _block(
     if not token_sized:
         raise GraphError(f"the mixture-of-experts block {path} has no output of its tokens' size")
     out = token_sized[-1]
-    stacked = {
-        a
-        for n in members
-        if n in routed
-        for a in n.all_input_nodes
-        if a.name in params and len(_shape(a)) == 2 and _shape(a)[0] == experts
-    }
-    biases = []
-    for w in weights:  # a bias's key extends its weight's, as GPT-OSS names them
-        named = [a for a in stacked if params[a.name].startswith(params[w.name])]
-        biases.append(min(named, key=lambda a: len(params[a.name]), default=None))
+    biases: list[tuple[str, tuple[Any, ...]] | None] = []
+    for key, nodes in weights:
+        if len(nodes) > 1:  # per expert: the bias of the weight's own linear
+            bias = f"{key.rsplit('.', 1)[0]}.bias"
+            biases.append((bias, singles[bias]) if bias in singles else None)
+            continue
+        # A stacked bias's key extends its weight's, as GPT-OSS names them.
+        named = [
+            a
+            for n in members
+            if n in routed
+            for a in n.all_input_nodes
+            if a.name in params
+            and len(_shape(a)) == 2
+            and _shape(a)[0] == experts
+            and params[a.name].startswith(key)
+        ]
+        bias = min(named, key=lambda a: len(params[a.name]), default=None)
+        biases.append(None if bias is None else (params[bias.name], (bias,)))
     activations = [name_of(n) for n in routed if name_of(n) in GLU_KINDS]
     return MoeBlock(
         path,
@@ -200,12 +217,52 @@ def _block(
         max(routed, key=order.__getitem__).name,
         (out, *(n for n in outputs if n is not out)),
         tokens[0],
-        tuple((params[w.name], w) for w in weights),
-        tuple(None if a is None else (params[a.name], a) for a in biases),
+        tuple(weights),
+        tuple(biases),
         activations[0] if activations else "silu",
         experts,
         int(choice.args[1]),
     )
+
+
+def _per_expert(read: set[Any], params: dict[str, str], experts: int) -> dict[str, tuple]:
+    """Per-expert weights among the parameter nodes ``read``: by stacked name (the key with
+    ``*`` for the one part that is the expert's index), the nodes of experts ``0 .. e-1``, one
+    shape for all (what a ``ModuleList`` of ``e`` expert MLPs holds)."""
+    groups: dict[str, dict[int, Any]] = {}
+    for a in read:
+        parts = params[a.name].split(".")
+        for j, part in enumerate(parts):
+            if part.isdigit() and int(part) < experts:
+                name = ".".join([*parts[:j], "*", *parts[j + 1 :]])
+                groups.setdefault(name, {})[int(part)] = a
+    return {
+        name: tuple(nodes[i] for i in range(experts))
+        for name, nodes in sorted(groups.items())
+        if len(nodes) == experts and len({_shape(a) for a in nodes.values()}) == 1
+    }
+
+
+def expert_keys(name: str, count: int) -> list[str] | None:
+    """The ``state_dict`` keys of the per-expert weights the graph holds stacked as ``name``
+    (``experts.*.w1.weight``: one ``*`` part, the expert's index), or ``None`` for a name of
+    one parameter."""
+    parts = name.split(".")
+    if parts.count("*") != 1:
+        return None
+    j = parts.index("*")
+    return [".".join([*parts[:j], str(i), *parts[j + 1 :]]) for i in range(count)]
+
+
+def per_expert_parameters(blocks: list[MoeBlock]) -> dict[str, tuple[str, int]]:
+    """Per placeholder of a per-expert weight (or bias) of ``blocks``: the stacked name the
+    graph holds it under and the experts' count."""
+    out: dict[str, tuple[str, int]] = {}
+    for block in blocks:
+        for got in (*block.experts, *block.biases):
+            if got is not None and len(got[1]) > 1:
+                out.update((n.name, (got[0], len(got[1]))) for n in got[1])
+    return out
 
 
 def emit(
@@ -249,13 +306,13 @@ def emit(
     routed = Experts(
         block.path,
         block.router,
-        tuple((key.rsplit(".", 1)[0], env[node]) for key, node in block.experts),
+        tuple((key.rsplit(".", 1)[0], env[nodes[0]]) for key, nodes in block.experts),
         block.activation,
         experts,
         block.top_k,
         math.ceil(block.top_k * seq / experts),
         out_first=True,
-        biases=tuple(None if a is None else env[a[1]] for a in block.biases),
+        biases=tuple(None if a is None else env[a[1][0]] for a in block.biases),
     )
     gse = [b.reshape(v, (groups, seq, experts), block.router, "scores") for v in scores.values()]
     shared = [b.reshape(v, (groups, seq, width), block.path, "shared") for v in extras.values()]

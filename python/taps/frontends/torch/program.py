@@ -199,15 +199,27 @@ def convert(
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     nodes = list(program.graph.nodes)
     user = 0
+    # Mixture-of-experts blocks: their routed part becomes the GShard form's operators, made at
+    # its last node (docs/moe.md).
+    blocks = moe.find_blocks(program, lambda n: _target_name(n.target))
+    per_expert = moe.per_expert_parameters(blocks)
     # Parameters first, in state_dict order, so every parameter is in the graph (also one the
     # forward pass does not use) and the count matches the module's. A tensor under several
-    # keys (tied weights) is one parameter, named by its first key as ``named_parameters`` does.
+    # keys (tied weights) is one parameter, named by its first key as ``named_parameters`` does;
+    # per-expert weights are one stacked parameter, where their first expert's is.
     placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
     first_key: dict[int, str] = {}
     aliases: dict[str, str] = {}
     values: dict[str, Any] = {}
     for spec in sig.input_specs:
-        if spec.kind.name == "PARAMETER":
+        if spec.kind.name == "PARAMETER" and spec.arg.name in per_expert:
+            key, count = per_expert[spec.arg.name]
+            if key not in values:
+                val = placeholders[spec.arg.name].meta["val"]
+                shape = (count, *(int(d) for d in val.shape))
+                values[key] = b.parameter(key, shape, _dtype_bytes(val.dtype))
+            env[placeholders[spec.arg.name]] = values[key]
+        elif spec.kind.name == "PARAMETER":
             target = str(spec.target)
             held = program.state_dict.get(target)
             key = first_key.setdefault(id(held), target) if held is not None else target
@@ -219,9 +231,6 @@ def convert(
                     key, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
                 )
             env[placeholders[spec.arg.name]] = values[key]
-    # Mixture-of-experts blocks: their routed part becomes the GShard form's operators, made at
-    # its last node (docs/moe.md).
-    blocks = moe.find_blocks(program, lambda n: _target_name(n.target))
     routed = {n.name: block for block in blocks for n in block.routed}
     nodes, bindings, results = _inlined(program, routed)
     unsupported: list[str] = []

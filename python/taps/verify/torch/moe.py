@@ -20,6 +20,7 @@ from typing import Any
 
 from taps.errors import VerifyError
 from taps.export.distribute import Blocks, DistributedModule, Exported, packet_name
+from taps.export.experts import stacked_parameters
 from taps.frontends.gshard import GLU_KINDS, fused_pair
 from taps.frontends.torch.moe import MoeBlock, find_blocks
 from taps.frontends.torch.program import Link
@@ -274,7 +275,8 @@ def dense_run(exported: Exported, module: Any, inputs: Sequence[Any]) -> list[An
     parameters and the inputs as in ``module(*inputs)``."""
     torch = import_torch()
     program, graph = exported.program, exported.conversion.graph
-    params = dict(module.named_parameters())
+    own = dict(module.named_parameters())
+    params = stacked_parameters(own, graph)
 
     def run(block: _Block, values: dict[str, Any]) -> Any:
         made: dict[str, Any] = {}
@@ -306,7 +308,7 @@ def dense_run(exported: Exported, module: Any, inputs: Sequence[Any]) -> list[An
     for spec in program.graph_signature.input_specs:
         target = str(spec.target)
         if spec.kind.name == "PARAMETER":
-            args.append(params[exported.conversion.aliases.get(target, target)])
+            args.append(own[exported.conversion.aliases.get(target, target)])
         elif spec.kind.name == "USER_INPUT":
             args.append(next(users))
         elif target in program.state_dict:

@@ -21,6 +21,7 @@ from taps._core import Cluster
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module, export_module
 from taps.export.draws import drawing
+from taps.export.experts import stacked_parameters
 from taps.plan.layouts import layouts_of
 from taps.plan.plan import Plan
 from taps.verify.result import step_errors
@@ -148,7 +149,8 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
     pairs = [(y, c) for y, c in zip(want_outs, cts) if c is not None]
     torch.autograd.backward([y for y, _ in pairs], [c for _, c in pairs])
     want = {f"output {i}": y for i, y in enumerate(want_outs)}
-    want.update({f"grad {k}": p.grad for k, p in dense.named_parameters()})
+    grads = {k: p.grad for k, p in dense.named_parameters()}  # experts' as the graph's
+    want.update({f"grad {k}": g for k, g in stacked_parameters(grads, plan.graph).items()})
     want.update(
         {
             f"grad {s.arg.name}": x.grad
