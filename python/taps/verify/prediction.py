@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from taps._core import Cluster, CommOp, Layout, Redistribution
+from taps.graph import Graph
 from taps.plan.layouts import PlanLayouts
 from taps.plan.plan import Plan
-from taps.graph import Graph
 from taps.search.prices import FORWARD_GATHER, Collective, intra_collectives
 from taps.steps.kinds import layout_groups, step_kind
 from taps.verify.result import Predicted

@@ -508,7 +508,9 @@ def _chain(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     einsum (its partial sums are linear)."""
     if any(op.axis_size(d) > 1 for d in op.contracted):
         return _einsum(op, xs, reduce, block)
-    aligned = [_align(x, o.dims, op.output.dims) * (i + 1) for i, (x, o) in enumerate(zip(xs, op.inputs))]
+    aligned = [
+        _align(x, o.dims, op.output.dims) * (i + 1) for i, (x, o) in enumerate(zip(xs, op.inputs))
+    ]
     mean = sum(aligned[1:], aligned[0]) / math.comb(len(aligned) + 1, 2)
     return mean / (1 + _jnp().abs(mean))
 
