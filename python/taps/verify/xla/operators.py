@@ -505,14 +505,18 @@ def _chain(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     softmax, in every layer) neither overflow nor vanish, where their product would grow with
     each layer. The weights differ so that no two operands get one gradient (XLA would compute
     their reductions once: a layer norm's scale and bias). A chain that sums a split axis is an
-    einsum (its partial sums are linear)."""
-    if any(op.axis_size(d) > 1 for d in op.contracted):
+    einsum (its partial sums are linear), and so is a chain of integers (index arithmetic: a
+    negative id wrapped by ``where(i < 0, i + n, i)`` stays an id)."""
+    jnp = _jnp()
+    if any(op.axis_size(d) > 1 for d in op.contracted) or any(
+        jnp.issubdtype(x.dtype, jnp.integer) for x in xs
+    ):
         return _einsum(op, xs, reduce, block)
     aligned = [
         _align(x, o.dims, op.output.dims) * (i + 1) for i, (x, o) in enumerate(zip(xs, op.inputs))
     ]
     mean = sum(aligned[1:], aligned[0]) / math.comb(len(aligned) + 1, 2)
-    return mean / (1 + _jnp().abs(mean))
+    return mean / (1 + jnp.abs(mean))
 
 
 def _unary(name: str) -> Callable[[Any], Any]:
