@@ -149,8 +149,8 @@ class GraphProgram:
     def _index_bounds(self) -> tuple[dict[str, int], set[tuple[str, int]]]:
         """Per parameter or input read as index values (token ids), the least size it indexes;
         and the operand slots ``(operator, slot)`` that carry such a leaf to an index read
-        through operators of one operand each (JAX wraps a negative id, ``where(i < 0, i + n,
-        i)``, before every lookup), which read it as integers too."""
+        through elementwise operators of one operand each (JAX wraps a negative id, ``where(i <
+        0, i + n, i)``, before every lookup), which read it as integers too."""
         bounds: dict[str, int] = {}
         chained: set[tuple[str, int]] = set()
         for op in self.graph.ops:
@@ -159,7 +159,7 @@ class GraphProgram:
                 path: list[tuple[str, int]] = []
                 while root.kind == "activation" and root.producer is not None:
                     producer = self.graph.op(root.producer)
-                    if len(producer.inputs) != 1:
+                    if len(producer.inputs) != 1 or producer.contracted:
                         break
                     path.append((producer.name, 0))
                     root = self.graph.root(producer.inputs[0].tensor)
