@@ -211,3 +211,59 @@ def test_a_cross_entropy_on_integer_labels_verifies_on_xla(pick):
     assert "gather" in [op.kind for op in g.ops]
     result = taps.verify(taps.search(g, taps.Cluster(2, 4)).plan)
     assert result.ok, result
+
+
+def _gpt_block(x, p, heads):
+    """A pre-norm GPT block on (batch, seq, hidden), its layer norms written by hand."""
+    b, t, h = x.shape
+    q, k, v = (
+        (_ln_mean_var({"g": p["g1"], "b": p["b1"]}, x) @ p[n]).reshape(b, t, heads, h // heads)
+        for n in ("wq", "wk", "wv")
+    )
+    a = jax.nn.softmax(jnp.einsum("bsnd,btnd->bnst", q, k), -1)
+    x = x + jnp.einsum("bnst,btnd->bsnd", a, v).reshape(b, t, h) @ p["wo"]
+    y = _ln_mean_var({"g": p["g2"], "b": p["b2"]}, x)
+    return x + jax.nn.gelu(y @ p["w1"]) @ p["w2"]
+
+
+def _scanned_gpt(p, ids, labels):
+    """A plain-JAX GPT whose layers are one ``lax.scan`` over stacked weights, with its loss."""
+    x = p["wte"][ids] + p["wpe"]
+    x = jax.lax.scan(lambda x, layer: (_gpt_block(x, layer, heads=4), None), x, p["layers"])[0]
+    return _cross_entropy(_ln_mean_var({"g": p["gf"], "b": p["bf"]}, x) @ p["head"], labels)
+
+
+def _gpt_params(layers=2, hidden=32, seq=8, vocab=64):
+    shapes = {
+        **{n: (hidden,) for n in ("g1", "b1", "g2", "b2")},
+        **{n: (hidden, hidden) for n in ("wq", "wk", "wv", "wo")},
+        **{"w1": (hidden, 4 * hidden), "w2": (4 * hidden, hidden)},
+    }
+    return {
+        "wte": S((vocab, hidden), F32),
+        "wpe": S((seq, hidden), F32),
+        "layers": {n: S((layers, *s), F32) for n, s in shapes.items()},
+        "gf": S((hidden,), F32),
+        "bf": S((hidden,), F32),
+        "head": S((hidden, vocab), F32),
+    }
+
+
+@pytest.mark.parametrize("model", ["plain", "flax"])
+def test_a_scanned_model_verifies_on_xla(model):
+    """A model whose layers are a ``scan`` (a plain-JAX GPT with its loss; a flax ``nn.scan``
+    of blocks, whose residual add of a biased Dense is one 3-operand add) replays on 4 XLA
+    host devices: every collective as priced, outputs and gradients those of the unsharded
+    run. Its fused elementwise chains (the hand-written layer norms and softmax in every layer)
+    stay bounded: replayed as products they overflowed by the second layer."""
+    if model == "plain":
+        ids = S((2, 8), jnp.int32)
+        g = _check(_scanned_gpt, _gpt_params(), ids, ids)
+    else:
+        m = _Scanned()
+        g = _check(m.apply, jax.eval_shape(m.init, jax.random.key(0), X), X)
+    assert g.stacks
+    result = taps.verify(taps.search(g, taps.Cluster(1, 4)).plan)
+    assert result.ok, result.mismatches
+    assert result.collectives and {c.status for c in result.collectives} <= {"ok", "shared"}
+    assert 0 < result.max_error < 1e-4

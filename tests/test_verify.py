@@ -208,3 +208,32 @@ def test_anything_but_a_plan_is_a_type_error(who):
         with pytest.raises(TypeError, match=r"takes a taps\.Plan .*, got") as e:
             who(wrong)
         assert "\n" not in str(e.value)
+
+
+def test_operators_the_model_runs_twice_on_one_value_are_one_value():
+    """``values``: two operators of one kind, axes and operands (T5's position bias masked
+    again by every layer) are one value, whose equal redistributions XLA computes once
+    (``shared``; the whole T5 in tests/test_verify_models.py); any difference in kind or
+    operand, or an operand that is itself another value, keeps them apart."""
+    import torch
+
+    from taps.frontends import from_torch
+    from taps.verify.prediction import values
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            first, again, other = torch.relu(x), torch.relu(x), torch.tanh(x)
+            return self.a(first) + self.b(again) + self.a(other) + self.b(torch.relu(other))
+
+    g = from_torch(Twice(), torch.randn(8, 16))
+    value = values(g)
+    by_kind: dict[str, list[str]] = {}
+    for op in g.ops:
+        by_kind.setdefault(op.kind, []).append(op.name)
+    relu_x, relu_x_again, relu_other = by_kind["relu"]
+    assert value[relu_x] == value[relu_x_again] != value[relu_other]
+    assert len({value[n] for n in by_kind["linear"]}) == 4  # other weights or other inputs

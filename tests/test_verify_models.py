@@ -25,6 +25,8 @@ FAMILIES = {
     "clip": "text and vision towers, the contrastive logits scaled by exp(logit_scale)",
     "roberta": "encoder: position ids from a padding mask by cumsum, token types by gather",
     "bart": "encoder-decoder: tied embeddings, shifted decoder inputs",
+    "t5": "encoder-decoder: relative position bias made once, masked by every layer (XLA "
+    "computes the layers' equal masked biases, and their redistributions, once: shared)",
     "whisper": "audio: conv1d front, positions read by index",
     "swin": "vision: relative-position table read by index, window rolls and slices",
     "tv_resnet": "convnet: BatchNorm, pooling",

@@ -848,17 +848,56 @@ class _Interpreter:
                 with tracer.scope("edge", link.op, link.slot):
                     want = dist.nearest(ops[link.op]["inputs"][link.slot], link)
                     leaves[link.arg] = self._to(leaves[link.arg], want)
+        if packet_name(target) in CONVOLUTIONS:
+            for i, x in enumerate(leaves):
+                if isinstance(x, self.dtensor.DTensor):
+                    leaves[i] = self._to(x, self.convolution_placements(x, i))
         tree = _replace_leaves([*args, *kwargs.values()], leaves)
         with (
             tracer.scope("op", links[0].op, None)
             if links
             else tracer.scope("node", node.name, None)
         ):
-            out = target(*tree[: len(args)], **dict(zip(kwargs, tree[len(args) :])))
+            out = self.propagated(target, tree[: len(args)], dict(zip(kwargs, tree[len(args) :])))
             for link in outputs:
                 out = self._to(out, dist.nearest(ops[link.op]["output"], link))
                 out = tracer.mark(out, link.op)
         return out
+
+    def propagated(self, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """``target`` run as DTensor's sharding propagation decides; where DTensor has no rule
+        for an op the node comes to (``adaptive_avg_pool2d`` of a 1x1 map decomposes into
+        ``as_strided_``; DTensor refuses before it computes anything), run on every argument
+        replicated, as a replicated result (the nearest placements with a form: each rank
+        computes the whole node)."""
+        try:
+            return target(*args, **kwargs)
+        except NotImplementedError:
+            pass
+        DTensor, mesh = self.dtensor.DTensor, self.dist.mesh
+        whole = [self.dtensor.Replicate()] * mesh.ndim
+        leaves = [
+            self._to(x, whole).to_local() if isinstance(x, DTensor) else x
+            for x in _leaves([*args, *kwargs.values()])
+        ]
+        tree = _replace_leaves([*args, *kwargs.values()], leaves)
+        out = target(*tree[: len(args)], **dict(zip(kwargs, tree[len(args) :])))
+        made = [
+            DTensor.from_local(y, mesh, whole, run_check=False)
+            if isinstance(y, _torch().Tensor)
+            else y
+            for y in _leaves(out)
+        ]
+        return _replace_leaves(out, made)
+
+    def convolution_placements(self, x: Any, arg: int) -> list[Any]:
+        """The nearest placements of a convolution's argument ``arg`` that DTensor's rule for
+        convolutions computes right: the input split along its batch dim only, the weight and
+        the bias whole. The rule passes the input's placements on to the output whatever the
+        weight's, so a split of the output or input channels (a depthwise convolution's
+        groups too) would make an output whose blocks are not what its placements say."""
+        whole = self.dtensor.Replicate()
+        return [p if arg == 0 and p.is_shard(0) else whole for p in x.placements]
 
     def draw(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         """A draw of random values (:mod:`taps.export.draws`): the whole value drawn from the
@@ -1367,6 +1406,11 @@ def _mean_share(node: Any, whole: Any, block: Any) -> float:
 
 def _ordered(names: Sequence[str], chosen: set[str]) -> tuple[str, ...]:
     return tuple(a for a in names if a in chosen)
+
+
+#: The aten convolutions (their packet names), whose DTensor rule passes the input's placements
+#: to the output (:meth:`_Interpreter.convolution_placements`).
+CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution"})
 
 
 def packet_name(target: Any) -> str:

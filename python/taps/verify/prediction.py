@@ -6,9 +6,10 @@ size, in the scope it runs in (``e<i>`` the redistribution of edge ``i``, ``o<j>
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from taps._core import Cluster, CommOp, Layout, Redistribution
+from taps.graph import Graph
 from taps.plan.layouts import PlanLayouts
 from taps.plan.plan import Plan
 from taps.search.prices import FORWARD_GATHER, Collective, intra_collectives
@@ -43,7 +44,7 @@ def predicted_steps(
     scope: str,
     what: str,
     phase: str = "forward",
-    origin: str | None = None,
+    origin: Hashable | None = None,
 ) -> list[Predicted]:
     """The collectives of a plan's steps (slices are free and run none), priced on ``cluster``.
     With ``origin``
@@ -90,6 +91,28 @@ def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
     return out
 
 
+def values(graph: Graph) -> dict[str, Hashable]:
+    """Per operator, what its output is as far as the graph tells: its kind, axes and
+    operands, each operand a parameter or input by name, a view by its base's value and shape,
+    an operator's output by that operator's value. Operators the model runs twice on one value
+    (T5's position bias masked by every layer's attention) have one value, and a compiler may
+    compute them, and their edges' steps, once."""
+    out: dict[str, Hashable] = {}
+
+    def tensor(name: str) -> Hashable:
+        t = graph.tensors[name]
+        if t.producer is not None:
+            return out[t.producer]
+        if t.base is not None:
+            return ("view", tensor(t.base), t.shape)
+        return name
+
+    for op in graph.ops:  # in topological order: every operand's producer comes first
+        operands = tuple((tensor(o.tensor), o.dims, o.addend) for o in op.inputs)
+        out[op.name] = (op.kind, op.output.dims, op.axes, op.axis_sizes, operands)
+    return out
+
+
 def predicted_collectives(
     layouts: PlanLayouts,
     intra: Mapping[str, list[Collective]],
@@ -130,10 +153,11 @@ def predicted_collectives(
             for kind, b in kinds:
                 share = seconds if kind == "all_reduce" else seconds / 2
                 out.append(Predicted(kind, groups, b, f"o{j}", phase, what, seconds=share))
+    value = values(graph)
     for i, (e, plan) in enumerate(layouts.redistributions):
         size = sizes.get((e.consumer, e.slot), itemsize)
         out += predicted_steps(
-            plan, cluster, size, f"e{i}", describe[f"e{i}"], "forward", e.producer
+            plan, cluster, size, f"e{i}", describe[f"e{i}"], "forward", value[e.producer]
         )
     for i, ((e, _), back) in enumerate(zip(layouts.redistributions, backward)):
         if back is not None:

@@ -497,6 +497,28 @@ def _mean(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
     return _einsum(op, xs, reduce, block) / math.prod(op.axis_size(d) for d in summed)
 
 
+def _chain(op: Operator, xs: list[Any], reduce: Reduce, block: Block) -> Any:
+    """A chain of elementwise primitives the JAX front end fused into one operator (kind
+    ``sub+exp``): the graph keeps its operands, not how the chain wires them, so a weighted
+    mean of the operands aligned to the output (operand ``i`` weighs ``i + 1``), through the
+    softsign ``s / (1 + |s|)``. Bounded, so a deep model's chains (a hand-written layer norm, a
+    softmax, in every layer) neither overflow nor vanish, where their product would grow with
+    each layer. The weights differ so that no two operands get one gradient (XLA would compute
+    their reductions once: a layer norm's scale and bias). A chain that sums a split axis is an
+    einsum (its partial sums are linear), and so is a chain of integers (index arithmetic: a
+    negative id wrapped by ``where(i < 0, i + n, i)`` stays an id)."""
+    jnp = _jnp()
+    if any(op.axis_size(d) > 1 for d in op.contracted) or any(
+        jnp.issubdtype(x.dtype, jnp.integer) for x in xs
+    ):
+        return _einsum(op, xs, reduce, block)
+    aligned = [
+        _align(x, o.dims, op.output.dims) * (i + 1) for i, (x, o) in enumerate(zip(xs, op.inputs))
+    ]
+    mean = sum(aligned[1:], aligned[0]) / math.comb(len(aligned) + 1, 2)
+    return mean / (1 + jnp.abs(mean))
+
+
 def _unary(name: str) -> Callable[[Any], Any]:
     """A pointwise function of ``jax.numpy`` by name (looked up when run: jax loads lazily)."""
     return lambda x: getattr(_jnp(), name)(x)
@@ -553,13 +575,14 @@ def _glu(act: Callable[[Any], Any]) -> Form:
 
 
 OPERATORS: dict[str, Form] = {
-    "add": _elementwise(lambda a, b: a + b, 2),
+    # n-ary: the JAX front end fuses a chain of adds (or of muls) into one operator.
+    "add": _elementwise(lambda *xs: sum(xs[1:], xs[0]), 2),
     "embedding": _embedding,
     "index": _index,
     "gather": _gather,
     "cat": _cat,
     "stack": _stack,
-    "mul": _elementwise(lambda a, b: a * b, 2),
+    "mul": _elementwise(lambda *xs: math.prod(xs[1:], start=xs[0]), 2),
     # Comparisons: 0/1 in the first operand's dtype (a mask, no gradient: position ids from
     # a padding mask stay small integers, exact in floats).
     **{kind: _elementwise(_compare(kind), 2) for kind in _COMPARISONS},
@@ -592,6 +615,6 @@ def compute(op: Operator, xs: list[Any], reduce: Reduce, block: Block | None = N
     """Run ``op`` on ``xs`` (one array per input slot; ``block``: where the device's block of
     its axes lies, the whole axes by default); any other kind is an einsum."""
     block = whole(op) if block is None else block
-    y = OPERATORS.get(op.kind, _einsum)(op, xs, reduce, block)
+    y = OPERATORS.get(op.kind, _chain if "+" in op.kind else _einsum)(op, xs, reduce, block)
     # An output axis only a size-1 operand has (a mask broadcast by the op) is the block's.
     return _jnp().broadcast_to(y, [block.size(d) for d in op.output.dims])

@@ -103,14 +103,14 @@ class GraphProgram:
         #: Where each narrowing operator starts in its input axis.
         self.offsets = narrow_offsets(graph.ops)
         rng = np.random.default_rng(seed)
-        bounds = self._index_bounds()
+        bounds, chained = self._index_bounds()
         ids = np.random.default_rng([seed, 1])
         roots: dict[str, np.ndarray] = {}
         self.diff: dict[str, np.ndarray] = {}
         self.fixed: dict[str, np.ndarray] = {}
         self.leaf_layouts: dict[str, Layout] = {}
         for op in graph.ops:
-            read_as_ids = index_bounds(op)
+            read_as_ids = {*index_bounds(op), *(k for o, k in chained if o == op.name)}
             for slot, o in enumerate(op.inputs):
                 root = graph.root(o.tensor)
                 if root.kind == "activation":
@@ -146,15 +146,27 @@ class GraphProgram:
         self.out_specs = {op.name: self.spec(self.layouts.outputs[op.name]) for op in graph.ops}
         self._reference: tuple[Any, Any] | None = None
 
-    def _index_bounds(self) -> dict[str, int]:
-        """Per parameter or input read as index values (token ids), the least size it indexes."""
+    def _index_bounds(self) -> tuple[dict[str, int], set[tuple[str, int]]]:
+        """Per parameter or input read as index values (token ids), the least size it indexes;
+        and the operand slots ``(operator, slot)`` that carry such a leaf to an index read
+        through elementwise operators of one operand each (JAX wraps a negative id, ``where(i <
+        0, i + n, i)``, before every lookup), which read it as integers too."""
         bounds: dict[str, int] = {}
+        chained: set[tuple[str, int]] = set()
         for op in self.graph.ops:
             for slot, bound in index_bounds(op).items():
                 root = self.graph.root(op.inputs[slot].tensor)
+                path: list[tuple[str, int]] = []
+                while root.kind == "activation" and root.producer is not None:
+                    producer = self.graph.op(root.producer)
+                    if len(producer.inputs) != 1 or producer.contracted:
+                        break
+                    path.append((producer.name, 0))
+                    root = self.graph.root(producer.inputs[0].tensor)
                 if root.kind != "activation":
                     bounds[root.name] = min(bound, bounds.get(root.name, bound))
-        return bounds
+                    chained.update(path)
+        return bounds, chained
 
     def block(self, op: Operator) -> Block:
         """Where a device's block of ``op``'s axes lies under ``shard_map``: each axis split as
