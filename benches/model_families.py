@@ -16,7 +16,8 @@ A search whose limit runs out while its cost tables are built has no plan: its l
 
 Prints one line per model: operators, convert time, search time (wall clock) and the CPU time
 of the search (all threads: the cost tables run on all cores, SCIP in a thread of its own), the
-search's stages, its status and cost, peak RSS; then the models over target. The load average
+search's stages, its status and cost, peak RSS; then the five slowest searches by CPU time and
+the models over target. The load average
 is printed before and after: on a loaded machine the wall clock can be several times the CPU
 time.
 """
@@ -121,6 +122,7 @@ def main() -> None:
     names = args.models or list(builders())
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     over = []
+    cpu: dict[str, float] = {}
     for name in names:
         out, peak_mib = in_fresh_process(measure, name, args.time_limit)
         peak = peak_mib * 2**20
@@ -139,7 +141,11 @@ def main() -> None:
         )
         if slow:
             over.append(name)
+        cpu[name] = float(out["cpu"])  # type: ignore[arg-type]
     print(f"load average {os.getloadavg()[0]:.2f}")
+    # By CPU time: the wall clock says more about the load than about the search.
+    slowest = sorted(cpu, key=cpu.__getitem__, reverse=True)[:5]
+    print("slowest by CPU: " + ", ".join(f"{name} {cpu[name]:.2f} s" for name in slowest))
     print(f"over target ({SECONDS:g} s, {PEAK_BYTES / 1e9:g} GB): {', '.join(over) or 'none'}")
 
 

@@ -18,7 +18,8 @@ import taps
 from graphs_gen import inception, pair_cost, skip_ladder, small_cores, small_enough
 from taps import Pricing
 from taps.search.tables import build_tables
-from taps.solve.elimination import elimination_order
+from taps.solve import elimination
+from taps.solve.elimination import KERNEL_SPEEDUP, elimination_order
 from taps.solve.pipeline import solve
 from taps.solve.reductions import PairCost, Problem, reduce
 
@@ -66,6 +67,30 @@ def test_elimination_equals_brute_force(problem):
     assert problem.evaluate(choice) == pytest.approx(want, abs=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_min_plus_steps_in_blocks_equal_brute_force(seed, monkeypatch):
+    """Steps whose factors fall into two groups of operators are min-plus products, a block of
+    the eliminated operator's choices at a time: with blocks of one or two choices (a tiny
+    chunk) the optimum is brute force's. Six operators of 4 candidates: a ring with chords, so
+    that some steps join tables over several operators and some do not."""
+    monkeypatch.setattr(elimination, "_CHUNK", 7)
+    rng = np.random.default_rng(seed)
+    names = [f"v{i}" for i in range(6)]
+    node = {v: rng.random(4) for v in names}
+    joined = [(names[i], names[(i + 1) % 6]) for i in range(6)] + [("v0", "v3"), ("v1", "v4")]
+    pairs = [
+        PairCost(u, w, rng.integers(0, 3, 4), rng.integers(0, 4, 4), rng.random((3, 4)))
+        for u, w in joined
+    ]
+    problem = Problem(node, pairs)
+    order = elimination_order(problem)
+    assert order is not None
+    choice, cost = order.solve()
+    want = _brute_force(problem)
+    assert cost == pytest.approx(want, abs=1e-12)
+    assert problem.evaluate(choice) == pytest.approx(want, abs=1e-12)
+
+
 def test_budget_refuses_wide_tables():
     """Five operators of 30 candidates, all joined: the first step of any order builds a table
     over four of them (30^4 entries) from 30 choices of the fifth, four tables each."""
@@ -78,7 +103,9 @@ def test_budget_refuses_wide_tables():
     ]
     problem = Problem(node, pairs)
     assert elimination_order(problem, max_table=30**4 - 1) is None
-    assert elimination_order(problem, max_work=4 * 30**5 - 1) is None
+    # The first step's four pair costs each join one other operator: one min-plus product, its
+    # entries counted at the kernel's rate.
+    assert elimination_order(problem, max_work=30**5 / KERNEL_SPEEDUP - 1) is None
     elimination = elimination_order(problem)
     assert elimination is not None and elimination.largest == 30**4
 

@@ -53,7 +53,7 @@ def test_reductions_product_equals_numpy(xy: tuple[np.ndarray, np.ndarray]) -> N
     xt = np.asfortranarray(x)
     np.testing.assert_array_equal(reductions._min_plus(xt, y), numpy_min_plus(x, y))
     if x.shape[-1] == 1:
-        got = reductions._min_plus_1(x[..., 0].T.copy().T, y[..., 0])
+        got = reductions.min_plus_one(x[..., 0].T.copy().T, y[..., 0])
         np.testing.assert_array_equal(got, numpy_min_plus(x, y)[..., 0])
 
 

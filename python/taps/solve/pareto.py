@@ -407,7 +407,9 @@ def solve_pareto(
     cap = limit * (1 + _TOLERANCE) - sum(t.least for t in tables)
     try:
         if price is None:
-            return _pass(problem, memory, limit, classes, order, tables, plan, cap, budget, None)
+            return _pass(
+                problem, memory, limit, classes, order, tables, plan, cap, budget, None, np.inf
+            )
         lam, bound, known = price
         known = dict(known)
         cost = problem.evaluate(known)
@@ -417,7 +419,12 @@ def solve_pareto(
             best = cost - _TOLERANCE * max(abs(cost), 1e-300)
             cutoff = min(bound + fraction * (cost - bound), best)
             cut = _Price(lam, cutoff + lam * limit, *bounds)
-            found = _pass(problem, memory, limit, classes, order, tables, plan, cap, budget, cut)
+            # A best point not cheaper than the known assignment (beyond rounding) is of no use:
+            # it is not traced back to its assignment.
+            wanted = cost + _TOLERANCE * max(abs(cost), 1e-300)
+            found = _pass(
+                problem, memory, limit, classes, order, tables, plan, cap, budget, cut, wanted
+            )
             if found is not None and problem.evaluate(found) <= cutoff:
                 return found
             if found is not None and problem.evaluate(found) < cost:
@@ -442,8 +449,10 @@ def _pass(
     cap: float,
     budget: _Budget,
     cut: _Price | None,
+    wanted: float,
 ) -> dict[str, int] | None:
-    """One run of the plan (with the cut if given): the best fitting assignment left, if any."""
+    """One run of the plan (with the cut if given): the best fitting assignment left, if any and
+    if its cost (as the tables sum it) is below ``wanted``."""
     made = list(originals)
     if cut is not None:
         made = [
@@ -476,6 +485,8 @@ def _pass(
     if not np.isfinite(costs).any():
         return None
     best = int(np.argmin(costs))
+    if costs[best] >= wanted:
+        return None
     return _choose(
         steps, constants, classes, problem, memory, float(mems[best]), float(costs[best])
     )

@@ -121,7 +121,7 @@ def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return min_plus(x, y, _TIE)
 
 
-def _min_plus_1(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective."""
     return _min_plus(x[..., None], y[..., None])[..., 0]
 
@@ -416,14 +416,14 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
             around = outside.pop(step.made)  # (u's candidates, w's)
             by_w = _group_min(around.T, right.w_class, rcost.shape[1]).T  # (u's, w's classes)
             by_uw = _group_min(by_w, left.u_class, lcost.shape[0])  # (u's classes, w's)
-            through = _min_plus_1(by_uw, np.ascontiguousarray(rcost.T))  # (u's, v's classes)
+            through = min_plus_one(by_uw, np.ascontiguousarray(rcost.T))  # (u's, v's classes)
             mid, p, q = _class_pairs(left.w_class, right.u_class)
             marginal[step.v] = node + (lcost[:, p] + through[:, q]).min(axis=0)[mid]
             if step.left_id in needed:
-                to_w = _min_plus_1(by_w, np.ascontiguousarray(rcost.T))[:, right.u_class]
+                to_w = min_plus_one(by_w, np.ascontiguousarray(rcost.T))[:, right.u_class]
                 outside[step.left_id] = _as(to_w + node[None], left.u, pairs[step.left_id])
             if step.right_id in needed:
                 by_u = _group_min(around, left.u_class, lcost.shape[0])  # (u's classes, w's)
-                to_u = _min_plus_1(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
+                to_u = min_plus_one(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
                 outside[step.right_id] = _as(to_u + node[:, None], left.w, pairs[step.right_id])
     return marginal
