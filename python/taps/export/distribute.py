@@ -1395,7 +1395,7 @@ class _Interpreter:
             if bias is not None and replay.training:
                 link = next(li for li in links if li.slot is not None and li.arg == at)
                 b = self.local_input(bias, link)
-                if packet == "convolution":  # a bias per channel
+                if packet in _CONVOLUTIONS:  # a bias per channel
                     b = b.reshape(-1, *([1] * (result.dim() - 2)))
                 result = replay.steps.add_once(result, b, flowing or ())
             elif bias is not None:
@@ -1426,6 +1426,9 @@ class _Interpreter:
             )
             return dist.tracer.mark(made, out.op)
 
+
+#: The convolutions: a bias per output channel, the third argument.
+_CONVOLUTIONS = ("convolution", "conv1d", "conv2d", "conv3d")
 
 #: Nodes that carry a dropped-out parameter to its reader as they carry its mask.
 _MASK_CARRIERS = (
@@ -1558,9 +1561,8 @@ def packet_name(target: Any) -> str:
 def _bias_arg(target: Any) -> int | None:
     """The argument of ``target`` that is a bias added after its contraction (a linear's or a
     convolution's third, ``addmm``'s first), or ``None``."""
-    aten = _torch().ops.aten
-    packet = getattr(target, "_overloadpacket", None)
-    return 2 if packet in (aten.linear, aten.convolution) else 0 if packet is aten.addmm else None
+    packet = packet_name(target)
+    return 2 if packet in ("linear", *_CONVOLUTIONS) else 0 if packet == "addmm" else None
 
 
 @dataclass(frozen=True)
