@@ -1218,6 +1218,7 @@ class _Interpreter:
                 whole = x.whole() if isinstance(x, _Pending) else x
                 if masked is not None and not stored:
                     whole, keep = masked.pre, masked
+                if stored:
                     assert c is not None
                     axes = mesh.unused_axes(c.layout)
                     local, again = dist.stored_block(whole, root.name, ours, link, axes, scope)
