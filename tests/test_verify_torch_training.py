@@ -342,15 +342,17 @@ FAMILIES = {
     "falcon": "constants the module makes (torch.tensor: lift_fresh_copy), multi-query "
     "attention through broadcast_to",
     "deberta_v2": "views of permutes as operators, repeat, a gather's index cut as its output, "
-    "dropout",
-    "roberta": "dropout's masks drawn whole from the step's seed, integer position ids moved "
-    "along edges (cumsum)",
-    "phi3": "a fused q, k, v and gate-up projection sliced",
-    "bart": "position ids read by an embedding (its ids its output's leading dims), dropout",
+    "a dropout of a parameter (the relative embeddings) reaching its gradient",
+    "roberta": "dropout's masks drawn whole from the step's seed, attention's dropout over its "
+    "weights, integer position ids moved along edges (cumsum)",
+    "phi3": "a fused q, k, v and gate-up projection sliced, a rotary pass-through of size 0",
+    "bart": "position ids read by an embedding (its ids its output's leading dims), dropout, "
+    "the decoder's ids shifted right in place (copy_ into a slice of new_zeros)",
     "bloom": "ALiBi added by baddbmm, views of the fused projection",
     "swin": "a relative-position table read by index, window views of permutes, rolls, "
     "stochastic depth",
-    "whisper": "a None input (no mask), conv1d, positions read by index",
+    "whisper": "a None input (no mask), conv1d, positions read by index, a frozen position "
+    "table (no gradient)",
 }
 
 
@@ -391,12 +393,7 @@ def test_families_on_16_devices(name):
     assert _issued(result) == want - shared
 
 
-#: The families whose numbers equal the dense model's on gloo (docs/verify.md says why the
-#: others do not yet).
-NUMBERS = ("bloom", "falcon", "swin")
-
-
-@pytest.mark.parametrize("name", NUMBERS)
+@pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_families_numbers_on_4_gloo_ranks(name):
     """The training step on 4 gloo processes under taps' plan for 1 x 4: the outputs and every
     parameter's gradient equal the dense model's, dropout's masks the same in both (drawn
@@ -407,6 +404,8 @@ def test_families_numbers_on_4_gloo_ranks(name):
     assert result.ok, result.mismatches
     grads = {f"grad {k}" for k, p in module.named_parameters() if p.requires_grad}
     assert grads <= set(result.errors)
+    frozen = {f"grad {k}" for k, p in module.named_parameters() if not p.requires_grad}
+    assert not frozen & set(result.errors)
     assert 0 < result.max_error <= result.tolerance
 
 
@@ -452,3 +451,54 @@ def test_the_dense_run_draws_the_steps_values_in_program_order():
     first = x * (u(0) >= 0.25) / 0.75
     assert torch.allclose(got[0], first + u(1))
     assert torch.allclose(got[1], x * (u(2) >= 0.5) / 0.5)
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "causal", "gqa"])
+def test_attention_written_out_is_torchs_kernel(mask):
+    """``attention`` (what both runs compute where attention drops something) with nothing
+    dropped equals torch's own ``scaled_dot_product_attention``, and its keep mask scales the
+    weights: dropping every weight of a row gives zeros there."""
+    from taps.export.draws import attention
+
+    gen = torch.Generator().manual_seed(0)
+    heads = 2 if mask == "gqa" else 4
+    q = torch.randn(2, 4, 5, 8, generator=gen)
+    k, v = (torch.randn(2, heads, 7, 8, generator=gen) for _ in range(2))
+    options = {"scale": 0.3}
+    if mask == "bool":
+        options["attn_mask"] = torch.rand(5, 7, generator=gen) > 0.3
+        options["attn_mask"][:, 0] = True  # no row masked whole
+    elif mask == "float":
+        options["attn_mask"] = torch.randn(2, 1, 5, 7, generator=gen)
+    elif mask == "causal":
+        options["is_causal"] = True
+    elif mask == "gqa":
+        options["enable_gqa"] = True
+    want = nn.functional.scaled_dot_product_attention(q, k, v, **options)
+    keep = torch.ones(2, 4, 5, 7)
+    assert torch.allclose(attention(q, k, v, keep, **options), want, atol=1e-5)
+    keep[:, :, 2] = 0
+    dropped = attention(q, k, v, keep, **options)
+    assert torch.equal(dropped[:, :, 2], torch.zeros_like(dropped[:, :, 2]))
+    assert torch.allclose(dropped[:, :, 3], want[:, :, 3], atol=1e-5)
+
+
+def test_the_dense_run_draws_attentions_mask_over_its_weights():
+    """Under ``drawing``, attention with ``dropout_p`` is a draw of the weights' shape (its
+    query's leading dims and the key's length), kept where ``u >= p`` and scaled by
+    ``1 / (1 - p)``, computed here by hand; without ``dropout_p`` it is torch's kernel."""
+    from taps.export.draws import drawing
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 4, 8, generator=gen) for _ in range(3))
+    k, v = k[:, :, :3], v[:, :, :3]
+    with drawing(5):
+        got = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+        plain = nn.functional.scaled_dot_product_attention(q, k, v)
+    u = torch.rand(
+        (2, 3, 4, 3), generator=torch.Generator().manual_seed(5 * 7919), dtype=torch.float64
+    )
+    weights = (q @ k.transpose(-2, -1) / 8**0.5).softmax(-1)
+    want = (weights * ((u >= 0.25) / 0.75).float()) @ v
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(plain, weights @ v, atol=1e-6)

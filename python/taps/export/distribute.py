@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
-from taps.export.draws import drawn, draws
+from taps.export.draws import attention, attention_args, drawn, draws, weights_shape
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
@@ -667,6 +667,17 @@ class Blocks:
 
 
 @dataclass(frozen=True)
+class _Masked:
+    """A parameter's dropout in the training-step replay, which holds parameters whole on every
+    rank: ``value`` (the dropped-out DTensor the program carries) is ``pre`` (the parameter,
+    through the same views) times ``mask`` (the scaled keep mask), both whole."""
+
+    value: Any
+    pre: Any
+    mask: Any
+
+
+@dataclass(frozen=True)
 class _Cut:
     """A split (``split``, ``chunk``, ``unbind``) of :class:`Blocks`: its pieces are taken by
     the split operators that read them (:meth:`_Interpreter.piece`)."""
@@ -687,7 +698,9 @@ class _Interpreter:
         class Run(torch.fx.Interpreter):  # type: ignore[misc,name-defined]
             def run_node(self, n: Any) -> Any:
                 self.node = n
-                return super().run_node(n)
+                out = super().run_node(n)
+                outer.shadow_node(n, out)
+                return out
 
             def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
                 return outer.call(self.node, target, args, kwargs)
@@ -701,6 +714,11 @@ class _Interpreter:
         #: The operator running: its blocks of parameters stored sharded (FSDP), each with the
         #: gather of it again (:meth:`DistributedModule.stored_block`).
         self.unit: list[tuple[Any, Callable[[], Any]]] = []
+        #: The whole value of each integer or boolean node computed from whole values alone
+        #: (ids, positions and masks made from the inputs), by name: see :meth:`shadow_node`.
+        self.shadows: dict[str, Any] = {}
+        #: Parameters dropped out, by the id of the DTensor the program carries.
+        self.masked: dict[int, _Masked] = {}
         #: The program's draws of random values, numbered in program order.
         self.draws: dict[str, int] = {}
         for n in dist.program.graph.nodes:
@@ -799,6 +817,25 @@ class _Interpreter:
         return isinstance(x, self.dtensor.DTensor) and any(p.is_partial() for p in x.placements)
 
     def call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        out = self._call(node, target, args, kwargs)
+        if self.masked and not self.dist.conversion.links.get(node.name):
+            self.carry_mask(target, args, kwargs, out)
+        return out
+
+    def carry_mask(self, target: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """A parameter dropped out (:class:`_Masked`) carried through a view or copy that is
+        no operator of the plan: the same node on its undropped value and on its mask."""
+        x = args[0] if args else None
+        masked = self.masked.get(id(x))
+        if masked is None or packet_name(target) not in _MASK_CARRIERS:
+            return
+        if not isinstance(out, self.dtensor.DTensor):
+            return
+        pre = target(masked.pre, *args[1:], **kwargs)
+        mask = target(masked.mask, *args[1:], **kwargs)
+        self.masked[id(out)] = _Masked(out, pre, mask)
+
+    def _call(self, node: Any, target: Any, args: Any, kwargs: Any) -> Any:
         dist, tracer = self.dist, self.dist.tracer
         if node.name in dist.nodes:
             return dist.nodes[node.name](self, node)
@@ -814,7 +851,7 @@ class _Interpreter:
                     self.local_of(x).clone(), dist.mesh, x.placements, run_check=False
                 )
             return args[0]  # a constant of the program, already on every rank as it is
-        if node.name in self.draws:
+        if node.name in self.draws and packet_name(target) not in _DRAWING_OPERATORS:
             return self.draw(node, target, args, kwargs)
         links = dist.conversion.links.get(node.name, [])
         outputs = [link for link in links if link.slot is None]
@@ -922,6 +959,19 @@ class _Interpreter:
             block = self.dtensor.distribute_tensor(
                 whole.to(local), dist.mesh, kept, src_data_rank=None
             ).to_local()
+            if dropout and self.leaf_read(x):
+                made = DTensor.from_local(
+                    local * block,
+                    dist.mesh,
+                    x.placements,
+                    run_check=False,
+                    shape=x.shape,
+                    stride=x.stride(),
+                )
+                before = self.masked.get(id(x))
+                pre, mask = (local, block) if before is None else (before.pre, before.mask * block)
+                self.masked[id(made)] = _Masked(made, pre, mask)
+                return made
             return DTensor.from_local(
                 local * block if dropout else block,
                 dist.mesh,
@@ -934,6 +984,101 @@ class _Interpreter:
         device = like.to_local().device if like is not None else "cpu"
         whole = whole.to(dtype=val.dtype, device=device)
         return x * whole.to(x) if dropout else whole
+
+    def attending(self, node: Any, args: Any, kwargs: Any, out: Blocks) -> Any:
+        """Attention that drops some of its weights, on this rank's blocks (``args``, its
+        output's blocks ``out``): written out (:func:`attention`) with this rank's block of the
+        step's mask over the weights (torch's kernel would draw its own, per rank)."""
+        query, key = args[0], args[1]
+        whole = drawn(
+            packet_name(node.target),
+            node.args,
+            node.kwargs,
+            weights_shape(node.args[0].meta["val"], node.args[1].meta["val"]),
+            self.dist.seed,
+            self.draws[node.name],
+        )
+        if key.shape[-2] != whole.shape[-1]:
+            raise ExportError(
+                f"node {node.name}: attention's dropout over keys split across devices is not "
+                "replayed"
+            )
+        sizes, offsets = self.dist.block_range(out)
+        for d in range(whole.dim() - 1):  # the weights' dims but the keys are the output's
+            if sizes[d] != whole.shape[d]:
+                whole = whole.narrow(d, offsets[d], sizes[d])
+        keep = whole.to(query)
+        options = attention_args(args, kwargs)
+
+        def run(*_: Any, **__: Any) -> Any:
+            return attention(query, key, args[2], keep, **options)
+
+        return run
+
+    def shadow_node(self, node: Any, out: Any) -> None:
+        """Keep ``node``'s whole value when it is an integer or boolean tensor made from the
+        inputs held whole on every rank (the training-step replay holds them so) by nodes of
+        the same kind: computed again here on whole values, which is little work (ids,
+        positions, masks). An in-place write into a tensor that is no operator's output reads
+        them (:meth:`write_whole`)."""
+        torch, DTensor = _torch(), self.dtensor.DTensor
+        replay = self.dist.replay
+        if replay is None or not replay.training:
+            return
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex():
+            return
+        if node.op == "placeholder":
+            whole = isinstance(out, torch.Tensor) and not isinstance(out, DTensor)
+            if isinstance(out, DTensor) and all(p.is_replicate() for p in out.placements):
+                out, whole = self.local_of(out), True
+            if whole:
+                self.shadows[node.name] = out.clone()
+            return
+        if node.op != "call_function":
+            return
+        args = self.shadowed([*node.args, *node.kwargs.values()])
+        if args is not None:
+            n = len(node.args)
+            self.shadows[node.name] = node.target(*args[:n], **dict(zip(node.kwargs, args[n:])))
+
+    def shadowed(self, args: Sequence[Any]) -> list[Any] | None:
+        """``args`` (a node's, fx nodes among them) with every node as its whole value
+        (:attr:`shadows`), or ``None`` when one has none."""
+        torch = _torch()
+        fx = torch.fx
+        nodes = [a for a in _leaves(list(args)) if isinstance(a, fx.Node)]
+        if any(a.name not in self.shadows for a in nodes):
+            return None
+        return list(fx.node.map_arg(list(args), lambda a: self.shadows[a.name]))
+
+    def write_whole(self, node: Any, target: Any, dest: Any) -> None:
+        """An in-place operator writing into ``dest``, a whole integer tensor held on every
+        rank that is no operator's output (BART's decoder ids: ``new_zeros``, then the ids
+        copied into a slice of it): the write made on the whole of ``dest`` from the whole
+        values of its other arguments (:meth:`shadow_node`), as the dense module makes it; the
+        operator itself runs on its blocks (whose readers, if any, the plan feeds)."""
+        torch, DTensor = _torch(), self.dtensor.DTensor
+        if isinstance(dest, DTensor):
+            if not all(p.is_replicate() for p in dest.placements):
+                return
+            dest = self.local_of(dest)
+        if not isinstance(dest, torch.Tensor) or dest.is_floating_point():
+            return
+        rest = self.shadowed([*node.args[1:], *node.kwargs.values()])
+        if rest is None:
+            return
+        n = len(node.args) - 1
+        target(dest, *rest[:n], **dict(zip(node.kwargs, rest[n:])))
+
+    def leaf_read(self, x: Any) -> bool:
+        """Whether DTensor ``x`` is a parameter that the training-step replay holds whole on
+        every rank (or such a parameter dropped out already): a reader takes its block of it
+        (:meth:`local_input`), and a dropout between them must reach its gradient."""
+        replay = self.dist.replay
+        if replay is None or not replay.training:
+            return False
+        return id(x) in self.masked or any(x is p for p in self.dist.parameters.values())
 
     def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
         """A node that is no operator of the plan run on :class:`Blocks` without computing:
@@ -1071,6 +1216,10 @@ class _Interpreter:
         producer = graph.root(graph.op(link.op).inputs[link.slot].tensor).producer
         c = replay.gradients.get((link.op, link.slot)) if replay.training else None
         stored = c is not None and c.kind == "reduce_scatter"  # FSDP: the unit's gathers
+        # A parameter dropped out: the reader takes its block of the parameter (its gradient
+        # the parameter's) times its block of the mask.
+        masked = self.masked.get(id(x)) if replay.training else None
+        keep = None
 
         def scope() -> AbstractContextManager[Any]:
             return dist.tracer.scope("op", link.op, None)
@@ -1083,6 +1232,7 @@ class _Interpreter:
                 x = x.whole()
             if replay.training and producer is not None and graph.op(producer).kind == SHARE:
                 x = self.shared(producer)
+                keep = masked
             if isinstance(x, Blocks) and replay.training:
                 local = self.edge_block(x, link.op, link.slot)
                 local = Blocks(local, ours, link.graph_shape, link.perm, dist).framework()
@@ -1108,6 +1258,8 @@ class _Interpreter:
                 # A parameter or input: each reader takes its block of the whole (no edge).
                 root = graph.root(graph.op(link.op).inputs[link.slot].tensor)
                 whole = x.whole() if isinstance(x, _Pending) else x
+                if masked is not None and not stored:
+                    whole, keep = masked.pre, masked
                 if stored:
                     assert c is not None
                     axes = mesh.unused_axes(c.layout)
@@ -1126,6 +1278,9 @@ class _Interpreter:
                 # taps places it for each reader (no edge); the move has a scope of its own.
                 with dist.tracer.scope("leaf", link.op, link.slot):
                     local = self.local_of(self._to(x, dist.layout_placements(ours, link)))
+        if keep is not None:
+            mask = dist._reader_block(keep.mask, ours, link)
+            local = local * Blocks(mask, ours, link.graph_shape, link.perm, dist).framework()
         if replay.training:
             if c is None or stored:
                 return local
@@ -1232,11 +1387,18 @@ class _Interpreter:
                 )
                 local.append(self.local_of(x) if isinstance(x, DTensor) else x)
         packet = packet_name(target)
+        if packet.endswith("_") and 0 not in linked and leaves:
+            self.write_whole(node, target, leaves[0])
         starts = _index_dims(packet, node.args)
         if bias is not None and at == 0:  # addmm's bias, added after the partial sums
             local[0] = local[1].new_zeros(())
+        args = _leaves([*node.args, *node.kwargs.values()])
         for k, x in enumerate(local):
             if k not in linked and isinstance(x, torch.Tensor) and x.dim() > 0:
+                if x.numel() == 0 and isinstance(args[k], torch.fx.Node):
+                    # No data (Phi-3's rotary pass-through of no dims): cut from its whole shape
+                    # as any other, whatever block DTensor made of it.
+                    x = x.new_empty(args[k].meta["val"].shape)
                 local[k] = self._aligned(x, linked, tuple(val.shape), result_blocks, starts.get(k))
             elif k == 0 and packet.endswith("_") and isinstance(x, torch.Tensor):
                 local[k] = x.clone()  # an in-place operator (relu_) writes a copy of its input
@@ -1262,6 +1424,8 @@ class _Interpreter:
                 local[1] = torch.where(inside, ids - start, torch.zeros_like(ids))
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
+        if packet in _DRAWING_OPERATORS and node.name in self.draws:
+            target = self.attending(node, tree[:n], dict(zip(node.kwargs, tree[n:])), result_blocks)
         unit = self.unit
         again: dict[int, Any] = {}
         with dist.tracer.scope("op", out.op, None), self._unsaved(unit, again):
@@ -1274,7 +1438,7 @@ class _Interpreter:
             if bias is not None and replay.training:
                 link = next(li for li in links if li.slot is not None and li.arg == at)
                 b = self.local_input(bias, link)
-                if packet == "convolution":  # a bias per channel
+                if packet in _CONVOLUTIONS:  # a bias per channel
                     b = b.reshape(-1, *([1] * (result.dim() - 2)))
                 result = replay.steps.add_once(result, b, flowing or ())
             elif bias is not None:
@@ -1305,6 +1469,30 @@ class _Interpreter:
             )
             return dist.tracer.mark(made, out.op)
 
+
+#: The convolutions: a bias per output channel, the third argument.
+_CONVOLUTIONS = ("convolution", "conv1d", "conv2d", "conv3d")
+
+#: Nodes that carry a dropped-out parameter to its reader as they carry its mask.
+_MASK_CARRIERS = (
+    "alias",
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "unsqueeze",
+    "squeeze",
+    "permute",
+    "transpose",
+    "t",
+    "expand",
+    "contiguous",
+    "clone",
+    "to",
+    "_to_copy",
+)
+
+#: Operators of the plan that draw random values inside (the rest of the draws are no operator).
+_DRAWING_OPERATORS = ("scaled_dot_product_attention",)
 
 #: Operators whose arguments after the input are the output's sizes (a view of a permuted
 #: tensor merging its dims is an operator: its data moves).
@@ -1421,9 +1609,8 @@ def packet_name(target: Any) -> str:
 def _bias_arg(target: Any) -> int | None:
     """The argument of ``target`` that is a bias added after its contraction (a linear's or a
     convolution's third, ``addmm``'s first), or ``None``."""
-    aten = _torch().ops.aten
-    packet = getattr(target, "_overloadpacket", None)
-    return 2 if packet in (aten.linear, aten.convolution) else 0 if packet is aten.addmm else None
+    packet = packet_name(target)
+    return 2 if packet in ("linear", *_CONVOLUTIONS) else 0 if packet == "addmm" else None
 
 
 @dataclass(frozen=True)
