@@ -214,8 +214,8 @@ static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
 /// Paths by key and objective fingerprint.
 type Memo = FxHashMap<(Key, Vec<u64>), Path>;
 
-/// The most paths [`MEMO`] keeps (each a few hundred bytes).
-const MEMO_SIZE: usize = 1 << 20;
+/// The most paths [`MEMO`] keeps (each about a KB with its key: a quarter GB at most).
+const MEMO_SIZE: usize = 1 << 18;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
@@ -289,12 +289,20 @@ struct Scratch {
 /// Past this many nodes a search's buffers are given back rather than kept for the next.
 const SCRATCH_KEPT: usize = 1 << 16;
 
+/// The most layouts one search holds (each about 250 bytes with its entries in the index and
+/// the heap: half a GB per thread at most). A search that reaches it gives up and the planner
+/// keeps Algorithm 1's plan: a pair of device matrices of ten or more dims can hold millions of
+/// layouts under the bound (the GPT-3 layer on 1,024 devices ran out of memory at 14.6 GB
+/// without it), and a plan at once is worth more there than the proof of the cheapest.
+pub(crate) const MAX_LAYOUTS: usize = 1 << 21;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (no
-/// budget: exact); `None` if there is none or once `stop` is set.
+/// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (exact
+/// unless it holds [`MAX_LAYOUTS`] layouts); `None` if there is none, once `stop` is set or
+/// once it holds [`MAX_LAYOUTS`] layouts.
 fn search(
     source: &Layout,
     target: &Layout,
@@ -304,7 +312,13 @@ fn search(
 ) -> Option<Path> {
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        let found = search_in(&mut scratch, source, target, bound, objective, stop);
+        let found = search_in(
+            &mut scratch,
+            (source, target),
+            bound,
+            objective,
+            (stop, MAX_LAYOUTS),
+        );
         if scratch.nodes.capacity() > SCRATCH_KEPT {
             *scratch = Scratch::default();
         }
@@ -312,14 +326,13 @@ fn search(
     })
 }
 
-/// [`search`] in `scratch`'s buffers.
+/// [`search`] in `scratch`'s buffers, holding at most `most` layouts.
 fn search_in(
     scratch: &mut Scratch,
-    source: &Layout,
-    target: &Layout,
+    (source, target): (&Layout, &Layout),
     bound: f64,
     objective: Objective<'_>,
-    stop: &AtomicBool,
+    (stop, most): (&AtomicBool, usize),
 ) -> Option<Path> {
     let Scratch {
         nodes,
@@ -402,6 +415,8 @@ fn search_in(
             let id = if let Some(id) = seen {
                 nodes[id] = fresh;
                 id
+            } else if nodes.len() >= most {
+                return None;
             } else {
                 nodes.push(fresh);
                 index.insert(next, nodes.len() - 1);
@@ -435,6 +450,37 @@ mod tests {
     use super::*;
     use crate::layout::layout;
     use crate::topology::{Cluster, Replicas};
+
+    /// A search that would hold more layouts than it may gives up (the planner then keeps
+    /// Algorithm 1's plan), and one given room enough finds the plan.
+    #[test]
+    fn a_search_holds_at_most_its_layouts() {
+        let matrix = [2u64, 2, 2, 2];
+        let a = layout(&[8, 8, 8, 8, 8], &matrix, &[-1, 0, 1, 2, 3]);
+        let b = layout(&[8, 8, 8, 8, 8], &matrix, &[3, 2, 1, 0, -1]);
+        let cluster =
+            Cluster::hierarchy(&[(4, 60e9, 1e-6), (4, 6e9, 5e-6)], None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let stop = AtomicBool::new(false);
+        let mut run = |most: usize| {
+            let mut scratch = Scratch::default();
+            let found = search_in(
+                &mut scratch,
+                (&a, &b),
+                f64::INFINITY,
+                objective,
+                (&stop, most),
+            );
+            (found, scratch.nodes.len())
+        };
+        let (found, held) = run(usize::MAX);
+        assert!(found.is_some() && held > 8, "{held}");
+        let (found, kept) = run(held / 2);
+        assert!(found.is_none() && kept <= held / 2, "{kept} of {held}");
+    }
 
     /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
     /// no heuristic, no bound and no budget; it checks on every step it takes that the search's
