@@ -465,7 +465,7 @@ mod tests {
             dtype_bytes: 2.0,
         };
         let stop = AtomicBool::new(false);
-        let mut run = |most: usize| {
+        let run = |most: usize| {
             let mut scratch = Scratch::default();
             let found = search_in(
                 &mut scratch,
