@@ -451,6 +451,72 @@ mod tests {
     use crate::layout::layout;
     use crate::topology::{Cluster, Replicas};
 
+    /// A layout of `shape` on `matrix` with tensor map `map`, the first device dim it leaves
+    /// unused holding partial sums if `partial`; `None` if the map does not fit.
+    fn random_layout(shape: &[u64], matrix: &[u64], map: &[i64], partial: bool) -> Option<Layout> {
+        let l = Layout::new(shape.to_vec(), matrix.to_vec(), map.to_vec()).ok()?;
+        let free = (0..matrix.len()).find(|&k| !l.uses(k));
+        Some(match free {
+            Some(k) if partial => l.with_state(map.to_vec(), vec![k]),
+            _ => l,
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(150))]
+
+        /// On random pairs (partial sums at the source in some) on random clusters of two or
+        /// three levels, either replica model, random bandwidths and latencies: A* finds what
+        /// a plain Dijkstra finds, its bound is consistent on every step Dijkstra takes and at
+        /// the source never exceeds the least price.
+        #[test]
+        fn a_star_equals_dijkstra_on_random_clusters(
+            matrix in proptest::collection::vec(proptest::sample::select(vec![2u64, 4]), 1..=3),
+            shape in proptest::collection::vec(proptest::sample::select(vec![2u64, 4, 8]), 1..=3),
+            maps in proptest::collection::vec(-1i64..3, 6),
+            partial: bool,
+            cuts in (0u32..=6, 0u32..=6),
+            flat: bool,
+            rates in (1e9f64..1e11, 1.0f64..30.0, 1.0f64..10.0),
+            latency in 0.0f64..1e-5,
+        ) {
+            let n = shape.len();
+            let (Some(a), Some(b)) = (
+                random_layout(&shape, &matrix, &maps[..n], partial),
+                random_layout(&shape, &matrix, &maps[3..3 + n], false),
+            ) else {
+                return Ok(());
+            };
+            // Levels of 2^c devices, then of 2^c2 units, then the rest, each slower.
+            let bits = matrix.iter().map(|d| d.trailing_zeros()).sum::<u32>();
+            let first = cuts.0.min(bits);
+            let second = cuts.1.min(bits - first);
+            let mut levels = vec![(1u64 << first, rates.0, latency)];
+            for (count, slower) in [(second, rates.1), (bits - first - second, rates.1 * rates.2)] {
+                if count > 0 {
+                    levels.push((1u64 << count, rates.0 / slower, latency * slower));
+                }
+            }
+            let replicas = if flat { Replicas::Flat } else { Replicas::Shared };
+            let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
+            let objective = Objective::Seconds {
+                cluster: &cluster,
+                dtype_bytes: 2.0,
+            };
+            let want = dijkstra(&a, &b, objective);
+            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            proptest::prop_assert!(start <= want * (1.0 + 1e-12), "bound {start} over {want}");
+            // The search alone, unbounded, on the sorted pair, its path mapped back.
+            let problem = Problem::of(&a, &b).unwrap();
+            let stop = AtomicBool::new(false);
+            let path = search(&problem.source, &problem.target, f64::INFINITY, objective, &stop)
+                .expect("a path");
+            let ops = problem.ops(&path, &a);
+            let got = ops.iter().fold(0.0, |t, op| objective.add(t, op));
+            proptest::prop_assert!((got - want).abs() <= 1e-9 * want, "{got} against {want}");
+        }
+    }
+
     /// A search that would hold more layouts than it may gives up (the planner then keeps
     /// Algorithm 1's plan), and one given room enough finds the plan.
     #[test]
