@@ -10,7 +10,8 @@ it, e.g. one built at the commit before the training step) on the same cases, fo
 today's default to it.
 
 Run: ``.venv/bin/python benches/planners.py`` (``--large`` adds the GPT-3 layer on 1024 devices,
-whose optimal-planner search takes minutes; ``--no-optimal`` skips that column).
+whose optimal-planner search takes minutes; ``--no-optimal`` skips that column; ``--only TEXT``
+times only the cases whose label holds one of the texts, e.g. ``--only "AlexNet, 16" "1T"``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--no-optimal", action="store_true", help="skip the optimal planner")
     parser.add_argument("--repeat", type=int, default=5, help="runs per Algorithm 1 column")
     parser.add_argument("--against", metavar="PYTHON", help="also time this interpreter's taps")
+    parser.add_argument("--only", nargs="+", metavar="TEXT", help="the cases whose label holds one")
     args = parser.parse_args()
     table = Table(title="taps.search by cost model and planner (median seconds: wall / CPU)")
     columns = ["case", "forward, Algorithm 1", "training, Algorithm 1", "ratio"]
@@ -120,6 +122,8 @@ def main() -> None:
         table.add_column(column, justify="right")
     here = sys.executable
     for case in cases(args.large):
+        if args.only and not any(text in case.label for text in args.only):
+            continue
         started = time.perf_counter()
         forward = timed(here, case, args.repeat, step="forward")
         training = timed(here, case, args.repeat)

@@ -116,6 +116,25 @@ impl Objective<'_> {
         }
     }
 
+    /// Lower bounds on the price of bringing into a unit of devices the elements a device needs
+    /// that no device of the unit holds, on layouts of `layout`'s device matrix: per unit, the
+    /// extents of its device dims and `(latency, price per element)`
+    /// ([`Cluster::entering_rates`]); under the volume objective the device alone, one per
+    /// element.
+    pub(crate) fn entering_rates(&self, layout: &Layout) -> Vec<(Vec<u64>, f64, f64)> {
+        match *self {
+            Objective::Volume => vec![(vec![1; layout.num_device_dims()], 0.0, 1.0)],
+            Objective::Seconds {
+                cluster,
+                dtype_bytes,
+            } => cluster
+                .entering_rates(layout.device_matrix())
+                .into_iter()
+                .map(|(extents, latency, rate)| (extents, latency, rate * dtype_bytes))
+                .collect(),
+        }
+    }
+
     /// The price of one op: its volume, or its seconds on the cluster (the topology cost).
     pub(crate) fn price(&self, kind: OpKind, over: Over<'_>, volume: u64, layout: &Layout) -> f64 {
         self.price_on(kind, over, volume, layout.device_matrix(), |k| {

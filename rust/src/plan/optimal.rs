@@ -214,8 +214,8 @@ static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
 /// Paths by key and objective fingerprint.
 type Memo = FxHashMap<(Key, Vec<u64>), Path>;
 
-/// The most paths [`MEMO`] keeps (each a few hundred bytes).
-const MEMO_SIZE: usize = 1 << 20;
+/// The most paths [`MEMO`] keeps (each about a KB with its key: a quarter GB at most).
+const MEMO_SIZE: usize = 1 << 18;
 
 /// The cheapest path of `problem` under `objective`: A* with [`Space::remaining`] among the
 /// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
@@ -289,12 +289,20 @@ struct Scratch {
 /// Past this many nodes a search's buffers are given back rather than kept for the next.
 const SCRATCH_KEPT: usize = 1 << 16;
 
+/// The most layouts one search holds (each about 250 bytes with its entries in the index and
+/// the heap: half a GB per thread at most). A search that reaches it gives up and the planner
+/// keeps Algorithm 1's plan: a pair of device matrices of ten or more dims can hold millions of
+/// layouts under the bound (the GPT-3 layer on 1,024 devices ran out of memory at 14.6 GB
+/// without it), and a plan at once is worth more there than the proof of the cheapest.
+pub(crate) const MAX_LAYOUTS: usize = 1 << 21;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (no
-/// budget: exact); `None` if there is none or once `stop` is set.
+/// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (exact
+/// unless it holds [`MAX_LAYOUTS`] layouts); `None` if there is none, once `stop` is set or
+/// once it holds [`MAX_LAYOUTS`] layouts.
 fn search(
     source: &Layout,
     target: &Layout,
@@ -304,7 +312,13 @@ fn search(
 ) -> Option<Path> {
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        let found = search_in(&mut scratch, source, target, bound, objective, stop);
+        let found = search_in(
+            &mut scratch,
+            (source, target),
+            bound,
+            objective,
+            (stop, MAX_LAYOUTS),
+        );
         if scratch.nodes.capacity() > SCRATCH_KEPT {
             *scratch = Scratch::default();
         }
@@ -312,14 +326,13 @@ fn search(
     })
 }
 
-/// [`search`] in `scratch`'s buffers.
+/// [`search`] in `scratch`'s buffers, holding at most `most` layouts.
 fn search_in(
     scratch: &mut Scratch,
-    source: &Layout,
-    target: &Layout,
+    (source, target): (&Layout, &Layout),
     bound: f64,
     objective: Objective<'_>,
-    stop: &AtomicBool,
+    (stop, most): (&AtomicBool, usize),
 ) -> Option<Path> {
     let Scratch {
         nodes,
@@ -402,6 +415,8 @@ fn search_in(
             let id = if let Some(id) = seen {
                 nodes[id] = fresh;
                 id
+            } else if nodes.len() >= most {
+                return None;
             } else {
                 nodes.push(fresh);
                 index.insert(next, nodes.len() - 1);
@@ -436,8 +451,106 @@ mod tests {
     use crate::layout::layout;
     use crate::topology::{Cluster, Replicas};
 
+    /// A layout of `shape` on `matrix` with tensor map `map`, the first device dim it leaves
+    /// unused holding partial sums if `partial`; `None` if the map does not fit.
+    fn random_layout(shape: &[u64], matrix: &[u64], map: &[i64], partial: bool) -> Option<Layout> {
+        let l = Layout::new(shape.to_vec(), matrix.to_vec(), map.to_vec()).ok()?;
+        let free = (0..matrix.len()).find(|&k| !l.uses(k));
+        Some(match free {
+            Some(k) if partial => l.with_state(map.to_vec(), vec![k]),
+            _ => l,
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(150))]
+
+        /// On random pairs (partial sums at the source in some) on random clusters of two or
+        /// three levels, either replica model, random bandwidths and latencies: A* finds what
+        /// a plain Dijkstra finds, its bound is consistent on every step Dijkstra takes and at
+        /// the source never exceeds the least price.
+        #[test]
+        fn a_star_equals_dijkstra_on_random_clusters(
+            matrix in proptest::collection::vec(proptest::sample::select(vec![2u64, 4]), 1..=3),
+            shape in proptest::collection::vec(proptest::sample::select(vec![2u64, 4, 8]), 1..=3),
+            maps in proptest::collection::vec(-1i64..3, 6),
+            partial: bool,
+            cuts in (0u32..=6, 0u32..=6),
+            flat: bool,
+            rates in (1e9f64..1e11, 1.0f64..30.0, 1.0f64..10.0),
+            latency in 0.0f64..1e-5,
+        ) {
+            let n = shape.len();
+            let (Some(a), Some(b)) = (
+                random_layout(&shape, &matrix, &maps[..n], partial),
+                random_layout(&shape, &matrix, &maps[3..3 + n], false),
+            ) else {
+                return Ok(());
+            };
+            // Levels of 2^c devices, then of 2^c2 units, then the rest, each slower.
+            let bits = matrix.iter().map(|d| d.trailing_zeros()).sum::<u32>();
+            let first = cuts.0.min(bits);
+            let second = cuts.1.min(bits - first);
+            let mut levels = vec![(1u64 << first, rates.0, latency)];
+            for (count, slower) in [(second, rates.1), (bits - first - second, rates.1 * rates.2)] {
+                if count > 0 {
+                    levels.push((1u64 << count, rates.0 / slower, latency * slower));
+                }
+            }
+            let replicas = if flat { Replicas::Flat } else { Replicas::Shared };
+            let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
+            let objective = Objective::Seconds {
+                cluster: &cluster,
+                dtype_bytes: 2.0,
+            };
+            let want = dijkstra(&a, &b, objective);
+            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            proptest::prop_assert!(start <= want * (1.0 + 1e-12), "bound {start} over {want}");
+            // The search alone, unbounded, on the sorted pair, its path mapped back.
+            let problem = Problem::of(&a, &b).unwrap();
+            let stop = AtomicBool::new(false);
+            let path = search(&problem.source, &problem.target, f64::INFINITY, objective, &stop)
+                .expect("a path");
+            let ops = problem.ops(&path, &a);
+            let got = ops.iter().fold(0.0, |t, op| objective.add(t, op));
+            proptest::prop_assert!((got - want).abs() <= 1e-9 * want, "{got} against {want}");
+        }
+    }
+
+    /// A search that would hold more layouts than it may gives up (the planner then keeps
+    /// Algorithm 1's plan), and one given room enough finds the plan.
+    #[test]
+    fn a_search_holds_at_most_its_layouts() {
+        let matrix = [2u64, 2, 2, 2];
+        let a = layout(&[8, 8, 8, 8, 8], &matrix, &[-1, 0, 1, 2, 3]);
+        let b = layout(&[8, 8, 8, 8, 8], &matrix, &[3, 2, 1, 0, -1]);
+        let cluster =
+            Cluster::hierarchy(&[(4, 60e9, 1e-6), (4, 6e9, 5e-6)], None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let stop = AtomicBool::new(false);
+        let run = |most: usize| {
+            let mut scratch = Scratch::default();
+            let found = search_in(
+                &mut scratch,
+                (&a, &b),
+                f64::INFINITY,
+                objective,
+                (&stop, most),
+            );
+            (found, scratch.nodes.len())
+        };
+        let (found, held) = run(usize::MAX);
+        assert!(found.is_some() && held > 8, "{held}");
+        let (found, kept) = run(held / 2);
+        assert!(found.is_none() && kept <= held / 2, "{kept} of {held}");
+    }
+
     /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
-    /// no heuristic, no bound and no budget.
+    /// no heuristic, no bound and no budget; it checks on every step it takes that the search's
+    /// heuristic is consistent.
     fn dijkstra(source: &Layout, target: &Layout, objective: Objective<'_>) -> f64 {
         let space = Space::new(source, target, objective);
         let (start, goal) = (State::of(source), State::of(target));
@@ -462,9 +575,18 @@ mod tests {
             let shard = state_layout(space.template, &state).shard_size();
             let distinct = state.used() | state.partial;
             space.steps(&state, goal.partial, &mut steps);
+            let here = space.remaining(&state, shard, goal.partial);
             for (step, raw) in steps.drain(..) {
                 let next = canonical(raw, &space.runs);
-                let total = cost + space.price(objective, (&state, distinct, shard), step, &raw);
+                let price = space.price(objective, (&state, distinct, shard), step, &raw);
+                // The bound is consistent: no step lowers it by more than it prices.
+                let after = state_layout(space.template, &next).shard_size();
+                let there = space.remaining(&next, after, goal.partial);
+                assert!(
+                    here <= price + there + 1e-12 * here,
+                    "{state:?} -> {next:?}: bound {here} over {price} + {there}"
+                );
+                let total = cost + price;
                 if best.get(&next).is_none_or(|&b| total < b) {
                     best.insert(next, total);
                     states.push(next);
@@ -482,7 +604,7 @@ mod tests {
     /// A* with its heuristic finds what a plain Dijkstra finds, in seconds, on clusters of
     /// every shape of 16 devices (two levels and three), with latencies and both replica
     /// models, from layouts with and without partial sums; the heuristic at the source never
-    /// exceeds the least price; and the same pair with its tensor dims in another order has the
+    /// exceeds the least price and no step lowers it by more than it prices; and the same pair with its tensor dims in another order has the
     /// same key and the same price.
     #[test]
     fn a_star_equals_dijkstra_in_seconds() {

@@ -361,6 +361,47 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Lower bounds on the seconds it takes to bring elements into a unit of devices, on
+    /// layouts of `device_matrix`: per unit (one device, then with flat replicas one unit of
+    /// each level below the outermost), the extents `e_k` of its device dims and `(latency,
+    /// seconds per byte)` such that the collectives that bring `b` bytes a device needs into it
+    /// from outside take at least `latency + b * rate` (nothing if `b` is 0).
+    ///
+    /// Only the collectives of a level above the unit's bring data into it, and one that prices
+    /// `x` bytes per device at level `j` (its groups inside a unit of `j`, crossing the units
+    /// of `j - 1`, `ct` of them crossing each, all-to-all factor `f`) brings at most `f x ct`
+    /// bytes into a unit of a lower level: as many groups meet it, each bringing at most the
+    /// `(g-1)` shards of an all-gather, the `k (p-k) / p` shards of an all-to-all (the most at
+    /// the widest part, at most half a group), or for a permute at most one block per device,
+    /// no more than leave the part of `j - 1` that most devices leave (a smaller unit than that
+    /// part has at most half its devices). So the bytes a device needs that no device of its
+    /// unit holds take the fastest of the levels above the unit at least. With shared replicas
+    /// a permute's copies share one block, which can break the count for units: then only the
+    /// device's own is given.
+    pub(crate) fn entering_rates(&self, device_matrix: &[u64]) -> Vec<(Vec<u64>, f64, f64)> {
+        let levels = self.levels();
+        let above = |j: usize| {
+            levels[j..]
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |(lat, bw), l| {
+                    (lat.min(l.latency), bw.max(l.bandwidth))
+                })
+        };
+        let (latency, bandwidth) = above(0);
+        let mut out = vec![(vec![1; device_matrix.len()], latency, 1.0 / bandwidth)];
+        let powers = device_matrix.iter().all(|d| d.is_power_of_two());
+        if self.replicas() == Replicas::Flat && powers {
+            for j in 1..levels.len() {
+                let (latency, bandwidth) = above(j);
+                let extents = extents(device_matrix, levels[j - 1].devices).collect();
+                out.push((extents, latency, 1.0 / bandwidth));
+            }
+        }
+        out
+    }
+}
+
 /// `e_k`: how many distinct coordinates of device dim `k` one node of `l` consecutive ranks holds.
 #[must_use]
 pub fn extents_in_node(layout: &Layout, l: u64) -> Vec<u64> {

@@ -248,6 +248,11 @@ pub(super) struct Space<'a> {
     goal_shard: f64,
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
     least_last: f64,
+    /// Per unit of devices (a device, and with flat replicas a unit of each level below the
+    /// outermost), per device dim the part of its coordinates one unit holds (`e_k / d_k`),
+    /// and the latency and price per element of bringing elements into it
+    /// ([`Objective::entering_rates`]).
+    entering: Vec<(Vec<f64>, f64, f64)>,
     /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
     /// holding distinct data (all a price depends on): a search meets each many times.
     prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
@@ -334,6 +339,16 @@ impl<'a> Space<'a> {
             .collect();
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
+        let entering = objective
+            .entering_rates(source)
+            .into_iter()
+            .map(|(extents, latency, rate)| {
+                let held = (0..h)
+                    .map(|k| extents[k] as f64 / source.dim_size(k) as f64)
+                    .collect();
+                (held, latency, rate)
+            })
+            .collect();
         Space {
             template: source,
             runs: runs(source, target, &allowed),
@@ -350,12 +365,13 @@ impl<'a> Space<'a> {
             least_sum,
             goal_shard,
             least_last,
+            entering,
             prices: RefCell::default(),
         }
     }
 
     /// A lower bound on the price of the steps from `state` to the goal (A*'s heuristic), the
-    /// largest of three, each of which no op lowers by more than it prices (so the bound is
+    /// largest of four, each of which no op lowers by more than it prices (so the bound is
     /// consistent: A* never reopens a layout):
     /// - every device dim that splits another tensor dim than in the goal, or holds partial sums
     ///   the goal does not keep, takes part in one op at least. An op of one device dim prices at
@@ -364,7 +380,9 @@ impl<'a> Space<'a> {
     /// - only all-gathers grow a shard, `g` times for `(g-1)` shards: growing it to the goal's
     ///   size moves at least the difference; the partial sums' ops come on top;
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
-    ///   shard (only slices follow it, and an op moves at least half its larger shard).
+    ///   shard (only slices follow it, and an op moves at least half its larger shard);
+    /// - the elements a device needs that no device of its unit holds enter the unit
+    ///   ([`Space::entering`]); the partial sums' ops come on top.
     ///
     /// Scaled down by a hair so that rounding never makes it exceed a true price.
     pub(super) fn remaining(&self, state: &State, shard: u64, keep: u64) -> f64 {
@@ -395,7 +413,48 @@ impl<'a> Space<'a> {
                 .zip(&self.target_map)
                 .all(|(&m, &t)| m < 0 || m == t);
         let last = if sliced { 0.0 } else { self.least_last };
-        most.max(sum).max(grow).max(last) * (1.0 - 1e-9)
+        let bring = self.entering(state) + bits(sums).map(|k| self.least_sum[k]).sum::<f64>();
+        most.max(sum).max(grow).max(last).max(bring) * (1.0 - 1e-9)
+    }
+
+    /// A lower bound on the price of the ops other than sums from `state` to the goal: the
+    /// elements some device needs that no device of its unit holds must be brought into the
+    /// unit ([`Objective::entering_rates`]), whichever unit is the dearest. Along a tensor dim
+    /// that `state` splits by device dim `k`, a unit holds the part `e_k / d_k` of it: all of
+    /// what the goal needs there if the goal splits it by `k` too or the unit holds every
+    /// coordinate of `k`, that part if the goal does not split it, and for some device nothing
+    /// if the goal splits it by another device dim (whose block that device can lie outside
+    /// the unit's part). That device lacks those blocks whatever the other dims hold, and
+    /// otherwise every device lacks the same count: so the most elements a device lacks is the
+    /// goal's shard times one less the product of the parts. Sums, which bring no element a
+    /// device lacks (positions only), come on top. No op lowers it by more than it prices: only
+    /// an op of a level above a unit brings elements into it, at most as many as its price at
+    /// the fastest of those levels pays for.
+    fn entering(&self, state: &State) -> f64 {
+        let n = self.template.ndim();
+        self.entering
+            .iter()
+            .map(|(held, latency, rate)| {
+                let mut part = 1.0;
+                for (&m, &t) in state.map[..n].iter().zip(&self.target_map) {
+                    let Ok(k) = usize::try_from(m) else { continue };
+                    if m == t || held[k] >= 1.0 {
+                        continue;
+                    }
+                    if usize::try_from(t).is_ok_and(|t| self.template.dim_size(t) > 1) {
+                        part = 0.0;
+                        break;
+                    }
+                    part *= held[k];
+                }
+                let lacking = self.goal_shard * (1.0 - part);
+                if lacking > 0.0 {
+                    latency + rate * lacking
+                } else {
+                    0.0
+                }
+            })
+            .fold(0.0, f64::max)
     }
 
     /// Elements per device after `step` from a layout of `shard` elements per device.
