@@ -100,17 +100,20 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
                 sys.stderr.flush()
                 os._exit(code)
         children.append(pid)
-    failed = False
-    for rank, pid in enumerate(children):
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if code < 0:  # killed by a signal: it wrote nothing, so say it here
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    # A rank that ended cleanly passed the final barrier, which it passes only once every rank
+    # has reached it: every rank's work was done. A rank killed after that (gloo aborts a
+    # process whose peer closes a connection under it) lost nothing.
+    done = 0 in codes
+    for rank, code in enumerate(codes):
+        if code < 0 and not done:  # killed by a signal: it wrote nothing, so say it here
             last = _read(_stderr(tmp, rank)).strip().splitlines()[-1:]
             words = f" ({last[0].strip()})" if last else ""
             with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
                 out.write(
                     f"rank {rank} of {ranks} was killed by {signal.Signals(-code).name}{words}"
                 )
-        failed = failed or code != 0
+    failed = any(code > 0 for code in codes) or (not done and any(codes))
     return 1 if failed else 0
 
 
