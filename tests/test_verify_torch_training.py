@@ -312,12 +312,15 @@ def test_a_broken_backward_plan_is_reported(monkeypatch):
         (2, "raise", r"VerifyError: .*: rank 2 of 4 was asked to fail"),
         (2, "kill", r"rank 2 of 4 was killed by SIGKILL \(rank 2: last words\)"),
         (2, "late", ""),
+        (2, "abort once", ""),
+        (2, "abort", r"rank 2 of 4 was killed by SIGABRT"),
     ],
 )
 def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing, how, said):
     """The shared state is made once, in the process every rank is forked from; a rank that
     fails is one line naming its error, the cause (not the ranks that lost it as a peer); a rank
-    killed once every rank's work is done (others ended cleanly) is no failure."""
+    killed once every rank's work is done (others ended cleanly) is no failure; a run a rank's
+    SIGABRT stopped is made once more, and a second abort is reported."""
     import os
     import pickle
 
@@ -331,7 +334,7 @@ def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing, how, said)
             run_ranks("rank_probe", str(tmp_path), 4)
         return
     run_ranks("rank_probe", str(tmp_path), 4)
-    assert (tmp_path / "prepared").read_text() == "once\n"
+    assert (tmp_path / "prepared").read_text() == "once\n" * (2 if how == "abort once" else 1)
     ran = [(tmp_path / f"ran{r}").read_text().split() for r in range(4)]
     assert len({pid for pid, _, _ in ran}) == 4
     assert {(parent, prepared) for _, parent, prepared in ran} == {(ran[0][1], ran[0][1])}
