@@ -103,6 +103,9 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
         pid = os.fork()
         if pid == 0:
             code = 0
+            # torch rebuilds its thread pool on first use after a fork; two threads doing it at
+            # once (the autograd engine's, at the first backward) fail an assert. Here, alone.
+            torch.set_num_threads(1)
             # Each rank's own stderr, for the last words of one a signal kills.
             said = os.open(_stderr(tmp, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(said, 2)
