@@ -13,6 +13,7 @@ child must not inherit a started OpenMP pool).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pickle
@@ -44,9 +45,10 @@ def run_ranks(main: str, tmp: str, ranks: int) -> None:
 
 def _run_once(main: str, tmp: str, ranks: int) -> str | None:
     """One run of the ranks from a clean directory: None, or the failing rank's line."""
-    for name in ("store", *(f"rank{r}.{end}" for r in range(ranks) for end in ("error", "stderr"))):
-        if os.path.exists(os.path.join(tmp, name)):
-            os.remove(os.path.join(tmp, name))
+    left = (where(tmp, r) for r in range(ranks) for where in (_said, _stderr))
+    for path in (os.path.join(tmp, "store"), *left):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
     # The module's class must import in the child as it does here.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     proc = subprocess.run(
@@ -59,7 +61,7 @@ def _run_once(main: str, tmp: str, ranks: int) -> str | None:
     )
     if not proc.returncode:
         return None
-    said = [_read(os.path.join(tmp, f"rank{r}.error")).strip() for r in range(ranks)]
+    said = [_read(_said(tmp, r)).strip() for r in range(ranks)]
     # A rank that fails closes its connections, so the others fail after it on a closed peer:
     # the cause is what the first rank to fail of its own said.
     causes = [s for s in said if s and not _PEER_GONE.search(s)]
@@ -77,6 +79,11 @@ def _read(path: str) -> str:
         return ""
     with open(path) as f:
         return f.read()
+
+
+def _said(tmp: str, rank: int) -> str:
+    """Where ``rank`` writes the one line of its failure."""
+    return os.path.join(tmp, f"rank{rank}.error")
 
 
 def _stderr(tmp: str, rank: int) -> str:
@@ -114,7 +121,7 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
                     module.run_rank(rank, ranks, state)
                     _leave_together()
             except BaseException as e:  # said to the caller in one line, by file
-                with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
+                with open(_said(tmp, rank), "w") as out:
                     out.write(traceback.format_exception_only(e)[-1])
                 code = 1
             finally:
@@ -131,7 +138,7 @@ def _fork_ranks(main: str, tmp: str, ranks: int) -> int:
         if code < 0 and not done:  # killed by a signal: it wrote nothing, so say it here
             last = _read(_stderr(tmp, rank)).strip().splitlines()[-1:]
             words = f" ({last[0].strip()})" if last else ""
-            with open(os.path.join(tmp, f"rank{rank}.error"), "w") as out:
+            with open(_said(tmp, rank), "w") as out:
                 out.write(
                     f"rank {rank} of {ranks} was killed by {signal.Signals(-code).name}{words}"
                 )
