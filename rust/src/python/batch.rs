@@ -44,12 +44,13 @@ pub(super) fn redistribution_costs<'py>(
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
-    let time_limit = match time_limit.map(|t| t.get("time_limit", Error::TimeLimit)) {
-        Some(Ok(t)) if t.is_nan() || t < 0.0 => Err(Error::TimeLimit(format!(
-            "time_limit must be a non-negative number of seconds, got {t}"
-        ))),
-        other => other.transpose(),
-    }?;
+    let time_limit = time_limit
+        .map(|t| t.get("time_limit", Error::TimeLimit))
+        .transpose()?;
+    if let Some(t) = time_limit.filter(|t| t.is_nan() || *t < 0.0) {
+        let message = format!("time_limit must be a non-negative number of seconds, got {t}");
+        return Err(Error::TimeLimit(message).into());
+    }
     let shape = (sources.len(), targets.len());
     let stop = AtomicBool::new(false);
     let run = || {
