@@ -248,3 +248,46 @@ def test_the_command_line_states_optimizer_and_checkpointing(tmp_path, capsys):
     assert "leave out --checkpoint" in capsys.readouterr().err
     assert main([*argv, "--checkpoint", "-1"]) == 2
     assert "checkpoint must be 0" in capsys.readouterr().err
+
+
+def _frozen_pair(frozen: bool) -> taps.Graph:
+    g = taps.Graph(name="m")
+    x = g.input("x", (8, 16))
+    w = g.parameter("w", (16, 32), requires_grad=not frozen)
+    g.einsum("fc", "bi,io->bo", x, w)
+    return g
+
+
+def test_a_frozen_parameter_holds_its_weight_alone_and_reduces_no_gradient():
+    """A frozen weight (a fine-tune's base) costs its bf16 shard and nothing else: the trained
+    one 2 + 4 + 4 + 8 = 18 bytes an element (weight, fp32 gradient, master copy, Adam's two
+    moments); and its data-parallel plan issues no gradient all_reduce."""
+    trained, frozen = _frozen_pair(False), _frozen_pair(True)
+    op = frozen.op("fc")
+    assert not frozen.tensors["w"].requires_grad and not frozen.tensors["fc.out"].requires_grad
+    for cand in candidates(op, 4):
+        deg = dict(zip(op.partitionable, cand.strategy.degrees))
+        shard = 16 * 32 / (deg["i"] * deg["o"])
+        out = 8 * 32 / (deg["b"] * deg["o"]) * 2
+        assert memory(frozen, op, cand) == shard * 2 + out
+        assert memory(trained, op, cand) == shard * 18 + out
+    dp = {"fc": taps.Strategy([4, 1, 1], [0, -1, -1])}
+
+    def reasons(g: taps.Graph) -> list[str]:
+        rows = taps.breakdown(taps.Plan(g, Cluster(1, 4), dp))
+        return [c.reason for row in rows for c, _ in row.collectives]
+
+    assert reasons(trained) == ["gradient"] and reasons(frozen) == []
+
+
+def test_a_frozen_parameter_is_kept_in_the_json_form_and_old_files_read_as_trained():
+    frozen = _frozen_pair(True)
+    doc = json.loads(frozen.to_json())
+    (w,) = [t for t in doc["tensors"] if t["name"] == "w"]
+    assert w["requires_grad"] is False
+    assert taps.Graph.from_json(frozen.to_json()) == frozen
+    del w["requires_grad"]
+    assert taps.Graph.from_json(json.dumps(doc)) == _frozen_pair(False)
+    w["requires_grad"] = "no"
+    with pytest.raises(taps.GraphError, match=r"tensors\[1\]\.requires_grad: expected bool"):
+        taps.Graph.from_json(json.dumps(doc))

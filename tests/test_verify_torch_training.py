@@ -414,6 +414,44 @@ def test_families_numbers_on_4_gloo_ranks(name):
     assert 0 < result.max_error <= result.tolerance
 
 
+def test_a_fine_tune_with_frozen_embeddings_trains_and_reduces_only_the_rest():
+    """BERT with its embeddings frozen (the word table is tied to the masked-LM head, so the
+    head's weight is frozen too): the graph keeps them as parameters without a gradient, the
+    plan reduces no gradient of theirs, the engine issues exactly the predicted collectives on
+    16 devices, and on 4 gloo ranks the trained parameters' gradients equal the dense model's
+    while the frozen ones have none."""
+    import torch_factories
+
+    module, inputs = torch_factories.bert()
+    module.bert.embeddings.requires_grad_(False)
+    frozen = {k for k, p in module.named_parameters() if not p.requires_grad}
+    assert len(frozen) == 5  # word, position and token-type tables, the LayerNorm's two
+    g = from_torch(module, *inputs)
+    params = {n: t for n, t in g.tensors.items() if t.kind == "parameter"}
+    assert {n for n, t in params.items() if not t.requires_grad} == frozen
+    assert g.num_parameters() == sum(p.numel() for p in module.parameters())
+    plan = taps.search(g, taps.Cluster(2, 8)).plan
+
+    def reduced(plan: taps.Plan) -> set[str]:
+        rows = taps.breakdown(plan)
+        return {c.tensor for row in rows for c, _ in row.collectives if c.reason == "gradient"}
+
+    # The same strategies on the module trained whole reduce the frozen gradients too.
+    trained = taps.Plan(
+        from_torch(torch_factories.bert()[0], *inputs), plan.cluster, plan.strategies
+    )
+    assert reduced(plan) and not reduced(plan) & frozen
+    assert reduced(trained) - reduced(plan) <= frozen and reduced(trained) & frozen
+    result = verify_torch(module, list(inputs), plan, numerics=None)
+    assert result.ok, result.mismatches
+    assert {c.status for c in result.collectives} <= {OK, "shared"}
+    result = verify_torch(module, list(inputs), plan, numerics=4)
+    assert result.ok, result.mismatches
+    grads = {k for k in result.errors if k.startswith("grad ")}
+    assert grads == {f"grad {k}" for k, p in module.named_parameters() if p.requires_grad}
+    assert 0 < result.max_error <= result.tolerance
+
+
 def test_batchnorm_in_training_mode_over_a_split_batch_is_one_line():
     """Per-device batch statistics are no dense module's: asked for numbers, one line says so
     (before any gloo rank starts)."""

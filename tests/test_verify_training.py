@@ -298,3 +298,29 @@ def test_zero_in_the_paper_model_is_one_clear_error():
     plan = taps.search(g, taps.Cluster(1, 4)).plan
     with pytest.raises(taps.VerifyError, match=r"ZeRO .* training step only"):
         verify(plan.with_pricing(taps.Pricing(step="forward", zero=True)))
+
+
+@pytest.mark.parametrize("zero", [False, True])
+def test_a_frozen_weight_has_no_gradient_on_xla(zero):
+    """A frozen weight read by a data-parallel linear: XLA compiles the other weights' gradient
+    reductions and none of its own, as taps priced it (the same plan with it trained has one
+    more)."""
+
+    def graph(frozen: bool) -> taps.Graph:
+        g = taps.Graph(name="m")
+        w = g.parameter("w", (32, 64), requires_grad=not frozen)
+        g.einsum("fc", "bi,io->bo", g.input("x", (16, 32)), w)
+        g.relu("r", "fc.out")
+        g.linear("fc2", "r.out", 32)
+        return g
+
+    data = taps.Strategy([16, 1, 1], [0, -1, -1])
+    strategies = {"fc": data, "r": taps.Strategy([16, 1], [0, -1]), "fc2": data}
+    whats = {}
+    for frozen in (False, True):
+        plan = taps.Plan(graph(frozen), TWO_NODES, strategies, taps.Pricing(zero=zero))
+        r = verify(plan)
+        _check(r, plan.graph, TWO_NODES, strategies, zero=zero)
+        whats[frozen] = {c.what for c in r.collectives if c.what.startswith("gradient of")}
+    assert whats[False] == whats[True] | {"gradient of w"}
+    assert "gradient of w" not in whats[True]

@@ -81,10 +81,24 @@ class GraphIR:
             )
         )
 
-    def parameter(self, name: str, shape: Sequence[int], dtype_bytes: int = 2) -> Tensor:
-        """A trainable parameter."""
+    def parameter(
+        self, name: str, shape: Sequence[int], dtype_bytes: int = 2, requires_grad: bool = True
+    ) -> Tensor:
+        """A parameter; ``requires_grad=False`` for a frozen one (a fine-tune's base weights, a
+        fixed position table): stored as any parameter, with no gradient, no gradient reduction
+        and no optimizer state."""
+        if not isinstance(requires_grad, bool):
+            raise GraphError(
+                f"tensor {name!r}: requires_grad must be a bool, got {requires_grad!r}"
+            )
         return self._add_tensor(
-            Tensor(name, checked_shape(name, shape), dtype_bytes, "parameter", requires_grad=True)
+            Tensor(
+                name,
+                checked_shape(name, shape),
+                dtype_bytes,
+                "parameter",
+                requires_grad=requires_grad,
+            )
         )
 
     def add_operator(

@@ -38,13 +38,14 @@ class Tensor:
         name: unique among the graph's tensors and operators.
         shape: the dims, each a positive int.
         dtype_bytes: bytes per element.
-        kind: ``"input"`` (data, or an earlier layer's output), ``"parameter"`` (trainable),
-            ``"activation"`` (the output of an operator) or ``"view"`` (a reshape of ``base``).
+        kind: ``"input"`` (data, or an earlier layer's output), ``"parameter"`` (a weight,
+            trained or frozen), ``"activation"`` (the output of an operator) or ``"view"`` (a
+            reshape of ``base``).
         producer: the operator that makes an activation; ``None`` for other kinds.
         base: the tensor a view reshapes (maybe itself a view); ``None`` for other kinds.
-        requires_grad: whether a gradient flows back into it: always for parameters, by choice for
-            inputs, for an activation when some input of its operator requires one, for a view
-            when its base does.
+        requires_grad: whether a gradient flows back into it: for parameters but frozen ones,
+            by choice for inputs, for an activation when some input of its operator requires
+            one, for a view when its base does.
     """
 
     name: str

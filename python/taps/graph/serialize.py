@@ -34,6 +34,8 @@ def to_dict(g: GraphIR) -> dict[str, Any]:
         }
         if t.kind == "input":
             entry["requires_grad"] = t.requires_grad
+        elif t.kind == "parameter" and not t.requires_grad:
+            entry["requires_grad"] = False  # a frozen one only: older files read the same
         if t.base is not None:
             entry["base"] = t.base
         tensors.append(entry)
@@ -254,7 +256,7 @@ def _list_of(obj: dict, path: str, key: str, typ: type) -> list:
 
 _TENSOR_FIELDS = {
     "input": {"name", "kind", "shape", "dtype_bytes", "requires_grad"},
-    "parameter": {"name", "kind", "shape", "dtype_bytes"},
+    "parameter": {"name", "kind", "shape", "dtype_bytes", "requires_grad"},
     "view": {"name", "kind", "shape", "dtype_bytes", "base"},
 }
 
@@ -278,8 +280,9 @@ def _read_tensor(g: GraphIR, t: Any, path: str) -> _Pending | None:
             g.input(name, shape, dtype, requires_grad)
         return None
     if kind == "parameter":
+        trained = _get(t, path, "requires_grad", bool) if "requires_grad" in t else True
         with _At(path):
-            g.parameter(name, shape, dtype)
+            g.parameter(name, shape, dtype, trained)
         return None
     base = _get(t, path, "base", str)
 

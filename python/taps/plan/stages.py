@@ -276,7 +276,7 @@ def stage_graph(graph: Graph, operators: Sequence[str], name: str | None = None)
             base = bring(t.base)
             made[tensor] = sub.reshape(tensor, base, t.shape).name
         elif t.kind == "parameter":
-            made[tensor] = sub.parameter(tensor, t.shape, t.dtype_bytes).name
+            made[tensor] = sub.parameter(tensor, t.shape, t.dtype_bytes, t.requires_grad).name
         else:  # a graph input, or an activation of an operator outside the stage
             made[tensor] = sub.input(tensor, t.shape, t.dtype_bytes, t.requires_grad).name
         return made[tensor]

@@ -279,6 +279,8 @@ def memory(
     for operand, layout in zip(op.inputs, candidate.inputs):
         if graph.root(operand.tensor).kind == "parameter":  # a view of one too
             weight, rest = pricing.parameter_memory(graph.tensors[operand.tensor].dtype_bytes)
+            if not graph.tensors[operand.tensor].requires_grad:
+                rest = 0.0  # frozen: no gradient, master copy or optimizer state
             shard = math.prod(layout.shard_shape)
             if pricing.zero or sharded:
                 dims = split_dims(op, candidate.strategy, op.gradient_axes(operand))

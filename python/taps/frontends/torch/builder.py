@@ -150,10 +150,14 @@ class AtenGraphBuilder:
         )
         return AtenValue(tid, shape, tuple(range(len(shape))), dtype_bytes)
 
-    def parameter(self, name: str, shape: Sequence[int], dtype_bytes: int) -> AtenValue:
-        """A parameter, named by its ``state_dict`` key."""
+    def parameter(
+        self, name: str, shape: Sequence[int], dtype_bytes: int, requires_grad: bool = True
+    ) -> AtenValue:
+        """A parameter, named by its ``state_dict`` key (``requires_grad=False``: frozen)."""
         shape = tuple(shape)
-        tid = self._tensor(TensorRecord("parameter", shape, dtype_bytes, name=name))
+        tid = self._tensor(
+            TensorRecord("parameter", shape, dtype_bytes, name=name, requires_grad=requires_grad)
+        )
         return AtenValue(tid, shape, tuple(range(len(shape))), dtype_bytes)
 
     def materialize(self, v: AtenValue, path: str) -> AtenValue:
@@ -454,7 +458,9 @@ class AtenGraphBuilder:
             rec = self.tensors[tid]
             if rec.kind == "parameter":
                 assert rec.name is not None
-                names[tid] = g.parameter(rec.name, rec.shape, rec.dtype_bytes).name
+                names[tid] = g.parameter(
+                    rec.name, rec.shape, rec.dtype_bytes, rec.requires_grad
+                ).name
             elif rec.kind == "input":
                 label = rec.name or fresh(rec.path, rec.label)
                 names[tid] = g.input(label, rec.shape, rec.dtype_bytes, rec.requires_grad).name

@@ -228,7 +228,10 @@ def convert(
             else:
                 val = placeholders[spec.arg.name].meta["val"]
                 values[key] = b.parameter(
-                    key, tuple(int(d) for d in val.shape), _dtype_bytes(val.dtype)
+                    key,
+                    tuple(int(d) for d in val.shape),
+                    _dtype_bytes(val.dtype),
+                    held is None or held.requires_grad,
                 )
             env[placeholders[spec.arg.name]] = values[key]
     routed = {n.name: block for block in blocks for n in block.routed}

@@ -126,12 +126,7 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     # Whole results are gathered by every rank (a collective); rank 0 compares them.
     got = {f"output {i}": y.full_tensor() for i, y in enumerate(outs)}
-    # A parameter the module freezes (Whisper's sinusoidal positions) takes no gradient
-    # there; taps' graph trains every parameter, so the replay computes and reduces one as
-    # taps priced it, which is not compared.
-    frozen = {k for k, p in dense.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    trained = [k for k in dist.parameters if k not in frozen]
-    for name in [*trained, *(s.arg.name for s in specs)]:
+    for name in [*dist.parameters, *(s.arg.name for s in specs)]:
         grad = dist.grad(name)
         if grad is not None:
             got[f"grad {name}"] = grad.full_tensor()
