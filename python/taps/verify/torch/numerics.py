@@ -10,11 +10,14 @@ once; rank 0 writes the errors to a file the caller reads.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import math
 import os
 import pickle
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from taps._core import Cluster
@@ -64,7 +67,6 @@ def gloo_errors(
     """Per output (``"output i"``) and per gradient (``"grad name"``), the error relative to the
     dense module, from ``ranks`` gloo processes running taps' plan for them."""
     small = numerics_plan(plan, ranks)
-    _check_batch_statistics(module, small)
     with tempfile.TemporaryDirectory(prefix="taps-gloo-") as tmp:
         payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
@@ -74,25 +76,46 @@ def gloo_errors(
             return dict(json.load(f))
 
 
-def _check_batch_statistics(module: Any, plan: Plan) -> None:
-    """A one-line :class:`VerifyError` when ``plan`` splits the batch of a BatchNorm in
-    training mode: each device normalises by its own samples' statistics (data parallelism
-    without ``SyncBatchNorm``, as the front end's rule has it), which no dense run of the module
-    computes."""
+def batch_parts(module: Any, plan: Plan) -> dict[str, int]:
+    """Per BatchNorm of ``module`` in training mode whose batch ``plan`` splits: into how many
+    parts. Each device normalises its part by its own statistics (data parallelism without
+    ``SyncBatchNorm``, as the front end's rule prices it)."""
     import torch
 
     layouts = layouts_of(plan)
+    mesh = layouts.mesh
+    size = dict(zip(mesh.axis_names, mesh.shape))
     names = {op.name for op in plan.graph.ops if op.kind == "batchnorm"}
+    out = {}
     for name, m in module.named_modules():
-        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or not m.training:
-            continue
-        if name in names and layouts.mesh.dim_axes(layouts.outputs[name])[0]:
-            raise VerifyError(
-                f"BatchNorm {name!r} in training mode normalises each device's part of the "
-                "split batch by its own statistics, which the dense module does not: compare "
-                "the numbers in eval mode (module.eval()), or verify the collectives only "
-                "(numerics=None, --gloo 0)"
-            )
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training and name in names:
+            parts = math.prod(size[a] for a in mesh.dim_axes(layouts.outputs[name])[0])
+            if parts > 1:
+                out[name] = parts
+    return out
+
+
+@contextlib.contextmanager
+def statistics_per_part(module: Any, parts: dict[str, int]) -> Iterator[None]:
+    """The dense ``module`` with each BatchNorm of ``parts`` run by its own forward on each of
+    its batch's ``parts[name]`` equal blocks apart (what each device of the plan computes), the
+    blocks' results joined: the reference a plan that splits a BatchNorm's batch is checked
+    against."""
+    import torch
+
+    def by_parts(m: Any, count: int, x: Any) -> Any:
+        return torch.cat([type(m).forward(m, block) for block in x.chunk(count)])
+
+    patched = []
+    for name, count in parts.items():
+        m = module.get_submodule(name)
+        m.forward = functools.partial(by_parts, m, count)
+        patched.append(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward
 
 
 def prepare(payload: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -139,7 +162,8 @@ def run_rank(rank: int, ranks: int, state: tuple[Any, ...]) -> None:
         else x  # an absent mask
         for x in xs
     ]
-    with drawing(seed):  # the replay's random values (dropout's masks)
+    # The replay's random values (dropout's masks); BatchNorm's statistics per device.
+    with drawing(seed), statistics_per_part(dense, batch_parts(dense, plan)):
         if moe.has_blocks(plan.graph):  # the experts' routing fixed as the replay's
             want_outs = moe.dense_run(exported, dense, refs)
         else:
