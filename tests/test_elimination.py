@@ -92,17 +92,22 @@ def test_min_plus_steps_in_blocks_equal_brute_force(seed, monkeypatch):
     assert problem.evaluate(choice) == pytest.approx(want, abs=1e-12)
 
 
+def _complete(operators: int, choices: int, seed: int) -> Problem:
+    """``operators`` of ``choices`` candidates each, every two joined, random costs."""
+    rng = np.random.default_rng(seed)
+    names = [f"v{i}" for i in range(operators)]
+    node = {v: rng.random(choices) for v in names}
+    pairs = [
+        PairCost(u, w, np.arange(choices), np.arange(choices), rng.random((choices, choices)))
+        for u, w in itertools.combinations(names, 2)
+    ]
+    return Problem(node, pairs)
+
+
 def test_budget_refuses_wide_tables():
     """Five operators of 30 candidates, all joined: the first step of any order builds a table
     over four of them (30^4 entries) from 30 choices of the fifth, four tables each."""
-    rng = np.random.default_rng(0)
-    names = [f"v{i}" for i in range(5)]
-    node = {v: rng.random(30) for v in names}
-    pairs = [
-        PairCost(u, w, np.arange(30), np.arange(30), rng.random((30, 30)))
-        for u, w in itertools.combinations(names, 2)
-    ]
-    problem = Problem(node, pairs)
+    problem = _complete(5, 30, seed=0)
     assert elimination_order(problem, max_table=30**4 - 1) is None
     # The first step's four pair costs each join one other operator: one min-plus product, its
     # entries counted at the kernel's rate.
@@ -133,14 +138,7 @@ def test_a_core_beyond_the_numpy_budget_is_eliminated_when_scip_would_be_slower(
     """The pipeline eliminates a core whose estimated work is past ``MAX_WORK`` when it stays
     within ``WORK_PER_FLOW`` per flow of the ILP (SCIP would take longer): the same optimum as
     brute force, and no ILP built."""
-    rng = np.random.default_rng(2)
-    names = [f"v{i}" for i in range(4)]
-    node = {v: rng.random(6) for v in names}
-    pairs = [
-        PairCost(u, w, np.arange(6), np.arange(6), rng.random((6, 6)))
-        for u, w in itertools.combinations(names, 2)
-    ]
-    problem = Problem(node, pairs)
+    problem = _complete(4, 6, seed=2)
     estimate = elimination_order(problem)
     assert estimate is not None
     # The numpy budget as it capped the pipeline's (raising=False: the pipeline no longer reads
