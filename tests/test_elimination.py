@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -91,23 +92,81 @@ def test_min_plus_steps_in_blocks_equal_brute_force(seed, monkeypatch):
     assert problem.evaluate(choice) == pytest.approx(want, abs=1e-12)
 
 
+def _complete(operators: int, choices: int, seed: int) -> Problem:
+    """``operators`` of ``choices`` candidates each, every two joined, random costs."""
+    rng = np.random.default_rng(seed)
+    names = [f"v{i}" for i in range(operators)]
+    node = {v: rng.random(choices) for v in names}
+    pairs = [
+        PairCost(u, w, np.arange(choices), np.arange(choices), rng.random((choices, choices)))
+        for u, w in itertools.combinations(names, 2)
+    ]
+    return Problem(node, pairs)
+
+
 def test_budget_refuses_wide_tables():
     """Five operators of 30 candidates, all joined: the first step of any order builds a table
     over four of them (30^4 entries) from 30 choices of the fifth, four tables each."""
-    rng = np.random.default_rng(0)
-    names = [f"v{i}" for i in range(5)]
-    node = {v: rng.random(30) for v in names}
-    pairs = [
-        PairCost(u, w, np.arange(30), np.arange(30), rng.random((30, 30)))
-        for u, w in itertools.combinations(names, 2)
-    ]
-    problem = Problem(node, pairs)
+    problem = _complete(5, 30, seed=0)
     assert elimination_order(problem, max_table=30**4 - 1) is None
     # The first step's four pair costs each join one other operator: one min-plus product, its
     # entries counted at the kernel's rate.
     assert elimination_order(problem, max_work=30**5 / KERNEL_SPEEDUP - 1) is None
     elimination = elimination_order(problem)
     assert elimination is not None and elimination.largest == 30**4
+
+
+def test_equal_work_goes_to_the_smaller_table():
+    """``a`` (2 choices) joined to ``b`` (8): eliminating either is 16 entries of work, ``a``
+    leaving a table over ``b``'s 8 choices, ``b`` one over ``a``'s 2. ``b`` goes first, though
+    ``a`` comes first in the problem: the rotary core of DeepSeek-V3's MLA (its ``sub`` and
+    ``add``, 1,303 candidates each) took 4.8 s so, 8.2 s in the problem's order, which built a
+    table of 1,303 x 139 x 139 where 139^3 would do."""
+    rng = np.random.default_rng(1)
+    node = {"a": rng.random(2), "b": rng.random(8)}
+    problem = Problem(node, [PairCost("a", "b", np.arange(2), np.arange(8), rng.random((2, 8)))])
+    elimination = elimination_order(problem)
+    assert elimination is not None
+    assert elimination.order[0] == "b"
+    assert elimination.largest == 2
+    solved = elimination.solve()
+    assert solved is not None
+    assert solved[1] == pytest.approx(_brute_force(problem), abs=1e-12)
+
+
+def test_a_core_beyond_the_numpy_budget_is_eliminated_when_scip_would_be_slower(monkeypatch):
+    """The pipeline eliminates a core whose estimated work is past ``MAX_WORK`` when it stays
+    within ``WORK_PER_FLOW`` per flow of the ILP (SCIP would take longer): the same optimum as
+    brute force, and no ILP built."""
+    problem = _complete(4, 6, seed=2)
+    estimate = elimination_order(problem)
+    assert estimate is not None
+    # The numpy budget as it capped the pipeline's (raising=False: the pipeline no longer reads
+    # it, which is what this test checks).
+    monkeypatch.setattr("taps.solve.pipeline.MAX_WORK", estimate.work / 2, raising=False)
+
+    def no_ilp(*args, **kwargs):
+        raise AssertionError("the ILP was built")
+
+    monkeypatch.setattr("taps.solve.pipeline.solve_ilp", no_ilp)
+    solution = solve(_Instance(problem))
+    assert problem.evaluate(solution.choice) == pytest.approx(_brute_force(problem), abs=1e-12)
+
+
+@dataclass
+class _Instance:
+    """A problem as :func:`taps.solve.pipeline.solve` takes it: one layer, no memory, no ties."""
+
+    of: Problem
+    layers: int = 1
+    tied: tuple = ()
+
+    def problem(self) -> Problem:
+        return self.of
+
+    @property
+    def memory_per_op(self) -> dict[str, np.ndarray]:
+        return {v: np.zeros(len(c)) for v, c in self.of.node_cost.items()}
 
 
 def test_deadline_stops_the_elimination():

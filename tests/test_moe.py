@@ -328,3 +328,41 @@ def test_the_experts_biases_are_addends_of_their_projections():
     ]
     for op in experts:
         assert op.inputs[1].dims[0] == "e" and "e" in op.partitionable
+
+
+def test_deepseeks_mla_core_is_eliminated_to_the_ilps_optimum():
+    """DeepSeek-V3's MLA attention leaves a core the reductions cannot take (its rotary `sub`
+    and `add` of four partitionable axes, each joined to both slices and to their `cat`): the
+    search solves it by variable elimination, no ILP, to the optimum SCIP finds (a small
+    DeepSeek-V3 layer, MLA and experts at reduced widths, on 2 DGX H100 nodes)."""
+    config = transformers.DeepseekV3Config(
+        num_hidden_layers=1,
+        first_k_dense_replace=0,
+        use_cache=False,
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=16,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+    )
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16)
+        ids = torch.zeros(8, 512, dtype=torch.long)
+    graph = from_torch(model, ids)
+    assert {"sub", "add", "cat"} <= {op.kind for op in graph.ops}
+    cluster = taps.Cluster.preset("dgx-h100", 2)
+    eliminated = taps.search(graph, cluster)
+    assert eliminated.ilp.variables == 0 and eliminated.status == "optimal"
+    ilp = taps.search(graph, cluster, options=taps.IlpOptions(eliminate=False))
+    assert ilp.ilp.variables > 0 and ilp.status == "optimal"
+    assert eliminated.cost == pytest.approx(ilp.cost, rel=1e-9)

@@ -353,14 +353,20 @@ def elimination_order(
             return entries / KERNEL_SPEEDUP, new
         return entries * len(mine), new
 
-    heap = [(estimate(v)[0], position[v], v) for v in names]
+    def rank(v: str) -> tuple[float, int]:
+        """The step's estimated work, then its new table's size: of two steps of one work, the
+        smaller table is the cheaper to build and compact (and the smaller to hold)."""
+        cost, new = estimate(v)
+        return cost, math.prod(new.values())
+
+    heap = [(rank(v), position[v], v) for v in names]
     heapq.heapify(heap)
-    current = {v: w for w, _, v in heap}
+    current = {v: r for r, _, v in heap}
     order: list[str] = []
     work = largest = 0.0
     while heap:
-        w, _, v = heapq.heappop(heap)
-        if v not in current or current[v] != w:
+        r, _, v = heapq.heappop(heap)
+        if v not in current or current[v] != r:
             continue
         del current[v]
         cost, new = estimate(v)
@@ -381,6 +387,6 @@ def elimination_order(
                 incident[u].add(next_id)
             next_id += 1
         for u in sorted(touched, key=position.__getitem__):
-            current[u] = estimate(u)[0]
+            current[u] = rank(u)
             heapq.heappush(heap, (current[u], position[u], u))
     return Elimination(problem, order, work, largest)
