@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taps._core import frontier_sum
 from taps.solve.problem import Problem
 
 #: Elements (float64) of the largest table one step may hold, its memory levels included.
@@ -70,10 +71,11 @@ class _Budget:
         self.left = MAX_WORK
         self.deadline = deadline
 
-    def spend(self, elements: int) -> None:
+    def spend(self, elements: int, held: int | None = None) -> None:
+        """``elements`` of work, of which ``held`` (all of them unless given) in one table."""
         self.left -= elements
         late = self.deadline is not None and time.perf_counter() > self.deadline
-        if self.left < 0 or elements > MAX_TABLE or late:
+        if self.left < 0 or (elements if held is None else held) > MAX_TABLE or late:
             raise _OverBudget
 
 
@@ -84,16 +86,29 @@ class _OverBudget(Exception):
 def _frontier(mems: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Pareto frontier of every entry: levels sorted and merged, and each entry's cost kept
     at a level only where it is below its cost at every lower level."""
-    order = np.argsort(mems, kind="stable")
-    mems, costs = mems[order], costs[order]
-    mems, start = np.unique(mems, return_index=True)
-    if len(start) < len(order):
-        costs = np.minimum.reduceat(costs, start, axis=0)
-    if len(mems) > 1:
-        below = np.minimum.accumulate(costs[:-1], axis=0)
-        costs[1:] = np.where(costs[1:] < below, costs[1:], np.inf)
-    alive = np.isfinite(costs).any(axis=tuple(range(1, costs.ndim)))
-    return mems[alive], np.ascontiguousarray(costs[alive])
+    if len(mems) > 1 and not (mems[1:] >= mems[:-1]).all():
+        order = np.argsort(mems, kind="stable")
+        mems, costs = mems[order], costs[order]
+    shape = costs.shape[1:]
+    return _summed(costs, mems, np.zeros((1, *shape)), _NOTHING, np.inf, shape)
+
+
+#: The levels of a table of one point of no memory (adding it leaves a table as it is).
+_NOTHING = np.zeros(1)
+
+
+def _summed(
+    a: np.ndarray, ma: np.ndarray, b: np.ndarray, mb: np.ndarray, cap: float, shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The frontier of the sum of two tables of ascending levels (entries broadcast to
+    ``shape``), levels above ``cap`` dropped: :func:`taps._core.frontier_sum`."""
+    size = math.prod(shape)
+    rows = [
+        np.ascontiguousarray(np.broadcast_to(t, (len(m), *shape)).reshape(len(m), size), float)
+        for t, m in ((a, ma), (b, mb))
+    ]
+    mems, costs = frontier_sum(rows[0], np.asarray(ma, float), rows[1], np.asarray(mb, float), cap)
+    return mems, costs.reshape(len(mems), *shape)
 
 
 def _placed(t: _Table, names: Sequence[str]) -> np.ndarray:
@@ -112,41 +127,11 @@ def _added(
     """The frontier of the sum of two tables (levels first, broadcast against each other), levels
     above ``cap`` dropped."""
     shape = np.broadcast_shapes(a.shape[1:], b.shape[1:])
-    size = max(1, math.prod(shape))
-    # How many of b's levels fit with each of a's (ascending levels: fewer and fewer).
+    # How many of b's levels fit with each of a's: the sums the kernel forms.
     fitting = np.searchsorted(mb, cap - ma, side="right")
-    count = int(np.count_nonzero(fitting))
-    total = int(fitting[:count].sum()) * size
-    if total <= MAX_TABLE // 2:
-        # Every sum at once (the loop below, in one step: the same sums in the same order).
-        budget.spend(total)
-        rows = np.repeat(np.arange(count), fitting[:count])
-        starts = np.cumsum(fitting[:count]) - fitting[:count]
-        cols = np.arange(len(rows)) - np.repeat(starts, fitting[:count])
-        out_m, out_c = _frontier(ma[rows] + mb[cols], a[rows] + b[cols])
-        if count and count == len(ma):
-            budget.spend(out_c.size)
-        return out_m, out_c
-    mems: list[np.ndarray] = []
-    blocks: list[np.ndarray] = []
-    held = 0
-    out_m, out_c = np.zeros(0), np.zeros((0, *shape))
-    for i in range(len(ma)):
-        fits = int(np.searchsorted(mb, cap - ma[i], side="right"))
-        if not fits:
-            break
-        budget.spend(fits * size)
-        blocks.append(a[i] + b[:fits])
-        mems.append(ma[i] + mb[:fits])
-        held += fits * size
-        if held > MAX_TABLE // 2 or i == len(ma) - 1:
-            out_m, out_c = _frontier(
-                np.concatenate([out_m, *mems]), np.concatenate([out_c, *blocks])
-            )
-            budget.spend(out_c.size)
-            mems, blocks, held = [], [], out_c.size
-    if blocks:
-        out_m, out_c = _frontier(np.concatenate([out_m, *mems]), np.concatenate([out_c, *blocks]))
+    budget.spend(int(fitting.sum()) * max(1, math.prod(shape)), held=0)
+    out_m, out_c = _summed(a, ma, b, mb, cap, shape)
+    budget.spend(out_c.size)
     return out_m, out_c
 
 
