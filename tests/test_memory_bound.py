@@ -79,6 +79,43 @@ def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
     _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
 
 
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_over_budget_at_the_known_assignment_the_lower_cutoffs_decide(
+    problem, data, position, lam
+):
+    # The first pass (cutoff at the known assignment) runs over its budget: the passes of lower
+    # cutoffs follow; each finds the optimum when it lies below its cutoff, and the solver gives
+    # up (None, SCIP next) only when the optimum is above the last of them.
+    memory = _memory(problem, data)
+    every = _every(problem)
+    lo = min(_used(memory, c) for c in every)
+    hi = max(_used(memory, c) for c in every)
+    limit = lo + position * (hi - lo)
+    fitting = [c for c in every if _used(memory, c) <= limit]
+    bound = min(problem.evaluate(c) + lam * (_used(memory, c) - limit) for c in every)
+    known = data.draw(st.sampled_from(fitting))
+    calls = []
+    plain = pareto._pass
+
+    def first_over_budget(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise pareto._OverBudget
+        return plain(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pareto, "_pass", first_over_budget)
+        found = solve_pareto(problem, memory, limit, price=(lam, bound, known))
+    if found is None:
+        optimum = min(problem.evaluate(c) for c in fitting)
+        last = bound + pareto._LADDER[-1] * (problem.evaluate(known) - bound)
+        assert optimum > last - 1e-9 * abs(last) - 1e-12
+        assert len(calls) == 1 + len(pareto._LADDER)
+    else:
+        _check(problem, memory, limit, found)
+
+
 @pytest.mark.parametrize(
     ("blocks", "shape", "position"), [(3, (2, 4), 0.2), (2, (1, 8), 0.5), (3, (4, 4), 0.8)]
 )

@@ -33,7 +33,7 @@ from taps.solve.problem import Problem
 
 #: Elements (float64) of the largest table one step may hold, its memory levels included.
 MAX_TABLE = 8_000_000
-#: Elements of all steps' tables together (about a second of numpy per 1e8).
+#: Elements of all steps' tables together, in one pass.
 MAX_WORK = 200_000_000
 #: Relative tolerance of costs and memory recomputed in another order (choices, the limit).
 _TOLERANCE = 1e-9
@@ -364,9 +364,10 @@ def _priced_bounds(
     return inner, outside
 
 
-#: Cutoffs tried, as fractions of the gap between the price's bound and the known assignment:
-#: a pass with a low cutoff keeps far fewer points, and what it finds below its cutoff is optimal.
-_LADDER = (4.0**-6, 4.0**-4, 4.0**-2, 1.0)
+#: Cutoffs tried when the pass at the known assignment runs over its budget, as fractions of the
+#: gap between the price's bound and that assignment: a pass with a low cutoff keeps far fewer
+#: points, and what it finds below its cutoff is optimal.
+_LADDER = (4.0**-6, 4.0**-4, 4.0**-2)
 
 
 def solve_pareto(
@@ -381,46 +382,44 @@ def solve_pareto(
     or if nothing fits.
 
     ``price=(lam, bound, known)``: a price of memory, the Lagrangian bound it gives and an
-    assignment known to fit. Passes with rising cutoffs between them keep only the points that
-    could be in a fitting assignment cheaper than the cutoff; the first pass that finds one has
-    the optimum, and when none is cheaper than ``known``, ``known`` is."""
-    budget = _Budget(deadline)
+    assignment known to fit. A pass keeps only the points that could be in a fitting assignment
+    cheaper than its cutoff. The first pass's cutoff is ``known`` itself: within its budget, it
+    decides (what it finds is optimal, and if it finds nothing, ``known`` is). Beyond its budget,
+    passes with cutoffs rising from the bound follow, each with a budget of its own: the first
+    that finds an assignment below its cutoff has the optimum."""
     classes = _Classes(problem)
     order = list(problem.node_cost)
     tables = _tables(problem, memory, classes)
     plan = _plan(tables, {v: len(classes.first[v]) for v in order}, order)
     cap = limit * (1 + _TOLERANCE) - sum(t.least for t in tables)
-    try:
-        if price is None:
-            return _pass(
-                problem, memory, limit, classes, order, tables, plan, cap, budget, None, np.inf
-            )
-        lam, bound, known = price
-        known = dict(known)
-        cost = problem.evaluate(known)
-        bounds = _priced_bounds(tables, plan, lam, order)
-        for fraction in _LADDER:
-            # Only strictly better assignments matter (by more than rounding).
-            best = cost - _TOLERANCE * max(abs(cost), 1e-300)
-            cutoff = min(bound + fraction * (cost - bound), best)
-            cut = _Price(lam, cutoff + lam * limit, *bounds)
-            # A best point not cheaper than the known assignment (beyond rounding) is of no use:
-            # it is not traced back to its assignment.
-            wanted = cost + _TOLERANCE * max(abs(cost), 1e-300)
-            found = _pass(
-                problem, memory, limit, classes, order, tables, plan, cap, budget, cut, wanted
-            )
-            if found is not None and problem.evaluate(found) <= cutoff:
-                return found
-            if found is not None and problem.evaluate(found) < cost:
-                # Not below this cutoff, but better than the one known: the next cutoffs
-                # start from it.
-                known, cost = found, problem.evaluate(found)
-            if cutoff == best:
-                break
-        return known
-    except _OverBudget:
-        return None
+
+    def run(cut: _Price | None, wanted: float) -> dict[str, int] | None:
+        budget = _Budget(deadline)
+        return _pass(problem, memory, limit, classes, order, tables, plan, cap, budget, cut, wanted)
+
+    if price is None:
+        try:
+            return run(None, np.inf)
+        except _OverBudget:
+            return None
+    lam, bound, known = price
+    cost = problem.evaluate(known)
+    bounds = _priced_bounds(tables, plan, lam, order)
+    # Only strictly better assignments matter (by more than rounding); a best point not cheaper
+    # than the known assignment (beyond rounding) is of no use: it is not traced back.
+    best = cost - _TOLERANCE * max(abs(cost), 1e-300)
+    wanted = cost + _TOLERANCE * max(abs(cost), 1e-300)
+    for fraction in (1.0, *_LADDER):
+        cutoff = min(bound + fraction * (cost - bound), best)
+        try:
+            found = run(_Price(lam, cutoff + lam * limit, *bounds), wanted)
+        except _OverBudget:
+            continue
+        if found is not None and problem.evaluate(found) <= cutoff:
+            return found
+        if cutoff == best:
+            return known
+    return None
 
 
 def _pass(
