@@ -81,9 +81,7 @@ def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
 
 @settings(max_examples=100, deadline=None)
 @given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
-def test_over_budget_at_the_known_assignment_the_lower_cutoffs_decide(
-    problem, data, position, lam
-):
+def test_over_budget_at_the_known_assignment_the_lower_cutoffs_decide(problem, data, position, lam):
     # The first pass (cutoff at the known assignment) runs over its budget: the passes of lower
     # cutoffs follow; each finds the optimum when it lies below its cutoff, and the solver gives
     # up (None, SCIP next) only when the optimum is above the last of them.

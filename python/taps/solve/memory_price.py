@@ -90,11 +90,12 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
             best, best_cost = x, cost
-        (overs if used > limit else unders).append(x)
+        (overs if used > limit else unders).append((x, cost, used))
         return cost, used, x
 
-    overs: list[dict[str, int]] = []
-    unders: list[dict[str, int]] = []
+    # The minimisers, with their cost and memory.
+    overs: list[tuple[dict[str, int], float, float]] = []
+    unders: list[tuple[dict[str, int], float, float]] = []
 
     at_zero = visit(0.0)
     if at_zero is None:
@@ -130,8 +131,11 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
     # Every minimiser that does not fit spliced with every one that does and with the best
     # splice so far (a splice may mix more than two plans that way).
     for over_choice in reversed(overs):
-        for under_choice in [*reversed(unders), best]:
-            spliced = _splice(problem, memory, limit, over_choice, under_choice)
+        for under_choice in [*reversed(unders), None]:
+            if under_choice is None:
+                used = sum(float(memory[v][i]) for v, i in best.items())
+                under_choice = (best, best_cost, used)
+            spliced = _splice(problem, memory, limit, over_choice, under_choice, best_cost)
             if spliced is not None and spliced[1] < best_cost:
                 best, best_cost = spliced
     return Priced(best, best_cost, bound, price, steps)
@@ -141,12 +145,14 @@ def _splice(
     problem: Problem,
     memory: Mapping[str, np.ndarray],
     limit: float,
-    over: dict[str, int],
-    under: dict[str, int],
+    over: tuple[dict[str, int], float, float],
+    under: tuple[dict[str, int], float, float],
+    beat: float,
 ) -> tuple[dict[str, int], float] | None:
     """The cheapest fitting assignment that takes ``over``'s choices (a minimiser that does not
-    fit) for a run of the operators in their order and ``under``'s (one that fits) for the rest,
-    if any fits.
+    fit; with its cost and memory) for a run of the operators in their order and ``under``'s
+    (one that fits) for the rest, if any fits and costs less than ``beat`` (a splice costing
+    more, beyond rounding, is not summed afresh).
 
     The price's minimisers bracket the limit; between them lie the assignments mixing the two.
     On a stack of layers a prefix of them as ``over`` and the rest as ``under`` is close to the
@@ -165,10 +171,8 @@ def _splice(
 
     found: tuple[dict[str, int], float] | None = None
     # A prefix of ``over`` then ``under``, and a prefix of ``under`` then ``over``.
-    for first, rest in ((over, under), (under, over)):
+    for (first, _, _), (rest, cost, used) in ((over, under), (under, over)):
         x = dict(rest)
-        cost = problem.evaluate(x)
-        used = sum(float(memory[v][i]) for v, i in x.items())
         cuts: list[tuple[float, float, int]] = []
         for n, v in enumerate(order):
             if x[v] != first[v]:
@@ -179,7 +183,7 @@ def _splice(
                 used += float(memory[v][x[v]])
             cuts.append((cost, used, n))
         fitting = [c for c in cuts if c[1] <= limit]
-        if fitting:
+        if fitting and min(fitting)[0] < beat + TOLERANCE * max(abs(beat), 1e-300):
             _, _, n = min(fitting)
             choice = {v: (first[v] if k <= n else rest[v]) for k, v in enumerate(order)}
             # Summed afresh: the running sums may have drifted past the limit by rounding.

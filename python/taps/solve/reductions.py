@@ -285,8 +285,7 @@ def reduce(
         return cast("np.ndarray", memo[key])
 
     pairs: dict[int, PairCost] = {
-        k: PairCost(p.u, p.w, p.u_class, p.w_class, stacked(k))
-        for k, p in enumerate(first.pairs)
+        k: PairCost(p.u, p.w, p.u_class, p.w_class, stacked(k)) for k, p in enumerate(first.pairs)
     }
     incident: dict[str, set[int]] = {v: set() for v in node}
     for k, p in pairs.items():
