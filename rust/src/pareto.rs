@@ -128,7 +128,10 @@ pub fn frontier_sum(
         let mut fresh = true;
         // Every sum of this memory, merged into one row.
         while let Some(Sum { i, j, .. }) = next {
-            let (ra, rb) = (&a[i * width..(i + 1) * width], &b[j * width..(j + 1) * width]);
+            let (ra, rb) = (
+                &a[i * width..(i + 1) * width],
+                &b[j * width..(j + 1) * width],
+            );
             if fresh {
                 for ((r, x), y) in row.iter_mut().zip(ra).zip(rb) {
                     *r = x + y;
@@ -146,16 +149,20 @@ pub fn frontier_sum(
                     j: j + 1,
                 });
             }
-            next = match heap.peek() {
-                Some(top) if top.mem == mem => heap.pop(),
-                _ => None,
-            };
+            // Exactly equal memories are one level (numpy's `unique`).
+            #[allow(clippy::float_cmp)]
+            let same = heap.peek().is_some_and(|top| top.mem == mem);
+            next = if same { heap.pop() } else { None };
         }
         // Kept where below every lower level's cost; the running least takes the raw costs.
         let mut alive = false;
         let start = out.costs.len();
         for (r, low) in row.iter().zip(below.iter_mut()) {
-            let kept = if first || *r < *low { *r } else { f64::INFINITY };
+            let kept = if first || *r < *low {
+                *r
+            } else {
+                f64::INFINITY
+            };
             *low = np_minimum(*low, *r);
             alive |= kept.is_finite();
             out.costs.push(kept);
@@ -177,6 +184,7 @@ mod tests {
 
     /// The definition, plainly: every fitting sum, then per distinct memory the least cost per
     /// entry, kept where below all lower levels' costs.
+    #[allow(clippy::float_cmp)] // exactly equal memories are one level
     fn plain(a: &[f64], ma: &[f64], b: &[f64], mb: &[f64], width: usize, cap: f64) -> Frontier {
         let mut sums: Vec<(f64, Vec<f64>)> = Vec::new();
         for (i, &x) in ma.iter().enumerate() {

@@ -261,7 +261,7 @@ pub(super) fn frontier_sum<'py>(
     let (a, ma, b, mb) = (a.as_slice()?, ma.as_slice()?, b.as_slice()?, mb.as_slice()?);
     let out = py.detach(move || pareto::frontier_sum(a, ma, b, mb, width, cap))?;
     let levels = out.mems.len();
-    let costs = Array2::from_shape_vec((levels, width), out.costs)
-        .expect("one row of costs per level");
+    let costs =
+        Array2::from_shape_vec((levels, width), out.costs).expect("one row of costs per level");
     Ok((out.mems.into_pyarray(py), costs.into_pyarray(py)))
 }
