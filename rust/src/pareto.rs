@@ -11,6 +11,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
+use crate::minplus::np_minimum;
 
 /// The frontier a sum leaves: its levels (ascending, distinct) and, row-major, one row of
 /// `width` costs per level.
@@ -49,16 +50,6 @@ impl Ord for Sum {
             .total_cmp(&self.mem)
             .then_with(|| other.i.cmp(&self.i))
             .then_with(|| other.j.cmp(&self.j))
-    }
-}
-
-/// numpy's `minimum(current, term)`: the least, NaN if either is.
-#[inline]
-fn np_minimum(current: f64, term: f64) -> f64 {
-    if term < current || term.is_nan() {
-        term
-    } else {
-        current
     }
 }
 
