@@ -4,6 +4,7 @@ bound, its assignment fits, and its pruning keeps an optimal assignment."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -137,10 +138,14 @@ def test_the_splice_is_the_cheapest_fitting_prefix_of_either(graph, shape, data)
         for cut in range(len(names) + 1)
     ]
     fitting = [problem.evaluate(c) for c in splices if mem(c) <= limit]
-    found = _splice(problem, memory, limit, over, under)
+    ends = [(c, problem.evaluate(c), mem(c)) for c in (over, under)]
+    found = _splice(problem, memory, limit, *ends, math.inf)
     if not fitting:
         assert found is None
         return
+    # A splice must beat ``beat`` to be returned: below the cheapest, none is.
+    low = min(fitting) - 1e-6 * abs(min(fitting)) - 1e-12
+    assert _splice(problem, memory, limit, *ends, low) is None
     assert found is not None
     choice, cost = found
     assert mem(choice) <= limit

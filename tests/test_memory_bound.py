@@ -63,11 +63,9 @@ def test_frontiers_find_the_least_cost_that_fits(problem, data, position):
     _check(problem, memory, limit, solve_pareto(problem, memory, limit))
 
 
-@settings(max_examples=150, deadline=None)
-@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
-def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
-    # Any price gives a valid Lagrangian bound and any fitting assignment a cutoff: the cut
-    # (every ladder step of it) must never lose the optimum.
+def _priced_case(problem: Problem, data: st.DataObject, position: float, lam: float):
+    """Memory, a limit at ``position`` between the least and the most any assignment uses, the
+    fitting assignments, the Lagrangian bound at price ``lam`` and one fitting assignment."""
     memory = _memory(problem, data)
     every = _every(problem)
     lo = min(_used(memory, c) for c in every)
@@ -75,8 +73,44 @@ def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
     limit = lo + position * (hi - lo)
     fitting = [c for c in every if _used(memory, c) <= limit]
     bound = min(problem.evaluate(c) + lam * (_used(memory, c) - limit) for c in every)
-    known = data.draw(st.sampled_from(fitting))
+    return memory, limit, fitting, bound, data.draw(st.sampled_from(fitting))
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
+    # Any price gives a valid Lagrangian bound and any fitting assignment a cutoff: the cut
+    # (every ladder step of it) must never lose the optimum.
+    memory, limit, _, bound, known = _priced_case(problem, data, position, lam)
     _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_over_budget_at_the_known_assignment_the_lower_cutoffs_decide(problem, data, position, lam):
+    # The first pass (cutoff at the known assignment) runs over its budget: the passes of lower
+    # cutoffs follow; each finds the optimum when it lies below its cutoff, and the solver gives
+    # up (None, SCIP next) only when the optimum is above the last of them.
+    memory, limit, fitting, bound, known = _priced_case(problem, data, position, lam)
+    calls = []
+    plain = pareto._pass
+
+    def first_over_budget(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise pareto._OverBudget
+        return plain(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pareto, "_pass", first_over_budget)
+        found = solve_pareto(problem, memory, limit, price=(lam, bound, known))
+    if found is None:
+        optimum = min(problem.evaluate(c) for c in fitting)
+        last = bound + pareto._LADDER[-1] * (problem.evaluate(known) - bound)
+        assert optimum > last - 1e-9 * abs(last) - 1e-12
+        assert len(calls) == 1 + len(pareto._LADDER)
+    else:
+        _check(problem, memory, limit, found)
 
 
 @pytest.mark.parametrize(

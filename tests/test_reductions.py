@@ -191,3 +191,44 @@ def test_compact_survives_hash_collisions(monkeypatch):
     merged, distinct = reductions._compact(np.arange(5), matrix)
     assert merged.tolist() == [0, 1, 0, 1, 2]
     np.testing.assert_array_equal(distinct[merged], matrix)
+
+
+@st.composite
+def repeated_problems(draw) -> Problem:
+    """A stack of copies of one random block whose copies share their arrays (as a model's
+    layers share their cost tables), each joined to the next by one pair cost (also shared),
+    some node costs of the copies changed so that equal and unequal inputs mix."""
+    block = draw(problems())
+    copies = draw(st.integers(2, 3))
+    names = list(block.node_cost)
+    node: dict[str, np.ndarray] = {}
+    pairs: list[PairCost] = []
+    link = pair_cost(draw, "a", "b", {"a": len(block.node_cost[names[-1]]), "b": 1}, st.just(0.0))
+    link_cost = draw(
+        st.lists(st.integers(0, 5).map(float), min_size=link.cost.size, max_size=link.cost.size)
+    )
+    for c in range(copies):
+        for v in names:
+            node[f"{v}.{c}"] = block.node_cost[v]
+        for p in block.pairs:
+            pairs.append(PairCost(f"{p.u}.{c}", f"{p.w}.{c}", p.u_class, p.w_class, p.cost))
+    # One node of a copy differs: the same pair arrays with other node costs.
+    changed = f"{names[0]}.{draw(st.integers(0, copies - 1))}"
+    node[changed] = node[changed] + draw(st.integers(0, 3))
+    # The copies joined: the last operator of one to the first of the next, a chain of equal
+    # pair costs (first's candidates all one class: any cost per candidate of the last).
+    cost = np.array(link_cost).reshape(link.cost.shape)
+    first = np.zeros(len(block.node_cost[names[0]]), dtype=np.int64)
+    for c in range(copies - 1):
+        pairs.append(PairCost(f"{names[-1]}.{c}", f"{names[0]}.{c + 1}", link.u_class, first, cost))
+    return Problem(node, pairs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(repeated_problems())
+def test_repeated_blocks_sharing_their_arrays_keep_the_optimum(problem):
+    # Eliminations whose inputs are the same arrays and equal node costs are made once and
+    # shared (reductions.reduce's memo): the core and the expanded choice stay exact.
+    if math.prod(len(c) for c in problem.node_cost.values()) > 5000:
+        return
+    _check(problem)

@@ -30,6 +30,7 @@ __all__ = [
     "UnifyError",
     "allreduce_costs",
     "enumerate_strategies",
+    "frontier_sum",
     "inter_node_groups",
     "least_bottleneck",
     "least_cuts",
@@ -438,6 +439,21 @@ def min_plus(
     relative ``tie`` (``p <= least + tie * abs(least)``), then the second, the first ``k`` of
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
+
+def frontier_sum(
+    a: npt.NDArray[np.float64],
+    ma: npt.NDArray[np.float64],
+    b: npt.NDArray[np.float64],
+    mb: npt.NDArray[np.float64],
+    cap: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The frontier of the sum of two (cost, memory) Pareto tables: ``a`` of shape
+    ``(len(ma), width)`` and ``b`` of ``(len(mb), width)``, C-contiguous, one row of costs per
+    memory level, levels ascending. Every pair of levels with ``mb[j] <= cap - ma[i]`` is added
+    (memories and costs); sums of equal memory are merged by their least cost per entry; a cost
+    is kept only where it is below the entry's cost at every lower level (``inf`` elsewhere), and
+    levels left with no finite cost go. Returns ``(mems, costs)``; raises TapsError when the
+    shapes do not fit together or the levels do not ascend."""
 
 def least_cuts(
     times: npt.NDArray[np.float64],

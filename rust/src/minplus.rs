@@ -58,7 +58,7 @@ impl Dims {
 
 /// numpy's `minimum(current, term)`: the least, NaN if either is, `current` on a tie.
 #[inline]
-fn np_minimum(current: f64, term: f64) -> f64 {
+pub(crate) fn np_minimum(current: f64, term: f64) -> f64 {
     if term < current || term.is_nan() {
         term
     } else {

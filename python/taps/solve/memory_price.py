@@ -90,11 +90,12 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
             bound, price = cost + lam * (used - limit), lam
         if used <= limit and cost < best_cost:
             best, best_cost = x, cost
-        (overs if used > limit else unders).append(x)
+        (overs if used > limit else unders).append((x, cost, used))
         return cost, used, x
 
-    overs: list[dict[str, int]] = []
-    unders: list[dict[str, int]] = []
+    # The minimisers, with their cost and memory.
+    overs: list[tuple[dict[str, int], float, float]] = []
+    unders: list[tuple[dict[str, int], float, float]] = []
 
     at_zero = visit(0.0)
     if at_zero is None:
@@ -130,8 +131,11 @@ def price_memory(problem: Problem, memory: Mapping[str, np.ndarray], limit: floa
     # Every minimiser that does not fit spliced with every one that does and with the best
     # splice so far (a splice may mix more than two plans that way).
     for over_choice in reversed(overs):
-        for under_choice in [*reversed(unders), best]:
-            spliced = _splice(problem, memory, limit, over_choice, under_choice)
+        for under_choice in [*reversed(unders), None]:
+            if under_choice is None:
+                used = sum(float(memory[v][i]) for v, i in best.items())
+                under_choice = (best, best_cost, used)
+            spliced = _splice(problem, memory, limit, over_choice, under_choice, best_cost)
             if spliced is not None and spliced[1] < best_cost:
                 best, best_cost = spliced
     return Priced(best, best_cost, bound, price, steps)
@@ -141,52 +145,67 @@ def _splice(
     problem: Problem,
     memory: Mapping[str, np.ndarray],
     limit: float,
-    over: dict[str, int],
-    under: dict[str, int],
+    over: tuple[dict[str, int], float, float],
+    under: tuple[dict[str, int], float, float],
+    beat: float,
 ) -> tuple[dict[str, int], float] | None:
     """The cheapest fitting assignment that takes ``over``'s choices (a minimiser that does not
-    fit) for a run of the operators in their order and ``under``'s (one that fits) for the rest,
-    if any fits.
+    fit; with its cost and memory) for a run of the operators in their order and ``under``'s
+    (one that fits) for the rest, if any fits and costs less than ``beat`` (a splice costing
+    more, beyond rounding, is not summed afresh).
 
     The price's minimisers bracket the limit; between them lie the assignments mixing the two.
     On a stack of layers a prefix of them as ``over`` and the rest as ``under`` is close to the
     bound (one layer's worth of rounding and one seam), far closer than ``under`` alone, and a
     close assignment is what lets the reduced-cost fixing and the Pareto cutoffs prune."""
     order = list(problem.node_cost)
-    touching: dict[str, list[int]] = {v: [] for v in order}
-    for k, p in enumerate(problem.pairs):
-        touching[p.u].append(k)
-        if p.w != p.u:
-            touching[p.w].append(k)
-
-    def pair(k: int, x: Mapping[str, int]) -> float:
-        p = problem.pairs[k]
-        return float(p.cost[p.u_class[x[p.u]], p.w_class[x[p.w]]])
-
+    position = {v: n for n, v in enumerate(order)}
     found: tuple[dict[str, int], float] | None = None
     # A prefix of ``over`` then ``under``, and a prefix of ``under`` then ``over``.
-    for first, rest in ((over, under), (under, over)):
-        x = dict(rest)
-        cost = problem.evaluate(x)
-        used = sum(float(memory[v][i]) for v, i in x.items())
-        cuts: list[tuple[float, float, int]] = []
+    for (first, _, _), (rest, start_cost, start_used) in ((over, under), (under, over)):
+        # The change of cost and memory as each operator in turn takes ``first``'s choice; a
+        # pair cost changes when its earlier end switches and again when its later end does.
+        cost = np.zeros(len(order))
+        used = np.zeros(len(order))
         for n, v in enumerate(order):
-            if x[v] != first[v]:
-                cost -= float(problem.node_cost[v][x[v]]) + sum(pair(k, x) for k in touching[v])
-                used -= float(memory[v][x[v]])
-                x[v] = first[v]
-                cost += float(problem.node_cost[v][x[v]]) + sum(pair(k, x) for k in touching[v])
-                used += float(memory[v][x[v]])
-            cuts.append((cost, used, n))
-        fitting = [c for c in cuts if c[1] <= limit]
-        if fitting:
-            _, _, n = min(fitting)
-            choice = {v: (first[v] if k <= n else rest[v]) for k, v in enumerate(order)}
-            # Summed afresh: the running sums may have drifted past the limit by rounding.
-            exact = problem.evaluate(choice)
-            fits = sum(float(memory[v][i]) for v, i in choice.items()) <= limit
-            if fits and (found is None or exact < found[1]):
-                found = (choice, exact)
+            if first[v] != rest[v]:
+                cost[n] = problem.node_cost[v][first[v]] - problem.node_cost[v][rest[v]]
+                used[n] = memory[v][first[v]] - memory[v][rest[v]]
+        for p in problem.pairs:
+            if first[p.u] == rest[p.u] and first[p.w] == rest[p.w]:
+                continue
+            before = float(p.cost[p.u_class[rest[p.u]], p.w_class[rest[p.w]]])
+            after = float(p.cost[p.u_class[first[p.u]], p.w_class[first[p.w]]])
+            if position[p.u] == position[p.w]:
+                cost[position[p.u]] += after - before
+                continue
+            # Between the two switches the earlier end has ``first``'s choice, the later
+            # ``rest``'s.
+            u_first = position[p.u] < position[p.w]
+            between = float(
+                p.cost[
+                    p.u_class[(first if u_first else rest)[p.u]],
+                    p.w_class[(rest if u_first else first)[p.w]],
+                ]
+            )
+            lo, hi = sorted((position[p.u], position[p.w]))
+            cost[lo] += between - before
+            cost[hi] += after - between
+        cost = start_cost + np.cumsum(cost)
+        used = start_used + np.cumsum(used)
+        fitting = np.flatnonzero(used <= limit)
+        if not fitting.size:
+            continue
+        # The cheapest cut, then the least memory, then the first.
+        n = int(fitting[np.lexsort((fitting, used[fitting], cost[fitting]))[0]])
+        if cost[n] >= beat + TOLERANCE * max(abs(beat), 1e-300):
+            continue
+        choice = {v: (first[v] if k <= n else rest[v]) for k, v in enumerate(order)}
+        # Summed afresh: the running sums may have drifted past the limit by rounding.
+        exact = problem.evaluate(choice)
+        fits = sum(float(memory[v][i]) for v, i in choice.items()) <= limit
+        if fits and (found is None or exact < found[1]):
+            found = (choice, exact)
     return found
 
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taps._core import frontier_sum
 from taps.solve.problem import Problem
 
 #: Elements (float64) of the largest table one step may hold, its memory levels included.
 MAX_TABLE = 8_000_000
-#: Elements of all steps' tables together (about a second of numpy per 1e8).
+#: Elements of all steps' tables together, in one pass.
 MAX_WORK = 200_000_000
 #: Relative tolerance of costs and memory recomputed in another order (choices, the limit).
 _TOLERANCE = 1e-9
@@ -70,10 +71,11 @@ class _Budget:
         self.left = MAX_WORK
         self.deadline = deadline
 
-    def spend(self, elements: int) -> None:
+    def spend(self, elements: int, held: int | None = None) -> None:
+        """``elements`` of work, of which ``held`` (all of them unless given) in one table."""
         self.left -= elements
         late = self.deadline is not None and time.perf_counter() > self.deadline
-        if self.left < 0 or elements > MAX_TABLE or late:
+        if self.left < 0 or (elements if held is None else held) > MAX_TABLE or late:
             raise _OverBudget
 
 
@@ -84,16 +86,29 @@ class _OverBudget(Exception):
 def _frontier(mems: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Pareto frontier of every entry: levels sorted and merged, and each entry's cost kept
     at a level only where it is below its cost at every lower level."""
-    order = np.argsort(mems, kind="stable")
-    mems, costs = mems[order], costs[order]
-    mems, start = np.unique(mems, return_index=True)
-    if len(start) < len(order):
-        costs = np.minimum.reduceat(costs, start, axis=0)
-    if len(mems) > 1:
-        below = np.minimum.accumulate(costs[:-1], axis=0)
-        costs[1:] = np.where(costs[1:] < below, costs[1:], np.inf)
-    alive = np.isfinite(costs).any(axis=tuple(range(1, costs.ndim)))
-    return mems[alive], np.ascontiguousarray(costs[alive])
+    if len(mems) > 1 and not (mems[1:] >= mems[:-1]).all():
+        order = np.argsort(mems, kind="stable")
+        mems, costs = mems[order], costs[order]
+    shape = costs.shape[1:]
+    return _summed(costs, mems, np.zeros((1, *shape)), _NOTHING, np.inf, shape)
+
+
+#: The levels of a table of one point of no memory (adding it leaves a table as it is).
+_NOTHING = np.zeros(1)
+
+
+def _summed(
+    a: np.ndarray, ma: np.ndarray, b: np.ndarray, mb: np.ndarray, cap: float, shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The frontier of the sum of two tables of ascending levels (entries broadcast to
+    ``shape``), levels above ``cap`` dropped: :func:`taps._core.frontier_sum`."""
+    size = math.prod(shape)
+    rows = [
+        np.ascontiguousarray(np.broadcast_to(t, (len(m), *shape)).reshape(len(m), size), float)
+        for t, m in ((a, ma), (b, mb))
+    ]
+    mems, costs = frontier_sum(rows[0], np.asarray(ma, float), rows[1], np.asarray(mb, float), cap)
+    return mems, costs.reshape(len(mems), *shape)
 
 
 def _placed(t: _Table, names: Sequence[str]) -> np.ndarray:
@@ -112,41 +127,11 @@ def _added(
     """The frontier of the sum of two tables (levels first, broadcast against each other), levels
     above ``cap`` dropped."""
     shape = np.broadcast_shapes(a.shape[1:], b.shape[1:])
-    size = max(1, math.prod(shape))
-    # How many of b's levels fit with each of a's (ascending levels: fewer and fewer).
+    # How many of b's levels fit with each of a's: the sums the kernel forms.
     fitting = np.searchsorted(mb, cap - ma, side="right")
-    count = int(np.count_nonzero(fitting))
-    total = int(fitting[:count].sum()) * size
-    if total <= MAX_TABLE // 2:
-        # Every sum at once (the loop below, in one step: the same sums in the same order).
-        budget.spend(total)
-        rows = np.repeat(np.arange(count), fitting[:count])
-        starts = np.cumsum(fitting[:count]) - fitting[:count]
-        cols = np.arange(len(rows)) - np.repeat(starts, fitting[:count])
-        out_m, out_c = _frontier(ma[rows] + mb[cols], a[rows] + b[cols])
-        if count and count == len(ma):
-            budget.spend(out_c.size)
-        return out_m, out_c
-    mems: list[np.ndarray] = []
-    blocks: list[np.ndarray] = []
-    held = 0
-    out_m, out_c = np.zeros(0), np.zeros((0, *shape))
-    for i in range(len(ma)):
-        fits = int(np.searchsorted(mb, cap - ma[i], side="right"))
-        if not fits:
-            break
-        budget.spend(fits * size)
-        blocks.append(a[i] + b[:fits])
-        mems.append(ma[i] + mb[:fits])
-        held += fits * size
-        if held > MAX_TABLE // 2 or i == len(ma) - 1:
-            out_m, out_c = _frontier(
-                np.concatenate([out_m, *mems]), np.concatenate([out_c, *blocks])
-            )
-            budget.spend(out_c.size)
-            mems, blocks, held = [], [], out_c.size
-    if blocks:
-        out_m, out_c = _frontier(np.concatenate([out_m, *mems]), np.concatenate([out_c, *blocks]))
+    budget.spend(int(fitting.sum()) * max(1, math.prod(shape)), held=0)
+    out_m, out_c = _summed(a, ma, b, mb, cap, shape)
+    budget.spend(out_c.size)
     return out_m, out_c
 
 
@@ -379,9 +364,10 @@ def _priced_bounds(
     return inner, outside
 
 
-#: Cutoffs tried, as fractions of the gap between the price's bound and the known assignment:
-#: a pass with a low cutoff keeps far fewer points, and what it finds below its cutoff is optimal.
-_LADDER = (4.0**-6, 4.0**-4, 4.0**-2, 1.0)
+#: Cutoffs tried when the pass at the known assignment runs over its budget, as fractions of the
+#: gap between the price's bound and that assignment: a pass with a low cutoff keeps far fewer
+#: points, and what it finds below its cutoff is optimal.
+_LADDER = (4.0**-6, 4.0**-4, 4.0**-2)
 
 
 def solve_pareto(
@@ -396,46 +382,44 @@ def solve_pareto(
     or if nothing fits.
 
     ``price=(lam, bound, known)``: a price of memory, the Lagrangian bound it gives and an
-    assignment known to fit. Passes with rising cutoffs between them keep only the points that
-    could be in a fitting assignment cheaper than the cutoff; the first pass that finds one has
-    the optimum, and when none is cheaper than ``known``, ``known`` is."""
-    budget = _Budget(deadline)
+    assignment known to fit. A pass keeps only the points that could be in a fitting assignment
+    cheaper than its cutoff. The first pass's cutoff is ``known`` itself: within its budget, it
+    decides (what it finds is optimal, and if it finds nothing, ``known`` is). Beyond its budget,
+    passes with cutoffs rising from the bound follow, each with a budget of its own: the first
+    that finds an assignment below its cutoff has the optimum."""
     classes = _Classes(problem)
     order = list(problem.node_cost)
     tables = _tables(problem, memory, classes)
     plan = _plan(tables, {v: len(classes.first[v]) for v in order}, order)
     cap = limit * (1 + _TOLERANCE) - sum(t.least for t in tables)
-    try:
-        if price is None:
-            return _pass(
-                problem, memory, limit, classes, order, tables, plan, cap, budget, None, np.inf
-            )
-        lam, bound, known = price
-        known = dict(known)
-        cost = problem.evaluate(known)
-        bounds = _priced_bounds(tables, plan, lam, order)
-        for fraction in _LADDER:
-            # Only strictly better assignments matter (by more than rounding).
-            best = cost - _TOLERANCE * max(abs(cost), 1e-300)
-            cutoff = min(bound + fraction * (cost - bound), best)
-            cut = _Price(lam, cutoff + lam * limit, *bounds)
-            # A best point not cheaper than the known assignment (beyond rounding) is of no use:
-            # it is not traced back to its assignment.
-            wanted = cost + _TOLERANCE * max(abs(cost), 1e-300)
-            found = _pass(
-                problem, memory, limit, classes, order, tables, plan, cap, budget, cut, wanted
-            )
-            if found is not None and problem.evaluate(found) <= cutoff:
-                return found
-            if found is not None and problem.evaluate(found) < cost:
-                # Not below this cutoff, but better than the one known: the next cutoffs
-                # start from it.
-                known, cost = found, problem.evaluate(found)
-            if cutoff == best:
-                break
-        return known
-    except _OverBudget:
-        return None
+
+    def run(cut: _Price | None, wanted: float) -> dict[str, int] | None:
+        budget = _Budget(deadline)
+        return _pass(problem, memory, limit, classes, order, tables, plan, cap, budget, cut, wanted)
+
+    if price is None:
+        try:
+            return run(None, np.inf)
+        except _OverBudget:
+            return None
+    lam, bound, known = price
+    cost = problem.evaluate(known)
+    bounds = _priced_bounds(tables, plan, lam, order)
+    # Only strictly better assignments matter (by more than rounding); a best point not cheaper
+    # than the known assignment (beyond rounding) is of no use: it is not traced back.
+    best = cost - _TOLERANCE * max(abs(cost), 1e-300)
+    wanted = cost + _TOLERANCE * max(abs(cost), 1e-300)
+    for fraction in (1.0, *_LADDER):
+        cutoff = min(bound + fraction * (cost - bound), best)
+        try:
+            found = run(_Price(lam, cutoff + lam * limit, *bounds), wanted)
+        except _OverBudget:
+            continue
+        if found is not None and problem.evaluate(found) <= cutoff:
+            return found
+        if cutoff == best:
+            return known
+    return None
 
 
 def _pass(

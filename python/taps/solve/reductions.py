@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -223,6 +224,30 @@ class Reduction:
         return choice
 
 
+def _identity(array: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
+    """Where an array's memory is and how it is laid out: equal for the same array or any view
+    of it alike."""
+    return (array.ctypes.data, array.shape, array.strides, array.dtype.str)
+
+
+def _identities(p: PairCost) -> tuple[object, ...]:
+    """The identities of a pair cost's arrays (:func:`_identity`)."""
+    return (_identity(p.cost), _identity(p.u_class), _identity(p.w_class))
+
+
+def _series(left: PairCost, right: PairCost, node: np.ndarray, objectives: int) -> PairCost | None:
+    """The pair cost ``(u, w)`` that eliminating ``v`` between ``left (u, v)`` and
+    ``right (v, w)`` leaves (the names are ``left.u`` and ``right.w``); None when its work is
+    beyond :data:`MAX_SERIES_WORK` (a fifth of it with two objectives)."""
+    mid, p, q = _class_pairs(left.w_class, right.u_class)
+    work = left.cost.shape[0] * len(p) * right.cost.shape[1]
+    if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
+        return None
+    best = _class_min(node, mid, len(p))
+    cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
+    return _pair(left.u, right.w, left.u_class, right.w_class, cost)
+
+
 def reduce(
     objectives: Sequence[Problem],
     order: list[str],
@@ -246,11 +271,21 @@ def reduce(
         v: np.stack([o.node_cost[v] for o in objectives], axis=-1).astype(np.float64)
         for v in first.node_cost
     }
+    # The layers of a model share their pair costs (one array for every copy) and, inside a
+    # layer, have equal node costs: an elimination whose inputs are the same arrays and equal
+    # node costs is made once (the result shared; no array is changed in place). Arrays are
+    # known by their memory; every one keyed stays alive in ``seen``, so no other takes its
+    # address.
+    memo: dict[tuple[object, ...], object] = {}
+
+    def stacked(k: int) -> np.ndarray:
+        key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
+        if key not in memo:
+            memo[key] = np.stack([o.pairs[k].cost for o in objectives], -1)
+        return cast("np.ndarray", memo[key])
+
     pairs: dict[int, PairCost] = {
-        k: PairCost(
-            p.u, p.w, p.u_class, p.w_class, np.stack([o.pairs[k].cost for o in objectives], -1)
-        )
-        for k, p in enumerate(first.pairs)
+        k: PairCost(p.u, p.w, p.u_class, p.w_class, stacked(k)) for k, p in enumerate(first.pairs)
     }
     incident: dict[str, set[int]] = {v: set() for v in node}
     for k, p in pairs.items():
@@ -305,19 +340,22 @@ def reduce(
         elif len(near) == 1:
             ((u, k),) = near.items()
             e = pairs[k].oriented(u)
-            best = _class_min(node[v], e.w_class, e.cost.shape[1])
-            node[u] += _lex_min(e.cost + best[None], axis=1)[e.u_class]
+            key = ("leaf", *_identities(e), node[v].shape, node[v].tobytes())
+            if key not in memo:
+                best = _class_min(node[v], e.w_class, e.cost.shape[1])
+                memo[key] = _lex_min(e.cost + best[None], axis=1)[e.u_class]
+            node[u] += cast("np.ndarray", memo[key])
             steps.append(_Leaf(v, e, node[v], k))
         elif len(near) == 2:
             (u, kl), (w, kr) = near.items()
             left, right = pairs[kl].oriented(u), pairs[kr].oriented(v)
-            mid, p, q = _class_pairs(left.w_class, right.u_class)
-            work = left.cost.shape[0] * len(p) * right.cost.shape[1]
-            if work > (MAX_SERIES_WORK if len(objectives) == 1 else MAX_SERIES_WORK // 5):
+            key = ("series", *_identities(left), *_identities(right), node[v].tobytes())
+            if key not in memo:
+                memo[key] = _series(left, right, node[v], len(objectives))
+            series = cast("PairCost | None", memo[key])
+            if series is None:
                 return False
-            best = _class_min(node[v], mid, len(p))
-            cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
-            made = add(_pair(u, w, left.u_class, right.w_class, cost))
+            made = add(PairCost(u, w, series.u_class, series.w_class, series.cost))
             steps.append(_Series(v, left, right, node[v], kl, kr, made))
         else:
             return False

@@ -1,12 +1,14 @@
 //! The batch cost kernels: `redistribution_costs`, `allreduce_costs` and `min_plus`, on all cores
-//! with the GIL released.
+//! with the GIL released, and `frontier_sum` (one core) for the memory-limited search.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use numpy::ndarray::{Array2, Array3};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray2, PyReadonlyArray3};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+};
 use pyo3::prelude::*;
 
 use super::convert::{signed_list, unsigned_list, Num};
@@ -17,6 +19,7 @@ use crate::batch;
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::minplus;
+use crate::pareto;
 use crate::plan::Planner;
 use crate::topology::CostModel;
 
@@ -234,4 +237,31 @@ pub(super) fn min_plus<'py>(
     let array = Array3::from_shape_vec((dims.rows, dims.cols, dims.objectives), out)
         .expect("one entry per pair of rows and columns");
     Ok(array.into_pyarray(py))
+}
+
+/// The frontier of the sum of two (cost, memory) Pareto tables (levels ascending, one row of
+/// costs per level), the levels that do not fit under `cap` left out: `(mems, costs)`.
+#[pyfunction]
+pub(super) fn frontier_sum<'py>(
+    py: Python<'py>,
+    a: PyReadonlyArray2<'py, f64>,
+    ma: PyReadonlyArray1<'py, f64>,
+    b: PyReadonlyArray2<'py, f64>,
+    mb: PyReadonlyArray1<'py, f64>,
+    cap: f64,
+) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray2<f64>>)> {
+    let width = a.as_array().dim().1;
+    if b.as_array().dim().1 != width {
+        return Err(Error::Shape(format!(
+            "frontier tables of {width} and {} entries per level",
+            b.as_array().dim().1
+        ))
+        .into());
+    }
+    let (a, ma, b, mb) = (a.as_slice()?, ma.as_slice()?, b.as_slice()?, mb.as_slice()?);
+    let out = py.detach(move || pareto::frontier_sum(a, ma, b, mb, width, cap))?;
+    let levels = out.mems.len();
+    let costs =
+        Array2::from_shape_vec((levels, width), out.costs).expect("one row of costs per level");
+    Ok((out.mems.into_pyarray(py), costs.into_pyarray(py)))
 }
