@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
+from taps.export.batched import batch_split
 from taps.export.draws import attention, attention_args, drawn, draws, weights_shape
 from taps.export.dtensor import (
     PARTIAL,
@@ -773,10 +774,7 @@ class _Interpreter:
         shape = [int(s) for s in shape]
         if -1 in shape:
             shape[shape.index(-1)] = x.numel() // -math.prod(shape)
-        texts = [
-            f"Shard({p.dim})" if p.is_shard() else PARTIAL if p.is_partial() else REPLICATE
-            for p in x.placements
-        ]
+        texts = _texts(x.placements)
         mesh_shape = tuple(self.dist.mesh.shape)
         try:
             out = framework_placements(
@@ -895,22 +893,39 @@ class _Interpreter:
             if links
             else tracer.scope("node", node.name, None)
         ):
-            out = self.propagated(target, tree[: len(args)], dict(zip(kwargs, tree[len(args) :])))
+            call_args, call_kwargs = tree[: len(args)], dict(zip(kwargs, tree[len(args) :]))
+            out = self.on_batches(node, target, call_args, call_kwargs)
+            if out is None:
+                out = self.propagated(node, target, call_args, call_kwargs)
             for link in outputs:
                 out = self._to(out, dist.nearest(ops[link.op]["output"], link))
                 out = tracer.mark(out, link.op)
         return out
 
-    def propagated(self, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    def propagated(
+        self, node: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
         """``target`` run as DTensor's sharding propagation decides; where DTensor has no rule
         for an op the node comes to (``adaptive_avg_pool2d`` of a 1x1 map decomposes into
         ``as_strided_``; DTensor refuses before it computes anything), run on every argument
         replicated, as a replicated result (the nearest placements with a form: each rank
-        computes the whole node)."""
+        computes the whole node). Where DTensor's propagation fails otherwise, an
+        :class:`ExportError` naming the node and its arguments' placements."""
         try:
             return target(*args, **kwargs)
         except NotImplementedError:
             pass
+        except RuntimeError as e:
+            placed = [
+                f"{list(x.shape)} {_texts(x.placements)}"
+                for x in _leaves([*args, *kwargs.values()])
+                if isinstance(x, self.dtensor.DTensor)
+            ]
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ExportError(
+                f"node {node.name} ({packet_name(target)}): DTensor cannot run it on "
+                f"{'; '.join(placed)}: {first}"
+            ) from e
         DTensor, mesh = self.dtensor.DTensor, self.dist.mesh
         whole = [self.dtensor.Replicate()] * mesh.ndim
         leaves = [
@@ -926,6 +941,55 @@ class _Interpreter:
             for y in _leaves(out)
         ]
         return _replace_leaves(out, made)
+
+    def on_batches(
+        self, node: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        """A batched ``matmul`` or attention whose operands are split along batch dims only,
+        run on each rank's blocks (:func:`taps.export.batched.batch_split`: DTensor's own
+        propagation flattens the batch dims, which it cannot undo for a dim split over several
+        mesh dims); ``None`` for any other node (DTensor runs it). Attention that drops some of
+        its weights is left to DTensor."""
+        DTensor, name = self.dtensor.DTensor, packet_name(target)
+        if name == "matmul":
+            operands, grouped = list(args[:2]), False
+        elif name == "scaled_dot_product_attention" and node.name not in self.draws:
+            options = attention_args(args, kwargs)
+            mask = options["attn_mask"]
+            operands = [*args[:3], *([] if mask is None else [mask])]
+            grouped = bool(options.get("enable_gqa"))
+        else:
+            return None
+        if not all(isinstance(x, DTensor) for x in operands):
+            return None
+        split = batch_split(
+            [tuple(x.shape) for x in operands],
+            [_texts(x.placements) for x in operands],
+            tuple(self.dist.mesh.shape),
+            grouped,
+        )
+        if split is None:
+            return None
+        read, out = split
+        # Replicated operands read split are cut from their blocks: nothing moves.
+        local = [self.local_of(self._to(x, placement_objects(p))) for x, p in zip(operands, read)]
+        call, named = [*local[:2], *args[2:]], dict(kwargs)
+        if name == "scaled_dot_product_attention":
+            call[2] = local[2]
+            if len(local) > 3:
+                if len(call) > 3:
+                    call[3] = local[3]
+                else:
+                    named["attn_mask"] = local[3]
+        val = node.meta["val"]
+        return DTensor.from_local(
+            target(*call, **named),
+            self.dist.mesh,
+            placement_objects(out),
+            run_check=False,
+            shape=tuple(val.shape),
+            stride=tuple(val.stride()),
+        )
 
     def convolution_placements(self, x: Any, arg: int) -> list[Any]:
         """The nearest placements of a convolution's argument ``arg`` that DTensor's rule for
@@ -1526,6 +1590,14 @@ def _order(name: str, rank: int, args: Any) -> list[int]:
     a, b = args[1] % rank, args[2] % rank
     order[a], order[b] = order[b], order[a]
     return order
+
+
+def _texts(placements: Sequence[Any]) -> tuple[str, ...]:
+    """DTensor placement objects as text (``"Shard(1)"``, ``"Partial()"``, ``"Replicate()"``)."""
+    return tuple(
+        f"Shard({p.dim})" if p.is_shard() else PARTIAL if p.is_partial() else REPLICATE
+        for p in placements
+    )
 
 
 def _as_dtensor(x: Any) -> Any:

@@ -1,0 +1,160 @@
+"""Batched matmul and attention split along their batch dims only, run on each rank's blocks
+(:mod:`taps.export.batched`): wherever :func:`batch_split` admits placements, every rank's op on
+its blocks (cut by DTensor itself, on the fake process group as that rank) equals its block of
+the dense result in the output placements it names; and the splits it refuses are unsound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taps.export.batched import batch_split
+from taps.export.dtensor import PARTIAL, REPLICATE, placement_objects
+
+MESHES = [(2, 2), (4,)]
+
+
+def _blocks(tensors, placements, mesh_shape):
+    """Per rank of a 4-rank fake process group, each tensor's block in its placements
+    (DTensor's own cut: ``distribute_tensor`` of the whole, which the fake group does not
+    communicate)."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    out = []
+    for rank in range(4):
+        tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            mesh = DeviceMesh("cpu", torch.arange(4).reshape(mesh_shape))
+            out.append(
+                [
+                    distribute_tensor(x, mesh, placement_objects(p), src_data_rank=None).to_local()
+                    for x, p in zip(tensors, placements)
+                ]
+            )
+        finally:
+            tdist.destroy_process_group()
+    return out
+
+
+def _check(fn, operands, placements, mesh_shape, grouped=False):
+    """:func:`batch_split` of the operands; where it admits them, ``fn`` on every rank's blocks
+    (in the placements it reads them in) equals that rank's block of ``fn`` on the whole."""
+    split = batch_split([tuple(x.shape) for x in operands], placements, mesh_shape, grouped)
+    if split is None:
+        return None
+    read, out = split
+    whole = fn(*operands)
+    for blocks, (want,) in zip(
+        _blocks(operands, read, mesh_shape), _blocks([whole], [out], mesh_shape)
+    ):
+        torch.testing.assert_close(fn(*blocks), want)
+    return split
+
+
+@st.composite
+def _placements(draw, shapes, mesh_shape):
+    """Per operand a placement per mesh dim: some mesh dims split one batch dim of the output
+    wherever the operands hold it (or leave it whole), the rest anything."""
+    batches = [s[:-2] for s in shapes]
+    rank = max(len(b) for b in batches)
+    out = [[REPLICATE] * len(mesh_shape) for _ in shapes]
+    for m in range(len(mesh_shape)):
+        if rank and draw(st.booleans()):
+            o = draw(st.integers(0, rank - 1))
+            for k, b in enumerate(batches):
+                d = o - (rank - len(b))
+                if d >= 0 and draw(st.booleans()):
+                    out[k][m] = f"Shard({d})"
+        else:
+            for k, s in enumerate(shapes):
+                choices = [REPLICATE, PARTIAL, *(f"Shard({d})" for d in range(len(s)))]
+                out[k][m] = draw(st.sampled_from(choices))
+    return [tuple(p) for p in out]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_matmul_on_blocks_equals_its_block_of_the_whole(data):
+    mesh_shape = data.draw(st.sampled_from(MESHES))
+    batch = data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3))
+    other = [data.draw(st.sampled_from([1, b])) for b in batch]
+    other = other[data.draw(st.integers(0, len(other))) :]  # fewer batch dims broadcast too
+    n, k, m = (data.draw(st.sampled_from([2, 4])) for _ in range(3))
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(*batch, n, k, generator=gen, dtype=torch.float64)
+    b = torch.randn(*other, k, m, generator=gen, dtype=torch.float64)
+    placements = data.draw(_placements([a.shape, b.shape], mesh_shape))
+    _check(torch.matmul, [a, b], placements, mesh_shape)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_attention_on_blocks_equals_its_block_of_the_whole(data):
+    mesh_shape = data.draw(st.sampled_from(MESHES))
+    b, h = data.draw(st.sampled_from([1, 2, 4])), data.draw(st.sampled_from([2, 4]))
+    heads_kv = data.draw(st.sampled_from([h, 2])) if h == 4 else h
+    length, keys, e = 4, data.draw(st.sampled_from([2, 4])), 4
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, length, e, generator=gen, dtype=torch.float64)
+    k = torch.randn(b, heads_kv, keys, e, generator=gen, dtype=torch.float64)
+    v = torch.randn(b, heads_kv, keys, e, generator=gen, dtype=torch.float64)
+    operands = [q, k, v]
+    if data.draw(st.booleans()):
+        mask_shape = (data.draw(st.sampled_from([1, b])), data.draw(st.sampled_from([1, h])))
+        operands.append(torch.randn(*mask_shape, length, keys, generator=gen, dtype=torch.float64))
+    causal = len(operands) == 3 and data.draw(st.booleans())
+    grouped = heads_kv != h
+
+    def attend(*xs):
+        mask = xs[3] if len(xs) > 3 else None
+        return F.scaled_dot_product_attention(
+            *xs[:3], attn_mask=mask, is_causal=causal, enable_gqa=grouped
+        )
+
+    placements = data.draw(_placements([x.shape for x in operands], mesh_shape))
+    _check(attend, operands, placements, mesh_shape, grouped)
+
+
+def test_heads_split_over_both_mesh_dims_run_on_blocks():
+    """The families' case (ALBERT, CLIP, ViT, the Swins): heads over both dims of a 2 x 2 mesh,
+    the mask broadcast along them and replicated, read as it is; a replicated batch of the
+    mask is cut to the query's split batch."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 4, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(2, 1, 4, 4, generator=gen, dtype=torch.float64)
+    heads = ("Shard(1)", "Shard(1)")
+    whole = (REPLICATE, REPLICATE)
+
+    def attend(*xs):
+        return F.scaled_dot_product_attention(*xs[:3], attn_mask=xs[3])
+
+    read, out = _check(attend, [q, k, v, mask], [heads, heads, heads, whole], (2, 2))
+    assert out == heads and read[3] == whole
+    batch = ("Shard(0)", "Shard(1)")
+    read, out = _check(attend, [q, k, v, mask], [batch, batch, batch, whole], (2, 2))
+    assert out == batch and read[3] == ("Shard(0)", REPLICATE)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        (("Shard(3)",), ("Shard(2)",), "the contracted dim: partial sums"),
+        (("Shard(2)",), (REPLICATE,), "the rows of a matrix dim"),
+        ((PARTIAL,), (REPLICATE,), "partial sums"),
+        (("Shard(1)",), ("Shard(0)",), "two batch dims on one mesh dim"),
+        ((REPLICATE,), ("Shard(0)",), "a broadcast dim split"),
+    ],
+)
+def test_refused_splits_are_no_batch_split(a, b, why):
+    """A split that is no split of batch dims alone (one whose blocks need communication, or
+    placements that contradict each other) is refused: DTensor runs the node."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, 4, 4, generator=gen, dtype=torch.float64)
+    y = torch.randn(1, 4, 4, 4, generator=gen, dtype=torch.float64) if "broadcast" in why else x
+    assert batch_split([x.shape, y.shape], [a, b], (4,)) is None, why
