@@ -11,8 +11,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taps.errors import ExportError
+from taps.export import distribute_module
 from taps.export.batched import batch_split
-from taps.export.dtensor import PARTIAL, REPLICATE, placement_objects
+from taps.export.distribute import export_module
+from taps.export.draws import drawing
+from taps.export.dtensor import PARTIAL, REPLICATE, DTensorPlacements, placement_objects
+from taps.frontends import from_torch
+from taps.plan.mesh import Mesh
 
 MESHES = [(2, 2), (4,)]
 
@@ -158,3 +164,84 @@ def test_refused_splits_are_no_batch_split(a, b, why):
     x = torch.randn(4, 4, 4, 4, generator=gen, dtype=torch.float64)
     y = torch.randn(1, 4, 4, 4, generator=gen, dtype=torch.float64) if "broadcast" in why else x
     assert batch_split([x.shape, y.shape], [a, b], (4,)) is None, why
+
+
+#: A 2 x 2 mesh (taps' names: ``d1`` the outer axis, on rank bit 1).
+MESH = Mesh((2, 2), ("d1", "d0"), ((1, 2), (0, 1)))
+HEADS = ("Shard(1)", "Shard(1)")
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+class _Matmul(torch.nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def _heads_everywhere(module, *inputs):
+    """Placements splitting dim 1 (the heads) of every tensor and operand of ``module``'s
+    graph over both dims of :data:`MESH`."""
+    graph = from_torch(module, *inputs)
+    tensors = {t: HEADS for t in graph.tensors}
+    operators = {
+        op.name: {"inputs": [HEADS for _ in op.inputs], "output": HEADS} for op in graph.ops
+    }
+    return DTensorPlacements(MESH, tensors, operators)
+
+
+def test_attention_dropout_on_blocks_is_the_dense_runs():
+    """Attention that drops weights, heads over both mesh dims (DTensor stopped on it): every
+    rank's output block is its block of the dense module's output under ``drawing`` with the
+    run's seed (each rank drops its block of the step's one mask)."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    module = _Attention().train()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 8, generator=gen) for _ in range(3))
+    placements = _heads_everywhere(module, q, k, v)
+    exported = export_module(module, q, k, v)
+    with drawing(3):
+        want = module(q, k, v)
+    for rank in range(4):
+        tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+            dm = distribute_module(
+                module, placements, q, k, v, mesh=mesh, exported=exported, seed=3
+            )
+            got = dm(q, k, v)
+            block = distribute_tensor(want, mesh, got.placements, src_data_rank=None).to_local()
+        finally:
+            tdist.destroy_process_group()
+        assert [str(p) for p in got.placements] == [str(p) for p in placement_objects(HEADS)]
+        torch.testing.assert_close(got.to_local(), block)
+
+
+def test_a_node_dtensor_cannot_run_is_one_export_error(fake_pg):
+    """Six heads over four ranks is no even split: left to DTensor, whose unflatten refuses it,
+    which is one ExportError naming the node and its arguments' placements."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    module = _Matmul()
+    a, b = torch.randn(2, 6, 8, 8), torch.randn(2, 6, 8, 8)
+    placements = _heads_everywhere(module, a, b)
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+    dm = distribute_module(module, placements, a, b, mesh=mesh)
+    with pytest.raises(ExportError, match=r"^node matmul \(matmul\): DTensor cannot run it on "):
+        dm(a, b)
+
+
+@pytest.fixture
+def fake_pg():
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield
+    tdist.destroy_process_group()

@@ -949,15 +949,16 @@ class _Interpreter:
         run on each rank's blocks (:func:`taps.export.batched.batch_split`: DTensor's own
         propagation flattens the batch dims, which it cannot undo for a dim split over several
         mesh dims); ``None`` for any other node (DTensor runs it). Attention that drops some of
-        its weights is left to DTensor."""
+        its weights drops them by this rank's block of the step's mask
+        (:mod:`taps.export.draws`), as the dense run under ``drawing`` does."""
         DTensor, name = self.dtensor.DTensor, packet_name(target)
+        options: dict[str, Any] = {}
         if name == "matmul":
-            operands, grouped = list(args[:2]), False
-        elif name == "scaled_dot_product_attention" and node.name not in self.draws:
+            operands = list(args[:2])
+        elif name == "scaled_dot_product_attention":
             options = attention_args(args, kwargs)
             mask = options["attn_mask"]
             operands = [*args[:3], *([] if mask is None else [mask])]
-            grouped = bool(options.get("enable_gqa"))
         else:
             return None
         if not all(isinstance(x, DTensor) for x in operands):
@@ -966,24 +967,35 @@ class _Interpreter:
             [tuple(x.shape) for x in operands],
             [_texts(x.placements) for x in operands],
             tuple(self.dist.mesh.shape),
-            grouped,
+            bool(options.get("enable_gqa")),
         )
-        if split is None:
-            return None
+        val = node.meta["val"]
+        if split is None or (node.name in self.draws and operands[0].shape[:-1] != val.shape[:-1]):
+            return None  # (a mask broadcasting the query: the weights are no query's shape)
         read, out = split
         # Replicated operands read split are cut from their blocks: nothing moves.
         local = [self.local_of(self._to(x, placement_objects(p))) for x, p in zip(operands, read)]
-        call, named = [*local[:2], *args[2:]], dict(kwargs)
-        if name == "scaled_dot_product_attention":
-            call[2] = local[2]
-            if len(local) > 3:
-                if len(call) > 3:
-                    call[3] = local[3]
-                else:
-                    named["attn_mask"] = local[3]
-        val = node.meta["val"]
+        if node.name in self.draws:  # attention's dropout, its mask over the weights
+            whole = drawn(
+                name,
+                node.args,
+                node.kwargs,
+                weights_shape(operands[0], operands[1]),
+                self.dist.seed,
+                self.draws[node.name],
+            )
+            keep = self.dtensor.distribute_tensor(
+                whole.to(local[0]), self.dist.mesh, placement_objects(out), src_data_rank=None
+            ).to_local()
+            options["attn_mask"] = local[3] if len(local) > 3 else None
+            result = attention(local[0], local[1], local[2], keep, **options)
+        elif name == "matmul":
+            result = target(*local, *args[2:], **kwargs)
+        else:
+            options["attn_mask"] = local[3] if len(local) > 3 else None
+            result = target(*local[:3], **options)
         return DTensor.from_local(
-            target(*call, **named),
+            result,
             self.dist.mesh,
             placement_objects(out),
             run_check=False,
