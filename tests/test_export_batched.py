@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from taps.errors import ExportError
 from taps.export import distribute_module
-from taps.export.batched import batch_split
+from taps.export.batched import ATTENTION_FREE, MATMUL_FREE, batch_split
 from taps.export.distribute import export_module
 from taps.export.draws import drawing
 from taps.export.dtensor import PARTIAL, REPLICATE, DTensorPlacements, placement_objects
@@ -48,10 +48,10 @@ def _blocks(tensors, placements, mesh_shape):
     return out
 
 
-def _check(fn, operands, placements, mesh_shape, grouped=False):
+def _check(fn, operands, placements, mesh_shape, grouped=False, free=()):
     """:func:`batch_split` of the operands; where it admits them, ``fn`` on every rank's blocks
     (in the placements it reads them in) equals that rank's block of ``fn`` on the whole."""
-    split = batch_split([tuple(x.shape) for x in operands], placements, mesh_shape, grouped)
+    split = batch_split([tuple(x.shape) for x in operands], placements, mesh_shape, grouped, free)
     if split is None:
         return None
     read, out = split
@@ -96,7 +96,7 @@ def test_matmul_on_blocks_equals_its_block_of_the_whole(data):
     a = torch.randn(*batch, n, k, generator=gen, dtype=torch.float64)
     b = torch.randn(*other, k, m, generator=gen, dtype=torch.float64)
     placements = data.draw(_placements([a.shape, b.shape], mesh_shape))
-    _check(torch.matmul, [a, b], placements, mesh_shape)
+    _check(torch.matmul, [a, b], placements, mesh_shape, free=MATMUL_FREE)
 
 
 @settings(max_examples=40, deadline=None)
@@ -124,7 +124,7 @@ def test_attention_on_blocks_equals_its_block_of_the_whole(data):
         )
 
     placements = data.draw(_placements([x.shape for x in operands], mesh_shape))
-    _check(attend, operands, placements, mesh_shape, grouped)
+    _check(attend, operands, placements, mesh_shape, grouped, () if causal else ATTENTION_FREE)
 
 
 def test_heads_split_over_both_mesh_dims_run_on_blocks():
@@ -145,6 +145,25 @@ def test_heads_split_over_both_mesh_dims_run_on_blocks():
     batch = ("Shard(0)", "Shard(1)")
     read, out = _check(attend, [q, k, v, mask], [batch, batch, batch, whole], (2, 2))
     assert out == batch and read[3] == ("Shard(0)", REPLICATE)
+    # Swin's: heads on one mesh dim, the query length on the other (keys whole there), the
+    # mask split along its query length; or the mask alone split there, the query cut to it.
+    rows = ("Shard(1)", "Shard(2)")
+    kv = ("Shard(1)", REPLICATE)
+    free = ATTENTION_FREE
+    read, out = _check(
+        attend, [q, k, v, mask], [rows, kv, kv, (REPLICATE, "Shard(2)")], (2, 2), free=free
+    )
+    assert out == rows and read[0] == rows and read[3] == (REPLICATE, "Shard(2)")
+    read, out = _check(
+        attend, [q, k, v, mask], [kv, kv, kv, (REPLICATE, "Shard(2)")], (2, 2), free=free
+    )
+    assert out == rows and read[0] == rows
+    assert (
+        batch_split(
+            [q.shape, k.shape, v.shape, mask.shape], [rows, rows, kv, kv], (2, 2), free=free
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
-from taps.export.batched import batch_split
+from taps.export.batched import ATTENTION_FREE, MATMUL_FREE, batch_split
 from taps.export.draws import attention, attention_args, drawn, draws, weights_shape
 from taps.export.dtensor import (
     PARTIAL,
@@ -945,29 +945,32 @@ class _Interpreter:
     def on_batches(
         self, node: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        """A batched ``matmul`` or attention whose operands are split along batch dims only,
-        run on each rank's blocks (:func:`taps.export.batched.batch_split`: DTensor's own
-        propagation flattens the batch dims, which it cannot undo for a dim split over several
-        mesh dims); ``None`` for any other node (DTensor runs it). Attention that drops some of
-        its weights drops them by this rank's block of the step's mask
-        (:mod:`taps.export.draws`), as the dense run under ``drawing`` does."""
+        """A batched ``matmul`` or attention whose operands are split along batch dims only (or
+        a matmul's rows or columns, attention's query length), run on each rank's blocks
+        (:func:`taps.export.batched.batch_split`: DTensor's own propagation flattens the batch
+        dims, which it cannot undo for a dim split over several mesh dims, and searches its
+        decomposition of attention slowly); ``None`` for any other node (DTensor runs it).
+        Attention that drops some of its weights drops them by this rank's block of the
+        step's mask (:mod:`taps.export.draws`), as the dense run under ``drawing`` does."""
         DTensor, name = self.dtensor.DTensor, packet_name(target)
         options: dict[str, Any] = {}
         if name == "matmul":
-            operands = list(args[:2])
+            operands, free = list(args[:2]), MATMUL_FREE
         elif name == "scaled_dot_product_attention":
             options = attention_args(args, kwargs)
             mask = options["attn_mask"]
             operands = [*args[:3], *([] if mask is None else [mask])]
+            free = () if options["is_causal"] else ATTENTION_FREE
         else:
             return None
-        if not all(isinstance(x, DTensor) for x in operands):
+        if not all(isinstance(x, DTensor) and x.dim() >= 2 for x in operands):
             return None
         split = batch_split(
             [tuple(x.shape) for x in operands],
             [_texts(x.placements) for x in operands],
             tuple(self.dist.mesh.shape),
             bool(options.get("enable_gqa")),
+            free,
         )
         val = node.meta["val"]
         if split is None or (node.name in self.draws and operands[0].shape[:-1] != val.shape[:-1]):
