@@ -214,10 +214,12 @@ def _heads_everywhere(module, *inputs):
 def test_attention_dropout_on_blocks_is_the_dense_runs():
     """Attention that drops weights, heads over both mesh dims (DTensor stopped on it): every
     rank's output block is its block of the dense module's output under ``drawing`` with the
-    run's seed (each rank drops its block of the step's one mask)."""
+    run's seed (each rank drops its block of the step's one mask), and no collective is
+    issued."""
     import torch.distributed as tdist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     module = _Attention().train()
@@ -234,7 +236,9 @@ def test_attention_dropout_on_blocks_is_the_dense_runs():
             dm = distribute_module(
                 module, placements, q, k, v, mesh=mesh, exported=exported, seed=3
             )
-            got = dm(q, k, v)
+            with CommDebugMode() as comm:
+                got = dm(q, k, v)
+            assert comm.get_total_counts() == 0  # run on the blocks: nothing moves
             block = distribute_tensor(want, mesh, got.placements, src_data_rank=None).to_local()
         finally:
             tdist.destroy_process_group()
