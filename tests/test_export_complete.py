@@ -175,12 +175,28 @@ def test_distribute_module_runs_the_families(factory, mode):
 #: given the nearest placements DTensor's rule computes right (docs/export.md).
 CONVNETS = ["tv_resnet", "tv_mobilenet_v3", "timm_convnext"]
 
+#: Transformer families whose attention (or batched matmul) taps splits along its heads over
+#: both mesh dims, which DTensor's own propagation cannot unflatten (a ``_StridedShard``), or
+#: whose causal attention builds a plain mask inside DTensor (torchtitan's Llama): run on each
+#: rank's blocks (taps.export.batched; docs/export.md).
+HEADS_OVER_MESH_DIMS = [
+    "albert",
+    "clip",
+    "clip_vision",
+    "tv_vit",
+    "swin",
+    "timm_swin",
+    "tv_swin",
+    "torchtitan_llama",
+]
 
-@pytest.mark.parametrize("factory", CONVNETS)
-def test_dtensor_mode_runs_convnets_on_gloo(factory, tmp_path):
-    """The forward of a convnet distributed in ``mode="dtensor"`` on 4 gloo ranks equals the
-    dense module's (DTensor's convolution rule, given a split weight or input channels, labels
-    the local block as the whole output: the run stopped, or went on wrong, before)."""
+
+@pytest.mark.parametrize("factory", CONVNETS + HEADS_OVER_MESH_DIMS)
+def test_dtensor_mode_runs_families_on_gloo(factory, tmp_path):
+    """The forward of a family distributed in ``mode="dtensor"`` on 4 gloo ranks equals the
+    dense module's, every output (a convnet: DTensor's convolution rule, given a split weight
+    or input channels, labels the local block as the whole output; a transformer: DTensor
+    stopped inside attention; the run stopped, or went on wrong, before)."""
     from taps.verify.torch.ranks import run_ranks
 
     with open(tmp_path / "payload.pkl", "wb") as f:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from taps._core import Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
+from taps.export.batched import ATTENTION_FREE, MATMUL_FREE, batch_split
 from taps.export.draws import attention, attention_args, drawn, draws, weights_shape
 from taps.export.dtensor import (
     PARTIAL,
@@ -773,10 +774,7 @@ class _Interpreter:
         shape = [int(s) for s in shape]
         if -1 in shape:
             shape[shape.index(-1)] = x.numel() // -math.prod(shape)
-        texts = [
-            f"Shard({p.dim})" if p.is_shard() else PARTIAL if p.is_partial() else REPLICATE
-            for p in x.placements
-        ]
+        texts = _texts(x.placements)
         mesh_shape = tuple(self.dist.mesh.shape)
         try:
             out = framework_placements(
@@ -895,22 +893,39 @@ class _Interpreter:
             if links
             else tracer.scope("node", node.name, None)
         ):
-            out = self.propagated(target, tree[: len(args)], dict(zip(kwargs, tree[len(args) :])))
+            call_args, call_kwargs = tree[: len(args)], dict(zip(kwargs, tree[len(args) :]))
+            out = self.on_batches(node, target, call_args, call_kwargs)
+            if out is None:
+                out = self.propagated(node, target, call_args, call_kwargs)
             for link in outputs:
                 out = self._to(out, dist.nearest(ops[link.op]["output"], link))
                 out = tracer.mark(out, link.op)
         return out
 
-    def propagated(self, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    def propagated(
+        self, node: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
         """``target`` run as DTensor's sharding propagation decides; where DTensor has no rule
         for an op the node comes to (``adaptive_avg_pool2d`` of a 1x1 map decomposes into
         ``as_strided_``; DTensor refuses before it computes anything), run on every argument
         replicated, as a replicated result (the nearest placements with a form: each rank
-        computes the whole node)."""
+        computes the whole node). Where DTensor's propagation fails otherwise, an
+        :class:`ExportError` naming the node and its arguments' placements."""
         try:
             return target(*args, **kwargs)
         except NotImplementedError:
             pass
+        except RuntimeError as e:
+            placed = [
+                f"{list(x.shape)} {_texts(x.placements)}"
+                for x in _leaves([*args, *kwargs.values()])
+                if isinstance(x, self.dtensor.DTensor)
+            ]
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ExportError(
+                f"node {node.name} ({packet_name(target)}): DTensor cannot run it on "
+                f"{'; '.join(placed)}: {first}"
+            ) from e
         DTensor, mesh = self.dtensor.DTensor, self.dist.mesh
         whole = [self.dtensor.Replicate()] * mesh.ndim
         leaves = [
@@ -926,6 +941,70 @@ class _Interpreter:
             for y in _leaves(out)
         ]
         return _replace_leaves(out, made)
+
+    def on_batches(
+        self, node: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        """A batched ``matmul`` or attention whose operands are split along batch dims only (or
+        a matmul's rows or columns, attention's query length), run on each rank's blocks
+        (:func:`taps.export.batched.batch_split`: DTensor's own propagation flattens the batch
+        dims, which it cannot undo for a dim split over several mesh dims, and searches its
+        decomposition of attention slowly); ``None`` for any other node (DTensor runs it).
+        Attention that drops some of its weights drops them by this rank's block of the
+        step's mask (:mod:`taps.export.draws`), as the dense run under ``drawing`` does."""
+        DTensor, name = self.dtensor.DTensor, packet_name(target)
+        options: dict[str, Any] = {}
+        if name == "matmul":
+            operands, free = list(args[:2]), MATMUL_FREE
+        elif name == "scaled_dot_product_attention":
+            options = attention_args(args, kwargs)
+            mask = options["attn_mask"]
+            operands = [*args[:3], *([] if mask is None else [mask])]
+            free = () if options["is_causal"] else ATTENTION_FREE
+        else:
+            return None
+        if not all(isinstance(x, DTensor) and x.dim() >= 2 for x in operands):
+            return None
+        split = batch_split(
+            [tuple(x.shape) for x in operands],
+            [_texts(x.placements) for x in operands],
+            tuple(self.dist.mesh.shape),
+            bool(options.get("enable_gqa")),
+            free,
+        )
+        val = node.meta["val"]
+        if split is None or (node.name in self.draws and operands[0].shape[:-1] != val.shape[:-1]):
+            return None  # (a mask broadcasting the query: the weights are no query's shape)
+        read, out = split
+        # Replicated operands read split are cut from their blocks: nothing moves.
+        local = [self.local_of(self._to(x, placement_objects(p))) for x, p in zip(operands, read)]
+        if node.name in self.draws:  # attention's dropout, its mask over the weights
+            whole = drawn(
+                name,
+                node.args,
+                node.kwargs,
+                weights_shape(operands[0], operands[1]),
+                self.dist.seed,
+                self.draws[node.name],
+            )
+            keep = self.dtensor.distribute_tensor(
+                whole.to(local[0]), self.dist.mesh, placement_objects(out), src_data_rank=None
+            ).to_local()
+            options["attn_mask"] = local[3] if len(local) > 3 else None
+            result = attention(local[0], local[1], local[2], keep, **options)
+        elif name == "matmul":
+            result = target(*local, *args[2:], **kwargs)
+        else:
+            options["attn_mask"] = local[3] if len(local) > 3 else None
+            result = target(*local[:3], **options)
+        return DTensor.from_local(
+            result,
+            self.dist.mesh,
+            placement_objects(out),
+            run_check=False,
+            shape=tuple(val.shape),
+            stride=tuple(val.stride()),
+        )
 
     def convolution_placements(self, x: Any, arg: int) -> list[Any]:
         """The nearest placements of a convolution's argument ``arg`` that DTensor's rule for
@@ -1526,6 +1605,14 @@ def _order(name: str, rank: int, args: Any) -> list[int]:
     a, b = args[1] % rank, args[2] % rank
     order[a], order[b] = order[b], order[a]
     return order
+
+
+def _texts(placements: Sequence[Any]) -> tuple[str, ...]:
+    """DTensor placement objects as text (``"Shard(1)"``, ``"Partial()"``, ``"Replicate()"``)."""
+    return tuple(
+        f"Shard({p.dim})" if p.is_shard() else PARTIAL if p.is_partial() else REPLICATE
+        for p in placements
+    )
 
 
 def _as_dtensor(x: Any) -> Any:
