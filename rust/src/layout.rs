@@ -386,9 +386,34 @@ impl Layout {
             tensor_map,
             partial,
         };
-        debug_assert!(layout.validate().is_ok());
-        debug_assert!(layout.partial.windows(2).all(|w| w[0] < w[1]));
+        layout.debug_check();
         layout
+    }
+
+    /// Refills the layout's buffers with parts `fill` has already made consistent (derived from
+    /// valid layouts): [`Layout::from_parts`] without allocating, for the cost kernels.
+    pub(crate) fn set_parts(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>, &mut Vec<usize>),
+    ) {
+        self.shape.clear();
+        self.device_matrix.clear();
+        self.tensor_map.clear();
+        self.partial.clear();
+        fill(
+            &mut self.shape,
+            &mut self.device_matrix,
+            &mut self.tensor_map,
+            &mut self.partial,
+        );
+        self.used = used_mask(&self.tensor_map);
+        self.debug_check();
+    }
+
+    /// In debug builds, that parts said to be consistent are.
+    fn debug_check(&self) {
+        debug_assert!(self.validate().is_ok());
+        debug_assert!(self.partial.windows(2).all(|w| w[0] < w[1]));
     }
 
     /// Sets entry `i` of the tensor map to `k`, for the planner to step through maps derived from
