@@ -126,16 +126,9 @@ impl Layout {
         &mut self,
         fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>) -> Result<()>,
     ) -> Result<()> {
-        self.shape.clear();
-        self.device_matrix.clear();
-        self.tensor_map.clear();
-        self.partial.clear();
-        fill(
-            &mut self.shape,
-            &mut self.device_matrix,
-            &mut self.tensor_map,
-        )?;
-        self.used = used_mask(&self.tensor_map);
+        let mut filled = Ok(());
+        self.fill_parts(|shape, matrix, map, _| filled = fill(shape, matrix, map));
+        filled?;
         self.validate()
     }
 
@@ -396,6 +389,16 @@ impl Layout {
         &mut self,
         fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>, &mut Vec<usize>),
     ) {
+        self.fill_parts(fill);
+        self.debug_check();
+    }
+
+    /// Clears the layout's buffers, has `fill` fill them, and sets the mask of the map: checked
+    /// by the caller.
+    fn fill_parts(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>, &mut Vec<usize>),
+    ) {
         self.shape.clear();
         self.device_matrix.clear();
         self.tensor_map.clear();
@@ -407,7 +410,6 @@ impl Layout {
             &mut self.partial,
         );
         self.used = used_mask(&self.tensor_map);
-        self.debug_check();
     }
 
     /// In debug builds, that parts said to be consistent are.
