@@ -392,3 +392,38 @@ def test_a_view_of_a_parameter_counts_as_parameter_memory():
     a, b = build_tables(direct, cluster), build_tables(viewed, cluster)
     assert np.array_equal(a.ops["mm"].memory, b.ops["mm"].memory)
     assert direct.signature("mm") == viewed.signature("mm")
+
+
+def test_sets_inside_priced_sets_are_read_from_their_matrix(monkeypatch):
+    """The tables' memo of ``redistribution_costs``: sets of layouts inside sets priced before
+    (in any order) are read from that matrix, not priced again, and equal the kernel's own
+    matrix of them."""
+    from taps._core import redistribution_costs
+    from taps.search import tables
+
+    op = taps.models.alexnet().ops[1]
+    layouts = list(dict.fromkeys(c.inputs[0] for c in candidates(op, 8)))
+    assert len(layouts) >= 6
+    cluster = taps.Cluster(1, 8)
+    pricing = Pricing()
+    how = (cluster, 2.0, pricing.cost_model, pricing.planner, None)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[:2])
+        return redistribution_costs(*args, **kwargs)
+
+    monkeypatch.setattr(tables, "redistribution_costs", counted)
+    priced = tables._Priced()
+    whole = priced(layouts, layouts[::-1], *how)
+    inside = [layouts[4], layouts[1], layouts[2]]
+    part = priced(inside, layouts[:3], *how)
+    assert len(calls) == 1
+    want = redistribution_costs(inside, layouts[:3], cluster, 2.0, *how[2:4])
+    assert np.array_equal(part, want)
+    assert np.array_equal(
+        whole[::-1][:, ::-1], redistribution_costs(layouts[::-1], layouts, *how[:4])
+    )
+    # Another element size is priced.
+    priced(inside, layouts[:3], cluster, 4.0, *how[2:])
+    assert len(calls) == 2

@@ -105,22 +105,22 @@ pub fn redistribution_costs_until(
     // its cost under the topology model; under the volume model its elements, not its bytes,
     // whose rounding could break a tie otherwise than the planner does.
     let mut paper = try_filled(src.len() * width, (0.0, 0.0), "the layout pairs' costs")?;
-    paper
-        .par_iter_mut()
-        .enumerate()
-        .try_for_each(|(k, entry)| {
+    paper.par_iter_mut().enumerate().try_for_each_init(
+        paper::Scratch::default,
+        |scratch, (k, entry)| {
             let (a, b) = (src[k / width], tgt[k % width]);
             // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
             // is planned (the result is dropped).
             if a != b && !stop.load(Relaxed) {
-                let (cost, elements) = paper::cost(a, b, cluster, dtype_bytes, model)?;
+                let (cost, elements) = paper::cost(a, b, cluster, dtype_bytes, model, scratch)?;
                 *entry = match model {
                     CostModel::Topology => (cost, cost),
                     CostModel::Volume => (cost, elements),
                 };
             }
             Ok::<_, Error>(())
-        })?;
+        },
+    )?;
     let mut distinct: Vec<f64> = paper.iter().map(|&(cost, _)| cost).collect();
     if planner == Planner::Optimal && !stop.load(Relaxed) {
         let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();

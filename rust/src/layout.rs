@@ -126,16 +126,9 @@ impl Layout {
         &mut self,
         fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>) -> Result<()>,
     ) -> Result<()> {
-        self.shape.clear();
-        self.device_matrix.clear();
-        self.tensor_map.clear();
-        self.partial.clear();
-        fill(
-            &mut self.shape,
-            &mut self.device_matrix,
-            &mut self.tensor_map,
-        )?;
-        self.used = used_mask(&self.tensor_map);
+        let mut filled = Ok(());
+        self.fill_parts(|shape, matrix, map, _| filled = fill(shape, matrix, map));
+        filled?;
         self.validate()
     }
 
@@ -386,9 +379,43 @@ impl Layout {
             tensor_map,
             partial,
         };
-        debug_assert!(layout.validate().is_ok());
-        debug_assert!(layout.partial.windows(2).all(|w| w[0] < w[1]));
+        layout.debug_check();
         layout
+    }
+
+    /// Refills the layout's buffers with parts `fill` has already made consistent (derived from
+    /// valid layouts): [`Layout::from_parts`] without allocating, for the cost kernels.
+    pub(crate) fn set_parts(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>, &mut Vec<usize>),
+    ) {
+        self.fill_parts(fill);
+        self.debug_check();
+    }
+
+    /// Clears the layout's buffers, has `fill` fill them, and sets the mask of the map: checked
+    /// by the caller.
+    fn fill_parts(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u64>, &mut Vec<u64>, &mut Vec<i64>, &mut Vec<usize>),
+    ) {
+        self.shape.clear();
+        self.device_matrix.clear();
+        self.tensor_map.clear();
+        self.partial.clear();
+        fill(
+            &mut self.shape,
+            &mut self.device_matrix,
+            &mut self.tensor_map,
+            &mut self.partial,
+        );
+        self.used = used_mask(&self.tensor_map);
+    }
+
+    /// In debug builds, that parts said to be consistent are.
+    fn debug_check(&self) {
+        debug_assert!(self.validate().is_ok());
+        debug_assert!(self.partial.windows(2).all(|w| w[0] < w[1]));
     }
 
     /// Sets entry `i` of the tensor map to `k`, for the planner to step through maps derived from

@@ -180,10 +180,9 @@ fn cut_at_dim_bounds(
     Ok(())
 }
 
-/// The device matrix whose dims lie between consecutive boundaries, outermost (highest bits)
-/// first.
-fn device_matrix(bounds: DeviceBounds) -> Vec<u64> {
-    let mut matrix = Vec::with_capacity(bounds.count_ones() as usize - 1);
+/// Appends to `matrix` the device matrix whose dims lie between consecutive boundaries, outermost
+/// (highest bits) first.
+fn device_matrix_into(bounds: DeviceBounds, matrix: &mut Vec<u64>) {
     let mut hi = bounds.ilog2();
     let mut below = bounds & ((1 << hi) - 1);
     while below != 0 {
@@ -192,22 +191,18 @@ fn device_matrix(bounds: DeviceBounds) -> Vec<u64> {
         below &= !(1 << lo);
         hi = lo;
     }
-    matrix
 }
 
-/// The tensor map of the pieces on the device matrix of `bounds`.
-fn tensor_map(pieces: &[Piece], bounds: DeviceBounds) -> Vec<i64> {
-    pieces
-        .iter()
-        .map(|p| match p.split {
-            None => -1,
-            Some((lo, hi)) => {
-                debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
-                debug_assert_eq!((bounds >> (lo + 1)).trailing_zeros() + lo + 1, hi);
-                i64::from((bounds & ((1 << lo) - 1)).count_ones())
-            }
-        })
-        .collect()
+/// Appends to `map` the tensor map of the pieces on the device matrix of `bounds`.
+fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
+    map.extend(pieces.iter().map(|p| match p.split {
+        None => -1,
+        Some((lo, hi)) => {
+            debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
+            debug_assert_eq!((bounds >> (lo + 1)).trailing_zeros() + lo + 1, hi);
+            i64::from((bounds & ((1 << lo) - 1)).count_ones())
+        }
+    }));
 }
 
 /// The rank bits of the device dims holding partial sums.
@@ -224,10 +219,10 @@ fn partial_bounds(mask: u64) -> DeviceBounds {
     mask ^ (mask << 1)
 }
 
-/// The device dims, on the matrix of `bounds`, whose bits are partial in `mask`.
-fn partial_dims(bounds: DeviceBounds, mask: u64) -> Vec<usize> {
+/// Appends to `dims` the device dims, on the matrix of `bounds`, whose bits are partial in
+/// `mask`.
+fn partial_dims_into(bounds: DeviceBounds, mask: u64, dims: &mut Vec<usize>) {
     let top = bounds.ilog2();
-    let mut dims = Vec::new();
     let mut rest = bounds & ((1 << top) - 1);
     let mut k = 0;
     while rest != 0 {
@@ -238,16 +233,23 @@ fn partial_dims(bounds: DeviceBounds, mask: u64) -> Vec<usize> {
         rest &= rest - 1;
         k += 1;
     }
-    dims
+}
+
+/// The layout of `pieces` on the device matrix of `bounds`, the bits of `partial` holding partial
+/// sums, written into `out`'s buffers (the cost kernel builds two per pair, allocating nothing).
+fn build_into(pieces: &[Piece], bounds: DeviceBounds, partial: u64, out: &mut Layout) {
+    out.set_parts(|shape, matrix, map, dims| {
+        shape.extend(pieces.iter().map(|p| p.size));
+        device_matrix_into(bounds, matrix);
+        tensor_map_into(pieces, bounds, map);
+        partial_dims_into(bounds, partial, dims);
+    });
 }
 
 fn build(pieces: &[Piece], bounds: DeviceBounds, partial: u64) -> Layout {
-    Layout::from_parts(
-        pieces.iter().map(|p| p.size).collect(),
-        device_matrix(bounds),
-        tensor_map(pieces, bounds),
-        partial_dims(bounds, partial),
-    )
+    let mut out = Layout::scratch();
+    build_into(pieces, bounds, partial, &mut out);
+    out
 }
 
 /// The layout with its device matrix cut only where a split or a partial dim needs it and its
@@ -311,71 +313,81 @@ pub fn normalized(l: &Layout) -> Layout {
     )
 }
 
-/// Two views cut until they line up: one shape, one device matrix.
+/// Two views cut until they line up: one shape, one device matrix. Its buffers are refilled by
+/// each [`try_unify`] into it, so that the cost kernel unifies pair after pair allocating nothing.
+#[derive(Default)]
 pub(crate) struct Unified {
     first: Vec<Piece>,
     second: Vec<Piece>,
+    /// The dim boundaries of both sides, reused by every round.
+    dims: Vec<u64>,
     device: DeviceBounds,
     /// The partial rank bits of each side.
     partial: (u64, u64),
 }
 
 impl Unified {
-    fn pieces(&self, side: Side) -> &[Piece] {
+    fn side(&self, side: Side) -> (&[Piece], u64) {
         match side {
-            Side::First => &self.first,
-            Side::Second => &self.second,
+            Side::First => (&self.first, self.partial.0),
+            Side::Second => (&self.second, self.partial.1),
         }
     }
 
-    /// The unified layout of one side.
+    /// The unified layout of one side (of the last unification that succeeded).
     pub fn layout(&self, side: Side) -> Layout {
-        let partial = match side {
-            Side::First => self.partial.0,
-            Side::Second => self.partial.1,
-        };
-        build(self.pieces(side), self.device, partial)
+        let (pieces, partial) = self.side(side);
+        build(pieces, self.device, partial)
+    }
+
+    /// [`Unified::layout`] written into `out`'s buffers.
+    pub fn layout_into(&self, side: Side, out: &mut Layout) {
+        let (pieces, partial) = self.side(side);
+        build_into(pieces, self.device, partial, out);
     }
 }
 
-/// One attempt at unification of the two views as they are.
+/// One attempt at unification of the two views as they are, into `into` (whose layouts are
+/// those of the two views once it succeeds).
 pub(crate) fn try_unify(
     a: &Reshaped<'_>,
     b: &Reshaped<'_>,
-) -> std::result::Result<Unified, Blocker> {
-    let mut pa = a.pieces();
-    let mut pb = b.pieces();
+    into: &mut Unified,
+) -> std::result::Result<(), Blocker> {
+    let Unified {
+        first: pa,
+        second: pb,
+        dims,
+        ..
+    } = into;
+    a.pieces_into(pa);
+    b.pieces_into(pb);
     let partial = (partial_mask(&a.layout), partial_mask(&b.layout));
     let mut device = outer_bounds(a.layout.num_devices())
-        | split_bounds(&pa)
-        | split_bounds(&pb)
+        | split_bounds(pa)
+        | split_bounds(pb)
         | partial_bounds(partial.0)
         | partial_bounds(partial.1);
-    // Room for the boundaries of both sides, reused by every round.
-    let mut dims = Vec::with_capacity(pa.capacity() + pb.capacity());
     loop {
-        cut_at_device_bounds(&mut pa, device);
-        cut_at_device_bounds(&mut pb, device);
-        dim_bounds(&pa, &pb, &mut dims);
+        cut_at_device_bounds(pa, device);
+        cut_at_device_bounds(pb, device);
+        dim_bounds(pa, pb, dims);
         // A round that adds no device boundary leaves nothing for the next: its device cuts were
         // all made before the dim boundaries were taken, the dim cuts then made every boundary one
         // of both sides, and a cut at a dim boundary that splits no device dim needs no device cut.
         let before = device;
-        cut_at_dim_bounds(&mut pa, &dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(pa, dims, &mut device).map_err(|dim| Blocker {
             side: Side::First,
             dim,
         })?;
-        cut_at_dim_bounds(&mut pb, &dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(pb, dims, &mut device).map_err(|dim| Blocker {
             side: Side::Second,
             dim,
         })?;
         if device == before {
-            return Ok(Unified {
-                first: pa,
-                second: pb,
-                device,
-                partial,
-            });
+            into.device = device;
+            into.partial = partial;
+            return Ok(());
         }
     }
 }
@@ -409,6 +421,8 @@ pub(crate) fn check_same_tensor(a: &Layout, b: &Layout) -> Result<()> {
 #[derive(Debug, Clone)]
 pub(crate) struct Reshaped<'a> {
     pub layout: Cow<'a, Layout>,
+    /// The runs of original dims each view dim merges; empty until a first merge, for one run
+    /// per dim (the cost kernel makes two views per pair, and most are never merged).
     groups: Vec<(usize, usize)>,
     canonical: bool,
 }
@@ -418,10 +432,9 @@ type ViewDim = (u64, i64, Option<usize>);
 
 impl<'a> Reshaped<'a> {
     pub fn new(layout: &'a Layout) -> Self {
-        let groups = (0..layout.ndim()).map(|i| (i, i + 1)).collect();
         Reshaped {
             layout: Cow::Borrowed(layout),
-            groups,
+            groups: Vec::new(),
             canonical: false,
         }
     }
@@ -431,7 +444,8 @@ impl<'a> Reshaped<'a> {
         let l = &*self.layout;
         let split = |i: usize| (l.split_degree(i) > 1).then_some(i);
         if !self.canonical {
-            for &(s, e) in &self.groups {
+            for j in 0..self.num_groups() {
+                let (s, e) = self.group(j);
                 let carried = if e - s == 1 { split(s) } else { None };
                 let size = l.shape()[s..e].iter().product();
                 f((size, carried.map_or(-1, |i| l.tensor_map()[i]), carried));
@@ -456,11 +470,10 @@ impl<'a> Reshaped<'a> {
         }
     }
 
-    /// The pieces of the view: its dims of size above 1, with the rank bits of their splits.
-    fn pieces(&self) -> Vec<Piece> {
-        // Room for the cuts unification makes, so that they seldom reallocate: high-rank pairs on
-        // many device dims end with several pieces per dim.
-        let mut out = Vec::with_capacity(4 * self.groups.len() + 8);
+    /// The pieces of the view, its dims of size above 1 with the rank bits of their splits,
+    /// written into `out`.
+    fn pieces_into(&self, out: &mut Vec<Piece>) {
+        out.clear();
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {
@@ -473,7 +486,6 @@ impl<'a> Reshaped<'a> {
             }
             j += 1;
         });
-        out
     }
 
     /// The original dim whose split view dim `j` carries, if any.
@@ -489,7 +501,23 @@ impl<'a> Reshaped<'a> {
         found
     }
 
+    fn num_groups(&self) -> usize {
+        if self.groups.is_empty() {
+            self.layout.ndim()
+        } else {
+            self.groups.len()
+        }
+    }
+
+    /// The original dims `[s, e)` view dim `j` merges.
+    fn group(&self, j: usize) -> (usize, usize) {
+        self.groups.get(j).copied().unwrap_or((j, j + 1))
+    }
+
     fn merge(&mut self, j: usize) {
+        if self.groups.is_empty() {
+            self.groups = (0..self.layout.ndim()).map(|i| (i, i + 1)).collect();
+        }
         self.groups[j].1 = self.groups[j + 1].1;
         self.groups.remove(j + 1);
     }
@@ -500,7 +528,7 @@ impl<'a> Reshaped<'a> {
             return false;
         }
         let unsplit = |r: &Reshaped<'_>, j: usize| r.split_dim(j).is_none();
-        if j + 1 < self.groups.len() && unsplit(self, j + 1) {
+        if j + 1 < self.num_groups() && unsplit(self, j + 1) {
             self.merge(j);
             true
         } else if j > 0 && unsplit(self, j - 1) {
@@ -518,7 +546,7 @@ impl<'a> Reshaped<'a> {
         }
         let mut changed = false;
         let mut j = 0;
-        while j + 1 < self.groups.len() {
+        while j + 1 < self.num_groups() {
             if self.split_dim(j).is_none() && self.split_dim(j + 1).is_none() {
                 self.merge(j);
                 changed = true;
@@ -562,9 +590,10 @@ pub fn unify(a: &Layout, b: &Layout) -> Result<(Layout, Layout)> {
     check_same_tensor(a, b)?;
     let mut ga = Reshaped::new(a);
     let mut gb = Reshaped::new(b);
+    let mut u = Unified::default();
     loop {
-        match try_unify(&ga, &gb) {
-            Ok(u) => return Ok((u.layout(Side::First), u.layout(Side::Second))),
+        match try_unify(&ga, &gb, &mut u) {
+            Ok(()) => return Ok((u.layout(Side::First), u.layout(Side::Second))),
             Err(blocker) => {
                 if !reshape_for(blocker, &mut ga, &mut gb) {
                     return Err(Error::Unify(format!(

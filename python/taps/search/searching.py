@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Literal, overload
 
@@ -138,7 +141,24 @@ def search(
     if not isinstance(options, IlpOptions):
         raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
     deadline = None if time_limit is None else t0 + time_limit
-    return _search(graph, cluster, pricing, memory_limit, deadline, options, tie, replicate)
+    with _collector_paused():
+        return _search(graph, cluster, pricing, memory_limit, deadline, options, tie, replicate)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused for the search: the tables allocate hundreds of thousands
+    of objects (candidates, layouts, arrays) that form no cycle, and every collection they set
+    off walks the whole heap, a converted torch model's too (Swin on 8 x 8 after its conversion:
+    552 collections, 1.4 s of the search's 5.7 s of CPU). Reference counting still frees what
+    the search drops."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _check(

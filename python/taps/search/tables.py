@@ -141,9 +141,9 @@ def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple
 class _Priced:
     """``redistribution_costs`` computed once per pair of layout sets, in whatever order an edge
     lists them: the kernel prices each pair on its own, so the matrix of the sets in the order
-    first asked for, read back in another order, is the same matrix. (The sets are keyed as
-    frozensets and read back through a row and a column per layout: hashing the layouts is far
-    cheaper than sorting them by their fields.)"""
+    first asked for, read back in another order or for sets inside them, is the same matrix.
+    (The sets are keyed as frozensets and read back through a row and a column per layout:
+    hashing the layouts is far cheaper than sorting them by their fields.)"""
 
     def __init__(self) -> None:
         self._memo: dict[Any, tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]] = {}
@@ -159,6 +159,19 @@ class _Priced:
         deadline: float | None,
     ) -> np.ndarray:
         key = (frozenset(sources), frozenset(targets), dtype)
+        if key not in self._memo:
+            # Sets inside sets priced before (timm's Swin on 8 x 8: 1.4 of its 21.9 million
+            # pairs) are read from their matrix.
+            within = next(
+                (
+                    m
+                    for k, m in self._memo.items()
+                    if k[2] == dtype and key[0] <= k[0] and key[1] <= k[1]
+                ),
+                None,
+            )
+            if within is not None:
+                self._memo[key] = within
         if key not in self._memo:
             srcs, dsts = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(targets))
             self._memo[key] = (

@@ -17,20 +17,20 @@ use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Un
 /// split by an all-to-all) with the layout before it; `current` is stepped in place so that
 /// pricing the ops allocates nothing (but for partial sums).
 fn plan_unified(
-    mut current: Layout,
+    current: &mut Layout,
     t: &Layout,
     mut step: impl FnMut(OpKind, usize, Option<usize>, Option<usize>, &Layout),
 ) {
     for &k in &current.partial().to_vec() {
         if !t.partial().contains(&k) {
-            step(OpKind::AllReduce, k, None, None, &current);
+            step(OpKind::AllReduce, k, None, None, current);
             let partial = current
                 .partial()
                 .iter()
                 .copied()
                 .filter(|&p| p != k)
                 .collect();
-            current = current.with_state(current.tensor_map().to_vec(), partial);
+            *current = current.with_state(current.tensor_map().to_vec(), partial);
         }
     }
     let t = t.tensor_map();
@@ -41,7 +41,7 @@ fn plan_unified(
             for i in 0..n {
                 let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
-                    step(OpKind::Slice, t[i] as usize, Some(i), None, &current);
+                    step(OpKind::Slice, t[i] as usize, Some(i), None, current);
                     current.set_map_entry(i, t[i]);
                     progress = true;
                 }
@@ -50,7 +50,7 @@ fn plan_unified(
                 let m = current.tensor_map();
                 if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
                     if let Some(j) = m.iter().position(|&x| x == t[i]) {
-                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), &current);
+                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), current);
                         current.set_map_entry(j, -1);
                         current.set_map_entry(i, t[i]);
                         progress = true;
@@ -67,29 +67,30 @@ fn plan_unified(
         let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
             break;
         };
-        step(OpKind::AllGather, m[i] as usize, Some(i), None, &current);
+        step(OpKind::AllGather, m[i] as usize, Some(i), None, current);
         current.set_map_entry(i, -1);
     }
     debug_assert_eq!(current.tensor_map(), t);
 }
 
-/// Two layouts made unifiable: the unified pair, and the fallback steps around it.
+/// Two layouts made unifiable (the unified pair is left in the caller's [`Unified`]): the
+/// fallback steps around the unified pair.
 struct LinedUp {
-    unified: Unified,
     prelude: Vec<CommOp>,
     epilogue: Vec<CommOp>,
 }
 
-/// Unifies `a` with `b`, reshaping and, where reshaping cannot line them up, giving up splits.
-fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
+/// Unifies `a` with `b` into `unified`, reshaping and, where reshaping cannot line them up,
+/// giving up splits.
+fn line_up(a: &Layout, b: &Layout, unified: &mut Unified) -> Result<LinedUp> {
     check_same_tensor(a, b)?;
     let mut src = Reshaped::new(a);
     let mut tgt = Reshaped::new(b);
     let mut prelude = Vec::new();
     let mut relaxed = Vec::new();
-    let unified = loop {
-        let blocker = match try_unify(&src, &tgt) {
-            Ok(unified) => break unified,
+    loop {
+        let blocker = match try_unify(&src, &tgt, unified) {
+            Ok(()) => break,
             Err(blocker) => blocker,
         };
         if reshape_for(blocker, &mut src, &mut tgt) {
@@ -124,7 +125,7 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
             )),
             Side::Second => relaxed.push((dim, k)),
         }
-    };
+    }
     let mut epilogue = Vec::new();
     // Borrowed (not cloned) unless a split of the target was given up.
     let mut current = tgt.layout;
@@ -142,11 +143,7 @@ fn line_up(a: &Layout, b: &Layout) -> Result<LinedUp> {
         current = Cow::Owned(after);
     }
     debug_assert_eq!(&*current, b);
-    Ok(LinedUp {
-        unified,
-        prelude,
-        epilogue,
-    })
+    Ok(LinedUp { prelude, epilogue })
 }
 
 /// The target may keep partial sums the source has, but no step creates them.
@@ -186,7 +183,7 @@ pub(super) fn plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<R
 /// before it.
 pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
     let mut ops = Vec::new();
-    plan_unified(source.clone(), target, |kind, k, i, to, l| {
+    plan_unified(&mut source.clone(), target, |kind, k, i, to, l| {
         ops.push(CommOp::new(kind, k, i, to, l.clone()));
     });
     ops
@@ -200,15 +197,10 @@ pub(super) fn lined_up(
     b: &Layout,
     on: Option<(&Cluster, f64)>,
 ) -> Result<Redistribution> {
-    let lined = line_up(a, b)?;
-    let source = lined.unified.layout(Side::First);
-    let target = lined.unified.layout(Side::Second);
-    check_partial(&source, &target, a, b)?;
-    if let Some((cluster, dtype_bytes)) = on {
-        topology::check_dtype_bytes(dtype_bytes)?;
-        // Every layout of the plan has the source's device count.
-        cluster.check(&source)?;
-    }
+    let mut unified = Unified::default();
+    let mut source = Layout::scratch();
+    let mut target = Layout::scratch();
+    let lined = lined_up_into(a, b, on, &mut unified, &mut source, &mut target)?;
     Ok(Redistribution {
         source,
         target,
@@ -218,10 +210,49 @@ pub(super) fn lined_up(
     })
 }
 
+/// [`lined_up`] into the caller's buffers: the unified pair in `source` and `target`.
+fn lined_up_into(
+    a: &Layout,
+    b: &Layout,
+    on: Option<(&Cluster, f64)>,
+    unified: &mut Unified,
+    source: &mut Layout,
+    target: &mut Layout,
+) -> Result<LinedUp> {
+    let lined = line_up(a, b, unified)?;
+    unified.layout_into(Side::First, source);
+    unified.layout_into(Side::Second, target);
+    check_partial(source, target, a, b)?;
+    if let Some((cluster, dtype_bytes)) = on {
+        topology::check_dtype_bytes(dtype_bytes)?;
+        // Every layout of the plan has the source's device count.
+        cluster.check(source)?;
+    }
+    Ok(lined)
+}
+
+/// The buffers one thread of the cost kernel prices pair after pair in.
+pub(crate) struct Scratch {
+    unified: Unified,
+    source: Layout,
+    target: Layout,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            unified: Unified::default(),
+            source: Layout::scratch(),
+            target: Layout::scratch(),
+        }
+    }
+}
+
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops of the unified pair: the batch kernel's inner loop. Also the
-/// plan's elements received per device, summed as [`Objective::Volume`] prices it (what the
-/// optimal planner compares under the volume model), in the same pass.
+/// bit, without building the ops of the unified pair, in `scratch`'s buffers: the batch
+/// kernel's inner loop. Also the plan's elements received per device, summed as
+/// [`Objective::Volume`] prices it (what the optimal planner compares under the volume model),
+/// in the same pass.
 ///
 /// # Errors
 /// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
@@ -231,8 +262,14 @@ pub(crate) fn cost(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
+    scratch: &mut Scratch,
 ) -> Result<(f64, f64)> {
-    let lined = lined_up(a, b, Some((cluster, dtype_bytes)))?;
+    let Scratch {
+        unified,
+        source,
+        target,
+    } = scratch;
+    let lined = lined_up_into(a, b, Some((cluster, dtype_bytes)), unified, source, target)?;
     // In plan order, from +0.0 as the plan's own sums.
     let add = |(cost, elements): (f64, f64), op: &CommOp| {
         Ok::<_, Error>((
@@ -241,7 +278,7 @@ pub(crate) fn cost(
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
-    plan_unified(lined.source, &lined.target, |kind, k, _, _, l| {
+    plan_unified(source, target, |kind, k, _, _, l| {
         let volume = step_volume(kind, k, l);
         total.0 += step_cost(
             kind,
