@@ -2,9 +2,10 @@
 //! (one shape, one device matrix), over the layouts a step can reach ([`space`]): slices,
 //! all-gathers and all-to-alls as in Algorithm 1, reduce-scatters and all-reduces of partial sums,
 //! and collective-permutes that hand the splits of some device dims to others of the same size.
-//! Algorithm 1's cost bounds the search: only a strictly cheaper plan is searched for, so no
-//! layout whose cost plus the lower bound on the rest reaches it is expanded. Nothing else stops
-//! it: the plan is the cheapest of the space.
+//! Algorithm 1's cost bounds the search: only a plan cheaper by more than rounding ([`TIE`]) is
+//! searched for, so no layout whose cost plus the lower bound on the rest reaches it is expanded,
+//! and a pair whose bound at the source meets it is done without a search. Nothing else stops
+//! it: the plan is the cheapest of the space (to rounding).
 //!
 //! The search runs on the pair with its tensor dims sorted by the part each plays ([`Key`]):
 //! pairs that differ only in that order, or in the sizes of dims of one part, have one search,
@@ -296,6 +297,10 @@ const SCRATCH_KEPT: usize = 1 << 16;
 /// without it), and a plan at once is worth more there than the proof of the cheapest.
 pub(crate) const MAX_LAYOUTS: usize = 1 << 21;
 
+/// The relative margin below Algorithm 1's price a plan must reach to replace it (rounding
+/// apart, a tie keeps Algorithm 1's plan, which costs the same).
+const TIE: f64 = 1e-8;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -357,6 +362,10 @@ fn search_in(
         done: false,
     });
     index.insert(nodes[0].state, 0);
+    // Only a plan cheaper than Algorithm 1's by more than rounding is searched for: a layout
+    // whose estimate ties with it (most pairs, where Algorithm 1's plan meets the bound) is not
+    // expanded, and a pair whose bound at the source meets it is done without a search.
+    let bound = bound * (1.0 - TIE);
     let first = space.remaining(&nodes[0].state, nodes[0].shard, keep);
     if first >= bound {
         return None;
@@ -449,6 +458,7 @@ fn path_to(nodes: &[Node], end: usize) -> Path {
 mod tests {
     use super::*;
     use crate::layout::layout;
+    use crate::plan::OpKind;
     use crate::topology::{Cluster, Replicas};
 
     /// A layout of `shape` on `matrix` with tensor map `map`, the first device dim it leaves
@@ -546,6 +556,38 @@ mod tests {
         assert!(found.is_some() && held > 8, "{held}");
         let (found, kept) = run(held / 2);
         assert!(found.is_none() && kept <= held / 2, "{kept} of {held}");
+    }
+
+    /// A pair whose bound at the source meets Algorithm 1's price (two all-gathers: 64 then 384
+    /// elements, all the shard must grow) is done without adding a layout, though layouts on
+    /// the way tie with it; given a dearer plan to beat, the search finds the two all-gathers.
+    #[test]
+    fn a_tie_with_algorithm_1_is_not_searched() {
+        let a = layout(&[64, 8], &[4, 2], &[0, 1]);
+        let b = layout(&[64, 8], &[4, 2], &[-1, -1]);
+        let stop = AtomicBool::new(false);
+        let run = |bound: f64| {
+            let mut scratch = Scratch::default();
+            let found = search_in(
+                &mut scratch,
+                (&a, &b),
+                bound,
+                Objective::Volume,
+                (&stop, usize::MAX),
+            );
+            (found, scratch.nodes.len())
+        };
+        let (found, held) = run(448.0);
+        assert!(found.is_none() && held == 1, "{held}");
+        let (found, _) = run(449.0);
+        let path = found.expect("a path");
+        assert!(
+            path.steps
+                .iter()
+                .all(|(step, ..)| matches!(step, Step::Op(OpKind::AllGather, ..))),
+            "{path:?}"
+        );
+        assert_eq!(path.steps.len(), 2);
     }
 
     /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
