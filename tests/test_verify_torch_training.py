@@ -358,6 +358,8 @@ FAMILIES = {
     "stochastic depth",
     "whisper": "a None input (no mask), conv1d, positions read by index, a frozen position "
     "table (no gradient)",
+    "timm_convnext": "depthwise convolutions with their groups split over devices (each rank "
+    "convolves its own groups), channels-last LayerNorm",
 }
 
 
@@ -473,6 +475,24 @@ def test_batchnorm_in_training_mode_keeps_statistics_per_device():
     assert {k for k in result.errors if k.startswith("grad ")} == {
         f"grad {k}" for k, _ in module.named_parameters()
     }
+
+
+def test_a_batchnorm_left_one_value_per_channel_is_one_line():
+    """4 images of 32 x 32: layer4's 1 x 1 maps split 4 ways leave each device one value per
+    channel, which torch cannot train (its variance divides by n - 1): one line naming the
+    BatchNorm, before anything runs."""
+    from taps.errors import VerifyError
+    from taps.plan.layouts import layouts_of
+
+    module, (x,) = _family("tv_resnet")
+    module.train()
+    plan = _plan(module, x, taps.Cluster(1, 4))
+    block = layouts_of(plan).outputs["layer4.1.bn1"].shard_shape
+    assert block[0] * block[2] * block[3] == 1
+    with pytest.raises(
+        VerifyError, match=r"^BatchNorm 'layer4\.[\w.]+' in training mode holds one"
+    ):
+        verify_torch(module, [x], plan, numerics=None)
 
 
 def test_the_per_device_reference_is_not_the_whole_batch():

@@ -1503,6 +1503,12 @@ class _Interpreter:
                 local[1] = torch.where(inside, ids - start, torch.zeros_like(ids))
         tree = _replace_leaves(list(node.args) + list(node.kwargs.values()), local)
         n = len(node.args)
+        grouped = _groups_arg(packet, node)
+        if grouped is not None and isinstance(tree[grouped], int) and tree[grouped] > 1:
+            # A grouped convolution's groups split over devices: each rank convolves its own.
+            op = dist.graph.op(out.op)
+            degrees = dict(zip(op.partitionable, replay.layouts.plan.strategies[out.op].degrees))
+            tree[grouped] //= degrees.get("g", 1)
         if packet in _DRAWING_OPERATORS and node.name in self.draws:
             target = self.attending(node, tree[:n], dict(zip(node.kwargs, tree[n:])), result_blocks)
         unit = self.unit
@@ -1551,6 +1557,20 @@ class _Interpreter:
 
 #: The convolutions: a bias per output channel, the third argument.
 _CONVOLUTIONS = ("convolution", "conv1d", "conv2d", "conv3d")
+
+
+def _groups_arg(packet: str, node: Any) -> int | None:
+    """Where a convolution node's ``groups`` is among its arguments then keyword arguments
+    (``None``: no convolution, or its default of 1)."""
+    if packet not in CONVOLUTIONS:
+        return None
+    at = 8 if packet in ("convolution", "_convolution") else 6
+    if at < len(node.args):
+        return at
+    if "groups" in node.kwargs:
+        return len(node.args) + list(node.kwargs).index("groups")
+    return None
+
 
 #: Nodes that carry a dropped-out parameter to its reader as they carry its mask.
 _MASK_CARRIERS = (
