@@ -477,22 +477,26 @@ def test_batchnorm_in_training_mode_keeps_statistics_per_device():
     }
 
 
-def test_a_batchnorm_left_one_value_per_channel_is_one_line():
-    """4 images of 32 x 32: layer4's 1 x 1 maps split 4 ways leave each device one value per
-    channel, which torch cannot train (its variance divides by n - 1): one line naming the
-    BatchNorm, before anything runs."""
-    from taps.errors import VerifyError
-    from taps.plan.layouts import layouts_of
+def test_a_batchnorm_keeps_two_values_per_channel_on_a_device():
+    """4 images of 32 x 32: layer4's maps are 1 x 1, so a batch split 4 ways would leave each
+    device one value per channel, which torch cannot train (its variance divides by n - 1; the
+    replay failed so). The rule views the batch as pairs and splits only their count: every
+    candidate keeps at least 2 values per channel, and the plan runs on the fake process
+    group, every collective predicted."""
+    from taps.plan.candidates import candidates
 
     module, (x,) = _family("tv_resnet")
     module.train()
-    plan = _plan(module, x, taps.Cluster(1, 4))
-    block = layouts_of(plan).outputs["layer4.1.bn1"].shard_shape
-    assert block[0] * block[2] * block[3] == 1
-    with pytest.raises(
-        VerifyError, match=r"^BatchNorm 'layer4\.[\w.]+' in training mode holds one"
-    ):
-        verify_torch(module, [x], plan, numerics=None)
+    g = from_torch(module, x)
+    op = g.op("layer4.1.bn1")
+    b, r = (op.axis_size(a) for a in ("b", "r"))
+    assert (b, r) == (x.shape[0] // 2, 2) and "r" not in op.partitionable
+    for cand in candidates(op, 4):
+        block = cand.output.shard_shape
+        assert math.prod(block[:2]) * math.prod(block[3:]) >= 2
+    plan = taps.search(g, taps.Cluster(1, 4)).plan
+    result = verify_torch(module, [x], plan, numerics=None)
+    assert result.ok, result.mismatches
 
 
 def test_the_per_device_reference_is_not_the_whole_batch():

@@ -34,7 +34,7 @@ from taps.verify.result import (
 )
 from taps.verify.torch import moe
 from taps.verify.torch.collectives import Recorder
-from taps.verify.torch.numerics import check_batch_norms, gloo_errors
+from taps.verify.torch.numerics import gloo_errors
 from taps.verify.torch.values import (
     backward,
     cast_inputs,
@@ -193,7 +193,6 @@ def verify_torch(
         raise VerifyError("sharded storage (fsdp) is replayed in the training step only")
     if numerics is not None:
         check_gloo(plan, numerics, dtype)
-    check_batch_norms(module, plan)
     rows, timings = collective_rows(module, inputs, plan, dtype, seed)
     errors: dict[str, float] = {}
     if numerics is not None:

@@ -67,7 +67,6 @@ def gloo_errors(
     """Per output (``"output i"``) and per gradient (``"grad name"``), the error relative to the
     dense module, from ``ranks`` gloo processes running taps' plan for them."""
     small = numerics_plan(plan, ranks)
-    check_batch_norms(module, small)
     with tempfile.TemporaryDirectory(prefix="taps-gloo-") as tmp:
         payload = (module, list(inputs), small.to_json(), dtype, seed, tmp)
         with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
@@ -75,25 +74,6 @@ def gloo_errors(
         run_ranks(__name__, tmp, ranks)
         with open(os.path.join(tmp, "errors.json")) as f:
             return dict(json.load(f))
-
-
-def check_batch_norms(module: Any, plan: Plan) -> None:
-    """A one-line :class:`VerifyError` when ``plan`` leaves a BatchNorm in training mode one
-    value per channel on a device (its batch split down to one sample of a 1 x 1 map): torch
-    trains no BatchNorm on one value (an unbiased variance of one value divides by zero)."""
-    import torch
-
-    layouts = layouts_of(plan)
-    names = {op.name for op in plan.graph.ops if op.kind == "batchnorm"}
-    for name, m in module.named_modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training and name in names:
-            block = layouts.outputs[name].shard_shape
-            if math.prod(block[:1] + block[2:]) == 1:
-                raise VerifyError(
-                    f"BatchNorm {name!r} in training mode holds one value per channel on each "
-                    f"device under this plan (a block of {list(block)}), which torch cannot "
-                    "train: verify with a larger batch or image"
-                )
 
 
 def batch_parts(module: Any, plan: Plan) -> dict[str, int]:

@@ -3,6 +3,7 @@ batch norm's, whose statistics stay per device)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,14 +76,30 @@ def batch_norm(cx: Context) -> Any:
 
     Per-channel statistics over batch and space: batch and channels partitionable (a split
     batch keeps statistics per device, as data parallelism does), spatial axes whole. Running
-    statistics are buffers, not parameters."""
+    statistics are buffers, not parameters. Without space (``BatchNorm1d`` on ``(b, c)``, a
+    1 x 1 map), the batch is viewed as ``(b / 2, 2)`` and only ``b / 2`` splits: a device keeps
+    at least two values per channel, since torch trains no BatchNorm on one."""
     x = tensor_arg(cx, 0, "input")
     labels = ["b", "c", *(f"x{i}" for i in range(len(x.shape) - 2))]
-    inputs: list[tuple[AtenValue | None, Sequence[str]]] = [(x, labels)]
-    for p in (cx.arg(1, "weight"), cx.arg(2, "bias")):
-        if isinstance(p, AtenValue) and not p.constant:
-            inputs.append((p, ["c"]))
-    out = op(cx, "batchnorm", inputs, labels, ["b", "c"])
+    params: list[tuple[AtenValue | None, Sequence[str]]] = [
+        (p, ["c"])
+        for p in (cx.arg(1, "weight"), cx.arg(2, "bias"))
+        if isinstance(p, AtenValue) and not p.constant
+    ]
+    if math.prod(x.shape[2:]) == 1 and x.shape[0] % 2 == 0:
+        paired = (x.shape[0] // 2, 2, *x.shape[1:])
+        pairs = cx.b.op(
+            "batchnorm",
+            cx.path,
+            [(cx.b.reshape(x, paired, cx.path, "pairs"), ["b", "r", *labels[1:]]), *params],
+            paired,
+            ["b", "r", *labels[1:]],
+            cx.dtypes[0],
+            ["b", "c"],
+        )
+        out = cx.b.reshape(pairs, cx.shapes[0], cx.path, "samples")
+    else:
+        out = op(cx, "batchnorm", [(x, labels), *params], labels, ["b", "c"])
     if len(cx.shapes) > 1:  # (out, mean, invstd, ...): statistics only feed the buffers
         return [out, *(constant(s, d) for s, d in zip(cx.shapes[1:], cx.dtypes[1:]))]
     return out
