@@ -81,7 +81,7 @@ def batch_norm(cx: Context) -> Any:
     at least two values per channel, since torch trains no BatchNorm on one."""
     x = tensor_arg(cx, 0, "input")
     labels = ["b", "c", *(f"x{i}" for i in range(len(x.shape) - 2))]
-    params: list[tuple[AtenValue | None, Sequence[str]]] = [
+    params: list[tuple[AtenValue, Sequence[str]]] = [
         (p, ["c"])
         for p in (cx.arg(1, "weight"), cx.arg(2, "bias"))
         if isinstance(p, AtenValue) and not p.constant
