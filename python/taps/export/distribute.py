@@ -1562,9 +1562,11 @@ _CONVOLUTIONS = ("convolution", "conv1d", "conv2d", "conv3d")
 def _groups_arg(packet: str, node: Any) -> int | None:
     """Where a convolution node's ``groups`` is among its arguments then keyword arguments
     (``None``: no convolution, or its default of 1)."""
+    from taps.frontends.torch.rules.convolution import groups_position
+
     if packet not in CONVOLUTIONS:
         return None
-    at = 8 if packet in ("convolution", "_convolution") else 6
+    at = groups_position(packet)
     if at < len(node.args):
         return at
     if "groups" in node.kwargs:

@@ -17,6 +17,11 @@ def _spatial(k: int) -> tuple[list[str], list[str], list[str]]:
     return [f"x{i}i" for i in range(k)], [f"k{i}" for i in range(k)], [f"x{i}o" for i in range(k)]
 
 
+def groups_position(kind: str) -> int:
+    """Where ``groups`` is among the positional arguments of convolution ``kind``."""
+    return 8 if kind in ("convolution", "_convolution") else 6
+
+
 def conv(cx: Context) -> AtenValue:
     """``conv1d``, ``conv2d``, ``conv3d``, ``convolution``: ``x (b, ci, *spatial) * weight (co,
     ci, *kernel) + bias (co)``, a ``conv1d``/``conv2d``/``conv3d`` operator.
@@ -26,12 +31,9 @@ def conv(cx: Context) -> AtenValue:
     bias (g, co)``: the groups are a partitionable axis that neither is contracted nor sums partials
     (ResNeXt's grouped and MobileNet's depthwise convolutions). An unbatched input has no ``b``."""
     x, w, bias = tensor_arg(cx, 0, "input"), tensor_arg(cx, 1, "weight"), cx.arg(2, "bias")
-    if cx.kind == "convolution":
-        if cx.arg(6, "transposed", False):
-            raise Unsupported("a transposed convolution")
-        groups = cx.arg(8, "groups", 1)
-    else:
-        groups = cx.arg(6, "groups", 1)
+    if cx.kind == "convolution" and cx.arg(6, "transposed", False):
+        raise Unsupported("a transposed convolution")
+    groups = cx.arg(groups_position(cx.kind), "groups", 1)
     k = len(w.shape) - 2
     kind = f"conv{k}d"
     batch = ["b"] if len(x.shape) == k + 2 else []
