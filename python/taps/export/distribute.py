@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taps._core import Layout, Redistribution
+from taps._core import GraphError, Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.batched import ATTENTION_FREE, MATMUL_FREE, batch_split
@@ -1734,14 +1734,12 @@ class Exported:
 def export_module(module: Any, *example_inputs: Any, rows: bool = True) -> Exported:
     """``module`` exported on ``example_inputs`` and converted as :func:`taps.from_torch` does
     (with the same ``rows``), an operator without a rule an error."""
-    torch = _torch()
-    from taps.frontends.torch import convert
+    from taps.frontends.torch import convert, export_program
 
     try:
-        program = torch.export.export(module, tuple(example_inputs))
-    except Exception as e:  # torch raises many kinds; the user needs the message, once
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExportError(f"torch.export failed on {type(module).__name__}: {first}") from None
+        program = export_program(module, example_inputs)
+    except GraphError as e:
+        raise ExportError(str(e)) from None
     grads = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
     return Exported(program, convert(program, "error", type(module).__name__, grads, rows))
 

@@ -5,7 +5,8 @@ converted (its repeated blocks tied), a saved ``torch.export`` archive, or a fac
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from taps._core import GraphError
@@ -59,16 +60,47 @@ def from_torch(
     name = name or type(module).__name__
     conversion = _once(module, example_inputs, kwargs, unknown, name, grads, rows) if once else None
     if conversion is None:
-        try:
-            program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
-        except Exception as e:  # torch raises many kinds; the user needs the message, once
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
+        program = export_program(module, example_inputs, kwargs)
         conversion = convert(program, unknown, name, grads, rows)
     if tie:
         for instances in repeated_blocks(conversion, module):
             conversion.graph.tie(instances)
     return conversion.graph
+
+
+def export_program(
+    module: Any, example_inputs: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+) -> Any:
+    """``torch.export.export(module, example_inputs, kwargs)``, a transformers model's
+    key/value cache off; a failure is one :class:`taps.GraphError` with torch's first line."""
+    torch = require_torch()
+    try:
+        with _without_cache(module):
+            return torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+    except Exception as e:  # torch raises many kinds; the user needs the message, once
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphError(f"torch.export failed on {type(module).__name__}: {first}") from None
+
+
+def drop_cache(module: Any) -> bool:
+    """Turn ``config.use_cache`` off; whether it was on. A transformers model with it on returns
+    its key/value cache, an object torch.export cannot output and no part of a training step."""
+    config: Any = getattr(module, "config", None)
+    if getattr(config, "use_cache", None) is not True:
+        return False
+    config.use_cache = False
+    return True
+
+
+@contextmanager
+def _without_cache(module: Any) -> Iterator[None]:
+    """:func:`drop_cache` while exporting, then the module as it was."""
+    dropped = drop_cache(module)
+    try:
+        yield
+    finally:
+        if dropped:
+            module.config.use_cache = True
 
 
 def _once(
@@ -87,7 +119,7 @@ def _once(
     if not found:
         return None
     try:
-        with truncated(module, found):
+        with truncated(module, found), _without_cache(module):
             program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
     except Exception:  # a module that needs all its layers (it indexes them): export it whole
         return None

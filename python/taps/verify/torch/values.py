@@ -9,13 +9,14 @@ import copy
 import logging
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from taps._support.extras import require
 from taps.errors import VerifyError
 from taps.export.distribute import DistributedModule
+from taps.frontends.torch import drop_cache
 from taps.verify.result import check_dtype
 
 
@@ -70,18 +71,16 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
     :func:`token_bound`), its tied weights kept tied."""
     torch = import_torch()
     module = copy.deepcopy(module)
+    drop_cache(module)  # the step's copy: a training step keeps no key/value cache
+    tied: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
     if device == "meta":
-        return module.to(device="meta", dtype=dtype)
+        # Moving a module between devices makes each key a tensor of its own.
+        return _retied(module.to(device="meta", dtype=dtype), tied.values())
     if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
-        tied: dict[int, list[str]] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            tied.setdefault(id(p), []).append(name)
         bound = token_bound(module)
-        module = module.to_empty(device=device)
-        for first, *others in tied.values():  # to_empty makes each key a tensor of its own
-            for name in others:
-                owner, _, attr = name.rpartition(".")
-                setattr(module.get_submodule(owner), attr, module.get_parameter(first))
+        module = _retied(module.to_empty(device=device), tied.values())
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
@@ -93,7 +92,16 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
             for m in module.modules():  # a variance is positive (eval-mode BatchNorm divides)
                 if isinstance(getattr(m, "running_var", None), torch.Tensor):
                     m.running_var.abs_().add_(0.5)
-    return module.to(device=device, dtype=dtype)
+    return _retied(module.to(device=device, dtype=dtype), tied.values())
+
+
+def _retied(module: Any, tied: Iterable[list[str]]) -> Any:
+    """``module`` with each group of ``tied`` parameter names one parameter again (its first)."""
+    for first, *others in tied:
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(owner), attr, module.get_parameter(first))
+    return module
 
 
 def backward(dist: DistributedModule, outs: Any, seed: int) -> list[Any]:
