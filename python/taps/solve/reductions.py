@@ -388,10 +388,16 @@ def reduce(
             if v in node and incident[v] and eliminate(v):
                 changed = True
         if not changed:
-            # Only narrow series are left: the one of least work goes (ties in order), and the
-            # rest wait again.
+            # Only narrow series are left: they go least work first (ties in order), but one
+            # whose neighbourhood an earlier one of them changed waits again (its neighbours
+            # may no longer be wide), so that repeated layers go in one pass, not one by one.
             work = {v: w for v in visit if v in node and (w := narrow(v)) is not None}
-            changed = any(eliminate(v, wait=False) for v in sorted(work, key=work.__getitem__))
+            touched: set[str] = set()
+            for v in sorted(work, key=work.__getitem__):
+                near = {v, *neighbours(v)}
+                if not near & touched and eliminate(v, wait=False):
+                    touched |= near
+                    changed = True
     cores = [
         Problem(
             {v: c[:, i] for v, c in node.items()},
