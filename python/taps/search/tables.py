@@ -359,6 +359,7 @@ def build_tables(
     # from the classes its output is priced to).
     by_layouts: dict[Any, np.ndarray] = {}
     priced = _Priced()
+    ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
     edges: list[EdgeTable] = []
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
@@ -366,21 +367,28 @@ def build_tables(
             check(deadline, f"pricing the redistributions of tensor {edge.tensor!r}")
             backward = training and graph.takes_gradient(graph.op(edge.consumer), edge.slot)
             flowing = edge.producer in flows
-            src_cls, src = _classes(
-                [
-                    (
-                        c.partial_output if flowing else c.output,
-                        *((c.output,) if backward else ()),
-                    )
-                    for c in ops[edge.producer].candidates
-                ]
-            )
-            dst_cls, dst = _classes(
-                [
-                    (c.inputs[edge.slot], *((c.gradient(edge.slot),) if backward else ()))
-                    for c in ops[edge.consumer].candidates
-                ]
-            )
+            # An end's classes serve every edge from (or into the same slot of) an operator of
+            # its signature, whose candidates are the same list.
+            out = ("out", signature[edge.producer], flowing, backward)
+            if out not in ends:
+                ends[out] = _classes(
+                    [
+                        (
+                            c.partial_output if flowing else c.output,
+                            *((c.output,) if backward else ()),
+                        )
+                        for c in ops[edge.producer].candidates
+                    ]
+                )
+            into = ("in", signature[edge.consumer], edge.slot, backward)
+            if into not in ends:
+                ends[into] = _classes(
+                    [
+                        (c.inputs[edge.slot], *((c.gradient(edge.slot),) if backward else ()))
+                        for c in ops[edge.consumer].candidates
+                    ]
+                )
+            (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
             dtype = graph.tensors[edge.tensor].dtype_bytes
             layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:

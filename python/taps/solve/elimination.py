@@ -50,10 +50,19 @@ WORK_PER_FLOW = 5_000
 #: where numpy adds each factor in turn: counted as this many times cheaper per entry (measured:
 #: ShuffleNetV2's core on 8 x 8, 4.2e8 entries of three factors in 0.7 s, 3.2 s in numpy).
 KERNEL_SPEEDUP = 4
-#: Cores of at most this many operators whose greedy order is over budget get the elimination
-#: order of least work, searched over the sets of operators (2^n of them): DeBERTa-v2's core of
-#: 14 on 8 x 8, whose greedy order is estimated 27 times the work of the best.
+#: Cores of at most this many operators may get the elimination order of least work, searched
+#: over the sets of operators (2^n of them): DeBERTa-v2's core of 14 on 8 x 8, whose greedy
+#: order is estimated 27 times the work of the best. Larger ones get a beam search's.
 EXACT_ORDER = 14
+#: The order searches' cost per set and operator they visit, in additions of elimination work
+#: (measured: 2 to 8 us of Python a visit, elimination about 1e8 additions a second).
+VISIT_WORK = 1_000
+#: Sets of eliminated operators the beam search keeps per step (:func:`_beam_order`), and its
+#: weight on the tables a set leaves over its boundary against the work done. ALBERT's core of
+#: 24 operators on 8 x 8: 1.3e8 to 1.5e8 at weights 3 to 30 with a beam of 32 (the greedy order
+#: 5.6e8); a beam of 16 finds such an order at some weights only.
+BEAM = 32
+BOUNDARY_WEIGHT = 10
 #: Elements of the temporary of one chunk of a step.
 _CHUNK = 4_000_000
 
@@ -368,9 +377,9 @@ class _Estimates:
         return cost, math.prod(new.values()) if new else 1, set(new)
 
 
-def _greedy(problem: Problem, max_work: float, max_table: float) -> Elimination | None:
+def _greedy(problem: Problem) -> Elimination:
     """The greedy order: each step eliminates the operator whose step costs least, ties to the
-    smaller new table, then in the problem's operator order; None once past the budget."""
+    smaller new table, then in the problem's operator order."""
     names = list(problem.node_cost)
     position = {v: k for k, v in enumerate(names)}
     est = _Estimates(problem)
@@ -394,8 +403,6 @@ def _greedy(problem: Problem, max_work: float, max_table: float) -> Elimination 
         cost, table, touched = est.eliminate(v)
         work += cost
         largest = max(largest, table)
-        if work > max_work or largest > max_table:
-            return None
         order.append(v)
         for u in sorted(touched, key=position.__getitem__):
             current[u] = rank(u)
@@ -424,31 +431,29 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
-    """The order of least work, a step costing the operator's candidates times its new table's
-    entries (each operator of the table at its candidate count), no table over ``max_table``:
-    dynamic programming over the sets of operators eliminated, since the table a step builds
-    depends only on which operators went before it (the neighbours of the part of the graph
-    they and the operator form), not on their order. None if no order keeps within the
-    table limit."""
-    names = list(problem.node_cost)
-    index = {v: i for i, v in enumerate(names)}
-    size = [len(problem.node_cost[v]) for v in names]
-    adj = [0] * len(names)
-    for p in problem.pairs:
-        a, b = index[p.u], index[p.w]
-        adj[a] |= 1 << b
-        adj[b] |= 1 << a
-    full = (1 << len(names)) - 1
-    best = [math.inf] * (full + 1)
-    last = [0] * (full + 1)
-    best[0] = 0.0
-    # A set's subsets are smaller numbers: each set is final when reached in numeric order.
-    for done in range(full + 1):
-        if best[done] == math.inf:
-            continue
-        # The outside neighbours of the part of ``done`` each of its operators lies in.
+class _Sets:
+    """The elimination game over sets of operators: the table a step builds depends only on
+    which operators went before it (the outside neighbours of the part of the graph they and
+    the eliminated operator form), not on their order. A step costs the operator's candidates
+    times its new table's entries, each operator of the table at its candidate count."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.names = list(problem.node_cost)
+        index = {v: i for i, v in enumerate(self.names)}
+        self.size = [len(problem.node_cost[v]) for v in self.names]
+        self.adj = [0] * len(self.names)
+        for p in problem.pairs:
+            a, b = index[p.u], index[p.w]
+            self.adj[a] |= 1 << b
+            self.adj[b] |= 1 << a
+        self.full = (1 << len(self.names)) - 1
+
+    def parts(self, done: int) -> tuple[dict[int, int], list[int]]:
+        """Per operator of ``done``, the outside neighbours of the part of ``done`` it lies in
+        (parts joined through ``done``), and the outside neighbours of each part."""
+        adj = self.adj
         beyond: dict[int, int] = {}
+        bounds = []
         rest = done
         while rest:
             part = frontier = rest & -rest
@@ -461,28 +466,91 @@ def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
             out = 0
             for i in _bits(part):
                 out |= adj[i]
+            out &= ~done
             for i in _bits(part):
-                beyond[i] = out & ~done
+                beyond[i] = out
+            bounds.append(out)
             rest &= ~part
+        return beyond, bounds
+
+    def table(self, done: int, beyond: dict[int, int], v: int) -> int:
+        """The entries of the table eliminating ``v`` after ``done`` builds (``beyond`` its
+        :meth:`parts`)."""
+        reach = self.adj[v]
+        for i in _bits(self.adj[v] & done):
+            reach |= beyond[i]
+        return math.prod(self.size[i] for i in _bits(reach & ~(done | 1 << v)))
+
+    def ahead(self, done: int) -> int:
+        """The entries of the tables the parts of ``done`` leave over their outside neighbours."""
+        _, bounds = self.parts(done)
+        return sum(math.prod(self.size[i] for i in _bits(b)) for b in bounds)
+
+    def order(self, path: Sequence[int]) -> list[str]:
+        """The operators of ``path`` (positions) by name."""
+        return [self.names[i] for i in path]
+
+
+def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
+    """The order of least work (:class:`_Sets`' count), no table over ``max_table``: dynamic
+    programming over the sets of operators eliminated. None if no order keeps within the table
+    limit."""
+    sets = _Sets(problem)
+    full = sets.full
+    best = [math.inf] * (full + 1)
+    last = [0] * (full + 1)
+    best[0] = 0.0
+    # A set's subsets are smaller numbers: each set is final when reached in numeric order.
+    for done in range(full + 1):
+        if best[done] == math.inf:
+            continue
+        beyond, _ = sets.parts(done)
         for v in _bits(full & ~done):
-            reach = adj[v]
-            for i in _bits(adj[v] & done):
-                reach |= beyond[i]
-            table = math.prod(size[i] for i in _bits(reach & ~(done | 1 << v)))
+            table = sets.table(done, beyond, v)
             if table > max_table:
                 continue
             after = done | 1 << v
-            work = best[done] + size[v] * table
+            work = best[done] + sets.size[v] * table
             if work < best[after]:
                 best[after], last[after] = work, v
     if best[full] == math.inf:
         return None
-    order = []
+    path = []
     done = full
     while done:
-        order.append(names[last[done]])
+        path.append(last[done])
         done &= ~(1 << last[done])
-    return order[::-1]
+    return sets.order(path[::-1])
+
+
+def _beam_order(problem: Problem, max_table: float, width: int = BEAM) -> list[str] | None:
+    """An order found by a beam search over the sets of operators eliminated
+    (:class:`_Sets`): after each step the ``width`` sets of least rank are kept, a set's rank
+    its work so far plus :data:`BOUNDARY_WEIGHT` times the tables its parts leave over their
+    outside neighbours (each such table is summed again when the next of those neighbours
+    goes, so a set with a wide boundary has work ahead of it). Ties in the order of the sets'
+    bits (deterministic). None if no set kept can go on within the table limit."""
+    sets = _Sets(problem)
+    layer: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for _ in sets.names:
+        grown: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for done, (work, path) in layer.items():
+            beyond, _ = sets.parts(done)
+            for v in _bits(sets.full & ~done):
+                table = sets.table(done, beyond, v)
+                after = done | 1 << v
+                total = work + sets.size[v] * table
+                if table <= max_table and total < grown.get(after, (math.inf,))[0]:
+                    grown[after] = (total, (*path, v))
+        if not grown:
+            return None
+        ranked = sorted(
+            (work + BOUNDARY_WEIGHT * sets.ahead(after), after)
+            for after, (work, _) in grown.items()
+        )
+        layer = {after: grown[after] for _, after in ranked[:width]}
+    ((_, path),) = layer.values()
+    return sets.order(path)
 
 
 def elimination_order(
@@ -490,15 +558,26 @@ def elimination_order(
 ) -> Elimination | None:
     """An elimination order of ``problem`` whose estimated work and largest table fit the budget,
     or None. Greedy: each step eliminates the operator whose step costs least (its choices times
-    the size of its new table times the tables it sums), ties in the problem's operator order;
-    where that order is over budget on a core of at most :data:`EXACT_ORDER` operators, the
-    order of least work (:func:`_exact_order`) is tried (rather than SCIP, which takes
-    seconds on such a core; the search takes up to 0.5 s of Python on 14 operators)."""
-    greedy = _greedy(problem, max_work, max_table)
-    if greedy is not None or len(problem.node_cost) > EXACT_ORDER:
-        return greedy
-    exact = _exact_order(problem, max_table)
-    if exact is None:
-        return None
-    best = _estimated(problem, exact)
-    return best if best.work <= max_work and best.largest <= max_table else None
+    the size of its new table times the tables it sums), ties in the problem's operator order.
+    Where a searched order is worth its time (its visits, at :data:`VISIT_WORK` each, below the
+    greedy order's work, or below ``max_work`` if that order is over budget), it is tried too
+    and the one of less estimated work kept: on a core of at most :data:`EXACT_ORDER` operators
+    the order of least work (:func:`_exact_order`: DeBERTa-v2's core on 8 x 8, estimated 27
+    times less work than the greedy's), on a larger one the beam search's
+    (:func:`_beam_order`: ALBERT's, 4 times less)."""
+    greedy = _greedy(problem)
+    fits = greedy.work <= max_work and greedy.largest <= max_table
+    n = len(problem.node_cost)
+    exact = n <= EXACT_ORDER
+    visits = (2**n if exact else BEAM * n) * n
+    if VISIT_WORK * visits >= (greedy.work if fits else max_work):
+        return greedy if fits else None
+    searched = (_exact_order if exact else _beam_order)(problem, max_table)
+    found = [greedy] if fits else []
+    if searched is not None:
+        found.append(_estimated(problem, searched))
+    return min(
+        (e for e in found if e.work <= max_work and e.largest <= max_table),
+        key=lambda e: e.work,
+        default=None,
+    )

@@ -29,7 +29,7 @@ from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
-from taps.solve.reductions import Reduction, reduce
+from taps.solve.reductions import reduce
 from taps.solve.ties import Ties
 
 
@@ -149,23 +149,17 @@ def _solve(
     if not options.reduce:
         return _pruned_run(objectives, options, memory, deadline)
     order = list(objectives[0].node_cost)
-    if memory is None:
-        return _reduced(objectives, order, None, options, deadline)
+    free = _reduced(objectives, order, None, options, deadline)
+    # The optimum without the memory limit is optimal with it if it fits. (Reduced on its own,
+    # not after the steady operators below: eliminating those first joins their wide neighbours
+    # by large pair costs, ConvNeXt's blocks on 8 x 8 by 1,649 x 1,649 ones, 4 times the time.)
+    if memory is None or memory.of(free.choice) <= memory.limit:
+        return free
     # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
-    # split shards the output evenly) can go exactly under any limit: reduced once, for both the
-    # optimum without the limit and the search under it.
+    # split shards the output evenly) can go exactly under any limit.
     steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-    t0 = time.perf_counter()
-    pre = reduce(objectives, order, steady, deadline)
-    pre_time = time.perf_counter() - t0
-    free = _reduced(pre.cores, list(pre.cores[0].node_cost), None, options, deadline)
-    choice = pre.expand(free.choice)
-    # The optimum without the memory limit is optimal with it if it fits.
-    if memory.of(choice) <= memory.limit:
-        size = replace(free.size, eliminated=free.size.eliminated + pre.eliminated)
-        return replace(free, choice=choice, reduce_time=free.reduce_time + pre_time, size=size)
-    again = _reduced(objectives, order, memory, options, deadline, steady, pre)
-    return replace(again, reduce_time=again.reduce_time + free.reduce_time + pre_time)
+    again = _reduced(objectives, order, memory, options, deadline, steady)
+    return replace(again, reduce_time=again.reduce_time + free.reduce_time)
 
 
 def _reduced(
@@ -175,14 +169,11 @@ def _reduced(
     options: IlpOptions,
     deadline: float | None,
     eliminable: set[str] | None = None,
-    reduction: Reduction | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
-    must have the same memory for every candidate when ``memory`` is given; ``reduction`` if
-    they were already run)."""
+    must have the same memory for every candidate when ``memory`` is given)."""
     t0 = time.perf_counter()
-    if reduction is None:
-        reduction = reduce(objectives, order, eliminable, deadline)
+    reduction = reduce(objectives, order, eliminable, deadline)
     reduce_time = time.perf_counter() - t0
     core = reduction.cores[0]
     if memory is not None:
