@@ -85,6 +85,33 @@ def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
     _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
 
 
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_the_candidates_the_price_drops_are_in_no_cheaper_fitting_assignment(
+    problem, data, position, lam
+):
+    # Reduced-cost fixing before the passes: a candidate goes only if every fitting assignment
+    # with it costs at least the known one; the known assignment's candidates stay.
+    memory, limit, fitting, _, known = _priced_case(problem, data, position, lam)
+    cost = problem.evaluate(known)
+    keep = pareto._Setup(problem, memory, limit).kept(lam, cost + lam * limit, known)
+    assert all(known[v] in keep[v] for v in problem.node_cost)
+    for c in fitting:
+        if problem.evaluate(c) < cost - 1e-9 * abs(cost) - 1e-12:
+            assert all(c[v] in keep[v] for v in problem.node_cost)
+    # Exactly those: a candidate kept has a priced completion within the floor.
+    for v, kept in keep.items():
+        for i in kept:
+            if i == known[v]:
+                continue
+            least = min(
+                problem.evaluate(c) + lam * (_used(memory, c) - limit)
+                for c in _every(problem)
+                if c[v] == i
+            )
+            assert least <= cost * (1 + 1e-9) + 1e-12
+
+
 @settings(max_examples=100, deadline=None)
 @given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
 def test_over_budget_at_the_known_assignment_the_lower_cutoffs_decide(problem, data, position, lam):

@@ -28,12 +28,13 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from taps.solve.reductions import Problem, min_plus_one
+from taps.solve.problem import PairCost, Problem
+from taps.solve.reductions import min_plus_one
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -100,48 +101,92 @@ class Elimination:
     def solve(self, deadline: float | None = None) -> tuple[dict[str, int], float] | None:
         """The optimal choice of every operator and its cost; None if ``deadline``
         (``time.perf_counter()``) passes first."""
-        node = {
-            v: np.asarray(c, dtype=np.float64).copy() for v, c in self.problem.node_cost.items()
-        }
-        factors: dict[int, _Factor] = {}
-        incident: dict[str, set[int]] = {v: set() for v in node}
-        for k, p in enumerate(self.problem.pairs):
-            factors[k] = _Factor((p.u, p.w), (p.u_class, p.w_class), p.cost)
-            incident[p.u].add(k)
-            incident[p.w].add(k)
-        next_id = len(factors)
-        steps = []
-        constant = 0.0
-        for v in self.order:
-            if deadline is not None and time.perf_counter() > deadline:
-                return None
-            mine = [factors.pop(k) for k in sorted(incident.pop(v))]
-            if not mine:
-                continue  # joined to nothing: takes its cheapest candidate below
-            for f in mine:
-                for u in f.names:
-                    if u != v:
-                        incident[u] &= factors.keys()
-            steps.append(_Step(v, mine, node[v]))
-            new = _eliminate(v, mine, node.pop(v), deadline)
-            if new is None:
-                return None
-            if not new.names:
-                constant += float(new.table)
-            elif len(new.names) == 1:
-                (u,) = new.names
-                node[u] = node[u] + new.table[new.classes[0]]
-            else:
-                factors[next_id] = new
-                for u in new.names:
-                    incident[u].add(next_id)
-                next_id += 1
+        run = _run(self.problem, self.order, deadline)
+        if run is None:
+            return None
+        node, factors, steps, constant = run
         assert not factors
         choice = {v: int(np.argmin(c)) for v, c in node.items()}
         constant += sum(float(c.min()) for c in node.values())
         for step in reversed(steps):
             choice[step.v] = step.choose(choice)
         return choice, constant
+
+    def part(self, deadline: float | None = None) -> Part | None:
+        """The operators of the order eliminated, the others kept (an order of
+        :func:`elimination_order` with ``keep``): the problem left, whose tables must be over
+        at most two operators (pair costs), and how to complete its choices. None if
+        ``deadline`` passes first."""
+        run = _run(self.problem, self.order, deadline)
+        if run is None:
+            return None
+        node, factors, steps, constant = run
+        # A piece with no operator left around it would leave a constant: not a part.
+        assert constant == 0.0 and node
+        pairs = []
+        for f in factors.values():
+            (u, w), (u_class, w_class) = f.names, f.classes
+            pairs.append(PairCost(u, w, u_class, w_class, f.table))
+        return Part(Problem(node, pairs), steps)
+
+
+@dataclass
+class Part:
+    """What eliminating some operators leaves: the problem of the others, and the steps that
+    choose the eliminated ones given theirs."""
+
+    problem: Problem
+    steps: list[_Step]
+
+    def expand(self, choice: dict[str, int]) -> dict[str, int]:
+        """The best choice of every operator given a choice of the problem left's."""
+        choice = dict(choice)
+        for step in reversed(self.steps):
+            choice[step.v] = step.choose(choice)
+        return choice
+
+
+def _run(
+    problem: Problem, order: list[str], deadline: float | None
+) -> tuple[dict[str, np.ndarray], dict[int, _Factor], list[_Step], float] | None:
+    """Eliminate the operators of ``order`` in turn: the node costs and the tables of the
+    operators left, the steps, and the constant of the tables left over no operator; None if
+    ``deadline`` passes first."""
+    node = {v: np.asarray(c, dtype=np.float64).copy() for v, c in problem.node_cost.items()}
+    factors: dict[int, _Factor] = {}
+    incident: dict[str, set[int]] = {v: set() for v in node}
+    for k, p in enumerate(problem.pairs):
+        factors[k] = _Factor((p.u, p.w), (p.u_class, p.w_class), p.cost)
+        incident[p.u].add(k)
+        incident[p.w].add(k)
+    next_id = len(factors)
+    steps = []
+    constant = 0.0
+    for v in order:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        mine = [factors.pop(k) for k in sorted(incident.pop(v))]
+        if not mine:
+            continue  # joined to nothing: takes its cheapest candidate at the end
+        for f in mine:
+            for u in f.names:
+                if u != v:
+                    incident[u] &= factors.keys()
+        steps.append(_Step(v, mine, node[v]))
+        new = _eliminate(v, mine, node.pop(v), deadline)
+        if new is None:
+            return None
+        if not new.names:
+            constant += float(new.table)
+        elif len(new.names) == 1:
+            (u,) = new.names
+            node[u] = node[u] + new.table[new.classes[0]]
+        else:
+            factors[next_id] = new
+            for u in new.names:
+                incident[u].add(next_id)
+            next_id += 1
+    return node, factors, steps, constant
 
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -368,10 +413,13 @@ class _Estimates:
         return cost, math.prod(new.values()) if new else 1, set(new)
 
 
-def _greedy(problem: Problem, max_work: float, max_table: float) -> Elimination | None:
+def _greedy(
+    problem: Problem, max_work: float, max_table: float, keep: Collection[str] = ()
+) -> Elimination | None:
     """The greedy order: each step eliminates the operator whose step costs least, ties to the
-    smaller new table, then in the problem's operator order; None once past the budget."""
-    names = list(problem.node_cost)
+    smaller new table, then in the problem's operator order; None once past the budget. The
+    operators in ``keep`` are not eliminated."""
+    names = [v for v in problem.node_cost if v not in keep]
     position = {v: k for k, v in enumerate(names)}
     est = _Estimates(problem)
 
@@ -397,7 +445,7 @@ def _greedy(problem: Problem, max_work: float, max_table: float) -> Elimination 
         if work > max_work or largest > max_table:
             return None
         order.append(v)
-        for u in sorted(touched, key=position.__getitem__):
+        for u in sorted(touched.difference(keep), key=position.__getitem__):
             current[u] = rank(u)
             heapq.heappush(heap, (current[u], position[u], u))
     return Elimination(problem, order, work, largest)
@@ -424,14 +472,19 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
+def _exact_order(
+    problem: Problem, max_table: float, keep: Collection[str] = ()
+) -> list[str] | None:
     """The order of least work, a step costing the operator's candidates times its new table's
     entries (each operator of the table at its candidate count), no table over ``max_table``:
     dynamic programming over the sets of operators eliminated, since the table a step builds
     depends only on which operators went before it (the neighbours of the part of the graph
     they and the operator form), not on their order. None if no order keeps within the
-    table limit."""
-    names = list(problem.node_cost)
+    table limit. The operators in ``keep`` are not eliminated (their bits come last, above
+    the sets searched)."""
+    names = [v for v in problem.node_cost if v not in keep]
+    kept = len(names)
+    names += [v for v in problem.node_cost if v in keep]
     index = {v: i for i, v in enumerate(names)}
     size = [len(problem.node_cost[v]) for v in names]
     adj = [0] * len(names)
@@ -439,7 +492,7 @@ def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
         a, b = index[p.u], index[p.w]
         adj[a] |= 1 << b
         adj[b] |= 1 << a
-    full = (1 << len(names)) - 1
+    full = (1 << kept) - 1
     best = [math.inf] * (full + 1)
     last = [0] * (full + 1)
     best[0] = 0.0
@@ -486,19 +539,29 @@ def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
 
 
 def elimination_order(
-    problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
+    problem: Problem,
+    max_work: float = MAX_WORK,
+    max_table: float = MAX_TABLE,
+    keep: Collection[str] = (),
 ) -> Elimination | None:
     """An elimination order of ``problem`` whose estimated work and largest table fit the budget,
     or None. Greedy: each step eliminates the operator whose step costs least (its choices times
     the size of its new table times the tables it sums), ties in the problem's operator order;
     where that order is over budget on a core of at most :data:`EXACT_ORDER` operators, the
     order of least work (:func:`_exact_order`) is tried (rather than SCIP, which takes
-    seconds on such a core; the search takes up to 0.5 s of Python on 14 operators)."""
-    greedy = _greedy(problem, max_work, max_table)
-    if greedy is not None or len(problem.node_cost) > EXACT_ORDER:
+    seconds on such a core; the search takes up to 0.5 s of Python on 14 operators). With
+    ``keep``, the order eliminates every other operator (:meth:`Elimination.part`), the better
+    of the two orders when the others are at most :data:`EXACT_ORDER` (DeepSeek-V3's rotary
+    piece: greedy, its cheapest steps first, grows the tables of the rotation's steps to 3.4e9
+    estimated additions; the order of least work 1.9e9)."""
+    greedy = _greedy(problem, max_work, max_table, keep)
+    eliminable = len(problem.node_cost.keys() - set(keep))
+    if eliminable > EXACT_ORDER or (greedy is not None and not keep):
         return greedy
-    exact = _exact_order(problem, max_table)
+    exact = _exact_order(problem, max_table, keep)
     if exact is None:
-        return None
+        return greedy
     best = _estimated(problem, exact)
-    return best if best.work <= max_work and best.largest <= max_table else None
+    if best.work > max_work or best.largest > max_table:
+        return greedy
+    return best if greedy is None or best.work < greedy.work else greedy
