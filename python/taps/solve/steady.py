@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from taps.solve.elimination import MAX_WORK, WORK_PER_FLOW, Part, elimination_order
 from taps.solve.problem import Problem
@@ -47,7 +48,9 @@ class Pieces:
         return choice
 
 
-def _components(members: Collection[str], near: dict[str, set[str]], position: dict[str, int]):
+def _components(
+    members: Collection[str], near: dict[str, set[str]], position: dict[str, int]
+) -> Iterator[set[str]]:
     """The connected components of ``members``, in the order of their first operator."""
     left = set(members)
     for v in sorted(left, key=position.__getitem__):
@@ -74,19 +77,25 @@ def _pieces(
     one or two operators around them (the component itself, or what is left of it apart from
     two of its operators or those around it)."""
     around = _around(component, near)
+    if len(component) < 2:
+        return
     if len(around) <= 2:
-        if around and len(component) > 1:
+        if around:
             yield component
         return
     if len(component) + len(around) > MAX_COMPONENT:
         return
     for pair in itertools.combinations(sorted(component | around, key=position.__getitem__), 2):
+        if not component.intersection(pair):
+            continue  # the component itself, with more than two around it
         for piece in _components(component - set(pair), near, position):
             if len(piece) > 1 and 0 < len(_around(piece, near)) <= 2:
                 yield piece
 
 
-def _eliminated(problem: Problem, piece: frozenset[str], around: set[str], deadline: float | None):
+def _eliminated(
+    problem: Problem, piece: frozenset[str], around: set[str], deadline: float | None
+) -> tuple[Problem, Part] | Literal[False] | None:
     """``problem`` with ``piece`` eliminated (the steps that choose its operators apart), if its
     elimination fits the budget (False if not; None if ``deadline`` passes first)."""
     inside = [p for p in problem.pairs if p.u in piece or p.w in piece]
