@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,3 +155,12 @@ def test_a_binding_limit_through_the_pieces_equals_brute_force(seed, position):
     assert found.status == "optimal" and found.gap == 0
     assert used(found.choice) <= limit
     assert problem.evaluate(found.choice) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_passed_deadline_stops_the_pieces():
+    # Past the deadline the elimination of a piece stops (the solve then returns its first
+    # assignment, docs/errors.md#time); before it, the same pieces go.
+    problem = _rotary(0)
+    assert eliminate_pieces(problem, _STEADY, deadline=time.perf_counter() - 1) is None
+    pieces = eliminate_pieces(problem, _STEADY, deadline=time.perf_counter() + 60)
+    assert pieces is not None and pieces.eliminated == 7
