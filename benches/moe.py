@@ -10,10 +10,11 @@
 Targets: Mixtral from the module to a plan in at most 10 s, DeepSeek-V3 in at most 30 s, peak
 memory under 2 GB. The models are transformers' built from their configs on the meta device in
 bf16, a batch of ``--batch`` sequences of ``--seq`` tokens: by default Mixtral 64 x 4096 on 64
-devices, DeepSeek-V3 8 x 4096 on 256 (all 61 layers on 256 devices, no pipeline: 64 sequences
-need 119 GB per device; at 16 the unlimited optimum needs 84 GB, over the H100's 80, and the
-memory-bound search does not finish; DeepSeek-V3 trains on 4096-token sequences, its
-15,360-sequence batch over 2,048 GPUs in micro-batches, 1,920 sequences per 256 GPUs per step).
+devices, DeepSeek-V3 16 x 4096 on 256 (all 61 layers on 256 devices, no pipeline: the unlimited
+optimum needs 84 GB per device, over the H100's 80, so the memory-bound search decides it; 64
+sequences need 119 GB at least, which the search refuses in one line; DeepSeek-V3 trains on
+4096-token sequences, its 15,360-sequence batch over 2,048 GPUs in micro-batches, 1,920
+sequences per 256 GPUs per step).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ MODELS = {
         {"first_k_dense_replace": 0},
         61,
         32,
-        8,
+        16,
     ),
 }
 

@@ -80,9 +80,43 @@ def _priced_case(problem: Problem, data: st.DataObject, position: float, lam: fl
 @given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
 def test_the_cut_by_any_price_keeps_the_optimum(problem, data, position, lam):
     # Any price gives a valid Lagrangian bound and any fitting assignment a cutoff: the cut
-    # (every ladder step of it) must never lose the optimum.
+    # (every ladder step of it) must never lose the optimum, whether the tables are made again
+    # on the candidates the price keeps (rebuild share 2: always) or not (0: never).
     memory, limit, _, bound, known = _priced_case(problem, data, position, lam)
-    _check(problem, memory, limit, solve_pareto(problem, memory, limit, price=(lam, bound, known)))
+    for share in (0.0, 2.0):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pareto, "_REBUILD", share)
+            found = solve_pareto(problem, memory, limit, price=(lam, bound, known))
+        _check(problem, memory, limit, found)
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 3.0))
+def test_the_candidates_the_price_drops_are_in_no_cheaper_fitting_assignment(
+    problem, data, position, lam
+):
+    # Reduced-cost fixing before the passes: a candidate goes only if every fitting assignment
+    # with it costs at least the known one; the known assignment's candidates stay.
+    memory, limit, fitting, _, known = _priced_case(problem, data, position, lam)
+    cost = problem.evaluate(known)
+    setup = pareto._Setup(problem, memory, limit)
+    _, outside = pareto._priced_bounds(setup.tables, setup.plan, lam, setup.order)
+    keep = setup.kept(lam, cost + lam * limit, known, outside)
+    assert all(known[v] in keep[v] for v in problem.node_cost)
+    for c in fitting:
+        if problem.evaluate(c) < cost - 1e-9 * abs(cost) - 1e-12:
+            assert all(c[v] in keep[v] for v in problem.node_cost)
+    # Exactly those: a candidate kept has a priced completion within the floor.
+    for v, kept in keep.items():
+        for i in kept:
+            if i == known[v]:
+                continue
+            least = min(
+                problem.evaluate(c) + lam * (_used(memory, c) - limit)
+                for c in _every(problem)
+                if c[v] == i
+            )
+            assert least <= cost * (1 + 1e-9) + 1e-12
 
 
 @settings(max_examples=100, deadline=None)

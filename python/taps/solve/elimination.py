@@ -28,12 +28,13 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from taps.solve.reductions import Problem, min_plus_one
+from taps.solve.problem import PairCost, Problem
+from taps.solve.reductions import min_plus_one
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -109,48 +110,92 @@ class Elimination:
     def solve(self, deadline: float | None = None) -> tuple[dict[str, int], float] | None:
         """The optimal choice of every operator and its cost; None if ``deadline``
         (``time.perf_counter()``) passes first."""
-        node = {
-            v: np.asarray(c, dtype=np.float64).copy() for v, c in self.problem.node_cost.items()
-        }
-        factors: dict[int, _Factor] = {}
-        incident: dict[str, set[int]] = {v: set() for v in node}
-        for k, p in enumerate(self.problem.pairs):
-            factors[k] = _Factor((p.u, p.w), (p.u_class, p.w_class), p.cost)
-            incident[p.u].add(k)
-            incident[p.w].add(k)
-        next_id = len(factors)
-        steps = []
-        constant = 0.0
-        for v in self.order:
-            if deadline is not None and time.perf_counter() > deadline:
-                return None
-            mine = [factors.pop(k) for k in sorted(incident.pop(v))]
-            if not mine:
-                continue  # joined to nothing: takes its cheapest candidate below
-            for f in mine:
-                for u in f.names:
-                    if u != v:
-                        incident[u] &= factors.keys()
-            steps.append(_Step(v, mine, node[v]))
-            new = _eliminate(v, mine, node.pop(v), deadline)
-            if new is None:
-                return None
-            if not new.names:
-                constant += float(new.table)
-            elif len(new.names) == 1:
-                (u,) = new.names
-                node[u] = node[u] + new.table[new.classes[0]]
-            else:
-                factors[next_id] = new
-                for u in new.names:
-                    incident[u].add(next_id)
-                next_id += 1
+        run = _run(self.problem, self.order, deadline)
+        if run is None:
+            return None
+        node, factors, steps, constant = run
         assert not factors
         choice = {v: int(np.argmin(c)) for v, c in node.items()}
         constant += sum(float(c.min()) for c in node.values())
         for step in reversed(steps):
             choice[step.v] = step.choose(choice)
         return choice, constant
+
+    def part(self, deadline: float | None = None) -> Part | None:
+        """The operators of the order eliminated, the others kept (an order of
+        :func:`elimination_order` with ``keep``): the problem left, whose tables must be over
+        at most two operators (pair costs), and how to complete its choices. None if
+        ``deadline`` passes first."""
+        run = _run(self.problem, self.order, deadline)
+        if run is None:
+            return None
+        node, factors, steps, constant = run
+        # A piece with no operator left around it would leave a constant: not a part.
+        assert constant == 0.0 and node
+        pairs = []
+        for f in factors.values():
+            (u, w), (u_class, w_class) = f.names, f.classes
+            pairs.append(PairCost(u, w, u_class, w_class, f.table))
+        return Part(Problem(node, pairs), steps)
+
+
+@dataclass
+class Part:
+    """What eliminating some operators leaves: the problem of the others, and the steps that
+    choose the eliminated ones given theirs."""
+
+    problem: Problem
+    steps: list[_Step]
+
+    def expand(self, choice: dict[str, int]) -> dict[str, int]:
+        """The best choice of every operator given a choice of the problem left's."""
+        choice = dict(choice)
+        for step in reversed(self.steps):
+            choice[step.v] = step.choose(choice)
+        return choice
+
+
+def _run(
+    problem: Problem, order: list[str], deadline: float | None
+) -> tuple[dict[str, np.ndarray], dict[int, _Factor], list[_Step], float] | None:
+    """Eliminate the operators of ``order`` in turn: the node costs and the tables of the
+    operators left, the steps, and the constant of the tables left over no operator; None if
+    ``deadline`` passes first."""
+    node = {v: np.asarray(c, dtype=np.float64).copy() for v, c in problem.node_cost.items()}
+    factors: dict[int, _Factor] = {}
+    incident: dict[str, set[int]] = {v: set() for v in node}
+    for k, p in enumerate(problem.pairs):
+        factors[k] = _Factor((p.u, p.w), (p.u_class, p.w_class), p.cost)
+        incident[p.u].add(k)
+        incident[p.w].add(k)
+    next_id = len(factors)
+    steps = []
+    constant = 0.0
+    for v in order:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        mine = [factors.pop(k) for k in sorted(incident.pop(v))]
+        if not mine:
+            continue  # joined to nothing: takes its cheapest candidate at the end
+        for f in mine:
+            for u in f.names:
+                if u != v:
+                    incident[u] &= factors.keys()
+        steps.append(_Step(v, mine, node[v]))
+        new = _eliminate(v, mine, node.pop(v), deadline)
+        if new is None:
+            return None
+        if not new.names:
+            constant += float(new.table)
+        elif len(new.names) == 1:
+            (u,) = new.names
+            node[u] = node[u] + new.table[new.classes[0]]
+        else:
+            factors[next_id] = new
+            for u in new.names:
+                incident[u].add(next_id)
+            next_id += 1
+    return node, factors, steps, constant
 
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -377,10 +422,11 @@ class _Estimates:
         return cost, math.prod(new.values()) if new else 1, set(new)
 
 
-def _greedy(problem: Problem) -> Elimination:
+def _greedy(problem: Problem, keep: Collection[str] = ()) -> Elimination:
     """The greedy order: each step eliminates the operator whose step costs least, ties to the
-    smaller new table, then in the problem's operator order."""
-    names = list(problem.node_cost)
+    smaller new table, then in the problem's operator order. The operators in ``keep`` are not
+    eliminated."""
+    names = [v for v in problem.node_cost if v not in keep]
     position = {v: k for k, v in enumerate(names)}
     est = _Estimates(problem)
 
@@ -404,7 +450,7 @@ def _greedy(problem: Problem) -> Elimination:
         work += cost
         largest = max(largest, table)
         order.append(v)
-        for u in sorted(touched, key=position.__getitem__):
+        for u in sorted(touched.difference(keep), key=position.__getitem__):
             current[u] = rank(u)
             heapq.heappush(heap, (current[u], position[u], u))
     return Elimination(problem, order, work, largest)
@@ -435,10 +481,14 @@ class _Sets:
     """The elimination game over sets of operators: the table a step builds depends only on
     which operators went before it (the outside neighbours of the part of the graph they and
     the eliminated operator form), not on their order. A step costs the operator's candidates
-    times its new table's entries, each operator of the table at its candidate count."""
+    times its new table's entries, each operator of the table at its candidate count. The
+    operators in ``keep`` are not eliminated: their bits come last, above the sets searched."""
 
-    def __init__(self, problem: Problem) -> None:
-        self.names = list(problem.node_cost)
+    def __init__(self, problem: Problem, keep: Collection[str] = ()) -> None:
+        self.names = [v for v in problem.node_cost if v not in keep]
+        #: The operators eliminated: the first bits.
+        self.eliminated = len(self.names)
+        self.names += [v for v in problem.node_cost if v in keep]
         index = {v: i for i, v in enumerate(self.names)}
         self.size = [len(problem.node_cost[v]) for v in self.names]
         self.adj = [0] * len(self.names)
@@ -446,7 +496,7 @@ class _Sets:
             a, b = index[p.u], index[p.w]
             self.adj[a] |= 1 << b
             self.adj[b] |= 1 << a
-        self.full = (1 << len(self.names)) - 1
+        self.full = (1 << self.eliminated) - 1
 
     def parts(self, done: int) -> tuple[dict[int, int], list[int]]:
         """Per operator of ``done``, the outside neighbours of the part of ``done`` it lies in
@@ -491,11 +541,13 @@ class _Sets:
         return [self.names[i] for i in path]
 
 
-def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
-    """The order of least work (:class:`_Sets`' count), no table over ``max_table``: dynamic
-    programming over the sets of operators eliminated. None if no order keeps within the table
-    limit."""
-    sets = _Sets(problem)
+def _exact_order(
+    problem: Problem, max_table: float, keep: Collection[str] = ()
+) -> list[str] | None:
+    """The order of least work (:class:`_Sets`' count) of the operators not in ``keep``, no
+    table over ``max_table``: dynamic programming over the sets of operators eliminated. None
+    if no order keeps within the table limit."""
+    sets = _Sets(problem, keep)
     full = sets.full
     best = [math.inf] * (full + 1)
     last = [0] * (full + 1)
@@ -523,16 +575,19 @@ def _exact_order(problem: Problem, max_table: float) -> list[str] | None:
     return sets.order(path[::-1])
 
 
-def _beam_order(problem: Problem, max_table: float, width: int = BEAM) -> list[str] | None:
+def _beam_order(
+    problem: Problem, max_table: float, keep: Collection[str] = (), width: int = BEAM
+) -> list[str] | None:
     """An order found by a beam search over the sets of operators eliminated
     (:class:`_Sets`): after each step the ``width`` sets of least rank are kept, a set's rank
     its work so far plus :data:`BOUNDARY_WEIGHT` times the tables its parts leave over their
     outside neighbours (each such table is summed again when the next of those neighbours
     goes, so a set with a wide boundary has work ahead of it). Ties in the order of the sets'
-    bits (deterministic). None if no set kept can go on within the table limit."""
-    sets = _Sets(problem)
+    bits (deterministic). None if no set kept can go on within the table limit. The operators
+    in ``keep`` are not eliminated."""
+    sets = _Sets(problem, keep)
     layer: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
-    for _ in sets.names:
+    for _ in range(sets.eliminated):
         grown: dict[int, tuple[float, tuple[int, ...]]] = {}
         for done, (work, path) in layer.items():
             beyond, _ = sets.parts(done)
@@ -554,7 +609,10 @@ def _beam_order(problem: Problem, max_table: float, width: int = BEAM) -> list[s
 
 
 def elimination_order(
-    problem: Problem, max_work: float = MAX_WORK, max_table: float = MAX_TABLE
+    problem: Problem,
+    max_work: float = MAX_WORK,
+    max_table: float = MAX_TABLE,
+    keep: Collection[str] = (),
 ) -> Elimination | None:
     """An elimination order of ``problem`` whose estimated work and largest table fit the budget,
     or None. Greedy: each step eliminates the operator whose step costs least (its choices times
@@ -563,16 +621,17 @@ def elimination_order(
     greedy order's work, or below ``max_work`` if that order is over budget), it is tried too
     and the one of less estimated work kept: on a core of at most :data:`EXACT_ORDER` operators
     the order of least work (:func:`_exact_order`: DeBERTa-v2's core on 8 x 8, estimated 27
-    times less work than the greedy's), on a larger one the beam search's
-    (:func:`_beam_order`: ALBERT's, 4 times less)."""
-    greedy = _greedy(problem)
+    times less work than the greedy's; DeepSeek-V3's rotary piece, 3.4e9 against 1.9e9), on a
+    larger one the beam search's (:func:`_beam_order`: ALBERT's, 4 times less). With ``keep``,
+    the order eliminates every other operator (:meth:`Elimination.part`)."""
+    greedy = _greedy(problem, keep)
     fits = greedy.work <= max_work and greedy.largest <= max_table
-    n = len(problem.node_cost)
+    n = len(problem.node_cost.keys() - set(keep))
     exact = n <= EXACT_ORDER
     visits = (2**n if exact else BEAM * n) * n
     if VISIT_WORK * visits >= (greedy.work if fits else max_work):
         return greedy if fits else None
-    searched = (_exact_order if exact else _beam_order)(problem, max_table)
+    searched = (_exact_order if exact else _beam_order)(problem, max_table, keep)
     found = [greedy] if fits else []
     if searched is not None:
         found.append(_estimated(problem, searched))

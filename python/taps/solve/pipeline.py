@@ -5,9 +5,11 @@ Stage by stage (each exact; :class:`taps.solve.problem.IlpOptions` switches them
 1. tied repeats folded to one block's choices (:mod:`taps.solve.ties`);
 2. exact reductions, leaf, series, parallel and fixed operators, by dynamic programming
    (:mod:`taps.solve.reductions`);
-3. under a binding memory limit, a Lagrangian price on memory that decides the problem or prunes
-   it and gives SCIP a first assignment (:mod:`taps.solve.memory_price`), then what it leaves
-   solved over (cost, memory) Pareto frontiers when they fit a budget (:mod:`taps.solve.pareto`);
+3. under a memory limit, the pieces of operators whose memory does not depend on their choice
+   eliminated (:mod:`taps.solve.steady`); under a binding one, a Lagrangian price on memory
+   that decides the problem or prunes it and gives SCIP a first assignment
+   (:mod:`taps.solve.memory_price`), then what it leaves solved over (cost, memory) Pareto
+   frontiers when they fit a budget (:mod:`taps.solve.pareto`);
 4. what the reductions leave solved by variable elimination when its tables are small
    (:mod:`taps.solve.elimination`);
 5. otherwise dominated candidates pruned (:mod:`taps.solve.prune`) and the ILP solved by SCIP
@@ -22,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from taps._support.deadline import check
 from taps.errors import InfeasibleError, TapsError, TimeLimitError
 from taps.solve.elimination import WORK_PER_FLOW, elimination_order
 from taps.solve.ilp import MEMORY_FEASTOL, solve_ilp
@@ -30,6 +33,7 @@ from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
 from taps.solve.reductions import reduce
+from taps.solve.steady import eliminate_pieces
 from taps.solve.ties import Ties
 
 
@@ -156,10 +160,26 @@ def _solve(
     if memory is None or memory.of(free.choice) <= memory.limit:
         return free
     # Operators whose memory is the same whatever their candidate (elementwise ones, whose every
-    # split shards the output evenly) can go exactly under any limit.
+    # split shards the output evenly) can go exactly under any limit: reduced once, and their
+    # pieces with at most two operators around them eliminated (taps.solve.steady).
     steady = {v for v, m in memory.per_op.items() if np.ptp(m) == 0}
-    again = _reduced(objectives, order, memory, options, deadline, steady)
-    return replace(again, reduce_time=again.reduce_time + free.reduce_time)
+    t0 = time.perf_counter()
+    pre = reduce(objectives, order, steady, deadline)
+    pieces = None
+    if options.eliminate and len(objectives) == 1:
+        pieces = eliminate_pieces(pre.cores[0], steady, deadline)
+        check(deadline, "eliminating the steady pieces")
+    cores = pre.cores if pieces is None else [pieces.problem]
+    eliminated = pre.eliminated + (0 if pieces is None else pieces.eliminated)
+    pre_time = time.perf_counter() - t0
+    again = _reduced(cores, list(cores[0].node_cost), memory, options, deadline, steady)
+    choice = pre.expand(again.choice if pieces is None else pieces.expand(again.choice))
+    return replace(
+        again,
+        choice=choice,
+        reduce_time=again.reduce_time + free.reduce_time + pre_time,
+        size=replace(again.size, eliminated=again.size.eliminated + eliminated),
+    )
 
 
 def _reduced(

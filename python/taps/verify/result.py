@@ -11,6 +11,7 @@ all-reduce over 4 devices receives 2 elements, not 1.5), collective-permute ``s`
 from __future__ import annotations
 
 import json
+from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -143,7 +144,6 @@ def match(
     collectives are ``unpriced`` when ``unpriced`` says taps leaves the backward pass of a
     redistribution out (the paper's model) and they are one (scope ``e...``), else
     ``unexpected``."""
-    left = list(measured)
     rows: list[CollectiveCheck] = []
     unmatched: list[Predicted] = []
     done: dict[Hashable, str] = {}  # the scope each ``same`` key was compiled for
@@ -167,43 +167,50 @@ def match(
             )
         )
 
+    # Indexed by what pairs them, in compiled order: the first free collective of a key is the
+    # one a scan in that order would find (a model's step issues thousands).
+    exact: dict[Hashable, deque[int]] = defaultdict(deque)
+    loose: dict[Hashable, deque[int]] = defaultdict(deque)
+    for i, (s, ph, c) in enumerate(measured):
+        exact[(s, ph, c.kind, _hashable(c.groups), c.bytes)].append(i)
+        loose[(s, ph, c.kind)].append(i)
+    taken = [False] * len(measured)
+
+    def take(queue: deque[int]) -> Measured | None:
+        while queue and taken[queue[0]]:
+            queue.popleft()
+        if not queue:
+            return None
+        taken[queue[0]] = True
+        return measured[queue.popleft()][2]
+
     for p in predicted:
-        hit = next(
-            (
-                i
-                for i, (s, ph, m) in enumerate(left)
-                if (s, ph) == (p.scope, p.phase)
-                and (m.kind, m.groups, m.bytes) == (p.kind, p.groups, p.bytes)
-            ),
-            None,
-        )
-        if hit is None:
+        m = take(exact[(p.scope, p.phase, p.kind, _hashable(p.groups), p.bytes)])
+        if m is None:
             unmatched.append(p)
         else:
-            row(OK, p, left.pop(hit)[2], p.what)
+            row(OK, p, m, p.what)
             if p.same is not None:
                 done.setdefault(p.same, p.scope)
     for p in unmatched:
-        hit = next(
-            (
-                i
-                for i, (s, ph, m) in enumerate(left)
-                if (s, ph, m.kind) == (p.scope, p.phase, p.kind)
-            ),
-            None,
-        )
+        m = take(loose[(p.scope, p.phase, p.kind)])
         twin = None if p.same is None else done.get(p.same)
-        if hit is None and twin is not None:
+        if m is None and twin is not None:
             row(SHARED, p, None, f"{p.what} (computed once, for {describe[twin]})")
-        elif hit is None:
+        elif m is None:
             row(MISSING, p, None, p.what)
         else:
-            row(DIFFERS, p, left.pop(hit)[2], p.what)
+            row(DIFFERS, p, m, p.what)
+    left = [x for i, x in enumerate(measured) if not taken[i]]
     for scope, phase, m in left:
         priced = not unpriced or phase != "backward" or not scope.startswith("e")
         status = UNEXPECTED if priced else UNPRICED
         row(status, None, m, describe.get(scope, "outside every edge and operator"), phase)
     return rows
+
+
+def _hashable(groups: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(g) for g in groups)
 
 
 @dataclass
