@@ -241,12 +241,16 @@ _PAIRS = [
 
 
 def _steps_rank(rank, tmp):
+    import warnings
+
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
 
     from taps.steps.torch import Steps
 
     tdist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=4)
+    # torch's deprecated collectives (all_gather_tensor) warn: the steps use the supported ones
+    warnings.simplefilter("error", FutureWarning)
     try:
         for i, (a, b, planner) in enumerate(_PAIRS):
             plan = taps.plan_redistribution(a, b, planner=planner)

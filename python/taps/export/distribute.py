@@ -513,7 +513,7 @@ class DistributedModule:
         assert self.replay is not None
         group = self.replay.steps.group(tuple(self.chosen.mesh.axis_names))
         flat = local.detach().contiguous().reshape(-1)
-        every = funcol.wait_tensor(funcol.all_gather_tensor(flat, 0, group))
+        every = funcol.wait_tensor(funcol.all_gather_single(flat, 0, group))
         whole = flat.new_zeros(layout.shape)
         for rank, piece in enumerate(every.chunk(group.size())):
             target = whole

@@ -66,7 +66,7 @@ class Steps:
         if op.kind == "all_to_all":
             return self.all_to_all(x, op.to_tensor_dim, op.tensor_dim, group)  # type: ignore[arg-type]
         if op.kind == "reduce_scatter":
-            return _wait(funcol.reduce_scatter_tensor_autograd(x, "sum", op.tensor_dim, group))
+            return _wait(funcol.reduce_scatter_single_autograd(x, "sum", op.tensor_dim, group))
         if op.kind == "all_reduce":
             return self.sum(x, axes)
         raise ExportError(f"no PyTorch form for the step kind {op.kind!r}")
@@ -78,7 +78,7 @@ class Steps:
         g = group.size()
         if x.device.type == "cpu":
             # gloo has no all-to-all: gather, then keep this rank's block.
-            whole = _wait(funcol.all_gather_tensor_autograd(x.contiguous(), concat, group))
+            whole = _wait(funcol.all_gather_single_autograd(x.contiguous(), concat, group))
             return _block(whole, split, group).contiguous()
         blocks = torch.stack(x.chunk(g, dim=split))
         out = _wait(funcol.all_to_all_single_autograd(blocks.contiguous(), None, None, group))
@@ -251,8 +251,8 @@ def _zero_sync(grad: Any, group: Any) -> Any:
     pad = -flat.numel() % group.size()
     if pad:
         flat = _torch().cat([flat, flat.new_zeros(pad)])
-    shard = _wait(funcol.reduce_scatter_tensor(flat.contiguous(), "sum", 0, group))
-    whole = _wait(funcol.all_gather_tensor(shard.contiguous(), 0, group))
+    shard = _wait(funcol.reduce_scatter_single(flat.contiguous(), "sum", 0, group))
+    whole = _wait(funcol.all_gather_single(shard.contiguous(), 0, group))
     return whole[: grad.numel()].reshape(grad.shape)
 
 
@@ -324,7 +324,7 @@ def _training(kind: str) -> Any:
             group = ctx.group
             whole = _padded(grad, -(-grad.shape[0] // group.size()) * group.size())
             with ctx.scope():
-                out = _wait(_funcol().reduce_scatter_tensor(whole.contiguous(), "sum", 0, group))
+                out = _wait(_funcol().reduce_scatter_single(whole.contiguous(), "sum", 0, group))
             return out, None, None, None
 
     class Pre(Function):  # type: ignore[misc,valid-type]
