@@ -237,3 +237,27 @@ def test_operators_the_model_runs_twice_on_one_value_are_one_value():
     relu_x, relu_x_again, relu_other = by_kind["relu"]
     assert value[relu_x] == value[relu_x_again] != value[relu_other]
     assert len({value[n] for n in by_kind["linear"]}) == 4  # other weights or other inputs
+
+
+def test_values_of_a_deep_residual_stream_are_small_keys():
+    """A residual stream reaches each layer's output by two paths: as nested tuples its value
+    doubled at every layer, and hashing the prediction's keys of a 12-layer ViT never ended.
+    Each value is a number; 48 residual layers give 48 distinct adds."""
+    import torch
+
+    from taps.frontends import from_torch
+    from taps.verify.prediction import values
+
+    class Residual(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.relu(self.linear(x))
+
+    g = from_torch(torch.nn.Sequential(*(Residual() for _ in range(48))), torch.randn(4, 8))
+    value = values(g)
+    assert all(isinstance(v, int) for v in value.values())
+    adds = [value[op.name] for op in g.ops if op.kind == "add"]
+    assert len(adds) == len(set(adds)) == 48

@@ -91,25 +91,31 @@ def describe_scopes(layouts: PlanLayouts) -> dict[str, str]:
     return out
 
 
-def values(graph: Graph) -> dict[str, Hashable]:
+def values(graph: Graph) -> dict[str, int]:
     """Per operator, what its output is as far as the graph tells: its kind, axes and
     operands, each operand a parameter or input by name, a view by its base's value and shape,
     an operator's output by that operator's value. Operators the model runs twice on one value
     (T5's position bias masked by every layer's attention) have one value, and a compiler may
-    compute them, and their edges' steps, once."""
-    out: dict[str, Hashable] = {}
+    compute them, and their edges' steps, once. Each distinct value is a number, given in the
+    order first met: the same value, the same number. (As nested tuples, a residual stream
+    would double its key at each layer: hashing a deep model's keys never ends.)"""
+    numbers: dict[Hashable, int] = {}
+    out: dict[str, int] = {}
 
-    def tensor(name: str) -> Hashable:
+    def number(key: Hashable) -> int:
+        return numbers.setdefault(key, len(numbers))
+
+    def tensor(name: str) -> int:
         t = graph.tensors[name]
         if t.producer is not None:
             return out[t.producer]
         if t.base is not None:
-            return ("view", tensor(t.base), t.shape)
-        return name
+            return number(("view", tensor(t.base), t.shape))
+        return number(("leaf", name))
 
     for op in graph.ops:  # in topological order: every operand's producer comes first
         operands = tuple((tensor(o.tensor), o.dims, o.addend) for o in op.inputs)
-        out[op.name] = (op.kind, op.output.dims, op.axes, op.axis_sizes, operands)
+        out[op.name] = number((op.kind, op.output.dims, op.axes, op.axis_sizes, operands))
     return out
 
 
