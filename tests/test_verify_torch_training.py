@@ -599,3 +599,17 @@ def test_the_dense_run_draws_attentions_mask_over_its_weights():
     want = (weights * ((u >= 0.25) / 0.75).float()) @ v
     assert torch.allclose(got, want, atol=1e-6)
     assert torch.allclose(plain, weights @ v, atol=1e-6)
+
+
+def test_a_split_after_a_channel_shuffle_moves_its_blocks_in_its_edge():
+    """torchvision's ShuffleNetV2: each block splits the channel shuffle's output in two (a
+    ``chunk`` whose pieces the next block reads), and the plan moves the shuffled tensor to the
+    split's layout by an all_to_all. The replay runs that edge when it cuts a piece: the
+    collective is issued in the edge's scope, as predicted (it was issued outside every scope,
+    leaving the prediction missing)."""
+    module, inputs = _family("tv_shufflenet")
+    plan = taps.search(from_torch(module, *inputs), taps.Cluster(1, 4)).plan
+    result = verify_torch(module, inputs, plan, numerics=None)
+    assert result.ok, result.mismatches
+    split = [c for c in result.collectives if "transpose -> " in c.what and ".split" in c.what]
+    assert split and {c.status for c in split} == {OK}

@@ -1241,12 +1241,12 @@ class _Interpreter:
                 f"operator {op!r} input {slot} reads {x.layout!r}; taps' plan starts from "
                 f"{plan.source!r}"
             )
-        local = replay.steps.edge(
-            x.local,
-            plan,
-            replay.backward.get((op, slot)),
-            lambda: self.dist.tracer.scope("edge", op, slot),
-        )
+
+        def scope() -> AbstractContextManager[Any]:
+            return self.dist.tracer.scope("edge", op, slot)
+
+        with scope():  # forward here (a split's piece calls this outside the edge's scope)
+            local = replay.steps.edge(x.local, plan, replay.backward.get((op, slot)), scope)
         # The plan's target may be the slot's layout in another shape (a reshape moves nothing).
         return local.reshape(replay.layouts.inputs[op][slot].shard_shape)
 
