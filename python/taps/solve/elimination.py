@@ -117,9 +117,7 @@ class Elimination:
         assert not factors
         choice = {v: int(np.argmin(c)) for v, c in node.items()}
         constant += sum(float(c.min()) for c in node.values())
-        for step in reversed(steps):
-            choice[step.v] = step.choose(choice)
-        return choice, constant
+        return Part(Problem(node, []), steps).expand(choice), constant
 
     def part(self, deadline: float | None = None) -> Part | None:
         """The operators of the order eliminated, the others kept (an order of

@@ -114,13 +114,12 @@ def _once(
 ) -> Conversion | None:
     """The conversion of ``module`` with its repeated layers exported once, or ``None`` when
     it has none, or its prefix does not export or does not show the copies right."""
-    torch = require_torch()
     found = cuts(module)
     if not found:
         return None
     try:
-        with truncated(module, found), _without_cache(module):
-            program = torch.export.export(module, tuple(example_inputs), dict(kwargs or {}))
+        with truncated(module, found):
+            program = export_program(module, example_inputs, kwargs)
     except Exception:  # a module that needs all its layers (it indexes them): export it whole
         return None
     try:
