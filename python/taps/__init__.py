@@ -137,7 +137,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public names only: the module's own helpers (importlib, TYPE_CHECKING, the table of
+    # homes) are not part of the API.
+    return sorted(__all__)
 
 
 __version__ = "0.1.0"
