@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 
@@ -67,3 +68,17 @@ def test_search_takes_a_torch_factory(capsys, tmp_path):
     assert ops == {"0", "1", "2"}  # the Sequential's children
     assert main(["search", "mlp", "--torch", "torch_factories:mlp", "--nodes", "1",
                  "--devices-per-node", "8"]) == 2  # fmt: skip
+
+
+def test_a_factory_beside_the_user_is_found_without_pythonpath(tmp_path, monkeypatch):
+    # `taps search --torch mine:build` run in the directory that holds mine.py, as `python -m`
+    # would find it; the directory goes last on the path (mine.py never shadows a package).
+    (tmp_path / "mine_beside.py").write_text(
+        "from torch_factories import mlp as build\n", encoding="utf-8"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    out = tmp_path / "g.json"
+    assert main(["import", "mine_beside:build", str(out)]) == 0
+    assert [op.name for op in taps.Graph.from_json(out.read_text()).ops] == ["0", "1", "2"]
+    assert sys.path[-1] == str(tmp_path)

@@ -5,6 +5,8 @@ converted (its repeated blocks tied), a saved ``torch.export`` archive, or a fac
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -151,6 +153,10 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise GraphError(f"{spec!r} is not package.module:factory")
+    # The directory the command runs in, as `python -m` has it, but last: a user's file is found
+    # beside them without PYTHONPATH, and never shadows an installed package.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         imported = importlib.import_module(module_name)
     except ImportError as e:
