@@ -267,3 +267,37 @@ def test_a_scanned_model_verifies_on_xla(model):
     assert result.ok, result.mismatches
     assert result.collectives and {c.status for c in result.collectives} <= {"ok", "shared"}
     assert 0 < result.max_error < 1e-4
+
+
+def test_the_plan_places_a_flax_state_and_its_inputs_by_their_pytrees():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1 = nnx.Linear(32, 64, rngs=rngs)
+            self.fc2 = nnx.Linear(64, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(nnx.relu(self.fc1(x)))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(0)))  # real arrays: the user's own state
+
+    def loss(state, x, labels):
+        return _cross_entropy(nnx.merge(graphdef, state)(x), labels)
+
+    plan = taps.search(from_jax(loss, state, X, LABELS), taps.Cluster(1, 4)).plan
+    shardings = to_jax(plan)
+    placed = jax.device_put(state, shardings.tree(state))
+    x = jax.random.normal(jax.random.key(1), X.shape)
+    labels = jnp.arange(16) % 10
+    x_placed = jax.device_put(x, shardings.tree(x, "x"))
+    split = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(placed)[0]:
+        name = jax.tree_util.keystr(path, simple=True, separator=".")
+        assert leaf.sharding.spec == shardings.partition_spec(name), name
+        split += any(leaf.sharding.spec)
+    assert split > 0 or any(x_placed.sharding.spec)  # the plan splits something: not vacuous
+    assert x_placed.sharding.spec == shardings.partition_spec("x")
+    ran = jax.jit(jax.value_and_grad(loss))(placed, x_placed, labels)
+    dense = jax.value_and_grad(loss)(state, x, labels)
+    assert abs(float(ran[0]) - float(dense[0])) < 1e-5
+    with pytest.raises(taps.ExportError, match="unknown tensor 'y'"):
+        shardings.tree(x, "y")

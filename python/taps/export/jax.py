@@ -15,6 +15,7 @@ from taps.errors import ExportError
 from taps.export.document import to_text
 from taps.export.roots import root_layouts
 from taps.export.storage import stored_axes, stored_groups
+from taps.frontends.jax.convert import leaf_name
 from taps.plan.layouts import PlanLayouts
 from taps.plan.mesh import Mesh
 
@@ -120,6 +121,19 @@ class JaxShardings:
     def sharding(self, tensor: str, mesh: Any = None) -> Any:
         """The ``NamedSharding`` of a graph tensor on ``mesh`` (default :meth:`jax_mesh`)."""
         return named_sharding(self.jax_mesh() if mesh is None else mesh, self._spec(tensor))
+
+    def tree(self, tree: Any, prefix: str = "", mesh: Any = None) -> Any:
+        """``tree`` (an argument of the function given to :func:`taps.from_jax`: a pytree of
+        arrays, a flax ``nnx.State``, ...) with every leaf replaced by its ``NamedSharding`` on
+        ``mesh`` (default :meth:`jax_mesh`), for ``jax.device_put`` and ``jax.jit``'s
+        ``in_shardings``. Leaves are named as the front end names them: ``prefix`` is the
+        argument's name (``"ids"``), empty for the parameters (with several parameter arguments,
+        each one's name)."""
+        jax = import_jax()
+        mesh = self.jax_mesh() if mesh is None else mesh
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: self.sharding(leaf_name(prefix, path), mesh), tree
+        )
 
     def _spec(self, tensor: str) -> Spec:
         if tensor not in self.tensors:

@@ -103,15 +103,14 @@ def from_jax(
     values = []
     for (path, _), var in zip(leaves, closed.jaxpr.invars):
         argnum = path[0].idx
-        sub = jax.tree_util.keystr(path[1:], simple=True, separator=".")
         aval = var.aval
         shape, dtype_bytes = tuple(int(d) for d in aval.shape), int(aval.dtype.itemsize)
         if argnum in params:
-            prefix = arg_names[argnum] if len(params) > 1 or not sub else ""
-            leaf = ".".join(p for p in (prefix, sub) if p)
+            prefix = arg_names[argnum] if len(params) > 1 or not path[1:] else ""
+            leaf = leaf_name(prefix, path[1:])
             values.append(b.argument(leaf, shape, dtype_bytes, "parameter", True))
         else:
-            leaf = ".".join(p for p in (arg_names[argnum], sub) if p)
+            leaf = leaf_name(arg_names[argnum], path[1:])
             values.append(b.argument(leaf, shape, dtype_bytes, "input", argnum in grads))
 
     converter = _Converter(b, jax)
@@ -127,6 +126,15 @@ def from_jax(
             "(unknown='replicate' keeps them whole)"
         )
     return b.emit(outputs)
+
+
+def leaf_name(prefix: str, path: Sequence[Any]) -> str:
+    """The graph's name of the leaf at key ``path`` of an argument: ``prefix`` (the argument's
+    name; empty for the only parameter argument) and the path's keys, joined by dots."""
+    import jax
+
+    sub = jax.tree_util.keystr(tuple(path), simple=True, separator=".")
+    return ".".join(p for p in (prefix, sub) if p)
 
 
 def _name(fn: Callable[..., Any]) -> str:
