@@ -3,6 +3,7 @@ library's defaults (transformers' ``use_cache`` on, which returns an inference c
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
@@ -62,3 +63,22 @@ def test_gpt2_with_its_defaults_verifies_on_the_fake_process_group_and_gloo():
     grads = {f"grad {k}" for k, _ in module.named_parameters()}
     assert grads <= set(result.errors)
     assert 0 < result.max_error <= result.tolerance
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v3_small"])
+def test_torchvision_convnets_with_their_defaults_verify_on_gloo(name):
+    """torchvision's EfficientNet (stochastic depth, and its classifier's in-place dropout) and
+    MobileNetV3 (hardswish, squeeze-excitation) in training mode: every draw of the dense run
+    is the replay's (``dropout_`` too), and the engine's values are scaled by each convolution's
+    fan-in, so that float32 separates a right plan from a wrong one (at 8 x 64 x 64, BatchNorm's
+    statistics are over enough values to be well conditioned)."""
+    import torchvision
+
+    with torch.device("meta"):
+        module = getattr(torchvision.models, name)(num_classes=10)
+        images = torch.empty(8, 3, 64, 64)
+    module.train()
+    plan = taps.search(from_torch(module, images), taps.Cluster(1, 4)).plan
+    result = verify_torch(module, [images], plan, numerics=4)
+    assert result.ok, (result.max_error, result.mismatches)
+    assert result.max_error < 1e-4

@@ -33,7 +33,7 @@ from taps._core import GraphError, Layout, Redistribution
 from taps._support.extras import require
 from taps.errors import ExportError
 from taps.export.batched import ATTENTION_FREE, MATMUL_FREE, batch_split
-from taps.export.draws import attention, attention_args, drawn, draws, weights_shape
+from taps.export.draws import DROPOUTS, attention, attention_args, drawn, draws, weights_shape
 from taps.export.dtensor import (
     PARTIAL,
     REPLICATE,
@@ -1026,7 +1026,7 @@ class _Interpreter:
         x = args[0] if args and name != "rand" else None
         if isinstance(x, _Pending):
             x = x.whole()
-        dropout = name == "dropout"
+        dropout = name in DROPOUTS
         if isinstance(x, Blocks) and (dropout or not x.layout.partial):
             block = dist.block(whole.permute(_inverse(x.perm)), x.layout).to(x.local)
             return x.with_local(x.local * block if dropout else block)
@@ -1187,7 +1187,7 @@ class _Interpreter:
             return x.seen_as(view, [keep.index(p) for p in x.perm if p not in gone])
         if (
             name in ("contiguous", "clone", "alias")
-            or (name == "dropout" and (args[1] == 0 or not args[2]))
+            or (name in DROPOUTS and (args[1] == 0 or not args[2]))
             or (name == "pad" and not any(args[1]))
         ):
             return x

@@ -21,9 +21,12 @@ from typing import Any
 from taps._support.extras import require
 from taps.errors import ExportError
 
+#: Dropout, and in place (``nn.Dropout(inplace=True)``, as torchvision's classifiers have it).
+DROPOUTS = ("dropout", "dropout_")
+
 #: The operators (and functions of the module's code) that draw.
 DRAWING = (
-    "dropout",
+    *DROPOUTS,
     "scaled_dot_product_attention",
     "bernoulli",
     "bernoulli_",
@@ -53,7 +56,7 @@ def attention_args(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any
 
 def draws(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     """Whether a call of ``name`` on ``args`` draws (a dropout that drops nothing does not)."""
-    if name == "dropout":
+    if name in DROPOUTS:
         p, train = _dropout_args(args, kwargs)
         return p > 0 and train
     if name == "scaled_dot_product_attention":
@@ -101,10 +104,10 @@ def drawn(
     torch = require("torch", "torch", "the step's random values")
     gen = torch.Generator().manual_seed(seed * 7919 + k)
     u = torch.rand(tuple(shape), generator=gen, dtype=torch.float64)
-    if name in ("dropout", "scaled_dot_product_attention"):
+    if name in (*DROPOUTS, "scaled_dot_product_attention"):
         p = (
             _dropout_args(args, kwargs)[0]
-            if name == "dropout"
+            if name in DROPOUTS
             else float(attention_args(args, kwargs)["dropout_p"])
         )
         return (u >= p).double() / (1 - p)
@@ -151,6 +154,8 @@ def drawing(seed: int) -> Iterator[None]:
                 return attention(args[0], args[1], args[2], value, **options)
             if name == "dropout":
                 return x * value
+            if name == "dropout_" and x is not None:
+                return x.mul_(value)
             if name == "bernoulli_" and x is not None:
                 return x.copy_(value)
             return value
