@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import taps
+from taps.errors import VerifyError
 from taps.export.distribute import export_module
 from taps.frontends.torch import from_torch
 from taps.search.evaluate import step_layouts
@@ -324,7 +325,6 @@ def test_gloo_ranks_fork_from_one_prepared_process(tmp_path, failing, how, said)
     import os
     import pickle
 
-    from taps.errors import VerifyError
     from taps.verify.torch.ranks import run_ranks
 
     with open(tmp_path / "payload.pkl", "wb") as f:
@@ -360,6 +360,12 @@ FAMILIES = {
     "table (no gradient)",
     "timm_convnext": "depthwise convolutions with their groups split over devices (each rank "
     "convolves its own groups), channels-last LayerNorm",
+    "tv_alexnet": "max pooling, adaptive average pooling flattened into a classifier with dropout",
+    "tv_vgg": "a deeper stack of convolutions and poolings into the same classifier",
+    "tv_convnext": "depthwise convolutions, permutes to channels-last LayerNorm, a layer scale "
+    "parameter, stochastic depth",
+    "tv_swin": "torchvision's shifted windows: pad, roll, a relative-position bias read by "
+    "index, an attention mask built per window, stochastic depth",
 }
 
 
@@ -370,7 +376,25 @@ def _family(name):
     return module, list(inputs)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+#: Families whose replay on 16 devices still stops (known, left open; docs/frontends.md): kept
+#: here so that the fix shows as an unexpected pass.
+_STOPS_ON_16 = {
+    "tv_swin": "a window view [b, nh, nw, 7, 7, c] split on b and nw (2 x 8 devices) has no "
+    "DTensor form on the [b * nh * nw, 49, c] tensor the module reads",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=pytest.mark.xfail(raises=VerifyError, strict=True, reason=_STOPS_ON_16[n])
+        )
+        if n in _STOPS_ON_16
+        else n
+        for n in sorted(FAMILIES)
+    ],
+)
 def test_families_on_16_devices(name):
     """Every collective the training step issues on the fake process group at 16 devices is
     one taps predicted, and every predicted one is issued (``FAMILIES``: what each exercises)."""
