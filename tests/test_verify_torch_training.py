@@ -376,25 +376,7 @@ def _family(name):
     return module, list(inputs)
 
 
-#: Families whose replay on 16 devices still stops (known, left open; docs/frontends.md): kept
-#: here so that the fix shows as an unexpected pass.
-_STOPS_ON_16 = {
-    "tv_swin": "a window view [b, nh, nw, 7, 7, c] split on b and nw (2 x 8 devices) has no "
-    "DTensor form on the [b * nh * nw, 49, c] tensor the module reads",
-}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n, marks=pytest.mark.xfail(raises=VerifyError, strict=True, reason=_STOPS_ON_16[n])
-        )
-        if n in _STOPS_ON_16
-        else n
-        for n in sorted(FAMILIES)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_families_on_16_devices(name):
     """Every collective the training step issues on the fake process group at 16 devices is
     one taps predicted, and every predicted one is issued (``FAMILIES``: what each exercises)."""

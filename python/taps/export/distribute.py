@@ -860,6 +860,11 @@ class _Interpreter:
             carried = self.carry(node, target, args)
             if carried is not None:
                 return carried
+            if packet_name(target) in _SHAPED:
+                # Made from the input's shape alone: its values, and so a split of them that
+                # DTensor cannot express (Swin's window view split along the windows), do not
+                # matter; a replicated stand-in has the shape, the dtype and no communication.
+                args = [self.stand_in(x) if isinstance(x, Blocks) else x for x in args]
             # No operator of the plan: DTensor runs it (where the blocks have its form).
             args, kwargs = _dtensors(args), dict(zip(kwargs, _dtensors(list(kwargs.values()))))
         operator = dist.replay is not None and outputs  # a view of a permute: data moves
@@ -1158,6 +1163,14 @@ class _Interpreter:
         if replay is None or not replay.training:
             return False
         return id(x) in self.masked or any(x is p for p in self.dist.parameters.values())
+
+    def stand_in(self, x: Blocks) -> Any:
+        """A replicated DTensor of ``x``'s shape and dtype, its values unset: for an operator
+        that reads only those."""
+        dtensor = self.dtensor
+        local = x.local.new_empty(x.shape)
+        placements = [dtensor.Replicate()] * self.dist.mesh.ndim
+        return dtensor.DTensor.from_local(local, self.dist.mesh, placements, run_check=False)
 
     def carry(self, node: Any, target: Any, args: Any) -> Blocks | _Cut | None:
         """A node that is no operator of the plan run on :class:`Blocks` without computing:
@@ -1594,6 +1607,21 @@ _MASK_CARRIERS = (
 
 #: Operators of the plan that draw random values inside (the rest of the draws are no operator).
 _DRAWING_OPERATORS = ("scaled_dot_product_attention",)
+
+#: Operators whose output depends on their input's shape and dtype only, not its values.
+_SHAPED = frozenset(
+    {
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+        "new_full",
+        "new_empty_strided",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+    }
+)
 
 #: Operators whose arguments after the input are the output's sizes (a view of a permuted
 #: tensor merging its dims is an operator: its data moves).
