@@ -13,7 +13,7 @@ use crate::plan::optimal::{Key, Path};
 use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
-use crate::unify::normalized;
+use crate::unify::{check_same_tensor, normalized};
 
 /// The distinct layouts of `layouts`, and the index of each layout among them.
 fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
@@ -29,6 +29,21 @@ fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
         })
         .collect();
     (distinct, index)
+}
+
+/// Every (source, target) pair describes one tensor ([`check_same_tensor`]): checked once per
+/// call, not per pair, as each layout with the first of the other side.
+fn check_one_tensor(src: &[&Layout], tgt: &[&Layout]) -> Result<()> {
+    if let (Some(a), Some(b)) = (src.first(), tgt.first()) {
+        for (x, y) in tgt
+            .iter()
+            .map(|t| (*a, *t))
+            .chain(src.iter().map(|s| (*s, *b)))
+        {
+            check_same_tensor(x, y)?;
+        }
+    }
+    Ok(())
 }
 
 /// The objective the optimal planner minimizes for a cost model.
@@ -100,6 +115,12 @@ pub fn redistribution_costs_until(
     }
     let (src, src_index) = dedupe(sources);
     let (tgt, tgt_index) = dedupe(targets);
+    check_one_tensor(&src, &tgt)?;
+    // What the pair kernel needs of each layout, worked out once per layout, not per pair.
+    let prepared_src: Vec<paper::Prepared> =
+        src.par_iter().map(|l| paper::Prepared::new(l)).collect();
+    let prepared_tgt: Vec<paper::Prepared> =
+        tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let width = tgt.len();
     // Per distinct pair, Algorithm 1's cost and its price under the optimal planner's objective:
     // its cost under the topology model; under the volume model its elements, not its bytes,
@@ -112,7 +133,8 @@ pub fn redistribution_costs_until(
             // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
             // is planned (the result is dropped).
             if a != b && !stop.load(Relaxed) {
-                let (cost, elements) = paper::cost(a, b, cluster, dtype_bytes, model, scratch)?;
+                let (pa, pb) = (&prepared_src[k / width], &prepared_tgt[k % width]);
+                let (cost, elements) = paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)?;
                 *entry = match model {
                     CostModel::Topology => (cost, cost),
                     CostModel::Volume => (cost, elements),
@@ -332,6 +354,39 @@ mod tests {
             }
         }
         assert!(fallbacks > 0);
+    }
+
+    /// The kernel checks once per call that its pairs describe one tensor, not once per pair: a
+    /// mismatch between any source and any target is still an error, wherever it stands.
+    #[test]
+    fn a_pair_of_two_tensors_anywhere_is_an_error() {
+        let cluster = Cluster::new(1, 4, 60e9, 6e9, None).unwrap();
+        let good = [
+            layout(&[8, 8], &[4], &[0, -1]),
+            layout(&[64], &[2, 2], &[0]),
+            layout(&[4, 16], &[4], &[-1, 0]),
+        ];
+        // (A layout on other devices is not on the cluster: a topology error before any pair.)
+        for bad in [layout(&[8, 4], &[4], &[0, -1]), layout(&[128], &[4], &[0])] {
+            for at in 0..=good.len() {
+                let mut with_bad = good.to_vec();
+                with_bad.insert(at, bad.clone());
+                for (sources, targets) in [(&with_bad[..], &good[..]), (&good[..], &with_bad[..])] {
+                    let got = redistribution_costs(
+                        sources,
+                        targets,
+                        &cluster,
+                        2.0,
+                        CostModel::Volume,
+                        Planner::Paper,
+                    );
+                    assert!(
+                        matches!(got, Err(Error::Layout(_))),
+                        "{bad:?} at {at}: {got:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

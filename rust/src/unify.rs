@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Piece {
     size: u64,
     split: Option<(u32, u32)>,
@@ -425,6 +425,9 @@ pub(crate) struct Reshaped<'a> {
     /// per dim (the cost kernel makes two views per pair, and most are never merged).
     groups: Vec<(usize, usize)>,
     canonical: bool,
+    /// The pieces of `layout` as given ([`pieces_of`]), worked out once by a caller that unifies
+    /// it with many layouts; used while the view is the layout's own (borrowed, unmerged).
+    known: Option<&'a [Piece]>,
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -436,6 +439,16 @@ impl<'a> Reshaped<'a> {
             layout: Cow::Borrowed(layout),
             groups: Vec::new(),
             canonical: false,
+            known: None,
+        }
+    }
+
+    /// The view of `layout` whose pieces are `pieces`, which must be `pieces_of(layout)`.
+    pub fn with_pieces(layout: &'a Layout, pieces: &'a [Piece]) -> Self {
+        debug_assert_eq!(pieces_of(layout), pieces);
+        Reshaped {
+            known: Some(pieces),
+            ..Reshaped::new(layout)
         }
     }
 
@@ -474,6 +487,15 @@ impl<'a> Reshaped<'a> {
     /// written into `out`.
     fn pieces_into(&self, out: &mut Vec<Piece>) {
         out.clear();
+        if let (Some(known), Cow::Borrowed(_), true, false) = (
+            self.known,
+            &self.layout,
+            self.groups.is_empty(),
+            self.canonical,
+        ) {
+            out.extend_from_slice(known);
+            return;
+        }
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {

@@ -8,7 +8,9 @@ use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Over, Redist
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, Cluster, CostModel};
-use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Unified};
+use crate::unify::{
+    check_same_tensor, pieces_of, reshape_for, try_unify, Piece, Reshaped, Side, Unified,
+};
 
 /// Algorithm 1 from a unified layout to the unified target `t`: all-reduce the partial sums the
 /// target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
@@ -81,11 +83,20 @@ struct LinedUp {
 }
 
 /// Unifies `a` with `b` into `unified`, reshaping and, where reshaping cannot line them up,
-/// giving up splits.
-fn line_up(a: &Layout, b: &Layout, unified: &mut Unified) -> Result<LinedUp> {
-    check_same_tensor(a, b)?;
-    let mut src = Reshaped::new(a);
-    let mut tgt = Reshaped::new(b);
+/// giving up splits. With `known`, the pieces of `a` and `b` ([`pieces_of`]) from a caller that
+/// has checked that they are layouts of one tensor.
+fn line_up(
+    a: &Layout,
+    b: &Layout,
+    known: Option<(&[Piece], &[Piece])>,
+    unified: &mut Unified,
+) -> Result<LinedUp> {
+    let (mut src, mut tgt) = if let Some((pa, pb)) = known {
+        (Reshaped::with_pieces(a, pa), Reshaped::with_pieces(b, pb))
+    } else {
+        check_same_tensor(a, b)?;
+        (Reshaped::new(a), Reshaped::new(b))
+    };
     let mut prelude = Vec::new();
     let mut relaxed = Vec::new();
     loop {
@@ -200,7 +211,7 @@ pub(super) fn lined_up(
     let mut unified = Unified::default();
     let mut source = Layout::scratch();
     let mut target = Layout::scratch();
-    let lined = lined_up_into(a, b, on, &mut unified, &mut source, &mut target)?;
+    let lined = lined_up_into(a, b, None, on, &mut unified, &mut source, &mut target)?;
     Ok(Redistribution {
         source,
         target,
@@ -210,16 +221,18 @@ pub(super) fn lined_up(
     })
 }
 
-/// [`lined_up`] into the caller's buffers: the unified pair in `source` and `target`.
+/// [`lined_up`] into the caller's buffers: the unified pair in `source` and `target`; `known` as
+/// [`line_up`]'s.
 fn lined_up_into(
     a: &Layout,
     b: &Layout,
+    known: Option<(&[Piece], &[Piece])>,
     on: Option<(&Cluster, f64)>,
     unified: &mut Unified,
     source: &mut Layout,
     target: &mut Layout,
 ) -> Result<LinedUp> {
-    let lined = line_up(a, b, unified)?;
+    let lined = line_up(a, b, known, unified)?;
     unified.layout_into(Side::First, source);
     unified.layout_into(Side::Second, target);
     check_partial(source, target, a, b)?;
@@ -248,17 +261,34 @@ impl Default for Scratch {
     }
 }
 
+/// A layout the batch kernel prices against many others, with what it works out for it once:
+/// its pieces ([`pieces_of`]).
+pub(crate) struct Prepared<'a> {
+    layout: &'a Layout,
+    pieces: Vec<Piece>,
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(layout: &'a Layout) -> Self {
+        Prepared {
+            layout,
+            pieces: pieces_of(layout),
+        }
+    }
+}
+
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
 /// bit, without building the ops of the unified pair, in `scratch`'s buffers: the batch
 /// kernel's inner loop. Also the plan's elements received per device, summed as
 /// [`Objective::Volume`] prices it (what the optimal planner compares under the volume model),
-/// in the same pass.
+/// in the same pass. The caller has checked that `a` and `b` are layouts of one tensor
+/// ([`check_same_tensor`]).
 ///
 /// # Errors
 /// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
 pub(crate) fn cost(
-    a: &Layout,
-    b: &Layout,
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
@@ -269,7 +299,15 @@ pub(crate) fn cost(
         source,
         target,
     } = scratch;
-    let lined = lined_up_into(a, b, Some((cluster, dtype_bytes)), unified, source, target)?;
+    let lined = lined_up_into(
+        a.layout,
+        b.layout,
+        Some((&a.pieces, &b.pieces)),
+        Some((cluster, dtype_bytes)),
+        unified,
+        source,
+        target,
+    )?;
     // In plan order, from +0.0 as the plan's own sums.
     let add = |(cost, elements): (f64, f64), op: &CommOp| {
         Ok::<_, Error>((
