@@ -16,6 +16,7 @@ mod space;
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
@@ -392,13 +393,19 @@ fn search_in(
         }
         let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
-        let (shard, distinct) = (nodes[node].shard, state.used() | state.partial);
-        space.steps(&state, keep, steps);
+        let used = state.used();
+        let (shard, distinct) = (nodes[node].shard, used | state.partial);
+        space.steps((&state, used), keep, steps);
         for (step, raw) in steps.drain(..) {
             let next = canonical(raw, &space.runs);
+            // One look-up per step: a layout not seen yet is inserted through its vacant entry.
+            let entry = index.entry(next);
+            let seen = match &entry {
+                Entry::Occupied(id) => Some(*id.get()),
+                Entry::Vacant(_) => None,
+            };
             // A layout already expanded is not reopened (the bound is consistent): skip it before
             // pricing the step.
-            let seen = index.get(&next).copied();
             if seen.is_some_and(|id| nodes[id].done) {
                 continue;
             }
@@ -421,15 +428,16 @@ fn search_in(
                 step: Some(step),
                 done: false,
             };
-            let id = if let Some(id) = seen {
-                nodes[id] = fresh;
-                id
-            } else if nodes.len() >= most {
-                return None;
-            } else {
-                nodes.push(fresh);
-                index.insert(next, nodes.len() - 1);
-                nodes.len() - 1
+            let id = match entry {
+                Entry::Occupied(id) => {
+                    nodes[*id.get()] = fresh;
+                    *id.get()
+                }
+                Entry::Vacant(_) if nodes.len() >= most => return None,
+                Entry::Vacant(vacant) => {
+                    nodes.push(fresh);
+                    *vacant.insert(nodes.len() - 1)
+                }
             };
             heap.push(Queued {
                 cost: estimate,
@@ -527,6 +535,31 @@ mod tests {
         }
     }
 
+    /// A permute's permutation, worked by hand: each dim that takes over a split is the image
+    /// of the dim that gave it up, and a dim that gives up a split and takes none is the image of
+    /// one that takes a split from elsewhere (its replicated coordinates move there).
+    #[test]
+    fn permutations_of_permutes() {
+        let state = |map: &[i8]| {
+            let mut full = [-1; MAX_DIMS];
+            full[..map.len()].copy_from_slice(map);
+            State {
+                map: full,
+                partial: 0,
+            }
+        };
+        let cases: [(&[i8], &[i8], &[usize]); 4] = [
+            (&[1, 0], &[0, 1], &[1, 0]),
+            (&[0, -1], &[1, -1], &[1, 0]),
+            (&[0, 1, -1], &[1, 2, -1], &[1, 2, 0]),
+            (&[2, -1, 0], &[0, -1, 2], &[2, 1, 0]),
+        ];
+        for (before, after, want) in cases {
+            let got = permutation(want.len(), &state(before), &state(after));
+            assert_eq!(got, want, "{before:?} -> {after:?}");
+        }
+    }
+
     /// A search that would hold more layouts than it may gives up (the planner then keeps
     /// Algorithm 1's plan), and one given room enough finds the plan.
     #[test]
@@ -616,7 +649,7 @@ mod tests {
             // Counted from the layout, not stepped along as the search does.
             let shard = state_layout(space.template, &state).shard_size();
             let distinct = state.used() | state.partial;
-            space.steps(&state, goal.partial, &mut steps);
+            space.steps((&state, state.used()), goal.partial, &mut steps);
             let here = space.remaining(&state, shard, goal.partial);
             for (step, raw) in steps.drain(..) {
                 let next = canonical(raw, &space.runs);

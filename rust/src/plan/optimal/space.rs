@@ -496,21 +496,28 @@ impl<'a> Space<'a> {
                     })
             }
             Step::Permute => {
-                let sigma = permutation(self.allowed.len(), state, next);
-                let over = Over::Permutation(&sigma);
+                let mut sigma = [0; 64];
+                let sigma = &mut sigma[..self.allowed.len()];
+                permutation_into(state, next, sigma);
+                let over = Over::Permutation(sigma);
                 let distinct = |k: usize| distinct >> k & 1 == 1;
                 objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
             }
         }
     }
 
-    /// Every step from `state` with the state it leads to; `keep` are the partial dims the
-    /// target keeps.
-    pub(super) fn steps(&self, state: &State, keep: u64, out: &mut Vec<(Step, State)>) {
+    /// Every step from `state` (whose device dims in the mask `used` split a tensor dim:
+    /// [`State::used`], which the caller has at hand) with the state it leads to; `keep` are the
+    /// partial dims the target keeps.
+    pub(super) fn steps(
+        &self,
+        (state, used): (&State, u64),
+        keep: u64,
+        out: &mut Vec<(Step, State)>,
+    ) {
         out.clear();
         let h = self.allowed.len();
         let map = &state.map[..self.template.ndim()];
-        let used = state.used();
         let unsplit = map
             .iter()
             .enumerate()
@@ -561,21 +568,21 @@ impl<'a> Space<'a> {
                 push(OpKind::AllToAll, k, Some(i), Some(j));
             }
         }
-        self.permutes(state, out);
+        self.permutes(state, used, out);
     }
 
     /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
     /// to the device dim of the same size that splits that tensor dim in the target (and holds
     /// no partial sums), one dim to one dim; at least one moves. The step records nothing: the
     /// two layouts say which dim took over which split ([`permutation`]).
-    fn permutes(&self, state: &State, out: &mut Vec<(Step, State)>) {
+    fn permutes(&self, state: &State, used: u64, out: &mut Vec<(Step, State)>) {
         let n = self.template.ndim();
         let movable = state.map[..n]
             .iter()
             .filter_map(|&m| u32::try_from(m).ok())
             .filter(|&k| self.fixed >> k & 1 == 0)
             .fold(0u64, |mask, k| mask | 1 << k);
-        let taken = (state.used() | state.partial) & !movable;
+        let taken = (used | state.partial) & !movable;
         self.assign(state, state.map, 0, taken, out);
     }
 
@@ -620,22 +627,35 @@ impl<'a> Space<'a> {
 /// for each dim `k`, the dim that takes over its splits. The dims that give up a split and take
 /// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
 pub(super) fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
-    let mut sigma: Vec<Option<usize>> = vec![None; h];
+    let mut full = vec![0; h];
+    permutation_into(before, after, &mut full);
+    full
+}
+
+/// [`permutation`] into `full` (one entry per device dim), without allocating: the search
+/// prices a permute at every step that makes one.
+fn permutation_into(before: &State, after: &State, full: &mut [usize]) {
+    // The dim taking over each dim's split (`NONE` if it gives up none), and the dims that take
+    // one over.
+    const NONE: u8 = u8::MAX;
+    let h = full.len();
+    let mut sigma = [NONE; 64];
+    let mut taken_over = 0u64;
     for (&k, &d) in before.map.iter().zip(&after.map) {
-        if let (Ok(k), Ok(d)) = (usize::try_from(k), usize::try_from(d)) {
-            sigma[k] = Some(d);
+        if let (Ok(k), Ok(d)) = (usize::try_from(k), u8::try_from(d)) {
+            sigma[k] = d;
+            taken_over |= 1 << d;
         }
     }
-    let taken_over = |d: usize| sigma.contains(&Some(d));
-    let mut sources = (0..h).filter(|&k| sigma[k].is_none() && taken_over(k));
-    let mut full: Vec<usize> = (0..h).collect();
-    for (k, d) in sigma.iter().enumerate() {
-        if let Some(d) = d {
-            full[k] = *d;
-        }
+    let mut sources = (0..h).filter(|&k| sigma[k] == NONE && taken_over >> k & 1 == 1);
+    for (k, out) in full.iter_mut().enumerate() {
+        *out = if sigma[k] == NONE {
+            k
+        } else {
+            usize::from(sigma[k])
+        };
     }
-    for d in (0..h).filter(|&d| sigma[d].is_some() && !taken_over(d)) {
+    for d in (0..h).filter(|&d| sigma[d] != NONE && taken_over >> d & 1 == 0) {
         full[sources.next().expect("as many sources as targets")] = d;
     }
-    full
 }
