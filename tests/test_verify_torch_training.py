@@ -619,3 +619,22 @@ def test_a_split_after_a_channel_shuffle_moves_its_blocks_in_its_edge():
     assert result.ok, result.mismatches
     split = [c for c in result.collectives if "transpose -> " in c.what and ".split" in c.what]
     assert split and {c.status for c in split} == {OK}
+
+
+def test_an_in_place_dropout_draws_the_steps_mask():
+    """``Dropout(inplace=True)`` (torchvision's MobileNetV3 and EfficientNet heads) exports as
+    ``aten.dropout_``: the replay draws its mask from the step's seed as for ``dropout``, so the
+    gloo ranks' numbers equal the dense run's (torch drew its own mask there, 0.5 off)."""
+    torch.manual_seed(0)
+    module = nn.Sequential(
+        nn.Linear(32, 64), nn.Hardswish(), nn.Dropout(0.5, inplace=True), nn.Linear(64, 16)
+    )
+    x = torch.randn(8, 32)
+    program = export_module(module, x).program
+    assert "dropout_" in {
+        getattr(n.target, "__name__", "").split(".")[0] for n in program.graph.nodes
+    }
+    plan = _plan(module, x, taps.Cluster(1, 4))
+    result = verify_torch(module, [x], plan, numerics=4)
+    assert result.ok, result.mismatches
+    assert 0 < result.max_error <= result.tolerance
