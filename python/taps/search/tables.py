@@ -220,20 +220,21 @@ class _Bound:
             return False
         rows, cols = sorted({i for i, _ in todo}), sorted({j for _, j in todo})
         cluster, cost_model, deadline = how
-        at = (cluster, self.dtype, cost_model, "optimal")
-        cost = redistribution_costs(
-            [self.src[i][0] for i in rows],
-            [self.dst[j][0] for j in cols],
-            *at,
-            time_limit=left(deadline),
-        )
-        if self.backward:
-            back = redistribution_costs(
-                [self.dst[j][1] for j in cols],
-                [self.src[i][1] for i in rows],
-                *at,
+
+        def exact(sources: list[Layout], targets: list[Layout]) -> np.ndarray:
+            return redistribution_costs(
+                sources,
+                targets,
+                cluster,
+                self.dtype,
+                cost_model,
+                "optimal",
                 time_limit=left(deadline),
             )
+
+        cost = exact([self.src[i][0] for i in rows], [self.dst[j][0] for j in cols])
+        if self.backward:
+            back = exact([self.dst[j][1] for j in cols], [self.src[i][1] for i in rows])
             cost = cost + back.T
         block = np.ix_(rows, cols)
         self.cost[block] = cost
@@ -478,6 +479,4 @@ def build_tables(
         # Every bound refined (no short circuit): one solve per round, not per edge.
         return any([bounds[k].refine(p, how) for k, p in pairs.items()])
 
-    return CostTables(
-        graph, cluster, pricing, ops, edges, timings, refine if bounded else None
-    )
+    return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)
