@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         enumerate_strategies,
         inter_node_groups,
         plan_redistribution,
+        redistribution_bounds,
         redistribution_costs,
         unify,
     )
@@ -90,6 +91,7 @@ _HOMES = {
     "enumerate_strategies": "taps._core",
     "inter_node_groups": "taps._core",
     "plan_redistribution": "taps._core",
+    "redistribution_bounds": "taps._core",
     "redistribution_costs": "taps._core",
     "unify": "taps._core",
     "ArgumentError": "taps.errors",
@@ -191,6 +193,7 @@ __all__ = [
     "inter_node_groups",
     "models",
     "plan_redistribution",
+    "redistribution_bounds",
     "redistribution_costs",
     "search",
     "step_time",

@@ -36,6 +36,7 @@ __all__ = [
     "least_cuts",
     "min_plus",
     "plan_redistribution",
+    "redistribution_bounds",
     "redistribution_costs",
     "unify",
 ]
@@ -416,6 +417,17 @@ def redistribution_costs(
 
     Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
     milliseconds."""
+
+def redistribution_bounds(
+    sources: Sequence[Layout],
+    targets: Sequence[Layout],
+    cluster: Cluster,
+    dtype_bytes: float = 2.0,
+    model: _CostModel = "topology",
+) -> npt.NDArray[np.float64]:
+    """The matrix of lower bounds on the optimal planner's costs from each source to each
+    target, without its searches: Algorithm 1's cost, or the search's bound at the source if
+    less. Topology model only."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

@@ -10,7 +10,9 @@ use rustc_hash::FxHashMap;
 use crate::error::{reserve, try_filled, Error, Result};
 use crate::layout::Layout;
 use crate::plan::optimal::{Key, Path};
-use crate::plan::{paper, search_problem, shortest_plan_by, solve, Objective, Planner};
+use crate::plan::{
+    paper, search_problem, shortest_plan_bound, shortest_plan_by, solve, Objective, Planner,
+};
 use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::{check_same_tensor, normalized};
@@ -219,6 +221,48 @@ pub fn redistribution_costs_until(
         return Ok(None);
     }
     expanded(&distinct, &src_index, &tgt_index).map(Some)
+}
+
+/// Per pair of `sources` x `targets` (row-major), a lower bound on its cost under the optimal
+/// planner without its search: Algorithm 1's cost, or the search's bound at the source if less.
+/// A pair whose bound is Algorithm 1's cost has Algorithm 1's cost under the optimal planner.
+///
+/// # Errors
+/// As [`redistribution_costs`], and [`Error::Topology`] under the volume model (its objective
+/// counts elements, its cost bytes).
+pub fn redistribution_bounds(
+    sources: &[Layout],
+    targets: &[Layout],
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> Result<Vec<f64>> {
+    if model == CostModel::Volume {
+        let message = "lower bounds are priced under the topology model only";
+        return Err(Error::Topology(message.to_string()));
+    }
+    let paper = redistribution_costs(
+        sources,
+        targets,
+        cluster,
+        dtype_bytes,
+        model,
+        Planner::Paper,
+    )?;
+    let objective = objective(cluster, dtype_bytes, model);
+    let width = targets.len();
+    paper
+        .par_iter()
+        .enumerate()
+        .map(|(k, &cost)| {
+            let (a, b) = (&sources[k / width], &targets[k % width]);
+            if cost == 0.0 {
+                return Ok(0.0);
+            }
+            let bound = shortest_plan_bound(&normalized(a), &normalized(b), objective)?;
+            Ok(bound.min(cost))
+        })
+        .collect()
 }
 
 /// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs

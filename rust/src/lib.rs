@@ -17,7 +17,7 @@ pub mod unify;
 #[cfg(feature = "python")]
 pub mod python;
 
-pub use batch::redistribution_costs;
+pub use batch::{redistribution_bounds, redistribution_costs};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use plan::{plan_redistribution, CommOp, Objective, OpKind, Planner, Redistribution};

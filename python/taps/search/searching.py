@@ -222,9 +222,15 @@ def _search(
 ) -> SearchResult:
     """:func:`search` of checked arguments, SCIP stopping at ``deadline`` (perf_counter)."""
     t0 = time.perf_counter()
-    tables = build_tables(graph, cluster, pricing, replicas=replicate, deadline=deadline)
+    tables = build_tables(
+        graph, cluster, pricing, replicas=replicate, deadline=deadline, bounded=True
+    )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
     solution = solve(tables, limit, left(deadline), options, tie=tie)
+    # The optimal planner's tables hold lower bounds: an assignment whose edges are all priced
+    # exactly costs no more than any other, each at most its bounded price (docs/search.md).
+    while tables.refine is not None and tables.refine(solution.choice):
+        solution = solve(tables, limit, left(deadline), options, tie=tie)
     t1 = time.perf_counter()
     plan = Plan(
         graph, cluster, tables.strategies(solution.choice), tables.pricing_of(solution.choice)

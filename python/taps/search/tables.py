@@ -5,13 +5,20 @@ once per distinct operator and edge (docs/search.md)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from taps._core import Cluster, Layout, Strategy, allreduce_costs, redistribution_costs
+from taps._core import (
+    Cluster,
+    Layout,
+    Strategy,
+    allreduce_costs,
+    redistribution_bounds,
+    redistribution_costs,
+)
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
 from taps.plan.candidates import Candidate, candidates
@@ -80,6 +87,9 @@ class CostTables:
     ops: dict[str, OpTable]
     edges: list[EdgeTable]
     timings: dict[str, float] = field(default_factory=dict)
+    #: Bounded tables (:func:`build_tables`): makes the edge costs an assignment uses exact,
+    #: True if one was a bound.
+    refine: Callable[[Mapping[str, int]], bool] | None = None
 
     @property
     def num_aux_edges(self) -> int:
@@ -145,8 +155,10 @@ class _Priced:
     (The sets are keyed as frozensets and read back through a row and a column per layout:
     hashing the layouts is far cheaper than sorting them by their fields.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: bool = False) -> None:
         self._memo: dict[Any, tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]] = {}
+        #: Lower bounds on the optimal planner's costs (``redistribution_bounds``) instead.
+        self._bounds = bounds
 
     def __call__(
         self,
@@ -175,8 +187,10 @@ class _Priced:
         if key not in self._memo:
             srcs, dsts = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(targets))
             self._memo[key] = (
+                redistribution_bounds(srcs, dsts, cluster, dtype, cost_model)
+                if self._bounds
                 # The kernel watches the time left itself: one large edge can take longer.
-                redistribution_costs(
+                else redistribution_costs(
                     srcs, dsts, cluster, dtype, cost_model, planner, time_limit=left(deadline)
                 ),
                 {layout: i for i, layout in enumerate(srcs)},
@@ -184,6 +198,48 @@ class _Priced:
             )
         matrix, row, col = self._memo[key]
         return matrix[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
+
+
+@dataclass
+class _Bound:
+    """An edge's cost matrix of lower bounds on the optimal planner's costs, made exact a block
+    of class pairs at a time (the ends' layouts: forward, and the gradient's if ``backward``)."""
+
+    cost: np.ndarray
+    src: list[tuple[Layout, ...]]
+    dst: list[tuple[Layout, ...]]
+    dtype: float
+    backward: bool
+    exact: np.ndarray
+
+    def refine(self, pairs: set[tuple[int, int]], how: tuple[Any, ...]) -> bool:
+        """Price the pairs not yet exact (and the rest of their rows' and columns' block, priced
+        in the same call) as the full tables do; True if there was one."""
+        todo = [(i, j) for i, j in pairs if not self.exact[i, j]]
+        if not todo:
+            return False
+        rows, cols = sorted({i for i, _ in todo}), sorted({j for _, j in todo})
+        cluster, cost_model, deadline = how
+
+        def exact(sources: list[Layout], targets: list[Layout]) -> np.ndarray:
+            return redistribution_costs(
+                sources,
+                targets,
+                cluster,
+                self.dtype,
+                cost_model,
+                "optimal",
+                time_limit=left(deadline),
+            )
+
+        cost = exact([self.src[i][0] for i in rows], [self.dst[j][0] for j in cols])
+        if self.backward:
+            back = exact([self.dst[j][1] for j in cols], [self.src[i][1] for i in rows])
+            cost = cost + back.T
+        block = np.ix_(rows, cols)
+        self.cost[block] = cost
+        self.exact[block] = True
+        return True
 
 
 def _reductions(
@@ -237,6 +293,7 @@ def build_tables(
     share: bool = True,
     replicas: bool = False,
     deadline: float | None = None,
+    bounded: bool = False,
 ) -> CostTables:
     """Enumerate candidates and compute node costs, memory and edge costs for the search.
 
@@ -260,8 +317,15 @@ def build_tables(
     ``replicas`` also enumerates the strategies over fewer devices
     (:func:`taps.plan.candidates.strategies`). ``deadline`` (a ``time.perf_counter()`` value) is
     checked before every distinct operator and edge is priced: past it,
-    :class:`taps.errors.TimeLimitError`."""
+    :class:`taps.errors.TimeLimitError`.
+
+    ``bounded`` (the optimal planner under the topology model) prices every edge first at a
+    lower bound on its cost (Algorithm 1's, or the search's bound at the source if less, with no
+    search): :attr:`CostTables.refine` then makes the pairs an assignment uses exact
+    (:func:`taps.search.searching.search` solves until its assignment's pairs are all exact,
+    docs/search.md)."""
     cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
+    bounded = bounded and planner == "optimal" and cost_model == "topology"
     n = cluster.num_devices
     grads = pricing.gradient_bytes
     device = roofline_of(cluster) if pricing.counts_compute else None
@@ -358,7 +422,8 @@ def build_tables(
     # direction of an edge can be another edge's (the gradient of a softmax's input is priced
     # from the classes its output is priced to).
     by_layouts: dict[Any, np.ndarray] = {}
-    priced = _Priced()
+    priced = _Priced(bounded)
+    bounds: dict[int, _Bound] = {}
     ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
     edges: list[EdgeTable] = []
     for edge in graph.edges:
@@ -397,7 +462,21 @@ def build_tables(
                 if backward:
                     cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *how).T
                 by_layouts[layouts] = cost
+                if bounded:
+                    exact = np.zeros(cost.shape, dtype=bool)
+                    bounds[id(cost)] = _Bound(cost, src, dst, dtype, backward, exact)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
-    return CostTables(graph, cluster, pricing, ops, edges, timings)
+
+    def refine(choice: Mapping[str, int]) -> bool:
+        pairs: dict[int, set[tuple[int, int]]] = {}
+        for e in edges:
+            i = int(e.source_class[choice[e.edge.producer]])
+            j = int(e.target_class[choice[e.edge.consumer]])
+            pairs.setdefault(id(e.cost), set()).add((i, j))
+        how = (cluster, cost_model, deadline)
+        # Every bound refined (no short circuit): one solve per round, not per edge.
+        return any([bounds[k].refine(p, how) for k, p in pairs.items()])
+
+    return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)

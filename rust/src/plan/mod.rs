@@ -115,6 +115,26 @@ pub(crate) fn shortest_plan_by<'p>(
     Ok(plan)
 }
 
+/// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms),
+/// without its search: the plan's ops outside the search at their price, the search's bound at
+/// its source for the rest.
+///
+/// # Errors
+/// As [`plan_redistribution`].
+pub(crate) fn shortest_plan_bound(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<f64> {
+    let plan = paper::plan(a, b, objective)?;
+    let whole = objective.total(&plan);
+    Ok(match Problem::of(&plan.source, &plan.target) {
+        Some(problem) => {
+            let searched = plan.ops.iter().fold(0.0, |t, op| objective.add(t, op));
+            // Scaled down by a hair: the difference may round up.
+            ((whole - searched).max(0.0) + optimal::lower_bound(&problem, objective))
+                * (1.0 - 1e-12)
+        }
+        None => whole,
+    })
+}
+
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).
 ///
 /// # Errors

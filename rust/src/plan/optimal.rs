@@ -248,6 +248,15 @@ pub(crate) fn solve(
     path
 }
 
+/// A lower bound on the price of every path of `problem` under `objective`: the search's bound
+/// at the source ([`Space::remaining`]), without a search.
+pub(crate) fn lower_bound(problem: &Problem, objective: Objective<'_>) -> f64 {
+    let space = Space::new(&problem.source, &problem.target, objective);
+    let source = State::of(&problem.source);
+    let keep = State::of(&problem.target).partial;
+    space.remaining(&source, problem.source.shard_size(), keep)
+}
+
 /// [`solve`] without the memo.
 fn search_or_paper(
     problem: &Problem,

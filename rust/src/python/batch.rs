@@ -83,6 +83,33 @@ pub(super) fn redistribution_costs<'py>(
     Ok(array.into_pyarray(py))
 }
 
+/// The matrix of lower bounds on the optimal planner's costs ([`batch::redistribution_bounds`]).
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology')"
+)]
+pub(super) fn redistribution_bounds<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    cluster: &PyCluster,
+    dtype_bytes: Num<f64>,
+    model: &str,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
+    let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
+    let model = CostModel::parse(model)?;
+    let shape = (sources.len(), targets.len());
+    let bounds = py.detach(|| {
+        batch::redistribution_bounds(&sources, &targets, &cluster, dtype_bytes, model)
+    })?;
+    let array = Array2::from_shape_vec(shape, bounds).expect("one bound per pair");
+    Ok(array.into_pyarray(py))
+}
+
 /// Batches of Algorithm 1 with at most this many pairs take milliseconds: they run on this
 /// thread, not a watched worker.
 const WATCHED_PAIRS: usize = 4096;

@@ -65,6 +65,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(topology::inter_node_groups, m)?)?;
     m.add_function(wrap_pyfunction!(strategies::enumerate_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::redistribution_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(batch::allreduce_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::min_plus, m)?)?;
     m.add_function(wrap_pyfunction!(batch::frontier_sum, m)?)?;

@@ -1,0 +1,72 @@
+"""The optimal planner's search on bounded edge tables (each edge priced at a lower bound, the
+assignment's pairs made exact until all are) against the full tables' brute force."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import strategies_gen as sg
+import taps
+from graphs_gen import CLUSTERS, small_enough, small_graphs
+from taps.reproduce import DEVICES_PER_NODE, timing_cases
+from taps.reproduce.cases import paper_cluster
+from taps.search.tables import build_tables
+from taps.solve.pipeline import solve
+from test_search import _brute_force
+
+OPTIMAL = taps.Pricing(planner="optimal")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS))
+def test_bounded_search_equals_the_full_tables_brute_force(graph, shape):
+    cluster = paper_cluster(*shape)
+    assume(small_enough(graph, cluster, 200_000))
+    result = taps.search(graph, cluster, OPTIMAL)
+    full = build_tables(graph, cluster, OPTIMAL)
+    assert result.status == "optimal"
+    assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
+    # Its plan priced on the full tables is what it reports.
+    choice = {
+        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
+    }
+    assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(3, 5), st.data())
+def test_bounds_lie_between_nothing_and_the_optimal_cost(log2, data):
+    sources, targets = data.draw(sg.layout_sets(log2, max_count=4))
+    sources, targets = [sg.to_layout(t) for t in sources], [sg.to_layout(t) for t in targets]
+    per_node = data.draw(st.sampled_from([1, 2, 4]))
+    cluster = taps.Cluster(2**log2 // per_node, per_node)
+    bound = taps.redistribution_bounds(sources, targets, cluster)
+    optimal = taps.redistribution_costs(sources, targets, cluster, planner="optimal")
+    paper = taps.redistribution_costs(sources, targets, cluster, planner="paper")
+    assert (bound >= 0).all()
+    assert (bound <= optimal).all()
+    assert (optimal <= paper * (1 + 1e-12)).all()
+
+
+def test_bounds_refuse_the_volume_model():
+    layout = taps.Layout([8, 8], [8], [0, -1])
+    with pytest.raises(taps.TopologyError):
+        taps.redistribution_bounds([layout], [layout], taps.Cluster(2, 4), model="volume")
+
+
+@pytest.mark.parametrize("label", ["AlexNet, 8 ", "AlexNet, 16 ", "Megatron-LM 1T"])
+def test_paper_cases_bounded_equals_full(label):
+    (case,) = [
+        t
+        for t in timing_cases(False)
+        if f"{t.label}, {t.nodes * DEVICES_PER_NODE} devices".startswith(label)
+    ]
+    graph = taps.models.by_name(case.model)
+    cluster = taps.Cluster(case.nodes, DEVICES_PER_NODE, device_memory=float("inf"))
+    result = taps.search(graph, cluster, OPTIMAL)
+    full = build_tables(graph, cluster, OPTIMAL)
+    solution = solve(full, None)
+    assert result.cost == full.evaluate(solution.choice)
+    assert result.plan.strategies == full.strategies(solution.choice)
