@@ -124,28 +124,46 @@ pub fn redistribution_costs_until(
     let prepared_tgt: Vec<paper::Prepared> =
         tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let width = tgt.len();
-    // Per distinct pair, Algorithm 1's cost and its price under the optimal planner's objective:
-    // its cost under the topology model; under the volume model its elements, not its bytes,
-    // whose rounding could break a tie otherwise than the planner does.
-    let mut paper = try_filled(src.len() * width, (0.0, 0.0), "the layout pairs' costs")?;
-    paper.par_iter_mut().enumerate().try_for_each_init(
-        paper::Scratch::default,
-        |scratch, (k, entry)| {
-            let (a, b) = (src[k / width], tgt[k % width]);
-            // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
-            // is planned (the result is dropped).
-            if a != b && !stop.load(Relaxed) {
-                let (pa, pb) = (&prepared_src[k / width], &prepared_tgt[k % width]);
-                let (cost, elements) = paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)?;
-                *entry = match model {
-                    CostModel::Topology => (cost, cost),
-                    CostModel::Volume => (cost, elements),
-                };
-            }
-            Ok::<_, Error>(())
-        },
-    )?;
-    let mut distinct: Vec<f64> = paper.iter().map(|&(cost, _)| cost).collect();
+    // Per distinct pair, Algorithm 1's cost; and, only where the optimal planner compares under
+    // the volume model, its elements, not its bytes, whose rounding could break a tie otherwise
+    // than the planner does (under the topology model its price is its cost). One f64 per pair
+    // otherwise: on a table of millions of pairs each copy is tens of megabytes.
+    let volume_prices = planner == Planner::Optimal && model == CostModel::Volume;
+    let mut distinct = try_filled(src.len() * width, 0.0, "the layout pairs' costs")?;
+    let mut elements = if volume_prices {
+        try_filled(distinct.len(), 0.0, "the layout pairs' costs")?
+    } else {
+        Vec::new()
+    };
+    let price = |scratch: &mut paper::Scratch, k: usize| {
+        let (a, b) = (src[k / width], tgt[k % width]);
+        // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
+        // is planned (the result is dropped).
+        if a != b && !stop.load(Relaxed) {
+            let (pa, pb) = (&prepared_src[k / width], &prepared_tgt[k % width]);
+            paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)
+        } else {
+            Ok((0.0, 0.0))
+        }
+    };
+    if volume_prices {
+        distinct
+            .par_iter_mut()
+            .zip(elements.par_iter_mut())
+            .enumerate()
+            .try_for_each_init(paper::Scratch::default, |scratch, (k, (cost, volume))| {
+                (*cost, *volume) = price(scratch, k)?;
+                Ok::<_, Error>(())
+            })?;
+    } else {
+        distinct.par_iter_mut().enumerate().try_for_each_init(
+            paper::Scratch::default,
+            |scratch, (k, cost)| {
+                *cost = price(scratch, k)?.0;
+                Ok::<_, Error>(())
+            },
+        )?;
+    }
     if planner == Planner::Optimal && !stop.load(Relaxed) {
         let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
         let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
@@ -212,13 +230,19 @@ pub fn redistribution_costs_until(
         // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
         for (k, cost) in distinct.iter_mut().enumerate() {
             let (price, c) = canonical[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
-            if price <= paper[k].1 {
+            let paper_price = if volume_prices { elements[k] } else { *cost };
+            if price <= paper_price {
                 *cost = c;
             }
         }
     }
     if stop.load(Relaxed) {
         return Ok(None);
+    }
+    // Sets without repeats (as the search passes them) are their own matrix: no copy.
+    let identity = |index: &[usize]| index.iter().enumerate().all(|(i, &j)| i == j);
+    if identity(&src_index) && identity(&tgt_index) {
+        return Ok(Some(distinct));
     }
     expanded(&distinct, &src_index, &tgt_index).map(Some)
 }
@@ -428,6 +452,30 @@ mod tests {
                         matches!(got, Err(Error::Layout(_))),
                         "{bad:?} at {at}: {got:?}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The optimal planner's batch compares Algorithm 1's price under each model (its elements
+    /// under the volume model, its cost under the topology model): its costs are the plans'.
+    #[test]
+    fn optimal_costs_are_the_plans_bit_for_bit() {
+        let cluster = Cluster::new(2, 4, 60e9, 6e9, None).unwrap();
+        let layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(9).collect();
+        let n = layouts.len();
+        for model in [CostModel::Topology, CostModel::Volume] {
+            let objective = objective(&cluster, 2.0, model);
+            let got =
+                redistribution_costs(&layouts, &layouts, &cluster, 2.0, model, Planner::Optimal)
+                    .unwrap();
+            for (i, a) in layouts.iter().enumerate() {
+                for (j, b) in layouts.iter().enumerate() {
+                    let want = plan_redistribution(a, b, Planner::Optimal, objective)
+                        .unwrap()
+                        .cost(&cluster, 2.0, model)
+                        .unwrap();
+                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{a:?} to {b:?}");
                 }
             }
         }
