@@ -97,38 +97,26 @@ pub fn redistribution_costs(
     Ok(costs.expect("never stopped"))
 }
 
-/// [`redistribution_costs`] that another thread may stop by setting `stop` (the optimal
-/// planner's searches look at it every few dozen layouts): `None` once it is set.
-///
-/// # Errors
-/// As [`redistribution_costs`].
-pub fn redistribution_costs_until(
-    sources: &[Layout],
-    targets: &[Layout],
+/// Per distinct pair of `src` x `tgt` (row-major), Algorithm 1's cost; and, with
+/// `volume_prices` (the optimal planner comparing under the volume model), its elements, not its
+/// bytes, whose rounding could break a tie otherwise than the planner does (under the topology
+/// model its price is its cost). One f64 per pair otherwise: on a table of millions of pairs each
+/// copy is tens of megabytes.
+fn paper_costs(
+    src: &[&Layout],
+    tgt: &[&Layout],
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-    planner: Planner,
+    volume_prices: bool,
     stop: &AtomicBool,
-) -> Result<Option<Vec<f64>>> {
-    check_dtype_bytes(dtype_bytes)?;
-    for layout in sources.iter().chain(targets) {
-        cluster.check(layout)?;
-    }
-    let (src, src_index) = dedupe(sources);
-    let (tgt, tgt_index) = dedupe(targets);
-    check_one_tensor(&src, &tgt)?;
+) -> Result<(Vec<f64>, Vec<f64>)> {
     // What the pair kernel needs of each layout, worked out once per layout, not per pair.
     let prepared_src: Vec<paper::Prepared> =
         src.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let prepared_tgt: Vec<paper::Prepared> =
         tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let width = tgt.len();
-    // Per distinct pair, Algorithm 1's cost; and, only where the optimal planner compares under
-    // the volume model, its elements, not its bytes, whose rounding could break a tie otherwise
-    // than the planner does (under the topology model its price is its cost). One f64 per pair
-    // otherwise: on a table of millions of pairs each copy is tens of megabytes.
-    let volume_prices = planner == Planner::Optimal && model == CostModel::Volume;
     let mut distinct = try_filled(src.len() * width, 0.0, "the layout pairs' costs")?;
     let mut elements = if volume_prices {
         try_filled(distinct.len(), 0.0, "the layout pairs' costs")?
@@ -164,6 +152,34 @@ pub fn redistribution_costs_until(
             },
         )?;
     }
+    Ok((distinct, elements))
+}
+
+/// [`redistribution_costs`] that another thread may stop by setting `stop` (the optimal
+/// planner's searches look at it every few dozen layouts): `None` once it is set.
+///
+/// # Errors
+/// As [`redistribution_costs`].
+pub fn redistribution_costs_until(
+    sources: &[Layout],
+    targets: &[Layout],
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    planner: Planner,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<f64>>> {
+    check_dtype_bytes(dtype_bytes)?;
+    for layout in sources.iter().chain(targets) {
+        cluster.check(layout)?;
+    }
+    let (src, src_index) = dedupe(sources);
+    let (tgt, tgt_index) = dedupe(targets);
+    check_one_tensor(&src, &tgt)?;
+    let volume_prices = planner == Planner::Optimal && model == CostModel::Volume;
+    let (mut distinct, elements) =
+        paper_costs(&src, &tgt, cluster, dtype_bytes, model, volume_prices, stop)?;
+    let width = tgt.len();
     if planner == Planner::Optimal && !stop.load(Relaxed) {
         let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
         let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
