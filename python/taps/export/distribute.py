@@ -42,6 +42,7 @@ from taps.export.dtensor import (
     placement_objects,
 )
 from taps.export.experts import stacked_parameters
+from taps.frontends.torch.rules.creation import SHAPED
 from taps.graph import SHARE, Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
 from taps.plan.plan import Plan
@@ -860,7 +861,7 @@ class _Interpreter:
             carried = self.carry(node, target, args)
             if carried is not None:
                 return carried
-            if packet_name(target) in _SHAPED:
+            if packet_name(target) in SHAPED:
                 # Made from the input's shape alone: its values, and so a split of them that
                 # DTensor cannot express (Swin's window view split along the windows), do not
                 # matter; a replicated stand-in has the shape, the dtype and no communication.
@@ -1607,21 +1608,6 @@ _MASK_CARRIERS = (
 
 #: Operators of the plan that draw random values inside (the rest of the draws are no operator).
 _DRAWING_OPERATORS = ("scaled_dot_product_attention",)
-
-#: Operators whose output depends on their input's shape and dtype only, not its values.
-_SHAPED = frozenset(
-    {
-        "new_zeros",
-        "new_ones",
-        "new_empty",
-        "new_full",
-        "new_empty_strided",
-        "zeros_like",
-        "ones_like",
-        "empty_like",
-        "full_like",
-    }
-)
 
 #: Operators whose arguments after the input are the output's sizes (a view of a permuted
 #: tensor merging its dims is an operator: its data moves).

@@ -42,8 +42,7 @@ pub(super) fn redistribution_costs<'py>(
     time_limit: Option<Num<f64>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let planner = Planner::parse(planner)?;
-    let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
-    let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
+    let (sources, targets) = (inners(&sources), inners(&targets));
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
@@ -97,8 +96,7 @@ pub(super) fn redistribution_bounds<'py>(
     dtype_bytes: Num<f64>,
     model: &str,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-    let sources: Vec<Layout> = sources.iter().map(|l| l.get().inner.clone()).collect();
-    let targets: Vec<Layout> = targets.iter().map(|l| l.get().inner.clone()).collect();
+    let (sources, targets) = (inners(&sources), inners(&targets));
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
@@ -108,6 +106,11 @@ pub(super) fn redistribution_bounds<'py>(
     })?;
     let array = Array2::from_shape_vec(shape, bounds).expect("one bound per pair");
     Ok(array.into_pyarray(py))
+}
+
+/// The core's layouts of Python ones (copied: the work runs without the GIL).
+fn inners(layouts: &[Bound<'_, PyLayout>]) -> Vec<Layout> {
+    layouts.iter().map(|l| l.get().inner.clone()).collect()
 }
 
 /// Batches of Algorithm 1 with at most this many pairs take milliseconds: they run on this

@@ -158,15 +158,7 @@ RULES: dict[str, Rule] = _table(
         (
             creation.created,
             [
-                "new_zeros",
-                "new_ones",
-                "new_empty",
-                "new_full",
-                "new_empty_strided",
-                "zeros_like",
-                "ones_like",
-                "empty_like",
-                "full_like",
+                *creation.SHAPED,
                 "rand_like",
                 "randn_like",
                 "randint_like",

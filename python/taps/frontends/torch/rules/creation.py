@@ -9,6 +9,20 @@ from __future__ import annotations
 from taps.frontends.torch.builder import AtenValue, constant
 from taps.frontends.torch.rules._context import Context, elementwise, lead
 
+#: Operators whose output depends on their tensor argument's shape and dtype only, not on its
+#: values (the replay runs them on a stand-in: docs/export.md).
+SHAPED = (
+    "new_zeros",
+    "new_ones",
+    "new_empty",
+    "new_full",
+    "new_empty_strided",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+)
+
 
 def created(cx: Context) -> AtenValue:
     """``new_zeros``, ``zeros_like``, ``new_empty``, ``fill`` with a number, ...: a constant of
