@@ -92,8 +92,10 @@ def materialize(module: Any, dtype: Any, device: str, seed: int) -> Any:
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 if t.is_floating_point():
-                    fan_in = math.prod(t.shape[1:]) if id(t) in convolutions else t.shape[-1]
-                    scale = 1 / fan_in**0.5 if t.dim() > 1 else 1.0
+                    scale = 1.0  # a vector or a number (CLIP's logit scale has no dims)
+                    if t.dim() > 1:
+                        fan_in = math.prod(t.shape[1:]) if id(t) in convolutions else t.shape[-1]
+                        scale = 1 / fan_in**0.5
                     t.copy_(torch.randn(t.shape, generator=gen) * scale)
                 elif t.dtype != torch.bool:  # ids kept in buffers index every table
                     t.copy_(torch.randint(0, bound, t.shape, generator=gen))
