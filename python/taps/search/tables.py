@@ -200,44 +200,46 @@ class _Priced:
         return matrix[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
 
 
+def _edge_cost(
+    price: Callable[[list[Layout], list[Layout]], np.ndarray],
+    src: Sequence[tuple[Layout, ...]],
+    dst: Sequence[tuple[Layout, ...]],
+    backward: bool,
+) -> np.ndarray:
+    """An edge's cost matrix between its ends' layout classes: ``price`` from each source's
+    layout to each target's, plus, in the training step, the gradient's way back."""
+    cost = price([r[0] for r in src], [r[0] for r in dst])
+    if backward:
+        cost = cost + price([r[1] for r in dst], [r[1] for r in src]).T
+    return cost
+
+
 @dataclass
 class _Bound:
     """An edge's cost matrix of lower bounds on the optimal planner's costs, made exact a block
-    of class pairs at a time (the ends' layouts: forward, and the gradient's if ``backward``)."""
+    of class pairs at a time by ``price`` (the optimal planner's costs)."""
 
     cost: np.ndarray
     src: list[tuple[Layout, ...]]
     dst: list[tuple[Layout, ...]]
-    dtype: float
     backward: bool
-    exact: np.ndarray
+    price: Callable[[list[Layout], list[Layout]], np.ndarray]
+    exact: np.ndarray = field(init=False)
 
-    def refine(self, pairs: set[tuple[int, int]], how: tuple[Any, ...]) -> bool:
+    def __post_init__(self) -> None:
+        self.exact = np.zeros(self.cost.shape, dtype=bool)
+
+    def refine(self, pairs: set[tuple[int, int]]) -> bool:
         """Price the pairs not yet exact (and the rest of their rows' and columns' block, priced
         in the same call) as the full tables do; True if there was one."""
         todo = [(i, j) for i, j in pairs if not self.exact[i, j]]
         if not todo:
             return False
         rows, cols = sorted({i for i, _ in todo}), sorted({j for _, j in todo})
-        cluster, cost_model, deadline = how
-
-        def exact(sources: list[Layout], targets: list[Layout]) -> np.ndarray:
-            return redistribution_costs(
-                sources,
-                targets,
-                cluster,
-                self.dtype,
-                cost_model,
-                "optimal",
-                time_limit=left(deadline),
-            )
-
-        cost = exact([self.src[i][0] for i in rows], [self.dst[j][0] for j in cols])
-        if self.backward:
-            back = exact([self.dst[j][1] for j in cols], [self.src[i][1] for i in rows])
-            cost = cost + back.T
         block = np.ix_(rows, cols)
-        self.cost[block] = cost
+        self.cost[block] = _edge_cost(
+            self.price, [self.src[i] for i in rows], [self.dst[j] for j in cols], self.backward
+        )
         self.exact[block] = True
         return True
 
@@ -458,13 +460,20 @@ def build_tables(
             layouts = (tuple(src), tuple(dst), dtype)
             if layouts not in by_layouts:
                 how = (cluster, dtype, cost_model, planner, deadline)
-                cost = priced([r[0] for r in src], [r[0] for r in dst], *how)
-                if backward:
-                    cost = cost + priced([r[1] for r in dst], [r[1] for r in src], *how).T
+
+                def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> np.ndarray:
+                    return priced(s, t, *how)
+
+                cost = _edge_cost(costs, src, dst, backward)
                 by_layouts[layouts] = cost
                 if bounded:
-                    exact = np.zeros(cost.shape, dtype=bool)
-                    bounds[id(cost)] = _Bound(cost, src, dst, dtype, backward, exact)
+
+                    def exact(s: list[Layout], t: list[Layout], dtype: float = dtype) -> Any:
+                        return redistribution_costs(
+                            s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
+                        )
+
+                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
@@ -475,8 +484,7 @@ def build_tables(
             i = int(e.source_class[choice[e.edge.producer]])
             j = int(e.target_class[choice[e.edge.consumer]])
             pairs.setdefault(id(e.cost), set()).add((i, j))
-        how = (cluster, cost_model, deadline)
         # Every bound refined (no short circuit): one solve per round, not per edge.
-        return any([bounds[k].refine(p, how) for k, p in pairs.items()])
+        return any([bounds[k].refine(p) for k, p in pairs.items()])
 
     return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)
