@@ -70,3 +70,9 @@ def test_paper_cases_bounded_equals_full(label):
     solution = solve(full, None)
     assert result.cost == full.evaluate(solution.choice)
     assert result.plan.strategies == full.strategies(solution.choice)
+    # Every pair's bound on the real layouts (ops outside the search, reshapes, partial sums)
+    # lies under its cost, and it is more than nothing wherever Algorithm 1 moves something.
+    bounded = build_tables(graph, cluster, OPTIMAL, bounded=True)
+    for b, e in zip(bounded.edges, full.edges, strict=True):
+        assert (b.cost <= e.cost).all()
+        assert (b.cost[e.cost > 0] > 0).all()

@@ -290,19 +290,44 @@ pub fn redistribution_bounds(
         Planner::Paper,
     )?;
     let objective = objective(cluster, dtype_bytes, model);
-    let width = targets.len();
-    paper
+    // The bound depends on the canonical forms alone: each layout is normalised once (not once
+    // per pair) and each distinct pair of forms bounded once.
+    let canon = |layouts: &[Layout]| {
+        let forms: Vec<Layout> = layouts.par_iter().map(normalized).collect();
+        let (distinct, index) = dedupe(&forms);
+        (distinct.into_iter().cloned().collect::<Vec<_>>(), index)
+    };
+    let (csrc, csrc_index) = canon(sources);
+    let (ctgt, ctgt_index) = canon(targets);
+    let (width, cwidth) = (targets.len(), ctgt.len());
+    // Only the canonical pairs of some pair Algorithm 1 does not move for free are bounded.
+    let mut needed = vec![false; csrc.len() * cwidth];
+    for (k, &cost) in paper.iter().enumerate() {
+        if cost != 0.0 {
+            needed[csrc_index[k / width] * cwidth + ctgt_index[k % width]] = true;
+        }
+    }
+    let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()
-        .map(|(k, &cost)| {
-            let (a, b) = (&sources[k / width], &targets[k % width]);
-            if cost == 0.0 {
-                return Ok(0.0);
+        .map(|(k, &needed)| {
+            if needed {
+                shortest_plan_bound(&csrc[k / cwidth], &ctgt[k % cwidth], objective)
+            } else {
+                Ok(0.0)
             }
-            let bound = shortest_plan_bound(&normalized(a), &normalized(b), objective)?;
-            Ok(bound.min(cost))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(paper
+        .iter()
+        .enumerate()
+        .map(|(k, &cost)| {
+            if cost == 0.0 {
+                return 0.0;
+            }
+            bounds[csrc_index[k / width] * cwidth + ctgt_index[k % width]].min(cost)
+        })
+        .collect())
 }
 
 /// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs

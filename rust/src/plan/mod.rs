@@ -117,22 +117,21 @@ pub(crate) fn shortest_plan_by<'p>(
 
 /// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms),
 /// without its search: the plan's ops outside the search at their price, the search's bound at
-/// its source for the rest.
+/// its source for the rest. Algorithm 1's ops between the unified pair are not built (the
+/// lined-up pair is what `paper::plan` makes; the caller has checked the layouts' cluster).
 ///
 /// # Errors
 /// As [`plan_redistribution`].
 pub(crate) fn shortest_plan_bound(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<f64> {
-    let plan = paper::plan(a, b, objective)?;
-    let whole = objective.total(&plan);
-    Ok(match Problem::of(&plan.source, &plan.target) {
-        Some(problem) => {
-            let searched = plan.ops.iter().fold(0.0, |t, op| objective.add(t, op));
-            // Scaled down by a hair: the difference may round up.
-            ((whole - searched).max(0.0) + optimal::lower_bound(&problem, objective))
-                * (1.0 - 1e-12)
-        }
-        None => whole,
-    })
+    let mut plan = paper::lined_up(a, b, None)?;
+    if let Some(problem) = Problem::of(&plan.source, &plan.target) {
+        // The plan has no ops yet: its price is that of the ops outside the search. Scaled
+        // down by a hair: the plan's price adds its ops in another order.
+        let outside = objective.total(&plan);
+        return Ok((outside + optimal::lower_bound(&problem, objective)) * (1.0 - 1e-12));
+    }
+    plan.ops = paper::unified_ops(&plan.source, &plan.target);
+    Ok(objective.total(&plan))
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).
