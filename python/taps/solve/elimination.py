@@ -243,7 +243,7 @@ def _eliminate(
     for k, f in enumerate(factors):
         index = [v_rows[k] if u == v else rows[u][k] for u in f.names]
         terms.append(
-            ([0 if u == v else 1 + others.index(u) for u in f.names], f.table[np.ix_(*index)])
+            ([0 if u == v else 1 + others.index(u) for u in f.names], _taken(f.table, index))
         )
     sides = _sides(terms, len(others))
     if sides is not None:
@@ -264,6 +264,15 @@ def _eliminate(
             block += _placed(table, axes, len(shape), start, stop)
         np.minimum(out, block.min(axis=0), out=out)
     return _compacted(others, classes, out)
+
+
+def _taken(table: np.ndarray, index: list[np.ndarray]) -> np.ndarray:
+    """``table[np.ix_(*index)]``, an axis at a time (numpy's indexing by several arrays at once
+    is several times slower), the axes whose index keeps every slice in order left alone."""
+    for axis, i in enumerate(index):
+        if len(i) != table.shape[axis] or np.any(i != np.arange(len(i))):
+            table = np.take(table, i, axis=axis)
+    return table
 
 
 def _compacted(others: list[str], classes: list[np.ndarray], out: np.ndarray) -> _Factor:

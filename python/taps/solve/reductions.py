@@ -29,6 +29,7 @@ from typing import cast
 import numpy as np
 
 from taps._core import min_plus
+from taps._core import min_plus_one as _core_min_plus_one
 from taps._support.deadline import check
 from taps.solve.problem import PairCost, Problem
 
@@ -123,8 +124,9 @@ def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective."""
-    return _min_plus(x[..., None], y[..., None])[..., 0]
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective (a transposed view read in
+    place)."""
+    return _core_min_plus_one(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
 
 
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
