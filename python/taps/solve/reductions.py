@@ -72,13 +72,17 @@ def _class_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarra
     return _lex_min(np.where(member[..., None], values[None], np.inf), axis=1)
 
 
+def row_hashes(bits: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of a 2-D array of 64-bit words: equal rows, equal hashes."""
+    return (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+
+
 def _first_equal(flat: np.ndarray) -> np.ndarray:
     """Per row of ``flat``, the index of the first row equal to it. Rows are grouped by a hash of
     their bits (several times faster than sorting them as np.unique does), and the grouping is
     checked: on a collision the rows are compared the slow way."""
     values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
-    bits = np.ascontiguousarray(values).view(np.uint64)
-    key = (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+    key = row_hashes(np.ascontiguousarray(values).view(np.uint64))
     _, first, group = np.unique(key, return_index=True, return_inverse=True)
     if not np.array_equal(values[first[group]], values):
         _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
