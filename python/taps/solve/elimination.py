@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps.solve.problem import PairCost, Problem
-from taps.solve.reductions import min_plus_one, row_hashes
+from taps.solve.reductions import along, min_plus_one, row_hashes
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -279,10 +279,9 @@ def _eliminate(
 
 def _taken(table: np.ndarray, index: list[np.ndarray]) -> np.ndarray:
     """``table[np.ix_(*index)]``, an axis at a time (numpy's indexing by several arrays at once
-    is several times slower), the axes whose index keeps every slice in order left alone."""
+    is several times slower)."""
     for axis, i in enumerate(index):
-        if len(i) != table.shape[axis] or np.any(i != np.arange(len(i))):
-            table = table[(slice(None),) * axis + (i,)]
+        table = along(table, i, axis)
     return table
 
 

@@ -119,9 +119,19 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
     return _pair(p.u, p.w, u_class, w_class, cost)
 
 
+def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    """``array`` indexed by ``index`` along ``axis``: ``array`` itself if ``index`` keeps every
+    slice in order (a copy saved)."""
+    if len(index) == array.shape[axis] and np.array_equal(index, np.arange(len(index))):
+        return array
+    return array[(slice(None),) * axis + (index,)]
+
+
 def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
     :func:`_lex_min` compares them), by the core's kernel on all cores."""
+    if x.shape[-1] == 1:
+        return min_plus_one(x[..., 0], y[..., 0])[..., None]
     x = np.ascontiguousarray(x, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     return min_plus(x, y, _TIE)
@@ -250,7 +260,7 @@ def _series(left: PairCost, right: PairCost, node: np.ndarray, objectives: int) 
     if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
         return None
     best = _class_min(node, mid, len(p))
-    cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
+    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0))
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 
@@ -287,7 +297,9 @@ def reduce(
     def stacked(k: int) -> np.ndarray:
         key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
         if key not in memo:
-            memo[key] = np.stack([o.pairs[k].cost for o in objectives], -1)
+            costs = [o.pairs[k].cost for o in objectives]
+            # One objective: a view (nothing changes the arrays in place), not a copy.
+            memo[key] = costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
         return cast("np.ndarray", memo[key])
 
     pairs: dict[int, PairCost] = {
