@@ -453,9 +453,7 @@ def min_plus(
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
 
-def min_plus_one(
-    x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
+def min_plus_one(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The min-plus product ``out[a, b] = min_k x[a, k] + y[k, b]`` of ``x (rows, inner)`` and
     ``y (inner, cols)``, one objective, on all cores: the sums in order of ``k``, numpy's
     ``minimum`` of them to the bit (NaN if any is). Arrays in C or Fortran order (a transposed

@@ -83,7 +83,11 @@ impl Matrix<'_> {
                     for (i, e) in entries.iter_mut().enumerate() {
                         let o = p * width + i;
                         if o < outer {
-                            *e = if transposed { self.get(k, o) } else { self.get(o, k) };
+                            *e = if transposed {
+                                self.get(k, o)
+                            } else {
+                                self.get(o, k)
+                            };
                         }
                     }
                 }
@@ -221,7 +225,7 @@ pub fn min_plus(x: &[f64], y: &[f64], dims: Dims, tie: f64) -> Result<Vec<f64>> 
 
 /// numpy's `minimum(current, term)`, or (`NAN` false: neither can be NaN) the plain comparison
 /// that is the same then and compiles to one instruction.
-#[inline(always)]
+#[inline]
 fn least<const NAN: bool>(current: f64, term: f64) -> f64 {
     if NAN {
         np_minimum(current, term)
@@ -234,7 +238,7 @@ fn least<const NAN: bool>(current: f64, term: f64) -> f64 {
 
 /// The running minima of one tile over the inner choices of one pass: `xs` holds `MR` rows' entries
 /// per `k`, `ys` `NR` columns' per `k`.
-#[inline(always)]
+#[inline]
 fn tile<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR]; MR]) {
     let mut a = *acc;
     for (xk, yk) in xs.chunks_exact(MR).zip(ys.chunks_exact(NR)) {
@@ -276,7 +280,9 @@ pub fn min_plus_one(x: Matrix<'_>, y: Matrix<'_>) -> Result<Vec<f64>> {
     let ys = y.panels(NR, true);
     // Enough jobs for every core, each of whole row tiles.
     let tiles = rows.div_ceil(MR);
-    let per_job = tiles.div_ceil(4 * rayon::current_num_threads()).clamp(1, JOB_TILES);
+    let per_job = tiles
+        .div_ceil(4 * rayon::current_num_threads())
+        .clamp(1, JOB_TILES);
     let run = |job: usize, block: &mut [f64], nan: bool| {
         let first = job * per_job * MR;
         let height = block.len() / cols;
@@ -360,7 +366,13 @@ mod tests {
     #[test]
     fn tiles_match_the_plain_loop_in_every_layout() {
         let mut seed = 0;
-        for (rows, inner, cols) in [(1, 1, 1), (5, 3, 7), (9, 300, 6), (17, 513, 13), (64, 20, 3)] {
+        for (rows, inner, cols) in [
+            (1, 1, 1),
+            (5, 3, 7),
+            (9, 300, 6),
+            (17, 513, 13),
+            (64, 20, 3),
+        ] {
             for odd in [false, true] {
                 seed += 1;
                 let xd = costs(rows * inner, seed, odd);
@@ -379,7 +391,11 @@ mod tests {
                     strides: [1, inner],
                 };
                 let got = min_plus_one(x, y).unwrap();
-                assert_eq!(bits(&got), bits(&plain(&x, &y)), "{rows} {inner} {cols} {odd}");
+                assert_eq!(
+                    bits(&got),
+                    bits(&plain(&x, &y)),
+                    "{rows} {inner} {cols} {odd}"
+                );
                 // The contiguous entry point takes the same path.
                 let yc: Vec<f64> = (0..inner * cols)
                     .map(|i| y.get(i / cols, i % cols))

@@ -291,7 +291,7 @@ pub(super) fn min_plus_one<'py>(
 /// copy in C order.
 fn in_place<'a>(a: &ArrayView2<'a, f64>) -> CowArray<'a, f64, Ix2> {
     if a.strides().iter().all(|&s| s >= 0) && a.as_slice_memory_order().is_some() {
-        CowArray::from(a.clone())
+        CowArray::from(*a)
     } else {
         CowArray::from(a.as_standard_layout().to_owned())
     }
