@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps.solve.problem import PairCost, Problem
-from taps.solve.reductions import along, min_plus_one, row_hashes
+from taps.solve.reductions import along, in_order, min_plus_one, row_hashes
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -241,13 +241,32 @@ def _eliminate(
     v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
     best = np.full(v_rows.shape[1], np.inf)
     np.minimum.at(best, v_class, node)
-    classes, rows, shape = [], {}, [len(best)]
+    classes, joint, shape = [], [], [len(best)]
     for u in others:
         having = [k for k, f in enumerate(factors) if u in f.names]
         u_class, u_rows = _joint([factors[k].classes[factors[k].axis(u)] for k in having])
         classes.append(u_class)
-        rows[u] = dict(zip(having, u_rows))
+        joint.append((having, u_rows))
         shape.append(u_rows.shape[1])
+    # An operator's joint classes are numbered by their bytes (as the rows of the tables that
+    # follow): indexing a factor's table by them reorders it. Where that copies more than
+    # reordering the new table, the new table is built over them in ascending order of their
+    # classes (often the tables' own order: no copy) and reordered after (``back``).
+    rows, back = {}, []
+    for u, (having, u_rows) in zip(others, joint):
+        axes = [factors[k].axis(u) for k in having]
+        reordered = sum(
+            factors[k].table.size
+            for k, r, a in zip(having, u_rows, axes)
+            if not in_order(r, factors[k].table.shape[a])
+        )
+        ascending = np.lexsort(u_rows[::-1])
+        if reordered > math.prod(shape[1:]):
+            u_rows = u_rows[:, ascending]
+        else:
+            ascending = np.arange(u_rows.shape[1])
+        back.append(np.argsort(ascending))
+        rows[u] = dict(zip(having, u_rows))
     # Each factor's table over the joint classes, with the axis of each of its operators in the
     # new table (v's is 0).
     terms = []
@@ -261,7 +280,7 @@ def _eliminate(
         out = _min_plus_step(best, terms, shape, sides, deadline)
         if out is None:
             return None
-        return _compacted(others, classes, out)
+        return _compacted(others, classes, _taken(out, back))
     out = np.full(shape[1:], np.inf)
     rest = max(1, math.prod(shape[1:]))
     step = max(1, _CHUNK // rest)
@@ -274,7 +293,7 @@ def _eliminate(
         for axes, table in terms:
             block += _placed(table, axes, len(shape), start, stop)
         np.minimum(out, block.min(axis=0), out=out)
-    return _compacted(others, classes, out)
+    return _compacted(others, classes, _taken(out, back))
 
 
 def _taken(table: np.ndarray, index: list[np.ndarray]) -> np.ndarray:

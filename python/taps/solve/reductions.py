@@ -119,10 +119,15 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
     return _pair(p.u, p.w, u_class, w_class, cost)
 
 
+def in_order(index: np.ndarray, size: int) -> bool:
+    """Whether indexing an axis of ``size`` by ``index`` keeps every slice in its place."""
+    return len(index) == size and bool(np.array_equal(index, np.arange(size)))
+
+
 def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
-    """``array`` indexed by ``index`` along ``axis``: ``array`` itself if ``index`` keeps every
-    slice in order (a copy saved)."""
-    if len(index) == array.shape[axis] and np.array_equal(index, np.arange(len(index))):
+    """``array`` indexed by ``index`` along ``axis``: ``array`` itself if that keeps every slice
+    in its place (a copy saved)."""
+    if in_order(index, array.shape[axis]):
         return array
     return array[(slice(None),) * axis + (index,)]
 
