@@ -289,8 +289,12 @@ def _eliminate(
             return None
         stop = min(start + step, shape[0])
         rows_of_v = best[start:stop].reshape(-1, *([1] * (len(shape) - 1)))
-        block = np.broadcast_to(rows_of_v, (stop - start, *shape[1:])).copy()
-        for axes, table in terms:
+        # ``best`` plus the first term fills the block (the same sums as adding it to a copy).
+        (axes, table), *rest_terms = terms
+        block = np.broadcast_to(
+            rows_of_v + _placed(table, axes, len(shape), start, stop), (stop - start, *shape[1:])
+        ).copy()
+        for axes, table in rest_terms:
             block += _placed(table, axes, len(shape), start, stop)
         np.minimum(out, block.min(axis=0), out=out)
     return _compacted(others, classes, _taken(out, back))
@@ -355,7 +359,7 @@ def _min_plus_step(
     rows, cols = sides
     ndim = len(shape)
     height, width = math.prod(shape[a] for a in rows), math.prod(shape[a] for a in cols)
-    out = np.full((height, width), np.inf)
+    out = None
     step = max(1, _CHUNK // max(height, width))
     for start in range(0, shape[0], step):
         if deadline is not None and time.perf_counter() > deadline:
@@ -376,11 +380,10 @@ def _min_plus_step(
         y = np.broadcast_to(
             y, [stop - start] + [shape[a] if a in cols else 1 for a in range(1, ndim)]
         )
-        np.minimum(
-            out,
-            min_plus_one(x.reshape(stop - start, height).T, y.reshape(stop - start, width)),
-            out=out,
-        )
+        part = min_plus_one(x.reshape(stop - start, height).T, y.reshape(stop - start, width))
+        # The first block's product is the running minimum (numpy's minimum with inf keeps it).
+        out = part if out is None else np.minimum(out, part, out=out)
+    assert out is not None
     # Back to the axes in order: the rows' axes, then the columns', each in its order.
     table = out.reshape([shape[a] for a in rows] + [shape[a] for a in cols])
     return np.transpose(table, np.argsort([a - 1 for a in rows + cols]))
