@@ -89,3 +89,40 @@ def test_shapes_that_do_not_fit_are_a_taps_error(
 ) -> None:
     with pytest.raises(taps.TapsError, match="min-plus product"):
         _core.min_plus(np.zeros(xshape), np.zeros(yshape), 0.0)
+
+
+def _in_turn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``min_k x[a, k] + y[k, b]``, the sums in turn, each taken if less or NaN (numpy's
+    ``minimum``, whose choice between equal zeros of two signs depends on its loop: here the
+    earlier one stays)."""
+    out = x[:, :1] + y[:1]
+    for k in range(1, x.shape[1]):
+        term = x[:, k : k + 1] + y[k : k + 1]
+        out = np.where((term < out) | np.isnan(term), term, out)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("nan", [False, True])
+def test_one_objective_in_any_layout_equals_numpy_to_the_bit(nan: bool) -> None:
+    """Shapes past the kernel's tiles (4 x 4) and passes (256 inner choices), zeros of both signs,
+    infinities (and NaN sums), read in C order, Fortran order, sliced (copied) and reversed."""
+    rng = np.random.default_rng(int(nan))
+    values = np.array([0.0, -0.0, 1.0, 2.0, 3.0, np.inf] + ([np.nan, -np.inf] if nan else []))
+    x = rng.choice(values, size=(9, 300))
+    y = rng.choice(values, size=(300, 7))
+    want = _in_turn(x, y).view(np.uint64)
+    for xs, ys in [
+        (x, y),
+        (np.asfortranarray(x), np.asfortranarray(y)),
+        (np.repeat(x, 2, axis=1)[:, ::2], y[::-1][::-1]),
+        (x[::-1].copy()[::-1], y[:, ::-1].copy()[:, ::-1]),
+    ]:
+        np.testing.assert_array_equal(_core.min_plus_one(xs, ys).view(np.uint64), want)
+
+
+def test_one_objective_refuses_inner_sizes_that_differ() -> None:
+    with pytest.raises(taps.TapsError):
+        _core.min_plus_one(np.zeros((2, 3)), np.zeros((4, 2)))
+    with pytest.raises(taps.TapsError):
+        _core.min_plus_one(np.zeros((2, 0)), np.zeros((0, 2)))

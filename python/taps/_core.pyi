@@ -35,6 +35,7 @@ __all__ = [
     "least_bottleneck",
     "least_cuts",
     "min_plus",
+    "min_plus_one",
     "plan_redistribution",
     "redistribution_bounds",
     "redistribution_costs",
@@ -451,6 +452,13 @@ def min_plus(
     relative ``tie`` (``p <= least + tie * abs(least)``), then the second, the first ``k`` of
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
+
+def min_plus_one(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The min-plus product ``out[a, b] = min_k x[a, k] + y[k, b]`` of ``x (rows, inner)`` and
+    ``y (inner, cols)``, one objective, on all cores: the sums in order of ``k``, numpy's
+    ``minimum`` of them to the bit (NaN if any is). Arrays in C or Fortran order (a transposed
+    view too) are read in place, others copied first. Raises TapsError when the inner sizes
+    differ or are 0."""
 
 def frontier_sum(
     a: npt.NDArray[np.float64],

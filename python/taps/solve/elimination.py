@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps.solve.problem import PairCost, Problem
-from taps.solve.reductions import min_plus_one
+from taps.solve.reductions import along, in_order, min_plus_one, row_hashes
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -198,9 +198,20 @@ def _run(
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The index of the first of each distinct row of a 2-D array, and the distinct row of each
-    row. Rows compare as bytes (one sort of fixed-size keys: numpy's ``unique(axis=0)`` compares
-    them column by column, far slower on long rows)."""
+    row, the distinct rows numbered in the order of their bytes (as numpy's ``unique`` of the
+    rows as bytes numbers them). Rows of 8-byte entries are grouped by a hash of their bits, the
+    grouping checked, and one row of each group sorted, by Python's comparison of bytes; others
+    (or on a collision) sorted by numpy as bytes (whose sort of long rows is the slower)."""
     rows = np.ascontiguousarray(rows)
+    if rows.dtype.itemsize == 8 and rows.size:
+        bits = rows.view(np.uint64)
+        _, first, group = np.unique(row_hashes(bits), return_index=True, return_inverse=True)
+        group = group.reshape(-1)
+        if np.array_equal(bits[first[group]], bits):
+            order = sorted(range(len(first)), key=lambda k: rows[first[k]].tobytes())
+            rank = np.empty(len(first), dtype=np.intp)
+            rank[order] = np.arange(len(first))
+            return first[order], rank[group]
     keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
@@ -230,27 +241,46 @@ def _eliminate(
     v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
     best = np.full(v_rows.shape[1], np.inf)
     np.minimum.at(best, v_class, node)
-    classes, rows, shape = [], {}, [len(best)]
+    classes, joint, shape = [], [], [len(best)]
     for u in others:
         having = [k for k, f in enumerate(factors) if u in f.names]
         u_class, u_rows = _joint([factors[k].classes[factors[k].axis(u)] for k in having])
         classes.append(u_class)
-        rows[u] = dict(zip(having, u_rows))
+        joint.append((having, u_rows))
         shape.append(u_rows.shape[1])
+    # An operator's joint classes are numbered by their bytes (as the rows of the tables that
+    # follow): indexing a factor's table by them reorders it. Where that copies more than
+    # reordering the new table, the new table is built over them in ascending order of their
+    # classes (often the tables' own order: no copy) and reordered after (``back``).
+    rows, back = {}, []
+    for u, (having, u_rows) in zip(others, joint):
+        axes = [factors[k].axis(u) for k in having]
+        reordered = sum(
+            factors[k].table.size
+            for k, r, a in zip(having, u_rows, axes)
+            if not in_order(r, factors[k].table.shape[a])
+        )
+        ascending = np.lexsort(u_rows[::-1])
+        if reordered > math.prod(shape[1:]):
+            u_rows = u_rows[:, ascending]
+        else:
+            ascending = np.arange(u_rows.shape[1])
+        back.append(np.argsort(ascending))
+        rows[u] = dict(zip(having, u_rows))
     # Each factor's table over the joint classes, with the axis of each of its operators in the
     # new table (v's is 0).
     terms = []
     for k, f in enumerate(factors):
         index = [v_rows[k] if u == v else rows[u][k] for u in f.names]
         terms.append(
-            ([0 if u == v else 1 + others.index(u) for u in f.names], f.table[np.ix_(*index)])
+            ([0 if u == v else 1 + others.index(u) for u in f.names], _taken(f.table, index))
         )
     sides = _sides(terms, len(others))
     if sides is not None:
         out = _min_plus_step(best, terms, shape, sides, deadline)
         if out is None:
             return None
-        return _compacted(others, classes, out)
+        return _compacted(others, classes, _taken(out, back))
     out = np.full(shape[1:], np.inf)
     rest = max(1, math.prod(shape[1:]))
     step = max(1, _CHUNK // rest)
@@ -259,11 +289,23 @@ def _eliminate(
             return None
         stop = min(start + step, shape[0])
         rows_of_v = best[start:stop].reshape(-1, *([1] * (len(shape) - 1)))
-        block = np.broadcast_to(rows_of_v, (stop - start, *shape[1:])).copy()
-        for axes, table in terms:
+        # ``best`` plus the first term fills the block (the same sums as adding it to a copy).
+        (axes, table), *rest_terms = terms
+        block = np.broadcast_to(
+            rows_of_v + _placed(table, axes, len(shape), start, stop), (stop - start, *shape[1:])
+        ).copy()
+        for axes, table in rest_terms:
             block += _placed(table, axes, len(shape), start, stop)
         np.minimum(out, block.min(axis=0), out=out)
-    return _compacted(others, classes, out)
+    return _compacted(others, classes, _taken(out, back))
+
+
+def _taken(table: np.ndarray, index: list[np.ndarray]) -> np.ndarray:
+    """``table[np.ix_(*index)]``, an axis at a time (numpy's indexing by several arrays at once
+    is several times slower)."""
+    for axis, i in enumerate(index):
+        table = along(table, i, axis)
+    return table
 
 
 def _compacted(others: list[str], classes: list[np.ndarray], out: np.ndarray) -> _Factor:
@@ -317,7 +359,7 @@ def _min_plus_step(
     rows, cols = sides
     ndim = len(shape)
     height, width = math.prod(shape[a] for a in rows), math.prod(shape[a] for a in cols)
-    out = np.full((height, width), np.inf)
+    out = None
     step = max(1, _CHUNK // max(height, width))
     for start in range(0, shape[0], step):
         if deadline is not None and time.perf_counter() > deadline:
@@ -338,11 +380,10 @@ def _min_plus_step(
         y = np.broadcast_to(
             y, [stop - start] + [shape[a] if a in cols else 1 for a in range(1, ndim)]
         )
-        np.minimum(
-            out,
-            min_plus_one(x.reshape(stop - start, height).T, y.reshape(stop - start, width)),
-            out=out,
-        )
+        part = min_plus_one(x.reshape(stop - start, height).T, y.reshape(stop - start, width))
+        # The first block's product is the running minimum (numpy's minimum with inf keeps it).
+        out = part if out is None else np.minimum(out, part, out=out)
+    assert out is not None
     # Back to the axes in order: the rows' axes, then the columns', each in its order.
     table = out.reshape([shape[a] for a in rows] + [shape[a] for a in cols])
     return np.transpose(table, np.argsort([a - 1 for a in rows + cols]))

@@ -29,6 +29,7 @@ from typing import cast
 import numpy as np
 
 from taps._core import min_plus
+from taps._core import min_plus_one as _core_min_plus_one
 from taps._support.deadline import check
 from taps.solve.problem import PairCost, Problem
 
@@ -71,13 +72,17 @@ def _class_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarra
     return _lex_min(np.where(member[..., None], values[None], np.inf), axis=1)
 
 
+def row_hashes(bits: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of a 2-D array of 64-bit words: equal rows, equal hashes."""
+    return (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+
+
 def _first_equal(flat: np.ndarray) -> np.ndarray:
     """Per row of ``flat``, the index of the first row equal to it. Rows are grouped by a hash of
     their bits (several times faster than sorting them as np.unique does), and the grouping is
     checked: on a collision the rows are compared the slow way."""
     values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
-    bits = np.ascontiguousarray(values).view(np.uint64)
-    key = (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
+    key = row_hashes(np.ascontiguousarray(values).view(np.uint64))
     _, first, group = np.unique(key, return_index=True, return_inverse=True)
     if not np.array_equal(values[first[group]], values):
         _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
@@ -114,17 +119,33 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
     return _pair(p.u, p.w, u_class, w_class, cost)
 
 
+def in_order(index: np.ndarray, size: int) -> bool:
+    """Whether indexing an axis of ``size`` by ``index`` keeps every slice in its place."""
+    return len(index) == size and bool(np.array_equal(index, np.arange(size)))
+
+
+def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    """``array`` indexed by ``index`` along ``axis``: ``array`` itself if that keeps every slice
+    in its place (a copy saved)."""
+    if in_order(index, array.shape[axis]):
+        return array
+    return array[(slice(None),) * axis + (index,)]
+
+
 def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
     :func:`_lex_min` compares them), by the core's kernel on all cores."""
+    if x.shape[-1] == 1:
+        return min_plus_one(x[..., 0], y[..., 0])[..., None]
     x = np.ascontiguousarray(x, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     return min_plus(x, y, _TIE)
 
 
 def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective."""
-    return _min_plus(x[..., None], y[..., None])[..., 0]
+    """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective (a transposed view read in
+    place)."""
+    return _core_min_plus_one(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
 
 
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
@@ -244,7 +265,7 @@ def _series(left: PairCost, right: PairCost, node: np.ndarray, objectives: int) 
     if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
         return None
     best = _class_min(node, mid, len(p))
-    cost = _min_plus(left.cost[:, p] + best[None], right.cost[q])
+    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0))
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 
@@ -281,7 +302,9 @@ def reduce(
     def stacked(k: int) -> np.ndarray:
         key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
         if key not in memo:
-            memo[key] = np.stack([o.pairs[k].cost for o in objectives], -1)
+            costs = [o.pairs[k].cost for o in objectives]
+            # One objective: a view (nothing changes the arrays in place), not a copy.
+            memo[key] = costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
         return cast("np.ndarray", memo[key])
 
     pairs: dict[int, PairCost] = {

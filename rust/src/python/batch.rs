@@ -1,11 +1,12 @@
-//! The batch cost kernels: `redistribution_costs`, `allreduce_costs` and `min_plus`, on all cores
-//! with the GIL released, and `frontier_sum` (one core) for the memory-limited search.
+//! The batch cost kernels: `redistribution_costs`, `allreduce_costs`, `min_plus` and
+//! `min_plus_one`, on all cores with the GIL released, and `frontier_sum` (one core) for the
+//! memory-limited search.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use numpy::ndarray::{Array2, Array3};
+use numpy::ndarray::{Array2, Array3, ArrayView2, CowArray, Ix2};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
 };
@@ -267,6 +268,45 @@ pub(super) fn min_plus<'py>(
     let array = Array3::from_shape_vec((dims.rows, dims.cols, dims.objectives), out)
         .expect("one entry per pair of rows and columns");
     Ok(array.into_pyarray(py))
+}
+
+/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of one objective, on all cores:
+/// arrays in C or Fortran order (a transposed view too) are read in place, others copied first.
+#[pyfunction]
+pub(super) fn min_plus_one<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f64>,
+    y: PyReadonlyArray2<'py, f64>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let (x, y) = (x.as_array(), y.as_array());
+    let (x, y) = (in_place(&x), in_place(&y));
+    let (xm, ym) = (matrix(&x), matrix(&y));
+    let (rows, cols) = (xm.rows, ym.cols);
+    let out = py.detach(move || minplus::min_plus_one(xm, ym))?;
+    let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
+    Ok(array.into_pyarray(py))
+}
+
+/// `a` itself if its memory is one slice in C or Fortran order with strides of no sign, else a
+/// copy in C order.
+fn in_place<'a>(a: &ArrayView2<'a, f64>) -> CowArray<'a, f64, Ix2> {
+    if a.strides().iter().all(|&s| s >= 0) && a.as_slice_memory_order().is_some() {
+        CowArray::from(*a)
+    } else {
+        CowArray::from(a.as_standard_layout().to_owned())
+    }
+}
+
+/// The kernel's view of an array [`in_place`] gave.
+fn matrix<'a>(a: &'a CowArray<'_, f64, Ix2>) -> minplus::Matrix<'a> {
+    let (rows, cols) = a.dim();
+    let strides = a.strides();
+    minplus::Matrix {
+        data: a.as_slice_memory_order().expect("one slice"),
+        rows,
+        cols,
+        strides: [strides[0] as usize, strides[1] as usize],
+    }
 }
 
 /// The frontier of the sum of two (cost, memory) Pareto tables (levels ascending, one row of
