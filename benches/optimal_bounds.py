@@ -12,6 +12,7 @@ and refinements. Run in a fresh process per case:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import time
 from typing import Any
@@ -96,10 +97,14 @@ def timed(graph: taps.Graph, cluster: taps.Cluster) -> None:
     t = time.process_time()
     result = searching.search(graph, cluster, OPTIMAL)
     optimal = time.process_time() - t
+    # The plan's strategies, digested: equal across builds where the plans are.
+    strategies = sorted((name, repr(s)) for name, s in result.plan.strategies.items())
+    digest = hashlib.sha1(repr(strategies).encode()).hexdigest()[:12]
     print(
         f"default {default:.3f} s, optimal {optimal:.3f} s ({optimal / default:.1f}x), "
         f"rounds {stats['rounds']}, bounded tables {stats['tables']:.3f} s, refinements "
-        f"{stats['refine']:.3f} s, cost {result.cost!r}, load {os.getloadavg()[0]:.1f}"
+        f"{stats['refine']:.3f} s, cost {result.cost!r}, plan {digest}, "
+        f"load {os.getloadavg()[0]:.1f}"
     )
 
 
