@@ -569,6 +569,71 @@ mod tests {
         }
     }
 
+    /// The elements a node's devices need together bound the rest, not those one device needs:
+    /// an all-to-all across two nodes of 8 (each node's devices need half the rows, all columns,
+    /// of which the node holds half) and AlexNet's conv output from 4 x 4 devices to 2 x 8,
+    /// where a node holds half the tensor and its devices need all of it. The bound at the
+    /// source is within 5% of the least price, without latencies (a device alone lacks an eighth
+    /// of it).
+    #[test]
+    fn a_node_lacks_what_its_devices_need_together() {
+        let cluster =
+            Cluster::hierarchy(&[(8, 100e9, 0.0), (2, 10e9, 0.0)], None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let pairs = [
+            (
+                layout(&[128, 4096], &[16], &[-1, 0]),
+                layout(&[128, 4096], &[16], &[0, -1]),
+            ),
+            crate::unify::unify(
+                &layout(&[128, 384, 13, 13], &[4, 4], &[1, 0, -1, -1]),
+                &layout(&[128, 384, 13, 13], &[2, 8], &[-1, 0, -1, -1]),
+            )
+            .unwrap(),
+        ];
+        for (a, b) in pairs {
+            let want = dijkstra(&a, &b, objective);
+            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            assert!(
+                start <= want && start >= want * 0.95,
+                "{a:?} -> {b:?}: bound {start}, least {want}"
+            );
+        }
+    }
+
+    /// A collective of one device dim runs `g - 1` steps at least, each at its level's latency:
+    /// an all-to-all of 8 devices in one node, and the all-reduce of partial sums over 8, are
+    /// bounded at 7 latencies (the bound at the source counted one).
+    #[test]
+    fn a_collective_pays_a_latency_per_step() {
+        let cluster = Cluster::hierarchy(&[(8, 100e9, 1e-5)], None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let pairs = [
+            (
+                layout(&[64, 64], &[8], &[-1, 0]),
+                layout(&[64, 64], &[8], &[0, -1]),
+            ),
+            (
+                Layout::with_partial(vec![64, 64], vec![8], vec![-1, -1], vec![0]).unwrap(),
+                layout(&[64, 64], &[8], &[-1, -1]),
+            ),
+        ];
+        for (a, b) in pairs {
+            let want = dijkstra(&a, &b, objective);
+            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            assert!(
+                start <= want && start >= 7e-5,
+                "{a:?} -> {b:?}: bound {start}, least {want}"
+            );
+        }
+    }
+
     /// A search that would hold more layouts than it may gives up (the planner then keeps
     /// Algorithm 1's plan), and one given room enough finds the plan.
     #[test]

@@ -106,6 +106,16 @@ fn least_price(rates: &[(f64, f64)], elements: f64) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// `rates` with each latency paid `steps` times: a collective's every step pays its level's
+/// latency (a ring or pairwise collective of `g` devices runs `g-1` steps at least, an
+/// all-reduce `2 (g-1)`; a permute one).
+fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
+    for (latency, _) in &mut rates {
+        *latency *= steps;
+    }
+    rates
+}
+
 /// The least price of an op moving `elements` per device over any group, by the `rates` of every
 /// device dim.
 fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
@@ -214,6 +224,51 @@ pub(super) fn state_layout(template: &Layout, state: &State) -> Layout {
     )
 }
 
+/// A unit of devices the elements entering which bound the price ([`Space::entering`]).
+struct Unit {
+    /// Per device dim, the part of its coordinates the unit holds (`e_k / d_k`).
+    held: Vec<f64>,
+    /// The elements the unit's devices need in the goal, together.
+    needed: f64,
+    /// The latency and price per element of bringing elements into the unit.
+    latency: f64,
+    rate: f64,
+}
+
+impl Unit {
+    /// The units of layouts on `source`'s device matrix ([`Objective::entering_rates`]), for a
+    /// goal whose device dims split the tensor dims `goal` gives and whose shards hold
+    /// `goal_shard` elements.
+    fn all(
+        source: &Layout,
+        goal: &[Option<usize>],
+        goal_shard: f64,
+        objective: Objective<'_>,
+    ) -> Vec<Self> {
+        let h = source.num_device_dims();
+        objective
+            .entering_rates(source)
+            .into_iter()
+            .map(|(extents, latency, rate)| {
+                let held = (0..h)
+                    .map(|k| extents[k] as f64 / source.dim_size(k) as f64)
+                    .collect();
+                // A unit holds `e_k` coordinates of each dim: as many distinct goal blocks
+                // along the dims the goal splits by.
+                let needed = (0..h)
+                    .filter(|&k| goal[k].is_some())
+                    .fold(goal_shard, |n, k| n * extents[k] as f64);
+                Unit {
+                    held,
+                    needed,
+                    latency,
+                    rate,
+                }
+            })
+            .collect()
+    }
+}
+
 /// The search space around one unified pair.
 pub(super) struct Space<'a> {
     pub(super) template: &'a Layout,
@@ -249,10 +304,10 @@ pub(super) struct Space<'a> {
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
     least_last: f64,
     /// Per unit of devices (a device, and with flat replicas a unit of each level below the
-    /// outermost), per device dim the part of its coordinates one unit holds (`e_k / d_k`),
-    /// and the latency and price per element of bringing elements into it
-    /// ([`Objective::entering_rates`]).
-    entering: Vec<(Vec<f64>, f64, f64)>,
+    /// outermost): per device dim the part of its coordinates one unit holds (`e_k / d_k`), the
+    /// elements the unit's devices need in the goal together, and the latency and price per
+    /// element of bringing elements into it ([`Objective::entering_rates`]).
+    entering: Vec<Unit>,
     /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
     /// holding distinct data (all a price depends on): a search meets each many times.
     prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
@@ -294,11 +349,18 @@ impl<'a> Space<'a> {
             .filter(|&k| allowed[k] != 0)
             .fold(0u64, |m, k| m | 1 << k);
         let whole = source.num_elements() as f64;
-        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards.
+        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
+        // unless it is a permute (a dim with no partner has none) it is a collective of that dim
+        // alone, of `g-1` steps at least.
         let (least, least_leave): (Vec<f64>, Vec<f64>) = (0..h)
             .map(|k| {
-                let rates = objective.least_rates(source, k, spread(k), splitting);
                 let g = source.dim_size(k) as f64;
+                let rates = objective.least_rates(source, k, spread(k), splitting);
+                let rates = if permutable >> k & 1 == 1 {
+                    rates
+                } else {
+                    stepped(rates, g - 1.0)
+                };
                 // Shards an all-gather moves, or a collective-permute (one) if one may.
                 let leave = if permutable >> k & 1 == 1 {
                     (g - 1.0).min(1.0)
@@ -324,13 +386,13 @@ impl<'a> Space<'a> {
                 .collect()
         };
         let (share, share_leave) = (shares(&least), shares(&least_leave));
-        // A dim holding partial sums splits nothing: its sum (an op of that dim alone) moves
-        // `(g-1)/g` of a shard split by the other dims at most.
+        // A dim holding partial sums splits nothing: its sum (an op of that dim alone, of `g-1`
+        // steps at least) moves `(g-1)/g` of a shard split by the other dims at most.
         let least_sum: Vec<f64> = (0..h)
             .map(|k| {
                 let g = source.dim_size(k) as f64;
                 let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
-                least_price(&rates, (g - 1.0) / g * whole)
+                least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
             })
             .collect();
         // Per element moved, over any group.
@@ -339,16 +401,7 @@ impl<'a> Space<'a> {
             .collect();
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
-        let entering = objective
-            .entering_rates(source)
-            .into_iter()
-            .map(|(extents, latency, rate)| {
-                let held = (0..h)
-                    .map(|k| extents[k] as f64 / source.dim_size(k) as f64)
-                    .collect();
-                (held, latency, rate)
-            })
-            .collect();
+        let entering = Unit::all(source, &goal, goal_shard, objective);
         Space {
             template: source,
             runs: runs(source, target, &allowed),
@@ -381,7 +434,7 @@ impl<'a> Space<'a> {
     ///   size moves at least the difference; the partial sums' ops come on top;
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
     ///   shard (only slices follow it, and an op moves at least half its larger shard);
-    /// - the elements a device needs that no device of its unit holds enter the unit
+    /// - the elements the devices of a unit need that none of them holds enter the unit
     ///   ([`Space::entering`]); the partial sums' ops come on top.
     ///
     /// Scaled down by a hair so that rounding never makes it exceed a true price.
@@ -418,38 +471,41 @@ impl<'a> Space<'a> {
     }
 
     /// A lower bound on the price of the ops other than sums from `state` to the goal: the
-    /// elements some device needs that no device of its unit holds must be brought into the
-    /// unit ([`Objective::entering_rates`]), whichever unit is the dearest. Along a tensor dim
-    /// that `state` splits by device dim `k`, a unit holds the part `e_k / d_k` of it: all of
-    /// what the goal needs there if the goal splits it by `k` too or the unit holds every
-    /// coordinate of `k`, that part if the goal does not split it, and for some device nothing
-    /// if the goal splits it by another device dim (whose block that device can lie outside
-    /// the unit's part). That device lacks those blocks whatever the other dims hold, and
-    /// otherwise every device lacks the same count: so the most elements a device lacks is the
-    /// goal's shard times one less the product of the parts. Sums, which bring no element a
-    /// device lacks (positions only), come on top. No op lowers it by more than it prices: only
-    /// an op of a level above a unit brings elements into it, at most as many as its price at
-    /// the fastest of those levels pays for.
+    /// elements the devices of a unit need together that no device of the unit holds must be
+    /// brought into the unit ([`Objective::entering_rates`]: an op brings at most as many into
+    /// a unit, in all, as its price at the fastest level above the unit pays for), whichever
+    /// unit is the dearest. A unit holds `e_k` of the `d_k` coordinates of each device dim `k`
+    /// (an aligned block, independently of the other dims), so along a tensor dim `i` the goal
+    /// needs there, and the state holds there, an aligned interval: the part `e_t / d_t` of it
+    /// for the device dim `t` splitting it (all of it if none does). The unit needs and holds
+    /// the products of these intervals. If along some tensor dim both intervals are proper and
+    /// of different device dims, one of them lies outside the other in some unit: that unit
+    /// holds nothing it needs. Otherwise along every dim one interval holds the other (or they
+    /// are one), in every unit, and the unit holds the part of what it needs that is the
+    /// product, over the dims where the state's interval is the smaller, of that interval's
+    /// part. Sums, which bring no element (positions only), come on top. Each op lowers the
+    /// dearest unit's lack by at most what it brings into that unit: the bound is consistent.
+    /// With a device as the unit this is the elements a device lacks of its goal shard.
     fn entering(&self, state: &State) -> f64 {
         let n = self.template.ndim();
         self.entering
             .iter()
-            .map(|(held, latency, rate)| {
+            .map(|unit| {
                 let mut part = 1.0;
                 for (&m, &t) in state.map[..n].iter().zip(&self.target_map) {
-                    let Ok(k) = usize::try_from(m) else { continue };
-                    if m == t || held[k] >= 1.0 {
+                    let Ok(s) = usize::try_from(m) else { continue };
+                    if m == t || unit.held[s] >= 1.0 {
                         continue;
                     }
-                    if usize::try_from(t).is_ok_and(|t| self.template.dim_size(t) > 1) {
+                    if usize::try_from(t).is_ok_and(|t| unit.held[t] < 1.0) {
                         part = 0.0;
                         break;
                     }
-                    part *= held[k];
+                    part *= unit.held[s];
                 }
-                let lacking = self.goal_shard * (1.0 - part);
+                let lacking = unit.needed * (1.0 - part);
                 if lacking > 0.0 {
-                    latency + rate * lacking
+                    unit.latency + unit.rate * lacking
                 } else {
                     0.0
                 }
