@@ -258,6 +258,21 @@ impl Layout {
         self.uses(k) || self.partial.contains(&k)
     }
 
+    /// The device dims the tensor map uses, as a mask, bit `k` for dim `k` (dims past 63 left
+    /// out).
+    #[must_use]
+    pub(crate) fn used_dims(&self) -> u64 {
+        self.used
+    }
+
+    /// The device dims holding partial sums, as a mask (dims past 63 left out).
+    #[must_use]
+    pub(crate) fn partial_dims(&self) -> u64 {
+        self.partial
+            .iter()
+            .fold(0, |mask, &k| mask | dim_bit(k as i64))
+    }
+
     /// Number of tensor dims.
     #[must_use]
     pub fn ndim(&self) -> usize {

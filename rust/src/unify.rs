@@ -109,18 +109,26 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
 }
 
 /// The flat-index boundaries between the pieces of either side, as products of the sizes inside
-/// them, sorted and distinct (a handful, so a vector beats a tree).
+/// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
+/// from its innermost piece out, ascend already: the two are merged, not sorted.
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
-    into.clear();
-    for pieces in [a, b] {
-        let mut suffix = 1u64;
-        for p in pieces.iter().skip(1).rev() {
-            suffix *= p.size;
-            into.push(suffix);
-        }
+    fn suffixes(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
+        pieces.iter().skip(1).rev().scan(1u64, |suffix, p| {
+            *suffix *= p.size;
+            Some(*suffix)
+        })
     }
-    into.sort_unstable();
-    into.dedup();
+    into.clear();
+    let (mut x, mut y) = (suffixes(a).peekable(), suffixes(b).peekable());
+    while let Some(next) = match (x.peek(), y.peek()) {
+        (Some(&u), Some(&v)) => Some(u.min(v)),
+        (u, v) => u.or(v).copied(),
+    } {
+        x.next_if_eq(&next);
+        y.next_if_eq(&next);
+        into.push(next);
+    }
+    debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
 
 /// Cuts every piece a dim boundary falls inside, at every boundary inside it. `Err(origin)` names

@@ -4,10 +4,10 @@
 
 use std::borrow::Cow;
 
-use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Over, Redistribution};
+use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribution};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::topology::{self, Cluster, CostModel};
+use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
     check_same_tensor, pieces_of, reshape_for, try_unify, Piece, Reshaped, Side, Unified,
 };
@@ -249,6 +249,8 @@ pub(crate) struct Scratch {
     unified: Unified,
     source: Layout,
     target: Layout,
+    /// The rank bits of each device dim of the unified pair ([`rank_bits`]).
+    bits: Vec<u64>,
 }
 
 impl Default for Scratch {
@@ -257,6 +259,7 @@ impl Default for Scratch {
             unified: Unified::default(),
             source: Layout::scratch(),
             target: Layout::scratch(),
+            bits: Vec::new(),
         }
     }
 }
@@ -298,6 +301,7 @@ pub(crate) fn cost(
         unified,
         source,
         target,
+        bits,
     } = scratch;
     let lined = lined_up_into(
         a.layout,
@@ -316,13 +320,32 @@ pub(crate) fn cost(
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
+    // Every layout of the unified plan has the source's device matrix (of at most 62 dims, each
+    // of two devices or more): an op's group, the dims that hold distinct data and the shard
+    // (the elements over the devices of the split dims, all powers of two) are read off the rank
+    // bits of its dims.
+    let matrix = source.device_matrix();
+    bits.clear();
+    bits.extend((0..matrix.len()).map(|k| rank_bits(matrix, |i| i == k)));
+    let elements = source.num_elements();
+    let bits_of = |mut dims: u64| {
+        let mut mask = 0;
+        while dims != 0 {
+            mask |= bits[dims.trailing_zeros() as usize];
+            dims &= dims - 1;
+        }
+        mask
+    };
     plan_unified(source, target, |kind, k, _, _, l| {
-        let volume = step_volume(kind, k, l);
-        total.0 += step_cost(
+        let split = bits_of(l.used_dims());
+        let shard = elements >> split.count_ones();
+        debug_assert_eq!(shard, l.shard_size());
+        let volume = volume(kind, l.dim_size(k), shard);
+        total.0 += group_step_cost(
             kind,
-            Over::Group(1 << k),
+            bits[k],
+            split | bits_of(l.partial_dims()),
             volume,
-            l,
             cluster,
             dtype_bytes,
             model,
