@@ -97,6 +97,10 @@ pub fn redistribution_costs(
     Ok(costs.expect("never stopped"))
 }
 
+/// Layout pairs per job of [`paper_costs`]: enough that a job's set-up is amortized, few enough
+/// that one source against many targets is shared among every core.
+const PAIRS_PER_JOB: usize = 64;
+
 /// Per distinct pair of `src` x `tgt` (row-major), Algorithm 1's cost; and, with
 /// `volume_prices` (the optimal planner comparing under the volume model), its elements, not its
 /// bytes, whose rounding could break a tie otherwise than the planner does (under the topology
@@ -123,34 +127,51 @@ fn paper_costs(
     } else {
         Vec::new()
     };
-    let price = |scratch: &mut paper::Scratch, k: usize| {
-        let (a, b) = (src[k / width], tgt[k % width]);
+    let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
         // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
         // is planned (the result is dropped).
-        if a != b && !stop.load(Relaxed) {
-            let (pa, pb) = (&prepared_src[k / width], &prepared_tgt[k % width]);
+        if src[i] != tgt[j] && !stop.load(Relaxed) {
+            let (pa, pb) = (&prepared_src[i], &prepared_tgt[j]);
             paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)
         } else {
             Ok((0.0, 0.0))
         }
     };
+    // Jobs of consecutive pairs, each walking its row and column without a division per pair.
+    let job = |scratch: &mut paper::Scratch,
+               c: usize,
+               costs: &mut [f64],
+               mut volumes: Option<&mut [f64]>| {
+        let start = c * PAIRS_PER_JOB;
+        let (mut i, mut j) = (start / width, start % width);
+        for (n, cost) in costs.iter_mut().enumerate() {
+            let (priced, volume) = price(scratch, i, j)?;
+            *cost = priced;
+            if let Some(volumes) = volumes.as_deref_mut() {
+                volumes[n] = volume;
+            }
+            j += 1;
+            if j == width {
+                (i, j) = (i + 1, 0);
+            }
+        }
+        Ok::<_, Error>(())
+    };
     if volume_prices {
         distinct
-            .par_iter_mut()
-            .zip(elements.par_iter_mut())
+            .par_chunks_mut(PAIRS_PER_JOB)
+            .zip(elements.par_chunks_mut(PAIRS_PER_JOB))
             .enumerate()
-            .try_for_each_init(paper::Scratch::default, |scratch, (k, (cost, volume))| {
-                (*cost, *volume) = price(scratch, k)?;
-                Ok::<_, Error>(())
+            .try_for_each_init(paper::Scratch::default, |scratch, (c, (costs, volumes))| {
+                job(scratch, c, costs, Some(volumes))
             })?;
     } else {
-        distinct.par_iter_mut().enumerate().try_for_each_init(
-            paper::Scratch::default,
-            |scratch, (k, cost)| {
-                *cost = price(scratch, k)?.0;
-                Ok::<_, Error>(())
-            },
-        )?;
+        distinct
+            .par_chunks_mut(PAIRS_PER_JOB)
+            .enumerate()
+            .try_for_each_init(paper::Scratch::default, |scratch, (c, costs)| {
+                job(scratch, c, costs, None)
+            })?;
     }
     Ok((distinct, elements))
 }

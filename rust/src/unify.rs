@@ -97,7 +97,7 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
                 pieces.insert(
                     i + 1,
                     Piece {
-                        size: p.size / outer,
+                        size: p.size >> (hi - b),
                         split: Some((lo, b)),
                         origin: p.origin,
                     },
@@ -153,11 +153,12 @@ fn cut_at_dim_bounds(
             inner = top;
             continue;
         };
-        if bound % inner != 0 || piece.size % (bound / inner) != 0 {
-            return Err(piece.origin);
-        }
+        // Divisions checked by multiplying back: the kernel makes millions of cuts.
         let rest = bound / inner;
         let outer = piece.size / rest;
+        if rest * inner != bound || outer * rest != piece.size {
+            return Err(piece.origin);
+        }
         let make = |size, split| Piece {
             size,
             split,
@@ -167,9 +168,10 @@ fn cut_at_dim_bounds(
             None => (make(outer, None), make(rest, None)),
             Some((lo, hi)) => {
                 let g = 1u64 << (hi - lo);
-                if outer % g == 0 {
+                // `g` is a power of two, and so is any divisor of it.
+                if outer & (g - 1) == 0 {
                     (make(outer, Some((lo, hi))), make(rest, None))
-                } else if g % outer == 0 {
+                } else if outer.is_power_of_two() && outer < g {
                     // The outer part is smaller than the split: the device dim is cut as well.
                     let b = hi - log2(outer);
                     *device |= 1 << b;

@@ -36,28 +36,51 @@ fn plan_unified(
         }
     }
     let t = t.tensor_map();
-    let n = t.len();
+    // Tensor dims as bits (a unified layout has at most 64: each of its dims holds two elements
+    // or more), so that each pass visits only the dims it may act on, in order: those the target
+    // splits, and those whole in the current layout.
+    debug_assert!(t.len() <= 64);
+    let dims = |test: &dyn Fn(usize) -> bool| {
+        (0..t.len())
+            .filter(|&i| test(i))
+            .fold(0u64, |mask, i| mask | 1 << i)
+    };
+    let all = dims(&|_| true);
+    let wanted = dims(&|i| t[i] != -1);
+    let mut whole = dims(&|i| current.tensor_map()[i] == -1);
+    // The dims of `mask` from `i` on, in order, read afresh after each op.
+    let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
         loop {
             let mut progress = false;
-            for i in 0..n {
-                let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
+            // A slice takes its own device dim only, which no other dim waits for: the dims to
+            // slice are those of the pass's start.
+            let mut todo = whole & wanted;
+            while todo != 0 {
+                let i = todo.trailing_zeros() as usize;
+                todo &= todo - 1;
+                if !current.uses(t[i] as usize) {
                     step(OpKind::Slice, t[i] as usize, Some(i), None, current);
                     current.set_map_entry(i, t[i]);
+                    whole &= !(1 << i);
                     progress = true;
                 }
             }
-            for i in 0..n {
-                let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
-                    if let Some(j) = m.iter().position(|&x| x == t[i]) {
-                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), current);
+            // An all-to-all leaves the dim it takes the split from whole: a later one may take
+            // it in the same pass.
+            let mut i = next(whole & wanted, 0);
+            while i < 64 {
+                let at = i as usize;
+                if current.uses(t[at] as usize) {
+                    if let Some(j) = current.tensor_dim_on(t[at] as usize) {
+                        step(OpKind::AllToAll, t[at] as usize, Some(j), Some(at), current);
                         current.set_map_entry(j, -1);
-                        current.set_map_entry(i, t[i]);
+                        current.set_map_entry(at, t[at]);
+                        whole = whole & !(1 << at) | 1 << j;
                         progress = true;
                     }
                 }
+                i = next(whole & wanted, i + 1);
             }
             if !progress {
                 break;
@@ -66,11 +89,23 @@ fn plan_unified(
         // Left over: dims split in the source and not the same way in the target. (A dim that
         // waits for a device dim held elsewhere would have been served by an all-to-all.)
         let m = current.tensor_map();
-        let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+        let mut split = all & !whole;
+        let gathered = loop {
+            if split == 0 {
+                break None;
+            }
+            let i = split.trailing_zeros() as usize;
+            split &= split - 1;
+            if m[i] != t[i] {
+                break Some(i);
+            }
+        };
+        let Some(i) = gathered else {
             break;
         };
         step(OpKind::AllGather, m[i] as usize, Some(i), None, current);
         current.set_map_entry(i, -1);
+        whole |= 1 << i;
     }
     debug_assert_eq!(current.tensor_map(), t);
 }
