@@ -407,7 +407,7 @@ pub fn allreduce_costs(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::layout::layout;
     use crate::plan::plan_redistribution;
@@ -416,7 +416,7 @@ mod tests {
 
     /// Every layout of a few shapes of 96 elements on every device matrix of 8 devices: pairs
     /// that reshape, and pairs that only a fallback plan can redistribute.
-    fn layouts_of_96() -> Vec<Layout> {
+    pub(crate) fn layouts_of_96() -> Vec<Layout> {
         let shapes: [&[u64]; 5] = [&[96], &[6, 16], &[16, 6], &[2, 3, 16], &[4, 4, 6]];
         let matrices: [&[u64]; 4] = [&[8], &[2, 4], &[4, 2], &[2, 2, 2]];
         let mut out = Vec::new();
@@ -459,6 +459,31 @@ mod tests {
             }
         }
         assert!(fallbacks > 0);
+    }
+
+    /// The kernel reads each step's group, distinct dims and shard off rank bits; the plan's ops
+    /// price their own layouts: on clusters of three levels with latencies, under both replica
+    /// models, the two agree bit for bit.
+    #[test]
+    fn costs_are_the_plans_with_latencies_and_either_replicas() {
+        let layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(3).collect();
+        let n = layouts.len();
+        for replicas in crate::topology::Replicas::ALL {
+            let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
+            let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
+            let model = CostModel::Topology;
+            let got =
+                redistribution_costs(&layouts, &layouts, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
+            for (i, a) in layouts.iter().enumerate() {
+                for (j, b) in layouts.iter().enumerate() {
+                    let plan =
+                        plan_redistribution(a, b, Planner::Paper, Objective::Volume).unwrap();
+                    let want = plan.cost(&cluster, 2.0, model).unwrap();
+                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                }
+            }
+        }
     }
 
     /// The kernel checks once per call that its pairs describe one tensor, not once per pair: a

@@ -119,13 +119,13 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
         })
     }
     into.clear();
-    let (mut x, mut y) = (suffixes(a).peekable(), suffixes(b).peekable());
-    while let Some(next) = match (x.peek(), y.peek()) {
+    let (mut first, mut second) = (suffixes(a).peekable(), suffixes(b).peekable());
+    while let Some(next) = match (first.peek(), second.peek()) {
         (Some(&u), Some(&v)) => Some(u.min(v)),
         (u, v) => u.or(v).copied(),
     } {
-        x.next_if_eq(&next);
-        y.next_if_eq(&next);
+        first.next_if_eq(&next);
+        second.next_if_eq(&next);
         into.push(next);
     }
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));

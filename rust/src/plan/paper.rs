@@ -425,6 +425,69 @@ mod tests {
         assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
     }
 
+    /// Algorithm 1's passes as plain scans over every dim of the maps (no partial sums): the
+    /// ops (kind, device dim, tensor dim, dim split) that the passes over dim masks must make,
+    /// in the same order.
+    fn scanned_ops(
+        source: &[i64],
+        t: &[i64],
+    ) -> Vec<(OpKind, usize, Option<usize>, Option<usize>)> {
+        let mut m = source.to_vec();
+        let mut ops = Vec::new();
+        let n = t.len();
+        loop {
+            loop {
+                let mut progress = false;
+                for i in 0..n {
+                    if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
+                        ops.push((OpKind::Slice, t[i] as usize, Some(i), None));
+                        m[i] = t[i];
+                        progress = true;
+                    }
+                }
+                for i in 0..n {
+                    if m[i] == -1 && t[i] != -1 {
+                        if let Some(j) = m.iter().position(|&x| x == t[i]) {
+                            ops.push((OpKind::AllToAll, t[i] as usize, Some(j), Some(i)));
+                            m[j] = -1;
+                            m[i] = t[i];
+                            progress = true;
+                        }
+                    }
+                }
+                if !progress {
+                    break;
+                }
+            }
+            let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+                return ops;
+            };
+            ops.push((OpKind::AllGather, m[i] as usize, Some(i), None));
+            m[i] = -1;
+        }
+    }
+
+    /// Every unified pair of the layouts of 96 elements on 8 devices: the passes over dim masks
+    /// make the scans' ops.
+    #[test]
+    fn passes_over_dim_masks_are_the_scans() {
+        let layouts = crate::batch::tests::layouts_of_96();
+        let mut ops = 0;
+        for a in &layouts {
+            for b in &layouts {
+                let plan = lined_up(a, b, None).unwrap();
+                let got: Vec<_> = unified_ops(&plan.source, &plan.target)
+                    .iter()
+                    .map(|o| (o.kind(), o.device_dim(), o.tensor_dim(), o.to_tensor_dim()))
+                    .collect();
+                let want = scanned_ops(plan.source.tensor_map(), plan.target.tensor_map());
+                assert_eq!(got, want, "{a:?} to {b:?}");
+                ops += got.len();
+            }
+        }
+        assert!(ops > 30_000, "{ops}");
+    }
+
     #[test]
     fn identical_layouts_need_nothing() {
         let a = layout(&[8, 8], &[2, 4], &[0, 1]);

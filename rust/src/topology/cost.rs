@@ -731,6 +731,135 @@ mod tests {
         }
     }
 
+    /// [`Cluster::seconds`] as a walk over the device dims, level by level (the extents of each
+    /// dim in a part, `ct` and the group size as products of dim sizes): the plain form that the
+    /// rank-bit form must match bit for bit.
+    fn walked_seconds(
+        cluster: &Cluster,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+        collective: CollectiveKind,
+        in_group: impl Fn(usize) -> bool,
+        bytes: f64,
+    ) -> f64 {
+        if bytes == 0.0 {
+            return 0.0;
+        }
+        let flat = cluster.replicas() == Replicas::Flat;
+        let crossing = |l: u64| {
+            let mut inside = true;
+            let mut ct = 1;
+            for ((k, e), &d) in extents(device_matrix, l)
+                .enumerate()
+                .zip(device_matrix.iter().rev())
+            {
+                if in_group(k) {
+                    inside &= e == d;
+                } else if flat || distinct(k) {
+                    ct *= e;
+                }
+            }
+            if inside {
+                0
+            } else {
+                ct
+            }
+        };
+        let levels = cluster.levels();
+        let j = levels
+            .iter()
+            .position(|l| crossing(l.devices) == 0)
+            .unwrap_or(levels.len() - 1);
+        let level = &levels[j];
+        let p = device_matrix
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|&(k, _)| in_group(k))
+            .map(|(_, &d)| d)
+            .product::<u64>() as f64;
+        let latency = steps(collective, p) * level.latency;
+        if j == 0 {
+            return latency + bytes / level.bandwidth;
+        }
+        let below = levels[j - 1].devices;
+        let effective = level.bandwidth / crossing(below) as f64;
+        let factor = if collective == CollectiveKind::AllToAll {
+            let k = extents(device_matrix, below)
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, e)| e)
+                .product::<u64>() as f64;
+            k * (p - k) / (p - 1.0)
+        } else {
+            1.0
+        };
+        latency + factor * bytes / effective
+    }
+
+    /// Every group and every set of distinct dims of every device matrix of 32 devices (with and
+    /// without dims of one device), on clusters of two and three levels with latencies, under
+    /// both replica models: the seconds read off rank bits are the walk's, bit for bit.
+    #[test]
+    fn seconds_of_rank_bits_are_the_walks() {
+        let mut clusters = vec![Cluster::new(4, 8, 60e9, 6e9, None).unwrap()];
+        for replicas in Replicas::ALL {
+            let levels = [(4, 60e9, 1e-6), (2, 12e9, 5e-6), (4, 3e9, 2e-5)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            let levels = [(2, 50e9, 2e-6), (16, 7e9, 9e-6)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+        }
+        // The ordered factorizations of 2^5, then each with a dim of one device put in.
+        let mut matrices: Vec<Vec<u64>> = vec![Vec::new()];
+        for _ in 0..5 {
+            let mut longer = Vec::new();
+            for m in &matrices {
+                longer.push([m.as_slice(), &[2]].concat());
+                if let Some((&last, rest)) = m.split_last() {
+                    longer.push([rest, &[last * 2]].concat());
+                }
+            }
+            matrices = longer;
+        }
+        let with_ones: Vec<Vec<u64>> = matrices
+            .iter()
+            .map(|m| [&m[..1], &[1], &m[1..]].concat())
+            .collect();
+        matrices.extend(with_ones);
+        let mut compared = 0;
+        for cluster in &clusters {
+            for m in &matrices {
+                let h = m.len();
+                for group in 1..1u64 << h {
+                    for distinct in 0..1u64 << h {
+                        let in_group = |k: usize| group >> k & 1 == 1;
+                        let distinct = |k: usize| distinct >> k & 1 == 1;
+                        for collective in [
+                            CollectiveKind::AllReduce,
+                            CollectiveKind::AllGather,
+                            CollectiveKind::AllToAll,
+                            CollectiveKind::ReduceScatter,
+                        ] {
+                            for bytes in [0.0, 6.0, 3.0e7] {
+                                let got = cluster.seconds(m, distinct, collective, in_group, bytes);
+                                let want = walked_seconds(
+                                    cluster, m, distinct, collective, in_group, bytes,
+                                );
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{m:?} group {group:b} {collective:?} {bytes}"
+                                );
+                                compared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 100_000, "{compared}");
+    }
+
     #[test]
     fn names_parse_back_and_others_are_rejected() {
         for kind in CollectiveKind::ALL {
