@@ -441,6 +441,12 @@ impl Layout {
         self.tensor_map[i] = k;
     }
 
+    /// Removes the `at`-th partial dim (its sums reduced), for the planner to step through
+    /// layouts derived from a valid one in place.
+    pub(crate) fn remove_partial(&mut self, at: usize) {
+        self.partial.remove(at);
+    }
+
     /// The same layout with another tensor map, for maps the planner derives from a valid one.
     pub(crate) fn with_map(&self, tensor_map: Vec<i64>) -> Layout {
         self.with_state(tensor_map, self.partial.clone())
