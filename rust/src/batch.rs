@@ -97,6 +97,10 @@ pub fn redistribution_costs(
     Ok(costs.expect("never stopped"))
 }
 
+/// Layout pairs per job of [`paper_costs`]: enough that a job's set-up is amortized, few enough
+/// that one source against many targets is shared among every core.
+const PAIRS_PER_JOB: usize = 64;
+
 /// Per distinct pair of `src` x `tgt` (row-major), Algorithm 1's cost; and, with
 /// `volume_prices` (the optimal planner comparing under the volume model), its elements, not its
 /// bytes, whose rounding could break a tie otherwise than the planner does (under the topology
@@ -123,34 +127,51 @@ fn paper_costs(
     } else {
         Vec::new()
     };
-    let price = |scratch: &mut paper::Scratch, k: usize| {
-        let (a, b) = (src[k / width], tgt[k % width]);
+    let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
         // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
         // is planned (the result is dropped).
-        if a != b && !stop.load(Relaxed) {
-            let (pa, pb) = (&prepared_src[k / width], &prepared_tgt[k % width]);
+        if src[i] != tgt[j] && !stop.load(Relaxed) {
+            let (pa, pb) = (&prepared_src[i], &prepared_tgt[j]);
             paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)
         } else {
             Ok((0.0, 0.0))
         }
     };
+    // Jobs of consecutive pairs, each walking its row and column without a division per pair.
+    let job = |scratch: &mut paper::Scratch,
+               c: usize,
+               costs: &mut [f64],
+               mut volumes: Option<&mut [f64]>| {
+        let start = c * PAIRS_PER_JOB;
+        let (mut i, mut j) = (start / width, start % width);
+        for (n, cost) in costs.iter_mut().enumerate() {
+            let (priced, volume) = price(scratch, i, j)?;
+            *cost = priced;
+            if let Some(volumes) = volumes.as_deref_mut() {
+                volumes[n] = volume;
+            }
+            j += 1;
+            if j == width {
+                (i, j) = (i + 1, 0);
+            }
+        }
+        Ok::<_, Error>(())
+    };
     if volume_prices {
         distinct
-            .par_iter_mut()
-            .zip(elements.par_iter_mut())
+            .par_chunks_mut(PAIRS_PER_JOB)
+            .zip(elements.par_chunks_mut(PAIRS_PER_JOB))
             .enumerate()
-            .try_for_each_init(paper::Scratch::default, |scratch, (k, (cost, volume))| {
-                (*cost, *volume) = price(scratch, k)?;
-                Ok::<_, Error>(())
+            .try_for_each_init(paper::Scratch::default, |scratch, (c, (costs, volumes))| {
+                job(scratch, c, costs, Some(volumes))
             })?;
     } else {
-        distinct.par_iter_mut().enumerate().try_for_each_init(
-            paper::Scratch::default,
-            |scratch, (k, cost)| {
-                *cost = price(scratch, k)?.0;
-                Ok::<_, Error>(())
-            },
-        )?;
+        distinct
+            .par_chunks_mut(PAIRS_PER_JOB)
+            .enumerate()
+            .try_for_each_init(paper::Scratch::default, |scratch, (c, costs)| {
+                job(scratch, c, costs, None)
+            })?;
     }
     Ok((distinct, elements))
 }
@@ -411,16 +432,16 @@ pub fn allreduce_costs(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::layout::layout;
-    use crate::plan::plan_redistribution;
+    use crate::plan::{plan_redistribution, Redistribution};
     use crate::strategies::enumerate_strategies;
     use crate::topology::CollectiveKind;
 
     /// Every layout of a few shapes of 96 elements on every device matrix of 8 devices: pairs
     /// that reshape, and pairs that only a fallback plan can redistribute.
-    fn layouts_of_96() -> Vec<Layout> {
+    pub(crate) fn layouts_of_96() -> Vec<Layout> {
         let shapes: [&[u64]; 5] = [&[96], &[6, 16], &[16, 6], &[2, 3, 16], &[4, 4, 6]];
         let matrices: [&[u64]; 4] = [&[8], &[2, 4], &[4, 2], &[2, 2, 2]];
         let mut out = Vec::new();
@@ -439,6 +460,24 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Every `step`-th of `layouts` held as partial sums along each set of its device dims that
+    /// split no tensor dim.
+    pub(crate) fn partial_sums_of(layouts: &[Layout], step: usize) -> Vec<Layout> {
+        let with = |l: &Layout, dims: Vec<usize>| {
+            let (shape, matrix, map) = (l.shape(), l.device_matrix(), l.tensor_map());
+            Layout::with_partial(shape.to_vec(), matrix.to_vec(), map.to_vec(), dims).ok()
+        };
+        layouts
+            .iter()
+            .step_by(step)
+            .flat_map(|l| {
+                let h = l.num_device_dims();
+                (1..1usize << h)
+                    .filter_map(move |set| with(l, (0..h).filter(|&k| set >> k & 1 == 1).collect()))
+            })
+            .collect()
     }
 
     /// The kernel prices a pair without building its plan; it must give the plan's cost exactly.
@@ -463,6 +502,47 @@ mod tests {
             }
         }
         assert!(fallbacks > 0);
+    }
+
+    /// The kernel reads each step's group, distinct dims and shard off rank bits; the plan's ops
+    /// price their own layouts: on clusters of three levels with latencies, under both replica
+    /// models, the two agree bit for bit.
+    #[test]
+    fn costs_are_the_plans_with_latencies_and_either_replicas() {
+        let mut layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(3).collect();
+        layouts.extend(partial_sums_of(&layouts, 5));
+        for replicas in crate::topology::Replicas::ALL {
+            let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
+            let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
+            let model = CostModel::Topology;
+            let mut reduced = 0;
+            for a in &layouts {
+                // The targets that hold no partial sums `a` does not (no step creates them).
+                let plans: Vec<(Layout, Redistribution)> = layouts
+                    .iter()
+                    .filter_map(|b| {
+                        let plan = plan_redistribution(a, b, Planner::Paper, Objective::Volume);
+                        Some((b.clone(), plan.ok()?))
+                    })
+                    .collect();
+                let targets: Vec<Layout> = plans.iter().map(|(b, _)| b.clone()).collect();
+                let got = redistribution_costs(
+                    std::slice::from_ref(a),
+                    &targets,
+                    &cluster,
+                    2.0,
+                    model,
+                    Planner::Paper,
+                )
+                .unwrap();
+                for ((b, plan), cost) in plans.iter().zip(got) {
+                    let want = plan.cost(&cluster, 2.0, model).unwrap();
+                    assert_eq!(cost.to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                    reduced += usize::from(a.partial() != b.partial());
+                }
+            }
+            assert!(reduced > 500, "{reduced}");
+        }
     }
 
     /// The kernel checks once per call that its pairs describe one tensor, not once per pair: a

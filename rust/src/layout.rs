@@ -258,6 +258,21 @@ impl Layout {
         self.uses(k) || self.partial.contains(&k)
     }
 
+    /// The device dims the tensor map uses, as a mask, bit `k` for dim `k` (dims past 63 left
+    /// out).
+    #[must_use]
+    pub(crate) fn used_dims(&self) -> u64 {
+        self.used
+    }
+
+    /// The device dims holding partial sums, as a mask (dims past 63 left out).
+    #[must_use]
+    pub(crate) fn partial_dims(&self) -> u64 {
+        self.partial
+            .iter()
+            .fold(0, |mask, &k| mask | dim_bit(k as i64))
+    }
+
     /// Number of tensor dims.
     #[must_use]
     pub fn ndim(&self) -> usize {
@@ -424,6 +439,12 @@ impl Layout {
     pub(crate) fn set_map_entry(&mut self, i: usize, k: i64) {
         self.used = self.used & !dim_bit(self.tensor_map[i]) | dim_bit(k);
         self.tensor_map[i] = k;
+    }
+
+    /// Removes the `at`-th partial dim (its sums reduced), for the planner to step through
+    /// layouts derived from a valid one in place.
+    pub(crate) fn remove_partial(&mut self, at: usize) {
+        self.partial.remove(at);
     }
 
     /// The same layout with another tensor map, for maps the planner derives from a valid one.

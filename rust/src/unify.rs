@@ -97,7 +97,7 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
                 pieces.insert(
                     i + 1,
                     Piece {
-                        size: p.size / outer,
+                        size: p.size >> (hi - b),
                         split: Some((lo, b)),
                         origin: p.origin,
                     },
@@ -109,18 +109,26 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
 }
 
 /// The flat-index boundaries between the pieces of either side, as products of the sizes inside
-/// them, sorted and distinct (a handful, so a vector beats a tree).
+/// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
+/// from its innermost piece out, ascend already: the two are merged, not sorted.
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
-    into.clear();
-    for pieces in [a, b] {
-        let mut suffix = 1u64;
-        for p in pieces.iter().skip(1).rev() {
-            suffix *= p.size;
-            into.push(suffix);
-        }
+    fn suffixes(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
+        pieces.iter().skip(1).rev().scan(1u64, |suffix, p| {
+            *suffix *= p.size;
+            Some(*suffix)
+        })
     }
-    into.sort_unstable();
-    into.dedup();
+    into.clear();
+    let (mut first, mut second) = (suffixes(a).peekable(), suffixes(b).peekable());
+    while let Some(next) = match (first.peek(), second.peek()) {
+        (Some(&u), Some(&v)) => Some(u.min(v)),
+        (u, v) => u.or(v).copied(),
+    } {
+        first.next_if_eq(&next);
+        second.next_if_eq(&next);
+        into.push(next);
+    }
+    debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
 
 /// Cuts every piece a dim boundary falls inside, at every boundary inside it. `Err(origin)` names
@@ -145,11 +153,12 @@ fn cut_at_dim_bounds(
             inner = top;
             continue;
         };
-        if bound % inner != 0 || piece.size % (bound / inner) != 0 {
-            return Err(piece.origin);
-        }
+        // Divisions checked by multiplying back: the kernel makes millions of cuts.
         let rest = bound / inner;
         let outer = piece.size / rest;
+        if rest * inner != bound || outer * rest != piece.size {
+            return Err(piece.origin);
+        }
         let make = |size, split| Piece {
             size,
             split,
@@ -159,9 +168,10 @@ fn cut_at_dim_bounds(
             None => (make(outer, None), make(rest, None)),
             Some((lo, hi)) => {
                 let g = 1u64 << (hi - lo);
-                if outer % g == 0 {
+                // `g` is a power of two, and so is any divisor of it.
+                if outer & (g - 1) == 0 {
                     (make(outer, Some((lo, hi))), make(rest, None))
-                } else if g % outer == 0 {
+                } else if outer.is_power_of_two() && outer < g {
                     // The outer part is smaller than the split: the device dim is cut as well.
                     let b = hi - log2(outer);
                     *device |= 1 << b;

@@ -388,18 +388,45 @@ pub(crate) fn step_cost(
     dtype_bytes: f64,
     model: CostModel,
 ) -> f64 {
-    match model {
-        CostModel::Volume if kind == OpKind::Slice => 0.0,
-        CostModel::Volume => volume as f64 * dtype_bytes,
-        CostModel::Topology => seconds(
+    let matrix = layout.device_matrix();
+    let distinct = |k| layout.distinct_along(k);
+    match over {
+        Over::Group(group) => group_step_cost(
             kind,
-            over,
+            topology::rank_bits(matrix, |k| group >> k & 1 == 1),
+            topology::rank_bits(matrix, distinct),
             volume,
-            layout.device_matrix(),
-            |k| layout.distinct_along(k),
             cluster,
             dtype_bytes,
+            model,
         ),
+        Over::Permutation(_) => match model {
+            CostModel::Volume => volume as f64 * dtype_bytes,
+            CostModel::Topology => {
+                seconds(kind, over, volume, matrix, distinct, cluster, dtype_bytes)
+            }
+        },
+    }
+}
+
+/// [`step_cost`] of an op over a group whose rank bits are `group`, on a layout whose dims
+/// holding distinct data have the rank bits `distinct` ([`topology::rank_bits`]): the cost
+/// kernel works the bits of a pair's device dims out once, not per step.
+pub(crate) fn group_step_cost(
+    kind: OpKind,
+    group: u64,
+    distinct: u64,
+    volume: u64,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+) -> f64 {
+    match (model, kind.collective()) {
+        (_, None) => 0.0,
+        (CostModel::Volume, Some(_)) => volume as f64 * dtype_bytes,
+        (CostModel::Topology, Some(c)) => {
+            cluster.group_seconds(c, group, distinct, volume as f64 * dtype_bytes)
+        }
     }
 }
 

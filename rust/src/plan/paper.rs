@@ -4,10 +4,10 @@
 
 use std::borrow::Cow;
 
-use super::ops::{step_cost, step_volume, CommOp, Objective, OpKind, Over, Redistribution};
+use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribution};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::topology::{self, Cluster, CostModel};
+use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
     check_same_tensor, pieces_of, reshape_for, try_unify, Piece, Reshaped, Side, Unified,
 };
@@ -17,47 +17,67 @@ use crate::unify::{
 /// device dim into all-to-alls until neither applies, then gather one dim that is split
 /// differently in the target, and repeat. `step` gets each op (kind, device dim, tensor dim, dim
 /// split by an all-to-all) with the layout before it; `current` is stepped in place so that
-/// pricing the ops allocates nothing (but for partial sums).
+/// pricing the ops allocates nothing.
 fn plan_unified(
     current: &mut Layout,
     t: &Layout,
     mut step: impl FnMut(OpKind, usize, Option<usize>, Option<usize>, &Layout),
 ) {
-    for &k in &current.partial().to_vec() {
-        if !t.partial().contains(&k) {
+    let mut at = 0;
+    while let Some(&k) = current.partial().get(at) {
+        if t.partial().contains(&k) {
+            at += 1;
+        } else {
             step(OpKind::AllReduce, k, None, None, current);
-            let partial = current
-                .partial()
-                .iter()
-                .copied()
-                .filter(|&p| p != k)
-                .collect();
-            *current = current.with_state(current.tensor_map().to_vec(), partial);
+            current.remove_partial(at);
         }
     }
     let t = t.tensor_map();
-    let n = t.len();
+    // Tensor dims as bits (a unified layout has at most 64: each of its dims holds two elements
+    // or more), so that each pass visits only the dims it may act on, in order: those the target
+    // splits, and those whole in the current layout.
+    debug_assert!(t.len() <= 64);
+    let dims = |test: &dyn Fn(usize) -> bool| {
+        (0..t.len())
+            .filter(|&i| test(i))
+            .fold(0u64, |mask, i| mask | 1 << i)
+    };
+    let all = dims(&|_| true);
+    let wanted = dims(&|i| t[i] != -1);
+    let mut whole = dims(&|i| current.tensor_map()[i] == -1);
+    // The dims of `mask` from `i` on, in order, read afresh after each op.
+    let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
         loop {
             let mut progress = false;
-            for i in 0..n {
-                let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && !current.uses(t[i] as usize) {
+            // A slice takes its own device dim only, which no other dim waits for: the dims to
+            // slice are those of the pass's start.
+            let mut todo = whole & wanted;
+            while todo != 0 {
+                let i = todo.trailing_zeros() as usize;
+                todo &= todo - 1;
+                if !current.uses(t[i] as usize) {
                     step(OpKind::Slice, t[i] as usize, Some(i), None, current);
                     current.set_map_entry(i, t[i]);
+                    whole &= !(1 << i);
                     progress = true;
                 }
             }
-            for i in 0..n {
-                let m = current.tensor_map();
-                if m[i] == -1 && t[i] != -1 && current.uses(t[i] as usize) {
-                    if let Some(j) = m.iter().position(|&x| x == t[i]) {
-                        step(OpKind::AllToAll, t[i] as usize, Some(j), Some(i), current);
+            // An all-to-all leaves the dim it takes the split from whole: a later one may take
+            // it in the same pass.
+            let mut i = next(whole & wanted, 0);
+            while i < 64 {
+                let at = i as usize;
+                if current.uses(t[at] as usize) {
+                    if let Some(j) = current.tensor_dim_on(t[at] as usize) {
+                        step(OpKind::AllToAll, t[at] as usize, Some(j), Some(at), current);
                         current.set_map_entry(j, -1);
-                        current.set_map_entry(i, t[i]);
+                        current.set_map_entry(at, t[at]);
+                        whole = whole & !(1 << at) | 1 << j;
                         progress = true;
                     }
                 }
+                i = next(whole & wanted, i + 1);
             }
             if !progress {
                 break;
@@ -66,11 +86,23 @@ fn plan_unified(
         // Left over: dims split in the source and not the same way in the target. (A dim that
         // waits for a device dim held elsewhere would have been served by an all-to-all.)
         let m = current.tensor_map();
-        let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+        let mut split = all & !whole;
+        let gathered = loop {
+            if split == 0 {
+                break None;
+            }
+            let i = split.trailing_zeros() as usize;
+            split &= split - 1;
+            if m[i] != t[i] {
+                break Some(i);
+            }
+        };
+        let Some(i) = gathered else {
             break;
         };
         step(OpKind::AllGather, m[i] as usize, Some(i), None, current);
         current.set_map_entry(i, -1);
+        whole |= 1 << i;
     }
     debug_assert_eq!(current.tensor_map(), t);
 }
@@ -249,6 +281,8 @@ pub(crate) struct Scratch {
     unified: Unified,
     source: Layout,
     target: Layout,
+    /// The rank bits of each device dim of the unified pair ([`rank_bits`]).
+    bits: Vec<u64>,
 }
 
 impl Default for Scratch {
@@ -257,6 +291,7 @@ impl Default for Scratch {
             unified: Unified::default(),
             source: Layout::scratch(),
             target: Layout::scratch(),
+            bits: Vec::new(),
         }
     }
 }
@@ -298,6 +333,7 @@ pub(crate) fn cost(
         unified,
         source,
         target,
+        bits,
     } = scratch;
     let lined = lined_up_into(
         a.layout,
@@ -316,13 +352,32 @@ pub(crate) fn cost(
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
+    // Every layout of the unified plan has the source's device matrix (of at most 62 dims, each
+    // of two devices or more): an op's group, the dims that hold distinct data and the shard
+    // (the elements over the devices of the split dims, all powers of two) are read off the rank
+    // bits of its dims.
+    let matrix = source.device_matrix();
+    bits.clear();
+    bits.extend((0..matrix.len()).map(|k| rank_bits(matrix, |i| i == k)));
+    let elements = source.num_elements();
+    let bits_of = |mut dims: u64| {
+        let mut mask = 0;
+        while dims != 0 {
+            mask |= bits[dims.trailing_zeros() as usize];
+            dims &= dims - 1;
+        }
+        mask
+    };
     plan_unified(source, target, |kind, k, _, _, l| {
-        let volume = step_volume(kind, k, l);
-        total.0 += step_cost(
+        let split = bits_of(l.used_dims());
+        let shard = elements >> split.count_ones();
+        debug_assert_eq!(shard, l.shard_size());
+        let volume = volume(kind, l.dim_size(k), shard);
+        total.0 += group_step_cost(
             kind,
-            Over::Group(1 << k),
+            bits[k],
+            split | bits_of(l.partial_dims()),
             volume,
-            l,
             cluster,
             dtype_bytes,
             model,
@@ -365,6 +420,83 @@ mod tests {
             (d1 * d2 - 1) * size
         );
         assert!(plan.prelude.is_empty() && plan.epilogue.is_empty());
+    }
+
+    /// Algorithm 1 as plain scans over the partial dims and every dim of the maps: the ops
+    /// (kind, device dim, tensor dim, dim split) that the passes over dim masks must make, in
+    /// the same order.
+    fn scanned_ops(
+        source: &Layout,
+        target: &Layout,
+    ) -> Vec<(OpKind, usize, Option<usize>, Option<usize>)> {
+        let mut ops: Vec<_> = source
+            .partial()
+            .iter()
+            .filter(|k| !target.partial().contains(k))
+            .map(|&k| (OpKind::AllReduce, k, None, None))
+            .collect();
+        let mut m = source.tensor_map().to_vec();
+        let t = target.tensor_map();
+        let n = t.len();
+        loop {
+            loop {
+                let mut progress = false;
+                for i in 0..n {
+                    if m[i] == -1 && t[i] != -1 && !m.contains(&t[i]) {
+                        ops.push((OpKind::Slice, t[i] as usize, Some(i), None));
+                        m[i] = t[i];
+                        progress = true;
+                    }
+                }
+                for i in 0..n {
+                    if m[i] == -1 && t[i] != -1 {
+                        if let Some(j) = m.iter().position(|&x| x == t[i]) {
+                            ops.push((OpKind::AllToAll, t[i] as usize, Some(j), Some(i)));
+                            m[j] = -1;
+                            m[i] = t[i];
+                            progress = true;
+                        }
+                    }
+                }
+                if !progress {
+                    break;
+                }
+            }
+            let Some(i) = (0..n).find(|&i| m[i] != -1 && m[i] != t[i]) else {
+                return ops;
+            };
+            ops.push((OpKind::AllGather, m[i] as usize, Some(i), None));
+            m[i] = -1;
+        }
+    }
+
+    /// Every unified pair of the layouts of 96 elements on 8 devices, and of some of them with
+    /// partial sums on unused device dims: the passes over dim masks make the scans' ops.
+    #[test]
+    fn passes_over_dim_masks_are_the_scans() {
+        let mut layouts = crate::batch::tests::layouts_of_96();
+        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 7));
+        let (mut ops, mut reduced) = (0, 0);
+        for a in &layouts {
+            for b in &layouts {
+                // (A target may not hold partial sums its source does not.)
+                let Ok(plan) = lined_up(a, b, None) else {
+                    continue;
+                };
+                let got: Vec<_> = unified_ops(&plan.source, &plan.target)
+                    .iter()
+                    .map(|o| (o.kind(), o.device_dim(), o.tensor_dim(), o.to_tensor_dim()))
+                    .collect();
+                assert_eq!(
+                    got,
+                    scanned_ops(&plan.source, &plan.target),
+                    "{a:?} to {b:?}"
+                );
+                ops += got.len();
+                reduced += got.iter().filter(|o| o.0 == OpKind::AllReduce).count();
+            }
+        }
+        assert!(ops > 30_000 && reduced > 1_000, "{ops} {reduced}");
     }
 
     #[test]

@@ -206,7 +206,33 @@ impl Cluster {
         if bytes == 0.0 {
             return 0.0;
         }
-        let flat = self.replicas() == Replicas::Flat;
+        self.group_seconds(
+            collective,
+            rank_bits(device_matrix, in_group),
+            rank_bits(device_matrix, distinct),
+            bytes,
+        )
+    }
+
+    /// [`Cluster::seconds`] of a group given by its rank bits (`group`, [`rank_bits`]), the rank
+    /// bits of the dims holding distinct data being `distinct`: a device dim of `d` devices
+    /// holds `log2(d)` bits of the rank, and each count the cost needs (`ct`, the group size,
+    /// the all-to-all's `k`) is a power of two read off the bits, without a walk over the dims.
+    pub(crate) fn group_seconds(
+        &self,
+        collective: CollectiveKind,
+        group: u64,
+        distinct: u64,
+        bytes: f64,
+    ) -> f64 {
+        if bytes == 0.0 {
+            return 0.0;
+        }
+        let counted = if self.replicas() == Replicas::Flat {
+            u64::MAX
+        } else {
+            distinct
+        };
         // The innermost level one unit of which holds every group, and how many groups cross the
         // parts of the level below it (counted once, in the same walk).
         let (mut ct, mut here) = (0, 0);
@@ -215,18 +241,12 @@ impl Cluster {
             .iter()
             .position(|l| {
                 ct = here;
-                here = crossing(device_matrix, &distinct, &in_group, l.devices, flat);
+                here = crossing(group, counted, l.devices);
                 here == 0
             })
             .unwrap_or(self.levels().len() - 1);
         let level = &self.levels()[j];
-        let p = device_matrix
-            .iter()
-            .rev()
-            .enumerate()
-            .filter(|&(k, _)| in_group(k))
-            .map(|(_, &d)| d)
-            .product::<u64>() as f64;
+        let p = (1u64 << group.count_ones()) as f64;
         // Every step of a ring (and of the pairwise all-to-all) uses every edge of it at once, so
         // each step crosses the outermost level the group spans and pays its latency.
         let latency = steps(collective, p) * level.latency;
@@ -237,11 +257,7 @@ impl Cluster {
         let effective = level.bandwidth / ct as f64;
         let factor = if collective == CollectiveKind::AllToAll {
             // Only the k(p-k) of the p(p-1) peer transfers that leave the part use its link.
-            let k = extents(device_matrix, below)
-                .enumerate()
-                .filter(|&(k, _)| in_group(k))
-                .map(|(_, e)| e)
-                .product::<u64>() as f64;
+            let k = (1u64 << (group & (below - 1)).count_ones()) as f64;
             k * (p - k) / (p - 1.0)
         } else {
             1.0
@@ -320,11 +336,11 @@ impl Cluster {
         spread: u64,
         splitting: u64,
     ) -> Vec<(f64, f64)> {
-        let flat = self.replicas() == Replicas::Flat;
+        let group = rank_bits(device_matrix, |i| i == k);
         let first = self
             .levels()
             .iter()
-            .position(|l| crossing(device_matrix, |_| true, |i| i == k, l.devices, flat) == 0)
+            .position(|l| crossing(group, u64::MAX, l.devices) == 0)
             .unwrap_or(self.levels().len() - 1);
         // A group of `k` alone runs at its first level; a wider one at that level or above.
         let last = if spread == 1 << k {
@@ -548,40 +564,38 @@ pub(crate) fn all_reduce_volume(g: u64, s: u64) -> u64 {
 /// (device dims that neither split the tensor nor hold partial sums) share one transfer, so only
 /// the other dims outside the group count.
 pub(crate) fn groups_crossing(layout: &Layout, in_group: impl Fn(usize) -> bool, l: u64) -> u64 {
+    let matrix = layout.device_matrix();
     crossing(
-        layout.device_matrix(),
-        |k| layout.distinct_along(k),
-        in_group,
+        rank_bits(matrix, in_group),
+        rank_bits(matrix, |k| layout.distinct_along(k)),
         l,
-        false,
     )
 }
 
-/// [`groups_crossing`] for parts of `l` consecutive devices; with `flat` replicas every copy
-/// counts as a group of its own.
-fn crossing(
-    device_matrix: &[u64],
-    distinct: impl Fn(usize) -> bool,
-    in_group: impl Fn(usize) -> bool,
-    l: u64,
-    flat: bool,
-) -> u64 {
-    let mut inside = true;
-    let mut ct = 1;
-    for ((k, e), &d) in extents(device_matrix, l)
-        .enumerate()
-        .zip(device_matrix.iter().rev())
-    {
-        if in_group(k) {
-            inside &= e == d;
-        } else if flat || distinct(k) {
-            ct *= e;
+/// The rank bits of the device dims of `device_matrix` that pass `test`, as a mask: dim `k` of
+/// `d_k` devices holds the `log2(d_k)` bits above those of the dims inside it.
+pub(crate) fn rank_bits(device_matrix: &[u64], test: impl Fn(usize) -> bool) -> u64 {
+    let mut lo = 0;
+    let mut mask = 0;
+    for (k, &d) in device_matrix.iter().rev().enumerate() {
+        let width = d.trailing_zeros();
+        if test(k) {
+            mask |= ((1 << width) - 1) << lo;
         }
+        lo += width;
     }
-    if inside {
+    mask
+}
+
+/// [`groups_crossing`] for parts of `l` consecutive devices (a power of two), of the group of
+/// rank bits `group` where the dims of the rank bits `counted` count (every dim, with flat
+/// replicas): 0 if the group's bits all lie inside a part; else each group crossing a part
+/// differs from the others that cross it in the counted bits below the part's outside the group.
+fn crossing(group: u64, counted: u64, l: u64) -> u64 {
+    if group & !(l - 1) == 0 {
         0
     } else {
-        ct
+        1 << (counted & !group & (l - 1)).count_ones()
     }
 }
 
@@ -715,6 +729,135 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// [`Cluster::seconds`] as a walk over the device dims, level by level (the extents of each
+    /// dim in a part, `ct` and the group size as products of dim sizes): the plain form that the
+    /// rank-bit form must match bit for bit.
+    fn walked_seconds(
+        cluster: &Cluster,
+        device_matrix: &[u64],
+        distinct: impl Fn(usize) -> bool,
+        collective: CollectiveKind,
+        in_group: impl Fn(usize) -> bool,
+        bytes: f64,
+    ) -> f64 {
+        if bytes == 0.0 {
+            return 0.0;
+        }
+        let flat = cluster.replicas() == Replicas::Flat;
+        let crossing = |l: u64| {
+            let mut inside = true;
+            let mut ct = 1;
+            for ((k, e), &d) in extents(device_matrix, l)
+                .enumerate()
+                .zip(device_matrix.iter().rev())
+            {
+                if in_group(k) {
+                    inside &= e == d;
+                } else if flat || distinct(k) {
+                    ct *= e;
+                }
+            }
+            if inside {
+                0
+            } else {
+                ct
+            }
+        };
+        let levels = cluster.levels();
+        let j = levels
+            .iter()
+            .position(|l| crossing(l.devices) == 0)
+            .unwrap_or(levels.len() - 1);
+        let level = &levels[j];
+        let p = device_matrix
+            .iter()
+            .rev()
+            .enumerate()
+            .filter(|&(k, _)| in_group(k))
+            .map(|(_, &d)| d)
+            .product::<u64>() as f64;
+        let latency = steps(collective, p) * level.latency;
+        if j == 0 {
+            return latency + bytes / level.bandwidth;
+        }
+        let below = levels[j - 1].devices;
+        let effective = level.bandwidth / crossing(below) as f64;
+        let factor = if collective == CollectiveKind::AllToAll {
+            let k = extents(device_matrix, below)
+                .enumerate()
+                .filter(|&(k, _)| in_group(k))
+                .map(|(_, e)| e)
+                .product::<u64>() as f64;
+            k * (p - k) / (p - 1.0)
+        } else {
+            1.0
+        };
+        latency + factor * bytes / effective
+    }
+
+    /// Every group and every set of distinct dims of every device matrix of 32 devices (with and
+    /// without dims of one device), on clusters of two and three levels with latencies, under
+    /// both replica models: the seconds read off rank bits are the walk's, bit for bit.
+    #[test]
+    fn seconds_of_rank_bits_are_the_walks() {
+        let mut clusters = vec![Cluster::new(4, 8, 60e9, 6e9, None).unwrap()];
+        for replicas in Replicas::ALL {
+            let levels = [(4, 60e9, 1e-6), (2, 12e9, 5e-6), (4, 3e9, 2e-5)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            let levels = [(2, 50e9, 2e-6), (16, 7e9, 9e-6)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+        }
+        // The ordered factorizations of 2^5, then each with a dim of one device put in.
+        let mut matrices: Vec<Vec<u64>> = vec![Vec::new()];
+        for _ in 0..5 {
+            let mut longer = Vec::new();
+            for m in &matrices {
+                longer.push([m.as_slice(), &[2]].concat());
+                if let Some((&last, rest)) = m.split_last() {
+                    longer.push([rest, &[last * 2]].concat());
+                }
+            }
+            matrices = longer;
+        }
+        let with_ones: Vec<Vec<u64>> = matrices
+            .iter()
+            .map(|m| [&m[..1], &[1], &m[1..]].concat())
+            .collect();
+        matrices.extend(with_ones);
+        let mut compared = 0;
+        for cluster in &clusters {
+            for m in &matrices {
+                let h = m.len();
+                for group in 1..1u64 << h {
+                    for distinct in 0..1u64 << h {
+                        let in_group = |k: usize| group >> k & 1 == 1;
+                        let distinct = |k: usize| distinct >> k & 1 == 1;
+                        for collective in [
+                            CollectiveKind::AllReduce,
+                            CollectiveKind::AllGather,
+                            CollectiveKind::AllToAll,
+                            CollectiveKind::ReduceScatter,
+                        ] {
+                            for bytes in [0.0, 6.0, 3.0e7] {
+                                let got = cluster.seconds(m, distinct, collective, in_group, bytes);
+                                let want = walked_seconds(
+                                    cluster, m, distinct, collective, in_group, bytes,
+                                );
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{m:?} group {group:b} {collective:?} {bytes}"
+                                );
+                                compared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 100_000, "{compared}");
     }
 
     #[test]
