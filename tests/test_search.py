@@ -313,7 +313,7 @@ def test_pruning_removes_only_dominated_candidates():
     from taps.solve.prune import dominance_survivors
 
     # The paper's model: AlexNet on 64 devices takes a tenth of a second to price with
-    # Algorithm 1 (the optimal planner's training step: minutes).
+    # Algorithm 1 (the optimal planner's training step: about 2 s).
     g, cluster = taps.models.alexnet(), paper_cluster(8, 8)
     tables = build_tables(g, cluster, Pricing(step="forward"))
     keep = dominance_survivors([tables.problem()])
