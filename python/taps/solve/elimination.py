@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps.solve.problem import PairCost, Problem
-from taps.solve.reductions import along, in_order, min_plus_one, row_hashes
+from taps.solve.reductions import along, hash_groups, in_order, min_plus_one, row_hashes
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -205,9 +205,9 @@ def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = np.ascontiguousarray(rows)
     if rows.dtype.itemsize == 8 and rows.size:
         bits = rows.view(np.uint64)
-        _, first, group = np.unique(row_hashes(bits), return_index=True, return_inverse=True)
-        group = group.reshape(-1)
-        if np.array_equal(bits[first[group]], bits):
+        groups = hash_groups(row_hashes(bits), bits)
+        if groups is not None:
+            first, group = groups
             order = sorted(range(len(first)), key=lambda k: rows[first[k]].tobytes())
             rank = np.empty(len(first), dtype=np.intp)
             rank[order] = np.arange(len(first))

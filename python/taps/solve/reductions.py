@@ -77,16 +77,25 @@ def row_hashes(bits: np.ndarray) -> np.ndarray:
     return (bits * np.resize(_ROW_HASH, bits.shape[1])).sum(axis=1, dtype=np.uint64)
 
 
+def hash_groups(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``rows`` grouped by their ``keys`` (:func:`row_hashes`: several times faster than sorting
+    the rows as np.unique does): the first row of each group and each row's group, or None if a
+    group holds rows that differ (a collision; the caller compares them the slow way)."""
+    _, first, group = np.unique(keys, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    return (first, group) if np.array_equal(rows[first[group]], rows) else None
+
+
 def _first_equal(flat: np.ndarray) -> np.ndarray:
-    """Per row of ``flat``, the index of the first row equal to it. Rows are grouped by a hash of
-    their bits (several times faster than sorting them as np.unique does), and the grouping is
-    checked: on a collision the rows are compared the slow way."""
+    """Per row of ``flat``, the index of the first row equal to it (rows grouped by a hash of
+    their bits, :func:`hash_groups`)."""
     values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
-    key = row_hashes(np.ascontiguousarray(values).view(np.uint64))
-    _, first, group = np.unique(key, return_index=True, return_inverse=True)
-    if not np.array_equal(values[first[group]], values):
+    groups = hash_groups(row_hashes(np.ascontiguousarray(values).view(np.uint64)), values)
+    if groups is None:
         _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
-    return first[group.reshape(-1)]
+        groups = first, group.reshape(-1)
+    first, group = groups
+    return first[group]
 
 
 def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

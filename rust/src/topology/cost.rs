@@ -203,9 +203,6 @@ impl Cluster {
         in_group: impl Fn(usize) -> bool,
         bytes: f64,
     ) -> f64 {
-        if bytes == 0.0 {
-            return 0.0;
-        }
         self.group_seconds(
             collective,
             rank_bits(device_matrix, in_group),
