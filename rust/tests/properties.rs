@@ -250,6 +250,26 @@ fn partial_pair() -> impl Strategy<Value = (Layout, Layout)> {
 /// A layout of the search: the tensor map and the partial device dims.
 type Point = (Vec<i64>, Vec<usize>);
 
+/// `point` as one integer (at most 24 tensor dims, 16 device dims): 4 bits per tensor dim (its device dim + 1), then a bit per partial
+/// device dim (so the partial dims' order does not matter).
+fn pack((map, partial): &Point) -> u128 {
+    let mask: u128 = partial.iter().map(|&k| 1u128 << k).sum();
+    map.iter()
+        .rev()
+        .fold(0u128, |acc, &m| (acc << 4) | (m + 1) as u128)
+        << 16
+        | mask
+}
+
+/// The point [`pack`] made, of `n` tensor dims.
+fn unpack(packed: u128, n: usize) -> Point {
+    let map = (0..n)
+        .map(|i| ((packed >> (16 + 4 * i)) & 15) as i64 - 1)
+        .collect();
+    let partial = (0..16).filter(|&k| packed >> k & 1 == 1).collect();
+    (map, partial)
+}
+
 /// The maps a collective-permute reaches from `map` (the search's layout of [`exhaustive_volume`]):
 /// every assignment of the split dims to themselves or to a device dim of their size (of `h`),
 /// not holding partial sums, that splits their tensor dim in the target map `goal`, one to one,
@@ -319,18 +339,24 @@ fn exhaustive_volume(source: &Layout, target: &Layout) -> u64 {
             .product();
         shape.iter().product::<u64>() / parts
     };
-    let mut best: std::collections::BTreeMap<Point, u64> = std::collections::BTreeMap::new();
+    // States keyed by a packed integer: comparing and cloning vectors made this reference,
+    // not the planner it checks, most of the test's time (minutes for one case in a debug build).
+    let dims = source.tensor_map().len();
+    assert!(dims <= 24 && h <= 16, "{source:?} is too large to pack");
+    let end = pack(&goal);
+    let mut best: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
     let mut queue = std::collections::BinaryHeap::new();
     let start: Point = (source.tensor_map().to_vec(), source.partial().to_vec());
-    best.insert(start.clone(), 0);
-    queue.push(std::cmp::Reverse((0u64, start)));
-    while let Some(std::cmp::Reverse((cost, point))) = queue.pop() {
-        if best[&point] < cost {
+    best.insert(pack(&start), 0);
+    queue.push(std::cmp::Reverse((0u64, pack(&start))));
+    while let Some(std::cmp::Reverse((cost, packed))) = queue.pop() {
+        if best[&packed] < cost {
             continue;
         }
-        if point == goal {
+        if packed == end {
             return cost;
         }
+        let point = unpack(packed, dims);
         let (map, partial) = &point;
         let s = shard(&point);
         let mut moves: Vec<(u64, Point)> = Vec::new();
@@ -371,11 +397,10 @@ fn exhaustive_volume(source: &Layout, target: &Layout) -> u64 {
         for m in permuted(map, partial, &goal.0, &size, h) {
             moves.push((s, (m, partial.clone())));
         }
-        for (price, mut next) in moves {
-            next.1.sort_unstable();
-            let total = cost + price;
+        for (price, next) in moves {
+            let (next, total) = (pack(&next), cost + price);
             if best.get(&next).is_none_or(|&b| total < b) {
-                best.insert(next.clone(), total);
+                best.insert(next, total);
                 queue.push(std::cmp::Reverse((total, next)));
             }
         }
@@ -383,8 +408,18 @@ fn exhaustive_volume(source: &Layout, target: &Layout) -> u64 {
     panic!("{target:?} is unreachable from {source:?}")
 }
 
+/// `cases` cases from a fixed seed unless `PROPTEST_RNG_SEED` names another: the exhaustive
+/// references' time varies tenfold with the cases drawn (a random seed made CI's time a lottery).
+fn seeded(cases: u32) -> ProptestConfig {
+    let mut config = ProptestConfig::with_cases(cases);
+    if config.rng_seed == proptest::test_runner::RngSeed::Random {
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(1);
+    }
+    config
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(seeded(300))]
 
     /// The optimal planner is exact: its plan moves what the cheaper of a plain exhaustive
     /// shortest path over the same steps (between the unified canonical forms, where it
