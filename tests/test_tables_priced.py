@@ -69,9 +69,7 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
                 # Against one earlier matrix: the pairs it does not hold, each once.
                 (s0, t0), now = lists[0], asked[before:]
                 assert len(now) == len(set(now))
-                assert set(now) == {(a, b) for a in s for b in t} - {
-                    (a, b) for a in s0 for b in t0
-                }
+                assert set(now) == {(a, b) for a in s for b in t} - {(a, b) for a in s0 for b in t0}
             lists.append((s, t))
             if how == "bounds":
                 want = taps.redistribution_bounds(s, t, CLUSTER, 2.0, "topology")
