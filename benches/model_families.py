@@ -11,6 +11,7 @@ lines over it are flagged.
     python benches/model_families.py                  # every model
     python benches/model_families.py tv_shufflenet    # some of them
     python benches/model_families.py --time-limit 30  # each search stopped after 30 s
+    python benches/model_families.py swin --plans a.txt  # and its plan: diff two builds' files
 
 A search whose limit runs out while its cost tables are built has no plan: its line says so.
 
@@ -109,6 +110,12 @@ def measure(name: str, time_limit: float) -> dict[str, object]:
         "status": failed if result is None else result.status,
         "ilp": None if result is None else result.ilp.operators,
         "stages": {} if result is None else dict(result.timings),
+        # The cost to the last digit and every operator's strategy: two builds that should find
+        # the same plans are compared by these lines.
+        "plan": []
+        if result is None
+        else [f"{name} cost {result.cost!r}"]
+        + [f"{name} {op} {s!r}" for op, s in result.plan.strategies.items()],
     }
 
 
@@ -118,8 +125,12 @@ def main() -> None:
     parser.add_argument(
         "--time-limit", type=float, default=120.0, help="stop a search after this (seconds)"
     )
+    parser.add_argument(
+        "--plans", type=Path, help="write each model's cost and strategies to this file"
+    )
     args = parser.parse_args()
     names = args.models or list(builders())
+    plans: list[str] = []
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     over = []
     cpu: dict[str, float] = {}
@@ -142,11 +153,14 @@ def main() -> None:
         if slow:
             over.append(name)
         cpu[name] = float(out["cpu"])  # type: ignore[arg-type]
+        plans += out["plan"]  # type: ignore[arg-type]
     print(f"load average {os.getloadavg()[0]:.2f}")
     # By CPU time: the wall clock says more about the load than about the search.
     slowest = sorted(cpu, key=cpu.__getitem__, reverse=True)[:5]
     print("slowest by CPU: " + ", ".join(f"{name} {cpu[name]:.2f} s" for name in slowest))
     print(f"over target ({SECONDS:g} s, {PEAK_BYTES / 1e9:g} GB): {', '.join(over) or 'none'}")
+    if args.plans:
+        args.plans.write_text("".join(line + "\n" for line in plans))
 
 
 if __name__ == "__main__":
