@@ -40,27 +40,40 @@ def _distinct_without_whole_dims(calls: list[tuple[Any, ...]]) -> tuple[int, int
     """Pairs of the calls whose two sides have one shape, and how many distinct keys they have
     once the dims whole in both layouts are dropped (the kept dims' sizes, both maps on them,
     both device matrices and partial dims, the element count and the element size)."""
-    keys: set[tuple[Any, ...]] = set()
+    # Ids shared by every call: a layout restricted to some dims, and the kept dims' sizes
+    # with the element count and size. A pair is one int64 of three ids (numpy, not a set of
+    # tuples: tens of millions of pairs).
+    layouts: dict[tuple[Any, ...], int] = {}
+    sizes: dict[tuple[Any, ...], int] = {}
+    codes = []
     pairs = 0
+
+    def restricted(layout: Layout, mask: int) -> int:
+        key = (
+            tuple(m for i, m in enumerate(layout.tensor_map) if mask >> i & 1),
+            tuple(layout.device_matrix),
+            tuple(layout.partial),
+        )
+        return layouts.setdefault(key, len(layouts))
+
+    def split_mask(layout: Layout) -> int:
+        return sum(1 << i for i, m in enumerate(layout.tensor_map) if m != -1)
+
     for sources, targets, dtype, *_ in calls:
         shape = sources[0].shape
         if targets[0].shape != shape:
             continue
-        nd, numel = len(shape), math.prod(shape)
-        ids: dict[tuple[Any, ...], int] = {}
-
-        def restricted(layout: Layout, mask: int, ids: dict = ids, nd: int = nd) -> int:
-            key = (
-                tuple(m for i, m in enumerate(layout.tensor_map) if mask >> i & 1),
-                tuple(layout.device_matrix),
-                tuple(layout.partial),
-            )
-            return ids.setdefault(key, len(ids))
-
-        def split_mask(layout: Layout) -> int:
-            return sum(1 << i for i, m in enumerate(layout.tensor_map) if m != -1)
-
-        masks = range(1 << nd)
+        masks = range(1 << len(shape))
+        kept = np.array(
+            [
+                sizes.setdefault(
+                    (tuple(s for i, s in enumerate(shape) if m >> i & 1), math.prod(shape), dtype),
+                    len(sizes),
+                )
+                for m in masks
+            ],
+            dtype=np.int64,
+        )
         src = np.array([[restricted(x, m) for m in masks] for x in sources], dtype=np.int64)
         dst = np.array([[restricted(y, m) for m in masks] for y in targets], dtype=np.int64)
         union = (
@@ -68,20 +81,11 @@ def _distinct_without_whole_dims(calls: list[tuple[Any, ...]]) -> tuple[int, int
             | np.array([split_mask(y) for y in targets])[None, :]
         )
         rows, cols = np.arange(len(sources))[:, None], np.arange(len(targets))[None, :]
-        # One int64 per pair: the kept dims' mask, then the two restricted layouts' ids.
-        bits = max(len(ids), 1).bit_length()
-        code = (union << 2 * bits) | (src[rows, union] << bits) | dst[cols, union]
-        by_id = list(ids)
-        for c in np.unique(code):
-            mask, a, b = (
-                int(c) >> 2 * bits,
-                int(c) >> bits & (1 << bits) - 1,
-                int(c) & (1 << bits) - 1,
-            )
-            sizes = tuple(s for i, s in enumerate(shape) if mask >> i & 1)
-            keys.add((sizes, by_id[a], by_id[b], numel, dtype))
+        codes.append(np.unique((kept[union] << 42) | (src[rows, union] << 21) | dst[cols, union]))
         pairs += len(sources) * len(targets)
-    return pairs, len(keys)
+    # 21 bits per layout id, 21 for the sizes' id.
+    assert len(layouts) < 1 << 21 and len(sizes) < 1 << 21
+    return pairs, len(np.unique(np.concatenate(codes))) if codes else 0
 
 
 def _swapped(layout: Layout, i: int, j: int) -> Layout:
