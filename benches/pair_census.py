@@ -160,14 +160,18 @@ def main() -> None:
     shared: dict[int, list[Any]] = {}
     for e in built.edges:
         shared.setdefault(id(e.cost), []).append(e)
-    print("largest edge tables (classes, each direction priced):")
+    print("largest edge tables (classes, each direction priced; distinct rows and columns):")
     for group in sorted(shared.values(), key=lambda g: -g[0].cost.size)[: args.top]:
-        edge = group[0].edge
+        edge, cost = group[0].edge, group[0].cost
         kinds = f"{graph.op(edge.producer).kind} -> {graph.op(edge.consumer).kind}"
+        # Classes with equal rows (or columns) could be merged before pricing if one knew.
+        rows, cols = len(np.unique(cost, axis=0)), np.unique(cost, axis=1).shape[1]
         print(
-            f"  {group[0].cost.shape[0]:5d} x {group[0].cost.shape[1]:5d}  {kinds:34s} "
-            f"{graph.tensors[edge.tensor].shape}  ({len(group)} edges, first {edge.consumer})"
+            f"  {cost.shape[0]:5d} x {cost.shape[1]:5d}  {kinds:34s} "
+            f"{graph.tensors[edge.tensor].shape}  ({len(group)} edges, first {edge.consumer}; "
+            f"{rows} x {cols} distinct)"
         )
+    del built, shared  # the tables' memory, before the census's arrays
     pairs, distinct = _distinct_without_whole_dims(calls)
     print(
         f"pairs of one shape: {pairs / 1e6:.2f} M; distinct with the dims whole in both "
