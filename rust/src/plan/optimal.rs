@@ -446,6 +446,12 @@ fn search_in(
                 }
                 Entry::Vacant(_) if nodes.len() >= most => return None,
                 Entry::Vacant(vacant) => {
+                    if nodes.len() == nodes.capacity() && nodes.len() >= SCRATCH_KEPT {
+                        // Past the buffers kept, room for the most a search may hold: address
+                        // space only (a page is zeroed when first written), where doubling
+                        // copied every node and zeroed twice their pages.
+                        nodes.reserve_exact(most.min(MAX_LAYOUTS) - nodes.len());
+                    }
                     nodes.push(fresh);
                     *vacant.insert(nodes.len() as u32 - 1) as usize
                 }
