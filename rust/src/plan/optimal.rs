@@ -33,16 +33,20 @@ use space::{
 struct Node {
     /// The layout, canonical within the space's runs ([`canonical`]).
     state: State,
-    /// The layout the step led to before it was made canonical (for the path's ops).
-    raw: State,
     /// Elements per device in `state`.
     shard: u64,
     cost: f64,
-    ops: u32,
-    parent: usize,
+    /// The step from the parent (the layout it led to before it was made canonical is
+    /// [`Step::from`] the parent's: not kept, the search holds millions of nodes).
     step: Option<Step>,
+    parent: u32,
+    ops: u16,
     done: bool,
 }
+
+// A deep search holds millions of nodes: their size is its memory and the page faults of its
+// growth (152 bytes with the step's layout and wide fields, a third of the GPT-3 layer's time).
+const _: () = assert!(std::mem::size_of::<Node>() == 72);
 
 /// A heap entry, lowest estimate first (cost so far plus the lower bound on the rest), then
 /// fewest ops, then first reached (for determinism).
@@ -182,12 +186,12 @@ impl Problem {
                 let op = match step {
                     Step::Op(kind, k, i, to) => CommOp::new(
                         kind,
-                        k,
-                        dim(i.map(|i| pi[i])),
-                        dim(to.map(|to| pi[to])),
+                        usize::from(k),
+                        dim(i.map(|i| pi[usize::from(i)])),
+                        dim(to.map(|to| pi[usize::from(to)])),
                         layout,
                     ),
-                    Step::Permute => CommOp::permute(
+                    Step::Permute(_) => CommOp::permute(
                         permutation(source.num_device_dims(), &before, &after),
                         layout,
                     ),
@@ -278,7 +282,7 @@ fn search_or_paper(
             );
             let from = at;
             at = at.after(kind, k, i, to);
-            (Step::Op(kind, k, i, to), from, at)
+            (Step::op(kind, k, i, to), from, at)
         });
         Path {
             steps: steps.collect(),
@@ -292,7 +296,7 @@ fn search_or_paper(
 #[derive(Default)]
 struct Scratch {
     nodes: Vec<Node>,
-    index: FxHashMap<State, usize>,
+    index: FxHashMap<State, u32>,
     heap: BinaryHeap<Queued>,
     steps: Vec<(Step, State)>,
 }
@@ -300,8 +304,8 @@ struct Scratch {
 /// Past this many nodes a search's buffers are given back rather than kept for the next.
 const SCRATCH_KEPT: usize = 1 << 16;
 
-/// The most layouts one search holds (each about 250 bytes with its entries in the index and
-/// the heap: half a GB per thread at most). A search that reaches it gives up and the planner
+/// The most layouts one search holds (each under 200 bytes with its entries in the index and
+/// the heap: under half a GB per thread). A search that reaches it gives up and the planner
 /// keeps Algorithm 1's plan: a pair of device matrices of ten or more dims can hold millions of
 /// layouts under the bound (the GPT-3 layer on 1,024 devices ran out of memory at 14.6 GB
 /// without it), and a plan at once is worth more there than the proof of the cheapest.
@@ -363,12 +367,11 @@ fn search_in(
     let keep = goal.partial;
     nodes.push(Node {
         state: State::of(source),
-        raw: State::of(source),
         shard: source.shard_size(),
         cost: 0.0,
-        ops: 0,
-        parent: 0,
         step: None,
+        parent: 0,
+        ops: 0,
         done: false,
     });
     index.insert(nodes[0].state, 0);
@@ -398,10 +401,10 @@ fn search_in(
             return None;
         }
         if nodes[node].state == goal {
-            return Some(path_to(nodes, node));
+            return Some(path_to(nodes, node, &goal));
         }
         let state = nodes[node].state;
-        let (cost, ops) = (nodes[node].cost, nodes[node].ops + 1);
+        let (cost, ops) = (nodes[node].cost, u32::from(nodes[node].ops) + 1);
         let used = state.used();
         let (shard, distinct) = (nodes[node].shard, used | state.partial);
         space.steps((&state, used), keep, steps);
@@ -410,16 +413,16 @@ fn search_in(
             // One look-up per step: a layout not seen yet is inserted through its vacant entry.
             let entry = index.entry(next);
             let seen = match &entry {
-                Entry::Occupied(id) => Some(*id.get()),
+                Entry::Occupied(id) => Some(&nodes[*id.get() as usize]),
                 Entry::Vacant(_) => None,
             };
             // A layout already expanded is not reopened (the bound is consistent): skip it before
             // pricing the step.
-            if seen.is_some_and(|id| nodes[id].done) {
+            if seen.is_some_and(|seen| seen.done) {
                 continue;
             }
             let total = cost + space.price(objective, (&state, distinct, shard), step, &raw);
-            if seen.is_some_and(|id| (total, ops) >= (nodes[id].cost, nodes[id].ops)) {
+            if seen.is_some_and(|seen| (total, ops) >= (seen.cost, u32::from(seen.ops))) {
                 continue;
             }
             let after = space.shard_after(shard, step);
@@ -429,23 +432,28 @@ fn search_in(
             }
             let fresh = Node {
                 state: next,
-                raw,
                 shard: after,
                 cost: total,
-                ops,
-                parent: node,
                 step: Some(step),
+                parent: node as u32,
+                ops: ops as u16,
                 done: false,
             };
             let id = match entry {
                 Entry::Occupied(id) => {
-                    nodes[*id.get()] = fresh;
-                    *id.get()
+                    nodes[*id.get() as usize] = fresh;
+                    *id.get() as usize
                 }
                 Entry::Vacant(_) if nodes.len() >= most => return None,
                 Entry::Vacant(vacant) => {
+                    if nodes.len() == nodes.capacity() && nodes.len() >= SCRATCH_KEPT {
+                        // Past the buffers kept, room for the most a search may hold: address
+                        // space only (a page is zeroed when first written), where doubling
+                        // copied every node and zeroed twice their pages.
+                        nodes.reserve_exact(most.min(MAX_LAYOUTS) - nodes.len());
+                    }
                     nodes.push(fresh);
-                    *vacant.insert(nodes.len() - 1)
+                    *vacant.insert(nodes.len() as u32 - 1) as usize
                 }
             };
             heap.push(Queued {
@@ -458,13 +466,14 @@ fn search_in(
     None
 }
 
-/// The steps to `end`, each with the layout it leads to.
-fn path_to(nodes: &[Node], end: usize) -> Path {
+/// The steps to `end`, each with the layout it leads to (`goal` the target).
+fn path_to(nodes: &[Node], end: usize, goal: &State) -> Path {
     let mut steps = Vec::new();
     let mut at = end;
     while let Some(step) = nodes[at].step {
-        let parent = nodes[at].parent;
-        steps.push((step, nodes[parent].state, nodes[at].raw));
+        let parent = nodes[at].parent as usize;
+        let from = nodes[parent].state;
+        steps.push((step, from, step.from(from, goal)));
         at = parent;
     }
     steps.reverse();
@@ -726,6 +735,8 @@ mod tests {
             space.steps((&state, state.used()), goal.partial, &mut steps);
             let here = space.remaining(&state, shard, goal.partial);
             for (step, raw) in steps.drain(..) {
+                // The search keeps the step, not the layout it leads to: the step gives it back.
+                assert_eq!(step.from(state, &goal), raw, "{step:?} from {state:?}");
                 let next = canonical(raw, &space.runs);
                 let price = space.price(objective, (&state, distinct, shard), step, &raw);
                 // The bound is consistent: no step lowers it by more than it prices.

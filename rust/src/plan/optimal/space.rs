@@ -89,10 +89,43 @@ impl State {
     }
 }
 
+/// A step of the search, in a word: a deep search holds millions of them (their size is its
+/// memory, and the page faults of its growth).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
-    Op(OpKind, usize, Option<usize>, Option<usize>),
-    Permute,
+    /// `kind` on device dim `k`, tensor dims `i` and `to` as in a `CommOp` (not a
+    /// collective-permute).
+    Op(OpKind, u8, Option<u8>, Option<u8>),
+    /// A collective-permute: the tensor dims (a mask) whose split passes to the device dim that
+    /// splits it in the target ([`Space::permutes`]).
+    Permute(u32),
+}
+
+impl Step {
+    /// [`Step::Op`] of dims as a `CommOp` numbers them (fewer than 64 device dims and
+    /// [`MAX_DIMS`] tensor dims: [`Problem::of`](super::Problem::of)).
+    pub(super) fn op(kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>) -> Self {
+        Step::Op(kind, k as u8, i.map(|i| i as u8), to.map(|to| to as u8))
+    }
+
+    /// The layout this step leads to from `state` (not made canonical); `goal` is the target.
+    pub(super) fn from(self, state: State, goal: &State) -> State {
+        match self {
+            Step::Op(kind, k, i, to) => state.after(
+                kind,
+                usize::from(k),
+                i.map(usize::from),
+                to.map(usize::from),
+            ),
+            Step::Permute(moved) => {
+                let mut next = state;
+                for i in bits(u64::from(moved)) {
+                    next.map[i] = goal.map[i];
+                }
+                next
+            }
+        }
+    }
 }
 
 /// The least of `latency + rate * elements` over `rates`; nothing to move prices nothing.
@@ -517,12 +550,12 @@ impl<'a> Space<'a> {
     pub(super) fn shard_after(&self, shard: u64, step: Step) -> u64 {
         match step {
             Step::Op(OpKind::Slice | OpKind::ReduceScatter, k, ..) => {
-                shard >> self.template.dim_size(k).trailing_zeros()
+                shard >> self.template.dim_size(usize::from(k)).trailing_zeros()
             }
             Step::Op(OpKind::AllGather, k, ..) => {
-                shard << self.template.dim_size(k).trailing_zeros()
+                shard << self.template.dim_size(usize::from(k)).trailing_zeros()
             }
-            Step::Op(..) | Step::Permute => shard,
+            Step::Op(..) | Step::Permute(_) => shard,
         }
     }
 
@@ -540,6 +573,7 @@ impl<'a> Space<'a> {
         match step {
             Step::Op(OpKind::Slice, ..) => 0.0,
             Step::Op(kind, k, ..) => {
+                let k = usize::from(k);
                 let volume = volume(kind, self.template.dim_size(k), shard);
                 *self
                     .prices
@@ -551,7 +585,7 @@ impl<'a> Space<'a> {
                         })
                     })
             }
-            Step::Permute => {
+            Step::Permute(_) => {
                 let mut sigma = [0; 64];
                 let sigma = &mut sigma[..self.allowed.len()];
                 permutation_into(state, next, sigma);
@@ -586,7 +620,7 @@ impl<'a> Space<'a> {
             mask & !run | first
         });
         let mut push = |kind: OpKind, k: usize, i: Option<usize>, to: Option<usize>| {
-            out.push((Step::Op(kind, k, i, to), state.after(kind, k, i, to)));
+            out.push((Step::op(kind, k, i, to), state.after(kind, k, i, to)));
         };
         // A free device dim whose target dim is unsplit is sliced there first: free, and every
         // later step moves a smaller shard.
@@ -629,8 +663,9 @@ impl<'a> Space<'a> {
 
     /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
     /// to the device dim of the same size that splits that tensor dim in the target (and holds
-    /// no partial sums), one dim to one dim; at least one moves. The step records nothing: the
-    /// two layouts say which dim took over which split ([`permutation`]).
+    /// no partial sums), one dim to one dim; at least one moves. The step records the tensor
+    /// dims whose split changes hands; the two layouts say which dim took over which split
+    /// ([`permutation`]).
     fn permutes(&self, state: &State, used: u64, out: &mut Vec<(Step, State)>) {
         let n = self.template.ndim();
         let movable = state.map[..n]
@@ -658,8 +693,11 @@ impl<'a> Space<'a> {
             .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
         else {
             if next != state.map {
+                let moved = (0..n)
+                    .filter(|&i| next[i] != state.map[i])
+                    .fold(0u32, |mask, i| mask | 1 << i);
                 out.push((
-                    Step::Permute,
+                    Step::Permute(moved),
                     State {
                         map: next,
                         partial: state.partial,
