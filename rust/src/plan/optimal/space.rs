@@ -299,6 +299,10 @@ pub(super) struct Space<'a> {
     /// Per device dim, a lower bound on the price of the op that sums its partial sums: the
     /// shard then is whole along it.
     least_sum: Vec<f64>,
+    /// Per device dim, `least` and `share` of the ops a sum of its partial sums takes at least:
+    /// for a dim the target does not split along, an all-reduce (twice a reduce-scatter), or a
+    /// reduce-scatter and then an op that ends the split it made; `least_sum` otherwise.
+    sum_ops: Vec<(f64, f64)>,
     /// Elements per device in the target.
     goal_shard: f64,
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
@@ -395,6 +399,27 @@ impl<'a> Space<'a> {
                 least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
             })
             .collect();
+        // A sum the target does not split along is an all-reduce (`2 (g-1)` steps moving
+        // `2 (g-1)/g` shards, on the sum's groups), or a reduce-scatter and an op that ends the
+        // split it made.
+        let sum_ops = (0..h)
+            .map(|k| {
+                let sum = least_sum[k];
+                if goal[k].is_some() {
+                    return (sum, sum);
+                }
+                let g = source.dim_size(k) as f64;
+                let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
+                let all_reduce = least_price(
+                    &stepped(rates, 2.0 * (g - 1.0)),
+                    2.0 * (g - 1.0) / g * whole,
+                );
+                (
+                    all_reduce.min(sum + least_leave[k]),
+                    all_reduce.min(sum + share_leave[k]),
+                )
+            })
+            .collect();
         // Per element moved, over any group.
         let rates: Vec<Vec<(f64, f64)>> = (0..h)
             .map(|k| objective.least_rates(source, k, spread(k), 0))
@@ -416,6 +441,7 @@ impl<'a> Space<'a> {
             least_leave,
             share_leave,
             least_sum,
+            sum_ops,
             goal_shard,
             least_last,
             entering,
@@ -429,7 +455,9 @@ impl<'a> Space<'a> {
     /// - every device dim that splits another tensor dim than in the goal, or holds partial sums
     ///   the goal does not keep, takes part in one op at least. An op of one device dim prices at
     ///   least its `least`, a collective-permute at least the sum of the `share`s of its dims; so
-    ///   the rest prices at least the largest `least` and at least the sum of the `share`s;
+    ///   the rest prices at least the largest `least` and at least the sum of the `share`s. A
+    ///   dim holding sums along which the target splits nothing takes an all-reduce, or a
+    ///   reduce-scatter and then an op that ends the split it made (`sum_ops`);
     /// - only all-gathers grow a shard, `g` times for `(g-1)` shards: growing it to the goal's
     ///   size moves at least the difference; the partial sums' ops come on top;
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
@@ -454,7 +482,7 @@ impl<'a> Space<'a> {
             .filter(|(m, t)| m != t)
             .filter_map(|(&m, _)| usize::try_from(m).ok())
             .map(bound)
-            .chain(bits(sums).map(|k| (self.least_sum[k], self.least_sum[k])));
+            .chain(bits(sums).map(|k| self.sum_ops[k]));
         let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
             (f64::max(most, least), sum + share)
         });
