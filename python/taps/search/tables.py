@@ -156,7 +156,11 @@ class _Priced:
     hashing the layouts is far cheaper than sorting them by their fields.)"""
 
     def __init__(self, bounds: bool = False) -> None:
-        self._memo: dict[Any, tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]] = {}
+        #: Per key, the matrix, each source's row and each target's column, and with bounds 1.0
+        #: where a bound is not the pair's exact cost (0.0 where it is).
+        self._memo: dict[
+            Any, tuple[np.ndarray, dict[Layout, int], dict[Layout, int], np.ndarray | None]
+        ] = {}
         #: Lower bounds on the optimal planner's costs (``redistribution_bounds``) instead.
         self._bounds = bounds
 
@@ -186,18 +190,37 @@ class _Priced:
                 self._memo[key] = within
         if key not in self._memo:
             srcs, dsts = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(targets))
-            self._memo[key] = (
-                redistribution_bounds(srcs, dsts, cluster, dtype, cost_model)
-                if self._bounds
+            inexact: np.ndarray | None = None
+            if self._bounds:
+                matrix, exact = redistribution_bounds(srcs, dsts, cluster, dtype, cost_model)
+                inexact = (~exact).astype(np.float64)
+            else:
                 # The kernel watches the time left itself: one large edge can take longer.
-                else redistribution_costs(
+                matrix = redistribution_costs(
                     srcs, dsts, cluster, dtype, cost_model, planner, time_limit=left(deadline)
-                ),
+                )
+            self._memo[key] = (
+                matrix,
                 {layout: i for i, layout in enumerate(srcs)},
                 {layout: j for j, layout in enumerate(dsts)},
+                inexact,
             )
-        matrix, row, col = self._memo[key]
-        return matrix[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
+        return self._read(key, sources, targets, False)
+
+    def inexact(
+        self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float
+    ) -> np.ndarray:
+        """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
+        cost."""
+        return self._read((frozenset(sources), frozenset(targets), dtype), sources, targets, True)
+
+    def _read(
+        self, key: Any, sources: Sequence[Layout], targets: Sequence[Layout], inexact: bool
+    ) -> np.ndarray:
+        matrix, row, col, flags = self._memo[key]
+        read = flags if inexact else matrix
+        assert read is not None, "priced without bounds"
+        return read[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
 
 
 def _edge_cost(
@@ -224,10 +247,9 @@ class _Bound:
     dst: list[tuple[Layout, ...]]
     backward: bool
     price: Callable[[list[Layout], list[Layout]], np.ndarray]
-    exact: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.exact = np.zeros(self.cost.shape, dtype=bool)
+    #: The pairs whose cost is exact: at first those whose bound is (nothing to move, or
+    #: Algorithm 1's cost where the search's bound exceeds it).
+    exact: np.ndarray
 
     def refine(self, pairs: set[tuple[int, int]]) -> bool:
         """Price the pairs not yet exact (and the rest of their rows' and columns' block, priced
@@ -473,7 +495,13 @@ def build_tables(
                             s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
                         )
 
-                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact)
+                    def inexact(
+                        s: list[Layout], t: list[Layout], dtype: float = dtype
+                    ) -> np.ndarray:
+                        return priced.inexact(s, t, dtype)
+
+                    known = _edge_cost(inexact, src, dst, backward) == 0
+                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact, known)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
