@@ -347,12 +347,7 @@ pub fn redistribution_bounds(
         .enumerate()
         .map(|(k, &needed)| {
             if needed {
-                shortest_plan_bound(
-                    &csrc[k / cwidth],
-                    &ctgt[k % cwidth],
-                    objective,
-                    &lower_bound,
-                )
+                shortest_plan_bound(&csrc[k / cwidth], &ctgt[k % cwidth], objective, lower_bound)
             } else {
                 Ok(0.0)
             }

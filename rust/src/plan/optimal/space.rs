@@ -116,6 +116,40 @@ fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
     rates
 }
 
+/// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
+/// and `share` of the ops the sum takes (`sum_ops`). A dim holding partial sums splits nothing:
+/// its sum (an op of that dim alone, of `g-1` steps at least) moves `(g-1)/g` of a shard split
+/// by the other dims at most. A sum along which the target splits nothing is an all-reduce
+/// (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or a reduce-scatter and
+/// then an op that ends the split it made (`least_leave`, `share_leave`).
+fn sums(
+    source: &Layout,
+    objective: Objective<'_>,
+    (goal, splitting): (&[Option<usize>], u64),
+    (least_leave, share_leave): (&[f64], &[f64]),
+) -> (Vec<f64>, Vec<(f64, f64)>) {
+    let whole = source.num_elements() as f64;
+    (0..source.num_device_dims())
+        .map(|k| {
+            let g = source.dim_size(k) as f64;
+            let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
+            let sum = least_price(&stepped(rates.clone(), g - 1.0), (g - 1.0) / g * whole);
+            if goal[k].is_some() {
+                return (sum, (sum, sum));
+            }
+            let all_reduce = least_price(
+                &stepped(rates, 2.0 * (g - 1.0)),
+                2.0 * (g - 1.0) / g * whole,
+            );
+            let ops = (
+                all_reduce.min(sum + least_leave[k]),
+                all_reduce.min(sum + share_leave[k]),
+            );
+            (sum, ops)
+        })
+        .unzip()
+}
+
 /// The least price of an op moving `elements` per device over any group, by the `rates` of every
 /// device dim.
 fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
@@ -390,36 +424,12 @@ impl<'a> Space<'a> {
                 .collect()
         };
         let (share, share_leave) = (shares(&least), shares(&least_leave));
-        // A dim holding partial sums splits nothing: its sum (an op of that dim alone, of `g-1`
-        // steps at least) moves `(g-1)/g` of a shard split by the other dims at most.
-        let least_sum: Vec<f64> = (0..h)
-            .map(|k| {
-                let g = source.dim_size(k) as f64;
-                let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
-                least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
-            })
-            .collect();
-        // A sum the target does not split along is an all-reduce (`2 (g-1)` steps moving
-        // `2 (g-1)/g` shards, on the sum's groups), or a reduce-scatter and an op that ends the
-        // split it made.
-        let sum_ops = (0..h)
-            .map(|k| {
-                let sum = least_sum[k];
-                if goal[k].is_some() {
-                    return (sum, sum);
-                }
-                let g = source.dim_size(k) as f64;
-                let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
-                let all_reduce = least_price(
-                    &stepped(rates, 2.0 * (g - 1.0)),
-                    2.0 * (g - 1.0) / g * whole,
-                );
-                (
-                    all_reduce.min(sum + least_leave[k]),
-                    all_reduce.min(sum + share_leave[k]),
-                )
-            })
-            .collect();
+        let (least_sum, sum_ops) = sums(
+            source,
+            objective,
+            (&goal, splitting),
+            (&least_leave, &share_leave),
+        );
         // Per element moved, over any group.
         let rates: Vec<Vec<(f64, f64)>> = (0..h)
             .map(|k| objective.least_rates(source, k, spread(k), 0))
