@@ -39,15 +39,15 @@ def case_of(label: str) -> tuple[taps.Graph, taps.Cluster]:
 
 def ratios(graph: taps.Graph, cluster: taps.Cluster) -> None:
     bounds: list[Any] = []
-    made = tables._Bound.__post_init__
+    made = tables._Bound.__init__
 
-    def record(self: Any) -> None:
+    def record(self: Any, *args: Any) -> None:
+        made(self, *args)
         bounds.append(self)
-        made(self)
 
-    tables._Bound.__post_init__ = record  # type: ignore[method-assign]
+    tables._Bound.__init__ = record  # type: ignore[method-assign]
     tables.build_tables(graph, cluster, OPTIMAL, bounded=True)
-    tables._Bound.__post_init__ = made  # type: ignore[method-assign]
+    tables._Bound.__init__ = made  # type: ignore[method-assign]
     pairs: dict[tuple[taps.Layout, taps.Layout], None] = {}
     for b in bounds:
         ends = [([r[0] for r in b.src], [r[0] for r in b.dst])]
@@ -55,7 +55,7 @@ def ratios(graph: taps.Graph, cluster: taps.Cluster) -> None:
             ends.append(([r[1] for r in b.dst], [r[1] for r in b.src]))
         for sources, targets in ends:
             pairs.update(((s, t), None) for s in sources for t in targets)
-    lb = np.array([taps.redistribution_bounds([s], [t], cluster)[0, 0] for s, t in pairs])
+    lb = np.array([taps.redistribution_bounds([s], [t], cluster)[0][0, 0] for s, t in pairs])
     ex = np.array(
         [taps.redistribution_costs([s], [t], cluster, planner="optimal")[0, 0] for s, t in pairs]
     )

@@ -42,12 +42,14 @@ def test_bounds_lie_between_nothing_and_the_optimal_cost(log2, data):
     sources, targets = [sg.to_layout(t) for t in sources], [sg.to_layout(t) for t in targets]
     per_node = data.draw(st.sampled_from([1, 2, 4]))
     cluster = taps.Cluster(2**log2 // per_node, per_node)
-    bound = taps.redistribution_bounds(sources, targets, cluster)
+    bound, exact = taps.redistribution_bounds(sources, targets, cluster)
     optimal = taps.redistribution_costs(sources, targets, cluster, planner="optimal")
     paper = taps.redistribution_costs(sources, targets, cluster, planner="paper")
     assert (bound >= 0).all()
     assert (bound <= optimal).all()
     assert (optimal <= paper * (1 + 1e-12)).all()
+    # A bound said to be exact is the optimal planner's cost to the last digit.
+    assert (bound[exact] == optimal[exact]).all()
 
 
 def test_bounds_refuse_the_volume_model():

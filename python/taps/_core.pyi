@@ -425,10 +425,11 @@ def redistribution_bounds(
     cluster: Cluster,
     dtype_bytes: float = 2.0,
     model: _CostModel = "topology",
-) -> npt.NDArray[np.float64]:
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """The matrix of lower bounds on the optimal planner's costs from each source to each
     target, without its searches: Algorithm 1's cost, or the search's bound at the source if
-    less. Topology model only."""
+    less; and the matrix of whether each bound is the optimal planner's cost (nothing to move,
+    or the search's bound exceeds Algorithm 1's cost). Topology model only."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

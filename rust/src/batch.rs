@@ -3,13 +3,14 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::error::{reserve, try_filled, Error, Result};
 use crate::layout::Layout;
-use crate::plan::optimal::{Key, Path};
+use crate::plan::optimal::{self, Key, Path, Problem};
 use crate::plan::{
     paper, search_problem, shortest_plan_bound, shortest_plan_by, solve, Objective, Planner,
 };
@@ -285,8 +286,10 @@ pub fn redistribution_costs_until(
 }
 
 /// Per pair of `sources` x `targets` (row-major), a lower bound on its cost under the optimal
-/// planner without its search: Algorithm 1's cost, or the search's bound at the source if less.
-/// A pair whose bound is Algorithm 1's cost has Algorithm 1's cost under the optimal planner.
+/// planner without its search: Algorithm 1's cost, or the search's bound at the source if less;
+/// and whether the bound is that cost: where Algorithm 1 moves nothing, and where the search's
+/// bound exceeds Algorithm 1's cost (nothing is as cheap, so the optimal planner keeps
+/// Algorithm 1's plan).
 ///
 /// # Errors
 /// As [`redistribution_costs`], and [`Error::Topology`] under the volume model (its objective
@@ -297,7 +300,7 @@ pub fn redistribution_bounds(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<bool>)> {
     if model == CostModel::Volume {
         let message = "lower bounds are priced under the topology model only";
         return Err(Error::Topology(message.to_string()));
@@ -328,12 +331,23 @@ pub fn redistribution_bounds(
             needed[csrc_index[k / width] * cwidth + ctgt_index[k % width]] = true;
         }
     }
+    // The search's bound depends on the problem's key alone: worked out once per key.
+    let by_key: Mutex<FxHashMap<Key, f64>> = Mutex::default();
+    let lower_bound = |problem: &Problem| {
+        let known = || by_key.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&bound) = known().get(problem.key()) {
+            return bound;
+        }
+        let bound = optimal::lower_bound(problem, objective);
+        known().insert(problem.key().clone(), bound);
+        bound
+    };
     let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()
         .map(|(k, &needed)| {
             if needed {
-                shortest_plan_bound(&csrc[k / cwidth], &ctgt[k % cwidth], objective)
+                shortest_plan_bound(&csrc[k / cwidth], &ctgt[k % cwidth], objective, lower_bound)
             } else {
                 Ok(0.0)
             }
@@ -344,11 +358,14 @@ pub fn redistribution_bounds(
         .enumerate()
         .map(|(k, &cost)| {
             if cost == 0.0 {
-                return 0.0;
+                return (0.0, true);
             }
-            bounds[csrc_index[k / width] * cwidth + ctgt_index[k % width]].min(cost)
+            let bound = bounds[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
+            // Over it, not at it: a pair the search does not take is bounded by Algorithm 1's
+            // price on the canonical pair, whose plan the optimal planner takes at a tie.
+            (bound.min(cost), bound > cost)
         })
-        .collect())
+        .unzip())
 }
 
 /// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs

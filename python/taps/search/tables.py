@@ -148,7 +148,9 @@ def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple
     return cls, list(index)
 
 
-#: A matrix of costs with the row of each source layout and the column of each target layout.
+#: Prices by source layout, target layout and plane, with the row of each source layout and the
+#: column of each target layout. Plane 0 is the price; with bounds, plane 1 is 1.0 where a bound
+#: is not the pair's exact cost (0.0 where it is).
 _Matrix = tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]
 
 
@@ -184,19 +186,32 @@ class _Priced:
 
             def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> np.ndarray:
                 if self._bounds:
-                    return redistribution_bounds(s, t, cluster, dtype, cost_model)
+                    bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
+                    return np.stack([bound, (~exact).astype(np.float64)], axis=-1)
                 # The kernel watches the time left itself: one large edge can take longer.
                 return redistribution_costs(
                     s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
-                )
+                )[..., None]
 
             near = self._near.setdefault(
                 (tuple(sources[0].shape), tuple(targets[0].shape), dtype), []
             )
             self._memo[key] = self._block(sources, targets, near, kernel)
             near.append(key)
+        return self._read(key, sources, targets, 0)
+
+    def inexact(
+        self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float
+    ) -> np.ndarray:
+        """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
+        cost."""
+        return self._read((frozenset(sources), frozenset(targets), dtype), sources, targets, 1)
+
+    def _read(
+        self, key: Any, sources: Sequence[Layout], targets: Sequence[Layout], plane: int
+    ) -> np.ndarray:
         matrix, row, col = self._memo[key]
-        return matrix[np.ix_([row[x] for x in sources], [col[y] for y in targets])]
+        return matrix[..., plane][np.ix_([row[x] for x in sources], [col[y] for y in targets])]
 
     def _block(
         self,
@@ -229,7 +244,7 @@ class _Priced:
         new_rows = [x for x in srcs if x not in old_row]
         new_cols = [y for y in dsts if y not in old_col]
         srcs, dsts = rows + new_rows, cols + new_cols
-        matrix = np.empty((len(srcs), len(dsts)))
+        matrix = np.empty((len(srcs), len(dsts), old.shape[2]))
         matrix[: len(rows), : len(cols)] = old[
             np.ix_([old_row[x] for x in rows], [old_col[y] for y in cols])
         ]
@@ -264,10 +279,9 @@ class _Bound:
     dst: list[tuple[Layout, ...]]
     backward: bool
     price: Callable[[list[Layout], list[Layout]], np.ndarray]
-    exact: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.exact = np.zeros(self.cost.shape, dtype=bool)
+    #: The pairs whose cost is exact: at first those whose bound is (nothing to move, or
+    #: Algorithm 1's cost where the search's bound exceeds it).
+    exact: np.ndarray
 
     def refine(self, pairs: set[tuple[int, int]]) -> bool:
         """Price the pairs not yet exact (and the rest of their rows' and columns' block, priced
@@ -513,7 +527,13 @@ def build_tables(
                             s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
                         )
 
-                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact)
+                    def inexact(
+                        s: list[Layout], t: list[Layout], dtype: float = dtype
+                    ) -> np.ndarray:
+                        return priced.inexact(s, t, dtype)
+
+                    known = _edge_cost(inexact, src, dst, backward) == 0
+                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact, known)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0

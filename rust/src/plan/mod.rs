@@ -117,18 +117,24 @@ pub(crate) fn shortest_plan_by<'p>(
 
 /// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms),
 /// without its search: the plan's ops outside the search at their price, the search's bound at
-/// its source for the rest. Algorithm 1's ops between the unified pair are not built (the
+/// its source for the rest (`lower_bound` of its problem: [`optimal::lower_bound`], which
+/// depends on the problem's key alone). Algorithm 1's ops between the unified pair are not built (the
 /// lined-up pair is what `paper::plan` makes; the caller has checked the layouts' cluster).
 ///
 /// # Errors
 /// As [`plan_redistribution`].
-pub(crate) fn shortest_plan_bound(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<f64> {
+pub(crate) fn shortest_plan_bound(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+    lower_bound: impl FnOnce(&Problem) -> f64,
+) -> Result<f64> {
     let mut plan = paper::lined_up(a, b, None)?;
     if let Some(problem) = Problem::of(&plan.source, &plan.target) {
         // The plan has no ops yet: its price is that of the ops outside the search. Scaled
         // down by a hair: the plan's price adds its ops in another order.
         let outside = objective.total(&plan);
-        return Ok((outside + optimal::lower_bound(&problem, objective)) * (1.0 - 1e-12));
+        return Ok((outside + lower_bound(&problem)) * (1.0 - 1e-12));
     }
     plan.ops = paper::unified_ops(&plan.source, &plan.target);
     Ok(objective.total(&plan))

@@ -83,7 +83,8 @@ pub(super) fn redistribution_costs<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// The matrix of lower bounds on the optimal planner's costs ([`batch::redistribution_bounds`]).
+/// The matrix of lower bounds on the optimal planner's costs, and the matrix of whether each is
+/// that cost ([`batch::redistribution_bounds`]).
 #[pyfunction]
 #[pyo3(
     signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology"),
@@ -96,17 +97,18 @@ pub(super) fn redistribution_bounds<'py>(
     cluster: &PyCluster,
     dtype_bytes: Num<f64>,
     model: &str,
-) -> PyResult<Bound<'py, PyArray2<f64>>> {
+) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<bool>>)> {
     let (sources, targets) = (inners(&sources), inners(&targets));
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
     let shape = (sources.len(), targets.len());
-    let bounds = py.detach(|| {
+    let (bounds, exact) = py.detach(|| {
         batch::redistribution_bounds(&sources, &targets, &cluster, dtype_bytes, model)
     })?;
-    let array = Array2::from_shape_vec(shape, bounds).expect("one bound per pair");
-    Ok(array.into_pyarray(py))
+    let bounds = Array2::from_shape_vec(shape, bounds).expect("one bound per pair");
+    let exact = Array2::from_shape_vec(shape, exact).expect("one flag per pair");
+    Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
 }
 
 /// The core's layouts of Python ones (copied: the work runs without the GIL).

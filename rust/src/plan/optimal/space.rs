@@ -149,6 +149,76 @@ fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
     rates
 }
 
+/// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
+/// and `share` of the ops the sum takes (`sum_ops`). A dim holding partial sums splits nothing:
+/// its sum (an op of that dim alone, of `g-1` steps at least) moves `(g-1)/g` of a shard split
+/// by the other dims at most. A sum along which the target splits nothing is an all-reduce
+/// (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or a reduce-scatter and
+/// then an op that ends the split it made (`least_leave`, `share_leave`).
+fn sums(
+    source: &Layout,
+    objective: Objective<'_>,
+    (goal, splitting): (&[Option<usize>], u64),
+    (least_leave, share_leave): (&[f64], &[f64]),
+) -> (Vec<f64>, Vec<(f64, f64)>) {
+    let whole = source.num_elements() as f64;
+    (0..source.num_device_dims())
+        .map(|k| {
+            let g = source.dim_size(k) as f64;
+            let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
+            let sum = least_price(&stepped(rates.clone(), g - 1.0), (g - 1.0) / g * whole);
+            if goal[k].is_some() {
+                return (sum, (sum, sum));
+            }
+            let all_reduce = least_price(
+                &stepped(rates, 2.0 * (g - 1.0)),
+                2.0 * (g - 1.0) / g * whole,
+            );
+            let ops = (
+                all_reduce.min(sum + least_leave[k]),
+                all_reduce.min(sum + share_leave[k]),
+            );
+            (sum, ops)
+        })
+        .unzip()
+}
+
+/// The most device dims holding partial sums in a source whose sums' orders the bound tries
+/// ([`chains`]): `2^CHAINED` sets of sums to go.
+const CHAINED: u32 = 4;
+
+/// For each set `P` of the source's partial dims (if no more than [`CHAINED`]), a lower bound on
+/// the price of the ops that sum them from a layout where they are the sums to go: in some
+/// order, each an op of its dim alone on a shard split by no more than the dims that are not
+/// sums to go and those summed before it (a sum splits at most its own dim: an all-reduce none,
+/// a reduce-scatter its own), so the least over the orders of the `(g-1)/g` shards each moves.
+/// A sum that comes first cannot have its shard split by the others, which `least_sum` assumes.
+fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64, f64)> {
+    let partial = mask_of(source.partial());
+    if partial.count_ones() > CHAINED {
+        return Vec::new();
+    }
+    let whole = source.num_elements() as f64;
+    // `least[P]`, for `P` a subset of `partial`, built up from the smaller subsets.
+    let mut least: FxHashMap<u64, f64> = FxHashMap::default();
+    least.insert(0, 0.0);
+    let mut sets: Vec<u64> =
+        std::iter::successors(Some(partial), |&p| (p != 0).then(|| (p - 1) & partial)).collect();
+    sets.sort_by_key(|p| p.count_ones());
+    for &to_go in sets.iter().filter(|&&p| p != 0) {
+        let first = bits(to_go).map(|k| {
+            let g = source.dim_size(k) as f64;
+            let split = splitting & !to_go;
+            let rates = objective.least_rates(source, k, 1 << k, split);
+            least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
+                + least[&(to_go & !(1 << k))]
+        });
+        let price = first.fold(f64::INFINITY, f64::min);
+        least.insert(to_go, price);
+    }
+    sets.iter().map(|&p| (p, least[&p])).collect()
+}
+
 /// The least price of an op moving `elements` per device over any group, by the `rates` of every
 /// device dim.
 fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
@@ -332,6 +402,12 @@ pub(super) struct Space<'a> {
     /// Per device dim, a lower bound on the price of the op that sums its partial sums: the
     /// shard then is whole along it.
     least_sum: Vec<f64>,
+    /// Per device dim, `least` and `share` of the ops a sum of its partial sums takes at least:
+    /// for a dim the target does not split along, an all-reduce (twice a reduce-scatter), or a
+    /// reduce-scatter and then an op that ends the split it made; `least_sum` otherwise.
+    sum_ops: Vec<(f64, f64)>,
+    /// The least price of the sums to go, by their set ([`chains`]; none past [`CHAINED`]).
+    chains: Vec<(u64, f64)>,
     /// Elements per device in the target.
     goal_shard: f64,
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
@@ -419,15 +495,13 @@ impl<'a> Space<'a> {
                 .collect()
         };
         let (share, share_leave) = (shares(&least), shares(&least_leave));
-        // A dim holding partial sums splits nothing: its sum (an op of that dim alone, of `g-1`
-        // steps at least) moves `(g-1)/g` of a shard split by the other dims at most.
-        let least_sum: Vec<f64> = (0..h)
-            .map(|k| {
-                let g = source.dim_size(k) as f64;
-                let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
-                least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
-            })
-            .collect();
+        let (least_sum, sum_ops) = sums(
+            source,
+            objective,
+            (&goal, splitting),
+            (&least_leave, &share_leave),
+        );
+        let chains = chains(source, objective, splitting);
         // Per element moved, over any group.
         let rates: Vec<Vec<(f64, f64)>> = (0..h)
             .map(|k| objective.least_rates(source, k, spread(k), 0))
@@ -449,6 +523,8 @@ impl<'a> Space<'a> {
             least_leave,
             share_leave,
             least_sum,
+            sum_ops,
+            chains,
             goal_shard,
             least_last,
             entering,
@@ -462,7 +538,9 @@ impl<'a> Space<'a> {
     /// - every device dim that splits another tensor dim than in the goal, or holds partial sums
     ///   the goal does not keep, takes part in one op at least. An op of one device dim prices at
     ///   least its `least`, a collective-permute at least the sum of the `share`s of its dims; so
-    ///   the rest prices at least the largest `least` and at least the sum of the `share`s;
+    ///   the rest prices at least the largest `least` and at least the sum of the `share`s. A
+    ///   dim holding sums along which the target splits nothing takes an all-reduce, or a
+    ///   reduce-scatter and then an op that ends the split it made (`sum_ops`);
     /// - only all-gathers grow a shard, `g` times for `(g-1)` shards: growing it to the goal's
     ///   size moves at least the difference; the partial sums' ops come on top;
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
@@ -486,20 +564,31 @@ impl<'a> Space<'a> {
             .zip(&self.target_map)
             .filter(|(m, t)| m != t)
             .filter_map(|(&m, _)| usize::try_from(m).ok())
-            .map(bound)
-            .chain(bits(sums).map(|k| (self.least_sum[k], self.least_sum[k])));
+            .map(bound);
         let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
             (f64::max(most, least), sum + share)
         });
-        let grow = cheapest(&self.rates, self.goal_shard - shard as f64)
-            + bits(sums).map(|k| self.least_sum[k]).sum::<f64>();
+        // The sums' ops: each dim's (with the op ending a reduce-scatter's split), and all of
+        // them in their cheapest order (the sum ops alone).
+        let (most_sum, summed) = bits(sums)
+            .map(|k| self.sum_ops[k])
+            .fold((0.0, 0.0), |(most, sum), (least, share)| {
+                (f64::max(most, least), sum + share)
+            });
+        let chained = self.chains.iter().find(|&&(p, _)| p == sums).map_or_else(
+            || bits(sums).map(|k| self.least_sum[k]).sum::<f64>(),
+            |&(_, least)| least,
+        );
+        let most = most.max(most_sum).max(chained);
+        let sum = sum + summed.max(chained);
+        let grow = cheapest(&self.rates, self.goal_shard - shard as f64) + chained;
         let sliced = sums == 0
             && state.map[..n]
                 .iter()
                 .zip(&self.target_map)
                 .all(|(&m, &t)| m < 0 || m == t);
         let last = if sliced { 0.0 } else { self.least_last };
-        let bring = self.entering(state) + bits(sums).map(|k| self.least_sum[k]).sum::<f64>();
+        let bring = self.entering(state) + chained;
         most.max(sum).max(grow).max(last).max(bring) * (1.0 - 1e-9)
     }
 
