@@ -72,7 +72,8 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
                 assert set(now) == {(a, b) for a in s for b in t} - {(a, b) for a in s0 for b in t0}
             lists.append((s, t))
             if how == "bounds":
-                want = taps.redistribution_bounds(s, t, CLUSTER, 2.0, "topology")
+                want, exact = taps.redistribution_bounds(s, t, CLUSTER, 2.0, "topology")
+                assert np.array_equal(priced.inexact(s, t, 2.0), ~exact)
             else:
                 want = taps.redistribution_costs(s, t, CLUSTER, 2.0, "topology", planner)
             assert got.tobytes() == np.ascontiguousarray(want).tobytes()
