@@ -718,19 +718,7 @@ mod tests {
     #[test]
     fn a_star_equals_dijkstra_with_several_sums() {
         let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
-        let maps: Vec<Vec<i64>> = (0..4i64.pow(4))
-            .map(|code| (0..4).map(|i| code / 4i64.pow(i) % 4 - 1).collect())
-            .filter(|m: &Vec<i64>| Layout::new(shape.to_vec(), matrix.to_vec(), m.clone()).is_ok())
-            .collect();
-        let mut clusters = Vec::new();
-        for per_node in [1, 2, 4, 8, 16] {
-            for replicas in Replicas::ALL {
-                let levels = [(per_node, 60e9, 1e-6), (16 / per_node, 6e9, 5e-6)];
-                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
-            }
-        }
-        let levels = [(2, 100e9, 1e-6), (4, 20e9, 2e-6), (2, 5e9, 8e-6)];
-        clusters.push(Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap());
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
         let mut compared = 0;
         for a in &maps {
             let a = layout(&shape, &matrix, a);
@@ -828,6 +816,25 @@ mod tests {
         assert_eq!(path.steps.len(), 2);
     }
 
+    /// Every valid map of `shape` on `matrix` (16 devices), and clusters of every shape of 16
+    /// devices: two levels and three, with latencies, under both replica models.
+    fn sixteen_devices(shape: &[u64], matrix: &[u64]) -> (Vec<Vec<i64>>, Vec<Cluster>) {
+        let maps = (0..4i64.pow(4))
+            .map(|code| (0..4).map(|i| code / 4i64.pow(i) % 4 - 1).collect())
+            .filter(|m: &Vec<i64>| Layout::new(shape.to_vec(), matrix.to_vec(), m.clone()).is_ok())
+            .collect();
+        let mut clusters = Vec::new();
+        for replicas in Replicas::ALL {
+            for per_node in [1, 2, 4, 8, 16] {
+                let levels = [(per_node, 60e9, 1e-6), (16 / per_node, 6e9, 5e-6)];
+                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            }
+            let levels = [(2, 100e9, 1e-6), (4, 20e9, 2e-6), (2, 5e9, 8e-6)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+        }
+        (maps, clusters)
+    }
+
     /// The least price from `source` to `target` by a plain Dijkstra over the same steps, with
     /// no heuristic, no bound and no budget; it checks on every step it takes that the search's
     /// heuristic is consistent.
@@ -886,26 +893,12 @@ mod tests {
     /// A* with its heuristic finds what a plain Dijkstra finds, in seconds, on clusters of
     /// every shape of 16 devices (two levels and three), with latencies and both replica
     /// models, from layouts with and without partial sums; the heuristic at the source never
-    /// exceeds the least price and no step lowers it by more than it prices; and the same pair with its tensor dims in another order has the
-    /// same key and the same price.
+    /// exceeds the least price and no step lowers it by more than it prices; and the same pair
+    /// with its tensor dims in another order has the same key and the same price.
     #[test]
     fn a_star_equals_dijkstra_in_seconds() {
         let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
-        let maps: Vec<Vec<i64>> = (0..4i64.pow(4))
-            .map(|code| (0..4).map(|i| code / 4i64.pow(i) % 4 - 1).collect())
-            .filter(|m: &Vec<i64>| Layout::new(shape.to_vec(), matrix.to_vec(), m.clone()).is_ok())
-            .collect();
-        let mut clusters = Vec::new();
-        for per_node in [1, 2, 4, 8, 16] {
-            for replicas in Replicas::ALL {
-                let levels = [(per_node, 60e9, 1e-6), (16 / per_node, 6e9, 5e-6)];
-                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
-            }
-        }
-        for replicas in Replicas::ALL {
-            let levels = [(2, 100e9, 1e-6), (4, 20e9, 2e-6), (2, 5e9, 8e-6)];
-            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
-        }
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
         // The first device dim the map leaves unused holds partial sums, in some sources.
         let with_partial = |l: &Layout, x: usize| {
             let free = (0..3).find(|&k| !l.uses(k));
