@@ -734,18 +734,7 @@ mod tests {
                         cluster,
                         dtype_bytes: 2.0,
                     };
-                    let want = dijkstra(&a, &b, objective);
-                    let start =
-                        Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
-                    assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
-                    let problem = Problem::of(&a, &b).unwrap();
-                    let stop = AtomicBool::new(false);
-                    let (source, target) = (&problem.source, &problem.target);
-                    let path =
-                        search(source, target, f64::INFINITY, objective, &stop).expect("a path");
-                    let ops = problem.ops(&path, &a);
-                    let got = ops.iter().fold(0.0, |t, op| objective.add(t, op));
-                    assert!((got - want).abs() <= 1e-12 * want, "{got} against {want}");
+                    same_as_dijkstra(&a, &b, objective);
                     compared += 1;
                 }
             }
@@ -814,6 +803,30 @@ mod tests {
             "{path:?}"
         );
         assert_eq!(path.steps.len(), 2);
+    }
+
+    /// The least price from `a` to `b` by [`dijkstra`], after checking that the bound at the
+    /// source does not exceed it and that the search finds it.
+    fn same_as_dijkstra(a: &Layout, b: &Layout, objective: Objective<'_>) -> f64 {
+        let want = dijkstra(a, b, objective);
+        let start = Space::new(a, b, objective).remaining(&State::of(a), a.shard_size(), 0);
+        assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
+        let got = searched(&Problem::of(a, b).unwrap(), a, objective);
+        assert!(
+            (got - want).abs() <= 1e-12 * want,
+            "{a:?} -> {b:?}: {got} against {want}"
+        );
+        want
+    }
+
+    /// The price of the search's plan alone, unbounded (the planner bounds it by Algorithm 1's
+    /// plan and falls back on that, `plan::solve`).
+    fn searched(problem: &Problem, a: &Layout, objective: Objective<'_>) -> f64 {
+        let (source, target) = (&problem.source, &problem.target);
+        let stop = AtomicBool::new(false);
+        let path = search(source, target, f64::INFINITY, objective, &stop).expect("a path");
+        let ops = problem.ops(&path, a);
+        ops.iter().fold(0.0, |t, op| objective.add(t, op))
     }
 
     /// Every valid map of `shape` on `matrix` (16 devices), and clusters of every shape of 16
@@ -929,26 +942,8 @@ mod tests {
                         cluster,
                         dtype_bytes: 2.0,
                     };
-                    let want = dijkstra(&a, &b, objective);
-                    let start =
-                        Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
-                    assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
-                    // The search alone, unbounded: the planner bounds it by Algorithm 1's plan
-                    // and falls back on that (`plan::solve`).
-                    let price = |problem: &Problem, a: &Layout| {
-                        let (source, target) = (&problem.source, &problem.target);
-                        let stop = AtomicBool::new(false);
-                        let path = search(source, target, f64::INFINITY, objective, &stop)
-                            .expect("a path");
-                        let ops = problem.ops(&path, a);
-                        ops.iter().fold(0.0, |t, op| objective.add(t, op))
-                    };
-                    let got = price(&problem, &a);
-                    assert!(
-                        (got - want).abs() <= 1e-12 * want,
-                        "{a:?} -> {b:?} on {cluster:?}: {got} against {want}"
-                    );
-                    let turned = price(&other, &reversed(&a));
+                    let want = same_as_dijkstra(&a, &b, objective);
+                    let turned = searched(&other, &reversed(&a), objective);
                     assert!(
                         (turned - want).abs() <= 1e-12 * want,
                         "{turned} against {want}"
