@@ -539,8 +539,7 @@ mod tests {
                 cluster: &cluster,
                 dtype_bytes: 2.0,
             };
-            let want = dijkstra(&a, &b, objective);
-            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            let (start, want) = bound_and_least(&a, &b, objective);
             proptest::prop_assert!(start <= want * (1.0 + 1e-12), "bound {start} over {want}");
             // The search alone, unbounded, on the sorted pair, its path mapped back.
             let problem = Problem::of(&a, &b).unwrap();
@@ -604,8 +603,7 @@ mod tests {
             .unwrap(),
         ];
         for (a, b) in pairs {
-            let want = dijkstra(&a, &b, objective);
-            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            let (start, want) = bound_and_least(&a, &b, objective);
             assert!(
                 start <= want && start >= want * 0.95,
                 "{a:?} -> {b:?}: bound {start}, least {want}"
@@ -634,8 +632,7 @@ mod tests {
             ),
         ];
         for (a, b) in pairs {
-            let want = dijkstra(&a, &b, objective);
-            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            let (start, want) = bound_and_least(&a, &b, objective);
             assert!(
                 start <= want && start >= 7e-5,
                 "{a:?} -> {b:?}: bound {start}, least {want}"
@@ -674,8 +671,7 @@ mod tests {
                 cluster,
                 dtype_bytes: 2.0,
             };
-            let want = dijkstra(&a, &b, objective);
-            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            let (start, want) = bound_and_least(&a, &b, objective);
             assert!(
                 start <= want && start >= want * (1.0 - 1e-6),
                 "{a:?} -> {b:?}: bound {start}, least {want}"
@@ -701,8 +697,7 @@ mod tests {
                 cluster,
                 dtype_bytes: 2.0,
             };
-            let want = dijkstra(&a, &b, objective);
-            let start = Space::new(&a, &b, objective).remaining(&State::of(&a), a.shard_size(), 0);
+            let (start, want) = bound_and_least(&a, &b, objective);
             assert!(
                 start <= want && start >= want * least,
                 "{a:?} -> {b:?}: bound {start}, least {want}"
@@ -805,11 +800,16 @@ mod tests {
         assert_eq!(path.steps.len(), 2);
     }
 
+    /// The bound at the source from `a` to `b`, and the least price by [`dijkstra`].
+    fn bound_and_least(a: &Layout, b: &Layout, objective: Objective<'_>) -> (f64, f64) {
+        let start = Space::new(a, b, objective).remaining(&State::of(a), a.shard_size(), 0);
+        (start, dijkstra(a, b, objective))
+    }
+
     /// The least price from `a` to `b` by [`dijkstra`], after checking that the bound at the
     /// source does not exceed it and that the search finds it.
     fn same_as_dijkstra(a: &Layout, b: &Layout, objective: Objective<'_>) -> f64 {
-        let want = dijkstra(a, b, objective);
-        let start = Space::new(a, b, objective).remaining(&State::of(a), a.shard_size(), 0);
+        let (start, want) = bound_and_least(a, b, objective);
         assert!(start <= want, "{a:?} -> {b:?}: bound {start} over {want}");
         let got = searched(&Problem::of(a, b).unwrap(), a, objective);
         assert!(
