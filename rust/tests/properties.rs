@@ -250,8 +250,9 @@ fn partial_pair() -> impl Strategy<Value = (Layout, Layout)> {
 /// A layout of the search: the tensor map and the partial device dims.
 type Point = (Vec<i64>, Vec<usize>);
 
-/// `point` as one integer (at most 24 tensor dims, 16 device dims): 4 bits per tensor dim (its device dim + 1), then a bit per partial
-/// device dim (so the partial dims' order does not matter).
+/// `point` as one integer (at most 24 tensor dims, 16 device dims): 4 bits per tensor dim (its
+/// device dim + 1), then a bit per partial device dim (so the partial dims' order does not
+/// matter).
 fn pack((map, partial): &Point) -> u128 {
     let mask: u128 = partial.iter().map(|&k| 1u128 << k).sum();
     map.iter()
