@@ -88,7 +88,8 @@ def _distinct_without_whole_dims(calls: list[tuple[Any, ...]]) -> tuple[int, int
     return pairs, len(np.unique(np.concatenate(codes))) if codes else 0
 
 
-def _swapped(layout: Layout, i: int, j: int) -> Layout:
+def swapped(layout: Layout, i: int, j: int) -> Layout:
+    """``layout`` with tensor dims ``i`` and ``j`` swapped (shape, map, partial sums kept)."""
     order = list(range(len(layout.shape)))
     order[i], order[j] = j, i
     return Layout(
@@ -112,18 +113,16 @@ def _swap_census(calls: list[tuple[Any, ...]], cluster: taps.Cluster) -> None:
             continue
         base = np.asarray(tables.redistribution_costs(sources, targets, cluster, *how))
         for i, j in dims:
-            swapped = np.asarray(
+            turned = np.asarray(
                 tables.redistribution_costs(
-                    [_swapped(x, i, j) for x in sources],
-                    [_swapped(y, i, j) for y in targets],
+                    [swapped(x, i, j) for x in sources],
+                    [swapped(y, i, j) for y in targets],
                     cluster,
                     *how,
                 )
             )
-            changed = base != swapped
-            worst = (
-                np.max(np.abs(base - swapped)[changed] / base[changed]) if changed.any() else 0.0
-            )
+            changed = base != turned
+            worst = np.max(np.abs(base - turned)[changed] / base[changed]) if changed.any() else 0.0
             print(
                 f"  {len(sources)} x {len(targets)} on {shape}, dims {i} and {j} swapped: "
                 f"{int(changed.sum())} pairs change (of {changed.size}), by up to {worst:.1%}"

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import taps
+from pair_census import swapped
 from taps._core import Layout, plan_redistribution, redistribution_costs
 
 
@@ -51,10 +52,7 @@ def main() -> None:
     cluster = taps.Cluster(args.nodes, args.devices_per_node)
     matrix = [2] * int(math.log2(args.nodes * args.devices_per_node))
     xs = layouts(args.shape, matrix, args.layouts, args.seed)
-    swap = [0, 2, 1, *range(3, len(args.shape))]
-    swapped = [
-        Layout([args.shape[p] for p in swap], matrix, [x.tensor_map[p] for p in swap]) for x in xs
-    ]
+    turned = [swapped(x, 1, 2) for x in xs]
     pairs = len(xs) ** 2
     for planner in ("paper", "optimal"):
         t0 = time.process_time()
@@ -64,7 +62,7 @@ def main() -> None:
         best = via.min(axis=1)
         cheaper = best < cost * (1 - 1e-9)
         ratio = np.where(cheaper, cost / np.maximum(best, 1e-300), 1.0)
-        changed = redistribution_costs(swapped, swapped, cluster, 2.0, "topology", planner)
+        changed = redistribution_costs(turned, turned, cluster, 2.0, "topology", planner)
         moved = int((np.abs(changed - cost) > 1e-12 * np.abs(cost)).sum())
         print(
             f"{planner}: {pairs} pairs in {seconds:.2f} s CPU; cheaper through a third layout: "

@@ -149,6 +149,24 @@ fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
     rates
 }
 
+/// A lower bound on the op that sums the partial sums of device dim `k` (an op of that dim
+/// alone, of `g-1` steps at least), moving `(g-1)/g` of a shard split by no more than the device
+/// dims of `split`; and the dim's rates it used (`least_rates`).
+fn least_sum_op(
+    source: &Layout,
+    objective: Objective<'_>,
+    k: usize,
+    split: u64,
+) -> (f64, Vec<(f64, f64)>) {
+    let g = source.dim_size(k) as f64;
+    let rates = objective.least_rates(source, k, 1 << k, split);
+    let whole = source.num_elements() as f64;
+    (
+        least_price(&stepped(rates.clone(), g - 1.0), (g - 1.0) / g * whole),
+        rates,
+    )
+}
+
 /// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
 /// and `share` of the ops the sum takes (`sum_ops`). A dim holding partial sums splits nothing:
 /// its sum (an op of that dim alone, of `g-1` steps at least) moves `(g-1)/g` of a shard split
@@ -164,12 +182,11 @@ fn sums(
     let whole = source.num_elements() as f64;
     (0..source.num_device_dims())
         .map(|k| {
-            let g = source.dim_size(k) as f64;
-            let rates = objective.least_rates(source, k, 1 << k, splitting & !(1 << k));
-            let sum = least_price(&stepped(rates.clone(), g - 1.0), (g - 1.0) / g * whole);
+            let (sum, rates) = least_sum_op(source, objective, k, splitting & !(1 << k));
             if goal[k].is_some() {
                 return (sum, (sum, sum));
             }
+            let g = source.dim_size(k) as f64;
             let all_reduce = least_price(
                 &stepped(rates, 2.0 * (g - 1.0)),
                 2.0 * (g - 1.0) / g * whole,
@@ -198,7 +215,6 @@ fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64
     if partial.count_ones() > CHAINED {
         return Vec::new();
     }
-    let whole = source.num_elements() as f64;
     // `least[P]`, for `P` a subset of `partial`, built up from the smaller subsets.
     let mut least: FxHashMap<u64, f64> = FxHashMap::default();
     least.insert(0, 0.0);
@@ -206,13 +222,9 @@ fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64
         std::iter::successors(Some(partial), |&p| (p != 0).then(|| (p - 1) & partial)).collect();
     sets.sort_by_key(|p| p.count_ones());
     for &to_go in sets.iter().filter(|&&p| p != 0) {
-        let first = bits(to_go).map(|k| {
-            let g = source.dim_size(k) as f64;
-            let split = splitting & !to_go;
-            let rates = objective.least_rates(source, k, 1 << k, split);
-            least_price(&stepped(rates, g - 1.0), (g - 1.0) / g * whole)
-                + least[&(to_go & !(1 << k))]
-        });
+        let split = splitting & !to_go;
+        let first = bits(to_go)
+            .map(|k| least_sum_op(source, objective, k, split).0 + least[&(to_go & !(1 << k))]);
         let price = first.fold(f64::INFINITY, f64::min);
         least.insert(to_go, price);
     }
