@@ -401,7 +401,7 @@ fn search_in(
             return None;
         }
         if nodes[node].state == goal {
-            return Some(path_to(nodes, node, &goal));
+            return Some(path_to(nodes, node, &space));
         }
         let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, u32::from(nodes[node].ops) + 1);
@@ -466,14 +466,14 @@ fn search_in(
     None
 }
 
-/// The steps to `end`, each with the layout it leads to (`goal` the target).
-fn path_to(nodes: &[Node], end: usize, goal: &State) -> Path {
+/// The steps to `end`, each with the layout it leads to in `space`.
+fn path_to(nodes: &[Node], end: usize, space: &Space<'_>) -> Path {
     let mut steps = Vec::new();
     let mut at = end;
     while let Some(step) = nodes[at].step {
         let parent = nodes[at].parent as usize;
         let from = nodes[parent].state;
-        steps.push((step, from, step.from(from, goal)));
+        steps.push((step, from, step.from(from, space)));
         at = parent;
     }
     steps.reverse();
@@ -878,7 +878,7 @@ mod tests {
             let here = space.remaining(&state, shard, goal.partial);
             for (step, raw) in steps.drain(..) {
                 // The search keeps the step, not the layout it leads to: the step gives it back.
-                assert_eq!(step.from(state, &goal), raw, "{step:?} from {state:?}");
+                assert_eq!(step.from(state, &space), raw, "{step:?} from {state:?}");
                 let next = canonical(raw, &space.runs);
                 let price = space.price(objective, (&state, distinct, shard), step, &raw);
                 // The bound is consistent: no step lowers it by more than it prices.

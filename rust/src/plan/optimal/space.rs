@@ -5,7 +5,9 @@
 //! Each device dim may split only the tensor dim it splits in the source or in the target, or a
 //! dim that neither splits (where a slice shrinks the shard before a dearer step); a dim that
 //! splits the same tensor dim at both ends stays, one that splits nothing at either end splits
-//! nothing on the way, and a free dim whose target dim is unsplit is sliced there first. The
+//! nothing on the way but what a permute hands it (a split the target leaves unsplit, handed to
+//! the free dim where it is cheapest to gather), and a free dim whose target dim is unsplit is
+//! sliced there first. The
 //! plans of Algorithm 1 stay inside, so the search never returns a dearer plan than it, and the
 //! space stays small enough to plan the edges of a strategy search.
 
@@ -96,8 +98,9 @@ pub(super) enum Step {
     /// `kind` on device dim `k`, tensor dims `i` and `to` as in a `CommOp` (not a
     /// collective-permute).
     Op(OpKind, u8, Option<u8>, Option<u8>),
-    /// A collective-permute: the tensor dims (a mask) whose split passes to the device dim that
-    /// splits it in the target ([`Space::permutes`]).
+    /// A collective-permute: the tensor dims (a mask) whose split passes to another device dim:
+    /// the one that splits it in the target, or for a tensor dim the target leaves unsplit the
+    /// one [`Space::settle`] picks ([`Space::permutes`]).
     Permute(u32),
 }
 
@@ -108,8 +111,8 @@ impl Step {
         Step::Op(kind, k as u8, i.map(|i| i as u8), to.map(|to| to as u8))
     }
 
-    /// The layout this step leads to from `state` (not made canonical); `goal` is the target.
-    pub(super) fn from(self, state: State, goal: &State) -> State {
+    /// The layout this step leads to from `state` (not made canonical) in `space`.
+    pub(super) fn from(self, state: State, space: &Space<'_>) -> State {
         match self {
             Step::Op(kind, k, i, to) => state.after(
                 kind,
@@ -119,9 +122,19 @@ impl Step {
             ),
             Step::Permute(moved) => {
                 let mut next = state;
+                let mut deferred = 0u32;
                 for i in bits(u64::from(moved)) {
-                    next.map[i] = goal.map[i];
+                    match space.target_map[i] {
+                        t if t >= 0 => next.map[i] = t,
+                        _ => {
+                            next.map[i] = -1;
+                            deferred |= 1 << i;
+                        }
+                    }
                 }
+                next.map = space
+                    .settle(&state, next.map, deferred)
+                    .expect("a permute's destinations");
                 next
             }
         }
@@ -399,6 +412,10 @@ pub(super) struct Space<'a> {
     fixed: u64,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
+    /// The device dims, cheapest all-gather of the goal's shard first: a permute hands a split
+    /// the target does not keep to the first free one of its size ([`Space::settle`]), where
+    /// gathering it is cheapest.
+    preferred: Vec<usize>,
     /// Per device dim, `(latency, price per element)` pairs bounding the price of any op whose
     /// group holds it, by the elements it moves ([`Objective::least_rates`]).
     rates: Vec<Vec<(f64, f64)>>,
@@ -465,10 +482,14 @@ impl<'a> Space<'a> {
                 1 << k
             }
         };
-        // The dims that may split the tensor on the way.
-        let splitting = (0..h)
+        // The dims that may split the tensor on the way: those allowed to, and those a permute
+        // may hand a split to (any dim that is not fixed, of the size of one that may move).
+        let allowed_mask = (0..h)
             .filter(|&k| allowed[k] != 0)
             .fold(0u64, |m, k| m | 1 << k);
+        let splitting = (0..h)
+            .filter(|&d| fixed >> d & 1 == 0 && same_size[d] & allowed_mask & !fixed != 0)
+            .fold(allowed_mask, |m, d| m | 1 << d);
         let whole = source.num_elements() as f64;
         // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
         // unless it is a permute (a dim with no partner has none) it is a collective of that dim
@@ -521,6 +542,26 @@ impl<'a> Space<'a> {
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
         let entering = Unit::all(source, &goal, goal_shard, objective);
+        // The price of the all-gather along `k` that ends at the goal's shard, from the goal with
+        // `k` splitting too (the last gather of a split the target does not keep).
+        let target_distinct = target
+            .tensor_map()
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .fold(mask_of(target.partial()), |mask, k| mask | 1 << k);
+        let gather = |k: usize| {
+            let g = source.dim_size(k);
+            let volume = volume(OpKind::AllGather, g, target.shard_size() / g);
+            objective.price_on(
+                OpKind::AllGather,
+                Over::Group(1 << k),
+                volume,
+                source.device_matrix(),
+                |d| (target_distinct | 1 << k) >> d & 1 == 1,
+            )
+        };
+        let mut preferred: Vec<usize> = (0..h).collect();
+        preferred.sort_by(|&a, &b| gather(a).total_cmp(&gather(b)).then(a.cmp(&b)));
         Space {
             template: source,
             runs: runs(source, target, &allowed),
@@ -529,6 +570,7 @@ impl<'a> Space<'a> {
             target_map: tgt.iter().map(|&m| m as i8).collect(),
             fixed,
             same_size,
+            preferred,
             rates,
             least,
             share,
@@ -762,10 +804,40 @@ impl<'a> Space<'a> {
         self.permutes(state, used, out);
     }
 
+    /// The splits of the tensor dims `deferred` (a mask; the target leaves them unsplit) that a
+    /// permute from `state` moves, handed each to the first device dim of its size in
+    /// [`Space::preferred`] order (where it is cheapest to gather) that is not its own, not
+    /// fixed, holds no partial sums and splits nothing in `next` (the map with the other moves
+    /// made and these dims unsplit); `None` if one finds none.
+    pub(super) fn settle(
+        &self,
+        state: &State,
+        mut next: [i8; MAX_DIMS],
+        deferred: u32,
+    ) -> Option<[i8; MAX_DIMS]> {
+        let mut taken = next
+            .iter()
+            .filter_map(|&m| u32::try_from(m).ok())
+            .fold(state.partial | self.fixed, |mask, k| mask | 1 << k);
+        for i in bits(u64::from(deferred)) {
+            let k = state.map[i] as usize;
+            let options = self.same_size[k] & !taken & !(1 << k);
+            let d = self
+                .preferred
+                .iter()
+                .copied()
+                .find(|&d| options >> d & 1 == 1)?;
+            taken |= 1 << d;
+            next[i] = d as i8;
+        }
+        Some(next)
+    }
+
     /// The collective-permutes from `state`: each moving device dim (not fixed) hands its split
-    /// to the device dim of the same size that splits that tensor dim in the target (and holds
-    /// no partial sums), one dim to one dim; at least one moves. The step records the tensor
-    /// dims whose split changes hands; the two layouts say which dim took over which split
+    /// to another of the same size: to the target's dim for that tensor dim, or if the target
+    /// leaves it unsplit to a dim free once the others have moved, where it is cheapest to
+    /// gather ([`Space::settle`]); one dim to one dim; at least one moves. The step records the
+    /// tensor dims whose split changes hands; the two layouts say which dim took over which split
     /// ([`permutation`]).
     fn permutes(&self, state: &State, used: u64, out: &mut Vec<(Step, State)>) {
         let n = self.template.ndim();
@@ -775,16 +847,17 @@ impl<'a> Space<'a> {
             .filter(|&k| self.fixed >> k & 1 == 0)
             .fold(0u64, |mask, k| mask | 1 << k);
         let taken = (used | state.partial) & !movable;
-        self.assign(state, state.map, 0, taken, out);
+        self.assign(state, (state.map, 0), 0, taken, out);
     }
 
     /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
-    /// itself or to a free dim of its size that splits that tensor dim in the target; `next` is
-    /// the map so far.
+    /// itself, to a free dim of its size that splits that tensor dim in the target, or if the
+    /// target leaves it unsplit to the dim [`Space::settle`] picks; `next` is the map so far
+    /// (unsplit where deferred to `settle`) with the tensor dims deferred (a mask).
     fn assign(
         &self,
         state: &State,
-        mut next: [i8; MAX_DIMS],
+        (mut next, deferred): ([i8; MAX_DIMS], u32),
         at: usize,
         taken: u64,
         out: &mut Vec<(Step, State)>,
@@ -793,6 +866,9 @@ impl<'a> Space<'a> {
         let Some(i) = (at..n)
             .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
         else {
+            let Some(next) = self.settle(state, next, deferred) else {
+                return;
+            };
             if next != state.map {
                 let moved = (0..n)
                     .filter(|&i| next[i] != state.map[i])
@@ -812,8 +888,12 @@ impl<'a> Space<'a> {
         for d in bits(options) {
             if d == k || self.goal[d] == Some(i) {
                 next[i] = d as i8;
-                self.assign(state, next, i + 1, taken | 1 << d, out);
+                self.assign(state, (next, deferred), i + 1, taken | 1 << d, out);
             }
+        }
+        if self.target_map[i] < 0 {
+            next[i] = -1;
+            self.assign(state, (next, deferred | 1 << i), i + 1, taken, out);
         }
     }
 }
