@@ -352,6 +352,43 @@ pub(super) fn state_layout(template: &Layout, state: &State) -> Layout {
     )
 }
 
+/// The device dims that may split the tensor on the way (a mask): those `allowed` to, and those
+/// a permute may hand a split to (any dim that is not `fixed`, of the size of one that may move).
+fn splitting(allowed: &[u64], fixed: u64, same_size: &[u64]) -> u64 {
+    let h = allowed.len();
+    let allowed = (0..h)
+        .filter(|&k| allowed[k] != 0)
+        .fold(0u64, |m, k| m | 1 << k);
+    (0..h)
+        .filter(|&d| fixed >> d & 1 == 0 && same_size[d] & allowed & !fixed != 0)
+        .fold(allowed, |m, d| m | 1 << d)
+}
+
+/// The device dims of `source`'s matrix, cheapest first, by the price of the all-gather along
+/// each that ends at `target`'s shard, from `target` with that dim splitting too (the last
+/// gather of a split the target does not keep), ties by index.
+fn preferred(source: &Layout, target: &Layout, objective: Objective<'_>) -> Vec<usize> {
+    let target_distinct = target
+        .tensor_map()
+        .iter()
+        .filter_map(|&m| u32::try_from(m).ok())
+        .fold(mask_of(target.partial()), |mask, k| mask | 1 << k);
+    let gather = |k: usize| {
+        let g = source.dim_size(k);
+        let volume = volume(OpKind::AllGather, g, target.shard_size() / g);
+        objective.price_on(
+            OpKind::AllGather,
+            Over::Group(1 << k),
+            volume,
+            source.device_matrix(),
+            |d| (target_distinct | 1 << k) >> d & 1 == 1,
+        )
+    };
+    let mut order: Vec<usize> = (0..source.num_device_dims()).collect();
+    order.sort_by(|&a, &b| gather(a).total_cmp(&gather(b)).then(a.cmp(&b)));
+    order
+}
+
 /// A unit of devices the elements entering which bound the price ([`Space::entering`]).
 struct Unit {
     /// Per device dim, the part of its coordinates the unit holds (`e_k / d_k`).
@@ -482,14 +519,7 @@ impl<'a> Space<'a> {
                 1 << k
             }
         };
-        // The dims that may split the tensor on the way: those allowed to, and those a permute
-        // may hand a split to (any dim that is not fixed, of the size of one that may move).
-        let allowed_mask = (0..h)
-            .filter(|&k| allowed[k] != 0)
-            .fold(0u64, |m, k| m | 1 << k);
-        let splitting = (0..h)
-            .filter(|&d| fixed >> d & 1 == 0 && same_size[d] & allowed_mask & !fixed != 0)
-            .fold(allowed_mask, |m, d| m | 1 << d);
+        let splitting = splitting(&allowed, fixed, &same_size);
         let whole = source.num_elements() as f64;
         // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
         // unless it is a permute (a dim with no partner has none) it is a collective of that dim
@@ -542,26 +572,7 @@ impl<'a> Space<'a> {
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
         let entering = Unit::all(source, &goal, goal_shard, objective);
-        // The price of the all-gather along `k` that ends at the goal's shard, from the goal with
-        // `k` splitting too (the last gather of a split the target does not keep).
-        let target_distinct = target
-            .tensor_map()
-            .iter()
-            .filter_map(|&m| u32::try_from(m).ok())
-            .fold(mask_of(target.partial()), |mask, k| mask | 1 << k);
-        let gather = |k: usize| {
-            let g = source.dim_size(k);
-            let volume = volume(OpKind::AllGather, g, target.shard_size() / g);
-            objective.price_on(
-                OpKind::AllGather,
-                Over::Group(1 << k),
-                volume,
-                source.device_matrix(),
-                |d| (target_distinct | 1 << k) >> d & 1 == 1,
-            )
-        };
-        let mut preferred: Vec<usize> = (0..h).collect();
-        preferred.sort_by(|&a, &b| gather(a).total_cmp(&gather(b)).then(a.cmp(&b)));
+        let preferred = preferred(source, target, objective);
         Space {
             template: source,
             runs: runs(source, target, &allowed),
