@@ -273,8 +273,8 @@ fn unpack(packed: u128, n: usize) -> Point {
 
 /// The maps a collective-permute reaches from `map` (the search's layout of [`exhaustive_volume`]):
 /// every assignment of the split dims to themselves or to a device dim of their size (of `h`),
-/// not holding partial sums, that splits their tensor dim in the target map `goal`, one to one,
-/// other than `map`.
+/// not holding partial sums, that splits their tensor dim in the target map `goal` or, for a
+/// tensor dim `goal` leaves unsplit, to any such dim, one to one, other than `map`.
 fn permuted(
     map: &[i64],
     partial: &[usize],
@@ -282,36 +282,45 @@ fn permuted(
     size: &impl Fn(usize) -> u64,
     h: usize,
 ) -> Vec<Vec<i64>> {
-    let split: Vec<usize> = (0..map.len()).filter(|&i| map[i] >= 0).collect();
-    let mut assignments: Vec<Vec<i64>> = vec![map.to_vec()];
-    for &i in &split {
-        let k = map[i] as usize;
-        let options: Vec<i64> = (0..h)
-            .filter(|&d| {
-                size(d) == size(k) && !partial.contains(&d) && (d == k || goal[i] == d as i64)
-            })
-            .map(|d| d as i64)
-            .collect();
-        assignments = assignments
-            .into_iter()
-            .flat_map(|m| {
-                options.iter().map(move |&d| {
-                    let mut m = m.clone();
-                    m[i] = d;
-                    m
-                })
-            })
-            .collect();
+    // Each split in turn to an option no earlier split took: enumerating the whole product and
+    // then dropping the maps that are not one to one took minutes on 7 size-2 dims.
+    fn assign(
+        at: usize,
+        split: &[usize],
+        options: &[Vec<i64>],
+        next: &mut [i64],
+        out: &mut Vec<Vec<i64>>,
+    ) {
+        let Some(&i) = split.get(at) else {
+            out.push(next.to_vec());
+            return;
+        };
+        for &d in &options[at] {
+            if split[..at].iter().all(|&j| next[j] != d) {
+                next[i] = d;
+                assign(at + 1, split, options, next, out);
+            }
+        }
     }
-    let one_to_one = |m: &[i64]| {
-        split
-            .iter()
-            .all(|&a| split.iter().all(|&b| a == b || m[a] != m[b]))
-    };
-    assignments
-        .into_iter()
-        .filter(|m| m != map && one_to_one(m))
-        .collect()
+    let split: Vec<usize> = (0..map.len()).filter(|&i| map[i] >= 0).collect();
+    let options: Vec<Vec<i64>> = split
+        .iter()
+        .map(|&i| {
+            let k = map[i] as usize;
+            (0..h)
+                .filter(|&d| {
+                    size(d) == size(k)
+                        && !partial.contains(&d)
+                        && (d == k || goal[i] == d as i64 || goal[i] < 0)
+                })
+                .map(|d| d as i64)
+                .collect()
+        })
+        .collect();
+    let mut out = Vec::new();
+    assign(0, &split, &options, &mut map.to_vec(), &mut out);
+    out.retain(|m| m != map);
+    out
 }
 
 /// The least elements received per device from `source` to `target` (one shape, one device
@@ -321,7 +330,9 @@ fn permuted(
 /// the source) of any unsplit dim it divides, all-gathers, all-to-alls to any such dim,
 /// reduce-scatters and all-reduces of the partial sums the target does not keep, and
 /// collective-permutes that hand each split to a device dim of its size that splits that tensor
-/// dim in the target. Volumes from the shard sizes, as docs/conventions.md gives them.
+/// dim in the target, or to any free one for a tensor dim the target leaves unsplit (the planner
+/// takes only the one where the final all-gather is cheapest). Volumes from the shard sizes, as
+/// docs/conventions.md gives them.
 fn exhaustive_volume(source: &Layout, target: &Layout) -> u64 {
     let (shape, matrix) = (source.shape().to_vec(), source.device_matrix().to_vec());
     let h = matrix.len();
