@@ -127,17 +127,21 @@ pub(crate) fn shortest_plan_bound(
     a: &Layout,
     b: &Layout,
     objective: Objective<'_>,
+    scratch: &mut paper::Scratch,
     lower_bound: impl FnOnce(&Problem) -> f64,
 ) -> Result<f64> {
-    let mut plan = paper::lined_up(a, b, None)?;
-    if let Some(problem) = Problem::of(&plan.source, &plan.target) {
-        // The plan has no ops yet: its price is that of the ops outside the search. Scaled
-        // down by a hair: the plan's price adds its ops in another order.
-        let outside = objective.total(&plan);
+    let (prelude, epilogue) = paper::lined_up_in(a, b, scratch)?;
+    let (source, target) = scratch.pair();
+    let price = |t: f64, ops: &[CommOp]| ops.iter().fold(t, |t, op| objective.add(t, op));
+    if let Some(problem) = Problem::of(source, target) {
+        // The ops outside the search. Scaled down by a hair: the plan's price adds its ops in
+        // another order.
+        let outside = price(price(0.0, &prelude), &epilogue);
         return Ok((outside + lower_bound(&problem)) * (1.0 - 1e-12));
     }
-    plan.ops = paper::unified_ops(&plan.source, &plan.target);
-    Ok(objective.total(&plan))
+    // The plan's price, its ops in order.
+    let ops = paper::unified_ops(source, target);
+    Ok(price(price(price(0.0, &prelude), &ops), &epilogue))
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).
