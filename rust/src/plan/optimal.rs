@@ -796,6 +796,35 @@ mod tests {
         assert!((price - 10.4165e-6).abs() < 1e-9, "{price}");
     }
 
+    /// The bounds remembered across calls are each objective's own: one key bounded under two
+    /// clusters (its inter-node bandwidth ten times apart) gives each cluster the bound its
+    /// space works out, asked once and again, in either order.
+    #[test]
+    fn bounds_are_remembered_per_objective() {
+        let a = layout(&[64, 64], &[4, 4], &[1, 0]);
+        let b = layout(&[64, 64], &[4, 4], &[0, 1]);
+        let problem = Problem::of(&a, &b).unwrap();
+        let clusters = [1e9, 1e10].map(|slow| {
+            Cluster::hierarchy(&[(4, 60e9, 1e-6), (4, slow, 5e-6)], None, Replicas::Flat).unwrap()
+        });
+        let objectives = clusters.each_ref().map(|cluster| Objective::Seconds {
+            cluster,
+            dtype_bytes: 2.0,
+        });
+        let fresh = objectives.map(|objective| {
+            let space = Space::new(&problem.source, &problem.target, objective);
+            space.remaining(&State::of(&problem.source), a.shard_size(), 0)
+        });
+        assert!(fresh[0] > fresh[1], "{fresh:?}");
+        for order in [[0, 1, 0, 1], [1, 0, 1, 0]] {
+            for i in order {
+                let fingerprint = objectives[i].fingerprint();
+                let bound = lower_bound(&problem, objectives[i], &fingerprint);
+                assert_eq!(bound.to_bits(), fresh[i].to_bits(), "{i}");
+            }
+        }
+    }
+
     /// A search that would hold more layouts than it may gives up (the planner then keeps
     /// Algorithm 1's plan), and one given room enough finds the plan.
     #[test]
