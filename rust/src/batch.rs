@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{reserve, try_filled, Error, Result};
 use crate::layout::Layout;
-use crate::plan::optimal::{self, Key, Path, Problem};
+use crate::plan::optimal::{self, Key, Path};
 use crate::plan::{
     paper, search_problem, shortest_plan_bound, shortest_plan_by, solve, Objective, Planner,
 };
@@ -333,7 +333,9 @@ pub fn redistribution_bounds(
     // The search's bound depends on the problem's key alone: worked out once per key, across
     // calls.
     let fingerprint = objective.fingerprint();
-    let lower_bound = |problem: &Problem| optimal::lower_bound(problem, objective, &fingerprint);
+    let lower_bound = |source: &Layout, target: &Layout| {
+        optimal::lower_bound(source, target, objective, &fingerprint)
+    };
     let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()

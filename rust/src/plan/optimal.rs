@@ -107,6 +107,13 @@ impl Problem {
     /// The problem of the unified pair `source` -> `target`; `None` if they have too many dims
     /// for the search's masks.
     pub(crate) fn of(source: &Layout, target: &Layout) -> Option<Self> {
+        let (key, order) = Self::key_of(source, target)?;
+        Some(Self::sorted(key, order, source, target))
+    }
+
+    /// The key of [`Problem::of`] and the pair's tensor dim at each position of its order,
+    /// without the sorted pair (a key already bounded needs no more).
+    fn key_of(source: &Layout, target: &Layout) -> Option<(Key, Vec<usize>)> {
         if source.ndim() > MAX_DIMS || source.num_device_dims() >= 64 {
             return None;
         }
@@ -122,6 +129,17 @@ impl Problem {
             .collect();
         let mut order: Vec<usize> = (0..source.ndim()).collect();
         order.sort_by_key(|&i| columns[i]);
+        let key = Key {
+            device_matrix: source.device_matrix().to_vec(),
+            elements: source.num_elements(),
+            partial: (mask_of(source.partial()), mask_of(target.partial())),
+            columns: order.iter().map(|&i| columns[i]).collect(),
+        };
+        Some((key, order))
+    }
+
+    /// The problem of `key` ([`Problem::key_of`]), its pair sorted by `order`.
+    fn sorted(key: Key, order: Vec<usize>, source: &Layout, target: &Layout) -> Self {
         let sorted = |layout: &Layout| {
             let pick = |v: &[u64]| order.iter().map(|&i| v[i]).collect::<Vec<u64>>();
             let map = order.iter().map(|&i| layout.tensor_map()[i]).collect();
@@ -132,17 +150,12 @@ impl Problem {
                 layout.partial().to_vec(),
             )
         };
-        Some(Problem {
-            key: Key {
-                device_matrix: source.device_matrix().to_vec(),
-                elements: source.num_elements(),
-                partial: (mask_of(source.partial()), mask_of(target.partial())),
-                columns: order.iter().map(|&i| columns[i]).collect(),
-            },
+        Problem {
+            key,
             source: sorted(source),
             target: sorted(target),
             order,
-        })
+        }
     }
 
     pub(crate) fn key(&self) -> &Key {
@@ -261,22 +274,31 @@ pub(crate) fn solve(
 /// emptied past [`MEMO_SIZE`] keys.
 static BOUNDS: Mutex<Option<FxHashMap<Vec<u64>, FxHashMap<Key, f64>>>> = Mutex::new(None);
 
-/// A lower bound on the price of every path of `problem` under `objective` (whose
+/// A lower bound on the price of every path of the problem of the unified pair `source` ->
+/// `target` ([`Problem::of`]; `None` if there is none) under `objective` (whose
 /// [`Objective::fingerprint`] the caller has at hand): the search's bound at the source
-/// ([`Space::remaining`]), without a search. Remembered ([`BOUNDS`]).
-pub(crate) fn lower_bound(problem: &Problem, objective: Objective<'_>, fingerprint: &[u64]) -> f64 {
+/// ([`Space::remaining`]), without a search. Remembered ([`BOUNDS`]): a key met before needs
+/// no sorted pair.
+pub(crate) fn lower_bound(
+    source: &Layout,
+    target: &Layout,
+    objective: Objective<'_>,
+    fingerprint: &[u64],
+) -> Option<f64> {
+    let (key, order) = Problem::key_of(source, target)?;
     // A panic elsewhere while the lock was held leaves the map whole: use it.
     let memo = || BOUNDS.lock().unwrap_or_else(PoisonError::into_inner);
     let known = |memo: &Option<FxHashMap<Vec<u64>, FxHashMap<Key, f64>>>| {
-        memo.as_ref()?.get(fingerprint)?.get(&problem.key).copied()
+        memo.as_ref()?.get(fingerprint)?.get(&key).copied()
     };
     if let Some(bound) = known(&memo()) {
-        return bound;
+        return Some(bound);
     }
+    let problem = Problem::sorted(key, order, source, target);
     let space = Space::bounding(&problem.source, &problem.target, objective);
-    let source = State::of(&problem.source);
+    let start = State::of(&problem.source);
     let keep = State::of(&problem.target).partial;
-    let bound = space.remaining(&source, problem.source.shard_size(), keep);
+    let bound = space.remaining(&start, problem.source.shard_size(), keep);
     let mut memo = memo();
     let map = memo.get_or_insert_with(FxHashMap::default);
     if map.values().map(FxHashMap::len).sum::<usize>() >= MEMO_SIZE {
@@ -284,8 +306,8 @@ pub(crate) fn lower_bound(problem: &Problem, objective: Objective<'_>, fingerpri
     }
     map.entry(fingerprint.to_vec())
         .or_default()
-        .insert(problem.key.clone(), bound);
-    bound
+        .insert(problem.key, bound);
+    Some(bound)
 }
 
 /// [`solve`] without the memo.
@@ -819,7 +841,7 @@ mod tests {
         for order in [[0, 1, 0, 1], [1, 0, 1, 0]] {
             for i in order {
                 let fingerprint = objectives[i].fingerprint();
-                let bound = lower_bound(&problem, objectives[i], &fingerprint);
+                let bound = lower_bound(&a, &b, objectives[i], &fingerprint).unwrap();
                 assert_eq!(bound.to_bits(), fresh[i].to_bits(), "{i}");
             }
         }
