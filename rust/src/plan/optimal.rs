@@ -272,7 +272,10 @@ pub(crate) fn solve(
 /// bounded tables of one search bound the same keys on several edges (a third of Megatron
 /// 1.7B's on 32 devices), and a search's tables come back on the next. It changes no result;
 /// emptied past [`MEMO_SIZE`] keys.
-static BOUNDS: Mutex<Option<FxHashMap<Vec<u64>, FxHashMap<Key, f64>>>> = Mutex::new(None);
+static BOUNDS: Mutex<Option<Bounds>> = Mutex::new(None);
+
+/// Bounds by objective fingerprint, then by key (a hit borrows the key, builds no pair).
+type Bounds = FxHashMap<Vec<u64>, FxHashMap<Key, f64>>;
 
 /// A lower bound on the price of every path of the problem of the unified pair `source` ->
 /// `target` ([`Problem::of`]; `None` if there is none) under `objective` (whose
@@ -288,9 +291,7 @@ pub(crate) fn lower_bound(
     let (key, order) = Problem::key_of(source, target)?;
     // A panic elsewhere while the lock was held leaves the map whole: use it.
     let memo = || BOUNDS.lock().unwrap_or_else(PoisonError::into_inner);
-    let known = |memo: &Option<FxHashMap<Vec<u64>, FxHashMap<Key, f64>>>| {
-        memo.as_ref()?.get(fingerprint)?.get(&key).copied()
-    };
+    let known = |memo: &Option<Bounds>| memo.as_ref()?.get(fingerprint)?.get(&key).copied();
     if let Some(bound) = known(&memo()) {
         return Some(bound);
     }
