@@ -279,12 +279,12 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 /// end or holds partial sums in the source; none for the others (they would only have to be
 /// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
-    let (src, tgt) = (source.tensor_map(), target.tensor_map());
     let src_partial = mask_of(source.partial());
     (0..source.num_device_dims())
         .map(|k| {
             let d = source.dim_size(k);
-            let ends = src.iter().chain(tgt).any(|&m| m == k as i64);
+            // The layouts' masks of used dims, not a scan of their maps per dim.
+            let ends = source.uses(k) || target.uses(k);
             if !ends && src_partial >> k & 1 == 0 {
                 return 0;
             }
