@@ -3,14 +3,13 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::error::{reserve, try_filled, Error, Result};
 use crate::layout::Layout;
-use crate::plan::optimal::{self, Key, Path, Problem};
+use crate::plan::optimal::{self, Key, Path};
 use crate::plan::{
     paper, search_problem, shortest_plan_bound, shortest_plan_by, solve, Objective, Planner,
 };
@@ -331,23 +330,19 @@ pub fn redistribution_bounds(
             needed[csrc_index[k / width] * cwidth + ctgt_index[k % width]] = true;
         }
     }
-    // The search's bound depends on the problem's key alone: worked out once per key.
-    let by_key: Mutex<FxHashMap<Key, f64>> = Mutex::default();
-    let lower_bound = |problem: &Problem| {
-        let known = || by_key.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&bound) = known().get(problem.key()) {
-            return bound;
-        }
-        let bound = optimal::lower_bound(problem, objective);
-        known().insert(problem.key().clone(), bound);
-        bound
+    // The search's bound depends on the problem's key alone: worked out once per key, across
+    // calls.
+    let fingerprint = objective.fingerprint();
+    let lower_bound = |source: &Layout, target: &Layout| {
+        optimal::lower_bound(source, target, objective, &fingerprint)
     };
     let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()
-        .map(|(k, &needed)| {
+        .map_init(paper::Scratch::default, |scratch, (k, &needed)| {
             if needed {
-                shortest_plan_bound(&csrc[k / cwidth], &ctgt[k % cwidth], objective, lower_bound)
+                let (a, b) = (&csrc[k / cwidth], &ctgt[k % cwidth]);
+                shortest_plan_bound(a, b, objective, scratch, lower_bound)
             } else {
                 Ok(0.0)
             }

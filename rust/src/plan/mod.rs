@@ -117,9 +117,10 @@ pub(crate) fn shortest_plan_by<'p>(
 
 /// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms),
 /// without its search: the plan's ops outside the search at their price, the search's bound at
-/// its source for the rest (`lower_bound` of its problem: [`optimal::lower_bound`], which
-/// depends on the problem's key alone). Algorithm 1's ops between the unified pair are not built (the
-/// lined-up pair is what `paper::plan` makes; the caller has checked the layouts' cluster).
+/// its source for the rest (`lower_bound` of the unified pair, `None` if it makes no search
+/// problem: [`optimal::lower_bound`], which depends on the problem's key alone), in `scratch`'s
+/// buffers. Algorithm 1's ops between the unified pair are not built unless there is no search
+/// (the lined-up pair is what `paper::plan` makes; the caller has checked the layouts' cluster).
 ///
 /// # Errors
 /// As [`plan_redistribution`].
@@ -127,17 +128,21 @@ pub(crate) fn shortest_plan_bound(
     a: &Layout,
     b: &Layout,
     objective: Objective<'_>,
-    lower_bound: impl FnOnce(&Problem) -> f64,
+    scratch: &mut paper::Scratch,
+    lower_bound: impl FnOnce(&Layout, &Layout) -> Option<f64>,
 ) -> Result<f64> {
-    let mut plan = paper::lined_up(a, b, None)?;
-    if let Some(problem) = Problem::of(&plan.source, &plan.target) {
-        // The plan has no ops yet: its price is that of the ops outside the search. Scaled
-        // down by a hair: the plan's price adds its ops in another order.
-        let outside = objective.total(&plan);
-        return Ok((outside + lower_bound(&problem)) * (1.0 - 1e-12));
+    let (prelude, epilogue) = paper::lined_up_in(a, b, scratch)?;
+    let (source, target) = scratch.pair();
+    let price = |t: f64, ops: &[CommOp]| ops.iter().fold(t, |t, op| objective.add(t, op));
+    if let Some(bound) = lower_bound(source, target) {
+        // The ops outside the search. Scaled down by a hair: the plan's price adds its ops in
+        // another order.
+        let outside = price(price(0.0, &prelude), &epilogue);
+        return Ok((outside + bound) * (1.0 - 1e-12));
     }
-    plan.ops = paper::unified_ops(&plan.source, &plan.target);
-    Ok(objective.total(&plan))
+    // The plan's price, its ops in order.
+    let ops = paper::unified_ops(source, target);
+    Ok(price(price(price(0.0, &prelude), &ops), &epilogue))
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).

@@ -253,6 +253,24 @@ pub(super) fn lined_up(
     })
 }
 
+/// [`lined_up`] in `scratch`'s buffers (the bounded tables line up tens of thousands of pairs,
+/// each in the buffers of the last): the ops before the unified pair and after it; the pair is
+/// [`Scratch::pair`].
+pub(super) fn lined_up_in(
+    a: &Layout,
+    b: &Layout,
+    scratch: &mut Scratch,
+) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    let Scratch {
+        unified,
+        source,
+        target,
+        ..
+    } = scratch;
+    let lined = lined_up_into(a, b, None, None, unified, source, target)?;
+    Ok((lined.prelude, lined.epilogue))
+}
+
 /// [`lined_up`] into the caller's buffers: the unified pair in `source` and `target`; `known` as
 /// [`line_up`]'s.
 fn lined_up_into(
@@ -283,6 +301,13 @@ pub(crate) struct Scratch {
     target: Layout,
     /// The rank bits of each device dim of the unified pair ([`rank_bits`]).
     bits: Vec<u64>,
+}
+
+impl Scratch {
+    /// The unified pair [`lined_up_in`] made last.
+    pub(super) fn pair(&self) -> (&Layout, &Layout) {
+        (&self.source, &self.target)
+    }
 }
 
 impl Default for Scratch {

@@ -185,7 +185,9 @@ fn least_sum_op(
 /// its sum (an op of that dim alone, of `g-1` steps at least) moves `(g-1)/g` of a shard split
 /// by the other dims at most. A sum along which the target splits nothing is an all-reduce
 /// (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or a reduce-scatter and
-/// then an op that ends the split it made (`least_leave`, `share_leave`).
+/// then an op that ends the split it made (`least_leave`, `share_leave`). No step makes partial
+/// sums, so only the source's partial dims ever hold them: the other dims' entries are 0, never
+/// read (working them out took a third of bounding a pair's source).
 fn sums(
     source: &Layout,
     objective: Objective<'_>,
@@ -193,8 +195,12 @@ fn sums(
     (least_leave, share_leave): (&[f64], &[f64]),
 ) -> (Vec<f64>, Vec<(f64, f64)>) {
     let whole = source.num_elements() as f64;
+    let partial = mask_of(source.partial());
     (0..source.num_device_dims())
         .map(|k| {
+            if partial >> k & 1 == 0 {
+                return (0.0, (0.0, 0.0));
+            }
             let (sum, rates) = least_sum_op(source, objective, k, splitting & !(1 << k));
             if goal[k].is_some() {
                 return (sum, (sum, sum));
@@ -273,17 +279,26 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 /// end or holds partial sums in the source; none for the others (they would only have to be
 /// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
-    let (src, tgt) = (source.tensor_map(), target.tensor_map());
     let src_partial = mask_of(source.partial());
     (0..source.num_device_dims())
         .map(|k| {
             let d = source.dim_size(k);
-            let ends = src.iter().chain(tgt).any(|&m| m == k as i64);
+            // The layouts' masks of used dims, not a scan of their maps per dim.
+            let ends = source.uses(k) || target.uses(k);
             if !ends && src_partial >> k & 1 == 0 {
                 return 0;
             }
+            // A mask, not a division, for the usual power-of-two dim (the bounded tables ask
+            // this of every pair).
+            let divides = |x: u64| {
+                if d.is_power_of_two() {
+                    x & (d - 1) == 0
+                } else {
+                    x % d == 0
+                }
+            };
             (0..source.ndim())
-                .filter(|&i| source.shape()[i] % d == 0)
+                .filter(|&i| divides(source.shape()[i]))
                 .fold(0, |m, i| m | 1 << i)
         })
         .collect()
@@ -384,8 +399,10 @@ fn preferred(source: &Layout, target: &Layout, objective: Objective<'_>) -> Vec<
             |d| (target_distinct | 1 << k) >> d & 1 == 1,
         )
     };
-    let mut order: Vec<usize> = (0..source.num_device_dims()).collect();
-    order.sort_by(|&a, &b| gather(a).total_cmp(&gather(b)).then(a.cmp(&b)));
+    // Each dim priced once, not once per comparison.
+    let prices: Vec<f64> = (0..source.num_device_dims()).map(gather).collect();
+    let mut order: Vec<usize> = (0..prices.len()).collect();
+    order.sort_by(|&a, &b| prices[a].total_cmp(&prices[b]).then(a.cmp(&b)));
     order
 }
 
@@ -491,6 +508,17 @@ pub(super) struct Space<'a> {
 impl<'a> Space<'a> {
     /// The space of `source` and `target` (no more dims than the masks hold: [`Problem::of`](super::Problem::of)).
     pub(super) fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
+        let mut space = Self::bounding(source, target, objective);
+        space.runs = runs(source, target, &space.allowed);
+        space.preferred = preferred(source, target, objective);
+        space
+    }
+
+    /// [`Space::new`] for its bound alone ([`Space::remaining`]), without the runs and the
+    /// order of preference only its steps use: the bounded tables bound the sources of tens of
+    /// thousands of pairs, and pricing each device dim's all-gather for the order took a fifth of
+    /// the work.
+    pub(super) fn bounding(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
         let allowed = allowed(source, target);
@@ -572,16 +600,15 @@ impl<'a> Space<'a> {
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
         let entering = Unit::all(source, &goal, goal_shard, objective);
-        let preferred = preferred(source, target, objective);
         Space {
             template: source,
-            runs: runs(source, target, &allowed),
+            runs: Vec::new(),
             allowed,
             goal,
             target_map: tgt.iter().map(|&m| m as i8).collect(),
             fixed,
             same_size,
-            preferred,
+            preferred: Vec::new(),
             rates,
             least,
             share,
