@@ -135,12 +135,8 @@ fn watched<T: Send>(
     let (done, mut result) = mpsc::channel();
     std::thread::scope(|scope| {
         let worker = scope.spawn(move || {
-            // The work runs inside the pool: its parallel steps (several per call, most on a
-            // few items in the optimal planner's rounds) then start on a pool thread, not each
-            // handed over to one from outside and waited for.
-            let value = rayon::scope(|_| work());
             // The receiver outlives the worker (the scope joins it), so the send cannot fail.
-            drop(done.send(value));
+            drop(done.send(work()));
         });
         loop {
             // The receiver is moved into the wait and back (it is not `Sync`).
