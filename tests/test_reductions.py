@@ -235,6 +235,26 @@ def test_compact_merges_exactly_the_equal_rows(rows, cols, values, data):
     assert len(np.unique(distinct, axis=0)) == len(distinct)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 12), st.integers(1, 5), st.sampled_from([(), (1,), (3,)]), st.data())
+def test_group_min_is_each_class_least(members, count, width, data):
+    # Rows of one number (scattered into the classes) and of several (sorted by class), as a
+    # plain loop over the classes takes them; a class without members is inf.
+    size = members * math.prod(width)
+    cells = st.sampled_from([0.0, 1.5, -2.0, 7.0, np.inf])
+    values = np.array(data.draw(st.lists(cells, min_size=size, max_size=size)))
+    values = values.reshape(members, *width)
+    classes = np.array(
+        data.draw(st.lists(st.integers(0, count - 1), min_size=members, max_size=members)),
+        dtype=np.int64,
+    )
+    want = np.full((count, *width), np.inf)
+    for c in range(count):
+        for row in values[classes == c]:
+            want[c] = np.minimum(want[c], row)
+    np.testing.assert_array_equal(reductions._group_min(values, classes, count), want)
+
+
 def test_compact_survives_hash_collisions(monkeypatch):
     # Every row hashes alike: the rows are then compared the slow way.
     monkeypatch.setattr(reductions, "_ROW_HASH", np.zeros(4, dtype=np.uint64))

@@ -59,6 +59,9 @@ def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:
 
 def _lex_min(values: np.ndarray, axis: int) -> np.ndarray:
     """The least cost along ``axis`` (see :func:`_lex_argmin`), that axis removed."""
+    if values.shape[-1] == 1:
+        # One objective: its least value, without gathering it at its index (the same number).
+        return values.min(axis=axis)
     index = np.expand_dims(_lex_argmin(values, axis), axis)
     return np.take_along_axis(values, index[..., None], axis).squeeze(axis)
 
@@ -160,10 +163,15 @@ def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
     """Per class ``0..count-1``, the least of the rows of ``values`` whose candidate is in it
     (inf for a class with no candidate)."""
+    out = np.full((count, *values.shape[1:]), np.inf)
+    if values.size == len(values):
+        # One number per row (a node cost): scattered into the classes, three to seven times
+        # faster than sorting them (wider rows the other way: twice as fast as scattering).
+        np.minimum.at(out, classes, values)
+        return out
     order = np.argsort(classes, kind="stable")
     ordered = classes[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    out = np.full((count, *values.shape[1:]), np.inf)
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
     out[ordered[starts]] = np.minimum.reduceat(values[order], starts, axis=0)
     return out
 
