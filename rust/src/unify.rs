@@ -219,7 +219,7 @@ fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
 pub(crate) fn partial_mask(l: &Layout) -> u64 {
     l.partial().iter().fold(0, |mask, &k| {
         let (lo, hi) = l.bit_range(k);
-        mask | ((1 << hi) - 1) & !((1 << lo) - 1)
+        mask | bits_between(lo, hi)
     })
 }
 
@@ -246,19 +246,15 @@ fn partial_dims_into(bounds: DeviceBounds, mask: u64, dims: &mut Vec<usize>) {
 }
 
 /// The layout of `pieces` on the device matrix of `bounds`, the bits of `partial` holding partial
-/// sums, written into `out`'s buffers (the cost kernel builds two per pair, allocating nothing).
-fn build_into(pieces: &[Piece], bounds: DeviceBounds, partial: u64, out: &mut Layout) {
+/// sums.
+fn build(pieces: &[Piece], bounds: DeviceBounds, partial: u64) -> Layout {
+    let mut out = Layout::scratch();
     out.set_parts(|shape, matrix, map, dims| {
         shape.extend(pieces.iter().map(|p| p.size));
         device_matrix_into(bounds, matrix);
         tensor_map_into(pieces, bounds, map);
         partial_dims_into(bounds, partial, dims);
     });
-}
-
-fn build(pieces: &[Piece], bounds: DeviceBounds, partial: u64) -> Layout {
-    let mut out = Layout::scratch();
-    build_into(pieces, bounds, partial, &mut out);
     out
 }
 
@@ -350,11 +346,40 @@ impl Unified {
         build(pieces, self.device, partial)
     }
 
-    /// [`Unified::layout`] written into `out`'s buffers.
-    pub fn layout_into(&self, side: Side, out: &mut Layout) {
-        let (pieces, partial) = self.side(side);
-        build_into(pieces, self.device, partial, out);
+    /// The rank bits of the partial dims of each side.
+    pub fn partial(&self) -> (u64, u64) {
+        self.partial
     }
+
+    /// Per tensor dim of one side's unified layout, the rank bits of the device dim that splits
+    /// it (0 if none): its map as the cost kernel reads it, without building the layout.
+    pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
+        self.side(side)
+            .0
+            .iter()
+            .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
+    }
+
+    /// The rank bits of each device dim of the unified device matrix, innermost first.
+    pub fn dim_bits(&self) -> impl Iterator<Item = u64> {
+        let mut rest = self.device;
+        let mut lo = rest.trailing_zeros();
+        rest &= rest - 1;
+        std::iter::from_fn(move || {
+            (rest != 0).then(|| {
+                let hi = rest.trailing_zeros();
+                rest &= rest - 1;
+                let bits = bits_between(lo, hi);
+                lo = hi;
+                bits
+            })
+        })
+    }
+}
+
+/// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
+fn bits_between(lo: u32, hi: u32) -> u64 {
+    ((1 << hi) - 1) & !((1 << lo) - 1)
 }
 
 /// One attempt at unification of the two views as they are, into `into` (whose layouts are
