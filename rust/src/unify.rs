@@ -79,32 +79,35 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
         .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
-/// Cuts every split piece that a device boundary falls inside; the outer bits keep the outer part.
-fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
-    let mut i = 0;
-    while i < pieces.len() {
-        let p = pieces[i];
-        if let Some((lo, hi)) = p.split {
-            let inside = bounds_inside(bounds, lo, hi);
-            if inside != 0 {
-                let b = inside.ilog2();
-                let outer = 1u64 << (hi - b);
-                pieces[i] = Piece {
-                    size: outer,
-                    split: Some((b, hi)),
-                    origin: p.origin,
-                };
-                pieces.insert(
-                    i + 1,
-                    Piece {
-                        size: p.size >> (hi - b),
-                        split: Some((lo, b)),
-                        origin: p.origin,
-                    },
-                );
-            }
+/// The pieces of `from` into `into`, every split piece that a device boundary falls inside cut
+/// at it; the outer bits keep the outer part. (Written into another buffer, not cut in place:
+/// the kernel makes millions of cuts, and an insert moves every piece after it.)
+fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Piece>) {
+    into.clear();
+    for &p in from {
+        let Some((lo, mut hi)) = p.split else {
+            into.push(p);
+            continue;
+        };
+        let mut size = p.size;
+        let mut inside = bounds_inside(bounds, lo, hi);
+        // The highest boundary first: the inner part is cut again at the others.
+        while inside != 0 {
+            let b = inside.ilog2();
+            into.push(Piece {
+                size: 1 << (hi - b),
+                split: Some((b, hi)),
+                origin: p.origin,
+            });
+            size >>= hi - b;
+            hi = b;
+            inside &= !(1 << b);
         }
-        i += 1;
+        into.push(Piece {
+            size,
+            split: Some((lo, hi)),
+            origin: p.origin,
+        });
     }
 }
 
@@ -131,62 +134,67 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
 
-/// Cuts every piece a dim boundary falls inside, at every boundary inside it. `Err(origin)` names
-/// a piece it cannot cut.
+/// The pieces of `from` into `into`, every piece a dim boundary falls inside cut at every
+/// boundary inside it. `Err(origin)` names a piece it cannot cut.
 fn cut_at_dim_bounds(
-    pieces: &mut Vec<Piece>,
+    from: &[Piece],
     bounds: &[u64],
     device: &mut DeviceBounds,
+    into: &mut Vec<Piece>,
 ) -> std::result::Result<(), usize> {
+    into.clear();
     let mut inner = 1u64;
     // The first boundary above `inner`: `inner` only grows, so a cursor finds it, not a search.
     let mut next = 0;
-    let mut i = pieces.len();
-    while i > 0 {
-        i -= 1;
-        let piece = pieces[i];
-        let top = inner * piece.size;
-        while bounds.get(next).is_some_and(|&b| b <= inner) {
-            next += 1;
-        }
-        let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
-            inner = top;
-            continue;
-        };
-        // Divisions checked by multiplying back: the kernel makes millions of cuts.
-        let rest = bound / inner;
-        let outer = piece.size / rest;
-        if rest * inner != bound || outer * rest != piece.size {
-            return Err(piece.origin);
-        }
-        let make = |size, split| Piece {
-            size,
-            split,
-            origin: piece.origin,
-        };
-        let (outer_piece, inner_piece) = match piece.split {
-            None => (make(outer, None), make(rest, None)),
-            Some((lo, hi)) => {
-                let g = 1u64 << (hi - lo);
-                // `g` is a power of two, and so is any divisor of it.
-                if outer & (g - 1) == 0 {
-                    (make(outer, Some((lo, hi))), make(rest, None))
-                } else if outer.is_power_of_two() && outer < g {
-                    // The outer part is smaller than the split: the device dim is cut as well.
-                    let b = hi - log2(outer);
-                    *device |= 1 << b;
-                    (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
-                } else {
-                    return Err(piece.origin);
-                }
+    // Innermost first, each piece cut from its inner end (`into` is reversed at the end).
+    for &p in from.iter().rev() {
+        let mut piece = p;
+        loop {
+            let top = inner * piece.size;
+            while bounds.get(next).is_some_and(|&b| b <= inner) {
+                next += 1;
             }
-        };
-        pieces[i] = inner_piece;
-        pieces.insert(i, outer_piece);
-        // Look at the outer part again: more boundaries may fall inside it.
-        inner = bound;
-        i += 1;
+            let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
+                inner = top;
+                into.push(piece);
+                break;
+            };
+            // Divisions checked by multiplying back: the kernel makes millions of cuts.
+            let rest = bound / inner;
+            let outer = piece.size / rest;
+            if rest * inner != bound || outer * rest != piece.size {
+                return Err(piece.origin);
+            }
+            let make = |size, split| Piece {
+                size,
+                split,
+                origin: piece.origin,
+            };
+            let (outer_piece, inner_piece) = match piece.split {
+                None => (make(outer, None), make(rest, None)),
+                Some((lo, hi)) => {
+                    let g = 1u64 << (hi - lo);
+                    // `g` is a power of two, and so is any divisor of it.
+                    if outer & (g - 1) == 0 {
+                        (make(outer, Some((lo, hi))), make(rest, None))
+                    } else if outer.is_power_of_two() && outer < g {
+                        // The outer part is smaller than the split: the device dim is cut as
+                        // well.
+                        let b = hi - log2(outer);
+                        *device |= 1 << b;
+                        (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
+                    } else {
+                        return Err(piece.origin);
+                    }
+                }
+            };
+            into.push(inner_piece);
+            // The outer part next: more boundaries may fall inside it.
+            piece = outer_piece;
+            inner = bound;
+        }
     }
+    into.reverse();
     Ok(())
 }
 
@@ -325,6 +333,10 @@ pub fn normalized(l: &Layout) -> Layout {
 pub(crate) struct Unified {
     first: Vec<Piece>,
     second: Vec<Piece>,
+    /// The buffer each cut writes into, swapped with the side it cuts.
+    spare: Vec<Piece>,
+    /// The start of each side that is not known beforehand ([`Reshaped::start`]).
+    starts: (Start, Start),
     /// The dim boundaries of both sides, reused by every round.
     dims: Vec<u64>,
     device: DeviceBounds,
@@ -392,38 +404,41 @@ pub(crate) fn try_unify(
     let Unified {
         first: pa,
         second: pb,
+        spare,
+        starts,
         dims,
         ..
     } = into;
-    a.pieces_into(pa);
-    b.pieces_into(pb);
-    let partial = (partial_mask(&a.layout), partial_mask(&b.layout));
-    let mut device = outer_bounds(a.layout.num_devices())
-        | split_bounds(pa)
-        | split_bounds(pb)
-        | partial_bounds(partial.0)
-        | partial_bounds(partial.1);
+    let (first, second) = (a.start(&mut starts.0), b.start(&mut starts.1));
+    let partial = (first.partial, second.partial);
+    let mut device = first.bounds | second.bounds;
+    cut_at_device_bounds(&first.pieces, device, pa);
+    cut_at_device_bounds(&second.pieces, device, pb);
     loop {
-        cut_at_device_bounds(pa, device);
-        cut_at_device_bounds(pb, device);
         dim_bounds(pa, pb, dims);
         // A round that adds no device boundary leaves nothing for the next: its device cuts were
         // all made before the dim boundaries were taken, the dim cuts then made every boundary one
         // of both sides, and a cut at a dim boundary that splits no device dim needs no device cut.
         let before = device;
-        cut_at_dim_bounds(pa, dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(pa, dims, &mut device, spare).map_err(|dim| Blocker {
             side: Side::First,
             dim,
         })?;
-        cut_at_dim_bounds(pb, dims, &mut device).map_err(|dim| Blocker {
+        std::mem::swap(pa, spare);
+        cut_at_dim_bounds(pb, dims, &mut device, spare).map_err(|dim| Blocker {
             side: Side::Second,
             dim,
         })?;
+        std::mem::swap(pb, spare);
         if device == before {
             into.device = device;
             into.partial = partial;
             return Ok(());
         }
+        cut_at_device_bounds(pa, device, spare);
+        std::mem::swap(pa, spare);
+        cut_at_device_bounds(pb, device, spare);
+        std::mem::swap(pb, spare);
     }
 }
 
@@ -460,9 +475,28 @@ pub(crate) struct Reshaped<'a> {
     /// per dim (the cost kernel makes two views per pair, and most are never merged).
     groups: Vec<(usize, usize)>,
     canonical: bool,
-    /// The pieces of `layout` as given ([`pieces_of`]), worked out once by a caller that unifies
+    /// The start of `layout` as given ([`Start::of`]), worked out once by a caller that unifies
     /// it with many layouts; used while the view is the layout's own (borrowed, unmerged).
-    known: Option<&'a [Piece]>,
+    known: Option<&'a Start>,
+}
+
+/// What unification starts from on one side: the view's pieces, the rank bits of its partial
+/// dims ([`partial_mask`]) and the device boundaries it brings (its device count's, its splits'
+/// and its runs of partial bits'). The cost kernel works it out once per layout.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Start {
+    pieces: Vec<Piece>,
+    partial: u64,
+    bounds: DeviceBounds,
+}
+
+impl Start {
+    /// The start of `layout` as given.
+    pub fn of(layout: &Layout) -> Self {
+        let mut start = Start::default();
+        Reshaped::new(layout).start_into(&mut start);
+        start
+    }
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -478,13 +512,37 @@ impl<'a> Reshaped<'a> {
         }
     }
 
-    /// The view of `layout` whose pieces are `pieces`, which must be `pieces_of(layout)`.
-    pub fn with_pieces(layout: &'a Layout, pieces: &'a [Piece]) -> Self {
-        debug_assert_eq!(pieces_of(layout), pieces);
+    /// The view of `layout` whose start is `start`, which must be `Start::of(layout)`.
+    pub fn with_start(layout: &'a Layout, start: &'a Start) -> Self {
+        debug_assert_eq!(&Start::of(layout), start);
         Reshaped {
-            known: Some(pieces),
+            known: Some(start),
             ..Reshaped::new(layout)
         }
+    }
+
+    /// The start of the view: the known one while the view is the layout's own, else worked out
+    /// into `buffer`.
+    fn start<'s>(&'s self, buffer: &'s mut Start) -> &'s Start {
+        if let (Some(known), Cow::Borrowed(_), true, false) = (
+            self.known,
+            &self.layout,
+            self.groups.is_empty(),
+            self.canonical,
+        ) {
+            return known;
+        }
+        self.start_into(buffer);
+        buffer
+    }
+
+    /// The start of the view, worked out into `out`.
+    fn start_into(&self, out: &mut Start) {
+        self.pieces_into(&mut out.pieces);
+        out.partial = partial_mask(&self.layout);
+        out.bounds = outer_bounds(self.layout.num_devices())
+            | split_bounds(&out.pieces)
+            | partial_bounds(out.partial);
     }
 
     /// Calls `f` with every dim of the view, outermost first.
@@ -522,15 +580,6 @@ impl<'a> Reshaped<'a> {
     /// written into `out`.
     fn pieces_into(&self, out: &mut Vec<Piece>) {
         out.clear();
-        if let (Some(known), Cow::Borrowed(_), true, false) = (
-            self.known,
-            &self.layout,
-            self.groups.is_empty(),
-            self.canonical,
-        ) {
-            out.extend_from_slice(known);
-            return;
-        }
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {

@@ -8,9 +8,7 @@ use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribut
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
-use crate::unify::{
-    check_same_tensor, pieces_of, reshape_for, try_unify, Piece, Reshaped, Side, Unified,
-};
+use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Start, Unified};
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
 /// holds `log2(d)` bits of the rank, [`rank_bits`]; every dim of a unified layout has two devices
@@ -177,16 +175,16 @@ struct LinedUp {
 
 /// Unifies `a` with `b` into `unified`, reshaping and, where reshaping cannot line them up,
 /// giving up splits, and checks that the target keeps only partial sums the source has. With
-/// `known`, the pieces of `a` and `b` ([`pieces_of`]) from a caller that has checked that they
+/// `known`, the starts of `a` and `b` ([`Start::of`]) from a caller that has checked that they
 /// are layouts of one tensor.
 fn line_up(
     a: &Layout,
     b: &Layout,
-    known: Option<(&[Piece], &[Piece])>,
+    known: Option<(&Start, &Start)>,
     unified: &mut Unified,
 ) -> Result<LinedUp> {
     let (mut src, mut tgt) = if let Some((pa, pb)) = known {
-        (Reshaped::with_pieces(a, pa), Reshaped::with_pieces(b, pb))
+        (Reshaped::with_start(a, pa), Reshaped::with_start(b, pb))
     } else {
         check_same_tensor(a, b)?;
         (Reshaped::new(a), Reshaped::new(b))
@@ -345,10 +343,10 @@ pub(crate) struct Scratch {
 }
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
-/// its pieces ([`pieces_of`]) and its elements.
+/// its start of unification ([`Start::of`]) and its elements.
 pub(crate) struct Prepared<'a> {
     layout: &'a Layout,
-    pieces: Vec<Piece>,
+    start: Start,
     elements: u64,
 }
 
@@ -356,7 +354,7 @@ impl<'a> Prepared<'a> {
     pub fn new(layout: &'a Layout) -> Self {
         Prepared {
             layout,
-            pieces: pieces_of(layout),
+            start: Start::of(layout),
             elements: layout.num_elements(),
         }
     }
@@ -385,7 +383,7 @@ pub(crate) fn cost(
         target,
         dims,
     } = scratch;
-    let lined = line_up(a.layout, b.layout, Some((&a.pieces, &b.pieces)), unified)?;
+    let lined = line_up(a.layout, b.layout, Some((&a.start, &b.start)), unified)?;
     // In plan order, from +0.0 as the plan's own sums.
     let add = |(cost, elements): (f64, f64), op: &CommOp| {
         Ok::<_, Error>((
