@@ -134,29 +134,41 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
 
-/// The pieces of `from` into `into`, every piece a dim boundary falls inside cut at every
-/// boundary inside it. `Err(origin)` names a piece it cannot cut.
+/// Cuts every piece a dim boundary falls inside at every boundary inside it, writing the cut
+/// pieces into `spare` and swapping it with `pieces`. `Err(origin)` names a piece it cannot cut.
+///
+/// Every boundary of `bounds` (the boundaries of both sides, [`dim_bounds`]) is one of the
+/// pieces' or falls inside one and is cut there: the cut pieces are those between consecutive
+/// boundaries and the outermost, one more than the boundaries. So a side with as many pieces
+/// needs no cut, and the others are written from the outermost end without a search.
 fn cut_at_dim_bounds(
-    from: &[Piece],
+    pieces: &mut Vec<Piece>,
     bounds: &[u64],
     device: &mut DeviceBounds,
-    into: &mut Vec<Piece>,
+    spare: &mut Vec<Piece>,
 ) -> std::result::Result<(), usize> {
-    into.clear();
+    let count = bounds.len() + 1;
+    if pieces.len() == count {
+        return Ok(());
+    }
+    spare.clear();
+    spare.resize(count, pieces[0]);
+    let mut at = count;
     let mut inner = 1u64;
     // The first boundary above `inner`: `inner` only grows, so a cursor finds it, not a search.
     let mut next = 0;
-    // Innermost first, each piece cut from its inner end (`into` is reversed at the end).
-    for &p in from.iter().rev() {
+    // Innermost first, each piece cut from its inner end.
+    for &p in pieces.iter().rev() {
         let mut piece = p;
         loop {
             let top = inner * piece.size;
             while bounds.get(next).is_some_and(|&b| b <= inner) {
                 next += 1;
             }
+            at -= 1;
             let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
                 inner = top;
-                into.push(piece);
+                spare[at] = piece;
                 break;
             };
             // Divisions checked by multiplying back: the kernel makes millions of cuts.
@@ -188,13 +200,14 @@ fn cut_at_dim_bounds(
                     }
                 }
             };
-            into.push(inner_piece);
+            spare[at] = inner_piece;
             // The outer part next: more boundaries may fall inside it.
             piece = outer_piece;
             inner = bound;
         }
     }
-    into.reverse();
+    debug_assert_eq!(at, 0);
+    std::mem::swap(pieces, spare);
     Ok(())
 }
 
@@ -424,21 +437,25 @@ pub(crate) fn try_unify(
             side: Side::First,
             dim,
         })?;
-        std::mem::swap(pa, spare);
         cut_at_dim_bounds(pb, dims, &mut device, spare).map_err(|dim| Blocker {
             side: Side::Second,
             dim,
         })?;
-        std::mem::swap(pb, spare);
         if device == before {
             into.device = device;
             into.partial = partial;
             return Ok(());
         }
-        cut_at_device_bounds(pa, device, spare);
-        std::mem::swap(pa, spare);
-        cut_at_device_bounds(pb, device, spare);
-        std::mem::swap(pb, spare);
+        for pieces in [&mut *pa, &mut *pb] {
+            // (Only the pieces of the new boundaries' device dims are cut.)
+            if pieces.iter().any(|p| {
+                p.split
+                    .is_some_and(|(lo, hi)| bounds_inside(device, lo, hi) != 0)
+            }) {
+                cut_at_device_bounds(pieces, device, spare);
+                std::mem::swap(pieces, spare);
+            }
+        }
     }
 }
 
