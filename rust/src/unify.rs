@@ -79,6 +79,16 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
         .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
+/// The rank bits strictly inside the splits of `pieces`: where a device boundary cuts one.
+fn inside_splits(pieces: &[Piece]) -> u64 {
+    pieces
+        .iter()
+        .filter_map(|p| p.split)
+        .fold(0, |inside, (lo, hi)| {
+            inside | bounds_inside(u64::MAX, lo, hi)
+        })
+}
+
 /// The pieces of `from` into `into`, every split piece that a device boundary falls inside cut
 /// at it; the outer bits keep the outer part. (Written into another buffer, not cut in place:
 /// the kernel makes millions of cuts, and an insert moves every piece after it.)
@@ -425,8 +435,14 @@ pub(crate) fn try_unify(
     let (first, second) = (a.start(&mut starts.0), b.start(&mut starts.1));
     let partial = (first.partial, second.partial);
     let mut device = first.bounds | second.bounds;
-    cut_at_device_bounds(&first.pieces, device, pa);
-    cut_at_device_bounds(&second.pieces, device, pb);
+    for (start, pieces) in [(first, &mut *pa), (second, &mut *pb)] {
+        if device & start.inside == 0 {
+            pieces.clear();
+            pieces.extend_from_slice(&start.pieces);
+        } else {
+            cut_at_device_bounds(&start.pieces, device, pieces);
+        }
+    }
     loop {
         dim_bounds(pa, pb, dims);
         // A round that adds no device boundary leaves nothing for the next: its device cuts were
@@ -448,10 +464,7 @@ pub(crate) fn try_unify(
         }
         for pieces in [&mut *pa, &mut *pb] {
             // (Only the pieces of the new boundaries' device dims are cut.)
-            if pieces.iter().any(|p| {
-                p.split
-                    .is_some_and(|(lo, hi)| bounds_inside(device, lo, hi) != 0)
-            }) {
+            if device & inside_splits(pieces) != 0 {
                 cut_at_device_bounds(pieces, device, spare);
                 std::mem::swap(pieces, spare);
             }
@@ -498,13 +511,15 @@ pub(crate) struct Reshaped<'a> {
 }
 
 /// What unification starts from on one side: the view's pieces, the rank bits of its partial
-/// dims ([`partial_mask`]) and the device boundaries it brings (its device count's, its splits'
-/// and its runs of partial bits'). The cost kernel works it out once per layout.
+/// dims ([`partial_mask`]), the device boundaries it brings (its device count's, its splits'
+/// and its runs of partial bits') and those that would cut its pieces ([`inside_splits`]). The
+/// cost kernel works it out once per layout.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Start {
     pieces: Vec<Piece>,
     partial: u64,
     bounds: DeviceBounds,
+    inside: u64,
 }
 
 impl Start {
@@ -560,6 +575,7 @@ impl<'a> Reshaped<'a> {
         out.bounds = outer_bounds(self.layout.num_devices())
             | split_bounds(&out.pieces)
             | partial_bounds(out.partial);
+        out.inside = inside_splits(&out.pieces);
     }
 
     /// Calls `f` with every dim of the view, outermost first.

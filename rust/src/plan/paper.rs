@@ -362,9 +362,9 @@ impl<'a> Prepared<'a> {
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
 /// bit, without building the ops or the layouts of the unified pair, in `scratch`'s buffers: the
-/// batch kernel's inner loop. Also the plan's elements received per device, summed as
-/// [`Objective::Volume`] prices it (what the optimal planner compares under the volume model),
-/// in the same pass. The caller has checked that `a` and `b` are layouts of one tensor
+/// batch kernel's inner loop. With `elements`, also the plan's elements received per device,
+/// summed as [`Objective::Volume`] prices it (what the optimal planner compares under the volume
+/// model), in the same pass (0 without). The caller has checked that `a` and `b` are layouts of one tensor
 /// ([`check_same_tensor`]) on the cluster's devices, and that `dtype_bytes` is positive.
 ///
 /// # Errors
@@ -375,6 +375,7 @@ pub(crate) fn cost(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
+    elements: bool,
     scratch: &mut Scratch,
 ) -> Result<(f64, f64)> {
     let Scratch {
@@ -385,10 +386,12 @@ pub(crate) fn cost(
     } = scratch;
     let lined = line_up(a.layout, b.layout, Some((&a.start, &b.start)), unified)?;
     // In plan order, from +0.0 as the plan's own sums.
-    let add = |(cost, elements): (f64, f64), op: &CommOp| {
+    // (The elements only when asked for: a u64 to f64 conversion per op is worth skipping.)
+    let add = |(cost, received): (f64, f64), op: &CommOp| {
+        let volume = if elements { op.volume() as f64 } else { 0.0 };
         Ok::<_, Error>((
             cost + op.cost(cluster, dtype_bytes, model)?,
-            elements + op.volume() as f64,
+            received + volume,
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
@@ -411,7 +414,9 @@ pub(crate) fn cost(
             dtype_bytes,
             model,
         );
-        total.1 += volume as f64;
+        if elements {
+            total.1 += volume as f64;
+        }
     });
     lined.epilogue.iter().try_fold(total, add)
 }
