@@ -125,21 +125,34 @@ fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Pie
 /// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
 /// from its innermost piece out, ascend already: the two are merged, not sorted.
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
-    fn suffixes(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
-        pieces.iter().skip(1).rev().scan(1u64, |suffix, p| {
-            *suffix *= p.size;
-            Some(*suffix)
-        })
-    }
     into.clear();
-    let (mut first, mut second) = (suffixes(a).peekable(), suffixes(b).peekable());
-    while let Some(next) = match (first.peek(), second.peek()) {
-        (Some(&u), Some(&v)) => Some(u.min(v)),
-        (u, v) => u.or(v).copied(),
-    } {
-        first.next_if_eq(&next);
-        second.next_if_eq(&next);
+    // Each side's next boundary: the product of its pieces from `at` on, while a piece lies
+    // outside them (the product of all of them is the total, no boundary).
+    let advance = |pieces: &[Piece], at: &mut usize, suffix: &mut u64| {
+        let more = *at >= 2;
+        if more {
+            *at -= 1;
+            *suffix *= pieces[*at].size;
+        }
+        more
+    };
+    let (mut at_a, mut at_b) = (a.len(), b.len());
+    let (mut next_a, mut next_b) = (1u64, 1u64);
+    let mut first = advance(a, &mut at_a, &mut next_a);
+    let mut second = advance(b, &mut at_b, &mut next_b);
+    while first || second {
+        let next = match (first, second) {
+            (true, true) => next_a.min(next_b),
+            (true, false) => next_a,
+            _ => next_b,
+        };
         into.push(next);
+        if first && next_a == next {
+            first = advance(a, &mut at_a, &mut next_a);
+        }
+        if second && next_b == next {
+            second = advance(b, &mut at_b, &mut next_b);
+        }
     }
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
