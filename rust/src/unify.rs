@@ -171,7 +171,8 @@ fn cut_at_dim_bounds(
     spare: &mut Vec<Piece>,
 ) -> std::result::Result<(), usize> {
     let count = bounds.len() + 1;
-    if pieces.len() == count {
+    // (A tensor of one element has no piece, and no boundary either.)
+    if pieces.len() == count || pieces.is_empty() {
         return Ok(());
     }
     spare.clear();
