@@ -127,12 +127,16 @@ fn paper_costs(
     } else {
         Vec::new()
     };
+    // The target equal to each source, if any (the targets are distinct): found once, not
+    // compared per pair.
+    let columns: HashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
+    let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
     let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
         // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
         // is planned (the result is dropped).
-        if src[i] != tgt[j] && !stop.load(Relaxed) {
+        if twin[i] != Some(j) && !stop.load(Relaxed) {
             let (pa, pb) = (&prepared_src[i], &prepared_tgt[j]);
-            paper::cost(pa, pb, cluster, dtype_bytes, model, scratch)
+            paper::cost(pa, pb, cluster, dtype_bytes, model, volume_prices, scratch)
         } else {
             Ok((0.0, 0.0))
         }
@@ -339,7 +343,7 @@ pub fn redistribution_bounds(
     let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()
-        .map_init(paper::Scratch::default, |scratch, (k, &needed)| {
+        .map_init(paper::LineUp::default, |scratch, (k, &needed)| {
             if needed {
                 let (a, b) = (&csrc[k / cwidth], &ctgt[k % cwidth]);
                 shortest_plan_bound(a, b, objective, scratch, lower_bound)

@@ -258,21 +258,6 @@ impl Layout {
         self.uses(k) || self.partial.contains(&k)
     }
 
-    /// The device dims the tensor map uses, as a mask, bit `k` for dim `k` (dims past 63 left
-    /// out).
-    #[must_use]
-    pub(crate) fn used_dims(&self) -> u64 {
-        self.used
-    }
-
-    /// The device dims holding partial sums, as a mask (dims past 63 left out).
-    #[must_use]
-    pub(crate) fn partial_dims(&self) -> u64 {
-        self.partial
-            .iter()
-            .fold(0, |mask, &k| mask | dim_bit(k as i64))
-    }
-
     /// Number of tensor dims.
     #[must_use]
     pub fn ndim(&self) -> usize {
@@ -431,20 +416,6 @@ impl Layout {
     fn debug_check(&self) {
         debug_assert!(self.validate().is_ok());
         debug_assert!(self.partial.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    /// Sets entry `i` of the tensor map to `k`, for the planner to step through maps derived from
-    /// a valid one in place; the caller keeps the layout valid between its reads (a device dim
-    /// taken from one tensor dim is cleared there before another takes it).
-    pub(crate) fn set_map_entry(&mut self, i: usize, k: i64) {
-        self.used = self.used & !dim_bit(self.tensor_map[i]) | dim_bit(k);
-        self.tensor_map[i] = k;
-    }
-
-    /// Removes the `at`-th partial dim (its sums reduced), for the planner to step through
-    /// layouts derived from a valid one in place.
-    pub(crate) fn remove_partial(&mut self, at: usize) {
-        self.partial.remove(at);
     }
 
     /// The same layout with another tensor map, for maps the planner derives from a valid one.

@@ -79,32 +79,45 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
         .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
-/// Cuts every split piece that a device boundary falls inside; the outer bits keep the outer part.
-fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
-    let mut i = 0;
-    while i < pieces.len() {
-        let p = pieces[i];
-        if let Some((lo, hi)) = p.split {
-            let inside = bounds_inside(bounds, lo, hi);
-            if inside != 0 {
-                let b = inside.ilog2();
-                let outer = 1u64 << (hi - b);
-                pieces[i] = Piece {
-                    size: outer,
-                    split: Some((b, hi)),
-                    origin: p.origin,
-                };
-                pieces.insert(
-                    i + 1,
-                    Piece {
-                        size: p.size >> (hi - b),
-                        split: Some((lo, b)),
-                        origin: p.origin,
-                    },
-                );
-            }
+/// The rank bits strictly inside the splits of `pieces`: where a device boundary cuts one.
+fn inside_splits(pieces: &[Piece]) -> u64 {
+    pieces
+        .iter()
+        .filter_map(|p| p.split)
+        .fold(0, |inside, (lo, hi)| {
+            inside | bounds_inside(u64::MAX, lo, hi)
+        })
+}
+
+/// The pieces of `from` into `into`, every split piece that a device boundary falls inside cut
+/// at it; the outer bits keep the outer part. (Written into another buffer, not cut in place:
+/// the kernel makes millions of cuts, and an insert moves every piece after it.)
+fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Piece>) {
+    into.clear();
+    for &p in from {
+        let Some((lo, mut hi)) = p.split else {
+            into.push(p);
+            continue;
+        };
+        let mut size = p.size;
+        let mut inside = bounds_inside(bounds, lo, hi);
+        // The highest boundary first: the inner part is cut again at the others.
+        while inside != 0 {
+            let b = inside.ilog2();
+            into.push(Piece {
+                size: 1 << (hi - b),
+                split: Some((b, hi)),
+                origin: p.origin,
+            });
+            size >>= hi - b;
+            hi = b;
+            inside &= !(1 << b);
         }
-        i += 1;
+        into.push(Piece {
+            size,
+            split: Some((lo, hi)),
+            origin: p.origin,
+        });
     }
 }
 
@@ -112,81 +125,113 @@ fn cut_at_device_bounds(pieces: &mut Vec<Piece>, bounds: DeviceBounds) {
 /// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
 /// from its innermost piece out, ascend already: the two are merged, not sorted.
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
-    fn suffixes(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
-        pieces.iter().skip(1).rev().scan(1u64, |suffix, p| {
-            *suffix *= p.size;
-            Some(*suffix)
-        })
-    }
     into.clear();
-    let (mut first, mut second) = (suffixes(a).peekable(), suffixes(b).peekable());
-    while let Some(next) = match (first.peek(), second.peek()) {
-        (Some(&u), Some(&v)) => Some(u.min(v)),
-        (u, v) => u.or(v).copied(),
-    } {
-        first.next_if_eq(&next);
-        second.next_if_eq(&next);
+    // Each side's next boundary: the product of its pieces from `at` on, while a piece lies
+    // outside them (the product of all of them is the total, no boundary).
+    let advance = |pieces: &[Piece], at: &mut usize, suffix: &mut u64| {
+        let more = *at >= 2;
+        if more {
+            *at -= 1;
+            *suffix *= pieces[*at].size;
+        }
+        more
+    };
+    let (mut at_a, mut at_b) = (a.len(), b.len());
+    let (mut next_a, mut next_b) = (1u64, 1u64);
+    let mut first = advance(a, &mut at_a, &mut next_a);
+    let mut second = advance(b, &mut at_b, &mut next_b);
+    while first || second {
+        let next = match (first, second) {
+            (true, true) => next_a.min(next_b),
+            (true, false) => next_a,
+            _ => next_b,
+        };
         into.push(next);
+        if first && next_a == next {
+            first = advance(a, &mut at_a, &mut next_a);
+        }
+        if second && next_b == next {
+            second = advance(b, &mut at_b, &mut next_b);
+        }
     }
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
 }
 
-/// Cuts every piece a dim boundary falls inside, at every boundary inside it. `Err(origin)` names
-/// a piece it cannot cut.
+/// Cuts every piece a dim boundary falls inside at every boundary inside it, writing the cut
+/// pieces into `spare` and swapping it with `pieces`. `Err(origin)` names a piece it cannot cut.
+///
+/// Every boundary of `bounds` (the boundaries of both sides, [`dim_bounds`]) is one of the
+/// pieces' or falls inside one and is cut there: the cut pieces are those between consecutive
+/// boundaries and the outermost, one more than the boundaries. So a side with as many pieces
+/// needs no cut, and the others are written from the outermost end without a search.
 fn cut_at_dim_bounds(
     pieces: &mut Vec<Piece>,
     bounds: &[u64],
     device: &mut DeviceBounds,
+    spare: &mut Vec<Piece>,
 ) -> std::result::Result<(), usize> {
+    let count = bounds.len() + 1;
+    // (A tensor of one element has no piece, and no boundary either.)
+    if pieces.len() == count || pieces.is_empty() {
+        return Ok(());
+    }
+    spare.clear();
+    spare.resize(count, pieces[0]);
+    let mut at = count;
     let mut inner = 1u64;
     // The first boundary above `inner`: `inner` only grows, so a cursor finds it, not a search.
     let mut next = 0;
-    let mut i = pieces.len();
-    while i > 0 {
-        i -= 1;
-        let piece = pieces[i];
-        let top = inner * piece.size;
-        while bounds.get(next).is_some_and(|&b| b <= inner) {
-            next += 1;
-        }
-        let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
-            inner = top;
-            continue;
-        };
-        // Divisions checked by multiplying back: the kernel makes millions of cuts.
-        let rest = bound / inner;
-        let outer = piece.size / rest;
-        if rest * inner != bound || outer * rest != piece.size {
-            return Err(piece.origin);
-        }
-        let make = |size, split| Piece {
-            size,
-            split,
-            origin: piece.origin,
-        };
-        let (outer_piece, inner_piece) = match piece.split {
-            None => (make(outer, None), make(rest, None)),
-            Some((lo, hi)) => {
-                let g = 1u64 << (hi - lo);
-                // `g` is a power of two, and so is any divisor of it.
-                if outer & (g - 1) == 0 {
-                    (make(outer, Some((lo, hi))), make(rest, None))
-                } else if outer.is_power_of_two() && outer < g {
-                    // The outer part is smaller than the split: the device dim is cut as well.
-                    let b = hi - log2(outer);
-                    *device |= 1 << b;
-                    (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
-                } else {
-                    return Err(piece.origin);
-                }
+    // Innermost first, each piece cut from its inner end.
+    for &p in pieces.iter().rev() {
+        let mut piece = p;
+        loop {
+            let top = inner * piece.size;
+            while bounds.get(next).is_some_and(|&b| b <= inner) {
+                next += 1;
             }
-        };
-        pieces[i] = inner_piece;
-        pieces.insert(i, outer_piece);
-        // Look at the outer part again: more boundaries may fall inside it.
-        inner = bound;
-        i += 1;
+            at -= 1;
+            let Some(&bound) = bounds.get(next).filter(|&&b| b < top) else {
+                inner = top;
+                spare[at] = piece;
+                break;
+            };
+            // Divisions checked by multiplying back: the kernel makes millions of cuts.
+            let rest = bound / inner;
+            let outer = piece.size / rest;
+            if rest * inner != bound || outer * rest != piece.size {
+                return Err(piece.origin);
+            }
+            let make = |size, split| Piece {
+                size,
+                split,
+                origin: piece.origin,
+            };
+            let (outer_piece, inner_piece) = match piece.split {
+                None => (make(outer, None), make(rest, None)),
+                Some((lo, hi)) => {
+                    let g = 1u64 << (hi - lo);
+                    // `g` is a power of two, and so is any divisor of it.
+                    if outer & (g - 1) == 0 {
+                        (make(outer, Some((lo, hi))), make(rest, None))
+                    } else if outer.is_power_of_two() && outer < g {
+                        // The outer part is smaller than the split: the device dim is cut as
+                        // well.
+                        let b = hi - log2(outer);
+                        *device |= 1 << b;
+                        (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
+                    } else {
+                        return Err(piece.origin);
+                    }
+                }
+            };
+            spare[at] = inner_piece;
+            // The outer part next: more boundaries may fall inside it.
+            piece = outer_piece;
+            inner = bound;
+        }
     }
+    debug_assert_eq!(at, 0);
+    std::mem::swap(pieces, spare);
     Ok(())
 }
 
@@ -219,7 +264,7 @@ fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
 pub(crate) fn partial_mask(l: &Layout) -> u64 {
     l.partial().iter().fold(0, |mask, &k| {
         let (lo, hi) = l.bit_range(k);
-        mask | ((1 << hi) - 1) & !((1 << lo) - 1)
+        mask | bits_between(lo, hi)
     })
 }
 
@@ -246,7 +291,7 @@ fn partial_dims_into(bounds: DeviceBounds, mask: u64, dims: &mut Vec<usize>) {
 }
 
 /// The layout of `pieces` on the device matrix of `bounds`, the bits of `partial` holding partial
-/// sums, written into `out`'s buffers (the cost kernel builds two per pair, allocating nothing).
+/// sums.
 fn build_into(pieces: &[Piece], bounds: DeviceBounds, partial: u64, out: &mut Layout) {
     out.set_parts(|shape, matrix, map, dims| {
         shape.extend(pieces.iter().map(|p| p.size));
@@ -329,6 +374,10 @@ pub fn normalized(l: &Layout) -> Layout {
 pub(crate) struct Unified {
     first: Vec<Piece>,
     second: Vec<Piece>,
+    /// The buffer each cut writes into, swapped with the side it cuts.
+    spare: Vec<Piece>,
+    /// The start of each side that is not known beforehand ([`Reshaped::start`]).
+    starts: (Start, Start),
     /// The dim boundaries of both sides, reused by every round.
     dims: Vec<u64>,
     device: DeviceBounds,
@@ -350,11 +399,46 @@ impl Unified {
         build(pieces, self.device, partial)
     }
 
-    /// [`Unified::layout`] written into `out`'s buffers.
+    /// [`Unified::layout`] into `out`'s buffers.
     pub fn layout_into(&self, side: Side, out: &mut Layout) {
         let (pieces, partial) = self.side(side);
         build_into(pieces, self.device, partial, out);
     }
+
+    /// The rank bits of the partial dims of each side.
+    pub fn partial(&self) -> (u64, u64) {
+        self.partial
+    }
+
+    /// Per tensor dim of one side's unified layout, the rank bits of the device dim that splits
+    /// it (0 if none): its map as the cost kernel reads it, without building the layout.
+    pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
+        self.side(side)
+            .0
+            .iter()
+            .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
+    }
+
+    /// The rank bits of each device dim of the unified device matrix, innermost first.
+    pub fn dim_bits(&self) -> impl Iterator<Item = u64> {
+        let mut rest = self.device;
+        let mut lo = rest.trailing_zeros();
+        rest &= rest - 1;
+        std::iter::from_fn(move || {
+            (rest != 0).then(|| {
+                let hi = rest.trailing_zeros();
+                rest &= rest - 1;
+                let bits = bits_between(lo, hi);
+                lo = hi;
+                bits
+            })
+        })
+    }
+}
+
+/// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
+fn bits_between(lo: u32, hi: u32) -> u64 {
+    ((1 << hi) - 1) & !((1 << lo) - 1)
 }
 
 /// One attempt at unification of the two views as they are, into `into` (whose layouts are
@@ -367,30 +451,33 @@ pub(crate) fn try_unify(
     let Unified {
         first: pa,
         second: pb,
+        spare,
+        starts,
         dims,
         ..
     } = into;
-    a.pieces_into(pa);
-    b.pieces_into(pb);
-    let partial = (partial_mask(&a.layout), partial_mask(&b.layout));
-    let mut device = outer_bounds(a.layout.num_devices())
-        | split_bounds(pa)
-        | split_bounds(pb)
-        | partial_bounds(partial.0)
-        | partial_bounds(partial.1);
+    let (first, second) = (a.start(&mut starts.0), b.start(&mut starts.1));
+    let partial = (first.partial, second.partial);
+    let mut device = first.bounds | second.bounds;
+    for (start, pieces) in [(first, &mut *pa), (second, &mut *pb)] {
+        if device & start.inside == 0 {
+            pieces.clear();
+            pieces.extend_from_slice(&start.pieces);
+        } else {
+            cut_at_device_bounds(&start.pieces, device, pieces);
+        }
+    }
     loop {
-        cut_at_device_bounds(pa, device);
-        cut_at_device_bounds(pb, device);
         dim_bounds(pa, pb, dims);
         // A round that adds no device boundary leaves nothing for the next: its device cuts were
         // all made before the dim boundaries were taken, the dim cuts then made every boundary one
         // of both sides, and a cut at a dim boundary that splits no device dim needs no device cut.
         let before = device;
-        cut_at_dim_bounds(pa, dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(pa, dims, &mut device, spare).map_err(|dim| Blocker {
             side: Side::First,
             dim,
         })?;
-        cut_at_dim_bounds(pb, dims, &mut device).map_err(|dim| Blocker {
+        cut_at_dim_bounds(pb, dims, &mut device, spare).map_err(|dim| Blocker {
             side: Side::Second,
             dim,
         })?;
@@ -398,6 +485,13 @@ pub(crate) fn try_unify(
             into.device = device;
             into.partial = partial;
             return Ok(());
+        }
+        for pieces in [&mut *pa, &mut *pb] {
+            // (Only the pieces of the new boundaries' device dims are cut.)
+            if device & inside_splits(pieces) != 0 {
+                cut_at_device_bounds(pieces, device, spare);
+                std::mem::swap(pieces, spare);
+            }
         }
     }
 }
@@ -435,9 +529,30 @@ pub(crate) struct Reshaped<'a> {
     /// per dim (the cost kernel makes two views per pair, and most are never merged).
     groups: Vec<(usize, usize)>,
     canonical: bool,
-    /// The pieces of `layout` as given ([`pieces_of`]), worked out once by a caller that unifies
+    /// The start of `layout` as given ([`Start::of`]), worked out once by a caller that unifies
     /// it with many layouts; used while the view is the layout's own (borrowed, unmerged).
-    known: Option<&'a [Piece]>,
+    known: Option<&'a Start>,
+}
+
+/// What unification starts from on one side: the view's pieces, the rank bits of its partial
+/// dims ([`partial_mask`]), the device boundaries it brings (its device count's, its splits'
+/// and its runs of partial bits') and those that would cut its pieces ([`inside_splits`]). The
+/// cost kernel works it out once per layout.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Start {
+    pieces: Vec<Piece>,
+    partial: u64,
+    bounds: DeviceBounds,
+    inside: u64,
+}
+
+impl Start {
+    /// The start of `layout` as given.
+    pub fn of(layout: &Layout) -> Self {
+        let mut start = Start::default();
+        Reshaped::new(layout).start_into(&mut start);
+        start
+    }
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -453,13 +568,38 @@ impl<'a> Reshaped<'a> {
         }
     }
 
-    /// The view of `layout` whose pieces are `pieces`, which must be `pieces_of(layout)`.
-    pub fn with_pieces(layout: &'a Layout, pieces: &'a [Piece]) -> Self {
-        debug_assert_eq!(pieces_of(layout), pieces);
+    /// The view of `layout` whose start is `start`, which must be `Start::of(layout)`.
+    pub fn with_start(layout: &'a Layout, start: &'a Start) -> Self {
+        debug_assert_eq!(&Start::of(layout), start);
         Reshaped {
-            known: Some(pieces),
+            known: Some(start),
             ..Reshaped::new(layout)
         }
+    }
+
+    /// The start of the view: the known one while the view is the layout's own, else worked out
+    /// into `buffer`.
+    fn start<'s>(&'s self, buffer: &'s mut Start) -> &'s Start {
+        if let (Some(known), Cow::Borrowed(_), true, false) = (
+            self.known,
+            &self.layout,
+            self.groups.is_empty(),
+            self.canonical,
+        ) {
+            return known;
+        }
+        self.start_into(buffer);
+        buffer
+    }
+
+    /// The start of the view, worked out into `out`.
+    fn start_into(&self, out: &mut Start) {
+        self.pieces_into(&mut out.pieces);
+        out.partial = partial_mask(&self.layout);
+        out.bounds = outer_bounds(self.layout.num_devices())
+            | split_bounds(&out.pieces)
+            | partial_bounds(out.partial);
+        out.inside = inside_splits(&out.pieces);
     }
 
     /// Calls `f` with every dim of the view, outermost first.
@@ -497,15 +637,6 @@ impl<'a> Reshaped<'a> {
     /// written into `out`.
     fn pieces_into(&self, out: &mut Vec<Piece>) {
         out.clear();
-        if let (Some(known), Cow::Borrowed(_), true, false) = (
-            self.known,
-            &self.layout,
-            self.groups.is_empty(),
-            self.canonical,
-        ) {
-            out.extend_from_slice(known);
-            return;
-        }
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {

@@ -4,10 +4,11 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
+use taps::topology::Replicas;
 use taps::unify::normalized;
 use taps::{
-    inter_node_groups, plan_redistribution, unify, CollectiveKind, CommOp, Layout, Objective,
-    OpKind, Planner,
+    inter_node_groups, plan_redistribution, redistribution_costs, unify, Cluster, CollectiveKind,
+    CommOp, CostModel, Layout, Objective, OpKind, Planner,
 };
 
 /// Flat (row-major) indices of the elements `rank` holds.
@@ -121,6 +122,49 @@ proptest! {
         // Never more than gathering every split of the source.
         let splits: u64 = (0..a.ndim()).map(|i| a.split_degree(i)).product();
         prop_assert!(plan.volume().unwrap() <= (splits - 1) * a.shard_size());
+    }
+
+    /// The batch kernel prices a pair without building its plan (Algorithm 1 on rank-bit maps,
+    /// unification's cuts written into buffers and skipped where nothing falls inside, each
+    /// layout's start worked out once): bit for bit the plan's cost, on clusters of up to three
+    /// levels with latencies under either replica model, with partial sums on some of the
+    /// source's unused device dims.
+    #[test]
+    fn kernel_costs_are_the_plans(
+        (a, b) in pair(),
+        partial in any::<u64>(),
+        split in any::<u32>(),
+        replicas in 0usize..2,
+    ) {
+        let unused = (0..a.num_device_dims())
+            .filter(|&k| partial >> k & 1 == 1 && !a.tensor_map().contains(&(k as i64)));
+        let (shape, matrix, map) = (a.shape(), a.device_matrix(), a.tensor_map());
+        let summed =
+            Layout::with_partial(shape.to_vec(), matrix.to_vec(), map.to_vec(), unused.collect())
+                .unwrap();
+        let n = a.num_devices().trailing_zeros();
+        let inner = split % (n + 1);
+        let middle = split / 8 % (n - inner + 1);
+        let levels = [
+            (1 << inner, 60e9, 1e-6),
+            (1 << middle, 12e9, 5e-6),
+            (1 << (n - inner - middle), 3e9, 2e-5),
+        ];
+        let cluster = Cluster::hierarchy(&levels, None, Replicas::ALL[replicas]).unwrap();
+        let sources = [summed, a.clone(), b.clone()];
+        let targets = [b, a];
+        for model in [CostModel::Topology, CostModel::Volume] {
+            let got =
+                redistribution_costs(&sources, &targets, &cluster, 2.0, model, Planner::Paper)
+                    .unwrap();
+            for (i, s) in sources.iter().enumerate() {
+                for (j, t) in targets.iter().enumerate() {
+                    let plan = plan_redistribution(s, t, Planner::Paper, Objective::Volume);
+                    let want = plan.unwrap().cost(&cluster, 2.0, model).unwrap();
+                    prop_assert_eq!(got[i * 2 + j].to_bits(), want.to_bits(), "{:?} to {:?}", s, t);
+                }
+            }
+        }
     }
 
     /// The optimal plan ends on the target's elements, never moves more than Algorithm 1, and

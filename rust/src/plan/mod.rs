@@ -128,7 +128,7 @@ pub(crate) fn shortest_plan_bound(
     a: &Layout,
     b: &Layout,
     objective: Objective<'_>,
-    scratch: &mut paper::Scratch,
+    scratch: &mut paper::LineUp,
     lower_bound: impl FnOnce(&Layout, &Layout) -> Option<f64>,
 ) -> Result<f64> {
     let (prelude, epilogue) = paper::lined_up_in(a, b, scratch)?;

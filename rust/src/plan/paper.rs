@@ -8,43 +8,102 @@ use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribut
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
-use crate::unify::{
-    check_same_tensor, pieces_of, reshape_for, try_unify, Piece, Reshaped, Side, Unified,
-};
+use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Start, Unified};
 
-/// Algorithm 1 from a unified layout to the unified target `t`: all-reduce the partial sums the
-/// target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
-/// device dim into all-to-alls until neither applies, then gather one dim that is split
-/// differently in the target, and repeat. `step` gets each op (kind, device dim, tensor dim, dim
-/// split by an all-to-all) with the layout before it; `current` is stepped in place so that
-/// pricing the ops allocates nothing.
+/// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
+/// holds `log2(d)` bits of the rank, [`rank_bits`]; every dim of a unified layout has two devices
+/// or more, so each has bits of its own): per tensor dim the bits of the device dim that splits
+/// it (0 if it is whole), the bits of every dim the map uses, and those of the dims holding
+/// partial sums. A step's price needs no more, and the cost kernel reads these off the unified
+/// pieces without building the pair's layouts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Maps {
+    map: Vec<u64>,
+    used: u64,
+    partial: u64,
+}
+
+impl Maps {
+    /// The maps of `layout`, whose device dim `k` holds the rank bits `dims[k]`.
+    fn of(layout: &Layout, dims: &[u64]) -> Self {
+        let mut maps = Maps::default();
+        let map = layout.tensor_map().iter();
+        maps.refill(
+            map.map(|&k| usize::try_from(k).map_or(0, |k| dims[k])),
+            layout.partial().iter().fold(0, |mask, &k| mask | dims[k]),
+        );
+        maps
+    }
+
+    /// Refills the maps from the bits of each tensor dim's split and of the partial dims.
+    pub(crate) fn refill(&mut self, map: impl Iterator<Item = u64>, partial: u64) {
+        self.map.clear();
+        self.map.extend(map);
+        self.used = self.map.iter().fold(0, |mask, &bits| mask | bits);
+        self.partial = partial;
+    }
+
+    /// Splits tensor dim `i` along the device dim of rank bits `bits` (0: none); the caller
+    /// frees a device dim before another tensor dim takes it.
+    fn set(&mut self, i: usize, bits: u64) {
+        self.used = self.used & !self.map[i] | bits;
+        self.map[i] = bits;
+    }
+
+    /// The layout of these maps on the shape and device matrix of `like`, whose device dim `k`
+    /// holds the rank bits `dims[k]`.
+    fn layout(&self, like: &Layout, dims: &[u64]) -> Layout {
+        let dim = |bits: u64| dims.iter().position(|&d| d == bits);
+        let map = self
+            .map
+            .iter()
+            .map(|&bits| dim(bits).map_or(-1, |k| k as i64))
+            .collect();
+        let partial = (0..dims.len())
+            .filter(|&k| self.partial & dims[k] != 0)
+            .collect();
+        Layout::from_parts(
+            like.shape().to_vec(),
+            like.device_matrix().to_vec(),
+            map,
+            partial,
+        )
+    }
+}
+
+/// Algorithm 1 from a unified layout to the unified target `t`, whose device dim `k` holds the
+/// rank bits `dims[k]`: all-reduce the partial sums the target does not keep, then slice what
+/// can be sliced and turn gather-then-slice pairs on one device dim into all-to-alls until
+/// neither applies, then gather one dim that is split differently in the target, and repeat.
+/// `step` gets each op (kind, the rank bits of its device dim, tensor dim, dim split by an
+/// all-to-all) with the maps before it; `current` is stepped in place so that pricing the ops
+/// allocates nothing.
 fn plan_unified(
-    current: &mut Layout,
-    t: &Layout,
-    mut step: impl FnMut(OpKind, usize, Option<usize>, Option<usize>, &Layout),
+    current: &mut Maps,
+    t: &Maps,
+    dims: &[u64],
+    mut step: impl FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps),
 ) {
-    let mut at = 0;
-    while let Some(&k) = current.partial().get(at) {
-        if t.partial().contains(&k) {
-            at += 1;
-        } else {
-            step(OpKind::AllReduce, k, None, None, current);
-            current.remove_partial(at);
+    // One partial dim at a time, innermost first.
+    for &bits in dims {
+        if current.partial & bits != 0 && t.partial & bits == 0 {
+            step(OpKind::AllReduce, bits, None, None, current);
+            current.partial &= !bits;
         }
     }
-    let t = t.tensor_map();
+    let t = &t.map;
     // Tensor dims as bits (a unified layout has at most 64: each of its dims holds two elements
     // or more), so that each pass visits only the dims it may act on, in order: those the target
     // splits, and those whole in the current layout.
     debug_assert!(t.len() <= 64);
-    let dims = |test: &dyn Fn(usize) -> bool| {
+    let tensor_dims = |test: &dyn Fn(usize) -> bool| {
         (0..t.len())
             .filter(|&i| test(i))
             .fold(0u64, |mask, i| mask | 1 << i)
     };
-    let all = dims(&|_| true);
-    let wanted = dims(&|i| t[i] != -1);
-    let mut whole = dims(&|i| current.tensor_map()[i] == -1);
+    let all = tensor_dims(&|_| true);
+    let wanted = tensor_dims(&|i| t[i] != 0);
+    let mut whole = tensor_dims(&|i| current.map[i] == 0);
     // The dims of `mask` from `i` on, in order, read afresh after each op.
     let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
@@ -56,9 +115,9 @@ fn plan_unified(
             while todo != 0 {
                 let i = todo.trailing_zeros() as usize;
                 todo &= todo - 1;
-                if !current.uses(t[i] as usize) {
-                    step(OpKind::Slice, t[i] as usize, Some(i), None, current);
-                    current.set_map_entry(i, t[i]);
+                if current.used & t[i] == 0 {
+                    step(OpKind::Slice, t[i], Some(i), None, current);
+                    current.set(i, t[i]);
                     whole &= !(1 << i);
                     progress = true;
                 }
@@ -68,11 +127,11 @@ fn plan_unified(
             let mut i = next(whole & wanted, 0);
             while i < 64 {
                 let at = i as usize;
-                if current.uses(t[at] as usize) {
-                    if let Some(j) = current.tensor_dim_on(t[at] as usize) {
-                        step(OpKind::AllToAll, t[at] as usize, Some(j), Some(at), current);
-                        current.set_map_entry(j, -1);
-                        current.set_map_entry(at, t[at]);
+                if current.used & t[at] != 0 {
+                    if let Some(j) = current.map.iter().position(|&bits| bits == t[at]) {
+                        step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
+                        current.set(j, 0);
+                        current.set(at, t[at]);
                         whole = whole & !(1 << at) | 1 << j;
                         progress = true;
                     }
@@ -85,7 +144,7 @@ fn plan_unified(
         }
         // Left over: dims split in the source and not the same way in the target. (A dim that
         // waits for a device dim held elsewhere would have been served by an all-to-all.)
-        let m = current.tensor_map();
+        let m = &current.map;
         let mut split = all & !whole;
         let gathered = loop {
             if split == 0 {
@@ -100,11 +159,11 @@ fn plan_unified(
         let Some(i) = gathered else {
             break;
         };
-        step(OpKind::AllGather, m[i] as usize, Some(i), None, current);
-        current.set_map_entry(i, -1);
+        step(OpKind::AllGather, m[i], Some(i), None, current);
+        current.set(i, 0);
         whole |= 1 << i;
     }
-    debug_assert_eq!(current.tensor_map(), t);
+    debug_assert_eq!(&current.map, t);
 }
 
 /// Two layouts made unifiable (the unified pair is left in the caller's [`Unified`]): the
@@ -115,16 +174,17 @@ struct LinedUp {
 }
 
 /// Unifies `a` with `b` into `unified`, reshaping and, where reshaping cannot line them up,
-/// giving up splits. With `known`, the pieces of `a` and `b` ([`pieces_of`]) from a caller that
-/// has checked that they are layouts of one tensor.
+/// giving up splits, and checks that the target keeps only partial sums the source has. With
+/// `known`, the starts of `a` and `b` ([`Start::of`]) from a caller that has checked that they
+/// are layouts of one tensor.
 fn line_up(
     a: &Layout,
     b: &Layout,
-    known: Option<(&[Piece], &[Piece])>,
+    known: Option<(&Start, &Start)>,
     unified: &mut Unified,
 ) -> Result<LinedUp> {
     let (mut src, mut tgt) = if let Some((pa, pb)) = known {
-        (Reshaped::with_pieces(a, pa), Reshaped::with_pieces(b, pb))
+        (Reshaped::with_start(a, pa), Reshaped::with_start(b, pb))
     } else {
         check_same_tensor(a, b)?;
         (Reshaped::new(a), Reshaped::new(b))
@@ -186,16 +246,16 @@ fn line_up(
         current = Cow::Owned(after);
     }
     debug_assert_eq!(&*current, b);
+    check_partial(unified, a, b)?;
     Ok(LinedUp { prelude, epilogue })
 }
 
-/// The target may keep partial sums the source has, but no step creates them.
-fn check_partial(source: &Layout, target: &Layout, a: &Layout, b: &Layout) -> Result<()> {
-    if target
-        .partial()
-        .iter()
-        .all(|k| source.partial().contains(k))
-    {
+/// The target may keep partial sums the source has, but no step creates them: checked on the
+/// rank bits of the unified pair's partial dims ([`Unified::partial`]; each dim of the unified
+/// device matrix lies in or out of each side's partial bits).
+fn check_partial(unified: &Unified, a: &Layout, b: &Layout) -> Result<()> {
+    let (source, target) = unified.partial();
+    if target & !source == 0 {
         Ok(())
     } else {
         Err(Error::Layout(format!(
@@ -225,10 +285,25 @@ pub(super) fn plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<R
 /// Algorithm 1's ops from the unified `source` to the unified `target`, each with the layout
 /// before it.
 pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
+    let matrix = source.device_matrix();
+    debug_assert!(matrix.iter().all(|&d| d > 1), "a unified device matrix");
+    let dims: Vec<u64> = (0..matrix.len())
+        .map(|k| rank_bits(matrix, |i| i == k))
+        .collect();
     let mut ops = Vec::new();
-    plan_unified(&mut source.clone(), target, |kind, k, i, to, l| {
-        ops.push(CommOp::new(kind, k, i, to, l.clone()));
-    });
+    let mut current = Maps::of(source, &dims);
+    plan_unified(
+        &mut current,
+        &Maps::of(target, &dims),
+        &dims,
+        |kind, bits, i, to, m| {
+            let k = dims
+                .iter()
+                .position(|&d| d == bits)
+                .expect("a device dim's bits");
+            ops.push(CommOp::new(kind, k, i, to, m.layout(source, &dims)));
+        },
+    );
     ops
 }
 
@@ -241,108 +316,99 @@ pub(super) fn lined_up(
     on: Option<(&Cluster, f64)>,
 ) -> Result<Redistribution> {
     let mut unified = Unified::default();
-    let mut source = Layout::scratch();
-    let mut target = Layout::scratch();
-    let lined = lined_up_into(a, b, None, on, &mut unified, &mut source, &mut target)?;
+    let lined = line_up(a, b, None, &mut unified)?;
+    let source = unified.layout(Side::First);
+    if let Some((cluster, dtype_bytes)) = on {
+        topology::check_dtype_bytes(dtype_bytes)?;
+        // Every layout of the plan has the source's device count.
+        cluster.check(&source)?;
+    }
     Ok(Redistribution {
         source,
-        target,
+        target: unified.layout(Side::Second),
         ops: Vec::new(),
         prelude: lined.prelude,
         epilogue: lined.epilogue,
     })
 }
 
-/// [`lined_up`] in `scratch`'s buffers (the bounded tables line up tens of thousands of pairs,
-/// each in the buffers of the last): the ops before the unified pair and after it; the pair is
-/// [`Scratch::pair`].
-pub(super) fn lined_up_in(
-    a: &Layout,
-    b: &Layout,
-    scratch: &mut Scratch,
-) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
-    let Scratch {
-        unified,
-        source,
-        target,
-        ..
-    } = scratch;
-    let lined = lined_up_into(a, b, None, None, unified, source, target)?;
-    Ok((lined.prelude, lined.epilogue))
-}
-
-/// [`lined_up`] into the caller's buffers: the unified pair in `source` and `target`; `known` as
-/// [`line_up`]'s.
-fn lined_up_into(
-    a: &Layout,
-    b: &Layout,
-    known: Option<(&[Piece], &[Piece])>,
-    on: Option<(&Cluster, f64)>,
-    unified: &mut Unified,
-    source: &mut Layout,
-    target: &mut Layout,
-) -> Result<LinedUp> {
-    let lined = line_up(a, b, known, unified)?;
-    unified.layout_into(Side::First, source);
-    unified.layout_into(Side::Second, target);
-    check_partial(source, target, a, b)?;
-    if let Some((cluster, dtype_bytes)) = on {
-        topology::check_dtype_bytes(dtype_bytes)?;
-        // Every layout of the plan has the source's device count.
-        cluster.check(source)?;
-    }
-    Ok(lined)
-}
-
-/// The buffers one thread of the cost kernel prices pair after pair in.
-pub(crate) struct Scratch {
+/// The buffers the bounded tables line pairs up in, pair after pair (tens of thousands of them,
+/// each in the buffers of the last).
+pub(crate) struct LineUp {
     unified: Unified,
     source: Layout,
     target: Layout,
-    /// The rank bits of each device dim of the unified pair ([`rank_bits`]).
-    bits: Vec<u64>,
 }
 
-impl Scratch {
+impl Default for LineUp {
+    fn default() -> Self {
+        LineUp {
+            unified: Unified::default(),
+            source: Layout::scratch(),
+            target: Layout::scratch(),
+        }
+    }
+}
+
+impl LineUp {
     /// The unified pair [`lined_up_in`] made last.
     pub(super) fn pair(&self) -> (&Layout, &Layout) {
         (&self.source, &self.target)
     }
 }
 
-impl Default for Scratch {
-    fn default() -> Self {
-        Scratch {
-            unified: Unified::default(),
-            source: Layout::scratch(),
-            target: Layout::scratch(),
-            bits: Vec::new(),
-        }
-    }
+/// [`lined_up`] in `scratch`'s buffers, without the cluster's checks: the ops before the unified
+/// pair and after it; the pair is [`LineUp::pair`].
+pub(super) fn lined_up_in(
+    a: &Layout,
+    b: &Layout,
+    scratch: &mut LineUp,
+) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    let LineUp {
+        unified,
+        source,
+        target,
+    } = scratch;
+    let lined = line_up(a, b, None, unified)?;
+    unified.layout_into(Side::First, source);
+    unified.layout_into(Side::Second, target);
+    Ok((lined.prelude, lined.epilogue))
+}
+
+/// The buffers one thread of the cost kernel prices pair after pair in.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    unified: Unified,
+    source: Maps,
+    target: Maps,
+    /// The rank bits of each device dim of the unified pair.
+    dims: Vec<u64>,
 }
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
-/// its pieces ([`pieces_of`]).
+/// its start of unification ([`Start::of`]) and its elements.
 pub(crate) struct Prepared<'a> {
     layout: &'a Layout,
-    pieces: Vec<Piece>,
+    start: Start,
+    elements: u64,
 }
 
 impl<'a> Prepared<'a> {
     pub fn new(layout: &'a Layout) -> Self {
         Prepared {
             layout,
-            pieces: pieces_of(layout),
+            start: Start::of(layout),
+            elements: layout.num_elements(),
         }
     }
 }
 
 /// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops of the unified pair, in `scratch`'s buffers: the batch
-/// kernel's inner loop. Also the plan's elements received per device, summed as
-/// [`Objective::Volume`] prices it (what the optimal planner compares under the volume model),
-/// in the same pass. The caller has checked that `a` and `b` are layouts of one tensor
-/// ([`check_same_tensor`]).
+/// bit, without building the ops or the layouts of the unified pair, in `scratch`'s buffers: the
+/// batch kernel's inner loop. With `elements`, also the plan's elements received per device,
+/// summed as [`Objective::Volume`] prices it (what the optimal planner compares under the volume
+/// model), in the same pass (0 without). The caller has checked that `a` and `b` are layouts of one tensor
+/// ([`check_same_tensor`]) on the cluster's devices, and that `dtype_bytes` is positive.
 ///
 /// # Errors
 /// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
@@ -352,62 +418,48 @@ pub(crate) fn cost(
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
+    elements: bool,
     scratch: &mut Scratch,
 ) -> Result<(f64, f64)> {
     let Scratch {
         unified,
         source,
         target,
-        bits,
+        dims,
     } = scratch;
-    let lined = lined_up_into(
-        a.layout,
-        b.layout,
-        Some((&a.pieces, &b.pieces)),
-        Some((cluster, dtype_bytes)),
-        unified,
-        source,
-        target,
-    )?;
+    let lined = line_up(a.layout, b.layout, Some((&a.start, &b.start)), unified)?;
     // In plan order, from +0.0 as the plan's own sums.
-    let add = |(cost, elements): (f64, f64), op: &CommOp| {
+    // (The elements only when asked for: a u64 to f64 conversion per op is worth skipping.)
+    let add = |(cost, received): (f64, f64), op: &CommOp| {
+        let volume = if elements { op.volume() as f64 } else { 0.0 };
         Ok::<_, Error>((
             cost + op.cost(cluster, dtype_bytes, model)?,
-            elements + op.volume() as f64,
+            received + volume,
         ))
     };
     let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
-    // Every layout of the unified plan has the source's device matrix (of at most 62 dims, each
-    // of two devices or more): an op's group, the dims that hold distinct data and the shard
-    // (the elements over the devices of the split dims, all powers of two) are read off the rank
-    // bits of its dims.
-    let matrix = source.device_matrix();
-    bits.clear();
-    bits.extend((0..matrix.len()).map(|k| rank_bits(matrix, |i| i == k)));
-    let elements = source.num_elements();
-    let bits_of = |mut dims: u64| {
-        let mut mask = 0;
-        while dims != 0 {
-            mask |= bits[dims.trailing_zeros() as usize];
-            dims &= dims - 1;
-        }
-        mask
-    };
-    plan_unified(source, target, |kind, k, _, _, l| {
-        let split = bits_of(l.used_dims());
-        let shard = elements >> split.count_ones();
-        debug_assert_eq!(shard, l.shard_size());
-        let volume = volume(kind, l.dim_size(k), shard);
+    // An op's group, the bits that hold distinct data and the shard (the elements over the
+    // devices of the split dims, all powers of two) are read off the rank bits of its dims.
+    let (first, second) = unified.partial();
+    source.refill(unified.split_bits(Side::First), first);
+    target.refill(unified.split_bits(Side::Second), second);
+    dims.clear();
+    dims.extend(unified.dim_bits());
+    plan_unified(source, target, dims, |kind, bits, _, _, m| {
+        let shard = a.elements >> m.used.count_ones();
+        let volume = volume(kind, 1 << bits.count_ones(), shard);
         total.0 += group_step_cost(
             kind,
-            bits[k],
-            split | bits_of(l.partial_dims()),
+            bits,
+            m.used | m.partial,
             volume,
             cluster,
             dtype_bytes,
             model,
         );
-        total.1 += volume as f64;
+        if elements {
+            total.1 += volume as f64;
+        }
     });
     lined.epilogue.iter().try_fold(total, add)
 }
