@@ -133,16 +133,15 @@ pub(crate) fn shortest_plan_bound(
 ) -> Result<f64> {
     let (prelude, epilogue) = paper::lined_up_in(a, b, scratch)?;
     let (source, target) = scratch.pair();
-    let price = |t: f64, ops: &[CommOp]| ops.iter().fold(t, |t, op| objective.add(t, op));
     if let Some(bound) = lower_bound(source, target) {
         // The ops outside the search. Scaled down by a hair: the plan's price adds its ops in
         // another order.
-        let outside = price(price(0.0, &prelude), &epilogue);
+        let outside = objective.sum(prelude.iter().chain(&epilogue));
         return Ok((outside + bound) * (1.0 - 1e-12));
     }
     // The plan's price, its ops in order.
     let ops = paper::unified_ops(source, target);
-    Ok(price(price(price(0.0, &prelude), &ops), &epilogue))
+    Ok(objective.sum(prelude.iter().chain(&ops).chain(&epilogue)))
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).

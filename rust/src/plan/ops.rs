@@ -83,8 +83,14 @@ impl Objective<'_> {
 
     /// The price of a plan, its ops summed in order from +0.0 as its cost is.
     pub(crate) fn total(&self, plan: &Redistribution) -> f64 {
-        plan.all_ops().fold(0.0, |t, op| self.add(t, op))
+        self.sum(plan.all_ops())
     }
+
+    /// The price of `ops`, summed in order from +0.0 as a plan's cost is.
+    pub(crate) fn sum<'o>(&self, ops: impl IntoIterator<Item = &'o CommOp>) -> f64 {
+        ops.into_iter().fold(0.0, |t, op| self.add(t, op))
+    }
+
     /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
     /// a group that holds device dim `k` of a layout with `layout`'s device matrix and lies
     /// within the dims of `spread` (a mask holding `k`), where only the dims of `splitting` (a

@@ -315,9 +315,9 @@ pub(super) fn lined_up(
     b: &Layout,
     on: Option<(&Cluster, f64)>,
 ) -> Result<Redistribution> {
-    let mut unified = Unified::default();
-    let lined = line_up(a, b, None, &mut unified)?;
-    let source = unified.layout(Side::First);
+    let mut scratch = LineUp::default();
+    let (prelude, epilogue) = lined_up_in(a, b, &mut scratch)?;
+    let LineUp { source, target, .. } = scratch;
     if let Some((cluster, dtype_bytes)) = on {
         topology::check_dtype_bytes(dtype_bytes)?;
         // Every layout of the plan has the source's device count.
@@ -325,10 +325,10 @@ pub(super) fn lined_up(
     }
     Ok(Redistribution {
         source,
-        target: unified.layout(Side::Second),
+        target,
         ops: Vec::new(),
-        prelude: lined.prelude,
-        epilogue: lined.epilogue,
+        prelude,
+        epilogue,
     })
 }
 
