@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import strategies_gen as sg
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
+from taps._core import redistribution_pair_costs
 from taps.reproduce import DEVICES_PER_NODE, timing_cases
 from taps.reproduce.cases import paper_cluster
 from taps.search.tables import build_tables
@@ -50,6 +51,38 @@ def test_bounds_lie_between_nothing_and_the_optimal_cost(log2, data):
     assert (optimal <= paper * (1 + 1e-12)).all()
     # A bound said to be exact is the optimal planner's cost to the last digit.
     assert (bound[exact] == optimal[exact]).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(3, 5), st.data())
+def test_pair_costs_are_each_pairs_cost(log2, data):
+    # Two tensors' pairs and element sizes in one call, each priced as its own 1 x 1 call.
+    pairs, sizes = [], []
+    for dtype in data.draw(st.lists(st.sampled_from([1.0, 2.0, 4.0]), min_size=1, max_size=2)):
+        sources, targets = data.draw(sg.layout_sets(log2, max_count=3))
+        pairs += [(sg.to_layout(s), sg.to_layout(t)) for s in sources for t in targets]
+        sizes += [dtype] * (len(sources) * len(targets))
+    cluster = taps.Cluster(2 ** (log2 - 1), 2)
+    for planner in ("paper", "optimal"):
+        for model in ("topology", "volume"):
+            got = redistribution_pair_costs(
+                [s for s, _ in pairs], [t for _, t in pairs], sizes, cluster, model, planner
+            )
+            want = [
+                taps.redistribution_costs([s], [t], cluster, b, model, planner)[0, 0]
+                for (s, t), b in zip(pairs, sizes, strict=True)
+            ]
+            assert got.tolist() == want
+
+
+def test_pair_costs_refuse_lists_of_other_lengths():
+    layout = taps.Layout([8, 8], [8], [0, -1])
+    with pytest.raises(taps.TapsError, match="one of each per pair"):
+        redistribution_pair_costs([layout], [layout], [2.0, 2.0], taps.Cluster(2, 4))
+    with pytest.raises(taps.LayoutError):
+        redistribution_pair_costs(
+            [layout], [taps.Layout([4], [8], [-1])], [2.0], taps.Cluster(2, 4), planner="optimal"
+        )
 
 
 def test_bounds_refuse_the_volume_model():

@@ -39,6 +39,7 @@ __all__ = [
     "plan_redistribution",
     "redistribution_bounds",
     "redistribution_costs",
+    "redistribution_pair_costs",
     "unify",
 ]
 
@@ -415,6 +416,22 @@ def redistribution_costs(
     time_limit: float | None = None,
 ) -> npt.NDArray[np.float64]:
     """The matrix of redistribution costs from each source to each target, on all cores.
+
+    Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
+    milliseconds."""
+
+def redistribution_pair_costs(
+    sources: Sequence[Layout],
+    targets: Sequence[Layout],
+    dtype_bytes: Sequence[float],
+    cluster: Cluster,
+    model: _CostModel = "topology",
+    planner: _Planner = "paper",
+    time_limit: float | None = None,
+) -> npt.NDArray[np.float64]:
+    """The cost of each pair ``(sources[k], targets[k])`` of ``dtype_bytes[k]`` bytes per
+    element, as ``redistribution_costs`` prices it: pairs of many tensors in one call, on all
+    cores.
 
     Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
     milliseconds."""

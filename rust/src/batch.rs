@@ -288,6 +288,54 @@ pub fn redistribution_costs_until(
     expanded(&distinct, &src_index, &tgt_index).map(Some)
 }
 
+/// Per pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element, the cost
+/// [`redistribution_costs_until`] gives it: the pairs of many tensors in one call, in parallel
+/// over the pairs (the optimal search's rounds price the few pairs their assignment picks on
+/// every edge at once, not one call per edge); `None` once `stop` is set.
+///
+/// # Errors
+/// [`Error::Shape`] if the three lists differ in length, else the first pair's error in order
+/// (as [`redistribution_costs`]).
+pub fn pair_costs_until(
+    sources: &[Layout],
+    targets: &[Layout],
+    dtype_bytes: &[f64],
+    cluster: &Cluster,
+    model: CostModel,
+    planner: Planner,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<f64>>> {
+    if sources.len() != targets.len() || sources.len() != dtype_bytes.len() {
+        return Err(Error::Shape(format!(
+            "{} sources, {} targets and {} dtype_bytes: one of each per pair",
+            sources.len(),
+            targets.len(),
+            dtype_bytes.len()
+        )));
+    }
+    let costs: Vec<Result<Option<f64>>> = (0..sources.len())
+        .into_par_iter()
+        .map(|k| {
+            let (source, target) = (
+                std::slice::from_ref(&sources[k]),
+                std::slice::from_ref(&targets[k]),
+            );
+            let cost = redistribution_costs_until(
+                source,
+                target,
+                cluster,
+                dtype_bytes[k],
+                model,
+                planner,
+                stop,
+            )?;
+            Ok(cost.map(|c| c[0]))
+        })
+        .collect();
+    // Collected in order first: the error reported is the first pair's, whichever thread met it.
+    costs.into_iter().collect()
+}
+
 /// Per pair of `sources` x `targets` (row-major), a lower bound on its cost under the optimal
 /// planner without its search: Algorithm 1's cost, or the search's bound at the source if less;
 /// and whether the bound is that cost: where Algorithm 1 moves nothing, and where the search's
@@ -616,6 +664,63 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Pairs of several tensors and element sizes in one call: each pair's cost is its plan's,
+    /// under both planners and both models.
+    #[test]
+    fn pair_costs_are_the_plans_bit_for_bit() {
+        let cluster = Cluster::new(2, 4, 60e9, 6e9, None).unwrap();
+        let layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(7).collect();
+        let pairs: Vec<(&Layout, &Layout)> = layouts
+            .iter()
+            .flat_map(|a| layouts.iter().map(move |b| (a, b)))
+            .filter(|(a, b)| check_same_tensor(a, b).is_ok())
+            .step_by(3)
+            .collect();
+        assert!(pairs.len() > 100, "{} pairs", pairs.len());
+        let sources: Vec<Layout> = pairs.iter().map(|p| p.0.clone()).collect();
+        let targets: Vec<Layout> = pairs.iter().map(|p| p.1.clone()).collect();
+        let bytes: Vec<f64> = (0..pairs.len()).map(|k| [2.0, 4.0, 1.0][k % 3]).collect();
+        let never = AtomicBool::new(false);
+        for planner in [Planner::Paper, Planner::Optimal] {
+            for model in [CostModel::Topology, CostModel::Volume] {
+                let got =
+                    pair_costs_until(&sources, &targets, &bytes, &cluster, model, planner, &never)
+                        .unwrap()
+                        .unwrap();
+                for (k, (a, b)) in pairs.iter().enumerate() {
+                    let objective = objective(&cluster, bytes[k], model);
+                    let want = plan_redistribution(a, b, planner, objective)
+                        .unwrap()
+                        .cost(&cluster, bytes[k], model)
+                        .unwrap();
+                    assert_eq!(got[k].to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                }
+            }
+        }
+        let (a, b) = (layout(&[8, 8], &[4], &[0, -1]), layout(&[32], &[4], &[0]));
+        let bad = pair_costs_until(
+            &[a.clone(), a.clone()],
+            &[a.clone(), b],
+            &[2.0, 2.0],
+            &cluster,
+            CostModel::Topology,
+            Planner::Optimal,
+            &never,
+        );
+        assert!(bad.is_err());
+        let one = std::slice::from_ref(&a);
+        let short = pair_costs_until(
+            one,
+            one,
+            &[],
+            &cluster,
+            CostModel::Topology,
+            Planner::Optimal,
+            &never,
+        );
+        assert!(matches!(short, Err(Error::Shape(_))));
     }
 
     #[test]

@@ -18,6 +18,7 @@ from taps._core import (
     allreduce_costs,
     redistribution_bounds,
     redistribution_costs,
+    redistribution_pair_costs,
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
@@ -272,30 +273,63 @@ def _edge_cost(
 @dataclass
 class _Bound:
     """An edge's cost matrix of lower bounds on the optimal planner's costs, made exact a block
-    of class pairs at a time by ``price`` (the optimal planner's costs)."""
+    of class pairs at a time (:func:`_refine`)."""
 
     cost: np.ndarray
     src: list[tuple[Layout, ...]]
     dst: list[tuple[Layout, ...]]
     backward: bool
-    price: Callable[[list[Layout], list[Layout]], np.ndarray]
+    #: The bytes per element of the edge's tensor.
+    dtype: float
     #: The pairs whose cost is exact: at first those whose bound is (nothing to move, or
     #: Algorithm 1's cost where the search's bound exceeds it).
     exact: np.ndarray
 
-    def refine(self, pairs: set[tuple[int, int]]) -> bool:
-        """Price the pairs not yet exact (and the rest of their rows' and columns' block, priced
-        in the same call) as the full tables do; True if there was one."""
+    def block(self, pairs: set[tuple[int, int]]) -> tuple[list[int], list[int]] | None:
+        """The rows and columns of the pairs not yet exact (the rest of their block is priced
+        with them, as the full tables price it); None if there is none."""
         todo = [(i, j) for i, j in pairs if not self.exact[i, j]]
         if not todo:
-            return False
-        rows, cols = sorted({i for i, _ in todo}), sorted({j for _, j in todo})
-        block = np.ix_(rows, cols)
-        self.cost[block] = _edge_cost(
-            self.price, [self.src[i] for i in rows], [self.dst[j] for j in cols], self.backward
-        )
-        self.exact[block] = True
-        return True
+            return None
+        return sorted({i for i, _ in todo}), sorted({j for _, j in todo})
+
+    def directed(self, rows: list[int], cols: list[int]) -> list[tuple[Layout, Layout]]:
+        """The layout pairs priced for a block, row-major: each class pair's forward pair, then
+        (in the training step) each one's gradient's way back."""
+        out = [(self.src[i][0], self.dst[j][0]) for i in rows for j in cols]
+        if self.backward:
+            out += [(self.dst[j][1], self.src[i][1]) for i in rows for j in cols]
+        return out
+
+
+def _refine(
+    blocks: list[tuple[_Bound, set[tuple[int, int]]]],
+    price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
+) -> bool:
+    """Make the pairs of every bound's block exact (:meth:`_Bound.block`) by one call of
+    ``price`` (per directed layout pair and bytes per element, its cost: one watched call of the
+    optimal planner per round, not one per edge and direction); True if a pair was not exact."""
+    todo = [(b, block) for b, pairs in blocks if (block := b.block(pairs)) is not None]
+    if not todo:
+        return False
+    # Each distinct directed pair once: edges of one tensor meet the same pairs.
+    index: dict[tuple[Layout, Layout, float], int] = {}
+    at = [
+        [index.setdefault((s, t, b.dtype), len(index)) for s, t in b.directed(*block)]
+        for b, block in todo
+    ]
+    keys = list(index)
+    costs = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+    for (b, (rows, cols)), where in zip(todo, at):
+        shape = (len(rows), len(cols))
+        size = shape[0] * shape[1]
+        cost = costs[where[:size]].reshape(shape)
+        if b.backward:
+            # Added in the order the full tables add them: the forward cost, then the backward.
+            cost = cost + costs[where[size:]].reshape(shape)
+        b.cost[np.ix_(rows, cols)] = cost
+        b.exact[np.ix_(rows, cols)] = True
+    return True
 
 
 def _reductions(
@@ -522,18 +556,13 @@ def build_tables(
                 by_layouts[layouts] = cost
                 if bounded:
 
-                    def exact(s: list[Layout], t: list[Layout], dtype: float = dtype) -> Any:
-                        return redistribution_costs(
-                            s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
-                        )
-
                     def inexact(
                         s: list[Layout], t: list[Layout], dtype: float = dtype
                     ) -> np.ndarray:
                         return priced.inexact(s, t, dtype)
 
                     known = _edge_cost(inexact, src, dst, backward) == 0
-                    bounds[id(cost)] = _Bound(cost, src, dst, backward, exact, known)
+                    bounds[id(cost)] = _Bound(cost, src, dst, backward, dtype, known)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
@@ -544,7 +573,12 @@ def build_tables(
             i = int(e.source_class[choice[e.edge.producer]])
             j = int(e.target_class[choice[e.edge.consumer]])
             pairs.setdefault(id(e.cost), set()).add((i, j))
-        # Every bound refined (no short circuit): one solve per round, not per edge.
-        return any([bounds[k].refine(p) for k, p in pairs.items()])
+        # Every bound refined at once: one solve per round, not per edge.
+        return _refine([(bounds[k], p) for k, p in pairs.items()], exact)
+
+    def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
+        return redistribution_pair_costs(
+            s, t, dtypes, cluster, cost_model, planner, time_limit=left(deadline)
+        )
 
     return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)

@@ -1,6 +1,6 @@
-//! The batch cost kernels: `redistribution_costs`, `allreduce_costs`, `min_plus` and
-//! `min_plus_one`, on all cores with the GIL released, and `frontier_sum` (one core) for the
-//! memory-limited search.
+//! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`,
+//! `allreduce_costs`, `min_plus` and `min_plus_one`, on all cores with the GIL released, and
+//! `frontier_sum` (one core) for the memory-limited search.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -47,13 +47,7 @@ pub(super) fn redistribution_costs<'py>(
     let cluster = cluster.inner.clone();
     let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
     let model = CostModel::parse(model)?;
-    let time_limit = time_limit
-        .map(|t| t.get("time_limit", Error::TimeLimit))
-        .transpose()?;
-    if let Some(t) = time_limit.filter(|t| t.is_nan() || *t < 0.0) {
-        let message = format!("time_limit must be a non-negative number of seconds, got {t}");
-        return Err(Error::TimeLimit(message).into());
-    }
+    let time_limit = seconds(time_limit)?;
     let shape = (sources.len(), targets.len());
     let stop = AtomicBool::new(false);
     let run = || {
@@ -81,6 +75,72 @@ pub(super) fn redistribution_costs<'py>(
     let costs = costs.expect("nothing stopped the batch");
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
+}
+
+/// A time limit in seconds, if any: a non-negative number.
+fn seconds(time_limit: Option<Num<f64>>) -> Result<Option<f64>, Error> {
+    let time_limit = time_limit
+        .map(|t| t.get("time_limit", Error::TimeLimit))
+        .transpose()?;
+    if let Some(t) = time_limit.filter(|t| t.is_nan() || *t < 0.0) {
+        let message = format!("time_limit must be a non-negative number of seconds, got {t}");
+        return Err(Error::TimeLimit(message));
+    }
+    Ok(time_limit)
+}
+
+/// The cost of each pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element
+/// ([`batch::pair_costs_until`]): the pairs of many tensors in one watched call; a
+/// [`Error::TimeLimit`] if `time_limit` seconds pass first.
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, dtype_bytes, cluster, model="topology", planner="paper", time_limit=None),
+    text_signature = "(sources, targets, dtype_bytes, cluster, model='topology', planner='paper', time_limit=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn redistribution_pair_costs<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    dtype_bytes: Vec<Num<f64>>,
+    cluster: &PyCluster,
+    model: &str,
+    planner: &str,
+    time_limit: Option<Num<f64>>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let planner = Planner::parse(planner)?;
+    let (sources, targets) = (inners(&sources), inners(&targets));
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes
+        .iter()
+        .map(|b| b.get("dtype_bytes", Error::Topology))
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = CostModel::parse(model)?;
+    let time_limit = seconds(time_limit)?;
+    let stop = AtomicBool::new(false);
+    let run = || {
+        batch::pair_costs_until(
+            &sources,
+            &targets,
+            &dtype_bytes,
+            &cluster,
+            model,
+            planner,
+            &stop,
+        )
+    };
+    let costs = if planner == Planner::Paper && sources.len() <= WATCHED_PAIRS {
+        py.detach(run)?
+    } else {
+        let what = || {
+            format!(
+                "the time limit ran out while pricing {} redistributions",
+                sources.len()
+            )
+        };
+        watched(py, &stop, time_limit, what, run)??
+    };
+    Ok(costs.expect("nothing stopped the batch").into_pyarray(py))
 }
 
 /// The matrix of lower bounds on the optimal planner's costs, and the matrix of whether each is
