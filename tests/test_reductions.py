@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import taps
@@ -303,3 +304,42 @@ def test_repeated_blocks_sharing_their_arrays_keep_the_optimum(problem):
     if math.prod(len(c) for c in problem.node_cost.values()) > 5000:
         return
     _check(problem)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(problems(), repeated_problems()), st.integers(1, 2), st.data())
+def test_reductions_taken_again_are_those_found_afresh(problem, count, data):
+    """reduce_again on the same form with other costs (one or two objectives) gives what reduce
+    gives, to the last digit, where every step is a leaf or a fixed operator; None otherwise."""
+    order = list(problem.node_cost)
+    like = reduce([problem] * count, order)
+    floats = st.integers(0, 5).map(float) | st.floats(0, 9)
+    costs = [_recosted(problem, floats, data) for _ in range(count)]
+    again = reductions.reduce_again(costs, order, like)
+    fresh = reduce(costs, order)
+    if any(isinstance(s, (reductions._Merge, reductions._Series)) for s in like.steps):
+        assert again is None
+        event("a merge or a series: reduced afresh")
+        return
+    assert again is not None
+    event("taken again")
+    assert [(type(s), s.v) for s in again.steps] == [(type(s), s.v) for s in fresh.steps]
+    for got, want in zip(again.cores, fresh.cores, strict=True):
+        assert list(got.node_cost) == list(want.node_cost)
+        for v, c in want.node_cost.items():
+            assert np.array_equal(got.node_cost[v], c)
+        assert len(got.pairs) == len(want.pairs)
+        for p, q in zip(got.pairs, want.pairs, strict=True):
+            assert (p.u, p.w) == (q.u, q.w) and np.array_equal(p.cost, q.cost)
+    if count == 1:
+        _, core_choice = _brute_force(fresh.cores[0])
+        assert again.expand(core_choice) == fresh.expand(core_choice)
+    # Another form (another order, another class of a candidate) is reduced afresh.
+    if len(order) > 1:
+        assert reductions.reduce_again(costs, order[::-1], like) is None
+    if problem.pairs:
+        p = problem.pairs[0]
+        pairs = [replace(p, u_class=np.zeros_like(p.u_class)), *problem.pairs[1:]]
+        other = Problem(dict(problem.node_cost), pairs)
+        taken = reductions.reduce_again([other] * count, order, like)
+        assert (taken is None) == bool(p.u_class.any())

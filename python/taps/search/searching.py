@@ -21,7 +21,7 @@ from taps.plan.stages import Pipeline
 from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
 from taps.search.pipeline import PipelineResult, search_pipeline
 from taps.search.tables import build_tables
-from taps.solve.pipeline import solve
+from taps.solve.pipeline import Rounds, solve
 from taps.solve.problem import IlpOptions, IlpSize
 
 #: The stages of ``SearchResult.timings``, in order (``total`` is end to end).
@@ -226,11 +226,13 @@ def _search(
         graph, cluster, pricing, replicas=replicate, deadline=deadline, bounded=True
     )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    solution = solve(tables, limit, left(deadline), options, tie=tie)
+    rounds = Rounds()
+    solution = solve(tables, limit, left(deadline), options, tie=tie, rounds=rounds)
     # The optimal planner's tables hold lower bounds: an assignment whose edges are all priced
     # exactly costs no more than any other, each at most its bounded price (docs/search.md).
+    # Each round changes a few pair costs, so the next solve takes the last one's reductions.
     while tables.refine is not None and tables.refine(solution.choice):
-        solution = solve(tables, limit, left(deadline), options, tie=tie)
+        solution = solve(tables, limit, left(deadline), options, tie=tie, rounds=rounds)
     t1 = time.perf_counter()
     plan = Plan(
         graph, cluster, tables.strategies(solution.choice), tables.pricing_of(solution.choice)

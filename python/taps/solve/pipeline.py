@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
-from taps.solve.reductions import reduce
+from taps.solve.reductions import Reduction, reduce, reduce_again
 from taps.solve.steady import eliminate_pieces
 from taps.solve.ties import Ties
 
@@ -85,6 +85,15 @@ def _check_memory(instance: Instance, memory_limit: float | None) -> None:
         )
 
 
+@dataclass
+class Rounds:
+    """For a caller that solves problems of one form again and again, changing costs' values
+    between solves (the optimal search's rounds): the last solve's reductions, which the next
+    takes again (:func:`taps.solve.reductions.reduce_again`) rather than looking for them."""
+
+    reduction: Reduction | None = None
+
+
 def solve(
     instance: Instance,
     memory_limit: float | None = None,
@@ -92,6 +101,7 @@ def solve(
     options: IlpOptions = IlpOptions(),
     tie_break: tuple[Instance, str] | None = None,
     tie: bool = True,
+    rounds: Rounds | None = None,
 ) -> IlpSolution:
     """Pick one candidate per operator minimising the total cost, under a per-device memory
     limit if given. Raises InfeasibleError if no assignment fits the memory limit. The choice
@@ -106,7 +116,8 @@ def solve(
     the second solve.
 
     With ``tie`` (the default) the tied repeats take one set of choices (:mod:`taps.solve.ties`);
-    ``tie=False`` decides every operator on its own."""
+    ``tie=False`` decides every operator on its own. ``rounds`` carries the reductions from one
+    solve to the next (:class:`Rounds`)."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     _check_memory(instance, memory_limit)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
@@ -123,7 +134,7 @@ def solve(
         per_op = ties.fold_memory(per_op)
     memory = None if memory_limit is None else MemoryLimit(per_op, instance.layers, memory_limit)
     try:
-        solution = _solve(objectives, memory, options, deadline)
+        solution = _solve(objectives, memory, options, deadline, rounds)
     except TimeLimitError:
         solution = _out_of_time(objectives[0], memory)
     if ties is not None:
@@ -149,11 +160,12 @@ def _solve(
     memory: MemoryLimit | None,
     options: IlpOptions,
     deadline: float | None,
+    rounds: Rounds | None = None,
 ) -> IlpSolution:
     if not options.reduce:
         return _pruned_run(objectives, options, memory, deadline)
     order = list(objectives[0].node_cost)
-    free = _reduced(objectives, order, None, options, deadline)
+    free = _reduced(objectives, order, None, options, deadline, rounds=rounds)
     # The optimum without the memory limit is optimal with it if it fits. (Reduced on its own,
     # not after the steady operators below: eliminating those first joins their wide neighbours
     # by large pair costs, ConvNeXt's blocks on 8 x 8 by 1,649 x 1,649 ones, 4 times the time.)
@@ -189,11 +201,19 @@ def _reduced(
     options: IlpOptions,
     deadline: float | None,
     eliminable: set[str] | None = None,
+    rounds: Rounds | None = None,
 ) -> IlpSolution:
     """Solve after the exact reductions (of the ``eliminable`` operators only, if given, which
-    must have the same memory for every candidate when ``memory`` is given)."""
+    must have the same memory for every candidate when ``memory`` is given), those of
+    ``rounds`` taken again where they apply."""
     t0 = time.perf_counter()
-    reduction = reduce(objectives, order, eliminable, deadline)
+    reduction = None
+    if rounds is not None and rounds.reduction is not None and eliminable is None:
+        reduction = reduce_again(objectives, order, rounds.reduction)
+    if reduction is None:
+        reduction = reduce(objectives, order, eliminable, deadline)
+    if rounds is not None:
+        rounds.reduction = reduction
     reduce_time = time.perf_counter() - t0
     core = reduction.cores[0]
     if memory is not None:

@@ -239,6 +239,11 @@ class Reduction:
     steps: list[_Fixed | _Leaf | _Series | _Merge] = field(default_factory=list)
     #: Every pair cost the reductions saw, by id (the first ones are the problem's, in order).
     pairs: dict[int, PairCost] = field(default_factory=dict)
+    #: The (first objective's) problem reduced, if every operator could be eliminated, and the
+    #: order of the operators visited (:func:`reduce_again` takes the same steps on a problem of
+    #: its form).
+    problem: Problem | None = None
+    order: list[str] = field(default_factory=list)
 
     @property
     def eliminated(self) -> int:
@@ -305,10 +310,7 @@ def reduce(
         for o in objectives
     ):
         raise ValueError("reduce takes one or two problems over the same operators and pairs")
-    node = {
-        v: np.stack([o.node_cost[v] for o in objectives], axis=-1).astype(np.float64)
-        for v in first.node_cost
-    }
+    node = _stacked_nodes(objectives)
     # The layers of a model share their pair costs (one array for every copy) and, inside a
     # layer, have equal node costs: an elimination whose inputs are the same arrays and equal
     # node costs is made once (the result shared; no array is changed in place). Arrays are
@@ -319,9 +321,7 @@ def reduce(
     def stacked(k: int) -> np.ndarray:
         key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
         if key not in memo:
-            costs = [o.pairs[k].cost for o in objectives]
-            # One objective: a view (nothing changes the arrays in place), not a copy.
-            memo[key] = costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
+            memo[key] = _stacked_cost([o.pairs[k].cost for o in objectives])
         return cast("np.ndarray", memo[key])
 
     pairs: dict[int, PairCost] = {
@@ -384,21 +384,15 @@ def reduce(
         if len(node[v]) == 1:
             # One candidate, whatever the degree: each pair cost is a node cost of the neighbour
             # (the operator's own cost goes to one of them, to keep the total).
-            own = node[v][0]
-            edges = []
-            for u, k in near.items():
-                e = pairs[k].oriented(u)
-                node[u] += e.cost[:, e.w_class[0]][e.u_class] + own
-                own = np.zeros_like(own)
-                edges.append((k, e))
+            edges = [(k, pairs[k].oriented(u)) for u, k in near.items()]
+            _fixed_fold(edges, node)
             steps.append(_Fixed(v, edges))
         elif len(near) == 1:
             ((u, k),) = near.items()
             e = pairs[k].oriented(u)
             key = ("leaf", *_identities(e), node[v].shape, node[v].tobytes())
             if key not in memo:
-                best = _class_min(node[v], e.w_class, e.cost.shape[1])
-                memo[key] = _lex_min(e.cost + best[None], axis=1)[e.u_class]
+                memo[key] = _leaf_fold(e, node[v])
             node[u] += cast("np.ndarray", memo[key])
             steps.append(_Leaf(v, e, node[v], k))
         elif len(near) == 2:
@@ -438,7 +432,45 @@ def reduce(
                 if not near & touched and eliminate(v, wait=False):
                     touched |= near
                     changed = True
-    cores = [
+    # Reduced whole, it can be taken again (reduce_again).
+    again = first if eliminable is None else None
+    return Reduction(_cores(node, pairs, len(objectives)), steps, seen, again, list(order))
+
+
+def _stacked_nodes(objectives: Sequence[Problem]) -> dict[str, np.ndarray]:
+    """Each operator's node costs, objectives on the last axis (a copy: the reductions add to
+    it)."""
+    return {
+        v: np.stack([o.node_cost[v] for o in objectives], axis=-1).astype(np.float64)
+        for v in objectives[0].node_cost
+    }
+
+
+def _stacked_cost(costs: list[np.ndarray]) -> np.ndarray:
+    """A pair's costs, objectives on the last axis."""
+    # One objective: a view (nothing changes the arrays in place), not a copy.
+    return costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
+
+
+def _leaf_fold(e: PairCost, node: np.ndarray) -> np.ndarray:
+    """What eliminating the leaf ``e.w`` of node costs ``node`` adds to ``e.u``'s node costs:
+    per candidate of ``e.u``, the leaf's best completion."""
+    best = _class_min(node, e.w_class, e.cost.shape[1])
+    return _lex_min(e.cost + best[None], axis=1)[e.u_class]
+
+
+def _fixed_fold(edges: list[tuple[int, PairCost]], node: dict[str, np.ndarray]) -> None:
+    """Eliminating an operator of one candidate (each of ``edges`` oriented towards it): each
+    pair cost added to its neighbour's node costs, the operator's own cost to the first's."""
+    own = node[edges[0][1].w][0]
+    for _, e in edges:
+        node[e.u] += e.cost[:, e.w_class[0]][e.u_class] + own
+        own = np.zeros_like(own)
+
+
+def _cores(node: dict[str, np.ndarray], pairs: dict[int, PairCost], count: int) -> list[Problem]:
+    """The problem left, one per objective."""
+    return [
         Problem(
             {v: c[:, i] for v, c in node.items()},
             [
@@ -446,9 +478,66 @@ def reduce(
                 for _, p in sorted(pairs.items())
             ],
         )
-        for i in range(len(objectives))
+        for i in range(count)
     ]
-    return Reduction(cores, steps, seen)
+
+
+def reduce_again(
+    objectives: Sequence[Problem], order: list[str], like: Reduction
+) -> Reduction | None:
+    """:func:`reduce` of every operator in ``order``, for problems of the form of those ``like``
+    reduced in that order (the same operators, candidates, pairs and classes: the optimal
+    search's rounds change a few pair costs' values between solves), by ``like``'s steps
+    without looking for them again:
+    the same operations in the same order, so the same numbers. None (reduce them afresh) if the
+    form differs or a step of ``like`` is a merge or a series (its pair compacted by its values,
+    after which the reductions may take another way)."""
+    first, before = objectives[0], like.problem
+    if (
+        before is None
+        or order != like.order
+        or list(first.node_cost) != list(before.node_cost)
+        or len(objectives) != len(like.cores)
+        or any(isinstance(step, (_Merge, _Series)) for step in like.steps)
+        or len(first.pairs) != len(before.pairs)
+        or any(len(c) != len(before.node_cost.get(v, ())) for v, c in first.node_cost.items())
+        or not all(_alike(p, q) for p, q in zip(first.pairs, before.pairs, strict=True))
+    ):
+        return None
+    node = _stacked_nodes(objectives)
+    pairs = {
+        k: PairCost(
+            p.u, p.w, p.u_class, p.w_class, _stacked_cost([o.pairs[k].cost for o in objectives])
+        )
+        for k, p in enumerate(first.pairs)
+    }
+    seen = dict(pairs)
+    steps: list[_Fixed | _Leaf | _Series | _Merge] = []
+    for step in like.steps:
+        if isinstance(step, _Leaf):
+            e = pairs.pop(step.edge_id).oriented(step.edge.u)
+            node[e.u] += _leaf_fold(e, node[step.v])
+            steps.append(_Leaf(step.v, e, node[step.v], step.edge_id))
+        else:
+            assert isinstance(step, _Fixed)
+            edges = [(k, pairs.pop(k).oriented(e.u)) for k, e in step.edges]
+            _fixed_fold(edges, node)
+            steps.append(_Fixed(step.v, edges))
+        del node[step.v]
+    return Reduction(_cores(node, pairs, len(objectives)), steps, seen, first, order)
+
+
+def _alike(p: PairCost, q: PairCost) -> bool:
+    """Whether two pair costs join the same operators by the same classes."""
+    return (
+        p.u == q.u
+        and p.w == q.w
+        and p.cost.shape == q.cost.shape
+        and all(
+            a is b or np.array_equal(a, b)
+            for a, b in ((p.u_class, q.u_class), (p.w_class, q.w_class))
+        )
+    )
 
 
 def _dense(p: PairCost, u: str) -> np.ndarray:
