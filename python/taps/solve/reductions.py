@@ -239,9 +239,9 @@ class Reduction:
     steps: list[_Fixed | _Leaf | _Series | _Merge] = field(default_factory=list)
     #: Every pair cost the reductions saw, by id (the first ones are the problem's, in order).
     pairs: dict[int, PairCost] = field(default_factory=dict)
-    #: The (first objective's) problem reduced, if every operator could be eliminated, and the
-    #: order of the operators visited (:func:`reduce_again` takes the same steps on a problem of
-    #: its form).
+    #: The (first objective's) problem reduced, if every operator was open to the reductions,
+    #: and the order of the operators visited (:func:`reduce_again` takes the same steps on a
+    #: problem of its form).
     problem: Problem | None = None
     order: list[str] = field(default_factory=list)
 
