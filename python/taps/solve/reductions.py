@@ -254,7 +254,7 @@ class Reduction:
         assert not self.cores[0].pairs
         names = list(self.cores[0].node_cost)
         return {
-            v: int(_lex_argmin(np.stack([c.node_cost[v] for c in self.cores], axis=-1), axis=0))
+            v: int(_lex_argmin(_stacked_cost([c.node_cost[v] for c in self.cores]), axis=0))
             for v in names
         }
 
@@ -441,13 +441,13 @@ def _stacked_nodes(objectives: Sequence[Problem]) -> dict[str, np.ndarray]:
     """Each operator's node costs, objectives on the last axis (a copy: the reductions add to
     it)."""
     return {
-        v: np.stack([o.node_cost[v] for o in objectives], axis=-1).astype(np.float64)
+        v: _stacked_cost([o.node_cost[v] for o in objectives]).astype(np.float64)
         for v in objectives[0].node_cost
     }
 
 
 def _stacked_cost(costs: list[np.ndarray]) -> np.ndarray:
-    """A pair's costs, objectives on the last axis."""
+    """Costs of each objective (a pair's, or an operator's), objectives on the last axis."""
     # One objective: a view (nothing changes the arrays in place), not a copy.
     return costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
 
