@@ -3,6 +3,7 @@ assignment's pairs made exact until all are) against the full tables' brute forc
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from graphs_gen import CLUSTERS, small_enough, small_graphs
 from taps._core import redistribution_pair_costs
 from taps.reproduce import DEVICES_PER_NODE, timing_cases
 from taps.reproduce.cases import paper_cluster
+from taps.search import tables
 from taps.search.tables import build_tables
 from taps.solve.pipeline import solve
 from test_search import _brute_force
@@ -73,6 +75,36 @@ def test_pair_costs_are_each_pairs_cost(log2, data):
                 for (s, t), b in zip(pairs, sizes, strict=True)
             ]
             assert got.tolist() == want
+
+
+def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
+    # One class pair of a training edge, both directions bounded: the first round prices its
+    # forward, the next its backward (the gradient's way back), then nothing is left; an edge
+    # of the same layouts in the same round is priced once.
+    a, b = taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])
+    c, d = taps.Layout([8, 8], [8], [-1, -1]), taps.Layout([8, 8], [2, 4], [0, 1])
+
+    def bound() -> tables._Bound:
+        parts = [np.array([[1.0]]), np.array([[2.0]])]
+        exact = [np.array([[False]]), np.array([[False]])]
+        return tables._Bound(np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact)
+
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        return np.array([10.0 * len(calls)] * len(sources))
+
+    first, second = bound(), bound()
+    chosen = [(first, {(0, 0)}), (second, {(0, 0)})]
+    assert tables._refine(chosen, price)
+    assert calls == [[(a, b, 4.0)]]
+    assert first.cost[0, 0] == second.cost[0, 0] == 10.0 + 2.0
+    assert tables._refine(chosen, price)
+    assert calls[1] == [(d, c, 4.0)]
+    assert first.cost[0, 0] == 10.0 + 20.0
+    assert not tables._refine(chosen, price)
+    assert len(calls) == 2
 
 
 def test_pair_costs_refuse_lists_of_other_lengths():

@@ -256,24 +256,38 @@ class _Priced:
         return matrix, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
 
 
+def _directions(
+    price: Callable[[list[Layout], list[Layout]], np.ndarray],
+    src: Sequence[tuple[Layout, ...]],
+    dst: Sequence[tuple[Layout, ...]],
+    backward: bool,
+) -> list[np.ndarray]:
+    """An edge's matrices between its ends' layout classes, one per direction: ``price`` from
+    each source's layout to each target's, and in the training step the gradient's way back
+    (transposed: a row per source class)."""
+    out = [price([r[0] for r in src], [r[0] for r in dst])]
+    if backward:
+        out.append(price([r[1] for r in dst], [r[1] for r in src]).T)
+    return out
+
+
 def _edge_cost(
     price: Callable[[list[Layout], list[Layout]], np.ndarray],
     src: Sequence[tuple[Layout, ...]],
     dst: Sequence[tuple[Layout, ...]],
     backward: bool,
 ) -> np.ndarray:
-    """An edge's cost matrix between its ends' layout classes: ``price`` from each source's
-    layout to each target's, plus, in the training step, the gradient's way back."""
-    cost = price([r[0] for r in src], [r[0] for r in dst])
-    if backward:
-        cost = cost + price([r[1] for r in dst], [r[1] for r in src]).T
-    return cost
+    """An edge's cost matrix between its ends' layout classes: its directions' summed, the
+    forward first (:func:`_directions`)."""
+    parts = _directions(price, src, dst, backward)
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
 @dataclass
 class _Bound:
-    """An edge's cost matrix of lower bounds on the optimal planner's costs, made exact a block
-    of class pairs at a time (:func:`_refine`)."""
+    """An edge's cost matrix of lower bounds on the optimal planner's costs (its forward's plus,
+    in the training step, its backward's), made exact one direction of a class pair at a time
+    (:func:`_refine`)."""
 
     cost: np.ndarray
     src: list[tuple[Layout, ...]]
@@ -281,54 +295,53 @@ class _Bound:
     backward: bool
     #: The bytes per element of the edge's tensor.
     dtype: float
-    #: The pairs whose cost is exact: at first those whose bound is (nothing to move, or
-    #: Algorithm 1's cost where the search's bound exceeds it).
-    exact: np.ndarray
+    #: Per direction (forward, then backward: 0 and exact outside the training step), the cost
+    #: or bound of each class pair, and whether it is exact: at first where the bound is (nothing
+    #: to move, or Algorithm 1's cost where the search's bound exceeds it).
+    parts: list[np.ndarray]
+    exact: list[np.ndarray]
 
-    def block(self, pairs: set[tuple[int, int]]) -> tuple[list[int], list[int]] | None:
-        """The rows and columns of the pairs not yet exact (the rest of their block is priced
-        with them, as the full tables price it); None if there is none."""
-        todo = [(i, j) for i, j in pairs if not self.exact[i, j]]
-        if not todo:
-            return None
-        return sorted({i for i, _ in todo}), sorted({j for _, j in todo})
+    def next(self, i: int, j: int) -> tuple[int, Layout, Layout] | None:
+        """The direction of class pair ``(i, j)`` to price next and its layouts, None if both
+        are exact: the forward first, the backward once the assignment picks the pair again
+        (most pairs priced are dropped after their first direction: searched once, not twice)."""
+        if not self.exact[0][i, j]:
+            return 0, self.src[i][0], self.dst[j][0]
+        if not self.exact[1][i, j]:
+            return 1, self.dst[j][1], self.src[i][1]
+        return None
 
-    def directed(self, rows: list[int], cols: list[int]) -> list[tuple[Layout, Layout]]:
-        """The layout pairs priced for a block, row-major: each class pair's forward pair, then
-        (in the training step) each one's gradient's way back."""
-        out = [(self.src[i][0], self.dst[j][0]) for i in rows for j in cols]
-        if self.backward:
-            out += [(self.dst[j][1], self.src[i][1]) for i in rows for j in cols]
-        return out
+    def settle(self, direction: int, i: int, j: int, cost: float) -> None:
+        """Direction ``direction`` of class pair ``(i, j)`` costs ``cost`` exactly."""
+        self.parts[direction][i, j] = cost
+        self.exact[direction][i, j] = True
+        # Added as the full tables add them: the forward cost, then the backward.
+        self.cost[i, j] = self.parts[0][i, j] + self.parts[1][i, j]
 
 
 def _refine(
-    blocks: list[tuple[_Bound, set[tuple[int, int]]]],
+    chosen: list[tuple[_Bound, set[tuple[int, int]]]],
     price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
 ) -> bool:
-    """Make the pairs of every bound's block exact (:meth:`_Bound.block`) by one call of
-    ``price`` (per directed layout pair and bytes per element, its cost: one watched call of the
-    optimal planner per round, not one per edge and direction); True if a pair was not exact."""
-    todo = [(b, block) for b, pairs in blocks if (block := b.block(pairs)) is not None]
+    """Price the next direction (:meth:`_Bound.next`) of every chosen class pair not yet exact by
+    one call of ``price`` (per directed layout pair and bytes per element, its cost: one watched
+    call of the optimal planner per round, not one per edge and direction); True if there was
+    one."""
+    todo = [
+        (b, i, j, *step)
+        for b, pairs in chosen
+        for i, j in sorted(pairs)
+        if (step := b.next(i, j)) is not None
+    ]
     if not todo:
         return False
     # Each distinct directed pair once: edges of one tensor meet the same pairs.
     index: dict[tuple[Layout, Layout, float], int] = {}
-    at = [
-        [index.setdefault((s, t, b.dtype), len(index)) for s, t in b.directed(*block)]
-        for b, block in todo
-    ]
+    at = [index.setdefault((s, t, b.dtype), len(index)) for b, _, _, _, s, t in todo]
     keys = list(index)
     costs = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
-    for (b, (rows, cols)), where in zip(todo, at):
-        shape = (len(rows), len(cols))
-        size = shape[0] * shape[1]
-        cost = costs[where[:size]].reshape(shape)
-        if b.backward:
-            # Added in the order the full tables add them: the forward cost, then the backward.
-            cost = cost + costs[where[size:]].reshape(shape)
-        b.cost[np.ix_(rows, cols)] = cost
-        b.exact[np.ix_(rows, cols)] = True
+    for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
+        b.settle(direction, i, j, float(costs[k]))
     return True
 
 
@@ -561,8 +574,12 @@ def build_tables(
                     ) -> np.ndarray:
                         return priced.inexact(s, t, dtype)
 
-                    known = _edge_cost(inexact, src, dst, backward) == 0
-                    bounds[id(cost)] = _Bound(cost, src, dst, backward, dtype, known)
+                    parts = _directions(costs, src, dst, backward)
+                    known = [m == 0 for m in _directions(inexact, src, dst, backward)]
+                    if not backward:
+                        parts.append(np.zeros_like(cost))
+                        known.append(np.ones(cost.shape, dtype=bool))
+                    bounds[id(cost)] = _Bound(cost, src, dst, backward, dtype, parts, known)
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
         edges.append(EdgeTable(edge, *cache[key]))
     timings["costs"] += time.perf_counter() - t0
@@ -573,7 +590,7 @@ def build_tables(
             i = int(e.source_class[choice[e.edge.producer]])
             j = int(e.target_class[choice[e.edge.consumer]])
             pairs.setdefault(id(e.cost), set()).add((i, j))
-        # Every bound refined at once: one solve per round, not per edge.
+        # Every edge's pairs priced at once: one call and one solve per round.
         return _refine([(bounds[k], p) for k, p in pairs.items()], exact)
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
