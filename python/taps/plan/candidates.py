@@ -53,15 +53,17 @@ def operand_specs(op: Operator) -> list[tuple[list[int], list[int]]]:
 
 def split_dims(op: Operator, strategy: Strategy, axes: Iterable[str]) -> list[int]:
     """The device dims of those of ``axes`` that ``strategy`` splits, ascending."""
+    # The strategy's lists read once: each read of a property builds the list anew.
+    degrees, device_map = strategy.degrees, strategy.device_map
     return sorted(
-        strategy.device_map[i]
-        for i, a in enumerate(op.partitionable)
-        if a in axes and strategy.degrees[i] > 1
+        device_map[i] for i, a in enumerate(op.partitionable) if a in axes and degrees[i] > 1
     )
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:
     """``layout`` holding partial sums along the device dims ``partial`` (unused by its map)."""
+    if not partial and not layout.partial:
+        return layout  # already so: no second equal layout to build
     return Layout(layout.shape, layout.device_matrix, layout.tensor_map, partial)
 
 

@@ -27,11 +27,11 @@ from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
-    collective_of,
+    apart_operands,
     copies_of,
     intra_collectives,
     is_parameter_gradient,
-    memory,
+    memories,
     partial_flows,
     reduced_operands,
 )
@@ -136,15 +136,22 @@ class CostTables:
         return replace(self.pricing, fsdp=self.sharded(choice))
 
 
-def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
+def _classes(
+    forward: Sequence[Layout], backward: Sequence[Layout] | None
+) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
-    forward layout, and in the training step the gradient's), each written as Algorithm 1 plans
-    it (the compacted form: the canonical form would also merge tensor dims, which changes the
-    paper's plans)."""
+    ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
+    Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
+    which changes the paper's plans)."""
     index: dict[tuple[Layout, ...], int] = {}
-    cls = np.empty(len(rows), dtype=np.int64)
-    for i, row in enumerate(rows):
-        cls[i] = index.setdefault(tuple(layout.compacted() for layout in row), len(index))
+    cls = np.empty(len(forward), dtype=np.int64)
+    for i, layout in enumerate(forward):
+        key: tuple[Layout, ...] = (layout.compacted(),)
+        if backward is not None:
+            # Most gradients hold no partial sums: the forward layout itself, compacted once.
+            other = backward[i]
+            key = (key[0], key[0] if other is layout else other.compacted())
+        cls[i] = index.setdefault(key, len(index))
     return cls, list(index)
 
 
@@ -316,23 +323,30 @@ def _reductions(
     matrices = [c.strategy.device_matrix for c in cands]
     operands = all_reduce_operands(graph, op, step, flowing, gradient_bytes, parameters)
     costs = allreduce_costs(degrees, maps, operands, cluster, cost_model, matrices)
-    apart = [
-        r
-        for r in reduced_operands(graph, op, step, flowing)
-        if r[2] and is_parameter_gradient(graph, r) == parameters
-    ]
-    if apart:
-        # Addends' gradients keep some axes apart: priced one candidate at a time.
-        costs += np.array(
-            [
-                sum(
-                    col.cost(cluster, cost_model)
-                    for r in apart
-                    if (col := collective_of(graph, op, c.strategy, r, False, gradient_bytes))
-                )
-                for c in cands
-            ]
-        )
+    kept = sorted(
+        {
+            op.partitionable.index(a)
+            for r in reduced_operands(graph, op, step, flowing)
+            if is_parameter_gradient(graph, r) == parameters
+            for a in r[2]
+        }
+    )
+    if kept:
+        # Addends' gradients keep some axes apart, as leading dims of their degree: the
+        # candidates of one degree on every such axis are priced together. The kernel sums
+        # each candidate's operands from 0 in order, as a loop over them would.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, key in enumerate(map(tuple, degrees[:, kept].tolist())):
+            groups.setdefault(key, []).append(i)
+        apart = np.zeros(len(cands))
+        for rows in groups.values():
+            tensors = apart_operands(
+                graph, op, degrees[rows[0]].tolist(), step, flowing, gradient_bytes, parameters
+            )
+            apart[rows] = allreduce_costs(
+                degrees[rows], maps[rows], tensors, cluster, cost_model, [matrices[i] for i in rows]
+            )
+        costs += apart
     return costs
 
 
@@ -436,7 +450,7 @@ def build_tables(
                 fwd, bwd = compute_times(graph, op, degrees, *device)
                 fwd = fwd * (1 + again[op.name])  # a checkpointed layer runs its forward again
                 node = other + fwd + overlapped_backward(bwd, param)
-            mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
+            mem = memories(graph, op, degrees, pricing, kept[op.name])
             sharded = np.zeros(len(cands), dtype=bool)
             twins = (
                 [i for i, c in enumerate(cands) if _stores(graph, op, c, step, flowing)]
@@ -459,10 +473,9 @@ def build_tables(
                         + gathers
                         + overlapped_backward(bwd[twins], scatter)
                     )
-                twin_mem = [
-                    memory(graph, op, cands[i], pricing, kept[op.name], True, copies[op.name])
-                    for i in twins
-                ]
+                twin_mem = memories(
+                    graph, op, degrees[twins], pricing, kept[op.name], True, copies[op.name]
+                )
                 cands = cands + [cands[i] for i in twins]
                 node = np.concatenate([node, twin_node])
                 mem = np.concatenate([mem, twin_mem])
@@ -492,22 +505,17 @@ def build_tables(
             # its signature, whose candidates are the same list.
             out = ("out", signature[edge.producer], flowing, backward)
             if out not in ends:
+                made = ops[edge.producer].candidates
                 ends[out] = _classes(
-                    [
-                        (
-                            c.partial_output if flowing else c.output,
-                            *((c.output,) if backward else ()),
-                        )
-                        for c in ops[edge.producer].candidates
-                    ]
+                    [c.partial_output for c in made] if flowing else [c.output for c in made],
+                    [c.output for c in made] if backward else None,
                 )
             into = ("in", signature[edge.consumer], edge.slot, backward)
             if into not in ends:
+                taken = ops[edge.consumer].candidates
                 ends[into] = _classes(
-                    [
-                        (c.inputs[edge.slot], *((c.gradient(edge.slot),) if backward else ()))
-                        for c in ops[edge.consumer].candidates
-                    ]
+                    [c.inputs[edge.slot] for c in taken],
+                    [c.gradient(edge.slot) for c in taken] if backward else None,
                 )
             (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
             dtype = graph.tensors[edge.tensor].dtype_bytes
