@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import taps
 from taps.frontends.torch import from_torch
-from taps.plan.candidates import candidates
+from taps.plan.candidates import Candidate, candidates
 from taps.search.checkpointing import checkpointing
 from taps.search.prices import (
     all_reduce_operands,
@@ -169,3 +169,31 @@ def test_classes_compact_each_layout(graph):
             assert cls.tolist() == want and rows == list(index)
             cls, rows = _classes(forward, None)
             assert rows == list(dict.fromkeys((a.compacted(),) for a in forward))
+
+
+@pytest.mark.parametrize("replicas", [False, True])
+def test_candidates_of_one_memo_are_each_operators_own(graph, replicas):
+    """Every operator's candidates through one memo shared by all of them (operators of the
+    same sizes share strategies, operands of the same axes and shape share layouts): equal to
+    those it enumerates on its own and to ``Candidate.of`` each strategy, and the shared layouts
+    the same objects."""
+    memo: dict = {}
+    shared = 0
+    for op in graph.ops:
+        before = len(memo)
+        found = candidates(op, CLUSTER.num_devices, replicas, memo)
+        shared += len(memo) == before
+        assert found == candidates(op, CLUSTER.num_devices, replicas)
+        assert found == [Candidate.of(op, c.strategy) for c in found]
+        assert all(c.op is op for c in found)
+    assert shared > 0
+
+
+def test_operators_axes_worked_out_once_are_their_own(graph):
+    """The contracted axes and every input's gradient axes, cached on the operator, are those
+    worked out from its operands."""
+    for op in graph.ops:
+        used = {d for o in op.inputs for d in o.dims}
+        assert op.contracted == tuple(a for a in op.axes if a in used and a not in op.output.dims)
+        assert op.input_gradient_axes == tuple(op.gradient_axes(o) for o in op.inputs)
+        assert op.contracted is op.contracted

@@ -130,6 +130,12 @@ class Operator:
         over = self.output.dims if operand.addend else self.axes
         return tuple(a for a in self.axes if a in over and a not in operand.dims)
 
+    @cached_property
+    def input_gradient_axes(self) -> tuple[tuple[str, ...], ...]:
+        """:meth:`gradient_axes` of each input, in slot order. Worked out once (every
+        candidate's gradient reads it)."""
+        return tuple(self.gradient_axes(o) for o in self.inputs)
+
     @property
     def input_tensors(self) -> tuple[str, ...]:
         return tuple(o.tensor for o in self.inputs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from taps._core import (
     Cluster,
@@ -85,15 +85,9 @@ class Candidate:
     _gradients: dict[int, Layout] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(
-        cls,
-        op: Operator,
-        strategy: Strategy,
-        specs: Sequence[tuple[list[int], list[int]]] | None = None,
-    ) -> Candidate:
-        """The candidate of ``strategy``; ``specs`` are :func:`operand_specs` of ``op``, worked
-        out once for all its strategies."""
-        layouts = [strategy.tensor_layout(i, s) for i, s in specs or operand_specs(op)]
+    def of(cls, op: Operator, strategy: Strategy) -> Candidate:
+        """The candidate of ``strategy``."""
+        layouts = [strategy.tensor_layout(i, s) for i, s in operand_specs(op)]
         return cls(strategy, tuple(layouts[:-1]), layouts[-1], op)
 
     @cached_property
@@ -107,8 +101,7 @@ class Candidate:
         layout, partial along the device dims of the split axes it is summed over
         (:meth:`taps.graph.Operator.gradient_axes`). Worked out once per slot, when first asked."""
         if slot not in self._gradients:
-            axes = self.op.gradient_axes(self.op.inputs[slot])
-            partial = split_dims(self.op, self.strategy, axes)
+            partial = split_dims(self.op, self.strategy, self.op.input_gradient_axes[slot])
             self._gradients[slot] = with_partial(self.inputs[slot], partial)
         return self._gradients[slot]
 
@@ -128,10 +121,28 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
     return found or enumerate_strategies(sizes, num_devices, True)
 
 
-def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[Candidate]:
-    """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
-    specs = operand_specs(op)
-    return [Candidate.of(op, s, specs) for s in strategies(op, num_devices, replicas)]
+def candidates(
+    op: Operator, num_devices: int, replicas: bool = False, memo: dict[Any, Any] | None = None
+) -> list[Candidate]:
+    """The candidates the search considers for ``op``: one per strategy of :func:`strategies`.
+    ``memo`` (a dict kept across the operators of one search) holds the strategies and operand
+    layouts found so far: operators of the same axis sizes share their strategies, and operands
+    of the same axes and shape their layouts (the objects themselves, immutable)."""
+    if memo is None:
+        memo = {}
+    sizes = (op.partitionable_sizes, num_devices, replicas)
+    if sizes not in memo:
+        memo[sizes] = strategies(op, num_devices, replicas)
+    found: list[Strategy] = memo[sizes]
+    columns = []
+    for axes, shape in operand_specs(op):
+        spec = (sizes, tuple(axes), tuple(shape))
+        if spec not in memo:
+            memo[spec] = [s.tensor_layout(axes, shape) for s in found]
+        columns.append(memo[spec])
+    return [
+        Candidate(s, tuple(layouts[:-1]), layouts[-1], op) for s, *layouts in zip(found, *columns)
+    ]
 
 
 def edge_redistributions(

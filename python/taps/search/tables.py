@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -138,7 +139,7 @@ class CostTables:
 
 def _classes(
     forward: Sequence[Layout], backward: Sequence[Layout] | None
-) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
+) -> tuple[np.ndarray, _End]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
     ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
     Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
@@ -152,13 +153,57 @@ def _classes(
             other = backward[i]
             key = (key[0], key[0] if other is layout else other.compacted())
         cls[i] = index.setdefault(key, len(index))
-    return cls, list(index)
+    return cls, _End(index)
 
 
 #: Prices by source layout, target layout and plane, with the row of each source layout and the
 #: column of each target layout. Plane 0 is the price; with bounds, plane 1 is 1.0 where a bound
 #: is not the pair's exact cost (0.0 where it is).
 _Matrix = tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]
+
+
+class _Side(list[Layout]):
+    """The layouts of one end's classes in one direction: the sources or the targets of a
+    matrix of :class:`_Priced`. An end serves many edges: its set (whose hash Python keeps) and
+    its positions in each matrix read back are worked out once."""
+
+    @cached_property
+    def set(self) -> frozenset[Layout]:
+        return frozenset(self)
+
+    @cached_property
+    def _positions(self) -> dict[int, np.ndarray | None]:
+        return {}
+
+    def positions(self, index: dict[Layout, int]) -> np.ndarray | None:
+        """Each layout's entry in ``index`` (a matrix's rows or columns), None if the matrix
+        lists them in this order. ``index`` lives as long as its matrix, so its identity keys
+        it."""
+        if id(index) not in self._positions:
+            at = np.array([index[x] for x in self], dtype=np.int64)
+            same = len(index) == len(at) and bool((at == np.arange(len(at))).all())
+            self._positions[id(index)] = None if same else at
+        return self._positions[id(index)]
+
+
+class _End(list[tuple[Layout, ...]]):
+    """The layout classes of one end of an edge (:func:`_classes`), each direction's layouts a
+    :class:`_Side` made once."""
+
+    @cached_property
+    def sides(self) -> tuple[_Side, _Side | None]:
+        return _Side(r[0] for r in self), _Side(r[1] for r in self) if self[0][1:] else None
+
+
+def _as_side(layouts: Sequence[Layout]) -> _Side:
+    return layouts if isinstance(layouts, _Side) else _Side(layouts)
+
+
+def _side(rows: Sequence[tuple[Layout, ...]], k: int) -> _Side:
+    """The ``k``-th layout of every row: an end's own :class:`_Side`, or one made for a block
+    of its rows."""
+    side = rows.sides[k] if isinstance(rows, _End) else None
+    return side if side is not None else _Side(r[k] for r in rows)
 
 
 class _Priced:
@@ -188,7 +233,8 @@ class _Priced:
         planner: Planner,
         deadline: float | None,
     ) -> np.ndarray:
-        key = (frozenset(sources), frozenset(targets), dtype)
+        sources, targets = _as_side(sources), _as_side(targets)
+        key = (sources.set, targets.set, dtype)
         if key not in self._memo:
 
             def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> np.ndarray:
@@ -212,18 +258,24 @@ class _Priced:
     ) -> np.ndarray:
         """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
         cost."""
-        return self._read((frozenset(sources), frozenset(targets), dtype), sources, targets, 1)
+        sources, targets = _as_side(sources), _as_side(targets)
+        return self._read((sources.set, targets.set, dtype), sources, targets, 1)
 
-    def _read(
-        self, key: Any, sources: Sequence[Layout], targets: Sequence[Layout], plane: int
-    ) -> np.ndarray:
+    def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> np.ndarray:
         matrix, row, col = self._memo[key]
-        return matrix[..., plane][np.ix_([row[x] for x in sources], [col[y] for y in targets])]
+        rows, cols = sources.positions(row), targets.positions(col)
+        out = matrix[..., plane]
+        if rows is None and cols is None:
+            return out.copy()  # in its order: no gather
+        # Gathered along the axes out of order only: whole rows copy faster than pairs.
+        if rows is not None:
+            out = out[rows]
+        return out if cols is None else out[:, cols]
 
     def _block(
         self,
-        sources: Sequence[Layout],
-        targets: Sequence[Layout],
+        sources: _Side,
+        targets: _Side,
         near: list[Any],
         kernel: Callable[[Sequence[Layout], Sequence[Layout]], np.ndarray],
     ) -> _Matrix:
@@ -232,7 +284,7 @@ class _Priced:
         every target, then its rows against the targets outside it)."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
         shared, earlier = max(
-            ((len(k[0].intersection(srcs)) * len(k[1].intersection(dsts)), k) for k in near),
+            ((len(k[0] & sources.set) * len(k[1] & targets.set), k) for k in near),
             key=lambda x: x[0],
             default=(0, None),
         )
@@ -270,9 +322,9 @@ def _edge_cost(
 ) -> np.ndarray:
     """An edge's cost matrix between its ends' layout classes: ``price`` from each source's
     layout to each target's, plus, in the training step, the gradient's way back."""
-    cost = price([r[0] for r in src], [r[0] for r in dst])
+    cost = price(_side(src, 0), _side(dst, 0))
     if backward:
-        cost = cost + price([r[1] for r in dst], [r[1] for r in src]).T
+        cost = cost + price(_side(dst, 1), _side(src, 1)).T
     return cost
 
 
@@ -427,6 +479,7 @@ def build_tables(
         )
 
     signature = {op.name: key_of(op) for op in graph.ops}
+    enumerated: dict[Any, Any] = {}  # the strategies and operand layouts of candidates()
     distinct: dict[Any, OpTable] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
@@ -434,7 +487,7 @@ def build_tables(
         if key not in distinct:
             check(deadline, f"pricing the candidates of operator {op.name!r}")
             t0 = time.perf_counter()
-            cands = candidates(op, n, replicas)
+            cands = candidates(op, n, replicas, enumerated)
             t1 = time.perf_counter()
             flowing = op.name in flows
             degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
