@@ -15,7 +15,15 @@ import torch.nn.functional as F
 
 import taps
 from taps.frontends.torch import from_torch
-from taps.plan.candidates import Candidate, candidates
+from taps.plan.candidates import (
+    Candidate,
+    candidates,
+    gradients,
+    partial_outputs,
+    split_dims,
+    split_dims_of,
+    strategy_arrays,
+)
 from taps.search.checkpointing import checkpointing
 from taps.search.prices import (
     all_reduce_operands,
@@ -122,12 +130,11 @@ def test_reductions_are_the_collectives_of_each_candidate(graph, step, replicas)
         flowing = op.name in flows
         for parameters in (False, True):
             for grads in (None, 4):
+                arrays = strategy_arrays(cands)
                 got = _reductions(
-                    graph, op, cands, step, flowing, CLUSTER, "topology", parameters, grads
+                    graph, op, arrays, step, flowing, CLUSTER, "topology", parameters, grads
                 )
-                degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
-                maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
-                matrices = [c.strategy.device_matrix for c in cands]
+                degrees, maps, matrices = arrays
                 operands = all_reduce_operands(graph, op, step, flowing, grads, parameters)
                 want = taps._core.allreduce_costs(
                     degrees, maps, operands, CLUSTER, "topology", matrices
@@ -197,3 +204,25 @@ def test_operators_axes_worked_out_once_are_their_own(graph):
         assert op.contracted == tuple(a for a in op.axes if a in used and a not in op.output.dims)
         assert op.input_gradient_axes == tuple(op.gradient_axes(o) for o in op.inputs)
         assert op.contracted is op.contracted
+
+
+@pytest.mark.parametrize("replicas", [False, True])
+def test_partial_outputs_and_gradients_together_are_each_candidates(graph, replicas):
+    """The partial outputs and every input's gradients of an operator's candidates found
+    together are each candidate's own (:attr:`Candidate.partial_output`,
+    :meth:`Candidate.gradient`), some holding partial sums."""
+    partial = 0
+    for op in graph.ops:
+        cands = candidates(op, CLUSTER.num_devices, replicas)
+        degrees, maps, _ = strategy_arrays(cands)
+        for axes in (op.contracted, op.partitionable, *op.input_gradient_axes):
+            want = [split_dims(op, c.strategy, axes) for c in cands]
+            assert split_dims_of(op, degrees, maps, axes) == want
+        got = partial_outputs(cands, degrees, maps)
+        assert got == [c.partial_output for c in cands]
+        partial += sum(bool(x.partial) for x in got)
+        for slot in range(len(op.inputs)):
+            got = gradients(cands, slot, degrees, maps)
+            assert got == [c.gradient(slot) for c in cands]
+            partial += sum(bool(x.partial) for x in got)
+    assert partial > 0

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from taps._core import (
     Cluster,
     Layout,
@@ -58,6 +60,51 @@ def split_dims(op: Operator, strategy: Strategy, axes: Iterable[str]) -> list[in
     return sorted(
         device_map[i] for i, a in enumerate(op.partitionable) if a in axes and degrees[i] > 1
     )
+
+
+def strategy_arrays(cands: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """The strategies of ``cands`` as the batch kernels take them: their degrees and device maps
+    (one row per candidate) and their device matrices."""
+    strategies = [c.strategy for c in cands]
+    return (
+        np.array([s.degrees for s in strategies], dtype=np.int64),
+        np.array([s.device_map for s in strategies], dtype=np.int64),
+        [s.device_matrix for s in strategies],
+    )
+
+
+def split_dims_of(
+    op: Operator, degrees: np.ndarray, device_maps: np.ndarray, axes: Iterable[str]
+) -> list[list[int]]:
+    """:func:`split_dims` of every strategy of ``op`` at once (rows of ``degrees`` and
+    ``device_maps``, :func:`strategy_arrays`)."""
+    idx = [i for i, a in enumerate(op.partitionable) if a in axes]
+    if not idx:
+        return [[] for _ in range(len(degrees))]
+    dims = np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
+    dims.sort(axis=1)
+    return [[d for d in row if d >= 0] for row in dims.tolist()]
+
+
+def partial_outputs(
+    cands: Sequence[Candidate], degrees: np.ndarray, device_maps: np.ndarray
+) -> list[Layout]:
+    """:attr:`Candidate.partial_output` of every candidate of one operator, their split
+    contracted axes found together (rows of ``degrees`` and ``device_maps``, one per
+    candidate): the search's tables read them all."""
+    op = cands[0].op
+    dims = split_dims_of(op, degrees, device_maps, op.contracted)
+    return [with_partial(c.output, d) for c, d in zip(cands, dims)]
+
+
+def gradients(
+    cands: Sequence[Candidate], slot: int, degrees: np.ndarray, device_maps: np.ndarray
+) -> list[Layout]:
+    """:meth:`Candidate.gradient` of input ``slot`` of every candidate of one operator, as
+    :func:`partial_outputs`."""
+    op = cands[0].op
+    dims = split_dims_of(op, degrees, device_maps, op.input_gradient_axes[slot])
+    return [with_partial(c.inputs[slot], d) for c, d in zip(cands, dims)]
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:

@@ -22,7 +22,13 @@ from taps._core import (
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
-from taps.plan.candidates import Candidate, candidates
+from taps.plan.candidates import (
+    Candidate,
+    candidates,
+    gradients,
+    partial_outputs,
+    strategy_arrays,
+)
 from taps.plan.pricing import Pricing
 from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
@@ -360,7 +366,7 @@ class _Bound:
 def _reductions(
     graph: Graph,
     op: Operator,
-    cands: Sequence[Candidate],
+    arrays: tuple[np.ndarray, np.ndarray, list[list[int]]],
     step: Any,
     flowing: bool,
     cluster: Cluster,
@@ -369,10 +375,9 @@ def _reductions(
     gradient_bytes: int | None,
 ) -> np.ndarray:
     """Per candidate, the all_reduces of :func:`taps.search.prices.reduced_operands`: of
-    parameters' gradients (``parameters``, in ``gradient_bytes`` per element) or of the rest."""
-    degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
-    maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
-    matrices = [c.strategy.device_matrix for c in cands]
+    parameters' gradients (``parameters``, in ``gradient_bytes`` per element) or of the rest;
+    ``arrays`` are the candidates' :func:`taps.plan.candidates.strategy_arrays`."""
+    degrees, maps, matrices = arrays
     operands = all_reduce_operands(graph, op, step, flowing, gradient_bytes, parameters)
     costs = allreduce_costs(degrees, maps, operands, cluster, cost_model, matrices)
     kept = sorted(
@@ -390,7 +395,7 @@ def _reductions(
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, key in enumerate(map(tuple, degrees[:, kept].tolist())):
             groups.setdefault(key, []).append(i)
-        apart = np.zeros(len(cands))
+        apart = np.zeros(len(degrees))
         for rows in groups.values():
             tensors = apart_operands(
                 graph, op, degrees[rows[0]].tolist(), step, flowing, gradient_bytes, parameters
@@ -481,6 +486,9 @@ def build_tables(
     signature = {op.name: key_of(op) for op in graph.ops}
     enumerated: dict[Any, Any] = {}  # the strategies and operand layouts of candidates()
     distinct: dict[Any, OpTable] = {}
+    #: Per distinct operator, its candidates' degrees and device maps: where their partial
+    #: outputs and gradients hold partial sums.
+    splits: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
         key = signature[op.name]
@@ -490,10 +498,11 @@ def build_tables(
             cands = candidates(op, n, replicas, enumerated)
             t1 = time.perf_counter()
             flowing = op.name in flows
-            degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
+            arrays = strategy_arrays(cands)
+            degrees, maps = arrays[0], arrays[1]
             # Parameters' gradient reductions (param) apart from the rest (other): with compute
             # counted they overlap the backward.
-            at = (graph, op, cands, step, flowing, cluster, cost_model)
+            at = (graph, op, arrays, step, flowing, cluster, cost_model)
             other = _reductions(*at, False, grads)
             param = _reductions(*at, True, grads)
             fwd = bwd = np.zeros(len(cands))
@@ -533,7 +542,10 @@ def build_tables(
                 node = np.concatenate([node, twin_node])
                 mem = np.concatenate([mem, twin_mem])
                 sharded = np.concatenate([sharded, np.ones(len(twins), dtype=bool)])
+                every = [*range(len(degrees)), *twins]  # the twins' strategies are their own
+                degrees, maps = degrees[every], maps[every]
             distinct[key] = OpTable(op, cands, node, mem, sharded)
+            splits[key] = (degrees, maps)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
         shared = distinct[key]
@@ -560,7 +572,9 @@ def build_tables(
             if out not in ends:
                 made = ops[edge.producer].candidates
                 ends[out] = _classes(
-                    [c.partial_output for c in made] if flowing else [c.output for c in made],
+                    partial_outputs(made, *splits[signature[edge.producer]])
+                    if flowing
+                    else [c.output for c in made],
                     [c.output for c in made] if backward else None,
                 )
             into = ("in", signature[edge.consumer], edge.slot, backward)
@@ -568,7 +582,9 @@ def build_tables(
                 taken = ops[edge.consumer].candidates
                 ends[into] = _classes(
                     [c.inputs[edge.slot] for c in taken],
-                    [c.gradient(edge.slot) for c in taken] if backward else None,
+                    gradients(taken, edge.slot, *splits[signature[edge.consumer]])
+                    if backward
+                    else None,
                 )
             (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
             dtype = graph.tensors[edge.tensor].dtype_bytes
