@@ -83,7 +83,9 @@ def split_dims_of(
         return [[] for _ in range(len(degrees))]
     dims = np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
     dims.sort(axis=1)
-    return [[d for d in row if d >= 0] for row in dims.tolist()]
+    # Each row's dims follow its -1s (the axes it does not split).
+    unsplit = (dims < 0).sum(axis=1).tolist()
+    return [row[k:] for row, k in zip(dims.tolist(), unsplit)]
 
 
 def partial_outputs(
@@ -94,7 +96,8 @@ def partial_outputs(
     candidate): the search's tables read them all."""
     op = cands[0].op
     dims = split_dims_of(op, degrees, device_maps, op.contracted)
-    return [with_partial(c.output, d) for c, d in zip(cands, dims)]
+    # A candidate's layouts hold no partial sums: with none to add, the output itself.
+    return [with_partial(c.output, d) if d else c.output for c, d in zip(cands, dims)]
 
 
 def gradients(
@@ -104,7 +107,7 @@ def gradients(
     :func:`partial_outputs`."""
     op = cands[0].op
     dims = split_dims_of(op, degrees, device_maps, op.input_gradient_axes[slot])
-    return [with_partial(c.inputs[slot], d) for c, d in zip(cands, dims)]
+    return [with_partial(c.inputs[slot], d) if d else c.inputs[slot] for c, d in zip(cands, dims)]
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:
