@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral
 from typing import Any
 
@@ -116,9 +117,10 @@ class Operator:
         """The sizes of the partitionable axes: what strategies are enumerated over."""
         return tuple(self.axis_size(a) for a in self.partitionable)
 
-    @property
+    @cached_property
     def contracted(self) -> tuple[str, ...]:
-        """Axes in the inputs and not in the output: split, they leave partial sums."""
+        """Axes in the inputs and not in the output: split, they leave partial sums. Worked out
+        once (every candidate's partial output reads it)."""
         used = {d for operand in self.inputs for d in operand.dims}
         return tuple(a for a in self.axes if a in used and a not in self.output.dims)
 
@@ -127,6 +129,12 @@ class Operator:
         product, every axis it lacks; for an addend, the output axes it lacks."""
         over = self.output.dims if operand.addend else self.axes
         return tuple(a for a in self.axes if a in over and a not in operand.dims)
+
+    @cached_property
+    def input_gradient_axes(self) -> tuple[tuple[str, ...], ...]:
+        """:meth:`gradient_axes` of each input, in slot order. Worked out once (every
+        candidate's gradient reads it)."""
+        return tuple(self.gradient_axes(o) for o in self.inputs)
 
     @property
     def input_tensors(self) -> tuple[str, ...]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from taps._core import (
     Cluster,
@@ -53,15 +55,65 @@ def operand_specs(op: Operator) -> list[tuple[list[int], list[int]]]:
 
 def split_dims(op: Operator, strategy: Strategy, axes: Iterable[str]) -> list[int]:
     """The device dims of those of ``axes`` that ``strategy`` splits, ascending."""
+    # The strategy's lists read once: each read of a property builds the list anew.
+    degrees, device_map = strategy.degrees, strategy.device_map
     return sorted(
-        strategy.device_map[i]
-        for i, a in enumerate(op.partitionable)
-        if a in axes and strategy.degrees[i] > 1
+        device_map[i] for i, a in enumerate(op.partitionable) if a in axes and degrees[i] > 1
     )
+
+
+def strategy_arrays(cands: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """The strategies of ``cands`` as the batch kernels take them: their degrees and device maps
+    (one row per candidate) and their device matrices."""
+    strategies = [c.strategy for c in cands]
+    return (
+        np.array([s.degrees for s in strategies], dtype=np.int64),
+        np.array([s.device_map for s in strategies], dtype=np.int64),
+        [s.device_matrix for s in strategies],
+    )
+
+
+def split_dims_of(
+    op: Operator, degrees: np.ndarray, device_maps: np.ndarray, axes: Iterable[str]
+) -> list[list[int]]:
+    """:func:`split_dims` of every strategy of ``op`` at once (rows of ``degrees`` and
+    ``device_maps``, :func:`strategy_arrays`)."""
+    idx = [i for i, a in enumerate(op.partitionable) if a in axes]
+    if not idx:
+        return [[] for _ in range(len(degrees))]
+    dims = np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
+    dims.sort(axis=1)
+    # Each row's dims follow its -1s (the axes it does not split).
+    unsplit = (dims < 0).sum(axis=1).tolist()
+    return [row[k:] for row, k in zip(dims.tolist(), unsplit)]
+
+
+def partial_outputs(
+    cands: Sequence[Candidate], degrees: np.ndarray, device_maps: np.ndarray
+) -> list[Layout]:
+    """:attr:`Candidate.partial_output` of every candidate of one operator, their split
+    contracted axes found together (rows of ``degrees`` and ``device_maps``, one per
+    candidate): the search's tables read them all."""
+    op = cands[0].op
+    dims = split_dims_of(op, degrees, device_maps, op.contracted)
+    # A candidate's layouts hold no partial sums: with none to add, the output itself.
+    return [with_partial(c.output, d) if d else c.output for c, d in zip(cands, dims)]
+
+
+def gradients(
+    cands: Sequence[Candidate], slot: int, degrees: np.ndarray, device_maps: np.ndarray
+) -> list[Layout]:
+    """:meth:`Candidate.gradient` of input ``slot`` of every candidate of one operator, as
+    :func:`partial_outputs`."""
+    op = cands[0].op
+    dims = split_dims_of(op, degrees, device_maps, op.input_gradient_axes[slot])
+    return [with_partial(c.inputs[slot], d) if d else c.inputs[slot] for c, d in zip(cands, dims)]
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:
     """``layout`` holding partial sums along the device dims ``partial`` (unused by its map)."""
+    if not partial and not layout.partial:
+        return layout  # already so: no second equal layout to build
     return Layout(layout.shape, layout.device_matrix, layout.tensor_map, partial)
 
 
@@ -83,15 +135,9 @@ class Candidate:
     _gradients: dict[int, Layout] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(
-        cls,
-        op: Operator,
-        strategy: Strategy,
-        specs: Sequence[tuple[list[int], list[int]]] | None = None,
-    ) -> Candidate:
-        """The candidate of ``strategy``; ``specs`` are :func:`operand_specs` of ``op``, worked
-        out once for all its strategies."""
-        layouts = [strategy.tensor_layout(i, s) for i, s in specs or operand_specs(op)]
+    def of(cls, op: Operator, strategy: Strategy) -> Candidate:
+        """The candidate of ``strategy``."""
+        layouts = [strategy.tensor_layout(i, s) for i, s in operand_specs(op)]
         return cls(strategy, tuple(layouts[:-1]), layouts[-1], op)
 
     @cached_property
@@ -105,8 +151,7 @@ class Candidate:
         layout, partial along the device dims of the split axes it is summed over
         (:meth:`taps.graph.Operator.gradient_axes`). Worked out once per slot, when first asked."""
         if slot not in self._gradients:
-            axes = self.op.gradient_axes(self.op.inputs[slot])
-            partial = split_dims(self.op, self.strategy, axes)
+            partial = split_dims(self.op, self.strategy, self.op.input_gradient_axes[slot])
             self._gradients[slot] = with_partial(self.inputs[slot], partial)
         return self._gradients[slot]
 
@@ -126,10 +171,28 @@ def strategies(op: Operator, num_devices: int, replicas: bool = False) -> list[S
     return found or enumerate_strategies(sizes, num_devices, True)
 
 
-def candidates(op: Operator, num_devices: int, replicas: bool = False) -> list[Candidate]:
-    """The candidates the search considers for ``op``: one per strategy of :func:`strategies`."""
-    specs = operand_specs(op)
-    return [Candidate.of(op, s, specs) for s in strategies(op, num_devices, replicas)]
+def candidates(
+    op: Operator, num_devices: int, replicas: bool = False, memo: dict[Any, Any] | None = None
+) -> list[Candidate]:
+    """The candidates the search considers for ``op``: one per strategy of :func:`strategies`.
+    ``memo`` (a dict kept across the operators of one search) holds the strategies and operand
+    layouts found so far: operators of the same axis sizes share their strategies, and operands
+    of the same axes and shape their layouts (the objects themselves, immutable)."""
+    if memo is None:
+        memo = {}
+    sizes = (op.partitionable_sizes, num_devices, replicas)
+    if sizes not in memo:
+        memo[sizes] = strategies(op, num_devices, replicas)
+    found: list[Strategy] = memo[sizes]
+    columns = []
+    for axes, shape in operand_specs(op):
+        spec = (sizes, tuple(axes), tuple(shape))
+        if spec not in memo:
+            memo[spec] = [s.tensor_layout(axes, shape) for s in found]
+        columns.append(memo[spec])
+    return [
+        Candidate(s, tuple(layouts[:-1]), layouts[-1], op) for s, *layouts in zip(found, *columns)
+    ]
 
 
 def edge_redistributions(

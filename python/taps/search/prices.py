@@ -119,6 +119,19 @@ def reduced_operands(
     return out
 
 
+def _reduction_axes(
+    op: Operator, operand: Operand, apart: Sequence[str], degrees: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """The strategy axes and shape of ``operand``'s all_reduce layout under a strategy of
+    ``degrees`` (:func:`_reduction_layout`): the axes kept ``apart`` as leading dims of their
+    degree."""
+    idx = [op.partitionable.index(a) for a in apart]
+    return (
+        [*idx, *operand_axis_indices(op, operand)],
+        [*(degrees[i] for i in idx), *operand_shape(op, operand)],
+    )
+
+
 def _reduction_layout(
     op: Operator, operand: Operand, strategy: Strategy, apart: Sequence[str]
 ) -> Layout:
@@ -126,11 +139,8 @@ def _reduction_layout(
     all_reduce: the axes kept ``apart`` stacked as leading dims of their degree, so that their
     device dims split something and stay outside the group (each of their coordinates runs its
     own all_reduce), as the replica dims do."""
-    idx = [op.partitionable.index(a) for a in apart]
     return strategy.tensor_layout(
-        [*idx, *operand_axis_indices(op, operand)],
-        [*(strategy.degrees[i] for i in idx), *operand_shape(op, operand)],
-        per_replica=True,
+        *_reduction_axes(op, operand, apart, strategy.degrees), per_replica=True
     )
 
 
@@ -243,6 +253,30 @@ def all_reduce_operands(
     ]
 
 
+def apart_operands(
+    graph: Graph,
+    op: Operator,
+    degrees: Sequence[int],
+    step: Step = "forward",
+    flowing: bool = False,
+    gradient_bytes: int | None = None,
+    parameters: bool | None = None,
+) -> list[tuple[list[int], list[int], float]]:
+    """The operands of :func:`reduced_operands` that keep axes apart, as
+    :func:`all_reduce_operands` gives the others, for the strategies of ``degrees`` (one per
+    partitionable axis; only those of the axes kept apart are read): their layouts' leading dims
+    have those axes' degrees, so the kernel prices together only strategies that agree on
+    them."""
+    return [
+        (
+            *_reduction_axes(op, r[0], r[2], degrees),
+            float(reduced_dtype_bytes(graph, r, gradient_bytes)),
+        )
+        for r in reduced_operands(graph, op, step, flowing)
+        if r[2] and parameters in (None, is_parameter_gradient(graph, r))
+    ]
+
+
 def copies_of(graph: Graph) -> dict[str, int]:
     """How many times each operator runs in the model: ``graph.layers`` times the instances of
     its tie (:attr:`taps.Graph.tied`), or ``graph.layers`` for an operator in no tie."""
@@ -294,6 +328,68 @@ def memory(
         return total
     out = saved_bytes(op, candidate.output, graph.tensors[op.output.tensor].dtype_bytes)
     return total + kept * out
+
+
+def memories(
+    graph: Graph,
+    op: Operator,
+    degrees: np.ndarray,
+    pricing: Pricing = Pricing(),
+    kept: float = 1.0,
+    sharded: bool = False,
+    copies: int = 1,
+) -> np.ndarray:
+    """:func:`memory` of every candidate of ``op`` at once, to the bit: ``degrees`` holds the
+    degrees of each candidate's strategy (one row per candidate), which give every shard's
+    shape. The search's tables price hundreds of candidates per operator this way."""
+    total = np.zeros(len(degrees))
+
+    def shard_of(operand: Operand, dims: slice = slice(None)) -> np.ndarray:
+        """Elements per device of ``operand`` (of its dims ``dims``), per candidate."""
+        shard = np.ones(len(degrees), dtype=np.int64)
+        for i, size in list(zip(operand_axis_indices(op, operand), operand_shape(op, operand)))[
+            dims
+        ]:
+            shard *= size // degrees[:, i] if i >= 0 else size
+        return shard
+
+    for operand in op.inputs:
+        if graph.root(operand.tensor).kind != "parameter":
+            continue
+        tensor = graph.tensors[operand.tensor]
+        weight, rest = pricing.parameter_memory(tensor.dtype_bytes)
+        if not tensor.requires_grad:
+            rest = 0.0
+        shard = shard_of(operand).astype(np.float64)
+        if pricing.zero or sharded:
+            summed = op.gradient_axes(operand)
+            axes = [i for i, a in enumerate(op.partitionable) if a in summed]
+            g = np.prod(degrees[:, axes], axis=1).astype(np.float64)
+            rests = rest / g
+            if sharded and tensor.requires_grad:
+                gathered = g > 1
+                total += np.where(gathered, 2.0 * shard * weight / copies, 0.0)
+                total += shard * (np.where(gathered, weight / g, weight) + rests)
+                continue
+            total += shard * (weight + rests)
+        else:
+            total += shard * (weight + rest)
+    if op.kind == SHARE:
+        return total
+    if op.saved == "none":
+        saved = np.zeros(len(degrees))
+    elif op.saved == "rows":
+        saved = _times(shard_of(op.output, slice(-1)), ROW_BYTES)
+    else:
+        saved = _times(shard_of(op.output), graph.tensors[op.output.tensor].dtype_bytes)
+    return total + kept * saved
+
+
+def _times(counts: np.ndarray, factor: int) -> np.ndarray:
+    """``float(count * factor)`` of every entry, the product in Python's integers (it may not
+    fit 64 bits): once per distinct count."""
+    values, inverse = np.unique(counts, return_inverse=True)
+    return np.array([float(int(v) * factor) for v in values])[inverse]
 
 
 #: Bytes of the per-row statistic an operator that keeps ``"rows"`` saves (fp32 logsumexp).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,17 +23,23 @@ from taps._core import (
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
-from taps.plan.candidates import Candidate, candidates
+from taps.plan.candidates import (
+    Candidate,
+    candidates,
+    gradients,
+    partial_outputs,
+    strategy_arrays,
+)
 from taps.plan.pricing import Pricing
 from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
 from taps.search.prices import (
     all_reduce_operands,
-    collective_of,
+    apart_operands,
     copies_of,
     intra_collectives,
     is_parameter_gradient,
-    memory,
+    memories,
     partial_flows,
     reduced_operands,
 )
@@ -137,22 +144,73 @@ class CostTables:
         return replace(self.pricing, fsdp=self.sharded(choice))
 
 
-def _classes(rows: Sequence[tuple[Layout, ...]]) -> tuple[np.ndarray, list[tuple[Layout, ...]]]:
+def _classes(
+    forward: Sequence[Layout], backward: Sequence[Layout] | None
+) -> tuple[np.ndarray, _End]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
-    forward layout, and in the training step the gradient's), each written as Algorithm 1 plans
-    it (the compacted form: the canonical form would also merge tensor dims, which changes the
-    paper's plans)."""
+    ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
+    Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
+    which changes the paper's plans)."""
     index: dict[tuple[Layout, ...], int] = {}
-    cls = np.empty(len(rows), dtype=np.int64)
-    for i, row in enumerate(rows):
-        cls[i] = index.setdefault(tuple(layout.compacted() for layout in row), len(index))
-    return cls, list(index)
+    cls = np.empty(len(forward), dtype=np.int64)
+    for i, layout in enumerate(forward):
+        key: tuple[Layout, ...] = (layout.compacted(),)
+        if backward is not None:
+            # Most gradients hold no partial sums: the forward layout itself, compacted once.
+            other = backward[i]
+            key = (key[0], key[0] if other is layout else other.compacted())
+        cls[i] = index.setdefault(key, len(index))
+    return cls, _End(index)
 
 
 #: Prices by source layout, target layout and plane, with the row of each source layout and the
 #: column of each target layout. Plane 0 is the price; with bounds, plane 1 is 1.0 where a bound
 #: is not the pair's exact cost (0.0 where it is).
 _Matrix = tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]
+
+
+class _Side(list[Layout]):
+    """The layouts of one end's classes in one direction: the sources or the targets of a
+    matrix of :class:`_Priced`. An end serves many edges: its set (whose hash Python keeps) and
+    its positions in each matrix read back are worked out once."""
+
+    @cached_property
+    def set(self) -> frozenset[Layout]:
+        return frozenset(self)
+
+    @cached_property
+    def _positions(self) -> dict[int, np.ndarray | None]:
+        return {}
+
+    def positions(self, index: dict[Layout, int]) -> np.ndarray | None:
+        """Each layout's entry in ``index`` (a matrix's rows or columns), None if the matrix
+        lists them in this order. ``index`` lives as long as its matrix, so its identity keys
+        it."""
+        if id(index) not in self._positions:
+            at = np.array([index[x] for x in self], dtype=np.int64)
+            same = len(index) == len(at) and bool((at == np.arange(len(at))).all())
+            self._positions[id(index)] = None if same else at
+        return self._positions[id(index)]
+
+
+class _End(list[tuple[Layout, ...]]):
+    """The layout classes of one end of an edge (:func:`_classes`), each direction's layouts a
+    :class:`_Side` made once."""
+
+    @cached_property
+    def sides(self) -> tuple[_Side, _Side | None]:
+        return _Side(r[0] for r in self), _Side(r[1] for r in self) if self[0][1:] else None
+
+
+def _as_side(layouts: Sequence[Layout]) -> _Side:
+    return layouts if isinstance(layouts, _Side) else _Side(layouts)
+
+
+def _side(rows: Sequence[tuple[Layout, ...]], k: int) -> _Side:
+    """The ``k``-th layout of every row: an end's own :class:`_Side`, or one made for a block
+    of its rows."""
+    side = rows.sides[k] if isinstance(rows, _End) else None
+    return side if side is not None else _Side(r[k] for r in rows)
 
 
 class _Priced:
@@ -182,7 +240,8 @@ class _Priced:
         planner: Planner,
         deadline: float | None,
     ) -> np.ndarray:
-        key = (frozenset(sources), frozenset(targets), dtype)
+        sources, targets = _as_side(sources), _as_side(targets)
+        key = (sources.set, targets.set, dtype)
         if key not in self._memo:
 
             def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> np.ndarray:
@@ -206,18 +265,24 @@ class _Priced:
     ) -> np.ndarray:
         """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
         cost."""
-        return self._read((frozenset(sources), frozenset(targets), dtype), sources, targets, 1)
+        sources, targets = _as_side(sources), _as_side(targets)
+        return self._read((sources.set, targets.set, dtype), sources, targets, 1)
 
-    def _read(
-        self, key: Any, sources: Sequence[Layout], targets: Sequence[Layout], plane: int
-    ) -> np.ndarray:
+    def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> np.ndarray:
         matrix, row, col = self._memo[key]
-        return matrix[..., plane][np.ix_([row[x] for x in sources], [col[y] for y in targets])]
+        rows, cols = sources.positions(row), targets.positions(col)
+        out = matrix[..., plane]
+        if rows is None and cols is None:
+            return out.copy()  # in its order: no gather
+        # Gathered along the axes out of order only: whole rows copy faster than pairs.
+        if rows is not None:
+            out = out[rows]
+        return out if cols is None else out[:, cols]
 
     def _block(
         self,
-        sources: Sequence[Layout],
-        targets: Sequence[Layout],
+        sources: _Side,
+        targets: _Side,
         near: list[Any],
         kernel: Callable[[Sequence[Layout], Sequence[Layout]], np.ndarray],
     ) -> _Matrix:
@@ -226,7 +291,7 @@ class _Priced:
         every target, then its rows against the targets outside it)."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
         shared, earlier = max(
-            ((len(k[0].intersection(srcs)) * len(k[1].intersection(dsts)), k) for k in near),
+            ((len(k[0] & sources.set) * len(k[1] & targets.set), k) for k in near),
             key=lambda x: x[0],
             default=(0, None),
         )
@@ -265,9 +330,9 @@ def _directions(
     """An edge's matrices between its ends' layout classes, one per direction: ``price`` from
     each source's layout to each target's, and in the training step the gradient's way back
     (transposed: a row per source class)."""
-    out = [price([r[0] for r in src], [r[0] for r in dst])]
+    out = [price(_side(src, 0), _side(dst, 0))]
     if backward:
-        out.append(price([r[1] for r in dst], [r[1] for r in src]).T)
+        out.append(price(_side(dst, 1), _side(src, 1)).T)
     return out
 
 
@@ -348,7 +413,7 @@ def _refine(
 def _reductions(
     graph: Graph,
     op: Operator,
-    cands: Sequence[Candidate],
+    arrays: tuple[np.ndarray, np.ndarray, list[list[int]]],
     step: Any,
     flowing: bool,
     cluster: Cluster,
@@ -357,29 +422,35 @@ def _reductions(
     gradient_bytes: int | None,
 ) -> np.ndarray:
     """Per candidate, the all_reduces of :func:`taps.search.prices.reduced_operands`: of
-    parameters' gradients (``parameters``, in ``gradient_bytes`` per element) or of the rest."""
-    degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
-    maps = np.array([c.strategy.device_map for c in cands], dtype=np.int64)
-    matrices = [c.strategy.device_matrix for c in cands]
+    parameters' gradients (``parameters``, in ``gradient_bytes`` per element) or of the rest;
+    ``arrays`` are the candidates' :func:`taps.plan.candidates.strategy_arrays`."""
+    degrees, maps, matrices = arrays
     operands = all_reduce_operands(graph, op, step, flowing, gradient_bytes, parameters)
     costs = allreduce_costs(degrees, maps, operands, cluster, cost_model, matrices)
-    apart = [
-        r
-        for r in reduced_operands(graph, op, step, flowing)
-        if r[2] and is_parameter_gradient(graph, r) == parameters
-    ]
-    if apart:
-        # Addends' gradients keep some axes apart: priced one candidate at a time.
-        costs += np.array(
-            [
-                sum(
-                    col.cost(cluster, cost_model)
-                    for r in apart
-                    if (col := collective_of(graph, op, c.strategy, r, False, gradient_bytes))
-                )
-                for c in cands
-            ]
-        )
+    kept = sorted(
+        {
+            op.partitionable.index(a)
+            for r in reduced_operands(graph, op, step, flowing)
+            if is_parameter_gradient(graph, r) == parameters
+            for a in r[2]
+        }
+    )
+    if kept:
+        # Addends' gradients keep some axes apart, as leading dims of their degree: the
+        # candidates of one degree on every such axis are priced together. The kernel sums
+        # each candidate's operands from 0 in order, as a loop over them would.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, key in enumerate(map(tuple, degrees[:, kept].tolist())):
+            groups.setdefault(key, []).append(i)
+        apart = np.zeros(len(degrees))
+        for rows in groups.values():
+            tensors = apart_operands(
+                graph, op, degrees[rows[0]].tolist(), step, flowing, gradient_bytes, parameters
+            )
+            apart[rows] = allreduce_costs(
+                degrees[rows], maps[rows], tensors, cluster, cost_model, [matrices[i] for i in rows]
+            )
+        costs += apart
     return costs
 
 
@@ -460,20 +531,25 @@ def build_tables(
         )
 
     signature = {op.name: key_of(op) for op in graph.ops}
+    enumerated: dict[Any, Any] = {}  # the strategies and operand layouts of candidates()
     distinct: dict[Any, OpTable] = {}
+    #: Per distinct operator, its candidates' degrees and device maps: where their partial
+    #: outputs and gradients hold partial sums.
+    splits: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
     ops: dict[str, OpTable] = {}
     for op in graph.ops:
         key = signature[op.name]
         if key not in distinct:
             check(deadline, f"pricing the candidates of operator {op.name!r}")
             t0 = time.perf_counter()
-            cands = candidates(op, n, replicas)
+            cands = candidates(op, n, replicas, enumerated)
             t1 = time.perf_counter()
             flowing = op.name in flows
-            degrees = np.array([c.strategy.degrees for c in cands], dtype=np.int64)
+            arrays = strategy_arrays(cands)
+            degrees, maps = arrays[0], arrays[1]
             # Parameters' gradient reductions (param) apart from the rest (other): with compute
             # counted they overlap the backward.
-            at = (graph, op, cands, step, flowing, cluster, cost_model)
+            at = (graph, op, arrays, step, flowing, cluster, cost_model)
             other = _reductions(*at, False, grads)
             param = _reductions(*at, True, grads)
             fwd = bwd = np.zeros(len(cands))
@@ -483,7 +559,7 @@ def build_tables(
                 fwd, bwd = compute_times(graph, op, degrees, *device)
                 fwd = fwd * (1 + again[op.name])  # a checkpointed layer runs its forward again
                 node = other + fwd + overlapped_backward(bwd, param)
-            mem = np.array([memory(graph, op, c, pricing, kept[op.name]) for c in cands])
+            mem = memories(graph, op, degrees, pricing, kept[op.name])
             sharded = np.zeros(len(cands), dtype=bool)
             twins = (
                 [i for i, c in enumerate(cands) if _stores(graph, op, c, step, flowing)]
@@ -506,15 +582,17 @@ def build_tables(
                         + gathers
                         + overlapped_backward(bwd[twins], scatter)
                     )
-                twin_mem = [
-                    memory(graph, op, cands[i], pricing, kept[op.name], True, copies[op.name])
-                    for i in twins
-                ]
+                twin_mem = memories(
+                    graph, op, degrees[twins], pricing, kept[op.name], True, copies[op.name]
+                )
                 cands = cands + [cands[i] for i in twins]
                 node = np.concatenate([node, twin_node])
                 mem = np.concatenate([mem, twin_mem])
                 sharded = np.concatenate([sharded, np.ones(len(twins), dtype=bool)])
+                every = [*range(len(degrees)), *twins]  # the twins' strategies are their own
+                degrees, maps = degrees[every], maps[every]
             distinct[key] = OpTable(op, cands, node, mem, sharded)
+            splits[key] = (degrees, maps)
             timings["enumerate"] += t1 - t0
             timings["costs"] += time.perf_counter() - t1
         shared = distinct[key]
@@ -539,22 +617,21 @@ def build_tables(
             # its signature, whose candidates are the same list.
             out = ("out", signature[edge.producer], flowing, backward)
             if out not in ends:
+                made = ops[edge.producer].candidates
                 ends[out] = _classes(
-                    [
-                        (
-                            c.partial_output if flowing else c.output,
-                            *((c.output,) if backward else ()),
-                        )
-                        for c in ops[edge.producer].candidates
-                    ]
+                    partial_outputs(made, *splits[signature[edge.producer]])
+                    if flowing
+                    else [c.output for c in made],
+                    [c.output for c in made] if backward else None,
                 )
             into = ("in", signature[edge.consumer], edge.slot, backward)
             if into not in ends:
+                taken = ops[edge.consumer].candidates
                 ends[into] = _classes(
-                    [
-                        (c.inputs[edge.slot], *((c.gradient(edge.slot),) if backward else ()))
-                        for c in ops[edge.consumer].candidates
-                    ]
+                    [c.inputs[edge.slot] for c in taken],
+                    gradients(taken, edge.slot, *splits[signature[edge.consumer]])
+                    if backward
+                    else None,
                 )
             (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
             dtype = graph.tensors[edge.tensor].dtype_bytes
