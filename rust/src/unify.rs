@@ -65,6 +65,8 @@ fn outer_bounds(num_devices: u64) -> DeviceBounds {
 }
 
 /// The boundaries strictly between rank bits `lo` and `hi`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn bounds_inside(bounds: DeviceBounds, lo: u32, hi: u32) -> DeviceBounds {
     bounds & ((1 << hi) - 1) & !((2 << lo) - 1)
 }
@@ -80,6 +82,8 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
 }
 
 /// The rank bits strictly inside the splits of `pieces`: where a device boundary cuts one.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn inside_splits(pieces: &[Piece]) -> u64 {
     pieces
         .iter()
@@ -92,6 +96,8 @@ fn inside_splits(pieces: &[Piece]) -> u64 {
 /// The pieces of `from` into `into`, every split piece that a device boundary falls inside cut
 /// at it; the outer bits keep the outer part. (Written into another buffer, not cut in place:
 /// the kernel makes millions of cuts, and an insert moves every piece after it.)
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Piece>) {
     into.clear();
     for &p in from {
@@ -124,6 +130,8 @@ fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Pie
 /// The flat-index boundaries between the pieces of either side, as products of the sizes inside
 /// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
 /// from its innermost piece out, ascend already: the two are merged, not sorted.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     into.clear();
     // Each side's next boundary: the product of its pieces from `at` on, while a piece lies
@@ -164,6 +172,8 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
 /// pieces' or falls inside one and is cut there: the cut pieces are those between consecutive
 /// boundaries and the outermost, one more than the boundaries. So a side with as many pieces
 /// needs no cut, and the others are written from the outermost end without a search.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn cut_at_dim_bounds(
     pieces: &mut Vec<Piece>,
     bounds: &[u64],
@@ -412,6 +422,8 @@ impl Unified {
 
     /// Per tensor dim of one side's unified layout, the rank bits of the device dim that splits
     /// it (0 if none): its map as the cost kernel reads it, without building the layout.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
         self.side(side)
             .0
@@ -420,6 +432,8 @@ impl Unified {
     }
 
     /// The rank bits of each device dim of the unified device matrix, innermost first.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub fn dim_bits(&self) -> impl Iterator<Item = u64> {
         let mut rest = self.device;
         let mut lo = rest.trailing_zeros();
@@ -437,12 +451,16 @@ impl Unified {
 }
 
 /// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn bits_between(lo: u32, hi: u32) -> u64 {
     ((1 << hi) - 1) & !((1 << lo) - 1)
 }
 
 /// One attempt at unification of the two views as they are, into `into` (whose layouts are
 /// those of the two views once it succeeds).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn try_unify(
     a: &Reshaped<'_>,
     b: &Reshaped<'_>,
@@ -579,6 +597,8 @@ impl<'a> Reshaped<'a> {
 
     /// The start of the view: the known one while the view is the layout's own, else worked out
     /// into `buffer`.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn start<'s>(&'s self, buffer: &'s mut Start) -> &'s Start {
         if let (Some(known), Cow::Borrowed(_), true, false) = (
             self.known,

@@ -36,6 +36,8 @@ impl Maps {
     }
 
     /// Refills the maps from the bits of each tensor dim's split and of the partial dims.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn refill(&mut self, map: impl Iterator<Item = u64>, partial: u64) {
         self.map.clear();
         self.map.extend(map);
@@ -71,6 +73,19 @@ impl Maps {
     }
 }
 
+/// What Algorithm 1's passes hand each op to ([`plan_unified`]): a closure, or the cost
+/// kernel's [`Pricer`] (a closure there would be a function of its own, compiled without the
+/// kernel's newer instructions).
+trait Step {
+    fn step(&mut self, kind: OpKind, bits: u64, i: Option<usize>, to: Option<usize>, m: &Maps);
+}
+
+impl<F: FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps)> Step for F {
+    fn step(&mut self, kind: OpKind, bits: u64, i: Option<usize>, to: Option<usize>, m: &Maps) {
+        self(kind, bits, i, to, m);
+    }
+}
+
 /// Algorithm 1 from a unified layout to the unified target `t`, whose device dim `k` holds the
 /// rank bits `dims[k]`: all-reduce the partial sums the target does not keep, then slice what
 /// can be sliced and turn gather-then-slice pairs on one device dim into all-to-alls until
@@ -78,16 +93,13 @@ impl Maps {
 /// `step` gets each op (kind, the rank bits of its device dim, tensor dim, dim split by an
 /// all-to-all) with the maps before it; `current` is stepped in place so that pricing the ops
 /// allocates nothing.
-fn plan_unified(
-    current: &mut Maps,
-    t: &Maps,
-    dims: &[u64],
-    mut step: impl FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps),
-) {
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn plan_unified(current: &mut Maps, t: &Maps, dims: &[u64], step: &mut impl Step) {
     // One partial dim at a time, innermost first.
     for &bits in dims {
         if current.partial & bits != 0 && t.partial & bits == 0 {
-            step(OpKind::AllReduce, bits, None, None, current);
+            step.step(OpKind::AllReduce, bits, None, None, current);
             current.partial &= !bits;
         }
     }
@@ -116,7 +128,7 @@ fn plan_unified(
                 let i = todo.trailing_zeros() as usize;
                 todo &= todo - 1;
                 if current.used & t[i] == 0 {
-                    step(OpKind::Slice, t[i], Some(i), None, current);
+                    step.step(OpKind::Slice, t[i], Some(i), None, current);
                     current.set(i, t[i]);
                     whole &= !(1 << i);
                     progress = true;
@@ -129,7 +141,7 @@ fn plan_unified(
                 let at = i as usize;
                 if current.used & t[at] != 0 {
                     if let Some(j) = current.map.iter().position(|&bits| bits == t[at]) {
-                        step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
+                        step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
                         current.set(j, 0);
                         current.set(at, t[at]);
                         whole = whole & !(1 << at) | 1 << j;
@@ -159,7 +171,7 @@ fn plan_unified(
         let Some(i) = gathered else {
             break;
         };
-        step(OpKind::AllGather, m[i], Some(i), None, current);
+        step.step(OpKind::AllGather, m[i], Some(i), None, current);
         current.set(i, 0);
         whole |= 1 << i;
     }
@@ -296,7 +308,7 @@ pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
         &mut current,
         &Maps::of(target, &dims),
         &dims,
-        |kind, bits, i, to, m| {
+        &mut |kind, bits, i, to, m: &Maps| {
             let k = dims
                 .iter()
                 .position(|&d| d == bits)
@@ -376,13 +388,44 @@ pub(super) fn lined_up_in(
 }
 
 /// The buffers one thread of the cost kernel prices pair after pair in.
-#[derive(Default)]
 pub(crate) struct Scratch {
     unified: Unified,
     source: Maps,
     target: Maps,
     /// The rank bits of each device dim of the unified pair.
     dims: Vec<u64>,
+    /// Whether the processor counts and finds bits in one instruction ([`has_bit_ops`]): looked
+    /// up once per thread, not per pair.
+    bit_ops: bool,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            unified: Unified::default(),
+            source: Maps::default(),
+            target: Maps::default(),
+            dims: Vec::new(),
+            bit_ops: has_bit_ops(),
+        }
+    }
+}
+
+/// Whether the processor has `popcnt`, `lzcnt` and the BMI sets (x86-64 since 2013): the baseline
+/// x86-64 target that wheels are built for has none of them, and counts a mask's bits in a dozen
+/// instructions.
+fn has_bit_ops() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("popcnt")
+            && std::arch::is_x86_feature_detected!("lzcnt")
+            && std::arch::is_x86_feature_detected!("bmi1")
+            && std::arch::is_x86_feature_detected!("bmi2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
@@ -399,6 +442,42 @@ impl<'a> Prepared<'a> {
             layout,
             start: Start::of(layout),
             elements: layout.num_elements(),
+        }
+    }
+}
+
+/// Algorithm 1's steps priced as they come: an op's group, the bits that hold distinct data and
+/// the shard (the elements over the devices of the split dims, all powers of two) are read off
+/// the rank bits of its dims.
+struct Pricer<'c> {
+    /// The tensor's elements.
+    elements: u64,
+    cluster: &'c Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    /// Whether the elements received are summed too.
+    received: bool,
+    /// The cost and the elements received so far.
+    total: (f64, f64),
+}
+
+impl Step for Pricer<'_> {
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn step(&mut self, kind: OpKind, bits: u64, _: Option<usize>, _: Option<usize>, m: &Maps) {
+        let shard = self.elements >> m.used.count_ones();
+        let volume = volume(kind, 1 << bits.count_ones(), shard);
+        self.total.0 += group_step_cost(
+            kind,
+            bits,
+            m.used | m.partial,
+            volume,
+            self.cluster,
+            self.dtype_bytes,
+            self.model,
+        );
+        if self.received {
+            self.total.1 += volume as f64;
         }
     }
 }
@@ -421,13 +500,71 @@ pub(crate) fn cost(
     elements: bool,
     scratch: &mut Scratch,
 ) -> Result<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    if scratch.bit_ops {
+        // SAFETY: the processor has the instructions (`has_bit_ops`).
+        return unsafe { cost_bit_ops(a, b, cluster, dtype_bytes, model, elements, scratch) };
+    }
+    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+}
+
+/// [`cost`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
+/// operations in the same order (no FMA), so the same bits.
+///
+/// # Safety
+/// The processor must have those instructions ([`has_bit_ops`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "popcnt,lzcnt,bmi1,bmi2")]
+unsafe fn cost_bit_ops(
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    elements: bool,
+    scratch: &mut Scratch,
+) -> Result<(f64, f64)> {
+    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+}
+
+/// The body of [`cost`], inlined into each form of it, with what it calls per pair (unification,
+/// Algorithm 1's passes, the step prices), so that the one built for the newer instructions
+/// uses them throughout.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn priced(
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    elements: bool,
+    scratch: &mut Scratch,
+) -> Result<(f64, f64)> {
     let Scratch {
         unified,
         source,
         target,
         dims,
+        ..
     } = scratch;
-    let lined = line_up(a.layout, b.layout, Some((&a.start, &b.start)), unified)?;
+    // Most pairs unify as they are: [`line_up`]'s reshapes and fallback steps only for the rest
+    // (which unify again from the start there).
+    let (src, tgt) = (
+        Reshaped::with_start(a.layout, &a.start),
+        Reshaped::with_start(b.layout, &b.start),
+    );
+    let lined = if try_unify(&src, &tgt, unified).is_ok() {
+        check_partial(unified, a.layout, b.layout)?;
+        None
+    } else {
+        Some(line_up(
+            a.layout,
+            b.layout,
+            Some((&a.start, &b.start)),
+            unified,
+        )?)
+    };
     // In plan order, from +0.0 as the plan's own sums.
     // (The elements only when asked for: a u64 to f64 conversion per op is worth skipping.)
     let add = |(cost, received): (f64, f64), op: &CommOp| {
@@ -437,31 +574,24 @@ pub(crate) fn cost(
             received + volume,
         ))
     };
-    let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
-    // An op's group, the bits that hold distinct data and the shard (the elements over the
-    // devices of the split dims, all powers of two) are read off the rank bits of its dims.
+    let steps = |part: fn(&LinedUp) -> &[CommOp]| lined.as_ref().map_or(&[][..], part);
+    let total = steps(|l| &l.prelude).iter().try_fold((0.0, 0.0), add)?;
     let (first, second) = unified.partial();
     source.refill(unified.split_bits(Side::First), first);
     target.refill(unified.split_bits(Side::Second), second);
     dims.clear();
     dims.extend(unified.dim_bits());
-    plan_unified(source, target, dims, |kind, bits, _, _, m| {
-        let shard = a.elements >> m.used.count_ones();
-        let volume = volume(kind, 1 << bits.count_ones(), shard);
-        total.0 += group_step_cost(
-            kind,
-            bits,
-            m.used | m.partial,
-            volume,
-            cluster,
-            dtype_bytes,
-            model,
-        );
-        if elements {
-            total.1 += volume as f64;
-        }
-    });
-    lined.epilogue.iter().try_fold(total, add)
+    let mut pricer = Pricer {
+        elements: a.elements,
+        cluster,
+        dtype_bytes,
+        model,
+        received: elements,
+        total,
+    };
+    plan_unified(source, target, dims, &mut pricer);
+    let total = pricer.total;
+    steps(|l| &l.epilogue).iter().try_fold(total, add)
 }
 
 #[cfg(test)]
