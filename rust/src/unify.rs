@@ -57,7 +57,7 @@ pub(crate) fn pieces_of(l: &Layout) -> Vec<Piece> {
 
 /// Device boundaries as a mask, bit `b` set for a boundary at rank bit `b`: a device count fits in
 /// a u64, so no boundary lies above bit 63 and a set costs no allocation.
-type DeviceBounds = u64;
+pub(crate) type DeviceBounds = u64;
 
 /// The boundaries of a device count's rank bits: its first and last bit.
 fn outer_bounds(num_devices: u64) -> DeviceBounds {
@@ -422,32 +422,23 @@ impl Unified {
 
     /// Per tensor dim of one side's unified layout, the rank bits of the device dim that splits
     /// it (0 if none): its map as the cost kernel reads it, without building the layout.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
     pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
-        self.side(side)
-            .0
-            .iter()
-            .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
+        split_bits(self.side(side).0)
     }
 
-    /// The rank bits of each device dim of the unified device matrix, innermost first.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    pub fn dim_bits(&self) -> impl Iterator<Item = u64> {
-        let mut rest = self.device;
-        let mut lo = rest.trailing_zeros();
-        rest &= rest - 1;
-        std::iter::from_fn(move || {
-            (rest != 0).then(|| {
-                let hi = rest.trailing_zeros();
-                rest &= rest - 1;
-                let bits = bits_between(lo, hi);
-                lo = hi;
-                bits
-            })
-        })
+    /// The device boundaries of the unified pair: bit `b` set for a boundary at rank bit `b`.
+    pub fn device(&self) -> DeviceBounds {
+        self.device
     }
+}
+
+/// Per piece, the rank bits of the device dim that splits it (0 if none).
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn split_bits(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
+    pieces
+        .iter()
+        .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
 }
 
 /// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
@@ -570,6 +561,31 @@ impl Start {
         let mut start = Start::default();
         Reshaped::new(layout).start_into(&mut start);
         start
+    }
+
+    /// Per piece, the rank bits of the device dim that splits it (0 if none).
+    pub fn split_bits(&self) -> impl Iterator<Item = u64> + '_ {
+        split_bits(&self.pieces)
+    }
+
+    /// The rank bits of the partial dims.
+    pub fn partial(&self) -> u64 {
+        self.partial
+    }
+
+    /// The device boundaries of `self` and `other` (starts of layouts of one tensor) unified as
+    /// they are, if that needs no cut: pieces of the same sizes, and no device boundary of either
+    /// inside a split of the other. [`try_unify`] leaves both starts' pieces as they are then,
+    /// on the boundaries of both: the cost kernel reads such a pair off the two starts.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub fn uncut(&self, other: &Start) -> Option<DeviceBounds> {
+        let device = self.bounds | other.bounds;
+        let same = |a: &[Piece], b: &[Piece]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.size == q.size)
+        };
+        (device & (self.inside | other.inside) == 0 && same(&self.pieces, &other.pieces))
+            .then_some(device)
     }
 }
 
