@@ -16,12 +16,42 @@ use std::borrow::Cow;
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
+/// A tensor dim of a unified pair: its size, the tensor dim of the input layout it comes from,
+/// and the rank bits `[lo, hi)` of its split (`hi` 0 if it is whole; a split has bits). Sixteen
+/// bytes: the cost kernel copies millions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Piece {
     size: u64,
-    split: Option<(u32, u32)>,
-    /// The tensor dim of the input layout the piece comes from.
-    origin: usize,
+    origin: u32,
+    lo: u8,
+    hi: u8,
+}
+
+impl Piece {
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn new(size: u64, split: Option<(u32, u32)>, origin: usize) -> Self {
+        let (lo, hi) = split.unwrap_or((0, 0));
+        debug_assert!(split.is_none_or(|(lo, hi)| lo < hi && hi < 64));
+        Piece {
+            size,
+            origin: origin as u32,
+            lo: lo as u8,
+            hi: hi as u8,
+        }
+    }
+
+    /// The rank bits `[lo, hi)` of its split, if it is split.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn split(self) -> Option<(u32, u32)> {
+        (self.hi != 0).then_some((u32::from(self.lo), u32::from(self.hi)))
+    }
+
+    /// The tensor dim of the input layout it comes from.
+    fn origin(self) -> usize {
+        self.origin as usize
+    }
 }
 
 /// Which input of a unification a blocker belongs to.
@@ -46,11 +76,7 @@ pub(crate) fn pieces_of(l: &Layout) -> Vec<Piece> {
                 -1 => None,
                 k => Some(l.bit_range(k as usize)).filter(|(lo, hi)| lo < hi),
             };
-            Piece {
-                size: l.shape()[i],
-                split,
-                origin: i,
-            }
+            Piece::new(l.shape()[i], split, i)
         })
         .collect()
 }
@@ -77,7 +103,7 @@ fn bounds_inside(bounds: DeviceBounds, lo: u32, hi: u32) -> DeviceBounds {
 fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
     pieces
         .iter()
-        .filter_map(|p| p.split)
+        .filter_map(|p| p.split())
         .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
@@ -87,7 +113,7 @@ fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
 fn inside_splits(pieces: &[Piece]) -> u64 {
     pieces
         .iter()
-        .filter_map(|p| p.split)
+        .filter_map(|p| p.split())
         .fold(0, |inside, (lo, hi)| {
             inside | bounds_inside(u64::MAX, lo, hi)
         })
@@ -101,7 +127,7 @@ fn inside_splits(pieces: &[Piece]) -> u64 {
 fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Piece>) {
     into.clear();
     for &p in from {
-        let Some((lo, mut hi)) = p.split else {
+        let Some((lo, mut hi)) = p.split() else {
             into.push(p);
             continue;
         };
@@ -110,20 +136,12 @@ fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Pie
         // The highest boundary first: the inner part is cut again at the others.
         while inside != 0 {
             let b = inside.ilog2();
-            into.push(Piece {
-                size: 1 << (hi - b),
-                split: Some((b, hi)),
-                origin: p.origin,
-            });
+            into.push(Piece::new(1 << (hi - b), Some((b, hi)), p.origin()));
             size >>= hi - b;
             hi = b;
             inside &= !(1 << b);
         }
-        into.push(Piece {
-            size,
-            split: Some((lo, hi)),
-            origin: p.origin,
-        });
+        into.push(Piece::new(size, Some((lo, hi)), p.origin()));
     }
 }
 
@@ -209,14 +227,10 @@ fn cut_at_dim_bounds(
             let rest = bound / inner;
             let outer = piece.size / rest;
             if rest * inner != bound || outer * rest != piece.size {
-                return Err(piece.origin);
+                return Err(piece.origin());
             }
-            let make = |size, split| Piece {
-                size,
-                split,
-                origin: piece.origin,
-            };
-            let (outer_piece, inner_piece) = match piece.split {
+            let make = |size, split| Piece::new(size, split, piece.origin());
+            let (outer_piece, inner_piece) = match piece.split() {
                 None => (make(outer, None), make(rest, None)),
                 Some((lo, hi)) => {
                     let g = 1u64 << (hi - lo);
@@ -230,7 +244,7 @@ fn cut_at_dim_bounds(
                         *device |= 1 << b;
                         (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
                     } else {
-                        return Err(piece.origin);
+                        return Err(piece.origin());
                     }
                 }
             };
@@ -260,7 +274,7 @@ fn device_matrix_into(bounds: DeviceBounds, matrix: &mut Vec<u64>) {
 
 /// Appends to `map` the tensor map of the pieces on the device matrix of `bounds`.
 fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
-    map.extend(pieces.iter().map(|p| match p.split {
+    map.extend(pieces.iter().map(|p| match p.split() {
         None => -1,
         Some((lo, hi)) => {
             debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
@@ -346,29 +360,26 @@ pub fn compacted(l: &Layout) -> Layout {
 pub fn normalized(l: &Layout) -> Layout {
     let mut pieces: Vec<Piece> = Vec::with_capacity(2 * l.ndim());
     for p in pieces_of(l) {
-        let mut push = |q: Piece| match (pieces.last_mut(), q.split) {
-            (Some(last), None) if last.split.is_none() => last.size *= q.size,
-            (Some(last), Some((lo, hi))) if last.split.is_some_and(|(l, _)| l == hi) => {
+        let mut push = |q: Piece| match (pieces.last_mut(), q.split()) {
+            (Some(last), None) if last.split().is_none() => last.size *= q.size,
+            (Some(last), Some((lo, hi))) if last.split().is_some_and(|(l, _)| l == hi) => {
                 last.size *= q.size;
-                last.split = Some((lo, last.split.map_or(hi, |(_, h)| h)));
+                let top = last.split().map_or(hi, |(_, h)| h);
+                *last = Piece::new(last.size, Some((lo, top)), last.origin());
             }
             _ => pieces.push(q),
         };
-        match p.split {
+        match p.split() {
             Some((lo, hi)) if p.size > 1 << (hi - lo) => {
                 let g = 1u64 << (hi - lo);
                 push(Piece { size: g, ..p });
-                push(Piece {
-                    size: p.size / g,
-                    split: None,
-                    origin: p.origin,
-                });
+                push(Piece::new(p.size / g, None, p.origin()));
             }
             _ => push(p),
         }
     }
     for (j, p) in pieces.iter_mut().enumerate() {
-        p.origin = j;
+        p.origin = j as u32;
     }
     let partial = partial_mask(l);
     build(
@@ -438,7 +449,7 @@ impl Unified {
 fn split_bits(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
     pieces
         .iter()
-        .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
+        .map(|p| p.split().map_or(0, |(lo, hi)| bits_between(lo, hi)))
 }
 
 /// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
@@ -676,12 +687,9 @@ impl<'a> Reshaped<'a> {
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {
-                out.push(Piece {
-                    size,
-                    // Only a split of degree above 1 is carried, so the range is not empty.
-                    split: (k >= 0).then(|| self.layout.bit_range(k as usize)),
-                    origin: j,
-                });
+                // Only a split of degree above 1 is carried, so the range is not empty.
+                let split = (k >= 0).then(|| self.layout.bit_range(k as usize));
+                out.push(Piece::new(size, split, j));
             }
             j += 1;
         });
