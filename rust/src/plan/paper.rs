@@ -783,6 +783,42 @@ mod tests {
         assert!(ops > 30_000 && reduced > 1_000, "{ops} {reduced}");
     }
 
+    /// The kernel's portable form (what a processor without `popcnt` runs; the batch tests run
+    /// the other form on a processor that has it) prices every pair as its plan does, on a
+    /// cluster of three levels with latencies, partial sums on some sources.
+    #[test]
+    fn portable_kernel_costs_are_the_plans() {
+        use crate::plan::{plan_redistribution, Planner};
+        use crate::topology::Replicas;
+
+        let mut layouts = crate::batch::tests::layouts_of_96();
+        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 5));
+        let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
+        let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
+        let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
+        let mut priced = 0;
+        for model in [CostModel::Topology, CostModel::Volume] {
+            // (A scratch prices the pairs of one call: one cluster, element size and model.)
+            let mut scratch = Scratch {
+                bit_ops: false,
+                ..Scratch::default()
+            };
+            for (a, pa) in layouts.iter().zip(&prepared) {
+                for (b, pb) in layouts.iter().zip(&prepared) {
+                    let Ok(plan) = plan_redistribution(a, b, Planner::Paper, Objective::Volume)
+                    else {
+                        continue;
+                    };
+                    let (got, _) = cost(pa, pb, &cluster, 2.0, model, false, &mut scratch).unwrap();
+                    let want = plan.cost(&cluster, 2.0, model).unwrap();
+                    assert_eq!(got.to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                    priced += 1;
+                }
+            }
+        }
+        assert!(priced > 40_000, "{priced}");
+    }
+
     #[test]
     fn identical_layouts_need_nothing() {
         let a = layout(&[8, 8], &[2, 4], &[0, 1]);
