@@ -106,12 +106,12 @@ impl<F: FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps)> Step for F {
 }
 
 /// Algorithm 1 from a unified layout to the unified target `t`, on the device dims between the
-/// boundaries `bounds` (bit `b` set for a boundary at rank bit `b`): all-reduce the partial sums the target does not keep, then slice what
-/// can be sliced and turn gather-then-slice pairs on one device dim into all-to-alls until
-/// neither applies, then gather one dim that is split differently in the target, and repeat.
-/// `step` gets each op (kind, the rank bits of its device dim, tensor dim, dim split by an
-/// all-to-all) with the maps before it; `current` is stepped in place so that pricing the ops
-/// allocates nothing.
+/// boundaries `bounds` (bit `b` set for a boundary at rank bit `b`): all-reduce the partial sums
+/// the target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
+/// device dim into all-to-alls until neither applies, then gather one dim that is split differently
+/// in the target, and repeat. `step` gets each op (kind, the rank bits of its device dim, tensor
+/// dim, dim split by an all-to-all) with the maps before it; `current` is stepped in place so that
+/// pricing the ops allocates nothing.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut impl Step) {
