@@ -153,31 +153,32 @@ fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Pie
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     into.clear();
     // Each side's next boundary: the product of its pieces from `at` on, while a piece lies
-    // outside them (the product of all of them is the total, no boundary).
+    // outside them (the product of all of them is the total, no boundary); `u64::MAX` once there
+    // is none (a boundary is below the total, which a u64 holds).
     let advance = |pieces: &[Piece], at: &mut usize, suffix: &mut u64| {
-        let more = *at >= 2;
-        if more {
+        if *at >= 2 {
             *at -= 1;
             *suffix *= pieces[*at].size;
+            *suffix
+        } else {
+            u64::MAX
         }
-        more
     };
     let (mut at_a, mut at_b) = (a.len(), b.len());
-    let (mut next_a, mut next_b) = (1u64, 1u64);
-    let mut first = advance(a, &mut at_a, &mut next_a);
-    let mut second = advance(b, &mut at_b, &mut next_b);
-    while first || second {
-        let next = match (first, second) {
-            (true, true) => next_a.min(next_b),
-            (true, false) => next_a,
-            _ => next_b,
-        };
-        into.push(next);
-        if first && next_a == next {
-            first = advance(a, &mut at_a, &mut next_a);
+    let (mut suffix_a, mut suffix_b) = (1u64, 1u64);
+    let mut next_a = advance(a, &mut at_a, &mut suffix_a);
+    let mut next_b = advance(b, &mut at_b, &mut suffix_b);
+    loop {
+        let next = next_a.min(next_b);
+        if next == u64::MAX {
+            break;
         }
-        if second && next_b == next {
-            second = advance(b, &mut at_b, &mut next_b);
+        into.push(next);
+        if next_a == next {
+            next_a = advance(a, &mut at_a, &mut suffix_a);
+        }
+        if next_b == next {
+            next_b = advance(b, &mut at_b, &mut suffix_b);
         }
     }
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
