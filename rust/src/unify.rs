@@ -16,12 +16,42 @@ use std::borrow::Cow;
 use crate::error::{Error, Result};
 use crate::layout::{log2, Layout};
 
+/// A tensor dim of a unified pair: its size, the tensor dim of the input layout it comes from,
+/// and the rank bits `[lo, hi)` of its split (`hi` 0 if it is whole; a split has bits). Sixteen
+/// bytes: the cost kernel copies millions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Piece {
     size: u64,
-    split: Option<(u32, u32)>,
-    /// The tensor dim of the input layout the piece comes from.
-    origin: usize,
+    origin: u32,
+    lo: u8,
+    hi: u8,
+}
+
+impl Piece {
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn new(size: u64, split: Option<(u32, u32)>, origin: usize) -> Self {
+        let (lo, hi) = split.unwrap_or((0, 0));
+        debug_assert!(split.is_none_or(|(lo, hi)| lo < hi && hi < 64));
+        Piece {
+            size,
+            origin: origin as u32,
+            lo: lo as u8,
+            hi: hi as u8,
+        }
+    }
+
+    /// The rank bits `[lo, hi)` of its split, if it is split.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn split(self) -> Option<(u32, u32)> {
+        (self.hi != 0).then_some((u32::from(self.lo), u32::from(self.hi)))
+    }
+
+    /// The tensor dim of the input layout it comes from.
+    fn origin(self) -> usize {
+        self.origin as usize
+    }
 }
 
 /// Which input of a unification a blocker belongs to.
@@ -46,18 +76,14 @@ pub(crate) fn pieces_of(l: &Layout) -> Vec<Piece> {
                 -1 => None,
                 k => Some(l.bit_range(k as usize)).filter(|(lo, hi)| lo < hi),
             };
-            Piece {
-                size: l.shape()[i],
-                split,
-                origin: i,
-            }
+            Piece::new(l.shape()[i], split, i)
         })
         .collect()
 }
 
 /// Device boundaries as a mask, bit `b` set for a boundary at rank bit `b`: a device count fits in
 /// a u64, so no boundary lies above bit 63 and a set costs no allocation.
-type DeviceBounds = u64;
+pub(crate) type DeviceBounds = u64;
 
 /// The boundaries of a device count's rank bits: its first and last bit.
 fn outer_bounds(num_devices: u64) -> DeviceBounds {
@@ -65,6 +91,8 @@ fn outer_bounds(num_devices: u64) -> DeviceBounds {
 }
 
 /// The boundaries strictly between rank bits `lo` and `hi`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn bounds_inside(bounds: DeviceBounds, lo: u32, hi: u32) -> DeviceBounds {
     bounds & ((1 << hi) - 1) & !((2 << lo) - 1)
 }
@@ -75,15 +103,17 @@ fn bounds_inside(bounds: DeviceBounds, lo: u32, hi: u32) -> DeviceBounds {
 fn split_bounds(pieces: &[Piece]) -> DeviceBounds {
     pieces
         .iter()
-        .filter_map(|p| p.split)
+        .filter_map(|p| p.split())
         .fold(0, |bounds, (lo, hi)| bounds | 1 << lo | 1 << hi)
 }
 
 /// The rank bits strictly inside the splits of `pieces`: where a device boundary cuts one.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn inside_splits(pieces: &[Piece]) -> u64 {
     pieces
         .iter()
-        .filter_map(|p| p.split)
+        .filter_map(|p| p.split())
         .fold(0, |inside, (lo, hi)| {
             inside | bounds_inside(u64::MAX, lo, hi)
         })
@@ -92,10 +122,12 @@ fn inside_splits(pieces: &[Piece]) -> u64 {
 /// The pieces of `from` into `into`, every split piece that a device boundary falls inside cut
 /// at it; the outer bits keep the outer part. (Written into another buffer, not cut in place:
 /// the kernel makes millions of cuts, and an insert moves every piece after it.)
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Piece>) {
     into.clear();
     for &p in from {
-        let Some((lo, mut hi)) = p.split else {
+        let Some((lo, mut hi)) = p.split() else {
             into.push(p);
             continue;
         };
@@ -104,54 +136,49 @@ fn cut_at_device_bounds(from: &[Piece], bounds: DeviceBounds, into: &mut Vec<Pie
         // The highest boundary first: the inner part is cut again at the others.
         while inside != 0 {
             let b = inside.ilog2();
-            into.push(Piece {
-                size: 1 << (hi - b),
-                split: Some((b, hi)),
-                origin: p.origin,
-            });
+            into.push(Piece::new(1 << (hi - b), Some((b, hi)), p.origin()));
             size >>= hi - b;
             hi = b;
             inside &= !(1 << b);
         }
-        into.push(Piece {
-            size,
-            split: Some((lo, hi)),
-            origin: p.origin,
-        });
+        into.push(Piece::new(size, Some((lo, hi)), p.origin()));
     }
 }
 
 /// The flat-index boundaries between the pieces of either side, as products of the sizes inside
 /// them, ascending and distinct. Every piece holds more than one element, so each side's, taken
 /// from its innermost piece out, ascend already: the two are merged, not sorted.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
     into.clear();
     // Each side's next boundary: the product of its pieces from `at` on, while a piece lies
-    // outside them (the product of all of them is the total, no boundary).
+    // outside them (the product of all of them is the total, no boundary); `u64::MAX` once there
+    // is none (a boundary is below the total, which a u64 holds).
     let advance = |pieces: &[Piece], at: &mut usize, suffix: &mut u64| {
-        let more = *at >= 2;
-        if more {
+        if *at >= 2 {
             *at -= 1;
             *suffix *= pieces[*at].size;
+            *suffix
+        } else {
+            u64::MAX
         }
-        more
     };
     let (mut at_a, mut at_b) = (a.len(), b.len());
-    let (mut next_a, mut next_b) = (1u64, 1u64);
-    let mut first = advance(a, &mut at_a, &mut next_a);
-    let mut second = advance(b, &mut at_b, &mut next_b);
-    while first || second {
-        let next = match (first, second) {
-            (true, true) => next_a.min(next_b),
-            (true, false) => next_a,
-            _ => next_b,
-        };
-        into.push(next);
-        if first && next_a == next {
-            first = advance(a, &mut at_a, &mut next_a);
+    let (mut suffix_a, mut suffix_b) = (1u64, 1u64);
+    let mut next_a = advance(a, &mut at_a, &mut suffix_a);
+    let mut next_b = advance(b, &mut at_b, &mut suffix_b);
+    loop {
+        let next = next_a.min(next_b);
+        if next == u64::MAX {
+            break;
         }
-        if second && next_b == next {
-            second = advance(b, &mut at_b, &mut next_b);
+        into.push(next);
+        if next_a == next {
+            next_a = advance(a, &mut at_a, &mut suffix_a);
+        }
+        if next_b == next {
+            next_b = advance(b, &mut at_b, &mut suffix_b);
         }
     }
     debug_assert!(into.windows(2).all(|w| w[0] < w[1]));
@@ -164,6 +191,8 @@ fn dim_bounds(a: &[Piece], b: &[Piece], into: &mut Vec<u64>) {
 /// pieces' or falls inside one and is cut there: the cut pieces are those between consecutive
 /// boundaries and the outermost, one more than the boundaries. So a side with as many pieces
 /// needs no cut, and the others are written from the outermost end without a search.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn cut_at_dim_bounds(
     pieces: &mut Vec<Piece>,
     bounds: &[u64],
@@ -199,14 +228,10 @@ fn cut_at_dim_bounds(
             let rest = bound / inner;
             let outer = piece.size / rest;
             if rest * inner != bound || outer * rest != piece.size {
-                return Err(piece.origin);
+                return Err(piece.origin());
             }
-            let make = |size, split| Piece {
-                size,
-                split,
-                origin: piece.origin,
-            };
-            let (outer_piece, inner_piece) = match piece.split {
+            let make = |size, split| Piece::new(size, split, piece.origin());
+            let (outer_piece, inner_piece) = match piece.split() {
                 None => (make(outer, None), make(rest, None)),
                 Some((lo, hi)) => {
                     let g = 1u64 << (hi - lo);
@@ -220,7 +245,7 @@ fn cut_at_dim_bounds(
                         *device |= 1 << b;
                         (make(outer, Some((b, hi))), make(rest, Some((lo, b))))
                     } else {
-                        return Err(piece.origin);
+                        return Err(piece.origin());
                     }
                 }
             };
@@ -250,7 +275,7 @@ fn device_matrix_into(bounds: DeviceBounds, matrix: &mut Vec<u64>) {
 
 /// Appends to `map` the tensor map of the pieces on the device matrix of `bounds`.
 fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
-    map.extend(pieces.iter().map(|p| match p.split {
+    map.extend(pieces.iter().map(|p| match p.split() {
         None => -1,
         Some((lo, hi)) => {
             debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
@@ -336,29 +361,26 @@ pub fn compacted(l: &Layout) -> Layout {
 pub fn normalized(l: &Layout) -> Layout {
     let mut pieces: Vec<Piece> = Vec::with_capacity(2 * l.ndim());
     for p in pieces_of(l) {
-        let mut push = |q: Piece| match (pieces.last_mut(), q.split) {
-            (Some(last), None) if last.split.is_none() => last.size *= q.size,
-            (Some(last), Some((lo, hi))) if last.split.is_some_and(|(l, _)| l == hi) => {
+        let mut push = |q: Piece| match (pieces.last_mut(), q.split()) {
+            (Some(last), None) if last.split().is_none() => last.size *= q.size,
+            (Some(last), Some((lo, hi))) if last.split().is_some_and(|(l, _)| l == hi) => {
                 last.size *= q.size;
-                last.split = Some((lo, last.split.map_or(hi, |(_, h)| h)));
+                let top = last.split().map_or(hi, |(_, h)| h);
+                *last = Piece::new(last.size, Some((lo, top)), last.origin());
             }
             _ => pieces.push(q),
         };
-        match p.split {
+        match p.split() {
             Some((lo, hi)) if p.size > 1 << (hi - lo) => {
                 let g = 1u64 << (hi - lo);
                 push(Piece { size: g, ..p });
-                push(Piece {
-                    size: p.size / g,
-                    split: None,
-                    origin: p.origin,
-                });
+                push(Piece::new(p.size / g, None, p.origin()));
             }
             _ => push(p),
         }
     }
     for (j, p) in pieces.iter_mut().enumerate() {
-        p.origin = j;
+        p.origin = j as u32;
     }
     let partial = partial_mask(l);
     build(
@@ -413,36 +435,35 @@ impl Unified {
     /// Per tensor dim of one side's unified layout, the rank bits of the device dim that splits
     /// it (0 if none): its map as the cost kernel reads it, without building the layout.
     pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
-        self.side(side)
-            .0
-            .iter()
-            .map(|p| p.split.map_or(0, |(lo, hi)| bits_between(lo, hi)))
+        split_bits(self.side(side).0)
     }
 
-    /// The rank bits of each device dim of the unified device matrix, innermost first.
-    pub fn dim_bits(&self) -> impl Iterator<Item = u64> {
-        let mut rest = self.device;
-        let mut lo = rest.trailing_zeros();
-        rest &= rest - 1;
-        std::iter::from_fn(move || {
-            (rest != 0).then(|| {
-                let hi = rest.trailing_zeros();
-                rest &= rest - 1;
-                let bits = bits_between(lo, hi);
-                lo = hi;
-                bits
-            })
-        })
+    /// The device boundaries of the unified pair: bit `b` set for a boundary at rank bit `b`.
+    pub fn device(&self) -> DeviceBounds {
+        self.device
     }
 }
 
+/// Per piece, the rank bits of the device dim that splits it (0 if none).
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn split_bits(pieces: &[Piece]) -> impl Iterator<Item = u64> + '_ {
+    pieces
+        .iter()
+        .map(|p| p.split().map_or(0, |(lo, hi)| bits_between(lo, hi)))
+}
+
 /// The rank bits `[lo, hi)` as a mask (`hi` below 64: a device count fits a u64).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn bits_between(lo: u32, hi: u32) -> u64 {
     ((1 << hi) - 1) & !((1 << lo) - 1)
 }
 
 /// One attempt at unification of the two views as they are, into `into` (whose layouts are
 /// those of the two views once it succeeds).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn try_unify(
     a: &Reshaped<'_>,
     b: &Reshaped<'_>,
@@ -553,6 +574,31 @@ impl Start {
         Reshaped::new(layout).start_into(&mut start);
         start
     }
+
+    /// Per piece, the rank bits of the device dim that splits it (0 if none).
+    pub fn split_bits(&self) -> impl Iterator<Item = u64> + '_ {
+        split_bits(&self.pieces)
+    }
+
+    /// The rank bits of the partial dims.
+    pub fn partial(&self) -> u64 {
+        self.partial
+    }
+
+    /// The device boundaries of `self` and `other` (starts of layouts of one tensor) unified as
+    /// they are, if that needs no cut: pieces of the same sizes, and no device boundary of either
+    /// inside a split of the other. [`try_unify`] leaves both starts' pieces as they are then,
+    /// on the boundaries of both: the cost kernel reads such a pair off the two starts.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub fn uncut(&self, other: &Start) -> Option<DeviceBounds> {
+        let device = self.bounds | other.bounds;
+        let same = |a: &[Piece], b: &[Piece]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.size == q.size)
+        };
+        (device & (self.inside | other.inside) == 0 && same(&self.pieces, &other.pieces))
+            .then_some(device)
+    }
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -579,6 +625,8 @@ impl<'a> Reshaped<'a> {
 
     /// The start of the view: the known one while the view is the layout's own, else worked out
     /// into `buffer`.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn start<'s>(&'s self, buffer: &'s mut Start) -> &'s Start {
         if let (Some(known), Cow::Borrowed(_), true, false) = (
             self.known,
@@ -640,12 +688,9 @@ impl<'a> Reshaped<'a> {
         let mut j = 0;
         self.each_dim(|(size, k, _)| {
             if size > 1 {
-                out.push(Piece {
-                    size,
-                    // Only a split of degree above 1 is carried, so the range is not empty.
-                    split: (k >= 0).then(|| self.layout.bit_range(k as usize)),
-                    origin: j,
-                });
+                // Only a split of degree above 1 is carried, so the range is not empty.
+                let split = (k >= 0).then(|| self.layout.bit_range(k as usize));
+                out.push(Piece::new(size, split, j));
             }
             j += 1;
         });

@@ -371,6 +371,8 @@ pub(crate) fn step_volume(kind: OpKind, device_dim: usize, layout: &Layout) -> u
 
 /// Elements received per device by an op over a group of `g` devices holding shards of `s`
 /// elements.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn volume(kind: OpKind, g: u64, s: u64) -> u64 {
     match kind {
         OpKind::Slice => 0,
@@ -418,6 +420,8 @@ pub(crate) fn step_cost(
 /// [`step_cost`] of an op over a group whose rank bits are `group`, on a layout whose dims
 /// holding distinct data have the rank bits `distinct` ([`topology::rank_bits`]): the cost
 /// kernel works the bits of a pair's device dims out once, not per step.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 pub(crate) fn group_step_cost(
     kind: OpKind,
     group: u64,

@@ -8,7 +8,9 @@ use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribut
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
-use crate::unify::{check_same_tensor, reshape_for, try_unify, Reshaped, Side, Start, Unified};
+use crate::unify::{
+    check_same_tensor, reshape_for, try_unify, DeviceBounds, Reshaped, Side, Start, Unified,
+};
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
 /// holds `log2(d)` bits of the rank, [`rank_bits`]; every dim of a unified layout has two devices
@@ -21,6 +23,9 @@ pub(crate) struct Maps {
     map: Vec<u64>,
     used: u64,
     partial: u64,
+    /// The tensor dims that are split, as bits (a unified layout has at most 64 tensor dims:
+    /// each holds two elements or more).
+    split: u64,
 }
 
 impl Maps {
@@ -36,11 +41,26 @@ impl Maps {
     }
 
     /// Refills the maps from the bits of each tensor dim's split and of the partial dims.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn refill(&mut self, map: impl Iterator<Item = u64>, partial: u64) {
         self.map.clear();
         self.map.extend(map);
-        self.used = self.map.iter().fold(0, |mask, &bits| mask | bits);
+        (self.used, self.split) = (0, 0);
+        for (i, &bits) in self.map.iter().enumerate() {
+            self.used |= bits;
+            self.split |= u64::from(bits != 0) << i;
+        }
         self.partial = partial;
+    }
+
+    /// `other`'s maps, in this one's buffer.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn copy_from(&mut self, other: &Maps) {
+        self.map.clear();
+        self.map.extend_from_slice(&other.map);
+        (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
 
     /// Splits tensor dim `i` along the device dim of rank bits `bits` (0: none); the caller
@@ -48,6 +68,7 @@ impl Maps {
     fn set(&mut self, i: usize, bits: u64) {
         self.used = self.used & !self.map[i] | bits;
         self.map[i] = bits;
+        self.split = self.split & !(1 << i) | u64::from(bits != 0) << i;
     }
 
     /// The layout of these maps on the shape and device matrix of `like`, whose device dim `k`
@@ -71,39 +92,50 @@ impl Maps {
     }
 }
 
-/// Algorithm 1 from a unified layout to the unified target `t`, whose device dim `k` holds the
-/// rank bits `dims[k]`: all-reduce the partial sums the target does not keep, then slice what
-/// can be sliced and turn gather-then-slice pairs on one device dim into all-to-alls until
-/// neither applies, then gather one dim that is split differently in the target, and repeat.
-/// `step` gets each op (kind, the rank bits of its device dim, tensor dim, dim split by an
-/// all-to-all) with the maps before it; `current` is stepped in place so that pricing the ops
-/// allocates nothing.
-fn plan_unified(
-    current: &mut Maps,
-    t: &Maps,
-    dims: &[u64],
-    mut step: impl FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps),
-) {
-    // One partial dim at a time, innermost first.
-    for &bits in dims {
-        if current.partial & bits != 0 && t.partial & bits == 0 {
-            step(OpKind::AllReduce, bits, None, None, current);
-            current.partial &= !bits;
-        }
+/// What Algorithm 1's passes hand each op to ([`plan_unified`]): a closure, or the cost
+/// kernel's [`Pricer`] (a closure there would be a function of its own, compiled without the
+/// kernel's newer instructions).
+trait Step {
+    fn step(&mut self, kind: OpKind, bits: u64, i: Option<usize>, to: Option<usize>, m: &Maps);
+}
+
+impl<F: FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps)> Step for F {
+    fn step(&mut self, kind: OpKind, bits: u64, i: Option<usize>, to: Option<usize>, m: &Maps) {
+        self(kind, bits, i, to, m);
     }
+}
+
+/// Algorithm 1 from a unified layout to the unified target `t`, on the device dims between the
+/// boundaries `bounds` (bit `b` set for a boundary at rank bit `b`): all-reduce the partial sums
+/// the target does not keep, then slice what can be sliced and turn gather-then-slice pairs on one
+/// device dim into all-to-alls until neither applies, then gather one dim that is split differently
+/// in the target, and repeat. `step` gets each op (kind, the rank bits of its device dim, tensor
+/// dim, dim split by an all-to-all) with the maps before it; `current` is stepped in place so that
+/// pricing the ops allocates nothing.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut impl Step) {
+    // One partial dim at a time, innermost first: each device dim is partial or not as a whole.
+    let mut reduced = current.partial & !t.partial;
+    while reduced != 0 {
+        let lo = reduced.trailing_zeros();
+        let above = bounds & !((2 << lo) - 1);
+        let bits = (above & above.wrapping_neg()) - (1 << lo);
+        step.step(OpKind::AllReduce, bits, None, None, current);
+        current.partial &= !bits;
+        reduced &= !bits;
+    }
+    // Tensor dims as bits, so that each pass visits only the dims it may act on, in order: those
+    // the target splits, and those whole in the current layout.
+    let (wanted, split) = (t.split, current.split);
     let t = &t.map;
-    // Tensor dims as bits (a unified layout has at most 64: each of its dims holds two elements
-    // or more), so that each pass visits only the dims it may act on, in order: those the target
-    // splits, and those whole in the current layout.
     debug_assert!(t.len() <= 64);
-    let tensor_dims = |test: &dyn Fn(usize) -> bool| {
-        (0..t.len())
-            .filter(|&i| test(i))
-            .fold(0u64, |mask, i| mask | 1 << i)
+    let all = if t.is_empty() {
+        0
+    } else {
+        u64::MAX >> (64 - t.len())
     };
-    let all = tensor_dims(&|_| true);
-    let wanted = tensor_dims(&|i| t[i] != 0);
-    let mut whole = tensor_dims(&|i| current.map[i] == 0);
+    let mut whole = all & !split;
     // The dims of `mask` from `i` on, in order, read afresh after each op.
     let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
@@ -116,7 +148,7 @@ fn plan_unified(
                 let i = todo.trailing_zeros() as usize;
                 todo &= todo - 1;
                 if current.used & t[i] == 0 {
-                    step(OpKind::Slice, t[i], Some(i), None, current);
+                    step.step(OpKind::Slice, t[i], Some(i), None, current);
                     current.set(i, t[i]);
                     whole &= !(1 << i);
                     progress = true;
@@ -129,7 +161,7 @@ fn plan_unified(
                 let at = i as usize;
                 if current.used & t[at] != 0 {
                     if let Some(j) = current.map.iter().position(|&bits| bits == t[at]) {
-                        step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
+                        step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
                         current.set(j, 0);
                         current.set(at, t[at]);
                         whole = whole & !(1 << at) | 1 << j;
@@ -159,7 +191,7 @@ fn plan_unified(
         let Some(i) = gathered else {
             break;
         };
-        step(OpKind::AllGather, m[i], Some(i), None, current);
+        step.step(OpKind::AllGather, m[i], Some(i), None, current);
         current.set(i, 0);
         whole |= 1 << i;
     }
@@ -246,15 +278,14 @@ fn line_up(
         current = Cow::Owned(after);
     }
     debug_assert_eq!(&*current, b);
-    check_partial(unified, a, b)?;
+    check_partial(unified.partial(), a, b)?;
     Ok(LinedUp { prelude, epilogue })
 }
 
 /// The target may keep partial sums the source has, but no step creates them: checked on the
 /// rank bits of the unified pair's partial dims ([`Unified::partial`]; each dim of the unified
 /// device matrix lies in or out of each side's partial bits).
-fn check_partial(unified: &Unified, a: &Layout, b: &Layout) -> Result<()> {
-    let (source, target) = unified.partial();
+fn check_partial((source, target): (u64, u64), a: &Layout, b: &Layout) -> Result<()> {
     if target & !source == 0 {
         Ok(())
     } else {
@@ -291,12 +322,16 @@ pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
         .map(|k| rank_bits(matrix, |i| i == k))
         .collect();
     let mut ops = Vec::new();
+    // The boundaries between the device dims: the lowest bit of each, and the top.
+    let bounds = dims
+        .iter()
+        .fold(1, |bounds, &d| bounds | (d + (d & d.wrapping_neg())));
     let mut current = Maps::of(source, &dims);
     plan_unified(
         &mut current,
         &Maps::of(target, &dims),
-        &dims,
-        |kind, bits, i, to, m| {
+        bounds,
+        &mut |kind, bits, i, to, m: &Maps| {
             let k = dims
                 .iter()
                 .position(|&d| d == bits)
@@ -375,30 +410,146 @@ pub(super) fn lined_up_in(
     Ok((lined.prelude, lined.epilogue))
 }
 
-/// The buffers one thread of the cost kernel prices pair after pair in.
-#[derive(Default)]
+/// The buffers one thread of the cost kernel prices pair after pair in, within one call.
 pub(crate) struct Scratch {
     unified: Unified,
     source: Maps,
     target: Maps,
-    /// The rank bits of each device dim of the unified pair.
-    dims: Vec<u64>,
+    prices: StepPrices,
+    /// Whether the processor counts and finds bits in one instruction ([`has_bit_ops`]): looked
+    /// up once per thread, not per pair.
+    bit_ops: bool,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            unified: Unified::default(),
+            source: Maps::default(),
+            target: Maps::default(),
+            prices: StepPrices::new(),
+            bit_ops: has_bit_ops(),
+        }
+    }
+}
+
+/// Whether the processor has `popcnt`, `lzcnt` and the BMI sets (x86-64 since 2013): the baseline
+/// x86-64 target that wheels are built for has none of them, and counts a mask's bits in a dozen
+/// instructions.
+fn has_bit_ops() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("popcnt")
+            && std::arch::is_x86_feature_detected!("lzcnt")
+            && std::arch::is_x86_feature_detected!("bmi1")
+            && std::arch::is_x86_feature_detected!("bmi2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
-/// its start of unification ([`Start::of`]) and its elements.
+/// its start of unification ([`Start::of`]), the maps of its pieces (those of a pair that needs
+/// no cut, [`Start::uncut`]) and its elements.
 pub(crate) struct Prepared<'a> {
     layout: &'a Layout,
     start: Start,
+    maps: Maps,
     elements: u64,
 }
 
 impl<'a> Prepared<'a> {
     pub fn new(layout: &'a Layout) -> Self {
+        let start = Start::of(layout);
+        let mut maps = Maps::default();
+        maps.refill(start.split_bits(), start.partial());
         Prepared {
             layout,
-            start: Start::of(layout),
+            start,
+            maps,
             elements: layout.num_elements(),
+        }
+    }
+}
+
+/// A step as its price depends on it within one call of the kernel (one cluster, element size and
+/// cost model): its kind, the rank bits of its group, those of the dims holding distinct data,
+/// and its elements per device.
+type StepKey = (u64, u64, u64, OpKind);
+
+/// The prices of the steps one thread of the kernel has met in one call, direct-mapped (a slot
+/// keeps the last step hashed to it): a step's price walks the cluster's levels and divides
+/// twice, and a table's steps repeat (a few groups, dims and shards).
+struct StepPrices {
+    slots: Vec<(StepKey, f64)>,
+}
+
+impl StepPrices {
+    /// Slots, a power of two.
+    const SLOTS: usize = 256;
+
+    /// No step: a step's group has bits (a unified device dim has two devices or more).
+    fn new() -> Self {
+        let empty = ((0, 0, 0, OpKind::Slice), 0.0);
+        StepPrices {
+            slots: vec![empty; Self::SLOTS],
+        }
+    }
+
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn slot((group, distinct, volume, kind): StepKey) -> usize {
+        const ODD: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mixed = group ^ distinct.rotate_left(24) ^ volume.wrapping_mul(ODD) ^ kind as u64;
+        (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize
+    }
+}
+
+/// Algorithm 1's steps priced as they come: an op's group, the bits that hold distinct data and
+/// the shard (the elements over the devices of the split dims, all powers of two) are read off
+/// the rank bits of its dims.
+struct Pricer<'c> {
+    /// The tensor's elements.
+    elements: u64,
+    prices: &'c mut StepPrices,
+    cluster: &'c Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    /// Whether the elements received are summed too.
+    received: bool,
+    /// The cost and the elements received so far.
+    total: (f64, f64),
+}
+
+impl Step for Pricer<'_> {
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn step(&mut self, kind: OpKind, bits: u64, _: Option<usize>, _: Option<usize>, m: &Maps) {
+        let shard = self.elements >> m.used.count_ones();
+        let volume = volume(kind, 1 << bits.count_ones(), shard);
+        // (A slice is free: nothing to look up.)
+        if kind != OpKind::Slice {
+            let distinct = m.used | m.partial;
+            let key = (bits, distinct, volume, kind);
+            let slot = &mut self.prices.slots[StepPrices::slot(key)];
+            if slot.0 != key {
+                let price = group_step_cost(
+                    kind,
+                    bits,
+                    distinct,
+                    volume,
+                    self.cluster,
+                    self.dtype_bytes,
+                    self.model,
+                );
+                *slot = (key, price);
+            }
+            self.total.0 += slot.1;
+        }
+        if self.received {
+            self.total.1 += volume as f64;
         }
     }
 }
@@ -421,13 +572,87 @@ pub(crate) fn cost(
     elements: bool,
     scratch: &mut Scratch,
 ) -> Result<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    if scratch.bit_ops {
+        // SAFETY: the processor has the instructions (`has_bit_ops`).
+        return unsafe { cost_bit_ops(a, b, cluster, dtype_bytes, model, elements, scratch) };
+    }
+    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+}
+
+/// [`cost`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
+/// operations in the same order (no FMA), so the same bits.
+///
+/// # Safety
+/// The processor must have those instructions ([`has_bit_ops`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "popcnt,lzcnt,bmi1,bmi2")]
+unsafe fn cost_bit_ops(
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    elements: bool,
+    scratch: &mut Scratch,
+) -> Result<(f64, f64)> {
+    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+}
+
+/// The body of [`cost`], inlined into each form of it, with what it calls per pair (unification,
+/// Algorithm 1's passes, the step prices), so that the one built for the newer instructions
+/// uses them throughout.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn priced(
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    elements: bool,
+    scratch: &mut Scratch,
+) -> Result<(f64, f64)> {
     let Scratch {
         unified,
         source,
         target,
-        dims,
+        prices,
+        ..
     } = scratch;
-    let lined = line_up(a.layout, b.layout, Some((&a.start, &b.start)), unified)?;
+    let mut pricer = Pricer {
+        elements: a.elements,
+        prices,
+        cluster,
+        dtype_bytes,
+        model,
+        received: elements,
+        total: (0.0, 0.0),
+    };
+    // A pair that needs no cut is read off the two layouts' own maps.
+    if let Some(device) = a.start.uncut(&b.start) {
+        check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
+        source.copy_from(&a.maps);
+        plan_unified(source, &b.maps, device, &mut pricer);
+        return Ok(pricer.total);
+    }
+    // Most others unify as they are: [`line_up`]'s reshapes and fallback steps only for the rest
+    // (which unify again from the start there).
+    let (src, tgt) = (
+        Reshaped::with_start(a.layout, &a.start),
+        Reshaped::with_start(b.layout, &b.start),
+    );
+    let lined = if try_unify(&src, &tgt, unified).is_ok() {
+        check_partial(unified.partial(), a.layout, b.layout)?;
+        None
+    } else {
+        Some(line_up(
+            a.layout,
+            b.layout,
+            Some((&a.start, &b.start)),
+            unified,
+        )?)
+    };
     // In plan order, from +0.0 as the plan's own sums.
     // (The elements only when asked for: a u64 to f64 conversion per op is worth skipping.)
     let add = |(cost, received): (f64, f64), op: &CommOp| {
@@ -437,31 +662,13 @@ pub(crate) fn cost(
             received + volume,
         ))
     };
-    let mut total = lined.prelude.iter().try_fold((0.0, 0.0), add)?;
-    // An op's group, the bits that hold distinct data and the shard (the elements over the
-    // devices of the split dims, all powers of two) are read off the rank bits of its dims.
+    let steps = |part: fn(&LinedUp) -> &[CommOp]| lined.as_ref().map_or(&[][..], part);
+    pricer.total = steps(|l| &l.prelude).iter().try_fold((0.0, 0.0), add)?;
     let (first, second) = unified.partial();
     source.refill(unified.split_bits(Side::First), first);
     target.refill(unified.split_bits(Side::Second), second);
-    dims.clear();
-    dims.extend(unified.dim_bits());
-    plan_unified(source, target, dims, |kind, bits, _, _, m| {
-        let shard = a.elements >> m.used.count_ones();
-        let volume = volume(kind, 1 << bits.count_ones(), shard);
-        total.0 += group_step_cost(
-            kind,
-            bits,
-            m.used | m.partial,
-            volume,
-            cluster,
-            dtype_bytes,
-            model,
-        );
-        if elements {
-            total.1 += volume as f64;
-        }
-    });
-    lined.epilogue.iter().try_fold(total, add)
+    plan_unified(source, target, unified.device(), &mut pricer);
+    steps(|l| &l.epilogue).iter().try_fold(pricer.total, add)
 }
 
 #[cfg(test)]
@@ -574,6 +781,42 @@ mod tests {
             }
         }
         assert!(ops > 30_000 && reduced > 1_000, "{ops} {reduced}");
+    }
+
+    /// The kernel's portable form (what a processor without `popcnt` runs; the batch tests run
+    /// the other form on a processor that has it) prices every pair as its plan does, on a
+    /// cluster of three levels with latencies, partial sums on some sources.
+    #[test]
+    fn portable_kernel_costs_are_the_plans() {
+        use crate::plan::{plan_redistribution, Planner};
+        use crate::topology::Replicas;
+
+        let mut layouts = crate::batch::tests::layouts_of_96();
+        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 5));
+        let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
+        let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
+        let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
+        let mut priced = 0;
+        for model in [CostModel::Topology, CostModel::Volume] {
+            // (A scratch prices the pairs of one call: one cluster, element size and model.)
+            let mut scratch = Scratch {
+                bit_ops: false,
+                ..Scratch::default()
+            };
+            for (a, pa) in layouts.iter().zip(&prepared) {
+                for (b, pb) in layouts.iter().zip(&prepared) {
+                    let Ok(plan) = plan_redistribution(a, b, Planner::Paper, Objective::Volume)
+                    else {
+                        continue;
+                    };
+                    let (got, _) = cost(pa, pb, &cluster, 2.0, model, false, &mut scratch).unwrap();
+                    let want = plan.cost(&cluster, 2.0, model).unwrap();
+                    assert_eq!(got.to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                    priced += 1;
+                }
+            }
+        }
+        assert!(priced > 40_000, "{priced}");
     }
 
     #[test]

@@ -215,6 +215,8 @@ impl Cluster {
     /// bits of the dims holding distinct data being `distinct`: a device dim of `d` devices
     /// holds `log2(d)` bits of the rank, and each count the cost needs (`ct`, the group size,
     /// the all-to-all's `k`) is a power of two read off the bits, without a walk over the dims.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn group_seconds(
         &self,
         collective: CollectiveKind,
@@ -436,6 +438,8 @@ fn extents(device_matrix: &[u64], l: u64) -> impl Iterator<Item = u64> + '_ {
 /// The steps of a collective over `p` devices as NCCL runs it: a ring all-reduce `2 (p - 1)`
 /// (reduce-scatter, then all-gather), a ring all-gather or reduce-scatter and a pairwise
 /// all-to-all `p - 1`, a collective-permute one.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn steps(collective: CollectiveKind, p: f64) -> f64 {
     match collective {
         CollectiveKind::AllReduce => 2.0 * (p - 1.0),
@@ -588,6 +592,8 @@ pub(crate) fn rank_bits(device_matrix: &[u64], test: impl Fn(usize) -> bool) -> 
 /// rank bits `group` where the dims of the rank bits `counted` count (every dim, with flat
 /// replicas): 0 if the group's bits all lie inside a part; else each group crossing a part
 /// differs from the others that cross it in the counted bits below the part's outside the group.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 fn crossing(group: u64, counted: u64, l: u64) -> u64 {
     if group & !(l - 1) == 0 {
         0
