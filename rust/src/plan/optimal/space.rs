@@ -279,29 +279,35 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 /// end or holds partial sums in the source; none for the others (they would only have to be
 /// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
+    let mut out = Vec::new();
+    allowed_into(source, target, &mut out);
+    out
+}
+
+/// [`allowed`] into `out`'s buffer (the bounded tables ask it of every pair).
+pub(super) fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
     let src_partial = mask_of(source.partial());
-    (0..source.num_device_dims())
-        .map(|k| {
-            let d = source.dim_size(k);
-            // The layouts' masks of used dims, not a scan of their maps per dim.
-            let ends = source.uses(k) || target.uses(k);
-            if !ends && src_partial >> k & 1 == 0 {
-                return 0;
+    out.clear();
+    out.extend((0..source.num_device_dims()).map(|k| {
+        let d = source.dim_size(k);
+        // The layouts' masks of used dims, not a scan of their maps per dim.
+        let ends = source.uses(k) || target.uses(k);
+        if !ends && src_partial >> k & 1 == 0 {
+            return 0;
+        }
+        // A mask, not a division, for the usual power-of-two dim (the bounded tables ask
+        // this of every pair).
+        let divides = |x: u64| {
+            if d.is_power_of_two() {
+                x & (d - 1) == 0
+            } else {
+                x % d == 0
             }
-            // A mask, not a division, for the usual power-of-two dim (the bounded tables ask
-            // this of every pair).
-            let divides = |x: u64| {
-                if d.is_power_of_two() {
-                    x & (d - 1) == 0
-                } else {
-                    x % d == 0
-                }
-            };
-            (0..source.ndim())
-                .filter(|&i| divides(source.shape()[i]))
-                .fold(0, |m, i| m | 1 << i)
-        })
-        .collect()
+        };
+        (0..source.ndim())
+            .filter(|&i| divides(source.shape()[i]))
+            .fold(0, |m, i| m | 1 << i)
+    }));
 }
 
 /// The runs `[start, end)` of two or more adjacent tensor dims that play one part: unsplit at
