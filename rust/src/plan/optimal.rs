@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 use super::ops::{CommOp, Objective};
 use crate::layout::Layout;
 use space::{
-    allowed, allowed_into, canonical, mask_of, matching, permutation, runs, state_layout, Space,
+    allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout, Space,
     State, Step, MAX_DIMS,
 };
 
@@ -109,7 +109,8 @@ pub(crate) struct KeyScratch {
     /// The pair's tensor dim at each position of the sorted order.
     order: Vec<usize>,
     columns: Vec<(i64, i64, u64)>,
-    allowed: Vec<u64>,
+    /// Per tensor dim, the device dims that may split it.
+    may: Vec<u64>,
 }
 
 impl KeyScratch {
@@ -123,17 +124,14 @@ impl KeyScratch {
             words,
             order,
             columns,
-            allowed,
+            may,
         } = self;
-        allowed_into(source, target, allowed);
+        allowed_columns(source, target, may);
         // Each column worked out once (the sort compares them many times).
         columns.clear();
-        columns.extend((0..source.ndim()).map(|i| {
-            let may = (0..allowed.len())
-                .filter(|&k| allowed[k] >> i & 1 == 1)
-                .fold(0u64, |m, k| m | 1 << k);
-            (source.tensor_map()[i], target.tensor_map()[i], may)
-        }));
+        columns.extend(
+            (0..source.ndim()).map(|i| (source.tensor_map()[i], target.tensor_map()[i], may[i])),
+        );
         order.clear();
         order.extend(0..source.ndim());
         order.sort_by_key(|&i| columns[i]);
