@@ -974,6 +974,49 @@ mod tests {
         }
     }
 
+    /// One batch's bounds ([`Bounds`]) shared by every pair of layouts of 16 devices, sources
+    /// with and without partial sums, on clusters of every shape: each pair's bound, worked out
+    /// or read back from the batch by its key, is the bound at the source of its own problem
+    /// (a key that left out something the bound depends on would hand some pair another's).
+    #[test]
+    fn a_batch_bounds_every_pair_as_its_own_problem() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
+        let layouts: Vec<Layout> = maps
+            .iter()
+            .flat_map(|m| {
+                [false, true]
+                    .into_iter()
+                    .filter_map(|partial| random_layout(&shape, &matrix, m, partial))
+            })
+            .collect();
+        let mut read_back = 0;
+        for cluster in clusters.iter().step_by(3) {
+            let objective = Objective::Seconds {
+                cluster,
+                dtype_bytes: 2.0,
+            };
+            let batch = Bounds::of(objective, layouts.len());
+            let mut scratch = BoundScratch::default();
+            let mut keys = std::collections::HashSet::new();
+            for a in &layouts {
+                for b in layouts.iter().filter(|b| b.partial().is_empty()) {
+                    let problem = Problem::of(a, b).unwrap();
+                    let (source, target) = (&problem.source, &problem.target);
+                    let want = Space::bounding(source, target, objective).remaining(
+                        &State::of(source),
+                        source.shard_size(),
+                        State::of(target).partial,
+                    );
+                    let got = batch.bound(a, b, &mut scratch).unwrap();
+                    assert_eq!(got.to_bits(), want.to_bits(), "{a:?} -> {b:?}");
+                    read_back += usize::from(!keys.insert(problem.key));
+                }
+            }
+        }
+        assert!(read_back > 1000, "{read_back}");
+    }
+
     /// A search that would hold more layouts than it may gives up (the planner then keeps
     /// Algorithm 1's plan), and one given room enough finds the plan.
     #[test]
