@@ -382,24 +382,31 @@ pub fn redistribution_bounds(
             needed[csrc_index[k / width] * cwidth + ctgt_index[k % width]] = true;
         }
     }
+    // What lining up needs of each canonical form, worked out once per form (not once per
+    // pair).
+    let psrc: Vec<paper::Prepared> = csrc.par_iter().map(paper::Prepared::new).collect();
+    let ptgt: Vec<paper::Prepared> = ctgt.par_iter().map(paper::Prepared::new).collect();
     // The search's bound depends on the problem's key alone: worked out once per key, across
     // calls.
-    let fingerprint = objective.fingerprint();
-    let lower_bound = |source: &Layout, target: &Layout| {
-        optimal::lower_bound(source, target, objective, &fingerprint)
-    };
+    let memo = optimal::Bounds::of(objective, needed.iter().filter(|&&n| n).count());
     let bounds: Vec<f64> = needed
         .par_iter()
         .enumerate()
-        .map_init(paper::LineUp::default, |scratch, (k, &needed)| {
-            if needed {
-                let (a, b) = (&csrc[k / cwidth], &ctgt[k % cwidth]);
-                shortest_plan_bound(a, b, objective, scratch, lower_bound)
-            } else {
-                Ok(0.0)
-            }
-        })
+        .map_init(
+            || (paper::LineUp::default(), optimal::BoundScratch::default()),
+            |(line_up, scratch), (k, &needed)| {
+                if needed {
+                    let pair = (&psrc[k / cwidth], &ptgt[k % cwidth]);
+                    shortest_plan_bound(pair, objective, line_up, |source, target| {
+                        memo.bound(source, target, scratch)
+                    })
+                } else {
+                    Ok(0.0)
+                }
+            },
+        )
         .collect::<Result<_>>()?;
+    memo.keep();
     Ok(paper
         .iter()
         .enumerate()

@@ -14,20 +14,21 @@
 
 mod space;
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
 
 use super::ops::{CommOp, Objective};
 use crate::layout::Layout;
 use space::{
-    allowed, canonical, mask_of, matching, permutation, runs, state_layout, Space, State, Step,
-    MAX_DIMS,
+    allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout, Space,
+    State, Step, MAX_DIMS,
 };
 
 struct Node {
@@ -85,12 +86,87 @@ impl Ord for Queued {
 /// ends and those that may split it on the way. Pairs of one key differ only in the order of
 /// their tensor dims and in the sizes of dims that play one part, which no price sees (a shard
 /// is the elements over the sizes of the dims that split it): one search serves them all.
+///
+/// Held as one run of words (the device dims' count and sizes, the elements, the two partial
+/// masks, then three words per tensor dim), so that a memo is asked with the words of a buffer
+/// ([`KeyScratch`]): the bounded tables key tens of thousands of pairs, and building each key
+/// (two vectors) took more than looking it up.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
-    device_matrix: Vec<u64>,
-    elements: u64,
-    partial: (u64, u64),
+pub(crate) struct Key(Box<[u64]>);
+
+// A key hashes and compares as its words: a memo of keys is asked with a slice.
+impl Borrow<[u64]> for Key {
+    fn borrow(&self) -> &[u64] {
+        &self.0
+    }
+}
+
+/// The buffers a [`Key`] is worked out in ([`KeyScratch::fill`]), pair after pair.
+#[derive(Default)]
+pub(crate) struct KeyScratch {
+    /// The key's words.
+    words: Vec<u64>,
+    /// The pair's tensor dim at each position of the sorted order.
+    order: Vec<usize>,
     columns: Vec<(i64, i64, u64)>,
+    /// Per tensor dim, the device dims that may split it.
+    may: Vec<u64>,
+}
+
+impl KeyScratch {
+    /// Works out the key of the unified pair `source` -> `target` and its order; `false` if they
+    /// have too many dims for the search's masks.
+    fn fill(&mut self, source: &Layout, target: &Layout) -> bool {
+        if source.ndim() > MAX_DIMS || source.num_device_dims() >= 64 {
+            return false;
+        }
+        let KeyScratch {
+            words,
+            order,
+            columns,
+            may,
+        } = self;
+        allowed_columns(source, target, may);
+        // Each column worked out once (the sort compares them many times).
+        columns.clear();
+        columns.extend(
+            (0..source.ndim()).map(|i| (source.tensor_map()[i], target.tensor_map()[i], may[i])),
+        );
+        order.clear();
+        order.extend(0..source.ndim());
+        order.sort_by_key(|&i| columns[i]);
+        let matrix = source.device_matrix();
+        words.clear();
+        words.push(matrix.len() as u64);
+        words.extend_from_slice(matrix);
+        words.extend([
+            source.num_elements(),
+            mask_of(source.partial()),
+            mask_of(target.partial()),
+        ]);
+        for &i in order.iter() {
+            let (from, to, may) = columns[i];
+            // The maps' entries as words: -1 and the device dims, one to one.
+            words.extend([from as u64, to as u64, may]);
+        }
+        true
+    }
+
+    /// The key [`KeyScratch::fill`] worked out last.
+    fn key(&self) -> Key {
+        Key(self.words.as_slice().into())
+    }
+}
+
+/// `layout` with its tensor dims in `order` (`order[c]` the dim at position `c`), in `out`'s
+/// buffers.
+fn sorted_into(order: &[usize], layout: &Layout, out: &mut Layout) {
+    out.set_parts(|shape, matrix, map, partial| {
+        shape.extend(order.iter().map(|&i| layout.shape()[i]));
+        matrix.extend_from_slice(layout.device_matrix());
+        map.extend(order.iter().map(|&i| layout.tensor_map()[i]));
+        partial.extend_from_slice(layout.partial());
+    });
 }
 
 /// A unified pair with its tensor dims in the order of its [`Key`]: the search runs on it, and
@@ -107,55 +183,21 @@ impl Problem {
     /// The problem of the unified pair `source` -> `target`; `None` if they have too many dims
     /// for the search's masks.
     pub(crate) fn of(source: &Layout, target: &Layout) -> Option<Self> {
-        let (key, order) = Self::key_of(source, target)?;
-        Some(Self::sorted(key, order, source, target))
-    }
-
-    /// The key of [`Problem::of`] and the pair's tensor dim at each position of its order,
-    /// without the sorted pair (a key already bounded needs no more).
-    fn key_of(source: &Layout, target: &Layout) -> Option<(Key, Vec<usize>)> {
-        if source.ndim() > MAX_DIMS || source.num_device_dims() >= 64 {
+        let mut scratch = KeyScratch::default();
+        if !scratch.fill(source, target) {
             return None;
         }
-        let allowed = allowed(source, target);
-        // Each column worked out once (the sort compares them many times).
-        let columns: Vec<(i64, i64, u64)> = (0..source.ndim())
-            .map(|i| {
-                let may = (0..allowed.len())
-                    .filter(|&k| allowed[k] >> i & 1 == 1)
-                    .fold(0u64, |m, k| m | 1 << k);
-                (source.tensor_map()[i], target.tensor_map()[i], may)
-            })
-            .collect();
-        let mut order: Vec<usize> = (0..source.ndim()).collect();
-        order.sort_by_key(|&i| columns[i]);
-        let key = Key {
-            device_matrix: source.device_matrix().to_vec(),
-            elements: source.num_elements(),
-            partial: (mask_of(source.partial()), mask_of(target.partial())),
-            columns: order.iter().map(|&i| columns[i]).collect(),
-        };
-        Some((key, order))
-    }
-
-    /// The problem of `key` ([`Problem::key_of`]), its pair sorted by `order`.
-    fn sorted(key: Key, order: Vec<usize>, source: &Layout, target: &Layout) -> Self {
         let sorted = |layout: &Layout| {
-            let pick = |v: &[u64]| order.iter().map(|&i| v[i]).collect::<Vec<u64>>();
-            let map = order.iter().map(|&i| layout.tensor_map()[i]).collect();
-            Layout::from_parts(
-                pick(layout.shape()),
-                layout.device_matrix().to_vec(),
-                map,
-                layout.partial().to_vec(),
-            )
+            let mut out = Layout::scratch();
+            sorted_into(&scratch.order, layout, &mut out);
+            out
         };
-        Problem {
-            key,
+        Some(Problem {
+            key: scratch.key(),
             source: sorted(source),
             target: sorted(target),
-            order,
-        }
+            order: scratch.order,
+        })
     }
 
     pub(crate) fn key(&self) -> &Key {
@@ -268,47 +310,123 @@ pub(crate) fn solve(
     path
 }
 
-/// Bounds at the source worked out ([`lower_bound`]), by objective fingerprint and key: the
-/// bounded tables of one search bound the same keys on several edges (a third of Megatron
-/// 1.7B's on 32 devices), and a search's tables come back on the next. It changes no result;
-/// emptied past [`MEMO_SIZE`] keys.
-static BOUNDS: Mutex<Option<Bounds>> = Mutex::new(None);
+/// Bounds at the source worked out ([`Bounds`]), by objective fingerprint and key: the bounded
+/// tables of one search bound the same keys on several edges (a third of Megatron 1.7B's on 32
+/// devices), and a search's tables come back on the next. It changes no result; emptied past
+/// [`MEMO_SIZE`] keys. Each objective's map is shared ([`Arc`]): a batch reads it without the
+/// lock.
+static BOUNDS: Mutex<Option<FxHashMap<Vec<u64>, Arc<KeyBounds>>>> = Mutex::new(None);
 
-/// Bounds by objective fingerprint, then by key (a hit borrows the key, builds no pair).
-type Bounds = FxHashMap<Vec<u64>, FxHashMap<Key, f64>>;
+/// Bounds by key.
+type KeyBounds = FxHashMap<Key, f64>;
 
-/// A lower bound on the price of every path of the problem of the unified pair `source` ->
-/// `target` ([`Problem::of`]; `None` if there is none) under `objective` (whose
-/// [`Objective::fingerprint`] the caller has at hand): the search's bound at the source
-/// ([`Space::remaining`]), without a search. Remembered ([`BOUNDS`]): a key met before needs
-/// no sorted pair.
-pub(crate) fn lower_bound(
-    source: &Layout,
-    target: &Layout,
-    objective: Objective<'_>,
-    fingerprint: &[u64],
-) -> Option<f64> {
-    let (key, order) = Problem::key_of(source, target)?;
-    // A panic elsewhere while the lock was held leaves the map whole: use it.
-    let memo = || BOUNDS.lock().unwrap_or_else(PoisonError::into_inner);
-    let known = |memo: &Option<Bounds>| memo.as_ref()?.get(fingerprint)?.get(&key).copied();
-    if let Some(bound) = known(&memo()) {
-        return Some(bound);
+/// The bounds of one batch under one objective: lower bounds on the price of every path of the
+/// problem of a unified pair ([`Bounds::bound`]), those remembered from earlier batches
+/// ([`BOUNDS`], read without a lock) and those this batch works out, remembered in turn by
+/// [`Bounds::keep`]. The objective's fingerprint is hashed once per batch, not once per pair.
+pub(crate) struct Bounds<'o> {
+    objective: Objective<'o>,
+    fingerprint: Vec<u64>,
+    known: Arc<KeyBounds>,
+    found: Mutex<KeyBounds>,
+}
+
+/// The buffers one thread bounds pairs in ([`Bounds::bound`]), pair after pair.
+pub(crate) struct BoundScratch {
+    key: KeyScratch,
+    source: Layout,
+    target: Layout,
+}
+
+impl Default for BoundScratch {
+    fn default() -> Self {
+        BoundScratch {
+            key: KeyScratch::default(),
+            source: Layout::scratch(),
+            target: Layout::scratch(),
+        }
     }
-    let problem = Problem::sorted(key, order, source, target);
-    let space = Space::bounding(&problem.source, &problem.target, objective);
-    let start = State::of(&problem.source);
-    let keep = State::of(&problem.target).partial;
-    let bound = space.remaining(&start, problem.source.shard_size(), keep);
-    let mut memo = memo();
-    let map = memo.get_or_insert_with(FxHashMap::default);
-    if map.values().map(FxHashMap::len).sum::<usize>() >= MEMO_SIZE {
-        map.clear();
+}
+
+// A panic elsewhere while a lock was held leaves the map whole: use it.
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'o> Bounds<'o> {
+    /// The bounds under `objective`, starting from those remembered, for a batch of at most
+    /// `pairs` pairs (room for a key each: growing the map rehashed every key it held).
+    pub(crate) fn of(objective: Objective<'o>, pairs: usize) -> Self {
+        let fingerprint = objective.fingerprint();
+        let known = locked(&BOUNDS)
+            .as_ref()
+            .and_then(|memo| memo.get(&fingerprint).cloned())
+            .unwrap_or_default();
+        let mut found = KeyBounds::default();
+        // At most as many keys as the memo keeps: a larger batch grows the map.
+        found.reserve(pairs.min(MEMO_SIZE));
+        Bounds {
+            objective,
+            fingerprint,
+            known,
+            found: Mutex::new(found),
+        }
     }
-    map.entry(fingerprint.to_vec())
-        .or_default()
-        .insert(problem.key, bound);
-    Some(bound)
+
+    /// A lower bound on the price of every path of the problem of the unified pair `source` ->
+    /// `target` ([`Problem::of`]; `None` if there is none): the search's bound at the source
+    /// ([`Space::remaining`]), without a search, worked out in `scratch`'s buffers. A key met
+    /// before needs no sorted pair.
+    pub(crate) fn bound(
+        &self,
+        source: &Layout,
+        target: &Layout,
+        scratch: &mut BoundScratch,
+    ) -> Option<f64> {
+        if !scratch.key.fill(source, target) {
+            return None;
+        }
+        let words = scratch.key.words.as_slice();
+        // (An empty map hashes the key all the same.)
+        if let Some(&bound) = (!self.known.is_empty())
+            .then(|| self.known.get(words))
+            .flatten()
+        {
+            return Some(bound);
+        }
+        if let Some(&bound) = locked(&self.found).get(words) {
+            return Some(bound);
+        }
+        let order = &scratch.key.order;
+        sorted_into(order, source, &mut scratch.source);
+        sorted_into(order, target, &mut scratch.target);
+        let (source, target) = (&scratch.source, &scratch.target);
+        let space = Space::bounding(source, target, self.objective);
+        let start = State::of(source);
+        let keep = State::of(target).partial;
+        let bound = space.remaining(&start, source.shard_size(), keep);
+        locked(&self.found).insert(scratch.key.key(), bound);
+        Some(bound)
+    }
+
+    /// Remembers the bounds this batch worked out ([`BOUNDS`]).
+    pub(crate) fn keep(self) {
+        let found = self
+            .found
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if found.is_empty() {
+            return;
+        }
+        let mut memo = locked(&BOUNDS);
+        let map = memo.get_or_insert_with(FxHashMap::default);
+        let held = map.values().map(|m| m.len()).sum::<usize>();
+        if held + found.len() > MEMO_SIZE {
+            map.clear();
+        }
+        // Copied only if a batch still reads the map.
+        Arc::make_mut(map.entry(self.fingerprint).or_default()).extend(found);
+    }
 }
 
 /// [`solve`] without the memo.
@@ -841,11 +959,62 @@ mod tests {
         assert!(fresh[0] > fresh[1], "{fresh:?}");
         for order in [[0, 1, 0, 1], [1, 0, 1, 0]] {
             for i in order {
-                let fingerprint = objectives[i].fingerprint();
-                let bound = lower_bound(&a, &b, objectives[i], &fingerprint).unwrap();
-                assert_eq!(bound.to_bits(), fresh[i].to_bits(), "{i}");
+                // Worked out by one batch (or remembered from an earlier one), then read back
+                // from the batch's own found bounds, and from the memo by the next batch.
+                for _ in 0..2 {
+                    let bounds = Bounds::of(objectives[i], 1);
+                    let mut scratch = BoundScratch::default();
+                    for _ in 0..2 {
+                        let bound = bounds.bound(&a, &b, &mut scratch).unwrap();
+                        assert_eq!(bound.to_bits(), fresh[i].to_bits(), "{i}");
+                    }
+                    bounds.keep();
+                }
             }
         }
+    }
+
+    /// One batch's bounds ([`Bounds`]) shared by every pair of layouts of 16 devices, sources
+    /// with and without partial sums, on clusters of every shape: each pair's bound, worked out
+    /// or read back from the batch by its key, is the bound at the source of its own problem
+    /// (a key that left out something the bound depends on would hand some pair another's).
+    #[test]
+    fn a_batch_bounds_every_pair_as_its_own_problem() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
+        let layouts: Vec<Layout> = maps
+            .iter()
+            .flat_map(|m| {
+                [false, true]
+                    .into_iter()
+                    .filter_map(|partial| random_layout(&shape, &matrix, m, partial))
+            })
+            .collect();
+        let mut read_back = 0;
+        for cluster in clusters.iter().step_by(3) {
+            let objective = Objective::Seconds {
+                cluster,
+                dtype_bytes: 2.0,
+            };
+            let batch = Bounds::of(objective, layouts.len());
+            let mut scratch = BoundScratch::default();
+            let mut keys = std::collections::HashSet::new();
+            for a in &layouts {
+                for b in layouts.iter().filter(|b| b.partial().is_empty()) {
+                    let problem = Problem::of(a, b).unwrap();
+                    let (source, target) = (&problem.source, &problem.target);
+                    let want = Space::bounding(source, target, objective).remaining(
+                        &State::of(source),
+                        source.shard_size(),
+                        State::of(target).partial,
+                    );
+                    let got = batch.bound(a, b, &mut scratch).unwrap();
+                    assert_eq!(got.to_bits(), want.to_bits(), "{a:?} -> {b:?}");
+                    read_back += usize::from(!keys.insert(problem.key));
+                }
+            }
+        }
+        assert!(read_back > 1000, "{read_back}");
     }
 
     /// A search that would hold more layouts than it may gives up (the planner then keeps
@@ -917,6 +1086,18 @@ mod tests {
         // The bounded tables' space for the bound alone bounds alike.
         let alone = Space::bounding(a, b, objective).remaining(&State::of(a), a.shard_size(), 0);
         assert_eq!(start.to_bits(), alone.to_bits());
+        // The bounded tables' bound (keyed from a buffer, the pair sorted in buffers) is the
+        // bound at the source of the problem's sorted pair.
+        let problem = Problem::of(a, b).unwrap();
+        let (source, target) = (&problem.source, &problem.target);
+        let sorted = Space::bounding(source, target, objective).remaining(
+            &State::of(source),
+            source.shard_size(),
+            State::of(target).partial,
+        );
+        let batch = Bounds::of(objective, 1);
+        let tables = batch.bound(a, b, &mut BoundScratch::default()).unwrap();
+        assert_eq!(tables.to_bits(), sorted.to_bits(), "{a:?} -> {b:?}");
         (start, dijkstra(a, b, objective))
     }
 

@@ -399,12 +399,32 @@ pub(super) fn lined_up_in(
     b: &Layout,
     scratch: &mut LineUp,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    line_up_into(a, b, None, scratch)
+}
+
+/// [`lined_up_in`] of two layouts prepared once each, which the caller has checked are layouts
+/// of one tensor: the bounded tables line up every pair of their canonical forms.
+pub(crate) fn lined_up_prepared(
+    a: &Prepared<'_>,
+    b: &Prepared<'_>,
+    scratch: &mut LineUp,
+) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    line_up_into(a.layout, b.layout, Some((&a.start, &b.start)), scratch)
+}
+
+/// [`line_up`] into `scratch`'s buffers.
+fn line_up_into(
+    a: &Layout,
+    b: &Layout,
+    known: Option<(&Start, &Start)>,
+    scratch: &mut LineUp,
+) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
     let LineUp {
         unified,
         source,
         target,
     } = scratch;
-    let lined = line_up(a, b, None, unified)?;
+    let lined = line_up(a, b, known, unified)?;
     unified.layout_into(Side::First, source);
     unified.layout_into(Side::Second, target);
     Ok((lined.prelude, lined.epilogue))

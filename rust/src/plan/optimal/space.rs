@@ -174,10 +174,18 @@ fn least_sum_op(
     let g = source.dim_size(k) as f64;
     let rates = objective.least_rates(source, k, 1 << k, split);
     let whole = source.num_elements() as f64;
-    (
-        least_price(&stepped(rates.clone(), g - 1.0), (g - 1.0) / g * whole),
-        rates,
-    )
+    (least_stepped(&rates, g - 1.0, (g - 1.0) / g * whole), rates)
+}
+
+/// [`least_price`] of [`stepped`] rates, without the copy.
+fn least_stepped(rates: &[(f64, f64)], steps: f64, elements: f64) -> f64 {
+    if elements <= 0.0 {
+        return 0.0;
+    }
+    rates
+        .iter()
+        .map(|&(latency, rate)| latency * steps + rate * elements)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
@@ -206,10 +214,7 @@ fn sums(
                 return (sum, (sum, sum));
             }
             let g = source.dim_size(k) as f64;
-            let all_reduce = least_price(
-                &stepped(rates, 2.0 * (g - 1.0)),
-                2.0 * (g - 1.0) / g * whole,
-            );
+            let all_reduce = least_stepped(&rates, 2.0 * (g - 1.0), 2.0 * (g - 1.0) / g * whole);
             let ops = (
                 all_reduce.min(sum + least_leave[k]),
                 all_reduce.min(sum + share_leave[k]),
@@ -234,20 +239,31 @@ fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64
     if partial.count_ones() > CHAINED {
         return Vec::new();
     }
-    // `least[P]`, for `P` a subset of `partial`, built up from the smaller subsets.
-    let mut least: FxHashMap<u64, f64> = FxHashMap::default();
-    least.insert(0, 0.0);
+    // `least[P]`, for `P` a subset of `partial` (at most 16: a list, not a map), built up from
+    // the smaller subsets, which come first.
     let mut sets: Vec<u64> =
         std::iter::successors(Some(partial), |&p| (p != 0).then(|| (p - 1) & partial)).collect();
     sets.sort_by_key(|p| p.count_ones());
-    for &to_go in sets.iter().filter(|&&p| p != 0) {
+    let mut least: Vec<(u64, f64)> = Vec::with_capacity(sets.len());
+    let of = |least: &[(u64, f64)], p: u64| {
+        least
+            .iter()
+            .find(|&&(q, _)| q == p)
+            .expect("a smaller subset")
+            .1
+    };
+    for &to_go in &sets {
         let split = splitting & !to_go;
         let first = bits(to_go)
-            .map(|k| least_sum_op(source, objective, k, split).0 + least[&(to_go & !(1 << k))]);
-        let price = first.fold(f64::INFINITY, f64::min);
-        least.insert(to_go, price);
+            .map(|k| least_sum_op(source, objective, k, split).0 + of(&least, to_go & !(1 << k)));
+        let price = if to_go == 0 {
+            0.0
+        } else {
+            first.fold(f64::INFINITY, f64::min)
+        };
+        least.push((to_go, price));
     }
-    sets.iter().map(|&p| (p, least[&p])).collect()
+    least
 }
 
 /// The least price of an op moving `elements` per device over any group, by the `rates` of every
@@ -279,29 +295,50 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 /// end or holds partial sums in the source; none for the others (they would only have to be
 /// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
-    let src_partial = mask_of(source.partial());
+    let eligible = may_split(source, target);
     (0..source.num_device_dims())
         .map(|k| {
-            let d = source.dim_size(k);
-            // The layouts' masks of used dims, not a scan of their maps per dim.
-            let ends = source.uses(k) || target.uses(k);
-            if !ends && src_partial >> k & 1 == 0 {
+            if eligible >> k & 1 == 0 {
                 return 0;
             }
-            // A mask, not a division, for the usual power-of-two dim (the bounded tables ask
-            // this of every pair).
-            let divides = |x: u64| {
-                if d.is_power_of_two() {
-                    x & (d - 1) == 0
-                } else {
-                    x % d == 0
-                }
-            };
+            let d = source.dim_size(k);
             (0..source.ndim())
-                .filter(|&i| divides(source.shape()[i]))
+                .filter(|&i| divides(d, source.shape()[i]))
                 .fold(0, |m, i| m | 1 << i)
         })
         .collect()
+}
+
+/// [`allowed`] the other way round, into `out`: per tensor dim, the device dims that may split
+/// it (a mask). The bounded tables key every pair by these columns.
+pub(super) fn allowed_columns(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
+    let eligible = may_split(source, target);
+    out.clear();
+    out.extend(source.shape().iter().map(|&x| {
+        bits(eligible)
+            .filter(|&k| divides(source.dim_size(k), x))
+            .fold(0, |m, k| m | 1 << k)
+    }));
+}
+
+/// The device dims that may split a tensor dim on the way (a mask): those that split one at
+/// either end or hold partial sums in the source.
+fn may_split(source: &Layout, target: &Layout) -> u64 {
+    let partial = mask_of(source.partial());
+    // The layouts' masks of used dims, not a scan of their maps per dim.
+    (0..source.num_device_dims())
+        .filter(|&k| source.uses(k) || target.uses(k) || partial >> k & 1 == 1)
+        .fold(0, |m, k| m | 1 << k)
+}
+
+/// Whether `d` divides `x`: a mask, not a division, for the usual power-of-two dim (the bounded
+/// tables ask this of every pair).
+fn divides(d: u64, x: u64) -> bool {
+    if d.is_power_of_two() {
+        x & (d - 1) == 0
+    } else {
+        x % d == 0
+    }
 }
 
 /// The runs `[start, end)` of two or more adjacent tensor dims that play one part: unsplit at
@@ -377,6 +414,24 @@ fn splitting(allowed: &[u64], fixed: u64, same_size: &[u64]) -> u64 {
     (0..h)
         .filter(|&d| fixed >> d & 1 == 0 && same_size[d] & allowed & !fixed != 0)
         .fold(allowed, |m, d| m | 1 << d)
+}
+
+/// Per device dim of `h`, the tensor dim the target map `tgt` splits along it, if any; and the
+/// device dims that split the same tensor dim in the source map `src` (a mask). Each map read
+/// once, not once per device dim (a map names each device dim once).
+fn goal_and_fixed(src: &[i64], tgt: &[i64], h: usize) -> (Vec<Option<usize>>, u64) {
+    let mut goal: Vec<Option<usize>> = vec![None; h];
+    for (i, &m) in tgt.iter().enumerate() {
+        if let Ok(k) = usize::try_from(m) {
+            goal[k] = Some(i);
+        }
+    }
+    let fixed = src
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &m)| usize::try_from(m).ok().filter(|&k| goal[k] == Some(i)))
+        .fold(0u64, |mask, k| mask | 1 << k);
+    (goal, fixed)
 }
 
 /// The device dims of `source`'s matrix, cheapest first, by the price of the all-gather along
@@ -522,12 +577,7 @@ impl<'a> Space<'a> {
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
         let allowed = allowed(source, target);
-        let goal: Vec<Option<usize>> = (0..h)
-            .map(|k| tgt.iter().position(|&m| m == k as i64))
-            .collect();
-        let fixed = (0..h)
-            .filter(|&k| goal[k].is_some() && goal[k] == src.iter().position(|&m| m == k as i64))
-            .fold(0u64, |m, k| m | 1 << k);
+        let (goal, fixed) = goal_and_fixed(src, tgt, h);
         let same_size: Vec<u64> = (0..h)
             .map(|k| {
                 (0..h)
