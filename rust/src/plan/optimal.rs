@@ -292,16 +292,14 @@ pub(crate) fn solve(
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
 ) -> Path {
     let key = (problem.key.clone(), objective.fingerprint());
-    // A panic elsewhere while the lock was held leaves the map whole: use it.
-    let memo = || MEMO.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(path) = memo().as_ref().and_then(|m| m.get(&key)) {
+    if let Some(path) = locked(&MEMO).as_ref().and_then(|m| m.get(&key)) {
         return path.clone();
     }
     let path = search_or_paper(problem, objective, stop, paper);
     if stop.load(Relaxed) {
         return path;
     }
-    let mut memo = memo();
+    let mut memo = locked(&MEMO);
     let map = memo.get_or_insert_with(FxHashMap::default);
     if map.len() >= MEMO_SIZE {
         map.clear();

@@ -61,18 +61,8 @@ pub(super) fn redistribution_costs<'py>(
             &stop,
         )
     };
-    let costs = if planner == Planner::Paper && shape.0 * shape.1 <= WATCHED_PAIRS {
-        py.detach(run)?
-    } else {
-        let what = || {
-            format!(
-                "the time limit ran out while pricing {} x {} redistributions",
-                shape.0, shape.1
-            )
-        };
-        watched(py, &stop, time_limit, what, run)??
-    };
-    let costs = costs.expect("nothing stopped the batch");
+    let what = || format!("{} x {} redistributions", shape.0, shape.1);
+    let costs = priced(py, &stop, planner, shape.0 * shape.1, time_limit, what, run)?;
     let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
     Ok(array.into_pyarray(py))
 }
@@ -129,18 +119,9 @@ pub(super) fn redistribution_pair_costs<'py>(
             &stop,
         )
     };
-    let costs = if planner == Planner::Paper && sources.len() <= WATCHED_PAIRS {
-        py.detach(run)?
-    } else {
-        let what = || {
-            format!(
-                "the time limit ran out while pricing {} redistributions",
-                sources.len()
-            )
-        };
-        watched(py, &stop, time_limit, what, run)??
-    };
-    Ok(costs.expect("nothing stopped the batch").into_pyarray(py))
+    let what = || format!("{} redistributions", sources.len());
+    let costs = priced(py, &stop, planner, sources.len(), time_limit, what, run)?;
+    Ok(costs.into_pyarray(py))
 }
 
 /// The matrix of lower bounds on the optimal planner's costs, and the matrix of whether each is
@@ -179,6 +160,26 @@ fn inners(layouts: &[Bound<'_, PyLayout>]) -> Vec<Layout> {
 /// Batches of Algorithm 1 with at most this many pairs take milliseconds: they run on this
 /// thread, not a watched worker.
 const WATCHED_PAIRS: usize = 4096;
+
+/// The costs `run` prices for `pairs` layout pairs under `planner`: on this thread for a small
+/// batch of Algorithm 1, else [`watched`] (the time limit's message names the batch by `what`).
+fn priced(
+    py: Python<'_>,
+    stop: &AtomicBool,
+    planner: Planner,
+    pairs: usize,
+    time_limit: Option<f64>,
+    what: impl Fn() -> String,
+    run: impl FnOnce() -> Result<Option<Vec<f64>>, Error> + Send,
+) -> PyResult<Vec<f64>> {
+    let costs = if planner == Planner::Paper && pairs <= WATCHED_PAIRS {
+        py.detach(run)?
+    } else {
+        let what = || format!("the time limit ran out while pricing {}", what());
+        watched(py, stop, time_limit, what, run)??
+    };
+    Ok(costs.expect("nothing stopped the batch"))
+}
 
 /// `work` on a worker thread while this one (the only thread that sees Python's signals) waits
 /// for it, looking every 10 ms for Ctrl-C and at the clock: on either it sets `stop`, which the
