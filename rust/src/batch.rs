@@ -1,7 +1,6 @@
 //! Batch cost kernels for the search: many layout pairs, or many strategies, at once, on all cores.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use rayon::prelude::*;
@@ -19,7 +18,9 @@ use crate::unify::{check_same_tensor, normalized};
 
 /// The distinct layouts of `layouts`, and the index of each layout among them.
 fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
-    let mut seen: HashMap<&Layout, usize> = HashMap::with_capacity(layouts.len());
+    // (Fx, not std's SipHash: a layout is a few short vectors, hashed once per layout.)
+    let mut seen: FxHashMap<&Layout, usize> =
+        FxHashMap::with_capacity_and_hasher(layouts.len(), rustc_hash::FxBuildHasher);
     let mut distinct = Vec::new();
     let index = layouts
         .iter()
@@ -129,7 +130,8 @@ fn paper_costs(
     };
     // The target equal to each source, if any (the targets are distinct): found once, not
     // compared per pair.
-    let columns: HashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
+    let columns: FxHashMap<&Layout, usize> =
+        tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
     let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
         // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
@@ -386,27 +388,37 @@ pub fn redistribution_bounds(
     // pair).
     let psrc: Vec<paper::Prepared> = csrc.par_iter().map(paper::Prepared::new).collect();
     let ptgt: Vec<paper::Prepared> = ctgt.par_iter().map(paper::Prepared::new).collect();
-    // The search's bound depends on the problem's key alone: worked out once per key, across
-    // calls.
-    let memo = optimal::Bounds::of(objective, needed.iter().filter(|&&n| n).count());
-    let bounds: Vec<f64> = needed
+    // A pair of forms bounded before (by an earlier call) is read back; the search's bound
+    // depends on the problem's key alone: worked out once per key, across calls.
+    let count = needed.iter().filter(|&&n| n).count();
+    let pairs = optimal::Pairs::of(objective, &csrc, &ctgt, count);
+    let memo = optimal::Bounds::of(objective, count);
+    let bounds: Vec<(f64, bool)> = needed
         .par_iter()
         .enumerate()
         .map_init(
             || (paper::LineUp::default(), optimal::BoundScratch::default()),
             |(line_up, scratch), (k, &needed)| {
-                if needed {
-                    let pair = (&psrc[k / cwidth], &ptgt[k % cwidth]);
-                    shortest_plan_bound(pair, objective, line_up, |source, target| {
-                        memo.bound(source, target, scratch)
-                    })
-                } else {
-                    Ok(0.0)
+                let (i, j) = (k / cwidth, k % cwidth);
+                if !needed {
+                    return Ok((0.0, false));
                 }
+                if let Some(bound) = pairs.get(i, j) {
+                    return Ok((bound, false));
+                }
+                let bound = shortest_plan_bound(
+                    (&psrc[i], &ptgt[j]),
+                    objective,
+                    line_up,
+                    |source, target| memo.bound(source, target, scratch),
+                )?;
+                Ok((bound, true))
             },
         )
         .collect::<Result<_>>()?;
     memo.keep();
+    let found = bounds.iter().enumerate().filter(|(_, &(_, new))| new);
+    pairs.keep(found.map(|(k, &(bound, _))| (k / cwidth, k % cwidth, bound)));
     Ok(paper
         .iter()
         .enumerate()
@@ -414,7 +426,7 @@ pub fn redistribution_bounds(
             if cost == 0.0 {
                 return (0.0, true);
             }
-            let bound = bounds[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
+            let (bound, _) = bounds[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
             // Over it, not at it: a pair the search does not take is bounded by Algorithm 1's
             // price on the canonical pair, whose plan the optimal planner takes at a tie.
             (bound.min(cost), bound > cost)

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::topology::{self, Cluster, CollectiveKind, CostModel};
+use crate::topology::{self, Cluster, CollectiveKind, CostModel, MatrixRates};
 
 /// What a redistribution step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,34 +91,19 @@ impl Objective<'_> {
         ops.into_iter().fold(0.0, |t, op| self.add(t, op))
     }
 
-    /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
-    /// a group that holds device dim `k` of a layout with `layout`'s device matrix and lies
-    /// within the dims of `spread` (a mask holding `k`), where only the dims of `splitting` (a
-    /// mask) may split the tensor: `(latency, rate)` pairs, the op pricing at least
-    /// `latency + c * elements * rate` under one of them ([`Cluster::least_rates`]).
-    pub(crate) fn least_rates(
-        &self,
-        layout: &Layout,
-        k: usize,
-        spread: u64,
-        splitting: u64,
-    ) -> Vec<(f64, f64)> {
+    /// The lower bounds of [`LeastRates::least_rates`] on layouts of `layout`'s device matrix,
+    /// worked out once for the many dims and masks one bound asks about.
+    pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates<'_> {
         match *self {
-            Objective::Volume => {
-                let parts: u64 = (0..layout.num_device_dims())
-                    .filter(|&i| splitting >> i & 1 == 1)
+            Objective::Volume => LeastRates::Volume(
+                (0..layout.num_device_dims())
                     .map(|i| layout.dim_size(i))
-                    .product();
-                vec![(0.0, 1.0 / parts as f64)]
-            }
+                    .collect(),
+            ),
             Objective::Seconds {
                 cluster,
                 dtype_bytes,
-            } => cluster
-                .least_rates(layout.device_matrix(), k, spread, splitting)
-                .into_iter()
-                .map(|(latency, rate)| (latency, rate * dtype_bytes))
-                .collect(),
+            } => LeastRates::Seconds(cluster.matrix_rates(layout.device_matrix()), dtype_bytes),
         }
     }
 
@@ -173,6 +158,37 @@ impl Objective<'_> {
                 cluster,
                 dtype_bytes,
             ),
+        }
+    }
+}
+
+/// Lower bounds on the price of an op on layouts of one device matrix
+/// ([`Objective::least_rates_of`]).
+pub(crate) enum LeastRates<'c> {
+    /// Under the volume objective, the device dims' sizes.
+    Volume(Vec<u64>),
+    /// Under the seconds objective, the cluster's bounds and the bytes per element.
+    Seconds(MatrixRates<'c>, f64),
+}
+
+impl LeastRates<'_> {
+    /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
+    /// a group that holds device dim `k` and lies within the dims of `spread` (a mask holding
+    /// `k`), where only the dims of `splitting` (a mask) may split the tensor: `(latency,
+    /// rate)` pairs, the op pricing at least `latency + c * elements * rate` under one of them
+    /// ([`MatrixRates::least_rates`]).
+    pub(crate) fn least_rates(&self, k: usize, spread: u64, splitting: u64) -> Vec<(f64, f64)> {
+        match self {
+            LeastRates::Volume(sizes) => {
+                let parts: u64 = (0..sizes.len())
+                    .filter(|&i| splitting >> i & 1 == 1)
+                    .map(|i| sizes[i])
+                    .product();
+                vec![(0.0, 1.0 / parts as f64)]
+            }
+            LeastRates::Seconds(rates, dtype_bytes) => {
+                rates.least_rates(k, spread, splitting, *dtype_bytes)
+            }
         }
     }
 }

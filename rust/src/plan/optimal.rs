@@ -427,6 +427,97 @@ impl<'o> Bounds<'o> {
     }
 }
 
+/// Bounds of pairs of canonical forms already bounded ([`Pairs`]), by objective fingerprint: the
+/// bounded tables of one search meet a pair of canonical forms on several edges, from layouts
+/// that differ as given (Megatron 1.7B on 32 devices: 19,388 pairs bounded per call, 14,837
+/// distinct), and a search's tables come back on the next. It changes no result; emptied past
+/// [`MEMO_SIZE`] pairs or forms.
+static PAIRS: Mutex<Option<FxHashMap<Vec<u64>, PairBounds>>> = Mutex::new(None);
+
+/// The forms met under one objective, each with an id, and the bounds of pairs of them by ids.
+#[derive(Default)]
+struct PairBounds {
+    /// Bumped whenever the memo is emptied: ids handed out before name other forms.
+    generation: u64,
+    forms: FxHashMap<Layout, u32>,
+    bounds: Arc<FxHashMap<(u32, u32), f64>>,
+}
+
+/// The ids of one batch's canonical forms ([`Pairs::of`]) and the bounds of pairs of them
+/// remembered from earlier batches, read without the lock.
+pub(crate) struct Pairs {
+    fingerprint: Vec<u64>,
+    generation: u64,
+    sources: Vec<u32>,
+    targets: Vec<u32>,
+    known: Arc<FxHashMap<(u32, u32), f64>>,
+}
+
+impl Pairs {
+    /// The ids of the canonical forms `sources` and `targets` under `objective`, for a batch of
+    /// at most `pairs` new pairs.
+    pub(crate) fn of(
+        objective: Objective<'_>,
+        sources: &[Layout],
+        targets: &[Layout],
+        pairs: usize,
+    ) -> Self {
+        let fingerprint = objective.fingerprint();
+        let mut memo = locked(&PAIRS);
+        let map = memo.get_or_insert_with(FxHashMap::default);
+        let entry = map.entry(fingerprint.clone()).or_default();
+        let forms = entry.forms.len() + sources.len() + targets.len();
+        if forms > MEMO_SIZE || entry.bounds.len() + pairs > MEMO_SIZE {
+            *entry = PairBounds {
+                generation: entry.generation + 1,
+                ..PairBounds::default()
+            };
+        }
+        let mut id = |form: &Layout| {
+            if let Some(&id) = entry.forms.get(form) {
+                return id;
+            }
+            let id = entry.forms.len() as u32;
+            entry.forms.insert(form.clone(), id);
+            id
+        };
+        let sources = sources.iter().map(&mut id).collect();
+        let targets = targets.iter().map(&mut id).collect();
+        Pairs {
+            fingerprint,
+            generation: entry.generation,
+            sources,
+            targets,
+            known: Arc::clone(&entry.bounds),
+        }
+    }
+
+    /// The remembered bound of the pair of source `i` and target `j`, if any.
+    pub(crate) fn get(&self, i: usize, j: usize) -> Option<f64> {
+        self.known.get(&(self.sources[i], self.targets[j])).copied()
+    }
+
+    /// Remembers the bounds of pairs `(i, j, bound)` of this batch.
+    pub(crate) fn keep(self, found: impl IntoIterator<Item = (usize, usize, f64)>) {
+        let ids = |(i, j, bound): (usize, usize, f64)| ((self.sources[i], self.targets[j]), bound);
+        let found: Vec<_> = found.into_iter().map(ids).collect();
+        if found.is_empty() {
+            return;
+        }
+        drop(self.known);
+        let mut memo = locked(&PAIRS);
+        let map = memo.get_or_insert_with(FxHashMap::default);
+        // Emptied since the ids were handed out (by another batch): they name other forms now.
+        let Some(entry) = map
+            .get_mut(&self.fingerprint)
+            .filter(|e| e.generation == self.generation)
+        else {
+            return;
+        };
+        Arc::make_mut(&mut entry.bounds).extend(found);
+    }
+}
+
 /// [`solve`] without the memo.
 fn search_or_paper(
     problem: &Problem,

@@ -316,11 +316,9 @@ impl Cluster {
         levels.chain([self.replicas() as u64]).collect()
     }
 
-    /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
-    /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
-    /// `k`), on layouts of `device_matrix` where only the dims of `splitting` (a mask) may split
-    /// the tensor: per level such a group may cross up to, `(latency, rate)` with the collective
-    /// taking at least `latency + c * bytes * rate`.
+    /// What [`MatrixRates::least_rates`] reads of `device_matrix`, worked out once: a bound asks
+    /// for the rates of every device dim under several masks (about eleven calls per bound), and
+    /// working out each dim's group, first level and extents per call was most of their work.
     ///
     /// Within a node, a shard is at least the tensor over every dim of `splitting`. Across
     /// units, what the groups crossing a unit move together counts: a shard times the groups
@@ -328,49 +326,92 @@ impl Cluster {
     /// number of units each splitting dim spans, and over the whole size of the dims of the
     /// group. A group of more dims crosses no fewer levels than `k` alone; an all-to-all's factor
     /// is at least 1.
+    pub(crate) fn matrix_rates(&self, device_matrix: &[u64]) -> MatrixRates<'_> {
+        let levels = self.levels();
+        let h = device_matrix.len();
+        let sizes = device_matrix.iter().rev().map(|&d| d as f64).collect();
+        let parts = levels[..levels.len() - 1]
+            .iter()
+            .flat_map(|below| {
+                extents(device_matrix, below.devices)
+                    .zip(device_matrix.iter().rev())
+                    .map(|(e, &d)| (d / e) as f64)
+            })
+            .collect();
+        let first = (0..h)
+            .map(|k| {
+                let group = rank_bits(device_matrix, |i| i == k);
+                levels
+                    .iter()
+                    .position(|l| crossing(group, u64::MAX, l.devices) == 0)
+                    .unwrap_or(levels.len() - 1)
+            })
+            .collect();
+        MatrixRates {
+            cluster: self,
+            sizes,
+            parts,
+            first,
+        }
+    }
+}
+
+/// A cluster's lower bounds on the seconds of collectives on layouts of one device matrix
+/// ([`Cluster::matrix_rates`]).
+pub(crate) struct MatrixRates<'c> {
+    cluster: &'c Cluster,
+    /// Per device dim, its size.
+    sizes: Vec<f64>,
+    /// Per level but the last, per device dim, its size over the coordinates of it one unit of
+    /// the level holds (row-major).
+    parts: Vec<f64>,
+    /// Per device dim, the first level a group of it alone lies within.
+    first: Vec<usize>,
+}
+
+impl MatrixRates<'_> {
+    /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
+    /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
+    /// `k`), where only the dims of `splitting` (a mask) may split the tensor: per level such a
+    /// group may cross up to, `(latency, rate)` with the collective taking at least
+    /// `latency + c * bytes * rate`; each rate times `scale` (the bytes per element of a caller
+    /// that counts elements).
     pub(crate) fn least_rates(
         &self,
-        device_matrix: &[u64],
         k: usize,
         spread: u64,
         splitting: u64,
+        scale: f64,
     ) -> Vec<(f64, f64)> {
-        let group = rank_bits(device_matrix, |i| i == k);
-        let first = self
-            .levels()
-            .iter()
-            .position(|l| crossing(group, u64::MAX, l.devices) == 0)
-            .unwrap_or(self.levels().len() - 1);
+        let levels = self.cluster.levels();
+        let h = self.sizes.len();
+        let first = self.first[k];
         // A group of `k` alone runs at its first level; a wider one at that level or above.
         let last = if spread == 1 << k {
             first
         } else {
-            self.levels().len() - 1
+            levels.len() - 1
         };
-        let splits = |i: usize| splitting >> i & 1 == 1;
+        let splits = |i: &usize| splitting >> i & 1 == 1;
         (first..=last)
             .map(|j| {
-                let level = &self.levels()[j];
+                let level = &levels[j];
                 let parts: f64 = if j == 0 {
-                    (0..device_matrix.len())
-                        .filter(|&i| splits(i))
-                        .map(|i| device_matrix[device_matrix.len() - 1 - i] as f64)
-                        .product()
+                    (0..h).filter(splits).map(|i| self.sizes[i]).product()
                 } else {
-                    extents(device_matrix, self.levels()[j - 1].devices)
-                        .zip(device_matrix.iter().rev())
-                        .enumerate()
-                        .filter(|&(i, _)| splits(i))
-                        .map(|(i, (e, &d))| {
+                    let below = &self.parts[(j - 1) * h..j * h];
+                    (0..h)
+                        .filter(splits)
+                        .map(|i| {
                             if spread >> i & 1 == 1 {
-                                d as f64
+                                self.sizes[i]
                             } else {
-                                (d / e) as f64
+                                below[i]
                             }
                         })
                         .product()
                 };
-                (level.latency, 1.0 / (parts * level.bandwidth))
+                (level.latency, 1.0 / (parts * level.bandwidth) * scale)
             })
             .collect()
     }

@@ -13,7 +13,7 @@ mod file;
 mod presets;
 
 pub use cluster::{memory_limit, Cluster, Level, Replicas};
-pub(crate) use cost::{all_reduce_volume, groups_crossing, rank_bits};
+pub(crate) use cost::{all_reduce_volume, groups_crossing, rank_bits, MatrixRates};
 pub use cost::{
     check_devices_per_node, check_dtype_bytes, extents_in_node, inter_node_groups, CollectiveKind,
     CostModel,

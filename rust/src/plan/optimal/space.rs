@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use rustc_hash::FxHashMap;
 
 use crate::layout::Layout;
-use crate::plan::ops::{volume, Objective, OpKind, Over};
+use crate::plan::ops::{volume, LeastRates, Objective, OpKind, Over};
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
 /// stepping allocates nothing).
@@ -167,12 +167,12 @@ fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
 /// dims of `split`; and the dim's rates it used (`least_rates`).
 fn least_sum_op(
     source: &Layout,
-    objective: Objective<'_>,
+    least: &LeastRates<'_>,
     k: usize,
     split: u64,
 ) -> (f64, Vec<(f64, f64)>) {
     let g = source.dim_size(k) as f64;
-    let rates = objective.least_rates(source, k, 1 << k, split);
+    let rates = least.least_rates(k, 1 << k, split);
     let whole = source.num_elements() as f64;
     (least_stepped(&rates, g - 1.0, (g - 1.0) / g * whole), rates)
 }
@@ -198,7 +198,7 @@ fn least_stepped(rates: &[(f64, f64)], steps: f64, elements: f64) -> f64 {
 /// read (working them out took a third of bounding a pair's source).
 fn sums(
     source: &Layout,
-    objective: Objective<'_>,
+    least: &LeastRates<'_>,
     (goal, splitting): (&[Option<usize>], u64),
     (least_leave, share_leave): (&[f64], &[f64]),
 ) -> (Vec<f64>, Vec<(f64, f64)>) {
@@ -209,7 +209,7 @@ fn sums(
             if partial >> k & 1 == 0 {
                 return (0.0, (0.0, 0.0));
             }
-            let (sum, rates) = least_sum_op(source, objective, k, splitting & !(1 << k));
+            let (sum, rates) = least_sum_op(source, least, k, splitting & !(1 << k));
             if goal[k].is_some() {
                 return (sum, (sum, sum));
             }
@@ -234,7 +234,7 @@ const CHAINED: u32 = 4;
 /// sums to go and those summed before it (a sum splits at most its own dim: an all-reduce none,
 /// a reduce-scatter its own), so the least over the orders of the `(g-1)/g` shards each moves.
 /// A sum that comes first cannot have its shard split by the others, which `least_sum` assumes.
-fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64, f64)> {
+fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64) -> Vec<(u64, f64)> {
     let partial = mask_of(source.partial());
     if partial.count_ones() > CHAINED {
         return Vec::new();
@@ -255,7 +255,7 @@ fn chains(source: &Layout, objective: Objective<'_>, splitting: u64) -> Vec<(u64
     for &to_go in &sets {
         let split = splitting & !to_go;
         let first = bits(to_go)
-            .map(|k| least_sum_op(source, objective, k, split).0 + of(&least, to_go & !(1 << k)));
+            .map(|k| least_sum_op(source, rates, k, split).0 + of(&least, to_go & !(1 << k)));
         let price = if to_go == 0 {
             0.0
         } else {
@@ -598,6 +598,7 @@ impl<'a> Space<'a> {
             }
         };
         let splitting = splitting(&allowed, fixed, &same_size);
+        let least_rates = objective.least_rates_of(source);
         let whole = source.num_elements() as f64;
         // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
         // unless it is a permute (a dim with no partner has none) it is a collective of that dim
@@ -605,7 +606,7 @@ impl<'a> Space<'a> {
         let (least, least_leave): (Vec<f64>, Vec<f64>) = (0..h)
             .map(|k| {
                 let g = source.dim_size(k) as f64;
-                let rates = objective.least_rates(source, k, spread(k), splitting);
+                let rates = least_rates.least_rates(k, spread(k), splitting);
                 let rates = if permutable >> k & 1 == 1 {
                     rates
                 } else {
@@ -638,14 +639,14 @@ impl<'a> Space<'a> {
         let (share, share_leave) = (shares(&least), shares(&least_leave));
         let (least_sum, sum_ops) = sums(
             source,
-            objective,
+            &least_rates,
             (&goal, splitting),
             (&least_leave, &share_leave),
         );
-        let chains = chains(source, objective, splitting);
+        let chains = chains(source, &least_rates, splitting);
         // Per element moved, over any group.
         let rates: Vec<Vec<(f64, f64)>> = (0..h)
-            .map(|k| objective.least_rates(source, k, spread(k), 0))
+            .map(|k| least_rates.least_rates(k, spread(k), 0))
             .collect();
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
