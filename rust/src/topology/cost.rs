@@ -668,6 +668,92 @@ pub fn inter_node_groups(
 mod tests {
     use super::*;
 
+    /// The rates of [`MatrixRates`], worked out once per device matrix, are those worked out per
+    /// call from the matrix (written out plainly here), bit for bit: every device matrix of 16
+    /// devices, every dim, group spread and set of splitting dims, on clusters of two and three
+    /// levels.
+    #[test]
+    fn matrix_rates_are_those_worked_out_per_call() {
+        fn plain(
+            cluster: &Cluster,
+            device_matrix: &[u64],
+            (k, spread, splitting): (usize, u64, u64),
+            scale: f64,
+        ) -> Vec<(f64, f64)> {
+            let levels = cluster.levels();
+            let group = rank_bits(device_matrix, |i| i == k);
+            let first = levels
+                .iter()
+                .position(|l| crossing(group, u64::MAX, l.devices) == 0)
+                .unwrap_or(levels.len() - 1);
+            let last = if spread == 1 << k {
+                first
+            } else {
+                levels.len() - 1
+            };
+            let h = device_matrix.len();
+            (first..=last)
+                .map(|j| {
+                    let mut parts = 1.0;
+                    for i in (0..h).filter(|&i| splitting >> i & 1 == 1) {
+                        let d = device_matrix[h - 1 - i];
+                        parts *= if j == 0 || spread >> i & 1 == 1 {
+                            d as f64
+                        } else {
+                            let e: Vec<u64> =
+                                extents(device_matrix, levels[j - 1].devices).collect();
+                            (d / e[i]) as f64
+                        };
+                    }
+                    (levels[j].latency, 1.0 / (parts * levels[j].bandwidth) * scale)
+                })
+                .collect()
+        }
+        let bits = |r: &[(f64, f64)]| -> Vec<(u64, u64)> {
+            r.iter().map(|&(a, b)| (a.to_bits(), b.to_bits())).collect()
+        };
+        // Every ordered factorisation of 16 into factors of 2 and more.
+        let mut open: Vec<Vec<u64>> = vec![vec![]];
+        let mut matrices = Vec::new();
+        while let Some(m) = open.pop() {
+            let left = 16 / m.iter().product::<u64>();
+            if left == 1 {
+                matrices.push(m);
+                continue;
+            }
+            for f in [2, 4, 8, 16].into_iter().filter(|&f| left % f == 0) {
+                open.push([m.clone(), vec![f]].concat());
+            }
+        }
+        let clusters = [
+            Cluster::hierarchy(&[(4, 61e9, 1.3e-6), (4, 7.1e9, 9e-6)], None, Replicas::Flat),
+            Cluster::hierarchy(
+                &[(2, 97e9, 7e-7), (2, 23e9, 3e-6), (4, 3.3e9, 2.1e-5)],
+                None,
+                Replicas::Shared,
+            ),
+        ];
+        let mut compared = 0;
+        for cluster in clusters.iter().map(|c| c.as_ref().unwrap()) {
+            for matrix in &matrices {
+                let h = matrix.len();
+                let rates = cluster.matrix_rates(matrix);
+                for k in 0..h {
+                    for spread in (0..1u64 << h).filter(|s| s >> k & 1 == 1) {
+                        for splitting in 0..1u64 << h {
+                            let want = plain(cluster, matrix, (k, spread, splitting), 2.0);
+                            let got = rates.least_rates(k, spread, splitting, 2.0);
+                            let at = (matrix, k, spread, splitting);
+                            assert_eq!(bits(&got), bits(&want), "{at:?}");
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 1000, "{compared}");
+    }
+
     /// The dW of a MatMul with (d, r, c) = (8, 2, 2) on 32 devices, 8 per node, for the d dim
     /// outermost, innermost and in the middle: the paper's ct of 4, 0 and 2.
     #[test]
