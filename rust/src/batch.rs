@@ -742,6 +742,74 @@ pub(crate) mod tests {
         assert!(matches!(short, Err(Error::Shape(_))));
     }
 
+    /// Bounds read back from pairs of canonical forms bounded by earlier calls
+    /// ([`optimal::Pairs`]) are each pair's own, worked out afresh per pair (Algorithm 1's cost,
+    /// and the bound of the canonical pair's problem without any memo): calls of other layouts
+    /// with the same canonical forms, in another order, and under another element size (a memo
+    /// that ignored the objective, or named pairs by their places in a call rather than by their
+    /// forms, would hand a pair another's bound).
+    #[test]
+    fn pairs_bounded_before_are_read_back_as_their_own() {
+        let mut layouts = layouts_of_96();
+        layouts.extend(partial_sums_of(&layouts, 7));
+        let sources: Vec<Layout> = layouts.iter().step_by(3).cloned().collect();
+        let targets: Vec<Layout> = layouts
+            .iter()
+            .filter(|l| l.partial().is_empty())
+            .step_by(4)
+            .cloned()
+            .collect();
+        // Other layouts, whose canonical forms are the first ones', in another order.
+        let (others, other_targets): (Vec<Layout>, Vec<Layout>) = (
+            sources.iter().rev().map(normalized).collect(),
+            targets.iter().rev().step_by(2).map(normalized).collect(),
+        );
+        let levels = [(2, 71e9, 1.7e-6), (4, 5.3e9, 1.1e-5)];
+        let cluster = Cluster::hierarchy(&levels, None, crate::topology::Replicas::Flat).unwrap();
+        let own = |s: &[Layout], t: &[Layout], bytes: f64| {
+            let objective = Objective::Seconds {
+                cluster: &cluster,
+                dtype_bytes: bytes,
+            };
+            let mut line_up = paper::LineUp::default();
+            let mut out = Vec::new();
+            for a in s {
+                for b in t {
+                    let cost = plan_redistribution(a, b, Planner::Paper, objective)
+                        .unwrap()
+                        .cost(&cluster, bytes, CostModel::Topology)
+                        .unwrap();
+                    if cost == 0.0 {
+                        out.push((0, true));
+                        continue;
+                    }
+                    let (a, b) = (normalized(a), normalized(b));
+                    let pair = (&paper::Prepared::new(&a), &paper::Prepared::new(&b));
+                    let bound = shortest_plan_bound(pair, objective, &mut line_up, |s, t| {
+                        optimal::fresh_bound(s, t, objective)
+                    })
+                    .unwrap();
+                    out.push((bound.min(cost).to_bits(), bound > cost));
+                }
+            }
+            out
+        };
+        let batch = |s: &[Layout], t: &[Layout], bytes| {
+            let (bound, exact) =
+                redistribution_bounds(s, t, &cluster, bytes, CostModel::Topology).unwrap();
+            let bits = bound.iter().map(|b| b.to_bits());
+            bits.zip(exact).collect::<Vec<_>>()
+        };
+        for _ in 0..2 {
+            for bytes in [4.0, 2.0, 4.0] {
+                let want = own(&sources, &targets, bytes);
+                assert_eq!(batch(&sources, &targets, bytes), want, "{bytes}");
+                let want = own(&others, &other_targets, bytes);
+                assert_eq!(batch(&others, &other_targets, bytes), want, "{bytes}");
+            }
+        }
+    }
+
     #[test]
     fn duplicates_get_the_cost_of_their_first_copy() {
         let cluster = Cluster::new(2, 2, 60e9, 6e9, None).unwrap();

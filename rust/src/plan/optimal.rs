@@ -518,6 +518,20 @@ impl Pairs {
     }
 }
 
+/// The bound [`Bounds::bound`] gives the unified pair `source` -> `target`, worked out afresh
+/// (no memo): a test's reference.
+#[cfg(test)]
+pub(crate) fn fresh_bound(
+    source: &Layout,
+    target: &Layout,
+    objective: Objective<'_>,
+) -> Option<f64> {
+    let problem = Problem::of(source, target)?;
+    let (source, target) = (&problem.source, &problem.target);
+    let space = Space::bounding(source, target, objective);
+    Some(space.remaining(&State::of(source), source.shard_size(), State::of(target).partial))
+}
+
 /// [`solve`] without the memo.
 fn search_or_paper(
     problem: &Problem,
