@@ -585,12 +585,6 @@ impl Start {
         self.partial
     }
 
-    /// The layout of the start's pieces on the device boundaries `device` (those of a pair
-    /// [`Start::uncut`] gives: the pair's unified layout of this side), into `out`'s buffers.
-    pub fn layout_into(&self, device: DeviceBounds, out: &mut Layout) {
-        build_into(&self.pieces, device, self.partial, out);
-    }
-
     /// The device boundaries of `self` and `other` (starts of layouts of one tensor) unified as
     /// they are, if that needs no cut: pieces of the same sizes, and no device boundary of either
     /// inside a split of the other. [`try_unify`] leaves both starts' pieces as they are then,

@@ -403,21 +403,12 @@ pub(super) fn lined_up_in(
 }
 
 /// [`lined_up_in`] of two layouts prepared once each, which the caller has checked are layouts
-/// of one tensor: the bounded tables line up every pair of their canonical forms. A pair that
-/// needs no cut ([`Start::uncut`]) is the two starts' pieces on the boundaries of both, as
-/// [`try_unify`] leaves them: built from them without unifying (most pairs; unifying was the
-/// bound kernel's largest part).
+/// of one tensor: the bounded tables line up every pair of their canonical forms.
 pub(crate) fn lined_up_prepared(
     a: &Prepared<'_>,
     b: &Prepared<'_>,
     scratch: &mut LineUp,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
-    if let Some(device) = a.start.uncut(&b.start) {
-        check_partial((a.start.partial(), b.start.partial()), a.layout, b.layout)?;
-        a.start.layout_into(device, &mut scratch.source);
-        b.start.layout_into(device, &mut scratch.target);
-        return Ok((Vec::new(), Vec::new()));
-    }
     line_up_into(a.layout, b.layout, Some((&a.start, &b.start)), scratch)
 }
 
@@ -846,32 +837,6 @@ mod tests {
             }
         }
         assert!(priced > 40_000, "{priced}");
-    }
-
-    /// The bounded tables' line-up of prepared layouts, which builds a pair that needs no cut from
-    /// the two starts, gives what unifying gives: the same unified pair, prelude, epilogue and
-    /// errors, on layouts as given and on their canonical forms.
-    #[test]
-    fn prepared_pairs_line_up_as_unified() {
-        let mut layouts = crate::batch::tests::layouts_of_96();
-        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 5));
-        let forms: Vec<Layout> = layouts.iter().map(crate::unify::normalized).collect();
-        layouts.extend(forms);
-        let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
-        let (mut fast, mut slow) = (LineUp::default(), LineUp::default());
-        let mut uncut = 0;
-        for (a, pa) in layouts.iter().zip(&prepared) {
-            for (b, pb) in layouts.iter().zip(&prepared) {
-                uncut += usize::from(pa.start.uncut(&pb.start).is_some());
-                let got = lined_up_prepared(pa, pb, &mut fast).map_err(|e| e.to_string());
-                let want = lined_up_in(a, b, &mut slow).map_err(|e| e.to_string());
-                assert_eq!(got, want, "{a:?} to {b:?}");
-                if got.is_ok() {
-                    assert_eq!(fast.pair(), slow.pair(), "{a:?} to {b:?}");
-                }
-            }
-        }
-        assert!(uncut > 10_000, "{uncut}");
     }
 
     #[test]
