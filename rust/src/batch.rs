@@ -130,8 +130,7 @@ fn paper_costs(
     };
     // The target equal to each source, if any (the targets are distinct): found once, not
     // compared per pair.
-    let columns: FxHashMap<&Layout, usize> =
-        tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
+    let columns: FxHashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
     let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
         // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing

@@ -529,7 +529,11 @@ pub(crate) fn fresh_bound(
     let problem = Problem::of(source, target)?;
     let (source, target) = (&problem.source, &problem.target);
     let space = Space::bounding(source, target, objective);
-    Some(space.remaining(&State::of(source), source.shard_size(), State::of(target).partial))
+    Some(space.remaining(
+        &State::of(source),
+        source.shard_size(),
+        State::of(target).partial,
+    ))
 }
 
 /// [`solve`] without the memo.

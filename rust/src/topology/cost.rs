@@ -705,7 +705,10 @@ mod tests {
                             (d / e[i]) as f64
                         };
                     }
-                    (levels[j].latency, 1.0 / (parts * levels[j].bandwidth) * scale)
+                    (
+                        levels[j].latency,
+                        1.0 / (parts * levels[j].bandwidth) * scale,
+                    )
                 })
                 .collect()
         }
