@@ -431,7 +431,7 @@ impl<'o> Bounds<'o> {
 /// bounded tables of one search meet a pair of canonical forms on several edges, from layouts
 /// that differ as given (Megatron 1.7B on 32 devices: 19,388 pairs bounded per call, 14,837
 /// distinct), and a search's tables come back on the next. It changes no result; emptied past
-/// [`MEMO_SIZE`] pairs or forms.
+/// [`MEMO_SIZE`] pairs and forms under all objectives together.
 static PAIRS: Mutex<Option<FxHashMap<Vec<u64>, PairBounds>>> = Mutex::new(None);
 
 /// The forms met under one objective, each with an id, and the bounds of pairs of them by ids.
@@ -465,14 +465,18 @@ impl Pairs {
         let fingerprint = objective.fingerprint();
         let mut memo = locked(&PAIRS);
         let map = memo.get_or_insert_with(FxHashMap::default);
-        let entry = map.entry(fingerprint.clone()).or_default();
-        let forms = entry.forms.len() + sources.len() + targets.len();
-        if forms > MEMO_SIZE || entry.bounds.len() + pairs > MEMO_SIZE {
-            *entry = PairBounds {
-                generation: entry.generation + 1,
-                ..PairBounds::default()
-            };
+        // Every objective's pairs and forms count (a sweep over clusters fills one each): past
+        // the most, all are emptied, each in place so that its generation keeps counting.
+        let held: usize = map.values().map(|e| e.forms.len() + e.bounds.len()).sum();
+        if held + sources.len() + targets.len() + pairs > MEMO_SIZE {
+            for entry in map.values_mut() {
+                *entry = PairBounds {
+                    generation: entry.generation + 1,
+                    ..PairBounds::default()
+                };
+            }
         }
+        let entry = map.entry(fingerprint.clone()).or_default();
         let mut id = |form: &Layout| {
             if let Some(&id) = entry.forms.get(form) {
                 return id;
