@@ -601,6 +601,134 @@ impl Start {
     }
 }
 
+/// A layout of a tensor of `2^e` elements in bits, unified with another by masks
+/// ([`unify_bits`]). Every dim is then a power of two and holds a run of the flat index's `e`
+/// bits (the outermost dim the top run), and a split maps the top bits of its dim's run onto the
+/// rank bits of its device dim, top to top. Each cut [`try_unify`] makes carries a boundary
+/// across such a map: a dim boundary inside the split part of a run cuts the device dim at the
+/// rank bit it maps to, a device boundary inside a split cuts the dim at the element bit mapped
+/// to it. No cut can fail (every size is a power of two), so the unified pair's boundaries are
+/// the least sets that hold both sides' own and are closed under both sides' maps.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Bits {
+    /// The dim boundaries: bit `p` for one between element bits `p - 1` and `p`, the first and
+    /// the last (bit `e`) included.
+    dims: u64,
+    /// The device boundaries the layout brings (its [`Start`]'s).
+    device: DeviceBounds,
+    /// The element bits the splits map.
+    split: u64,
+    /// The dim boundaries strictly inside a split's run, and the device boundaries strictly
+    /// inside a split's device dim: where the other side's boundaries are carried across.
+    inside: u64,
+    inside_ranks: u64,
+    /// Per element bit of a split, the rank bit it maps to; per rank bit of a split, its element
+    /// bit.
+    rank_of: [u8; 64],
+    element_of: [u8; 64],
+}
+
+impl Bits {
+    /// The bits of the layout of `elements` elements whose start is `start`, if `elements` is a
+    /// power of two.
+    pub fn of(start: &Start, elements: u64) -> Option<Self> {
+        if !elements.is_power_of_two() {
+            return None;
+        }
+        let mut bits = Bits {
+            dims: 1,
+            device: start.bounds,
+            split: 0,
+            inside: 0,
+            inside_ranks: 0,
+            rank_of: [0; 64],
+            element_of: [0; 64],
+        };
+        // Innermost piece first: the lowest run.
+        let mut bottom = 0;
+        for p in start.pieces.iter().rev() {
+            let top = bottom + log2(p.size);
+            if let Some((lo, hi)) = p.split() {
+                let base = top - (hi - lo);
+                for k in 0..hi - lo {
+                    bits.rank_of[(base + k) as usize] = (lo + k) as u8;
+                    bits.element_of[(lo + k) as usize] = (base + k) as u8;
+                }
+                bits.split |= bits_between(base, top);
+                bits.inside |= bounds_inside(u64::MAX, base, top);
+                bits.inside_ranks |= bounds_inside(u64::MAX, lo, hi);
+            }
+            bottom = top;
+            bits.dims |= 1 << top;
+        }
+        debug_assert_eq!(1u64 << bottom, elements);
+        Some(bits)
+    }
+
+    /// The rank bits of this side's split of the unified dim of element bits `run`, whose top bit
+    /// is `top - 1` (0 if it is whole). The run lies in one dim of this side, whose split part is
+    /// the top of it: the run is split iff its top bit is, and maps its bits from the split
+    /// part's on.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn split_of(&self, run: u64, top: u32) -> u64 {
+        let mapped = self.split & run;
+        if mapped == 0 {
+            return 0;
+        }
+        let lo = self.rank_of[mapped.trailing_zeros() as usize];
+        let hi = self.rank_of[top as usize - 1] + 1;
+        bits_between(u32::from(lo), u32::from(hi))
+    }
+}
+
+/// The boundaries `boundaries` carried across a map: bit `to[b]` for each bit `b`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn carried(mut boundaries: u64, to: &[u8; 64]) -> u64 {
+    let mut out = 0;
+    while boundaries != 0 {
+        out |= 1 << to[boundaries.trailing_zeros() as usize];
+        boundaries &= boundaries - 1;
+    }
+    out
+}
+
+/// [`try_unify`] of two layouts of one tensor of `2^e` elements, by masks ([`Bits`]): returns the
+/// unified pair's device boundaries, and gives `each`, per unified tensor dim split on either
+/// side, outermost first, the rank bits of its split on each side (0 where it is whole). The
+/// dims whole on both sides are left out: Algorithm 1 never acts on them.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn unify_bits(a: &Bits, b: &Bits, mut each: impl FnMut(u64, u64)) -> DeviceBounds {
+    let (mut dims, mut device) = (a.dims | b.dims, a.device | b.device);
+    // The boundaries not yet carried across the maps.
+    let (mut new_dims, mut new_device) = (dims, device);
+    while new_dims | new_device != 0 {
+        let (mut to_device, mut to_dims) = (0, 0);
+        for side in [a, b] {
+            to_device |= carried(new_dims & side.inside, &side.rank_of);
+            to_dims |= carried(new_device & side.inside_ranks, &side.element_of);
+        }
+        new_device = to_device & !device;
+        new_dims = to_dims & !dims;
+        device |= to_device;
+        dims |= to_dims;
+    }
+    // The unified dims are the runs between consecutive dim boundaries; those split on a side
+    // end at a split element bit of that side.
+    let mut tops = dims & ((a.split | b.split) << 1);
+    while tops != 0 {
+        let top = 63 - tops.leading_zeros();
+        tops &= !(1 << top);
+        // (Bit 0 is a boundary, and `top` is above it.)
+        let bottom = 63 - (dims & ((1 << top) - 1)).leading_zeros();
+        let run = bits_between(bottom, top);
+        each(a.split_of(run, top), b.split_of(run, top));
+    }
+    device
+}
+
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
 type ViewDim = (u64, i64, Option<usize>);
 

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
-    check_same_tensor, reshape_for, try_unify, DeviceBounds, Reshaped, Side, Start, Unified,
+    check_same_tensor, reshape_for, try_unify, unify_bits, Bits, DeviceBounds, Reshaped, Side,
+    Start, Unified,
 };
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
@@ -44,14 +45,27 @@ impl Maps {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn refill(&mut self, map: impl Iterator<Item = u64>, partial: u64) {
-        self.map.clear();
-        self.map.extend(map);
-        (self.used, self.split) = (0, 0);
-        for (i, &bits) in self.map.iter().enumerate() {
-            self.used |= bits;
-            self.split |= u64::from(bits != 0) << i;
+        self.restart(partial);
+        for bits in map {
+            self.push(bits);
         }
-        self.partial = partial;
+    }
+
+    /// Empties the maps, the bits of `partial` holding partial sums.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn restart(&mut self, partial: u64) {
+        self.map.clear();
+        (self.used, self.split, self.partial) = (0, 0, partial);
+    }
+
+    /// Appends a tensor dim split along the rank bits `bits` (0: whole).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn push(&mut self, bits: u64) {
+        self.used |= bits;
+        self.split |= u64::from(bits != 0) << self.map.len();
+        self.map.push(bits);
     }
 
     /// `other`'s maps, in this one's buffer.
@@ -472,11 +486,13 @@ fn has_bit_ops() -> bool {
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
 /// its start of unification ([`Start::of`]), the maps of its pieces (those of a pair that needs
-/// no cut, [`Start::uncut`]) and its elements.
+/// no cut, [`Start::uncut`]), its bits if its tensor has a power-of-two count of elements
+/// ([`Bits`]), and its elements.
 pub(crate) struct Prepared<'a> {
     layout: &'a Layout,
     start: Start,
     maps: Maps,
+    bits: Option<Bits>,
     elements: u64,
 }
 
@@ -485,11 +501,13 @@ impl<'a> Prepared<'a> {
         let start = Start::of(layout);
         let mut maps = Maps::default();
         maps.refill(start.split_bits(), start.partial());
+        let elements = layout.num_elements();
         Prepared {
             layout,
+            bits: Bits::of(&start, elements),
             start,
             maps,
-            elements: layout.num_elements(),
+            elements,
         }
     }
 }
@@ -649,7 +667,20 @@ fn priced(
         received: elements,
         total: (0.0, 0.0),
     };
-    // A pair that needs no cut is read off the two layouts' own maps.
+    // A tensor of a power-of-two count of elements is unified by masks (no cut can fail, so
+    // [`line_up`] has nothing to do).
+    if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
+        check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
+        source.restart(a.maps.partial);
+        target.restart(b.maps.partial);
+        let device = unify_bits(x, y, |s, t| {
+            source.push(s);
+            target.push(t);
+        });
+        plan_unified(source, target, device, &mut pricer);
+        return Ok(pricer.total);
+    }
+    // Otherwise a pair that needs no cut is read off the two layouts' own maps.
     if let Some(device) = a.start.uncut(&b.start) {
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
         source.copy_from(&a.maps);
