@@ -1000,6 +1000,48 @@ mod tests {
         assert_ne!(normalized(&a), normalized(&layout(&[8], &[2, 4], &[-1])));
     }
 
+    /// Unification by masks ([`unify_bits`]) is what [`try_unify`] cuts: the same device
+    /// boundaries, and per unified dim split on either side the same split bits on each (the
+    /// dims whole on both left out), on every pair of the layouts of 64 elements on 8 devices
+    /// and of some of them with partial sums, all of which unify as they are.
+    #[test]
+    fn unification_by_masks_is_the_cuts() {
+        use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
+
+        let mut layouts = layouts_of_64();
+        layouts.extend(partial_sums_of(&layouts, 3));
+        let starts: Vec<(Start, Bits)> = layouts
+            .iter()
+            .map(|l| {
+                let start = Start::of(l);
+                let bits = Bits::of(&start, l.num_elements()).expect("64 elements");
+                (start, bits)
+            })
+            .collect();
+        let mut unified = Unified::default();
+        let (mut device_cuts, mut dim_cuts) = (0, 0);
+        for (a, (sa, ba)) in layouts.iter().zip(&starts) {
+            for (b, (sb, bb)) in layouts.iter().zip(&starts) {
+                let (va, vb) = (Reshaped::with_start(a, sa), Reshaped::with_start(b, sb));
+                try_unify(&va, &vb, &mut unified).unwrap();
+                let want: Vec<(u64, u64)> = unified
+                    .split_bits(Side::First)
+                    .zip(unified.split_bits(Side::Second))
+                    .filter(|&bits| bits != (0, 0))
+                    .collect();
+                let mut got = Vec::new();
+                let device = unify_bits(ba, bb, |s, t| got.push((s, t)));
+                assert_eq!((device, &got), (unified.device(), &want), "{a:?}, {b:?}");
+                device_cuts += usize::from(device != sa.bounds | sb.bounds);
+                dim_cuts += usize::from(unified.first.len() > sa.pieces.len());
+            }
+        }
+        assert!(device_cuts > 1_000 && dim_cuts > 10_000, "{device_cuts} {dim_cuts}");
+        // Other counts of elements are left to the cuts.
+        let odd = &layouts_of_96()[0];
+        assert!(Bits::of(&Start::of(odd), odd.num_elements()).is_none());
+    }
+
     #[test]
     fn reshape_of_replicated_dims_merges() {
         let a = layout(&[6, 4], &[2], &[-1, -1]);

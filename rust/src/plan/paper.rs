@@ -836,14 +836,19 @@ mod tests {
 
     /// The kernel's portable form (what a processor without `popcnt` runs; the batch tests run
     /// the other form on a processor that has it) prices every pair as its plan does, on a
-    /// cluster of three levels with latencies, partial sums on some sources.
+    /// cluster of three levels with latencies, partial sums on some sources; the layouts of 64
+    /// elements by masks.
     #[test]
     fn portable_kernel_costs_are_the_plans() {
+        use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
         use crate::plan::{plan_redistribution, Planner};
         use crate::topology::Replicas;
 
-        let mut layouts = crate::batch::tests::layouts_of_96();
-        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 5));
+        let mut layouts = layouts_of_96();
+        layouts.extend(partial_sums_of(&layouts, 5));
+        let powers = layouts_of_64();
+        layouts.extend(partial_sums_of(&powers, 5));
+        layouts.extend(powers);
         let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
         let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
         let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
