@@ -19,17 +19,37 @@ use crate::unify::{
 /// it (0 if it is whole), the bits of every dim the map uses, and those of the dims holding
 /// partial sums. A step's price needs no more, and the cost kernel reads these off the unified
 /// pieces without building the pair's layouts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Maps {
-    map: Vec<u64>,
+    /// Per tensor dim, the first `dims`, the rank bits of its split (a unified layout has at most
+    /// 64 tensor dims: each holds two elements or more). In place, not in a vector: the kernel
+    /// fills and steps millions of them, with no capacity or bounds to check.
+    map: [u64; 64],
+    dims: usize,
     used: u64,
     partial: u64,
-    /// The tensor dims that are split, as bits (a unified layout has at most 64 tensor dims:
-    /// each holds two elements or more).
+    /// The tensor dims that are split, as bits.
     split: u64,
 }
 
+impl Default for Maps {
+    fn default() -> Self {
+        Maps {
+            map: [0; 64],
+            dims: 0,
+            used: 0,
+            partial: 0,
+            split: 0,
+        }
+    }
+}
+
 impl Maps {
+    /// Per tensor dim, the rank bits of its split.
+    fn map(&self) -> &[u64] {
+        &self.map[..self.dims]
+    }
+
     /// The maps of `layout`, whose device dim `k` holds the rank bits `dims[k]`.
     fn of(layout: &Layout, dims: &[u64]) -> Self {
         let mut maps = Maps::default();
@@ -55,8 +75,7 @@ impl Maps {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn restart(&mut self, partial: u64) {
-        self.map.clear();
-        (self.used, self.split, self.partial) = (0, 0, partial);
+        (self.dims, self.used, self.split, self.partial) = (0, 0, 0, partial);
     }
 
     /// Appends a tensor dim split along the rank bits `bits` (0: whole).
@@ -64,16 +83,17 @@ impl Maps {
     #[inline(always)]
     fn push(&mut self, bits: u64) {
         self.used |= bits;
-        self.split |= u64::from(bits != 0) << self.map.len();
-        self.map.push(bits);
+        self.split |= u64::from(bits != 0) << self.dims;
+        self.map[self.dims] = bits;
+        self.dims += 1;
     }
 
     /// `other`'s maps, in this one's buffer.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn copy_from(&mut self, other: &Maps) {
-        self.map.clear();
-        self.map.extend_from_slice(&other.map);
+        self.map[..other.dims].copy_from_slice(other.map());
+        self.dims = other.dims;
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
 
@@ -90,7 +110,7 @@ impl Maps {
     fn layout(&self, like: &Layout, dims: &[u64]) -> Layout {
         let dim = |bits: u64| dims.iter().position(|&d| d == bits);
         let map = self
-            .map
+            .map()
             .iter()
             .map(|&bits| dim(bits).map_or(-1, |k| k as i64))
             .collect();
@@ -142,13 +162,9 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
     // Tensor dims as bits, so that each pass visits only the dims it may act on, in order: those
     // the target splits, and those whole in the current layout.
     let (wanted, split) = (t.split, current.split);
+    let n = t.dims;
     let t = &t.map;
-    debug_assert!(t.len() <= 64);
-    let all = if t.is_empty() {
-        0
-    } else {
-        u64::MAX >> (64 - t.len())
-    };
+    let all = if n == 0 { 0 } else { u64::MAX >> (64 - n) };
     let mut whole = all & !split;
     // The dims of `mask` from `i` on, in order, read afresh after each op.
     let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
@@ -174,7 +190,13 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             while i < 64 {
                 let at = i as usize;
                 if current.used & t[at] != 0 {
-                    if let Some(j) = current.map.iter().position(|&bits| bits == t[at]) {
+                    // (Among the split dims: a whole one holds no bits.)
+                    let mut held = current.split;
+                    while held != 0 && current.map[held.trailing_zeros() as usize] != t[at] {
+                        held &= held - 1;
+                    }
+                    if held != 0 {
+                        let j = held.trailing_zeros() as usize;
                         step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
                         current.set(j, 0);
                         current.set(at, t[at]);
@@ -209,7 +231,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
         current.set(i, 0);
         whole |= 1 << i;
     }
-    debug_assert_eq!(&current.map, t);
+    debug_assert_eq!(current.map(), &t[..n]);
 }
 
 /// Two layouts made unifiable (the unified pair is left in the caller's [`Unified`]): the
