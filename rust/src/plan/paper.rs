@@ -26,6 +26,11 @@ pub(crate) struct Maps {
     /// fills and steps millions of them, with no capacity or bounds to check.
     map: [u64; 64],
     dims: usize,
+    /// Per rank bit, the tensor dim whose split the device dim starting at it is, while one is
+    /// (the entry of a device dim no dim uses is stale; the last is that of a whole dim's `0`).
+    /// The maps of a unified pair are on one device matrix, so a target's split that the current
+    /// layout uses is one of its dims' splits, which an all-to-all reads here.
+    owner: [u8; 65],
     used: u64,
     partial: u64,
     /// The tensor dims that are split, as bits.
@@ -37,6 +42,7 @@ impl Default for Maps {
         Maps {
             map: [0; 64],
             dims: 0,
+            owner: [0; 65],
             used: 0,
             partial: 0,
             split: 0,
@@ -85,6 +91,7 @@ impl Maps {
         self.used |= bits;
         self.split |= u64::from(bits != 0) << self.dims;
         self.map[self.dims] = bits;
+        self.owner[bits.trailing_zeros() as usize] = self.dims as u8;
         self.dims += 1;
     }
 
@@ -93,6 +100,7 @@ impl Maps {
     #[inline(always)]
     fn copy_from(&mut self, other: &Maps) {
         self.map[..other.dims].copy_from_slice(other.map());
+        self.owner = other.owner;
         self.dims = other.dims;
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
@@ -102,6 +110,7 @@ impl Maps {
     fn set(&mut self, i: usize, bits: u64) {
         self.used = self.used & !self.map[i] | bits;
         self.map[i] = bits;
+        self.owner[bits.trailing_zeros() as usize] = i as u8;
         self.split = self.split & !(1 << i) | u64::from(bits != 0) << i;
     }
 
@@ -190,19 +199,13 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             while i < 64 {
                 let at = i as usize;
                 if current.used & t[at] != 0 {
-                    // (Among the split dims: a whole one holds no bits.)
-                    let mut held = current.split;
-                    while held != 0 && current.map[held.trailing_zeros() as usize] != t[at] {
-                        held &= held - 1;
-                    }
-                    if held != 0 {
-                        let j = held.trailing_zeros() as usize;
-                        step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
-                        current.set(j, 0);
-                        current.set(at, t[at]);
-                        whole = whole & !(1 << at) | 1 << j;
-                        progress = true;
-                    }
+                    let j = usize::from(current.owner[t[at].trailing_zeros() as usize]);
+                    debug_assert_eq!(current.map[j], t[at]);
+                    step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
+                    current.set(j, 0);
+                    current.set(at, t[at]);
+                    whole = whole & !(1 << at) | 1 << j;
+                    progress = true;
                 }
                 i = next(whole & wanted, i + 1);
             }
