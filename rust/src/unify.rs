@@ -622,10 +622,11 @@ pub(crate) struct Bits {
     /// inside a split's device dim: where the other side's boundaries are carried across.
     inside: u64,
     inside_ranks: u64,
-    /// Per element bit of a split, the rank bit it maps to; per rank bit of a split, its element
-    /// bit.
-    rank_of: [u8; 64],
-    element_of: [u8; 64],
+    /// Per element bit of a split, the left rotation that takes it (and its run's other split
+    /// bits) to its rank bit; per rank bit of a split, the one that takes it to its element bit.
+    /// (A map is a shift within a run, which never wraps: a rotation is the shift either way.)
+    to_rank: [u8; 64],
+    to_element: [u8; 64],
 }
 
 impl Bits {
@@ -641,8 +642,8 @@ impl Bits {
             split: 0,
             inside: 0,
             inside_ranks: 0,
-            rank_of: [0; 64],
-            element_of: [0; 64],
+            to_rank: [0; 64],
+            to_element: [0; 64],
         };
         // Innermost piece first: the lowest run.
         let mut bottom = 0;
@@ -651,8 +652,8 @@ impl Bits {
             if let Some((lo, hi)) = p.split() {
                 let base = top - (hi - lo);
                 for k in 0..hi - lo {
-                    bits.rank_of[(base + k) as usize] = (lo + k) as u8;
-                    bits.element_of[(lo + k) as usize] = (base + k) as u8;
+                    bits.to_rank[(base + k) as usize] = (lo.wrapping_sub(base) & 63) as u8;
+                    bits.to_element[(lo + k) as usize] = (base.wrapping_sub(lo) & 63) as u8;
                 }
                 bits.split |= bits_between(base, top);
                 bits.inside |= bounds_inside(u64::MAX, base, top);
@@ -667,28 +668,23 @@ impl Bits {
 
     /// The rank bits of this side's split of the unified dim of element bits `run`, whose top bit
     /// is `top - 1` (0 if it is whole). The run lies in one dim of this side, whose split part is
-    /// the top of it: the run is split iff its top bit is, and maps its bits from the split
-    /// part's on.
+    /// the top of it: its split bits (none if its top bit is not split) are in one run, mapped by
+    /// the top bit's rotation.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn split_of(&self, run: u64, top: u32) -> u64 {
-        let mapped = self.split & run;
-        if mapped == 0 {
-            return 0;
-        }
-        let lo = self.rank_of[mapped.trailing_zeros() as usize];
-        let hi = self.rank_of[top as usize - 1] + 1;
-        bits_between(u32::from(lo), u32::from(hi))
+        (self.split & run).rotate_left(u32::from(self.to_rank[top as usize - 1]))
     }
 }
 
-/// The boundaries `boundaries` carried across a map: bit `to[b]` for each bit `b`.
+/// The boundaries `boundaries` carried across a map: each bit `b` rotated by `to[b]`.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn carried(mut boundaries: u64, to: &[u8; 64]) -> u64 {
     let mut out = 0;
     while boundaries != 0 {
-        out |= 1 << to[boundaries.trailing_zeros() as usize];
+        let b = boundaries.trailing_zeros();
+        out |= (1u64 << b).rotate_left(u32::from(to[b as usize]));
         boundaries &= boundaries - 1;
     }
     out
@@ -707,8 +703,8 @@ pub(crate) fn unify_bits(a: &Bits, b: &Bits, mut each: impl FnMut(u64, u64)) -> 
     while new_dims | new_device != 0 {
         let (mut to_device, mut to_dims) = (0, 0);
         for side in [a, b] {
-            to_device |= carried(new_dims & side.inside, &side.rank_of);
-            to_dims |= carried(new_device & side.inside_ranks, &side.element_of);
+            to_device |= carried(new_dims & side.inside, &side.to_rank);
+            to_dims |= carried(new_device & side.inside_ranks, &side.to_element);
         }
         new_device = to_device & !device;
         new_dims = to_dims & !dims;

@@ -95,6 +95,15 @@ impl Maps {
         self.dims += 1;
     }
 
+    /// Takes the rank bits `bits` for a tensor dim that is left out because the target splits
+    /// it the same way: Algorithm 1 never acts on it (no other dim of the target takes its device
+    /// dim), but its bits stay used.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn hold(&mut self, bits: u64) {
+        self.used |= bits;
+    }
+
     /// `other`'s maps, in this one's buffer.
     #[allow(clippy::inline_always)]
     #[inline(always)]
@@ -699,8 +708,12 @@ fn priced(
         source.restart(a.maps.partial);
         target.restart(b.maps.partial);
         let device = unify_bits(x, y, |s, t| {
-            source.push(s);
-            target.push(t);
+            if s == t {
+                source.hold(s);
+            } else {
+                source.push(s);
+                target.push(t);
+            }
         });
         plan_unified(source, target, device, &mut pricer);
         return Ok(pricer.total);
