@@ -715,10 +715,10 @@ pub(crate) fn unify_bits(a: &Bits, b: &Bits, mut each: impl FnMut(u64, u64)) -> 
     // end at a split element bit of that side.
     let mut tops = dims & ((a.split | b.split) << 1);
     while tops != 0 {
-        let top = 63 - tops.leading_zeros();
+        let top = tops.ilog2();
         tops &= !(1 << top);
         // (Bit 0 is a boundary, and `top` is above it.)
-        let bottom = 63 - (dims & ((1 << top) - 1)).leading_zeros();
+        let bottom = (dims & ((1 << top) - 1)).ilog2();
         let run = bits_between(bottom, top);
         each(a.split_of(run, top), b.split_of(run, top));
     }
@@ -1032,7 +1032,10 @@ mod tests {
                 dim_cuts += usize::from(unified.first.len() > sa.pieces.len());
             }
         }
-        assert!(device_cuts > 1_000 && dim_cuts > 10_000, "{device_cuts} {dim_cuts}");
+        assert!(
+            device_cuts > 1_000 && dim_cuts > 10_000,
+            "{device_cuts} {dim_cuts}"
+        );
         // Other counts of elements are left to the cuts.
         let odd = &layouts_of_96()[0];
         assert!(Bits::of(&Start::of(odd), odd.num_elements()).is_none());
