@@ -526,9 +526,23 @@ pub(crate) mod tests {
     pub(crate) fn layouts_of_96() -> Vec<Layout> {
         let shapes: [&[u64]; 5] = [&[96], &[6, 16], &[16, 6], &[2, 3, 16], &[4, 4, 6]];
         let matrices: [&[u64]; 4] = [&[8], &[2, 4], &[4, 2], &[2, 2, 2]];
+        every_layout(&shapes, &matrices)
+    }
+
+    /// Every layout of a few shapes of 64 elements on every device matrix of 8 devices: a
+    /// power-of-two count of elements, which the kernel unifies by masks, with reshapes whose
+    /// dim boundaries fall inside each other's splits (cutting device dims) and outside them.
+    pub(crate) fn layouts_of_64() -> Vec<Layout> {
+        let shapes: [&[u64]; 5] = [&[64], &[8, 8], &[4, 16], &[2, 4, 8], &[16, 2, 2]];
+        let matrices: [&[u64]; 4] = [&[8], &[2, 4], &[4, 2], &[2, 2, 2]];
+        every_layout(&shapes, &matrices)
+    }
+
+    /// Every layout of each shape on each device matrix.
+    fn every_layout(shapes: &[&[u64]], matrices: &[&[u64]]) -> Vec<Layout> {
         let mut out = Vec::new();
-        for shape in shapes {
-            for matrix in matrices {
+        for &shape in shapes {
+            for &matrix in matrices {
                 // Every map: one digit per tensor dim in base h + 1, the digit minus 1 its entry.
                 let base = matrix.len() as i64 + 1;
                 for code in 0..base.pow(shape.len() as u32) {
@@ -562,14 +576,20 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// The kernel prices a pair without building its plan; it must give the plan's cost exactly.
+    /// The kernel prices a pair without building its plan; it must give the plan's cost exactly:
+    /// on layouts that it unifies by cuts (some only with a fallback plan), and on layouts of 64
+    /// elements, which it unifies by masks.
     #[test]
     fn costs_are_the_plans_bit_for_bit() {
         let cluster = Cluster::new(2, 4, 60e9, 6e9, None).unwrap();
-        let layouts = layouts_of_96();
-        let n = layouts.len();
         let mut fallbacks = 0;
-        for model in [CostModel::Topology, CostModel::Volume] {
+        for (layouts, model) in [
+            (layouts_of_96(), CostModel::Topology),
+            (layouts_of_96(), CostModel::Volume),
+            (layouts_of_64(), CostModel::Topology),
+            (layouts_of_64(), CostModel::Volume),
+        ] {
+            let n = layouts.len();
             let got =
                 redistribution_costs(&layouts, &layouts, &cluster, 2.0, model, Planner::Paper)
                     .unwrap();
@@ -592,6 +612,7 @@ pub(crate) mod tests {
     #[test]
     fn costs_are_the_plans_with_latencies_and_either_replicas() {
         let mut layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(3).collect();
+        layouts.extend(layouts_of_64().into_iter().step_by(3));
         layouts.extend(partial_sums_of(&layouts, 5));
         for replicas in crate::topology::Replicas::ALL {
             let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
-    check_same_tensor, reshape_for, try_unify, DeviceBounds, Reshaped, Side, Start, Unified,
+    check_same_tensor, reshape_for, try_unify, unify_bits, Bits, DeviceBounds, Reshaped, Side,
+    Start, Unified,
 };
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
@@ -18,17 +19,43 @@ use crate::unify::{
 /// it (0 if it is whole), the bits of every dim the map uses, and those of the dims holding
 /// partial sums. A step's price needs no more, and the cost kernel reads these off the unified
 /// pieces without building the pair's layouts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Maps {
-    map: Vec<u64>,
+    /// Per tensor dim, the first `dims`, the rank bits of its split (a unified layout has at most
+    /// 64 tensor dims: each holds two elements or more). In place, not in a vector: the kernel
+    /// fills and steps millions of them, with no capacity or bounds to check.
+    map: [u64; 64],
+    dims: usize,
+    /// Per rank bit, the tensor dim whose split the device dim starting at it is, while one is
+    /// (the entry of a device dim no dim uses is stale; the last is that of a whole dim's `0`).
+    /// The maps of a unified pair are on one device matrix, so a target's split that the current
+    /// layout uses is one of its dims' splits, which an all-to-all reads here.
+    owner: [u8; 65],
     used: u64,
     partial: u64,
-    /// The tensor dims that are split, as bits (a unified layout has at most 64 tensor dims:
-    /// each holds two elements or more).
+    /// The tensor dims that are split, as bits.
     split: u64,
 }
 
+impl Default for Maps {
+    fn default() -> Self {
+        Maps {
+            map: [0; 64],
+            dims: 0,
+            owner: [0; 65],
+            used: 0,
+            partial: 0,
+            split: 0,
+        }
+    }
+}
+
 impl Maps {
+    /// Per tensor dim, the rank bits of its split.
+    fn map(&self) -> &[u64] {
+        &self.map[..self.dims]
+    }
+
     /// The maps of `layout`, whose device dim `k` holds the rank bits `dims[k]`.
     fn of(layout: &Layout, dims: &[u64]) -> Self {
         let mut maps = Maps::default();
@@ -44,22 +71,46 @@ impl Maps {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn refill(&mut self, map: impl Iterator<Item = u64>, partial: u64) {
-        self.map.clear();
-        self.map.extend(map);
-        (self.used, self.split) = (0, 0);
-        for (i, &bits) in self.map.iter().enumerate() {
-            self.used |= bits;
-            self.split |= u64::from(bits != 0) << i;
+        self.restart(partial);
+        for bits in map {
+            self.push(bits);
         }
-        self.partial = partial;
+    }
+
+    /// Empties the maps, the bits of `partial` holding partial sums.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn restart(&mut self, partial: u64) {
+        (self.dims, self.used, self.split, self.partial) = (0, 0, 0, partial);
+    }
+
+    /// Appends a tensor dim split along the rank bits `bits` (0: whole).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn push(&mut self, bits: u64) {
+        self.used |= bits;
+        self.split |= u64::from(bits != 0) << self.dims;
+        self.map[self.dims] = bits;
+        self.owner[bits.trailing_zeros() as usize] = self.dims as u8;
+        self.dims += 1;
+    }
+
+    /// Takes the rank bits `bits` for a tensor dim that is left out because the target splits
+    /// it the same way: Algorithm 1 never acts on it (no other dim of the target takes its device
+    /// dim), but its bits stay used.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn hold(&mut self, bits: u64) {
+        self.used |= bits;
     }
 
     /// `other`'s maps, in this one's buffer.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn copy_from(&mut self, other: &Maps) {
-        self.map.clear();
-        self.map.extend_from_slice(&other.map);
+        self.map[..other.dims].copy_from_slice(other.map());
+        self.owner = other.owner;
+        self.dims = other.dims;
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
 
@@ -68,6 +119,7 @@ impl Maps {
     fn set(&mut self, i: usize, bits: u64) {
         self.used = self.used & !self.map[i] | bits;
         self.map[i] = bits;
+        self.owner[bits.trailing_zeros() as usize] = i as u8;
         self.split = self.split & !(1 << i) | u64::from(bits != 0) << i;
     }
 
@@ -76,7 +128,7 @@ impl Maps {
     fn layout(&self, like: &Layout, dims: &[u64]) -> Layout {
         let dim = |bits: u64| dims.iter().position(|&d| d == bits);
         let map = self
-            .map
+            .map()
             .iter()
             .map(|&bits| dim(bits).map_or(-1, |k| k as i64))
             .collect();
@@ -128,13 +180,9 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
     // Tensor dims as bits, so that each pass visits only the dims it may act on, in order: those
     // the target splits, and those whole in the current layout.
     let (wanted, split) = (t.split, current.split);
+    let n = t.dims;
     let t = &t.map;
-    debug_assert!(t.len() <= 64);
-    let all = if t.is_empty() {
-        0
-    } else {
-        u64::MAX >> (64 - t.len())
-    };
+    let all = if n == 0 { 0 } else { u64::MAX >> (64 - n) };
     let mut whole = all & !split;
     // The dims of `mask` from `i` on, in order, read afresh after each op.
     let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
@@ -160,13 +208,13 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             while i < 64 {
                 let at = i as usize;
                 if current.used & t[at] != 0 {
-                    if let Some(j) = current.map.iter().position(|&bits| bits == t[at]) {
-                        step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
-                        current.set(j, 0);
-                        current.set(at, t[at]);
-                        whole = whole & !(1 << at) | 1 << j;
-                        progress = true;
-                    }
+                    let j = usize::from(current.owner[t[at].trailing_zeros() as usize]);
+                    debug_assert_eq!(current.map[j], t[at]);
+                    step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
+                    current.set(j, 0);
+                    current.set(at, t[at]);
+                    whole = whole & !(1 << at) | 1 << j;
+                    progress = true;
                 }
                 i = next(whole & wanted, i + 1);
             }
@@ -195,7 +243,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
         current.set(i, 0);
         whole |= 1 << i;
     }
-    debug_assert_eq!(&current.map, t);
+    debug_assert_eq!(current.map(), &t[..n]);
 }
 
 /// Two layouts made unifiable (the unified pair is left in the caller's [`Unified`]): the
@@ -472,11 +520,13 @@ fn has_bit_ops() -> bool {
 
 /// A layout the batch kernel prices against many others, with what it works out for it once:
 /// its start of unification ([`Start::of`]), the maps of its pieces (those of a pair that needs
-/// no cut, [`Start::uncut`]) and its elements.
+/// no cut, [`Start::uncut`]), its bits if its tensor has a power-of-two count of elements
+/// ([`Bits`]), and its elements.
 pub(crate) struct Prepared<'a> {
     layout: &'a Layout,
     start: Start,
     maps: Maps,
+    bits: Option<Bits>,
     elements: u64,
 }
 
@@ -485,11 +535,13 @@ impl<'a> Prepared<'a> {
         let start = Start::of(layout);
         let mut maps = Maps::default();
         maps.refill(start.split_bits(), start.partial());
+        let elements = layout.num_elements();
         Prepared {
             layout,
+            bits: Bits::of(&start, elements),
             start,
             maps,
-            elements: layout.num_elements(),
+            elements,
         }
     }
 }
@@ -649,7 +701,24 @@ fn priced(
         received: elements,
         total: (0.0, 0.0),
     };
-    // A pair that needs no cut is read off the two layouts' own maps.
+    // A tensor of a power-of-two count of elements is unified by masks (no cut can fail, so
+    // [`line_up`] has nothing to do).
+    if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
+        check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
+        source.restart(a.maps.partial);
+        target.restart(b.maps.partial);
+        let device = unify_bits(x, y, |s, t| {
+            if s == t {
+                source.hold(s);
+            } else {
+                source.push(s);
+                target.push(t);
+            }
+        });
+        plan_unified(source, target, device, &mut pricer);
+        return Ok(pricer.total);
+    }
+    // Otherwise a pair that needs no cut is read off the two layouts' own maps.
     if let Some(device) = a.start.uncut(&b.start) {
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
         source.copy_from(&a.maps);
@@ -805,14 +874,19 @@ mod tests {
 
     /// The kernel's portable form (what a processor without `popcnt` runs; the batch tests run
     /// the other form on a processor that has it) prices every pair as its plan does, on a
-    /// cluster of three levels with latencies, partial sums on some sources.
+    /// cluster of three levels with latencies, partial sums on some sources; the layouts of 64
+    /// elements by masks.
     #[test]
     fn portable_kernel_costs_are_the_plans() {
+        use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
         use crate::plan::{plan_redistribution, Planner};
         use crate::topology::Replicas;
 
-        let mut layouts = crate::batch::tests::layouts_of_96();
-        layouts.extend(crate::batch::tests::partial_sums_of(&layouts, 5));
+        let mut layouts = layouts_of_96();
+        layouts.extend(partial_sums_of(&layouts, 5));
+        let powers = layouts_of_64();
+        layouts.extend(partial_sums_of(&powers, 5));
+        layouts.extend(powers);
         let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
         let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
         let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
