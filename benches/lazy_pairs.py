@@ -19,14 +19,16 @@ must price to make the same reductions bit for bit and the same plan:
   elimination or SCIP) and every table a reduction makes (it is compacted, merging equal rows:
   full rows needed) need every entry.
 
-The bound ``L`` is one of: ``zero``; ``allreduce`` (per direction, the price Algorithm 1 pays
-for the all-reduces of the partial sums the target drops, which it does first, on the source's
-shard: Algorithm 1 itself from the source to the source without those partial dims, one kernel
-call per source and set of dims, not per pair; partial dims the target keeps in part are left
-out); ``exact`` (the pair's own cost: the floor of any bound). Every bound is checked to be at
-most the exact cost on every entry of every table. Entries are counted as distinct kernel pairs
-(source layout, target layout, bytes per element; an edge's backward pair is its own pair), as
-the costs stage dedupes them.
+The bound ``L`` is one of: ``zero``; ``allreduce`` (per direction, the least price Algorithm 1
+can pay for the all-reduces of the partial sums the target drops, which it does first: over
+every way of cutting those rank bits into device dims, each all-reduce priced by Algorithm 1
+itself on a pair of layouts, per source and target partial bits, not per pair; a cheap bound,
+tight only where partial sums are dropped); ``exact`` (the pair's own cost: the floor of any
+bound); and, as hypothetical bounds, ``0.5x``, ``0.9x``, ``0.99x`` the exact cost (how tight a
+bound would have to be). Every bound is checked to be at most the exact cost on every entry of
+every table (the ``allreduce`` bound is so checked, not proven in general). Entries are counted
+as distinct kernel pairs (source layout, target layout, bytes per element; an edge's backward
+pair is its own pair), as the costs stage dedupes them.
 
     python benches/lazy_pairs.py timm_swin
     python benches/lazy_pairs.py tv_swin gemma2 jax_llama
@@ -35,7 +37,6 @@ the costs stage dedupes them.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 import warnings
@@ -49,10 +50,10 @@ import taps
 from model_families import builders
 from taps._core import Layout, redistribution_pair_costs
 from taps.search import tables
-from taps.solve import pipeline, reductions
+from taps.solve import pipeline
 from taps.solve.problem import PairCost, Problem
-from taps.solve.ties import Ties
 from taps.solve.reductions import Reduction, _class_min, _class_pairs, _Fixed, _Leaf, _Merge
+from taps.solve.ties import Ties
 
 BOUNDS = ("zero", "allreduce", "exact")
 #: Hypothetical bounds: the exact cost times these (how tight a bound would have to be).
@@ -99,7 +100,10 @@ def leaf_choice_needed(
 
 
 def series_needed(
-    left: PairCost, left_bound: np.ndarray, node: np.ndarray, right: PairCost,
+    left: PairCost,
+    left_bound: np.ndarray,
+    node: np.ndarray,
+    right: PairCost,
     right_bound: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The entries of ``left`` (u's classes x v's) and ``right`` (v's x w's) that eliminating
@@ -120,16 +124,19 @@ def series_needed(
 
 
 def series_choice_needed(
-    left: PairCost, left_bound: np.ndarray, node: np.ndarray, right: PairCost,
-    right_bound: np.ndarray, i: int, k: int,
+    left: PairCost,
+    left_bound: np.ndarray,
+    node: np.ndarray,
+    right: PairCost,
+    right_bound: np.ndarray,
+    i: int,
+    k: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The entries of row ``i`` of ``left`` and column ``k`` of ``right`` the expand prices to
     pick ``v``'s candidate."""
     a, b = left.cost[..., 0], right.cost[..., 0]
     lw, ru = left.w_class, right.u_class
-    pick = at_most_least(
-        left_bound[i, lw] + node + right_bound[ru, k], a[i, lw] + node + b[ru, k]
-    )
+    pick = at_most_least(left_bound[i, lw] + node + right_bound[ru, k], a[i, lw] + node + b[ru, k])
     need_a = np.zeros(a.shape, dtype=bool)
     need_b = np.zeros(b.shape, dtype=bool)
     need_a[i, lw[pick]] = True
@@ -250,7 +257,10 @@ def record(graph: taps.Graph, cluster: taps.Cluster) -> Recorded:
     """The default search of ``graph`` on ``cluster``, with what :class:`Recorded` keeps."""
     rec = Recorded()
     saved = (
-        tables._edge_cost, tables.redistribution_costs, pipeline.reduce, Reduction.expand,
+        tables._edge_cost,
+        tables.redistribution_costs,
+        pipeline.reduce,
+        Reduction.expand,
         Ties.fold,
     )
     edge_cost, kernel, reduce, expand, fold = saved
@@ -302,7 +312,10 @@ def record(graph: taps.Graph, cluster: taps.Cluster) -> Recorded:
         rec.result = taps.search(graph, cluster)
     finally:
         (
-            tables._edge_cost, tables.redistribution_costs, pipeline.reduce, Reduction.expand,
+            tables._edge_cost,
+            tables.redistribution_costs,
+            pipeline.reduce,
+            Reduction.expand,
             Ties.fold,
         ) = saved
     return rec
@@ -435,21 +448,14 @@ def allreduce_bound(
 
 
 def directions(m: Matrix, bound: str) -> list[np.ndarray]:
-    """The lower bound of each direction of ``m`` (a row per source class)."""
-    cluster, dtype, cost_model, planner, _ = m.how
+    """The lower bound (``zero`` or ``allreduce``) of each direction of ``m`` (a row per source
+    class)."""
     sides = [([x[0] for x in m.src], [y[0] for y in m.dst])]
     if m.backward:
         sides.append(([y[1] for y in m.dst], [x[1] for x in m.src]))
     out = []
     for k, (s, t) in enumerate(sides):
-        if bound == "zero":
-            part = np.zeros((len(s), len(t)))
-        elif bound == "allreduce":
-            part = allreduce_bound(s, t, m.how)
-        else:
-            part = np.asarray(
-                tables.redistribution_costs(s, t, cluster, dtype, cost_model, planner)
-            )
+        part = np.zeros((len(s), len(t))) if bound == "zero" else allreduce_bound(s, t, m.how)
         out.append(part if k == 0 else part.T)
     return out
 

@@ -58,7 +58,9 @@ def test_needed_in_order_is_the_loop(data, rows: int, n: int) -> None:
 
 @given(st.data(), st.integers(1, 4), st.integers(1, 6))
 def test_leaf_is_the_loop(data, rows: int, cands: int) -> None:
-    w_class = np.array(data.draw(st.lists(st.integers(0, cands - 1), min_size=cands, max_size=cands)))
+    w_class = np.array(
+        data.draw(st.lists(st.integers(0, cands - 1), min_size=cands, max_size=cands))
+    )
     cols = int(w_class.max()) + 1
     exact, bound = data.draw(exact_and_bound((rows, cols)))
     node = np.array(data.draw(st.lists(COSTS, min_size=cands, max_size=cands)))
