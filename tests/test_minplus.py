@@ -51,7 +51,8 @@ def test_reductions_product_equals_numpy(xy: tuple[np.ndarray, np.ndarray]) -> N
     """What the reductions call, on views the kernel must copy to contiguous arrays first."""
     x, y = xy
     xt = np.asfortranarray(x)
-    np.testing.assert_array_equal(reductions._min_plus(xt, y), numpy_min_plus(x, y))
+    got = reductions._min_plus(xt, y, reductions.Products())
+    np.testing.assert_array_equal(got, numpy_min_plus(x, y))
     if x.shape[-1] == 1:
         got = reductions.min_plus_one(x[..., 0].T.copy().T, y[..., 0])
         np.testing.assert_array_equal(got, numpy_min_plus(x, y)[..., 0])
@@ -126,3 +127,33 @@ def test_one_objective_refuses_inner_sizes_that_differ() -> None:
         _core.min_plus_one(np.zeros((2, 3)), np.zeros((4, 2)))
     with pytest.raises(taps.TapsError):
         _core.min_plus_one(np.zeros((2, 0)), np.zeros((0, 2)))
+
+
+def test_products_are_computed_once_per_pair_of_values() -> None:
+    """The memo of one-objective products (repeated layers' equal operands): equal values in other
+    arrays, in another layout too, give the first result itself; a value one bit apart in either
+    operand, or an operand of another layout, gives its own product, numpy's."""
+    rng = np.random.default_rng(7)
+    # Work (rows x inner x columns) far above MEMO_RATIO times the entries: remembered.
+    x, y = rng.random((130, 150)), rng.random((150, 140))
+    products = reductions.Products()
+    first = products(x, y)
+    np.testing.assert_array_equal(first, numpy_min_plus(x[..., None], y[..., None])[..., 0])
+    assert products(x.copy(), y.copy()) is first
+    assert products(np.asfortranarray(x).T.T, y.copy()) is not first  # another layout: own key
+    for changed in (x.copy(), y.copy()):
+        changed[3, 5] = np.nextafter(changed[3, 5], 2.0)
+        xs, ys = (changed, y) if changed.shape == x.shape else (x, changed)
+        got = products(xs, ys)
+        assert got is not first
+        np.testing.assert_array_equal(got, numpy_min_plus(xs[..., None], ys[..., None])[..., 0])
+    # A transposed view (as variable elimination passes) is keyed by its values in its order.
+    xt = np.ascontiguousarray(x.T)
+    assert products(xt.T, y) is products(np.ascontiguousarray(x.T).T, y.copy())
+
+
+def test_small_products_are_not_remembered() -> None:
+    """Below MEMO_RATIO times the entries' work the product is computed, not hashed."""
+    x, y = np.ones((2, 3)), np.ones((3, 2))
+    products = reductions.Products()
+    assert products(x, y) is not products(x, y)

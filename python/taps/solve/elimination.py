@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taps.solve.problem import PairCost, Problem
-from taps.solve.reductions import along, hash_groups, in_order, min_plus_one, row_hashes
+from taps.solve.reductions import Products, along, hash_groups, in_order, row_hashes
 
 #: Elements of the largest table (float64) one step may build.
 MAX_TABLE = 20_000_000
@@ -169,6 +169,8 @@ def _run(
     next_id = len(factors)
     steps = []
     constant = 0.0
+    # Repeated layers eliminate equal tables: their products are computed once.
+    products = Products()
     for v in order:
         if deadline is not None and time.perf_counter() > deadline:
             return None
@@ -180,7 +182,7 @@ def _run(
                 if u != v:
                     incident[u] &= factors.keys()
         steps.append(_Step(v, mine, node[v]))
-        new = _eliminate(v, mine, node.pop(v), deadline)
+        new = _eliminate(v, mine, node.pop(v), deadline, products)
         if new is None:
             return None
         if not new.names:
@@ -233,10 +235,11 @@ def _compact(classes: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndar
 
 
 def _eliminate(
-    v: str, factors: list[_Factor], node: np.ndarray, deadline: float | None
+    v: str, factors: list[_Factor], node: np.ndarray, deadline: float | None, products: Products
 ) -> _Factor | None:
     """The factor over the other operators of ``factors``: the least over ``v``'s choices of
-    ``node`` plus their sum. None if ``deadline`` passes first."""
+    ``node`` plus their sum (min-plus products by ``products``). None if ``deadline`` passes
+    first."""
     others = list(dict.fromkeys(u for f in factors for u in f.names if u != v))
     v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
     best = np.full(v_rows.shape[1], np.inf)
@@ -277,7 +280,7 @@ def _eliminate(
         )
     sides = _sides(terms, len(others))
     if sides is not None:
-        out = _min_plus_step(best, terms, shape, sides, deadline)
+        out = _min_plus_step(best, terms, shape, sides, deadline, products)
         if out is None:
             return None
         return _compacted(others, classes, _taken(out, back))
@@ -350,6 +353,7 @@ def _min_plus_step(
     shape: list[int],
     sides: tuple[list[int], list[int]],
     deadline: float | None,
+    products: Products,
 ) -> np.ndarray | None:
     """The least over ``v``'s choices (axis 0 of ``shape``) of ``best`` plus the ``terms``, when
     no term spans both ``sides`` (axes of the new factor): a min-plus product of the sum of the
@@ -380,9 +384,10 @@ def _min_plus_step(
         y = np.broadcast_to(
             y, [stop - start] + [shape[a] if a in cols else 1 for a in range(1, ndim)]
         )
-        part = min_plus_one(x.reshape(stop - start, height).T, y.reshape(stop - start, width))
-        # The first block's product is the running minimum (numpy's minimum with inf keeps it).
-        out = part if out is None else np.minimum(out, part, out=out)
+        part = products(x.reshape(stop - start, height).T, y.reshape(stop - start, width))
+        # The first block's product is the running minimum (numpy's minimum with inf keeps it;
+        # not in place: ``products`` may hand the same array to another step).
+        out = part if out is None else np.minimum(out, part)
     assert out is not None
     # Back to the axes in order: the rows' axes, then the columns', each in its order.
     table = out.reshape([shape[a] for a in rows] + [shape[a] for a in cols])

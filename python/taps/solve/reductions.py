@@ -22,6 +22,7 @@ compared on the first and, on ties, on the second.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -43,6 +44,11 @@ MAX_SERIES_WORK = 2_000_000_000
 _ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 #: Relative difference of first objectives still taken as a tie in a lexicographic reduction.
 _TIE = 1e-12
+#: A one-objective min-plus product is remembered by its operands' values (:class:`Products`) when
+#: its work (rows x inner x columns) is at least this many times its operands' entries: hashing
+#: an entry costs about 20 times a sum of the kernel, so a product met twice saves more than
+#: the hashing of all costs.
+MEMO_RATIO = 64
 
 
 def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:
@@ -144,11 +150,12 @@ def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
     return array[(slice(None),) * axis + (index,)]
 
 
-def _min_plus(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _min_plus(x: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
-    :func:`_lex_min` compares them), by the core's kernel on all cores."""
+    :func:`_lex_min` compares them), by the core's kernel on all cores (one objective: by
+    ``products``)."""
     if x.shape[-1] == 1:
-        return min_plus_one(x[..., 0], y[..., 0])[..., None]
+        return products(x[..., 0], y[..., 0])[..., None]
     x = np.ascontiguousarray(x, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     return min_plus(x, y, _TIE)
@@ -158,6 +165,34 @@ def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective (a transposed view read in
     place)."""
     return _core_min_plus_one(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+
+
+def _digest(a: np.ndarray) -> tuple[object, ...]:
+    """A key of an array's values: its shape, its order in memory and the SHA-256 of its bytes
+    (equal keys, equal values to the bit)."""
+    fortran = not a.flags.c_contiguous and a.flags.f_contiguous
+    memory = a.T if fortran else np.ascontiguousarray(a)
+    return (a.shape, a.dtype.str, fortran, hashlib.sha256(memory.data).digest())
+
+
+class Products:
+    """One-objective min-plus products (:func:`min_plus_one`), each computed once per pair of
+    operands' values: the repeated layers of a model reduce to equal operands that are not the
+    same arrays (jax_llama's two layers: every large product twice). Only products whose work
+    is :data:`MEMO_RATIO` times their operands' entries are hashed. The results are shared:
+    callers must not change them in place."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[object, ...], np.ndarray] = {}
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        (rows, inner), cols = x.shape, y.shape[1]
+        if rows * inner * cols < MEMO_RATIO * (x.size + y.size):
+            return min_plus_one(x, y)
+        key = (_digest(x), _digest(y))
+        if key not in self._done:
+            self._done[key] = min_plus_one(x, y)
+        return self._done[key]
 
 
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
@@ -278,16 +313,19 @@ def _identities(p: PairCost) -> tuple[object, ...]:
     return (_identity(p.cost), _identity(p.u_class), _identity(p.w_class))
 
 
-def _series(left: PairCost, right: PairCost, node: np.ndarray, objectives: int) -> PairCost | None:
+def _series(
+    left: PairCost, right: PairCost, node: np.ndarray, objectives: int, products: Products
+) -> PairCost | None:
     """The pair cost ``(u, w)`` that eliminating ``v`` between ``left (u, v)`` and
-    ``right (v, w)`` leaves (the names are ``left.u`` and ``right.w``); None when its work is
-    beyond :data:`MAX_SERIES_WORK` (a fifth of it with two objectives)."""
+    ``right (v, w)`` leaves (the names are ``left.u`` and ``right.w``), its product by
+    ``products``; None when its work is beyond :data:`MAX_SERIES_WORK` (a fifth of it with two
+    objectives)."""
     mid, p, q = _class_pairs(left.w_class, right.u_class)
     work = left.cost.shape[0] * len(p) * right.cost.shape[1]
     if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
         return None
     best = _class_min(node, mid, len(p))
-    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0))
+    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0), products)
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 
@@ -317,6 +355,7 @@ def reduce(
     # known by their memory; every one keyed stays alive in ``seen``, so no other takes its
     # address.
     memo: dict[tuple[object, ...], object] = {}
+    products = Products()
 
     def stacked(k: int) -> np.ndarray:
         key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
@@ -400,7 +439,7 @@ def reduce(
             left, right = pairs[kl].oriented(u), pairs[kr].oriented(v)
             key = ("series", *_identities(left), *_identities(right), node[v].tobytes())
             if key not in memo:
-                memo[key] = _series(left, right, node[v], len(objectives))
+                memo[key] = _series(left, right, node[v], len(objectives), products)
             series = cast("PairCost | None", memo[key])
             if series is None:
                 return False
