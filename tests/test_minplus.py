@@ -135,7 +135,7 @@ def test_products_are_computed_once_per_pair_of_values() -> None:
     operand, or an operand of another layout, gives its own product, numpy's."""
     rng = np.random.default_rng(7)
     # Work (rows x inner x columns) far above MEMO_RATIO times the entries: remembered.
-    x, y = rng.random((130, 150)), rng.random((150, 140))
+    x, y = rng.random((300, 60)), rng.random((60, 300))
     products = reductions.Products()
     first = products(x, y)
     np.testing.assert_array_equal(first, numpy_min_plus(x[..., None], y[..., None])[..., 0])

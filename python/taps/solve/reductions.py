@@ -46,9 +46,9 @@ _ROW_HASH = np.random.default_rng(0).integers(1, 2**63, size=1024, dtype=np.uint
 _TIE = 1e-12
 #: A one-objective min-plus product is remembered by its operands' values (:class:`Products`) when
 #: its work (rows x inner x columns) is at least this many times its operands' entries: hashing
-#: an entry costs about 20 times a sum of the kernel, so a product met twice saves more than
-#: the hashing of all costs.
-MEMO_RATIO = 64
+#: an entry costs about 20 sums of the kernel, so below this the hashing of products met once
+#: (timm_swin: 2 repeats in 19 hashed at 128, in 25 at 64) costs about what the repeats save.
+MEMO_RATIO = 128
 
 
 def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:
