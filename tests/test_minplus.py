@@ -140,6 +140,8 @@ def test_products_are_computed_once_per_pair_of_values() -> None:
     first = products(x, y)
     np.testing.assert_array_equal(first, numpy_min_plus(x[..., None], y[..., None])[..., 0])
     assert products(x.copy(), y.copy()) is first
+    # Shared between steps, so read-only: an in-place write would change another step's result.
+    assert not first.flags.writeable
     assert products(np.asfortranarray(x).T.T, y.copy()) is not first  # another layout: own key
     for changed in (x.copy(), y.copy()):
         changed[3, 5] = np.nextafter(changed[3, 5], 2.0)

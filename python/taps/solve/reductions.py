@@ -191,7 +191,10 @@ class Products:
             return min_plus_one(x, y)
         key = (_digest(x), _digest(y))
         if key not in self._done:
-            self._done[key] = min_plus_one(x, y)
+            product = min_plus_one(x, y)
+            # Shared between steps: a write in place would change another step's operand.
+            product.flags.writeable = False
+            self._done[key] = product
         return self._done[key]
 
 
