@@ -17,12 +17,14 @@ mod space;
 use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rustc_hash::FxHashMap;
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::ops::{CommOp, Objective};
 use crate::layout::Layout;
@@ -409,13 +411,19 @@ impl<'o> Bounds<'o> {
 
     /// Remembers the bounds this batch worked out ([`BOUNDS`]).
     pub(crate) fn keep(self) {
-        let found = self
-            .found
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
+        let Bounds {
+            fingerprint,
+            known,
+            found,
+            ..
+        } = self;
+        let found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
         if found.is_empty() {
             return;
         }
+        // This batch's share of the map let go first: held, it made the map below copied
+        // (every key of every earlier call) at each call.
+        drop(known);
         let mut memo = locked(&BOUNDS);
         let map = memo.get_or_insert_with(FxHashMap::default);
         let held = map.values().map(|m| m.len()).sum::<usize>();
@@ -423,7 +431,7 @@ impl<'o> Bounds<'o> {
             map.clear();
         }
         // Copied only if a batch still reads the map.
-        Arc::make_mut(map.entry(self.fingerprint).or_default()).extend(found);
+        Arc::make_mut(map.entry(fingerprint).or_default()).extend(found);
     }
 }
 
@@ -575,7 +583,10 @@ fn search_or_paper(
 #[derive(Default)]
 struct Scratch {
     nodes: Vec<Node>,
-    index: FxHashMap<State, u32>,
+    /// The node of each layout reached, hashed by its layout ([`hash_of`]): the ids alone (4
+    /// bytes a slot, not the 48 of a layout and an id), so that the index's probes and first
+    /// writes, the search's cache misses, touch a twelfth of the memory.
+    index: HashTable<u32>,
     heap: BinaryHeap<Queued>,
     steps: Vec<(Step, State)>,
 }
@@ -653,7 +664,7 @@ fn search_in(
         ops: 0,
         done: false,
     });
-    index.insert(nodes[0].state, 0);
+    entry_of(index, nodes, &nodes[0].state).insert(0);
     // Only a plan cheaper than Algorithm 1's by more than rounding is searched for: a layout
     // whose estimate ties with it (most pairs, where Algorithm 1's plan meets the bound) is not
     // expanded, and a pair whose bound at the source meets it is done without a search.
@@ -690,7 +701,7 @@ fn search_in(
         for (step, raw) in steps.drain(..) {
             let next = canonical(raw, &space.runs);
             // One look-up per step: a layout not seen yet is inserted through its vacant entry.
-            let entry = index.entry(next);
+            let entry = entry_of(index, nodes, &next);
             let seen = match &entry {
                 Entry::Occupied(id) => Some(&nodes[*id.get() as usize]),
                 Entry::Vacant(_) => None,
@@ -732,7 +743,7 @@ fn search_in(
                         nodes.reserve_exact(most.min(MAX_LAYOUTS) - nodes.len());
                     }
                     nodes.push(fresh);
-                    *vacant.insert(nodes.len() as u32 - 1) as usize
+                    *vacant.insert(nodes.len() as u32 - 1).get() as usize
                 }
             };
             heap.push(Queued {
@@ -743,6 +754,20 @@ fn search_in(
         }
     }
     None
+}
+
+/// The hash of a layout in the search's index.
+fn hash_of(state: &State) -> u64 {
+    FxBuildHasher.hash_one(state)
+}
+
+/// The entry of `state` in the search's `index` of `nodes`.
+fn entry_of<'i>(index: &'i mut HashTable<u32>, nodes: &[Node], state: &State) -> Entry<'i, u32> {
+    index.entry(
+        hash_of(state),
+        |&id| nodes[id as usize].state == *state,
+        |&id| hash_of(&nodes[id as usize].state),
+    )
 }
 
 /// The steps to `end`, each with the layout it leads to in `space`.
@@ -1126,6 +1151,49 @@ mod tests {
             }
         }
         assert!(read_back > 1000, "{read_back}");
+    }
+
+    /// The search's index (node ids hashed by their nodes' layouts) holds each layout it reached
+    /// once, under its own node: after searches of every pair of layouts of 16 devices, one after
+    /// another in one set of buffers, the nodes' layouts are distinct (a plain set of them) and
+    /// each is found in the index at its node.
+    #[test]
+    fn the_index_holds_each_layout_reached_once() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
+        let objective = Objective::Seconds {
+            cluster: &clusters[2],
+            dtype_bytes: 2.0,
+        };
+        let layouts: Vec<Layout> = maps.iter().map(|m| layout(&shape, &matrix, m)).collect();
+        let stop = AtomicBool::new(false);
+        let mut scratch = Scratch::default();
+        let mut held = 0;
+        for a in &layouts {
+            for b in layouts.iter().step_by(5) {
+                let problem = Problem::of(a, b).unwrap();
+                let pair = (&problem.source, &problem.target);
+                search_in(
+                    &mut scratch,
+                    pair,
+                    f64::INFINITY,
+                    objective,
+                    (&stop, MAX_LAYOUTS),
+                );
+                let states: std::collections::HashSet<State> =
+                    scratch.nodes.iter().map(|n| n.state).collect();
+                assert_eq!(states.len(), scratch.nodes.len(), "{a:?} -> {b:?}");
+                assert_eq!(scratch.index.len(), scratch.nodes.len());
+                for (id, node) in scratch.nodes.iter().enumerate() {
+                    let found = scratch.index.find(hash_of(&node.state), |&i| {
+                        scratch.nodes[i as usize].state == node.state
+                    });
+                    assert_eq!(found, Some(&(id as u32)));
+                }
+                held += scratch.nodes.len();
+            }
+        }
+        assert!(held > 10_000, "{held}");
     }
 
     /// A search that would hold more layouts than it may gives up (the planner then keeps

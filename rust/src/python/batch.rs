@@ -181,10 +181,12 @@ fn priced(
     Ok(costs.expect("nothing stopped the batch"))
 }
 
-/// `work` on a worker thread while this one (the only thread that sees Python's signals) waits
-/// for it, looking every 10 ms for Ctrl-C and at the clock: on either it sets `stop`, which the
-/// work looks at often, and raises (`KeyboardInterrupt`, or [`Error::TimeLimit`] worded by
-/// `what`) once the worker has ended.
+/// `work` on a thread of the pool while this one (the only thread that sees Python's signals)
+/// waits for it, looking every 10 ms for Ctrl-C and at the clock: on either it sets `stop`, which
+/// the work looks at often, and raises (`KeyboardInterrupt`, or [`Error::TimeLimit`] worded by
+/// `what`) once the work has ended. A pool thread, not one started per call: the optimal
+/// search's rounds make dozens of small calls, and starting a thread (which then handed its
+/// parallel steps to the pool) was most of a call answered from the memo.
 fn watched<T: Send>(
     py: Python<'_>,
     stop: &AtomicBool,
@@ -194,9 +196,10 @@ fn watched<T: Send>(
 ) -> PyResult<T> {
     let start = Instant::now();
     let (done, mut result) = mpsc::channel();
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(move || {
-            // The receiver outlives the worker (the scope joins it), so the send cannot fail.
+    // The scope waits for the work before it returns, and raises the work's panic if it had one.
+    let outcome = rayon::in_place_scope(|scope| {
+        scope.spawn(move |_| {
+            // The receiver outlives the work (the scope waits for it), so the send cannot fail.
             drop(done.send(work()));
         });
         loop {
@@ -207,25 +210,26 @@ fn watched<T: Send>(
             });
             result = back;
             match got {
-                Ok(value) => return Ok(value),
+                Ok(value) => return Some(Ok(value)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!(
-                        "the worker ended without a result: {:?}",
-                        worker.join().err()
-                    )
-                }
+                // The work panicked: the scope raises it.
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
             let late = time_limit.is_some_and(|t| start.elapsed().as_secs_f64() > t);
             let interrupt = py.check_signals().err();
             if late || interrupt.is_some() {
+                // The work ends within milliseconds (the scope waits for it); its result is
+                // dropped.
                 stop.store(true, Relaxed);
-                // The worker ends within milliseconds; its result is dropped.
-                drop(py.detach(|| worker.join()));
-                return Err(interrupt.unwrap_or_else(|| Error::TimeLimit(what()).into()));
+                return Some(Err(
+                    interrupt.unwrap_or_else(|| Error::TimeLimit(what()).into())
+                ));
             }
         }
-    })
+    });
+    // (The scope's own wait for the work holds the GIL: the work has sent its result, or, stopped,
+    // ends within milliseconds.)
+    outcome.expect("the scope raises the work's panic")
 }
 
 /// Per strategy (rows of `degrees` and `device_maps`, on the device matrices `device_matrices`,
