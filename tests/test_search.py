@@ -415,9 +415,9 @@ def test_sets_inside_priced_sets_are_read_from_their_matrix(monkeypatch):
 
     monkeypatch.setattr(tables, "redistribution_costs", counted)
     priced = tables._Priced()
-    whole = priced(layouts, layouts[::-1], *how)
+    whole = tables._gathered([(priced(layouts, layouts[::-1], *how), False)])
     inside = [layouts[4], layouts[1], layouts[2]]
-    part = priced(inside, layouts[:3], *how)
+    part = tables._gathered([(priced(inside, layouts[:3], *how), False)])
     assert len(calls) == 1
     want = redistribution_costs(inside, layouts[:3], cluster, 2.0, *how[2:4])
     assert np.array_equal(part, want)

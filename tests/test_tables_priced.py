@@ -73,10 +73,13 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
             lists.append((s, t))
             if how == "bounds":
                 want, exact = taps.redistribution_bounds(s, t, CLUSTER, 2.0, "topology")
-                assert np.array_equal(priced.inexact(s, t, 2.0), ~exact)
+                inexact = tables._gathered([(priced.inexact(s, t, 2.0), False)])
+                assert np.array_equal(inexact, ~exact)
             else:
                 want = taps.redistribution_costs(s, t, CLUSTER, 2.0, "topology", planner)
-            assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+            assert (
+                tables._gathered([(got, False)]).tobytes() == np.ascontiguousarray(want).tobytes()
+            )
 
 
 def test_lists_sharing_layouts_price_only_the_new_pairs(monkeypatch):
@@ -94,4 +97,69 @@ def test_lists_sharing_layouts_price_only_the_new_pairs(monkeypatch):
     new = [t for t in second if t not in first]
     assert asked[len(sources) * len(first) :] == [(s, t) for s in sources for t in new]
     want = taps.redistribution_costs(sources, second, CLUSTER, 2.0, "topology", "paper")
+    assert tables._gathered([(got, False)]).tobytes() == want.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(pools(), st.data(), st.sampled_from(["paper", "optimal"]))
+def test_an_edges_cost_is_its_kernel_matrices_summed(pool, data, planner):
+    """An edge's cost (``_edge_cost``: its directions' entries gathered from the memo and summed
+    in one pass) is the kernel's forward matrix plus its backward matrix transposed, bit for bit,
+    whatever the memo held before (sets of either direction partly priced, in other orders)."""
+    sources, targets = pool
+    how = (CLUSTER, 2.0, "topology", planner)
+    priced = tables._Priced()
+    for _ in range(data.draw(st.integers(0, 3))):
+        a, b = (sources, targets) if data.draw(st.booleans()) else (targets, sources)
+        s = data.draw(st.lists(st.sampled_from(a), min_size=1, max_size=8))
+        t = data.draw(st.lists(st.sampled_from(b), min_size=1, max_size=8))
+        priced(s, t, *how, None)
+
+    def classes(pool: list[taps.Layout]) -> list[tuple[taps.Layout, ...]]:
+        drawn = st.lists(st.tuples(st.sampled_from(pool), st.sampled_from(pool)), min_size=1)
+        rows = list(dict.fromkeys(data.draw(drawn)))
+        # An end's classes as the tables make them, or a block of rows of one.
+        return tables._End(rows) if data.draw(st.booleans()) else rows
+
+    src, dst, backward = classes(sources), classes(targets), data.draw(st.booleans())
+    got = tables._edge_cost(lambda s, t: priced(s, t, *how, None), src, dst, backward)
+    want = taps.redistribution_costs([s[0] for s in src], [d[0] for d in dst], *how)
+    if backward:
+        want = want + taps.redistribution_costs([d[1] for d in dst], [s[1] for s in src], *how).T
     assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_gathered_sums_are_numpys_gathers_summed_in_order(data):
+    """``gathered_sum`` against numpy's fancy indexing and ``+`` in the terms' order, on
+    matrices in C order, Fortran order and neither (a strided view), across its tiles."""
+    rows, cols = data.draw(st.integers(1, 140)), data.draw(st.integers(1, 140))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    terms, want = [], None
+    for _ in range(data.draw(st.integers(1, 3))):
+        transposed = data.draw(st.booleans())
+        n, m = rng.integers(1, 150, size=2)
+        matrix = rng.integers(0, 50, size=(n, 2 * m)) * 1.1e-3
+        matrix = data.draw(
+            st.sampled_from([matrix[:, :m].copy(), matrix[:, ::2], matrix.T.copy().T])
+        )
+        at_rows = rng.integers(0, matrix.shape[0], size=cols if transposed else rows)
+        at_cols = rng.integers(0, matrix.shape[1], size=rows if transposed else cols)
+        terms.append((matrix, at_rows, at_cols, transposed))
+        part = matrix[np.ix_(at_rows, at_cols)]
+        part = part.T if transposed else part
+        want = part if want is None else want + part
+    assert taps._core.gathered_sum(terms).tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+def test_gathered_sums_refuse_positions_outside_and_shapes_apart():
+    matrix, at = np.zeros((2, 3)), np.array([0, 1])
+    for terms in (
+        [],
+        [(matrix, np.array([2]), at, False)],
+        [(matrix, np.array([-1]), at, False)],
+        [(matrix, at, at, False), (matrix, np.array([0]), at, True)],
+    ):
+        with pytest.raises(taps.TapsError):
+            taps._core.gathered_sum(terms)

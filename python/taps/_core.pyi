@@ -31,6 +31,7 @@ __all__ = [
     "allreduce_costs",
     "enumerate_strategies",
     "frontier_sum",
+    "gathered_sum",
     "inter_node_groups",
     "least_bottleneck",
     "least_cuts",
@@ -460,6 +461,18 @@ def allreduce_costs(
     one per row, or one dim per split axis if not given), the summed all_reduce cost of the
     tensors (strategy axes, shape, dtype bytes) over the device dims each leaves unused inside a
     replica, on all cores."""
+
+def gathered_sum(
+    terms: Sequence[
+        tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64], bool]
+    ],
+) -> npt.NDArray[np.float64]:
+    """The sum of gathered matrices: each term ``(matrix, rows, cols, transposed)`` gives entry
+    ``(i, j)`` its ``matrix[rows[i], cols[j]]`` (``matrix[rows[j], cols[i]]`` if transposed),
+    summed in the terms' order from the first (not from 0), in one pass over the result on all
+    cores. Matrices in C or Fortran order are read in place, others copied first. Raises
+    TapsError when there is no term, the terms' shapes differ or a position lies outside its
+    matrix."""
 
 def min_plus(
     x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], tie: float

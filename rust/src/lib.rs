@@ -1,11 +1,13 @@
 //! The core of taps: layouts, unification, the redistribution planners, the topology-aware cost
-//! model, strategy enumeration, the batch cost kernels, the min-plus products of the search, the sums of its
-//! memory-limited frontiers and the stage search's programmes over cuts.
+//! model, strategy enumeration, the batch cost kernels, the gathered sums of the cost tables, the
+//! min-plus products of the search, the sums of its memory-limited frontiers and the stage
+//! search's programmes over cuts.
 //! Plain Rust; the PyO3 bindings live in [`python`] behind the `python` feature.
 
 pub mod batch;
 pub mod cuts;
 pub mod error;
+pub mod gathered;
 pub mod layout;
 pub mod minplus;
 pub mod pareto;

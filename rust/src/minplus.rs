@@ -34,7 +34,7 @@ pub struct Matrix<'a> {
 
 impl Matrix<'_> {
     /// Checks that every entry lies in `data`.
-    fn check(&self, name: &str) -> Result<()> {
+    pub(crate) fn check(&self, name: &str) -> Result<()> {
         let last = |n: usize, stride: usize| n.saturating_sub(1).checked_mul(stride);
         let end = last(self.rows, self.strides[0])
             .zip(last(self.cols, self.strides[1]))

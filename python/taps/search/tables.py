@@ -17,6 +17,7 @@ from taps._core import (
     Layout,
     Strategy,
     allreduce_costs,
+    gathered_sum,
     redistribution_bounds,
     redistribution_costs,
     redistribution_pair_costs,
@@ -163,10 +164,14 @@ def _classes(
     return cls, _End(index)
 
 
-#: Prices by source layout, target layout and plane, with the row of each source layout and the
-#: column of each target layout. Plane 0 is the price; with bounds, plane 1 is 1.0 where a bound
-#: is not the pair's exact cost (0.0 where it is).
-_Matrix = tuple[np.ndarray, dict[Layout, int], dict[Layout, int]]
+#: Prices by source layout and target layout, a matrix per plane, with the row of each source
+#: layout and the column of each target layout. Plane 0 is the price; with bounds, plane 1 is 1.0
+#: where a bound is not the pair's exact cost (0.0 where it is).
+_Matrix = tuple[list[np.ndarray], dict[Layout, int], dict[Layout, int]]
+
+#: Where the pairs of some sources and targets lie in one plane of a :class:`_Priced` matrix:
+#: the plane, the row of each source and the column of each target.
+_Term = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class _Side(list[Layout]):
@@ -179,17 +184,14 @@ class _Side(list[Layout]):
         return frozenset(self)
 
     @cached_property
-    def _positions(self) -> dict[int, np.ndarray | None]:
+    def _positions(self) -> dict[int, np.ndarray]:
         return {}
 
-    def positions(self, index: dict[Layout, int]) -> np.ndarray | None:
-        """Each layout's entry in ``index`` (a matrix's rows or columns), None if the matrix
-        lists them in this order. ``index`` lives as long as its matrix, so its identity keys
-        it."""
+    def positions(self, index: dict[Layout, int]) -> np.ndarray:
+        """Each layout's entry in ``index`` (a matrix's rows or columns). ``index`` lives as
+        long as its matrix, so its identity keys it."""
         if id(index) not in self._positions:
-            at = np.array([index[x] for x in self], dtype=np.int64)
-            same = len(index) == len(at) and bool((at == np.arange(len(at))).all())
-            self._positions[id(index)] = None if same else at
+            self._positions[id(index)] = np.array([index[x] for x in self], dtype=np.int64)
         return self._positions[id(index)]
 
 
@@ -216,7 +218,8 @@ def _side(rows: Sequence[tuple[Layout, ...]], k: int) -> _Side:
 class _Priced:
     """``redistribution_costs`` computed once per pair of layouts, in whatever order an edge lists
     them: the kernel prices each pair on its own, so the matrix of the sets in the order first
-    asked for, read back in another order or for sets inside them, is the same matrix. Sets that
+    asked for, read at the rows and columns of another order or of sets inside them (a
+    :data:`_Term`: the edge's one pass, :func:`_gathered`, reads it), is the same matrix. Sets that
     share layouts with sets priced before (the linear layers of torchvision's Swin against two
     consumers of one input: 10% of its 4.3 million pairs) get that block from their matrix and
     the rest from the kernel. (The sets are keyed as frozensets and read back through a row and a
@@ -239,19 +242,21 @@ class _Priced:
         cost_model: CostModel,
         planner: Planner,
         deadline: float | None,
-    ) -> np.ndarray:
+    ) -> _Term:
         sources, targets = _as_side(sources), _as_side(targets)
         key = (sources.set, targets.set, dtype)
         if key not in self._memo:
 
-            def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> np.ndarray:
+            def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> list[np.ndarray]:
                 if self._bounds:
                     bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
-                    return np.stack([bound, (~exact).astype(np.float64)], axis=-1)
+                    return [bound, (~exact).astype(np.float64)]
                 # The kernel watches the time left itself: one large edge can take longer.
-                return redistribution_costs(
-                    s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
-                )[..., None]
+                return [
+                    redistribution_costs(
+                        s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
+                    )
+                ]
 
             near = self._near.setdefault(
                 (tuple(sources[0].shape), tuple(targets[0].shape), dtype), []
@@ -260,31 +265,22 @@ class _Priced:
             near.append(key)
         return self._read(key, sources, targets, 0)
 
-    def inexact(
-        self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float
-    ) -> np.ndarray:
+    def inexact(self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float) -> _Term:
         """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
         cost."""
         sources, targets = _as_side(sources), _as_side(targets)
         return self._read((sources.set, targets.set, dtype), sources, targets, 1)
 
-    def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> np.ndarray:
-        matrix, row, col = self._memo[key]
-        rows, cols = sources.positions(row), targets.positions(col)
-        out = matrix[..., plane]
-        if rows is None and cols is None:
-            return out.copy()  # in its order: no gather
-        # Gathered along the axes out of order only: whole rows copy faster than pairs.
-        if rows is not None:
-            out = out[rows]
-        return out if cols is None else out[:, cols]
+    def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> _Term:
+        planes, row, col = self._memo[key]
+        return planes[plane], sources.positions(row), targets.positions(col)
 
     def _block(
         self,
         sources: _Side,
         targets: _Side,
         near: list[Any],
-        kernel: Callable[[Sequence[Layout], Sequence[Layout]], np.ndarray],
+        kernel: Callable[[Sequence[Layout], Sequence[Layout]], list[np.ndarray]],
     ) -> _Matrix:
         """The matrix of ``sources`` by ``targets``: the largest block of their pairs an earlier
         matrix of ``near`` holds read from it, the rest priced (the rows outside it against
@@ -310,42 +306,50 @@ class _Priced:
         new_rows = [x for x in srcs if x not in old_row]
         new_cols = [y for y in dsts if y not in old_col]
         srcs, dsts = rows + new_rows, cols + new_cols
-        matrix = np.empty((len(srcs), len(dsts), old.shape[2]))
-        matrix[: len(rows), : len(cols)] = old[
-            np.ix_([old_row[x] for x in rows], [old_col[y] for y in cols])
-        ]
+        planes = [np.empty((len(srcs), len(dsts))) for _ in old]
+        shared_block = np.ix_([old_row[x] for x in rows], [old_col[y] for y in cols])
+        for plane, before in zip(planes, old, strict=True):
+            plane[: len(rows), : len(cols)] = before[shared_block]
         if new_rows:
-            matrix[len(rows) :] = kernel(new_rows, dsts)
+            for plane, priced in zip(planes, kernel(new_rows, dsts), strict=True):
+                plane[len(rows) :] = priced
         if new_cols:
-            matrix[: len(rows), len(cols) :] = kernel(rows, new_cols)
-        return matrix, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
+            for plane, priced in zip(planes, kernel(rows, new_cols), strict=True):
+                plane[: len(rows), len(cols) :] = priced
+        return planes, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
 
 
 def _directions(
-    price: Callable[[list[Layout], list[Layout]], np.ndarray],
+    price: Callable[[list[Layout], list[Layout]], _Term],
     src: Sequence[tuple[Layout, ...]],
     dst: Sequence[tuple[Layout, ...]],
     backward: bool,
-) -> list[np.ndarray]:
-    """An edge's matrices between its ends' layout classes, one per direction: ``price`` from
-    each source's layout to each target's, and in the training step the gradient's way back
-    (transposed: a row per source class)."""
-    out = [price(_side(src, 0), _side(dst, 0))]
+) -> list[tuple[_Term, bool]]:
+    """An edge's terms between its ends' layout classes, one per direction, each with whether it
+    is read transposed: ``price`` from each source's layout to each target's, and in the
+    training step the gradient's way back (transposed: a row per source class)."""
+    out = [(price(_side(src, 0), _side(dst, 0)), False)]
     if backward:
-        out.append(price(_side(dst, 1), _side(src, 1)).T)
+        out.append((price(_side(dst, 1), _side(src, 1)), True))
     return out
 
 
+def _gathered(terms: list[tuple[_Term, bool]]) -> np.ndarray:
+    """The matrix of ``terms`` summed in order (:data:`_Term` s, each with whether it is read
+    transposed): every entry gathered from the memo's matrices and summed in one pass
+    (:func:`taps._core.gathered_sum`)."""
+    return gathered_sum([(*term, transposed) for term, transposed in terms])
+
+
 def _edge_cost(
-    price: Callable[[list[Layout], list[Layout]], np.ndarray],
+    price: Callable[[list[Layout], list[Layout]], _Term],
     src: Sequence[tuple[Layout, ...]],
     dst: Sequence[tuple[Layout, ...]],
     backward: bool,
 ) -> np.ndarray:
     """An edge's cost matrix between its ends' layout classes: its directions' summed, the
     forward first (:func:`_directions`)."""
-    parts = _directions(price, src, dst, backward)
-    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    return _gathered(_directions(price, src, dst, backward))
 
 
 @dataclass
@@ -639,20 +643,18 @@ def build_tables(
             if layouts not in by_layouts:
                 how = (cluster, dtype, cost_model, planner, deadline)
 
-                def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> np.ndarray:
+                def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> _Term:
                     return priced(s, t, *how)
 
                 cost = _edge_cost(costs, src, dst, backward)
                 by_layouts[layouts] = cost
                 if bounded:
 
-                    def inexact(
-                        s: list[Layout], t: list[Layout], dtype: float = dtype
-                    ) -> np.ndarray:
+                    def inexact(s: list[Layout], t: list[Layout], dtype: float = dtype) -> _Term:
                         return priced.inexact(s, t, dtype)
 
-                    parts = _directions(costs, src, dst, backward)
-                    known = [m == 0 for m in _directions(inexact, src, dst, backward)]
+                    parts = [_gathered([d]) for d in _directions(costs, src, dst, backward)]
+                    known = [_gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)]
                     if not backward:
                         parts.append(np.zeros_like(cost))
                         known.append(np.ones(cost.shape, dtype=bool))

@@ -1,6 +1,6 @@
 //! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`,
-//! `allreduce_costs`, `min_plus` and `min_plus_one`, on all cores with the GIL released, and
-//! `frontier_sum` (one core) for the memory-limited search.
+//! `allreduce_costs`, `gathered_sum`, `min_plus` and `min_plus_one`, on all cores with the GIL
+//! released, and `frontier_sum` (one core) for the memory-limited search.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -18,6 +18,7 @@ use super::strategies::strategy;
 use super::topology::PyCluster;
 use crate::batch;
 use crate::error::Error;
+use crate::gathered;
 use crate::layout::Layout;
 use crate::minplus;
 use crate::pareto;
@@ -350,6 +351,49 @@ pub(super) fn min_plus_one<'py>(
     let (xm, ym) = (matrix(&x), matrix(&y));
     let (rows, cols) = (xm.rows, ym.cols);
     let out = py.detach(move || minplus::min_plus_one(xm, ym))?;
+    let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
+    Ok(array.into_pyarray(py))
+}
+
+/// The sum of gathered matrices ([`gathered::gathered_sum`]): each term `(matrix, rows, cols,
+/// transposed)` gives entry `(i, j)` its `matrix[rows[i], cols[j]]` (`[rows[j], cols[i]]` if
+/// transposed), summed in the terms' order, on all cores. Matrices in C or Fortran order are read
+/// in place, others copied first.
+#[pyfunction]
+pub(super) fn gathered_sum<'py>(
+    py: Python<'py>,
+    terms: Vec<(
+        PyReadonlyArray2<'py, f64>,
+        PyReadonlyArray1<'py, i64>,
+        PyReadonlyArray1<'py, i64>,
+        bool,
+    )>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let views: Vec<_> = terms.iter().map(|t| t.0.as_array()).collect();
+    let owned: Vec<_> = views.iter().map(in_place).collect();
+    let position = |p: &PyReadonlyArray1<'py, i64>| {
+        p.as_array()
+            .iter()
+            .map(|&x| usize::try_from(x))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| Error::Shape("a gathered term has a negative position".into()))
+    };
+    let positions = terms
+        .iter()
+        .map(|t| Ok((position(&t.1)?, position(&t.2)?)))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let terms: Vec<gathered::Term<'_>> = owned
+        .iter()
+        .zip(&positions)
+        .zip(&terms)
+        .map(|((m, (rows, cols)), t)| gathered::Term {
+            matrix: matrix(m),
+            rows,
+            cols,
+            transposed: t.3,
+        })
+        .collect();
+    let (rows, cols, out) = py.detach(|| gathered::gathered_sum(&terms))?;
     let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
     Ok(array.into_pyarray(py))
 }
