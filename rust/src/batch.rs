@@ -132,33 +132,35 @@ fn paper_costs(
     // compared per pair.
     let columns: FxHashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
-    let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
-        // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
-        // is planned (the result is dropped).
-        if twin[i] != Some(j) && !stop.load(Relaxed) {
-            let (pa, pb) = (&prepared_src[i], &prepared_tgt[j]);
-            paper::cost(pa, pb, cluster, dtype_bytes, model, volume_prices, scratch)
-        } else {
-            Ok((0.0, 0.0))
-        }
-    };
-    // Jobs of consecutive pairs, each walking its row and column without a division per pair.
+    // Jobs of consecutive pairs, each walking its rows' runs of columns: a row's source and twin
+    // are looked up once per run, not per pair, with no division per pair.
     let job = |scratch: &mut paper::Scratch,
                c: usize,
                costs: &mut [f64],
                mut volumes: Option<&mut [f64]>| {
         let start = c * PAIRS_PER_JOB;
         let (mut i, mut j) = (start / width, start % width);
-        for (n, cost) in costs.iter_mut().enumerate() {
-            let (priced, volume) = price(scratch, i, j)?;
-            *cost = priced;
-            if let Some(volumes) = volumes.as_deref_mut() {
-                volumes[n] = volume;
+        let mut done = 0;
+        while done < costs.len() {
+            let run = (width - j).min(costs.len() - done);
+            let (pa, twin) = (&prepared_src[i], twin[i]);
+            let row = prepared_tgt[j..j + run]
+                .iter()
+                .zip(&mut costs[done..done + run]);
+            for (k, (pb, cost)) in (j..).zip(row) {
+                // A layout to itself needs no op: exactly 0 without planning. Once stopped,
+                // nothing is planned (the result is dropped).
+                let (priced, volume) = if twin != Some(k) && !stop.load(Relaxed) {
+                    paper::cost(pa, pb, cluster, dtype_bytes, model, volume_prices, scratch)?
+                } else {
+                    (0.0, 0.0)
+                };
+                *cost = priced;
+                if let Some(volumes) = volumes.as_deref_mut() {
+                    volumes[done + k - j] = volume;
+                }
             }
-            j += 1;
-            if j == width {
-                (i, j) = (i + 1, 0);
-            }
+            (done, i, j) = (done + run, i + 1, 0);
         }
         Ok::<_, Error>(())
     };

@@ -33,7 +33,8 @@ pub(crate) struct Maps {
     owner: [u8; 65],
     used: u64,
     partial: u64,
-    /// The tensor dims that are split, as bits.
+    /// The tensor dims that are split, as bits, as filled: Algorithm 1's passes read it once and
+    /// track the dims they change themselves ([`Maps::set`] leaves it alone).
     split: u64,
 }
 
@@ -95,6 +96,17 @@ impl Maps {
         self.dims += 1;
     }
 
+    /// [`Maps::push`] for a target's maps, which Algorithm 1 reads by dim only (their owners
+    /// are not kept: the kernel fills millions of them).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn push_target(&mut self, bits: u64) {
+        self.used |= bits;
+        self.split |= u64::from(bits != 0) << self.dims;
+        self.map[self.dims] = bits;
+        self.dims += 1;
+    }
+
     /// Takes the rank bits `bits` for a tensor dim that is left out because the target splits
     /// it the same way: Algorithm 1 never acts on it (no other dim of the target takes its device
     /// dim), but its bits stay used.
@@ -120,7 +132,6 @@ impl Maps {
         self.used = self.used & !self.map[i] | bits;
         self.map[i] = bits;
         self.owner[bits.trailing_zeros() as usize] = i as u8;
-        self.split = self.split & !(1 << i) | u64::from(bits != 0) << i;
     }
 
     /// The layout of these maps on the shape and device matrix of `like`, whose device dim `k`
@@ -184,8 +195,6 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
     let t = &t.map;
     let all = if n == 0 { 0 } else { u64::MAX >> (64 - n) };
     let mut whole = all & !split;
-    // The dims of `mask` from `i` on, in order, read afresh after each op.
-    let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
         loop {
             let mut progress = false;
@@ -203,10 +212,10 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                 }
             }
             // An all-to-all leaves the dim it takes the split from whole: a later one may take
-            // it in the same pass.
-            let mut i = next(whole & wanted, 0);
-            while i < 64 {
-                let at = i as usize;
+            // it in the same pass (the dims after the last visited are read afresh after each op).
+            let mut todo = whole & wanted;
+            while todo != 0 {
+                let at = todo.trailing_zeros() as usize;
                 if current.used & t[at] != 0 {
                     let j = usize::from(current.owner[t[at].trailing_zeros() as usize]);
                     debug_assert_eq!(current.map[j], t[at]);
@@ -216,7 +225,8 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                     whole = whole & !(1 << at) | 1 << j;
                     progress = true;
                 }
-                i = next(whole & wanted, i + 1);
+                // (`at` is below 64: the mask of the dims above it needs no check of the shift.)
+                todo = whole & wanted & (u64::MAX - 1) << at;
             }
             if !progress {
                 break;
@@ -546,36 +556,40 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// A step as its price depends on it within one call of the kernel (one cluster, element size and
-/// cost model): its kind, the rank bits of its group, those of the dims holding distinct data,
-/// and its elements per device.
-type StepKey = (u64, u64, u64, OpKind);
+/// A step of one kind as its price depends on it within one call of the kernel (one cluster,
+/// element size and cost model): the rank bits of its group, those of the dims holding distinct
+/// data, and its shard (its elements per device before it), which with the group and the kind
+/// make its volume.
+type StepKey = [u64; 3];
 
 /// The prices of the steps one thread of the kernel has met in one call, direct-mapped (a slot
-/// keeps the last step hashed to it): a step's price walks the cluster's levels and divides
-/// twice, and a table's steps repeat (a few groups, dims and shards).
+/// keeps the last step hashed to it), a table per kind: a step's price walks the cluster's levels
+/// and divides twice, and a table's steps repeat (a few groups, dims and shards). Keyed by the
+/// shard, not the volume, so that a step found needs no volume (and a kind known where Algorithm 1
+/// takes the step picks its table, not a key word).
 struct StepPrices {
     slots: Vec<(StepKey, f64)>,
 }
 
 impl StepPrices {
-    /// Slots, a power of two.
+    /// Slots per kind, a power of two.
     const SLOTS: usize = 256;
 
     /// No step: a step's group has bits (a unified device dim has two devices or more).
     fn new() -> Self {
-        let empty = ((0, 0, 0, OpKind::Slice), 0.0);
+        let kinds = OpKind::CollectivePermute as usize + 1;
         StepPrices {
-            slots: vec![empty; Self::SLOTS],
+            slots: vec![([0; 3], 0.0); kinds * Self::SLOTS],
         }
     }
 
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn slot((group, distinct, volume, kind): StepKey) -> usize {
+    fn slot(kind: OpKind, [group, distinct, shard]: StepKey) -> usize {
         const ODD: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mixed = group ^ distinct.rotate_left(24) ^ volume.wrapping_mul(ODD) ^ kind as u64;
-        (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize
+        let mixed = group ^ distinct.rotate_left(24) ^ shard.wrapping_mul(ODD);
+        let hashed = (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize;
+        kind as usize * Self::SLOTS + hashed
     }
 }
 
@@ -600,18 +614,18 @@ impl Step for Pricer<'_> {
     #[inline(always)]
     fn step(&mut self, kind: OpKind, bits: u64, _: Option<usize>, _: Option<usize>, m: &Maps) {
         let shard = self.elements >> m.used.count_ones();
-        let volume = volume(kind, 1 << bits.count_ones(), shard);
+        let moved = || volume(kind, 1 << bits.count_ones(), shard);
         // (A slice is free: nothing to look up.)
         if kind != OpKind::Slice {
             let distinct = m.used | m.partial;
-            let key = (bits, distinct, volume, kind);
-            let slot = &mut self.prices.slots[StepPrices::slot(key)];
+            let key = [bits, distinct, shard];
+            let slot = &mut self.prices.slots[StepPrices::slot(kind, key)];
             if slot.0 != key {
                 let price = group_step_cost(
                     kind,
                     bits,
                     distinct,
-                    volume,
+                    moved(),
                     self.cluster,
                     self.dtype_bytes,
                     self.model,
@@ -621,7 +635,7 @@ impl Step for Pricer<'_> {
             self.total.0 += slot.1;
         }
         if self.received {
-            self.total.1 += volume as f64;
+            self.total.1 += moved() as f64;
         }
     }
 }
@@ -712,7 +726,7 @@ fn priced(
                 source.hold(s);
             } else {
                 source.push(s);
-                target.push(t);
+                target.push_target(t);
             }
         });
         plan_unified(source, target, device, &mut pricer);
