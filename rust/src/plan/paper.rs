@@ -34,7 +34,7 @@ pub(crate) struct Maps {
     used: u64,
     partial: u64,
     /// The tensor dims that are split, as bits, as filled: Algorithm 1's passes read it once and
-    /// track the dims they change themselves ([`Maps::set`] leaves it alone).
+    /// track the dims they change themselves (their steps leave it alone).
     split: u64,
 }
 
@@ -126,12 +126,31 @@ impl Maps {
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
 
-    /// Splits tensor dim `i` along the device dim of rank bits `bits` (0: none); the caller
-    /// frees a device dim before another tensor dim takes it.
-    fn set(&mut self, i: usize, bits: u64) {
-        self.used = self.used & !self.map[i] | bits;
+    /// Splits the whole tensor dim `i` along the free device dim of rank bits `bits` (a slice).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn slice(&mut self, i: usize, bits: u64) {
+        self.used |= bits;
         self.map[i] = bits;
         self.owner[bits.trailing_zeros() as usize] = i as u8;
+    }
+
+    /// Moves the split of tensor dim `from` to the whole tensor dim `to` (an all-to-all): the
+    /// same device dim stays used.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn move_split(&mut self, from: usize, to: usize) {
+        let bits = self.map[from];
+        (self.map[from], self.map[to]) = (0, bits);
+        self.owner[bits.trailing_zeros() as usize] = to as u8;
+    }
+
+    /// Leaves tensor dim `i` whole (a gather), freeing its device dim.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn gather(&mut self, i: usize) {
+        self.used &= !self.map[i];
+        self.map[i] = 0;
     }
 
     /// The layout of these maps on the shape and device matrix of `like`, whose device dim `k`
@@ -206,7 +225,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                 todo &= todo - 1;
                 if current.used & t[i] == 0 {
                     step.step(OpKind::Slice, t[i], Some(i), None, current);
-                    current.set(i, t[i]);
+                    current.slice(i, t[i]);
                     whole &= !(1 << i);
                     progress = true;
                 }
@@ -220,8 +239,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                     let j = usize::from(current.owner[t[at].trailing_zeros() as usize]);
                     debug_assert_eq!(current.map[j], t[at]);
                     step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
-                    current.set(j, 0);
-                    current.set(at, t[at]);
+                    current.move_split(j, at);
                     whole = whole & !(1 << at) | 1 << j;
                     progress = true;
                 }
@@ -250,7 +268,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             break;
         };
         step.step(OpKind::AllGather, m[i], Some(i), None, current);
-        current.set(i, 0);
+        current.gather(i);
         whole |= 1 << i;
     }
     debug_assert_eq!(current.map(), &t[..n]);
