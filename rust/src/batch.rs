@@ -132,8 +132,7 @@ fn paper_costs(
     // compared per pair.
     let columns: FxHashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
-    // Jobs of consecutive pairs, each walking its rows' runs of columns: a row's source and twin
-    // are looked up once per run, not per pair, with no division per pair.
+    // Jobs of consecutive pairs, each a few runs of a row's columns (no division per pair).
     let job = |scratch: &mut paper::Scratch,
                c: usize,
                costs: &mut [f64],
@@ -142,25 +141,16 @@ fn paper_costs(
         let (mut i, mut j) = (start / width, start % width);
         let mut done = 0;
         while done < costs.len() {
-            let run = (width - j).min(costs.len() - done);
-            let (pa, twin) = (&prepared_src[i], twin[i]);
-            let row = prepared_tgt[j..j + run]
-                .iter()
-                .zip(&mut costs[done..done + run]);
-            for (k, (pb, cost)) in (j..).zip(row) {
-                // A layout to itself needs no op: exactly 0 without planning. Once stopped,
-                // nothing is planned (the result is dropped).
-                let (priced, volume) = if twin != Some(k) && !stop.load(Relaxed) {
-                    paper::cost(pa, pb, cluster, dtype_bytes, model, volume_prices, scratch)?
-                } else {
-                    (0.0, 0.0)
-                };
-                *cost = priced;
-                if let Some(volumes) = volumes.as_deref_mut() {
-                    volumes[done + k - j] = volume;
-                }
-            }
-            (done, i, j) = (done + run, i + 1, 0);
+            let end = done + (width - j).min(costs.len() - done);
+            let run = paper::Run {
+                source: &prepared_src[i],
+                targets: &prepared_tgt[j..j + end - done],
+                twin: twin[i].and_then(|t| t.checked_sub(j)),
+                costs: &mut costs[done..end],
+                volumes: volumes.as_deref_mut().map(|v| &mut v[done..end]),
+            };
+            paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch)?;
+            (done, i, j) = (end, i + 1, 0);
         }
         Ok::<_, Error>(())
     };

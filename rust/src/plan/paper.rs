@@ -3,6 +3,7 @@
 //! slices, all-to-alls and all-gathers in a fixed order.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribution};
 use crate::error::{Error, Result};
@@ -658,54 +659,106 @@ impl Step for Pricer<'_> {
     }
 }
 
-/// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops or the layouts of the unified pair, in `scratch`'s buffers: the
-/// batch kernel's inner loop. With `elements`, also the plan's elements received per device,
-/// summed as [`Objective::Volume`] prices it (what the optimal planner compares under the volume
-/// model), in the same pass (0 without). The caller has checked that `a` and `b` are layouts of one tensor
+/// A run of pairs of one row of the batch kernel's table: its source, the targets of the run, the
+/// one equal to the source if any (at its index among them: its cost is exactly 0, without
+/// planning), and where the costs go, and with `volumes` the plans' elements received per device,
+/// summed as [`Objective::Volume`] prices them (what the optimal planner compares under the
+/// volume model).
+pub(crate) struct Run<'r, 'l> {
+    pub source: &'r Prepared<'l>,
+    pub targets: &'r [Prepared<'l>],
+    pub twin: Option<usize>,
+    pub costs: &'r mut [f64],
+    pub volumes: Option<&'r mut [f64]>,
+}
+
+/// Per pair of `run`, `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes,
+/// model)`, bit for bit, without building the ops or the layouts of the unified pair, in
+/// `scratch`'s buffers: the batch kernel's inner loop, a row's run at a time (what depends on the
+/// row and the call is set up once per run, not per pair). Once `stop` is set, the rest is not
+/// planned (the result is dropped). The caller has checked that the layouts are of one tensor
 /// ([`check_same_tensor`]) on the cluster's devices, and that `dtype_bytes` is positive.
 ///
 /// # Errors
 /// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
-pub(crate) fn cost(
-    a: &Prepared<'_>,
-    b: &Prepared<'_>,
+pub(crate) fn run_costs(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-    elements: bool,
     scratch: &mut Scratch,
-) -> Result<(f64, f64)> {
+) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if scratch.bit_ops {
         // SAFETY: the processor has the instructions (`has_bit_ops`).
-        return unsafe { cost_bit_ops(a, b, cluster, dtype_bytes, model, elements, scratch) };
+        return unsafe { run_bit_ops(run, stop, cluster, dtype_bytes, model, scratch) };
     }
-    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+    priced_run(run, stop, cluster, dtype_bytes, model, scratch)
 }
 
-/// [`cost`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
+/// [`run_costs`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
 /// operations in the same order (no FMA), so the same bits.
 ///
 /// # Safety
 /// The processor must have those instructions ([`has_bit_ops`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "popcnt,lzcnt,bmi1,bmi2")]
-unsafe fn cost_bit_ops(
-    a: &Prepared<'_>,
-    b: &Prepared<'_>,
+unsafe fn run_bit_ops(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-    elements: bool,
     scratch: &mut Scratch,
-) -> Result<(f64, f64)> {
-    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+) -> Result<()> {
+    priced_run(run, stop, cluster, dtype_bytes, model, scratch)
 }
 
-/// The body of [`cost`], inlined into each form of it, with what it calls per pair (unification,
-/// Algorithm 1's passes, the step prices), so that the one built for the newer instructions
-/// uses them throughout.
+/// The body of [`run_costs`], inlined into each form of it.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn priced_run(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let Run {
+        source,
+        targets,
+        twin,
+        costs,
+        mut volumes,
+    } = run;
+    let elements = volumes.is_some();
+    for (k, (target, cost)) in targets.iter().zip(costs).enumerate() {
+        let (priced, volume) = if twin != Some(k) && !stop.load(Relaxed) {
+            priced(
+                source,
+                target,
+                cluster,
+                dtype_bytes,
+                model,
+                elements,
+                scratch,
+            )?
+        } else {
+            (0.0, 0.0)
+        };
+        *cost = priced;
+        if let Some(volumes) = volumes.as_deref_mut() {
+            volumes[k] = volume;
+        }
+    }
+    Ok(())
+}
+
+/// The cost of one pair of [`run_costs`] (with `elements`, and the elements received, else 0),
+/// inlined into each form of it, with what it calls per pair (unification, Algorithm 1's passes,
+/// the step prices), so that the one built for the newer instructions uses them throughout.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn priced(
@@ -922,6 +975,7 @@ mod tests {
         let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
         let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
         let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
+        let never = AtomicBool::new(false);
         let mut priced = 0;
         for model in [CostModel::Topology, CostModel::Volume] {
             // (A scratch prices the pairs of one call: one cluster, element size and model.)
@@ -935,7 +989,16 @@ mod tests {
                     else {
                         continue;
                     };
-                    let (got, _) = cost(pa, pb, &cluster, 2.0, model, false, &mut scratch).unwrap();
+                    let mut got = [f64::NAN];
+                    let run = Run {
+                        source: pa,
+                        targets: std::slice::from_ref(pb),
+                        twin: None,
+                        costs: &mut got,
+                        volumes: None,
+                    };
+                    run_costs(run, &never, &cluster, 2.0, model, &mut scratch).unwrap();
+                    let got = got[0];
                     let want = plan.cost(&cluster, 2.0, model).unwrap();
                     assert_eq!(got.to_bits(), want.to_bits(), "{a:?} to {b:?}");
                     priced += 1;
