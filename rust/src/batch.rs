@@ -132,33 +132,25 @@ fn paper_costs(
     // compared per pair.
     let columns: FxHashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
-    let price = |scratch: &mut paper::Scratch, i: usize, j: usize| {
-        // A layout to itself needs no op: exactly 0 without planning. Once stopped, nothing
-        // is planned (the result is dropped).
-        if twin[i] != Some(j) && !stop.load(Relaxed) {
-            let (pa, pb) = (&prepared_src[i], &prepared_tgt[j]);
-            paper::cost(pa, pb, cluster, dtype_bytes, model, volume_prices, scratch)
-        } else {
-            Ok((0.0, 0.0))
-        }
-    };
-    // Jobs of consecutive pairs, each walking its row and column without a division per pair.
+    // Jobs of consecutive pairs, each a few runs of a row's columns (no division per pair).
     let job = |scratch: &mut paper::Scratch,
                c: usize,
                costs: &mut [f64],
                mut volumes: Option<&mut [f64]>| {
         let start = c * PAIRS_PER_JOB;
         let (mut i, mut j) = (start / width, start % width);
-        for (n, cost) in costs.iter_mut().enumerate() {
-            let (priced, volume) = price(scratch, i, j)?;
-            *cost = priced;
-            if let Some(volumes) = volumes.as_deref_mut() {
-                volumes[n] = volume;
-            }
-            j += 1;
-            if j == width {
-                (i, j) = (i + 1, 0);
-            }
+        let mut done = 0;
+        while done < costs.len() {
+            let end = done + (width - j).min(costs.len() - done);
+            let run = paper::Run {
+                source: &prepared_src[i],
+                targets: &prepared_tgt[j..j + end - done],
+                twin: twin[i].and_then(|t| t.checked_sub(j)),
+                costs: &mut costs[done..end],
+                volumes: volumes.as_deref_mut().map(|v| &mut v[done..end]),
+            };
+            paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch)?;
+            (done, i, j) = (end, i + 1, 0);
         }
         Ok::<_, Error>(())
     };

@@ -3,6 +3,7 @@
 //! slices, all-to-alls and all-gathers in a fixed order.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::ops::{group_step_cost, volume, CommOp, Objective, OpKind, Redistribution};
 use crate::error::{Error, Result};
@@ -33,7 +34,8 @@ pub(crate) struct Maps {
     owner: [u8; 65],
     used: u64,
     partial: u64,
-    /// The tensor dims that are split, as bits.
+    /// The tensor dims that are split, as bits, as filled: Algorithm 1's passes read it once and
+    /// track the dims they change themselves (their steps leave it alone).
     split: u64,
 }
 
@@ -95,6 +97,17 @@ impl Maps {
         self.dims += 1;
     }
 
+    /// [`Maps::push`] for a target's maps, which Algorithm 1 reads by dim only (their owners
+    /// are not kept: the kernel fills millions of them).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn push_target(&mut self, bits: u64) {
+        self.used |= bits;
+        self.split |= u64::from(bits != 0) << self.dims;
+        self.map[self.dims] = bits;
+        self.dims += 1;
+    }
+
     /// Takes the rank bits `bits` for a tensor dim that is left out because the target splits
     /// it the same way: Algorithm 1 never acts on it (no other dim of the target takes its device
     /// dim), but its bits stay used.
@@ -114,13 +127,31 @@ impl Maps {
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
     }
 
-    /// Splits tensor dim `i` along the device dim of rank bits `bits` (0: none); the caller
-    /// frees a device dim before another tensor dim takes it.
-    fn set(&mut self, i: usize, bits: u64) {
-        self.used = self.used & !self.map[i] | bits;
+    /// Splits the whole tensor dim `i` along the free device dim of rank bits `bits` (a slice).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn slice(&mut self, i: usize, bits: u64) {
+        self.used |= bits;
         self.map[i] = bits;
         self.owner[bits.trailing_zeros() as usize] = i as u8;
-        self.split = self.split & !(1 << i) | u64::from(bits != 0) << i;
+    }
+
+    /// Moves the split of tensor dim `from` to the whole tensor dim `to` (an all-to-all): the
+    /// same device dim stays used.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn move_split(&mut self, from: usize, to: usize) {
+        let bits = self.map[from];
+        (self.map[from], self.map[to]) = (0, bits);
+        self.owner[bits.trailing_zeros() as usize] = to as u8;
+    }
+
+    /// Leaves tensor dim `i` whole (a gather), freeing its device dim.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn gather(&mut self, i: usize) {
+        self.used &= !self.map[i];
+        self.map[i] = 0;
     }
 
     /// The layout of these maps on the shape and device matrix of `like`, whose device dim `k`
@@ -184,8 +215,6 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
     let t = &t.map;
     let all = if n == 0 { 0 } else { u64::MAX >> (64 - n) };
     let mut whole = all & !split;
-    // The dims of `mask` from `i` on, in order, read afresh after each op.
-    let next = |mask: u64, i: u32| (mask & u64::MAX.checked_shl(i).unwrap_or(0)).trailing_zeros();
     loop {
         loop {
             let mut progress = false;
@@ -197,26 +226,26 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                 todo &= todo - 1;
                 if current.used & t[i] == 0 {
                     step.step(OpKind::Slice, t[i], Some(i), None, current);
-                    current.set(i, t[i]);
+                    current.slice(i, t[i]);
                     whole &= !(1 << i);
                     progress = true;
                 }
             }
             // An all-to-all leaves the dim it takes the split from whole: a later one may take
-            // it in the same pass.
-            let mut i = next(whole & wanted, 0);
-            while i < 64 {
-                let at = i as usize;
+            // it in the same pass (the dims after the last visited are read afresh after each op).
+            let mut todo = whole & wanted;
+            while todo != 0 {
+                let at = todo.trailing_zeros() as usize;
                 if current.used & t[at] != 0 {
                     let j = usize::from(current.owner[t[at].trailing_zeros() as usize]);
                     debug_assert_eq!(current.map[j], t[at]);
                     step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
-                    current.set(j, 0);
-                    current.set(at, t[at]);
+                    current.move_split(j, at);
                     whole = whole & !(1 << at) | 1 << j;
                     progress = true;
                 }
-                i = next(whole & wanted, i + 1);
+                // (`at` is below 64: the mask of the dims above it needs no check of the shift.)
+                todo = whole & wanted & (u64::MAX - 1) << at;
             }
             if !progress {
                 break;
@@ -240,7 +269,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             break;
         };
         step.step(OpKind::AllGather, m[i], Some(i), None, current);
-        current.set(i, 0);
+        current.gather(i);
         whole |= 1 << i;
     }
     debug_assert_eq!(current.map(), &t[..n]);
@@ -546,36 +575,40 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// A step as its price depends on it within one call of the kernel (one cluster, element size and
-/// cost model): its kind, the rank bits of its group, those of the dims holding distinct data,
-/// and its elements per device.
-type StepKey = (u64, u64, u64, OpKind);
+/// A step of one kind as its price depends on it within one call of the kernel (one cluster,
+/// element size and cost model): the rank bits of its group, those of the dims holding distinct
+/// data, and its shard (its elements per device before it), which with the group and the kind
+/// make its volume.
+type StepKey = [u64; 3];
 
 /// The prices of the steps one thread of the kernel has met in one call, direct-mapped (a slot
-/// keeps the last step hashed to it): a step's price walks the cluster's levels and divides
-/// twice, and a table's steps repeat (a few groups, dims and shards).
+/// keeps the last step hashed to it), a table per kind: a step's price walks the cluster's levels
+/// and divides twice, and a table's steps repeat (a few groups, dims and shards). Keyed by the
+/// shard, not the volume, so that a step found needs no volume (and a kind known where Algorithm 1
+/// takes the step picks its table, not a key word).
 struct StepPrices {
     slots: Vec<(StepKey, f64)>,
 }
 
 impl StepPrices {
-    /// Slots, a power of two.
+    /// Slots per kind, a power of two.
     const SLOTS: usize = 256;
 
     /// No step: a step's group has bits (a unified device dim has two devices or more).
     fn new() -> Self {
-        let empty = ((0, 0, 0, OpKind::Slice), 0.0);
+        let kinds = OpKind::CollectivePermute as usize + 1;
         StepPrices {
-            slots: vec![empty; Self::SLOTS],
+            slots: vec![([0; 3], 0.0); kinds * Self::SLOTS],
         }
     }
 
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn slot((group, distinct, volume, kind): StepKey) -> usize {
+    fn slot(kind: OpKind, [group, distinct, shard]: StepKey) -> usize {
         const ODD: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mixed = group ^ distinct.rotate_left(24) ^ volume.wrapping_mul(ODD) ^ kind as u64;
-        (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize
+        let mixed = group ^ distinct.rotate_left(24) ^ shard.wrapping_mul(ODD);
+        let hashed = (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize;
+        kind as usize * Self::SLOTS + hashed
     }
 }
 
@@ -600,18 +633,18 @@ impl Step for Pricer<'_> {
     #[inline(always)]
     fn step(&mut self, kind: OpKind, bits: u64, _: Option<usize>, _: Option<usize>, m: &Maps) {
         let shard = self.elements >> m.used.count_ones();
-        let volume = volume(kind, 1 << bits.count_ones(), shard);
+        let moved = || volume(kind, 1 << bits.count_ones(), shard);
         // (A slice is free: nothing to look up.)
         if kind != OpKind::Slice {
             let distinct = m.used | m.partial;
-            let key = (bits, distinct, volume, kind);
-            let slot = &mut self.prices.slots[StepPrices::slot(key)];
+            let key = [bits, distinct, shard];
+            let slot = &mut self.prices.slots[StepPrices::slot(kind, key)];
             if slot.0 != key {
                 let price = group_step_cost(
                     kind,
                     bits,
                     distinct,
-                    volume,
+                    moved(),
                     self.cluster,
                     self.dtype_bytes,
                     self.model,
@@ -621,59 +654,111 @@ impl Step for Pricer<'_> {
             self.total.0 += slot.1;
         }
         if self.received {
-            self.total.1 += volume as f64;
+            self.total.1 += moved() as f64;
         }
     }
 }
 
-/// `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes, model)`, bit for
-/// bit, without building the ops or the layouts of the unified pair, in `scratch`'s buffers: the
-/// batch kernel's inner loop. With `elements`, also the plan's elements received per device,
-/// summed as [`Objective::Volume`] prices it (what the optimal planner compares under the volume
-/// model), in the same pass (0 without). The caller has checked that `a` and `b` are layouts of one tensor
+/// A run of pairs of one row of the batch kernel's table: its source, the targets of the run, the
+/// one equal to the source if any (at its index among them: its cost is exactly 0, without
+/// planning), and where the costs go, and with `volumes` the plans' elements received per device,
+/// summed as [`Objective::Volume`] prices them (what the optimal planner compares under the
+/// volume model).
+pub(crate) struct Run<'r, 'l> {
+    pub source: &'r Prepared<'l>,
+    pub targets: &'r [Prepared<'l>],
+    pub twin: Option<usize>,
+    pub costs: &'r mut [f64],
+    pub volumes: Option<&'r mut [f64]>,
+}
+
+/// Per pair of `run`, `plan_redistribution(a, b, Planner::Paper, _)?.cost(cluster, dtype_bytes,
+/// model)`, bit for bit, without building the ops or the layouts of the unified pair, in
+/// `scratch`'s buffers: the batch kernel's inner loop, a row's run at a time (what depends on the
+/// row and the call is set up once per run, not per pair). Once `stop` is set, the rest is not
+/// planned (the result is dropped). The caller has checked that the layouts are of one tensor
 /// ([`check_same_tensor`]) on the cluster's devices, and that `dtype_bytes` is positive.
 ///
 /// # Errors
 /// As [`plan_redistribution`](super::plan_redistribution) and [`Redistribution::cost`].
-pub(crate) fn cost(
-    a: &Prepared<'_>,
-    b: &Prepared<'_>,
+pub(crate) fn run_costs(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-    elements: bool,
     scratch: &mut Scratch,
-) -> Result<(f64, f64)> {
+) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if scratch.bit_ops {
         // SAFETY: the processor has the instructions (`has_bit_ops`).
-        return unsafe { cost_bit_ops(a, b, cluster, dtype_bytes, model, elements, scratch) };
+        return unsafe { run_bit_ops(run, stop, cluster, dtype_bytes, model, scratch) };
     }
-    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+    priced_run(run, stop, cluster, dtype_bytes, model, scratch)
 }
 
-/// [`cost`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
+/// [`run_costs`] compiled with `popcnt`, `lzcnt` and BMI: the same integers and the same f64
 /// operations in the same order (no FMA), so the same bits.
 ///
 /// # Safety
 /// The processor must have those instructions ([`has_bit_ops`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "popcnt,lzcnt,bmi1,bmi2")]
-unsafe fn cost_bit_ops(
-    a: &Prepared<'_>,
-    b: &Prepared<'_>,
+unsafe fn run_bit_ops(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
     cluster: &Cluster,
     dtype_bytes: f64,
     model: CostModel,
-    elements: bool,
     scratch: &mut Scratch,
-) -> Result<(f64, f64)> {
-    priced(a, b, cluster, dtype_bytes, model, elements, scratch)
+) -> Result<()> {
+    priced_run(run, stop, cluster, dtype_bytes, model, scratch)
 }
 
-/// The body of [`cost`], inlined into each form of it, with what it calls per pair (unification,
-/// Algorithm 1's passes, the step prices), so that the one built for the newer instructions
-/// uses them throughout.
+/// The body of [`run_costs`], inlined into each form of it.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn priced_run(
+    run: Run<'_, '_>,
+    stop: &AtomicBool,
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let Run {
+        source,
+        targets,
+        twin,
+        costs,
+        mut volumes,
+    } = run;
+    let elements = volumes.is_some();
+    for (k, (target, cost)) in targets.iter().zip(costs).enumerate() {
+        let (priced, volume) = if twin != Some(k) && !stop.load(Relaxed) {
+            priced(
+                source,
+                target,
+                cluster,
+                dtype_bytes,
+                model,
+                elements,
+                scratch,
+            )?
+        } else {
+            (0.0, 0.0)
+        };
+        *cost = priced;
+        if let Some(volumes) = volumes.as_deref_mut() {
+            volumes[k] = volume;
+        }
+    }
+    Ok(())
+}
+
+/// The cost of one pair of [`run_costs`] (with `elements`, and the elements received, else 0),
+/// inlined into each form of it, with what it calls per pair (unification, Algorithm 1's passes,
+/// the step prices), so that the one built for the newer instructions uses them throughout.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn priced(
@@ -712,7 +797,7 @@ fn priced(
                 source.hold(s);
             } else {
                 source.push(s);
-                target.push(t);
+                target.push_target(t);
             }
         });
         plan_unified(source, target, device, &mut pricer);
@@ -890,6 +975,7 @@ mod tests {
         let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
         let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
         let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
+        let never = AtomicBool::new(false);
         let mut priced = 0;
         for model in [CostModel::Topology, CostModel::Volume] {
             // (A scratch prices the pairs of one call: one cluster, element size and model.)
@@ -903,7 +989,16 @@ mod tests {
                     else {
                         continue;
                     };
-                    let (got, _) = cost(pa, pb, &cluster, 2.0, model, false, &mut scratch).unwrap();
+                    let mut got = [f64::NAN];
+                    let run = Run {
+                        source: pa,
+                        targets: std::slice::from_ref(pb),
+                        twin: None,
+                        costs: &mut got,
+                        volumes: None,
+                    };
+                    run_costs(run, &never, &cluster, 2.0, model, &mut scratch).unwrap();
+                    let got = got[0];
                     let want = plan.cost(&cluster, 2.0, model).unwrap();
                     assert_eq!(got.to_bits(), want.to_bits(), "{a:?} to {b:?}");
                     priced += 1;
