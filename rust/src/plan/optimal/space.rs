@@ -477,7 +477,8 @@ pub(super) struct Unit {
 
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
 /// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
-/// [`Space::entering`]. Working them out again for every pair took a fifth of bounding one.
+/// [`Space::entering`]. Working them out again for every pair took about a sixth of bounding
+/// one.
 pub(super) struct MatrixBounds<'c> {
     least_rates: LeastRates<'c>,
     units: Vec<Unit>,
@@ -569,9 +570,10 @@ pub(super) struct Space<'a> {
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
     least_last: f64,
     /// Per unit of devices (a device, and with flat replicas a unit of each level below the
-    /// outermost): per device dim the part of its coordinates one unit holds (`e_k / d_k`), the
-    /// elements the unit's devices need in the goal together, and the latency and price per
-    /// element of bringing elements into it ([`Objective::entering_rates`]).
+    /// outermost): per device dim the coordinates and the part of them one unit holds (`e_k`,
+    /// `e_k / d_k`), and the latency and price per element of bringing elements into it
+    /// ([`Objective::entering_rates`]); the same for every pair on the source's device matrix,
+    /// so borrowed from the thread's [`MatrixCache`] when bounding.
     entering: Cow<'a, [Unit]>,
     /// Per unit of `entering`, the elements the unit's devices need in the goal together.
     needed: Vec<f64>,
