@@ -59,7 +59,7 @@ pub enum Objective<'a> {
     },
 }
 
-impl Objective<'_> {
+impl<'c> Objective<'c> {
     /// `total` plus the price of `op`.
     pub(crate) fn add(&self, total: f64, op: &CommOp) -> f64 {
         total + self.price(op.kind, op.over(), op.volume, &op.layout)
@@ -93,7 +93,7 @@ impl Objective<'_> {
 
     /// The lower bounds of [`LeastRates::least_rates`] on layouts of `layout`'s device matrix,
     /// worked out once for the many dims and masks one bound asks about.
-    pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates<'_> {
+    pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates<'c> {
         match *self {
             Objective::Volume => LeastRates::Volume(
                 (0..layout.num_device_dims())

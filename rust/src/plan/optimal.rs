@@ -29,8 +29,8 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 use super::ops::{CommOp, Objective};
 use crate::layout::Layout;
 use space::{
-    allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout, Space,
-    State, Step, MAX_DIMS,
+    allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
+    MatrixCache, Space, State, Step, MAX_DIMS,
 };
 
 struct Node {
@@ -332,18 +332,21 @@ pub(crate) struct Bounds<'o> {
 }
 
 /// The buffers one thread bounds pairs in ([`Bounds::bound`]), pair after pair.
-pub(crate) struct BoundScratch {
+/// Its bounds by device matrix are of one objective: a scratch serves one [`Bounds`].
+pub(crate) struct BoundScratch<'c> {
     key: KeyScratch,
     source: Layout,
     target: Layout,
+    matrices: MatrixCache<'c>,
 }
 
-impl Default for BoundScratch {
+impl Default for BoundScratch<'_> {
     fn default() -> Self {
         BoundScratch {
             key: KeyScratch::default(),
             source: Layout::scratch(),
             target: Layout::scratch(),
+            matrices: MatrixCache::default(),
         }
     }
 }
@@ -381,7 +384,7 @@ impl<'o> Bounds<'o> {
         &self,
         source: &Layout,
         target: &Layout,
-        scratch: &mut BoundScratch,
+        scratch: &mut BoundScratch<'o>,
     ) -> Option<f64> {
         if !scratch.key.fill(source, target) {
             return None;
@@ -401,7 +404,8 @@ impl<'o> Bounds<'o> {
         sorted_into(order, source, &mut scratch.source);
         sorted_into(order, target, &mut scratch.target);
         let (source, target) = (&scratch.source, &scratch.target);
-        let space = Space::bounding(source, target, self.objective);
+        let matrix = scratch.matrices.of(self.objective, source);
+        let space = Space::bounding_in(source, target, matrix);
         let start = State::of(source);
         let keep = State::of(target).partial;
         let bound = space.remaining(&start, source.shard_size(), keep);

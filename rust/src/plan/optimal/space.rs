@@ -11,6 +11,7 @@
 //! plans of Algorithm 1 stay inside, so the search never returns a dearer plan than it, and the
 //! space stays small enough to plan the edges of a strategy search.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 
 use rustc_hash::FxHashMap;
@@ -461,48 +462,66 @@ fn preferred(source: &Layout, target: &Layout, objective: Objective<'_>) -> Vec<
     order
 }
 
-/// A unit of devices the elements entering which bound the price ([`Space::entering`]).
-struct Unit {
+/// A unit of devices the elements entering which bound the price ([`Space::entering`]), as the
+/// cluster gives it on layouts of one device matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unit {
+    /// Per device dim, the coordinates of it the unit holds (`e_k`).
+    extents: Vec<f64>,
     /// Per device dim, the part of its coordinates the unit holds (`e_k / d_k`).
     held: Vec<f64>,
-    /// The elements the unit's devices need in the goal, together.
-    needed: f64,
     /// The latency and price per element of bringing elements into the unit.
     latency: f64,
     rate: f64,
 }
 
-impl Unit {
-    /// The units of layouts on `source`'s device matrix ([`Objective::entering_rates`]), for a
-    /// goal whose device dims split the tensor dims `goal` gives and whose shards hold
-    /// `goal_shard` elements.
-    fn all(
-        source: &Layout,
-        goal: &[Option<usize>],
-        goal_shard: f64,
-        objective: Objective<'_>,
-    ) -> Vec<Self> {
-        let h = source.num_device_dims();
-        objective
-            .entering_rates(source)
+/// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
+/// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
+/// [`Space::entering`]. Working them out again for every pair took about a sixth of bounding
+/// one.
+pub(super) struct MatrixBounds<'c> {
+    least_rates: LeastRates<'c>,
+    units: Vec<Unit>,
+}
+
+impl<'c> MatrixBounds<'c> {
+    /// The bounds on layouts of `layout`'s device matrix under `objective`.
+    pub(super) fn of(objective: Objective<'c>, layout: &Layout) -> Self {
+        let h = layout.num_device_dims();
+        let units = objective
+            .entering_rates(layout)
             .into_iter()
-            .map(|(extents, latency, rate)| {
-                let held = (0..h)
-                    .map(|k| extents[k] as f64 / source.dim_size(k) as f64)
-                    .collect();
-                // A unit holds `e_k` coordinates of each dim: as many distinct goal blocks
-                // along the dims the goal splits by.
-                let needed = (0..h)
-                    .filter(|&k| goal[k].is_some())
-                    .fold(goal_shard, |n, k| n * extents[k] as f64);
-                Unit {
-                    held,
-                    needed,
-                    latency,
-                    rate,
-                }
+            .map(|(extents, latency, rate)| Unit {
+                held: (0..h)
+                    .map(|k| extents[k] as f64 / layout.dim_size(k) as f64)
+                    .collect(),
+                extents: extents.iter().map(|&e| e as f64).collect(),
+                latency,
+                rate,
             })
-            .collect()
+            .collect();
+        MatrixBounds {
+            least_rates: objective.least_rates_of(layout),
+            units,
+        }
+    }
+}
+
+/// [`MatrixBounds`] by device matrix, each worked out once: the pairs one thread bounds in a batch
+/// lie on a few device matrices. The bounds of one objective (the key is the matrix alone).
+#[derive(Default)]
+pub(crate) struct MatrixCache<'c>(FxHashMap<Vec<u64>, MatrixBounds<'c>>);
+
+impl<'c> MatrixCache<'c> {
+    /// The bounds on layouts of `layout`'s device matrix under `objective` (the objective of every
+    /// call on this cache).
+    pub(super) fn of(&mut self, objective: Objective<'c>, layout: &Layout) -> &MatrixBounds<'c> {
+        let matrix = layout.device_matrix();
+        if !self.0.contains_key(matrix) {
+            self.0
+                .insert(matrix.to_vec(), MatrixBounds::of(objective, layout));
+        }
+        &self.0[matrix]
     }
 }
 
@@ -551,10 +570,13 @@ pub(super) struct Space<'a> {
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
     least_last: f64,
     /// Per unit of devices (a device, and with flat replicas a unit of each level below the
-    /// outermost): per device dim the part of its coordinates one unit holds (`e_k / d_k`), the
-    /// elements the unit's devices need in the goal together, and the latency and price per
-    /// element of bringing elements into it ([`Objective::entering_rates`]).
-    entering: Vec<Unit>,
+    /// outermost): per device dim the coordinates and the part of them one unit holds (`e_k`,
+    /// `e_k / d_k`), and the latency and price per element of bringing elements into it
+    /// ([`Objective::entering_rates`]); the same for every pair on the source's device matrix,
+    /// so borrowed from the thread's [`MatrixCache`] when bounding.
+    entering: Cow<'a, [Unit]>,
+    /// Per unit of `entering`, the elements the unit's devices need in the goal together.
+    needed: Vec<f64>,
     /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
     /// holding distinct data (all a price depends on): a search meets each many times.
     prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
@@ -574,6 +596,30 @@ impl<'a> Space<'a> {
     /// thousands of pairs, and pricing each device dim's all-gather for the order took a fifth of
     /// the work.
     pub(super) fn bounding(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
+        let MatrixBounds { least_rates, units } = MatrixBounds::of(objective, source);
+        Self::bounding_on(source, target, &least_rates, Cow::Owned(units))
+    }
+
+    /// [`Space::bounding`] on the bounds of `source`'s device matrix ([`MatrixBounds`]).
+    pub(super) fn bounding_in(
+        source: &'a Layout,
+        target: &Layout,
+        matrix: &'a MatrixBounds<'_>,
+    ) -> Self {
+        Self::bounding_on(
+            source,
+            target,
+            &matrix.least_rates,
+            Cow::Borrowed(&matrix.units),
+        )
+    }
+
+    fn bounding_on(
+        source: &'a Layout,
+        target: &Layout,
+        least_rates: &LeastRates<'_>,
+        entering: Cow<'a, [Unit]>,
+    ) -> Self {
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
         let allowed = allowed(source, target);
@@ -598,7 +644,6 @@ impl<'a> Space<'a> {
             }
         };
         let splitting = splitting(&allowed, fixed, &same_size);
-        let least_rates = objective.least_rates_of(source);
         let whole = source.num_elements() as f64;
         // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
         // unless it is a permute (a dim with no partner has none) it is a collective of that dim
@@ -639,18 +684,27 @@ impl<'a> Space<'a> {
         let (share, share_leave) = (shares(&least), shares(&least_leave));
         let (least_sum, sum_ops) = sums(
             source,
-            &least_rates,
+            least_rates,
             (&goal, splitting),
             (&least_leave, &share_leave),
         );
-        let chains = chains(source, &least_rates, splitting);
+        let chains = chains(source, least_rates, splitting);
         // Per element moved, over any group.
         let rates: Vec<Vec<(f64, f64)>> = (0..h)
             .map(|k| least_rates.least_rates(k, spread(k), 0))
             .collect();
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&rates, goal_shard / 2.0);
-        let entering = Unit::all(source, &goal, goal_shard, objective);
+        // A unit holds `e_k` coordinates of each dim: as many distinct goal blocks along the
+        // dims the goal splits by.
+        let needed = entering
+            .iter()
+            .map(|unit| {
+                (0..h)
+                    .filter(|&k| goal[k].is_some())
+                    .fold(goal_shard, |n, k| n * unit.extents[k])
+            })
+            .collect();
         Space {
             template: source,
             runs: Vec::new(),
@@ -671,6 +725,7 @@ impl<'a> Space<'a> {
             goal_shard,
             least_last,
             entering,
+            needed,
             prices: RefCell::default(),
         }
     }
@@ -755,7 +810,8 @@ impl<'a> Space<'a> {
         let n = self.template.ndim();
         self.entering
             .iter()
-            .map(|unit| {
+            .zip(&self.needed)
+            .map(|(unit, &needed)| {
                 let mut part = 1.0;
                 for (&m, &t) in state.map[..n].iter().zip(&self.target_map) {
                     let Ok(s) = usize::try_from(m) else { continue };
@@ -768,7 +824,7 @@ impl<'a> Space<'a> {
                     }
                     part *= unit.held[s];
                 }
-                let lacking = unit.needed * (1.0 - part);
+                let lacking = needed * (1.0 - part);
                 if lacking > 0.0 {
                     unit.latency + unit.rate * lacking
                 } else {
@@ -1021,5 +1077,84 @@ fn permutation_into(before: &State, after: &State, full: &mut [usize]) {
     }
     for d in (0..h).filter(|&d| sigma[d] != NONE && taken_over >> d & 1 == 0) {
         full[sources.next().expect("as many sources as targets")] = d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{Cluster, Replicas};
+
+    /// Every device matrix of `devices` (a power of two) devices: its ordered factorisations
+    /// into powers of two above one.
+    fn matrices(devices: u64) -> Vec<Vec<u64>> {
+        if devices == 1 {
+            return vec![Vec::new()];
+        }
+        (1..=devices.trailing_zeros())
+            .flat_map(|b| {
+                matrices(devices >> b).into_iter().map(move |mut rest| {
+                    rest.insert(0, 1 << b);
+                    rest
+                })
+            })
+            .collect()
+    }
+
+    /// The bounds a thread keeps by device matrix ([`MatrixCache`]) are those worked out afresh
+    /// for the matrix, asked for every device matrix of 64 devices in turn, twice, on clusters
+    /// of several shapes and under both objectives: matrices that differ in one entry, in their
+    /// order or in their length alternate, so a key that left out part of the matrix would hand
+    /// one matrix another's bounds.
+    #[test]
+    fn the_bounds_kept_by_device_matrix_are_the_matrix_own() {
+        let matrices = matrices(64);
+        assert_eq!(matrices.len(), 32);
+        let mut clusters = Vec::new();
+        for replicas in Replicas::ALL {
+            for per_node in [2, 8, 32] {
+                let levels = [(per_node, 60e9, 1e-6), (64 / per_node, 6e9, 5e-6)];
+                clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+            }
+            let levels = [(2, 100e9, 1e-6), (8, 20e9, 2e-6), (4, 5e9, 8e-6)];
+            clusters.push(Cluster::hierarchy(&levels, None, replicas).unwrap());
+        }
+        let objectives = clusters
+            .iter()
+            .map(|cluster| Objective::Seconds {
+                cluster,
+                dtype_bytes: 2.0,
+            })
+            .chain([Objective::Volume]);
+        for objective in objectives {
+            let mut cache = MatrixCache::default();
+            for _ in 0..2 {
+                for matrix in &matrices {
+                    let layout = Layout::new(vec![64], matrix.clone(), vec![-1]).unwrap();
+                    let kept = cache.of(objective, &layout);
+                    let fresh = MatrixBounds::of(objective, &layout);
+                    assert_eq!(kept.units, fresh.units, "{matrix:?}");
+                    let h = matrix.len();
+                    for k in 0..h {
+                        for spread in (0..1u64 << h).filter(|s| s >> k & 1 == 1) {
+                            for splitting in 0..1u64 << h {
+                                let bits = |rates: &LeastRates<'_>| {
+                                    rates
+                                        .least_rates(k, spread, splitting)
+                                        .iter()
+                                        .map(|&(l, r)| (l.to_bits(), r.to_bits()))
+                                        .collect::<Vec<_>>()
+                                };
+                                assert_eq!(
+                                    bits(&kept.least_rates),
+                                    bits(&fresh.least_rates),
+                                    "{matrix:?} {k} {spread} {splitting}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
