@@ -163,3 +163,16 @@ def test_gathered_sums_refuse_positions_outside_and_shapes_apart():
     ):
         with pytest.raises(taps.TapsError):
             taps._core.gathered_sum(terms)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (1340, 647), (0, 4)])
+def test_fresh_matrices_are_c_order_writable_and_apart(shape):
+    """The memo's partly priced matrices are allocated by ``_fresh`` (outside numpy): C order,
+    writable, aligned float64 (so ``gathered_sum`` reads them in place), each in memory of its
+    own."""
+    a, b = tables._fresh(*shape), tables._fresh(*shape)
+    for m in (a, b):
+        assert m.shape == shape and m.dtype == np.float64
+        assert m.flags.c_contiguous and m.flags.writeable and m.flags.aligned
+    a[...], b[...] = 1.0, 2.0
+    assert not np.shares_memory(a, b) and (a == 1.0).all()

@@ -4,6 +4,7 @@ once per distinct operator and edge (docs/search.md)."""
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -215,6 +216,19 @@ def _side(rows: Sequence[tuple[Layout, ...]], k: int) -> _Side:
     return side if side is not None else _Side(r[k] for r in rows)
 
 
+def _fresh(rows: int, cols: int) -> np.ndarray:
+    """An uninitialised ``rows`` x ``cols`` float64 matrix (C order) in anonymous pages of its
+    own, mapped in at once. Not ``np.empty``: numpy asks the kernel to back large arrays with
+    huge pages, and under the kernel's default ``defrag=madvise`` their first touch may wait for
+    memory to be compacted; with the pages faulted in one call the memo's largest blocks, written
+    once and then only read, cost a third of the CPU (docs/performance.md)."""
+    if not hasattr(mmap, "MAP_ANONYMOUS") or rows * cols == 0:
+        return np.empty((rows, cols))  # Windows maps no anonymous pages; mmap refuses 0 bytes
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    pages = mmap.mmap(-1, rows * cols * 8, flags=flags)
+    return np.frombuffer(pages, dtype=np.float64).reshape(rows, cols)
+
+
 class _Priced:
     """``redistribution_costs`` computed once per pair of layouts, in whatever order an edge lists
     them: the kernel prices each pair on its own, so the matrix of the sets in the order first
@@ -306,7 +320,7 @@ class _Priced:
         new_rows = [x for x in srcs if x not in old_row]
         new_cols = [y for y in dsts if y not in old_col]
         srcs, dsts = rows + new_rows, cols + new_cols
-        planes = [np.empty((len(srcs), len(dsts))) for _ in old]
+        planes = [_fresh(len(srcs), len(dsts)) for _ in old]
         shared_block = np.ix_([old_row[x] for x in rows], [old_col[y] for y in cols])
         for plane, before in zip(planes, old, strict=True):
             plane[: len(rows), : len(cols)] = before[shared_block]
