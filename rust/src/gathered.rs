@@ -125,6 +125,7 @@ pub fn gathered_sum(terms: &[Term<'_>]) -> Result<(usize, usize, Vec<f64>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::minplus::tests::costs;
 
     /// The sum written plainly: each entry's terms in order.
     fn plain(terms: &[Term<'_>]) -> Vec<f64> {
@@ -147,21 +148,6 @@ mod tests {
         out
     }
 
-    fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                match (state >> 33) % 50 {
-                    0 => -0.0,
-                    r => (r as f64) * 1.1e-3,
-                }
-            })
-            .collect()
-    }
-
     fn positions(n: usize, of: usize, seed: u64) -> Vec<usize> {
         (0..n).map(|k| (k * 7 + seed as usize * 13) % of).collect()
     }
@@ -170,8 +156,8 @@ mod tests {
     fn tiles_equal_the_plain_sum() {
         // Shapes across tile edges; a forward term in C order, a backward one in Fortran order.
         for &(rows, cols) in &[(1, 1), (3, 130), (130, 3), (65, 129), (200, 64)] {
-            let forward = values(150 * 140, 1);
-            let backward = values(140 * 210, 2);
+            let forward = costs(150 * 140, 1, false);
+            let backward = costs(140 * 210, 2, false);
             let (f_rows, f_cols) = (positions(rows, 150, 3), positions(cols, 140, 4));
             let (b_rows, b_cols) = (positions(cols, 140, 5), positions(rows, 210, 6));
             let f = Term {
@@ -208,7 +194,7 @@ mod tests {
 
     #[test]
     fn positions_outside_and_shapes_apart_are_errors() {
-        let data = values(6, 1);
+        let data = costs(6, 1, false);
         let matrix = Matrix {
             data: &data,
             rows: 2,

@@ -397,7 +397,7 @@ fn product(x: Matrix<'_>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// numpy's loop, plainly: the first sum, then `minimum` with each next one.
@@ -414,7 +414,7 @@ mod tests {
 
     /// Pseudo-random costs: small integers (many ties), with zeros of both signs and, if asked,
     /// infinities and NaNs.
-    fn costs(n: usize, seed: u64, odd: bool) -> Vec<f64> {
+    pub(crate) fn costs(n: usize, seed: u64, odd: bool) -> Vec<f64> {
         let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
         (0..n)
             .map(|_| {
