@@ -332,7 +332,10 @@ def test_reductions_taken_again_are_those_found_afresh(problem, count, data):
         for p, q in zip(got.pairs, want.pairs, strict=True):
             assert (p.u, p.w) == (q.u, q.w) and np.array_equal(p.cost, q.cost)
     if count == 1:
-        _, core_choice = _brute_force(fresh.cores[0])
+        # Any choice of the core's operators expands alike (drawn: the core of a repeated
+        # problem can be too large to search for its optimum).
+        core = fresh.cores[0].node_cost
+        core_choice = {v: data.draw(st.integers(0, len(c) - 1)) for v, c in core.items()}
         assert again.expand(core_choice) == fresh.expand(core_choice)
     # Another form (another order, another class of a candidate) is reduced afresh.
     if len(order) > 1:
