@@ -91,7 +91,7 @@ impl<'c> Objective<'c> {
         ops.into_iter().fold(0.0, |t, op| self.add(t, op))
     }
 
-    /// The lower bounds of [`LeastRates::least_rates`] on layouts of `layout`'s device matrix,
+    /// The lower bounds of [`LeastRates::least_rates_into`] on layouts of `layout`'s device matrix,
     /// worked out once for the many dims and masks one bound asks about.
     pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates<'c> {
         match *self {
@@ -176,18 +176,26 @@ impl LeastRates<'_> {
     /// a group that holds device dim `k` and lies within the dims of `spread` (a mask holding
     /// `k`), where only the dims of `splitting` (a mask) may split the tensor: `(latency,
     /// rate)` pairs, the op pricing at least `latency + c * elements * rate` under one of them
-    /// ([`MatrixRates::least_rates`]).
-    pub(crate) fn least_rates(&self, k: usize, spread: u64, splitting: u64) -> Vec<(f64, f64)> {
+    /// ([`MatrixRates::least_rates_into`]), into `out` (emptied first): nothing allocated once `out`
+    /// holds a rate per level.
+    pub(crate) fn least_rates_into(
+        &self,
+        k: usize,
+        spread: u64,
+        splitting: u64,
+        out: &mut Vec<(f64, f64)>,
+    ) {
         match self {
             LeastRates::Volume(sizes) => {
                 let parts: u64 = (0..sizes.len())
                     .filter(|&i| splitting >> i & 1 == 1)
                     .map(|i| sizes[i])
                     .product();
-                vec![(0.0, 1.0 / parts as f64)]
+                out.clear();
+                out.push((0.0, 1.0 / parts as f64));
             }
             LeastRates::Seconds(rates, dtype_bytes) => {
-                rates.least_rates(k, spread, splitting, *dtype_bytes)
+                rates.least_rates_into(k, spread, splitting, *dtype_bytes, out);
             }
         }
     }

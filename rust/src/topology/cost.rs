@@ -316,7 +316,7 @@ impl Cluster {
         levels.chain([self.replicas() as u64]).collect()
     }
 
-    /// What [`MatrixRates::least_rates`] reads of `device_matrix`, worked out once: a bound asks
+    /// What [`MatrixRates::least_rates_into`] reads of `device_matrix`, worked out once: a bound asks
     /// for the rates of every device dim under several masks (about eleven calls per bound), and
     /// working out each dim's group, first level and extents per call was most of their work.
     ///
@@ -375,14 +375,18 @@ impl MatrixRates<'_> {
     /// `k`), where only the dims of `splitting` (a mask) may split the tensor: per level such a
     /// group may cross up to, `(latency, rate)` with the collective taking at least
     /// `latency + c * bytes * rate`; each rate times `scale` (the bytes per element of a caller
-    /// that counts elements).
-    pub(crate) fn least_rates(
+    /// that counts elements); into `out` (emptied first): a bound asks for about a dozen per key,
+    /// and a vector allocated for each was a third of their work. The products run over the splitting dims alone, in
+    /// ascending order as before.
+    pub(crate) fn least_rates_into(
         &self,
         k: usize,
         spread: u64,
         splitting: u64,
         scale: f64,
-    ) -> Vec<(f64, f64)> {
+        out: &mut Vec<(f64, f64)>,
+    ) {
+        out.clear();
         let levels = self.cluster.levels();
         let h = self.sizes.len();
         let first = self.first[k];
@@ -392,28 +396,33 @@ impl MatrixRates<'_> {
         } else {
             levels.len() - 1
         };
-        let splits = |i: &usize| splitting >> i & 1 == 1;
-        (first..=last)
-            .map(|j| {
-                let level = &levels[j];
-                let parts: f64 = if j == 0 {
-                    (0..h).filter(splits).map(|i| self.sizes[i]).product()
-                } else {
-                    let below = &self.parts[(j - 1) * h..j * h];
-                    (0..h)
-                        .filter(splits)
-                        .map(|i| {
-                            if spread >> i & 1 == 1 {
-                                self.sizes[i]
-                            } else {
-                                below[i]
-                            }
-                        })
-                        .product()
-                };
-                (level.latency, 1.0 / (parts * level.bandwidth) * scale)
-            })
-            .collect()
+        let splitting = if h < 64 {
+            splitting & ((1 << h) - 1)
+        } else {
+            splitting
+        };
+        for (j, level) in levels.iter().enumerate().take(last + 1).skip(first) {
+            let mut parts = 1.0;
+            let mut rest = splitting;
+            if j == 0 {
+                while rest != 0 {
+                    parts *= self.sizes[rest.trailing_zeros() as usize];
+                    rest &= rest - 1;
+                }
+            } else {
+                let below = &self.parts[(j - 1) * h..j * h];
+                while rest != 0 {
+                    let i = rest.trailing_zeros() as usize;
+                    parts *= if spread >> i & 1 == 1 {
+                        self.sizes[i]
+                    } else {
+                        below[i]
+                    };
+                    rest &= rest - 1;
+                }
+            }
+            out.push((level.latency, 1.0 / (parts * level.bandwidth) * scale));
+        }
     }
 }
 
@@ -745,7 +754,8 @@ mod tests {
                     for spread in (0..1u64 << h).filter(|s| s >> k & 1 == 1) {
                         for splitting in 0..1u64 << h {
                             let want = plain(cluster, matrix, (k, spread, splitting), 2.0);
-                            let got = rates.least_rates(k, spread, splitting, 2.0);
+                            let mut got = Vec::new();
+                            rates.least_rates_into(k, spread, splitting, 2.0, &mut got);
                             let at = (matrix, k, spread, splitting);
                             assert_eq!(bits(&got), bits(&want), "{at:?}");
                             compared += 1;

@@ -125,7 +125,7 @@ impl Step {
                 let mut next = state;
                 let mut deferred = 0u32;
                 for i in bits(u64::from(moved)) {
-                    match space.target_map[i] {
+                    match space.buf.target_map[i] {
                         t if t >= 0 => next.map[i] = t,
                         _ => {
                             next.map[i] = -1;
@@ -153,32 +153,25 @@ fn least_price(rates: &[(f64, f64)], elements: f64) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// `rates` with each latency paid `steps` times: a collective's every step pays its level's
-/// latency (a ring or pairwise collective of `g` devices runs `g-1` steps at least, an
-/// all-reduce `2 (g-1)`; a permute one).
-fn stepped(mut rates: Vec<(f64, f64)>, steps: f64) -> Vec<(f64, f64)> {
-    for (latency, _) in &mut rates {
-        *latency *= steps;
-    }
-    rates
-}
-
 /// A lower bound on the op that sums the partial sums of device dim `k` (an op of that dim
 /// alone, of `g-1` steps at least), moving `(g-1)/g` of a shard split by no more than the device
-/// dims of `split`; and the dim's rates it used (`least_rates`).
+/// dims of `split`; the dim's rates it used (`least_rates`) are left in `rates`.
 fn least_sum_op(
     source: &Layout,
     least: &LeastRates<'_>,
     k: usize,
     split: u64,
-) -> (f64, Vec<(f64, f64)>) {
+    rates: &mut Vec<(f64, f64)>,
+) -> f64 {
     let g = source.dim_size(k) as f64;
-    let rates = least.least_rates(k, 1 << k, split);
+    least.least_rates_into(k, 1 << k, split, rates);
     let whole = source.num_elements() as f64;
-    (least_stepped(&rates, g - 1.0, (g - 1.0) / g * whole), rates)
+    least_stepped(rates, g - 1.0, (g - 1.0) / g * whole)
 }
 
-/// [`least_price`] of [`stepped`] rates, without the copy.
+/// The least of `latency * steps + rate * elements` over `rates`: a collective's every step pays
+/// its level's latency (a ring or pairwise collective of `g` devices runs `g-1` steps at least,
+/// an all-reduce `2 (g-1)`; a permute one); nothing to move prices nothing.
 fn least_stepped(rates: &[(f64, f64)], steps: f64, elements: f64) -> f64 {
     if elements <= 0.0 {
         return 0.0;
@@ -190,39 +183,47 @@ fn least_stepped(rates: &[(f64, f64)], steps: f64, elements: f64) -> f64 {
 }
 
 /// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
-/// and `share` of the ops the sum takes (`sum_ops`). A dim holding partial sums splits nothing:
-/// its sum (an op of that dim alone, of `g-1` steps at least) moves `(g-1)/g` of a shard split
-/// by the other dims at most. A sum along which the target splits nothing is an all-reduce
-/// (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or a reduce-scatter and
-/// then an op that ends the split it made (`least_leave`, `share_leave`). No step makes partial
-/// sums, so only the source's partial dims ever hold them: the other dims' entries are 0, never
-/// read (working them out took a third of bounding a pair's source).
-fn sums(
-    source: &Layout,
-    least: &LeastRates<'_>,
-    (goal, splitting): (&[Option<usize>], u64),
-    (least_leave, share_leave): (&[f64], &[f64]),
-) -> (Vec<f64>, Vec<(f64, f64)>) {
+/// and `share` of the ops the sum takes (`sum_ops`), into `space`'s vectors. A dim holding
+/// partial sums splits nothing: its sum (an op of that dim alone, of `g-1` steps at least) moves
+/// `(g-1)/g` of a shard split by the other dims at most. A sum along which the target splits
+/// nothing is an all-reduce (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or
+/// a reduce-scatter and then an op that ends the split it made (`least_leave`, `share_leave`).
+/// No step makes partial sums, so only the source's partial dims ever hold them: the other dims'
+/// entries are 0, never read (working them out took a third of bounding a pair's source).
+fn sums(source: &Layout, least: &LeastRates<'_>, splitting: u64, space: &mut Buffers) {
     let whole = source.num_elements() as f64;
     let partial = mask_of(source.partial());
-    (0..source.num_device_dims())
-        .map(|k| {
-            if partial >> k & 1 == 0 {
-                return (0.0, (0.0, 0.0));
-            }
-            let (sum, rates) = least_sum_op(source, least, k, splitting & !(1 << k));
+    let Buffers {
+        goal,
+        least_leave,
+        share_leave,
+        least_sum,
+        sum_ops,
+        work: (rates, _),
+        ..
+    } = space;
+    least_sum.clear();
+    sum_ops.clear();
+    for k in 0..source.num_device_dims() {
+        let (sum, ops) = if partial >> k & 1 == 0 {
+            (0.0, (0.0, 0.0))
+        } else {
+            let sum = least_sum_op(source, least, k, splitting & !(1 << k), rates);
             if goal[k].is_some() {
-                return (sum, (sum, sum));
+                (sum, (sum, sum))
+            } else {
+                let g = source.dim_size(k) as f64;
+                let all_reduce = least_stepped(rates, 2.0 * (g - 1.0), 2.0 * (g - 1.0) / g * whole);
+                let ops = (
+                    all_reduce.min(sum + least_leave[k]),
+                    all_reduce.min(sum + share_leave[k]),
+                );
+                (sum, ops)
             }
-            let g = source.dim_size(k) as f64;
-            let all_reduce = least_stepped(&rates, 2.0 * (g - 1.0), 2.0 * (g - 1.0) / g * whole);
-            let ops = (
-                all_reduce.min(sum + least_leave[k]),
-                all_reduce.min(sum + share_leave[k]),
-            );
-            (sum, ops)
-        })
-        .unzip()
+        };
+        least_sum.push(sum);
+        sum_ops.push(ops);
+    }
 }
 
 /// The most device dims holding partial sums in a source whose sums' orders the bound tries
@@ -235,17 +236,25 @@ const CHAINED: u32 = 4;
 /// sums to go and those summed before it (a sum splits at most its own dim: an all-reduce none,
 /// a reduce-scatter its own), so the least over the orders of the `(g-1)/g` shards each moves.
 /// A sum that comes first cannot have its shard split by the others, which `least_sum` assumes.
-fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64) -> Vec<(u64, f64)> {
+/// Into `space`'s `chains`.
+fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut Buffers) {
+    let Buffers {
+        chains: least,
+        work: (op_rates, sets),
+        ..
+    } = space;
+    least.clear();
     let partial = mask_of(source.partial());
     if partial.count_ones() > CHAINED {
-        return Vec::new();
+        return;
     }
     // `least[P]`, for `P` a subset of `partial` (at most 16: a list, not a map), built up from
     // the smaller subsets, which come first.
-    let mut sets: Vec<u64> =
-        std::iter::successors(Some(partial), |&p| (p != 0).then(|| (p - 1) & partial)).collect();
+    sets.clear();
+    sets.extend(std::iter::successors(Some(partial), |&p| {
+        (p != 0).then(|| (p - 1) & partial)
+    }));
     sets.sort_by_key(|p| p.count_ones());
-    let mut least: Vec<(u64, f64)> = Vec::with_capacity(sets.len());
     let of = |least: &[(u64, f64)], p: u64| {
         least
             .iter()
@@ -253,27 +262,27 @@ fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64) -> Vec<(u64, 
             .expect("a smaller subset")
             .1
     };
-    for &to_go in &sets {
+    for &to_go in sets.iter() {
         let split = splitting & !to_go;
-        let first = bits(to_go)
-            .map(|k| least_sum_op(source, rates, k, split).0 + of(&least, to_go & !(1 << k)));
-        let price = if to_go == 0 {
-            0.0
-        } else {
-            first.fold(f64::INFINITY, f64::min)
-        };
+        let mut price = f64::INFINITY;
+        for k in bits(to_go) {
+            let first = least_sum_op(source, rates, k, split, op_rates);
+            price = price.min(first + of(least, to_go & !(1 << k)));
+        }
+        if to_go == 0 {
+            price = 0.0;
+        }
         least.push((to_go, price));
     }
-    least
 }
 
 /// The least price of an op moving `elements` per device over any group, by the `rates` of every
-/// device dim.
-fn cheapest(rates: &[Vec<(f64, f64)>], elements: f64) -> f64 {
-    rates
-        .iter()
-        .map(|rates| least_price(rates, elements))
-        .fold(f64::INFINITY, f64::min)
+/// device dim (one list: the least over every dim's is the least over all; none without a dim).
+fn cheapest(rates: &[(f64, f64)], elements: f64) -> f64 {
+    if rates.is_empty() {
+        return f64::INFINITY;
+    }
+    least_price(rates, elements)
 }
 
 pub(super) fn mask_of(dims: &[usize]) -> u64 {
@@ -296,18 +305,24 @@ fn bits(mask: u64) -> impl Iterator<Item = usize> {
 /// end or holds partial sums in the source; none for the others (they would only have to be
 /// gathered again).
 pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
+    let mut out = Vec::new();
+    allowed_into(source, target, &mut out);
+    out
+}
+
+/// [`allowed`] into `out`.
+fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
     let eligible = may_split(source, target);
-    (0..source.num_device_dims())
-        .map(|k| {
-            if eligible >> k & 1 == 0 {
-                return 0;
-            }
-            let d = source.dim_size(k);
-            (0..source.ndim())
-                .filter(|&i| divides(d, source.shape()[i]))
-                .fold(0, |m, i| m | 1 << i)
-        })
-        .collect()
+    out.clear();
+    out.extend((0..source.num_device_dims()).map(|k| {
+        if eligible >> k & 1 == 0 {
+            return 0;
+        }
+        let d = source.dim_size(k);
+        (0..source.ndim())
+            .filter(|&i| divides(d, source.shape()[i]))
+            .fold(0, |m, i| m | 1 << i)
+    }));
 }
 
 /// [`allowed`] the other way round, into `out`: per tensor dim, the device dims that may split
@@ -417,22 +432,21 @@ fn splitting(allowed: &[u64], fixed: u64, same_size: &[u64]) -> u64 {
         .fold(allowed, |m, d| m | 1 << d)
 }
 
-/// Per device dim of `h`, the tensor dim the target map `tgt` splits along it, if any; and the
-/// device dims that split the same tensor dim in the source map `src` (a mask). Each map read
-/// once, not once per device dim (a map names each device dim once).
-fn goal_and_fixed(src: &[i64], tgt: &[i64], h: usize) -> (Vec<Option<usize>>, u64) {
-    let mut goal: Vec<Option<usize>> = vec![None; h];
+/// Per device dim of `h`, the tensor dim the target map `tgt` splits along it, if any (into
+/// `goal`); and the device dims that split the same tensor dim in the source map `src` (a mask).
+/// Each map read once, not once per device dim (a map names each device dim once).
+fn goal_and_fixed(src: &[i64], tgt: &[i64], h: usize, goal: &mut Vec<Option<usize>>) -> u64 {
+    goal.clear();
+    goal.resize(h, None);
     for (i, &m) in tgt.iter().enumerate() {
         if let Ok(k) = usize::try_from(m) {
             goal[k] = Some(i);
         }
     }
-    let fixed = src
-        .iter()
+    src.iter()
         .enumerate()
         .filter_map(|(i, &m)| usize::try_from(m).ok().filter(|&k| goal[k] == Some(i)))
-        .fold(0u64, |mask, k| mask | 1 << k);
-    (goal, fixed)
+        .fold(0u64, |mask, k| mask | 1 << k)
 }
 
 /// The device dims of `source`'s matrix, cheapest first, by the price of the all-gather along
@@ -525,28 +539,23 @@ impl<'c> MatrixCache<'c> {
     }
 }
 
-/// The search space around one unified pair.
-pub(super) struct Space<'a> {
-    pub(super) template: &'a Layout,
+/// The vectors of a [`Space`], kept by the thread that bounds pair after pair
+/// ([`Space::bounding_in`], [`Space::into_buffers`]): filling them afresh for each key allocated
+/// some thirty vectors, about a fifth of the work of bounding it.
+#[derive(Default)]
+pub(crate) struct Buffers {
     /// Per device dim, the tensor dims it may split (a mask).
     allowed: Vec<u64>,
-    /// The runs of tensor dims that play one part ([`runs`]).
-    pub(super) runs: Vec<(usize, usize)>,
     /// Per device dim, the tensor dim the target splits along it, if any.
     goal: Vec<Option<usize>>,
     /// The target's tensor map.
     target_map: Vec<i8>,
-    /// The device dims that split the same tensor dim in the source and the target: they stay.
-    fixed: u64,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
-    /// The device dims, cheapest all-gather of the goal's shard first: a permute hands a split
-    /// the target does not keep to the first free one of its size ([`Space::settle`]), where
-    /// gathering it is cheapest.
-    preferred: Vec<usize>,
     /// Per device dim, `(latency, price per element)` pairs bounding the price of any op whose
-    /// group holds it, by the elements it moves ([`Objective::least_rates`]).
-    rates: Vec<Vec<(f64, f64)>>,
+    /// group holds it, by the elements it moves ([`LeastRates::least_rates_into`]), every dim's in one
+    /// list (the bound reads only the least over all of them).
+    rates: Vec<(f64, f64)>,
     /// Per device dim, a lower bound on the price of any op whose group holds it.
     least: Vec<f64>,
     /// Per device dim, its share of the price of an op whose group holds it: `least` over the
@@ -565,6 +574,26 @@ pub(super) struct Space<'a> {
     sum_ops: Vec<(f64, f64)>,
     /// The least price of the sums to go, by their set ([`chains`]; none past [`CHAINED`]).
     chains: Vec<(u64, f64)>,
+    /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
+    /// together.
+    needed: Vec<f64>,
+    /// What building the rest works in: one op's rates, and the sets of [`chains`].
+    work: (Vec<(f64, f64)>, Vec<u64>),
+}
+
+/// The search space around one unified pair.
+pub(super) struct Space<'a> {
+    pub(super) template: &'a Layout,
+    /// Its vectors, per device dim and per tensor dim.
+    buf: Buffers,
+    /// The runs of tensor dims that play one part ([`runs`]).
+    pub(super) runs: Vec<(usize, usize)>,
+    /// The device dims that split the same tensor dim in the source and the target: they stay.
+    fixed: u64,
+    /// The device dims, cheapest all-gather of the goal's shard first: a permute hands a split
+    /// the target does not keep to the first free one of its size ([`Space::settle`]), where
+    /// gathering it is cheapest.
+    preferred: Vec<usize>,
     /// Elements per device in the target.
     goal_shard: f64,
     /// A lower bound on the price of the last op that is not a slice: half the goal's shard.
@@ -575,8 +604,6 @@ pub(super) struct Space<'a> {
     /// ([`Objective::entering_rates`]); the same for every pair on the source's device matrix,
     /// so borrowed from the thread's [`MatrixCache`] when bounding.
     entering: Cow<'a, [Unit]>,
-    /// Per unit of `entering`, the elements the unit's devices need in the goal together.
-    needed: Vec<f64>,
     /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
     /// holding distinct data (all a price depends on): a search meets each many times.
     prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
@@ -586,7 +613,7 @@ impl<'a> Space<'a> {
     /// The space of `source` and `target` (no more dims than the masks hold: [`Problem::of`](super::Problem::of)).
     pub(super) fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
         let mut space = Self::bounding(source, target, objective);
-        space.runs = runs(source, target, &space.allowed);
+        space.runs = runs(source, target, &space.buf.allowed);
         space.preferred = preferred(source, target, objective);
         space
     }
@@ -597,21 +624,30 @@ impl<'a> Space<'a> {
     /// the work.
     pub(super) fn bounding(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
         let MatrixBounds { least_rates, units } = MatrixBounds::of(objective, source);
-        Self::bounding_on(source, target, &least_rates, Cow::Owned(units))
+        let buffers = Buffers::default();
+        Self::bounding_on(source, target, &least_rates, Cow::Owned(units), buffers)
     }
 
-    /// [`Space::bounding`] on the bounds of `source`'s device matrix ([`MatrixBounds`]).
+    /// [`Space::bounding`] on the bounds of `source`'s device matrix ([`MatrixBounds`]), built
+    /// in `buffers` (those of an earlier space: [`Space::into_buffers`]).
     pub(super) fn bounding_in(
         source: &'a Layout,
         target: &Layout,
         matrix: &'a MatrixBounds<'_>,
+        buffers: Buffers,
     ) -> Self {
         Self::bounding_on(
             source,
             target,
             &matrix.least_rates,
             Cow::Borrowed(&matrix.units),
+            buffers,
         )
+    }
+
+    /// The vectors of the space, for the next one.
+    pub(super) fn into_buffers(self) -> Buffers {
+        self.buf
     }
 
     fn bounding_on(
@@ -619,18 +655,19 @@ impl<'a> Space<'a> {
         target: &Layout,
         least_rates: &LeastRates<'_>,
         entering: Cow<'a, [Unit]>,
+        mut buf: Buffers,
     ) -> Self {
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
-        let allowed = allowed(source, target);
-        let (goal, fixed) = goal_and_fixed(src, tgt, h);
-        let same_size: Vec<u64> = (0..h)
-            .map(|k| {
-                (0..h)
-                    .filter(|&j| source.dim_size(j) == source.dim_size(k))
-                    .fold(0u64, |m, j| m | 1 << j)
-            })
-            .collect();
+        allowed_into(source, target, &mut buf.allowed);
+        let fixed = goal_and_fixed(src, tgt, h, &mut buf.goal);
+        buf.same_size.clear();
+        buf.same_size.extend((0..h).map(|k| {
+            (0..h)
+                .filter(|&j| source.dim_size(j) == source.dim_size(k))
+                .fold(0u64, |m, j| m | 1 << j)
+        }));
+        let same_size = &buf.same_size;
         // A collective-permute moves device dims that are not fixed and have a partner of their
         // size that is not fixed either.
         let permutable = (0..h)
@@ -643,89 +680,71 @@ impl<'a> Space<'a> {
                 1 << k
             }
         };
-        let splitting = splitting(&allowed, fixed, &same_size);
+        let splitting = splitting(&buf.allowed, fixed, same_size);
         let whole = source.num_elements() as f64;
         // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
         // unless it is a permute (a dim with no partner has none) it is a collective of that dim
         // alone, of `g-1` steps at least.
-        let (least, least_leave): (Vec<f64>, Vec<f64>) = (0..h)
-            .map(|k| {
-                let g = source.dim_size(k) as f64;
-                let rates = least_rates.least_rates(k, spread(k), splitting);
-                let rates = if permutable >> k & 1 == 1 {
-                    rates
-                } else {
-                    stepped(rates, g - 1.0)
-                };
-                // Shards an all-gather moves, or a collective-permute (one) if one may.
-                let leave = if permutable >> k & 1 == 1 {
-                    (g - 1.0).min(1.0)
-                } else {
-                    g - 1.0
-                };
-                (
-                    least_price(&rates, (g - 1.0) / g * whole),
-                    least_price(&rates, leave * whole),
-                )
-            })
-            .unzip();
         let movers = f64::from(permutable.count_ones());
-        let shares = |least: &[f64]| -> Vec<f64> {
-            (0..h)
-                .map(|k| {
-                    if permutable >> k & 1 == 1 {
-                        least[k] / movers
-                    } else {
-                        least[k]
-                    }
-                })
-                .collect()
+        let share = |least: f64, k: usize| {
+            if permutable >> k & 1 == 1 {
+                least / movers
+            } else {
+                least
+            }
         };
-        let (share, share_leave) = (shares(&least), shares(&least_leave));
-        let (least_sum, sum_ops) = sums(
-            source,
-            least_rates,
-            (&goal, splitting),
-            (&least_leave, &share_leave),
-        );
-        let chains = chains(source, least_rates, splitting);
+        buf.least.clear();
+        buf.least_leave.clear();
+        buf.share.clear();
+        buf.share_leave.clear();
+        let rates = &mut buf.work.0;
+        for k in 0..h {
+            let g = source.dim_size(k) as f64;
+            least_rates.least_rates_into(k, spread(k), splitting, rates);
+            // Each level's latency once for a permute, `g-1` times for a collective; and the
+            // shards an all-gather moves, or a collective-permute (one) if one may.
+            let (steps, leave) = if permutable >> k & 1 == 1 {
+                (1.0, (g - 1.0).min(1.0))
+            } else {
+                (g - 1.0, g - 1.0)
+            };
+            let least = least_stepped(rates, steps, (g - 1.0) / g * whole);
+            let least_leave = least_stepped(rates, steps, leave * whole);
+            buf.least.push(least);
+            buf.least_leave.push(least_leave);
+            buf.share.push(share(least, k));
+            buf.share_leave.push(share(least_leave, k));
+        }
+        sums(source, least_rates, splitting, &mut buf);
+        chains(source, least_rates, splitting, &mut buf);
         // Per element moved, over any group.
-        let rates: Vec<Vec<(f64, f64)>> = (0..h)
-            .map(|k| least_rates.least_rates(k, spread(k), 0))
-            .collect();
+        buf.rates.clear();
+        for k in 0..h {
+            least_rates.least_rates_into(k, spread(k), 0, &mut buf.work.0);
+            buf.rates.extend_from_slice(&buf.work.0);
+        }
         let goal_shard = target.shard_size() as f64;
-        let least_last = cheapest(&rates, goal_shard / 2.0);
+        let least_last = cheapest(&buf.rates, goal_shard / 2.0);
         // A unit holds `e_k` coordinates of each dim: as many distinct goal blocks along the
         // dims the goal splits by.
-        let needed = entering
-            .iter()
-            .map(|unit| {
-                (0..h)
-                    .filter(|&k| goal[k].is_some())
-                    .fold(goal_shard, |n, k| n * unit.extents[k])
-            })
-            .collect();
+        let goal = &buf.goal;
+        buf.needed.clear();
+        buf.needed.extend(entering.iter().map(|unit| {
+            (0..h)
+                .filter(|&k| goal[k].is_some())
+                .fold(goal_shard, |n, k| n * unit.extents[k])
+        }));
+        buf.target_map.clear();
+        buf.target_map.extend(tgt.iter().map(|&m| m as i8));
         Space {
             template: source,
+            buf,
             runs: Vec::new(),
-            allowed,
-            goal,
-            target_map: tgt.iter().map(|&m| m as i8).collect(),
             fixed,
-            same_size,
             preferred: Vec::new(),
-            rates,
-            least,
-            share,
-            least_leave,
-            share_leave,
-            least_sum,
-            sum_ops,
-            chains,
             goal_shard,
             least_last,
             entering,
-            needed,
             prices: RefCell::default(),
         }
     }
@@ -750,16 +769,16 @@ impl<'a> Space<'a> {
     pub(super) fn remaining(&self, state: &State, shard: u64, keep: u64) -> f64 {
         let n = self.template.ndim();
         let bound = |k: usize| {
-            if self.goal[k].is_none() {
-                (self.least_leave[k], self.share_leave[k])
+            if self.buf.goal[k].is_none() {
+                (self.buf.least_leave[k], self.buf.share_leave[k])
             } else {
-                (self.least[k], self.share[k])
+                (self.buf.least[k], self.buf.share[k])
             }
         };
         let sums = state.partial & !keep;
         let misplaced = state.map[..n]
             .iter()
-            .zip(&self.target_map)
+            .zip(&self.buf.target_map)
             .filter(|(m, t)| m != t)
             .filter_map(|(&m, _)| usize::try_from(m).ok())
             .map(bound);
@@ -769,21 +788,26 @@ impl<'a> Space<'a> {
         // The sums' ops: each dim's (with the op ending a reduce-scatter's split), and all of
         // them in their cheapest order (the sum ops alone).
         let (most_sum, summed) = bits(sums)
-            .map(|k| self.sum_ops[k])
+            .map(|k| self.buf.sum_ops[k])
             .fold((0.0, 0.0), |(most, sum), (least, share)| {
                 (f64::max(most, least), sum + share)
             });
-        let chained = self.chains.iter().find(|&&(p, _)| p == sums).map_or_else(
-            || bits(sums).map(|k| self.least_sum[k]).sum::<f64>(),
-            |&(_, least)| least,
-        );
+        let chained = self
+            .buf
+            .chains
+            .iter()
+            .find(|&&(p, _)| p == sums)
+            .map_or_else(
+                || bits(sums).map(|k| self.buf.least_sum[k]).sum::<f64>(),
+                |&(_, least)| least,
+            );
         let most = most.max(most_sum).max(chained);
         let sum = sum + summed.max(chained);
-        let grow = cheapest(&self.rates, self.goal_shard - shard as f64) + chained;
+        let grow = cheapest(&self.buf.rates, self.goal_shard - shard as f64) + chained;
         let sliced = sums == 0
             && state.map[..n]
                 .iter()
-                .zip(&self.target_map)
+                .zip(&self.buf.target_map)
                 .all(|(&m, &t)| m < 0 || m == t);
         let last = if sliced { 0.0 } else { self.least_last };
         let bring = self.entering(state) + chained;
@@ -810,10 +834,10 @@ impl<'a> Space<'a> {
         let n = self.template.ndim();
         self.entering
             .iter()
-            .zip(&self.needed)
+            .zip(&self.buf.needed)
             .map(|(unit, &needed)| {
                 let mut part = 1.0;
-                for (&m, &t) in state.map[..n].iter().zip(&self.target_map) {
+                for (&m, &t) in state.map[..n].iter().zip(&self.buf.target_map) {
                     let Ok(s) = usize::try_from(m) else { continue };
                     if m == t || unit.held[s] >= 1.0 {
                         continue;
@@ -875,7 +899,7 @@ impl<'a> Space<'a> {
             }
             Step::Permute(_) => {
                 let mut sigma = [0; 64];
-                let sigma = &mut sigma[..self.allowed.len()];
+                let sigma = &mut sigma[..self.buf.allowed.len()];
                 permutation_into(state, next, sigma);
                 let over = Over::Permutation(sigma);
                 let distinct = |k: usize| distinct >> k & 1 == 1;
@@ -894,7 +918,7 @@ impl<'a> Space<'a> {
         out: &mut Vec<(Step, State)>,
     ) {
         out.clear();
-        let h = self.allowed.len();
+        let h = self.buf.allowed.len();
         let map = &state.map[..self.template.ndim()];
         let unsplit = map
             .iter()
@@ -914,7 +938,7 @@ impl<'a> Space<'a> {
         // later step moves a smaller shard.
         let free = |k: usize| (used | state.partial) >> k & 1 == 0;
         if let Some((k, i)) = (0..h).filter(|&k| free(k)).find_map(|k| {
-            self.goal[k]
+            self.buf.goal[k]
                 .filter(|&i| unsplit >> i & 1 == 1)
                 .map(|i| (k, i))
         }) {
@@ -923,7 +947,7 @@ impl<'a> Space<'a> {
         }
         for k in 0..h {
             let bit = 1u64 << k;
-            let targets = self.allowed[k] & open;
+            let targets = self.buf.allowed[k] & open;
             if free(k) {
                 for i in bits(targets) {
                     push(OpKind::Slice, k, Some(i), None);
@@ -942,7 +966,7 @@ impl<'a> Space<'a> {
                 continue;
             }
             push(OpKind::AllGather, k, Some(i), None);
-            for j in bits(self.allowed[k] & open) {
+            for j in bits(self.buf.allowed[k] & open) {
                 push(OpKind::AllToAll, k, Some(i), Some(j));
             }
         }
@@ -966,7 +990,7 @@ impl<'a> Space<'a> {
             .fold(state.partial | self.fixed, |mask, k| mask | 1 << k);
         for i in bits(u64::from(deferred)) {
             let k = state.map[i] as usize;
-            let options = self.same_size[k] & !taken & !(1 << k);
+            let options = self.buf.same_size[k] & !taken & !(1 << k);
             let d = self
                 .preferred
                 .iter()
@@ -1029,14 +1053,14 @@ impl<'a> Space<'a> {
             return;
         };
         let k = state.map[i] as usize;
-        let options = self.same_size[k] & !taken & !self.fixed;
+        let options = self.buf.same_size[k] & !taken & !self.fixed;
         for d in bits(options) {
-            if d == k || self.goal[d] == Some(i) {
+            if d == k || self.buf.goal[d] == Some(i) {
                 next[i] = d as i8;
                 self.assign(state, (next, deferred), i + 1, taken | 1 << d, out);
             }
         }
-        if self.target_map[i] < 0 {
+        if self.buf.target_map[i] < 0 {
             next[i] = -1;
             self.assign(state, (next, deferred | 1 << i), i + 1, taken, out);
         }
@@ -1139,9 +1163,9 @@ mod tests {
                         for spread in (0..1u64 << h).filter(|s| s >> k & 1 == 1) {
                             for splitting in 0..1u64 << h {
                                 let bits = |rates: &LeastRates<'_>| {
-                                    rates
-                                        .least_rates(k, spread, splitting)
-                                        .iter()
+                                    let mut out = Vec::new();
+                                    rates.least_rates_into(k, spread, splitting, &mut out);
+                                    out.iter()
                                         .map(|&(l, r)| (l.to_bits(), r.to_bits()))
                                         .collect::<Vec<_>>()
                                 };
