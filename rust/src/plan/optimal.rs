@@ -39,6 +39,10 @@ struct Node {
     /// Elements per device in `state`.
     shard: u64,
     cost: f64,
+    /// The lower bound on the rest from `state` ([`Space::remaining`], a function of the
+    /// layout): kept for a layout reached again at less cost (a fifth of the bounds a search
+    /// works out were of such layouts).
+    rest: f64,
     /// The step from the parent (the layout it led to before it was made canonical is
     /// [`Step::from`] the parent's: not kept, the search holds millions of nodes).
     step: Option<Step>,
@@ -49,7 +53,7 @@ struct Node {
 
 // A deep search holds millions of nodes: their size is its memory and the page faults of its
 // growth (152 bytes with the step's layout and wide fields, a third of the GPT-3 layer's time).
-const _: () = assert!(std::mem::size_of::<Node>() == 72);
+const _: () = assert!(std::mem::size_of::<Node>() == 80);
 
 /// A heap entry, lowest estimate first (cost so far plus the lower bound on the rest), then
 /// fewest ops, then first reached (for determinism).
@@ -659,10 +663,12 @@ fn search_in(
     let space = Space::new(source, target, objective);
     let goal = State::of(target);
     let keep = goal.partial;
+    let first = space.remaining(&State::of(source), source.shard_size(), keep);
     nodes.push(Node {
         state: State::of(source),
         shard: source.shard_size(),
         cost: 0.0,
+        rest: first,
         step: None,
         parent: 0,
         ops: 0,
@@ -673,7 +679,6 @@ fn search_in(
     // whose estimate ties with it (most pairs, where Algorithm 1's plan meets the bound) is not
     // expanded, and a pair whose bound at the source meets it is done without a search.
     let bound = bound * (1.0 - TIE);
-    let first = space.remaining(&nodes[0].state, nodes[0].shard, keep);
     if first >= bound {
         return None;
     }
@@ -720,7 +725,11 @@ fn search_in(
                 continue;
             }
             let after = space.shard_after(shard, step);
-            let estimate = total + space.remaining(&next, after, keep);
+            let rest = match seen {
+                Some(seen) => seen.rest,
+                None => space.remaining(&next, after, keep),
+            };
+            let estimate = total + rest;
             if estimate >= bound {
                 continue;
             }
@@ -728,6 +737,7 @@ fn search_in(
                 state: next,
                 shard: after,
                 cost: total,
+                rest,
                 step: Some(step),
                 parent: node as u32,
                 ops: ops as u16,
