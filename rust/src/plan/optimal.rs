@@ -802,6 +802,7 @@ fn path_to(nodes: &[Node], end: usize, space: &Space<'_>) -> Path {
 mod tests {
     use super::*;
     use crate::layout::layout;
+    use crate::plan::ops::Over;
     use crate::plan::OpKind;
     use crate::topology::{Cluster, Replicas};
 
@@ -1369,6 +1370,13 @@ mod tests {
                 assert_eq!(step.from(state, &space), raw, "{step:?} from {state:?}");
                 let next = canonical(raw, &space.runs);
                 let price = space.price(objective, (&state, distinct, shard), step, &raw);
+                // The search's prices are remembered within it: each is the op's own.
+                assert_eq!(
+                    price.to_bits(),
+                    unremembered(&space, objective, (&state, distinct, shard), step, &raw)
+                        .to_bits(),
+                    "{step:?} from {state:?}"
+                );
                 // The bound is consistent: no step lowers it by more than it prices.
                 let after = state_layout(space.template, &next).shard_size();
                 let there = space.remaining(&next, after, goal.partial);
@@ -1389,6 +1397,31 @@ mod tests {
             }
         }
         panic!("the target is unreachable")
+    }
+
+    /// The price of `step` from `state` to `next` worked out afresh, without the space's memo.
+    fn unremembered(
+        space: &Space<'_>,
+        objective: Objective<'_>,
+        (state, distinct, shard): (&State, u64, u64),
+        step: Step,
+        next: &State,
+    ) -> f64 {
+        let matrix = space.template.device_matrix();
+        let distinct = |k: usize| distinct >> k & 1 == 1;
+        match step {
+            Step::Op(OpKind::Slice, ..) => 0.0,
+            Step::Op(kind, k, ..) => {
+                let k = usize::from(k);
+                let volume = crate::plan::ops::volume(kind, space.template.dim_size(k), shard);
+                objective.price_on(kind, Over::Group(1 << k), volume, matrix, distinct)
+            }
+            Step::Permute(_) => {
+                let sigma = permutation(matrix.len(), state, next);
+                let over = Over::Permutation(&sigma);
+                objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
+            }
+        }
     }
 
     /// A* with its heuristic finds what a plain Dijkstra finds, in seconds, on clusters of

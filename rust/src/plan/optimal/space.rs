@@ -1037,9 +1037,8 @@ impl<'a> Space<'a> {
         let Some(i) = (at..n)
             .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
         else {
-            // The dims splitting a tensor dim in `next`: the fixed ones (the others in `taken`
-            // at the start are partial) and those the moves took.
-            let taken = taken | self.fixed | state.partial;
+            // `taken` holds the fixed dims (they split where they are), the partial ones and
+            // those the moves took: every dim splitting a tensor dim in `next`.
             let Some(next) = self.settle(state, next, deferred, taken) else {
                 return;
             };
