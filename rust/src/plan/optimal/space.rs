@@ -1012,61 +1012,66 @@ impl<'a> Space<'a> {
     /// ([`permutation`]).
     fn permutes(&self, state: &State, used: u64, out: &mut Vec<(Step, State)>) {
         let n = self.template.ndim();
-        let movable = state.map[..n]
+        // The tensor dims whose split may move, and the device dims splitting them.
+        let (dims, movable) = state.map[..n]
             .iter()
-            .filter_map(|&m| u32::try_from(m).ok())
-            .filter(|&k| self.fixed >> k & 1 == 0)
-            .fold(0u64, |mask, k| mask | 1 << k);
+            .enumerate()
+            .filter_map(|(i, &m)| u32::try_from(m).ok().map(|k| (i, k)))
+            .filter(|&(_, k)| self.fixed >> k & 1 == 0)
+            .fold((0u32, 0u64), |(dims, movable), (i, k)| {
+                (dims | 1 << i, movable | 1 << k)
+            });
         let taken = (used | state.partial) & !movable;
-        self.assign(state, (state.map, 0), 0, taken, out);
+        self.assign(state, (state.map, 0, 0), dims, taken, out);
     }
 
-    /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
-    /// itself, to a free dim of its size that splits that tensor dim in the target, or if the
-    /// target leaves it unsplit to the dim [`Space::settle`] picks; `next` is the map so far
-    /// (unsplit where deferred to `settle`) with the tensor dims deferred (a mask).
+    /// The permutes that hand the splits of the tensor dims `rest` (a mask of those whose split
+    /// may move, not yet assigned), each to itself, to a free dim of its size that splits that
+    /// tensor dim in the target, or if the target leaves it unsplit to the dim
+    /// [`Space::settle`] picks; `next` is the map so far (unsplit where deferred to `settle`)
+    /// with the tensor dims deferred and those whose split changes hands (masks, the deferred
+    /// among them: `settle` hands a split to another dim than its own).
     fn assign(
         &self,
         state: &State,
-        (mut next, deferred): ([i8; MAX_DIMS], u32),
-        at: usize,
+        (mut next, deferred, moved): ([i8; MAX_DIMS], u32, u32),
+        rest: u32,
         taken: u64,
         out: &mut Vec<(Step, State)>,
     ) {
-        let n = self.template.ndim();
-        let Some(i) = (at..n)
-            .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
-        else {
+        if rest == 0 {
+            if moved == 0 {
+                return;
+            }
             // `taken` holds the fixed dims (they split where they are), the partial ones and
             // those the moves took: every dim splitting a tensor dim in `next`.
             let Some(next) = self.settle(state, next, deferred, taken) else {
                 return;
             };
-            if next != state.map {
-                let moved = (0..n)
-                    .filter(|&i| next[i] != state.map[i])
-                    .fold(0u32, |mask, i| mask | 1 << i);
-                out.push((
-                    Step::Permute(moved),
-                    State {
-                        map: next,
-                        partial: state.partial,
-                    },
-                ));
-            }
+            out.push((
+                Step::Permute(moved),
+                State {
+                    map: next,
+                    partial: state.partial,
+                },
+            ));
             return;
-        };
+        }
+        let i = rest.trailing_zeros() as usize;
+        let rest = rest & (rest - 1);
         let k = state.map[i] as usize;
         let options = self.same_size[k] & !taken & !self.fixed;
         for d in bits(options) {
             if d == k || self.goal[d] == Some(i) {
                 next[i] = d as i8;
-                self.assign(state, (next, deferred), i + 1, taken | 1 << d, out);
+                let moved = if d == k { moved } else { moved | 1 << i };
+                self.assign(state, (next, deferred, moved), rest, taken | 1 << d, out);
             }
         }
         if self.target_map[i] < 0 {
             next[i] = -1;
-            self.assign(state, (next, deferred | 1 << i), i + 1, taken, out);
+            let (deferred, moved) = (deferred | 1 << i, moved | 1 << i);
+            self.assign(state, (next, deferred, moved), rest, taken, out);
         }
     }
 }
