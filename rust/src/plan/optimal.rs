@@ -599,6 +599,26 @@ struct Scratch {
     steps: Vec<(Step, State)>,
 }
 
+impl Scratch {
+    /// Empties the buffers but for the node of `source`, whose bound on the rest is `rest`.
+    fn start(&mut self, source: &Layout, rest: f64) {
+        self.nodes.clear();
+        self.index.clear();
+        self.heap.clear();
+        self.nodes.push(Node {
+            state: State::of(source),
+            shard: source.shard_size(),
+            cost: 0.0,
+            rest,
+            step: None,
+            parent: 0,
+            ops: 0,
+            done: false,
+        });
+        entry_of(&mut self.index, &self.nodes, &self.nodes[0].state).insert(0);
+    }
+}
+
 /// Past this many nodes a search's buffers are given back rather than kept for the next.
 const SCRATCH_KEPT: usize = 1 << 16;
 
@@ -651,30 +671,17 @@ fn search_in(
     objective: Objective<'_>,
     (stop, most): (&AtomicBool, usize),
 ) -> Option<Path> {
+    let space = Space::new(source, target, objective);
+    let goal = State::of(target);
+    let keep = goal.partial;
+    let first = space.remaining(&State::of(source), source.shard_size(), keep);
+    scratch.start(source, first);
     let Scratch {
         nodes,
         index,
         heap,
         steps,
     } = scratch;
-    nodes.clear();
-    index.clear();
-    heap.clear();
-    let space = Space::new(source, target, objective);
-    let goal = State::of(target);
-    let keep = goal.partial;
-    let first = space.remaining(&State::of(source), source.shard_size(), keep);
-    nodes.push(Node {
-        state: State::of(source),
-        shard: source.shard_size(),
-        cost: 0.0,
-        rest: first,
-        step: None,
-        parent: 0,
-        ops: 0,
-        done: false,
-    });
-    entry_of(index, nodes, &nodes[0].state).insert(0);
     // Only a plan cheaper than Algorithm 1's by more than rounding is searched for: a layout
     // whose estimate ties with it (most pairs, where Algorithm 1's plan meets the bound) is not
     // expanded, and a pair whose bound at the source meets it is done without a search.
