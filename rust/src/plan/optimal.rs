@@ -39,6 +39,10 @@ struct Node {
     /// Elements per device in `state`.
     shard: u64,
     cost: f64,
+    /// The lower bound on the rest from `state` ([`Space::remaining`], a function of the
+    /// layout): kept for a layout reached again at less cost (a fifth of the bounds a search
+    /// works out were of such layouts).
+    rest: f64,
     /// The step from the parent (the layout it led to before it was made canonical is
     /// [`Step::from`] the parent's: not kept, the search holds millions of nodes).
     step: Option<Step>,
@@ -49,7 +53,7 @@ struct Node {
 
 // A deep search holds millions of nodes: their size is its memory and the page faults of its
 // growth (152 bytes with the step's layout and wide fields, a third of the GPT-3 layer's time).
-const _: () = assert!(std::mem::size_of::<Node>() == 72);
+const _: () = assert!(std::mem::size_of::<Node>() == 80);
 
 /// A heap entry, lowest estimate first (cost so far plus the lower bound on the rest), then
 /// fewest ops, then first reached (for determinism).
@@ -599,6 +603,26 @@ struct Scratch {
     steps: Vec<(Step, State)>,
 }
 
+impl Scratch {
+    /// Empties the buffers but for the node of `source`, whose bound on the rest is `rest`.
+    fn start(&mut self, source: &Layout, rest: f64) {
+        self.nodes.clear();
+        self.index.clear();
+        self.heap.clear();
+        self.nodes.push(Node {
+            state: State::of(source),
+            shard: source.shard_size(),
+            cost: 0.0,
+            rest,
+            step: None,
+            parent: 0,
+            ops: 0,
+            done: false,
+        });
+        entry_of(&mut self.index, &self.nodes, &self.nodes[0].state).insert(0);
+    }
+}
+
 /// Past this many nodes a search's buffers are given back rather than kept for the next.
 const SCRATCH_KEPT: usize = 1 << 16;
 
@@ -651,33 +675,21 @@ fn search_in(
     objective: Objective<'_>,
     (stop, most): (&AtomicBool, usize),
 ) -> Option<Path> {
+    let space = Space::new(source, target, objective);
+    let goal = State::of(target);
+    let keep = goal.partial;
+    let first = space.remaining(&State::of(source), source.shard_size(), keep);
+    scratch.start(source, first);
     let Scratch {
         nodes,
         index,
         heap,
         steps,
     } = scratch;
-    nodes.clear();
-    index.clear();
-    heap.clear();
-    let space = Space::new(source, target, objective);
-    let goal = State::of(target);
-    let keep = goal.partial;
-    nodes.push(Node {
-        state: State::of(source),
-        shard: source.shard_size(),
-        cost: 0.0,
-        step: None,
-        parent: 0,
-        ops: 0,
-        done: false,
-    });
-    entry_of(index, nodes, &nodes[0].state).insert(0);
     // Only a plan cheaper than Algorithm 1's by more than rounding is searched for: a layout
     // whose estimate ties with it (most pairs, where Algorithm 1's plan meets the bound) is not
     // expanded, and a pair whose bound at the source meets it is done without a search.
     let bound = bound * (1.0 - TIE);
-    let first = space.remaining(&nodes[0].state, nodes[0].shard, keep);
     if first >= bound {
         return None;
     }
@@ -724,7 +736,11 @@ fn search_in(
                 continue;
             }
             let after = space.shard_after(shard, step);
-            let estimate = total + space.remaining(&next, after, keep);
+            let rest = match seen {
+                Some(seen) => seen.rest,
+                None => space.remaining(&next, after, keep),
+            };
+            let estimate = total + rest;
             if estimate >= bound {
                 continue;
             }
@@ -732,6 +748,7 @@ fn search_in(
                 state: next,
                 shard: after,
                 cost: total,
+                rest,
                 step: Some(step),
                 parent: node as u32,
                 ops: ops as u16,
@@ -796,6 +813,7 @@ fn path_to(nodes: &[Node], end: usize, space: &Space<'_>) -> Path {
 mod tests {
     use super::*;
     use crate::layout::layout;
+    use crate::plan::ops::Over;
     use crate::plan::OpKind;
     use crate::topology::{Cluster, Replicas};
 
@@ -1424,6 +1442,13 @@ mod tests {
                 assert_eq!(step.from(state, &space), raw, "{step:?} from {state:?}");
                 let next = canonical(raw, &space.runs);
                 let price = space.price(objective, (&state, distinct, shard), step, &raw);
+                // The search's prices are remembered within it: each is the op's own.
+                assert_eq!(
+                    price.to_bits(),
+                    unremembered(&space, objective, (&state, distinct, shard), step, &raw)
+                        .to_bits(),
+                    "{step:?} from {state:?}"
+                );
                 // The bound is consistent: no step lowers it by more than it prices.
                 let after = state_layout(space.template, &next).shard_size();
                 let there = space.remaining(&next, after, goal.partial);
@@ -1444,6 +1469,31 @@ mod tests {
             }
         }
         panic!("the target is unreachable")
+    }
+
+    /// The price of `step` from `state` to `next` worked out afresh, without the space's memo.
+    fn unremembered(
+        space: &Space<'_>,
+        objective: Objective<'_>,
+        (state, distinct, shard): (&State, u64, u64),
+        step: Step,
+        next: &State,
+    ) -> f64 {
+        let matrix = space.template.device_matrix();
+        let distinct = |k: usize| distinct >> k & 1 == 1;
+        match step {
+            Step::Op(OpKind::Slice, ..) => 0.0,
+            Step::Op(kind, k, ..) => {
+                let k = usize::from(k);
+                let volume = crate::plan::ops::volume(kind, space.template.dim_size(k), shard);
+                objective.price_on(kind, Over::Group(1 << k), volume, matrix, distinct)
+            }
+            Step::Permute(_) => {
+                let sigma = permutation(matrix.len(), state, next);
+                let over = Over::Permutation(&sigma);
+                objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
+            }
+        }
     }
 
     /// A* with its heuristic finds what a plain Dijkstra finds, in seconds, on clusters of

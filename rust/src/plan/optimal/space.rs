@@ -23,6 +23,9 @@ use crate::plan::ops::{volume, LeastRates, Objective, OpKind, Over};
 /// stepping allocates nothing).
 pub(super) const MAX_DIMS: usize = 32;
 
+/// The most device dims whose permutation [`Space::price`] packs in a word (a nibble each).
+const PACKED_DIMS: usize = usize::BITS as usize / 4;
+
 /// A layout of the search: the tensor map (-1 past the layout's dims) and the partial device
 /// dims (a mask).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,8 +136,13 @@ impl Step {
                         }
                     }
                 }
+                let taken = next
+                    .map
+                    .iter()
+                    .filter_map(|&m| u32::try_from(m).ok())
+                    .fold(state.partial | space.fixed, |mask, k| mask | 1 << k);
                 next.map = space
-                    .settle(&state, next.map, deferred)
+                    .settle(&state, next.map, deferred, taken)
                     .expect("a permute's destinations");
                 next
             }
@@ -605,7 +613,9 @@ pub(super) struct Space<'a> {
     /// so borrowed from the thread's [`MatrixCache`] when bounding.
     entering: Cow<'a, [Unit]>,
     /// The prices of the ops of one device dim met so far, by kind, dim, volume and the dims
-    /// holding distinct data (all a price depends on): a search meets each many times.
+    /// holding distinct data (all a price depends on), and of the collective-permutes by their
+    /// permutation (packed in the dim's place), shard and distinct dims: a search meets each
+    /// many times.
     prices: RefCell<FxHashMap<(OpKind, usize, u64, u64), f64>>,
 }
 
@@ -898,12 +908,29 @@ impl<'a> Space<'a> {
                     })
             }
             Step::Permute(_) => {
+                let n = self.template.ndim();
                 let mut sigma = [0; 64];
                 let sigma = &mut sigma[..self.buf.allowed.len()];
-                permutation_into(state, next, sigma);
-                let over = Over::Permutation(sigma);
-                let distinct = |k: usize| distinct >> k & 1 == 1;
-                objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
+                permutation_into(&state.map[..n], &next.map[..n], sigma);
+                let price = || {
+                    let over = Over::Permutation(sigma);
+                    let distinct = |k: usize| distinct >> k & 1 == 1;
+                    objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
+                };
+                // Remembered by the permutation, packed a nibble a dim where it fits a word (a
+                // search prices the same few permutations of one shard over and over: pricing
+                // each was a tenth of the search).
+                if sigma.len() > PACKED_DIMS {
+                    return price();
+                }
+                let packed = sigma.iter().rev().fold(0usize, |word, &d| word << 4 | d);
+                let key = (OpKind::CollectivePermute, packed, shard, distinct);
+                if let Some(&known) = self.prices.borrow().get(&key) {
+                    return known;
+                }
+                let priced = price();
+                self.prices.borrow_mut().insert(key, priced);
+                priced
             }
         }
     }
@@ -975,19 +1002,18 @@ impl<'a> Space<'a> {
 
     /// The splits of the tensor dims `deferred` (a mask; the target leaves them unsplit) that a
     /// permute from `state` moves, handed each to the first device dim of its size in
-    /// [`Space::preferred`] order (where it is cheapest to gather) that is not its own, not
-    /// fixed, holds no partial sums and splits nothing in `next` (the map with the other moves
-    /// made and these dims unsplit); `None` if one finds none.
+    /// [`Space::preferred`] order (where it is cheapest to gather) that is not its own and not
+    /// `taken`: the fixed dims, those holding partial sums and those splitting a tensor dim in
+    /// `next` (the map with the other moves made and these dims unsplit), which the caller
+    /// knows (scanning `next` for them was a fifth of the permutes' enumeration); `None` if one
+    /// finds none.
     pub(super) fn settle(
         &self,
         state: &State,
         mut next: [i8; MAX_DIMS],
         deferred: u32,
+        mut taken: u64,
     ) -> Option<[i8; MAX_DIMS]> {
-        let mut taken = next
-            .iter()
-            .filter_map(|&m| u32::try_from(m).ok())
-            .fold(state.partial | self.fixed, |mask, k| mask | 1 << k);
         for i in bits(u64::from(deferred)) {
             let k = state.map[i] as usize;
             let options = self.buf.same_size[k] & !taken & !(1 << k);
@@ -1010,59 +1036,66 @@ impl<'a> Space<'a> {
     /// ([`permutation`]).
     fn permutes(&self, state: &State, used: u64, out: &mut Vec<(Step, State)>) {
         let n = self.template.ndim();
-        let movable = state.map[..n]
+        // The tensor dims whose split may move, and the device dims splitting them.
+        let (dims, movable) = state.map[..n]
             .iter()
-            .filter_map(|&m| u32::try_from(m).ok())
-            .filter(|&k| self.fixed >> k & 1 == 0)
-            .fold(0u64, |mask, k| mask | 1 << k);
+            .enumerate()
+            .filter_map(|(i, &m)| u32::try_from(m).ok().map(|k| (i, k)))
+            .filter(|&(_, k)| self.fixed >> k & 1 == 0)
+            .fold((0u32, 0u64), |(dims, movable), (i, k)| {
+                (dims | 1 << i, movable | 1 << k)
+            });
         let taken = (used | state.partial) & !movable;
-        self.assign(state, (state.map, 0), 0, taken, out);
+        self.assign(state, (state.map, 0, 0), dims, taken, out);
     }
 
-    /// The permutes that hand the splits of the movable dims from tensor dim `at` on, each to
-    /// itself, to a free dim of its size that splits that tensor dim in the target, or if the
-    /// target leaves it unsplit to the dim [`Space::settle`] picks; `next` is the map so far
-    /// (unsplit where deferred to `settle`) with the tensor dims deferred (a mask).
+    /// The permutes that hand the splits of the tensor dims `rest` (a mask of those whose split
+    /// may move, not yet assigned), each to itself, to a free dim of its size that splits that
+    /// tensor dim in the target, or if the target leaves it unsplit to the dim
+    /// [`Space::settle`] picks; `next` is the map so far (unsplit where deferred to `settle`)
+    /// with the tensor dims deferred and those whose split changes hands (masks, the deferred
+    /// among them: `settle` hands a split to another dim than its own).
     fn assign(
         &self,
         state: &State,
-        (mut next, deferred): ([i8; MAX_DIMS], u32),
-        at: usize,
+        (mut next, deferred, moved): ([i8; MAX_DIMS], u32, u32),
+        rest: u32,
         taken: u64,
         out: &mut Vec<(Step, State)>,
     ) {
-        let n = self.template.ndim();
-        let Some(i) = (at..n)
-            .find(|&i| usize::try_from(state.map[i]).is_ok_and(|k| self.fixed >> k & 1 == 0))
-        else {
-            let Some(next) = self.settle(state, next, deferred) else {
+        if rest == 0 {
+            if moved == 0 {
+                return;
+            }
+            // `taken` holds the fixed dims (they split where they are), the partial ones and
+            // those the moves took: every dim splitting a tensor dim in `next`.
+            let Some(next) = self.settle(state, next, deferred, taken) else {
                 return;
             };
-            if next != state.map {
-                let moved = (0..n)
-                    .filter(|&i| next[i] != state.map[i])
-                    .fold(0u32, |mask, i| mask | 1 << i);
-                out.push((
-                    Step::Permute(moved),
-                    State {
-                        map: next,
-                        partial: state.partial,
-                    },
-                ));
-            }
+            out.push((
+                Step::Permute(moved),
+                State {
+                    map: next,
+                    partial: state.partial,
+                },
+            ));
             return;
-        };
+        }
+        let i = rest.trailing_zeros() as usize;
+        let rest = rest & (rest - 1);
         let k = state.map[i] as usize;
         let options = self.buf.same_size[k] & !taken & !self.fixed;
         for d in bits(options) {
             if d == k || self.buf.goal[d] == Some(i) {
                 next[i] = d as i8;
-                self.assign(state, (next, deferred), i + 1, taken | 1 << d, out);
+                let moved = if d == k { moved } else { moved | 1 << i };
+                self.assign(state, (next, deferred, moved), rest, taken | 1 << d, out);
             }
         }
         if self.buf.target_map[i] < 0 {
             next[i] = -1;
-            self.assign(state, (next, deferred | 1 << i), i + 1, taken, out);
+            let (deferred, moved) = (deferred | 1 << i, moved | 1 << i);
+            self.assign(state, (next, deferred, moved), rest, taken, out);
         }
     }
 }
@@ -1072,20 +1105,21 @@ impl<'a> Space<'a> {
 /// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
 pub(super) fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
     let mut full = vec![0; h];
-    permutation_into(before, after, &mut full);
+    permutation_into(&before.map, &after.map, &mut full);
     full
 }
 
-/// [`permutation`] into `full` (one entry per device dim), without allocating: the search
-/// prices a permute at every step that makes one.
-fn permutation_into(before: &State, after: &State, full: &mut [usize]) {
+/// [`permutation`] of the maps `before` and `after` (as far as a layout's tensor dims go) into
+/// `full` (one entry per device dim), without allocating: the search prices a permute at every
+/// step that makes one.
+fn permutation_into(before: &[i8], after: &[i8], full: &mut [usize]) {
     // The dim taking over each dim's split (`NONE` if it gives up none), and the dims that take
     // one over.
     const NONE: u8 = u8::MAX;
     let h = full.len();
     let mut sigma = [NONE; 64];
     let mut taken_over = 0u64;
-    for (&k, &d) in before.map.iter().zip(&after.map) {
+    for (&k, &d) in before.iter().zip(after) {
         if let (Ok(k), Ok(d)) = (usize::try_from(k), u8::try_from(d)) {
             sigma[k] = d;
             taken_over |= 1 << d;
