@@ -53,7 +53,7 @@ impl Matrix<'_> {
     }
 
     #[inline]
-    fn get(&self, r: usize, c: usize) -> f64 {
+    pub(crate) fn get(&self, r: usize, c: usize) -> f64 {
         self.data[r * self.strides[0] + c * self.strides[1]]
     }
 

@@ -29,7 +29,7 @@ from typing import cast
 
 import numpy as np
 
-from taps._core import min_plus
+from taps._core import first_equal, min_plus
 from taps._core import min_plus_one as _core_min_plus_one
 from taps._support.deadline import check
 from taps.solve.problem import PairCost, Problem
@@ -96,29 +96,25 @@ def hash_groups(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _first_equal(flat: np.ndarray) -> np.ndarray:
-    """Per row of ``flat``, the index of the first row equal to it (rows grouped by a hash of
-    their bits, :func:`hash_groups`)."""
-    values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
-    groups = hash_groups(row_hashes(np.ascontiguousarray(values).view(np.uint64)), values)
-    if groups is None:
-        _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
-        groups = first, group.reshape(-1)
-    first, group = groups
-    return first[group]
+    """Per row of ``flat``, the index of the first row equal to it, entries compared as numbers
+    (the core's one pass over the rows in place: numpy's hashing and checking made five copies)."""
+    return first_equal(np.asarray(flat, dtype=np.float64))
 
 
-def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows, in
-    order of first appearance)."""
-    firsts, inverse = np.unique(_first_equal(rows.reshape(len(rows), -1)), return_inverse=True)
-    return inverse.reshape(-1)[classes], rows[firsts]
+def _compact(classes: np.ndarray, cost: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge classes whose slices of ``cost`` along ``axis`` are equal: (new class per
+    candidate, ``cost`` of the distinct slices, in order of first appearance; ``cost`` itself if
+    all are distinct)."""
+    slices = np.moveaxis(cost, axis, 0)
+    firsts, inverse = np.unique(_first_equal(slices.reshape(len(slices), -1)), return_inverse=True)
+    return inverse.reshape(-1)[classes], along(cost, firsts, axis)
 
 
 def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
     """A pair cost with equal rows and equal columns merged (a smaller ILP, the same costs)."""
-    u_class, cost = _compact(u_class, cost)
-    w_class, cost_t = _compact(w_class, np.swapaxes(cost, 0, 1))
-    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(np.swapaxes(cost_t, 0, 1)))
+    u_class, cost = _compact(u_class, cost, 0)
+    w_class, cost = _compact(w_class, cost, 1)
+    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(cost))
 
 
 def _class_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
