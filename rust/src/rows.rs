@@ -22,6 +22,7 @@ fn mix(h: u64, v: f64) -> u64 {
 }
 
 /// Per row of `m`, the index of the first row equal to it (itself if none before it is).
+#[must_use]
 pub fn first_equal(m: &Matrix<'_>) -> Vec<usize> {
     first_equal_by(m, &row_hashes(m))
 }
@@ -45,6 +46,7 @@ fn row_hashes(m: &Matrix<'_>) -> Vec<u64> {
 
 /// [`first_equal`] given each row's hash: a row is compared with the first rows of its hash
 /// only, so a collision costs a comparison, never a wrong answer.
+#[allow(clippy::float_cmp)] // equal rows are equal numbers, exactly
 fn first_equal_by(m: &Matrix<'_>, hashes: &[u64]) -> Vec<usize> {
     let equal = |a: usize, b: usize| (0..m.cols).all(|c| m.get(a, c) == m.get(b, c));
     let mut firsts: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
@@ -67,6 +69,7 @@ mod tests {
     use crate::minplus::tests::costs;
 
     /// Every earlier row compared with every row, plainly.
+    #[allow(clippy::float_cmp)]
     fn plain(m: &Matrix<'_>) -> Vec<usize> {
         (0..m.rows)
             .map(|r| {

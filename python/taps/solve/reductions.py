@@ -146,21 +146,25 @@ def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
     return array[(slice(None),) * axis + (index,)]
 
 
-def _min_plus(x: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
-    :func:`_lex_min` compares them), by the core's kernel on all cores (one objective: by
-    ``products``)."""
+def _min_plus(x: np.ndarray, shift: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
+    """``out[a, b] = min_k (x[a, k] + shift[k]) + y[k, b]`` (objectives on the last axis,
+    compared as :func:`_lex_min` compares them), by the core's kernel on all cores (one
+    objective: by ``products``, the shift added as the kernel packs ``x``)."""
     if x.shape[-1] == 1:
-        return products(x[..., 0], y[..., 0])[..., None]
-    x = np.ascontiguousarray(x, dtype=np.float64)
+        return products(x[..., 0], y[..., 0], shift[:, 0])[..., None]
+    x = np.ascontiguousarray(x + shift[None], dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     return min_plus(x, y, _TIE)
 
 
-def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def min_plus_one(x: np.ndarray, y: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective (a transposed view read in
-    place)."""
-    return _core_min_plus_one(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    place), ``x + shift`` (``shift`` along ``k``) in place of ``x`` if given (no copy of it)."""
+    return _core_min_plus_one(
+        np.asarray(x, dtype=np.float64),
+        np.asarray(y, dtype=np.float64),
+        None if shift is None else np.asarray(shift, dtype=np.float64),
+    )
 
 
 def _digest(a: np.ndarray) -> tuple[object, ...]:
@@ -172,8 +176,8 @@ def _digest(a: np.ndarray) -> tuple[object, ...]:
 
 
 class Products:
-    """One-objective min-plus products (:func:`min_plus_one`), each computed once per pair of
-    operands' values: the repeated layers of a model reduce to equal operands that are not the
+    """One-objective min-plus products (:func:`min_plus_one`), each computed once per operands'
+    values (and shift's): the repeated layers of a model reduce to equal operands that are not the
     same arrays (jax_llama's two layers: every large product twice). Only products whose work
     is :data:`MEMO_RATIO` times their operands' entries are hashed. The results are shared:
     callers must not change them in place."""
@@ -181,13 +185,13 @@ class Products:
     def __init__(self) -> None:
         self._done: dict[tuple[object, ...], np.ndarray] = {}
 
-    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, y: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
         (rows, inner), cols = x.shape, y.shape[1]
         if rows * inner * cols < MEMO_RATIO * (x.size + y.size):
-            return min_plus_one(x, y)
-        key = (_digest(x), _digest(y))
+            return min_plus_one(x, y, shift)
+        key = (_digest(x), _digest(y), None if shift is None else _digest(shift))
         if key not in self._done:
-            product = min_plus_one(x, y)
+            product = min_plus_one(x, y, shift)
             # Shared between steps: a write in place would change another step's operand.
             product.flags.writeable = False
             self._done[key] = product
@@ -324,7 +328,7 @@ def _series(
     if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
         return None
     best = _class_min(node, mid, len(p))
-    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0), products)
+    cost = _min_plus(along(left.cost, p, 1), best, along(right.cost, q, 0), products)
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 

@@ -340,19 +340,23 @@ pub(super) fn min_plus<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of one objective, on all cores:
-/// arrays in C or Fortran order (a transposed view too) are read in place, others copied first.
+/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of one objective, on all cores,
+/// `x[a, k] + shift[k]` in place of `x[a, k]` if `shift` is given: arrays in C or Fortran order
+/// (a transposed view too) are read in place, others copied first.
 #[pyfunction]
+#[pyo3(signature = (x, y, shift=None))]
 pub(super) fn min_plus_one<'py>(
     py: Python<'py>,
     x: PyReadonlyArray2<'py, f64>,
     y: PyReadonlyArray2<'py, f64>,
+    shift: Option<PyReadonlyArray1<'py, f64>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let (x, y) = (x.as_array(), y.as_array());
     let (x, y) = (in_place(&x), in_place(&y));
     let (xm, ym) = (matrix(&x), matrix(&y));
     let (rows, cols) = (xm.rows, ym.cols);
-    let out = py.detach(move || minplus::min_plus_one(xm, ym))?;
+    let shift = shift.as_ref().map(|s| s.as_array().to_vec());
+    let out = py.detach(move || minplus::min_plus_one(xm, shift.as_deref(), ym))?;
     let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
     Ok(array.into_pyarray(py))
 }
