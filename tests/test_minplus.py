@@ -46,16 +46,21 @@ def test_equals_numpy_with_ties_infinities_and_nans(xy: tuple[np.ndarray, np.nda
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-@given(st.integers(1, 2).flatmap(lambda k: operands(k, nan=False)))
-def test_reductions_product_equals_numpy(xy: tuple[np.ndarray, np.ndarray]) -> None:
-    """What the reductions call, on views the kernel must copy to contiguous arrays first."""
+@given(st.integers(1, 2).flatmap(lambda k: operands(k, nan=False)), st.data())
+def test_reductions_product_equals_numpy(xy: tuple[np.ndarray, np.ndarray], data) -> None:
+    """What the reductions call, on views the kernel must copy to contiguous arrays first, with a
+    shift of ``x``'s columns (the kernel adds it as it packs ``x``; numpy adds it first)."""
     x, y = xy
+    shift = data.draw(hnp.arrays(np.float64, x.shape[1:], elements=VALUES))
+    want = numpy_min_plus(x + shift[None], y)
     xt = np.asfortranarray(x)
-    got = reductions._min_plus(xt, y, reductions.Products())
-    np.testing.assert_array_equal(got, numpy_min_plus(x, y))
+    got = reductions._min_plus(xt, shift, y, reductions.Products())
+    np.testing.assert_array_equal(got, want)
     if x.shape[-1] == 1:
         got = reductions.min_plus_one(x[..., 0].T.copy().T, y[..., 0])
         np.testing.assert_array_equal(got, numpy_min_plus(x, y)[..., 0])
+        got = reductions.min_plus_one(x[..., 0].T.copy().T, y[..., 0], shift[:, 0])
+        np.testing.assert_array_equal(got, want[..., 0])
 
 
 def test_tie_within_tolerance_goes_to_the_second_objective() -> None:

@@ -229,11 +229,15 @@ def test_compact_merges_exactly_the_equal_rows(rows, cols, values, data):
     matrix = np.array(data.draw(st.lists(cells, min_size=rows * cols, max_size=rows * cols)))
     matrix = matrix.reshape(rows, cols)
     classes = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=8)))
-    merged, distinct = reductions._compact(classes, matrix)
+    merged, distinct = reductions._compact(classes, matrix, 0)
     np.testing.assert_array_equal(distinct[merged], matrix[classes])
     # As many classes as np.unique finds distinct rows, none of them equal.
     assert len(distinct) == len(np.unique(matrix, axis=0))
     assert len(np.unique(distinct, axis=0)) == len(distinct)
+    # The columns of the transposed matrix alike.
+    merged_t, distinct_t = reductions._compact(classes, matrix.T, 1)
+    np.testing.assert_array_equal(merged_t, merged)
+    np.testing.assert_array_equal(distinct_t, distinct.T)
 
 
 @settings(max_examples=200, deadline=None)
@@ -256,13 +260,21 @@ def test_group_min_is_each_class_least(members, count, width, data):
     np.testing.assert_array_equal(reductions._group_min(values, classes, count), want)
 
 
-def test_compact_survives_hash_collisions(monkeypatch):
-    # Every row hashes alike: the rows are then compared the slow way.
-    monkeypatch.setattr(reductions, "_ROW_HASH", np.zeros(4, dtype=np.uint64))
-    matrix = np.array([[1.0, 2.0], [0.0, 1.0], [1.0, 2.0], [-0.0, 1.0], [3.0, 3.0]])
-    merged, distinct = reductions._compact(np.arange(5), matrix)
-    assert merged.tolist() == [0, 1, 0, 1, 2]
-    np.testing.assert_array_equal(distinct[merged], matrix)
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 6), st.integers(1, 4), st.data())
+def test_first_equal_is_the_first_row_of_equal_numbers(rows, cols, values, data):
+    # The core's pass against comparing every earlier row, in every layout it reads in place
+    # (C, Fortran, a transposed view) or copies (a strided view): -0.0 equals 0.0, a row with a
+    # NaN equals no other.
+    cells = st.sampled_from([1.5, 0.0, -0.0, np.inf, np.nan][: values + 1])
+    matrix = np.array(data.draw(st.lists(cells, min_size=rows * cols, max_size=rows * cols)))
+    matrix = matrix.reshape(rows, cols)
+    want = [
+        next((f for f in range(r) if np.array_equal(matrix[f], matrix[r])), r) for r in range(rows)
+    ]
+    wide = np.repeat(matrix, 2, axis=1)
+    for layout in (matrix, np.asfortranarray(matrix), matrix.T.copy().T, wide[:, ::2]):
+        assert taps._core.first_equal(layout).tolist() == want
 
 
 @st.composite

@@ -30,6 +30,7 @@ __all__ = [
     "UnifyError",
     "allreduce_costs",
     "enumerate_strategies",
+    "first_equal",
     "frontier_sum",
     "gathered_sum",
     "inter_node_groups",
@@ -484,12 +485,22 @@ def min_plus(
     equals, and the entry is that ``k``'s sums: numpy's ``minimum``/``min``/``argmin`` to the bit.
     Raises TapsError when the shapes do not fit together or ``inner`` is 0."""
 
-def min_plus_one(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def min_plus_one(
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    shift: npt.NDArray[np.float64] | None = None,
+) -> npt.NDArray[np.float64]:
     """The min-plus product ``out[a, b] = min_k x[a, k] + y[k, b]`` of ``x (rows, inner)`` and
     ``y (inner, cols)``, one objective, on all cores: the sums in order of ``k``, numpy's
-    ``minimum`` of them to the bit (NaN if any is). Arrays in C or Fortran order (a transposed
-    view too) are read in place, others copied first. Raises TapsError when the inner sizes
-    differ or are 0."""
+    ``minimum`` of them to the bit (NaN if any is). With ``shift (inner,)``, ``x`` is read as
+    ``x + shift`` (numpy's sum to the bit, added as ``x`` is packed: no copy of it). Arrays in C
+    or Fortran order (a transposed view too) are read in place, others copied first. Raises
+    TapsError when the inner sizes differ or are 0."""
+
+def first_equal(m: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Per row of ``m (rows, cols)``, the index of the first row equal to it (itself if none
+    before it is), entries compared as numbers: -0.0 equals 0.0, a row holding NaN equals no
+    other. One pass over the matrix, read in place in C or Fortran order (others copied first)."""
 
 def frontier_sum(
     a: npt.NDArray[np.float64],

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod minplus;
 pub mod pareto;
 pub mod plan;
+pub mod rows;
 pub mod strategies;
 pub mod topology;
 pub mod unify;

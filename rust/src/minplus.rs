@@ -53,22 +53,33 @@ impl Matrix<'_> {
     }
 
     #[inline]
-    fn get(&self, r: usize, c: usize) -> f64 {
+    pub(crate) fn get(&self, r: usize, c: usize) -> f64 {
         self.data[r * self.strides[0] + c * self.strides[1]]
     }
 
-    /// Whether no sum of an entry of this matrix and one of `other` can be NaN (neither holds NaN
-    /// or -inf): then a plain comparison takes the least as numpy's `minimum` does.
-    fn sums_are_numbers(&self, other: &Matrix<'_>) -> bool {
-        let numbers = |m: &Matrix<'_>| {
-            (0..m.rows).all(|r| (0..m.cols).all(|c| m.get(r, c) > f64::NEG_INFINITY))
+    /// Entry `(r, c)` plus `shift[c]` (the entry itself without a shift).
+    #[inline]
+    fn shifted(&self, r: usize, c: usize, shift: Option<&[f64]>) -> f64 {
+        match shift {
+            Some(s) => self.get(r, c) + s[c],
+            None => self.get(r, c),
+        }
+    }
+
+    /// Whether no sum of an entry of this matrix (plus `shift` of its column) and one of `other`
+    /// can be NaN (neither holds NaN or -inf): then a plain comparison takes the least as numpy's
+    /// `minimum` does.
+    fn sums_are_numbers(&self, shift: Option<&[f64]>, other: &Matrix<'_>) -> bool {
+        let numbers = |m: &Matrix<'_>, shift: Option<&[f64]>| {
+            (0..m.rows).all(|r| (0..m.cols).all(|c| m.shifted(r, c, shift) > f64::NEG_INFINITY))
         };
-        numbers(self) && numbers(other)
+        numbers(self, shift) && numbers(other, None)
     }
 
     /// Panels of `width` rows (`transposed`: columns) at a time, each stored by its other index
-    /// then its `width` entries, padded with zeros past the last.
-    fn panels(&self, width: usize, transposed: bool) -> Vec<f64> {
+    /// then its `width` entries, padded with zeros past the last; `shift` (untransposed only) is
+    /// added to each column's entries as they are packed.
+    fn panels(&self, width: usize, transposed: bool, shift: Option<&[f64]>) -> Vec<f64> {
         let (outer, inner) = if transposed {
             (self.cols, self.rows)
         } else {
@@ -86,7 +97,7 @@ impl Matrix<'_> {
                             *e = if transposed {
                                 self.get(k, o)
                             } else {
-                                self.get(o, k)
+                                self.shifted(o, k, shift)
                             };
                         }
                     }
@@ -179,7 +190,7 @@ pub fn min_plus(x: &[f64], y: &[f64], dims: Dims, tie: f64) -> Result<Vec<f64>> 
             cols,
             strides: [cols, 1],
         };
-        return min_plus_one(x, y);
+        return min_plus_one(x, None, y);
     }
     let mut out = vec![0.0; rows * cols * objectives];
     if out.is_empty() {
@@ -339,26 +350,28 @@ fn has_avx2() -> bool {
 }
 
 /// `out[a, b] = min_k x[a, k] + y[k, b]`, row-major, `k` in order for every entry: numpy's
-/// `minimum` of the sums in turn, to the bit (NaN if any sum is). Tiles of `MR x NR` entries keep
-/// their minima in registers while `k` runs, over packed panels of `x`'s rows and `y`'s columns;
-/// in parallel over blocks of rows.
+/// `minimum` of the sums in turn, to the bit (NaN if any sum is). With `shift`, `x[a, k]` is
+/// `x[a, k] + shift[k]` (numpy's `x + shift` to the bit, added as `x` is packed: no copy of `x`
+/// is made for it). Tiles of `MR x NR` entries keep their minima in registers while `k` runs,
+/// over packed panels of `x`'s rows and `y`'s columns; in parallel over blocks of rows.
 ///
 /// # Errors
-/// [`Error::Shape`] if `x`'s columns are not `y`'s rows, there are none, or a matrix does not fit
-/// in its slice.
-pub fn min_plus_one(x: Matrix<'_>, y: Matrix<'_>) -> Result<Vec<f64>> {
-    product(x, y, has_avx2())
+/// [`Error::Shape`] if `x`'s columns are not `y`'s rows or `shift`'s entries, there are none, or
+/// a matrix does not fit in its slice.
+pub fn min_plus_one(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>) -> Result<Vec<f64>> {
+    product(x, shift, y, has_avx2())
 }
 
 /// [`min_plus_one`], with AVX2 if `avx2` (which the processor must then have).
-fn product(x: Matrix<'_>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
+fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
     x.check("the rows")?;
     y.check("the columns")?;
     let (rows, inner, cols) = (x.rows, x.cols, y.cols);
-    if y.rows != inner || inner == 0 {
+    if y.rows != inner || inner == 0 || shift.is_some_and(|s| s.len() != inner) {
         return Err(Error::Shape(format!(
-            "min-plus product of {rows} x {inner} by {} x {cols} costs: the inner sizes must \
-             match and be positive",
+            "min-plus product of {rows} x {inner} (shifted by {:?} costs) by {} x {cols} costs: \
+             the inner sizes must match and be positive",
+            shift.map(<[f64]>::len),
             y.rows
         )));
     }
@@ -369,13 +382,13 @@ fn product(x: Matrix<'_>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
     if size == 0 {
         return Ok(out);
     }
-    let ys = y.panels(NR, true);
+    let ys = y.panels(NR, true, None);
     // Enough jobs for every core, each of whole row tiles.
     let tiles = rows.div_ceil(MR);
     let per_job = tiles
         .div_ceil(4 * rayon::current_num_threads())
         .clamp(1, JOB_TILES);
-    let nan = !x.sums_are_numbers(&y);
+    let nan = !x.sums_are_numbers(shift, &y);
     out.par_chunks_mut(per_job * MR * cols)
         .enumerate()
         .for_each(|(job, block)| {
@@ -384,7 +397,7 @@ fn product(x: Matrix<'_>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
                 rows: block.len() / cols,
                 ..x
             }
-            .panels(MR, false);
+            .panels(MR, false, shift);
             let job = Job {
                 xs: &xs,
                 ys: &ys,
@@ -400,12 +413,13 @@ fn product(x: Matrix<'_>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
 pub(crate) mod tests {
     use super::*;
 
-    /// numpy's loop, plainly: the first sum, then `minimum` with each next one.
-    fn plain(x: &Matrix<'_>, y: &Matrix<'_>) -> Vec<f64> {
+    /// numpy's loop, plainly: the first sum, then `minimum` with each next one (`x + shift`
+    /// first, as numpy's broadcast sum).
+    fn plain(x: &Matrix<'_>, shift: Option<&[f64]>, y: &Matrix<'_>) -> Vec<f64> {
         let mut out = Vec::new();
         for a in 0..x.rows {
             for b in 0..y.cols {
-                let sum = |k: usize| x.get(a, k) + y.get(k, b);
+                let sum = |k: usize| x.shifted(a, k, shift) + y.get(k, b);
                 out.push((1..x.cols).fold(sum(0), |m, k| np_minimum(m, sum(k))));
             }
         }
@@ -463,15 +477,31 @@ pub(crate) mod tests {
                     cols,
                     strides: [1, inner],
                 };
-                let got = min_plus_one(x, y).unwrap();
+                let got = min_plus_one(x, None, y).unwrap();
                 assert_eq!(
                     bits(&got),
-                    bits(&plain(&x, &y)),
+                    bits(&plain(&x, None, &y)),
                     "{rows} {inner} {cols} {odd}"
                 );
                 // Without AVX2 (the dispatch takes it where the processor has it).
-                let sse2 = product(x, y, false).unwrap();
+                let sse2 = product(x, None, y, false).unwrap();
                 assert_eq!(bits(&sse2), bits(&got), "{rows} {inner} {cols} {odd}");
+                // A shift of x's columns, added as x is packed, in both instruction sets. (NaNs
+                // as one: which sign a sum of two NaNs keeps is the compiler's choice, as an
+                // addition's operands may be swapped.)
+                let shift = costs(inner, seed + 200, odd);
+                let numbers = |v: Vec<f64>| {
+                    let v: Vec<f64> = v
+                        .into_iter()
+                        .map(|e| if e.is_nan() { f64::NAN } else { e })
+                        .collect();
+                    bits(&v)
+                };
+                let want = numbers(plain(&x, Some(&shift), &y));
+                for avx2 in [false, has_avx2()] {
+                    let shifted = product(x, Some(&shift), y, avx2).unwrap();
+                    assert_eq!(numbers(shifted), want, "{rows} {inner} {cols} {odd} {avx2}");
+                }
                 // The contiguous entry point takes the same path.
                 let yc: Vec<f64> = (0..inner * cols)
                     .map(|i| y.get(i / cols, i % cols))
@@ -503,7 +533,14 @@ pub(crate) mod tests {
             cols: 1,
             strides: [1, 1],
         };
-        assert!(min_plus_one(x, y).unwrap()[0].is_nan());
+        assert!(min_plus_one(x, None, y).unwrap()[0].is_nan());
+        // So is one of a shifted entry: x's inf plus a shift of -inf.
+        let y = Matrix {
+            data: &[0.0, 0.0],
+            ..y
+        };
+        let shift = [0.0, f64::NEG_INFINITY];
+        assert!(min_plus_one(x, Some(&shift), y).unwrap()[0].is_nan());
     }
 
     #[test]
@@ -515,9 +552,14 @@ pub(crate) mod tests {
             cols,
             strides,
         };
-        assert!(min_plus_one(m(2, 3, [3, 1]), m(2, 3, [3, 1])).is_err());
-        assert!(min_plus_one(m(2, 0, [3, 1]), m(0, 3, [3, 1])).is_err());
-        assert!(min_plus_one(m(3, 3, [3, 1]), m(3, 2, [2, 1])).is_err());
-        assert_eq!(min_plus_one(m(0, 3, [3, 1]), m(3, 2, [2, 1])).unwrap(), []);
+        assert!(min_plus_one(m(2, 3, [3, 1]), None, m(2, 3, [3, 1])).is_err());
+        assert!(min_plus_one(m(2, 0, [3, 1]), None, m(0, 3, [3, 1])).is_err());
+        assert!(min_plus_one(m(3, 3, [3, 1]), None, m(3, 2, [2, 1])).is_err());
+        assert_eq!(
+            min_plus_one(m(0, 3, [3, 1]), None, m(3, 2, [2, 1])).unwrap(),
+            []
+        );
+        // A shift of another length than the inner size.
+        assert!(min_plus_one(m(2, 3, [3, 1]), Some(&[0.0; 2]), m(3, 2, [2, 1])).is_err());
     }
 }

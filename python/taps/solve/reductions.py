@@ -29,7 +29,7 @@ from typing import cast
 
 import numpy as np
 
-from taps._core import min_plus
+from taps._core import first_equal, min_plus
 from taps._core import min_plus_one as _core_min_plus_one
 from taps._support.deadline import check
 from taps.solve.problem import PairCost, Problem
@@ -96,29 +96,25 @@ def hash_groups(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _first_equal(flat: np.ndarray) -> np.ndarray:
-    """Per row of ``flat``, the index of the first row equal to it (rows grouped by a hash of
-    their bits, :func:`hash_groups`)."""
-    values = flat + 0.0  # -0.0 as 0.0: equal values, one bit pattern
-    groups = hash_groups(row_hashes(np.ascontiguousarray(values).view(np.uint64)), values)
-    if groups is None:
-        _, first, group = np.unique(values, axis=0, return_index=True, return_inverse=True)
-        groups = first, group.reshape(-1)
-    first, group = groups
-    return first[group]
+    """Per row of ``flat``, the index of the first row equal to it, entries compared as numbers
+    (the core's one pass over the rows in place: numpy's hashing and checking made five copies)."""
+    return first_equal(np.asarray(flat, dtype=np.float64))
 
 
-def _compact(classes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge classes whose rows of cost are equal: (new class per candidate, distinct rows, in
-    order of first appearance)."""
-    firsts, inverse = np.unique(_first_equal(rows.reshape(len(rows), -1)), return_inverse=True)
-    return inverse.reshape(-1)[classes], rows[firsts]
+def _compact(classes: np.ndarray, cost: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge classes whose slices of ``cost`` along ``axis`` are equal: (new class per
+    candidate, ``cost`` of the distinct slices, in order of first appearance; ``cost`` itself if
+    all are distinct)."""
+    slices = np.moveaxis(cost, axis, 0)
+    firsts, inverse = np.unique(_first_equal(slices.reshape(len(slices), -1)), return_inverse=True)
+    return inverse.reshape(-1)[classes], along(cost, firsts, axis)
 
 
 def _pair(u: str, w: str, u_class: np.ndarray, w_class: np.ndarray, cost: np.ndarray) -> PairCost:
     """A pair cost with equal rows and equal columns merged (a smaller ILP, the same costs)."""
-    u_class, cost = _compact(u_class, cost)
-    w_class, cost_t = _compact(w_class, np.swapaxes(cost, 0, 1))
-    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(np.swapaxes(cost_t, 0, 1)))
+    u_class, cost = _compact(u_class, cost, 0)
+    w_class, cost = _compact(w_class, cost, 1)
+    return PairCost(u, w, u_class, w_class, np.ascontiguousarray(cost))
 
 
 def _class_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,21 +146,25 @@ def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
     return array[(slice(None),) * axis + (index,)]
 
 
-def _min_plus(x: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
-    """``out[a, b] = min_k x[a, k] + y[k, b]`` (objectives on the last axis, compared as
-    :func:`_lex_min` compares them), by the core's kernel on all cores (one objective: by
-    ``products``)."""
+def _min_plus(x: np.ndarray, shift: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
+    """``out[a, b] = min_k (x[a, k] + shift[k]) + y[k, b]`` (objectives on the last axis,
+    compared as :func:`_lex_min` compares them), by the core's kernel on all cores (one
+    objective: by ``products``, the shift added as the kernel packs ``x``)."""
     if x.shape[-1] == 1:
-        return products(x[..., 0], y[..., 0])[..., None]
-    x = np.ascontiguousarray(x, dtype=np.float64)
+        return products(x[..., 0], y[..., 0], shift[:, 0])[..., None]
+    x = np.ascontiguousarray(x + shift[None], dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     return min_plus(x, y, _TIE)
 
 
-def min_plus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def min_plus_one(x: np.ndarray, y: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
     """``out[a, b] = min_k x[a, k] + y[k, b]`` of one objective (a transposed view read in
-    place)."""
-    return _core_min_plus_one(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    place), ``x + shift`` (``shift`` along ``k``) in place of ``x`` if given (no copy of it)."""
+    return _core_min_plus_one(
+        np.asarray(x, dtype=np.float64),
+        np.asarray(y, dtype=np.float64),
+        None if shift is None else np.asarray(shift, dtype=np.float64),
+    )
 
 
 def _digest(a: np.ndarray) -> tuple[object, ...]:
@@ -176,8 +176,8 @@ def _digest(a: np.ndarray) -> tuple[object, ...]:
 
 
 class Products:
-    """One-objective min-plus products (:func:`min_plus_one`), each computed once per pair of
-    operands' values: the repeated layers of a model reduce to equal operands that are not the
+    """One-objective min-plus products (:func:`min_plus_one`), each computed once per operands'
+    values (and shift's): the repeated layers of a model reduce to equal operands that are not the
     same arrays (jax_llama's two layers: every large product twice). Only products whose work
     is :data:`MEMO_RATIO` times their operands' entries are hashed. The results are shared:
     callers must not change them in place."""
@@ -185,13 +185,13 @@ class Products:
     def __init__(self) -> None:
         self._done: dict[tuple[object, ...], np.ndarray] = {}
 
-    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, y: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
         (rows, inner), cols = x.shape, y.shape[1]
         if rows * inner * cols < MEMO_RATIO * (x.size + y.size):
-            return min_plus_one(x, y)
-        key = (_digest(x), _digest(y))
+            return min_plus_one(x, y, shift)
+        key = (_digest(x), _digest(y), None if shift is None else _digest(shift))
         if key not in self._done:
-            product = min_plus_one(x, y)
+            product = min_plus_one(x, y, shift)
             # Shared between steps: a write in place would change another step's operand.
             product.flags.writeable = False
             self._done[key] = product
@@ -328,7 +328,7 @@ def _series(
     if work > (MAX_SERIES_WORK if objectives == 1 else MAX_SERIES_WORK // 5):
         return None
     best = _class_min(node, mid, len(p))
-    cost = _min_plus(along(left.cost, p, 1) + best[None], along(right.cost, q, 0), products)
+    cost = _min_plus(along(left.cost, p, 1), best, along(right.cost, q, 0), products)
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 

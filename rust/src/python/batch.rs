@@ -1,6 +1,7 @@
 //! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`,
 //! `allreduce_costs`, `gathered_sum`, `min_plus` and `min_plus_one`, on all cores with the GIL
-//! released, and `frontier_sum` (one core) for the memory-limited search.
+//! released, `first_equal` (one core, the GIL released) for the reductions' merges of equal
+//! rows, and `frontier_sum` (one core) for the memory-limited search.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -23,6 +24,7 @@ use crate::layout::Layout;
 use crate::minplus;
 use crate::pareto;
 use crate::plan::Planner;
+use crate::rows;
 use crate::topology::CostModel;
 
 /// The matrix of redistribution costs from each source to each target, on all cores; a
@@ -338,21 +340,43 @@ pub(super) fn min_plus<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of one objective, on all cores:
-/// arrays in C or Fortran order (a transposed view too) are read in place, others copied first.
+/// The min-plus product `out[a, b] = min_k x[a, k] + y[k, b]` of one objective, on all cores,
+/// `x[a, k] + shift[k]` in place of `x[a, k]` if `shift` is given: arrays in C or Fortran order
+/// (a transposed view too) are read in place, others copied first.
 #[pyfunction]
+#[pyo3(signature = (x, y, shift=None))]
 pub(super) fn min_plus_one<'py>(
     py: Python<'py>,
     x: PyReadonlyArray2<'py, f64>,
     y: PyReadonlyArray2<'py, f64>,
+    shift: Option<PyReadonlyArray1<'py, f64>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let (x, y) = (x.as_array(), y.as_array());
     let (x, y) = (in_place(&x), in_place(&y));
     let (xm, ym) = (matrix(&x), matrix(&y));
     let (rows, cols) = (xm.rows, ym.cols);
-    let out = py.detach(move || minplus::min_plus_one(xm, ym))?;
+    let shift = shift.as_ref().map(|s| s.as_array().to_vec());
+    let out = py.detach(move || minplus::min_plus_one(xm, shift.as_deref(), ym))?;
     let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
     Ok(array.into_pyarray(py))
+}
+
+/// Per row of a matrix, the index of the first row equal to it ([`rows::first_equal`]: entries
+/// compared as numbers). Arrays in C or Fortran order are read in place, others copied first.
+#[pyfunction]
+pub(super) fn first_equal<'py>(
+    py: Python<'py>,
+    m: PyReadonlyArray2<'py, f64>,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let m = m.as_array();
+    let m = in_place(&m);
+    let m = matrix(&m);
+    let firsts = py.detach(move || rows::first_equal(&m));
+    let firsts: Vec<i64> = firsts
+        .into_iter()
+        .map(|f| i64::try_from(f).expect("a row index fits in i64"))
+        .collect();
+    Ok(firsts.into_pyarray(py))
 }
 
 /// The sum of gathered matrices ([`gathered::gathered_sum`]): each term `(matrix, rows, cols,

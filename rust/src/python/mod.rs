@@ -71,6 +71,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::gathered_sum, m)?)?;
     m.add_function(wrap_pyfunction!(batch::min_plus, m)?)?;
     m.add_function(wrap_pyfunction!(batch::min_plus_one, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::first_equal, m)?)?;
     m.add_function(wrap_pyfunction!(batch::frontier_sum, m)?)?;
     m.add_function(wrap_pyfunction!(cuts::least_cuts, m)?)?;
     m.add_function(wrap_pyfunction!(cuts::least_bottleneck, m)?)?;
