@@ -214,3 +214,55 @@ def test_a_watched_batch_equals_its_rows_priced_alone():
     assert whole.shape == (100, 100)
     np.testing.assert_array_equal(whole, rows)
     assert np.count_nonzero(whole) > 9000
+
+
+@pytest.mark.parametrize(
+    ("planner", "model", "count"), [("paper", "topology", 70), ("optimal", "volume", 12)]
+)
+def test_costs_written_into_out_are_the_returned_matrix(planner, model, count):
+    """``out=``: the costs written into a caller's matrix (C order, or a block of rows and
+    columns of a wider one; rows wider than a job, narrow ones, repeated layouts) are the matrix
+    the kernel returns, bit for bit, and nothing outside the block is written."""
+    layouts = _distributions([8, 16, 32, 64], 16)[:count]
+    cl = taps.Cluster(2, 8)
+    cases = [
+        (layouts, layouts),
+        (layouts[:3], layouts),
+        (layouts, layouts[:2]),
+        (layouts[:5] * 2, layouts[7:] + layouts[7:9]),
+        ([], layouts),
+        (layouts, []),
+    ]
+    for sources, targets in cases:
+        want = taps.redistribution_costs(sources, targets, cl, 4, model, planner)
+        out = np.full(want.shape, np.nan)
+        assert taps.redistribution_costs(sources, targets, cl, 4, model, planner, out=out) is out
+        assert out.tobytes() == want.tobytes()
+        wide = np.full((len(sources) + 3, len(targets) + 5), np.nan)
+        block = wide[2 : 2 + len(sources), 1 : 1 + len(targets)]
+        taps.redistribution_costs(sources, targets, cl, 4, model, planner, out=block)
+        assert np.ascontiguousarray(block).tobytes() == want.tobytes()
+        block[...] = np.nan
+        assert np.isnan(wide).all()
+
+
+def test_a_bad_out_is_refused():
+    """An ``out`` of another dtype, shape or number of dims, one whose rows are not contiguous,
+    a read-only one, or no array at all: a one-line TapsError, nothing priced."""
+    layouts = _distributions([8, 16], 4)[:3]
+    cl = taps.Cluster(1, 4)
+    read_only = np.zeros((3, 3))
+    read_only.flags.writeable = False
+    bad = [
+        np.zeros((3, 3), np.float32),
+        np.zeros((3, 4)),
+        np.zeros(9),
+        np.zeros((3, 3)).T,
+        np.zeros((3, 6))[:, ::2],
+        read_only,
+        "costs",
+    ]
+    for out in bad:
+        with pytest.raises(taps.TapsError, match=r"^out[^\n]*$"):
+            taps.redistribution_costs(layouts, layouts, cl, out=out)
+    assert not read_only.any()

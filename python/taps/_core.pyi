@@ -416,11 +416,16 @@ def redistribution_costs(
     model: _CostModel = "topology",
     planner: _Planner = "paper",
     time_limit: float | None = None,
+    out: npt.NDArray[np.float64] | None = None,
 ) -> npt.NDArray[np.float64]:
     """The matrix of redistribution costs from each source to each target, on all cores.
 
-    Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
-    milliseconds."""
+    With ``out`` (a writable float64 array of that shape whose rows are each contiguous: C
+    order, or a block of rows and columns of a C-ordered matrix) the costs are written there
+    and ``out`` is returned; any other ``out`` raises TapsError.
+
+    Raises TimeLimitError if ``time_limit`` seconds pass first (``out`` is then partly
+    written); Ctrl-C stops it within milliseconds."""
 
 def redistribution_pair_costs(
     sources: Sequence[Layout],

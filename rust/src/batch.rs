@@ -102,75 +102,89 @@ pub fn redistribution_costs(
 /// that one source against many targets is shared among every core.
 const PAIRS_PER_JOB: usize = 64;
 
-/// Per distinct pair of `src` x `tgt` (row-major), Algorithm 1's cost; and, with
-/// `volume_prices` (the optimal planner comparing under the volume model), its elements, not its
-/// bytes, whose rounding could break a tie otherwise than the planner does (under the topology
-/// model its price is its cost). One f64 per pair otherwise: on a table of millions of pairs each
-/// copy is tens of megabytes.
+/// The rows of the row-major `rows x width` matrix `flat` (`rows` of them when `width` is 0).
+fn rows_of(flat: &mut [f64], rows: usize, width: usize) -> Vec<&mut [f64]> {
+    if width == 0 {
+        return (0..rows).map(|_| Default::default()).collect();
+    }
+    flat.chunks_mut(width).collect()
+}
+
+/// A run of a row of [`paper_costs`]'s matrix: its row, its first column, and its entries.
+struct Piece<'a> {
+    row: usize,
+    column: usize,
+    costs: &'a mut [f64],
+    volumes: Option<&'a mut [f64]>,
+}
+
+/// Per distinct pair of `src` x `tgt`, Algorithm 1's cost, written into `costs` (a row per
+/// source, an entry per target); and, into `volumes` (the optimal planner comparing under the
+/// volume model), its elements, not its bytes, whose rounding could break a tie otherwise than
+/// the planner does (under the topology model its price is its cost). Every entry is written.
 fn paper_costs(
-    src: &[&Layout],
-    tgt: &[&Layout],
-    cluster: &Cluster,
-    dtype_bytes: f64,
-    model: CostModel,
-    volume_prices: bool,
+    pairs: &Pairs<'_>,
     stop: &AtomicBool,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+    costs: &mut [&mut [f64]],
+    volumes: Option<&mut [&mut [f64]]>,
+) -> Result<()> {
+    let Pairs {
+        src,
+        tgt,
+        cluster,
+        dtype_bytes,
+        model,
+    } = *pairs;
     // What the pair kernel needs of each layout, worked out once per layout, not per pair.
     let prepared_src: Vec<paper::Prepared> =
         src.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let prepared_tgt: Vec<paper::Prepared> =
         tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
     let width = tgt.len();
-    let mut distinct = try_filled(src.len() * width, 0.0, "the layout pairs' costs")?;
-    let mut elements = if volume_prices {
-        try_filled(distinct.len(), 0.0, "the layout pairs' costs")?
-    } else {
-        Vec::new()
-    };
     // The target equal to each source, if any (the targets are distinct): found once, not
     // compared per pair.
     let columns: FxHashMap<&Layout, usize> = tgt.iter().enumerate().map(|(j, l)| (*l, j)).collect();
     let twin: Vec<Option<usize>> = src.iter().map(|l| columns.get(l).copied()).collect();
-    // Jobs of consecutive pairs, each a few runs of a row's columns (no division per pair).
-    let job = |scratch: &mut paper::Scratch,
-               c: usize,
-               costs: &mut [f64],
-               mut volumes: Option<&mut [f64]>| {
-        let start = c * PAIRS_PER_JOB;
-        let (mut i, mut j) = (start / width, start % width);
-        let mut done = 0;
-        while done < costs.len() {
-            let end = done + (width - j).min(costs.len() - done);
-            let run = paper::Run {
-                source: &prepared_src[i],
-                targets: &prepared_tgt[j..j + end - done],
-                twin: twin[i].and_then(|t| t.checked_sub(j)),
-                costs: &mut costs[done..end],
-                volumes: volumes.as_deref_mut().map(|v| &mut v[done..end]),
-            };
-            paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch)?;
-            (done, i, j) = (end, i + 1, 0);
+    // Runs of at most a job's pairs of each row (the rows may be a caller's, apart in memory),
+    // and jobs of about that many pairs: a run of a wide row, or a few narrow rows.
+    let mut volumes = volumes.map(|v| v.iter_mut().map(Some).collect::<Vec<_>>());
+    let mut pieces = Vec::new();
+    reserve(
+        &mut pieces,
+        costs.len() * width.div_ceil(PAIRS_PER_JOB),
+        "the layout pairs' jobs",
+    )?;
+    for (row, costs) in costs.iter_mut().enumerate() {
+        let mut volumes = volumes
+            .as_mut()
+            .and_then(|v| v[row].take())
+            .map(|v| v.chunks_mut(PAIRS_PER_JOB));
+        for (c, costs) in costs.chunks_mut(PAIRS_PER_JOB).enumerate() {
+            pieces.push(Piece {
+                row,
+                column: c * PAIRS_PER_JOB,
+                costs,
+                volumes: volumes.as_mut().and_then(Iterator::next),
+            });
         }
-        Ok::<_, Error>(())
-    };
-    if volume_prices {
-        distinct
-            .par_chunks_mut(PAIRS_PER_JOB)
-            .zip(elements.par_chunks_mut(PAIRS_PER_JOB))
-            .enumerate()
-            .try_for_each_init(paper::Scratch::default, |scratch, (c, (costs, volumes))| {
-                job(scratch, c, costs, Some(volumes))
-            })?;
-    } else {
-        distinct
-            .par_chunks_mut(PAIRS_PER_JOB)
-            .enumerate()
-            .try_for_each_init(paper::Scratch::default, |scratch, (c, costs)| {
-                job(scratch, c, costs, None)
-            })?;
     }
-    Ok((distinct, elements))
+    let per_job = (PAIRS_PER_JOB / width.max(1)).max(1);
+    pieces
+        .par_chunks_mut(per_job)
+        .try_for_each_init(paper::Scratch::default, |scratch, job| {
+            for piece in job {
+                let (i, j) = (piece.row, piece.column);
+                let run = paper::Run {
+                    source: &prepared_src[i],
+                    targets: &prepared_tgt[j..j + piece.costs.len()],
+                    twin: twin[i].and_then(|t| t.checked_sub(j)),
+                    costs: &mut *piece.costs,
+                    volumes: piece.volumes.as_deref_mut(),
+                };
+                paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch)?;
+            }
+            Ok::<_, Error>(())
+        })
 }
 
 /// [`redistribution_costs`] that another thread may stop by setting `stop` (the optimal
@@ -187,6 +201,50 @@ pub fn redistribution_costs_until(
     planner: Planner,
     stop: &AtomicBool,
 ) -> Result<Option<Vec<f64>>> {
+    let (rows, width) = (sources.len(), targets.len());
+    let mut costs = try_filled(rows * width, 0.0, "the layout pairs' costs")?;
+    let done = redistribution_costs_into(
+        sources,
+        targets,
+        cluster,
+        dtype_bytes,
+        model,
+        planner,
+        stop,
+        &mut rows_of(&mut costs, rows, width),
+    )?;
+    Ok(done.then_some(costs))
+}
+
+/// [`redistribution_costs_until`] written into `out`, a row per source with an entry per target
+/// (a caller's matrix, whose rows may lie apart in memory, as a block of a wider one): whether it
+/// ran to the end (not once `stop` is set; `out` is then partly written).
+///
+/// # Errors
+/// [`Error::Shape`] if `out` is not `sources.len()` rows of `targets.len()` entries, else as
+/// [`redistribution_costs`].
+#[allow(clippy::too_many_arguments)]
+pub fn redistribution_costs_into(
+    sources: &[Layout],
+    targets: &[Layout],
+    cluster: &Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+    planner: Planner,
+    stop: &AtomicBool,
+    out: &mut [&mut [f64]],
+) -> Result<bool> {
+    if out.len() != sources.len() || out.iter().any(|row| row.len() != targets.len()) {
+        let widths: Vec<usize> = out.iter().map(|row| row.len()).collect();
+        return Err(Error::Shape(format!(
+            "the costs of {} sources and {} targets need {} rows of {} entries, got rows of {:?}",
+            sources.len(),
+            targets.len(),
+            sources.len(),
+            targets.len(),
+            &widths[..widths.len().min(4)]
+        )));
+    }
     check_dtype_bytes(dtype_bytes)?;
     for layout in sources.iter().chain(targets) {
         cluster.check(layout)?;
@@ -194,91 +252,162 @@ pub fn redistribution_costs_until(
     let (src, src_index) = dedupe(sources);
     let (tgt, tgt_index) = dedupe(targets);
     check_one_tensor(&src, &tgt)?;
-    let volume_prices = planner == Planner::Optimal && model == CostModel::Volume;
-    let (mut distinct, elements) =
-        paper_costs(&src, &tgt, cluster, dtype_bytes, model, volume_prices, stop)?;
+    let priced = |distinct: &mut [&mut [f64]]| {
+        let pairs = Pairs {
+            src: &src,
+            tgt: &tgt,
+            cluster,
+            dtype_bytes,
+            model,
+        };
+        distinct_costs(&pairs, planner, stop, distinct)
+    };
+    // Sets without repeats (as the search passes them) are their own matrix: priced in place.
+    let identity = |index: &[usize]| index.iter().enumerate().all(|(i, &j)| i == j);
+    if identity(&src_index) && identity(&tgt_index) {
+        return priced(out);
+    }
     let width = tgt.len();
+    let mut distinct = try_filled(src.len() * width, 0.0, "the layout pairs' costs")?;
+    if !priced(&mut rows_of(&mut distinct, src.len(), width))? {
+        return Ok(false);
+    }
+    for (row, &i) in out.iter_mut().zip(&src_index) {
+        for (cost, &j) in row.iter_mut().zip(&tgt_index) {
+            *cost = distinct[i * width + j];
+        }
+    }
+    Ok(true)
+}
+
+/// The distinct layouts of a batch, and what they are priced on.
+struct Pairs<'a> {
+    src: &'a [&'a Layout],
+    tgt: &'a [&'a Layout],
+    cluster: &'a Cluster,
+    dtype_bytes: f64,
+    model: CostModel,
+}
+
+/// The costs of the distinct pairs under `planner`, written into `distinct` (a row per distinct
+/// source), as [`redistribution_costs`] plans them: whether it ran to the end (not once `stop`
+/// is set).
+fn distinct_costs(
+    pairs: &Pairs<'_>,
+    planner: Planner,
+    stop: &AtomicBool,
+    distinct: &mut [&mut [f64]],
+) -> Result<bool> {
+    let (rows, width) = (pairs.src.len(), pairs.tgt.len());
+    let volume_prices = planner == Planner::Optimal && pairs.model == CostModel::Volume;
+    let mut elements = if volume_prices {
+        try_filled(rows * width, 0.0, "the layout pairs' costs")?
+    } else {
+        Vec::new()
+    };
+    let mut element_rows = rows_of(&mut elements, if volume_prices { rows } else { 0 }, width);
+    let volumes = volume_prices.then_some(&mut element_rows[..]);
+    paper_costs(pairs, stop, distinct, volumes)?;
     if planner == Planner::Optimal && !stop.load(Relaxed) {
-        let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
-        let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
-        let (csrc, csrc_index) = dedupe(&canon_src);
-        let (ctgt, ctgt_index) = dedupe(&canon_tgt);
-        let cwidth = ctgt.len();
-        let objective = objective(cluster, dtype_bytes, model);
-        let pair = |k: usize| (csrc[k / cwidth], ctgt[k % cwidth]);
-        // The search of each canonical pair, and one search per key: the first pair's of it. (Each
-        // pair's problem is made again where it is needed: cheaper than holding them all.)
-        let keys: Vec<Option<Key>> = (0..csrc.len() * cwidth)
-            .into_par_iter()
-            .map(|k| {
-                let (a, b) = pair(k);
-                Ok(if a == b || stop.load(Relaxed) {
-                    None
-                } else {
-                    search_problem(a, b)?.map(|p| p.key().clone())
-                })
+        optimal_choices(
+            pairs,
+            stop,
+            distinct,
+            volume_prices.then_some(&element_rows[..]),
+        )?;
+    }
+    Ok(!stop.load(Relaxed))
+}
+
+/// The optimal planner's costs over Algorithm 1's (`distinct`, and with `volumes` the elements
+/// its plans receive, which it compares under the volume model): each pair takes the shortest
+/// path's plan unless Algorithm 1's is strictly cheaper.
+fn optimal_choices(
+    pairs: &Pairs<'_>,
+    stop: &AtomicBool,
+    distinct: &mut [&mut [f64]],
+    volumes: Option<&[&mut [f64]]>,
+) -> Result<()> {
+    let Pairs {
+        src,
+        tgt,
+        cluster,
+        dtype_bytes,
+        model,
+    } = *pairs;
+    let canon_src: Vec<Layout> = src.par_iter().map(|l| normalized(l)).collect();
+    let canon_tgt: Vec<Layout> = tgt.par_iter().map(|l| normalized(l)).collect();
+    let (csrc, csrc_index) = dedupe(&canon_src);
+    let (ctgt, ctgt_index) = dedupe(&canon_tgt);
+    let cwidth = ctgt.len();
+    let objective = objective(cluster, dtype_bytes, model);
+    let pair = |k: usize| (csrc[k / cwidth], ctgt[k % cwidth]);
+    // The search of each canonical pair, and one search per key: the first pair's of it. (Each
+    // pair's problem is made again where it is needed: cheaper than holding them all.)
+    let keys: Vec<Option<Key>> = (0..csrc.len() * cwidth)
+        .into_par_iter()
+        .map(|k| {
+            let (a, b) = pair(k);
+            Ok(if a == b || stop.load(Relaxed) {
+                None
+            } else {
+                search_problem(a, b)?.map(|p| p.key().clone())
             })
-            .collect::<Result<_>>()?;
-        let mut first: FxHashMap<&Key, usize> = FxHashMap::default();
-        for (k, key) in keys.iter().enumerate() {
-            if let Some(key) = key {
-                first.entry(key).or_insert(k);
+        })
+        .collect::<Result<_>>()?;
+    let mut first: FxHashMap<&Key, usize> = FxHashMap::default();
+    for (k, key) in keys.iter().enumerate() {
+        if let Some(key) = key {
+            first.entry(key).or_insert(k);
+        }
+    }
+    let searched: Vec<(&Key, usize)> = first.into_iter().collect();
+    let paths: FxHashMap<&Key, Path> = searched
+        .into_par_iter()
+        .filter_map(|(key, k)| {
+            if stop.load(Relaxed) {
+                return None;
             }
-        }
-        let searched: Vec<(&Key, usize)> = first.into_iter().collect();
-        let paths: FxHashMap<&Key, Path> = searched
-            .into_par_iter()
-            .filter_map(|(key, k)| {
-                if stop.load(Relaxed) {
-                    return None;
-                }
-                let (a, b) = pair(k);
-                let problem = search_problem(a, b).transpose()?;
-                Some(problem.map(|p| (key, solve(&p, objective, stop))))
-            })
-            .collect::<Result<_>>()?;
-        if stop.load(Relaxed) {
-            return Ok(None);
-        }
-        // Per canonical pair, the plan's price under the objective and its cost.
-        let mut canonical = try_filled(csrc.len() * cwidth, (0.0, 0.0), "the pairs' plans")?;
-        canonical
-            .par_iter_mut()
-            .enumerate()
-            .try_for_each(|(k, entry)| {
-                let (a, b) = pair(k);
-                if a != b {
-                    let plan = shortest_plan_by(a, b, objective, |problem| {
-                        paths.get(problem.key()).map_or_else(
-                            || Cow::Owned(solve(problem, objective, stop)),
-                            Cow::Borrowed,
-                        )
-                    })?;
-                    *entry = (
-                        objective.total(&plan),
-                        plan.cost(cluster, dtype_bytes, model)?,
-                    );
-                }
-                Ok::<_, Error>(())
-            })?;
-        // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
-        for (k, cost) in distinct.iter_mut().enumerate() {
-            let (price, c) = canonical[csrc_index[k / width] * cwidth + ctgt_index[k % width]];
-            let paper_price = if volume_prices { elements[k] } else { *cost };
+            let (a, b) = pair(k);
+            let problem = search_problem(a, b).transpose()?;
+            Some(problem.map(|p| (key, solve(&p, objective, stop))))
+        })
+        .collect::<Result<_>>()?;
+    if stop.load(Relaxed) {
+        return Ok(());
+    }
+    // Per canonical pair, the plan's price under the objective and its cost.
+    let mut canonical = try_filled(csrc.len() * cwidth, (0.0, 0.0), "the pairs' plans")?;
+    canonical
+        .par_iter_mut()
+        .enumerate()
+        .try_for_each(|(k, entry)| {
+            let (a, b) = pair(k);
+            if a != b {
+                let plan = shortest_plan_by(a, b, objective, |problem| {
+                    paths.get(problem.key()).map_or_else(
+                        || Cow::Owned(solve(problem, objective, stop)),
+                        Cow::Borrowed,
+                    )
+                })?;
+                *entry = (
+                    objective.total(&plan),
+                    plan.cost(cluster, dtype_bytes, model)?,
+                );
+            }
+            Ok::<_, Error>(())
+        })?;
+    // The plan's choice: the shortest path unless Algorithm 1 is strictly cheaper.
+    for (i, row) in distinct.iter_mut().enumerate() {
+        for (j, cost) in row.iter_mut().enumerate() {
+            let (price, c) = canonical[csrc_index[i] * cwidth + ctgt_index[j]];
+            let paper_price = volumes.map_or(*cost, |v| v[i][j]);
             if price <= paper_price {
                 *cost = c;
             }
         }
     }
-    if stop.load(Relaxed) {
-        return Ok(None);
-    }
-    // Sets without repeats (as the search passes them) are their own matrix: no copy.
-    let identity = |index: &[usize]| index.iter().enumerate().all(|(i, &j)| i == j);
-    if identity(&src_index) && identity(&tgt_index) {
-        return Ok(Some(distinct));
-    }
-    expanded(&distinct, &src_index, &tgt_index).map(Some)
+    Ok(())
 }
 
 /// Per pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element, the cost
@@ -423,24 +552,6 @@ pub fn redistribution_bounds(
             (bound.min(cost), bound > cost)
         })
         .unzip())
-}
-
-/// The row-major `src_index.len() x tgt_index.len()` matrix of the costs of the distinct pairs
-/// (`distinct`, row-major over the distinct targets), reserved fallibly.
-fn expanded(distinct: &[f64], src_index: &[usize], tgt_index: &[usize]) -> Result<Vec<f64>> {
-    let width = tgt_index.iter().max().map_or(0, |&j| j + 1);
-    let mut costs = Vec::new();
-    reserve(
-        &mut costs,
-        src_index.len() * tgt_index.len(),
-        "the layout pairs' costs",
-    )?;
-    costs.extend(
-        src_index
-            .iter()
-            .flat_map(|&i| tgt_index.iter().map(move |&j| distinct[i * width + j])),
-    );
-    Ok(costs)
 }
 
 /// Strategies per job of [`allreduce_costs`]: fewer are priced in less time than waking another

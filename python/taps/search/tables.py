@@ -261,16 +261,29 @@ class _Priced:
         key = (sources.set, targets.set, dtype)
         if key not in self._memo:
 
-            def kernel(s: Sequence[Layout], t: Sequence[Layout]) -> list[np.ndarray]:
+            def kernel(
+                s: Sequence[Layout], t: Sequence[Layout], out: list[np.ndarray] | None
+            ) -> list[np.ndarray]:
                 if self._bounds:
                     bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
-                    return [bound, (~exact).astype(np.float64)]
-                # The kernel watches the time left itself: one large edge can take longer.
-                return [
-                    redistribution_costs(
-                        s, t, cluster, dtype, cost_model, planner, time_limit=left(deadline)
-                    )
-                ]
+                    planes = [bound, (~exact).astype(np.float64)]
+                    if out is not None:
+                        for plane, priced in zip(out, planes, strict=True):
+                            plane[...] = priced
+                    return planes
+                # The kernel watches the time left itself: one large edge can take longer; it
+                # writes straight into ``out`` (no copy of its matrix).
+                costs = redistribution_costs(
+                    s,
+                    t,
+                    cluster,
+                    dtype,
+                    cost_model,
+                    planner,
+                    time_limit=left(deadline),
+                    out=None if out is None else out[0],
+                )
+                return [costs]
 
             near = self._near.setdefault(
                 (tuple(sources[0].shape), tuple(targets[0].shape), dtype), []
@@ -294,11 +307,14 @@ class _Priced:
         sources: _Side,
         targets: _Side,
         near: list[Any],
-        kernel: Callable[[Sequence[Layout], Sequence[Layout]], list[np.ndarray]],
+        kernel: Callable[
+            [Sequence[Layout], Sequence[Layout], list[np.ndarray] | None], list[np.ndarray]
+        ],
     ) -> _Matrix:
         """The matrix of ``sources`` by ``targets``: the largest block of their pairs an earlier
-        matrix of ``near`` holds read from it, the rest priced (the rows outside it against
-        every target, then its rows against the targets outside it)."""
+        matrix of ``near`` holds read from it, the rest priced into the new matrix's blocks by
+        ``kernel`` (the rows outside it against every target, then its rows against the targets
+        outside it; without blocks, ``kernel`` makes its own matrices)."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
         shared, earlier = max(
             ((len(k[0] & sources.set) * len(k[1] & targets.set), k) for k in near),
@@ -307,7 +323,7 @@ class _Priced:
         )
         if earlier is None or shared == 0:
             return (
-                kernel(srcs, dsts),
+                kernel(srcs, dsts, None),
                 {x: i for i, x in enumerate(srcs)},
                 {y: j for j, y in enumerate(dsts)},
             )
@@ -325,11 +341,9 @@ class _Priced:
         for plane, before in zip(planes, old, strict=True):
             plane[: len(rows), : len(cols)] = before[shared_block]
         if new_rows:
-            for plane, priced in zip(planes, kernel(new_rows, dsts), strict=True):
-                plane[len(rows) :] = priced
+            kernel(new_rows, dsts, [plane[len(rows) :] for plane in planes])
         if new_cols:
-            for plane, priced in zip(planes, kernel(rows, new_cols), strict=True):
-                plane[: len(rows), len(cols) :] = priced
+            kernel(rows, new_cols, [plane[: len(rows), len(cols) :] for plane in planes])
         return planes, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
 
 

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use numpy::ndarray::{Array2, Array3, ArrayView2, CowArray, Ix2};
 use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyReadonlyArray3, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 
@@ -28,11 +29,14 @@ use crate::rows;
 use crate::topology::CostModel;
 
 /// The matrix of redistribution costs from each source to each target, on all cores; a
-/// [`Error::TimeLimit`] if `time_limit` seconds pass first.
+/// [`Error::TimeLimit`] if `time_limit` seconds pass first. With `out` (a writable float64
+/// matrix of that shape whose rows are each contiguous: C order, or a block of rows and columns
+/// of a C-ordered matrix), the costs are written there and `out` is returned: the search's memo
+/// hands in its own matrix, or the block of it that is new, instead of copying the kernel's.
 #[pyfunction]
 #[pyo3(
-    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper", time_limit=None),
-    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper', time_limit=None)"
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", planner="paper", time_limit=None, out=None),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', planner='paper', time_limit=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn redistribution_costs<'py>(
@@ -44,6 +48,7 @@ pub(super) fn redistribution_costs<'py>(
     model: &str,
     planner: &str,
     time_limit: Option<Num<f64>>,
+    out: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let planner = Planner::parse(planner)?;
     let (sources, targets) = (inners(&sources), inners(&targets));
@@ -53,21 +58,74 @@ pub(super) fn redistribution_costs<'py>(
     let time_limit = seconds(time_limit)?;
     let shape = (sources.len(), targets.len());
     let stop = AtomicBool::new(false);
-    let run = || {
-        batch::redistribution_costs_until(
-            &sources,
-            &targets,
-            &cluster,
-            dtype_bytes,
-            model,
-            planner,
-            &stop,
-        )
-    };
     let what = || format!("{} x {} redistributions", shape.0, shape.1);
-    let costs = priced(py, &stop, planner, shape.0 * shape.1, time_limit, what, run)?;
-    let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
-    Ok(array.into_pyarray(py))
+    let pairs = shape.0 * shape.1;
+    let Some(out) = out else {
+        let run = || {
+            batch::redistribution_costs_until(
+                &sources,
+                &targets,
+                &cluster,
+                dtype_bytes,
+                model,
+                planner,
+                &stop,
+            )
+        };
+        let costs = priced(py, &stop, planner, pairs, time_limit, what, run)?;
+        let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
+        return Ok(array.into_pyarray(py));
+    };
+    let array = out_matrix(out, shape)?;
+    {
+        let mut writing = array.try_readwrite().map_err(|_| {
+            Error::Shape("out must be a writable array, not borrowed elsewhere".to_string())
+        })?;
+        let mut view = writing.as_array_mut();
+        let mut rows = view
+            .rows_mut()
+            .into_iter()
+            .map(numpy::ndarray::ArrayBase::into_slice)
+            .collect::<Option<Vec<&mut [f64]>>>()
+            .ok_or_else(|| {
+                Error::Shape("out's rows must each be contiguous (C order)".to_string())
+            })?;
+        let run = || {
+            let done = batch::redistribution_costs_into(
+                &sources,
+                &targets,
+                &cluster,
+                dtype_bytes,
+                model,
+                planner,
+                &stop,
+                &mut rows,
+            )?;
+            Ok(done.then_some(()))
+        };
+        priced(py, &stop, planner, pairs, time_limit, what, run)?;
+    }
+    Ok(array)
+}
+
+/// `out` as a float64 matrix of `shape`, or an [`Error::Shape`] that says what it is instead.
+fn out_matrix(
+    out: Bound<'_, PyAny>,
+    (rows, cols): (usize, usize),
+) -> Result<Bound<'_, PyArray2<f64>>, Error> {
+    let want = format!("out must be a float64 array of shape ({rows}, {cols})");
+    let array = out.cast_into::<PyArray2<f64>>().map_err(|e| {
+        let got = e.into_inner();
+        let (dtype, ndim) = (got.getattr("dtype"), got.getattr("ndim"));
+        match (dtype, ndim) {
+            (Ok(dtype), Ok(ndim)) => Error::Shape(format!("{want}, got {dtype} of {ndim} dims")),
+            _ => Error::Shape(format!("{want}, got {}", got.get_type())),
+        }
+    })?;
+    if array.shape() != [rows, cols] {
+        return Err(Error::Shape(format!("{want}, got {:?}", array.shape())));
+    }
+    Ok(array)
 }
 
 /// A time limit in seconds, if any: a non-negative number.
@@ -166,15 +224,15 @@ const WATCHED_PAIRS: usize = 4096;
 
 /// The costs `run` prices for `pairs` layout pairs under `planner`: on this thread for a small
 /// batch of Algorithm 1, else [`watched`] (the time limit's message names the batch by `what`).
-fn priced(
+fn priced<T: Send>(
     py: Python<'_>,
     stop: &AtomicBool,
     planner: Planner,
     pairs: usize,
     time_limit: Option<f64>,
     what: impl Fn() -> String,
-    run: impl FnOnce() -> Result<Option<Vec<f64>>, Error> + Send,
-) -> PyResult<Vec<f64>> {
+    run: impl FnOnce() -> Result<Option<T>, Error> + Send,
+) -> PyResult<T> {
     let costs = if planner == Planner::Paper && pairs <= WATCHED_PAIRS {
         py.detach(run)?
     } else {
