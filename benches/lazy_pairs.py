@@ -257,19 +257,27 @@ def record(graph: taps.Graph, cluster: taps.Cluster) -> Recorded:
     """The default search of ``graph`` on ``cluster``, with what :class:`Recorded` keeps."""
     rec = Recorded()
     saved = (
-        tables._edge_cost,
+        tables._directions,
+        tables._edge_costs,
         tables.redistribution_costs,
         pipeline.reduce,
         Reduction.expand,
         Ties.fold,
     )
-    edge_cost, kernel, reduce, expand, fold = saved
+    directions, edge_costs, kernel, reduce, expand, fold = saved
+    #: Per edge matrix's terms (by id), its ends, direction and what priced it.
+    ends: dict[int, tuple[Any, ...]] = {}
 
-    def edge_cost_kept(price: Any, src: Any, dst: Any, backward: bool) -> np.ndarray:
-        cost = edge_cost(price, src, dst, backward)
-        how = price.__defaults__[0]
-        rec.matrices[id(cost)] = Matrix(list(src), list(dst), backward, how, cost)
-        return cost
+    def directions_kept(price: Any, src: Any, dst: Any, backward: bool) -> Any:
+        terms = directions(price, src, dst, backward)
+        ends[id(terms)] = (list(src), list(dst), backward, price.__defaults__[0])
+        return terms
+
+    def edge_costs_kept(sums: Any) -> list[np.ndarray]:
+        costs = edge_costs(sums)
+        for terms, cost in zip(sums, costs, strict=True):
+            rec.matrices[id(cost)] = Matrix(*ends[id(terms)], cost)
+        return costs
 
     def kernel_kept(s: Sequence[Layout], t: Sequence[Layout], *a: Any, **kw: Any) -> Any:
         rec.priced += len(s) * len(t)
@@ -303,7 +311,8 @@ def record(graph: taps.Graph, cluster: taps.Cluster) -> Recorded:
             rec.folded[id(p.cost)] = members
         return out
 
-    tables._edge_cost = edge_cost_kept  # type: ignore[assignment]
+    tables._directions = directions_kept  # type: ignore[assignment]
+    tables._edge_costs = edge_costs_kept  # type: ignore[assignment]
     tables.redistribution_costs = kernel_kept  # type: ignore[assignment]
     pipeline.reduce = reduce_kept  # type: ignore[assignment]
     Reduction.expand = expand_kept  # type: ignore[method-assign]
@@ -312,7 +321,8 @@ def record(graph: taps.Graph, cluster: taps.Cluster) -> Recorded:
         rec.result = taps.search(graph, cluster)
     finally:
         (
-            tables._edge_cost,
+            tables._directions,
+            tables._edge_costs,
             tables.redistribution_costs,
             pipeline.reduce,
             Reduction.expand,

@@ -102,10 +102,11 @@ def test_lists_sharing_layouts_price_only_the_new_pairs(monkeypatch):
 
 @settings(max_examples=40, deadline=None)
 @given(pools(), st.data(), st.sampled_from(["paper", "optimal"]))
-def test_an_edges_cost_is_its_kernel_matrices_summed(pool, data, planner):
-    """An edge's cost (``_edge_cost``: its directions' entries gathered from the memo and summed
-    in one pass) is the kernel's forward matrix plus its backward matrix transposed, bit for bit,
-    whatever the memo held before (sets of either direction partly priced, in other orders)."""
+def test_edges_costs_are_their_kernel_matrices_summed(pool, data, planner):
+    """Edges' costs (``_edge_costs``: their directions' entries gathered from the memo and summed
+    in one pass, some into the memo's matrices in place) are each the kernel's forward matrix
+    plus its backward matrix transposed, bit for bit, whatever the memo held before (sets of
+    either direction partly priced, in other orders) and whichever edges read one matrix."""
     sources, targets = pool
     how = (CLUSTER, 2.0, "topology", planner)
     priced = tables._Priced()
@@ -119,14 +120,50 @@ def test_an_edges_cost_is_its_kernel_matrices_summed(pool, data, planner):
         drawn = st.lists(st.tuples(st.sampled_from(pool), st.sampled_from(pool)), min_size=1)
         rows = list(dict.fromkeys(data.draw(drawn)))
         # An end's classes as the tables make them, or a block of rows of one.
-        return tables._End(rows) if data.draw(st.booleans()) else rows
+        if not data.draw(st.booleans()):
+            return rows
+        return tables._End.of([r[0] for r in rows], [r[1] for r in rows])
 
-    src, dst, backward = classes(sources), classes(targets), data.draw(st.booleans())
-    got = tables._edge_cost(lambda s, t: priced(s, t, *how, None), src, dst, backward)
-    want = taps.redistribution_costs([s[0] for s in src], [d[0] for d in dst], *how)
-    if backward:
-        want = want + taps.redistribution_costs([d[1] for d in dst], [s[1] for s in src], *how).T
-    assert got.tobytes() == want.tobytes()
+    edges = [
+        (classes(sources), classes(targets), data.draw(st.booleans()))
+        for _ in range(data.draw(st.integers(1, 4)))
+    ]
+    sums = [tables._directions(lambda s, t: priced(s, t, *how, None), *edge) for edge in edges]
+    for got, (src, dst, backward) in zip(tables._edge_costs(sums), edges, strict=True):
+        want = taps.redistribution_costs([s[0] for s in src], [d[0] for d in dst], *how)
+        if backward:
+            back = taps.redistribution_costs([d[1] for d in dst], [s[1] for s in src], *how)
+            want = want + back.T
+        assert got.tobytes() == want.tobytes()
+
+
+def test_an_edge_is_summed_into_a_matrix_only_when_nothing_later_reads_it():
+    """Edges reading one forward matrix of the memo: one reading a column of it, then two between
+    the same classes. Only the last is summed into that matrix (read whole, in its own order,
+    and read by no later edge); each is the kernel's sum."""
+    how = (CLUSTER, 2.0, "topology", "paper")
+    layouts = [
+        taps.Layout([8, 16], [2, 4], m, p)
+        for m, p in [([1, 0], []), ([0, 1], []), ([-1, 0], [1]), ([-1, -1], []), ([1, -1], [])]
+    ]
+    # Partial sums only where the redistributions start.
+    one, two, partial, whole, rows = layouts
+    src = tables._End.of([one, two, partial], [two, whole, rows])
+    dst = tables._End.of([two, whole, rows], [one, partial, whole])
+    priced = tables._Priced()
+
+    def price(s: list[taps.Layout], t: list[taps.Layout]) -> Any:
+        return priced(s, t, *how, None)
+
+    edges = [(src, [dst[0]], False), (src, dst, True), (src, dst, True)]
+    sums = [tables._directions(price, *edge) for edge in edges]
+    forward = sums[1][0][0][0]
+    part, first, last = tables._edge_costs(sums)
+    ahead = taps.redistribution_costs([one, two, partial], [two, whole, rows], *how)
+    want = ahead + taps.redistribution_costs([one, partial, whole], [two, whole, rows], *how).T
+    assert first.tobytes() == last.tobytes() == want.tobytes()
+    assert not np.shares_memory(first, forward) and last is forward
+    assert part.tobytes() == ahead[:, :1].tobytes() and not np.shares_memory(part, forward)
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,6 +188,18 @@ def test_gathered_sums_are_numpys_gathers_summed_in_order(data):
         part = part.T if transposed else part
         want = part if want is None else want + part
     assert taps._core.gathered_sum(terms).tobytes() == np.ascontiguousarray(want).tobytes()
+    # Added to a matrix in place: its entries first, then the terms in order.
+    out = rng.integers(0, 50, size=(rows, cols)) * 1.3e-3
+    summed = out.copy()
+    for matrix, at_rows, at_cols, transposed in terms:
+        part = matrix[np.ix_(at_rows, at_cols)]
+        summed = summed + (part.T if transposed else part)
+    got = taps._core.gathered_sum(terms, out, add=True)
+    assert got is out and out.tobytes() == summed.tobytes()
+    # Or written over whatever it held.
+    out[...] = np.nan
+    got = taps._core.gathered_sum(terms, out)
+    assert got is out and out.tobytes() == np.ascontiguousarray(want).tobytes()
 
 
 def test_gathered_sums_refuse_positions_outside_and_shapes_apart():
@@ -163,6 +212,18 @@ def test_gathered_sums_refuse_positions_outside_and_shapes_apart():
     ):
         with pytest.raises(taps.TapsError):
             taps._core.gathered_sum(terms)
+    # A matrix to write to of another shape, not in C order, read-only, or one a term reads.
+    term = [(matrix, at, at, False)]
+    read_only = np.zeros((2, 2))
+    read_only.flags.writeable = False
+    for out in (np.zeros((2, 3)), np.zeros((2, 4))[:, ::2], read_only):
+        with pytest.raises(taps.TapsError):
+            taps._core.gathered_sum(term, out)
+    square = np.zeros((2, 2))
+    with pytest.raises(taps.TapsError):
+        taps._core.gathered_sum([(square, at, at, False)], square)
+    with pytest.raises(taps.TapsError):  # nothing to add to
+        taps._core.gathered_sum(term, add=True)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (1340, 647), (0, 4)])

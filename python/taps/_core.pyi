@@ -34,6 +34,7 @@ __all__ = [
     "frontier_sum",
     "gathered_sum",
     "inter_node_groups",
+    "layout_classes",
     "least_bottleneck",
     "least_cuts",
     "min_plus",
@@ -380,6 +381,16 @@ def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an
     element (docs/conventions.md#unification)."""
 
+def layout_classes(
+    forward: Sequence[Layout], backward: Sequence[Layout] | None = None
+) -> tuple[npt.NDArray[np.int64], list[Layout], list[Layout] | None]:
+    """The layout classes of one end of an edge in the search's tables: candidates whose layouts
+    (``forward``, and with ``backward`` their gradients', one per candidate) have equal compacted
+    forms (:meth:`Layout.compacted`) in each direction share a class. Returns each candidate's
+    class (numbered in the order first met) and per class its compacted forward layout and
+    gradient (None without ``backward``). Raises TapsError when ``backward`` does not hold one
+    layout per candidate."""
+
 def plan_redistribution(
     a: Layout,
     b: Layout,
@@ -472,13 +483,19 @@ def gathered_sum(
     terms: Sequence[
         tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64], bool]
     ],
+    out: npt.NDArray[np.float64] | None = None,
+    add: bool = False,
 ) -> npt.NDArray[np.float64]:
     """The sum of gathered matrices: each term ``(matrix, rows, cols, transposed)`` gives entry
     ``(i, j)`` its ``matrix[rows[i], cols[j]]`` (``matrix[rows[j], cols[i]]`` if transposed),
     summed in the terms' order from the first (not from 0), in one pass over the result on all
-    cores. Matrices in C or Fortran order are read in place, others copied first. Raises
-    TapsError when there is no term, the terms' shapes differ or a position lies outside its
-    matrix."""
+    cores. Matrices in C or Fortran order are read in place, others copied first. With ``out``
+    (a writable C-order matrix of the sum's shape that shares no memory with the terms'
+    matrices) the sum is written there, whatever it held, or with ``add`` added to its entries
+    (``out[i, j] + terms...``, in that order), and ``out`` is returned. Raises TapsError when
+    there is no term (and no ``add``), the terms' shapes differ (or differ from ``out``'s), a
+    position lies outside its matrix, or ``out`` is missing for ``add``, read-only, not in C
+    order or shares memory with a term's matrix."""
 
 def min_plus(
     x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], tie: float

@@ -1,6 +1,7 @@
 //! Batch cost kernels for the search: many layout pairs, or many strategies, at once, on all cores.
 
 use std::borrow::Cow;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use rayon::prelude::*;
@@ -16,10 +17,11 @@ use crate::strategies::Strategy;
 use crate::topology::{check_dtype_bytes, Cluster, CostModel};
 use crate::unify::{check_same_tensor, normalized};
 
-/// The distinct layouts of `layouts`, and the index of each layout among them.
-fn dedupe(layouts: &[Layout]) -> (Vec<&Layout>, Vec<usize>) {
+/// The distinct items of `layouts` (layouts, or tuples of them), in the order first met, and
+/// the index of each item among them.
+pub(crate) fn dedupe<T: Hash + Eq>(layouts: &[T]) -> (Vec<&T>, Vec<usize>) {
     // (Fx, not std's SipHash: a layout is a few short vectors, hashed once per layout.)
-    let mut seen: FxHashMap<&Layout, usize> =
+    let mut seen: FxHashMap<&T, usize> =
         FxHashMap::with_capacity_and_hasher(layouts.len(), rustc_hash::FxBuildHasher);
     let mut distinct = Vec::new();
     let index = layouts

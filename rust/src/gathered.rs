@@ -62,19 +62,54 @@ pub fn gathered_sum(terms: &[Term<'_>]) -> Result<(usize, usize, Vec<f64>)> {
         return Err(Error::Shape("a gathered sum needs a term".into()));
     };
     let (rows, cols) = first.shape();
+    let mut out = try_filled(rows * cols, 0.0, "the gathered sum")?;
+    gathered_into(&mut out, rows, cols, terms, false)?;
+    Ok((rows, cols, out))
+}
+
+/// [`gathered_sum`] written into `out` (a row-major `rows` x `cols` matrix) whatever it held,
+/// or with `add` added to its entries: `out[i, j] = out[i, j] + terms[0](i, j) + ...`, in that
+/// order. So the caller chooses the memory (the search's tables: pages of their own, or a
+/// matrix of the memo, whole and in its own order, that nothing reads later).
+///
+/// # Errors
+/// [`Error::Shape`] if `out` does not hold `rows` x `cols` entries, there is no term and no
+/// `add`, or a term's shape is not `out`'s or a position lies outside its matrix.
+pub fn gathered_into(
+    out: &mut [f64],
+    rows: usize,
+    cols: usize,
+    terms: &[Term<'_>],
+    add: bool,
+) -> Result<()> {
+    if rows * cols != out.len() {
+        return Err(Error::Shape(format!(
+            "{} entries are no {rows} x {cols} matrix",
+            out.len()
+        )));
+    }
+    if terms.is_empty() && !add {
+        return Err(Error::Shape("a gathered sum needs a term".into()));
+    }
     for (k, term) in terms.iter().enumerate() {
         if term.shape() != (rows, cols) {
             return Err(Error::Shape(format!(
-                "term {k} gathers {:?} entries, term 0 {:?}",
+                "term {k} gathers {:?} entries, the sum {:?}",
                 term.shape(),
                 (rows, cols)
             )));
         }
         term.check(k)?;
     }
-    let mut out = try_filled(rows * cols, 0.0, "the gathered sum")?;
-    if cols == 0 {
-        return Ok((rows, cols, out));
+    summed(out, cols, terms, add);
+    Ok(())
+}
+
+/// `terms` summed in order into `out` (row-major, `cols` columns), after `out`'s own entries
+/// with `add`, else from the first term's; tile by tile on all cores.
+fn summed(out: &mut [f64], cols: usize, terms: &[Term<'_>], add: bool) {
+    if cols == 0 || terms.is_empty() {
+        return;
     }
     // Each term's offsets of its rows and columns in its slice, worked out once.
     let offsets: Vec<(Vec<usize>, Vec<usize>)> = terms
@@ -96,9 +131,10 @@ pub fn gathered_sum(terms: &[Term<'_>]) -> Result<(usize, usize, Vec<f64>)> {
                 let width = TILE.min(cols - left);
                 for (k, (term, (row_at, col_at))) in terms.iter().zip(&offsets).enumerate() {
                     let data = term.matrix.data;
+                    let first = k == 0 && !add;
                     let mut put = |i: usize, j: usize, v: f64| {
                         let o = &mut block[i * cols + left + j];
-                        *o = if k == 0 { v } else { *o + v };
+                        *o = if first { v } else { *o + v };
                     };
                     if term.transposed {
                         // Along the term's rows: entry (i, j) is its (rows[j], cols[i]).
@@ -119,7 +155,6 @@ pub fn gathered_sum(terms: &[Term<'_>]) -> Result<(usize, usize, Vec<f64>)> {
                 }
             }
         });
-    Ok((rows, cols, out))
 }
 
 #[cfg(test)]
@@ -182,12 +217,35 @@ mod tests {
                 cols: &b_cols,
                 transposed: true,
             };
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for terms in [vec![f], vec![b], vec![f, b], vec![b, f]] {
                 let (r, c, got) = gathered_sum(&terms).unwrap();
                 assert_eq!((r, c), (rows, cols));
                 let want = plain(&terms);
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want));
+                // Added to a matrix in place: that matrix read in its own order, then the terms.
+                let start = costs(rows * cols, 3, false);
+                let (all_rows, all_cols): (Vec<usize>, Vec<usize>) =
+                    ((0..rows).collect(), (0..cols).collect());
+                let own = Term {
+                    matrix: Matrix {
+                        data: &start,
+                        rows,
+                        cols,
+                        strides: [cols, 1],
+                    },
+                    rows: &all_rows,
+                    cols: &all_cols,
+                    transposed: false,
+                };
+                let mut got = start.clone();
+                gathered_into(&mut got, rows, cols, &terms, true).unwrap();
+                let want = plain(&[&[own][..], &terms].concat());
+                assert_eq!(bits(&got), bits(&want));
+                // Written over whatever the matrix held.
+                let mut got = start.clone();
+                gathered_into(&mut got, rows, cols, &terms, false).unwrap();
+                assert_eq!(bits(&got), bits(&plain(&terms)));
             }
         }
     }
@@ -212,6 +270,12 @@ mod tests {
         assert!(gathered_sum(&[term(&[0], &[3], false)]).is_err());
         let apart = [term(&[0, 1], &[0], false), term(&[0, 1], &[0], true)];
         assert!(gathered_sum(&apart).is_err());
+        let mut two = [0.0; 2];
+        assert!(gathered_into(&mut two, 1, 2, &[term(&[0, 1], &[0], false)], true).is_err());
+        assert!(gathered_into(&mut two, 2, 2, &[], true).is_err());
+        assert!(gathered_into(&mut two, 2, 1, &[], false).is_err());
+        gathered_into(&mut two, 2, 1, &[], true).unwrap();
+        assert_eq!(two.map(f64::to_bits), [0; 2]);
         let (r, c, out) = gathered_sum(&[term(&[1, 0], &[2], false)]).unwrap();
         assert_eq!((r, c), (2, 1));
         assert_eq!(out, vec![data[5], data[2]]);

@@ -5,6 +5,7 @@
 //! Plain Rust; the PyO3 bindings live in [`python`] behind the `python` feature.
 
 pub mod batch;
+pub mod classes;
 pub mod cuts;
 pub mod error;
 pub mod gathered;

@@ -19,6 +19,7 @@ from taps._core import (
     Strategy,
     allreduce_costs,
     gathered_sum,
+    layout_classes,
     redistribution_bounds,
     redistribution_costs,
     redistribution_pair_costs,
@@ -152,17 +153,10 @@ def _classes(
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
     ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
     Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
-    which changes the paper's plans)."""
-    index: dict[tuple[Layout, ...], int] = {}
-    cls = np.empty(len(forward), dtype=np.int64)
-    for i, layout in enumerate(forward):
-        key: tuple[Layout, ...] = (layout.compacted(),)
-        if backward is not None:
-            # Most gradients hold no partial sums: the forward layout itself, compacted once.
-            other = backward[i]
-            key = (key[0], key[0] if other is layout else other.compacted())
-        cls[i] = index.setdefault(key, len(index))
-    return cls, _End(index)
+    which changes the paper's plans). In one call of the core (:func:`taps._core.layout_classes`):
+    compacting and hashing some 100,000 layouts one by one was most of the tables' Python."""
+    cls, ahead, back = layout_classes(forward, backward)
+    return cls, _End.of(ahead, back)
 
 
 #: Prices by source layout and target layout, a matrix per plane, with the row of each source
@@ -199,6 +193,14 @@ class _Side(list[Layout]):
 class _End(list[tuple[Layout, ...]]):
     """The layout classes of one end of an edge (:func:`_classes`), each direction's layouts a
     :class:`_Side` made once."""
+
+    @classmethod
+    def of(cls, forward: list[Layout], backward: list[Layout] | None) -> _End:
+        """The classes whose forward layouts are ``forward`` and gradients' ``backward``: its
+        sides are these lists."""
+        end = cls(zip(forward, backward) if backward is not None else ((x,) for x in forward))
+        end.sides = _Side(forward), None if backward is None else _Side(backward)
+        return end
 
     @cached_property
     def sides(self) -> tuple[_Side, _Side | None]:
@@ -362,22 +364,52 @@ def _directions(
     return out
 
 
+#: Sums of this many bytes or more are written into pages of their own (:func:`_fresh`): the
+#: allocator backs those of the core with huge pages, whose first touch cost jax_llama's edges
+#: twice what the pages mapped in at once do (docs/performance.md).
+_FRESH_BYTES = 1 << 22
+
+
 def _gathered(terms: list[tuple[_Term, bool]]) -> np.ndarray:
     """The matrix of ``terms`` summed in order (:data:`_Term` s, each with whether it is read
     transposed): every entry gathered from the memo's matrices and summed in one pass
     (:func:`taps._core.gathered_sum`)."""
-    return gathered_sum([(*term, transposed) for term, transposed in terms])
+    (_, rows, cols), transposed = terms[0]
+    shape = (len(cols), len(rows)) if transposed else (len(rows), len(cols))
+    out = _fresh(*shape) if shape[0] * shape[1] * 8 >= _FRESH_BYTES else None
+    return gathered_sum([(*term, back) for term, back in terms], out)
 
 
-def _edge_cost(
-    price: Callable[[list[Layout], list[Layout]], _Term],
-    src: Sequence[tuple[Layout, ...]],
-    dst: Sequence[tuple[Layout, ...]],
-    backward: bool,
-) -> np.ndarray:
-    """An edge's cost matrix between its ends' layout classes: its directions' summed, the
-    forward first (:func:`_directions`)."""
-    return _gathered(_directions(price, src, dst, backward))
+def _edge_costs(sums: list[list[tuple[_Term, bool]]]) -> list[np.ndarray]:
+    """Each edge's cost matrix between its ends' layout classes, from its directions' terms
+    (:func:`_directions`) summed in order, the forward first (:func:`_gathered`), once every edge
+    is priced: an edge whose first term reads a whole matrix of the memo in its own order, which
+    no later edge reads, is summed into that matrix in place. Each entry is the same sum to the
+    bit; jax_llama's edges would write 250 MB of new matrices, and first touching that memory was
+    most of what their sums cost."""
+    last = {id(term[0]): k for k, terms in enumerate(sums) for term, _ in terms}
+    out = []
+    for k, terms in enumerate(sums):
+        (matrix, rows, cols), transposed = terms[0]
+        if (
+            not transposed
+            and last[id(matrix)] == k
+            and all(term[0] is not matrix for term, _ in terms[1:])
+            and matrix.flags.c_contiguous
+            and matrix.flags.writeable
+            and _whole(rows, len(matrix))
+            and _whole(cols, matrix.shape[1])
+        ):
+            rest = [(*term, back) for term, back in terms[1:]]
+            out.append(gathered_sum(rest, matrix, add=True) if rest else matrix)
+        else:
+            out.append(_gathered(terms))
+    return out
+
+
+def _whole(positions: np.ndarray, n: int) -> bool:
+    """Whether ``positions`` are 0, 1, ..., ``n - 1``: every row (or column) in its own order."""
+    return len(positions) == n and bool((positions == np.arange(n)).all())
 
 
 @dataclass
@@ -630,15 +662,18 @@ def build_tables(
         shared = distinct[key]
         ops[op.name] = shared if shared.op is op else replace(shared, op=op)
     t0 = time.perf_counter()
-    cache: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    cache: dict[Any, tuple[np.ndarray, np.ndarray, int]] = {}
     # Different operators can still give a tensor the same layout classes at both ends, and one
     # direction of an edge can be another edge's (the gradient of a softmax's input is priced
-    # from the classes its output is priced to).
-    by_layouts: dict[Any, np.ndarray] = {}
+    # from the classes its output is priced to): each distinct matrix's terms, summed once all
+    # are priced (_edge_costs).
+    by_layouts: dict[Any, int] = {}
+    sums: list[list[tuple[_Term, bool]]] = []
     priced = _Priced(bounded)
-    bounds: dict[int, _Bound] = {}
+    #: With bounds, per distinct matrix the rest of its _Bound.
+    partly: list[tuple[Any, ...]] = []
     ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
-    edges: list[EdgeTable] = []
+    keys: list[Any] = []
     for edge in graph.edges:
         key = (signature[edge.producer], signature[edge.consumer], edge.slot)
         if key not in cache:
@@ -674,21 +709,32 @@ def build_tables(
                 def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> _Term:
                     return priced(s, t, *how)
 
-                cost = _edge_cost(costs, src, dst, backward)
-                by_layouts[layouts] = cost
+                by_layouts[layouts] = len(sums)
+                sums.append(_directions(costs, src, dst, backward))
                 if bounded:
 
                     def inexact(s: list[Layout], t: list[Layout], dtype: float = dtype) -> _Term:
                         return priced.inexact(s, t, dtype)
 
-                    parts = [_gathered([d]) for d in _directions(costs, src, dst, backward)]
+                    # Copies, read before _edge_costs may sum into the memo's matrices.
+                    parts = [_gathered([d]) for d in sums[-1]]
                     known = [_gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)]
                     if not backward:
-                        parts.append(np.zeros_like(cost))
-                        known.append(np.ones(cost.shape, dtype=bool))
-                    bounds[id(cost)] = _Bound(cost, src, dst, backward, dtype, parts, known)
+                        parts.append(np.zeros_like(parts[0]))
+                        known.append(np.ones(parts[0].shape, dtype=bool))
+                    partly.append((src, dst, backward, dtype, parts, known))
             cache[key] = (src_cls, dst_cls, by_layouts[layouts])
-        edges.append(EdgeTable(edge, *cache[key]))
+        keys.append(key)
+    summed = _edge_costs(sums)
+    edges = [
+        EdgeTable(edge, *cache[key][:2], summed[cache[key][2]])
+        for edge, key in zip(graph.edges, keys, strict=True)
+    ]
+    bounds = (
+        {id(cost): _Bound(cost, *rest) for cost, rest in zip(summed, partly, strict=True)}
+        if bounded
+        else {}
+    )
     timings["costs"] += time.perf_counter() - t0
 
     def refine(choice: Mapping[str, int]) -> bool:

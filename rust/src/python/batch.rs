@@ -440,8 +440,12 @@ pub(super) fn first_equal<'py>(
 /// The sum of gathered matrices ([`gathered::gathered_sum`]): each term `(matrix, rows, cols,
 /// transposed)` gives entry `(i, j)` its `matrix[rows[i], cols[j]]` (`[rows[j], cols[i]]` if
 /// transposed), summed in the terms' order, on all cores. Matrices in C or Fortran order are read
-/// in place, others copied first.
+/// in place, others copied first. With `out` (a writable C-order matrix apart from the terms'),
+/// the sum is written there, or with `add` added to its entries ([`gathered::gathered_into`]),
+/// and `out` returned.
 #[pyfunction]
+#[pyo3(signature = (terms, out=None, add=false))]
+#[allow(clippy::type_complexity)]
 pub(super) fn gathered_sum<'py>(
     py: Python<'py>,
     terms: Vec<(
@@ -450,6 +454,8 @@ pub(super) fn gathered_sum<'py>(
         PyReadonlyArray1<'py, i64>,
         bool,
     )>,
+    out: Option<Bound<'py, PyArray2<f64>>>,
+    add: bool,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let views: Vec<_> = terms.iter().map(|t| t.0.as_array()).collect();
     let owned: Vec<_> = views.iter().map(in_place).collect();
@@ -475,9 +481,28 @@ pub(super) fn gathered_sum<'py>(
             transposed: t.3,
         })
         .collect();
-    let (rows, cols, out) = py.detach(|| gathered::gathered_sum(&terms))?;
-    let array = Array2::from_shape_vec((rows, cols), out).expect("one entry per row and column");
-    Ok(array.into_pyarray(py))
+    let Some(out) = out else {
+        if add {
+            return Err(Error::Shape("gathered_sum adds to out: none given".into()).into());
+        }
+        let (rows, cols, sum) = py.detach(|| gathered::gathered_sum(&terms))?;
+        let array =
+            Array2::from_shape_vec((rows, cols), sum).expect("one entry per row and column");
+        return Ok(array.into_pyarray(py));
+    };
+    {
+        // Borrowed for writing while the terms' matrices are borrowed for reading: numpy's
+        // borrow checker refuses a matrix that shares memory with one of them.
+        let mut written = out.try_readwrite().map_err(|_| {
+            Error::Shape("gathered_sum's out must be writable and apart from the terms".into())
+        })?;
+        let (rows, cols) = written.as_array().dim();
+        let slice = written
+            .as_slice_mut()
+            .map_err(|_| Error::Shape("gathered_sum's out must be in C order".into()))?;
+        py.detach(|| gathered::gathered_into(slice, rows, cols, &terms, add))?;
+    }
+    Ok(out)
 }
 
 /// `a` itself if its memory is one slice in C or Fortran order with strides of no sign, else a

@@ -1,8 +1,10 @@
 //! Layouts: the `Layout` class and `unify`.
 
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use super::convert::{listed, signed_list, unsigned_list, Num};
+use crate::classes;
 use crate::error::Error;
 use crate::layout::Layout;
 use crate::unify as unification;
@@ -162,4 +164,36 @@ impl PyLayout {
 pub(super) fn unify(a: &PyLayout, b: &PyLayout) -> PyResult<(PyLayout, PyLayout)> {
     let (x, y) = unification::unify(&a.inner, &b.inner)?;
     Ok((x.into(), y.into()))
+}
+
+/// The layout classes of one end of an edge in the search's tables
+/// ([`classes::layout_classes`]): each candidate's class, and per class its compacted forward
+/// layout and (with `backward`, one gradient per candidate) its gradient's.
+#[pyfunction]
+#[pyo3(signature = (forward, backward=None))]
+#[allow(clippy::type_complexity)]
+pub(super) fn layout_classes<'py>(
+    py: Python<'py>,
+    forward: Vec<Bound<'py, PyLayout>>,
+    backward: Option<Vec<Bound<'py, PyLayout>>>,
+) -> PyResult<(
+    Bound<'py, PyArray1<i64>>,
+    Vec<PyLayout>,
+    Option<Vec<PyLayout>>,
+)> {
+    let forward = inners(&forward);
+    let backward = backward.as_deref().map(inners);
+    let found = py.detach(|| classes::layout_classes(&forward, backward.as_deref()))?;
+    let class: Vec<i64> = found.class.iter().map(|&c| c as i64).collect();
+    let listed = |l: Vec<Layout>| l.into_iter().map(PyLayout::from).collect();
+    Ok((
+        class.into_pyarray(py),
+        listed(found.forward),
+        found.backward.map(listed),
+    ))
+}
+
+/// The core's layouts of `layouts`, read in place.
+fn inners<'a>(layouts: &'a [Bound<'_, PyLayout>]) -> Vec<&'a Layout> {
+    layouts.iter().map(|l| &l.get().inner).collect()
 }

@@ -61,6 +61,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyRedistribution>()?;
     m.add_class::<strategies::PyStrategy>()?;
     m.add_function(wrap_pyfunction!(layout::unify, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::layout_classes, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_redistribution, m)?)?;
     m.add_function(wrap_pyfunction!(topology::inter_node_groups, m)?)?;
     m.add_function(wrap_pyfunction!(strategies::enumerate_strategies, m)?)?;
