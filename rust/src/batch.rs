@@ -397,10 +397,12 @@ pub fn redistribution_bounds(
                 if let Some(bound) = pairs.get(i, j) {
                     return Ok((bound, false));
                 }
-                let bound =
-                    shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |lined| {
-                        memo.bound_lined(lined, scratch)
-                    })?;
+                let bound = shortest_plan_bound(
+                    (&psrc[i], &ptgt[j]),
+                    objective,
+                    line_up,
+                    |source, target| memo.bound(source, target, scratch),
+                )?;
                 Ok((bound, true))
             },
         )
@@ -795,8 +797,7 @@ pub(crate) mod tests {
                     }
                     let (a, b) = (normalized(a), normalized(b));
                     let pair = (&paper::Prepared::new(&a), &paper::Prepared::new(&b));
-                    let bound = shortest_plan_bound(pair, objective, &mut line_up, |lined| {
-                        let (s, t) = lined.pair();
+                    let bound = shortest_plan_bound(pair, objective, &mut line_up, |s, t| {
                         optimal::fresh_bound(s, t, objective)
                     })
                     .unwrap();

@@ -275,22 +275,14 @@ fn device_matrix_into(bounds: DeviceBounds, matrix: &mut Vec<u64>) {
 
 /// Appends to `map` the tensor map of the pieces on the device matrix of `bounds`.
 fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
-    map.extend(pieces.iter().map(|&p| map_entry(p, bounds)));
-}
-
-/// The tensor map's entry of `p` on the device matrix of `bounds`: the device dim splitting it,
-/// -1 if none.
-#[allow(clippy::inline_always)]
-#[inline(always)]
-fn map_entry(p: Piece, bounds: DeviceBounds) -> i64 {
-    match p.split() {
+    map.extend(pieces.iter().map(|p| match p.split() {
         None => -1,
         Some((lo, hi)) => {
             debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
             debug_assert_eq!((bounds >> (lo + 1)).trailing_zeros() + lo + 1, hi);
             i64::from((bounds & ((1 << lo) - 1)).count_ones())
         }
-    }
+    }));
 }
 
 /// The rank bits of the device dims holding partial sums.
@@ -310,26 +302,17 @@ fn partial_bounds(mask: u64) -> DeviceBounds {
 /// Appends to `dims` the device dims, on the matrix of `bounds`, whose bits are partial in
 /// `mask`.
 fn partial_dims_into(bounds: DeviceBounds, mask: u64, dims: &mut Vec<usize>) {
-    dims.extend(partial_dims(bounds, mask));
-}
-
-/// The device dims, on the matrix of `bounds`, whose bits are partial in `mask`, ascending.
-fn partial_dims(bounds: DeviceBounds, mask: u64) -> impl Iterator<Item = usize> {
     let top = bounds.ilog2();
-    // The lowest bit of each device dim, dim 0 first.
     let mut rest = bounds & ((1 << top) - 1);
     let mut k = 0;
-    std::iter::from_fn(move || {
-        while rest != 0 {
-            let lo = rest.trailing_zeros();
-            rest &= rest - 1;
-            k += 1;
-            if mask >> lo & 1 == 1 {
-                return Some(k - 1);
-            }
+    while rest != 0 {
+        let lo = rest.trailing_zeros();
+        if mask >> lo & 1 == 1 {
+            dims.push(k);
         }
-        None
-    })
+        rest &= rest - 1;
+        k += 1;
+    }
 }
 
 /// The layout of `pieces` on the device matrix of `bounds`, the bits of `partial` holding partial
@@ -453,29 +436,6 @@ impl Unified {
     /// it (0 if none): its map as the cost kernel reads it, without building the layout.
     pub fn split_bits(&self, side: Side) -> impl Iterator<Item = u64> + '_ {
         split_bits(self.side(side).0)
-    }
-
-    /// Per tensor dim of one side's unified layout, its size and its map's entry: what
-    /// [`Unified::layout`] puts in its shape and tensor map, without building it.
-    pub fn dims(&self, side: Side) -> impl Iterator<Item = (u64, i64)> + '_ {
-        let device = self.device;
-        self.side(side)
-            .0
-            .iter()
-            .map(move |&p| (p.size, map_entry(p, device)))
-    }
-
-    /// The device matrix of the unified layouts into `out` (emptied first).
-    pub fn device_matrix_into(&self, out: &mut Vec<u64>) {
-        out.clear();
-        device_matrix_into(self.device, out);
-    }
-
-    /// The partial dims of one side's unified layout, as a mask of device dims (bit `k` for dim
-    /// `k`).
-    pub fn partial_dims(&self, side: Side) -> u64 {
-        let (_, partial) = self.side(side);
-        partial_dims(self.device, partial).fold(0, |m, k| m | 1 << k)
     }
 
     /// The device boundaries of the unified pair: bit `b` set for a boundary at rank bit `b`.

@@ -27,12 +27,10 @@ use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::ops::{CommOp, Objective};
-use super::paper::LineUp;
 use crate::layout::Layout;
-use crate::unify::{Side, Unified};
 use space::{
-    allowed, allowed_columns, allowed_of, canonical, mask_of, matching, permutation, runs,
-    state_layout, Buffers, MatrixCache, Space, State, Step, MAX_DIMS,
+    allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
+    Buffers, MatrixCache, Space, State, Step, MAX_DIMS,
 };
 
 struct Node {
@@ -115,8 +113,6 @@ pub(crate) struct KeyScratch {
     columns: Vec<(i64, i64, u64)>,
     /// Per tensor dim, the device dims that may split it.
     may: Vec<u64>,
-    /// The unified device matrix ([`KeyScratch::fill_unified`]).
-    matrix: Vec<u64>,
 }
 
 impl KeyScratch {
@@ -126,86 +122,36 @@ impl KeyScratch {
         if source.ndim() > MAX_DIMS || source.num_device_dims() >= 64 {
             return false;
         }
-        let KeyScratch { columns, may, .. } = self;
+        let KeyScratch {
+            words,
+            order,
+            columns,
+            may,
+        } = self;
         allowed_columns(source, target, may);
         // Each column worked out once (the sort compares them many times).
         columns.clear();
         columns.extend(
             (0..source.ndim()).map(|i| (source.tensor_map()[i], target.tensor_map()[i], may[i])),
         );
-        self.sort_into_words(
-            source.device_matrix(),
-            source.num_elements(),
-            (mask_of(source.partial()), mask_of(target.partial())),
-        );
-        true
-    }
-
-    /// [`KeyScratch::fill`] of the unified pair's layouts ([`Unified::layout`]), read off its
-    /// pieces without building them: the same words and order, bit for bit. The bounded tables
-    /// build the layouts only for a key no memo holds.
-    fn fill_unified(&mut self, unified: &Unified) -> bool {
-        let KeyScratch {
-            columns, matrix, ..
-        } = self;
-        unified.device_matrix_into(matrix);
-        let n = matrix.len();
-        if n >= 64 {
-            return false;
-        }
-        columns.clear();
-        let (source, target) = (unified.dims(Side::First), unified.dims(Side::Second));
-        let mut elements = 1;
-        // The device dims either side's map uses, the `may` words filled in below.
-        let mut used = 0;
-        for ((size, from), (_, to)) in source.zip(target) {
-            elements *= size;
-            used |= [from, to]
-                .into_iter()
-                .filter(|&k| k >= 0)
-                .fold(0, |m, k| m | 1 << k);
-            columns.push((from, to, size));
-        }
-        if columns.len() > MAX_DIMS {
-            return false;
-        }
-        let partial = (
-            unified.partial_dims(Side::First),
-            unified.partial_dims(Side::Second),
-        );
-        // As [`allowed_columns`]: the dims that split a tensor dim at either end or hold
-        // partial sums in the source, and divide its size.
-        let eligible = used | partial.0;
-        for column in columns.iter_mut() {
-            column.2 = allowed_of(column.2, eligible, |k| matrix[n - 1 - k]);
-        }
-        let matrix = std::mem::take(&mut self.matrix);
-        self.sort_into_words(&matrix, elements, partial);
-        self.matrix = matrix;
-        true
-    }
-
-    /// The key's order and words from the columns (per tensor dim its maps' entries and the
-    /// device dims that may split it), the device matrix, the elements and the partial masks.
-    fn sort_into_words(&mut self, matrix: &[u64], elements: u64, partial: (u64, u64)) {
-        let KeyScratch {
-            words,
-            order,
-            columns,
-            ..
-        } = self;
         order.clear();
-        order.extend(0..columns.len());
+        order.extend(0..source.ndim());
         order.sort_by_key(|&i| columns[i]);
+        let matrix = source.device_matrix();
         words.clear();
         words.push(matrix.len() as u64);
         words.extend_from_slice(matrix);
-        words.extend([elements, partial.0, partial.1]);
+        words.extend([
+            source.num_elements(),
+            mask_of(source.partial()),
+            mask_of(target.partial()),
+        ]);
         for &i in order.iter() {
             let (from, to, may) = columns[i];
             // The maps' entries as words: -1 and the device dims, one to one.
             words.extend([from as u64, to as u64, may]);
         }
+        true
     }
 
     /// The key [`KeyScratch::fill`] worked out last.
@@ -436,7 +382,6 @@ impl<'o> Bounds<'o> {
     /// `target` ([`Problem::of`]; `None` if there is none): the search's bound at the source
     /// ([`Space::remaining`]), without a search, worked out in `scratch`'s buffers. A key met
     /// before needs no sorted pair.
-    #[cfg(test)]
     pub(crate) fn bound(
         &self,
         source: &Layout,
@@ -446,32 +391,7 @@ impl<'o> Bounds<'o> {
         if !scratch.key.fill(source, target) {
             return None;
         }
-        Some(
-            self.known_bound(&scratch.key)
-                .unwrap_or_else(|| self.new_bound(source, target, scratch)),
-        )
-    }
-
-    /// [`Bounds::bound`] of the unified pair `lined` holds, its key read off the unified pieces:
-    /// the pair's layouts are built only for a key no memo holds.
-    pub(crate) fn bound_lined(
-        &self,
-        lined: &mut LineUp,
-        scratch: &mut BoundScratch<'o>,
-    ) -> Option<f64> {
-        if !scratch.key.fill_unified(lined.unified()) {
-            return None;
-        }
-        if let Some(bound) = self.known_bound(&scratch.key) {
-            return Some(bound);
-        }
-        let (source, target) = lined.pair();
-        Some(self.new_bound(source, target, scratch))
-    }
-
-    /// The bound of the key `key` holds, if an earlier batch or this one worked it out.
-    fn known_bound(&self, key: &KeyScratch) -> Option<f64> {
-        let words = key.words.as_slice();
+        let words = scratch.key.words.as_slice();
         // (An empty map hashes the key all the same.)
         if let Some(&bound) = (!self.known.is_empty())
             .then(|| self.known.get(words))
@@ -479,12 +399,9 @@ impl<'o> Bounds<'o> {
         {
             return Some(bound);
         }
-        locked(&self.found).get(words).copied()
-    }
-
-    /// The bound of `source` -> `target`, whose key `scratch` holds and no memo does: worked out
-    /// on the sorted pair and remembered.
-    fn new_bound(&self, source: &Layout, target: &Layout, scratch: &mut BoundScratch<'o>) -> f64 {
+        if let Some(&bound) = locked(&self.found).get(words) {
+            return Some(bound);
+        }
         let order = &scratch.key.order;
         sorted_into(order, source, &mut scratch.source);
         sorted_into(order, target, &mut scratch.target);
@@ -497,7 +414,7 @@ impl<'o> Bounds<'o> {
         let bound = space.remaining(&start, source.shard_size(), keep);
         scratch.space = space.into_buffers();
         locked(&self.found).insert(scratch.key.key(), bound);
-        bound
+        Some(bound)
     }
 
     /// Remembers the bounds this batch worked out ([`BOUNDS`]).
@@ -1199,50 +1116,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The key read off a unified pair's pieces ([`KeyScratch::fill_unified`]) is the key of
-    /// its layouts built ([`KeyScratch::fill`]), words and order, bit for bit: every pair of
-    /// layouts of one tensor on the five device matrices of 16 devices (as given and in their
-    /// canonical forms, some with partial sums), lined up one after another in one set of
-    /// buffers.
-    #[test]
-    fn keys_read_off_the_unified_pieces_are_those_of_the_layouts() {
-        use crate::plan::paper::{lined_up_prepared, Prepared};
-        use crate::unify::normalized;
-        let shape = [8u64, 4, 8, 2];
-        let matrices: [&[u64]; 5] = [&[16], &[4, 4], &[2, 8], &[2, 2, 4], &[2, 2, 2, 2]];
-        let mut layouts = Vec::new();
-        for matrix in matrices {
-            let (maps, _) = sixteen_devices(&shape, matrix);
-            for m in maps.iter().step_by(5) {
-                for partial in [false, true] {
-                    if let Some(l) = random_layout(&shape, matrix, m, partial) {
-                        layouts.push(normalized(&l));
-                        layouts.push(l);
-                    }
-                }
-            }
-        }
-        let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
-        let (mut lined, mut read, mut built) = (LineUp::default(), KeyScratch::default(), {
-            KeyScratch::default()
-        });
-        let mut compared = 0;
-        for a in &prepared {
-            for b in &prepared {
-                if lined_up_prepared(a, b, &mut lined).is_err() {
-                    continue;
-                }
-                let ok = read.fill_unified(lined.unified());
-                let (source, target) = lined.pair();
-                assert_eq!(ok, built.fill(source, target));
-                assert_eq!(read.words, built.words, "{source:?} -> {target:?}");
-                assert_eq!(read.order, built.order, "{source:?} -> {target:?}");
-                compared += 1;
-            }
-        }
-        assert!(compared > 10_000, "{compared}");
     }
 
     /// Spaces built one after another in one thread's buffers ([`Space::bounding_in`]) bound

@@ -428,8 +428,7 @@ pub(super) fn lined_up(
     on: Option<(&Cluster, f64)>,
 ) -> Result<Redistribution> {
     let mut scratch = LineUp::default();
-    let (prelude, epilogue) = line_up_into(a, b, None, &mut scratch)?;
-    scratch.pair();
+    let (prelude, epilogue) = lined_up_in(a, b, &mut scratch)?;
     let LineUp { source, target, .. } = scratch;
     if let Some((cluster, dtype_bytes)) = on {
         topology::check_dtype_bytes(dtype_bytes)?;
@@ -464,23 +463,24 @@ impl Default for LineUp {
 }
 
 impl LineUp {
-    /// The unified pair [`lined_up_prepared`] made last, its layouts built in the buffers.
-    pub(crate) fn pair(&mut self) -> (&Layout, &Layout) {
-        self.unified.layout_into(Side::First, &mut self.source);
-        self.unified.layout_into(Side::Second, &mut self.target);
+    /// The unified pair [`lined_up_in`] made last.
+    pub(super) fn pair(&self) -> (&Layout, &Layout) {
         (&self.source, &self.target)
-    }
-
-    /// The unified pieces of the pair [`lined_up_prepared`] made last: a memo's key is read off
-    /// them without building the pair ([`LineUp::pair`]).
-    pub(crate) fn unified(&self) -> &Unified {
-        &self.unified
     }
 }
 
-/// Lines up two layouts prepared once each, which the caller has checked are layouts of one
-/// tensor, in `scratch`'s buffers: the ops before the unified pair and after it; the pair is
-/// [`LineUp::pair`]. The bounded tables line up every pair of their canonical forms.
+/// [`lined_up`] in `scratch`'s buffers, without the cluster's checks: the ops before the unified
+/// pair and after it; the pair is [`LineUp::pair`].
+pub(super) fn lined_up_in(
+    a: &Layout,
+    b: &Layout,
+    scratch: &mut LineUp,
+) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    line_up_into(a, b, None, scratch)
+}
+
+/// [`lined_up_in`] of two layouts prepared once each, which the caller has checked are layouts
+/// of one tensor: the bounded tables line up every pair of their canonical forms.
 pub(crate) fn lined_up_prepared(
     a: &Prepared<'_>,
     b: &Prepared<'_>,
@@ -489,14 +489,21 @@ pub(crate) fn lined_up_prepared(
     line_up_into(a.layout, b.layout, Some((&a.start, &b.start)), scratch)
 }
 
-/// [`line_up`] into `scratch`'s unified pieces (its layouts not built).
+/// [`line_up`] into `scratch`'s buffers.
 fn line_up_into(
     a: &Layout,
     b: &Layout,
     known: Option<(&Start, &Start)>,
     scratch: &mut LineUp,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
-    let lined = line_up(a, b, known, &mut scratch.unified)?;
+    let LineUp {
+        unified,
+        source,
+        target,
+    } = scratch;
+    let lined = line_up(a, b, known, unified)?;
+    unified.layout_into(Side::First, source);
+    unified.layout_into(Side::Second, target);
     Ok((lined.prelude, lined.epilogue))
 }
 

@@ -330,20 +330,11 @@ fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
 pub(super) fn allowed_columns(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
     let eligible = may_split(source, target);
     out.clear();
-    out.extend(
-        source
-            .shape()
-            .iter()
-            .map(|&x| allowed_of(x, eligible, |k| source.dim_size(k))),
-    );
-}
-
-/// The device dims of `eligible` that may split a tensor dim of `size` (a mask): those whose
-/// size (`dim_size`) divides it.
-pub(super) fn allowed_of(size: u64, eligible: u64, dim_size: impl Fn(usize) -> u64) -> u64 {
-    bits(eligible)
-        .filter(|&k| divides(dim_size(k), size))
-        .fold(0, |m, k| m | 1 << k)
+    out.extend(source.shape().iter().map(|&x| {
+        bits(eligible)
+            .filter(|&k| divides(source.dim_size(k), x))
+            .fold(0, |m, k| m | 1 << k)
+    }));
 }
 
 /// The device dims that may split a tensor dim on the way (a mask): those that split one at
