@@ -369,9 +369,10 @@ def _min_plus_step(
         if deadline is not None and time.perf_counter() > deadline:
             return None
         stop = min(start + step, shape[0])
-        shift = best[start:stop]
+        shift: np.ndarray | None = best[start:stop]
         ones = [1] * (ndim - 1)
-        xs, ys = [], []
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
         for axes, table in terms:
             placed = _placed(table, axes, ndim, start, stop)
             (ys if any(a in cols for a in axes) else xs).append(placed)
@@ -382,7 +383,7 @@ def _min_plus_step(
         if len(xs) == 1:
             (x,) = xs
         else:
-            x, shift = shift.reshape(-1, *ones), None
+            x, shift = best[start:stop].reshape(-1, *ones), None
             for placed in xs:
                 x = x + placed
         y: np.ndarray
