@@ -93,6 +93,38 @@ def test_min_plus_steps_in_blocks_equal_brute_force(seed, monkeypatch):
     assert problem.evaluate(choice) == pytest.approx(want, abs=1e-12)
 
 
+@pytest.mark.parametrize("row_terms", [1, 2])
+@pytest.mark.parametrize("zeros", [False, True])
+def test_min_plus_step_is_numpys_sums_to_the_bit(row_terms, zeros):
+    """A min-plus step, whose sides of one term go to the kernel as they are (the eliminated
+    operator's costs as its shift), gives numpy's ``best + row terms`` plus ``0.0 + column
+    terms``, least over the eliminated operator, to the bit: with random costs, and with every
+    cost -0.0 (numpy's sum is +0.0 there, a term taken as it is would leave -0.0)."""
+    rng = np.random.default_rng(row_terms)
+    k, a, b = 20, 30, 6
+
+    def cost(*shape):
+        # Magnitudes apart: sums in another order round differently.
+        return (
+            np.full(shape, -0.0)
+            if zeros
+            else rng.random(shape) * 10.0 ** rng.integers(-3, 4, shape)
+        )
+
+    best = cost(k)
+    rows = [cost(k, a) for _ in range(row_terms)]
+    col = cost(k, b)
+    terms = [([0, 1], t) for t in rows] + [([0, 2], col)]
+    got = elimination._min_plus_step(
+        best, terms, [k, a, b], ([1], [2]), None, elimination.Products()
+    )
+    x = best[:, None]
+    for t in rows:
+        x = x + t
+    want = (x[:, :, None] + (np.zeros((k, 1, 1)) + col[:, None, :])).min(axis=0)
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
 def _complete(operators: int, choices: int, seed: int) -> Problem:
     """``operators`` of ``choices`` candidates each, every two joined, random costs."""
     rng = np.random.default_rng(seed)

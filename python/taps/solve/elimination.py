@@ -369,14 +369,30 @@ def _min_plus_step(
         if deadline is not None and time.perf_counter() > deadline:
             return None
         stop = min(start + step, shape[0])
-        x = best[start:stop].reshape(-1, *([1] * (ndim - 1)))
-        y: np.ndarray = np.zeros((stop - start, *([1] * (ndim - 1))))
+        shift: np.ndarray | None = best[start:stop]
+        ones = [1] * (ndim - 1)
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
         for axes, table in terms:
             placed = _placed(table, axes, ndim, start, stop)
-            if any(a in cols for a in axes):
-                y = y + placed
-            else:
+            (ys if any(a in cols for a in axes) else xs).append(placed)
+        # One term a side is that side's operand, no full-size sum: v's ``best`` goes in as the
+        # kernel's shift (``t + best``, the sum numpy's ``best + t`` gives, to the bit), and a
+        # term with no sign bit set is what ``0.0 + t`` gives (only -0.0 would change).
+        x: np.ndarray
+        if len(xs) == 1:
+            (x,) = xs
+        else:
+            x, shift = best[start:stop].reshape(-1, *ones), None
+            for placed in xs:
                 x = x + placed
+        y: np.ndarray
+        if len(ys) == 1 and not np.signbit(ys[0]).any():
+            (y,) = ys
+        else:
+            y = np.zeros((stop - start, *ones))
+            for placed in ys:
+                y = y + placed
         # Rows (the one side's axes) by v's choices, and v's choices by columns.
         x = np.broadcast_to(
             x, [stop - start] + [shape[a] if a in rows else 1 for a in range(1, ndim)]
@@ -384,7 +400,7 @@ def _min_plus_step(
         y = np.broadcast_to(
             y, [stop - start] + [shape[a] if a in cols else 1 for a in range(1, ndim)]
         )
-        part = products(x.reshape(stop - start, height).T, y.reshape(stop - start, width))
+        part = products(x.reshape(stop - start, height).T, y.reshape(stop - start, width), shift)
         # The first block's product is the running minimum (numpy's minimum with inf keeps it;
         # not in place: ``products`` may hand the same array to another step).
         out = part if out is None else np.minimum(out, part)
