@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import sim
 import taps
+from taps._core import tensor_layouts
 
 
 def formula(p, n):
@@ -159,6 +160,28 @@ def test_tensor_layout_shards(sizes, n, data):
     for a, k in enumerate(s.device_map):
         if k >= 0:
             assert sim.dev_size(dm, k) == s.degrees[a]
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.integers(1, 16), min_size=1, max_size=4),
+    st.integers(0, 5),
+    st.booleans(),
+    st.data(),
+)
+def test_tensor_layouts_match_one_by_one(sizes, n, replicas, data):
+    """The batch call against Strategy.tensor_layout per strategy, whole dims (-1) included."""
+    found = taps.enumerate_strategies(sizes, 2**n, replicas)
+    axes = data.draw(st.lists(st.integers(-1, len(sizes) - 1), min_size=1, max_size=5, unique=True))
+    shape = [sizes[a] if a >= 0 else data.draw(st.integers(1, 9)) for a in axes]
+    assert tensor_layouts(found, axes, shape) == [s.tensor_layout(axes, shape) for s in found]
+
+
+def test_tensor_layouts_bad_input():
+    found = taps.enumerate_strategies([8, 4], 4)
+    with pytest.raises(taps.LayoutError):
+        tensor_layouts(found, [0, 1], [8, 0])
+    assert tensor_layouts([], [0], [8]) == []
 
 
 def test_deterministic_and_frozen():

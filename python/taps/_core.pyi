@@ -43,6 +43,7 @@ __all__ = [
     "redistribution_bounds",
     "redistribution_costs",
     "redistribution_pair_costs",
+    "tensor_layouts",
     "unify",
 ]
 
@@ -376,6 +377,12 @@ class Strategy:
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple[type[Strategy], tuple[list[int], list[int], list[int]]]: ...
+
+def tensor_layouts(
+    strategies: Sequence[Strategy], axes: Sequence[int], shape: Sequence[int]
+) -> list[Layout]:
+    """:meth:`Strategy.tensor_layout` ``(axes, shape)`` of every strategy of ``strategies``, in
+    one call."""
 
 def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an

@@ -25,6 +25,7 @@ from taps._core import (
     Strategy,
     enumerate_strategies,
     plan_redistribution,
+    tensor_layouts,
 )
 from taps._support.limits import check_candidates
 from taps.graph import Edge, Graph, Operand, Operator
@@ -188,7 +189,7 @@ def candidates(
     for axes, shape in operand_specs(op):
         spec = (sizes, tuple(axes), tuple(shape))
         if spec not in memo:
-            memo[spec] = [s.tensor_layout(axes, shape) for s in found]
+            memo[spec] = tensor_layouts(found, axes, shape)
         columns.append(memo[spec])
     return [
         Candidate(s, tuple(layouts[:-1]), layouts[-1], op) for s, *layouts in zip(found, *columns)

@@ -1,4 +1,4 @@
-//! Strategies: the `Strategy` class and `enumerate_strategies`.
+//! Strategies: the `Strategy` class, `enumerate_strategies` and `tensor_layouts`.
 
 use pyo3::prelude::*;
 
@@ -146,4 +146,24 @@ pub(super) fn enumerate_strategies(
         .into_iter()
         .map(|inner| PyStrategy { inner })
         .collect())
+}
+
+/// `Strategy.tensor_layout(axes, shape)` of every strategy of `strategies`, in one call: the
+/// candidates of an operator take one layout per operand and strategy (thousands per operator).
+#[pyfunction]
+pub(super) fn tensor_layouts(
+    strategies: Vec<PyRef<'_, PyStrategy>>,
+    axes: Vec<Num<i64>>,
+    shape: Vec<Num<i64>>,
+) -> PyResult<Vec<PyLayout>> {
+    let axes = signed_list(&axes, "axes", Error::Layout)?;
+    let shape = unsigned_list(&shape, "shape", "a positive size", Error::Layout)?;
+    Ok(strategies
+        .iter()
+        .map(|s| {
+            s.inner
+                .tensor_layout(&axes, &shape, false)
+                .map(PyLayout::from)
+        })
+        .collect::<Result<_, Error>>()?)
 }
