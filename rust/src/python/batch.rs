@@ -60,23 +60,11 @@ pub(super) fn redistribution_costs<'py>(
     let stop = AtomicBool::new(false);
     let what = || format!("{} x {} redistributions", shape.0, shape.1);
     let pairs = shape.0 * shape.1;
-    let Some(out) = out else {
-        let run = || {
-            batch::redistribution_costs_until(
-                &sources,
-                &targets,
-                &cluster,
-                dtype_bytes,
-                model,
-                planner,
-                &stop,
-            )
-        };
-        let costs = priced(py, &stop, planner, pairs, time_limit, what, run)?;
-        let array = Array2::from_shape_vec(shape, costs).expect("one cost per pair");
-        return Ok(array.into_pyarray(py));
+    // Without `out`, a matrix of its own: one path writes the costs either way.
+    let array = match out {
+        Some(out) => out_matrix(out, shape)?,
+        None => PyArray2::zeros(py, [shape.0, shape.1], false),
     };
-    let array = out_matrix(out, shape)?;
     {
         let mut writing = array.try_readwrite().map_err(|_| {
             Error::Shape("out must be a writable array, not borrowed elsewhere".to_string())
