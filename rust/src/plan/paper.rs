@@ -97,24 +97,31 @@ impl Maps {
         self.dims += 1;
     }
 
-    /// [`Maps::push`] for a target's maps, which Algorithm 1 reads by dim only (their owners
-    /// are not kept: the kernel fills millions of them).
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    fn push_target(&mut self, bits: u64) {
-        self.used |= bits;
-        self.split |= u64::from(bits != 0) << self.dims;
-        self.map[self.dims] = bits;
-        self.dims += 1;
+    /// The tensor dims these maps split as `t` does, as bits.
+    fn settled(&self, t: &Maps) -> u64 {
+        (0..self.dims).fold(0, |settled, i| {
+            settled | u64::from(self.map[i] != 0 && self.map[i] == t.map[i]) << i
+        })
     }
 
-    /// Takes the rank bits `bits` for a tensor dim that is left out because the target splits
-    /// it the same way: Algorithm 1 never acts on it (no other dim of the target takes its device
-    /// dim), but its bits stay used.
+    /// Appends a tensor dim split along the rank bits `s` here and `t` in the target's maps
+    /// `target` ([`Maps::push`]; a target's owners are not kept), unless `s == t`: then the dim is left
+    /// out, Algorithm 1 never acts on it (no other dim of the target takes its device dim), but
+    /// its bits stay used. Without a branch (whether the two are equal is hard to predict): the
+    /// dim is written in any case, and counted only if they differ.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn hold(&mut self, bits: u64) {
-        self.used |= bits;
+    fn push_pair(&mut self, target: &mut Maps, s: u64, t: u64) {
+        let (dim, differ) = (self.dims, s != t);
+        self.used |= s;
+        self.map[dim] = s;
+        self.owner[s.trailing_zeros() as usize] = dim as u8;
+        self.split |= u64::from(differ & (s != 0)) << dim;
+        target.used |= t;
+        target.map[dim] = t;
+        target.split |= u64::from(differ & (t != 0)) << dim;
+        self.dims += usize::from(differ);
+        target.dims = self.dims;
     }
 
     /// `other`'s maps, in this one's buffer.
@@ -194,10 +201,18 @@ impl<F: FnMut(OpKind, u64, Option<usize>, Option<usize>, &Maps)> Step for F {
 /// device dim into all-to-alls until neither applies, then gather one dim that is split differently
 /// in the target, and repeat. `step` gets each op (kind, the rank bits of its device dim, tensor
 /// dim, dim split by an all-to-all) with the maps before it; `current` is stepped in place so that
-/// pricing the ops allocates nothing.
+/// pricing the ops allocates nothing. `settled` holds the dims `current` already splits as `t`
+/// does ([`Maps::settled`]; the kernel's unification by masks leaves such dims out, so it
+/// knows there are none).
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut impl Step) {
+fn plan_unified(
+    current: &mut Maps,
+    t: &Maps,
+    bounds: DeviceBounds,
+    mut settled: u64,
+    step: &mut impl Step,
+) {
     // One partial dim at a time, innermost first: each device dim is partial or not as a whole.
     let mut reduced = current.partial & !t.partial;
     while reduced != 0 {
@@ -228,6 +243,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                     step.step(OpKind::Slice, t[i], Some(i), None, current);
                     current.slice(i, t[i]);
                     whole &= !(1 << i);
+                    settled |= 1 << i;
                     progress = true;
                 }
             }
@@ -242,6 +258,7 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
                     step.step(OpKind::AllToAll, t[at], Some(j), Some(at), current);
                     current.move_split(j, at);
                     whole = whole & !(1 << at) | 1 << j;
+                    settled |= 1 << at;
                     progress = true;
                 }
                 // (`at` is below 64: the mask of the dims above it needs no check of the shift.)
@@ -252,23 +269,17 @@ fn plan_unified(current: &mut Maps, t: &Maps, bounds: DeviceBounds, step: &mut i
             }
         }
         // Left over: dims split in the source and not the same way in the target. (A dim that
-        // waits for a device dim held elsewhere would have been served by an all-to-all.)
-        let m = &current.map;
-        let mut split = all & !whole;
-        let gathered = loop {
-            if split == 0 {
-                break None;
-            }
-            let i = split.trailing_zeros() as usize;
-            split &= split - 1;
-            if m[i] != t[i] {
-                break Some(i);
-            }
-        };
-        let Some(i) = gathered else {
+        // waits for a device dim held elsewhere would have been served by an all-to-all.) A dim
+        // a slice or an all-to-all split as the target does stays so: no all-to-all takes its
+        // split (no other dim of the target has its device dim), and no gather does.
+        let left = all & !whole & !settled;
+        if left == 0 {
             break;
-        };
-        step.step(OpKind::AllGather, m[i], Some(i), None, current);
+        }
+        let i = left.trailing_zeros() as usize;
+        debug_assert!((0..n)
+            .all(|k| (settled >> k & 1 == 1) == (current.map[k] != 0 && current.map[k] == t[k])));
+        step.step(OpKind::AllGather, current.map[i], Some(i), None, current);
         current.gather(i);
         whole |= 1 << i;
     }
@@ -404,10 +415,13 @@ pub(super) fn unified_ops(source: &Layout, target: &Layout) -> Vec<CommOp> {
         .iter()
         .fold(1, |bounds, &d| bounds | (d + (d & d.wrapping_neg())));
     let mut current = Maps::of(source, &dims);
+    let target = Maps::of(target, &dims);
+    let settled = current.settled(&target);
     plan_unified(
         &mut current,
-        &Maps::of(target, &dims),
+        &target,
         bounds,
+        settled,
         &mut |kind, bits, i, to, m: &Maps| {
             let k = dims
                 .iter()
@@ -792,22 +806,21 @@ fn priced(
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
         source.restart(a.maps.partial);
         target.restart(b.maps.partial);
-        let device = unify_bits(x, y, |s, t| {
-            if s == t {
-                source.hold(s);
-            } else {
-                source.push(s);
-                target.push_target(t);
-            }
-        });
-        plan_unified(source, target, device, &mut pricer);
+        let device = unify_bits(x, y, |s, t| source.push_pair(target, s, t));
+        plan_unified(source, target, device, 0, &mut pricer);
         return Ok(pricer.total);
     }
     // Otherwise a pair that needs no cut is read off the two layouts' own maps.
     if let Some(device) = a.start.uncut(&b.start) {
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
         source.copy_from(&a.maps);
-        plan_unified(source, &b.maps, device, &mut pricer);
+        plan_unified(
+            source,
+            &b.maps,
+            device,
+            source.settled(&b.maps),
+            &mut pricer,
+        );
         return Ok(pricer.total);
     }
     // Most others unify as they are: [`line_up`]'s reshapes and fallback steps only for the rest
@@ -841,7 +854,13 @@ fn priced(
     let (first, second) = unified.partial();
     source.refill(unified.split_bits(Side::First), first);
     target.refill(unified.split_bits(Side::Second), second);
-    plan_unified(source, target, unified.device(), &mut pricer);
+    plan_unified(
+        source,
+        target,
+        unified.device(),
+        source.settled(target),
+        &mut pricer,
+    );
     steps(|l| &l.epilogue).iter().try_fold(pricer.total, add)
 }
 
