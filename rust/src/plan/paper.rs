@@ -116,10 +116,10 @@ impl Maps {
         self.used |= s;
         self.map[dim] = s;
         self.owner[s.trailing_zeros() as usize] = dim as u8;
-        self.split |= u64::from(differ & (s != 0)) << dim;
+        self.split |= (u64::from(s != 0) & u64::from(differ)) << dim;
         target.used |= t;
         target.map[dim] = t;
-        target.split |= u64::from(differ & (t != 0)) << dim;
+        target.split |= (u64::from(t != 0) & u64::from(differ)) << dim;
         self.dims += usize::from(differ);
         target.dims = self.dims;
     }
