@@ -188,32 +188,38 @@ fn high_rank_kernel(c: &mut Criterion) {
 }
 
 /// The min-plus product of the series reductions, in additions per second: 512 x 512 x 512 of one
-/// objective and 128 x 128 x 128 of two, with ties (small integer costs), on thread pools of 1 and
-/// 2 threads.
+/// objective and 128 x 128 x 128 of two, and jax_llama's shapes of few rows or few columns
+/// (62 x 618 x 6470, 1340 x 6470 x 62) of one, with ties (small integer costs), on thread pools
+/// of 1 and 2 threads.
 fn min_plus_kernel(c: &mut Criterion) {
     let mut g = c.benchmark_group("min_plus");
     g.sample_size(10);
-    for (n, objectives) in [(512, 1), (128, 2)] {
+    for (rows, inner, cols, objectives) in [
+        (512, 512, 512, 1),
+        (128, 128, 128, 2),
+        (62, 618, 6470, 1),
+        (1340, 6470, 62, 1),
+    ] {
         let dims = Dims {
-            rows: n,
-            inner: n,
-            cols: n,
+            rows,
+            inner,
+            cols,
             objectives,
         };
         // A fixed pseudo-random sequence of small integers: many ties.
-        let costs = |seed: usize| -> Vec<f64> {
-            (0..n * n * objectives)
+        let costs = |seed: usize, n: usize| -> Vec<f64> {
+            (0..n * objectives)
                 .map(|i| ((i * 2_654_435_761 + seed) >> 7 & 15) as f64)
                 .collect()
         };
-        let (x, y) = (costs(1), costs(2));
-        g.throughput(Throughput::Elements((n * n * n) as u64));
+        let (x, y) = (costs(1, rows * inner), costs(2, inner * cols));
+        g.throughput(Throughput::Elements((rows * inner * cols) as u64));
         for threads in [1, 2] {
             let pool = ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let name = format!("{n}^3/{objectives}-objectives");
+            let name = format!("{rows}x{inner}x{cols}/{objectives}-objectives");
             g.bench_function(BenchmarkId::new(name, threads), |bench| {
                 bench.iter(|| pool.install(|| black_box(min_plus(&x, &y, dims, 1e-12).unwrap())));
             });

@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 /// independent, so they pipeline).
 const MR: usize = 4;
 const NR: usize = 4;
+const MR2: usize = 4;
+const NR2: usize = 8;
+const MR512: usize = 8;
+const NR512: usize = 16;
 /// Inner choices of one pass over a tile: the columns' packed panel of a pass (8 KiB) stays in the
 /// first-level cache while every row tile of a job goes past it.
 const KC: usize = 256;
@@ -57,52 +61,54 @@ impl Matrix<'_> {
         self.data[r * self.strides[0] + c * self.strides[1]]
     }
 
-    /// Entry `(r, c)` plus `shift[c]` (the entry itself without a shift).
-    #[inline]
-    fn shifted(&self, r: usize, c: usize, shift: Option<&[f64]>) -> f64 {
-        match shift {
-            Some(s) => self.get(r, c) + s[c],
-            None => self.get(r, c),
-        }
-    }
-
-    /// Whether no sum of an entry of this matrix (plus `shift` of its column) and one of `other`
-    /// can be NaN (neither holds NaN or -inf): then a plain comparison takes the least as numpy's
-    /// `minimum` does.
-    fn sums_are_numbers(&self, shift: Option<&[f64]>, other: &Matrix<'_>) -> bool {
-        let numbers = |m: &Matrix<'_>, shift: Option<&[f64]>| {
-            (0..m.rows).all(|r| (0..m.cols).all(|c| m.shifted(r, c, shift) > f64::NEG_INFINITY))
-        };
-        numbers(self, shift) && numbers(other, None)
-    }
-
     /// Panels of `width` rows (`transposed`: columns) at a time, each stored by its other index
     /// then its `width` entries, padded with zeros past the last; `shift` (untransposed only) is
-    /// added to each column's entries as they are packed.
-    fn panels(&self, width: usize, transposed: bool, shift: Option<&[f64]>) -> Vec<f64> {
-        let (outer, inner) = if transposed {
-            (self.cols, self.rows)
+    /// added to each column's entries as they are packed. In parallel over panels if `parallel`.
+    fn panels(
+        &self,
+        width: usize,
+        transposed: bool,
+        shift: Option<&[f64]>,
+        parallel: bool,
+    ) -> Vec<f64> {
+        // The sizes and strides along the panels (`o`) and across them (`k`).
+        let [rows, cols] = self.strides;
+        let (outer, inner, so, sk) = if transposed {
+            (self.cols, self.rows, cols, rows)
         } else {
-            (self.rows, self.cols)
+            (self.rows, self.cols, rows, cols)
         };
         let mut packed = vec![0.0; outer.div_ceil(width) * inner * width];
-        packed
-            .chunks_exact_mut(inner * width)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for (k, entries) in panel.chunks_exact_mut(width).enumerate() {
+        let fill = |(p, panel): (usize, &mut [f64])| {
+            let first = p * width;
+            let n = width.min(outer - first);
+            for (k, entries) in panel.chunks_exact_mut(width).enumerate() {
+                let (entries, at) = (&mut entries[..n], first * so + k * sk);
+                // A copy where the panel's entries are adjacent (a row-major `y`, a
+                // column-major `x`).
+                if so == 1 {
+                    entries.copy_from_slice(&self.data[at..at + n]);
+                } else {
                     for (i, e) in entries.iter_mut().enumerate() {
-                        let o = p * width + i;
-                        if o < outer {
-                            *e = if transposed {
-                                self.get(k, o)
-                            } else {
-                                self.shifted(o, k, shift)
-                            };
-                        }
+                        *e = self.data[at + i * so];
                     }
                 }
-            });
+                if let Some(s) = shift {
+                    for e in entries {
+                        *e += s[k];
+                    }
+                }
+            }
+        };
+        let panel = inner * width;
+        if parallel {
+            packed
+                .par_chunks_exact_mut(panel)
+                .enumerate()
+                .for_each(fill);
+        } else {
+            packed.chunks_exact_mut(panel).enumerate().for_each(fill);
+        }
         packed
     }
 }
@@ -248,11 +254,15 @@ fn least<const NAN: bool>(current: f64, term: f64) -> f64 {
     }
 }
 
-/// The running minima of one tile over the inner choices of one pass: `xs` holds `MR` rows' entries
-/// per `k`, `ys` `NR` columns' per `k`.
+/// The running minima of one `MR x NR` tile over the inner choices of one pass: `xs` holds `MR`
+/// rows' entries per `k`, `ys` `NR` columns' per `k`.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn tile<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR]; MR]) {
+fn tile<const NAN: bool, const MR: usize, const NR: usize>(
+    xs: &[f64],
+    ys: &[f64],
+    acc: &mut [[f64; NR]; MR],
+) {
     let mut a = *acc;
     for (xk, yk) in xs.chunks_exact(MR).zip(ys.chunks_exact(NR)) {
         for (row, &xv) in a.iter_mut().zip(xk) {
@@ -264,70 +274,140 @@ fn tile<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR]; MR]) {
     *acc = a;
 }
 
-/// One parallel job of [`min_plus_one`]: its rows' packed panels, every column's, the sizes.
+/// [`tile`] of `MR512 x NR512` in AVX-512's registers of eight lanes, written out: the compiler
+/// does not keep the generic one's minima in registers for AVX-512. The same additions, and
+/// `least`'s choices: MINPD takes its second operand (`current`) unless the first is less, so on
+/// ties and on a NaN `current`; a NaN `term` is then taken over it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR512]; MR512]) {
+    use std::arch::x86_64::{
+        __m512d, _mm512_add_pd, _mm512_cmp_pd_mask, _mm512_loadu_pd, _mm512_mask_mov_pd,
+        _mm512_min_pd, _mm512_set1_pd, _mm512_storeu_pd, _CMP_UNORD_Q,
+    };
+    const LANES: usize = 8;
+    const V: usize = NR512 / LANES;
+    // SAFETY (every load and store): each reads or writes `LANES` entries of a chunk of `NR512`.
+    let load = |row: &[f64]| -> [__m512d; V] {
+        std::array::from_fn(|v| unsafe { _mm512_loadu_pd(row[v * LANES..][..LANES].as_ptr()) })
+    };
+    let mut a: [[__m512d; V]; MR512] = std::array::from_fn(|r| load(&acc[r]));
+    for (xk, yk) in xs.chunks_exact(MR512).zip(ys.chunks_exact(NR512)) {
+        let y = load(yk);
+        for (row, &xv) in a.iter_mut().zip(xk) {
+            let xv = _mm512_set1_pd(xv);
+            for (e, &yv) in row.iter_mut().zip(&y) {
+                let term = _mm512_add_pd(xv, yv);
+                let m = _mm512_min_pd(term, *e);
+                *e = if NAN {
+                    _mm512_mask_mov_pd(m, _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(term, term), term)
+                } else {
+                    m
+                };
+            }
+        }
+    }
+    for (row, v) in acc.iter_mut().zip(&a) {
+        for (chunk, &e) in row.chunks_exact_mut(LANES).zip(v) {
+            unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), e) };
+        }
+    }
+}
+
+/// The instruction sets of the one-objective product: its tile and how it is compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Sse2,
+    Avx2,
+    Avx512,
+}
+
+/// Whether no sum of these costs and others can be NaN (none is NaN or -inf): then a plain
+/// comparison takes the least as numpy's `minimum` does.
+// Not `all` nor `&&`: a fold without an early exit compiles to vector comparisons.
+#[allow(clippy::needless_bitwise_bool)]
+fn numbers(costs: &[f64]) -> bool {
+    costs
+        .iter()
+        .fold(true, |all, &c| all & (c > f64::NEG_INFINITY))
+}
+
+/// One parallel job of [`min_plus_one`]: its rows of `x` (and the shift), its columns' packed
+/// panels, whether these hold only [`numbers`].
 struct Job<'a> {
-    xs: &'a [f64],
+    x: Matrix<'a>,
+    shift: Option<&'a [f64]>,
     ys: &'a [f64],
-    inner: usize,
+    ys_numbers: bool,
     cols: usize,
 }
 
 impl Job<'_> {
-    /// The job's block of the product (whole rows of `cols`), with the fastest passes the
-    /// processor has.
-    fn run(&self, block: &mut [f64], nan: bool, avx2: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: `avx2` is true only if the processor has AVX2 (`has_avx2`).
-            unsafe {
-                if nan {
-                    self.passes_avx2::<true>(block);
-                } else {
-                    self.passes_avx2::<false>(block);
-                }
-            }
-            return;
-        }
-        let _ = avx2;
-        if nan {
-            self.passes::<true>(block);
-        } else {
-            self.passes::<false>(block);
-        }
-    }
-
-    /// [`Job::passes`] compiled for AVX2: the same additions and comparisons in the same order,
-    /// four lanes at a time with non-destructive operands (about twice the speed of SSE2's).
-    ///
-    /// # Safety
-    /// The processor must have AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn passes_avx2<const NAN: bool>(&self, block: &mut [f64]) {
-        self.passes::<NAN>(block);
-    }
-
-    /// Every tile of the block, a pass of [`KC`] inner choices at a time: the running minima of
-    /// each tile start from the block (infinity before the first pass) and go back to it.
+    /// The job's block of the product (whole rows of `cols`) by the portable tile of `MR x NR`.
     // Inlined into each caller, so that the AVX2 one compiles it (and `tile`) for AVX2.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn passes<const NAN: bool>(&self, block: &mut [f64]) {
-        let (inner, cols) = (self.inner, self.cols);
+    fn portable<const MR: usize, const NR: usize>(&self, block: &mut [f64]) {
+        self.passes(block, tile::<false, MR, NR>, tile::<true, MR, NR>);
+    }
+
+    /// [`Job::portable`] compiled for AVX2: the same additions and comparisons in the same order,
+    /// four lanes at a time with non-destructive operands.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2<const MR: usize, const NR: usize>(&self, block: &mut [f64]) {
+        self.portable::<MR, NR>(block);
+    }
+
+    /// [`Job::portable`] by the AVX-512 tile.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn avx512(&self, block: &mut [f64]) {
+        self.passes(
+            block,
+            |x, y, acc| tile_avx512::<false>(x, y, acc),
+            |x, y, acc| tile_avx512::<true>(x, y, acc),
+        );
+    }
+
+    /// Every tile of the block by `tile`, a pass of [`KC`] inner choices at a time: the running
+    /// minima of each tile start from the block (infinity before the first pass) and go back to
+    /// it. The rows' panels are packed a pass at a time, so that they stay in the second-level
+    /// cache while every column panel goes past them. A pass takes `nan_tile` (numpy's `minimum`)
+    /// unless its rows' and the columns' costs are [`numbers`].
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn passes<const MR: usize, const NR: usize>(
+        &self,
+        block: &mut [f64],
+        tile: impl Fn(&[f64], &[f64], &mut [[f64; NR]; MR]),
+        nan_tile: impl Fn(&[f64], &[f64], &mut [[f64; NR]; MR]),
+    ) {
+        let (x, inner, cols) = (self.x, self.x.cols, self.cols);
         let height = block.len() / cols;
         for start in (0..inner).step_by(KC) {
             let stop = (start + KC).min(inner);
+            let xs = Matrix {
+                data: &x.data[start * x.strides[1]..],
+                cols: stop - start,
+                ..x
+            }
+            .panels(MR, false, self.shift.map(|s| &s[start..stop]), false);
+            let nan = !(self.ys_numbers && numbers(&xs));
             for (p, panel) in self.ys.chunks_exact(inner * NR).enumerate() {
                 let yk = &panel[start * NR..stop * NR];
-                for (t, rows_panel) in self.xs.chunks_exact(inner * MR).enumerate() {
-                    let xk = &rows_panel[start * MR..stop * MR];
+                for (t, xk) in xs.chunks_exact((stop - start) * MR).enumerate() {
                     let (r0, c0) = (t * MR, p * NR);
                     let (h, w) = ((height - r0).min(MR), (cols - c0).min(NR));
                     let mut acc = [[f64::INFINITY; NR]; MR];
                     for (i, row) in acc.iter_mut().enumerate().take(h) {
                         row[..w].copy_from_slice(&block[(r0 + i) * cols + c0..][..w]);
                     }
-                    tile::<NAN>(xk, yk, &mut acc);
+                    if nan {
+                        nan_tile(xk, yk, &mut acc);
+                    } else {
+                        tile(xk, yk, &mut acc);
+                    }
                     for (i, row) in acc.iter().enumerate().take(h) {
                         block[(r0 + i) * cols + c0..][..w].copy_from_slice(&row[..w]);
                     }
@@ -337,33 +417,36 @@ impl Job<'_> {
     }
 }
 
-/// Whether the processor has AVX2 (checked once by the standard library, then cached).
-fn has_avx2() -> bool {
+/// The widest instruction set the processor has (checked once by the standard library, then
+/// cached).
+fn best_isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2")
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2;
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::Sse2
 }
 
 /// `out[a, b] = min_k x[a, k] + y[k, b]`, row-major, `k` in order for every entry: numpy's
 /// `minimum` of the sums in turn, to the bit (NaN if any sum is). With `shift`, `x[a, k]` is
 /// `x[a, k] + shift[k]` (numpy's `x + shift` to the bit, added as `x` is packed: no copy of `x`
-/// is made for it). Tiles of `MR x NR` entries keep their minima in registers while `k` runs,
-/// over packed panels of `x`'s rows and `y`'s columns; in parallel over blocks of rows.
+/// is made for it). Tiles of entries keep their minima in registers while `k` runs, over packed
+/// panels of `x`'s rows and `y`'s columns; in parallel over blocks of rows.
 ///
 /// # Errors
 /// [`Error::Shape`] if `x`'s columns are not `y`'s rows or `shift`'s entries, there are none, or
 /// a matrix does not fit in its slice.
 pub fn min_plus_one(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>) -> Result<Vec<f64>> {
-    product(x, shift, y, has_avx2())
+    product(x, shift, y, best_isa())
 }
 
-/// [`min_plus_one`], with AVX2 if `avx2` (which the processor must then have).
-fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, avx2: bool) -> Result<Vec<f64>> {
+/// [`min_plus_one`] with `isa` (which the processor must have).
+fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, isa: Isa) -> Result<Vec<f64>> {
     x.check("the rows")?;
     y.check("the columns")?;
     let (rows, inner, cols) = (x.rows, x.cols, y.cols);
@@ -382,31 +465,78 @@ fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, avx2: bool) -> R
     if size == 0 {
         return Ok(out);
     }
-    let ys = y.panels(NR, true, None);
-    // Enough jobs for every core, each of whole row tiles.
-    let tiles = rows.div_ceil(MR);
-    let per_job = tiles
-        .div_ceil(4 * rayon::current_num_threads())
-        .clamp(1, JOB_TILES);
-    let nan = !x.sums_are_numbers(shift, &y);
+    match isa {
+        // SAFETY: `isa` is one the processor has.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => tiled::<MR512, NR512>(x, shift, y, &mut out, |job, block| unsafe {
+            job.avx512(block);
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => tiled::<MR2, NR2>(x, shift, y, &mut out, |job, block| unsafe {
+            job.avx2::<MR2, NR2>(block);
+        }),
+        _ => tiled::<MR, NR>(x, shift, y, &mut out, |job, block| {
+            job.portable::<MR, NR>(block);
+        }),
+    }
+    Ok(out)
+}
+
+/// The product into `out` (every entry infinity) by tiles of `MR x NR`, each job's block by `run`.
+fn tiled<const MR: usize, const NR: usize>(
+    x: Matrix<'_>,
+    shift: Option<&[f64]>,
+    y: Matrix<'_>,
+    out: &mut [f64],
+    run: impl Fn(&Job<'_>, &mut [f64]) + Sync,
+) {
+    let (rows, inner, cols) = (x.rows, x.cols, y.cols);
+    let ys = y.panels(NR, true, None, true);
+    let ys_numbers = numbers(&ys);
+    // Enough jobs for every core, each of whole row tiles; with few rows, of blocks of columns
+    // too, so that the column panels are read from memory once for all rows of a block rather
+    // than once per job.
+    let jobs = 4 * rayon::current_num_threads();
+    let (tiles, panels) = (rows.div_ceil(MR), cols.div_ceil(NR));
+    let per_job = tiles.min(JOB_TILES);
+    let per_group = panels.div_ceil(jobs.div_ceil(tiles.div_ceil(per_job)));
     out.par_chunks_mut(per_job * MR * cols)
         .enumerate()
         .for_each(|(job, block)| {
-            let xs = Matrix {
-                data: &x.data[job * per_job * MR * x.strides[0]..],
-                rows: block.len() / cols,
-                ..x
-            }
-            .panels(MR, false, shift);
-            let job = Job {
-                xs: &xs,
-                ys: &ys,
-                inner,
-                cols,
+            let height = block.len() / cols;
+            // The job of the block's rows and `count` column panels from `first`.
+            let job = |first: usize, count: usize| Job {
+                x: Matrix {
+                    data: &x.data[job * per_job * MR * x.strides[0]..],
+                    rows: height,
+                    ..x
+                },
+                shift,
+                ys: &ys[first * inner * NR..(first + count) * inner * NR],
+                ys_numbers,
+                cols: ((first + count) * NR).min(cols) - first * NR,
             };
-            job.run(block, nan, avx2);
+            if per_group == panels {
+                run(&job(0, panels), block);
+                return;
+            }
+            let parts: Vec<Vec<f64>> = (0..panels.div_ceil(per_group))
+                .into_par_iter()
+                .map(|g| {
+                    let first = g * per_group;
+                    let job = job(first, per_group.min(panels - first));
+                    let mut part = vec![f64::INFINITY; height * job.cols];
+                    run(&job, &mut part);
+                    part
+                })
+                .collect();
+            for (g, part) in parts.iter().enumerate() {
+                let (c0, width) = (g * per_group * NR, part.len() / height);
+                for (row, from) in block.chunks_exact_mut(cols).zip(part.chunks_exact(width)) {
+                    row[c0..c0 + width].copy_from_slice(from);
+                }
+            }
         });
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -419,7 +549,10 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         for a in 0..x.rows {
             for b in 0..y.cols {
-                let sum = |k: usize| x.shifted(a, k, shift) + y.get(k, b);
+                let sum = |k: usize| match shift {
+                    Some(s) => (x.get(a, k) + s[k]) + y.get(k, b),
+                    None => x.get(a, k) + y.get(k, b),
+                };
                 out.push((1..x.cols).fold(sum(0), |m, k| np_minimum(m, sum(k))));
             }
         }
@@ -450,70 +583,134 @@ pub(crate) mod tests {
         v.iter().map(|e| e.to_bits()).collect()
     }
 
+    /// Every instruction set of the product the processor has.
+    fn isas() -> Vec<Isa> {
+        let mut isas = vec![Isa::Sse2];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                isas.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                isas.push(Isa::Avx512);
+            }
+        }
+        isas
+    }
+
+    /// NaNs as one: which sign a sum of two NaNs keeps is the compiler's choice, as an addition's
+    /// operands may be swapped (a shift's NaN plus `y`'s).
+    fn nans_as_one(v: &[f64]) -> Vec<u64> {
+        v.iter()
+            .map(|&e| if e.is_nan() { f64::NAN } else { e }.to_bits())
+            .collect()
+    }
+
     #[test]
     fn tiles_match_the_plain_loop_in_every_layout() {
         let mut seed = 0;
+        // Sizes of partial tiles of every instruction set (4 x 4, 4 x 8, 8 x 16), one row or
+        // column, inner sizes past a pass (`KC`), more rows than one job (the columns split
+        // into several jobs when the rows are few).
         for (rows, inner, cols) in [
             (1, 1, 1),
             (5, 3, 7),
+            (1, 40, 50),
             (9, 300, 6),
+            (8, 17, 16),
             (17, 513, 13),
             (64, 20, 3),
+            (7, 31, 1),
+            (33, 5, 70),
+            (130, 260, 17),
         ] {
             for odd in [false, true] {
                 seed += 1;
                 let xd = costs(rows * inner, seed, odd);
                 let yd = costs(inner * cols, seed + 100, odd);
-                // x row-major, y column-major (numpy's transposed views).
-                let x = Matrix {
-                    data: &xd,
-                    rows,
-                    cols: inner,
-                    strides: [inner, 1],
-                };
-                let y = Matrix {
-                    data: &yd,
-                    rows: inner,
-                    cols,
-                    strides: [1, inner],
-                };
-                let got = min_plus_one(x, None, y).unwrap();
-                assert_eq!(
-                    bits(&got),
-                    bits(&plain(&x, None, &y)),
-                    "{rows} {inner} {cols} {odd}"
-                );
-                // Without AVX2 (the dispatch takes it where the processor has it).
-                let sse2 = product(x, None, y, false).unwrap();
-                assert_eq!(bits(&sse2), bits(&got), "{rows} {inner} {cols} {odd}");
-                // A shift of x's columns, added as x is packed, in both instruction sets. (NaNs
-                // as one: which sign a sum of two NaNs keeps is the compiler's choice, as an
-                // addition's operands may be swapped.)
                 let shift = costs(inner, seed + 200, odd);
-                let numbers = |v: Vec<f64>| {
-                    let v: Vec<f64> = v
-                        .into_iter()
-                        .map(|e| if e.is_nan() { f64::NAN } else { e })
-                        .collect();
-                    bits(&v)
-                };
-                let want = numbers(plain(&x, Some(&shift), &y));
-                for avx2 in [false, has_avx2()] {
-                    let shifted = product(x, Some(&shift), y, avx2).unwrap();
-                    assert_eq!(numbers(shifted), want, "{rows} {inner} {cols} {odd} {avx2}");
+                // Row- and column-major each (numpy's arrays and their transposed views).
+                for (xs, ys) in [([inner, 1], [1, inner]), ([1, rows], [cols, 1])] {
+                    let x = Matrix {
+                        data: &xd,
+                        rows,
+                        cols: inner,
+                        strides: xs,
+                    };
+                    let y = Matrix {
+                        data: &yd,
+                        rows: inner,
+                        cols,
+                        strides: ys,
+                    };
+                    let want = bits(&plain(&x, None, &y));
+                    let want_shifted = nans_as_one(&plain(&x, Some(&shift), &y));
+                    for isa in isas() {
+                        let case = format!("{rows} {inner} {cols} {odd} {xs:?} {isa:?}");
+                        assert_eq!(bits(&product(x, None, y, isa).unwrap()), want, "{case}");
+                        let shifted = product(x, Some(&shift), y, isa).unwrap();
+                        assert_eq!(nans_as_one(&shifted), want_shifted, "{case}");
+                    }
+                    assert_eq!(bits(&min_plus_one(x, None, y).unwrap()), want);
                 }
                 // The contiguous entry point takes the same path.
-                let yc: Vec<f64> = (0..inner * cols)
-                    .map(|i| y.get(i / cols, i % cols))
-                    .collect();
                 let dims = Dims {
                     rows,
                     inner,
                     cols,
                     objectives: 1,
                 };
-                assert_eq!(bits(&min_plus(&xd, &yc, dims, 0.0).unwrap()), bits(&got));
+                let y = Matrix {
+                    data: &yd,
+                    rows: inner,
+                    cols,
+                    strides: [cols, 1],
+                };
+                let x = Matrix {
+                    strides: [inner, 1],
+                    rows,
+                    cols: inner,
+                    data: &xd,
+                };
+                assert_eq!(
+                    bits(&min_plus(&xd, &yd, dims, 0.0).unwrap()),
+                    bits(&plain(&x, None, &y))
+                );
             }
+        }
+    }
+
+    #[test]
+    fn a_pass_with_a_nan_takes_numpy_minimum_and_the_others_do_not() {
+        // Numbers but one NaN and one -inf of x in the second pass of the inner choices (each
+        // pass decides its own comparison), and ties of both zeros' signs everywhere.
+        let (rows, inner, cols) = (9, KC + 40, 20);
+        let mut xd: Vec<f64> = (0..rows * inner).map(|i| [0.0, -0.0, 1.0][i % 3]).collect();
+        xd[3 * inner + KC + 5] = f64::NAN;
+        xd[5 * inner + KC + 7] = f64::NEG_INFINITY;
+        let yd: Vec<f64> = (0..inner * cols)
+            .map(|i| [-0.0, 0.0, f64::INFINITY, 2.0][i % 4])
+            .collect();
+        let x = Matrix {
+            data: &xd,
+            rows,
+            cols: inner,
+            strides: [inner, 1],
+        };
+        let y = Matrix {
+            data: &yd,
+            rows: inner,
+            cols,
+            strides: [cols, 1],
+        };
+        let want = plain(&x, None, &y);
+        assert!(want.iter().any(|e| e.is_nan()));
+        for isa in isas() {
+            assert_eq!(
+                bits(&product(x, None, y, isa).unwrap()),
+                bits(&want),
+                "{isa:?}"
+            );
         }
     }
 

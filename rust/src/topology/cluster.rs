@@ -219,7 +219,7 @@ impl Cluster {
                     .try_fold(1u64, |p, l| p.checked_mul(l.0))
                     .filter(|&inner| inner > 0);
                 if let Some(inner) = inner {
-                    if nodes == 0 || nodes % inner != 0 {
+                    if nodes == 0 || !nodes.is_multiple_of(inner) {
                         return Err(Error::Topology(format!(
                             "{nodes} nodes do not fill units of {inner} nodes"
                         )));

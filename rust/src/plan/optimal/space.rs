@@ -361,7 +361,7 @@ fn divides(d: u64, x: u64) -> bool {
     if d.is_power_of_two() {
         x & (d - 1) == 0
     } else {
-        x % d == 0
+        x.is_multiple_of(d)
     }
 }
 
