@@ -227,6 +227,25 @@ def _joint(classes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return inverse, stacked[:, first]
 
 
+def _joint_in_place(
+    classes: Sequence[np.ndarray], sizes: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_joint` numbered for the operator eliminated, whose choices' order no result
+    depends on (the step takes the least over them): ascending by the class in the largest of
+    the tables (``sizes`` their entries), then in the others in turn, so that table is read in
+    its own order (no copy of it) when the operator has a combination per class of it."""
+    stacked = np.stack(classes)
+    largest = int(np.argmax(sizes))
+    keys = [largest, *(k for k in range(len(classes)) if k != largest)]
+    order = np.lexsort(stacked[keys[::-1]])
+    ordered = stacked[:, order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (ordered[:, 1:] != ordered[:, :-1]).any(axis=0)
+    inverse = np.empty(len(order), dtype=np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    return inverse, ordered[:, new]
+
+
 def _compact(classes: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge equal slices of ``table`` along ``axis``: (new class per candidate, new table)."""
     moved = np.moveaxis(table, axis, 0)
@@ -241,7 +260,9 @@ def _eliminate(
     ``node`` plus their sum (min-plus products by ``products``). None if ``deadline`` passes
     first."""
     others = list(dict.fromkeys(u for f in factors for u in f.names if u != v))
-    v_class, v_rows = _joint([f.classes[f.axis(v)] for f in factors])
+    v_class, v_rows = _joint_in_place(
+        [f.classes[f.axis(v)] for f in factors], [f.table.size for f in factors]
+    )
     best = np.full(v_rows.shape[1], np.inf)
     np.minimum.at(best, v_class, node)
     classes, joint, shape = [], [], [len(best)]
