@@ -553,3 +553,30 @@ def test_unique_rows_survives_hash_collisions(monkeypatch) -> None:
     want = _sorted_rows(table)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 30), st.data())
+def test_joint_in_place_groups_as_the_plain_joint_in_the_largest_tables_order(
+    tables, candidates, data
+) -> None:
+    # An eliminated operator's joint classes: the same groups of candidates as _joint's (the
+    # distinct class combinations), numbered ascending by the largest table's class, then the
+    # others'; a table with a combination per class is then read in its own order.
+    classes = [
+        np.array(data.draw(st.lists(st.integers(0, 5), min_size=candidates, max_size=candidates)))
+        for _ in range(tables)
+    ]
+    sizes = data.draw(st.lists(st.integers(1, 100), min_size=tables, max_size=tables))
+    inverse, rows = elimination._joint_in_place(classes, sizes)
+    plain_inverse, plain_rows = elimination._joint(classes)
+    stacked = np.stack(classes)
+    np.testing.assert_array_equal(rows[:, inverse], stacked)
+    # The same partition of the candidates, and every combination once.
+    for i, j in itertools.combinations(range(candidates), 2):
+        assert (inverse[i] == inverse[j]) == (plain_inverse[i] == plain_inverse[j])
+    assert rows.shape == plain_rows.shape
+    largest = sizes.index(max(sizes))
+    keys = [largest, *(k for k in range(tables) if k != largest)]
+    combos = [tuple(int(rows[k, c]) for k in keys) for c in range(rows.shape[1])]
+    assert combos == sorted(set(combos))

@@ -129,7 +129,8 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
     q = q.oriented(p.u)
     u_class, pu, qu = _class_pairs(p.u_class, q.u_class)
     w_class, pw, qw = _class_pairs(p.w_class, q.w_class)
-    cost = p.cost[np.ix_(pu, pw)] + q.cost[np.ix_(qu, qw)]
+    # An axis at a time (numpy's indexing by two arrays at once is twice as slow).
+    cost = along(along(p.cost, pu, 0), pw, 1) + along(along(q.cost, qu, 0), qw, 1)
     return _pair(p.u, p.w, u_class, w_class, cost)
 
 
@@ -143,7 +144,8 @@ def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
     in its place (a copy saved)."""
     if in_order(index, array.shape[axis]):
         return array
-    return array[(slice(None),) * axis + (index,)]
+    # np.take, not indexing: twice as fast along an inner axis (the same copy).
+    return np.take(array, index, axis=axis)
 
 
 def _min_plus(x: np.ndarray, shift: np.ndarray, y: np.ndarray, products: Products) -> np.ndarray:
