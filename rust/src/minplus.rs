@@ -11,18 +11,20 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 
 /// Rows and columns of the tile of a one-objective product whose running minima stay in
-/// registers while the inner index runs (8 SSE2 registers of two; the sums of one `k` are
-/// independent, so they pipeline).
-const MR: usize = 4;
-const NR: usize = 4;
-const MR2: usize = 4;
-const NR2: usize = 8;
+/// registers while the inner index runs (the sums of one `k` are independent, so they pipeline):
+/// 8 SSE2 registers of two lanes; 8 AVX2 registers of four, enough independent minima to cover
+/// an addition's and a minimum's latency; 16 AVX-512 registers of eight.
+const MR_SSE2: usize = 4;
+const NR_SSE2: usize = 4;
+const MR_AVX2: usize = 4;
+const NR_AVX2: usize = 8;
 const MR512: usize = 8;
 const NR512: usize = 16;
-/// Inner choices of one pass over a tile: the columns' packed panel of a pass (8 KiB) stays in the
-/// first-level cache while every row tile of a job goes past it.
+/// Inner choices of one pass over a tile: the columns' packed panel of a pass (8 to 32 KiB) stays
+/// in the first-level cache while every row tile of a job goes past it.
 const KC: usize = 256;
-/// Row tiles of one parallel job at most (fewer if the rows would not keep every core busy).
+/// Row tiles of one parallel job at most (with fewer rows than every core needs, the columns are
+/// split between jobs too).
 const JOB_TILES: usize = 16;
 
 /// A matrix of costs in a slice, laid out by any non-negative strides (a numpy array in C or
@@ -472,11 +474,11 @@ fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, isa: Isa) -> Res
             job.avx512(block);
         }),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => tiled::<MR2, NR2>(x, shift, y, &mut out, |job, block| unsafe {
-            job.avx2::<MR2, NR2>(block);
+        Isa::Avx2 => tiled::<MR_AVX2, NR_AVX2>(x, shift, y, &mut out, |job, block| unsafe {
+            job.avx2::<MR_AVX2, NR_AVX2>(block);
         }),
-        _ => tiled::<MR, NR>(x, shift, y, &mut out, |job, block| {
-            job.portable::<MR, NR>(block);
+        _ => tiled::<MR_SSE2, NR_SSE2>(x, shift, y, &mut out, |job, block| {
+            job.portable::<MR_SSE2, NR_SSE2>(block);
         }),
     }
     Ok(out)

@@ -238,13 +238,11 @@ def _joint_in_place(
     stacked = np.stack(classes)
     largest = int(np.argmax(sizes))
     keys = [largest, *(k for k in range(len(classes)) if k != largest)]
-    order = np.lexsort(stacked[keys[::-1]])
-    ordered = stacked[:, order]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (ordered[:, 1:] != ordered[:, :-1]).any(axis=0)
-    inverse = np.empty(len(order), dtype=np.intp)
-    inverse[order] = np.cumsum(new) - 1
-    return inverse, ordered[:, new]
+    # numpy's unique of the combinations as rows orders them lexicographically, keys[0] first.
+    combos, inverse = np.unique(stacked[keys].T, axis=0, return_inverse=True)
+    rows = np.empty_like(combos.T)
+    rows[keys] = combos.T
+    return inverse.reshape(-1), rows
 
 
 def _compact(classes: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
