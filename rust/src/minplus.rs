@@ -63,16 +63,45 @@ impl Matrix<'_> {
         self.data[r * self.strides[0] + c * self.strides[1]]
     }
 
-    /// Panels of `width` rows (`transposed`: columns) at a time, each stored by its other index
-    /// then its `width` entries, padded with zeros past the last; `shift` (untransposed only) is
-    /// added to each column's entries as they are packed. In parallel over panels if `parallel`.
-    fn panels(
+    /// Asks for part `part` of `parts` of a row- or column-major matrix's entries to be brought
+    /// to the second-level cache ahead of their packing: a job's entries of a column-major `x`
+    /// or a row-major `y` are short runs far apart, which the processor's own prefetcher does
+    /// not follow.
+    fn prefetch(&self, part: usize, parts: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            // Runs of adjacent entries: how many, how far apart, how long.
+            let (runs, step, n) = match self.strides {
+                [1, step] => (self.cols, step, self.rows),
+                [step, 1] => (self.rows, step, self.cols),
+                _ => return,
+            };
+            if n == 0 {
+                return;
+            }
+            let line = |at: usize| {
+                // SAFETY: a prefetch reads nothing (the address is in `data` anyway).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(self.data[at..].as_ptr().cast()) };
+            };
+            for r in runs * part / parts..runs * (part + 1) / parts {
+                (0..n).step_by(8).for_each(|i| line(r * step + i));
+                line(r * step + n - 1);
+            }
+        }
+    }
+
+    /// Panels of `W` rows (`transposed`: columns) at a time into `packed`, each stored by its
+    /// other index then its `W` entries, padded with zeros past the last; `shift` (untransposed
+    /// only) is added to each column's entries as they are packed. In parallel over groups of
+    /// panels if `parallel`.
+    fn pack<const W: usize>(
         &self,
-        width: usize,
         transposed: bool,
         shift: Option<&[f64]>,
         parallel: bool,
-    ) -> Vec<f64> {
+        packed: &mut [f64],
+    ) {
         // The sizes and strides along the panels (`o`) and across them (`k`).
         let [rows, cols] = self.strides;
         let (outer, inner, so, sk) = if transposed {
@@ -80,38 +109,59 @@ impl Matrix<'_> {
         } else {
             (self.rows, self.cols, rows, cols)
         };
-        let mut packed = vec![0.0; outer.div_ceil(width) * inner * width];
-        let fill = |(p, panel): (usize, &mut [f64])| {
-            let first = p * width;
-            let n = width.min(outer - first);
-            for (k, entries) in panel.chunks_exact_mut(width).enumerate() {
-                let (entries, at) = (&mut entries[..n], first * so + k * sk);
-                // A copy where the panel's entries are adjacent (a row-major `y`, a
-                // column-major `x`).
-                if so == 1 {
-                    entries.copy_from_slice(&self.data[at..at + n]);
+        let panel = inner * W;
+        let data = self.data;
+        // The entries of panel `o / W` at `k`: `W` from `data[o * so + k * sk]` on, `so` apart,
+        // shifted; zeros past the last.
+        let entries = |o: usize, k: usize, entries: &mut [f64]| {
+            let entries: &mut [f64; W] = entries.try_into().expect("W entries");
+            let at = o * so + k * sk;
+            if o + W <= outer {
+                *entries = if so == 1 {
+                    data[at..at + W].try_into().expect("W entries")
                 } else {
-                    for (i, e) in entries.iter_mut().enumerate() {
-                        *e = self.data[at + i * so];
+                    std::array::from_fn(|i| data[at + i * so])
+                };
+            } else {
+                for (i, e) in entries.iter_mut().enumerate() {
+                    *e = if o + i < outer { data[at + i * so] } else { 0.0 };
+                }
+            }
+            if let Some(s) = shift {
+                for e in entries {
+                    *e += s[k];
+                }
+            }
+        };
+        // Panels from `first * W` on, into `group`.
+        let fill = |first: usize, group: &mut [f64]| {
+            if so == 1 {
+                // A panel's entries are adjacent (a row-major `y`, a column-major `x`): read
+                // along them, `k` by `k`, for every panel of the group.
+                for k in 0..inner {
+                    for (p, chunk) in group.chunks_exact_mut(panel).enumerate() {
+                        entries((first + p) * W, k, &mut chunk[k * W..][..W]);
                     }
                 }
-                if let Some(s) = shift {
-                    for e in entries {
-                        *e += s[k];
+            } else {
+                // Each panel's `W` rows (a row-major `x`) read along `k` together.
+                for (p, chunk) in group.chunks_exact_mut(panel).enumerate() {
+                    for (k, e) in chunk.chunks_exact_mut(W).enumerate() {
+                        entries((first + p) * W, k, e);
                     }
                 }
             }
         };
-        let panel = inner * width;
+        // Groups of 8 panels: a row-major `y`'s rows read 8 panels' entries at a time.
+        let group = 8 * panel;
         if parallel {
             packed
-                .par_chunks_exact_mut(panel)
+                .par_chunks_mut(group)
                 .enumerate()
-                .for_each(fill);
+                .for_each(|(g, chunk)| fill(g * 8, chunk));
         } else {
-            packed.chunks_exact_mut(panel).enumerate().for_each(fill);
+            fill(0, packed);
         }
-        packed
     }
 }
 
@@ -257,15 +307,18 @@ fn least<const NAN: bool>(current: f64, term: f64) -> f64 {
 }
 
 /// The running minima of one `MR x NR` tile over the inner choices of one pass: `xs` holds `MR`
-/// rows' entries per `k`, `ys` `NR` columns' per `k`.
+/// rows' entries per `k`, `ys` `NR` columns' per `k`; the minima are read from and written back
+/// to `MR` rows of `out` of `NR` entries each, `ld` apart.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn tile<const NAN: bool, const MR: usize, const NR: usize>(
     xs: &[f64],
     ys: &[f64],
-    acc: &mut [[f64; NR]; MR],
+    out: &mut [f64],
+    ld: usize,
 ) {
-    let mut a = *acc;
+    let mut a: [[f64; NR]; MR] =
+        std::array::from_fn(|r| out[r * ld..][..NR].try_into().expect("NR entries"));
     for (xk, yk) in xs.chunks_exact(MR).zip(ys.chunks_exact(NR)) {
         for (row, &xv) in a.iter_mut().zip(xk) {
             for (e, &yv) in row.iter_mut().zip(yk) {
@@ -273,7 +326,9 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
             }
         }
     }
-    *acc = a;
+    for (r, row) in a.iter().enumerate() {
+        out[r * ld..][..NR].copy_from_slice(row);
+    }
 }
 
 /// [`tile`] of `MR512 x NR512` in AVX-512's registers of eight lanes, written out: the compiler
@@ -282,7 +337,7 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
 /// ties and on a NaN `current`; a NaN `term` is then taken over it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR512]; MR512]) {
+fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], out: &mut [f64], ld: usize) {
     use std::arch::x86_64::{
         __m512d, _mm512_add_pd, _mm512_cmp_pd_mask, _mm512_loadu_pd, _mm512_mask_mov_pd,
         _mm512_min_pd, _mm512_set1_pd, _mm512_storeu_pd, _CMP_UNORD_Q,
@@ -293,7 +348,7 @@ fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR512];
     let load = |row: &[f64]| -> [__m512d; V] {
         std::array::from_fn(|v| unsafe { _mm512_loadu_pd(row[v * LANES..][..LANES].as_ptr()) })
     };
-    let mut a: [[__m512d; V]; MR512] = std::array::from_fn(|r| load(&acc[r]));
+    let mut a: [[__m512d; V]; MR512] = std::array::from_fn(|r| load(&out[r * ld..][..NR512]));
     for (xk, yk) in xs.chunks_exact(MR512).zip(ys.chunks_exact(NR512)) {
         let y = load(yk);
         for (row, &xv) in a.iter_mut().zip(xk) {
@@ -309,8 +364,8 @@ fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], acc: &mut [[f64; NR512];
             }
         }
     }
-    for (row, v) in acc.iter_mut().zip(&a) {
-        for (chunk, &e) in row.chunks_exact_mut(LANES).zip(v) {
+    for (r, v) in a.iter().enumerate() {
+        for (chunk, &e) in out[r * ld..][..NR512].chunks_exact_mut(LANES).zip(v) {
             unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), e) };
         }
     }
@@ -339,9 +394,11 @@ fn numbers(costs: &[f64]) -> bool {
 struct Job<'a> {
     x: Matrix<'a>,
     shift: Option<&'a [f64]>,
-    ys: &'a [f64],
-    ys_numbers: bool,
-    cols: usize,
+    /// The job's columns of `y`.
+    y: Matrix<'a>,
+    /// Their panels packed for every job, and whether these hold only [`numbers`]; or `None`
+    /// (no other job reads them): the job packs each panel a pass at a time as it goes.
+    ys: Option<(&'a [f64], bool)>,
 }
 
 impl Job<'_> {
@@ -350,7 +407,7 @@ impl Job<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn portable<const MR: usize, const NR: usize>(&self, block: &mut [f64]) {
-        self.passes(block, tile::<false, MR, NR>, tile::<true, MR, NR>);
+        self.passes::<MR, NR>(block, tile::<false, MR, NR>, tile::<true, MR, NR>);
     }
 
     /// [`Job::portable`] compiled for AVX2: the same additions and comparisons in the same order,
@@ -365,10 +422,10 @@ impl Job<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn avx512(&self, block: &mut [f64]) {
-        self.passes(
+        self.passes::<MR512, NR512>(
             block,
-            |x, y, acc| tile_avx512::<false>(x, y, acc),
-            |x, y, acc| tile_avx512::<true>(x, y, acc),
+            |x, y, out, ld| tile_avx512::<false>(x, y, out, ld),
+            |x, y, out, ld| tile_avx512::<true>(x, y, out, ld),
         );
     }
 
@@ -382,34 +439,76 @@ impl Job<'_> {
     fn passes<const MR: usize, const NR: usize>(
         &self,
         block: &mut [f64],
-        tile: impl Fn(&[f64], &[f64], &mut [[f64; NR]; MR]),
-        nan_tile: impl Fn(&[f64], &[f64], &mut [[f64; NR]; MR]),
+        tile: impl Fn(&[f64], &[f64], &mut [f64], usize),
+        nan_tile: impl Fn(&[f64], &[f64], &mut [f64], usize),
     ) {
-        let (x, inner, cols) = (self.x, self.x.cols, self.cols);
-        let height = block.len() / cols;
+        let (x, y, inner, cols) = (self.x, self.y, self.x.cols, self.y.cols);
+        let (height, panels) = (block.len() / cols, cols.div_ceil(NR));
+        let mut xs = vec![0.0; height.div_ceil(MR) * KC.min(inner) * MR];
+        let mut own = vec![0.0; if self.ys.is_some() { 0 } else { KC.min(inner) * NR }];
         for start in (0..inner).step_by(KC) {
             let stop = (start + KC).min(inner);
-            let xs = Matrix {
+            let xs = &mut xs[..height.div_ceil(MR) * (stop - start) * MR];
+            Matrix {
                 data: &x.data[start * x.strides[1]..],
                 cols: stop - start,
                 ..x
             }
-            .panels(MR, false, self.shift.map(|s| &s[start..stop]), false);
-            let nan = !(self.ys_numbers && numbers(&xs));
-            for (p, panel) in self.ys.chunks_exact(inner * NR).enumerate() {
-                let yk = &panel[start * NR..stop * NR];
+            .pack::<MR>(false, self.shift.map(|s| &s[start..stop]), false, xs);
+            let xs_numbers = numbers(xs);
+            // The next pass's entries of `x` (and the next panel of `y` the job packs) are asked
+            // for a part per tile, spread over the pass (the panel).
+            let next = Matrix {
+                data: &x.data[stop.min(inner - 1) * x.strides[1]..],
+                cols: (stop + KC).min(inner) - stop,
+                ..x
+            };
+            let row_tiles = height.div_ceil(MR);
+            for p in 0..panels {
+                let y_at = |start: usize, p: usize| Matrix {
+                    data: &y.data[start * y.strides[0] + p * NR * y.strides[1]..],
+                    rows: (start + KC).min(inner) - start,
+                    cols: NR.min(cols - p * NR),
+                    ..y
+                };
+                let (yk, ys_numbers) = match self.ys {
+                    Some((ys, numbers)) => (&ys[p * inner * NR..][start * NR..stop * NR], numbers),
+                    None => {
+                        let yk = &mut own[..(stop - start) * NR];
+                        y_at(start, p).pack::<NR>(true, None, false, yk);
+                        (&*yk, numbers(yk))
+                    }
+                };
+                let y_next = match (self.ys, p + 1 < panels) {
+                    (Some(_), _) => None,
+                    (None, true) => Some(y_at(start, p + 1)),
+                    (None, false) => (stop < inner).then(|| y_at(stop, 0)),
+                };
+                let nan = !(xs_numbers && ys_numbers);
                 for (t, xk) in xs.chunks_exact((stop - start) * MR).enumerate() {
+                    next.prefetch(p * row_tiles + t, panels * row_tiles);
+                    if let Some(y) = y_next {
+                        y.prefetch(t, row_tiles);
+                    }
                     let (r0, c0) = (t * MR, p * NR);
                     let (h, w) = ((height - r0).min(MR), (cols - c0).min(NR));
+                    let run = |out: &mut [f64], ld: usize| {
+                        if nan {
+                            nan_tile(xk, yk, out, ld);
+                        } else {
+                            tile(xk, yk, out, ld);
+                        }
+                    };
+                    if (h, w) == (MR, NR) {
+                        // A whole tile: its minima in place.
+                        run(&mut block[r0 * cols + c0..], cols);
+                        continue;
+                    }
                     let mut acc = [[f64::INFINITY; NR]; MR];
                     for (i, row) in acc.iter_mut().enumerate().take(h) {
                         row[..w].copy_from_slice(&block[(r0 + i) * cols + c0..][..w]);
                     }
-                    if nan {
-                        nan_tile(xk, yk, &mut acc);
-                    } else {
-                        tile(xk, yk, &mut acc);
-                    }
+                    run(acc.as_flattened_mut(), NR);
                     for (i, row) in acc.iter().enumerate().take(h) {
                         block[(r0 + i) * cols + c0..][..w].copy_from_slice(&row[..w]);
                     }
@@ -493,15 +592,18 @@ fn tiled<const MR: usize, const NR: usize>(
     run: impl Fn(&Job<'_>, &mut [f64]) + Sync,
 ) {
     let (rows, inner, cols) = (x.rows, x.cols, y.cols);
-    let ys = y.panels(NR, true, None, true);
-    let ys_numbers = numbers(&ys);
     // Enough jobs for every core, each of whole row tiles; with few rows, of blocks of columns
     // too, so that the column panels are read from memory once for all rows of a block rather
     // than once per job.
     let jobs = 4 * rayon::current_num_threads();
     let (tiles, panels) = (rows.div_ceil(MR), cols.div_ceil(NR));
     let per_job = tiles.min(JOB_TILES);
-    let per_group = panels.div_ceil(jobs.div_ceil(tiles.div_ceil(per_job)));
+    let blocks = tiles.div_ceil(per_job);
+    let per_group = panels.div_ceil(jobs.div_ceil(blocks));
+    // The columns' panels packed once if more than one block of rows reads them.
+    let mut ys = vec![0.0; if blocks > 1 { panels * inner * NR } else { 0 }];
+    y.pack::<NR>(true, None, true, &mut ys);
+    let ys_numbers = numbers(&ys);
     out.par_chunks_mut(per_job * MR * cols)
         .enumerate()
         .for_each(|(job, block)| {
@@ -514,9 +616,13 @@ fn tiled<const MR: usize, const NR: usize>(
                     ..x
                 },
                 shift,
-                ys: &ys[first * inner * NR..(first + count) * inner * NR],
-                ys_numbers,
-                cols: ((first + count) * NR).min(cols) - first * NR,
+                y: Matrix {
+                    data: &y.data[first * NR * y.strides[1]..],
+                    cols: ((first + count) * NR).min(cols) - first * NR,
+                    ..y
+                },
+                ys: (blocks > 1)
+                    .then(|| (&ys[first * inner * NR..(first + count) * inner * NR], ys_numbers)),
             };
             if per_group == panels {
                 run(&job(0, panels), block);
@@ -527,7 +633,7 @@ fn tiled<const MR: usize, const NR: usize>(
                 .map(|g| {
                     let first = g * per_group;
                     let job = job(first, per_group.min(panels - first));
-                    let mut part = vec![f64::INFINITY; height * job.cols];
+                    let mut part = vec![f64::INFINITY; height * job.y.cols];
                     run(&job, &mut part);
                     part
                 })
