@@ -38,7 +38,7 @@ pub struct Matrix<'a> {
     pub strides: [usize; 2],
 }
 
-impl Matrix<'_> {
+impl<'a> Matrix<'a> {
     /// Checks that every entry lies in `data`.
     pub(crate) fn check(&self, name: &str) -> Result<()> {
         let last = |n: usize, stride: usize| n.saturating_sub(1).checked_mul(stride);
@@ -63,31 +63,24 @@ impl Matrix<'_> {
         self.data[r * self.strides[0] + c * self.strides[1]]
     }
 
-    /// Asks for part `part` of `parts` of a row- or column-major matrix's entries to be brought
-    /// to the second-level cache ahead of their packing: a job's entries of a column-major `x`
-    /// or a row-major `y` are short runs far apart, which the processor's own prefetcher does
-    /// not follow.
-    fn prefetch(&self, part: usize, parts: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            // Runs of adjacent entries: how many, how far apart, how long.
-            let (runs, step, n) = match self.strides {
-                [1, step] => (self.cols, step, self.rows),
-                [step, 1] => (self.rows, step, self.cols),
-                _ => return,
-            };
-            if n == 0 {
-                return;
-            }
-            let line = |at: usize| {
-                // SAFETY: a prefetch reads nothing (the address is in `data` anyway).
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(self.data[at..].as_ptr().cast()) };
-            };
-            for r in runs * part / parts..runs * (part + 1) / parts {
-                (0..n).step_by(8).for_each(|i| line(r * step + i));
-                line(r * step + n - 1);
-            }
+    /// Part `part` of `parts` of a row- or column-major matrix's lines, to be asked for ahead of
+    /// their packing: a job's entries of a column-major `x` or a row-major `y` are short runs far
+    /// apart, which the processor's own prefetcher does not follow.
+    fn ahead(&self, part: usize, parts: usize) -> Lines<'a> {
+        // Runs of adjacent entries: how many, how far apart, how long.
+        let (runs, step, len) = match self.strides {
+            [1, step] => (self.cols, step, self.rows),
+            [step, 1] => (self.rows, step, self.cols),
+            _ => (0, 0, 0),
+        };
+        let runs = if len == 0 { 0..0 } else { runs * part / parts..runs * (part + 1) / parts };
+        Lines {
+            data: self.data,
+            step,
+            len,
+            run: runs.start,
+            end: runs.end,
+            at: 0,
         }
     }
 
@@ -111,48 +104,45 @@ impl Matrix<'_> {
         };
         let panel = inner * W;
         let data = self.data;
-        // The entries of panel `o / W` at `k`: `W` from `data[o * so + k * sk]` on, `so` apart,
-        // shifted; zeros past the last.
-        let entries = |o: usize, k: usize, entries: &mut [f64]| {
-            let entries: &mut [f64; W] = entries.try_into().expect("W entries");
-            let at = o * so + k * sk;
-            if o + W <= outer {
-                *entries = if so == 1 {
-                    data[at..at + W].try_into().expect("W entries")
-                } else {
-                    std::array::from_fn(|i| data[at + i * so])
-                };
-            } else {
-                for (i, e) in entries.iter_mut().enumerate() {
-                    *e = if o + i < outer { data[at + i * so] } else { 0.0 };
-                }
-            }
-            if let Some(s) = shift {
-                for e in entries {
-                    *e += s[k];
-                }
-            }
-        };
         // Panels from `first * W` on, into `group`.
         let fill = |first: usize, group: &mut [f64]| {
-            if so == 1 {
-                // A panel's entries are adjacent (a row-major `y`, a column-major `x`): read
-                // along them, `k` by `k`, for every panel of the group.
-                for k in 0..inner {
-                    for (p, chunk) in group.chunks_exact_mut(panel).enumerate() {
-                        entries((first + p) * W, k, &mut chunk[k * W..][..W]);
-                    }
-                }
-            } else {
-                // Each panel's `W` rows (a row-major `x`) read along `k` together.
-                for (p, chunk) in group.chunks_exact_mut(panel).enumerate() {
+            for (p, chunk) in group.chunks_exact_mut(panel).enumerate() {
+                let o = (first + p) * W;
+                if o + W > outer {
+                    // The last panel, partial.
                     for (k, e) in chunk.chunks_exact_mut(W).enumerate() {
-                        entries((first + p) * W, k, e);
+                        for (i, e) in e.iter_mut().enumerate() {
+                            *e = if o + i < outer {
+                                let v = data[(o + i) * so + k * sk];
+                                shift.map_or(v, |s| v + s[k])
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                } else if so == 1 {
+                    // A panel's entries are adjacent (a row-major `y`, a column-major `x`).
+                    for (k, e) in chunk.chunks_exact_mut(W).enumerate() {
+                        let from = &data[o + k * sk..][..W];
+                        match shift {
+                            Some(s) => e.iter_mut().zip(from).for_each(|(e, &v)| *e = v + s[k]),
+                            None => e.copy_from_slice(from),
+                        }
+                    }
+                } else {
+                    // `W` rows (a row-major `x`) read along `k` together.
+                    for (k, e) in chunk.chunks_exact_mut(W).enumerate() {
+                        let at = o * so + k * sk;
+                        let v: [f64; W] = std::array::from_fn(|i| data[at + i * so]);
+                        match shift {
+                            Some(s) => e.iter_mut().zip(v).for_each(|(e, v)| *e = v + s[k]),
+                            None => e.copy_from_slice(&v),
+                        }
                     }
                 }
             }
         };
-        // Groups of 8 panels: a row-major `y`'s rows read 8 panels' entries at a time.
+        // Parallel jobs of 8 panels.
         let group = 8 * panel;
         if parallel {
             packed
@@ -161,6 +151,53 @@ impl Matrix<'_> {
                 .for_each(|(g, chunk)| fill(g * 8, chunk));
         } else {
             fill(0, packed);
+        }
+    }
+}
+
+/// Lines of a matrix asked for one at a time, ahead of their use, by [`Lines::next`]: runs
+/// `run..end` of `len` adjacent entries, `step` apart.
+#[derive(Clone, Copy)]
+struct Lines<'a> {
+    data: &'a [f64],
+    step: usize,
+    len: usize,
+    run: usize,
+    end: usize,
+    /// The next entry of the current run.
+    at: usize,
+}
+
+impl Lines<'_> {
+    const NONE: Lines<'static> = Lines {
+        data: &[],
+        step: 0,
+        len: 0,
+        run: 0,
+        end: 0,
+        at: 0,
+    };
+
+    /// Asks for the next line (to the second-level cache), if any is left: one a step of a
+    /// tile's inner loop, so that they are fetched while the tile computes rather than all at
+    /// once (which stalls on the processor's outstanding misses).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn next(&mut self) {
+        if self.run < self.end {
+            // Every line of a run: its entries 8 apart, and its last (the run need not start a
+            // line).
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                let at = self.run * self.step + self.at.min(self.len - 1);
+                // SAFETY: a prefetch reads nothing (the address is in `data` anyway).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(self.data[at..].as_ptr().cast()) };
+            }
+            self.at += 8;
+            if self.at >= self.len + 7 {
+                (self.run, self.at) = (self.run + 1, 0);
+            }
         }
     }
 }
@@ -316,10 +353,12 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
     ys: &[f64],
     out: &mut [f64],
     ld: usize,
+    ahead: &mut [Lines<'_>; 2],
 ) {
     let mut a: [[f64; NR]; MR] =
         std::array::from_fn(|r| out[r * ld..][..NR].try_into().expect("NR entries"));
     for (xk, yk) in xs.chunks_exact(MR).zip(ys.chunks_exact(NR)) {
+        ahead.iter_mut().for_each(Lines::next);
         for (row, &xv) in a.iter_mut().zip(xk) {
             for (e, &yv) in row.iter_mut().zip(yk) {
                 *e = least::<NAN>(*e, xv + yv);
@@ -337,7 +376,13 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
 /// ties and on a NaN `current`; a NaN `term` is then taken over it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], out: &mut [f64], ld: usize) {
+fn tile_avx512<const NAN: bool>(
+    xs: &[f64],
+    ys: &[f64],
+    out: &mut [f64],
+    ld: usize,
+    ahead: &mut [Lines<'_>; 2],
+) {
     use std::arch::x86_64::{
         __m512d, _mm512_add_pd, _mm512_cmp_pd_mask, _mm512_loadu_pd, _mm512_mask_mov_pd,
         _mm512_min_pd, _mm512_set1_pd, _mm512_storeu_pd, _CMP_UNORD_Q,
@@ -350,6 +395,7 @@ fn tile_avx512<const NAN: bool>(xs: &[f64], ys: &[f64], out: &mut [f64], ld: usi
     };
     let mut a: [[__m512d; V]; MR512] = std::array::from_fn(|r| load(&out[r * ld..][..NR512]));
     for (xk, yk) in xs.chunks_exact(MR512).zip(ys.chunks_exact(NR512)) {
+        ahead.iter_mut().for_each(Lines::next);
         let y = load(yk);
         for (row, &xv) in a.iter_mut().zip(xk) {
             let xv = _mm512_set1_pd(xv);
@@ -424,8 +470,8 @@ impl Job<'_> {
     fn avx512(&self, block: &mut [f64]) {
         self.passes::<MR512, NR512>(
             block,
-            |x, y, out, ld| tile_avx512::<false>(x, y, out, ld),
-            |x, y, out, ld| tile_avx512::<true>(x, y, out, ld),
+            |x, y, out, ld, ahead| tile_avx512::<false>(x, y, out, ld, ahead),
+            |x, y, out, ld, ahead| tile_avx512::<true>(x, y, out, ld, ahead),
         );
     }
 
@@ -439,8 +485,8 @@ impl Job<'_> {
     fn passes<const MR: usize, const NR: usize>(
         &self,
         block: &mut [f64],
-        tile: impl Fn(&[f64], &[f64], &mut [f64], usize),
-        nan_tile: impl Fn(&[f64], &[f64], &mut [f64], usize),
+        tile: impl Fn(&[f64], &[f64], &mut [f64], usize, &mut [Lines<'_>; 2]),
+        nan_tile: impl Fn(&[f64], &[f64], &mut [f64], usize, &mut [Lines<'_>; 2]),
     ) {
         let (x, y, inner, cols) = (self.x, self.y, self.x.cols, self.y.cols);
         let (height, panels) = (block.len() / cols, cols.div_ceil(NR));
@@ -486,17 +532,17 @@ impl Job<'_> {
                 };
                 let nan = !(xs_numbers && ys_numbers);
                 for (t, xk) in xs.chunks_exact((stop - start) * MR).enumerate() {
-                    next.prefetch(p * row_tiles + t, panels * row_tiles);
-                    if let Some(y) = y_next {
-                        y.prefetch(t, row_tiles);
-                    }
+                    let mut ahead = [
+                        next.ahead(p * row_tiles + t, panels * row_tiles),
+                        y_next.map_or(Lines::NONE, |y| y.ahead(t, row_tiles)),
+                    ];
                     let (r0, c0) = (t * MR, p * NR);
                     let (h, w) = ((height - r0).min(MR), (cols - c0).min(NR));
-                    let run = |out: &mut [f64], ld: usize| {
+                    let mut run = |out: &mut [f64], ld: usize| {
                         if nan {
-                            nan_tile(xk, yk, out, ld);
+                            nan_tile(xk, yk, out, ld, &mut ahead);
                         } else {
-                            tile(xk, yk, out, ld);
+                            tile(xk, yk, out, ld, &mut ahead);
                         }
                     };
                     if (h, w) == (MR, NR) {
