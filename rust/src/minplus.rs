@@ -760,12 +760,25 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// Pseudo-random fractions, no two alike: a sum of the wrong `x`, shift or `y` entry shows.
+    fn fractions(n: usize, seed: u64) -> Vec<f64> {
+        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 11) as f64 / (1u64 << 53) as f64 * 100.0 - 50.0
+            })
+            .collect()
+    }
+
     #[test]
     fn tiles_match_the_plain_loop_in_every_layout() {
         let mut seed = 0;
         // Sizes of partial tiles of every instruction set (4 x 4, 4 x 8, 8 x 16), one row or
         // column, inner sizes past a pass (`KC`), more rows than one job (the columns split
-        // into several jobs when the rows are few).
+        // into several jobs when the rows are few; packed once for every job when not).
         for (rows, inner, cols) in [
             (1, 1, 1),
             (5, 3, 7),
@@ -777,14 +790,28 @@ pub(crate) mod tests {
             (7, 31, 1),
             (33, 5, 70),
             (130, 260, 17),
+            (200, 600, 40),
         ] {
-            for odd in [false, true] {
+            // Small integers (ties), with infinities and NaNs, and fractions.
+            for kind in 0..3 {
                 seed += 1;
-                let xd = costs(rows * inner, seed, odd);
-                let yd = costs(inner * cols, seed + 100, odd);
-                let shift = costs(inner, seed + 200, odd);
-                // Row- and column-major each (numpy's arrays and their transposed views).
-                for (xs, ys) in [([inner, 1], [1, inner]), ([1, rows], [cols, 1])] {
+                // Room for any layout below.
+                let data = |rows: usize, cols: usize, seed: u64| match kind {
+                    2 => fractions(2 * rows * cols + cols, seed),
+                    _ => costs(2 * rows * cols + cols, seed, kind == 1),
+                };
+                let (xd, yd) = (data(rows, inner, seed), data(inner, cols, seed + 100));
+                let shift = match kind {
+                    2 => fractions(inner, seed + 200),
+                    _ => costs(inner, seed + 200, kind == 1),
+                };
+                // Row- and column-major (numpy's arrays and their transposed views), and
+                // neither (a view of every other entry).
+                let layouts = |rows: usize, cols: usize| [[cols, 1], [1, rows], [2, 2 * rows + 1]];
+                for (xs, ys) in layouts(rows, inner)
+                    .into_iter()
+                    .flat_map(|xs| layouts(inner, cols).map(|ys| (xs, ys)))
+                {
                     let x = Matrix {
                         data: &xd,
                         rows,
@@ -800,7 +827,7 @@ pub(crate) mod tests {
                     let want = bits(&plain(&x, None, &y));
                     let want_shifted = nans_as_one(&plain(&x, Some(&shift), &y));
                     for isa in isas() {
-                        let case = format!("{rows} {inner} {cols} {odd} {xs:?} {isa:?}");
+                        let case = format!("{rows} {inner} {cols} {kind} {xs:?} {ys:?} {isa:?}");
                         assert_eq!(bits(&product(x, None, y, isa).unwrap()), want, "{case}");
                         let shifted = product(x, Some(&shift), y, isa).unwrap();
                         assert_eq!(nans_as_one(&shifted), want_shifted, "{case}");
@@ -814,8 +841,9 @@ pub(crate) mod tests {
                     cols,
                     objectives: 1,
                 };
+                let (xd, yd) = (&xd[..rows * inner], &yd[..inner * cols]);
                 let y = Matrix {
-                    data: &yd,
+                    data: yd,
                     rows: inner,
                     cols,
                     strides: [cols, 1],
@@ -824,10 +852,10 @@ pub(crate) mod tests {
                     strides: [inner, 1],
                     rows,
                     cols: inner,
-                    data: &xd,
+                    data: xd,
                 };
                 assert_eq!(
-                    bits(&min_plus(&xd, &yd, dims, 0.0).unwrap()),
+                    bits(&min_plus(xd, yd, dims, 0.0).unwrap()),
                     bits(&plain(&x, None, &y))
                 );
             }
