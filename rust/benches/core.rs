@@ -5,7 +5,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rayon::ThreadPoolBuilder;
 use taps::batch::{allreduce_costs, AxesTensor};
-use taps::minplus::{min_plus, Dims};
+use taps::minplus::{min_plus, min_plus_one, Dims, Matrix};
 use taps::{
     enumerate_strategies, plan_redistribution, redistribution_costs, Cluster, CostModel, Layout,
     Objective, Planner,
@@ -190,7 +190,8 @@ fn high_rank_kernel(c: &mut Criterion) {
 /// The min-plus product of the series reductions, in additions per second: 512 x 512 x 512 of one
 /// objective and 128 x 128 x 128 of two, and jax_llama's shapes of few rows or few columns
 /// (62 x 618 x 6470, 1340 x 6470 x 62) of one, with ties (small integer costs), on thread pools
-/// of 1 and 2 threads.
+/// of 1 and 2 threads; of one objective also as the reductions call it on these shapes, `x`
+/// column-major (a transposed view) and shifted.
 fn min_plus_kernel(c: &mut Criterion) {
     let mut g = c.benchmark_group("min_plus");
     g.sample_size(10);
@@ -223,6 +224,27 @@ fn min_plus_kernel(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(name, threads), |bench| {
                 bench.iter(|| pool.install(|| black_box(min_plus(&x, &y, dims, 1e-12).unwrap())));
             });
+            if objectives == 1 {
+                let xm = Matrix {
+                    data: &x,
+                    rows,
+                    cols: inner,
+                    strides: [1, rows],
+                };
+                let ym = Matrix {
+                    data: &y,
+                    rows: inner,
+                    cols,
+                    strides: [cols, 1],
+                };
+                let shift = costs(3, inner);
+                let name = format!("{rows}x{inner}x{cols}/column-major-x-shifted");
+                g.bench_function(BenchmarkId::new(name, threads), |bench| {
+                    bench.iter(|| {
+                        pool.install(|| black_box(min_plus_one(xm, Some(&shift), ym).unwrap()))
+                    });
+                });
+            }
         }
     }
     g.finish();

@@ -73,7 +73,11 @@ impl<'a> Matrix<'a> {
             [step, 1] => (self.rows, step, self.cols),
             _ => (0, 0, 0),
         };
-        let runs = if len == 0 { 0..0 } else { runs * part / parts..runs * (part + 1) / parts };
+        let runs = if len == 0 {
+            0..0
+        } else {
+            runs * part / parts..runs * (part + 1) / parts
+        };
         Lines {
             data: self.data,
             step,
@@ -477,9 +481,12 @@ impl Job<'_> {
 
     /// Every tile of the block by `tile`, a pass of [`KC`] inner choices at a time: the running
     /// minima of each tile start from the block (infinity before the first pass) and go back to
-    /// it. The rows' panels are packed a pass at a time, so that they stay in the second-level
-    /// cache while every column panel goes past them. A pass takes `nan_tile` (numpy's `minimum`)
-    /// unless its rows' and the columns' costs are [`numbers`].
+    /// it (in place for whole tiles). The rows' panels are packed a pass at a time, so that they
+    /// stay in the second-level cache while every column panel goes past them; the columns'
+    /// panels too if no other job reads them (a pass of one panel at a time, in the first-level
+    /// cache, rather than all of `y` packed in memory first). The entries packed next are asked
+    /// for while the tiles before them compute. A pass of a panel takes `nan_tile` (numpy's
+    /// `minimum`) unless its rows' and columns' costs are [`numbers`].
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn passes<const MR: usize, const NR: usize>(
@@ -491,7 +498,7 @@ impl Job<'_> {
         let (x, y, inner, cols) = (self.x, self.y, self.x.cols, self.y.cols);
         let (height, panels) = (block.len() / cols, cols.div_ceil(NR));
         let mut xs = vec![0.0; height.div_ceil(MR) * KC.min(inner) * MR];
-        let mut own = vec![0.0; if self.ys.is_some() { 0 } else { KC.min(inner) * NR }];
+        let mut own = vec![0.0; self.ys.map_or(KC.min(inner) * NR, |_| 0)];
         for start in (0..inner).step_by(KC) {
             let stop = (start + KC).min(inner);
             let xs = &mut xs[..height.div_ceil(MR) * (stop - start) * MR];
@@ -517,18 +524,17 @@ impl Job<'_> {
                     cols: NR.min(cols - p * NR),
                     ..y
                 };
-                let (yk, ys_numbers) = match self.ys {
-                    Some((ys, numbers)) => (&ys[p * inner * NR..][start * NR..stop * NR], numbers),
-                    None => {
-                        let yk = &mut own[..(stop - start) * NR];
-                        y_at(start, p).pack::<NR>(true, None, false, yk);
-                        (&*yk, numbers(yk))
-                    }
-                };
-                let y_next = match (self.ys, p + 1 < panels) {
-                    (Some(_), _) => None,
-                    (None, true) => Some(y_at(start, p + 1)),
-                    (None, false) => (stop < inner).then(|| y_at(stop, 0)),
+                let (yk, ys_numbers, y_next) = if let Some((ys, numbers)) = self.ys {
+                    (&ys[p * inner * NR..][start * NR..stop * NR], numbers, None)
+                } else {
+                    let yk = &mut own[..(stop - start) * NR];
+                    y_at(start, p).pack::<NR>(true, None, false, yk);
+                    let next = if p + 1 < panels {
+                        Some(y_at(start, p + 1))
+                    } else {
+                        (stop < inner).then(|| y_at(stop, 0))
+                    };
+                    (&*yk, numbers(yk), next)
                 };
                 let nan = !(xs_numbers && ys_numbers);
                 for (t, xk) in xs.chunks_exact((stop - start) * MR).enumerate() {
@@ -667,8 +673,12 @@ fn tiled<const MR: usize, const NR: usize>(
                     cols: ((first + count) * NR).min(cols) - first * NR,
                     ..y
                 },
-                ys: (blocks > 1)
-                    .then(|| (&ys[first * inner * NR..(first + count) * inner * NR], ys_numbers)),
+                ys: (blocks > 1).then(|| {
+                    (
+                        &ys[first * inner * NR..(first + count) * inner * NR],
+                        ys_numbers,
+                    )
+                }),
             };
             if per_group == panels {
                 run(&job(0, panels), block);
