@@ -1,5 +1,8 @@
 //! Layouts: the `Layout` class and `unify`.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::OnceLock;
+
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
@@ -13,20 +16,42 @@ use crate::unify as unification;
 /// device dim 0 innermost), the tensor map (per tensor dim, the device dim it is split along, or
 /// -1) and the device dims `partial` along which the devices hold partial sums rather than copies.
 /// See docs/conventions.md#layouts. Immutable, hashable, picklable.
-#[pyclass(frozen, eq, hash, module = "taps", name = "Layout")]
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[pyclass(frozen, eq, module = "taps", name = "Layout")]
+#[derive(Clone)]
 pub struct PyLayout {
     pub(super) inner: Layout,
+    /// The hash, worked out on first use: the search keys dicts and sets by layouts, hashing
+    /// each many times (hashing the parts each time cost about 250 ns a lookup).
+    hash: OnceLock<u64>,
+}
+
+impl PartialEq for PyLayout {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
 }
 
 impl From<Layout> for PyLayout {
     fn from(inner: Layout) -> Self {
-        PyLayout { inner }
+        PyLayout {
+            inner,
+            hash: OnceLock::new(),
+        }
     }
 }
 
 #[pymethods]
 impl PyLayout {
+    /// The hash of the layout's parts (what `#[pyclass(hash)]` gives, so sets of layouts keep
+    /// their order), once.
+    fn __hash__(&self) -> u64 {
+        *self.hash.get_or_init(|| {
+            let mut hasher = DefaultHasher::new();
+            self.inner.hash(&mut hasher);
+            hasher.finish()
+        })
+    }
+
     #[new]
     #[pyo3(signature = (shape, device_matrix, tensor_map, partial=Vec::new()))]
     fn new(
