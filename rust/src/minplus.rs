@@ -726,19 +726,14 @@ pub(crate) mod tests {
     /// Pseudo-random costs: small integers (many ties), with zeros of both signs and, if asked,
     /// infinities and NaNs.
     pub(crate) fn costs(n: usize, seed: u64, odd: bool) -> Vec<f64> {
-        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                match (state >> 33) % 40 {
-                    0 => -0.0,
-                    1 => f64::INFINITY,
-                    2 if odd => f64::NAN,
-                    3 if odd => f64::NEG_INFINITY,
-                    r => (r % 7) as f64,
-                }
+        states(seed)
+            .take(n)
+            .map(|state| match (state >> 33) % 40 {
+                0 => -0.0,
+                1 => f64::INFINITY,
+                2 if odd => f64::NAN,
+                3 if odd => f64::NEG_INFINITY,
+                r => (r % 7) as f64,
             })
             .collect()
     }
@@ -772,15 +767,21 @@ pub(crate) mod tests {
 
     /// Pseudo-random fractions, no two alike: a sum of the wrong `x`, shift or `y` entry shows.
     fn fractions(n: usize, seed: u64) -> Vec<f64> {
-        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (state >> 11) as f64 / (1u64 << 53) as f64 * 100.0 - 50.0
-            })
+        states(seed)
+            .take(n)
+            .map(|state| (state >> 11) as f64 / (1u64 << 53) as f64 * 100.0 - 50.0)
             .collect()
+    }
+
+    /// A linear congruential generator's states from `seed` (the tests' costs, reproducible).
+    fn states(seed: u64) -> impl Iterator<Item = u64> {
+        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
+        std::iter::repeat_with(move || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            state
+        })
     }
 
     #[test]
