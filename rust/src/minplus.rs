@@ -652,10 +652,14 @@ fn tiled<const MR: usize, const NR: usize>(
     let per_job = tiles.min(JOB_TILES);
     let blocks = tiles.div_ceil(per_job);
     let per_group = panels.div_ceil(jobs.div_ceil(blocks));
-    // The columns' panels packed once if more than one block of rows reads them.
-    let mut ys = vec![0.0; if blocks > 1 { panels * inner * NR } else { 0 }];
-    y.pack::<NR>(true, None, true, &mut ys);
-    let ys_numbers = numbers(&ys);
+    // The columns' panels packed once if more than one block of rows reads them (else each
+    // job packs its own a pass at a time), with whether they hold only numbers.
+    let packed = (blocks > 1).then(|| {
+        let mut ys = vec![0.0; panels * inner * NR];
+        y.pack::<NR>(true, None, true, &mut ys);
+        let ys_numbers = numbers(&ys);
+        (ys, ys_numbers)
+    });
     out.par_chunks_mut(per_job * MR * cols)
         .enumerate()
         .for_each(|(job, block)| {
@@ -673,10 +677,10 @@ fn tiled<const MR: usize, const NR: usize>(
                     cols: ((first + count) * NR).min(cols) - first * NR,
                     ..y
                 },
-                ys: (blocks > 1).then(|| {
+                ys: packed.as_ref().map(|(ys, ys_numbers)| {
                     (
                         &ys[first * inner * NR..(first + count) * inner * NR],
-                        ys_numbers,
+                        *ys_numbers,
                     )
                 }),
             };
