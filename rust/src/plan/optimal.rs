@@ -94,8 +94,8 @@ impl Ord for Queued {
 /// is the elements over the sizes of the dims that split it): one search serves them all.
 ///
 /// Held as one run of words (the device dims' count and sizes, the elements, the two partial
-/// masks, then three words per tensor dim), so that a memo is asked with the words of a buffer
-/// ([`KeyScratch`]): the bounded tables key tens of thousands of pairs, and building each key
+/// masks, then a word per tensor dim, or two past [`PACKED_KEY_DIMS`] device dims), so that a
+/// memo is asked with the words of a buffer ([`KeyScratch`]): the bounded tables key tens of thousands of pairs, and building each key
 /// (two vectors) took more than looking it up.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Key(Box<[u64]>);
@@ -107,6 +107,10 @@ impl Borrow<[u64]> for Key {
     }
 }
 
+/// The most device dims whose keys hold a tensor dim's column in one word ([`KeyScratch::fill`]):
+/// the `may` mask below, the two map entries a byte each above.
+const PACKED_KEY_DIMS: usize = 48;
+
 /// The buffers a [`Key`] is worked out in ([`KeyScratch::fill`]), pair after pair.
 #[derive(Default)]
 pub(crate) struct KeyScratch {
@@ -114,9 +118,20 @@ pub(crate) struct KeyScratch {
     words: Vec<u64>,
     /// The pair's tensor dim at each position of the sorted order.
     order: Vec<usize>,
-    columns: Vec<(i64, i64, u64)>,
+    /// Per tensor dim, its column ([`column`]), sorted.
+    columns: Vec<u128>,
     /// Per tensor dim, the device dims that may split it.
     may: Vec<u64>,
+}
+
+/// The column of tensor dim `i`: its map entries at both ends (`from`, `to`) and the device dims
+/// that may split it (`may`), in one number that orders as `(from, to, may, i)` (each map entry
+/// one more, in a byte: -1 and the device dims, one to one): sorting the numbers sorts the dims
+/// by their columns, ties in the order of the dims, as a stable sort of the columns would (and
+/// at a comparison of words, not of tuples).
+fn column(from: i64, to: i64, may: u64, i: usize) -> u128 {
+    let byte = |m: i64| u128::from((m + 1) as u8);
+    byte(from) << 88 | byte(to) << 80 | u128::from(may) << 16 | i as u128
 }
 
 impl KeyScratch {
@@ -133,14 +148,12 @@ impl KeyScratch {
             may,
         } = self;
         allowed_columns(source, target, may);
-        // Each column worked out once (the sort compares them many times).
+        let (src, tgt) = (source.tensor_map(), target.tensor_map());
         columns.clear();
-        columns.extend(
-            (0..source.ndim()).map(|i| (source.tensor_map()[i], target.tensor_map()[i], may[i])),
-        );
+        columns.extend((0..source.ndim()).map(|i| column(src[i], tgt[i], may[i], i)));
+        columns.sort_unstable();
         order.clear();
-        order.extend(0..source.ndim());
-        order.sort_by_key(|&i| columns[i]);
+        order.extend(columns.iter().map(|&c| (c & 0xFFFF) as usize));
         let matrix = source.device_matrix();
         words.clear();
         words.push(matrix.len() as u64);
@@ -150,10 +163,17 @@ impl KeyScratch {
             mask_of(source.partial()),
             mask_of(target.partial()),
         ]);
-        for &i in order.iter() {
-            let (from, to, may) = columns[i];
-            // The maps' entries as words: -1 and the device dims, one to one.
-            words.extend([from as u64, to as u64, may]);
+        // The column without the dim, in a word where the mask leaves room above it for the map
+        // entries (the matrix's length, the first word, tells the two forms apart): a shorter
+        // key is hashed, compared and kept for less (the bounded tables keep tens of thousands).
+        let packed = matrix.len() <= PACKED_KEY_DIMS;
+        for &c in columns.iter() {
+            let (entries, may) = ((c >> 80) as u64, (c >> 16) as u64);
+            if packed {
+                words.push(entries << PACKED_KEY_DIMS | may);
+            } else {
+                words.extend([entries, may]);
+            }
         }
         true
     }
@@ -1134,6 +1154,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A key ([`KeyScratch::fill`]) is the plain columns packed: for every pair of layouts of 16
+    /// devices (sources with and without partial sums, on a matrix of three dims and on the same
+    /// behind 47 dims of size 1, past the one-word form), keyed one after another in one
+    /// scratch, the order is a stable sort of the plain columns (the maps' entries and the device
+    /// dims that may split the dim, worked out here dim by dim), the masks of [`allowed`] are
+    /// those columns' transpose, and two pairs have one key exactly when their plain keys (three
+    /// words a column) are one.
+    #[test]
+    fn keys_are_the_plain_columns_packed() {
+        let shape = [8u64, 4, 8, 2];
+        let mut wide = vec![1u64; 47];
+        wide.extend([2, 2, 4]);
+        let mut scratch = KeyScratch::default();
+        let (mut packed, mut plain) = (FxHashMap::default(), FxHashMap::default());
+        for matrix in [vec![2u64, 2, 4], wide] {
+            let (maps, _) = sixteen_devices(&shape, &matrix[matrix.len() - 3..]);
+            let layouts: Vec<Layout> = maps.iter().map(|m| layout(&shape, &matrix, m)).collect();
+            let sources = layouts.iter().flat_map(|l| {
+                let free = (0..matrix.len()).rev().find(|&k| !l.uses(k));
+                let partial = free.map(|k| l.with_state(l.tensor_map().to_vec(), vec![k]));
+                std::iter::once(l.clone()).chain(partial)
+            });
+            for a in sources.collect::<Vec<_>>() {
+                for b in &layouts {
+                    let h = matrix.len();
+                    let eligible: Vec<bool> = (0..h)
+                        .map(|k| a.uses(k) || b.uses(k) || a.partial().contains(&k))
+                        .collect();
+                    let may: Vec<u64> = shape
+                        .iter()
+                        .map(|&x| {
+                            (0..h)
+                                .filter(|&k| eligible[k] && x % a.dim_size(k) == 0)
+                                .fold(0, |m, k| m | 1 << k)
+                        })
+                        .collect();
+                    let allowed = allowed(&a, b);
+                    for (k, &dims) in allowed.iter().enumerate() {
+                        let column = (0..shape.len()).filter(|&i| may[i] >> k & 1 == 1);
+                        assert_eq!(dims, column.fold(0, |m, i| m | 1 << i), "{a:?} -> {b:?}");
+                    }
+                    let columns: Vec<(i64, i64, u64)> = (0..shape.len())
+                        .map(|i| (a.tensor_map()[i], b.tensor_map()[i], may[i]))
+                        .collect();
+                    let mut order: Vec<usize> = (0..shape.len()).collect();
+                    order.sort_by_key(|&i| columns[i]);
+                    let mut words = vec![h as u64];
+                    words.extend_from_slice(&matrix);
+                    words.extend([a.num_elements(), mask_of(a.partial()), mask_of(b.partial())]);
+                    for &i in &order {
+                        let (from, to, may) = columns[i];
+                        words.extend([from as u64, to as u64, may]);
+                    }
+                    assert!(scratch.fill(&a, b));
+                    assert_eq!(scratch.order, order, "{a:?} -> {b:?}");
+                    let key = scratch.key();
+                    let got = packed.entry(key.clone()).or_insert_with(|| words.clone());
+                    assert_eq!(*got, words, "{a:?} -> {b:?}");
+                    let got = plain.entry(words).or_insert(key.clone());
+                    assert_eq!(*got, key, "{a:?} -> {b:?}");
+                }
+            }
+        }
+        assert!(packed.len() > 2000, "{}", packed.len());
     }
 
     /// Spaces built one after another in one thread's buffers ([`Space::bounding_in`]) bound

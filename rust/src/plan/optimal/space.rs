@@ -320,29 +320,46 @@ pub(super) fn allowed(source: &Layout, target: &Layout) -> Vec<u64> {
 
 /// [`allowed`] into `out`.
 fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
-    let eligible = may_split(source, target);
     out.clear();
-    out.extend((0..source.num_device_dims()).map(|k| {
-        if eligible >> k & 1 == 0 {
-            return 0;
-        }
-        let d = source.dim_size(k);
-        (0..source.ndim())
+    out.resize(source.num_device_dims(), 0);
+    for (d, group) in by_size(source, may_split(source, target)) {
+        let dims = (0..source.ndim())
             .filter(|&i| divides(d, source.shape()[i]))
-            .fold(0, |m, i| m | 1 << i)
-    }));
+            .fold(0, |m, i| m | 1 << i);
+        for k in bits(group) {
+            out[k] = dims;
+        }
+    }
 }
 
 /// [`allowed`] the other way round, into `out`: per tensor dim, the device dims that may split
 /// it (a mask). The bounded tables key every pair by these columns.
 pub(super) fn allowed_columns(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
-    let eligible = may_split(source, target);
     out.clear();
-    out.extend(source.shape().iter().map(|&x| {
-        bits(eligible)
-            .filter(|&k| divides(source.dim_size(k), x))
-            .fold(0, |m, k| m | 1 << k)
-    }));
+    out.resize(source.ndim(), 0);
+    for (d, group) in by_size(source, may_split(source, target)) {
+        for (column, &x) in out.iter_mut().zip(source.shape()) {
+            if divides(d, x) {
+                *column |= group;
+            }
+        }
+    }
+}
+
+/// The device dims of `dims` (a mask) by size: each size with its dims (a mask). A matrix has
+/// few sizes (the usual one, one): a tensor dim is tested once per size, not once per dim.
+fn by_size(layout: &Layout, dims: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut rest = dims;
+    std::iter::from_fn(move || {
+        (rest != 0).then(|| {
+            let d = layout.dim_size(rest.trailing_zeros() as usize);
+            let group = bits(rest)
+                .filter(|&k| layout.dim_size(k) == d)
+                .fold(0, |m, k| m | 1 << k);
+            rest &= !group;
+            (d, group)
+        })
+    })
 }
 
 /// The device dims that may split a tensor dim on the way (a mask): those that split one at
@@ -504,6 +521,13 @@ pub(super) struct Unit {
 pub(super) struct MatrixBounds<'c> {
     least_rates: LeastRates<'c>,
     units: Vec<Unit>,
+    /// Per device dim, the device dims of the same size.
+    same_size: Vec<u64>,
+    /// Per device dim `k`, the rates of [`LeastRates::least_rates_into`] with no dim splitting,
+    /// for a group of `k` alone and for a wider one: they depend on the group only through
+    /// whether it is wider (the level it may reach), so every pair on the matrix reads them
+    /// (working them out per pair was a twentieth of bounding one).
+    unsplit: Vec<[Vec<(f64, f64)>; 2]>,
 }
 
 impl<'c> MatrixBounds<'c> {
@@ -522,11 +546,30 @@ impl<'c> MatrixBounds<'c> {
                 rate,
             })
             .collect();
+        let least_rates = objective.least_rates_of(layout);
+        let unsplit = (0..h)
+            .map(|k| {
+                [1 << k, u64::MAX].map(|spread| {
+                    let mut rates = Vec::new();
+                    least_rates.least_rates_into(k, spread, 0, &mut rates);
+                    rates
+                })
+            })
+            .collect();
         MatrixBounds {
-            least_rates: objective.least_rates_of(layout),
+            least_rates,
             units,
+            same_size: (0..h).map(|k| same_size(layout, k)).collect(),
+            unsplit,
         }
     }
+}
+
+/// The device dims of `layout`'s matrix of the size of dim `k` (a mask).
+fn same_size(layout: &Layout, k: usize) -> u64 {
+    (0..layout.num_device_dims())
+        .filter(|&j| layout.dim_size(j) == layout.dim_size(k))
+        .fold(0, |m, j| m | 1 << j)
 }
 
 /// [`MatrixBounds`] by device matrix, each worked out once: the pairs one thread bounds in a batch
@@ -633,9 +676,15 @@ impl<'a> Space<'a> {
     /// thousands of pairs, and pricing each device dim's all-gather for the order took a fifth of
     /// the work.
     pub(super) fn bounding(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
-        let MatrixBounds { least_rates, units } = MatrixBounds::of(objective, source);
-        let buffers = Buffers::default();
-        Self::bounding_on(source, target, &least_rates, Cow::Owned(units), buffers)
+        let mut matrix = MatrixBounds::of(objective, source);
+        let units = std::mem::take(&mut matrix.units);
+        Self::bounding_on(
+            source,
+            target,
+            &matrix,
+            Cow::Owned(units),
+            Buffers::default(),
+        )
     }
 
     /// [`Space::bounding`] on the bounds of `source`'s device matrix ([`MatrixBounds`]), built
@@ -649,7 +698,7 @@ impl<'a> Space<'a> {
         Self::bounding_on(
             source,
             target,
-            &matrix.least_rates,
+            matrix,
             Cow::Borrowed(&matrix.units),
             buffers,
         )
@@ -660,23 +709,21 @@ impl<'a> Space<'a> {
         self.buf
     }
 
+    /// The space on `matrix`, the bounds of `source`'s device matrix, whose units are `entering`.
     fn bounding_on(
         source: &'a Layout,
         target: &Layout,
-        least_rates: &LeastRates<'_>,
+        matrix: &MatrixBounds<'_>,
         entering: Cow<'a, [Unit]>,
         mut buf: Buffers,
     ) -> Self {
+        let least_rates = &matrix.least_rates;
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
         allowed_into(source, target, &mut buf.allowed);
         let fixed = goal_and_fixed(src, tgt, h, &mut buf.goal);
         buf.same_size.clear();
-        buf.same_size.extend((0..h).map(|k| {
-            (0..h)
-                .filter(|&j| source.dim_size(j) == source.dim_size(k))
-                .fold(0u64, |m, j| m | 1 << j)
-        }));
+        buf.same_size.extend_from_slice(&matrix.same_size);
         let same_size = &buf.same_size;
         // A collective-permute moves device dims that are not fixed and have a partner of their
         // size that is not fixed either.
@@ -729,9 +776,9 @@ impl<'a> Space<'a> {
         chains(source, least_rates, splitting, &mut buf);
         // Per element moved, over any group.
         buf.rates.clear();
-        for k in 0..h {
-            least_rates.least_rates_into(k, spread(k), 0, &mut buf.work.0);
-            buf.rates.extend_from_slice(&buf.work.0);
+        for (k, [alone, wide]) in matrix.unsplit.iter().enumerate() {
+            buf.rates
+                .extend_from_slice(if spread(k) == 1 << k { alone } else { wide });
         }
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&buf.rates, goal_shard / 2.0);
@@ -1160,7 +1207,8 @@ mod tests {
     }
 
     /// The bounds a thread keeps by device matrix ([`MatrixCache`]) are those worked out afresh
-    /// for the matrix, asked for every device matrix of 64 devices in turn, twice, on clusters
+    /// for the matrix (and its rates with no dim splitting, those worked out per group; its dims
+    /// of one size, those of the matrix), asked for every device matrix of 64 devices in turn, twice, on clusters
     /// of several shapes and under both objectives: matrices that differ in one entry, in their
     /// order or in their length alternate, so a key that left out part of the matrix would hand
     /// one matrix another's bounds.
@@ -1194,7 +1242,19 @@ mod tests {
                     assert_eq!(kept.units, fresh.units, "{matrix:?}");
                     let h = matrix.len();
                     for k in 0..h {
+                        let same = (0..h).filter(|&j| matrix[h - 1 - j] == matrix[h - 1 - k]);
+                        assert_eq!(kept.same_size[k], same.fold(0, |m, j| m | 1 << j));
                         for spread in (0..1u64 << h).filter(|s| s >> k & 1 == 1) {
+                            // The rates with no dim splitting, read off the matrix's.
+                            let mut rates = Vec::new();
+                            kept.least_rates.least_rates_into(k, spread, 0, &mut rates);
+                            let unsplit = &kept.unsplit[k][usize::from(spread != 1 << k)];
+                            let bits = |r: &[(f64, f64)]| {
+                                r.iter()
+                                    .map(|&(l, r)| (l.to_bits(), r.to_bits()))
+                                    .collect::<Vec<_>>()
+                            };
+                            assert_eq!(bits(unsplit), bits(&rates), "{matrix:?} {k} {spread}");
                             for splitting in 0..1u64 << h {
                                 let bits = |rates: &LeastRates<'_>| {
                                     let mut out = Vec::new();
