@@ -526,8 +526,12 @@ pub(super) struct MatrixBounds<'c> {
     /// Per device dim `k`, the rates of [`LeastRates::least_rates_into`] with no dim splitting,
     /// for a group of `k` alone and for a wider one: they depend on the group only through
     /// whether it is wider (the level it may reach), so every pair on the matrix reads them
-    /// (working them out per pair was a twentieth of bounding one).
-    unsplit: Vec<[Vec<(f64, f64)>; 2]>,
+    /// (working them out per pair was a twentieth of bounding one). In one list (a matrix's
+    /// bounds are worked out once per call of the bounded tables, and GPT-3's calls meet
+    /// thousands of matrices), `k`'s from `unsplit_at[k]`: alone up to the second entry, wide
+    /// up to the third.
+    unsplit: Vec<(f64, f64)>,
+    unsplit_at: Vec<[usize; 3]>,
 }
 
 impl<'c> MatrixBounds<'c> {
@@ -547,20 +551,23 @@ impl<'c> MatrixBounds<'c> {
             })
             .collect();
         let least_rates = objective.least_rates_of(layout);
-        let unsplit = (0..h)
-            .map(|k| {
-                [1 << k, u64::MAX].map(|spread| {
-                    let mut rates = Vec::new();
-                    least_rates.least_rates_into(k, spread, 0, &mut rates);
-                    rates
-                })
-            })
-            .collect();
+        let (mut unsplit, mut unsplit_at, mut rates) =
+            (Vec::new(), Vec::with_capacity(h), Vec::new());
+        for k in 0..h {
+            let start = unsplit.len();
+            least_rates.least_rates_into(k, 1 << k, 0, &mut rates);
+            unsplit.extend_from_slice(&rates);
+            let wide = unsplit.len();
+            least_rates.least_rates_into(k, u64::MAX, 0, &mut rates);
+            unsplit.extend_from_slice(&rates);
+            unsplit_at.push([start, wide, unsplit.len()]);
+        }
         MatrixBounds {
             least_rates,
             units,
             same_size: (0..h).map(|k| same_size(layout, k)).collect(),
             unsplit,
+            unsplit_at,
         }
     }
 }
@@ -776,9 +783,13 @@ impl<'a> Space<'a> {
         chains(source, least_rates, splitting, &mut buf);
         // Per element moved, over any group.
         buf.rates.clear();
-        for (k, [alone, wide]) in matrix.unsplit.iter().enumerate() {
-            buf.rates
-                .extend_from_slice(if spread(k) == 1 << k { alone } else { wide });
+        for (k, &[start, wide, end]) in matrix.unsplit_at.iter().enumerate() {
+            let rates = if spread(k) == 1 << k {
+                start..wide
+            } else {
+                wide..end
+            };
+            buf.rates.extend_from_slice(&matrix.unsplit[rates]);
         }
         let goal_shard = target.shard_size() as f64;
         let least_last = cheapest(&buf.rates, goal_shard / 2.0);
@@ -1248,7 +1259,13 @@ mod tests {
                             // The rates with no dim splitting, read off the matrix's.
                             let mut rates = Vec::new();
                             kept.least_rates.least_rates_into(k, spread, 0, &mut rates);
-                            let unsplit = &kept.unsplit[k][usize::from(spread != 1 << k)];
+                            let [start, wide, end] = kept.unsplit_at[k];
+                            let at = if spread == 1 << k {
+                                start..wide
+                            } else {
+                                wide..end
+                            };
+                            let unsplit = &kept.unsplit[at];
                             let bits = |r: &[(f64, f64)]| {
                                 r.iter()
                                     .map(|&(l, r)| (l.to_bits(), r.to_bits()))
