@@ -99,7 +99,8 @@ class CostTables:
     edges: list[EdgeTable]
     timings: dict[str, float] = field(default_factory=dict)
     #: Bounded tables (:func:`build_tables`): prices exactly the next direction of each edge
-    #: cost an assignment uses that is still a bound (the forward first), True if there was one.
+    #: cost an assignment uses that is still a bound (the forward first; on large tables both,
+    #: and spare pairs, :func:`_refine`), True if there was one.
     refine: Callable[[Mapping[str, int]], bool] | None = None
 
     @property
@@ -646,8 +647,9 @@ def build_tables(
     ``bounded`` (the optimal planner under the topology model) prices every edge first at a
     lower bound on its cost (Algorithm 1's, or the search's bound at the source if less, with no
     search): :attr:`CostTables.refine` then makes the pairs an assignment uses exact, a
-    direction a round (:func:`taps.search.searching.search` solves until its assignment's pairs
-    are all exact, docs/search.md)."""
+    direction a round (on large tables both, and spare pairs: :func:`_refine`;
+    :func:`taps.search.searching.search` solves until its assignment's pairs are all exact,
+    docs/search.md)."""
     cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     bounded = bounded and planner == "optimal" and cost_model == "topology"
     n = cluster.num_devices
