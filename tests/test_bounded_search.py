@@ -38,6 +38,26 @@ def test_bounded_search_equals_the_full_tables_brute_force(graph, shape):
     assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_graphs(), st.sampled_from(CLUSTERS), st.sampled_from([1, 7, 200]))
+def test_rounds_pricing_spare_pairs_find_the_full_tables_optimum(graph, shape, entries):
+    # Every round prices one directed pair more per ``entries`` of the tables beside the
+    # assignment's (both directions): still the optimum of the full tables, every pair of its
+    # assignment exact.
+    cluster = paper_cluster(*shape)
+    assume(small_enough(graph, cluster, 200_000))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables, "ENTRIES_PER_SPARE_PAIR", entries)
+        patch.setattr(tables, "MIN_SPARE", 1)
+        result = taps.search(graph, cluster, OPTIMAL)
+    full = build_tables(graph, cluster, OPTIMAL)
+    assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
+    choice = {
+        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
+    }
+    assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(3, 5), st.data())
 def test_bounds_lie_between_nothing_and_the_optimal_cost(log2, data):
@@ -107,6 +127,94 @@ def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
     assert len(calls) == 2
 
 
+def test_spare_pairs_are_the_flips_lowering_the_cost_most():
+    # A 3 x 3 forward-only edge, the assignment on (1, 1): priced first, then, once it is, the
+    # pairs of the changes that lower the cost most (each change's pairs whole, a pair once)
+    # until the spare is spent; flips are asked for after the first call.
+    layouts = [taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])]
+    layouts.append(taps.Layout([8, 8], [2, 4], [0, 1]))
+    parts = [np.ones((3, 3)), np.zeros((3, 3))]
+    exact = [np.zeros((3, 3), dtype=bool), np.ones((3, 3), dtype=bool)]
+    b = tables._Bound(
+        np.ones((3, 3)), [(x,) for x in layouts], [(x,) for x in layouts], False, 2.0, parts, exact
+    )
+    calls: list = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, strict=True)))
+        return np.array([10.0 + len(calls)] * len(sources))
+
+    def flips():
+        assert b.exact[0][1, 1]
+        return [(-1.0, [(b, 2, 2)]), (-5.0, [(b, 0, 1), (b, 1, 0)]), (-3.0, [(b, 1, 0), (b, 0, 0)])]
+
+    assert tables._refine([(b, {(1, 1)})], price, 3, flips)
+    assert calls[0] == [(layouts[1], layouts[1])]
+    priced = [(0, 1), (1, 0), (0, 0)]
+    assert calls[1] == [(layouts[i], layouts[j]) for i, j in priced]
+    assert b.cost[1, 1] == 11.0 and all(b.cost[i, j] == 12.0 for i, j in priced)
+    assert not b.exact[0][2, 2] and b.cost[2, 2] == 1.0
+
+
+def test_flips_are_each_operators_changes_that_lower_the_cost():
+    # Against the assignment with one operator changed priced whole (AlexNet 8's bounded
+    # tables; every operator's first candidate, then every one's last): one flip
+    # per operator and distinct classes on its edges, with what it saves and its pairs still
+    # bounds.
+    (case,) = [t for t in timing_cases(False) if t.label == "AlexNet" and t.nodes == 1]
+    graph = taps.models.by_name(case.model)
+    cluster = taps.Cluster(1, DEVICES_PER_NODE, device_memory=float("inf"))
+    made, bounds = tables._Bound.__init__, {}
+
+    def record(self, cost, *rest):
+        made(self, cost, *rest)
+        bounds[id(cost)] = self
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables._Bound, "__init__", record)
+        bounded = build_tables(graph, cluster, OPTIMAL, bounded=True)
+    last = {name: len(op.candidates) - 1 for name, op in bounded.ops.items()}
+    for choice in ({name: 0 for name in bounded.ops}, last):
+        base = bounded.evaluate(choice)
+        want = {}
+        for v, op in bounded.ops.items():
+            for x in range(len(op.candidates)):
+                flipped = {**choice, v: x}
+                pairs = []
+                for e in bounded.edges:
+                    if v in (e.edge.producer, e.edge.consumer):
+                        i = int(e.source_class[flipped[e.edge.producer]])
+                        j = int(e.target_class[flipped[e.edge.consumer]])
+                        pairs.append((id(e.cost), i, j))
+                open_ = tuple(p for p in pairs if bounds[p[0]].inexact(*p[1:]))
+                saved = bounded.evaluate(flipped) - base
+                if saved < -1e-9 * base and open_:
+                    want[(v, tuple(pairs))] = (saved, open_)
+        got = tables._flips(bounded.edges, bounded.ops, bounds, choice)
+        assert want
+        assert sorted(
+            (round(d / base, 9), tuple((id(b.cost), i, j) for b, i, j in p)) for d, p in got
+        ) == sorted((round(d / base, 9), p) for d, p in want.values())
+
+
+def test_spare_pairs_price_both_directions_of_the_chosen_pairs():
+    a, b = taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])
+    c, d = taps.Layout([8, 8], [8], [-1, -1]), taps.Layout([8, 8], [2, 4], [0, 1])
+    parts = [np.array([[1.0]]), np.array([[2.0]])]
+    exact = [np.array([[False]]), np.array([[False]])]
+    edge = tables._Bound(np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact)
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        return np.array([10.0, 20.0][: len(sources)])
+
+    assert tables._refine([(edge, {(0, 0)})], price, 5)
+    assert calls == [[(a, b, 4.0), (d, c, 4.0)]]
+    assert edge.cost[0, 0] == 30.0
+    assert not tables._refine([(edge, {(0, 0)})], price, 5)
+
+
 def test_pair_costs_refuse_lists_of_other_lengths():
     layout = taps.Layout([8, 8], [8], [0, -1])
     with pytest.raises(taps.TapsError, match="one of each per pair"):
@@ -143,3 +251,28 @@ def test_paper_cases_bounded_equals_full(label):
     for b, e in zip(bounded.edges, full.edges, strict=True):
         assert (b.cost <= e.cost).all()
         assert (b.cost[e.cost > 0] > 0).all()
+
+
+@pytest.mark.parametrize("label", ["AlexNet, 8 ", "AlexNet, 16 "])
+@pytest.mark.parametrize("entries", [1, 100])
+def test_paper_cases_with_spare_pairs_find_the_full_tables_optimum(label, entries):
+    # Rounds that price many spare pairs (every pair of the chosen pairs' rows and columns under
+    # their cost, or one per 100 entries) still end on the full tables' optimum, exactly priced.
+    (case,) = [
+        t
+        for t in timing_cases(False)
+        if f"{t.label}, {t.nodes * DEVICES_PER_NODE} devices".startswith(label)
+    ]
+    graph = taps.models.by_name(case.model)
+    cluster = taps.Cluster(case.nodes, DEVICES_PER_NODE, device_memory=float("inf"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables, "ENTRIES_PER_SPARE_PAIR", entries)
+        patch.setattr(tables, "MIN_SPARE", 1)
+        result = taps.search(graph, cluster, OPTIMAL)
+    full = build_tables(graph, cluster, OPTIMAL)
+    solution = solve(full, None)
+    assert result.cost == full.evaluate(solution.choice)
+    choice = {
+        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
+    }
+    assert full.evaluate(choice) == result.cost

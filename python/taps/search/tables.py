@@ -99,7 +99,8 @@ class CostTables:
     edges: list[EdgeTable]
     timings: dict[str, float] = field(default_factory=dict)
     #: Bounded tables (:func:`build_tables`): prices exactly the next direction of each edge
-    #: cost an assignment uses that is still a bound (the forward first), True if there was one.
+    #: cost an assignment uses that is still a bound (the forward first; on large tables both,
+    #: and spare pairs, :func:`_refine`), True if there was one.
     refine: Callable[[Mapping[str, int]], bool] | None = None
 
     @property
@@ -430,15 +431,15 @@ class _Bound:
     parts: list[np.ndarray]
     exact: list[np.ndarray]
 
-    def next(self, i: int, j: int) -> tuple[int, Layout, Layout] | None:
-        """The direction of class pair ``(i, j)`` to price next and its layouts, None if both
-        are exact: the forward first, the backward once the assignment picks the pair again
-        (most pairs priced are dropped after their first direction: searched once, not twice)."""
+    def inexact(self, i: int, j: int) -> list[tuple[int, Layout, Layout]]:
+        """The directions of class pair ``(i, j)`` still bounds, the forward first, each with
+        its layouts (source, target)."""
+        out = []
         if not self.exact[0][i, j]:
-            return 0, self.src[i][0], self.dst[j][0]
+            out.append((0, self.src[i][0], self.dst[j][0]))
         if not self.exact[1][i, j]:
-            return 1, self.dst[j][1], self.src[i][1]
-        return None
+            out.append((1, self.dst[j][1], self.src[i][1]))
+        return out
 
     def settle(self, direction: int, i: int, j: int, cost: float) -> None:
         """Direction ``direction`` of class pair ``(i, j)`` costs ``cost`` exactly."""
@@ -448,22 +449,109 @@ class _Bound:
         self.cost[i, j] = self.parts[0][i, j] + self.parts[1][i, j]
 
 
+#: The optimal search's rounds price one more directed pair per this many entries of the edges'
+#: tables (:func:`_refine`'s ``spare``), if that comes to :data:`MIN_SPARE` or more: a round's
+#: solve on Gemma 2's 6.5 million entries took as long as pricing about 150 pairs, one on the
+#: paper's cases (at most 214,000) as long as 1 to 15 (docs/performance.md).
+ENTRIES_PER_SPARE_PAIR = 40_000
+MIN_SPARE = 16
+
+#: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
+_ClassPair = tuple[_Bound, int, int]
+
+#: A change of one operator's candidate in an assignment: what it changes the cost by, on the
+#: tables as they are, and its class pairs still bounds.
+_Flip = tuple[float, list[_ClassPair]]
+
+
 def _refine(
     chosen: list[tuple[_Bound, set[tuple[int, int]]]],
     price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
+    spare: int = 0,
+    flips: Callable[[], list[_Flip]] | None = None,
 ) -> bool:
-    """Price the next direction (:meth:`_Bound.next`) of every chosen class pair not yet exact by
-    one call of ``price`` (per directed layout pair and bytes per element, its cost: one watched
-    call of the optimal planner per round, not one per edge and direction); True if there was
-    one."""
+    """Price the chosen class pairs not yet exact by one call of ``price`` (per directed layout
+    pair and bytes per element, its cost: one watched call of the optimal planner per round, not
+    one per edge and direction); True if there was one. Without ``spare``, the next direction of
+    each (the forward first, the backward once the assignment picks the pair again: most pairs
+    priced are dropped after their first direction). With ``spare``, both directions; then, by a
+    second call, the pairs of the changes ``flips`` gives once those are priced (each operator's
+    other candidates, the rest of the assignment kept), those that lower the cost most first,
+    until ``spare`` more directed pairs are priced: where a solve costs more than pricing many
+    pairs, the pairs the next rounds would pick are priced in this one."""
     todo = [
         (b, i, j, *step)
         for b, pairs in chosen
         for i, j in sorted(pairs)
-        if (step := b.next(i, j)) is not None
+        for step in b.inexact(i, j)[: 2 if spare else 1]
     ]
     if not todo:
         return False
+    _settle(todo, price)
+    if spare and flips is not None:
+        more: list[tuple[_Bound, int, int, int, Layout, Layout]] = []
+        seen: set[tuple[int, int, int]] = set()
+        for _, pairs in sorted(flips(), key=lambda f: f[0]):
+            if len(more) >= spare:
+                break
+            for b, i, j in pairs:
+                if (id(b), i, j) not in seen:
+                    seen.add((id(b), i, j))
+                    more += [(b, i, j, *step) for step in b.inexact(i, j)]
+        if more:
+            _settle(more, price)
+    return True
+
+
+def _flips(
+    edges: list[EdgeTable],
+    ops: Mapping[str, OpTable],
+    bounds: Mapping[int, _Bound],
+    choice: Mapping[str, int],
+) -> list[_Flip]:
+    """Every change of one operator's candidate in ``choice`` that the tables as they are say
+    lowers its cost, one per distinct set of class pairs it takes (candidates of the same classes
+    on every edge are one change), with those of its pairs still bounds (a change whose pairs are
+    all exact is left out: nothing to price)."""
+    around: dict[str, list[tuple[EdgeTable, bool]]] = {}
+    for e in edges:
+        around.setdefault(e.edge.producer, []).append((e, True))
+        around.setdefault(e.edge.consumer, []).append((e, False))
+    out: list[_Flip] = []
+    for v, near in around.items():
+        cost = np.array(ops[v].node_cost, dtype=np.float64)
+        ends: list[tuple[_Bound, np.ndarray, int, bool]] = []
+        for e, produces in near:
+            # The class of the other end, fixed by the assignment, and this end's per candidate.
+            if produces:
+                other, own = int(e.target_class[choice[e.edge.consumer]]), e.source_class
+                cost += e.cost[own, other]
+            else:
+                other, own = int(e.source_class[choice[e.edge.producer]]), e.target_class
+                cost += e.cost[other, own]
+            ends.append((bounds[id(e.cost)], own, other, produces))
+        now = cost[choice[v]]
+        done: set[tuple[int, ...]] = set()
+        for x in np.flatnonzero(cost < now).tolist():
+            classes = tuple(int(own[x]) for _, own, _, _ in ends)
+            if classes in done:
+                continue
+            done.add(classes)
+            pairs = [
+                (b, c, other) if produces else (b, other, c)
+                for (b, _, other, produces), c in zip(ends, classes, strict=True)
+            ]
+            pairs = [(b, i, j) for b, i, j in pairs if b.inexact(i, j)]
+            if pairs:
+                out.append((float(cost[x] - now), pairs))
+    return out
+
+
+def _settle(
+    todo: list[tuple[_Bound, int, int, int, Layout, Layout]],
+    price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
+) -> None:
+    """Price every direction of ``todo`` by one call of ``price``."""
     # Each distinct directed pair once: edges of one tensor meet the same pairs.
     index: dict[tuple[Layout, Layout, float], int] = {}
     at = [index.setdefault((s, t, b.dtype), len(index)) for b, _, _, _, s, t in todo]
@@ -471,7 +559,6 @@ def _refine(
     costs = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
     for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
         b.settle(direction, i, j, float(costs[k]))
-    return True
 
 
 def _reductions(
@@ -560,8 +647,9 @@ def build_tables(
     ``bounded`` (the optimal planner under the topology model) prices every edge first at a
     lower bound on its cost (Algorithm 1's, or the search's bound at the source if less, with no
     search): :attr:`CostTables.refine` then makes the pairs an assignment uses exact, a
-    direction a round (:func:`taps.search.searching.search` solves until its assignment's pairs
-    are all exact, docs/search.md)."""
+    direction a round (on large tables both, and spare pairs: :func:`_refine`;
+    :func:`taps.search.searching.search` solves until its assignment's pairs are all exact,
+    docs/search.md)."""
     cost_model, step, planner = pricing.cost_model, pricing.step, pricing.planner
     bounded = bounded and planner == "optimal" and cost_model == "topology"
     n = cluster.num_devices
@@ -737,14 +825,22 @@ def build_tables(
     )
     timings["costs"] += time.perf_counter() - t0
 
+    # A round's solve takes time in proportion to the edges' entries (reduced afresh), a pair's
+    # pricing about the same whatever the tables: where a solve costs many pairs, each round
+    # prices more (_refine's spare; a count, not a time, so that the same input gives the same
+    # pairs and plan).
+    spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
+    spare = spare if spare >= MIN_SPARE else 0
+
     def refine(choice: Mapping[str, int]) -> bool:
         pairs: dict[int, set[tuple[int, int]]] = {}
         for e in edges:
             i = int(e.source_class[choice[e.edge.producer]])
             j = int(e.target_class[choice[e.edge.consumer]])
             pairs.setdefault(id(e.cost), set()).add((i, j))
-        # Every edge's pairs priced at once: one call and one solve per round.
-        return _refine([(bounds[k], p) for k, p in pairs.items()], exact)
+        # Every edge's pairs priced at once: one call (two with spare) and one solve per round.
+        chosen = [(bounds[k], p) for k, p in pairs.items()]
+        return _refine(chosen, exact, spare, lambda: _flips(edges, ops, bounds, choice))
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
         return redistribution_pair_costs(
