@@ -74,41 +74,16 @@ def strategy_arrays(cands: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray,
     )
 
 
-def split_dims_of(
+def partial_dims(
     op: Operator, degrees: np.ndarray, device_maps: np.ndarray, axes: Iterable[str]
-) -> list[list[int]]:
-    """:func:`split_dims` of every strategy of ``op`` at once (rows of ``degrees`` and
-    ``device_maps``, :func:`strategy_arrays`)."""
+) -> np.ndarray:
+    """Per candidate of ``op`` (rows of ``degrees`` and ``device_maps``, :func:`strategy_arrays`),
+    the device dims of those of ``axes`` it splits, -1 for the others: with ``op.contracted``, where
+    its :attr:`Candidate.partial_output` holds partial sums, with an input's gradient axes its
+    :meth:`Candidate.gradient`'s (:func:`split_dims`, unsorted and padded). The rows
+    :func:`taps._core.layout_classes` builds those layouts from, in the core."""
     idx = [i for i, a in enumerate(op.partitionable) if a in axes]
-    if not idx:
-        return [[] for _ in range(len(degrees))]
-    dims = np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
-    dims.sort(axis=1)
-    # Each row's dims follow its -1s (the axes it does not split).
-    unsplit = (dims < 0).sum(axis=1).tolist()
-    return [row[k:] for row, k in zip(dims.tolist(), unsplit)]
-
-
-def partial_outputs(
-    cands: Sequence[Candidate], degrees: np.ndarray, device_maps: np.ndarray
-) -> list[Layout]:
-    """:attr:`Candidate.partial_output` of every candidate of one operator, their split
-    contracted axes found together (rows of ``degrees`` and ``device_maps``, one per
-    candidate): the search's tables read them all."""
-    op = cands[0].op
-    dims = split_dims_of(op, degrees, device_maps, op.contracted)
-    # A candidate's layouts hold no partial sums: with none to add, the output itself.
-    return [with_partial(c.output, d) if d else c.output for c, d in zip(cands, dims)]
-
-
-def gradients(
-    cands: Sequence[Candidate], slot: int, degrees: np.ndarray, device_maps: np.ndarray
-) -> list[Layout]:
-    """:meth:`Candidate.gradient` of input ``slot`` of every candidate of one operator, as
-    :func:`partial_outputs`."""
-    op = cands[0].op
-    dims = split_dims_of(op, degrees, device_maps, op.input_gradient_axes[slot])
-    return [with_partial(c.inputs[slot], d) if d else c.inputs[slot] for c, d in zip(cands, dims)]
+    return np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:

@@ -26,13 +26,7 @@ from taps._core import (
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
-from taps.plan.candidates import (
-    Candidate,
-    candidates,
-    gradients,
-    partial_outputs,
-    strategy_arrays,
-)
+from taps.plan.candidates import Candidate, candidates, partial_dims, strategy_arrays
 from taps.plan.pricing import Pricing
 from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
@@ -148,14 +142,20 @@ class CostTables:
 
 
 def _classes(
-    forward: Sequence[Layout], backward: Sequence[Layout] | None
+    forward: Sequence[Layout],
+    backward: Sequence[Layout] | None,
+    forward_partial: np.ndarray | None = None,
+    backward_partial: np.ndarray | None = None,
 ) -> tuple[np.ndarray, _End]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
-    ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
-    Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
-    which changes the paper's plans). In one call of the core (:func:`taps._core.layout_classes`):
-    compacting and hashing some 100,000 layouts one by one was most of the tables' Python."""
-    cls, ahead, back = layout_classes(forward, backward)
+    ``forward`` layout, and in the training step the gradient's, ``backward``; a direction's
+    ``*_partial``, :func:`taps.plan.candidates.partial_dims`, gives its layouts partial sums), each
+    written as Algorithm 1 plans it (the compacted form: the canonical form would also merge
+    tensor dims, which changes the paper's plans). In one call of the core
+    (:func:`taps._core.layout_classes`): compacting and hashing some 100,000 layouts one by one
+    was most of the tables' Python, and building the 23,000 (timm_swin) to 42,000 (jax_llama)
+    partial ones much of the rest."""
+    cls, ahead, back = layout_classes(forward, backward, forward_partial, backward_partial)
     return cls, _End.of(ahead, back)
 
 
@@ -685,18 +685,29 @@ def build_tables(
             out = ("out", signature[edge.producer], flowing, backward)
             if out not in ends:
                 made = ops[edge.producer].candidates
+                outputs = [c.output for c in made]
                 ends[out] = _classes(
-                    partial_outputs(made, *splits[signature[edge.producer]])
+                    outputs,
+                    outputs if backward else None,
+                    partial_dims(
+                        made[0].op, *splits[signature[edge.producer]], made[0].op.contracted
+                    )
                     if flowing
-                    else [c.output for c in made],
-                    [c.output for c in made] if backward else None,
+                    else None,
                 )
             into = ("in", signature[edge.consumer], edge.slot, backward)
             if into not in ends:
                 taken = ops[edge.consumer].candidates
+                inputs = [c.inputs[edge.slot] for c in taken]
                 ends[into] = _classes(
-                    [c.inputs[edge.slot] for c in taken],
-                    gradients(taken, edge.slot, *splits[signature[edge.consumer]])
+                    inputs,
+                    inputs if backward else None,
+                    None,
+                    partial_dims(
+                        taken[0].op,
+                        *splits[signature[edge.consumer]],
+                        taken[0].op.input_gradient_axes[edge.slot],
+                    )
                     if backward
                     else None,
                 )
