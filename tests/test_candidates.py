@@ -53,6 +53,17 @@ def test_candidates_in_strategy_order_and_their_layouts_worked_out_once():
     assert c.gradient(1).tensor_map == c.inputs[1].tensor_map
 
 
+@pytest.mark.parametrize("replicas", [False, True])
+def test_candidates_made_at_once_are_the_dataclass_init(replicas):
+    """``Candidate.many`` (which sets the fields itself) makes what ``Candidate.of``'s init
+    does: every field, defaults included, and a gradients' memo of its own per candidate."""
+    for op in _ops():
+        found = candidates(op, 8, replicas)
+        assert [vars(c) for c in found] == [vars(Candidate.of(op, c.strategy)) for c in found]
+        assert all(c.op is op for c in found)
+        assert len({id(c._gradients) for c in found}) == len(found)
+
+
 def test_an_op_with_no_split_over_every_device_gets_the_replicated_ones():
     """(3, 5) cannot be split in two: the candidates split over one device and replicate over
     two; without partitionable axes, the one fully replicated strategy."""

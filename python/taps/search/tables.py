@@ -186,7 +186,9 @@ class _Side(list[Layout]):
         """Each layout's entry in ``index`` (a matrix's rows or columns). ``index`` lives as
         long as its matrix, so its identity keys it."""
         if id(index) not in self._positions:
-            self._positions[id(index)] = np.array([index[x] for x in self], dtype=np.int64)
+            self._positions[id(index)] = np.fromiter(
+                map(index.__getitem__, self), dtype=np.int64, count=len(self)
+            )
         return self._positions[id(index)]
 
 
@@ -318,17 +320,16 @@ class _Priced:
         ``kernel`` (the rows outside it against every target, then its rows against the targets
         outside it; without blocks, ``kernel`` makes its own matrices)."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
-        shared, earlier = max(
-            ((len(k[0] & sources.set) * len(k[1] & targets.set), k) for k in near),
-            key=lambda x: x[0],
-            default=(0, None),
-        )
-        if earlier is None or shared == 0:
-            return (
-                kernel(srcs, dsts, None),
-                {x: i for i, x in enumerate(srcs)},
-                {y: j for j, y in enumerate(dsts)},
-            )
+        # The first matrix sharing the most pairs; one that cannot share more than the best so
+        # far (its sets' sizes bound its block) is not intersected.
+        shared, earlier = 0, None
+        for k in near:
+            if min(len(k[0]), len(srcs)) * min(len(k[1]), len(dsts)) > shared:
+                pairs = len(k[0] & sources.set) * len(k[1] & targets.set)
+                if pairs > shared:
+                    shared, earlier = pairs, k
+        if earlier is None:
+            return kernel(srcs, dsts, None), _numbered(srcs), _numbered(dsts)
         old, old_row, old_col = self._memo[earlier]
         rows = [x for x in srcs if x in old_row]
         cols = [y for y in dsts if y in old_col]
@@ -346,7 +347,12 @@ class _Priced:
             kernel(new_rows, dsts, [plane[len(rows) :] for plane in planes])
         if new_cols:
             kernel(rows, new_cols, [plane[: len(rows), len(cols) :] for plane in planes])
-        return planes, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
+        return planes, _numbered(srcs), _numbered(dsts)
+
+
+def _numbered(layouts: list[Layout]) -> dict[Layout, int]:
+    """Each of ``layouts`` (distinct) by its position."""
+    return dict(zip(layouts, range(len(layouts))))
 
 
 def _directions(
