@@ -43,6 +43,7 @@ __all__ = [
     "redistribution_bounds",
     "redistribution_costs",
     "redistribution_pair_costs",
+    "strategy_arrays",
     "tensor_layouts",
     "unify",
 ]
@@ -383,6 +384,13 @@ def tensor_layouts(
 ) -> list[Layout]:
     """:meth:`Strategy.tensor_layout` ``(axes, shape)`` of every strategy of ``strategies``, in
     one call."""
+
+def strategy_arrays(
+    strategies: Sequence[Strategy],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The degrees and the device map of every strategy of ``strategies`` (one operator's: one
+    axis count) as the rows of two arrays, in one call. Raises StrategyError for strategies of
+    different axis counts."""
 
 def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an

@@ -27,6 +27,7 @@ from taps._core import (
     plan_redistribution,
     tensor_layouts,
 )
+from taps._core import strategy_arrays as _strategy_arrays
 from taps._support.limits import check_candidates
 from taps.graph import Edge, Graph, Operand, Operator
 
@@ -67,11 +68,8 @@ def strategy_arrays(cands: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray,
     """The strategies of ``cands`` as the batch kernels take them: their degrees and device maps
     (one row per candidate) and their device matrices."""
     strategies = [c.strategy for c in cands]
-    return (
-        np.array([s.degrees for s in strategies], dtype=np.int64),
-        np.array([s.device_map for s in strategies], dtype=np.int64),
-        [s.device_matrix for s in strategies],
-    )
+    degrees, device_maps = _strategy_arrays(strategies)
+    return degrees, device_maps, [s.device_matrix for s in strategies]
 
 
 def partial_dims(
