@@ -4,13 +4,14 @@ paper's MatMul table (with the errata of docs/conventions.md)."""
 import itertools
 from math import comb, factorial, prod
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
 import taps
-from taps._core import tensor_layouts
+from taps._core import strategy_arrays, tensor_layouts
 
 
 def formula(p, n):
@@ -175,6 +176,25 @@ def test_tensor_layouts_match_one_by_one(sizes, n, replicas, data):
     axes = data.draw(st.lists(st.integers(-1, len(sizes) - 1), min_size=1, max_size=5, unique=True))
     shape = [sizes[a] if a >= 0 else data.draw(st.integers(1, 9)) for a in axes]
     assert tensor_layouts(found, axes, shape) == [s.tensor_layout(axes, shape) for s in found]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.integers(1, 16), max_size=4), st.integers(0, 5), st.booleans())
+def test_strategy_arrays_are_each_strategys_lists(sizes, n, replicas):
+    """The batch call's rows against each strategy's ``degrees`` and ``device_map``."""
+    found = taps.enumerate_strategies(sizes, 2**n, replicas)
+    degrees, maps = strategy_arrays(found)
+    assert degrees.dtype == maps.dtype == np.int64
+    assert degrees.shape == maps.shape == (len(found), len(sizes) if found else 0)
+    assert degrees.tolist() == [s.degrees for s in found]
+    assert maps.tolist() == [s.device_map for s in found]
+
+
+def test_strategy_arrays_refuse_mixed_axis_counts():
+    mixed = taps.enumerate_strategies([8, 4], 4)[:1] + taps.enumerate_strategies([8], 4)
+    with pytest.raises(taps.StrategyError):
+        strategy_arrays(mixed)
+    assert [a.shape for a in strategy_arrays([])] == [(0, 0), (0, 0)]
 
 
 def test_tensor_layouts_bad_input():

@@ -18,10 +18,8 @@ from taps.frontends.torch import from_torch
 from taps.plan.candidates import (
     Candidate,
     candidates,
-    gradients,
-    partial_outputs,
+    partial_dims,
     split_dims,
-    split_dims_of,
     strategy_arrays,
 )
 from taps.search.checkpointing import checkpointing
@@ -207,22 +205,37 @@ def test_operators_axes_worked_out_once_are_their_own(graph):
 
 
 @pytest.mark.parametrize("replicas", [False, True])
-def test_partial_outputs_and_gradients_together_are_each_candidates(graph, replicas):
-    """The partial outputs and every input's gradients of an operator's candidates found
-    together are each candidate's own (:attr:`Candidate.partial_output`,
-    :meth:`Candidate.gradient`), some holding partial sums."""
+def test_partial_dims_give_each_candidates_partial_layouts(graph, replicas):
+    """The rows of :func:`partial_dims` are each candidate's split dims (:func:`split_dims`,
+    padded), and an end's classes with the partial output or an input's gradients built from
+    them in the core are those of each candidate's own (:attr:`Candidate.partial_output`,
+    :meth:`Candidate.gradient`) compacted one by one, some holding partial sums."""
+
+    def plain(forward, backward):
+        index: dict[tuple[taps.Layout, ...], int] = {}
+        cls = [
+            index.setdefault((a.compacted(), b.compacted()), len(index))
+            for a, b in zip(forward, backward)
+        ]
+        return cls, list(index)
+
     partial = 0
     for op in graph.ops:
         cands = candidates(op, CLUSTER.num_devices, replicas)
         degrees, maps, _ = strategy_arrays(cands)
         for axes in (op.contracted, op.partitionable, *op.input_gradient_axes):
+            rows = partial_dims(op, degrees, maps, axes).tolist()
             want = [split_dims(op, c.strategy, axes) for c in cands]
-            assert split_dims_of(op, degrees, maps, axes) == want
-        got = partial_outputs(cands, degrees, maps)
-        assert got == [c.partial_output for c in cands]
-        partial += sum(bool(x.partial) for x in got)
-        for slot in range(len(op.inputs)):
-            got = gradients(cands, slot, degrees, maps)
-            assert got == [c.gradient(slot) for c in cands]
-            partial += sum(bool(x.partial) for x in got)
+            assert [sorted(k for k in row if k >= 0) for row in rows] == want
+        outputs = [c.output for c in cands]
+        flowing = [c.partial_output for c in cands]
+        cls, rows = _classes(outputs, outputs, partial_dims(op, degrees, maps, op.contracted))
+        assert (cls.tolist(), list(rows)) == plain(flowing, outputs)
+        partial += sum(bool(x.partial) for x in flowing)
+        for slot, axes in enumerate(op.input_gradient_axes):
+            inputs = [c.inputs[slot] for c in cands]
+            grads = [c.gradient(slot) for c in cands]
+            cls, rows = _classes(inputs, inputs, None, partial_dims(op, degrees, maps, axes))
+            assert (cls.tolist(), list(rows)) == plain(inputs, grads)
+            partial += sum(bool(x.partial) for x in grads)
     assert partial > 0

@@ -43,6 +43,7 @@ __all__ = [
     "redistribution_bounds",
     "redistribution_costs",
     "redistribution_pair_costs",
+    "strategy_arrays",
     "tensor_layouts",
     "unify",
 ]
@@ -384,19 +385,31 @@ def tensor_layouts(
     """:meth:`Strategy.tensor_layout` ``(axes, shape)`` of every strategy of ``strategies``, in
     one call."""
 
+def strategy_arrays(
+    strategies: Sequence[Strategy],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The degrees and the device map of every strategy of ``strategies`` (one operator's: one
+    axis count) as the rows of two arrays, in one call. Raises StrategyError for strategies of
+    different axis counts."""
+
 def unify(a: Layout, b: Layout) -> tuple[Layout, Layout]:
     """Rewrites two layouts of one tensor to one device matrix and one shape without moving an
     element (docs/conventions.md#unification)."""
 
 def layout_classes(
-    forward: Sequence[Layout], backward: Sequence[Layout] | None = None
+    forward: Sequence[Layout],
+    backward: Sequence[Layout] | None = None,
+    forward_partial: npt.NDArray[np.int64] | None = None,
+    backward_partial: npt.NDArray[np.int64] | None = None,
 ) -> tuple[npt.NDArray[np.int64], list[Layout], list[Layout] | None]:
     """The layout classes of one end of an edge in the search's tables: candidates whose layouts
     (``forward``, and with ``backward`` their gradients', one per candidate) have equal compacted
-    forms (:meth:`Layout.compacted`) in each direction share a class. Returns each candidate's
-    class (numbered in the order first met) and per class its compacted forward layout and
-    gradient (None without ``backward``). Raises TapsError when ``backward`` does not hold one
-    layout per candidate."""
+    forms (:meth:`Layout.compacted`) in each direction share a class. A direction's ``*_partial``
+    (candidates x k: device dims, or -1 for none) gives each candidate's layout partial sums along
+    its row's dims first (a row with none: the layout as it is). Returns each candidate's class
+    (numbered in the order first met) and per class its compacted forward layout and gradient
+    (None without ``backward``). Raises TapsError when ``backward`` or a direction's rows do not
+    fit the candidates, LayoutError when a row's dims do not fit its layout."""
 
 def plan_redistribution(
     a: Layout,

@@ -27,6 +27,7 @@ from taps._core import (
     plan_redistribution,
     tensor_layouts,
 )
+from taps._core import strategy_arrays as _strategy_arrays
 from taps._support.limits import check_candidates
 from taps.graph import Edge, Graph, Operand, Operator
 
@@ -67,48 +68,20 @@ def strategy_arrays(cands: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray,
     """The strategies of ``cands`` as the batch kernels take them: their degrees and device maps
     (one row per candidate) and their device matrices."""
     strategies = [c.strategy for c in cands]
-    return (
-        np.array([s.degrees for s in strategies], dtype=np.int64),
-        np.array([s.device_map for s in strategies], dtype=np.int64),
-        [s.device_matrix for s in strategies],
-    )
+    degrees, device_maps = _strategy_arrays(strategies)
+    return degrees, device_maps, [s.device_matrix for s in strategies]
 
 
-def split_dims_of(
+def partial_dims(
     op: Operator, degrees: np.ndarray, device_maps: np.ndarray, axes: Iterable[str]
-) -> list[list[int]]:
-    """:func:`split_dims` of every strategy of ``op`` at once (rows of ``degrees`` and
-    ``device_maps``, :func:`strategy_arrays`)."""
+) -> np.ndarray:
+    """Per candidate of ``op`` (rows of ``degrees`` and ``device_maps``, :func:`strategy_arrays`),
+    the device dims of those of ``axes`` it splits, -1 for the others: with ``op.contracted``, where
+    its :attr:`Candidate.partial_output` holds partial sums, with an input's gradient axes its
+    :meth:`Candidate.gradient`'s (:func:`split_dims`, unsorted and padded). The rows
+    :func:`taps._core.layout_classes` builds those layouts from, in the core."""
     idx = [i for i, a in enumerate(op.partitionable) if a in axes]
-    if not idx:
-        return [[] for _ in range(len(degrees))]
-    dims = np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
-    dims.sort(axis=1)
-    # Each row's dims follow its -1s (the axes it does not split).
-    unsplit = (dims < 0).sum(axis=1).tolist()
-    return [row[k:] for row, k in zip(dims.tolist(), unsplit)]
-
-
-def partial_outputs(
-    cands: Sequence[Candidate], degrees: np.ndarray, device_maps: np.ndarray
-) -> list[Layout]:
-    """:attr:`Candidate.partial_output` of every candidate of one operator, their split
-    contracted axes found together (rows of ``degrees`` and ``device_maps``, one per
-    candidate): the search's tables read them all."""
-    op = cands[0].op
-    dims = split_dims_of(op, degrees, device_maps, op.contracted)
-    # A candidate's layouts hold no partial sums: with none to add, the output itself.
-    return [with_partial(c.output, d) if d else c.output for c, d in zip(cands, dims)]
-
-
-def gradients(
-    cands: Sequence[Candidate], slot: int, degrees: np.ndarray, device_maps: np.ndarray
-) -> list[Layout]:
-    """:meth:`Candidate.gradient` of input ``slot`` of every candidate of one operator, as
-    :func:`partial_outputs`."""
-    op = cands[0].op
-    dims = split_dims_of(op, degrees, device_maps, op.input_gradient_axes[slot])
-    return [with_partial(c.inputs[slot], d) if d else c.inputs[slot] for c, d in zip(cands, dims)]
+    return np.where(degrees[:, idx] > 1, device_maps[:, idx], -1)
 
 
 def with_partial(layout: Layout, partial: Sequence[int]) -> Layout:
@@ -140,6 +113,28 @@ class Candidate:
         """The candidate of ``strategy``."""
         layouts = [strategy.tensor_layout(i, s) for i, s in operand_specs(op)]
         return cls(strategy, tuple(layouts[:-1]), layouts[-1], op)
+
+    @classmethod
+    def many(
+        cls,
+        op: Operator,
+        strategies: Iterable[Strategy],
+        inputs: Iterable[tuple[Layout, ...]],
+        outputs: Iterable[Layout],
+    ) -> list[Candidate]:
+        """The candidates of ``strategies`` with their ``inputs`` and ``outputs``, one each, the
+        fields set straight into each instance's dict: the frozen dataclass's ``__init__`` (an
+        ``object.__setattr__`` per field) took twice as long, over some 32,000 candidates of a
+        search (timm_swin)."""
+        new = object.__new__
+        found = []
+        for strategy, ins, out in zip(strategies, inputs, outputs):
+            c = new(cls)
+            d = c.__dict__
+            d["strategy"], d["inputs"], d["output"], d["op"] = strategy, ins, out, op
+            d["_gradients"] = {}
+            found.append(c)
+        return found
 
     @cached_property
     def partial_output(self) -> Layout:
@@ -191,9 +186,7 @@ def candidates(
         if spec not in memo:
             memo[spec] = tensor_layouts(found, axes, shape)
         columns.append(memo[spec])
-    return [
-        Candidate(s, tuple(layouts[:-1]), layouts[-1], op) for s, *layouts in zip(found, *columns)
-    ]
+    return Candidate.many(op, found, zip(*columns[:-1]), columns[-1])
 
 
 def edge_redistributions(

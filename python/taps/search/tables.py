@@ -26,13 +26,7 @@ from taps._core import (
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
-from taps.plan.candidates import (
-    Candidate,
-    candidates,
-    gradients,
-    partial_outputs,
-    strategy_arrays,
-)
+from taps.plan.candidates import Candidate, candidates, partial_dims, strategy_arrays
 from taps.plan.pricing import Pricing
 from taps.search.checkpointing import checkpointing
 from taps.search.compute import compute_times, overlapped_backward, roofline_of
@@ -149,14 +143,20 @@ class CostTables:
 
 
 def _classes(
-    forward: Sequence[Layout], backward: Sequence[Layout] | None
+    forward: Sequence[Layout],
+    backward: Sequence[Layout] | None,
+    forward_partial: np.ndarray | None = None,
+    backward_partial: np.ndarray | None = None,
 ) -> tuple[np.ndarray, _End]:
     """Group the candidates of one end of an edge by the distributions they give the tensor (the
-    ``forward`` layout, and in the training step the gradient's, ``backward``), each written as
-    Algorithm 1 plans it (the compacted form: the canonical form would also merge tensor dims,
-    which changes the paper's plans). In one call of the core (:func:`taps._core.layout_classes`):
-    compacting and hashing some 100,000 layouts one by one was most of the tables' Python."""
-    cls, ahead, back = layout_classes(forward, backward)
+    ``forward`` layout, and in the training step the gradient's, ``backward``; a direction's
+    ``*_partial``, :func:`taps.plan.candidates.partial_dims`, gives its layouts partial sums), each
+    written as Algorithm 1 plans it (the compacted form: the canonical form would also merge
+    tensor dims, which changes the paper's plans). In one call of the core
+    (:func:`taps._core.layout_classes`): compacting and hashing some 100,000 layouts one by one
+    was most of the tables' Python, and building the 23,000 (timm_swin) to 42,000 (jax_llama)
+    partial ones much of the rest."""
+    cls, ahead, back = layout_classes(forward, backward, forward_partial, backward_partial)
     return cls, _End.of(ahead, back)
 
 
@@ -187,7 +187,9 @@ class _Side(list[Layout]):
         """Each layout's entry in ``index`` (a matrix's rows or columns). ``index`` lives as
         long as its matrix, so its identity keys it."""
         if id(index) not in self._positions:
-            self._positions[id(index)] = np.array([index[x] for x in self], dtype=np.int64)
+            self._positions[id(index)] = np.fromiter(
+                map(index.__getitem__, self), dtype=np.int64, count=len(self)
+            )
         return self._positions[id(index)]
 
 
@@ -319,17 +321,16 @@ class _Priced:
         ``kernel`` (the rows outside it against every target, then its rows against the targets
         outside it; without blocks, ``kernel`` makes its own matrices)."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
-        shared, earlier = max(
-            ((len(k[0] & sources.set) * len(k[1] & targets.set), k) for k in near),
-            key=lambda x: x[0],
-            default=(0, None),
-        )
-        if earlier is None or shared == 0:
-            return (
-                kernel(srcs, dsts, None),
-                {x: i for i, x in enumerate(srcs)},
-                {y: j for j, y in enumerate(dsts)},
-            )
+        # The first matrix sharing the most pairs; one that cannot share more than the best so
+        # far (its sets' sizes bound its block) is not intersected.
+        shared, earlier = 0, None
+        for k in near:
+            if min(len(k[0]), len(srcs)) * min(len(k[1]), len(dsts)) > shared:
+                pairs = len(k[0] & sources.set) * len(k[1] & targets.set)
+                if pairs > shared:
+                    shared, earlier = pairs, k
+        if earlier is None:
+            return kernel(srcs, dsts, None), _numbered(srcs), _numbered(dsts)
         old, old_row, old_col = self._memo[earlier]
         rows = [x for x in srcs if x in old_row]
         cols = [y for y in dsts if y in old_col]
@@ -347,7 +348,12 @@ class _Priced:
             kernel(new_rows, dsts, [plane[len(rows) :] for plane in planes])
         if new_cols:
             kernel(rows, new_cols, [plane[: len(rows), len(cols) :] for plane in planes])
-        return planes, {x: i for i, x in enumerate(srcs)}, {y: j for j, y in enumerate(dsts)}
+        return planes, _numbered(srcs), _numbered(dsts)
+
+
+def _numbered(layouts: list[Layout]) -> dict[Layout, int]:
+    """Each of ``layouts`` (distinct) by its position."""
+    return dict(zip(layouts, range(len(layouts))))
 
 
 def _directions(
@@ -773,18 +779,29 @@ def build_tables(
             out = ("out", signature[edge.producer], flowing, backward)
             if out not in ends:
                 made = ops[edge.producer].candidates
+                outputs = [c.output for c in made]
                 ends[out] = _classes(
-                    partial_outputs(made, *splits[signature[edge.producer]])
+                    outputs,
+                    outputs if backward else None,
+                    partial_dims(
+                        made[0].op, *splits[signature[edge.producer]], made[0].op.contracted
+                    )
                     if flowing
-                    else [c.output for c in made],
-                    [c.output for c in made] if backward else None,
+                    else None,
                 )
             into = ("in", signature[edge.consumer], edge.slot, backward)
             if into not in ends:
                 taken = ops[edge.consumer].candidates
+                inputs = [c.inputs[edge.slot] for c in taken]
                 ends[into] = _classes(
-                    [c.inputs[edge.slot] for c in taken],
-                    gradients(taken, edge.slot, *splits[signature[edge.consumer]])
+                    inputs,
+                    inputs if backward else None,
+                    None,
+                    partial_dims(
+                        taken[0].op,
+                        *splits[signature[edge.consumer]],
+                        taken[0].op.input_gradient_axes[edge.slot],
+                    )
                     if backward
                     else None,
                 )

@@ -3,7 +3,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
-use numpy::{IntoPyArray, PyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
 use super::convert::{listed, signed_list, unsigned_list, Num};
@@ -193,22 +193,35 @@ pub(super) fn unify(a: &PyLayout, b: &PyLayout) -> PyResult<(PyLayout, PyLayout)
 
 /// The layout classes of one end of an edge in the search's tables
 /// ([`classes::layout_classes`]): each candidate's class, and per class its compacted forward
-/// layout and (with `backward`, one gradient per candidate) its gradient's.
+/// layout and (with `backward`, one gradient per candidate) its gradient's. A direction's
+/// `*_partial` (candidates x k, device dims or -1) gives each candidate's layout partial sums
+/// along its row's dims.
 #[pyfunction]
-#[pyo3(signature = (forward, backward=None))]
+#[pyo3(signature = (forward, backward=None, forward_partial=None, backward_partial=None))]
 #[allow(clippy::type_complexity)]
 pub(super) fn layout_classes<'py>(
     py: Python<'py>,
     forward: Vec<Bound<'py, PyLayout>>,
     backward: Option<Vec<Bound<'py, PyLayout>>>,
+    forward_partial: Option<PyReadonlyArray2<'py, i64>>,
+    backward_partial: Option<PyReadonlyArray2<'py, i64>>,
 ) -> PyResult<(
     Bound<'py, PyArray1<i64>>,
     Vec<PyLayout>,
     Option<Vec<PyLayout>>,
 )> {
+    if backward.is_none() && backward_partial.is_some() {
+        return Err(Error::Shape("backward_partial without backward layouts".into()).into());
+    }
     let forward = inners(&forward);
     let backward = backward.as_deref().map(inners);
-    let found = py.detach(|| classes::layout_classes(&forward, backward.as_deref()))?;
+    let (fp, bp) = (rows(forward_partial), rows(backward_partial));
+    let found = py.detach(|| {
+        classes::layout_classes(
+            direction(&forward, fp.as_ref()),
+            backward.as_deref().map(|b| direction(b, bp.as_ref())),
+        )
+    })?;
     let class: Vec<i64> = found.class.iter().map(|&c| c as i64).collect();
     let listed = |l: Vec<Layout>| l.into_iter().map(PyLayout::from).collect();
     Ok((
@@ -221,4 +234,24 @@ pub(super) fn layout_classes<'py>(
 /// The core's layouts of `layouts`, read in place.
 fn inners<'a>(layouts: &'a [Bound<'_, PyLayout>]) -> Vec<&'a Layout> {
     layouts.iter().map(|l| &l.get().inner).collect()
+}
+
+/// An array of rows of partial dims as [`classes::Direction`] reads them: its entries in order
+/// (any memory layout) and its row width.
+fn rows(partial: Option<PyReadonlyArray2<'_, i64>>) -> Option<(Vec<i64>, usize)> {
+    partial.map(|p| {
+        let p = p.as_array();
+        (p.iter().copied().collect(), p.ncols())
+    })
+}
+
+/// A direction of [`classes::layout_classes`]: `layouts`, with rows of partial dims if given.
+fn direction<'a>(
+    layouts: &'a [&'a Layout],
+    partial: Option<&'a (Vec<i64>, usize)>,
+) -> classes::Direction<'a> {
+    classes::Direction {
+        layouts,
+        partial: partial.map(|(d, w)| (&d[..], *w)),
+    }
 }

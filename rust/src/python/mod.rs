@@ -66,6 +66,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(topology::inter_node_groups, m)?)?;
     m.add_function(wrap_pyfunction!(strategies::enumerate_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(strategies::tensor_layouts, m)?)?;
+    m.add_function(wrap_pyfunction!(strategies::strategy_arrays, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_pair_costs, m)?)?;
