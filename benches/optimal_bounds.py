@@ -37,6 +37,12 @@ def case_of(label: str) -> tuple[taps.Graph, taps.Cluster]:
     return taps.models.by_name(case.model), cluster
 
 
+def plan_digest(result: taps.SearchResult) -> str:
+    """The plan's strategies, digested: equal across builds where the plans are."""
+    strategies = sorted((name, repr(s)) for name, s in result.plan.strategies.items())
+    return hashlib.sha1(repr(strategies).encode()).hexdigest()[:12]
+
+
 def ratios(graph: taps.Graph, cluster: taps.Cluster) -> None:
     bounds: list[Any] = []
     made = tables._Bound.__init__
@@ -97,9 +103,7 @@ def timed(graph: taps.Graph, cluster: taps.Cluster) -> None:
     t = time.process_time()
     result = searching.search(graph, cluster, OPTIMAL)
     optimal = time.process_time() - t
-    # The plan's strategies, digested: equal across builds where the plans are.
-    strategies = sorted((name, repr(s)) for name, s in result.plan.strategies.items())
-    digest = hashlib.sha1(repr(strategies).encode()).hexdigest()[:12]
+    digest = plan_digest(result)
     print(
         f"default {default:.3f} s, optimal {optimal:.3f} s ({optimal / default:.1f}x), "
         f"rounds {stats['rounds']}, bounded tables {stats['tables']:.3f} s, refinements "

@@ -13,7 +13,6 @@ on 1,024 devices) or the start of a paper timing case's label (``"AlexNet, 64 "`
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -25,17 +24,17 @@ from typing import Any
 import taps
 import taps.search.searching as searching
 import taps.search.tables as tables
-from taps.reproduce import DEVICES_PER_NODE, timing_cases
+from optimal_bounds import case_of, plan_digest
 
 
 def case(name: str) -> tuple[taps.Graph, taps.Cluster]:
     if name == "gpt3":
         graph = taps.models.gpt(hidden=12288, heads=96, seq=2048, batch=16)
         return graph, taps.Cluster(128, 8)
-    for t in timing_cases(False):
-        if f"{t.label}, {t.nodes * DEVICES_PER_NODE} devices".startswith(name):
-            cluster = taps.Cluster(t.nodes, DEVICES_PER_NODE, device_memory=float("inf"))
-            return taps.models.by_name(t.model), cluster
+    try:
+        return case_of(name)
+    except ValueError:  # not a paper case's label: a model family's name
+        pass
     here = Path(__file__).parent
     sys.path[:0] = [str(here), str(here.parent / "tests")]
     import model_families
@@ -78,8 +77,7 @@ def main() -> None:
             graph, cluster, taps.Pricing(planner="optimal"), time_limit=args.time_limit
         )
         cpu, wall = time.process_time() - c, time.perf_counter() - t
-        strategies = sorted((n, repr(s)) for n, s in result.plan.strategies.items())
-        digest = hashlib.sha1(repr(strategies).encode()).hexdigest()[:12]
+        digest = plan_digest(result)
         print(
             f"{name}: {solves[1]} rounds, {pairs[2]:,} exact pairs {pairs[0]:.3f} s, solves "
             f"{solves[0]:.3f} s, bounds {bounds[0]:.3f} s; total {cpu:.3f} s CPU, {wall:.3f} s "
