@@ -358,3 +358,67 @@ def test_reductions_taken_again_are_those_found_afresh(problem, count, data):
         other = Problem(dict(problem.node_cost), pairs)
         taken = reductions.reduce_again([other] * count, order, like)
         assert (taken is None) == bool(p.u_class.any())
+
+
+def _same_reduction(got: reductions.Reduction, want: reductions.Reduction) -> None:
+    assert [(type(s), getattr(s, "v", None)) for s in got.steps] == [
+        (type(s), getattr(s, "v", None)) for s in want.steps
+    ]
+    for a, b in zip(got.cores, want.cores, strict=True):
+        assert list(a.node_cost) == list(b.node_cost)
+        assert all(np.array_equal(a.node_cost[v], c) for v, c in b.node_cost.items())
+        assert [(p.u, p.w) for p in a.pairs] == [(q.u, q.w) for q in b.pairs]
+        assert all(np.array_equal(p.cost, q.cost) for p, q in zip(a.pairs, b.pairs, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(problems(), repeated_problems()), st.data())
+def test_products_kept_across_rounds_reduce_as_afresh(problem, data):
+    """A reduction given the last round's products (the optimal search's rounds: some pair
+    costs changed, the others equal) is the fresh reduction of the new costs, step for step and
+    to the last digit, and its core's optimum expands to the new problem's optimum."""
+    # Every product hashed, so that the small problems drawn here do take the memo.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reductions, "MEMO_RATIO", 0)
+        _reduce_in_rounds(problem, data)
+
+
+def _reduce_in_rounds(problem: Problem, data: st.DataObject) -> None:
+    order = list(problem.node_cost)
+    products = reductions.Products()
+    reduce([problem], order, products=products)
+    fresh_costs = _recosted(problem, st.integers(0, 5).map(float), data)
+    kept = data.draw(
+        st.lists(st.booleans(), min_size=len(problem.pairs), max_size=len(problem.pairs))
+    )
+    pairs = [
+        p if keep else q for p, q, keep in zip(problem.pairs, fresh_costs.pairs, kept, strict=True)
+    ]
+    changed = Problem(dict(problem.node_cost), pairs)
+    products.next_round()
+    again = reduce([changed], order, products=products)
+    fresh = reduce([changed], order)
+    _same_reduction(again, fresh)
+    if math.prod(len(c) for c in changed.node_cost.values()) <= 5000:
+        want, _ = _brute_force(changed)
+        _, core_choice = _brute_force(again.cores[0])
+        assert changed.evaluate(again.expand(core_choice)) == pytest.approx(want, abs=1e-9)
+
+
+def test_products_take_the_last_round_only_for_equal_operands(monkeypatch):
+    monkeypatch.setattr(reductions, "MEMO_RATIO", 0)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((3, 4)), rng.random((4, 5))
+    products = reductions.Products()
+    first = products(x, y)
+    assert np.array_equal(first, reductions.min_plus_one(x, y))
+    products.next_round()
+    # Equal values in other arrays: the last round's product; changed values: computed anew.
+    assert products(x.copy(), y.copy()) is first
+    z = y.copy()
+    z[1, 2] -= 1.0
+    assert np.array_equal(products(x, z), reductions.min_plus_one(x, z))
+    # A product the round just ended did not ask for is forgotten.
+    products.next_round()
+    products.next_round()
+    assert products(x, y) is not first

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from taps.solve.memory_price import price_memory, prune_by_price
 from taps.solve.pareto import solve_pareto
 from taps.solve.problem import IlpOptions, IlpSize, IlpSolution, Instance, MemoryLimit, Problem
 from taps.solve.prune import dominance_survivors, negated, restrict
-from taps.solve.reductions import Reduction, reduce, reduce_again
+from taps.solve.reductions import Products, Reduction, reduce, reduce_again
 from taps.solve.steady import eliminate_pieces
 from taps.solve.ties import Ties
 
@@ -89,9 +89,11 @@ def _check_memory(instance: Instance, memory_limit: float | None) -> None:
 class Rounds:
     """For a caller that solves problems of one form again and again, changing costs' values
     between solves (the optimal search's rounds): the last solve's reductions, which the next
-    takes again (:func:`taps.solve.reductions.reduce_again`) rather than looking for them."""
+    takes again (:func:`taps.solve.reductions.reduce_again`) rather than looking for them, and
+    its min-plus products, which a fresh reduction takes where their operands are unchanged."""
 
     reduction: Reduction | None = None
+    products: Products = field(default_factory=Products)
 
 
 def solve(
@@ -211,7 +213,10 @@ def _reduced(
     if rounds is not None and rounds.reduction is not None and eliminable is None:
         reduction = reduce_again(objectives, order, rounds.reduction)
     if reduction is None:
-        reduction = reduce(objectives, order, eliminable, deadline)
+        products = None if rounds is None else rounds.products
+        if products is not None:
+            products.next_round()
+        reduction = reduce(objectives, order, eliminable, deadline, products)
     if rounds is not None:
         rounds.reduction = reduction
     reduce_time = time.perf_counter() - t0

@@ -182,10 +182,17 @@ class Products:
     values (and shift's): the repeated layers of a model reduce to equal operands that are not the
     same arrays (jax_llama's two layers: every large product twice). Only products whose work
     is :data:`MEMO_RATIO` times their operands' entries are hashed. The results are shared:
-    callers must not change them in place."""
+    callers must not change them in place. Kept from one solve to the next (:meth:`next_round`),
+    it also gives a round the products whose operands the last round's changes left equal."""
 
     def __init__(self) -> None:
         self._done: dict[tuple[object, ...], np.ndarray] = {}
+        self._last: dict[tuple[object, ...], np.ndarray] = {}
+
+    def next_round(self) -> None:
+        """Keep only the products of the round just ended (those the next is likely to ask
+        for again), so that the memo does not grow round after round."""
+        self._last, self._done = self._done, {}
 
     def __call__(self, x: np.ndarray, y: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
         (rows, inner), cols = x.shape, y.shape[1]
@@ -193,9 +200,11 @@ class Products:
             return min_plus_one(x, y, shift)
         key = (_digest(x), _digest(y), None if shift is None else _digest(shift))
         if key not in self._done:
-            product = min_plus_one(x, y, shift)
-            # Shared between steps: a write in place would change another step's operand.
-            product.flags.writeable = False
+            product = self._last.get(key)
+            if product is None:
+                product = min_plus_one(x, y, shift)
+                # Shared between steps: a write in place would change another step's operand.
+                product.flags.writeable = False
             self._done[key] = product
         return self._done[key]
 
@@ -339,11 +348,13 @@ def reduce(
     order: list[str],
     eliminable: Collection[str] | None = None,
     deadline: float | None = None,
+    products: Products | None = None,
 ) -> Reduction:
     """Apply the reductions until none applies, visiting operators in ``order`` (deterministic).
     Only operators in ``eliminable`` (all if None) are eliminated; the others may still take in
     what is folded into them. Past ``deadline`` (checked before each operator),
-    :class:`taps.errors.TimeLimitError`.
+    :class:`taps.errors.TimeLimitError`. ``products`` (a fresh memo if None) computes the
+    min-plus products; one kept across solves reuses the last solve's.
 
     ``objectives`` are one problem, or two alike but for their costs to be minimised
     lexicographically (the second among the optima of the first)."""
@@ -360,7 +371,8 @@ def reduce(
     # known by their memory; every one keyed stays alive in ``seen``, so no other takes its
     # address.
     memo: dict[tuple[object, ...], object] = {}
-    products = Products()
+    if products is None:
+        products = Products()
 
     def stacked(k: int) -> np.ndarray:
         key = ("stack", *(_identity(o.pairs[k].cost) for o in objectives))
