@@ -190,7 +190,7 @@ def test_flips_are_each_operators_changes_that_lower_the_cost():
                 saved = bounded.evaluate(flipped) - base
                 if saved < -1e-9 * base and open_:
                     want[(v, tuple(pairs))] = (saved, open_)
-        got = tables._flips(bounded.edges, bounded.ops, bounds, choice)
+        got = tables._flips(tables._around(bounded.edges), bounded.ops, bounds, choice)
         assert want
         assert sorted(
             (round(d / base, 9), tuple((id(b.cost), i, j) for b, i, j in p)) for d, p in got

@@ -509,8 +509,17 @@ def _refine(
     return True
 
 
+def _around(edges: list[EdgeTable]) -> dict[str, list[tuple[EdgeTable, bool]]]:
+    """Per operator, its edges and whether it produces each (:func:`_flips` reads them)."""
+    around: dict[str, list[tuple[EdgeTable, bool]]] = {}
+    for e in edges:
+        around.setdefault(e.edge.producer, []).append((e, True))
+        around.setdefault(e.edge.consumer, []).append((e, False))
+    return around
+
+
 def _flips(
-    edges: list[EdgeTable],
+    around: Mapping[str, list[tuple[EdgeTable, bool]]],
     ops: Mapping[str, OpTable],
     bounds: Mapping[int, _Bound],
     choice: Mapping[str, int],
@@ -518,11 +527,7 @@ def _flips(
     """Every change of one operator's candidate in ``choice`` that the tables as they are say
     lowers its cost, one per distinct set of class pairs it takes (candidates of the same classes
     on every edge are one change), with those of its pairs still bounds (a change whose pairs are
-    all exact is left out: nothing to price)."""
-    around: dict[str, list[tuple[EdgeTable, bool]]] = {}
-    for e in edges:
-        around.setdefault(e.edge.producer, []).append((e, True))
-        around.setdefault(e.edge.consumer, []).append((e, False))
+    all exact is left out: nothing to price). ``around``: :func:`_around` of the edges."""
     out: list[_Flip] = []
     for v, near in around.items():
         cost = np.array(ops[v].node_cost, dtype=np.float64)
@@ -848,6 +853,7 @@ def build_tables(
     # pairs and plan).
     spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
     spare = spare if spare >= MIN_SPARE else 0
+    around = _around(edges) if bounded and spare else {}
 
     def refine(choice: Mapping[str, int]) -> bool:
         pairs: dict[int, set[tuple[int, int]]] = {}
@@ -857,7 +863,7 @@ def build_tables(
             pairs.setdefault(id(e.cost), set()).add((i, j))
         # Every edge's pairs priced at once: one call (two with spare) and one solve per round.
         chosen = [(bounds[k], p) for k, p in pairs.items()]
-        return _refine(chosen, exact, spare, lambda: _flips(edges, ops, bounds, choice))
+        return _refine(chosen, exact, spare, lambda: _flips(around, ops, bounds, choice))
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
         return redistribution_pair_costs(

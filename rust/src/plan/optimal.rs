@@ -95,8 +95,8 @@ impl Ord for Queued {
 ///
 /// Held as one run of words (the device dims' count and sizes, the elements, the two partial
 /// masks, then a word per tensor dim, or two past [`PACKED_KEY_DIMS`] device dims), so that a
-/// memo is asked with the words of a buffer ([`KeyScratch`]): the bounded tables key tens of thousands of pairs, and building each key
-/// (two vectors) took more than looking it up.
+/// memo is asked with the words of a buffer ([`KeyScratch`]): the bounded tables key tens of
+/// thousands of pairs, and building each key (two vectors) took more than looking it up.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Key(Box<[u64]>);
 

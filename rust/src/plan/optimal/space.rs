@@ -565,18 +565,23 @@ impl<'c> MatrixBounds<'c> {
         MatrixBounds {
             least_rates,
             units,
-            same_size: (0..h).map(|k| same_size(layout, k)).collect(),
+            same_size: same_size(layout),
             unsplit,
             unsplit_at,
         }
     }
 }
 
-/// The device dims of `layout`'s matrix of the size of dim `k` (a mask).
-fn same_size(layout: &Layout, k: usize) -> u64 {
-    (0..layout.num_device_dims())
-        .filter(|&j| layout.dim_size(j) == layout.dim_size(k))
-        .fold(0, |m, j| m | 1 << j)
+/// Per device dim of `layout`'s matrix, the dims of its size (a mask): its group of [`by_size`].
+fn same_size(layout: &Layout) -> Vec<u64> {
+    let h = layout.num_device_dims();
+    let mut out = vec![0; h];
+    for (_, group) in by_size(layout, (0..h).fold(0, |m, k| m | 1 << k)) {
+        for k in bits(group) {
+            out[k] = group;
+        }
+    }
+    out
 }
 
 /// [`MatrixBounds`] by device matrix, each worked out once: the pairs one thread bounds in a batch
@@ -1219,10 +1224,10 @@ mod tests {
 
     /// The bounds a thread keeps by device matrix ([`MatrixCache`]) are those worked out afresh
     /// for the matrix (and its rates with no dim splitting, those worked out per group; its dims
-    /// of one size, those of the matrix), asked for every device matrix of 64 devices in turn, twice, on clusters
-    /// of several shapes and under both objectives: matrices that differ in one entry, in their
-    /// order or in their length alternate, so a key that left out part of the matrix would hand
-    /// one matrix another's bounds.
+    /// of one size, those of the matrix), asked for every device matrix of 64 devices in turn,
+    /// twice, on clusters of several shapes and under both objectives: matrices that differ in
+    /// one entry, in their order or in their length alternate, so a key that left out part of
+    /// the matrix would hand one matrix another's bounds.
     #[test]
     fn the_bounds_kept_by_device_matrix_are_the_matrix_own() {
         let matrices = matrices(64);
