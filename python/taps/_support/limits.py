@@ -17,8 +17,13 @@ from taps.errors import ResourceError
 MAX_CANDIDATES = 1_000_000
 #: Bytes per candidate strategy while the tables are built: the strategy, its rows of the degree
 #: and device-map arrays, costs and memory, and the layout of each operand (measured: about 300
-#: bytes per strategy for the enumeration alone).
-CANDIDATE_BYTES = 1024
+#: bytes per strategy for the enumeration alone, 1,840 to 1,880 of resident peak per strategy
+#: for a whole search of one operator of 103,520 and 215,790 candidates; issue 25).
+CANDIDATE_BYTES = 2048
+#: Address space the core's threads map without filling: a malloc arena (64 MiB) and a stack
+#: (2 MiB) each. Counted against an address-space limit only (measured: a search of one small
+#: operator maps 196 MiB more than it started with on 4 threads, 394 MiB on 8).
+THREAD_ADDRESS_BYTES = 66 * 2**20
 #: Bytes per pair of strategies across an edge: an upper bound of the edge's cost matrix, which
 #: has one float per pair of layout classes.
 PAIR_BYTES = 8
@@ -154,11 +159,20 @@ def _cgroup_room() -> int | None:
     return None
 
 
+def core_threads() -> int:
+    """The threads of the core's pool (Rayon's: ``RAYON_NUM_THREADS``, else the CPUs this process
+    may run on)."""
+    try:
+        return max(int(os.environ.get("RAYON_NUM_THREADS", "")), 1)
+    except ValueError:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
 def check_table_memory(what: str, candidates: int, pairs: int) -> None:
     """Refuse, before any work, a search (``what``) whose tables would not fit this machine's
-    memory."""
+    memory (with its threads' address space under an address-space limit)."""
     need = table_bytes(candidates, pairs)
-    have = available_memory()
+    have = available_memory(reserved=core_threads() * THREAD_ADDRESS_BYTES)
     if have is not None and need > have:
         raise ResourceError(
             f"the search of {what} would need about {gib(need)} for its cost tables "
