@@ -128,3 +128,15 @@ def test_the_gloo_ranks_are_estimated_before_they_start(monkeypatch):
         taps.verify.verify_torch(module, [ids], plan)
     monkeypatch.setattr(footprint, "available_memory", lambda reserved=0: need)
     assert taps.verify.verify_torch(module, [ids], plan).ok
+
+
+def test_verify_with_gspmd_counts_both_programs_before_the_first():
+    # Under 4 GiB of address space the replay alone fits (its estimate, 2.0 GiB, passes) but
+    # XLA's own partitioning after it does not: it ran 20 s and ended "out of memory" (peak 2.4
+    # GiB resident, 4.5 GiB of address space). Both programs are now estimated before either.
+    out = _capped(
+        ["verify", "mlp", "--gspmd", "--nodes", "1", "--devices-per-node", "8"], 4 * 2**30
+    )
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("taps verify: error: replaying the plan on 8 XLA devices would need")

@@ -24,6 +24,7 @@ from taps.graph import Graph
 from taps.plan import Plan
 from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
+from taps.verify.footprint import check_xla
 from taps.verify.result import TOLERANCE
 from taps.verify.torch.pipeline import verify_pipeline
 
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 module, inputs, plan, dtype=args.dtype, numerics=args.gloo or None
             )
         else:
+            if args.gspmd:  # both programs, before the first starts
+                check_xla(plan, args.dtype, programs=2)
             verified = verify(plan, args.dtype)
             if args.gspmd:
                 against = compare_gspmd(plan, args.dtype)

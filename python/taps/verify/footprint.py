@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import resource
+import sys
 from collections.abc import Sequence
 
 from taps._core import Layout
@@ -76,10 +77,16 @@ def gloo_bytes(plan: Plan, ranks: int, dtype: str) -> int:
     return GLOO_BASE + ranks * (GLOO_PER_RANK + GLOO_PER_DENSE * dense_bytes(plan, dtype))
 
 
-def check_xla(plan: Plan, dtype: str) -> None:
+def check_xla(plan: Plan, dtype: str, programs: int = 1) -> None:
     """Refuse, before JAX starts its devices, a replay of ``plan`` (:func:`taps.verify`) that XLA
-    cannot run here (:func:`check_xla_run`)."""
-    check_xla_run(plan.cluster.num_devices, dense_bytes(plan, dtype), spread_bytes(plan, dtype))
+    cannot run here (:func:`check_xla_run`). ``programs``: how many programs of the plan's
+    tensors run in turn in this process (2 for ``taps verify --gspmd``: the replay, then XLA's
+    own partitioning, :func:`taps.verify.compare_gspmd`, holding as much again)."""
+    check_xla_run(
+        plan.cluster.num_devices,
+        programs * dense_bytes(plan, dtype),
+        programs * spread_bytes(plan, dtype),
+    )
 
 
 def check_xla_layouts(layouts: Sequence[Layout], dtype: str) -> None:
@@ -103,6 +110,11 @@ def check_xla_run(devices: int, dense: int, spread: int) -> None:
             f"the plan has {devices:,} devices and XLA's CPU backend runs at most "
             f"{XLA_MAX_DEVICES:,} in one program; verify it on fewer nodes"
         )
+    if _xla_running(devices):
+        # JAX, XLA and the devices' threads are running: already in what this process uses.
+        need = xla_bytes(devices, dense, spread) - XLA_BASE
+        _check(f"running the plan on {devices:,} XLA devices", need, 0)
+        return
     threads = devices + min(devices, XLA_POOL) + THREADS_BASE
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft != resource.RLIM_INFINITY and threads > soft:
@@ -116,6 +128,18 @@ def check_xla_run(devices: int, dense: int, spread: int) -> None:
         f"replaying the plan on {devices:,} XLA devices",
         xla_bytes(devices, dense, spread),
         stacks,
+    )
+
+
+def _xla_running(devices: int) -> bool:
+    """Whether this process's JAX has started its backends with at least ``devices`` devices:
+    the plan runs here, on them (with fewer, :func:`taps.verify` starts a fresh process)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return (
+        bool(xla_bridge.backends_are_initialized()) and sys.modules["jax"].device_count() >= devices
     )
 
 

@@ -32,6 +32,7 @@ from rich.table import Table
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
 from taps.report.tables import format_seconds
+from taps.verify.footprint import check_xla
 from taps.verify.prediction import check_plan
 from taps.verify.result import TOLERANCE, inter_node_groups
 from taps.verify.xla.pricing import collective_seconds
@@ -205,6 +206,7 @@ def _summary(items: list[tuple[str, int]]) -> str:
 def compare_gspmd(plan: Plan, dtype: str = "float32", seed: int = 0) -> GspmdReport:
     """Compile the plan's training step with XLA's partitioner and compare (module doc)."""
     check_plan(plan, "compare_gspmd")
+    check_xla(plan, dtype)
     t0 = time.perf_counter()
     # The program: whole-tensor code under taps' layouts, differentiated by JAX (the forward
     # model's program). taps' side: the plan as its search priced it.
