@@ -164,7 +164,6 @@ def test_too_many_strategies_under_a_small_address_space_are_an_error_not_an_abo
         assert out.stdout.startswith(("ResourceError out of memory", "MemoryError")), out.stdout
 
 
-
 _WIDE = """
         import os, resource
         from pathlib import Path

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import taps
+from taps._support import limits
 from taps.errors import ResourceError
 from taps.verify import footprint
 
@@ -123,10 +124,10 @@ def test_the_gloo_ranks_are_estimated_before_they_start(monkeypatch):
     module, ids = llama()
     plan = taps.search(taps.from_torch(module, ids), taps.Cluster(1, 4)).plan
     need = footprint.gloo_bytes(plan, 4, "float32")
-    monkeypatch.setattr(footprint, "available_memory", lambda reserved=0: need - 1)
+    monkeypatch.setattr(limits, "available_memory", lambda reserved=0: need - 1)
     with pytest.raises(ResourceError, match=r"the numbers on 4 gloo ranks would need about"):
         taps.verify.verify_torch(module, [ids], plan)
-    monkeypatch.setattr(footprint, "available_memory", lambda reserved=0: need)
+    monkeypatch.setattr(limits, "available_memory", lambda reserved=0: need)
     assert taps.verify.verify_torch(module, [ids], plan).ok
 
 

@@ -181,6 +181,17 @@ def check_table_memory(what: str, candidates: int, pairs: int) -> None:
         )
 
 
+def check_memory(what: str, need: int, advice: str, reserved: int = 0) -> None:
+    """Refuse, before it starts, work (``what``) that would need ``need`` bytes resident, and
+    ``reserved`` more of address space only (threads' stacks), more than this process may use;
+    the message ends with ``advice``."""
+    have = available_memory(reserved=reserved)
+    if have is not None and need > have:
+        raise ResourceError(
+            f"{what} would need about {gib(need)}, more than the {gib(have)} available; {advice}"
+        )
+
+
 def ilp_bytes(variables: int) -> int:
     """An estimate, on the high side, of SCIP's peak memory for an ILP of ``variables``."""
     return ILP_BASE_BYTES + variables * ILP_VARIABLE_BYTES

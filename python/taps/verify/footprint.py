@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from taps._core import Layout
-from taps._support.limits import available_memory, gib
+from taps._support.limits import check_memory
 from taps.errors import ResourceError, VerifyError
 from taps.plan.plan import Plan
 from taps.verify.result import check_dtype
@@ -152,9 +152,9 @@ def check_gloo(plan: Plan, ranks: int, dtype: str) -> None:
 def _check(what: str, need: int, stacks: int) -> None:
     """``need`` bytes resident, and ``stacks`` more of address space only (threads' stacks are
     reserved, not used), against what this process may use."""
-    have = available_memory(reserved=stacks)
-    if have is not None and need > have:
-        raise ResourceError(
-            f"{what} would need about {gib(need)}, more than the {gib(have)} available; verify "
-            "on fewer devices or a smaller model (a smaller batch or fewer layers)"
-        )
+    check_memory(
+        what,
+        need,
+        "verify on fewer devices or a smaller model (a smaller batch or fewer layers)",
+        reserved=stacks,
+    )
