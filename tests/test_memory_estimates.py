@@ -218,3 +218,24 @@ def test_a_search_under_an_address_space_limit_is_refused_or_runs(room):
     )
     assert out.returncode == 0, out.stderr[-300:]
     assert out.stdout.startswith(("ok optimal", "refused the search of 'wide'")), out.stdout
+
+
+def test_an_extra_whose_libraries_do_not_fit_is_a_resource_error_not_a_missing_one():
+    # torch under 2 GiB of address space: its libtorch_cpu.so cannot be mapped. It is installed,
+    # so "not installed ... pip install 'taps[torch]'" was the wrong reason.
+    pytest.importorskip("torch")
+    out = _run(
+        """
+        import taps
+        from taps._support.extras import require
+        try:
+            require("torch", "torch", "taps.from_torch")
+        except taps.TapsError as e:
+            print(type(e).__name__, e)
+        """,
+        cap=2 * 2**30,
+    )
+    assert out.returncode == 0, out.stderr[-300:]
+    assert out.stdout.startswith("ResourceError taps.from_torch needs torch, whose libraries"), (
+        out.stdout
+    )
