@@ -239,3 +239,25 @@ def test_an_extra_whose_libraries_do_not_fit_is_a_resource_error_not_a_missing_o
     assert out.stdout.startswith("ResourceError taps.from_torch needs torch, whose libraries"), (
         out.stdout
     )
+
+
+@pytest.mark.parametrize("cap_mib", [650, 700])
+def test_the_optimal_planner_out_of_memory_is_one_line_not_an_abort(cap_mib):
+    # The optimal planner's search of one redistribution reserves room for all the layouts it
+    # may hold (2**21, 160 MiB) at once: under 0.7 GiB of address space, GPT-3's layer on 4,096
+    # devices ended in SIGABRT ("memory allocation of 167772160 bytes failed"). The search now
+    # doubles where that room is not to be had, and failing that is a ResourceError.
+    out = _run(
+        """
+        import sys
+        from taps.cli import main
+        sys.exit(main(["search", "gpt", "--nodes", "512", "--devices-per-node", "8",
+                       "--planner", "optimal"]))
+        """,
+        cap=cap_mib * 2**20,
+        env={"RAYON_NUM_THREADS": "2"},
+    )
+    assert out.returncode in (0, 2), (out.returncode, out.stderr[-300:])
+    if out.returncode == 2:
+        (line,) = out.stderr.splitlines()
+        assert line.startswith("taps search: error: out of memory"), line

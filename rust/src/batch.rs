@@ -372,7 +372,7 @@ fn optimal_choices(
             }
             let (a, b) = pair(k);
             let problem = search_problem(a, b).transpose()?;
-            Some(problem.map(|p| (key, solve(&p, objective, stop))))
+            Some(problem.and_then(|p| Ok((key, solve(&p, objective, stop)?))))
         })
         .collect::<Result<_>>()?;
     if stop.load(Relaxed) {
@@ -388,8 +388,8 @@ fn optimal_choices(
             if a != b {
                 let plan = shortest_plan_by(a, b, objective, |problem| {
                     paths.get(problem.key()).map_or_else(
-                        || Cow::Owned(solve(problem, objective, stop)),
-                        Cow::Borrowed,
+                        || Ok(Cow::Owned(solve(problem, objective, stop)?)),
+                        |path| Ok(Cow::Borrowed(path)),
                     )
                 })?;
                 *entry = (

@@ -83,13 +83,24 @@ pub fn plan_redistribution(
 /// search gives up): one distribution, one plan.
 fn canonical_plan(a: &Layout, b: &Layout, objective: Objective<'_>) -> Result<Redistribution> {
     shortest_plan_by(&normalized(a), &normalized(b), objective, |problem| {
-        Cow::Owned(solve(problem, objective, &AtomicBool::new(false)))
+        Ok(Cow::Owned(solve(
+            problem,
+            objective,
+            &AtomicBool::new(false),
+        )?))
     })
 }
 
 /// The search's path of `problem` ([`optimal::solve`]), bounded by Algorithm 1's plan of it,
 /// which it falls back on.
-pub(crate) fn solve(problem: &Problem, objective: Objective<'_>, stop: &AtomicBool) -> Path {
+///
+/// # Errors
+/// [`Error::Memory`] if the search's layouts cannot be allocated.
+pub(crate) fn solve(
+    problem: &Problem,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+) -> Result<Path> {
     optimal::solve(problem, objective, stop, paper::unified_ops)
 }
 
@@ -101,12 +112,13 @@ pub(crate) fn shortest_plan_by<'p>(
     a: &Layout,
     b: &Layout,
     objective: Objective<'_>,
-    solve: impl FnOnce(&Problem) -> Cow<'p, Path>,
+    solve: impl FnOnce(&Problem) -> Result<Cow<'p, Path>>,
 ) -> Result<Redistribution> {
     debug_assert!(normalized(a) == *a && normalized(b) == *b);
     let mut plan = paper::plan(a, b, objective)?;
     if let Some(problem) = Problem::of(&plan.source, &plan.target) {
-        let ops = problem.ops(&solve(&problem), &plan.source);
+        let path = solve(&problem)?;
+        let ops = problem.ops(&path, &plan.source);
         let price = |ops: &[CommOp]| ops.iter().fold(0.0, |t, op| objective.add(t, op));
         if price(&ops) <= price(&plan.ops) {
             plan.ops = ops;

@@ -27,6 +27,7 @@ use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::ops::{CommOp, Objective};
+use crate::error::{Error, Result};
 use crate::layout::Layout;
 use space::{
     allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
@@ -311,19 +312,22 @@ const MEMO_SIZE: usize = 1 << 18;
 /// paths cheaper than Algorithm 1's (whose ops between a unified pair `paper` gives), or
 /// Algorithm 1's if there is none, or if `stop` is set (then the path is not remembered).
 /// Remembered ([`MEMO`]).
+///
+/// # Errors
+/// [`Error::Memory`] if the search's layouts cannot be allocated.
 pub(crate) fn solve(
     problem: &Problem,
     objective: Objective<'_>,
     stop: &AtomicBool,
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
-) -> Path {
+) -> Result<Path> {
     let key = (problem.key.clone(), objective.fingerprint());
     if let Some(path) = locked(&MEMO).as_ref().and_then(|m| m.get(&key)) {
-        return path.clone();
+        return Ok(path.clone());
     }
-    let path = search_or_paper(problem, objective, stop, paper);
+    let path = search_or_paper(problem, objective, stop, paper)?;
     if stop.load(Relaxed) {
-        return path;
+        return Ok(path);
     }
     let mut memo = locked(&MEMO);
     let map = memo.get_or_insert_with(FxHashMap::default);
@@ -331,7 +335,7 @@ pub(crate) fn solve(
         map.clear();
     }
     map.insert(key, path.clone());
-    path
+    Ok(path)
 }
 
 /// Bounds at the source worked out ([`Bounds`]), by objective fingerprint and key: the bounded
@@ -586,27 +590,29 @@ fn search_or_paper(
     objective: Objective<'_>,
     stop: &AtomicBool,
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
-) -> Path {
+) -> Result<Path> {
     let (source, target) = (&problem.source, &problem.target);
     let paper = paper(source, target);
     let bound = paper.iter().fold(0.0, |t, op| objective.add(t, op));
-    search(source, target, bound, objective, stop).unwrap_or_else(|| {
-        let mut at = State::of(source);
-        let steps = paper.iter().map(|op| {
-            let (kind, k, i, to) = (
-                op.kind(),
-                op.device_dim(),
-                op.tensor_dim(),
-                op.to_tensor_dim(),
-            );
-            let from = at;
-            at = at.after(kind, k, i, to);
-            (Step::op(kind, k, i, to), from, at)
-        });
-        Path {
-            steps: steps.collect(),
-        }
-    })
+    Ok(
+        search(source, target, bound, objective, stop)?.unwrap_or_else(|| {
+            let mut at = State::of(source);
+            let steps = paper.iter().map(|op| {
+                let (kind, k, i, to) = (
+                    op.kind(),
+                    op.device_dim(),
+                    op.tensor_dim(),
+                    op.to_tensor_dim(),
+                );
+                let from = at;
+                at = at.after(kind, k, i, to);
+                (Step::op(kind, k, i, to), from, at)
+            });
+            Path {
+                steps: steps.collect(),
+            }
+        }),
+    )
 }
 
 /// The buffers of one search, kept per thread from one search to the next: a batch runs
@@ -670,7 +676,7 @@ fn search(
     bound: f64,
     objective: Objective<'_>,
     stop: &AtomicBool,
-) -> Option<Path> {
+) -> Result<Option<Path>> {
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         let found = search_in(
@@ -694,7 +700,7 @@ fn search_in(
     bound: f64,
     objective: Objective<'_>,
     (stop, most): (&AtomicBool, usize),
-) -> Option<Path> {
+) -> Result<Option<Path>> {
     let space = Space::new(source, target, objective);
     let goal = State::of(target);
     let keep = goal.partial;
@@ -711,7 +717,7 @@ fn search_in(
     // expanded, and a pair whose bound at the source meets it is done without a search.
     let bound = bound * (1.0 - TIE);
     if first >= bound {
-        return None;
+        return Ok(None);
     }
     heap.push(Queued {
         cost: first,
@@ -728,10 +734,10 @@ fn search_in(
         // Checked now and then (and first): a caller stops a long batch (Ctrl-C) within
         // milliseconds.
         if expanded % 64 == 1 && stop.load(Relaxed) {
-            return None;
+            return Ok(None);
         }
         if nodes[node].state == goal {
-            return Some(path_to(nodes, node, &space));
+            return Ok(Some(path_to(nodes, node, &space)));
         }
         let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, u32::from(nodes[node].ops) + 1);
@@ -779,13 +785,25 @@ fn search_in(
                     nodes[*id.get() as usize] = fresh;
                     *id.get() as usize
                 }
-                Entry::Vacant(_) if nodes.len() >= most => return None,
+                Entry::Vacant(_) if nodes.len() >= most => return Ok(None),
                 Entry::Vacant(vacant) => {
                     if nodes.len() == nodes.capacity() && nodes.len() >= SCRATCH_KEPT {
                         // Past the buffers kept, room for the most a search may hold: address
                         // space only (a page is zeroed when first written), where doubling
-                        // copied every node and zeroed twice their pages.
-                        nodes.reserve_exact(most.min(MAX_LAYOUTS) - nodes.len());
+                        // copied every node and zeroed twice their pages. Where that much
+                        // address space is not to be had (160 MiB: an address-space limit),
+                        // doubling, and failing that an error, not an abort.
+                        let more = most.min(MAX_LAYOUTS) - nodes.len();
+                        if nodes.try_reserve_exact(more).is_err() {
+                            nodes.try_reserve(1).map_err(|_| {
+                                Error::Memory(format!(
+                                    "out of memory: the optimal planner's search of a \
+                                     redistribution holds {} layouts, and more cannot be \
+                                     allocated",
+                                    nodes.len()
+                                ))
+                            })?;
+                        }
                     }
                     nodes.push(fresh);
                     *vacant.insert(nodes.len() as u32 - 1).get() as usize
@@ -798,7 +816,7 @@ fn search_in(
             });
         }
     }
-    None
+    Ok(None)
 }
 
 /// The hash of a layout in the search's index.
@@ -895,6 +913,7 @@ mod tests {
             let problem = Problem::of(&a, &b).unwrap();
             let stop = AtomicBool::new(false);
             let path = search(&problem.source, &problem.target, f64::INFINITY, objective, &stop)
+                .unwrap()
                 .expect("a path");
             let ops = problem.ops(&path, &a);
             let got = ops.iter().fold(0.0, |t, op| objective.add(t, op));
@@ -1352,7 +1371,8 @@ mod tests {
                     f64::INFINITY,
                     objective,
                     (&stop, MAX_LAYOUTS),
-                );
+                )
+                .unwrap();
                 let states: std::collections::HashSet<State> =
                     scratch.nodes.iter().map(|n| n.state).collect();
                 assert_eq!(states.len(), scratch.nodes.len(), "{a:?} -> {b:?}");
@@ -1391,7 +1411,8 @@ mod tests {
                 f64::INFINITY,
                 objective,
                 (&stop, most),
-            );
+            )
+            .unwrap();
             (found, scratch.nodes.len())
         };
         let (found, held) = run(usize::MAX);
@@ -1416,7 +1437,8 @@ mod tests {
                 bound,
                 Objective::Volume,
                 (&stop, usize::MAX),
-            );
+            )
+            .unwrap();
             (found, scratch.nodes.len())
         };
         let (found, held) = run(448.0);
@@ -1471,7 +1493,9 @@ mod tests {
     fn searched(problem: &Problem, a: &Layout, objective: Objective<'_>) -> f64 {
         let (source, target) = (&problem.source, &problem.target);
         let stop = AtomicBool::new(false);
-        let path = search(source, target, f64::INFINITY, objective, &stop).expect("a path");
+        let path = search(source, target, f64::INFINITY, objective, &stop)
+            .unwrap()
+            .expect("a path");
         let ops = problem.ops(&path, a);
         ops.iter().fold(0.0, |t, op| objective.add(t, op))
     }
