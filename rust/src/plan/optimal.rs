@@ -787,24 +787,7 @@ fn search_in(
                 }
                 Entry::Vacant(_) if nodes.len() >= most => return Ok(None),
                 Entry::Vacant(vacant) => {
-                    if nodes.len() == nodes.capacity() && nodes.len() >= SCRATCH_KEPT {
-                        // Past the buffers kept, room for the most a search may hold: address
-                        // space only (a page is zeroed when first written), where doubling
-                        // copied every node and zeroed twice their pages. Where that much
-                        // address space is not to be had (160 MiB: an address-space limit),
-                        // doubling, and failing that an error, not an abort.
-                        let more = most.min(MAX_LAYOUTS) - nodes.len();
-                        if nodes.try_reserve_exact(more).is_err() {
-                            nodes.try_reserve(1).map_err(|_| {
-                                Error::Memory(format!(
-                                    "out of memory: the optimal planner's search of a \
-                                     redistribution holds {} layouts, and more cannot be \
-                                     allocated",
-                                    nodes.len()
-                                ))
-                            })?;
-                        }
-                    }
+                    make_room(nodes, most)?;
                     nodes.push(fresh);
                     *vacant.insert(nodes.len() as u32 - 1).get() as usize
                 }
@@ -817,6 +800,32 @@ fn search_in(
         }
     }
     Ok(None)
+}
+
+/// Room for one more of a search's `nodes` (holding at most `most`). Past the buffers kept,
+/// room for the most a search may hold: address space only (a page is zeroed when first
+/// written), where doubling copied every node and zeroed twice their pages. Where that much
+/// address space is not to be had (160 MiB under an address-space limit), doubling.
+///
+/// # Errors
+/// [`Error::Memory`] if neither can be allocated (an abort before).
+fn make_room(nodes: &mut Vec<Node>, most: usize) -> Result<()> {
+    if nodes.len() < nodes.capacity() || nodes.len() < SCRATCH_KEPT {
+        return Ok(());
+    }
+    if nodes
+        .try_reserve_exact(most.min(MAX_LAYOUTS) - nodes.len())
+        .is_ok()
+    {
+        return Ok(());
+    }
+    nodes.try_reserve(1).map_err(|_| {
+        Error::Memory(format!(
+            "out of memory: the optimal planner's search of a redistribution holds {} layouts, \
+             and more cannot be allocated",
+            nodes.len()
+        ))
+    })
 }
 
 /// The hash of a layout in the search's index.
