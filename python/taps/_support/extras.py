@@ -24,7 +24,8 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
         if any(s in str(e).lower() for s in _NO_ROOM):
             raise ResourceError(
                 f"{purpose} needs {module.split('.')[0]}, whose libraries do not fit in the "
-                f"memory this process may use ({e}); raise its address-space limit (ulimit -v) or free memory"
+                f"memory this process may use ({e}); raise its address-space limit (ulimit -v) "
+                "or free memory"
             ) from None
         raise MissingExtraError(
             f"{purpose} needs {module.split('.')[0]}, which is not installed "
