@@ -261,3 +261,37 @@ def test_the_optimal_planner_out_of_memory_is_one_line_not_an_abort(cap_mib):
     if out.returncode == 2:
         (line,) = out.stderr.splitlines()
         assert line.startswith("taps search: error: out of memory"), line
+
+
+def test_the_table_estimate_counts_both_directions_of_the_training_step():
+    # A GPT block with replicas on 1,024 devices, 31 million strategy pairs: the training step
+    # holds a cost matrix per direction of every edge (409 MiB resident, 1.55x the one-way
+    # estimate, which let a search start that then ran out).
+    out = _run(
+        """
+        import json
+        from pathlib import Path
+        import taps
+        from taps import models
+        from taps._support import limits
+        from taps.search import searching
+
+        def status(key):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+
+        seen = []
+        check = searching.check_table_memory
+        searching.check_table_memory = lambda *a: (seen.append(a), check(*a))
+        graph = models.gpt(1024, 16, 512, 8, blocks=1)
+        Path("/proc/self/clear_refs").write_text("5")
+        base = status("VmRSS:")
+        taps.search(graph, taps.Cluster(128, 8), replicate=True)
+        (_, candidates, pairs), = seen
+        print(json.dumps([limits.table_bytes(candidates, pairs), status("VmHWM:") - base]))
+        """
+    )
+    assert out.returncode == 0, out.stderr[-300:]
+    estimate, peak = json.loads(out.stdout)
+    assert peak <= estimate <= 2 * peak

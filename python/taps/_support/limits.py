@@ -91,7 +91,8 @@ def check_candidates(
 
 def table_bytes(candidates: int, pairs: int) -> int:
     """An upper bound of the memory of cost tables over ``candidates`` strategies in all and
-    ``pairs`` pairs of strategies across edges (the paper's |E_A|)."""
+    ``pairs`` pairs of strategies across edges (the paper's |E_A|; counted once per direction
+    priced: twice in the training step)."""
     return candidates * CANDIDATE_BYTES + pairs * PAIR_BYTES
 
 
@@ -176,8 +177,8 @@ def check_table_memory(what: str, candidates: int, pairs: int) -> None:
     if have is not None and need > have:
         raise ResourceError(
             f"the search of {what} would need about {gib(need)} for its cost tables "
-            f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges), more "
-            f"than the {gib(have)} available"
+            f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges and "
+            f"directions), more than the {gib(have)} available"
         )
 
 
