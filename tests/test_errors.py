@@ -202,7 +202,8 @@ def test_eight_axes_on_8192_devices_are_refused_before_enumerating():
 
 def test_search_larger_than_the_memory_is_refused_with_the_estimate(alexnet, monkeypatch):
     candidates = sum(len(taps.strategies_for(alexnet, op.name, CLUSTER)) for op in alexnet.ops)
-    pairs = taps.search(alexnet, CLUSTER).num_aux_edges
+    # The training step (the default) prices every edge both ways: its pairs count twice.
+    pairs = 2 * taps.search(alexnet, CLUSTER).num_aux_edges
     need = limits.table_bytes(candidates, pairs)
     monkeypatch.setattr(limits, "available_memory", lambda reserved=0: need - 1)
     with pytest.raises(ResourceError, match=f"{candidates:,} candidate strategies, {pairs:,}"):
