@@ -360,3 +360,12 @@ def test_microbatches_split_only_the_inputs_that_carry_the_batch():
     result = taps.search(whole, taps.Cluster(1, 2), pipeline=spec)
     first = result.plan.stage_plans[0].graph
     assert first.tensors[inputs[0]].shape[0] == 4
+
+
+def test_one_stage_across_nodes():
+    """A single stage on every device of a multi-node cluster (what fits when nothing within a
+    node does) hands nothing to another group: no send is priced, and it is no error."""
+    graph, cluster = _small(), taps.Cluster(2, 2)
+    plan = taps.search(graph, cluster, pipeline=Pipeline(stages=1, replicas=1)).plan
+    assert [s.devices for s in plan.stages] == [4]
+    assert [s.send for s in plan.stages] == [0.0]

@@ -217,9 +217,13 @@ class _Units:
         batch (:func:`send_seconds`)."""
         key = (devices, parts)
         if key not in self._sends:
-            self._sends[key] = np.array(
-                [send_seconds(self.cluster, devices, b / parts) for b in self.crossing[:-1]]
-            )
+            if 2 * devices > self.cluster.num_devices:
+                # One group on the whole cluster: its stages (chunks) hand nothing to another.
+                self._sends[key] = np.zeros(len(self.crossing) - 1)
+            else:
+                self._sends[key] = np.array(
+                    [send_seconds(self.cluster, devices, b / parts) for b in self.crossing[:-1]]
+                )
         return self._sends[key]
 
     def chain(self, devices: int, parts: int, share: int) -> _Chain | None:
