@@ -164,3 +164,46 @@ def test_small_products_are_not_remembered() -> None:
     x, y = np.ones((2, 3)), np.ones((3, 2))
     products = reductions.Products()
     assert products(x, y) is not products(x, y)
+
+
+@given(
+    hnp.arrays(np.float64, (4, 3), elements=st.sampled_from([0.0, -0.0, 1.0, 2.0, np.nan])),
+    hnp.arrays(np.float64, (3, 5), elements=st.sampled_from([0.0, -0.0, 1.0, 2.0, np.nan])),
+    hnp.arrays(np.float64, 3, elements=st.sampled_from([0.0, -0.0, 1.0, np.inf])),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 2)), max_size=6),
+)
+def test_products_found_by_fingerprint_are_those_of_equal_operands(x, y, shift, changes):
+    """Every product met in a round, with every fingerprint equal (so that only the check of
+    the values tells operands apart), is the kernel's product of its own operands to the bit:
+    taken only for operands equal to the bit (-0.0 is not 0.0, NaN is NaN), else computed."""
+    products = reductions.Products()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reductions, "MEMO_RATIO", 0)
+        patch.setattr(reductions, "_fingerprint", lambda a: a.shape)
+        for which, i, j in changes:
+            x, y, shift = x.copy(), y.copy(), shift.copy()
+            changed = (x, y, shift)[which]
+            changed[(i % changed.shape[0], j % changed.shape[-1])[: changed.ndim]] = -0.0
+            for s in (shift, None):
+                got = products(x, y, s)
+                want = reductions.min_plus_one(x, y, s)
+                assert got.tobytes() == want.tobytes()
+
+
+def test_next_round_keys_the_products_by_the_operands_then():
+    """The round's products are kept by their operands' values when ``next_round`` is called:
+    an operand changed in place afterwards (the optimal search's rounds settle pair costs in
+    place) does not take the product of its old values, whatever the fingerprints."""
+    x, y = np.arange(12.0).reshape(3, 4), np.arange(20.0).reshape(4, 5)
+    products = reductions.Products()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reductions, "MEMO_RATIO", 0)
+        patch.setattr(reductions, "_fingerprint", lambda a: a.shape)
+        first = products(x, y)
+        products.next_round()
+        assert products(x.copy(), y.copy()) is first
+        products.next_round()
+        x[1, 2] = -5.0
+        got = products(x, y)
+    assert got is not first
+    np.testing.assert_array_equal(got, reductions.min_plus_one(x, y))

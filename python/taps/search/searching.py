@@ -230,7 +230,8 @@ def _search(
         graph, cluster, pricing, replicas=replicate, deadline=deadline, bounded=True
     )
     limit = memory_limit if memory_limit is not None else cluster.device_memory
-    rounds = Rounds()
+    # Rounds only where there are rounds: the last round's products are kept by digests.
+    rounds = Rounds() if tables.refine is not None else None
     solution = solve(tables, limit, left(deadline), options, tie=tie, rounds=rounds)
     # The optimal planner's tables hold lower bounds: an assignment whose edges are all priced
     # exactly costs no more than any other, each at most its bounded price (docs/search.md).

@@ -214,9 +214,9 @@ def _reduced(
         reduction = reduce_again(objectives, order, rounds.reduction)
     if reduction is None:
         products = None if rounds is None else rounds.products
-        if products is not None:
-            products.next_round()
         reduction = reduce(objectives, order, eliminable, deadline, products)
+        if products is not None:
+            products.next_round()  # before the caller changes any cost
     if rounds is not None:
         rounds.reduction = reduction
     reduce_time = time.perf_counter() - t0
