@@ -293,6 +293,16 @@ def test_wrong_types_are_type_errors(call):
         call()
 
 
+def test_hierarchy_levels_are_any_sequence_of_three_numbers():
+    """A saved plan's JSON gives a level as a list, `Cluster.levels` as a tuple: both are the
+    same cluster; another length is the core's error, not a plain ValueError."""
+    levels = [(4, 60e9, 2e-6), (2, 6e9, 5e-6)]
+    assert taps.Cluster.hierarchy([list(x) for x in levels]) == taps.Cluster.hierarchy(levels)
+    for level in [(4, 60e9), [4, 60e9, 2e-6, 1], ()]:
+        with pytest.raises(taps.TopologyError, match=r"a level is three numbers .* value\(s\)"):
+            taps.Cluster.hierarchy([level])
+
+
 def test_negative_degree_rows_are_strategy_errors():
     with pytest.raises(taps.StrategyError, match="degrees"):
         allreduce_costs(np.array([[-2, 2]], dtype=np.int64), ONE_MAP, [], CLUSTER)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import time
 from dataclasses import dataclass
 
@@ -517,3 +518,142 @@ def test_measurements_larger_than_the_memory_are_refused_before_their_rows(monke
         read_nccl_tests(text, "n.txt", "all_reduce", 1, 8)
     monkeypatch.setattr(limits, "available_memory", lambda reserved=0: TEXT_BYTES * len(text))
     assert len(read_csv(text, "m.csv")) == 1
+
+
+# -- a new user's misuse of the API (issue 25, docs/errors.md) -------------------------------
+
+MLP = taps.models.mlp(8, (8, 16, 8))
+SMALL = taps.Cluster(1, 4)
+HUGE = 10**5000  # more digits than Python prints
+
+
+@pytest.fixture(scope="module")
+def small_plan() -> taps.Plan:
+    return taps.search(MLP, SMALL).plan
+
+
+@pytest.fixture(scope="module")
+def pipelined() -> taps.Plan:
+    graph = taps.models.gpt(hidden=32, heads=2, seq=8, batch=4, blocks=2, tie=True)
+    spec = taps.Pipeline(stages=2, microbatches=2, schedule="1f1b")
+    return taps.search(graph, taps.Cluster(1, 2), pipeline=spec).plan
+
+
+def test_plans_pickle(small_plan, pipelined):
+    for plan in (small_plan, pipelined):
+        copy = pickle.loads(pickle.dumps(plan))
+        assert copy == plan
+    assert taps.evaluate(pickle.loads(pickle.dumps(small_plan))) == taps.evaluate(small_plan)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda p: taps.Plan(MLP, SMALL, dict(p.strategies), taps.Pricing(), None), "stages must"),
+        (lambda p: taps.Plan(MLP, SMALL, dict(p.strategies), pipeline="1f1b"), "pipeline must"),
+        (lambda p: taps.Plan.from_json(p.to_json(), graph="mlp"), "graph must be a taps.Graph"),
+        (lambda p: p.save(None), "path must be"),
+        (lambda p: taps.strategies_for("mlp", "fc1", SMALL), "graph must be a taps.Graph"),
+        (lambda p: taps.strategies_for(MLP, "fc1", 4), "cluster must be a taps.Cluster"),
+        (lambda p: taps.export.export("mlp", "jax"), "plan must be a taps.Plan"),
+        (lambda p: taps.export.to_dtensor(p, "module"), "module must be a torch.nn.Module"),
+        (lambda p: taps.search(MLP, SMALL, tie="no"), "tie must be True or False"),
+        (lambda p: taps.search(MLP, SMALL, replicate=None), "replicate must be True or False"),
+        (lambda p: taps.search(MLP, SMALL, pipeline=True, options={}), "options must be"),
+        (lambda p: taps.Pricing(compute=1), "compute must be True, False or None"),
+        (lambda p: taps.Pricing(compute=np.True_), "compute must be True, False or None"),
+        (lambda p: taps.models.mlp(8, None), "sizes must be a tuple"),
+        (lambda p: taps.models.megatron(None), "name must be a str"),
+        (lambda p: taps.verify.verify(p, seed="1"), "seed must be an int"),
+        (lambda p: taps.verify.verify(p, values="x"), "values must map"),
+    ],
+)
+def test_wrong_types_name_the_argument(small_plan, call, match):
+    """Each was an AttributeError, a StopIteration or a TypeError from inside taps or numpy
+    that named no argument (or, for ``compute``, accepted and then failed to save as JSON)."""
+    with pytest.raises(TypeError, match=match) as e:
+        call(small_plan)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: taps.Pricing(optimizer=["adam"]), ArgumentError, "unknown optimizer"),
+        (lambda: taps.search(MLP, SMALL, memory_limit=2**2000), ArgumentError, "2001 bits"),
+        (lambda: taps.search(MLP, SMALL, time_limit=-HUGE), ArgumentError, "16610 bits"),
+        (lambda: taps.Pricing(checkpoint=-HUGE), ArgumentError, "16610 bits"),
+        (lambda: taps.Pricing(parameter_bytes=-HUGE), ArgumentError, "16610 bits"),
+        (lambda: taps.Pipeline(microbatches=HUGE), ArgumentError, "below 2\\*\\*63"),
+        (lambda: taps.Graph().input("x", [HUGE]), taps.GraphError, "16610 bits"),
+        (lambda: taps.models.gpt(64, 4, 8, HUGE), taps.GraphError, "16610 bits"),
+        (lambda: taps.Graph.from_json('{"a": ' + "9" * 5000 + "}"), taps.GraphError, "too long"),
+        (lambda: taps.Plan.from_json('{"a": ' + "9" * 5000 + "}"), taps.PlanFileError, "too long"),
+    ],
+)
+def test_bad_values_are_one_line(call, error, match):
+    """Before: TypeError (unhashable), OverflowError, or Python's ValueError refusing to print
+    an int of more than 4,300 digits from inside the message meant to name it."""
+    with pytest.raises(error, match=match) as e:
+        call()
+    assert "\n" not in str(e.value)
+
+
+def test_fsdp_names_of_another_graph_are_refused_by_the_search():
+    """A search's fsdp tuple of names the graph lacks used to be dropped silently."""
+    for run in (taps.search, taps.compare):
+        with pytest.raises(taps.GraphError, match=r"fsdp names operators .* 'fc9'"):
+            run(MLP, SMALL, taps.Pricing(fsdp=("fc1", "fc9")))
+    assert taps.search(MLP, SMALL, taps.Pricing(fsdp=("fc1",))).status == "optimal"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"time_limit": 1e-9}, "time_limit"),
+        ({"options": IlpOptions(reduce=False)}, "options"),
+        ({"tie": False}, "tie=False"),
+        ({"replicate": True}, "replicate=True"),
+        ({"pricing": taps.Pricing(cost_model="volume")}, "cost_model='volume'"),
+    ],
+)
+def test_a_pipeline_search_refuses_what_it_would_ignore(kwargs, named):
+    """Each was accepted and ignored: a pipeline's units are searched with their own settings,
+    in seconds (the CLI refuses --time-limit and --cost-model with --pipeline the same way)."""
+    graph = taps.models.gpt(hidden=32, heads=2, seq=8, batch=4, blocks=2, tie=True)
+    with pytest.raises(ArgumentError, match=f"leave out {named}"):
+        taps.search(graph, taps.Cluster(1, 2), pipeline=True, **kwargs)
+
+
+def test_a_pipelined_plan_given_to_the_whole_cluster_exports_says_what_to_use(pipelined):
+    """Before: "Layout(...) spans 2 devices, not 2" from inside the mesh, or the same from
+    verify."""
+    for export in (taps.export.to_jax, taps.export.to_dtensor):
+        with pytest.raises(taps.ExportError, match="2 pipeline stages: export it with"):
+            export(pipelined)
+    with pytest.raises(taps.VerifyError, match="verify_pipeline"):
+        taps.verify.verify(pipelined)
+
+
+def test_verify_refuses_a_seed_numpy_would_reject(small_plan):
+    """-1 was numpy's ValueError "expected non-negative integer"; checked before JAX starts."""
+    for seed in (-1, 2**64, HUGE):
+        with pytest.raises(taps.VerifyError, match="seed must be from 0 to 2\\*\\*64 - 1"):
+            taps.verify.verify(small_plan, seed=seed)
+
+
+def test_front_ends_and_torch_verify_name_wrong_types(small_plan):
+    """Each was an AttributeError or a TypeError from inside taps (``kwargs.values``, iterating
+    None) or a VerifyError quoting "'NoneType' object has no attribute 'named_parameters'"."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    with pytest.raises(TypeError, match="from_torch: kwargs must map"):
+        taps.from_torch(torch.nn.Linear(8, 8), torch.zeros(2, 8), kwargs="x")
+    with pytest.raises(TypeError, match="from_jax: params_argnums must be an int or a sequence"):
+        taps.from_jax(lambda w, x: x @ w, jnp.zeros((8, 8)), jnp.zeros((2, 8)), params_argnums=None)
+    with pytest.raises(TypeError, match=r"verify_torch: module must be a torch\.nn\.Module"):
+        taps.verify.verify_torch(None, [torch.zeros(8, 8)], small_plan)
+    with pytest.raises(TypeError, match="verify_torch: inputs must be a list or tuple"):
+        taps.verify.verify_torch(torch.nn.Linear(8, 8), torch.zeros(8, 8), small_plan)

@@ -202,7 +202,7 @@ class Cluster:
     ) -> Cluster: ...
     @staticmethod
     def hierarchy(
-        levels: Sequence[tuple[int, float, float]],
+        levels: Sequence[Sequence[float]],
         device_memory: float | None = None,
         replicas: _Replicas = "flat",
         device: _DeviceKind = "v100",

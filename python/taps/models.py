@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taps._core import GraphError
+from taps._support.arguments import shown
 from taps.graph import Graph
 from taps.graph.records import checked_size
 
@@ -90,6 +91,8 @@ MEGATRON_ALIASES = {"1T": "1008.0B"}
 def megatron_config(name: str) -> tuple[str, MegatronConfig]:
     """The key and configuration of a Megatron-LM name (``"1.7B"`` ... ``"1008.0B"``, or an alias
     such as ``"1T"``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"megatron: name must be a str, got {type(name).__name__}")
     key = MEGATRON_ALIASES.get(name.upper(), name)
     if key not in MEGATRON_CONFIGS:
         raise GraphError(
@@ -220,8 +223,10 @@ def mlp(
     """A chain of linear layers ``sizes[0] -> sizes[1] -> ...`` with an activation between."""
     if activation not in ("gelu", "relu"):
         raise GraphError(f"activation must be 'gelu' or 'relu', got {activation!r}")
+    if not isinstance(sizes, (list, tuple)):
+        raise TypeError(f"mlp: sizes must be a tuple of ints, got {type(sizes).__name__}")
     if len(sizes) < 2:
-        raise GraphError(f"an MLP needs at least two sizes, got {sizes!r}")
+        raise GraphError(f"an MLP needs at least two sizes, got {shown(sizes)}")
     _sizes("mlp", batch=batch, dtype_bytes=dtype_bytes)
     _sizes("mlp", **{f"sizes[{i}]": n for i, n in enumerate(sizes)})
     g = Graph(name=f"mlp(batch={batch}, sizes={list(sizes)})")

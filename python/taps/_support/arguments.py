@@ -15,8 +15,42 @@ def number(where: str, name: str, value: object, *, positive: bool = True) -> fl
     """``value`` as a finite float, > 0 if ``positive`` else >= 0."""
     if not isinstance(value, Real) or isinstance(value, bool):
         raise TypeError(f"{where}: {name} must be a number, got {type(value).__name__}")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond a float's range: Python may refuse to print it
+        raise ArgumentError(
+            f"{where}: {name} must be a finite number, got {shown(value)}"
+        ) from None
     if not math.isfinite(x) or x < 0 or (positive and x == 0):
         bound = "positive" if positive else "non-negative"
         raise ArgumentError(f"{where}: {name} must be a finite {bound} number, got {value!r}")
     return x
+
+
+def shown(value: object) -> str:
+    """``value`` as a message shows it: its repr, but an int of more than 128 bits (Python
+    refuses to print one of more than 4,300 digits) by its size, in a list or tuple too."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(shown(v) for v in value)
+        return (
+            f"[{inner}]"
+            if isinstance(value, list)
+            else f"({inner}{',' if len(value) == 1 else ''})"
+        )
+    return repr(value)
+
+
+def instance(where: str, name: str, value: object, kind: type) -> None:
+    """A one-line ``TypeError`` unless ``value`` is a ``kind`` (a taps class: named ``taps.X``)."""
+    if not isinstance(value, kind):
+        raise TypeError(
+            f"{where}: {name} must be a taps.{kind.__name__}, got {type(value).__name__}"
+        )
+
+
+def flag(where: str, name: str, value: object) -> None:
+    """A one-line ``TypeError`` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be True or False, got {shown(value)}")

@@ -36,6 +36,10 @@ def to_dtensor(plan: Plan, module: Any = None) -> DTensorPlacements:
     """The DeviceMesh shape and DTensor placements per tensor of ``plan``; given the torch
     ``module`` the plan is of, every buffer of it too (those the graph does not read are
     constants, replicated)."""
+    if module is not None and not callable(getattr(module, "named_buffers", None)):
+        raise TypeError(
+            f"to_dtensor: module must be a torch.nn.Module or None, got {type(module).__name__}"
+        )
     buffers = [name for name, _ in module.named_buffers()] if module is not None else []
     return DTensorPlacements.from_layouts(layouts_of(plan), buffers)
 
@@ -52,6 +56,8 @@ def export(
     """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``); for a pipelined
     plan, :func:`to_jax_pipeline` or :func:`to_dtensor_pipeline`."""
     check_framework(framework)
+    if not isinstance(plan, Plan):
+        raise TypeError(f"export: plan must be a taps.Plan, got {type(plan).__name__}")
     if plan.stages:
         return to_jax_pipeline(plan) if framework == "jax" else to_dtensor_pipeline(plan)
     return to_jax(plan) if framework == "jax" else to_dtensor(plan)

@@ -11,6 +11,7 @@ from numbers import Integral
 from typing import Any
 
 from taps._core import GraphError
+from taps._support.arguments import shown
 
 TENSOR_KINDS = ("input", "parameter", "activation", "view")
 #: The kind of the operator through which every use reads a parameter used more than once
@@ -181,7 +182,7 @@ def checked_size(where: str, name: str, value: object) -> int:
     if not isinstance(value, Integral) or isinstance(value, bool):
         raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__}")
     if not is_positive_int(int(value)):
-        raise GraphError(f"{where}: {name} must be a positive int below 2**63, got {value}")
+        raise GraphError(f"{where}: {name} must be a positive int below 2**63, got {shown(value)}")
     return int(value)
 
 
@@ -192,7 +193,7 @@ def checked_shape(name: str, shape: Iterable[int]) -> tuple[int, ...]:
         raise GraphError(f"tensor {name!r}: shape {shape!r} is not a sequence of ints") from None
     if not all(is_positive_int(d) for d in dims) or math.prod(dims) > MAX_INT:
         raise GraphError(
-            f"tensor {name!r}: shape {list(dims)} must hold positive ints whose product is "
+            f"tensor {name!r}: shape {shown(list(dims))} must hold positive ints whose product is "
             "below 2**63"
         )
     return dims

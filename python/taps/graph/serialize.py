@@ -105,6 +105,8 @@ def from_json(text: str | bytes, cls: type[G]) -> G:
         raise GraphError(f"not JSON: {e}") from None
     except RecursionError:
         raise GraphError("not a graph: JSON nested too deeply") from None
+    except ValueError:  # an int literal longer than Python converts (4,300 digits)
+        raise GraphError("not a graph: JSON holds a number too long to read") from None
     return from_dict(data, cls)
 
 

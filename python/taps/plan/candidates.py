@@ -28,6 +28,7 @@ from taps._core import (
     tensor_layouts,
 )
 from taps._core import strategy_arrays as _strategy_arrays
+from taps._support.arguments import flag, instance
 from taps._support.limits import check_candidates
 from taps.graph import Edge, Graph, Operand, Operator
 
@@ -253,4 +254,7 @@ def strategies_for(
 ) -> list[Strategy]:
     """The strategies the search considers for one operator of ``graph`` on ``cluster``
     (``replicas``: also those that split over fewer devices, see :func:`taps.search`)."""
+    instance("strategies_for", "graph", graph, Graph)
+    instance("strategies_for", "cluster", cluster, Cluster)
+    flag("strategies_for", "replicas", replicas)
     return strategies(graph.op(op_name), cluster.num_devices, replicas)

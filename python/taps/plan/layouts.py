@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taps._core import Layout, Redistribution
+from taps.errors import ExportError
 from taps.graph import Edge
 from taps.plan.candidates import edge_redistributions
 from taps.plan.mesh import Mesh, mesh_for_redistributions
@@ -39,6 +40,12 @@ def layouts_of(plan: Plan) -> PlanLayouts:
     """Every tensor's layout under ``plan``, every edge's redistribution and their common mesh."""
     if not isinstance(plan, Plan):
         raise TypeError(f"expected a taps.Plan, got {type(plan).__name__}")
+    if plan.stages:
+        # Its strategies span each stage's devices, not one mesh of the whole cluster.
+        raise ExportError(
+            f"the plan has {len(plan.stages)} pipeline stages: export it with "
+            "taps.to_jax_pipeline or taps.to_pipeline, stage by stage"
+        )
     graph, chosen = plan.graph, plan.candidates
     inputs = {v: list(c.inputs) for v, c in chosen.items()}
     outputs = {v: c.output for v, c in chosen.items()}

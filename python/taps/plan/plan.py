@@ -18,11 +18,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from os import PathLike
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from taps._core import Cluster, Strategy
+from taps._support.arguments import instance
 from taps._support.outputs import Outputs
 from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
 from taps.graph import Graph
@@ -59,16 +61,18 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name, kind in (("graph", Graph), ("cluster", Cluster), ("pricing", Pricing)):
-            value = getattr(self, name)
-            if not isinstance(value, kind):
-                raise TypeError(
-                    f"Plan: {name} must be a taps.{kind.__name__}, got {type(value).__name__}"
-                )
+            instance("Plan", name, getattr(self, name), kind)
         if not isinstance(self.strategies, Mapping):
             raise TypeError(
                 "Plan: strategies must map operator names to taps.Strategy, got "
                 f"{type(self.strategies).__name__}"
             )
+        if not isinstance(self.stages, (tuple, list)):
+            raise TypeError(
+                f"Plan: stages must be a tuple of taps.Stage, got {type(self.stages).__name__}"
+            )
+        if self.pipeline is not None:
+            instance("Plan", "pipeline", self.pipeline, Pipeline)
         object.__setattr__(self, "stages", tuple(self.stages))
         devices = _stage_devices(self.graph, self.cluster, self.stages, self.pipeline)
         ordered = _checked(self.graph, self.cluster, self.strategies, devices)
@@ -92,6 +96,20 @@ class Plan:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[Plan], tuple[Any, ...]]:
+        # The strategies' read-only view does not pickle; the plan is made (and checked) again.
+        return (
+            Plan,
+            (
+                self.graph,
+                self.cluster,
+                dict(self.strategies),
+                self.pricing,
+                self.stages,
+                self.pipeline,
+            ),
+        )
 
     @cached_property
     def candidates(self) -> Mapping[str, Candidate]:
@@ -199,6 +217,8 @@ class Plan:
             raise PlanFileError(f"the plan has no {', '.join(missing)}")
         if _digest(data["graph"]) != data["graph_digest"]:
             raise PlanFileError("the plan's graph was changed after it was saved (digest differs)")
+        if graph is not None:
+            instance("Plan.from_dict", "graph", graph, Graph)
         try:
             saved = Graph.from_dict(data["graph"])
             if graph is not None and not same_graph(graph, saved):
@@ -240,10 +260,16 @@ class Plan:
             raise PlanFileError(f"not a saved taps plan: not JSON ({e})") from None
         except RecursionError:
             raise PlanFileError("not a saved taps plan: JSON nested too deeply") from None
+        except ValueError:  # an int literal longer than Python converts (4,300 digits)
+            raise PlanFileError(
+                "not a saved taps plan: JSON holds a number too long to read"
+            ) from None
         return cls.from_dict(data, graph)
 
     def save(self, path: str | Path) -> None:
         """Write :meth:`to_json` to ``path``, whole or not at all."""
+        if not isinstance(path, (str, PathLike)):
+            raise TypeError(f"Plan.save: path must be a str or a path, got {type(path).__name__}")
         with Outputs(path) as out:
             out[path].write_text(self.to_json())
             out.commit()

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from taps._core import COST_MODELS, PLANNERS
+from taps._support.arguments import shown
 from taps.errors import ArgumentError, LayoutError, TopologyError
 
 if TYPE_CHECKING:
@@ -37,20 +38,22 @@ def check_cost_model(cost_model: object) -> None:
     """Refuse an unknown cost model before any work (the core's list is the one source)."""
     if cost_model not in COST_MODELS:
         raise TopologyError(
-            f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}"
+            f"unknown cost model {shown(cost_model)}: expected one of {', '.join(COST_MODELS)}"
         )
 
 
 def check_step(step: object) -> None:
     """Refuse an unknown step before any work."""
     if step not in STEPS:
-        raise TopologyError(f"unknown step {step!r}: expected one of {', '.join(STEPS)}")
+        raise TopologyError(f"unknown step {shown(step)}: expected one of {', '.join(STEPS)}")
 
 
 def check_planner(planner: object) -> None:
     """Refuse an unknown planner before any work (the core's list is the one source)."""
     if planner not in PLANNERS:
-        raise LayoutError(f"unknown planner {planner!r}: expected one of {', '.join(PLANNERS)}")
+        raise LayoutError(
+            f"unknown planner {shown(planner)}: expected one of {', '.join(PLANNERS)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class Pricing:
         check_planner(self.planner)
         for name in ("zero", "master_weights"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise TypeError(f"{name} must be True or False, got {shown(getattr(self, name))}")
         self._check_fsdp()
         for name in ("parameter_bytes", "gradient_bytes"):
             value = getattr(self, name)
@@ -121,22 +124,22 @@ class Pricing:
             ):
                 raise ArgumentError(
                     f"Pricing: {name} must be a positive int (bytes per element) or None, "
-                    f"got {value!r}"
+                    f"got {shown(value)}"
                 )
         if not isinstance(self.checkpoint, int) or isinstance(self.checkpoint, bool):
-            raise TypeError(f"checkpoint must be an int, got {self.checkpoint!r}")
+            raise TypeError(f"checkpoint must be an int, got {shown(self.checkpoint)}")
         if self.checkpoint < 0:
             raise ArgumentError(
                 f"Pricing: checkpoint must be 0 (none) or every how many layers, got "
-                f"{self.checkpoint}"
+                f"{shown(self.checkpoint)}"
             )
-        if self.compute not in (None, True, False):
-            raise TypeError(f"compute must be True, False or None, got {self.compute!r}")
+        if self.compute is not None and not isinstance(self.compute, bool):
+            raise TypeError(f"compute must be True, False or None, got {shown(self.compute)}")
         if self.compute and self.cost_model == "volume":
             raise TopologyError("the volume model prices bytes: it cannot count compute")
-        if self.optimizer not in OPTIMIZERS:
+        if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise ArgumentError(
-                f"Pricing: unknown optimizer {self.optimizer!r}: expected one of "
+                f"Pricing: unknown optimizer {shown(self.optimizer)}: expected one of "
                 f"{', '.join(OPTIMIZERS)}"
             )
 
@@ -152,7 +155,7 @@ class Pricing:
         names = tuple(value)
         bad = [n for n in names if not isinstance(n, str)]
         if bad:
-            raise TypeError(f"fsdp: operator names must be strings, got {bad[0]!r}")
+            raise TypeError(f"fsdp: operator names must be strings, got {shown(bad[0])}")
         object.__setattr__(self, "fsdp", tuple(sorted(set(names))) or False)
 
     def shards(self, op_name: str) -> bool:

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from taps._core import Cluster
+from taps._support.arguments import shown
 from taps.errors import ArgumentError, GraphError
 from taps.graph import Graph
+from taps.graph.records import is_positive_int
 
 #: The schedules a pipeline may run, in the order the search tries them.
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -35,8 +37,8 @@ def _count(where: str, name: str, value: object) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{where}: {name} must be an int or None, got {type(value).__name__}")
-    if value < 1:
-        raise ArgumentError(f"{where}: {name} must be positive, got {value}")
+    if not is_positive_int(value):
+        raise ArgumentError(f"{where}: {name} must be positive and below 2**63, got {shown(value)}")
 
 
 def _power_of_two(where: str, name: str, value: int | None) -> None:

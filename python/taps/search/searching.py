@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 from taps._core import Cluster
-from taps._support.arguments import number
+from taps._support.arguments import flag, instance, number
 from taps._support.deadline import left
 from taps._support.limits import check_candidates, check_table_memory
-from taps.errors import ArgumentError
+from taps.errors import ArgumentError, GraphError
 from taps.graph import Graph, Operator
-from taps.plan.plan import Plan
+from taps.plan.plan import Plan, _some
 from taps.plan.pricing import Pricing
 from taps.plan.stages import Pipeline
 from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
@@ -135,11 +135,28 @@ def search(
                 f"search: pipeline must be a bool or a taps.Pipeline, got {type(pipeline).__name__}"
             )
         _check("search", graph, cluster, pricing, memory_limit, time_limit)
+        _check_flags(options, tie, replicate)
+        # The pipeline search plans its units with its own settings: these would be ignored.
+        ignored = [
+            name
+            for name, given in (
+                ("time_limit", time_limit is not None),
+                ("options", options != IlpOptions()),
+                ("tie=False", not tie),
+                ("replicate=True", replicate),
+                (f"cost_model={pricing.cost_model!r}", pricing.cost_model != "topology"),
+            )
+            if given
+        ]
+        if ignored:
+            raise ArgumentError(
+                "search: a pipeline search prices steps in seconds on the topology model, "
+                f"with its own settings: leave out {', '.join(ignored)}"
+            )
         spec = pipeline if isinstance(pipeline, Pipeline) else Pipeline()
         return search_pipeline(graph, cluster, pricing, spec, memory_limit)
     _check("search", graph, cluster, pricing, memory_limit, time_limit, replicate)
-    if not isinstance(options, IlpOptions):
-        raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
+    _check_flags(options, tie, replicate)
     deadline = None if time_limit is None else t0 + time_limit
     with _collector_paused():
         return _search(graph, cluster, pricing, memory_limit, deadline, options, tie, replicate)
@@ -171,16 +188,20 @@ def _check(
     replicate: bool = False,
 ) -> None:
     """The arguments' types and ranges, and the size of the search against the machine."""
-    if not isinstance(graph, Graph):
-        raise TypeError(f"{where}: graph must be a taps.Graph, got {type(graph).__name__}")
-    if not isinstance(cluster, Cluster):
-        raise TypeError(f"{where}: cluster must be a taps.Cluster, got {type(cluster).__name__}")
-    if not isinstance(pricing, Pricing):
-        raise TypeError(f"{where}: pricing must be a taps.Pricing, got {type(pricing).__name__}")
+    instance(where, "graph", graph, Graph)
+    instance(where, "cluster", cluster, Cluster)
+    instance(where, "pricing", pricing, Pricing)
     if memory_limit is not None and number(where, "memory_limit", memory_limit) < 1:
         raise ArgumentError(f"{where}: memory_limit must be at least 1 byte, got {memory_limit!r}")
     if time_limit is not None:
         number(where, "time_limit", time_limit)
+    # A search's fsdp names the operators that may shard: a name the graph lacks is a typo or
+    # another graph's operator, which would be silently left out.
+    names = {op.name for op in graph.ops}
+    if isinstance(pricing.fsdp, tuple) and (foreign := [n for n in pricing.fsdp if n not in names]):
+        raise GraphError(
+            f"{where}: fsdp names operators graph {graph.name!r} does not have: {_some(foreign)}"
+        )
     # The tables are shared by operators of one signature and edges between the same signatures
     # (build_tables), so only the distinct ones take memory. Under FSDP an operator holding
     # parameters may have a twin of every candidate (sharded storage): counted at most.
@@ -207,6 +228,13 @@ def _check(
     check_table_memory(
         f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
     )
+
+
+def _check_flags(options: IlpOptions, tie: bool, replicate: bool) -> None:
+    if not isinstance(options, IlpOptions):
+        raise TypeError(f"search: options must be an IlpOptions, got {type(options).__name__}")
+    flag("search", "tie", tie)
+    flag("search", "replicate", replicate)
 
 
 def _holds_parameters(graph: Graph, op: Operator) -> bool:

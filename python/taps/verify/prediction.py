@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from taps._core import Cluster, CommOp, Layout, Redistribution
+from taps._support.arguments import shown
+from taps.errors import VerifyError
 from taps.graph import Graph
 from taps.plan.layouts import PlanLayouts
 from taps.plan.plan import Plan
@@ -21,12 +23,23 @@ from taps.verify.result import Predicted
 FORWARD = ("forward partial sum", FORWARD_GATHER)
 
 
-def check_plan(plan: object, who: str) -> None:
-    """A one-line :class:`TypeError` unless ``plan`` is a :class:`taps.Plan`."""
+def check_plan(plan: object, who: str, seed: object = 0) -> None:
+    """A one-line :class:`TypeError` unless ``plan`` is a :class:`taps.Plan` and ``seed`` an
+    int, a :class:`VerifyError` for a pipelined plan (its stages run apart) or a seed that is
+    not a 64-bit unsigned int (what numpy, JAX and torch all take)."""
     if not isinstance(plan, Plan):
         raise TypeError(
             f"{who} takes a taps.Plan (a search result's .plan), got {type(plan).__name__}"
         )
+    if plan.stages:
+        raise VerifyError(
+            f"{who} runs a plan without pipeline stages: verify a pipelined plan with "
+            "taps.verify.torch.pipeline.verify_pipeline"
+        )
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"{who}: seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**64:
+        raise VerifyError(f"{who}: seed must be from 0 to 2**64 - 1, got {shown(seed)}")
 
 
 def _unused_dims(layout: Layout) -> list[int]:

@@ -36,6 +36,32 @@ impl<'a, 'py, T: FromPyObject<'a, 'py>> FromPyObject<'a, 'py> for Num<T> {
     }
 }
 
+/// One level of `Cluster.hierarchy`, `(parts, bandwidth, latency)`: any sequence of three
+/// numbers (a list, as a saved plan's JSON gives it, or a tuple, as `Cluster.levels` does).
+/// PyO3's tuple extraction would refuse a list and give a plain `ValueError` for a tuple of
+/// another length.
+pub(super) struct Level(pub Num<i64>, pub Num<f64>, pub Num<f64>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Level {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let items: Vec<Bound<'py, PyAny>> = obj.extract()?;
+        match items.as_slice() {
+            [parts, bandwidth, latency] => Ok(Level(
+                parts.extract()?,
+                bandwidth.extract()?,
+                latency.extract()?,
+            )),
+            _ => Err(Error::Topology(format!(
+                "a level is three numbers (parts, bandwidth, latency), got {} value(s)",
+                items.len()
+            ))
+            .into()),
+        }
+    }
+}
+
 /// The text of a number too large for a machine type: its digits, or for a huge int its size
 /// (Python refuses to print ints of more than a few thousand digits).
 fn too_large(obj: &Bound<'_, PyAny>) -> String {

@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-use super::convert::{self, Num};
+use super::convert::{self, Level, Num};
 use super::layout::PyLayout;
 use crate::error::Error;
 use crate::topology::{self, Cluster, CollectiveKind, CostModel, Device, Preset, Replicas};
@@ -163,7 +163,7 @@ impl PyCluster {
     #[staticmethod]
     #[pyo3(signature = (levels, device_memory=None, replicas="flat", device="v100", *, nodes=None))]
     fn hierarchy(
-        levels: Vec<(Num<i64>, Num<f64>, Num<f64>)>,
+        levels: Vec<Level>,
         device_memory: Option<Num<f64>>,
         replicas: &str,
         device: &str,
@@ -173,7 +173,7 @@ impl PyCluster {
         let levels = levels
             .iter()
             .enumerate()
-            .map(|(j, (parts, bandwidth, latency))| {
+            .map(|(j, Level(parts, bandwidth, latency))| {
                 Ok((
                     parts.unsigned(&format!("the parts of level {j}"), "a positive count", kind)?,
                     bandwidth.get(&format!("the bandwidth of level {j}"), kind)?,

@@ -145,6 +145,8 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 def _argnums(option: str, value: int | Sequence[int], count: int) -> tuple[int, ...]:
+    if not isinstance(value, (int, Sequence)) or isinstance(value, str):
+        raise TypeError(f"from_jax: {option} must be an int or a sequence of ints, got {value!r}")
     nums = (value,) if isinstance(value, int) else tuple(value)
     bad = [n for n in nums if not isinstance(n, int) or not -count <= n < count]
     if bad:

@@ -54,6 +54,8 @@ def from_torch(
     if not isinstance(module, torch.nn.Module):
         raise GraphError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
     check_unknown(unknown)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"from_torch: kwargs must map names to inputs, got {type(kwargs).__name__}")
     grads = [
         bool(getattr(t, "requires_grad", False))
         for t in flat([*example_inputs, *(kwargs or {}).values()])

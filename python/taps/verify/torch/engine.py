@@ -186,7 +186,16 @@ def verify_torch(
     ``numerics`` (4 to 8), the outputs and gradients on that many gloo ranks under taps' plan for
     them (the same plan when the world is that size; else the plan :func:`taps.search` finds for
     ``numerics`` devices on one node) against the dense module."""
-    check_plan(plan, "verify_torch")
+    check_plan(plan, "verify_torch", seed)
+    if not isinstance(module, import_torch().nn.Module):
+        raise TypeError(
+            f"verify_torch: module must be a torch.nn.Module, got {type(module).__name__}"
+        )
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str):
+        raise TypeError(
+            f"verify_torch: inputs must be a list or tuple of the example inputs, got "
+            f"{type(inputs).__name__}"
+        )
     if plan.pricing.zero and plan.pricing.step != "training":
         raise VerifyError("ZeRO (zero=True) is replayed in the training step only")
     if plan.pricing.fsdp and plan.pricing.step != "training":

@@ -68,7 +68,11 @@ def verify(
     step, the paper's model with JAX's own backward pass. If JAX already started with fewer
     devices, the verification runs in a fresh process (:mod:`.fresh`). ``values``: the values of
     some parameters or inputs by name (a fixed routing mask), the others seeded random."""
-    check_plan(plan, "verify")
+    check_plan(plan, "verify", seed)
+    if values is not None and not isinstance(values, Mapping):
+        raise TypeError(
+            f"verify: values must map tensor names to arrays, got {type(values).__name__}"
+        )
     leaves = {n for n, t in plan.graph.tensors.items() if t.kind in ("parameter", "input")}
     unknown = sorted(set(values or ()) - leaves)
     if unknown:
