@@ -338,9 +338,9 @@ def test_a_signal_as_the_process_ends_is_reported(name, code, said, tmp_path):
 
 def test_a_reader_gone_away_is_exit_2_not_a_mismatch():
     """``taps search ... | head -1``: rich would exit 1, the code of a verification mismatch."""
+    argv = ["search", "gpt", "--nodes", "4", "--devices-per-node", "8", "--memory", "inf"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import taps.cli; taps.cli.run()", "search", "gpt", "--nodes", "4"]
-        + ["--devices-per-node", "8", "--memory", "inf", "--collectives"],
+        [sys.executable, "-c", "import taps.cli; taps.cli.run()", *argv, "--collectives"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -10,6 +10,7 @@ at any moment, import time included, ends the same way."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -72,10 +73,8 @@ def _command(argv: Sequence[str] | None) -> tuple[str, int]:
     """:func:`main`, and the program's name in its messages (``taps search``)."""
     prog = "taps"
     try:
-        from taps.cli.args import CommandConsole
-
         from taps._support.quiet import hidden_stderr
-        from taps.cli.args import attach_values
+        from taps.cli.args import CommandConsole, attach_values
         from taps.cli.parser import build_parser
 
         parser = build_parser()
@@ -153,10 +152,9 @@ def _exit(prog: str, code: int) -> None:
         signal.signal(s, lambda signum, frame: caught.append(signum))
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # A reader gone away, a closed stream: nothing to add.
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):  # a reader gone away, a closed stream: nothing to add
-            pass
     if caught and code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         interrupted = caught[0] == signal.SIGINT
         sys.stderr.write(f"{prog}: {'interrupted' if interrupted else 'terminated'}\n")
