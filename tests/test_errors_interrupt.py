@@ -196,11 +196,11 @@ STARTED_SCRIPT = textwrap.dedent(
     import taps.cli  # light: see the test above
     # Announced once run() has taken the signals: before that the parent's SIG_IGN holds, and
     # the kernel drops a signal before any of taps' code runs.
-    main = taps.cli.main
-    def announced():
+    command = taps.cli._command
+    def announced(argv):
         print("RUN", flush=True)
-        return main()
-    taps.cli.main = announced
+        return command(argv)
+    taps.cli._command = announced
     taps.cli.run()
     """
 )
