@@ -231,3 +231,19 @@ def test_names_are_printed_as_text_not_markup(tmp_path, capsys):
     out = capsys.readouterr().out
     for text in ("[i]net", "│ [/] ", "│ [b]act ", "[b].json"):
         assert text in out
+
+
+def test_axis_and_graph_names_are_text_in_every_table(tmp_path, capsys):
+    """An axis named "[/]" ended in an internal error (MarkupError) in the strategy column, as a
+    graph named so did in the pipeline's stages table; an escape sequence in a name reached the
+    terminal as it was (here: clearing the screen)."""
+    doc = taps.models.mlp(8, (8, 16, 8)).to_json().replace('"out"', '"[/]"')
+    doc = doc.replace('"fc2"', '"\\u001b[2Jfc2"').replace('"mlp(', '"[/]mlp(')
+    path = tmp_path / "g.json"
+    path.write_text(doc, encoding="utf-8")
+    argv = ["search", str(path), "--nodes", "2", "--devices-per-node", "2", "--memory", "1MB"]
+    assert main([*argv, "--collectives"]) == 0
+    out = capsys.readouterr().out
+    assert "[/]=" in out and "│ \\x1b[2Jfc2 " in out and "\x1b" not in out
+    assert main([*argv, "--pipeline"]) == 0
+    assert capsys.readouterr().out.startswith("[/]mlp(")

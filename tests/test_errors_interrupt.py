@@ -196,11 +196,11 @@ STARTED_SCRIPT = textwrap.dedent(
     import taps.cli  # light: see the test above
     # Announced once run() has taken the signals: before that the parent's SIG_IGN holds, and
     # the kernel drops a signal before any of taps' code runs.
-    main = taps.cli.main
-    def announced():
+    command = taps.cli._command
+    def announced(argv):
         print("RUN", flush=True)
-        return main()
-    taps.cli.main = announced
+        return command(argv)
+    taps.cli._command = announced
     taps.cli.run()
     """
 )
@@ -305,3 +305,47 @@ def test_sigint_stops_algorithm_1s_kernel_within_a_second():
     _, err, elapsed = _interrupted(PAPER_KERNEL_SCRIPT, [], "PRICING", 1)
     assert err == ""
     assert elapsed < 1.0, f"the kernel took {elapsed:.2f} s to stop"
+
+
+TEARDOWN_SCRIPT = textwrap.dedent(
+    """
+    import atexit, os, signal, sys
+    import taps.cli
+    # Ctrl-C once the command's work is done, while the process ends (the interpreter's teardown
+    # took 1.5 s after taps import: a signal in it was lost, exit 0, or killed the process).
+    sent = getattr(signal, sys.argv.pop(1))
+    atexit.register(lambda: os.kill(os.getpid(), sent))
+    taps.cli.run()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "said"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+def test_a_signal_as_the_process_ends_is_reported(name, code, said, tmp_path):
+    out_file = tmp_path / "r.json"
+    args = ["search", "mlp", "--nodes", "1", "--devices-per-node", "2", "--json", str(out_file)]
+    proc = subprocess.run(
+        [sys.executable, "-c", TEARDOWN_SCRIPT, name, *args], capture_output=True, text=True
+    )
+    assert proc.returncode == code
+    assert proc.stderr == f"taps search: {said}\n"
+    # The work was done before it: the table printed, the file in place (as when a signal is
+    # held back while the outputs move into place).
+    assert "wrote" in proc.stdout and out_file.exists()
+
+
+def test_a_reader_gone_away_is_exit_2_not_a_mismatch():
+    """``taps search ... | head -1``: rich would exit 1, the code of a verification mismatch."""
+    argv = ["search", "gpt", "--nodes", "4", "--devices-per-node", "8", "--memory", "inf"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import taps.cli; taps.cli.run()", *argv, "--collectives"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # what head does after its line
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (2, b"")

@@ -36,6 +36,7 @@ def test_import_reads_a_saved_export(tmp_path):
 def test_import_errors_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "x.json"
     (tmp_path / "broken_module.py").write_text("def f(:\n", encoding="utf-8")
+    (tmp_path / "exiting_module.py").write_text("import sys\nsys.exit(4)\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     for source, message in [
         ("no_such_module:f", "cannot import 'no_such_module'"),
@@ -49,6 +50,9 @@ def test_import_errors_are_one_line_and_write_nothing(tmp_path, capsys, monkeypa
         ),
         ("torch_factories:CONSTANT", "torch_factories:CONSTANT is not callable"),
         ("broken_module:f", "importing 'broken_module' raised SyntaxError"),
+        # An exit in the user's code ends the conversion, not taps (it was exit 0, silent).
+        ("exiting_module:f", "importing 'exiting_module' raised SystemExit: 4"),
+        ("torch_factories:exits", "the factory torch_factories:exits raised SystemExit: 0"),
     ]:
         assert main(["import", source, str(out)]) == 2
         err = capsys.readouterr().err

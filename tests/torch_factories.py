@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -19,6 +21,10 @@ def not_a_pair() -> nn.Module:
 
 def raises() -> tuple[nn.Module, torch.Tensor]:
     raise ValueError("the config has no field 'hidden'\nsecond line")
+
+
+def exits() -> tuple[nn.Module, torch.Tensor]:
+    sys.exit(0)
 
 
 #: Not callable: ``torch_factories:CONSTANT`` names a value.

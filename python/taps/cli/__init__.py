@@ -9,6 +9,8 @@ at any moment, import time included, ends the same way."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -64,19 +66,22 @@ def _bad_input(error: Exception) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``taps`` with ``argv`` (default: the command line); returns the exit code."""
+    return _command(argv)[1]
+
+
+def _command(argv: Sequence[str] | None) -> tuple[str, int]:
+    """:func:`main`, and the program's name in its messages (``taps search``)."""
     prog = "taps"
     try:
-        from rich.console import Console
-
         from taps._support.quiet import hidden_stderr
-        from taps.cli.args import attach_values
+        from taps.cli.args import CommandConsole, attach_values
         from taps.cli.parser import build_parser
 
         parser = build_parser()
         args = parser.parse_args(attach_values(parser, sys.argv[1:] if argv is None else argv))
         prog = f"taps {args.command}"
         # Wide enough for the tables when the output is a file or a pipe.
-        console = Console(width=None if sys.stdout.isatty() else 160)
+        console = CommandConsole(width=None if sys.stdout.isatty() else 160)
         # A command returns nothing, or an exit code (``taps verify``: 1 on a mismatch).
         # torch, jax, XLA and gloo log to stderr around the one line taps prints: hidden but
         # with -v (taps' own notes still come through).
@@ -84,15 +89,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = args.run(args, console)
     except Terminated:
         sys.stderr.write(f"{prog}: terminated\n")
-        return EXIT_TERMINATED
+        return prog, EXIT_TERMINATED
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
-        return EXIT_INTERRUPTED
+        return prog, EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`taps search ... | head`): nothing left to say to it.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_BAD_INPUT
+        return prog, EXIT_BAD_INPUT
+    except SystemExit as e:
+        if prog == "taps":  # argparse: --help, --version or a bad argument (said already)
+            raise
+        # Code run inside a command that ended the program (a user's module calling
+        # sys.exit): the command did not finish.
+        sys.stderr.write(f"{prog}: error: the command was ended by sys.exit({e.code!r})\n")
+        return prog, EXIT_BAD_INPUT
     except Exception as e:
         if os.environ.get("TAPS_DEBUG"):
             import traceback
@@ -101,34 +113,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _bad_input(e):
             message = "out of memory" if isinstance(e, MemoryError) else _describe(e)
             sys.stderr.write(f"{prog}: error: {message}\n")
-            return EXIT_BAD_INPUT
+            return prog, EXIT_BAD_INPUT
         sys.stderr.write(
             f"{prog}: internal error ({type(e).__name__}: {_one_line(str(e))[:200]}); this is a "
             "bug in taps, please report it with the command line (TAPS_DEBUG=1 shows the "
             "traceback)\n"
         )
-        return EXIT_INTERNAL
-    return code or 0
+        return prog, EXIT_INTERNAL
+    return prog, code or 0
 
 
 def run() -> None:
-    """The ``taps`` program: :func:`main` on the command line, then exit. After Ctrl-C or
-    SIGTERM the process ends at once: an interrupted solve leaves a large SCIP model whose
-    teardown would take seconds, and every output file is already cleaned up."""
+    """The ``taps`` program: :func:`main` on the command line, then exit."""
+    prog = "taps"
     try:
         _take_signals()
-        code = main()
+        prog, code = _command(None)
     except KeyboardInterrupt:  # in the instants before main's own handlers
         sys.stderr.write("taps: interrupted\n")
         code = EXIT_INTERRUPTED
     except Terminated:
         sys.stderr.write("taps: terminated\n")
         code = EXIT_TERMINATED
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-        sys.stdout.flush()
+    except SystemExit as e:  # argparse: --help, --version, a bad argument
+        code = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    _exit(prog, code)
+
+
+def _exit(prog: str, code: int) -> None:
+    """End the process with ``code`` at once, without the interpreter's teardown: it takes
+    seconds after a large SCIP model or torch (1.5 s after ``taps import``), and a signal in it
+    would be lost or kill the process without a word. The exit handlers still run (temporary
+    directories, logging), with Ctrl-C and SIGTERM recorded meanwhile: one that came after the
+    command's work is still reported, exit 130 or 143, like one held back while its outputs
+    moved into place."""
+    caught: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, frame: caught.append(signum))
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        # A reader gone away, a closed stream: nothing to add.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if caught and code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        interrupted = caught[0] == signal.SIGINT
+        sys.stderr.write(f"{prog}: {'interrupted' if interrupted else 'terminated'}\n")
         sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+        code = EXIT_INTERRUPTED if interrupted else EXIT_TERMINATED
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 
+from rich.console import Console
+
 from taps import models
 from taps._core import DEVICES, PLANNERS, PRESETS, REPLICA_MODELS, Cluster, GraphError
 from taps.errors import ArgumentError, PlanFileError
@@ -26,6 +28,16 @@ class Parser(argparse.ArgumentParser):
         one_line = message.replace("\r", "\\r").replace("\n", "\\n")
         sys.stderr.write(f"{self.prog}: error: {one_line}\n")
         raise SystemExit(2)
+
+
+class CommandConsole(Console):
+    """rich's console, but a reader that went away (``taps search ... | head``) is the
+    BrokenPipeError the command line answers with exit code 2 (rich would exit with 1, the
+    code of a verification that found a mismatch)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def ints(text: str) -> list[int]:

@@ -142,6 +142,11 @@ def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
 
 
+#: What the user's code may raise that is theirs: any error, and an exit (``sys.exit()`` in a
+#: module or factory ends the conversion, not the program); Ctrl-C stays an interrupt.
+_USERS = (Exception, SystemExit, GeneratorExit)
+
+
 def _first_line(error: BaseException) -> str:
     """An exception of the user's code as one line: its type and its message's first line."""
     lines = str(error).strip().splitlines()
@@ -163,7 +168,7 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
         imported = importlib.import_module(module_name)
     except ImportError as e:
         raise GraphError(f"cannot import {module_name!r}: {e}") from None
-    except Exception as e:  # the user's module failed as it ran: theirs to fix, said as such
+    except _USERS as e:  # the user's module failed as it ran: theirs to fix, said as such
         raise GraphError(f"importing {module_name!r} raised {_first_line(e)}") from None
     factory = getattr(imported, attr, None)
     if factory is None:
@@ -172,7 +177,7 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
         raise GraphError(f"{spec} is not callable")
     try:
         made = factory()
-    except Exception as e:  # the user's factory failed
+    except _USERS as e:  # the user's factory failed
         raise GraphError(f"the factory {spec} raised {_first_line(e)}") from None
     if not (isinstance(made, tuple) and len(made) == 2):
         raise GraphError(f"{spec} must return (module, inputs), got {type(made).__name__}")

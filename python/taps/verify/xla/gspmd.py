@@ -26,12 +26,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
-from taps.report.tables import format_seconds
+from taps.report.tables import format_seconds, shown
 from taps.verify.footprint import check_xla
 from taps.verify.prediction import check_plan
 from taps.verify.result import TOLERANCE, inter_node_groups
@@ -173,7 +172,7 @@ class GspmdReport:
             end = "[/]" if r.differs else ""
             table.add_row(
                 r.phase,
-                escape(r.what) + (" [red](full remat)[/]" if r.rematerialized else ""),
+                shown(r.what) + (" [red](full remat)[/]" if r.rematerialized else ""),
                 f"{r.taps_bytes:,}",
                 f"{mark}{r.xla_bytes:,}{end}",
                 f"{r.taps_cross_node_bytes:,}",
