@@ -64,3 +64,24 @@ def test_search_plot_writes_the_png(tmp_path, capsys):
     assert f"wrote {path}" in capsys.readouterr().out
     assert imread(path).shape[:2] == figure_size(len(taps.models.mlp().ops))[::-1]
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("name", ["plan.txt", "plan"])
+def test_a_figure_file_of_no_format_is_refused_before_the_search(tmp_path, capsys, name):
+    path = tmp_path / name
+    argv = ["search", "mlp", "--nodes", "1", "--devices-per-node", "4", "--plot", str(path)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "a figure's file must end in a format matplotlib writes" in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_names_with_dollars_are_drawn_as_written(tmp_path):
+    # matplotlib reads "$...$" as TeX and fails on most such names ("$x_$" is no formula).
+    graph = taps.Graph(name="costs $x_$")
+    graph.gelu("act$_$", graph.linear("lin$_", graph.input("x$", (8, 16)), 32))
+    result = taps.search(graph, taps.Cluster(1, 4))
+    path = tmp_path / "plan.svg"
+    plot_plan(result, path)
+    assert "lin$_" in path.read_text()

@@ -44,7 +44,7 @@ from taps.search.searching import Comparison, compare, search
 
 def run(args: argparse.Namespace, console: Console) -> None:
     if args.plot:
-        check_available()
+        check_available(args.plot)
     framework, export_path = args.export or ("", None)
     if export_path is not None:
         from taps.export import check_framework

@@ -14,6 +14,7 @@ from typing import Any
 
 from taps._core import inter_node_groups
 from taps._support.extras import require
+from taps.errors import ArgumentError
 from taps.plan.plan import Plan
 from taps.report.priced import Priced
 from taps.search.evaluate import OpCost
@@ -39,10 +40,27 @@ def new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def check_available() -> None:
-    """Raise :class:`~taps.errors.MissingExtraError` now if figures cannot be drawn, so a long
-    search does not fail at its end."""
+def check_available(path: str | os.PathLike[str] | None = None) -> None:
+    """Raise :class:`~taps.errors.MissingExtraError` now if figures cannot be drawn, or an
+    :class:`~taps.errors.ArgumentError` if ``path``'s suffix names no format matplotlib writes,
+    so a long search does not fail at its end."""
     require("matplotlib", "plot", _PURPOSE)
+    if path is None:
+        return
+    agg = require("matplotlib.backends.backend_agg", "plot", _PURPOSE)
+    formats = agg.FigureCanvasAgg.get_supported_filetypes()
+    suffix = os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
+    if suffix not in formats:
+        raise ArgumentError(
+            f"a figure's file must end in a format matplotlib writes (.png, .svg, .pdf, ...), "
+            f"got {os.fspath(path)!r}"
+        )
+
+
+def _plain_text() -> Any:
+    """A context in which the figure's texts are drawn as written: a ``$`` in a name is not
+    TeX (matplotlib's mathtext would parse it, and fail on most)."""
+    return require("matplotlib", "plot", _PURPOSE).rc_context({"text.parse_math": False})
 
 
 def figure_size(num_operators: int) -> tuple[int, int]:
@@ -69,7 +87,9 @@ def cost_split(source: Priced) -> list[tuple[float, float, float]]:
 def plot_plan(source: Priced, path: str | os.PathLike[str]) -> None:
     """Draw :func:`plan_figure` of ``source`` into ``path`` (PNG, or any format matplotlib knows
     by the suffix); the size in pixels is :func:`figure_size`."""
-    plan_figure(source).savefig(os.fspath(path), dpi=DPI)
+    check_available(path)
+    with _plain_text():
+        plan_figure(source).savefig(os.fspath(path), dpi=DPI)
 
 
 def plan_figure(source: Priced) -> Any:
@@ -142,6 +162,13 @@ def _draw_strategies(ax: Any, plan: Plan, rows: list[OpCost]) -> None:
 def plot_stages(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Draw a pipelined plan's stages into ``path``: per stage a bar of its forward and backward
     per microbatch and its send, labelled with its operators and devices, and its memory."""
+    check_available(path)
+    with _plain_text():
+        _stages_figure(plan).savefig(os.fspath(path), dpi=DPI)
+
+
+def _stages_figure(plan: Plan) -> Any:
+    """The figure :func:`plot_stages` draws."""
     stages = plan.stages
     fig = new_figure(WIDTH, MARGIN_HEIGHT + 0.45 * len(stages))
     time_ax, memory_ax = fig.subplots(1, 2, sharey=True, width_ratios=(2, 1))
@@ -176,4 +203,4 @@ def plot_stages(plan: Plan, path: str | os.PathLike[str]) -> None:
         f"{p.microbatches} microbatches",
         fontsize=10,
     )
-    fig.savefig(os.fspath(path), dpi=DPI)
+    return fig
