@@ -405,6 +405,27 @@ def test_bad_graph_files_are_one_line(tmp_path, content, capsys):
     assert str(path) in err
 
 
+def test_batch_of_a_graph_file_or_a_traced_model_is_refused(tmp_path, capsys, monkeypatch):
+    # --batch sizes a built-in model only; it was ignored without a word for the others.
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    path = tmp_path / "g.json"
+    path.write_text(taps.models.mlp().to_json())
+    cluster = ["--nodes", "1", "--devices-per-node", "2", "--batch", "4"]
+    for argv in (["search", str(path)], ["search", "--torch", "no_such_module:f"]):
+        code, out, err = _run([*argv, *cluster], capsys)
+        assert (code, out) == (2, "")
+        assert err.count("\n") == 1
+        assert "--batch sizes a built-in model" in err
+
+
+def test_collectives_of_a_pipeline_are_refused_before_the_search(capsys, monkeypatch):
+    # They were left out of the report without a word.
+    monkeypatch.setattr(cli_search, "search", _no_search)
+    code, out, err = _run([*SEARCH, "--pipeline", "--collectives"], capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and "--collectives lists one intra-operator plan" in err
+
+
 def test_graph_file_that_is_a_directory_is_one_line(tmp_path, capsys):
     folder = tmp_path / "dir.json"
     folder.mkdir()
@@ -489,7 +510,7 @@ def _no_constant(name):
 
 def test_two_outputs_to_one_file_are_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli_search, "search", _no_search)
-    same = str(tmp_path / "out")
+    same = str(tmp_path / "out.png")
     code, out, err = _run([*SEARCH, "--json", same, "--plot", same], capsys)
     assert (code, out) == (2, "")
     assert "same file" in err

@@ -363,6 +363,11 @@ def check_one_model(args: argparse.Namespace) -> None:
     """Refuse both or neither of MODEL and ``--torch``."""
     if (args.model is None) == (args.torch is None):
         raise GraphError("give either MODEL or --torch package.module:factory")
+    # A built-in model is built at the batch asked for; a traced one has its inputs' own.
+    if args.torch is not None and getattr(args, "batch", None) is not None:
+        raise ArgumentError(
+            "--batch sizes a built-in model; --torch's inputs fix the batch: leave it out"
+        )
 
 
 def _read(name: str) -> bytes:
@@ -435,6 +440,10 @@ def load_model(name: str, batch: int | None) -> Graph | Plan:
                 return Plan.from_dict(doc)
             except PlanFileError as e:
                 raise PlanFileError(f"{name}: {e}") from None
+        if batch is not None:
+            raise ArgumentError(
+                f"--batch sizes a built-in model; graph file {name!r} fixes the batch: leave it out"
+            )
         try:
             return Graph.from_json(data) if doc is None else Graph.from_dict(doc)
         except GraphError as e:

@@ -60,6 +60,13 @@ def run(args: argparse.Namespace, console: Console) -> None:
         else:
             source = load_model(args.model, args.batch)
         pipelined = _pipeline_of(args)
+        if args.collectives and (
+            pipelined is not None or (isinstance(source, Plan) and source.stages)
+        ):
+            raise ArgumentError(
+                "--collectives lists one intra-operator plan's collectives, a pipelined plan's "
+                "stages have one each: leave it out"
+            )
         if isinstance(source, Plan) and source.stages:
             refuse_for_saved_plan(args)
             output = _pipelined(args, outputs, source, pipeline_step(source), export_path)
