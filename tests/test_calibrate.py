@@ -147,6 +147,26 @@ def test_nccl_tests_output_parses_and_fits(tmp_path, capsys):
             [],
             "seconds must be a positive time",
         ),
+        (
+            "collective,nodes,devices_per_node,bytes,seconds\nall_reduce,1,8,64,1e-320\n",
+            [],
+            "seconds must be a positive time of a measured collective (1e-12 to 1e6 s)",
+        ),
+        (
+            "collective,nodes,devices_per_node,bytes,seconds\nall_reduce,1,8,64,1e308\n",
+            [],
+            "seconds must be a positive time of a measured collective (1e-12 to 1e6 s)",
+        ),
+        (
+            f"collective,nodes,devices_per_node,bytes,seconds\nall_reduce,1,8,{2**62},1\n",
+            [],
+            "bytes must be a positive count of at most 2**50",
+        ),
+        (
+            "collective,nodes,devices_per_node,bytes,seconds\nall_reduce,1,8,64,1\n",
+            ["--out", "/no/such/dir/c.toml"],
+            "No such file or directory",
+        ),
         ("collective,nodes,devices_per_node,bytes,seconds\n", [], "m.csv: no measurements"),
         (
             "collective,nodes,devices_per_node,bytes,seconds\nall_reduce,1,16,64,1\n",
@@ -160,8 +180,9 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys, text, extra, messag
     path = tmp_path / "m.csv"
     path.write_bytes(text.encode("latin-1"))
     code = main(["calibrate", str(path), "--devices-per-node", "8", *extra])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and message in err, err
+    out, err = capsys.readouterr()
+    # Nothing printed before the error: output paths are checked before the fit.
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
 
 
 def test_bad_nccl_tests_arguments_are_one_line(tmp_path, capsys):

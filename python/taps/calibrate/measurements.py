@@ -23,6 +23,10 @@ assert set(KINDS) <= set(COLLECTIVE_KINDS)
 TEXT_BYTES = 16
 #: The columns of a measurements CSV file, in any order (others are ignored).
 COLUMNS = ("collective", "nodes", "devices_per_node", "bytes", "seconds")
+#: What a measured collective can be: bytes up to a pebibyte, a picosecond to 11 days (times at
+#: the edges of floating point, a subnormal or 1e308 s, leave the least squares nothing to fit).
+MAX_BYTES = 2**50
+MIN_SECONDS, MAX_SECONDS = 1e-12, 1e6
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,15 @@ class Measurement:
                 raise CalibrationError(f"{what} must be a power of two, got {n}")
         if self.nodes * self.devices_per_node < 2:
             raise CalibrationError("a collective needs a group of at least 2 devices")
-        if self.bytes < 1:
-            raise CalibrationError(f"bytes must be a positive count, got {self.bytes}")
-        if not (math.isfinite(self.seconds) and self.seconds > 0):
-            raise CalibrationError(f"seconds must be a positive time, got {self.seconds}")
+        if not 1 <= self.bytes <= MAX_BYTES:
+            raise CalibrationError(
+                f"bytes must be a positive count of at most 2**50, got {self.bytes}"
+            )
+        if not (math.isfinite(self.seconds) and MIN_SECONDS <= self.seconds <= MAX_SECONDS):
+            raise CalibrationError(
+                f"seconds must be a positive time of a measured collective (1e-12 to 1e6 s), "
+                f"got {self.seconds}"
+            )
 
 
 def _integer(text: str, what: str) -> int:

@@ -55,14 +55,25 @@ def _base(args: argparse.Namespace) -> Cluster:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     base = _base(args)
-    measurements: list[Measurement] = []
-    for name in args.measurements:
-        measurements += read_csv(_read(name), name)
-    for kind, nodes, per_node, name in args.nccl_tests:
-        measurements += read_nccl_tests(_read(name), name, kind, nodes, per_node)
-    if not measurements:
-        raise ArgumentError("give a measurements CSV file or --nccl-tests runs")
-    result = fit(measurements, base)
+    # Checked (a temporary file made beside each) before the fit, written after it.
+    with Outputs(args.out, args.json) as out:
+        measurements: list[Measurement] = []
+        for name in args.measurements:
+            measurements += read_csv(_read(name), name)
+        for kind, nodes, per_node, name in args.nccl_tests:
+            measurements += read_nccl_tests(_read(name), name, kind, nodes, per_node)
+        if not measurements:
+            raise ArgumentError("give a measurements CSV file or --nccl-tests runs")
+        result = fit(measurements, base)
+        if args.out:
+            comment = (
+                f"fitted by taps calibrate to {len(measurements)} measurements "
+                f"(relative RMS error {result.relative_rms:.2%})"
+            )
+            out[args.out].write_text(cluster_toml(result.cluster, comment))
+        if args.json:
+            out[args.json].write_json(result.to_dict())
+        out.commit()
     table = Table(title=f"fitted levels ({len(measurements)} measurements)")
     for column in ("level", "parts", "bandwidth (GB/s)", "latency (us)", "measurements"):
         table.add_column(column, justify="right")
@@ -78,16 +89,6 @@ def run(args: argparse.Namespace, console: Console) -> None:
         )
     console.print(table)
     console.print(f"relative error (RMS): {result.relative_rms:.2%}", markup=False)
-    with Outputs(args.out, args.json) as out:
-        if args.out:
-            comment = (
-                f"fitted by taps calibrate to {len(measurements)} measurements "
-                f"(relative RMS error {result.relative_rms:.2%})"
-            )
-            out[args.out].write_text(cluster_toml(result.cluster, comment))
-        if args.json:
-            out[args.json].write_json(result.to_dict())
-        out.commit()
     for path in (args.out, args.json):
         if path:
             console.print(f"wrote {path}", markup=False)
