@@ -88,6 +88,7 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
         ))
     })?;
     let bad = |what: String| Error::Topology(format!("{name}: {what}"));
+    unknown_key(&data, &["levels", "device", "device_memory", "replicas"]).map_err(bad)?;
     let levels = match data.get("levels") {
         Some(Value::Array(levels)) if !levels.is_empty() => levels
             .iter()
@@ -102,6 +103,7 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
         .enumerate()
         .map(|(j, table)| {
             let at = |what: String| bad(format!("level {j}: {what}"));
+            unknown_key(table, &["count", "bandwidth", "latency"]).map_err(at)?;
             // The outermost level's count comes from `nodes` (`Cluster::filled` fills it).
             let count = if j < last || j == 0 {
                 match table.get("count") {
@@ -166,6 +168,22 @@ fn from_toml(text: &str, name: &str, nodes: u64) -> Result<Cluster> {
     Cluster::filled(&parts, nodes, memory_limit(device, memory), replicas)
         .map(|c| c.with_device(device))
         .map_err(|e| bad(e.to_string()))
+}
+
+/// A key of `table` not among `known` (a misspelt one would be ignored, its default taken), as
+/// what is wrong with it.
+fn unknown_key(table: &Table, known: &[&str]) -> std::result::Result<(), String> {
+    match table.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(key) => Err(format!(
+            "unknown key {key:?}: expected {}",
+            known
+                .iter()
+                .map(|k| format!("{k:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 /// The number `key` of `table` (`default` if it has none), or what is wrong with it.
@@ -284,7 +302,9 @@ bandwidth = 25e9
             ("levels = 3", "f.toml: expected one [[levels]] table per level, innermost first"),
             ("levels = []", "f.toml: expected one [[levels]] table per level, innermost first"),
             ("levels = [1]", "f.toml: expected one [[levels]] table per level, innermost first"),
-            ("x = 1", "f.toml: expected one [[levels]] table per level, innermost first"),
+            ("x = 1", r#"f.toml: unknown key "x": expected "levels", "device", "device_memory", "replicas""#),
+            ("levels = 3\ndevice_memroy = 1", r#"f.toml: unknown key "device_memroy": expected "levels", "device", "device_memory", "replicas""#),
+            ("[[levels]]\ncount = 8\nbandwidth = 1e9\nlatncy = 1e-6", r#"f.toml: level 0: unknown key "latncy": expected "count", "bandwidth", "latency""#),
             ("[[levels]]\nbandwidth = 1e9", "f.toml: level 0: count must be a whole number, got nothing"),
             ("[[levels]]\ncount = 8.0\nbandwidth = 1e9", "f.toml: level 0: count must be a whole number, got 8.0"),
             ("[[levels]]\ncount = true\nbandwidth = 1e9", "f.toml: level 0: count must be a whole number, got true"),
