@@ -297,6 +297,10 @@ def test_unknown_gap_is_null_in_json(alexnet):
 # -- the command line -------------------------------------------------------------------------
 
 SEARCH = ["search", "alexnet", "--nodes", "2", "--devices-per-node", "8"]
+REDISTRIBUTE = [
+    *("redistribute", "--from", "[2,8]:[1,0]", "--to", "[8,2]:[1,0]", "--shape", "64,64"),
+    *("--nodes", "2", "--devices-per-node", "8"),
+]
 
 
 def _run(argv, capsys):
@@ -344,6 +348,13 @@ def _run(argv, capsys):
             "gpt: batch must be a positive int below 2**63, got 0",
         ),
         ([*SEARCH[:2], "--nodes", str(2**63), "--devices-per-node", "8"], "beyond 2**63"),
+        # An element's bytes beyond any dtype's made the price infinite (and the JSON fail);
+        # an empty target shape was read as none given.
+        (
+            [*REDISTRIBUTE, "--dtype-bytes", "1e308"],
+            "bytes per element must be at most 1024, got '1e308'",
+        ),
+        ([*REDISTRIBUTE, "--target-shape="], "shape [] has 0 dims"),
         ([*SEARCH, "--json", "/no/such/dir/x.json"], "No such file or directory"),
         ([*SEARCH, "--json", "/dev/full"], "not a regular file"),
         ([*SEARCH, "--plot", "/no/such/dir/plan.png"], "No such file or directory"),

@@ -232,8 +232,9 @@ def memory_size(text: str) -> float:
     return value
 
 
-def positive(what: str) -> Callable[[str], float]:
-    """An argument type: a positive, finite number, ``what`` naming it in the error."""
+def positive(what: str, most: float = math.inf) -> Callable[[str], float]:
+    """An argument type: a positive, finite number of at most ``most``, ``what`` naming it in
+    the error."""
 
     def parse(text: str) -> float:
         try:
@@ -244,6 +245,8 @@ def positive(what: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(
                 f"{what} must be a positive, finite number, got {text!r}"
             )
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{what} must be at most {most:g}, got {text!r}")
         return value
 
     return parse

@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
     (dm_a, map_a), (dm_b, map_b) = args.source, args.target
     c = cluster(args)
     a = Layout(args.shape, dm_a, map_a)
-    b = Layout(args.target_shape or args.shape, dm_b, map_b)
+    b = Layout(args.shape if args.target_shape is None else args.target_shape, dm_b, map_b)
     planners = tuple(p for p in PLANNERS if args.planner in (p, "both"))
     plans = {p: plan_redistribution(a, b, c, p, args.dtype_bytes) for p in planners}
     first = plans[planners[0]]
@@ -53,8 +53,6 @@ def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
         paper, best = (plans[p].cost(c, args.dtype_bytes) for p in PLANNERS)
         saving = 0.0 if paper == 0 else 100 * (1 - best / paper)
         output.append(f"optimal planner: {saving:.1f}% less time than Algorithm 1")
-    for item in output:
-        console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
     doc: dict[str, object] = {
         "source": layout_dict(first.source),
         "target": layout_dict(first.target),
@@ -63,15 +61,21 @@ def _run(args: argparse.Namespace, console: Console, outputs: Outputs) -> int:
         },
     }
     code = 0
+    verified = {}
     if args.verify:
-        from taps.cli.verify import report
         from taps.verify import verify_redistribution
 
-        # Every plan printed is the plan run.
+        # Every plan printed is the plan run; all run before anything is printed.
         for p in planners:
-            verified = verify_redistribution(a, b, c.devices_per_node, planner=p)
-            code = max(code, report(verified, console, f"{TITLES[p]}, verified on XLA"))
-            doc["planners"][p]["verified"] = verified.to_dict()  # type: ignore[index]
+            verified[p] = verify_redistribution(a, b, c.devices_per_node, planner=p)
+            doc["planners"][p]["verified"] = verified[p].to_dict()  # type: ignore[index]
+    for item in output:
+        console.print(item, markup=False if isinstance(item, str) else None)  # paths: text
+    if verified:
+        from taps.cli.verify import report
+
+        for p, result in verified.items():
+            code = max(code, report(result, console, f"{TITLES[p]}, verified on XLA"))
     if args.json:
         outputs[args.json].write_json(doc)
     return code
@@ -109,7 +113,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the consumer's shape if it reshapes the tensor (same element count)",
     )
     p.add_argument(
-        "--dtype-bytes", type=positive("bytes per element"), default=2, help="bytes per element (2)"
+        "--dtype-bytes",
+        # (An element of more bytes than any dtype only makes the prices overflow.)
+        type=positive("bytes per element", most=1024),
+        default=2,
+        help="bytes per element (2)",
     )
     p.add_argument(
         "--planner",
