@@ -137,6 +137,8 @@ def test_cli_torch_engine(tmp_path, capsys):
         (["mlp", "--engine", "tpu"], "unknown engine 'tpu': expected xla or torch"),
         (["mlp", "--engine", "torch"], "the torch engine runs a torch module"),
         (["--torch", "test_verify_torch:plain_mlp", "--engine", "torch", "--gspmd"], "--gspmd"),
+        # Was ignored without a word.
+        (["mlp", "--gloo", "8"], "--gloo sets the gloo ranks of the torch engine's numerics"),
     ],
 )
 def test_cli_bad_input_is_one_line(argv, message, capsys):

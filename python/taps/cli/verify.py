@@ -50,6 +50,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     if args.pipeline and args.engine != "torch":
         raise VerifyError("--pipeline runs on --engine torch (the stages on gloo ranks)")
+    if args.gloo is not None and (args.engine != "torch" or args.pipeline):
+        raise VerifyError(
+            "--gloo sets the gloo ranks of the torch engine's numerics: leave it out with "
+            f"{'--pipeline' if args.pipeline else '--engine xla'}"
+        )
     if args.gspmd and args.engine != "xla":
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
     # Checked (a temporary file made beside it) before the work, written after it.
@@ -80,7 +85,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
             verified = verify_pipeline(module, inputs, plan)
         elif args.engine == "torch":
             verified = verify_torch(
-                module, inputs, plan, dtype=args.dtype, numerics=args.gloo or None
+                module,
+                inputs,
+                plan,
+                dtype=args.dtype,
+                numerics=4 if args.gloo is None else args.gloo or None,
             )
         else:
             if args.gspmd:  # both programs, before the first starts
@@ -127,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--gloo",
         type=integer,
-        default=4,
+        default=None,
         help="torch engine: gloo ranks for the numerics, 4 or 8; 0 skips them (4)",
     )
     p.add_argument(
