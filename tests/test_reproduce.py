@@ -146,3 +146,16 @@ def test_unwritable_output_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("taps reproduce: error: cannot create output directory")
     assert err.count("\n") == 1
+
+
+def test_output_directory_that_is_a_file_is_named_so(tmp_path, capsys):
+    # It said "File exists", as if the directory were the trouble.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["reproduce", "--quick", "--out", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"taps reproduce: error: output directory {str(blocker)!r} is a file, not a directory\n"
+    )
+    assert blocker.read_text() == ""

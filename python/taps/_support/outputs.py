@@ -127,6 +127,8 @@ def output_directory(out: Path) -> Iterator[None]:
     """A block that writes into the directory ``out``, created if missing; if the block fails,
     a directory it created is removed again when it is still empty."""
     made = not out.exists()
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output directory {str(out)!r} is a file, not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
