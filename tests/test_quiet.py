@@ -64,6 +64,25 @@ def test_torch_failures_are_one_line(tmp_path, source, message):
     assert not (tmp_path / "g.json").exists()
 
 
+def test_an_archive_torch_cannot_read_says_why(tmp_path):
+    # torch logs the reason (hidden without -v) and raises "check the warnings above".
+    import zipfile
+
+    import torch
+
+    good, bad = tmp_path / "good.pt2", tmp_path / "bad.pt2"
+    program = torch.export.export(torch.nn.Linear(4, 4), (torch.zeros(2, 4),))
+    torch.export.save(program, str(good))
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for member in zin.namelist():
+            data = b"zz" if member.endswith(".data/version") else zin.read(member)
+            zout.writestr(member, data)
+    done = _taps(["import", "bad.pt2", "g.json"], tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot load torch.export archive" in done.stderr
+    assert "warnings above" not in done.stderr and "version zz" in done.stderr
+
+
 def test_verbose_shows_what_torch_logs(tmp_path):
     (tmp_path / "corrupt.pt2").write_bytes(b"not a zip archive" * 64)
     done = _taps(["import", "corrupt.pt2", "g.json", "-v"], tmp_path)

@@ -5,6 +5,7 @@ converted (its repeated blocks tied), a saved ``torch.export`` archive, or a fac
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -132,13 +133,31 @@ def _once(
         return None  # the whole export says what is wrong, or converts what this could not
 
 
+class _Reasons(logging.Handler):
+    """The exceptions torch logs while it loads an archive (it then raises one that says only
+    "check the warnings above", which are hidden unless asked for)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.errors: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.errors.append(record.exc_info[1])
+
+
 def load(path: str, unknown: str = "error", name: str | None = None) -> Graph:
     """The graph of a saved ``torch.export`` archive (``.pt2``)."""
     torch = require_torch()
+    reasons, logger = _Reasons(), logging.getLogger("torch.export")
+    logger.addHandler(reasons)
     try:
         program = torch.export.load(path)
     except Exception as e:
-        raise GraphError(f"cannot load torch.export archive {path!r}: {e}") from None
+        said = _first_line(reasons.errors[0]) if reasons.errors else str(e)
+        raise GraphError(f"cannot load torch.export archive {path!r}: {said}") from None
+    finally:
+        logger.removeHandler(reasons)
     return convert(program, unknown, name or path.rsplit("/", 1)[-1].removesuffix(".pt2")).graph
 
 
