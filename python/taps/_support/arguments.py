@@ -54,3 +54,8 @@ def flag(where: str, name: str, value: object) -> None:
     """A one-line ``TypeError`` unless ``value`` is True or False."""
     if not isinstance(value, bool):
         raise TypeError(f"{where}: {name} must be True or False, got {shown(value)}")
+
+
+def some(names: list[str]) -> str:
+    """The first few of ``names``, quoted, for a one-line message."""
+    return ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")

@@ -172,24 +172,26 @@ def core_threads() -> int:
 def check_table_memory(what: str, candidates: int, pairs: int) -> None:
     """Refuse, before any work, a search (``what``) whose tables would not fit this machine's
     memory (with its threads' address space under an address-space limit)."""
-    need = table_bytes(candidates, pairs)
-    have = available_memory(reserved=core_threads() * THREAD_ADDRESS_BYTES)
-    if have is not None and need > have:
-        raise ResourceError(
-            f"the search of {what} would need about {gib(need)} for its cost tables "
-            f"({candidates:,} candidate strategies, {pairs:,} strategy pairs across edges and "
-            f"directions), more than the {gib(have)} available"
-        )
+    check_memory(
+        f"the search of {what}",
+        table_bytes(candidates, pairs),
+        reserved=core_threads() * THREAD_ADDRESS_BYTES,
+        detail=f" for its cost tables ({candidates:,} candidate strategies, {pairs:,} strategy "
+        "pairs across edges and directions)",
+    )
 
 
-def check_memory(what: str, need: int, advice: str, reserved: int = 0) -> None:
-    """Refuse, before it starts, work (``what``) that would need ``need`` bytes resident, and
-    ``reserved`` more of address space only (threads' stacks), more than this process may use;
-    the message ends with ``advice``."""
+def check_memory(
+    what: str, need: int, advice: str = "", reserved: int = 0, detail: str = ""
+) -> None:
+    """Refuse, before it starts, work (``what``) that would need ``need`` bytes resident (for
+    what ``detail`` says), and ``reserved`` more of address space only (threads' stacks), more
+    than this process may use; the message ends with ``advice``, if any."""
     have = available_memory(reserved=reserved)
     if have is not None and need > have:
         raise ResourceError(
-            f"{what} would need about {gib(need)}, more than the {gib(have)} available; {advice}"
+            f"{what} would need about {gib(need)}{detail}, more than the {gib(have)} available"
+            + (f"; {advice}" if advice else "")
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from taps._support.arguments import instance
 from taps.errors import ExportError
 from taps.export.distribute import DistributedModule, distribute_module
 from taps.export.dtensor import DTensorPlacements, layout_placements, placement_objects
@@ -56,8 +57,7 @@ def export(
     """:func:`to_jax` or :func:`to_dtensor` by name (``"jax"`` or ``"dtensor"``); for a pipelined
     plan, :func:`to_jax_pipeline` or :func:`to_dtensor_pipeline`."""
     check_framework(framework)
-    if not isinstance(plan, Plan):
-        raise TypeError(f"export: plan must be a taps.Plan, got {type(plan).__name__}")
+    instance("export", "plan", plan, Plan)
     if plan.stages:
         return to_jax_pipeline(plan) if framework == "jax" else to_dtensor_pipeline(plan)
     return to_jax(plan) if framework == "jax" else to_dtensor(plan)

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from taps._core import Cluster, Strategy
-from taps._support.arguments import instance
+from taps._support.arguments import instance, some
 from taps._support.outputs import Outputs
 from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
 from taps.graph import Graph
@@ -80,7 +80,7 @@ class Plan:
         sharded = self.pricing.fsdp if isinstance(self.pricing.fsdp, tuple) else ()
         if foreign := [n for n in sharded if n not in ordered]:
             raise GraphError(
-                f"fsdp names operators graph {self.graph.name!r} does not have: {_some(foreign)}"
+                f"fsdp names operators graph {self.graph.name!r} does not have: {some(foreign)}"
             )
 
     def __eq__(self, other: object) -> bool:
@@ -302,11 +302,6 @@ def is_saved_plan(data: Any) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def _some(names: list[str]) -> str:
-    """The first few of ``names``, quoted, for a one-line message."""
-    return ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
-
-
 def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PlanFileError(f"the plan's {what} must be a JSON object")
@@ -396,12 +391,12 @@ def _checked(
     foreign = [n for n in strategies if n not in names]
     if foreign:
         raise GraphError(
-            f"strategies for operators graph {graph.name!r} does not have: {_some(foreign)}"
+            f"strategies for operators graph {graph.name!r} does not have: {some(foreign)}"
         )
     missing = [op.name for op in graph.ops if op.name not in strategies]
     if missing:
         raise StrategyError(
-            f"no strategy for {len(missing)} operator(s) of graph {graph.name!r}: {_some(missing)}"
+            f"no strategy for {len(missing)} operator(s) of graph {graph.name!r}: {some(missing)}"
         )
     out: dict[str, Strategy] = {}
     for op in graph.ops:

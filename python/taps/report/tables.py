@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from taps.plan.pricing import CostModel
 
 
-def shown(name: str) -> str:
+def as_text(name: str) -> str:
     """A name from a graph (an operator, tensor, axis or the graph's own) as rich markup that
     shows exactly its text: its brackets escaped (``[b]act`` is not bold, ``[/]`` not an error)
     and its control characters written as Python writes them (an escape sequence would drive
@@ -93,7 +93,7 @@ def plan_table(
 
 def _strategy_text(op_axes: tuple[str, ...], strategy) -> str:
     parts = [
-        f"{shown(axis)}={d}@{m}"
+        f"{as_text(axis)}={d}@{m}"
         for axis, d, m in zip(op_axes, strategy.degrees, strategy.device_map)
         if d > 1
     ]
@@ -107,7 +107,7 @@ def strategy_table(source: Priced) -> Table:
     model = plan.pricing.cost_model
     what = "search" if isinstance(source, SearchResult) else "saved plan"
     table = Table(
-        title=f"{shown(plan.graph.name)}: {model} {what} on "
+        title=f"{as_text(plan.graph.name)}: {model} {what} on "
         f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
         title_justify="left",
     )
@@ -127,7 +127,7 @@ def strategy_table(source: Priced) -> Table:
     for row in rows:
         op = plan.graph.op(row.name)
         table.add_row(
-            shown(row.name),
+            as_text(row.name),
             _strategy_text(op.partitionable, row.strategy) + (" FSDP" if _sharded(row) else ""),
             str(row.strategy.device_matrix),
             format_cost(row.intra_cost, model),
@@ -236,8 +236,8 @@ def collectives_table(source: Priced) -> Table:
                 group *= c.layout.device_dim_size(k)
             ct = inter_node_groups(c.layout, "all_reduce", cluster.devices_per_node)
             table.add_row(
-                shown(row.name),
-                shown(c.tensor),
+                as_text(row.name),
+                as_text(c.tensor),
                 c.reason,
                 c.kind,
                 str(group),
@@ -255,9 +255,9 @@ def collectives_table(source: Priced) -> Table:
                     if op.kind == "slice":
                         continue
                     table.add_row(
-                        shown(row.name),
-                        shown(inc.edge.tensor),
-                        shown(why),
+                        as_text(row.name),
+                        as_text(inc.edge.tensor),
+                        as_text(why),
                         op.kind,
                         str(op.group_size),
                         str(op.inter_node_groups(cluster.devices_per_node)),
@@ -443,7 +443,7 @@ def stages_table(plan: Plan, step_time: float) -> Table:
     assert p is not None
     copies = f"{p.replicas} cop{'y' if p.replicas == 1 else 'ies'}"
     table = Table(
-        title=f"{shown(plan.graph.name)}: {p.stages} stage group(s) x {copies} on "
+        title=f"{as_text(plan.graph.name)}: {p.stages} stage group(s) x {copies} on "
         f"{plan.cluster.nodes} x {plan.cluster.devices_per_node} devices",
         title_justify="left",
         caption=f"{p.schedule}, {p.microbatches} microbatches"
@@ -468,7 +468,7 @@ def stages_table(plan: Plan, step_time: float) -> Table:
         where = f"{s.cluster.nodes} node(s)" if s.cluster.nodes > 1 else f"{s.devices} of a node"
         table.add_row(
             str(s.index),
-            shown(ops),
+            as_text(ops),
             f"{s.devices} ({where})",
             f"{s.first_device}..{s.first_device + s.devices - 1}",
             format_seconds(s.forward),

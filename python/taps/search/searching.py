@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 from taps._core import Cluster
-from taps._support.arguments import flag, instance, number
+from taps._support.arguments import flag, instance, number, some
 from taps._support.deadline import left
 from taps._support.limits import check_candidates, check_table_memory
 from taps.errors import ArgumentError, GraphError
 from taps.graph import Graph, Operator
-from taps.plan.plan import Plan, _some
+from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
 from taps.plan.stages import Pipeline
 from taps.search.evaluate import OpCost, StepTime, breakdown, evaluate
@@ -200,7 +200,7 @@ def _check(
     names = {op.name for op in graph.ops}
     if isinstance(pricing.fsdp, tuple) and (foreign := [n for n in pricing.fsdp if n not in names]):
         raise GraphError(
-            f"{where}: fsdp names operators graph {graph.name!r} does not have: {_some(foreign)}"
+            f"{where}: fsdp names operators graph {graph.name!r} does not have: {some(foreign)}"
         )
     # The tables are shared by operators of one signature and edges between the same signatures
     # (build_tables), so only the distinct ones take memory. Under FSDP an operator holding

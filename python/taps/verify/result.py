@@ -20,7 +20,7 @@ import numpy as np
 from rich.table import Table
 
 from taps.errors import VerifyError
-from taps.report.tables import shown
+from taps.report.tables import as_text
 
 #: Relative error allowed per dtype (float sums run in another order when sharded).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -374,7 +374,7 @@ def _bytes(n: int | None) -> str:
 
 
 def result_table(result: VerifyResult, title: str) -> Table:
-    table = Table(title=shown(title), title_justify="left")
+    table = Table(title=as_text(title), title_justify="left")
     for name in ("phase", "collective", "group", "what", "predicted B", "measured B", "ct", ""):
         right = name in ("group", "predicted B", "measured B", "ct")
         table.add_column(name, justify="right" if right else "left", overflow="fold")
@@ -384,7 +384,7 @@ def result_table(result: VerifyResult, title: str) -> Table:
             c.phase,
             c.kind,
             str(c.group_size),
-            shown(c.what),
+            as_text(c.what),
             _bytes(c.predicted_bytes),
             _bytes(c.measured_bytes),
             "-" if c.inter_node_groups is None else str(c.inter_node_groups),

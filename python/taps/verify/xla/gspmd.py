@@ -30,7 +30,7 @@ from rich.table import Table
 
 from taps.plan.plan import Plan
 from taps.plan.pricing import Pricing
-from taps.report.tables import format_seconds, shown
+from taps.report.tables import as_text, format_seconds
 from taps.verify.footprint import check_xla
 from taps.verify.prediction import check_plan
 from taps.verify.result import TOLERANCE, inter_node_groups
@@ -172,7 +172,7 @@ class GspmdReport:
             end = "[/]" if r.differs else ""
             table.add_row(
                 r.phase,
-                shown(r.what) + (" [red](full remat)[/]" if r.rematerialized else ""),
+                as_text(r.what) + (" [red](full remat)[/]" if r.rematerialized else ""),
                 f"{r.taps_bytes:,}",
                 f"{mark}{r.xla_bytes:,}{end}",
                 f"{r.taps_cross_node_bytes:,}",
