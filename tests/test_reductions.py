@@ -221,6 +221,34 @@ def test_min_marginals_against_brute_force(problem, shift):
         np.testing.assert_allclose(marginals[v], want[v], rtol=0, atol=1e-9)
 
 
+@settings(max_examples=400, deadline=None)
+@given(problems(), st.floats(-3.0, 3.0))
+def test_pair_min_marginals_against_brute_force(problem, shift):
+    problem = Problem(
+        {v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()}, problem.pairs
+    )
+    names = list(problem.node_cost)
+    passed = reductions.pair_min_marginals(problem, names)
+    if passed is None:
+        assert reduce([problem], names).cores[0].pairs
+        return
+    nodes = reductions.min_marginals(problem, names)
+    assert nodes is not None and nodes.keys() == passed[0].keys()
+    for v, m in nodes.items():
+        np.testing.assert_array_equal(passed[0][v], m)
+    marginals = passed[1]
+    want = [np.full(p.cost.shape, math.inf) for p in problem.pairs]
+    for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
+        choice = dict(zip(names, c))
+        cost = problem.evaluate(choice)
+        for k, p in enumerate(problem.pairs):
+            i, j = p.u_class[choice[p.u]], p.w_class[choice[p.w]]
+            want[k][i, j] = min(want[k][i, j], cost)
+    assert len(marginals) == len(want)
+    for got, expected in zip(marginals, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 12), st.integers(1, 6), st.integers(1, 3), st.data())
 def test_compact_merges_exactly_the_equal_rows(rows, cols, values, data):

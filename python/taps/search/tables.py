@@ -40,7 +40,8 @@ from taps.search.prices import (
     partial_flows,
     reduced_operands,
 )
-from taps.solve.reductions import PairCost, Problem
+from taps.solve.reductions import PairCost, Problem, pair_min_marginals, reduce
+from taps.solve.ties import Ties
 
 if TYPE_CHECKING:
     from taps._core import _CostModel as CostModel
@@ -456,35 +457,33 @@ class _Bound:
 
 
 #: The optimal search's rounds price one more directed pair per this many entries of the edges'
-#: tables (:func:`_refine`'s ``spare``), if that comes to :data:`MIN_SPARE` or more: a round's
-#: solve on Gemma 2's 6.5 million entries took as long as pricing about 150 pairs, one on the
-#: paper's cases (at most 214,000) as long as 1 to 15 (docs/performance.md).
-ENTRIES_PER_SPARE_PAIR = 40_000
-MIN_SPARE = 16
+#: tables (:func:`_refine`'s ``spare``), if that comes to :data:`MIN_SPARE` or more (tables of at
+#: least 640,000 entries: a model family, not the paper's cases, whose rounds are as before): on
+#: Gemma 2's 6.5 million entries a round's solve and its spare pairs' min-marginals take about
+#: 0.7 s, as long as pricing some 500 pairs, and about 2,000 spare pairs a round took the fewest
+#: CPU seconds (docs/performance.md).
+ENTRIES_PER_SPARE_PAIR = 5_000
+MIN_SPARE = 128
 
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
 _ClassPair = tuple[_Bound, int, int]
-
-#: A change of one operator's candidate in an assignment: what it changes the cost by, on the
-#: tables as they are, and its class pairs still bounds.
-_Flip = tuple[float, list[_ClassPair]]
 
 
 def _refine(
     chosen: list[tuple[_Bound, set[tuple[int, int]]]],
     price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
     spare: int = 0,
-    flips: Callable[[], list[_Flip]] | None = None,
+    nearest: Callable[[], list[_ClassPair]] | None = None,
 ) -> bool:
     """Price the chosen class pairs not yet exact by one call of ``price`` (per directed layout
     pair and bytes per element, its cost: one watched call of the optimal planner per round, not
     one per edge and direction); True if there was one. Without ``spare``, the next direction of
     each (the forward first, the backward once the assignment picks the pair again: most pairs
-    priced are dropped after their first direction). With ``spare``, both directions; then, by a
-    second call, the pairs of the changes ``flips`` gives once those are priced (each operator's
-    other candidates, the rest of the assignment kept), those that lower the cost most first,
-    until ``spare`` more directed pairs are priced: where a solve costs more than pricing many
-    pairs, the pairs the next rounds would pick are priced in this one."""
+    priced are dropped after their first direction). With ``spare``, both directions (the
+    assignment is then priced exactly); then, by a second call, the next direction of each class
+    pair ``nearest`` gives once those are priced (at most ``spare``, each still a bound): where a
+    solve costs more than pricing many pairs, the pairs the next rounds would pick are priced in
+    this one."""
     todo = [
         (b, i, j, *step)
         for b, pairs in chosen
@@ -494,67 +493,94 @@ def _refine(
     if not todo:
         return False
     _settle(todo, price)
-    if spare and flips is not None:
-        more: list[tuple[_Bound, int, int, int, Layout, Layout]] = []
-        seen: set[tuple[int, int, int]] = set()
-        for _, pairs in sorted(flips(), key=lambda f: f[0]):
-            if len(more) >= spare:
-                break
-            for b, i, j in pairs:
-                if (id(b), i, j) not in seen:
-                    seen.add((id(b), i, j))
-                    more += [(b, i, j, *step) for step in b.inexact(i, j)]
+    if spare and nearest is not None:
+        more = [(b, i, j, *b.inexact(i, j)[0]) for b, i, j in nearest()[:spare]]
         if more:
             _settle(more, price)
     return True
 
 
-def _around(edges: list[EdgeTable]) -> dict[str, list[tuple[EdgeTable, bool]]]:
-    """Per operator, its edges and whether it produces each (:func:`_flips` reads them)."""
-    around: dict[str, list[tuple[EdgeTable, bool]]] = {}
-    for e in edges:
-        around.setdefault(e.edge.producer, []).append((e, True))
-        around.setdefault(e.edge.consumer, []).append((e, False))
-    return around
-
-
-def _flips(
-    around: Mapping[str, list[tuple[EdgeTable, bool]]],
-    ops: Mapping[str, OpTable],
+def _nearest(
+    problem: Problem,
+    edges: list[EdgeTable],
     bounds: Mapping[int, _Bound],
     choice: Mapping[str, int],
-) -> list[_Flip]:
-    """Every change of one operator's candidate in ``choice`` that the tables as they are say
-    lowers its cost, one per distinct set of class pairs it takes (candidates of the same classes
-    on every edge are one change), with those of its pairs still bounds (a change whose pairs are
-    all exact is left out: nothing to price). ``around``: :func:`_around` of the edges."""
-    out: list[_Flip] = []
-    for v, near in around.items():
-        cost = np.array(ops[v].node_cost, dtype=np.float64)
-        ends: list[tuple[_Bound, np.ndarray, int, bool]] = []
-        for e, produces in near:
-            # The class of the other end, fixed by the assignment, and this end's per candidate.
-            if produces:
-                other, own = int(e.target_class[choice[e.edge.consumer]]), e.source_class
-                cost += e.cost[own, other]
-            else:
-                other, own = int(e.source_class[choice[e.edge.producer]]), e.target_class
-                cost += e.cost[other, own]
-            ends.append((bounds[id(e.cost)], own, other, produces))
-        now = cost[choice[v]]
-        done: set[tuple[int, ...]] = set()
-        for x in np.flatnonzero(cost < now).tolist():
-            classes = tuple(int(own[x]) for _, own, _, _ in ends)
-            if classes in done:
-                continue
-            done.add(classes)
-            pairs = [
-                (b, c, other) if produces else (b, other, c)
-                for (b, _, other, produces), c in zip(ends, classes, strict=True)
-            ]
-            pairs = [(b, i, j) for b, i, j in pairs if b.inexact(i, j)]
-            if pairs:
-                out.append((float(cost[x] - now), pairs))
+    upper: float,
+    count: int,
+    tied: Sequence[Sequence[Sequence[str]]] = (),
+) -> list[_ClassPair]:
+    """The ``count`` class pairs still bounds (in a direction) of least min-marginal under
+    ``upper`` (the cost of an assignment priced exactly: a pair whose least completion costs
+    more is in no optimum), least first, ties in the edges' order and by row: the pairs of the
+    cheapest assignments on the tables as they are, which the next rounds would pick.
+    ``problem`` is the tables' (:meth:`CostTables.problem`) on the ``edges`` and their
+    ``bounds``. The min-marginals are those of the tied repeats (``tied``) taking one set of
+    choices, as the solve takes them, with the operators the reductions leave to the solver at
+    their candidate of ``choice`` (:func:`taps.solve.reductions.pair_min_marginals` needs a
+    problem the reductions take whole)."""
+    ties = Ties.of(list(problem.node_cost), tied) if tied else None
+    folded = ties.fold([problem])[0] if ties is not None else problem
+    rep = ties.representative if ties is not None else {v: v for v in problem.node_cost}
+    order = list(folded.node_cost)
+    core = reduce([folded], order).cores[0]
+    one = {v: np.array([choice[v]]) for p in core.pairs for v in (p.u, p.w)}
+    passed = pair_min_marginals(
+        Problem(
+            {v: c[one[v]] if v in one else c for v, c in folded.node_cost.items()},
+            [
+                PairCost(
+                    p.u,
+                    p.w,
+                    p.u_class[one[p.u]] if p.u in one else p.u_class,
+                    p.w_class[one[p.w]] if p.w in one else p.w_class,
+                    p.cost,
+                )
+                for p in folded.pairs
+            ],
+        ),
+        order,
+    )
+    if passed is None:
+        return []
+    nodes, marginals = passed
+    # A folded pair cost keeps the class arrays of the edges it stands for (Ties.fold).
+    index = {(p.u, p.w, id(p.u_class), id(p.w_class)): k for k, p in enumerate(folded.pairs)}
+    least: dict[int, np.ndarray] = {}
+    for e in edges:
+        u, w = rep[e.edge.producer], rep[e.edge.consumer]
+        if u == w:
+            # Both ends are one operator's candidate: its min-marginal at their classes.
+            m = np.full(e.cost.shape, np.inf)
+            own = one.get(u, np.arange(len(folded.node_cost[u])))
+            np.minimum.at(m, (e.source_class[own], e.target_class[own]), nodes[u])
+        else:
+            m = marginals[index[(u, w, id(e.source_class), id(e.target_class))]]
+        k = id(e.cost)
+        least[k] = m if k not in least else np.minimum(least[k], m)
+    keys = list(least)
+    if not keys:
+        return []
+    flat = np.concatenate(
+        [
+            np.where(
+                ~(bounds[k].exact[0] & bounds[k].exact[1]) & (least[k] < upper), least[k], np.inf
+            ).ravel()
+            for k in keys
+        ]
+    )
+    count = min(count, int(np.isfinite(flat).sum()))
+    if count == 0:
+        return []
+    cut = np.partition(flat, count - 1)[count - 1]
+    picked = np.flatnonzero(flat <= cut)
+    picked = picked[np.lexsort((picked, flat[picked]))][:count]
+    starts = np.cumsum([0] + [least[k].size for k in keys])
+    out = []
+    for x in picked.tolist():
+        n = int(np.searchsorted(starts, x, side="right")) - 1
+        b = bounds[keys[n]]
+        i, j = divmod(x - int(starts[n]), b.cost.shape[1])
+        out.append((b, i, j))
     return out
 
 
@@ -853,7 +879,7 @@ def build_tables(
     # pairs and plan).
     spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
     spare = spare if spare >= MIN_SPARE else 0
-    around = _around(edges) if bounded and spare else {}
+    best = [np.inf]  # the least cost of an assignment the rounds priced exactly
 
     def refine(choice: Mapping[str, int]) -> bool:
         pairs: dict[int, set[tuple[int, int]]] = {}
@@ -863,11 +889,19 @@ def build_tables(
             pairs.setdefault(id(e.cost), set()).add((i, j))
         # Every edge's pairs priced at once: one call (two with spare) and one solve per round.
         chosen = [(bounds[k], p) for k, p in pairs.items()]
-        return _refine(chosen, exact, spare, lambda: _flips(around, ops, bounds, choice))
+
+        def nearest() -> list[_ClassPair]:
+            problem = tables.problem()
+            best[0] = min(best[0], problem.evaluate(choice))  # its pairs are exact now
+            return _nearest(problem, edges, bounds, choice, best[0], spare, graph.tied)
+
+        return _refine(chosen, exact, spare, nearest)
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
         return redistribution_pair_costs(
             s, t, dtypes, cluster, cost_model, planner, time_limit=left(deadline)
         )
 
-    return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)
+    tables = CostTables(graph, cluster, pricing, ops, edges, timings)
+    tables.refine = refine if bounded else None
+    return tables

@@ -265,6 +265,8 @@ def _digests(operands: tuple[np.ndarray, np.ndarray, np.ndarray | None]) -> tupl
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
     """Per class ``0..count-1``, the least of the rows of ``values`` whose candidate is in it
     (inf for a class with no candidate)."""
+    if in_order(classes, count):
+        return values.astype(np.float64)  # a candidate per class, in order: a copy
     out = np.full((count, *values.shape[1:]), np.inf)
     if values.size == len(values):
         # One number per row (a node cost): scattered into the classes, three to seven times
@@ -670,6 +672,35 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
     candidates of its two ends, the least cost of everything but that pair cost. An eliminated
     operator's min-marginal follows from the outside (or the min-marginal) of what it was folded
     into, exactly as its choice does in :meth:`Reduction.expand`."""
+    passed = _pass_back(problem, order, False)
+    return None if passed is None else passed[0]
+
+
+def pair_min_marginals(
+    problem: Problem, order: list[str]
+) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
+    """:func:`min_marginals`, and per pair cost of ``problem`` (in order) and pair of its
+    classes the least cost of any assignment whose two ends take candidates of those classes
+    (inf where no candidate is of one of them), by the same pass back keeping the outside of
+    every pair cost; None if the reductions leave pair costs for SCIP."""
+    passed = _pass_back(problem, order, True)
+    if passed is None:
+        return None
+    marginal, outside = passed
+    out = []
+    for k, p in enumerate(problem.pairs):
+        rows, cols = p.cost.shape
+        by_u = _group_min(outside[k], p.u_class, rows)
+        out.append(p.cost + _group_min(by_u.T, p.w_class, cols).T)
+    return marginal, out
+
+
+def _pass_back(
+    problem: Problem, order: list[str], every: bool
+) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]] | None:
+    """The min-marginals of :func:`min_marginals` and the outsides the pass back kept: of the
+    pair costs that hold eliminated operators, and with ``every`` of every pair cost (per pair
+    of candidates of its ends, in its orientation)."""
     reduction = reduce([problem], order)
     core = reduction.cores[0]
     if core.pairs:
@@ -678,7 +709,7 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
     optimum = sum(least.values())
     marginal = {v: c + (optimum - least[v]) for v, c in core.node_cost.items()}
     # The outsides worth keeping: of pair costs that hold eliminated operators.
-    needed: set[int] = set()
+    needed: set[int] = set(reduction.pairs) if every else set()
     for step in reduction.steps:
         if isinstance(step, _Series):
             needed.add(step.made)
@@ -729,4 +760,4 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
                 by_u = _group_min(around, left.u_class, lcost.shape[0])  # (u's classes, w's)
                 to_u = min_plus_one(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
                 outside[step.right_id] = _as(to_u + node[:, None], left.w, pairs[step.right_id])
-    return marginal
+    return marginal, outside
