@@ -117,13 +117,7 @@ class CostTables:
 
     def problem(self) -> Problem:
         """The tables as the problem the solver decides: a pair cost per edge."""
-        return Problem(
-            {name: t.node_cost for name, t in self.ops.items()},
-            [
-                PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
-                for e in self.edges
-            ],
-        )
+        return _problem(self.ops, self.edges)
 
     def evaluate(self, choice: Mapping[str, int]) -> float:
         """The objective of one assignment (op name -> index into its candidates)."""
@@ -141,6 +135,17 @@ class CostTables:
         """The pricing of one assignment's plan: the search's, ``fsdp`` naming the operators the
         assignment shards (docs/plan.md)."""
         return replace(self.pricing, fsdp=self.sharded(choice))
+
+
+def _problem(ops: Mapping[str, OpTable], edges: Sequence[EdgeTable]) -> Problem:
+    """Operators' and edges' tables as the problem the solver decides: a pair cost per edge."""
+    return Problem(
+        {name: t.node_cost for name, t in ops.items()},
+        [
+            PairCost(e.edge.producer, e.edge.consumer, e.source_class, e.target_class, e.cost)
+            for e in edges
+        ],
+    )
 
 
 def _classes(
@@ -891,7 +896,7 @@ def build_tables(
         chosen = [(bounds[k], p) for k, p in pairs.items()]
 
         def nearest() -> list[_ClassPair]:
-            problem = tables.problem()
+            problem = _problem(ops, edges)
             best[0] = min(best[0], problem.evaluate(choice))  # its pairs are exact now
             return _nearest(problem, edges, bounds, choice, best[0], spare, graph.tied)
 
@@ -902,6 +907,4 @@ def build_tables(
             s, t, dtypes, cluster, cost_model, planner, time_limit=left(deadline)
         )
 
-    tables = CostTables(graph, cluster, pricing, ops, edges, timings)
-    tables.refine = refine if bounded else None
-    return tables
+    return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)

@@ -749,13 +749,20 @@ def _pass_back(
             lcost, rcost = left.cost[..., 0], right.cost[..., 0]
             around = outside.pop(step.made)  # (u's candidates, w's)
             by_w = _group_min(around.T, right.w_class, rcost.shape[1]).T  # (u's, w's classes)
-            by_uw = _group_min(by_w, left.u_class, lcost.shape[0])  # (u's classes, w's)
-            through = min_plus_one(by_uw, np.ascontiguousarray(rcost.T))  # (u's, v's classes)
+            back = np.ascontiguousarray(rcost.T)
+            if step.left_id in needed:
+                to_w = min_plus_one(by_w, back)  # (u's candidates, v's classes)
+                # Per class of u, the least of its candidates' rows: the same numbers as the
+                # product of the least rows (a sum's rounding keeps the order).
+                through = _group_min(to_w, left.u_class, lcost.shape[0])
+                outside[step.left_id] = _as(
+                    to_w[:, right.u_class] + node[None], left.u, pairs[step.left_id]
+                )
+            else:
+                by_uw = _group_min(by_w, left.u_class, lcost.shape[0])  # (u's classes, w's)
+                through = min_plus_one(by_uw, back)  # (u's classes, v's classes)
             mid, p, q = _class_pairs(left.w_class, right.u_class)
             marginal[step.v] = node + (lcost[:, p] + through[:, q]).min(axis=0)[mid]
-            if step.left_id in needed:
-                to_w = min_plus_one(by_w, np.ascontiguousarray(rcost.T))[:, right.u_class]
-                outside[step.left_id] = _as(to_w + node[None], left.u, pairs[step.left_id])
             if step.right_id in needed:
                 by_u = _group_min(around, left.u_class, lcost.shape[0])  # (u's classes, w's)
                 to_u = min_plus_one(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
