@@ -687,20 +687,17 @@ def pair_min_marginals(
     if passed is None:
         return None
     marginal, outside = passed
-    out = []
-    for k, p in enumerate(problem.pairs):
-        rows, cols = p.cost.shape
-        by_u = _group_min(outside[k], p.u_class, rows)
-        out.append(p.cost + _group_min(by_u.T, p.w_class, cols).T)
-    return marginal, out
+    return marginal, [outside[k] for k in range(len(problem.pairs))]
 
 
 def _pass_back(
     problem: Problem, order: list[str], every: bool
 ) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]] | None:
     """The min-marginals of :func:`min_marginals` and the outsides the pass back kept: of the
-    pair costs that hold eliminated operators, and with ``every`` of every pair cost (per pair
-    of candidates of its ends, in its orientation)."""
+    pair costs that hold eliminated operators; with ``every`` also, per pair cost of
+    ``problem``, its min-marginal per pair of its classes (of :func:`pair_min_marginals`: its
+    outside taken per class pair as soon as it is known, which no other step reads, so that the
+    outsides per candidate pair are not all held at once)."""
     reduction = reduce([problem], order)
     core = reduction.cores[0]
     if core.pairs:
@@ -717,6 +714,15 @@ def _pass_back(
             needed.add(step.made)
     outside: dict[int, np.ndarray] = {}
     pairs = reduction.pairs
+    given = len(problem.pairs) if every else 0
+
+    def put(k: int, around: np.ndarray) -> None:
+        if k < given:
+            p = problem.pairs[k]
+            by_u = _group_min(around, p.u_class, p.cost.shape[0])
+            around = p.cost + _group_min(by_u.T, p.w_class, p.cost.shape[1]).T
+        outside[k] = around
+
     for step in reversed(reduction.steps):
         if isinstance(step, _Merge):
             merged = pairs[step.made]
@@ -726,13 +732,13 @@ def _pass_back(
             dense = {k: _dense(pairs[k], merged.u) for k in step.parts}
             for k in needed.intersection(step.parts):
                 rest = around + sum(d for j, d in dense.items() if j != k)
-                outside[k] = _as(rest, merged.u, pairs[k])
+                put(k, _as(rest, merged.u, pairs[k]))
         elif isinstance(step, _Fixed):
             marginal[step.v] = np.array([optimum])
             for k, e in step.edges:
                 if k in needed:
                     own = e.cost[:, e.w_class[0], 0][e.u_class]
-                    outside[k] = _as(_without(marginal[e.u], own)[:, None], e.u, pairs[k])
+                    put(k, _as(_without(marginal[e.u], own)[:, None], e.u, pairs[k]))
         elif isinstance(step, _Leaf):
             e, node = step.edge, step.node[:, 0]
             cost = e.cost[..., 0]
@@ -743,7 +749,7 @@ def _pass_back(
             marginal[step.v] = node + (cost + into[:, None]).min(axis=0)[e.w_class]
             if step.edge_id in needed:
                 both = rest[:, None] + node[None]
-                outside[step.edge_id] = _as(both, e.u, pairs[step.edge_id])
+                put(step.edge_id, _as(both, e.u, pairs[step.edge_id]))
         else:
             left, right, node = step.left, step.right, step.node[:, 0]
             lcost, rcost = left.cost[..., 0], right.cost[..., 0]
@@ -755,8 +761,9 @@ def _pass_back(
                 # Per class of u, the least of its candidates' rows: the same numbers as the
                 # product of the least rows (a sum's rounding keeps the order).
                 through = _group_min(to_w, left.u_class, lcost.shape[0])
-                outside[step.left_id] = _as(
-                    to_w[:, right.u_class] + node[None], left.u, pairs[step.left_id]
+                put(
+                    step.left_id,
+                    _as(to_w[:, right.u_class] + node[None], left.u, pairs[step.left_id]),
                 )
             else:
                 by_uw = _group_min(by_w, left.u_class, lcost.shape[0])  # (u's classes, w's)
@@ -766,5 +773,5 @@ def _pass_back(
             if step.right_id in needed:
                 by_u = _group_min(around, left.u_class, lcost.shape[0])  # (u's classes, w's)
                 to_u = min_plus_one(np.ascontiguousarray(lcost.T), by_u)[left.w_class]
-                outside[step.right_id] = _as(to_u + node[:, None], left.w, pairs[step.right_id])
+                put(step.right_id, _as(to_u + node[:, None], left.w, pairs[step.right_id]))
     return marginal, outside
