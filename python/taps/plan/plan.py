@@ -240,7 +240,7 @@ class Plan:
                 cluster,
                 strategies,
                 Pricing.from_dict(data["pricing"]),
-                tuple(Stage.from_dict(s, cluster) for s in stages),
+                tuple(Stage.from_dict(s, cluster, saved) for s in stages),
                 None if pipeline is None else Pipeline.from_dict(pipeline),
             )
         except PlanFileError:
@@ -346,6 +346,18 @@ def _stage_devices(
     for s in stages:
         if not isinstance(s, Stage):
             raise TypeError(f"Plan: stages must be taps.Stage, got {type(s).__name__}")
+    # A stage's times and memory are its graph's: another graph's (one of another batch may
+    # have the same name and operators) would price this plan wrongly.
+    same = {id(graph)}
+    for s in stages:
+        if s.graph is None or id(s.graph) in same:
+            continue
+        if not same_graph(s.graph, graph):
+            raise GraphError(
+                f"Plan: stage {s.index} was priced on another graph {s.graph.name!r}, not on "
+                f"graph {graph.name!r} given: search this graph's pipeline"
+            )
+        same.add(id(s.graph))
     assert pipeline.stages is not None and pipeline.chunks is not None
     assert pipeline.replicas is not None
     if len(stages) != pipeline.stages * pipeline.chunks:
