@@ -707,3 +707,18 @@ def test_a_pipelined_plan_of_another_same_named_graph_is_refused(pipelined):
     again = taps.Graph.from_json(p.graph.to_json())
     assert taps.Plan(again, p.cluster, dict(p.strategies), p.pricing, p.stages, p.pipeline) == p
     assert pickle.loads(pickle.dumps(p)) == p == taps.Plan.from_json(p.to_json())
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: taps.Plan.load(None), "Plan.load: path must be a str or a path, got NoneType"),
+        (lambda: taps.Plan.from_json(1), "Plan.from_json: text must be a str or bytes, got int"),
+        (lambda: taps.Graph.from_json({}), "Graph.from_json: text must be a str or bytes"),
+    ],
+)
+def test_files_and_texts_of_a_wrong_type_name_the_function(call, match):
+    """Before: Python's "expected str, bytes or os.PathLike object, not NoneType" or json's
+    "the JSON object must be str, bytes or bytearray", naming no function."""
+    with pytest.raises(TypeError, match=match):
+        call()

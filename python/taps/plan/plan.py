@@ -254,6 +254,10 @@ class Plan:
     @classmethod
     def from_json(cls, text: str | bytes, graph: Graph | None = None) -> Plan:
         """Read a plan written by :meth:`to_json`; see :meth:`from_dict`."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(
+                f"Plan.from_json: text must be a str or bytes, got {type(text).__name__}"
+            )
         try:
             data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -277,6 +281,8 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path, graph: Graph | None = None) -> Plan:
         """Read a plan saved by :meth:`save`."""
+        if not isinstance(path, (str, PathLike)):
+            raise TypeError(f"Plan.load: path must be a str or a path, got {type(path).__name__}")
         try:
             data = Path(path).read_bytes()
         except OSError as e:

@@ -328,14 +328,25 @@ mod tests {
             (OpKind::CollectivePermute, 0, None, None, None),
             (OpKind::CollectivePermute, 0, None, None, Some(vec![0, 1])),
             (OpKind::CollectivePermute, 0, None, None, Some(vec![1, 1])),
-            (OpKind::CollectivePermute, 0, None, None, Some(vec![1, 0, 2])),
+            (
+                OpKind::CollectivePermute,
+                0,
+                None,
+                None,
+                Some(vec![1, 0, 2]),
+            ),
             (OpKind::CollectivePermute, 1, None, None, Some(vec![1, 0])),
         ] {
             let got = CommOp::from_parts(kind, k, i, to, p, l.clone());
-            assert!(matches!(got, Err(Error::Layout(_))), "{kind:?} {k} {i:?} {to:?}");
+            assert!(
+                matches!(got, Err(Error::Layout(_))),
+                "{kind:?} {k} {i:?} {to:?}"
+            );
         }
         assert!(matches!(OpKind::parse("gather"), Err(Error::Layout(_))));
-        assert!(OpKind::ALL.iter().all(|&k| OpKind::parse(k.name()) == Ok(k)));
+        assert!(OpKind::ALL
+            .iter()
+            .all(|&k| OpKind::parse(k.name()) == Ok(k)));
     }
 
     /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power

@@ -388,7 +388,8 @@ impl CommOp {
                     OpKind::AllToAll => dim(tensor_dim) && dim(to) && tensor_dim != to,
                     _ => dim(tensor_dim) && to.is_none(),
                 };
-                (dims && device_dim < n).then(|| Self::new(kind, device_dim, tensor_dim, to, layout))
+                (dims && device_dim < n)
+                    .then(|| Self::new(kind, device_dim, tensor_dim, to, layout))
             }
         };
         op.ok_or(Error::Layout(wrong))

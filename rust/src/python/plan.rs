@@ -257,7 +257,13 @@ impl PyRedistribution {
         slf: &Bound<'_, Self>,
     ) -> PyResult<(
         Py<PyAny>,
-        (PyLayout, PyLayout, Vec<PyCommOp>, Vec<PyCommOp>, Vec<PyCommOp>),
+        (
+            PyLayout,
+            PyLayout,
+            Vec<PyCommOp>,
+            Vec<PyCommOp>,
+            Vec<PyCommOp>,
+        ),
     )> {
         let r = &slf.get().inner;
         Ok((
