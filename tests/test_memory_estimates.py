@@ -260,7 +260,10 @@ def test_the_optimal_planner_out_of_memory_is_one_line_not_an_abort(cap_mib):
     assert out.returncode in (0, 2), (out.returncode, out.stderr[-300:])
     if out.returncode == 2:
         (line,) = out.stderr.splitlines()
-        assert line.startswith("taps search: error: out of memory"), line
+        # Refused up front now that the planner's own memory is estimated, or by the core.
+        assert line.startswith(
+            ("taps search: error: out of memory", "taps search: error: the search of")
+        ), line
 
 
 def test_the_table_estimate_counts_both_directions_of_the_training_step():
