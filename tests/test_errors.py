@@ -689,3 +689,36 @@ def test_front_ends_and_torch_verify_name_wrong_types(small_plan):
         taps.verify.verify_torch(None, [torch.zeros(8, 8)], small_plan)
     with pytest.raises(TypeError, match="verify_torch: inputs must be a list or tuple"):
         taps.verify.verify_torch(torch.nn.Linear(8, 8), torch.zeros(8, 8), small_plan)
+
+
+# -- what the last sweep left (issue 25, branch h-small25) ------------------------------------
+
+
+def test_a_pipelined_plan_of_another_same_named_graph_is_refused(pipelined):
+    """Before: accepted, the stages' times and memory those of the graph they were searched on."""
+    p = pipelined
+    other = taps.models.gpt(
+        hidden=32, heads=2, seq=8, batch=8, blocks=2, tie=True, name=p.graph.name
+    )
+    with pytest.raises(taps.GraphError, match="stage 0 was priced on another graph") as e:
+        taps.Plan(other, p.cluster, dict(p.strategies), p.pricing, p.stages, p.pipeline)
+    assert "\n" not in str(e.value)
+    # An equal graph (read back from its JSON) is the same graph.
+    again = taps.Graph.from_json(p.graph.to_json())
+    assert taps.Plan(again, p.cluster, dict(p.strategies), p.pricing, p.stages, p.pipeline) == p
+    assert pickle.loads(pickle.dumps(p)) == p == taps.Plan.from_json(p.to_json())
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: taps.Plan.load(None), "Plan.load: path must be a str or a path, got NoneType"),
+        (lambda: taps.Plan.from_json(1), "Plan.from_json: text must be a str or bytes, got int"),
+        (lambda: taps.Graph.from_json({}), "Graph.from_json: text must be a str or bytes"),
+    ],
+)
+def test_files_and_texts_of_a_wrong_type_name_the_function(call, match):
+    """Before: Python's "expected str, bytes or os.PathLike object, not NoneType" or json's
+    "the JSON object must be str, bytes or bytearray", naming no function."""
+    with pytest.raises(TypeError, match=match):
+        call()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -218,6 +219,7 @@ def test_cuts_fall_at_tied_layers_or_single_tensors():
 def test_pipelined_search_api_and_saved_plan(tmp_path):
     graph, cluster = _small(), taps.Cluster(1, 4)
     result = taps.search(graph, cluster, pipeline=True)
+    assert pickle.loads(pickle.dumps(result)) == result
     plan = result.plan
     assert plan.stages and plan.pipeline.resolved
     assert [n for s in plan.stages for n in s.operators] == [op.name for op in graph.ops]

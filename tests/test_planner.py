@@ -2,6 +2,7 @@
 (numpy simulation), volumes counted from the moved data, and costs against the oracle."""
 
 import math
+import pickle
 from math import prod
 
 import pytest
@@ -206,6 +207,28 @@ def test_random_power_of_two_plans(pair, data):
     plan = _check_plan(*pair, data)
     assert plan.prelude == []
     assert plan.epilogue == []
+
+
+@settings(max_examples=100)
+@given(sg.layout_pairs(atoms=sg.POW2_ATOMS), st.sampled_from(["paper", "optimal"]))
+def test_plans_pickle(pair, planner):
+    plan = taps.plan_redistribution(*map(sg.to_layout, pair), planner=planner)
+    back = pickle.loads(pickle.dumps(plan))
+    assert back == plan and repr(back) == repr(plan)
+    assert back.all_ops == plan.all_ops and back.volume == plan.volume
+    for op in plan.all_ops:
+        assert pickle.loads(pickle.dumps(op)) == op
+
+
+def test_op_parts_that_fit_no_step_are_refused():
+    # What unpickling calls: parts from a damaged pickle are one-line errors, not a panic.
+    lay = taps.Layout([4, 4], [2, 2], [0, 1])
+    with pytest.raises(taps.LayoutError, match='unknown op kind "gather"'):
+        taps.CommOp._from_parts("gather", 0, 0, None, None, lay)
+    with pytest.raises(taps.LayoutError, match=r"all_gather\(device_dim=5.* 2 device dims"):
+        taps.CommOp._from_parts("all_gather", 5, 0, None, None, lay)
+    with pytest.raises(taps.LayoutError, match="not a step"):
+        taps.CommOp._from_parts("collective_permute", 0, None, None, [0, 1], lay)
 
 
 @settings(max_examples=100)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 import re
 
 import numpy as np
@@ -202,6 +203,15 @@ def test_search_is_deterministic():
     cluster = paper_cluster(2, 4)
     a, b = taps.search(g, cluster), taps.search(g, cluster)
     assert a.plan.strategies == b.plan.strategies and a.cost == b.cost
+
+
+@pytest.mark.parametrize("planner", ["paper", "optimal"])
+def test_result_pickles(planner):
+    g = taps.models.mlp(batch=64, sizes=(64, 256, 64))
+    r = taps.search(g, paper_cluster(2, 4), Pricing(planner=planner))
+    assert any(i.redistribution.all_ops for row in r.breakdown for i in row.incoming)
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and back.step == r.step
 
 
 def test_result_reports_sizes():

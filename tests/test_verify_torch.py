@@ -147,6 +147,19 @@ def test_cli_bad_input_is_one_line(argv, message, capsys):
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("gloo", ["3", "-4", "16"])
+def test_cli_gloo_ranks_are_checked_before_any_work(gloo, capsys, monkeypatch):
+    """Before: refused by the numerics run, after the search and the collectives had run."""
+    import taps.cli.verify as cli
+
+    monkeypatch.setattr(cli, "search", lambda *a, **k: pytest.fail("searched"))
+    argv = ["--torch", "test_verify_torch:plain_mlp", "--engine", "torch", "--gloo", gloo]
+    code = main(["verify", *argv, "--nodes", "1", "--devices-per-node", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--gloo: a numerics run takes 4 or 8 ranks, not {gloo}" in err
+
+
 def test_torch_missing_names_the_extra(monkeypatch):
     module, x = plain_mlp()
     graph = from_torch(module, x)
@@ -161,6 +174,9 @@ def test_a_numerics_run_takes_4_or_8_ranks():
     plan = taps.search(from_torch(module, x), taps.Cluster(1, 4)).plan
     with pytest.raises(VerifyError, match="takes 4 or 8 ranks, not 3"):
         verify_torch(module, [x], plan, numerics=3)
+    # Checked before the collectives run (they were, before the numbers were refused).
+    with pytest.raises(TypeError, match="verify_torch: the numerics' ranks must be an int"):
+        verify_torch(None, [x], plan, numerics=4.0)
 
 
 def test_a_search_result_is_not_a_plan():

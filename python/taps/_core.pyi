@@ -271,7 +271,8 @@ class Cluster:
 @final
 class CommOp:
     """One step of a redistribution, with the layout it acts on: a slice, all_gather, all_to_all,
-    reduce_scatter or all_reduce along one device dim, or a collective_permute of whole blocks."""
+    reduce_scatter or all_reduce along one device dim, or a collective_permute of whole blocks.
+    Immutable, hashable, picklable."""
 
     @property
     def kind(self) -> _OpKind:
@@ -308,13 +309,31 @@ class CommOp:
         self, cluster: Cluster, dtype_bytes: float = 2.0, model: _CostModel = "topology"
     ) -> float:
         """Seconds (topology model) or bytes per device (volume model) of the op."""
+    @classmethod
+    def _from_parts(
+        cls,
+        kind: _OpKind,
+        device_dim: int,
+        tensor_dim: int | None,
+        to_tensor_dim: int | None,
+        permutation: list[int] | None,
+        layout: Layout,
+    ) -> CommOp:
+        """The op of these parts, checked (what unpickling calls)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Callable[..., CommOp],
+        tuple[_OpKind, int, int | None, int | None, list[int] | None, Layout],
+    ]: ...
 
 @final
 class Redistribution:
     """A redistribution plan: the unified layouts and the ops between them, with the fallback
-    gathers (prelude) and slices (epilogue) used when the two layouts do not unify as they are."""
+    gathers (prelude) and slices (epilogue) used when the two layouts do not unify as they are.
+    Immutable, picklable."""
 
     @property
     def source(self) -> Layout:
@@ -341,7 +360,23 @@ class Redistribution:
         self, cluster: Cluster, dtype_bytes: float = 2.0, model: _CostModel = "topology"
     ) -> float:
         """Seconds (topology model) or bytes per device (volume model) of the whole plan."""
+    @classmethod
+    def _from_parts(
+        cls,
+        source: Layout,
+        target: Layout,
+        ops: list[CommOp],
+        prelude: list[CommOp],
+        epilogue: list[CommOp],
+    ) -> Redistribution:
+        """The plan of these parts (what unpickling calls; each op was checked by its own)."""
     def __eq__(self, value: object, /) -> bool: ...
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Callable[..., Redistribution],
+        tuple[Layout, Layout, list[CommOp], list[CommOp], list[CommOp]],
+    ]: ...
 
 @final
 class Strategy:

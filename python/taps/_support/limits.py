@@ -34,6 +34,17 @@ PAIR_BYTES = 8
 #: environment measured 256 MiB at the same 52,000, so the bytes per variable err high.
 ILP_BASE_BYTES = 64 * 2**20
 ILP_VARIABLE_BYTES = 4_800
+#: The optimal planner's own memory (``Pricing(planner="optimal")``): its searches' layouts, index
+#: and heap, and its memo of paths. Measured as the resident peak of ``taps search gpt --planner
+#: optimal`` over the paper planner's (GPT-3's layer, 2 threads): 20 MiB at 64 devices, 53 MiB at
+#: 256, 44 MiB at 1,024, 320 MiB at 4,096, 381 MiB at 16,384 (1 thread: 36 and 299 MiB at 1,024
+#: and 4,096). It grows with the device count (the layouts a search holds) up to its bounds: 2**21
+#: layouts a search, about 222 MiB with their index and heap, per thread, and 2**18 paths
+#: (about 256 MiB) in the memo.
+OPTIMAL_BASE_BYTES = 32 * 2**20
+OPTIMAL_DEVICE_BYTES = 80 * 2**10
+OPTIMAL_SEARCH_BYTES = 222 * 2**20
+OPTIMAL_MEMO_BYTES = 256 * 2**20
 
 
 def _twos(size: int) -> int:
@@ -169,15 +180,26 @@ def core_threads() -> int:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
-def check_table_memory(what: str, candidates: int, pairs: int) -> None:
-    """Refuse, before any work, a search (``what``) whose tables would not fit this machine's
-    memory (with its threads' address space under an address-space limit)."""
+def optimal_bytes(num_devices: int, threads: int) -> int:
+    """An estimate, on the high side, of the optimal planner's own peak memory in a search on
+    ``num_devices`` devices with ``threads`` threads of the core."""
+    return min(
+        OPTIMAL_BASE_BYTES + num_devices * OPTIMAL_DEVICE_BYTES,
+        threads * OPTIMAL_SEARCH_BYTES + OPTIMAL_MEMO_BYTES,
+    )
+
+
+def check_table_memory(what: str, candidates: int, pairs: int, planner: int = 0) -> None:
+    """Refuse, before any work, a search (``what``) whose tables, and ``planner`` bytes of the
+    optimal planner's own (:func:`optimal_bytes`), would not fit this machine's memory (with its
+    threads' address space under an address-space limit)."""
     check_memory(
         f"the search of {what}",
-        table_bytes(candidates, pairs),
+        table_bytes(candidates, pairs) + planner,
         reserved=core_threads() * THREAD_ADDRESS_BYTES,
         detail=f" for its cost tables ({candidates:,} candidate strategies, {pairs:,} strategy "
-        "pairs across edges and directions)",
+        "pairs across edges and directions)"
+        + (f" and the optimal planner's searches ({gib(planner)})" if planner else ""),
     )
 
 

@@ -26,6 +26,7 @@ from taps.search.searching import search
 from taps.verify import VerifyError, VerifyResult, compare_gspmd, verify, verify_torch
 from taps.verify.footprint import check_xla
 from taps.verify.result import TOLERANCE
+from taps.verify.torch.numerics import check_ranks
 from taps.verify.torch.pipeline import verify_pipeline
 
 ENGINES = ("xla", "torch")
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "--gloo sets the gloo ranks of the torch engine's numerics: leave it out with "
             f"{'--pipeline' if args.pipeline else '--engine xla'}"
         )
+    if args.gloo:  # 0 skips the numerics
+        check_ranks("--gloo", args.gloo)
     if args.gspmd and args.engine != "xla":
         raise VerifyError("--gspmd compares with XLA's partitioner: it needs --engine xla")
     # Checked (a temporary file made beside it) before the work, written after it.

@@ -240,7 +240,7 @@ class Plan:
                 cluster,
                 strategies,
                 Pricing.from_dict(data["pricing"]),
-                tuple(Stage.from_dict(s, cluster) for s in stages),
+                tuple(Stage.from_dict(s, cluster, saved) for s in stages),
                 None if pipeline is None else Pipeline.from_dict(pipeline),
             )
         except PlanFileError:
@@ -254,6 +254,10 @@ class Plan:
     @classmethod
     def from_json(cls, text: str | bytes, graph: Graph | None = None) -> Plan:
         """Read a plan written by :meth:`to_json`; see :meth:`from_dict`."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(
+                f"Plan.from_json: text must be a str or bytes, got {type(text).__name__}"
+            )
         try:
             data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -277,6 +281,8 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path, graph: Graph | None = None) -> Plan:
         """Read a plan saved by :meth:`save`."""
+        if not isinstance(path, (str, PathLike)):
+            raise TypeError(f"Plan.load: path must be a str or a path, got {type(path).__name__}")
         try:
             data = Path(path).read_bytes()
         except OSError as e:
@@ -346,6 +352,18 @@ def _stage_devices(
     for s in stages:
         if not isinstance(s, Stage):
             raise TypeError(f"Plan: stages must be taps.Stage, got {type(s).__name__}")
+    # A stage's times and memory are its graph's: another graph's (one of another batch may
+    # have the same name and operators) would price this plan wrongly.
+    same = {id(graph)}
+    for s in stages:
+        if s.graph is None or id(s.graph) in same:
+            continue
+        if not same_graph(s.graph, graph):
+            raise GraphError(
+                f"Plan: stage {s.index} was priced on another graph {s.graph.name!r}, not on "
+                f"graph {graph.name!r} given: search this graph's pipeline"
+            )
+        same.add(id(s.graph))
     assert pipeline.stages is not None and pipeline.chunks is not None
     assert pipeline.replicas is not None
     if len(stages) != pipeline.stages * pipeline.chunks:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from taps._core import Cluster
@@ -137,6 +137,8 @@ class Stage:
             fraction under the interleaved schedule: its share of its group's).
         reduction: seconds of its parameters' gradient reductions once per step, after the
             pipeline's flush: inside its group and over the copies of the pipeline.
+        graph: the graph its times and memory were priced on (a plan of these stages must be
+            of it, or of an equal graph); ``None`` for a stage made by hand (not checked).
     """
 
     index: int
@@ -150,6 +152,7 @@ class Stage:
     memory: float
     in_flight: float
     reduction: float = 0.0
+    graph: Graph | None = field(default=None, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -180,8 +183,9 @@ class Stage:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, whole: Cluster) -> Stage:
-        """The stage of :meth:`to_dict`'s object, its sub-cluster cut from ``whole``."""
+    def from_dict(cls, data: Any, whole: Cluster, graph: Graph | None = None) -> Stage:
+        """The stage of :meth:`to_dict`'s object, its sub-cluster cut from ``whole``, priced on
+        ``graph``."""
         if not isinstance(data, dict):
             raise TypeError("a stage must be a JSON object")
         return cls(
@@ -196,6 +200,7 @@ class Stage:
             memory=float(data["memory"]),
             in_flight=float(data["in_flight"]),
             reduction=float(data["reduction"]),
+            graph=graph,
         )
 
 

@@ -753,6 +753,7 @@ def _plan(
                 memory=x.parameters + flight * x.activations + x.buffer,
                 in_flight=flight,
                 reduction=reductions[k],
+                graph=work.graph,
             )
         )
     chosen = Pipeline(c.groups, c.microbatches, c.schedule, c.replicas, c.chunks)

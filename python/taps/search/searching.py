@@ -12,7 +12,12 @@ from typing import Literal, overload
 from taps._core import Cluster
 from taps._support.arguments import flag, instance, number, some
 from taps._support.deadline import left
-from taps._support.limits import check_candidates, check_table_memory
+from taps._support.limits import (
+    check_candidates,
+    check_table_memory,
+    core_threads,
+    optimal_bytes,
+)
 from taps.errors import ArgumentError, GraphError
 from taps.graph import Graph, Operator
 from taps.plan.plan import Plan
@@ -225,8 +230,11 @@ def _check(
     # forward step 0.63x).
     directions = 2 if pricing.step == "training" else 1
     pairs = directions * sum(counts[u] * counts[w] for u, w, _ in edges)
+    planner = (
+        optimal_bytes(cluster.num_devices, core_threads()) if pricing.planner == "optimal" else 0
+    )
     check_table_memory(
-        f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs
+        f"{graph.name!r} on {cluster.num_devices:,} devices", sum(counts.values()), pairs, planner
     )
 
 

@@ -275,6 +275,80 @@ mod tests {
         ));
     }
 
+    /// Every step of both planners' plans is the step its parts (what a pickle holds) rebuild,
+    /// every kind among them; parts that fit no step are an error, not a panic.
+    #[test]
+    fn steps_rebuild_from_their_parts() {
+        let partial = Layout::with_partial(vec![64, 8], vec![4, 2], vec![-1, 0], vec![1]).unwrap();
+        let pairs = [
+            (partial.clone(), layout(&[64, 8], &[4, 2], &[1, 0])),
+            (partial, layout(&[64, 8], &[4, 2], &[-1, 0])),
+            (
+                layout(&[1024, 1024], &[4, 4], &[1, 0]),
+                layout(&[1024, 1024], &[4, 4], &[0, 1]),
+            ),
+            (
+                layout(&[96, 32, 96], &[16, 2], &[1, 0, -1]),
+                layout(&[96, 32, 96], &[16, 2], &[0, 1, -1]),
+            ),
+            (
+                layout(&[16, 48], &[8, 2], &[0, -1]),
+                layout(&[16, 48], &[16], &[0, -1]),
+            ),
+            (
+                layout(&[16, 16, 16], &[2, 4, 2], &[0, 1, -1]),
+                layout(&[16, 16, 16], &[2, 4, 2], &[-1, 2, 1]),
+            ),
+        ];
+        let mut kinds = Vec::new();
+        for (a, b) in &pairs {
+            let (paper, optimal) = both(a, b);
+            for op in paper.all_ops().chain(optimal.all_ops()) {
+                let again = CommOp::from_parts(
+                    op.kind(),
+                    op.device_dim(),
+                    op.tensor_dim(),
+                    op.to_tensor_dim(),
+                    op.permutation().map(<[usize]>::to_vec),
+                    op.layout().clone(),
+                );
+                assert_eq!(again.as_ref(), Ok(op));
+                kinds.push(op.kind());
+            }
+        }
+        assert!(OpKind::ALL.iter().all(|k| kinds.contains(k)), "{kinds:?}");
+        let l = layout(&[4, 4], &[2, 2], &[0, 1]);
+        for (kind, k, i, to, p) in [
+            (OpKind::AllGather, 2, Some(0), None, None),
+            (OpKind::AllGather, 0, Some(2), None, None),
+            (OpKind::AllGather, 0, None, None, None),
+            (OpKind::AllToAll, 0, Some(0), Some(0), None),
+            (OpKind::AllReduce, 0, Some(0), None, None),
+            (OpKind::Slice, 0, Some(0), None, Some(vec![1, 0])),
+            (OpKind::CollectivePermute, 0, None, None, None),
+            (OpKind::CollectivePermute, 0, None, None, Some(vec![0, 1])),
+            (OpKind::CollectivePermute, 0, None, None, Some(vec![1, 1])),
+            (
+                OpKind::CollectivePermute,
+                0,
+                None,
+                None,
+                Some(vec![1, 0, 2]),
+            ),
+            (OpKind::CollectivePermute, 1, None, None, Some(vec![1, 0])),
+        ] {
+            let got = CommOp::from_parts(kind, k, i, to, p, l.clone());
+            assert!(
+                matches!(got, Err(Error::Layout(_))),
+                "{kind:?} {k} {i:?} {to:?}"
+            );
+        }
+        assert!(matches!(OpKind::parse("gather"), Err(Error::Layout(_))));
+        assert!(OpKind::ALL
+            .iter()
+            .all(|&k| OpKind::parse(k.name()) == Ok(k)));
+    }
+
     /// `ct` has one rule whichever way it is asked for: a node size that is not a positive power
     /// of two is rejected by the free function and by a plan's ops alike (slices included), and
     /// both give the same `ct` otherwise.

@@ -2,7 +2,7 @@
 //! [`OpKind`]), the plan that holds them ([`Redistribution`]), the elements a step moves and what
 //! a planner minimizes ([`Objective`]).
 
-use crate::error::{Error, Result};
+use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, Cluster, CollectiveKind, CostModel, MatrixRates};
 
@@ -24,16 +24,37 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every kind, in the order of [`OpKind::NAMES`].
+    pub const ALL: [OpKind; 6] = [
+        OpKind::Slice,
+        OpKind::AllGather,
+        OpKind::AllToAll,
+        OpKind::ReduceScatter,
+        OpKind::AllReduce,
+        OpKind::CollectivePermute,
+    ];
+
+    /// The names callers see: the one list of them.
+    pub const NAMES: [&'static str; 6] = [
+        "slice",
+        "all_gather",
+        "all_to_all",
+        "reduce_scatter",
+        "all_reduce",
+        "collective_permute",
+    ];
+
     #[must_use]
     pub fn name(self) -> &'static str {
-        match self {
-            OpKind::Slice => "slice",
-            OpKind::AllGather => "all_gather",
-            OpKind::AllToAll => "all_to_all",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::AllReduce => "all_reduce",
-            OpKind::CollectivePermute => "collective_permute",
-        }
+        Self::NAMES[self as usize]
+    }
+
+    /// The kind named `name`, one of [`OpKind::NAMES`].
+    ///
+    /// # Errors
+    /// [`Error::Layout`] for any other name.
+    pub fn parse(name: &str) -> Result<Self> {
+        parse_name(name, "op kind", &Self::NAMES, Error::Layout).map(|i| Self::ALL[i])
     }
 
     #[must_use]
@@ -322,6 +343,56 @@ impl CommOp {
             volume: layout.shard_size(),
             layout,
         }
+    }
+
+    /// The op its accessors describe (a pickled plan's step): of `kind` along `device_dim` of
+    /// `layout`, or for a collective-permute by `permutation`.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] if the dims do not fit `kind` and `layout` (an index out of range, a
+    /// tensor dim a kind has not or lacks, a permutation that is not one or moves nothing).
+    pub fn from_parts(
+        kind: OpKind,
+        device_dim: usize,
+        tensor_dim: Option<usize>,
+        to: Option<usize>,
+        permutation: Option<Vec<usize>>,
+        layout: Layout,
+    ) -> Result<Self> {
+        let n = layout.num_device_dims();
+        let dim = |d: Option<usize>| d.is_some_and(|i| i < layout.ndim());
+        let shown = |d: Option<usize>| d.map_or_else(|| "None".into(), |i| i.to_string());
+        let wrong = format!(
+            "{}(device_dim={device_dim}, tensor_dim={}, to_tensor_dim={}, permutation={}) is \
+             not a step on a layout of {} tensor dims and {n} device dims",
+            kind.name(),
+            shown(tensor_dim),
+            shown(to),
+            permutation
+                .as_ref()
+                .map_or_else(|| "None".into(), |p| format!("{p:?}")),
+            layout.ndim()
+        );
+        let op = match (kind, permutation) {
+            (OpKind::CollectivePermute, Some(p)) => {
+                let mut sorted = p.clone();
+                sorted.sort_unstable();
+                (tensor_dim.is_none() && to.is_none() && sorted.into_iter().eq(0..n))
+                    .then(|| Self::permute(p, layout))
+                    .filter(|op| op.group() != 0 && op.device_dim == device_dim)
+            }
+            (OpKind::CollectivePermute, None) | (_, Some(_)) => None,
+            (_, None) => {
+                let dims = match kind {
+                    OpKind::AllReduce => tensor_dim.is_none() && to.is_none(),
+                    OpKind::AllToAll => dim(tensor_dim) && dim(to) && tensor_dim != to,
+                    _ => dim(tensor_dim) && to.is_none(),
+                };
+                (dims && device_dim < n)
+                    .then(|| Self::new(kind, device_dim, tensor_dim, to, layout))
+            }
+        };
+        op.ok_or(Error::Layout(wrong))
     }
 
     /// The device dims the op communicates along, as a mask.

@@ -1,16 +1,18 @@
 //! Redistribution plans: the `CommOp` and `Redistribution` classes and `plan_redistribution`.
 
 use pyo3::prelude::*;
+use pyo3::types::PyType;
 
 use super::convert::Num;
 use super::layout::PyLayout;
 use super::topology::PyCluster;
 use crate::error::Error;
-use crate::plan::{self, CommOp, Objective, Planner, Redistribution};
+use crate::plan::{self, CommOp, Objective, OpKind, Planner, Redistribution};
 use crate::topology::{self, CostModel};
 
 /// One step of a redistribution, with the layout it acts on: a slice, all_gather, all_to_all,
 /// reduce_scatter or all_reduce along one device dim, or a collective_permute of whole blocks.
+/// Immutable, hashable, picklable.
 #[pyclass(frozen, eq, hash, module = "taps", name = "CommOp")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyCommOp {
@@ -91,6 +93,45 @@ impl PyCommOp {
         Ok(self.inner.cost(&cluster.inner, dtype_bytes, model)?)
     }
 
+    /// The op of these parts, checked (what unpickling calls).
+    #[classmethod]
+    #[pyo3(signature = (kind, device_dim, tensor_dim, to_tensor_dim, permutation, layout))]
+    fn _from_parts(
+        _cls: &Bound<'_, PyType>,
+        kind: &str,
+        device_dim: usize,
+        tensor_dim: Option<usize>,
+        to_tensor_dim: Option<usize>,
+        permutation: Option<Vec<usize>>,
+        layout: &PyLayout,
+    ) -> PyResult<Self> {
+        Ok(PyCommOp {
+            inner: CommOp::from_parts(
+                OpKind::parse(kind)?,
+                device_dim,
+                tensor_dim,
+                to_tensor_dim,
+                permutation,
+                layout.inner.clone(),
+            )?,
+        })
+    }
+
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, CommOpParts)> {
+        let o = &slf.get().inner;
+        Ok((
+            slf.get_type().getattr("_from_parts")?.unbind(),
+            (
+                o.kind().name(),
+                o.device_dim(),
+                o.tensor_dim(),
+                o.to_tensor_dim(),
+                o.permutation().map(<[usize]>::to_vec),
+                o.layout().clone().into(),
+            ),
+        ))
+    }
+
     fn __repr__(&self) -> String {
         let o = &self.inner;
         let on = match (o.permutation(), o.tensor_dim(), o.to_tensor_dim()) {
@@ -110,12 +151,23 @@ impl PyCommOp {
     }
 }
 
+/// What a pickled op holds: `CommOp._from_parts`'s arguments.
+type CommOpParts = (
+    &'static str,
+    usize,
+    Option<usize>,
+    Option<usize>,
+    Option<Vec<usize>>,
+    PyLayout,
+);
+
 fn ops(list: &[CommOp]) -> Vec<PyCommOp> {
     list.iter().map(|o| PyCommOp { inner: o.clone() }).collect()
 }
 
 /// A redistribution plan: the unified layouts and the ops between them, with the fallback
 /// gathers (prelude) and slices (epilogue) used when the two layouts do not unify as they are.
+/// Immutable, picklable.
 #[pyclass(frozen, eq, module = "taps", name = "Redistribution")]
 #[derive(Clone, PartialEq, Eq)]
 pub struct PyRedistribution {
@@ -177,6 +229,53 @@ impl PyRedistribution {
     fn cost(&self, cluster: &PyCluster, dtype_bytes: Num<f64>, model: &str) -> PyResult<f64> {
         let (dtype_bytes, model) = cost_args(dtype_bytes, model)?;
         Ok(self.inner.cost(&cluster.inner, dtype_bytes, model)?)
+    }
+
+    /// The plan of these parts (what unpickling calls; each op was checked by its own).
+    #[classmethod]
+    fn _from_parts(
+        _cls: &Bound<'_, PyType>,
+        source: &PyLayout,
+        target: &PyLayout,
+        ops: Vec<PyRef<'_, PyCommOp>>,
+        prelude: Vec<PyRef<'_, PyCommOp>>,
+        epilogue: Vec<PyRef<'_, PyCommOp>>,
+    ) -> Self {
+        let inner = |list: Vec<PyRef<'_, PyCommOp>>| list.iter().map(|o| o.inner.clone()).collect();
+        PyRedistribution {
+            inner: Redistribution {
+                source: source.inner.clone(),
+                target: target.inner.clone(),
+                ops: inner(ops),
+                prelude: inner(prelude),
+                epilogue: inner(epilogue),
+            },
+        }
+    }
+
+    fn __reduce__(
+        slf: &Bound<'_, Self>,
+    ) -> PyResult<(
+        Py<PyAny>,
+        (
+            PyLayout,
+            PyLayout,
+            Vec<PyCommOp>,
+            Vec<PyCommOp>,
+            Vec<PyCommOp>,
+        ),
+    )> {
+        let r = &slf.get().inner;
+        Ok((
+            slf.get_type().getattr("_from_parts")?.unbind(),
+            (
+                r.source.clone().into(),
+                r.target.clone().into(),
+                ops(&r.ops),
+                ops(&r.prelude),
+                ops(&r.epilogue),
+            ),
+        ))
     }
 
     fn __repr__(&self) -> String {

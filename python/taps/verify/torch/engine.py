@@ -34,7 +34,7 @@ from taps.verify.result import (
 )
 from taps.verify.torch import moe
 from taps.verify.torch.collectives import Recorder
-from taps.verify.torch.numerics import gloo_errors
+from taps.verify.torch.numerics import check_ranks, gloo_errors
 from taps.verify.torch.values import (
     backward,
     cast_inputs,
@@ -183,10 +183,12 @@ def verify_torch(
 ) -> VerifyResult:
     """Verify ``plan`` of ``module`` (a plan of ``taps.from_torch(module, *inputs)``) on PyTorch
     DTensor: collectives on the fake process group at the full world size, and, with
-    ``numerics`` (4 to 8), the outputs and gradients on that many gloo ranks under taps' plan for
+    ``numerics`` (4 or 8), the outputs and gradients on that many gloo ranks under taps' plan for
     them (the same plan when the world is that size; else the plan :func:`taps.search` finds for
     ``numerics`` devices on one node) against the dense module."""
     check_plan(plan, "verify_torch", seed)
+    if numerics is not None:
+        check_ranks("verify_torch", numerics)
     if not isinstance(module, import_torch().nn.Module):
         raise TypeError(
             f"verify_torch: module must be a torch.nn.Module, got {type(module).__name__}"

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from taps._core import Cluster
+from taps._support.arguments import shown
 from taps.errors import VerifyError
 from taps.export.distribute import distribute_module, export_module
 from taps.export.draws import drawing
@@ -44,11 +45,21 @@ from taps.verify.torch.values import (
 RANKS = (4, 8)
 
 
+def check_ranks(where: str, ranks: object) -> None:
+    """Refuse, before any work, a numerics run on a rank count other than :data:`RANKS`."""
+    if not isinstance(ranks, int) or isinstance(ranks, bool):
+        raise TypeError(f"{where}: the numerics' ranks must be an int, got {type(ranks).__name__}")
+    if ranks not in RANKS:
+        raise VerifyError(
+            f"{where}: a numerics run takes {' or '.join(map(str, RANKS))} ranks, not "
+            f"{shown(ranks)}"
+        )
+
+
 def numerics_plan(plan: Plan, ranks: int) -> Plan:
     """The plan the numbers are checked on: ``plan`` when its cluster has ``ranks`` devices,
     else taps' plan for ``ranks`` devices on one node, with the same pricing."""
-    if ranks not in RANKS:
-        raise VerifyError(f"a numerics run takes {' or '.join(map(str, RANKS))} ranks, not {ranks}")
+    check_ranks("numerics_plan", ranks)
     if plan.cluster.num_devices == ranks:
         return plan
     from taps.search.searching import search
