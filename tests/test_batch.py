@@ -266,3 +266,29 @@ def test_a_bad_out_is_refused():
         with pytest.raises(taps.TapsError, match=r"^out[^\n]*$"):
             taps.redistribution_costs(layouts, layouts, cl, out=out)
     assert not read_only.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.data())
+def test_odd_counts_unified_by_masks_price_as_the_plans(log2, data):
+    """Tensors whose element count has an odd factor (3, 5, 9, 15) in one dim or several: the
+    kernel unifies a pair by masks where the odd factor's bits meet (else by cuts), and its cost
+    is the single plan's (unified by cuts) bit for bit; the bounds stay under the optimal
+    planner's costs (their pairs are lined up by masks as well)."""
+    atoms = (2, 4, 2, 8, data.draw(st.sampled_from([3, 5, 9, 15, 6, 12])), 2, 4)
+    sources, targets = data.draw(sg.layout_sets(log2, atoms=atoms))
+    srcs = [sg.to_layout(t) for t in sources]
+    tgts = [sg.to_layout(t) for t in targets]
+    L = data.draw(st.sampled_from([2**e for e in range(log2 + 1)]))
+    cl = paper_cluster(2**log2 // L, L)
+    got = taps.redistribution_costs(srcs, tgts, cl, 2.0)
+    for i, a in enumerate(srcs):
+        for j, b in enumerate(tgts):
+            assert got[i, j] == taps.plan_redistribution(a, b).cost(cl, 2.0), (a, b)
+    bounds, exact = taps._core.redistribution_bounds(srcs, tgts, cl, 2.0)
+    for i, a in enumerate(srcs):
+        for j, b in enumerate(tgts):
+            best = taps.plan_redistribution(a, b, cl, "optimal").cost(cl, 2.0)
+            assert bounds[i, j] <= best * (1 + 1e-12), (a, b)
+            if exact[i, j]:
+                assert bounds[i, j] == pytest.approx(best, rel=1e-12), (a, b)

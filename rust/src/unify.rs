@@ -601,14 +601,20 @@ impl Start {
     }
 }
 
-/// A layout of a tensor of `2^e` elements in bits, unified with another by masks
-/// ([`unify_bits`]). Every dim is then a power of two and holds a run of the flat index's `e`
-/// bits (the outermost dim the top run), and a split maps the top bits of its dim's run onto the
-/// rank bits of its device dim, top to top. Each cut [`try_unify`] makes carries a boundary
-/// across such a map: a dim boundary inside the split part of a run cuts the device dim at the
-/// rank bit it maps to, a device boundary inside a split cuts the dim at the element bit mapped
-/// to it. No cut can fail (every size is a power of two), so the unified pair's boundaries are
-/// the least sets that hold both sides' own and are closed under both sides' maps.
+/// A layout of a tensor of `m * 2^e` elements (`m` odd) in bits, unified with another by masks
+/// ([`unify_bits`]). Every dim is then a power of two but the one holding `m`, which counts as
+/// one bit more (`m` read as 2), and holds a run of the flat index's `e` (or `e + 1`) bits (the
+/// outermost dim the top run), and a split maps the top bits of its dim's run onto the rank bits
+/// of its device dim, top to top. Each cut [`try_unify`] makes carries a boundary across such a
+/// map: a dim boundary inside the split part of a run cuts the device dim at the rank bit it maps
+/// to, a device boundary inside a split cuts the dim at the element bit mapped to it. With
+/// `m = 1` no cut can fail (every size is a power of two), so the unified pair's boundaries are
+/// the least sets that hold both sides' own and are closed under both sides' maps. With `m > 1`
+/// the same holds when `m` lies in one dim of each side, in the whole part of it, and the two
+/// sides' bits where it may sit ([`Bits::odd`]) meet: at such a bit `T`, every boundary of
+/// either side below `m` is `2^j` with `j <= T` and every one above it `m * 2^k` with `k >= T`,
+/// so read as bit `j`, and `k + 1`, every product, quotient and comparison of the cuts is that
+/// of the bits (no boundary can fall inside `m`'s one bit), and no cut fails either.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Bits {
     /// The dim boundaries: bit `p` for one between element bits `p - 1` and `p`, the first and
@@ -627,15 +633,17 @@ pub(crate) struct Bits {
     /// (A map is a shift within a run, which never wraps: a rotation is the shift either way.)
     to_rank: [u8; 64],
     to_element: [u8; 64],
+    /// The element bits of the whole part of the dim holding the odd factor of the count of
+    /// elements, where that factor may sit (0 for a count `2^e`), and the factor.
+    odd: u64,
+    factor: u64,
 }
 
 impl Bits {
-    /// The bits of the layout of `elements` elements whose start is `start`, if `elements` is a
-    /// power of two.
+    /// The bits of the layout of `elements` elements whose start is `start`, if the odd factor
+    /// of `elements` lies in one of its dims (and a count of `2^e` elements has none).
     pub fn of(start: &Start, elements: u64) -> Option<Self> {
-        if !elements.is_power_of_two() {
-            return None;
-        }
+        let factor = elements >> elements.trailing_zeros();
         let mut bits = Bits {
             dims: 1,
             device: start.bounds,
@@ -644,13 +652,25 @@ impl Bits {
             inside_ranks: 0,
             to_rank: [0; 64],
             to_element: [0; 64],
+            odd: 0,
+            factor,
         };
         // Innermost piece first: the lowest run.
         let mut bottom = 0;
         for p in start.pieces.iter().rev() {
-            let top = bottom + log2(p.size);
-            if let Some((lo, hi)) = p.split() {
-                let base = top - (hi - lo);
+            let twos = p.size.trailing_zeros();
+            let top = match p.size >> twos {
+                1 => bottom + twos,
+                // The odd factor whole in this dim: one bit more.
+                odd if odd == factor && bits.odd == 0 => bottom + twos + 1,
+                _ => return None,
+            };
+            let (lo, hi) = p.split().unwrap_or((0, 0));
+            let base = top - (hi - lo);
+            if p.size >> twos != 1 {
+                bits.odd = bits_between(bottom, base);
+            }
+            if hi != 0 {
                 for k in 0..hi - lo {
                     bits.to_rank[(base + k) as usize] = (lo.wrapping_sub(base) & 63) as u8;
                     bits.to_element[(lo + k) as usize] = (base.wrapping_sub(lo) & 63) as u8;
@@ -662,8 +682,19 @@ impl Bits {
             bottom = top;
             bits.dims |= 1 << top;
         }
-        debug_assert_eq!(1u64 << bottom, elements);
+        debug_assert_eq!(
+            1u64 << bottom,
+            elements / factor * (1 + u64::from(factor > 1))
+        );
         Some(bits)
+    }
+
+    /// Whether two layouts of one tensor unify by masks (the bits where each may hold the odd
+    /// factor meet, or there is none).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn meets(&self, other: &Bits) -> bool {
+        self.odd & other.odd != 0 || self.factor == 1
     }
 
     /// The rank bits of this side's split of the unified dim of element bits `run`, whose top bit
@@ -692,13 +723,11 @@ fn carried(mut boundaries: u64, to: &[u8; 64]) -> u64 {
     out
 }
 
-/// [`try_unify`] of two layouts of one tensor of `2^e` elements, by masks ([`Bits`]): returns the
-/// unified pair's device boundaries, and gives `each`, per unified tensor dim split on either
-/// side, outermost first, the rank bits of its split on each side (0 where it is whole). The
-/// dims whole on both sides are left out: Algorithm 1 never acts on them.
+/// The dim and device boundaries of the pair unified by masks: both sides' own, carried across
+/// both sides' maps until no new one appears.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-pub(crate) fn unify_bits(a: &Bits, b: &Bits, mut each: impl FnMut(u64, u64)) -> DeviceBounds {
+fn closed_bounds(a: &Bits, b: &Bits) -> (u64, DeviceBounds) {
     let (mut dims, mut device) = (a.dims | b.dims, a.device | b.device);
     // The boundaries not yet carried across the maps.
     let (mut new_dims, mut new_device) = (dims, device);
@@ -713,21 +742,90 @@ pub(crate) fn unify_bits(a: &Bits, b: &Bits, mut each: impl FnMut(u64, u64)) -> 
         device |= to_device;
         dims |= to_dims;
     }
+    (dims, device)
+}
+
+/// The dim boundary below the one at `top` (bit 0 is one).
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn bottom_of(dims: u64, top: u32) -> u32 {
+    // (`63 - leading_zeros`, not `ilog2`, whose check of 0 costs the kernel about 20
+    // instructions a pair: bit 0 is a boundary below `top`.)
+    #[allow(clippy::manual_ilog2)]
+    let bottom = 63 - (dims & ((1 << top) - 1)).leading_zeros();
+    bottom
+}
+
+/// [`try_unify`] of two layouts of one tensor, by masks ([`Bits`]; `None` if the pair does not
+/// unify so, [`Bits::meets`]): returns the unified pair's device boundaries, and gives `each`,
+/// per unified tensor dim split on either side, outermost first, the rank bits of its split on
+/// each side (0 where it is whole). The dims whole on both sides are left out: Algorithm 1 never
+/// acts on them.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn unify_bits(
+    a: &Bits,
+    b: &Bits,
+    mut each: impl FnMut(u64, u64),
+) -> Option<DeviceBounds> {
+    if !a.meets(b) {
+        return None;
+    }
+    let (dims, device) = closed_bounds(a, b);
     // The unified dims are the runs between consecutive dim boundaries; those split on a side
     // end at a split element bit of that side.
     let mut tops = dims & ((a.split | b.split) << 1);
     while tops != 0 {
-        // (`63 - leading_zeros`, not `ilog2`, whose check of 0 costs the kernel about 20
-        // instructions a pair: `tops` is not 0, and bit 0 is a boundary below `top`.)
+        // (`tops` is not 0.)
         #[allow(clippy::manual_ilog2)]
         let top = 63 - tops.leading_zeros();
         tops &= !(1 << top);
-        #[allow(clippy::manual_ilog2)]
-        let bottom = 63 - (dims & ((1 << top) - 1)).leading_zeros();
-        let run = bits_between(bottom, top);
+        let run = bits_between(bottom_of(dims, top), top);
         each(a.split_of(run, top), b.split_of(run, top));
     }
-    device
+    Some(device)
+}
+
+/// [`try_unify`] of two layouts of one tensor by masks into `into`, every unified dim with its
+/// size (the one holding the odd factor with it): the starts and bits of each side. `false`,
+/// with `into` unchanged, if the pair does not unify by masks ([`Bits::meets`]).
+pub(crate) fn unify_bits_into(
+    (first, a): (&Start, &Bits),
+    (second, b): (&Start, &Bits),
+    into: &mut Unified,
+) -> bool {
+    if !a.meets(b) {
+        return false;
+    }
+    let (dims, device) = closed_bounds(a, b);
+    // The bit the odd factor sits at (any the two sides share: no boundary lies between them).
+    let odd = (a.odd & b.odd).trailing_zeros();
+    into.first.clear();
+    into.second.clear();
+    // Outermost first: the boundaries above bit 0, highest first.
+    let mut tops = dims & !1;
+    while tops != 0 {
+        // (`tops` is not 0.)
+        #[allow(clippy::manual_ilog2)]
+        let top = 63 - tops.leading_zeros();
+        tops &= !(1 << top);
+        let bottom = bottom_of(dims, top);
+        let size = if a.factor > 1 && (bottom..top).contains(&odd) {
+            a.factor << (top - bottom - 1)
+        } else {
+            1 << (top - bottom)
+        };
+        let run = bits_between(bottom, top);
+        let j = into.first.len();
+        for (side, pieces) in [(a, &mut into.first), (b, &mut into.second)] {
+            let split = side.split_of(run, top);
+            let range = (split != 0).then(|| (split.trailing_zeros(), 64 - split.leading_zeros()));
+            pieces.push(Piece::new(size, range, j));
+        }
+    }
+    into.device = device;
+    into.partial = (first.partial, second.partial);
+    true
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -1007,7 +1105,7 @@ mod tests {
     /// and of some of them with partial sums, all of which unify as they are.
     #[test]
     fn unification_by_masks_is_the_cuts() {
-        use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
+        use crate::batch::tests::{layouts_of_64, partial_sums_of};
 
         let mut layouts = layouts_of_64();
         layouts.extend(partial_sums_of(&layouts, 3));
@@ -1031,7 +1129,7 @@ mod tests {
                     .filter(|&bits| bits != (0, 0))
                     .collect();
                 let mut got = Vec::new();
-                let device = unify_bits(ba, bb, |s, t| got.push((s, t)));
+                let device = unify_bits(ba, bb, |s, t| got.push((s, t))).unwrap();
                 assert_eq!((device, &got), (unified.device(), &want), "{a:?}, {b:?}");
                 device_cuts += usize::from(device != sa.bounds | sb.bounds);
                 dim_cuts += usize::from(unified.first.len() > sa.pieces.len());
@@ -1041,9 +1139,73 @@ mod tests {
             device_cuts > 1_000 && dim_cuts > 10_000,
             "{device_cuts} {dim_cuts}"
         );
-        // Other counts of elements are left to the cuts.
-        let odd = &layouts_of_96()[0];
-        assert!(Bits::of(&Start::of(odd), odd.num_elements()).is_none());
+        // A count whose odd factor is split across dims is left to the cuts.
+        let odd = layout(&[3, 2, 3], &[2], &[-1, 0, -1]);
+        assert!(Bits::of(&Start::of(&odd), odd.num_elements()).is_none());
+    }
+
+    /// On tensors of `m * 2^e` elements, a pair unified by masks is unified as [`try_unify`] cuts
+    /// it (which unifies it as it is): the same two layouts, on every pair of the layouts of 96
+    /// and 48 elements on 8 devices, and of some with partial sums; the pairs it refuses are
+    /// those whose odd factors' bits do not meet, and those the cuts block are among them.
+    #[test]
+    fn unification_by_masks_of_odd_counts_is_the_cuts() {
+        use crate::batch::tests::{layouts_of_96, partial_sums_of};
+
+        let mut layouts = layouts_of_96();
+        let more: [&[u64]; 4] = [&[48], &[3, 16], &[12, 4], &[2, 6, 4]];
+        for shape in more {
+            for (matrix, map) in [(&[8][..], &[0, -1, -1][..]), (&[2, 4], &[1, 0, -1])] {
+                let map = &map[..shape.len()];
+                layouts.extend(Layout::new(shape.to_vec(), matrix.to_vec(), map.to_vec()));
+            }
+        }
+        layouts.extend(partial_sums_of(&layouts, 5));
+        let prepared: Vec<(Start, Option<Bits>)> = layouts
+            .iter()
+            .map(|l| {
+                let start = Start::of(l);
+                let bits = Bits::of(&start, l.num_elements());
+                (start, bits)
+            })
+            .collect();
+        let (mut unified, mut masks) = (Unified::default(), Unified::default());
+        let (mut by_masks, mut refused, mut blocked) = (0, 0, 0);
+        for (a, (sa, ba)) in layouts.iter().zip(&prepared) {
+            for (b, (sb, bb)) in layouts.iter().zip(&prepared) {
+                if a.num_elements() != b.num_elements() {
+                    continue;
+                }
+                let (va, vb) = (Reshaped::with_start(a, sa), Reshaped::with_start(b, sb));
+                let cut = try_unify(&va, &vb, &mut unified);
+                let (Some(ba), Some(bb)) = (ba, bb) else {
+                    continue;
+                };
+                if !unify_bits_into((sa, ba), (sb, bb), &mut masks) {
+                    refused += 1;
+                    blocked += usize::from(cut.is_err());
+                    continue;
+                }
+                assert!(cut.is_ok(), "{a:?}, {b:?}");
+                by_masks += 1;
+                for side in [Side::First, Side::Second] {
+                    assert_eq!(masks.layout(side), unified.layout(side), "{a:?}, {b:?}");
+                }
+                assert_eq!(masks.partial(), unified.partial());
+                let mut got = Vec::new();
+                let device = unify_bits(ba, bb, |s, t| got.push((s, t))).unwrap();
+                let want: Vec<(u64, u64)> = unified
+                    .split_bits(Side::First)
+                    .zip(unified.split_bits(Side::Second))
+                    .filter(|&bits| bits != (0, 0))
+                    .collect();
+                assert_eq!((device, &got), (unified.device(), &want), "{a:?}, {b:?}");
+            }
+        }
+        assert!(
+            by_masks > 10_000 && refused > 100 && blocked > 10,
+            "{by_masks} {refused} {blocked}"
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
-    check_same_tensor, reshape_for, try_unify, unify_bits, Bits, DeviceBounds, Reshaped, Side,
-    Start, Unified,
+    check_same_tensor, reshape_for, try_unify, unify_bits, unify_bits_into, Bits, DeviceBounds,
+    Reshaped, Side, Start, Unified,
 };
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
@@ -500,6 +500,20 @@ pub(crate) fn lined_up_prepared(
     b: &Prepared<'_>,
     scratch: &mut LineUp,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
+    // A pair that unifies by masks needs no cut, and no step around it.
+    if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
+        let LineUp {
+            unified,
+            source,
+            target,
+        } = scratch;
+        if unify_bits_into((&a.start, x), (&b.start, y), unified) {
+            check_partial(unified.partial(), a.layout, b.layout)?;
+            unified.layout_into(Side::First, source);
+            unified.layout_into(Side::Second, target);
+            return Ok((Vec::new(), Vec::new()));
+        }
+    }
     line_up_into(a.layout, b.layout, Some((&a.start, &b.start)), scratch)
 }
 
@@ -800,15 +814,16 @@ fn priced(
         received: elements,
         total: (0.0, 0.0),
     };
-    // A tensor of a power-of-two count of elements is unified by masks (no cut can fail, so
-    // [`line_up`] has nothing to do).
+    // A pair that unifies by masks ([`Bits`]: no cut can fail, so [`line_up`] has nothing to
+    // do).
     if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
         source.restart(a.maps.partial);
         target.restart(b.maps.partial);
-        let device = unify_bits(x, y, |s, t| source.push_pair(target, s, t));
-        plan_unified(source, target, device, 0, &mut pricer);
-        return Ok(pricer.total);
+        if let Some(device) = unify_bits(x, y, |s, t| source.push_pair(target, s, t)) {
+            plan_unified(source, target, device, 0, &mut pricer);
+            return Ok(pricer.total);
+        }
     }
     // Otherwise a pair that needs no cut is read off the two layouts' own maps.
     if let Some(device) = a.start.uncut(&b.start) {
