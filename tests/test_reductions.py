@@ -208,44 +208,29 @@ def test_min_marginals_against_brute_force(problem, shift):
         {v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()}, problem.pairs
     )
     names = list(problem.node_cost)
-    marginals = reductions.min_marginals(problem, names)
-    if marginals is None:  # the reductions leave pair costs: nothing to compare
-        assert reduce([problem], names).cores[0].pairs
+    nodes = reductions.min_marginals(problem, names)
+    passed = reductions.pair_min_marginals(problem, names)
+    if nodes is None:  # the reductions leave pair costs: nothing to compare
+        assert passed is None and reduce([problem], names).cores[0].pairs
         return
     want = {v: np.full(len(c), math.inf) for v, c in problem.node_cost.items()}
-    for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
-        cost = problem.evaluate(dict(zip(names, c)))
-        for v, i in zip(names, c):
-            want[v][i] = min(want[v][i], cost)
-    for v in names:
-        np.testing.assert_allclose(marginals[v], want[v], rtol=0, atol=1e-9)
-
-
-@settings(max_examples=400, deadline=None)
-@given(problems(), st.floats(-3.0, 3.0))
-def test_pair_min_marginals_against_brute_force(problem, shift):
-    problem = Problem(
-        {v: c + shift * np.arange(len(c)) for v, c in problem.node_cost.items()}, problem.pairs
-    )
-    names = list(problem.node_cost)
-    passed = reductions.pair_min_marginals(problem, names)
-    if passed is None:
-        assert reduce([problem], names).cores[0].pairs
-        return
-    nodes = reductions.min_marginals(problem, names)
-    assert nodes is not None and nodes.keys() == passed[0].keys()
-    for v, m in nodes.items():
-        np.testing.assert_array_equal(passed[0][v], m)
-    marginals = passed[1]
-    want = [np.full(p.cost.shape, math.inf) for p in problem.pairs]
+    want_pairs = [np.full(p.cost.shape, math.inf) for p in problem.pairs]
     for c in itertools.product(*(range(len(problem.node_cost[v])) for v in names)):
         choice = dict(zip(names, c))
         cost = problem.evaluate(choice)
+        for v, i in choice.items():
+            want[v][i] = min(want[v][i], cost)
         for k, p in enumerate(problem.pairs):
             i, j = p.u_class[choice[p.u]], p.w_class[choice[p.w]]
-            want[k][i, j] = min(want[k][i, j], cost)
-    assert len(marginals) == len(want)
-    for got, expected in zip(marginals, want, strict=True):
+            want_pairs[k][i, j] = min(want_pairs[k][i, j], cost)
+    for v in names:
+        np.testing.assert_allclose(nodes[v], want[v], rtol=0, atol=1e-9)
+    # The pairs' pass gives the same nodes' min-marginals, to the bit, and each pair's.
+    assert passed is not None and passed[0].keys() == nodes.keys()
+    for v, m in nodes.items():
+        np.testing.assert_array_equal(passed[0][v], m)
+    assert len(passed[1]) == len(want_pairs)
+    for got, expected in zip(passed[1], want_pairs, strict=True):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
 
 
