@@ -307,20 +307,20 @@ def test_the_optimal_planners_memory_is_in_the_estimate(monkeypatch):
     monkeypatch.setenv("RAYON_NUM_THREADS", "2")
     graph, big = models.by_name("gpt"), taps.Cluster(512, 8)
     optimal = taps.Pricing(planner="optimal")
-    with pytest.raises(ResourceError, match=r"and the optimal planner's searches \(0\.3 GiB\)"):
+    with pytest.raises(ResourceError, match=r"and the optimal planner's searches \(0\.4 GiB\)"):
         searching._check("search", graph, big, optimal, None, None)
     searching._check("search", graph, big, taps.Pricing(), None, None)  # the tables fit
     # A small search is not refused; the estimate grows with the devices up to the planner's
     # bounds (2**21 layouts a search per thread, 2**18 paths).
     searching._check("search", graph, taps.Cluster(16, 8), optimal, None, None)
     sizes = [limits.optimal_bytes(2**n, 2) for n in range(3, 20)]
-    assert sizes == sorted(sizes) and sizes[0] < 40 * 2**20
+    assert sizes == sorted(sizes) and sizes[0] < 48 * 2**20
     assert sizes[-1] == 2 * limits.OPTIMAL_SEARCH_BYTES + limits.OPTIMAL_MEMO_BYTES
 
 
 def test_the_optimal_planners_estimate_covers_its_measured_growth():
     # The resident peak of a search with the optimal planner over the same search with the
-    # paper's, in one fresh process (measured 36 to 44 MiB on 1,024 devices; estimate 112 MiB).
+    # paper's, in one fresh process (measured 36 to 44 MiB on 1,024 devices; estimate 120 MiB).
     out = _run(
         """
         import json
