@@ -399,14 +399,15 @@ impl CommOp {
     pub(crate) fn group(&self) -> u64 {
         self.permutation
             .as_deref()
-            .map_or(1 << self.device_dim, moved)
+            // Lazily: a permute's `device_dim` is no device dim, and may be past the mask's bits.
+            .map_or_else(|| 1 << self.device_dim, moved)
     }
 
     /// What the op communicates over, as its price needs it.
     pub(crate) fn over(&self) -> Over<'_> {
         self.permutation
             .as_deref()
-            .map_or(Over::Group(1 << self.device_dim), Over::Permutation)
+            .map_or_else(|| Over::Group(1 << self.device_dim), Over::Permutation)
     }
 
     /// `ct` of the op on nodes of `devices_per_node` (0 for a slice): the groups over its device
