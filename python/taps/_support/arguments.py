@@ -50,6 +50,12 @@ def instance(where: str, name: str, value: object, kind: type) -> None:
         )
 
 
+def text(where: str, name: str, value: object) -> None:
+    """A one-line ``TypeError`` unless ``value`` is a text to parse (a str or bytes)."""
+    if not isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(f"{where}: {name} must be a str or bytes, got {type(value).__name__}")
+
+
 def flag(where: str, name: str, value: object) -> None:
     """A one-line ``TypeError`` unless ``value`` is True or False."""
     if not isinstance(value, bool):

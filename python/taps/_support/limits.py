@@ -189,17 +189,17 @@ def optimal_bytes(num_devices: int, threads: int) -> int:
     )
 
 
-def check_table_memory(what: str, candidates: int, pairs: int, planner: int = 0) -> None:
-    """Refuse, before any work, a search (``what``) whose tables, and ``planner`` bytes of the
+def check_table_memory(what: str, candidates: int, pairs: int, planner_bytes: int = 0) -> None:
+    """Refuse, before any work, a search (``what``) whose tables, and ``planner_bytes`` of the
     optimal planner's own (:func:`optimal_bytes`), would not fit this machine's memory (with its
     threads' address space under an address-space limit)."""
     check_memory(
         f"the search of {what}",
-        table_bytes(candidates, pairs) + planner,
+        table_bytes(candidates, pairs) + planner_bytes,
         reserved=core_threads() * THREAD_ADDRESS_BYTES,
         detail=f" for its cost tables ({candidates:,} candidate strategies, {pairs:,} strategy "
         "pairs across edges and directions)"
-        + (f" and the optimal planner's searches ({gib(planner)})" if planner else ""),
+        + (f" and the optimal planner's searches ({gib(planner_bytes)})" if planner_bytes else ""),
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from taps._core import GraphError
+from taps._support import arguments
 from taps.graph.ir import GraphIR
 from taps.graph.records import SAVED, is_positive_int
 
@@ -99,8 +100,7 @@ def to_json(g: GraphIR) -> str:
 def from_json(text: str | bytes, cls: type[G]) -> G:
     """Read a graph written by :func:`to_json` (schema in docs/graph.md). Errors name the
     field, e.g. ``ops[3].inputs[1].tensor: unknown tensor 'h9'``."""
-    if not isinstance(text, (str, bytes, bytearray)):
-        raise TypeError(f"Graph.from_json: text must be a str or bytes, got {type(text).__name__}")
+    arguments.text("Graph.from_json", "text", text)
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from taps._core import Cluster, Strategy
+from taps._support import arguments
 from taps._support.arguments import instance, some
 from taps._support.outputs import Outputs
 from taps.errors import GraphError, PlanFileError, StrategyError, TapsError
@@ -254,10 +255,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str | bytes, graph: Graph | None = None) -> Plan:
         """Read a plan written by :meth:`to_json`; see :meth:`from_dict`."""
-        if not isinstance(text, (str, bytes, bytearray)):
-            raise TypeError(
-                f"Plan.from_json: text must be a str or bytes, got {type(text).__name__}"
-            )
+        arguments.text("Plan.from_json", "text", text)
         try:
             data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

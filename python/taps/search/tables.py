@@ -884,7 +884,7 @@ def build_tables(
     # pairs and plan).
     spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
     spare = spare if spare >= MIN_SPARE else 0
-    best = [np.inf]  # the least cost of an assignment the rounds priced exactly
+    best = np.inf  # the least cost of an assignment the rounds priced exactly
 
     def refine(choice: Mapping[str, int]) -> bool:
         pairs: dict[int, set[tuple[int, int]]] = {}
@@ -896,9 +896,10 @@ def build_tables(
         chosen = [(bounds[k], p) for k, p in pairs.items()]
 
         def nearest() -> list[_ClassPair]:
+            nonlocal best
             problem = _problem(ops, edges)
-            best[0] = min(best[0], problem.evaluate(choice))  # its pairs are exact now
-            return _nearest(problem, edges, bounds, choice, best[0], spare, graph.tied)
+            best = min(best, problem.evaluate(choice))  # its pairs are exact now
+            return _nearest(problem, edges, bounds, choice, best, spare, graph.tied)
 
         return _refine(chosen, exact, spare, nearest)
 
