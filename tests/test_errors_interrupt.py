@@ -224,6 +224,65 @@ def test_ctrl_c_from_the_first_moment_is_one_line_and_130(wait, tmp_path):
     assert list(out_dir.iterdir()) == []
 
 
+SWALLOWED_SCRIPT = textwrap.dedent(
+    """
+    import signal, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import taps.cli
+    command = taps.cli._command
+    def swallowing(argv):
+        print("RUN", flush=True)
+        # What a library's bare `except:` at import time, or a finalizer, does to an interrupt.
+        try:
+            time.sleep(5)
+        except BaseException:
+            pass
+        return command(argv)
+    taps.cli._command = swallowing
+    taps.cli.run()
+    """
+)
+
+
+@pytest.mark.parametrize("sent_signal", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_swallowed_stop_is_raised_again(sent_signal, tmp_path):
+    """A stop that code catching every exception swallowed is raised again within a tick: the
+    search (about a second here) does not finish and write its file."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = ["search", "alexnet", "--nodes", "2", "--devices-per-node", "8"]
+    args += ["--json", str(out_dir / "a.json")]
+    _, err, elapsed = _interrupted(SWALLOWED_SCRIPT, args, "RUN", 0.1, sent_signal)
+    said = "interrupted" if sent_signal == signal.SIGINT else "terminated"
+    assert err in (f"taps: {said}\n", f"taps search: {said}\n")
+    assert elapsed < 1.5
+    assert list(out_dir.iterdir()) == []
+
+
+CLEANING_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, time
+    import taps.cli
+    taps.cli._take_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        start = time.monotonic()
+        while time.monotonic() - start < 1:  # cleaning up for four ticks
+            pass
+        print("CLEANED", flush=True)
+        taps.cli._taken()
+    """
+)
+
+
+def test_a_stop_being_handled_is_not_raised_again():
+    """The ticks leave the cleanup of a stop on its way out alone."""
+    out = subprocess.run([sys.executable, "-c", CLEANING_SCRIPT], capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "CLEANED\n", "")
+
+
 def test_sigterm_stops_a_solve_and_leaves_no_temporary_file(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -33,16 +33,52 @@ class Terminated(KeyboardInterrupt):
     it too."""
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+#: Seconds between raising a stop again until the command has taken it.
+_AGAIN = 0.25
+#: The stop signal raised and not yet taken by the command (``None``: none).
+_pending: int | None = None
+
+
+def _raise(signum: int) -> None:
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C or SIGTERM: raised where the program is, then raised again every
+    :data:`_AGAIN` seconds until :func:`_command` takes it. Code that catches every exception
+    (a library's bare ``except:`` at import time, a finalizer, a C function that clears errors
+    while it runs Python) would otherwise lose it, and the command would run on."""
+    global _pending
+    _pending = signum
+    signal.setitimer(signal.ITIMER_REAL, _AGAIN, _AGAIN)
+    _raise(signum)
+
+
+def _again(signum: int, frame: FrameType | None) -> None:
+    """The timer's tick: the pending stop raised again, unless it is being handled right now
+    (cleaning up on its way out, which a second raise would cut short) or the signals are held
+    (outputs moving into place: the stop is acted on once they are in)."""
+    if _pending is None or isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        return
+    if signal.getsignal(signal.SIGINT) is not _stop:
+        return
+    _raise(_pending)
+
+
+def _taken() -> None:
+    """The command has taken the pending stop: no more ticks."""
+    global _pending
+    _pending = None
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _take_signals() -> None:
     """Ctrl-C raises KeyboardInterrupt even where the parent asked to ignore it (a background
     job of a script: whoever sends SIGINT to taps means it), and SIGTERM raises
     :class:`Terminated`. Main thread only (signals are delivered there)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGALRM, _again)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
 
 
 def _one_line(text: str) -> str:
@@ -88,9 +124,11 @@ def _command(argv: Sequence[str] | None) -> tuple[str, int]:
         with hidden_stderr(not args.verbose):
             code = args.run(args, console)
     except Terminated:
+        _taken()
         sys.stderr.write(f"{prog}: terminated\n")
         return prog, EXIT_TERMINATED
     except KeyboardInterrupt:
+        _taken()
         sys.stderr.write(f"{prog}: interrupted\n")
         return prog, EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -129,12 +167,14 @@ def run() -> None:
     try:
         _take_signals()
         prog, code = _command(None)
-    except KeyboardInterrupt:  # in the instants before main's own handlers
-        sys.stderr.write("taps: interrupted\n")
-        code = EXIT_INTERRUPTED
-    except Terminated:
+    except Terminated:  # in the instants before main's own handlers
+        _taken()
         sys.stderr.write("taps: terminated\n")
         code = EXIT_TERMINATED
+    except KeyboardInterrupt:
+        _taken()
+        sys.stderr.write("taps: interrupted\n")
+        code = EXIT_INTERRUPTED
     except SystemExit as e:  # argparse: --help, --version, a bad argument
         code = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     _exit(prog, code)
@@ -147,6 +187,7 @@ def _exit(prog: str, code: int) -> None:
     directories, logging), with Ctrl-C and SIGTERM recorded meanwhile: one that came after the
     command's work is still reported, exit 130 or 143, like one held back while its outputs
     moved into place."""
+    _taken()
     caught: list[int] = []
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda signum, frame: caught.append(signum))
