@@ -115,6 +115,23 @@ def test_distribute_module_runs_a_tied_weight(mode):
     assert grad is not None
 
 
+def test_a_plan_of_another_batch_or_module_is_refused():
+    """A plan names its module's operators; the module called on another batch makes the same
+    names, so the sizes are compared too (a plan of another module by its operators)."""
+    from taps.errors import ExportError
+    from taps.plan.plan import unlike_operators
+
+    module, x = _TiedHead(), torch.randn(16, 32)
+    plan = taps.search(from_torch(module, x), taps.Cluster(1, 4)).plan
+    assert unlike_operators(plan.graph, from_torch(module, x)) is None
+    refused = r"^the plan is not of this module: operator 'emb' .*another batch"
+    with pytest.raises(ExportError, match=refused):
+        distribute_module(module, plan, torch.randn(32, 32), mode="dtensor")
+    other = torch.nn.Sequential(torch.nn.Linear(32, 32))
+    with pytest.raises(ExportError, match="are in one and not the other"):
+        distribute_module(other, plan, x, mode="dtensor")
+
+
 def test_nearest_placements_leave_whole_the_splits_without_a_form():
     """A fused QKV weight (64, 3, 64) split by heads inside each of q, k and v has no DTensor
     form on the module's (64, 192): that mesh dim is left whole, the others kept; placements

@@ -245,6 +245,10 @@ def test_errors_are_one_line(llama):
         to_pipeline(module, plan, x[:3])
     with pytest.raises(ExportError, match=r"torch\.nn\.Module"):
         to_pipeline(object(), plan, x)
+    # The module on another batch: split the same way, the same operator names.
+    with pytest.raises(ExportError, match="another batch") as e:
+        to_pipeline(module, plan, torch.cat([x, x]))
+    assert "\n" not in str(e.value)
     with pytest.raises(ExportError, match="no stage 2"):
         to_jax_pipeline(plan).ranks(2)
 

@@ -31,7 +31,7 @@ from taps.export.document import to_text
 from taps.export.dtensor import DTensorPlacements
 from taps.export.jax import JaxShardings, jax_mesh, named_sharding
 from taps.plan.layouts import layouts_of
-from taps.plan.plan import Plan
+from taps.plan.plan import Plan, unlike_operators
 from taps.plan.stages import Place, Stage, locate
 
 #: torch.distributed.pipelining's schedule class of each taps schedule.
@@ -427,6 +427,9 @@ class TorchPipeline(DTensorPipeline):
         stage_inputs: each stage module's example arguments on one microbatch (whole).
         routes: what each stage takes, runs and hands on (:class:`Route`).
         shapes: the whole shape of every tensor value of the split program on a microbatch.
+        module_plans: each stage's plan on the graph of its stage module (its operators
+            checked against the stage's, sizes included; its inputs named as the module names
+            them).
     """
 
     cuts: tuple[Cut, ...] = ()
@@ -434,6 +437,7 @@ class TorchPipeline(DTensorPipeline):
     stage_inputs: tuple[tuple[Any, ...], ...] = ()
     routes: tuple[Route, ...] = ()
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    module_plans: tuple[Plan, ...] = ()
 
     def stage_cuts(self) -> dict[int, Cut]:
         """The cut before each stage but the first."""
@@ -491,9 +495,8 @@ class TorchPipeline(DTensorPipeline):
         n = len(self.plan.stages)
         for k in place.stages:
             module = self.stage_module(k).to(dev)
-            plan = _module_plan(module, self.stage_plans[k], self.stage_inputs[k])
             dm = distribute_module(
-                module, plan, *self.stage_inputs[k], mesh=meshes[k], mode="dtensor"
+                module, self.module_plans[k], *self.stage_inputs[k], mesh=meshes[k], mode="dtensor"
             )
             runner = _runner_class()(dm, self.routes[k], self.shapes, k == 0, k == n - 1)
             modules.append(dm)
@@ -536,13 +539,9 @@ def _module_plan(module: Any, plan: Plan, inputs: Sequence[Any]) -> Plan:
     from taps.frontends.torch import from_torch
 
     graph = from_torch(module, *inputs, tie=False)
-    ops = {op.name for op in graph.ops}
-    missing = sorted(ops ^ set(plan.strategies))
-    if missing:
-        raise ExportError(
-            f"the split module's stage does not make the stage's operators: {missing[:5]} are "
-            "in one and not the other"
-        )
+    unlike = unlike_operators(plan.graph, graph)
+    if unlike:
+        raise ExportError(f"the split module's stage is not the plan's stage: {unlike}")
     return Plan(graph, plan.cluster, dict(plan.strategies), plan.pricing)
 
 
@@ -666,4 +665,11 @@ def to_pipeline(module: Any, plan: Plan, *example_inputs: Any) -> TorchPipeline:
         mb if k == 0 else tuple(example(n) for n in r.reads) for k, r in enumerate(routes)
     )
     shapes = {n: tuple(v.shape) for n, v in values.items() if isinstance(v, torch.Tensor)}
-    return TorchPipeline(plan, _stage_placements(plan), cuts, pipe, inputs, routes, shapes)
+    # Each stage module against its stage's plan now, not on the ranks: a module called on
+    # another batch splits the same way, with the same operator names.
+    module_plans = tuple(
+        _module_plan(pipe.get_stage_module(k), p, inputs[k]) for k, p in enumerate(plan.stage_plans)
+    )
+    return TorchPipeline(
+        plan, _stage_placements(plan), cuts, pipe, inputs, routes, shapes, module_plans
+    )

@@ -301,6 +301,32 @@ def same_graph(a: Graph, b: Graph) -> bool:
     return canonical[0] == canonical[1]
 
 
+def unlike_operators(planned: Graph, made: Graph) -> str | None:
+    """How ``made`` (the graph a front end makes of a module now) is not a plan's graph
+    ``planned`` operator for operator, in a few words: operators in one and not the other, or the
+    first whose kind or axes (sizes included: a module called on another batch makes the same
+    names) differ; ``None`` when alike. Tensor names may differ (a stage module names its inputs
+    as the module does)."""
+    names = [op.name for op in planned.ops], [op.name for op in made.ops]
+    odd = sorted(set(names[0]) ^ set(names[1]))
+    if odd:
+        return f"operators {odd[:5]} are in one and not the other"
+    for a, b in zip(planned.ops, made.ops):
+        if a.name != b.name:
+            return f"operator {a.name!r} comes where {b.name!r} does"
+        if a.kind != b.kind:
+            return f"operator {a.name!r} is {a.kind} in the plan, {b.kind} here"
+        # Size-1 axes split nothing (a stage module that takes a broadcast table as an input
+        # rather than a buffer has more of them).
+        sizes = [{x: n for x, n in zip(op.axes, op.axis_sizes) if n > 1} for op in (a, b)]
+        if sizes[0] != sizes[1]:
+            return (
+                f"operator {a.name!r} has axes {sizes[0]} in the plan, {sizes[1]} here (another "
+                "batch or configuration?)"
+            )
+    return None
+
+
 def is_saved_plan(data: Any) -> bool:
     """Whether a JSON document is a saved plan (rather than, say, a graph)."""
     return isinstance(data, dict) and data.get("format") == FORMAT
