@@ -207,7 +207,7 @@ fn sums(source: &Layout, least: &LeastRates<'_>, splitting: u64, space: &mut Buf
         share_leave,
         least_sum,
         sum_ops,
-        work: (rates, _),
+        work: rates,
         ..
     } = space;
     least_sum.clear();
@@ -249,7 +249,7 @@ fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut B
     let Buffers {
         chains: least,
         least_sum,
-        work: (op_rates, sets),
+        work: op_rates,
         ..
     } = space;
     least.clear();
@@ -258,35 +258,33 @@ fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut B
         return;
     }
     // `least[P]`, for `P` a subset of `partial` (at most 16: a list, not a map), built up from
-    // the smaller subsets, which come first.
-    sets.clear();
-    sets.extend(std::iter::successors(Some(partial), |&p| {
-        (p != 0).then(|| (p - 1) & partial)
-    }));
-    sets.sort_by_key(|p| p.count_ones());
-    let of = |least: &[(u64, f64)], p: u64| {
-        least
-            .iter()
-            .find(|&&(q, _)| q == p)
-            .expect("a smaller subset")
-            .1
+    // the smaller subsets: the subsets in increasing order, each a proper subset's successor, so
+    // the `i`-th is the one whose bits, packed below each other, spell `i` (a subset's entry
+    // read off its bits, not looked for).
+    let index = |p: u64| {
+        bits(partial)
+            .enumerate()
+            .fold(0, |i, (j, k)| i | ((p >> k & 1) as usize) << j)
     };
-    for &to_go in sets.iter() {
-        // A sum alone is its `least_sum` (the same op on the same shard; `sums` came first).
-        if to_go.count_ones() == 1 {
-            least.push((to_go, least_sum[to_go.trailing_zeros() as usize]));
-            continue;
-        }
-        let split = splitting & !to_go;
-        let mut price = f64::INFINITY;
-        for k in bits(to_go) {
-            let first = least_sum_op(source, rates, k, split, op_rates);
-            price = price.min(first + of(least, to_go & !(1 << k)));
-        }
-        if to_go == 0 {
-            price = 0.0;
-        }
+    let mut to_go = 0u64;
+    loop {
+        let price = match to_go.count_ones() {
+            0 => 0.0,
+            // A sum alone is its `least_sum` (the same op on the same shard; `sums` came first).
+            1 => least_sum[to_go.trailing_zeros() as usize],
+            _ => {
+                let split = splitting & !to_go;
+                bits(to_go).fold(f64::INFINITY, |price, k| {
+                    let first = least_sum_op(source, rates, k, split, op_rates);
+                    price.min(first + least[index(to_go & !(1 << k))].1)
+                })
+            }
+        };
         least.push((to_go, price));
+        if to_go == partial {
+            return;
+        }
+        to_go = (to_go | !partial).wrapping_add(1) & partial;
     }
 }
 
@@ -645,8 +643,8 @@ pub(crate) struct Buffers {
     /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
     /// together.
     needed: Vec<f64>,
-    /// What building the rest works in: one op's rates, and the sets of [`chains`].
-    work: (Vec<(f64, f64)>, Vec<u64>),
+    /// What building the rest works in: one op's rates.
+    work: Vec<(f64, f64)>,
     /// The rates of every level of a group of the permutable dims
     /// ([`LeastRates::wide_rates_into`]).
     wide: Vec<(f64, f64)>,
@@ -776,7 +774,7 @@ impl<'a> Space<'a> {
         buf.share_leave.clear();
         // The permutable dims' groups share one spread: their rates are one list's tails, worked
         // out once, not once per dim.
-        let (rates, wide) = (&mut buf.work.0, &mut buf.wide);
+        let (rates, wide) = (&mut buf.work, &mut buf.wide);
         wide.clear();
         if permutable != 0 {
             least_rates.wide_rates_into(permutable, splitting, wide);
