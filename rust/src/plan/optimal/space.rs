@@ -1341,6 +1341,19 @@ mod tests {
     /// three levels.
     #[test]
     fn the_sums_chains_are_the_least_over_every_order() {
+        // Every order of `to_go`, by recursion on the first sum.
+        fn least_order(source: &Layout, least: &LeastRates<'_>, splitting: u64, to_go: u64) -> f64 {
+            if to_go == 0 {
+                return 0.0;
+            }
+            bits(to_go)
+                .map(|k| {
+                    let mut rates = Vec::new();
+                    least_sum_op(source, least, k, splitting & !to_go, &mut rates)
+                        + least_order(source, least, splitting, to_go & !(1 << k))
+                })
+                .fold(f64::INFINITY, f64::min)
+        }
         let mut checked = 0;
         for levels in [
             vec![(8, 60e9, 1e-6), (8, 6e9, 5e-6)],
@@ -1369,24 +1382,6 @@ mod tests {
                         &mut Vec::new(),
                     );
                     let splitting = splitting(&allowed, fixed, &same_size(&source));
-                    // Every order of `to_go`, by recursion on the first sum.
-                    fn least_order(
-                        source: &Layout,
-                        least: &LeastRates<'_>,
-                        splitting: u64,
-                        to_go: u64,
-                    ) -> f64 {
-                        if to_go == 0 {
-                            return 0.0;
-                        }
-                        bits(to_go)
-                            .map(|k| {
-                                let mut rates = Vec::new();
-                                least_sum_op(source, least, k, splitting & !to_go, &mut rates)
-                                    + least_order(source, least, splitting, to_go & !(1 << k))
-                            })
-                            .fold(f64::INFINITY, f64::min)
-                    }
                     let partial = (1u64 << p) - 1;
                     assert_eq!(space.buf.chains.len(), 1 << p, "{matrix:?} {p}");
                     for &(to_go, price) in &space.buf.chains {
