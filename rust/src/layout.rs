@@ -295,6 +295,13 @@ impl Layout {
         }
     }
 
+    /// The device dims below 64 some tensor dim is split along (a mask).
+    #[must_use]
+    #[inline]
+    pub(crate) fn used_dims(&self) -> u64 {
+        self.used
+    }
+
     /// Whether some tensor dim is split along device dim `k`.
     #[must_use]
     #[inline]

@@ -220,6 +220,27 @@ impl LeastRates<'_> {
             }
         }
     }
+
+    /// [`LeastRates::least_rates_into`] for a `spread` of two dims or more, for every dim of it
+    /// at once: `least_rates_into(k, spread, ..)` is `out[self.first_level(k)..]`
+    /// ([`MatrixRates::wide_rates_into`]).
+    pub(crate) fn wide_rates_into(&self, spread: u64, splitting: u64, out: &mut Vec<(f64, f64)>) {
+        match self {
+            // The volume's one rate depends on neither `k` nor `spread`.
+            LeastRates::Volume(_) => self.least_rates_into(0, spread, splitting, out),
+            LeastRates::Seconds(rates, dtype_bytes) => {
+                rates.wide_rates_into(spread, splitting, *dtype_bytes, out);
+            }
+        }
+    }
+
+    /// Where device dim `k`'s rates start among [`LeastRates::wide_rates_into`]'s.
+    pub(crate) fn first_level(&self, k: usize) -> usize {
+        match self {
+            LeastRates::Volume(_) => 0,
+            LeastRates::Seconds(rates, _) => rates.first_level(k),
+        }
+    }
 }
 
 /// What an op communicates over: the device dims of its groups (a mask), or for a

@@ -386,22 +386,62 @@ impl MatrixRates<'_> {
         scale: f64,
         out: &mut Vec<(f64, f64)>,
     ) {
-        out.clear();
-        let levels = self.cluster.levels();
-        let h = self.sizes.len();
         let first = self.first[k];
         // A group of `k` alone runs at its first level; a wider one at that level or above.
         let last = if spread == 1 << k {
             first
         } else {
-            levels.len() - 1
+            self.cluster.levels().len() - 1
         };
+        self.levels_into(first, last, spread, splitting, scale, out);
+    }
+
+    /// [`MatrixRates::least_rates_into`] for a `spread` of two dims or more, of every level:
+    /// a level's rate does not depend on `k`, so `least_rates_into(k, spread, ..)` is
+    /// `out[self.first_level(k)..]` for every dim `k` of `spread` (the bound asks this of most
+    /// device dims, each with the same `spread` and `splitting`).
+    pub(crate) fn wide_rates_into(
+        &self,
+        spread: u64,
+        splitting: u64,
+        scale: f64,
+        out: &mut Vec<(f64, f64)>,
+    ) {
+        debug_assert!(spread.count_ones() >= 2);
+        let levels = self.cluster.levels().len();
+        self.levels_into(0, levels - 1, spread, splitting, scale, out);
+    }
+
+    /// The first level of device dim `k`'s rates ([`MatrixRates::least_rates_into`]).
+    pub(crate) fn first_level(&self, k: usize) -> usize {
+        self.first[k]
+    }
+
+    /// The rates of the levels `first` to `last`, into `out` (emptied first).
+    fn levels_into(
+        &self,
+        first: usize,
+        last: usize,
+        spread: u64,
+        splitting: u64,
+        scale: f64,
+        out: &mut Vec<(f64, f64)>,
+    ) {
+        out.clear();
+        let h = self.sizes.len();
         let splitting = if h < 64 {
             splitting & ((1 << h) - 1)
         } else {
             splitting
         };
-        for (j, level) in levels.iter().enumerate().take(last + 1).skip(first) {
+        for (j, level) in self
+            .cluster
+            .levels()
+            .iter()
+            .enumerate()
+            .take(last + 1)
+            .skip(first)
+        {
             let mut parts = 1.0;
             let mut rest = splitting;
             if j == 0 {

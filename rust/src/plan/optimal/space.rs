@@ -207,7 +207,7 @@ fn sums(source: &Layout, least: &LeastRates<'_>, splitting: u64, space: &mut Buf
         share_leave,
         least_sum,
         sum_ops,
-        work: (rates, _),
+        work: rates,
         ..
     } = space;
     least_sum.clear();
@@ -248,7 +248,8 @@ const CHAINED: u32 = 4;
 fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut Buffers) {
     let Buffers {
         chains: least,
-        work: (op_rates, sets),
+        least_sum,
+        work: op_rates,
         ..
     } = space;
     least.clear();
@@ -257,30 +258,33 @@ fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut B
         return;
     }
     // `least[P]`, for `P` a subset of `partial` (at most 16: a list, not a map), built up from
-    // the smaller subsets, which come first.
-    sets.clear();
-    sets.extend(std::iter::successors(Some(partial), |&p| {
-        (p != 0).then(|| (p - 1) & partial)
-    }));
-    sets.sort_by_key(|p| p.count_ones());
-    let of = |least: &[(u64, f64)], p: u64| {
-        least
-            .iter()
-            .find(|&&(q, _)| q == p)
-            .expect("a smaller subset")
-            .1
+    // the smaller subsets: the subsets in increasing order, each a proper subset's successor, so
+    // the `i`-th is the one whose bits, packed below each other, spell `i` (a subset's entry
+    // read off its bits, not looked for).
+    let index = |p: u64| {
+        bits(partial)
+            .enumerate()
+            .fold(0, |i, (j, k)| i | ((p >> k & 1) as usize) << j)
     };
-    for &to_go in sets.iter() {
-        let split = splitting & !to_go;
-        let mut price = f64::INFINITY;
-        for k in bits(to_go) {
-            let first = least_sum_op(source, rates, k, split, op_rates);
-            price = price.min(first + of(least, to_go & !(1 << k)));
-        }
-        if to_go == 0 {
-            price = 0.0;
-        }
+    let mut to_go = 0u64;
+    loop {
+        let price = match to_go.count_ones() {
+            0 => 0.0,
+            // A sum alone is its `least_sum` (the same op on the same shard; `sums` came first).
+            1 => least_sum[to_go.trailing_zeros() as usize],
+            _ => {
+                let split = splitting & !to_go;
+                bits(to_go).fold(f64::INFINITY, |price, k| {
+                    let first = least_sum_op(source, rates, k, split, op_rates);
+                    price.min(first + least[index(to_go & !(1 << k))].1)
+                })
+            }
+        };
         least.push((to_go, price));
+        if to_go == partial {
+            return;
+        }
+        to_go = (to_go | !partial).wrapping_add(1) & partial;
     }
 }
 
@@ -365,11 +369,10 @@ fn by_size(layout: &Layout, dims: u64) -> impl Iterator<Item = (u64, u64)> + '_ 
 /// The device dims that may split a tensor dim on the way (a mask): those that split one at
 /// either end or hold partial sums in the source.
 fn may_split(source: &Layout, target: &Layout) -> u64 {
-    let partial = mask_of(source.partial());
-    // The layouts' masks of used dims, not a scan of their maps per dim.
-    (0..source.num_device_dims())
-        .filter(|&k| source.uses(k) || target.uses(k) || partial >> k & 1 == 1)
-        .fold(0, |m, k| m | 1 << k)
+    // The layouts' masks of used dims, not a scan of their maps per dim (the dims, fewer than
+    // 64, are the masks' own).
+    debug_assert_eq!(source.device_matrix(), target.device_matrix());
+    source.used_dims() | target.used_dims() | mask_of(source.partial())
 }
 
 /// Whether `d` divides `x`: a mask, not a division, for the usual power-of-two dim (the bounded
@@ -640,8 +643,11 @@ pub(crate) struct Buffers {
     /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
     /// together.
     needed: Vec<f64>,
-    /// What building the rest works in: one op's rates, and the sets of [`chains`].
-    work: (Vec<(f64, f64)>, Vec<u64>),
+    /// What building the rest works in: one op's rates.
+    work: Vec<(f64, f64)>,
+    /// The rates of every level of a group of the permutable dims
+    /// ([`LeastRates::wide_rates_into`]).
+    wide: Vec<(f64, f64)>,
 }
 
 /// The search space around one unified pair.
@@ -766,10 +772,21 @@ impl<'a> Space<'a> {
         buf.least_leave.clear();
         buf.share.clear();
         buf.share_leave.clear();
-        let rates = &mut buf.work.0;
+        // The permutable dims' groups share one spread: their rates are one list's tails, worked
+        // out once, not once per dim.
+        let (rates, wide) = (&mut buf.work, &mut buf.wide);
+        wide.clear();
+        if permutable != 0 {
+            least_rates.wide_rates_into(permutable, splitting, wide);
+        }
         for k in 0..h {
             let g = source.dim_size(k) as f64;
-            least_rates.least_rates_into(k, spread(k), splitting, rates);
+            let rates: &[(f64, f64)] = if permutable >> k & 1 == 1 {
+                &wide[least_rates.first_level(k)..]
+            } else {
+                least_rates.least_rates_into(k, 1 << k, splitting, rates);
+                rates
+            };
             // Each level's latency once for a permute, `g-1` times for a collective; and the
             // shards an all-gather moves, or a collective-permute (one) if one may.
             let (steps, leave) = if permutable >> k & 1 == 1 {
@@ -1227,7 +1244,8 @@ mod tests {
     /// of one size, those of the matrix), asked for every device matrix of 64 devices in turn,
     /// twice, on clusters of several shapes and under both objectives: matrices that differ in
     /// one entry, in their order or in their length alternate, so a key that left out part of
-    /// the matrix would hand one matrix another's bounds.
+    /// the matrix would hand one matrix another's bounds. The rates of a group wider than one dim
+    /// are the tail of every level's ([`LeastRates::wide_rates_into`]) from the dim's first.
     #[test]
     fn the_bounds_kept_by_device_matrix_are_the_matrix_own() {
         let matrices = matrices(64);
@@ -1248,6 +1266,7 @@ mod tests {
                 dtype_bytes: 2.0,
             })
             .chain([Objective::Volume]);
+        let mut tails = 0;
         for objective in objectives {
             let mut cache = MatrixCache::default();
             for _ in 0..2 {
@@ -1290,11 +1309,90 @@ mod tests {
                                     bits(&fresh.least_rates),
                                     "{matrix:?} {k} {spread} {splitting}"
                                 );
+                                // A wider group's rates, read off every level's from `k`'s
+                                // first.
+                                if spread != 1 << k {
+                                    let mut wide = Vec::new();
+                                    let least = &kept.least_rates;
+                                    least.wide_rates_into(spread, splitting, &mut wide);
+                                    let tail = &wide[least.first_level(k)..];
+                                    assert_eq!(
+                                        tail.iter()
+                                            .map(|&(l, r)| (l.to_bits(), r.to_bits()))
+                                            .collect::<Vec<_>>(),
+                                        bits(least),
+                                        "{matrix:?} {k} {spread} {splitting}"
+                                    );
+                                    tails += 1;
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        assert!(tails > 100_000, "{tails}");
+    }
+
+    /// The sums' chains ([`chains`]) are the least, over every order of each set of sums to go,
+    /// of its ops' bounds one after another, each on a shard split by the dims that are not
+    /// sums to go and those summed before it (worked out here by trying every order): sources
+    /// of one to four partial dims on every device matrix of 64 devices, on clusters of two and
+    /// three levels.
+    #[test]
+    fn the_sums_chains_are_the_least_over_every_order() {
+        // Every order of `to_go`, by recursion on the first sum.
+        fn least_order(source: &Layout, least: &LeastRates<'_>, splitting: u64, to_go: u64) -> f64 {
+            if to_go == 0 {
+                return 0.0;
+            }
+            bits(to_go)
+                .map(|k| {
+                    let mut rates = Vec::new();
+                    least_sum_op(source, least, k, splitting & !to_go, &mut rates)
+                        + least_order(source, least, splitting, to_go & !(1 << k))
+                })
+                .fold(f64::INFINITY, f64::min)
+        }
+        let mut checked = 0;
+        for levels in [
+            vec![(8, 60e9, 1e-6), (8, 6e9, 5e-6)],
+            vec![(2, 100e9, 1e-6), (8, 20e9, 2e-6), (4, 5e9, 8e-6)],
+        ] {
+            let cluster = Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap();
+            let objective = Objective::Seconds {
+                cluster: &cluster,
+                dtype_bytes: 2.0,
+            };
+            for matrix in matrices(64) {
+                let h = matrix.len();
+                // The last dim splits the tensor; the first ones (up to four) hold partial sums.
+                let map = vec![h as i64 - 1, -1];
+                let target = Layout::new(vec![64, 64], matrix.clone(), map.clone()).unwrap();
+                for p in 1..h.min(5) {
+                    let source = target.with_state(map.clone(), (0..p).collect());
+                    let space = Space::bounding(&source, &target, objective);
+                    let least = objective.least_rates_of(&source);
+                    let mut allowed = Vec::new();
+                    allowed_into(&source, &target, &mut allowed);
+                    let fixed = goal_and_fixed(
+                        source.tensor_map(),
+                        target.tensor_map(),
+                        h,
+                        &mut Vec::new(),
+                    );
+                    let splitting = splitting(&allowed, fixed, &same_size(&source));
+                    let partial = (1u64 << p) - 1;
+                    assert_eq!(space.buf.chains.len(), 1 << p, "{matrix:?} {p}");
+                    for &(to_go, price) in &space.buf.chains {
+                        assert_eq!(to_go & !partial, 0);
+                        let want = least_order(&source, &least, splitting, to_go);
+                        assert_eq!(price.to_bits(), want.to_bits(), "{matrix:?} {p} {to_go}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "{checked}");
     }
 }
