@@ -30,6 +30,7 @@ import numpy as np
 
 import taps
 from model_families import builders
+from pair_census import recorded_calls
 from taps._core import Layout
 from taps.search import tables
 
@@ -93,17 +94,7 @@ def _calls(model: str, graph_file: str | None, cluster: taps.Cluster) -> list[tu
             graph = pickle.load(f)
     else:
         graph = builders()[model]()
-    calls: list[tuple[Any, ...]] = []
-    priced = tables.redistribution_costs
-
-    def keep(s: Any, t: Any, cluster: Any, *how: Any, **kw: Any) -> Any:
-        calls.append((list(s), list(t), *how))
-        return priced(s, t, cluster, *how, **kw)
-
-    tables.redistribution_costs = keep  # type: ignore[assignment]
-    tables.build_tables(graph, cluster)
-    tables.redistribution_costs = priced
-    return calls
+    return recorded_calls(graph, cluster)[1]
 
 
 def main() -> None:

@@ -130,6 +130,24 @@ def _swap_census(calls: list[tuple[Any, ...]], cluster: taps.Cluster) -> None:
         return
 
 
+def recorded_calls(graph: taps.Graph, cluster: taps.Cluster) -> tuple[Any, list[tuple[Any, ...]]]:
+    """The search's cost tables of ``graph`` on ``cluster``, and every call of the pair kernel
+    they made: ``(sources, targets, *the rest of its positional arguments)``."""
+    calls: list[tuple[Any, ...]] = []
+    priced = tables.redistribution_costs
+
+    def keep(s: Any, t: Any, cluster: Any, *how: Any, **kw: Any) -> Any:
+        calls.append((list(s), list(t), *how))
+        return priced(s, t, cluster, *how, **kw)
+
+    tables.redistribution_costs = keep  # type: ignore[assignment]
+    try:
+        built = tables.build_tables(graph, cluster)
+    finally:
+        tables.redistribution_costs = priced
+    return built, calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a name of benches/model_families.py")
@@ -139,18 +157,9 @@ def main() -> None:
     warnings.simplefilter("ignore")
     graph = builders()[args.model]()
     cluster = taps.Cluster(8, 8)
-    calls: list[tuple[Any, ...]] = []
-    priced = tables.redistribution_costs
-
-    def keep(s: Any, t: Any, cluster: Any, *how: Any, **kw: Any) -> Any:
-        calls.append((list(s), list(t), *how))
-        return priced(s, t, cluster, *how, **kw)
-
-    tables.redistribution_costs = keep  # type: ignore[assignment]
     start = time.process_time()
-    built = tables.build_tables(graph, cluster)
+    built, calls = recorded_calls(graph, cluster)
     cpu = time.process_time() - start
-    tables.redistribution_costs = priced
     total = sum(len(s) * len(t) for s, t, *_ in calls)
     print(
         f"{args.model}: {len(calls)} kernel calls, {total / 1e6:.2f} M layout pairs, tables "

@@ -45,7 +45,7 @@ from taps.export.experts import stacked_parameters
 from taps.frontends.torch.rules.creation import SHAPED
 from taps.graph import SHARE, Graph
 from taps.plan.layouts import PlanLayouts, layouts_of
-from taps.plan.plan import Plan, unlike_operators
+from taps.plan.plan import Plan, unlike_names, unlike_operators
 from taps.search.evaluate import StepLayouts, step_layouts
 from taps.search.prices import Collective
 from taps.steps.torch import Steps
@@ -1817,11 +1817,11 @@ def distribute_module(
     if exported is None:
         exported = export_module(module, *example_inputs, rows=rows)
     program, conversion = exported.program, exported.conversion
-    if isinstance(plan, Plan):
-        unlike = unlike_operators(plan.graph, conversion.graph)
-    else:
-        odd = sorted(set(placements.operators) ^ {op.name for op in conversion.graph.ops})
-        unlike = f"operators {odd[:5]} are in one and not the other" if odd else None
+    unlike = (
+        unlike_operators(plan.graph, conversion.graph)
+        if isinstance(plan, Plan)
+        else unlike_names(placements.operators, (op.name for op in conversion.graph.ops))
+    )
     if unlike:
         raise ExportError(f"the plan is not of this module: {unlike}")
     params = stacked_parameters(dict(module.named_parameters()), conversion.graph)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from os import PathLike
@@ -301,16 +301,21 @@ def same_graph(a: Graph, b: Graph) -> bool:
     return canonical[0] == canonical[1]
 
 
+def unlike_names(planned: Iterable[str], made: Iterable[str]) -> str | None:
+    """The operator names in one set and not the other, in a few words; ``None`` when equal."""
+    odd = sorted(set(planned) ^ set(made))
+    return f"operators {odd[:5]} are in one and not the other" if odd else None
+
+
 def unlike_operators(planned: Graph, made: Graph) -> str | None:
     """How ``made`` (the graph a front end makes of a module now) is not a plan's graph
     ``planned`` operator for operator, in a few words: operators in one and not the other, or the
     first whose kind or axes (sizes included: a module called on another batch makes the same
     names) differ; ``None`` when alike. Tensor names may differ (a stage module names its inputs
     as the module does)."""
-    names = [op.name for op in planned.ops], [op.name for op in made.ops]
-    odd = sorted(set(names[0]) ^ set(names[1]))
+    odd = unlike_names([op.name for op in planned.ops], [op.name for op in made.ops])
     if odd:
-        return f"operators {odd[:5]} are in one and not the other"
+        return odd
     for a, b in zip(planned.ops, made.ops):
         if a.name != b.name:
             return f"operator {a.name!r} comes where {b.name!r} does"
