@@ -114,7 +114,7 @@ impl<'c> Objective<'c> {
 
     /// The lower bounds of [`LeastRates::least_rates_into`] on layouts of `layout`'s device matrix,
     /// worked out once for the many dims and masks one bound asks about.
-    pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates<'c> {
+    pub(crate) fn least_rates_of(&self, layout: &Layout) -> LeastRates {
         match *self {
             Objective::Volume => LeastRates::Volume(
                 (0..layout.num_device_dims())
@@ -185,14 +185,14 @@ impl<'c> Objective<'c> {
 
 /// Lower bounds on the price of an op on layouts of one device matrix
 /// ([`Objective::least_rates_of`]).
-pub(crate) enum LeastRates<'c> {
+pub(crate) enum LeastRates {
     /// Under the volume objective, the device dims' sizes.
     Volume(Vec<u64>),
     /// Under the seconds objective, the cluster's bounds and the bytes per element.
-    Seconds(MatrixRates<'c>, f64),
+    Seconds(MatrixRates, f64),
 }
 
-impl LeastRates<'_> {
+impl LeastRates {
     /// Lower bounds on the price of an op that moves `c` shards of a tensor of `elements` over
     /// a group that holds device dim `k` and lies within the dims of `spread` (a mask holding
     /// `k`), where only the dims of `splitting` (a mask) may split the tensor: `(latency,

@@ -361,15 +361,15 @@ pub(crate) struct Bounds<'o> {
 
 /// The buffers one thread bounds pairs in ([`Bounds::bound`]), pair after pair.
 /// Its bounds by device matrix are of one objective: a scratch serves one [`Bounds`].
-pub(crate) struct BoundScratch<'c> {
+pub(crate) struct BoundScratch {
     key: KeyScratch,
     source: Layout,
     target: Layout,
-    matrices: MatrixCache<'c>,
+    matrices: MatrixCache,
     space: Buffers,
 }
 
-impl Default for BoundScratch<'_> {
+impl Default for BoundScratch {
     fn default() -> Self {
         BoundScratch {
             key: KeyScratch::default(),
@@ -414,7 +414,7 @@ impl<'o> Bounds<'o> {
         &self,
         source: &Layout,
         target: &Layout,
-        scratch: &mut BoundScratch<'o>,
+        scratch: &mut BoundScratch,
     ) -> Option<f64> {
         if !scratch.key.fill(source, target) {
             return None;

@@ -2,7 +2,7 @@
 //! many communication groups of a part cross its boundary at once (`ct`), the effective bandwidth
 //! that leaves each, and the cost of a collective in seconds, or in bytes under the volume model.
 
-use super::cluster::{Cluster, Replicas};
+use super::cluster::{Cluster, Level, Replicas};
 use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
 
@@ -326,7 +326,7 @@ impl Cluster {
     /// number of units each splitting dim spans, and over the whole size of the dims of the
     /// group. A group of more dims crosses no fewer levels than `k` alone; an all-to-all's factor
     /// is at least 1.
-    pub(crate) fn matrix_rates(&self, device_matrix: &[u64]) -> MatrixRates<'_> {
+    pub(crate) fn matrix_rates(&self, device_matrix: &[u64]) -> MatrixRates {
         let levels = self.levels();
         let h = device_matrix.len();
         let sizes = device_matrix.iter().rev().map(|&d| d as f64).collect();
@@ -348,7 +348,7 @@ impl Cluster {
             })
             .collect();
         MatrixRates {
-            cluster: self,
+            levels: levels.to_vec(),
             sizes,
             parts,
             first,
@@ -358,8 +358,10 @@ impl Cluster {
 
 /// A cluster's lower bounds on the seconds of collectives on layouts of one device matrix
 /// ([`Cluster::matrix_rates`]).
-pub(crate) struct MatrixRates<'c> {
-    cluster: &'c Cluster,
+pub(crate) struct MatrixRates {
+    /// The cluster's levels, copied: the rates outlive a call on the cluster (the bounds keep
+    /// them by device matrix across calls).
+    levels: Vec<Level>,
     /// Per device dim, its size.
     sizes: Vec<f64>,
     /// Per level but the last, per device dim, its size over the coordinates of it one unit of
@@ -369,7 +371,7 @@ pub(crate) struct MatrixRates<'c> {
     first: Vec<usize>,
 }
 
-impl MatrixRates<'_> {
+impl MatrixRates {
     /// Lower bounds on the seconds of a collective that moves `c` shards of a tensor of `bytes`
     /// over a group holding device dim `k` and lying within the dims of `spread` (a mask holding
     /// `k`), where only the dims of `splitting` (a mask) may split the tensor: per level such a
@@ -391,7 +393,7 @@ impl MatrixRates<'_> {
         let last = if spread == 1 << k {
             first
         } else {
-            self.cluster.levels().len() - 1
+            self.levels.len() - 1
         };
         self.levels_into(first, last, spread, splitting, scale, out);
     }
@@ -408,8 +410,7 @@ impl MatrixRates<'_> {
         out: &mut Vec<(f64, f64)>,
     ) {
         debug_assert!(spread.count_ones() >= 2);
-        let levels = self.cluster.levels().len();
-        self.levels_into(0, levels - 1, spread, splitting, scale, out);
+        self.levels_into(0, self.levels.len() - 1, spread, splitting, scale, out);
     }
 
     /// The first level of device dim `k`'s rates ([`MatrixRates::least_rates_into`]).
@@ -434,14 +435,7 @@ impl MatrixRates<'_> {
         } else {
             splitting
         };
-        for (j, level) in self
-            .cluster
-            .levels()
-            .iter()
-            .enumerate()
-            .take(last + 1)
-            .skip(first)
-        {
+        for (j, level) in self.levels.iter().enumerate().take(last + 1).skip(first) {
             let mut parts = 1.0;
             let mut rest = splitting;
             if j == 0 {

@@ -13,9 +13,11 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
+use super::locked;
 use crate::layout::Layout;
 use crate::plan::ops::{volume, LeastRates, Objective, OpKind, Over};
 
@@ -166,7 +168,7 @@ fn least_price(rates: &[(f64, f64)], elements: f64) -> f64 {
 /// dims of `split`; the dim's rates it used (`least_rates`) are left in `rates`.
 fn least_sum_op(
     source: &Layout,
-    least: &LeastRates<'_>,
+    least: &LeastRates,
     k: usize,
     split: u64,
     rates: &mut Vec<(f64, f64)>,
@@ -191,25 +193,30 @@ fn least_stepped(rates: &[(f64, f64)], steps: f64, elements: f64) -> f64 {
 }
 
 /// Per device dim, a lower bound on the op that sums its partial sums (`least_sum`), and `least`
-/// and `share` of the ops the sum takes (`sum_ops`), into `space`'s vectors. A dim holding
+/// and `share` of the ops the sum takes (`sum_ops`), into `dims` (by `goal`, per device dim the
+/// tensor dim the target splits along it). A dim holding
 /// partial sums splits nothing: its sum (an op of that dim alone, of `g-1` steps at least) moves
 /// `(g-1)/g` of a shard split by the other dims at most. A sum along which the target splits
 /// nothing is an all-reduce (`2 (g-1)` steps moving `2 (g-1)/g` shards, on the same groups), or
 /// a reduce-scatter and then an op that ends the split it made (`least_leave`, `share_leave`).
 /// No step makes partial sums, so only the source's partial dims ever hold them: the other dims'
 /// entries are 0, never read (working them out took a third of bounding a pair's source).
-fn sums(source: &Layout, least: &LeastRates<'_>, splitting: u64, space: &mut Buffers) {
+fn sums(
+    source: &Layout,
+    least: &LeastRates,
+    (splitting, goal): (u64, &[Option<usize>]),
+    rates: &mut Vec<(f64, f64)>,
+    dims: &mut DimBounds,
+) {
     let whole = source.num_elements() as f64;
     let partial = mask_of(source.partial());
-    let Buffers {
-        goal,
+    let DimBounds {
         least_leave,
         share_leave,
         least_sum,
         sum_ops,
-        work: rates,
         ..
-    } = space;
+    } = dims;
     least_sum.clear();
     sum_ops.clear();
     for k in 0..source.num_device_dims() {
@@ -244,14 +251,19 @@ const CHAINED: u32 = 4;
 /// sums to go and those summed before it (a sum splits at most its own dim: an all-reduce none,
 /// a reduce-scatter its own), so the least over the orders of the `(g-1)/g` shards each moves.
 /// A sum that comes first cannot have its shard split by the others, which `least_sum` assumes.
-/// Into `space`'s `chains`.
-fn chains(source: &Layout, rates: &LeastRates<'_>, splitting: u64, space: &mut Buffers) {
-    let Buffers {
+/// Into `dims`' `chains`.
+fn chains(
+    source: &Layout,
+    rates: &LeastRates,
+    splitting: u64,
+    op_rates: &mut Vec<(f64, f64)>,
+    dims: &mut DimBounds,
+) {
+    let DimBounds {
         chains: least,
         least_sum,
-        work: op_rates,
         ..
-    } = space;
+    } = dims;
     least.clear();
     let partial = mask_of(source.partial());
     if partial.count_ones() > CHAINED {
@@ -334,6 +346,14 @@ fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
             out[k] = dims;
         }
     }
+}
+
+/// The device dims [`allowed`] gives some tensor dim to split (a mask), without the tensor dims:
+/// all a bound reads of it (working out every dim's mask was a tenth of a bound's space).
+fn allowed_dims(source: &Layout, target: &Layout) -> u64 {
+    by_size(source, may_split(source, target))
+        .filter(|&(d, _)| source.shape().iter().any(|&x| divides(d, x)))
+        .fold(0, |m, (_, group)| m | group)
 }
 
 /// [`allowed`] the other way round, into `out`: per tensor dim, the device dims that may split
@@ -450,12 +470,9 @@ pub(super) fn state_layout(template: &Layout, state: &State) -> Layout {
 
 /// The device dims that may split the tensor on the way (a mask): those `allowed` to, and those
 /// a permute may hand a split to (any dim that is not `fixed`, of the size of one that may move).
-fn splitting(allowed: &[u64], fixed: u64, same_size: &[u64]) -> u64 {
-    let h = allowed.len();
-    let allowed = (0..h)
-        .filter(|&k| allowed[k] != 0)
-        .fold(0u64, |m, k| m | 1 << k);
-    (0..h)
+/// `allowed` is the mask of the dims [`allowed`] gives a tensor dim ([`allowed_dims`]).
+fn splitting(allowed: u64, fixed: u64, same_size: &[u64]) -> u64 {
+    (0..same_size.len())
         .filter(|&d| fixed >> d & 1 == 0 && same_size[d] & allowed & !fixed != 0)
         .fold(allowed, |m, d| m | 1 << d)
 }
@@ -521,8 +538,8 @@ pub(super) struct Unit {
 /// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
 /// [`Space::entering`]. Working them out again for every pair took about a sixth of bounding
 /// one.
-pub(super) struct MatrixBounds<'c> {
-    least_rates: LeastRates<'c>,
+pub(super) struct MatrixBounds {
+    least_rates: LeastRates,
     units: Vec<Unit>,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
@@ -535,11 +552,14 @@ pub(super) struct MatrixBounds<'c> {
     /// up to the third.
     unsplit: Vec<(f64, f64)>,
     unsplit_at: Vec<[usize; 3]>,
+    /// The bounds per device dim of the sources on the matrix ([`DimBounds`]) met so far, by
+    /// their permutable, splitting, partial and partial target-split dims and their elements.
+    dims: Mutex<FxHashMap<[u64; 5], Arc<DimBounds>>>,
 }
 
-impl<'c> MatrixBounds<'c> {
+impl MatrixBounds {
     /// The bounds on layouts of `layout`'s device matrix under `objective`.
-    pub(super) fn of(objective: Objective<'c>, layout: &Layout) -> Self {
+    pub(super) fn of(objective: Objective<'_>, layout: &Layout) -> Self {
         let h = layout.num_device_dims();
         let units = objective
             .entering_rates(layout)
@@ -571,9 +591,28 @@ impl<'c> MatrixBounds<'c> {
             same_size: same_size(layout),
             unsplit,
             unsplit_at,
+            dims: Mutex::default(),
         }
     }
+
+    /// The [`DimBounds`] of `key` ([`MatrixBounds::dims`]'s), worked out by `work` if not met
+    /// before (not under the lock: another thread may ask for another key meanwhile).
+    fn dims(&self, key: [u64; 5], work: impl FnOnce() -> DimBounds) -> Arc<DimBounds> {
+        if let Some(dims) = locked(&self.dims).get(&key) {
+            return Arc::clone(dims);
+        }
+        let dims = Arc::new(work());
+        let mut map = locked(&self.dims);
+        if map.len() >= DIMS_KEPT {
+            map.clear();
+        }
+        map.insert(key, Arc::clone(&dims));
+        dims
+    }
 }
+
+/// The most [`DimBounds`] one [`MatrixBounds`] keeps (GPT-3's meet about 32 per matrix).
+const DIMS_KEPT: usize = 1 << 8;
 
 /// Per device dim of `layout`'s matrix, the dims of its size (a mask): its group of [`by_size`].
 fn same_size(layout: &Layout) -> Vec<u64> {
@@ -587,21 +626,52 @@ fn same_size(layout: &Layout) -> Vec<u64> {
     out
 }
 
-/// [`MatrixBounds`] by device matrix, each worked out once: the pairs one thread bounds in a batch
-/// lie on a few device matrices. The bounds of one objective (the key is the matrix alone).
-#[derive(Default)]
-pub(crate) struct MatrixCache<'c>(FxHashMap<Vec<u64>, MatrixBounds<'c>>);
+/// [`MatrixBounds`] by objective fingerprint ([`Objective::fingerprint`]) and device matrix,
+/// across calls: GPT-3's 11 bounded tables met 512 device matrices, but each call's threads
+/// worked them out afresh, 16,176 times (a twentieth of the calls' work). It changes no result
+/// (the bounds depend on the objective and the matrix alone); emptied past [`MATRICES_KEPT`].
+static MATRICES: Mutex<Option<FxHashMap<Vec<u64>, FxHashMap<Vec<u64>, Arc<MatrixBounds>>>>> =
+    Mutex::new(None);
 
-impl<'c> MatrixCache<'c> {
+/// The most matrices [`MATRICES`] keeps under all objectives together (each a few KB at most).
+const MATRICES_KEPT: usize = 1 << 12;
+
+/// [`MatrixBounds`] by device matrix for one thread, read off [`MATRICES`] (or worked out and
+/// kept there) once per matrix: the pairs one thread bounds in a batch lie on a few device
+/// matrices, and the thread asks without the lock. The bounds of one objective (the key is the
+/// matrix alone; its fingerprint is worked out at the first matrix).
+#[derive(Default)]
+pub(crate) struct MatrixCache {
+    fingerprint: Option<Vec<u64>>,
+    matrices: FxHashMap<Vec<u64>, Arc<MatrixBounds>>,
+}
+
+impl MatrixCache {
     /// The bounds on layouts of `layout`'s device matrix under `objective` (the objective of every
     /// call on this cache).
-    pub(super) fn of(&mut self, objective: Objective<'c>, layout: &Layout) -> &MatrixBounds<'c> {
+    pub(super) fn of(&mut self, objective: Objective<'_>, layout: &Layout) -> &MatrixBounds {
         let matrix = layout.device_matrix();
-        if !self.0.contains_key(matrix) {
-            self.0
-                .insert(matrix.to_vec(), MatrixBounds::of(objective, layout));
+        if !self.matrices.contains_key(matrix) {
+            let fingerprint = self
+                .fingerprint
+                .get_or_insert_with(|| objective.fingerprint());
+            let mut memo = locked(&MATRICES);
+            let map = memo.get_or_insert_with(FxHashMap::default);
+            let known = map.get(fingerprint.as_slice()).and_then(|m| m.get(matrix));
+            let bounds = if let Some(bounds) = known {
+                Arc::clone(bounds)
+            } else {
+                if map.values().map(FxHashMap::len).sum::<usize>() >= MATRICES_KEPT {
+                    map.clear();
+                }
+                let bounds = Arc::new(MatrixBounds::of(objective, layout));
+                let kept = map.entry(fingerprint.clone()).or_default();
+                kept.insert(matrix.to_vec(), Arc::clone(&bounds));
+                bounds
+            };
+            self.matrices.insert(matrix.to_vec(), bounds);
         }
-        &self.0[matrix]
+        &self.matrices[matrix]
     }
 }
 
@@ -610,7 +680,7 @@ impl<'c> MatrixCache<'c> {
 /// some thirty vectors, about a fifth of the work of bounding it.
 #[derive(Default)]
 pub(crate) struct Buffers {
-    /// Per device dim, the tensor dims it may split (a mask).
+    /// Per device dim, the tensor dims it may split (a mask; the search alone reads it).
     allowed: Vec<u64>,
     /// Per device dim, the tensor dim the target splits along it, if any.
     goal: Vec<Option<usize>>,
@@ -618,6 +688,23 @@ pub(crate) struct Buffers {
     target_map: Vec<i8>,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
+    /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
+    /// together.
+    needed: Vec<f64>,
+    /// What building the rest works in: one op's rates.
+    work: Vec<(f64, f64)>,
+    /// The rates of every level of a group of the permutable dims
+    /// ([`LeastRates::wide_rates_into`]).
+    wide: Vec<(f64, f64)>,
+}
+
+/// What a space's bound reads per device dim and per set of sums to go: it depends on the
+/// source's device matrix, the dims a permute may move and those that may split the tensor,
+/// the partial dims and which of them the target splits along, and the elements, not on the
+/// rest of the pair (GPT-3's 109,961 bound keys have 16,166 of these), so it is worked out once
+/// per matrix and these ([`MatrixBounds::dims`]).
+#[derive(Default)]
+pub(super) struct DimBounds {
     /// Per device dim, `(latency, price per element)` pairs bounding the price of any op whose
     /// group holds it, by the elements it moves ([`LeastRates::least_rates_into`]), every dim's in one
     /// list (the bound reads only the least over all of them).
@@ -640,14 +727,83 @@ pub(crate) struct Buffers {
     sum_ops: Vec<(f64, f64)>,
     /// The least price of the sums to go, by their set ([`chains`]; none past [`CHAINED`]).
     chains: Vec<(u64, f64)>,
-    /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
-    /// together.
-    needed: Vec<f64>,
-    /// What building the rest works in: one op's rates.
-    work: Vec<(f64, f64)>,
-    /// The rates of every level of a group of the permutable dims
-    /// ([`LeastRates::wide_rates_into`]).
-    wide: Vec<(f64, f64)>,
+}
+
+impl DimBounds {
+    /// The bounds of a source on `matrix`, the bounds of its device matrix, where the dims of
+    /// `permutable` may move and those of `splitting` split the tensor, and `goal` gives per
+    /// device dim the tensor dim the target splits along it; worked out in `rates` and `wide`.
+    fn of(
+        source: &Layout,
+        matrix: &MatrixBounds,
+        (permutable, splitting): (u64, u64),
+        goal: &[Option<usize>],
+        rates: &mut Vec<(f64, f64)>,
+        wide: &mut Vec<(f64, f64)>,
+    ) -> Self {
+        let least_rates = &matrix.least_rates;
+        let h = source.num_device_dims();
+        let spread = |k: usize| {
+            if permutable >> k & 1 == 1 {
+                permutable
+            } else {
+                1 << k
+            }
+        };
+        let mut dims = DimBounds::default();
+        let whole = source.num_elements() as f64;
+        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
+        // unless it is a permute (a dim with no partner has none) it is a collective of that dim
+        // alone, of `g-1` steps at least.
+        let movers = f64::from(permutable.count_ones());
+        let share = |least: f64, k: usize| {
+            if permutable >> k & 1 == 1 {
+                least / movers
+            } else {
+                least
+            }
+        };
+        // The permutable dims' groups share one spread: their rates are one list's tails, worked
+        // out once, not once per dim.
+        wide.clear();
+        if permutable != 0 {
+            least_rates.wide_rates_into(permutable, splitting, wide);
+        }
+        for k in 0..h {
+            let g = source.dim_size(k) as f64;
+            let rates: &[(f64, f64)] = if permutable >> k & 1 == 1 {
+                &wide[least_rates.first_level(k)..]
+            } else {
+                least_rates.least_rates_into(k, 1 << k, splitting, rates);
+                rates
+            };
+            // Each level's latency once for a permute, `g-1` times for a collective; and the
+            // shards an all-gather moves, or a collective-permute (one) if one may.
+            let (steps, leave) = if permutable >> k & 1 == 1 {
+                (1.0, (g - 1.0).min(1.0))
+            } else {
+                (g - 1.0, g - 1.0)
+            };
+            let least = least_stepped(rates, steps, (g - 1.0) / g * whole);
+            let least_leave = least_stepped(rates, steps, leave * whole);
+            dims.least.push(least);
+            dims.least_leave.push(least_leave);
+            dims.share.push(share(least, k));
+            dims.share_leave.push(share(least_leave, k));
+        }
+        sums(source, least_rates, (splitting, goal), rates, &mut dims);
+        chains(source, least_rates, splitting, rates, &mut dims);
+        // Per element moved, over any group.
+        for (k, &[start, wide, end]) in matrix.unsplit_at.iter().enumerate() {
+            let rates = if spread(k) == 1 << k {
+                start..wide
+            } else {
+                wide..end
+            };
+            dims.rates.extend_from_slice(&matrix.unsplit[rates]);
+        }
+        dims
+    }
 }
 
 /// The search space around one unified pair.
@@ -655,6 +811,8 @@ pub(super) struct Space<'a> {
     pub(super) template: &'a Layout,
     /// Its vectors, per device dim and per tensor dim.
     buf: Buffers,
+    /// Its bounds per device dim and per set of sums to go.
+    dims: Arc<DimBounds>,
     /// The runs of tensor dims that play one part ([`runs`]).
     pub(super) runs: Vec<(usize, usize)>,
     /// The device dims that split the same tensor dim in the source and the target: they stay.
@@ -684,6 +842,7 @@ impl<'a> Space<'a> {
     /// The space of `source` and `target` (no more dims than the masks hold: [`Problem::of`](super::Problem::of)).
     pub(super) fn new(source: &'a Layout, target: &Layout, objective: Objective<'_>) -> Self {
         let mut space = Self::bounding(source, target, objective);
+        allowed_into(source, target, &mut space.buf.allowed);
         space.runs = runs(source, target, &space.buf.allowed);
         space.preferred = preferred(source, target, objective);
         space
@@ -710,7 +869,7 @@ impl<'a> Space<'a> {
     pub(super) fn bounding_in(
         source: &'a Layout,
         target: &Layout,
-        matrix: &'a MatrixBounds<'_>,
+        matrix: &'a MatrixBounds,
         buffers: Buffers,
     ) -> Self {
         Self::bounding_on(
@@ -731,14 +890,12 @@ impl<'a> Space<'a> {
     fn bounding_on(
         source: &'a Layout,
         target: &Layout,
-        matrix: &MatrixBounds<'_>,
+        matrix: &MatrixBounds,
         entering: Cow<'a, [Unit]>,
         mut buf: Buffers,
     ) -> Self {
-        let least_rates = &matrix.least_rates;
         let h = source.num_device_dims();
         let (src, tgt) = (source.tensor_map(), target.tensor_map());
-        allowed_into(source, target, &mut buf.allowed);
         let fixed = goal_and_fixed(src, tgt, h, &mut buf.goal);
         buf.same_size.clear();
         buf.same_size.extend_from_slice(&matrix.same_size);
@@ -748,73 +905,31 @@ impl<'a> Space<'a> {
         let permutable = (0..h)
             .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
             .fold(0u64, |m, k| m | 1 << k);
-        let spread = |k: usize| {
-            if permutable >> k & 1 == 1 {
-                permutable
-            } else {
-                1 << k
-            }
-        };
-        let splitting = splitting(&buf.allowed, fixed, same_size);
-        let whole = source.num_elements() as f64;
-        // An op over a group of `g` devices holding dim `k` moves at least `(g-1)/g` shards, and
-        // unless it is a permute (a dim with no partner has none) it is a collective of that dim
-        // alone, of `g-1` steps at least.
-        let movers = f64::from(permutable.count_ones());
-        let share = |least: f64, k: usize| {
-            if permutable >> k & 1 == 1 {
-                least / movers
-            } else {
-                least
-            }
-        };
-        buf.least.clear();
-        buf.least_leave.clear();
-        buf.share.clear();
-        buf.share_leave.clear();
-        // The permutable dims' groups share one spread: their rates are one list's tails, worked
-        // out once, not once per dim.
-        let (rates, wide) = (&mut buf.work, &mut buf.wide);
-        wide.clear();
-        if permutable != 0 {
-            least_rates.wide_rates_into(permutable, splitting, wide);
-        }
-        for k in 0..h {
-            let g = source.dim_size(k) as f64;
-            let rates: &[(f64, f64)] = if permutable >> k & 1 == 1 {
-                &wide[least_rates.first_level(k)..]
-            } else {
-                least_rates.least_rates_into(k, 1 << k, splitting, rates);
-                rates
-            };
-            // Each level's latency once for a permute, `g-1` times for a collective; and the
-            // shards an all-gather moves, or a collective-permute (one) if one may.
-            let (steps, leave) = if permutable >> k & 1 == 1 {
-                (1.0, (g - 1.0).min(1.0))
-            } else {
-                (g - 1.0, g - 1.0)
-            };
-            let least = least_stepped(rates, steps, (g - 1.0) / g * whole);
-            let least_leave = least_stepped(rates, steps, leave * whole);
-            buf.least.push(least);
-            buf.least_leave.push(least_leave);
-            buf.share.push(share(least, k));
-            buf.share_leave.push(share(least_leave, k));
-        }
-        sums(source, least_rates, splitting, &mut buf);
-        chains(source, least_rates, splitting, &mut buf);
-        // Per element moved, over any group.
-        buf.rates.clear();
-        for (k, &[start, wide, end]) in matrix.unsplit_at.iter().enumerate() {
-            let rates = if spread(k) == 1 << k {
-                start..wide
-            } else {
-                wide..end
-            };
-            buf.rates.extend_from_slice(&matrix.unsplit[rates]);
-        }
+        let splitting = splitting(allowed_dims(source, target), fixed, same_size);
+        let partial = mask_of(source.partial());
+        let goal = (0..h)
+            .filter(|&k| buf.goal[k].is_some())
+            .fold(0u64, |m, k| m | 1 << k);
+        let key = [
+            permutable,
+            splitting,
+            partial,
+            goal & partial,
+            source.num_elements(),
+        ];
+        let (work, wide) = (&mut buf.work, &mut buf.wide);
+        let dims = matrix.dims(key, || {
+            DimBounds::of(
+                source,
+                matrix,
+                (permutable, splitting),
+                &buf.goal,
+                work,
+                wide,
+            )
+        });
         let goal_shard = target.shard_size() as f64;
-        let least_last = cheapest(&buf.rates, goal_shard / 2.0);
+        let least_last = cheapest(&dims.rates, goal_shard / 2.0);
         // A unit holds `e_k` coordinates of each dim: as many distinct goal blocks along the
         // dims the goal splits by.
         let goal = &buf.goal;
@@ -829,6 +944,7 @@ impl<'a> Space<'a> {
         Space {
             template: source,
             buf,
+            dims,
             runs: Vec::new(),
             fixed,
             preferred: Vec::new(),
@@ -860,9 +976,9 @@ impl<'a> Space<'a> {
         let n = self.template.ndim();
         let bound = |k: usize| {
             if self.buf.goal[k].is_none() {
-                (self.buf.least_leave[k], self.buf.share_leave[k])
+                (self.dims.least_leave[k], self.dims.share_leave[k])
             } else {
-                (self.buf.least[k], self.buf.share[k])
+                (self.dims.least[k], self.dims.share[k])
             }
         };
         let sums = state.partial & !keep;
@@ -878,22 +994,22 @@ impl<'a> Space<'a> {
         // The sums' ops: each dim's (with the op ending a reduce-scatter's split), and all of
         // them in their cheapest order (the sum ops alone).
         let (most_sum, summed) = bits(sums)
-            .map(|k| self.buf.sum_ops[k])
+            .map(|k| self.dims.sum_ops[k])
             .fold((0.0, 0.0), |(most, sum), (least, share)| {
                 (f64::max(most, least), sum + share)
             });
         let chained = self
-            .buf
+            .dims
             .chains
             .iter()
             .find(|&&(p, _)| p == sums)
             .map_or_else(
-                || bits(sums).map(|k| self.buf.least_sum[k]).sum::<f64>(),
+                || bits(sums).map(|k| self.dims.least_sum[k]).sum::<f64>(),
                 |&(_, least)| least,
             );
         let most = most.max(most_sum).max(chained);
         let sum = sum + summed.max(chained);
-        let grow = cheapest(&self.buf.rates, self.goal_shard - shard as f64) + chained;
+        let grow = cheapest(&self.dims.rates, self.goal_shard - shard as f64) + chained;
         let sliced = sums == 0
             && state.map[..n]
                 .iter()
@@ -1297,7 +1413,7 @@ mod tests {
                             };
                             assert_eq!(bits(unsplit), bits(&rates), "{matrix:?} {k} {spread}");
                             for splitting in 0..1u64 << h {
-                                let bits = |rates: &LeastRates<'_>| {
+                                let bits = |rates: &LeastRates| {
                                     let mut out = Vec::new();
                                     rates.least_rates_into(k, spread, splitting, &mut out);
                                     out.iter()
@@ -1342,7 +1458,7 @@ mod tests {
     #[test]
     fn the_sums_chains_are_the_least_over_every_order() {
         // Every order of `to_go`, by recursion on the first sum.
-        fn least_order(source: &Layout, least: &LeastRates<'_>, splitting: u64, to_go: u64) -> f64 {
+        fn least_order(source: &Layout, least: &LeastRates, splitting: u64, to_go: u64) -> f64 {
             if to_go == 0 {
                 return 0.0;
             }
@@ -1373,18 +1489,17 @@ mod tests {
                     let source = target.with_state(map.clone(), (0..p).collect());
                     let space = Space::bounding(&source, &target, objective);
                     let least = objective.least_rates_of(&source);
-                    let mut allowed = Vec::new();
-                    allowed_into(&source, &target, &mut allowed);
+                    let allowed = allowed_dims(&source, &target);
                     let fixed = goal_and_fixed(
                         source.tensor_map(),
                         target.tensor_map(),
                         h,
                         &mut Vec::new(),
                     );
-                    let splitting = splitting(&allowed, fixed, &same_size(&source));
+                    let splitting = splitting(allowed, fixed, &same_size(&source));
                     let partial = (1u64 << p) - 1;
-                    assert_eq!(space.buf.chains.len(), 1 << p, "{matrix:?} {p}");
-                    for &(to_go, price) in &space.buf.chains {
+                    assert_eq!(space.dims.chains.len(), 1 << p, "{matrix:?} {p}");
+                    for &(to_go, price) in &space.dims.chains {
                         assert_eq!(to_go & !partial, 0);
                         let want = least_order(&source, &least, splitting, to_go);
                         assert_eq!(price.to_bits(), want.to_bits(), "{matrix:?} {p} {to_go}");
@@ -1394,5 +1509,57 @@ mod tests {
             }
         }
         assert!(checked > 500, "{checked}");
+    }
+
+    /// The device dims a bound lets split a tensor dim ([`allowed_dims`]) are those [`allowed`]
+    /// gives some tensor dim, on every pair of maps of shapes with odd and even dims over every
+    /// matrix of 16 devices, sources with and without partial sums.
+    #[test]
+    fn the_dims_allowed_are_those_allowed_some_tensor_dim() {
+        let mut checked = 0;
+        for matrix in matrices(16) {
+            let h = matrix.len() as i64;
+            for shape in [
+                vec![16, 16],
+                vec![6, 4],
+                vec![3, 24],
+                vec![8, 5, 2],
+                vec![9, 2],
+            ] {
+                let maps: Vec<Vec<i64>> = (0..(h + 1).pow(shape.len() as u32))
+                    .map(|code| {
+                        (0..shape.len() as u32)
+                            .map(|i| code / (h + 1).pow(i) % (h + 1) - 1)
+                            .collect()
+                    })
+                    .collect();
+                let layouts: Vec<Layout> = maps
+                    .iter()
+                    .filter_map(|map| Layout::new(shape.clone(), matrix.clone(), map.clone()).ok())
+                    .collect();
+                for a in &layouts {
+                    let free: Vec<usize> = (0..h as usize)
+                        .filter(|&k| a.tensor_map().iter().all(|&m| m != k as i64))
+                        .collect();
+                    let sources = [a.clone(), a.with_state(a.tensor_map().to_vec(), free)];
+                    for source in &sources {
+                        for target in &layouts {
+                            let plain = allowed(source, target)
+                                .iter()
+                                .enumerate()
+                                .filter(|&(_, &m)| m != 0)
+                                .fold(0u64, |m, (k, _)| m | 1 << k);
+                            assert_eq!(
+                                allowed_dims(source, target),
+                                plain,
+                                "{source:?} {target:?}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 5_000, "{checked}");
     }
 }
