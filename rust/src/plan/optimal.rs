@@ -453,7 +453,7 @@ impl<'o> Bounds<'o> {
             found,
             ..
         } = self;
-        let found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let mut found = found.into_inner().unwrap_or_else(PoisonError::into_inner);
         if found.is_empty() {
             return;
         }
@@ -467,7 +467,13 @@ impl<'o> Bounds<'o> {
             map.clear();
         }
         // Copied only if a batch still reads the map.
-        Arc::make_mut(map.entry(fingerprint).or_default()).extend(found);
+        let kept = Arc::make_mut(map.entry(fingerprint).or_default());
+        // The smaller map into the larger (each key inserted is hashed again): a key in both
+        // has one bound.
+        if kept.len() < found.len() {
+            std::mem::swap(kept, &mut found);
+        }
+        kept.extend(found);
     }
 }
 
