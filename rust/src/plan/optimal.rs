@@ -361,24 +361,11 @@ pub(crate) struct Bounds<'o> {
 
 /// The buffers one thread bounds pairs in ([`Bounds::bound`]), pair after pair.
 /// Its bounds by device matrix are of one objective: a scratch serves one [`Bounds`].
+#[derive(Default)]
 pub(crate) struct BoundScratch {
     key: KeyScratch,
-    source: Layout,
-    target: Layout,
     matrices: MatrixCache,
     space: Buffers,
-}
-
-impl Default for BoundScratch {
-    fn default() -> Self {
-        BoundScratch {
-            key: KeyScratch::default(),
-            source: Layout::scratch(),
-            target: Layout::scratch(),
-            matrices: MatrixCache::default(),
-            space: Buffers::default(),
-        }
-    }
 }
 
 // A panic elsewhere while a lock was held leaves the map whole: use it.
@@ -430,15 +417,13 @@ impl<'o> Bounds<'o> {
         if let Some(&bound) = locked(&self.found).get(words) {
             return Some(bound);
         }
+        // The bound of the pair sorted by its key, without the sorted layouts.
         let order = &scratch.key.order;
-        sorted_into(order, source, &mut scratch.source);
-        sorted_into(order, target, &mut scratch.target);
-        let (source, target) = (&scratch.source, &scratch.target);
         let matrix = scratch.matrices.of(self.objective, source);
         let buffers = std::mem::take(&mut scratch.space);
-        let space = Space::bounding_in(source, target, matrix, buffers);
-        let start = State::of(source);
-        let keep = State::of(target).partial;
+        let space = Space::bounding_in((source, target, order), matrix, buffers);
+        let start = State::in_order(source, order);
+        let keep = mask_of(target.partial());
         let bound = space.remaining(&start, source.shard_size(), keep);
         scratch.space = space.into_buffers();
         locked(&self.found).insert(scratch.key.key(), bound);
@@ -1306,7 +1291,8 @@ mod tests {
                     let fresh = Space::bounding(source, target, objective);
                     let want = fresh.remaining(&start, source.shard_size(), keep);
                     let matrix = matrices.of(objective, source);
-                    let reused = Space::bounding_in(source, target, matrix, buffers);
+                    let order: Vec<usize> = (0..source.ndim()).collect();
+                    let reused = Space::bounding_in((source, target, &order), matrix, buffers);
                     let got = reused.remaining(&start, source.shard_size(), keep);
                     buffers = reused.into_buffers();
                     assert_eq!(got.to_bits(), want.to_bits(), "{a:?} -> {b:?}");

@@ -63,6 +63,20 @@ impl State {
         }
     }
 
+    /// [`State::of`] `layout` with its tensor dims in `order` (`order[c]` the dim at position
+    /// `c`), without the sorted layout.
+    pub(super) fn in_order(layout: &Layout, order: &[usize]) -> Self {
+        let mut map = [-1; MAX_DIMS];
+        let given = layout.tensor_map();
+        for (m, &i) in map.iter_mut().zip(order) {
+            *m = given[i] as i8;
+        }
+        State {
+            map,
+            partial: mask_of(layout.partial()),
+        }
+    }
+
     /// The state an op (`kind` on device dim `k`, tensor dims `i` and `to` as in a `CommOp`; not a
     /// collective-permute) leads to.
     pub(super) fn after(
@@ -856,25 +870,25 @@ impl<'a> Space<'a> {
         let mut matrix = MatrixBounds::of(objective, source);
         let units = std::mem::take(&mut matrix.units);
         Self::bounding_on(
-            source,
-            target,
+            (source, target, None),
             &matrix,
             Cow::Owned(units),
             Buffers::default(),
         )
     }
 
-    /// [`Space::bounding`] on the bounds of `source`'s device matrix ([`MatrixBounds`]), built
-    /// in `buffers` (those of an earlier space: [`Space::into_buffers`]).
+    /// [`Space::bounding`] of `source` and `target` with their tensor dims in `order` (`order[c]`
+    /// the dim at position `c`; its states in that order, [`State::in_order`]), without the
+    /// sorted layouts (building them was a twentieth of the bounded tables' work), on the bounds
+    /// of `source`'s device matrix ([`MatrixBounds`]), built in `buffers` (those of an earlier
+    /// space: [`Space::into_buffers`]). Only the target's map depends on the order.
     pub(super) fn bounding_in(
-        source: &'a Layout,
-        target: &Layout,
+        (source, target, order): (&'a Layout, &Layout, &[usize]),
         matrix: &'a MatrixBounds,
         buffers: Buffers,
     ) -> Self {
         Self::bounding_on(
-            source,
-            target,
+            (source, target, Some(order)),
             matrix,
             Cow::Borrowed(&matrix.units),
             buffers,
@@ -886,10 +900,10 @@ impl<'a> Space<'a> {
         self.buf
     }
 
-    /// The space on `matrix`, the bounds of `source`'s device matrix, whose units are `entering`.
+    /// The space on `matrix`, the bounds of `source`'s device matrix, whose units are `entering`;
+    /// the tensor dims in `order` if given ([`Space::bounding_in`]).
     fn bounding_on(
-        source: &'a Layout,
-        target: &Layout,
+        (source, target, order): (&'a Layout, &Layout, Option<&[usize]>),
         matrix: &MatrixBounds,
         entering: Cow<'a, [Unit]>,
         mut buf: Buffers,
@@ -940,7 +954,10 @@ impl<'a> Space<'a> {
                 .fold(goal_shard, |n, k| n * unit.extents[k])
         }));
         buf.target_map.clear();
-        buf.target_map.extend(tgt.iter().map(|&m| m as i8));
+        match order {
+            Some(order) => buf.target_map.extend(order.iter().map(|&i| tgt[i] as i8)),
+            None => buf.target_map.extend(tgt.iter().map(|&m| m as i8)),
+        }
         Space {
             template: source,
             buf,
