@@ -80,7 +80,7 @@ pub enum Objective<'a> {
     },
 }
 
-impl<'c> Objective<'c> {
+impl Objective<'_> {
     /// `total` plus the price of `op`.
     pub(crate) fn add(&self, total: f64, op: &CommOp) -> f64 {
         total + self.price(op.kind, op.over(), op.volume, &op.layout)

@@ -644,8 +644,10 @@ fn same_size(layout: &Layout) -> Vec<u64> {
 /// across calls: GPT-3's 11 bounded tables met 512 device matrices, but each call's threads
 /// worked them out afresh, 16,176 times (a twentieth of the calls' work). It changes no result
 /// (the bounds depend on the objective and the matrix alone); emptied past [`MATRICES_KEPT`].
-static MATRICES: Mutex<Option<FxHashMap<Vec<u64>, FxHashMap<Vec<u64>, Arc<MatrixBounds>>>>> =
-    Mutex::new(None);
+static MATRICES: Mutex<Option<FxHashMap<Vec<u64>, Matrices>>> = Mutex::new(None);
+
+/// Bounds by device matrix.
+type Matrices = FxHashMap<Vec<u64>, Arc<MatrixBounds>>;
 
 /// The most matrices [`MATRICES`] keeps under all objectives together (each a few KB at most).
 const MATRICES_KEPT: usize = 1 << 12;
@@ -657,7 +659,7 @@ const MATRICES_KEPT: usize = 1 << 12;
 #[derive(Default)]
 pub(crate) struct MatrixCache {
     fingerprint: Option<Vec<u64>>,
-    matrices: FxHashMap<Vec<u64>, Arc<MatrixBounds>>,
+    matrices: Matrices,
 }
 
 impl MatrixCache {
