@@ -560,10 +560,9 @@ pub(super) struct MatrixBounds {
     /// Per device dim `k`, the rates of [`LeastRates::least_rates_into`] with no dim splitting,
     /// for a group of `k` alone and for a wider one: they depend on the group only through
     /// whether it is wider (the level it may reach), so every pair on the matrix reads them
-    /// (working them out per pair was a twentieth of bounding one). In one list (a matrix's
-    /// bounds are worked out once per call of the bounded tables, and GPT-3's calls meet
-    /// thousands of matrices), `k`'s from `unsplit_at[k]`: alone up to the second entry, wide
-    /// up to the third.
+    /// (working them out per pair was a twentieth of bounding one). In one list (GPT-3's calls
+    /// meet hundreds of matrices), `k`'s from `unsplit_at[k]`: alone up to the second entry,
+    /// wide up to the third.
     unsplit: Vec<(f64, f64)>,
     unsplit_at: Vec<[usize; 3]>,
     /// The bounds per device dim of the sources on the matrix ([`DimBounds`]) met so far, by
@@ -625,7 +624,8 @@ impl MatrixBounds {
     }
 }
 
-/// The most [`DimBounds`] one [`MatrixBounds`] keeps (GPT-3's meet about 32 per matrix).
+/// The most [`DimBounds`] one [`MatrixBounds`] keeps (GPT-3's 512 matrices meet 32 on average,
+/// 128 at most).
 const DIMS_KEPT: usize = 1 << 8;
 
 /// Per device dim of `layout`'s matrix, the dims of its size (a mask): its group of [`by_size`].
@@ -649,8 +649,9 @@ static MATRICES: Mutex<Option<FxHashMap<Vec<u64>, Matrices>>> = Mutex::new(None)
 /// Bounds by device matrix.
 type Matrices = FxHashMap<Vec<u64>, Arc<MatrixBounds>>;
 
-/// The most matrices [`MATRICES`] keeps under all objectives together (each a few KB at most).
-const MATRICES_KEPT: usize = 1 << 12;
+/// The most matrices [`MATRICES`] keeps under all objectives together (each a few KB, and up to
+/// [`DIMS_KEPT`] [`DimBounds`] of about a KB: a quarter GB at most).
+const MATRICES_KEPT: usize = 1 << 10;
 
 /// [`MatrixBounds`] by device matrix for one thread, read off [`MATRICES`] (or worked out and
 /// kept there) once per matrix: the pairs one thread bounds in a batch lie on a few device
