@@ -362,6 +362,20 @@ def test_reductions_taken_again_are_those_found_afresh(problem, count, data):
         core = fresh.cores[0].node_cost
         core_choice = {v: data.draw(st.integers(0, len(c) - 1)) for v, c in core.items()}
         assert again.expand(core_choice) == fresh.expand(core_choice)
+    # The next round takes again the round before's steps, which carry which of their classes
+    # are in order (their leaves then fold and choose without gathering by them): the same.
+    later = [_recosted(problem, floats, data) for _ in range(count)]
+    twice = reductions.reduce_again(later, order, again)
+    assert twice is not None
+    fresh = reduce(later, order)
+    _same_reduction(twice, fresh)
+    leaves = [s for s in twice.steps if isinstance(s, reductions._Leaf)]
+    if any(s.ordered is not None and any(s.ordered) for s in leaves):
+        event("a leaf's classes in order")
+    if count == 1:
+        core = fresh.cores[0].node_cost
+        core_choice = {v: data.draw(st.integers(0, len(c) - 1)) for v, c in core.items()}
+        assert twice.expand(core_choice) == fresh.expand(core_choice)
     # Another form (another order, another class of a candidate) is reduced afresh.
     if len(order) > 1:
         assert reductions.reduce_again(costs, order[::-1], like) is None
@@ -371,6 +385,51 @@ def test_reductions_taken_again_are_those_found_afresh(problem, count, data):
         other = Problem(dict(problem.node_cost), pairs)
         taken = reductions.reduce_again([other] * count, order, like)
         assert (taken is None) == bool(p.u_class.any())
+
+
+@st.composite
+def chains(draw) -> Problem:
+    """A chain of operators (reduced by leaves alone), each pair's classes of either end its
+    candidates in order or drawn (a class per candidate, some shared)."""
+    sizes = draw(st.lists(st.integers(1, 5), min_size=2, max_size=6))
+    costs = st.integers(0, 5).map(float)
+    names = [f"v{i}" for i in range(len(sizes))]
+
+    def classes(n: int) -> np.ndarray:
+        if draw(st.booleans()):
+            return np.arange(n)
+        drawn = draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))
+        return np.unique(drawn, return_inverse=True)[1].reshape(-1)
+
+    node = {
+        v: np.array(draw(st.lists(costs, min_size=n, max_size=n))) for v, n in zip(names, sizes)
+    }
+    pairs = []
+    for (u, m), (w, n) in itertools.pairwise(zip(names, sizes)):
+        u_class, w_class = classes(m), classes(n)
+        shape = (int(u_class.max()) + 1, int(w_class.max()) + 1)
+        cost = np.array(draw(st.lists(costs, min_size=math.prod(shape), max_size=math.prod(shape))))
+        pairs.append(PairCost(u, w, u_class, w_class, cost.reshape(shape)))
+    return Problem(node, pairs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains(), st.data())
+def test_leaves_taken_again_round_after_round_are_those_found_afresh(problem, data):
+    """Leaves taken again round after round (the optimal search's rounds on a chain), each
+    round's steps carrying which of their classes are in order, reduce and choose as afresh."""
+    order = list(problem.node_cost)
+    like = reduce([problem], order)
+    for _ in range(3):
+        costs = _recosted(problem, st.integers(0, 5).map(float) | st.floats(0, 9), data)
+        again = reductions.reduce_again([costs], order, like)
+        assert again is not None
+        fresh = reduce([costs], order)
+        _same_reduction(again, fresh)
+        core = fresh.cores[0].node_cost
+        core_choice = {v: data.draw(st.integers(0, len(c) - 1)) for v, c in core.items()}
+        assert again.expand(core_choice) == fresh.expand(core_choice)
+        like = again
 
 
 def _same_reduction(got: reductions.Reduction, want: reductions.Reduction) -> None:

@@ -88,9 +88,10 @@ def _check_memory(instance: Instance, memory_limit: float | None) -> None:
 @dataclass
 class Rounds:
     """For a caller that solves problems of one form again and again, changing costs' values
-    between solves (the optimal search's rounds): the last solve's reductions, which the next
-    takes again (:func:`taps.solve.reductions.reduce_again`) rather than looking for them, and
-    its min-plus products, which a fresh reduction takes where their operands are unchanged."""
+    between solves, not the memory or its limit (the optimal search's rounds): the last solve's
+    reductions, which the next takes again (:func:`taps.solve.reductions.reduce_again`) rather
+    than looking for them, and its min-plus products, which a fresh reduction takes where their
+    operands are unchanged."""
 
     reduction: Reduction | None = None
     products: Products = field(default_factory=Products)
@@ -121,7 +122,8 @@ def solve(
     ``tie=False`` decides every operator on its own. ``rounds`` carries the reductions from one
     solve to the next (:class:`Rounds`)."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
-    _check_memory(instance, memory_limit)
+    if rounds is None or rounds.reduction is None:
+        _check_memory(instance, memory_limit)  # (a round's memory is the first round's)
     if tie_break is not None and tie_break[1] not in ("min", "max"):
         raise TapsError(f"tie_break sense must be 'min' or 'max', got {tie_break[1]!r}")
     objectives = [instance.problem()]

@@ -66,8 +66,9 @@ def _lex_argmin(values: np.ndarray, axis: int) -> np.ndarray:
 def _lex_min(values: np.ndarray, axis: int) -> np.ndarray:
     """The least cost along ``axis`` (see :func:`_lex_argmin`), that axis removed."""
     if values.shape[-1] == 1:
-        # One objective: its least value, without gathering it at its index (the same number).
-        return values.min(axis=axis)
+        # One objective: its least value, without gathering it at its index (the same number;
+        # the ufunc's reduce is what ``values.min`` calls, without its wrappers).
+        return np.minimum.reduce(values, axis=axis)
     index = np.expand_dims(_lex_argmin(values, axis), axis)
     return np.take_along_axis(values, index[..., None], axis).squeeze(axis)
 
@@ -136,7 +137,8 @@ def _merge(p: PairCost, q: PairCost) -> PairCost:
 
 def in_order(index: np.ndarray, size: int) -> bool:
     """Whether indexing an axis of ``size`` by ``index`` keeps every slice in its place."""
-    return len(index) == size and bool(np.array_equal(index, np.arange(size)))
+    # Compared without np.array_equal's wrappers: called per step of every round's solve.
+    return index.shape == (size,) and bool((index == np.arange(size)).all())
 
 
 def along(array: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
@@ -301,10 +303,15 @@ class _Leaf:
     edge: PairCost  # oriented (neighbour, v)
     node: np.ndarray
     edge_id: int
+    #: Whether the edge's classes of the neighbour and of ``v`` are its candidates in order
+    #: (:func:`in_order`), once known: :func:`reduce_again` takes them from round to round.
+    ordered: tuple[bool, bool] | None = None
 
     def choose(self, choice: dict[str, int]) -> int:
         row = self.edge.cost[self.edge.u_class[choice[self.edge.u]]]
-        return int(_lex_argmin(row[self.edge.w_class] + self.node, axis=0))
+        if self.ordered is None or not self.ordered[1]:
+            row = row[self.edge.w_class]
+        return int(_lex_argmin(row + self.node, axis=0))
 
 
 @dataclass
@@ -563,11 +570,19 @@ def _stacked_cost(costs: list[np.ndarray]) -> np.ndarray:
     return costs[0][..., None] if len(costs) == 1 else np.stack(costs, -1)
 
 
-def _leaf_fold(e: PairCost, node: np.ndarray) -> np.ndarray:
+def _leaf_fold(
+    e: PairCost, node: np.ndarray, ordered: tuple[bool, bool] = (False, False)
+) -> np.ndarray:
     """What eliminating the leaf ``e.w`` of node costs ``node`` adds to ``e.u``'s node costs:
-    per candidate of ``e.u``, the leaf's best completion."""
-    best = _class_min(node, e.w_class, e.cost.shape[1])
-    return _lex_min(e.cost + best[None], axis=1)[e.u_class]
+    per candidate of ``e.u``, the leaf's best completion. ``ordered`` says which of ``e.u``'s
+    and ``e.w``'s classes are known to be their candidates in order: no gather by them (the same
+    numbers)."""
+    if ordered[1] and node.shape[-1] == 1:
+        best = node  # each class its one candidate's cost (read, not changed)
+    else:
+        best = _class_min(node, e.w_class, e.cost.shape[1])
+    least = _lex_min(e.cost + best[None], axis=1)
+    return least if ordered[0] else least[e.u_class]
 
 
 def _fixed_fold(edges: list[tuple[int, PairCost]], node: dict[str, np.ndarray]) -> None:
@@ -627,8 +642,13 @@ def reduce_again(
     for step in like.steps:
         if isinstance(step, _Leaf):
             e = pairs.pop(step.edge_id).oriented(step.edge.u)
-            node[e.u] += _leaf_fold(e, node[step.v])
-            steps.append(_Leaf(step.v, e, node[step.v], step.edge_id))
+            # The classes are the same from round to round (checked above).
+            ordered = step.ordered or (
+                in_order(e.u_class, e.cost.shape[0]),
+                in_order(e.w_class, e.cost.shape[1]),
+            )
+            node[e.u] += _leaf_fold(e, node[step.v], ordered)
+            steps.append(_Leaf(step.v, e, node[step.v], step.edge_id, ordered))
         else:
             assert isinstance(step, _Fixed)
             edges = [(k, pairs.pop(k).oriented(e.u)) for k, e in step.edges]
