@@ -637,6 +637,10 @@ pub(crate) struct Bits {
     /// elements, where that factor may sit (0 for a count `2^e`), and the factor.
     odd: u64,
     factor: u64,
+    /// The unified dims split on this side in any pair, in [`unify_bits`]'s numbering: a unified
+    /// dim lies in one dim of this side, whose split part is the top of it, so it holds split
+    /// bits exactly when its top bit is split.
+    split_dims: u64,
 }
 
 impl Bits {
@@ -654,6 +658,7 @@ impl Bits {
             to_element: [0; 64],
             odd: 0,
             factor,
+            split_dims: 0,
         };
         // Innermost piece first: the lowest run.
         let mut bottom = 0;
@@ -682,11 +687,18 @@ impl Bits {
             bottom = top;
             bits.dims |= 1 << top;
         }
+        bits.split_dims = unified_dims(bits.split << 1);
         debug_assert_eq!(
             1u64 << bottom,
             elements / factor * (1 + u64::from(factor > 1))
         );
         Some(bits)
+    }
+
+    /// The unified dims split on this side, in [`unify_bits`]'s numbering, in any pair this side
+    /// is in.
+    pub fn split_dims(&self) -> u64 {
+        self.split_dims
     }
 
     /// Whether two layouts of one tensor unify by masks (the bits where each may hold the odd
@@ -756,17 +768,25 @@ fn bottom_of(dims: u64, top: u32) -> u32 {
     bottom
 }
 
+/// The unified dims whose top boundaries are the bits of `tops`, in [`unify_bits`]'s numbering:
+/// dim `63 - p` for the one whose top boundary is bit `p`, so that the outermost comes first.
+fn unified_dims(tops: u64) -> u64 {
+    tops.reverse_bits()
+}
+
 /// [`try_unify`] of two layouts of one tensor, by masks ([`Bits`]; `None` if the pair does not
 /// unify so, [`Bits::meets`]): returns the unified pair's device boundaries, and gives `each`,
-/// per unified tensor dim split on either side, outermost first, the rank bits of its split on
-/// each side (0 where it is whole). The dims whole on both sides are left out: Algorithm 1 never
-/// acts on them.
+/// per unified tensor dim split on either side, outermost first, its number and the rank bits of
+/// its split on each side (0 where it is whole). The dims whole on both sides are left out:
+/// Algorithm 1 never acts on them. The numbers rise, but not one by one: dim `63 - p` is the one
+/// whose top boundary is element bit `p` ([`Bits::split_dims`] in the same numbering), so that
+/// the caller needs no count of the dims handed over.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn unify_bits(
     a: &Bits,
     b: &Bits,
-    mut each: impl FnMut(u64, u64),
+    mut each: impl FnMut(usize, u64, u64),
 ) -> Option<DeviceBounds> {
     if !a.meets(b) {
         return None;
@@ -781,7 +801,11 @@ pub(crate) fn unify_bits(
         let top = 63 - tops.leading_zeros();
         tops &= !(1 << top);
         let run = bits_between(bottom_of(dims, top), top);
-        each(a.split_of(run, top), b.split_of(run, top));
+        each(
+            (63 - top) as usize,
+            a.split_of(run, top),
+            b.split_of(run, top),
+        );
     }
     Some(device)
 }
@@ -1099,6 +1123,20 @@ mod tests {
         assert_ne!(normalized(&a), normalized(&layout(&[8], &[2, 4], &[-1])));
     }
 
+    /// [`unify_bits`] of a pair that unifies by masks: the device boundaries and, per dim handed
+    /// over, the split bits on each side; its numbers of the dims rise, and each side's
+    /// [`Bits::split_dims`] are the dims split on that side.
+    fn lined_up_by_masks(a: &Bits, b: &Bits) -> (DeviceBounds, Vec<(u64, u64)>) {
+        let mut got = Vec::new();
+        let device = unify_bits(a, b, |dim, s, t| got.push((dim, s, t))).unwrap();
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
+        for (dim, s, t) in &got {
+            assert_eq!(a.split_dims() >> dim & 1 == 1, *s != 0, "{got:?}");
+            assert_eq!(b.split_dims() >> dim & 1 == 1, *t != 0, "{got:?}");
+        }
+        (device, got.into_iter().map(|(_, s, t)| (s, t)).collect())
+    }
+
     /// Unification by masks ([`unify_bits`]) is what [`try_unify`] cuts: the same device
     /// boundaries, and per unified dim split on either side the same split bits on each (the
     /// dims whole on both left out), on every pair of the layouts of 64 elements on 8 devices
@@ -1128,8 +1166,7 @@ mod tests {
                     .zip(unified.split_bits(Side::Second))
                     .filter(|&bits| bits != (0, 0))
                     .collect();
-                let mut got = Vec::new();
-                let device = unify_bits(ba, bb, |s, t| got.push((s, t))).unwrap();
+                let (device, got) = lined_up_by_masks(ba, bb);
                 assert_eq!((device, &got), (unified.device(), &want), "{a:?}, {b:?}");
                 device_cuts += usize::from(device != sa.bounds | sb.bounds);
                 dim_cuts += usize::from(unified.first.len() > sa.pieces.len());
@@ -1192,8 +1229,7 @@ mod tests {
                     assert_eq!(masks.layout(side), unified.layout(side), "{a:?}, {b:?}");
                 }
                 assert_eq!(masks.partial(), unified.partial());
-                let mut got = Vec::new();
-                let device = unify_bits(ba, bb, |s, t| got.push((s, t))).unwrap();
+                let (device, got) = lined_up_by_masks(ba, bb);
                 let want: Vec<(u64, u64)> = unified
                     .split_bits(Side::First)
                     .zip(unified.split_bits(Side::Second))

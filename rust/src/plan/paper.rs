@@ -22,11 +22,14 @@ use crate::unify::{
 /// pieces without building the pair's layouts.
 #[derive(Debug, Clone)]
 pub(crate) struct Maps {
-    /// Per tensor dim, the first `dims`, the rank bits of its split (a unified layout has at most
+    /// Per tensor dim, those of `dims`, the rank bits of its split (a unified layout has at most
     /// 64 tensor dims: each holds two elements or more). In place, not in a vector: the kernel
     /// fills and steps millions of them, with no capacity or bounds to check.
     map: [u64; 64],
-    dims: usize,
+    /// The tensor dims, as bits: the first `n` for maps filled a dim at a time ([`Maps::push`]),
+    /// or those the line-up by masks numbers ([`unify_bits`]), in the same order, with gaps (the
+    /// entries there are stale; Algorithm 1 visits only these dims).
+    dims: u64,
     /// Per rank bit, the tensor dim whose split the device dim starting at it is, while one is
     /// (the entry of a device dim no dim uses is stale; the last is that of a whole dim's `0`).
     /// The maps of a unified pair are on one device matrix, so a target's split that the current
@@ -53,9 +56,9 @@ impl Default for Maps {
 }
 
 impl Maps {
-    /// Per tensor dim, the rank bits of its split.
+    /// Per tensor dim, the rank bits of its split (of maps filled a dim at a time).
     fn map(&self) -> &[u64] {
-        &self.map[..self.dims]
+        &self.map[..self.dims.count_ones() as usize]
     }
 
     /// The maps of `layout`, whose device dim `k` holds the rank bits `dims[k]`.
@@ -90,45 +93,60 @@ impl Maps {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn push(&mut self, bits: u64) {
+        let dim = self.dims.count_ones() as usize;
         self.used |= bits;
-        self.split |= u64::from(bits != 0) << self.dims;
-        self.map[self.dims] = bits;
-        self.owner[bits.trailing_zeros() as usize] = self.dims as u8;
-        self.dims += 1;
+        self.split |= u64::from(bits != 0) << dim;
+        self.map[dim] = bits;
+        self.owner[bits.trailing_zeros() as usize] = dim as u8;
+        self.dims |= 1 << dim;
     }
 
     /// The tensor dims these maps split as `t` does, as bits.
     fn settled(&self, t: &Maps) -> u64 {
-        (0..self.dims).fold(0, |settled, i| {
+        (0..self.map().len()).fold(0, |settled, i| {
             settled | u64::from(self.map[i] != 0 && self.map[i] == t.map[i]) << i
         })
     }
 
-    /// Appends a tensor dim split along the rank bits `s` here and `t` in the target's maps
-    /// `target` ([`Maps::push`]; a target's owners are not kept), unless `s == t`: then the dim is left
-    /// out, Algorithm 1 never acts on it (no other dim of the target takes its device dim), but
-    /// its bits stay used. Without a branch (whether the two are equal is hard to predict): the
-    /// dim is written in any case, and counted only if they differ.
+    /// The maps of a unified pair lined up by masks ([`unify_bits`]), here and in the target's
+    /// maps `target` (a target's owners are not kept), each side's used bits and partial dims
+    /// `used` and `partial` (those of its own maps, [`Prepared`]'s: every split of a side lies in
+    /// a dim handed over). A dim split the same way on both sides is left out: Algorithm 1 never
+    /// acts on it (no other dim of the target takes its device dim). Without a branch (whether the
+    /// two are equal is hard to predict): each dim is written, and kept if the two differ. Per
+    /// dim, no count and no split masks to keep: the dims are numbered by the line-up, and each
+    /// side's split dims are its [`Bits::split_dims`] among those kept.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn push_pair(&mut self, target: &mut Maps, s: u64, t: u64) {
-        let (dim, differ) = (self.dims, s != t);
-        self.used |= s;
-        self.map[dim] = s;
-        self.owner[s.trailing_zeros() as usize] = dim as u8;
-        self.split |= (u64::from(s != 0) & u64::from(differ)) << dim;
-        target.used |= t;
-        target.map[dim] = t;
-        target.split |= (u64::from(t != 0) & u64::from(differ)) << dim;
-        self.dims += usize::from(differ);
-        target.dims = self.dims;
+    fn fill_lined_up(
+        &mut self,
+        target: &mut Maps,
+        (x, y): (&Bits, &Bits),
+        used: (u64, u64),
+        partial: (u64, u64),
+    ) -> Option<DeviceBounds> {
+        let mut differ = 0;
+        let device = unify_bits(x, y, |dim, s, t| {
+            // (Masked: the line-up numbers dims below 64, and the mask is cheaper than a
+            // bounds check per dim.)
+            let dim = dim & 63;
+            self.map[dim] = s;
+            self.owner[s.trailing_zeros() as usize] = dim as u8;
+            target.map[dim] = t;
+            differ |= u64::from(s != t) << dim;
+        })?;
+        (self.dims, self.used, self.split, self.partial) =
+            (differ, used.0, x.split_dims() & differ, partial.0);
+        (target.dims, target.used, target.split, target.partial) =
+            (differ, used.1, y.split_dims() & differ, partial.1);
+        Some(device)
     }
 
     /// `other`'s maps, in this one's buffer.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn copy_from(&mut self, other: &Maps) {
-        self.map[..other.dims].copy_from_slice(other.map());
+        self.map[..other.map().len()].copy_from_slice(other.map());
         self.owner = other.owner;
         self.dims = other.dims;
         (self.used, self.partial, self.split) = (other.used, other.partial, other.split);
@@ -225,10 +243,8 @@ fn plan_unified(
     }
     // Tensor dims as bits, so that each pass visits only the dims it may act on, in order: those
     // the target splits, and those whole in the current layout.
-    let (wanted, split) = (t.split, current.split);
-    let n = t.dims;
+    let (wanted, split, all) = (t.split, current.split, t.dims);
     let t = &t.map;
-    let all = if n == 0 { 0 } else { u64::MAX >> (64 - n) };
     let mut whole = all & !split;
     loop {
         loop {
@@ -277,13 +293,16 @@ fn plan_unified(
             break;
         }
         let i = left.trailing_zeros() as usize;
-        debug_assert!((0..n)
+        debug_assert!((0..64)
+            .filter(|k| all >> k & 1 == 1)
             .all(|k| (settled >> k & 1 == 1) == (current.map[k] != 0 && current.map[k] == t[k])));
         step.step(OpKind::AllGather, current.map[i], Some(i), None, current);
         current.gather(i);
         whole |= 1 << i;
     }
-    debug_assert_eq!(current.map(), &t[..n]);
+    debug_assert!((0..64)
+        .filter(|k| all >> k & 1 == 1)
+        .all(|k| current.map[k] == t[k]));
 }
 
 /// Two layouts made unifiable (the unified pair is left in the caller's [`Unified`]): the
@@ -818,9 +837,8 @@ fn priced(
     // do).
     if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
         check_partial((a.maps.partial, b.maps.partial), a.layout, b.layout)?;
-        source.restart(a.maps.partial);
-        target.restart(b.maps.partial);
-        if let Some(device) = unify_bits(x, y, |s, t| source.push_pair(target, s, t)) {
+        let (used, partial) = ((a.maps.used, b.maps.used), (a.maps.partial, b.maps.partial));
+        if let Some(device) = source.fill_lined_up(target, (x, y), used, partial) {
             plan_unified(source, target, device, 0, &mut pricer);
             return Ok(pricer.total);
         }
