@@ -322,7 +322,7 @@ def _alongside(work: Callable[[_Jobs], _T]) -> _T:
             out["value"] = work(jobs)
         except _Stopped:
             pass  # this thread stopped: it raises its own error
-        except BaseException as e:  # raised on this thread, after the jobs handed in are dropped
+        except BaseException as e:  # raised on the caller's thread, the jobs left dropped
             out["error"] = e
             jobs.stop()
         finally:
