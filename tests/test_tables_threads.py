@@ -56,13 +56,18 @@ def test_an_error_on_the_other_thread_drops_the_jobs_and_is_raised_here():
     ran = []
 
     def work(jobs: tables._Jobs) -> None:
-        jobs.put(lambda: time.sleep(0.1), [])
+        def until_stopped() -> None:
+            end = time.monotonic() + 5
+            while not jobs._stopped and time.monotonic() < end:
+                time.sleep(0.001)
+
+        jobs.put(until_stopped, [])
         jobs.put(lambda: ran.append(1), [])
         raise ValueError("laid out wrong")
 
     with pytest.raises(ValueError, match="laid out wrong"):
         tables._alongside(work)
-    assert ran == []  # dropped: the error came before the sleep ended
+    assert ran == []  # dropped: handed in, not run once the error stopped the jobs
     assert not _threads()
 
 
