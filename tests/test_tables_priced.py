@@ -101,20 +101,22 @@ def test_lists_sharing_layouts_price_only_the_new_pairs(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(pools(), st.data(), st.sampled_from(["paper", "optimal"]))
-def test_edges_costs_are_their_kernel_matrices_summed(pool, data, planner):
+@given(pools(), st.data(), st.sampled_from(["paper", "optimal"]), st.booleans())
+def test_edges_costs_are_their_kernel_matrices_summed(pool, data, planner, threaded):
     """Edges' costs (``_edge_costs``: their directions' entries gathered from the memo and summed
     in one pass, some into the memo's matrices in place) are each the kernel's forward matrix
     plus its backward matrix transposed, bit for bit, whatever the memo held before (sets of
-    either direction partly priced, in other orders) and whichever edges read one matrix."""
+    either direction partly priced, in other orders) and whichever edges read one matrix; so
+    are they with the memo's matrices filled by another thread (``_alongside``, as the search
+    builds its tables)."""
     sources, targets = pool
     how = (CLUSTER, 2.0, "topology", planner)
-    priced = tables._Priced()
+    before = []
     for _ in range(data.draw(st.integers(0, 3))):
         a, b = (sources, targets) if data.draw(st.booleans()) else (targets, sources)
         s = data.draw(st.lists(st.sampled_from(a), min_size=1, max_size=8))
         t = data.draw(st.lists(st.sampled_from(b), min_size=1, max_size=8))
-        priced(s, t, *how, None)
+        before.append((s, t))
 
     def classes(pool: list[taps.Layout]) -> list[tuple[taps.Layout, ...]]:
         drawn = st.lists(st.tuples(st.sampled_from(pool), st.sampled_from(pool)), min_size=1)
@@ -128,8 +130,16 @@ def test_edges_costs_are_their_kernel_matrices_summed(pool, data, planner):
         (classes(sources), classes(targets), data.draw(st.booleans()))
         for _ in range(data.draw(st.integers(1, 4)))
     ]
-    sums = [tables._directions(lambda s, t: priced(s, t, *how, None), *edge) for edge in edges]
-    for got, (src, dst, backward) in zip(tables._edge_costs(sums), edges, strict=True):
+
+    def work(jobs: tables._Jobs) -> list[np.ndarray]:
+        priced = tables._Priced(jobs=jobs)
+        for s, t in before:
+            priced(s, t, *how, None)
+        sums = [tables._directions(lambda s, t: priced(s, t, *how, None), *edge) for edge in edges]
+        return tables._edge_costs(sums, jobs)
+
+    summed = tables._alongside(work) if threaded else work(tables._Jobs())
+    for got, (src, dst, backward) in zip(summed, edges, strict=True):
         want = taps.redistribution_costs([s[0] for s in src], [d[0] for d in dst], *how)
         if backward:
             back = taps.redistribution_costs([d[1] for d in dst], [s[1] for s in src], *how)

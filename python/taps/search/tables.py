@@ -5,11 +5,13 @@ once per distinct operator and edge (docs/search.md)."""
 from __future__ import annotations
 
 import mmap
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -240,6 +242,106 @@ def _fresh(rows: int, cols: int) -> np.ndarray:
     return np.frombuffer(pages, dtype=np.float64).reshape(rows, cols)
 
 
+class _Stopped(Exception):
+    """The other thread of :func:`_alongside` stopped: this one's work is dropped."""
+
+
+class _Jobs:
+    """The memo's work on its matrices (the kernel's pricing, blocks read from earlier matrices),
+    in the order it is handed in. ``threaded``: run by another thread (:func:`_alongside`), which
+    :meth:`wait` waits for; else each job runs as it is handed in."""
+
+    def __init__(self, threaded: bool = False) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] | None = (
+            queue.SimpleQueue() if threaded else None
+        )
+        self._ran = threading.Condition()
+        self._handed = self._done = 0
+        #: By ``id`` of each matrix a job reads or writes, the count of jobs handed in up to the
+        #: last such job.
+        self._last: dict[int, int] = {}
+        self._stopped = False
+
+    def put(self, job: Callable[[], object], arrays: Sequence[np.ndarray]) -> None:
+        """Run ``job``, which reads or writes ``arrays`` (whole matrices, not views)."""
+        if self._queue is None:
+            job()
+            return
+        if self._stopped:
+            raise _Stopped
+        self._handed += 1
+        for a in arrays:
+            self._last[id(a)] = self._handed
+        self._queue.put(job)
+
+    def wait(self, arrays: Sequence[np.ndarray]) -> None:
+        """Until every job handed in that reads or writes ``arrays`` has run."""
+        need = max((self._last.get(id(a), 0) for a in arrays), default=0)
+        with self._ran:
+            while self._done < need and not self._stopped:
+                self._ran.wait()
+        if self._stopped:
+            raise _Stopped
+
+    def close(self) -> None:
+        """No more jobs: :meth:`run` returns once it has run those handed in."""
+        if self._queue is not None:
+            self._queue.put(None)
+
+    def stop(self) -> None:
+        """Drop the jobs not yet run; :meth:`put` and :meth:`wait` raise :class:`_Stopped`."""
+        with self._ran:
+            self._stopped = True
+            self._ran.notify_all()
+
+    def run(self) -> None:
+        """Run the jobs handed in, in order, until :meth:`close`."""
+        assert self._queue is not None
+        while (job := self._queue.get()) is not None:
+            if not self._stopped:
+                job()
+            with self._ran:
+                self._done += 1
+                self._ran.notify_all()
+
+
+_T = TypeVar("_T")
+
+
+def _alongside(work: Callable[[_Jobs], _T]) -> _T:
+    """``work`` run on a thread of its own, handing its jobs to this one, which runs them as they
+    come: the kernel's calls, which release the GIL and take every core, stay on the thread that
+    sees Ctrl-C (their watch stops them at once), while the Python around them (the next edges'
+    classes and blocks, the sums of the edges priced) takes the core a call leaves idle
+    (docs/performance.md)."""
+    jobs = _Jobs(threaded=True)
+    out: dict[str, Any] = {}
+
+    def side() -> None:
+        try:
+            out["value"] = work(jobs)
+        except _Stopped:
+            pass  # this thread stopped: it raises its own error
+        except BaseException as e:  # raised on the caller's thread, the jobs left dropped
+            out["error"] = e
+            jobs.stop()
+        finally:
+            jobs.close()
+
+    thread = threading.Thread(target=side, name="taps-tables", daemon=True)
+    thread.start()
+    try:
+        jobs.run()
+    except BaseException:
+        jobs.stop()
+        raise
+    finally:
+        thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 class _Priced:
     """``redistribution_costs`` computed once per pair of layouts, in whatever order an edge lists
     them: the kernel prices each pair on its own, so the matrix of the sets in the order first
@@ -250,13 +352,16 @@ class _Priced:
     the rest from the kernel. (The sets are keyed as frozensets and read back through a row and a
     column per layout: hashing the layouts is far cheaper than sorting them by their fields.)"""
 
-    def __init__(self, bounds: bool = False) -> None:
+    def __init__(self, bounds: bool = False, jobs: _Jobs | None = None) -> None:
         self._memo: dict[Any, _Matrix] = {}
         #: The keys of ``_memo`` by the shapes of their layouts and the bytes per element: only
         #: layouts of one tensor can be equal.
         self._near: dict[Any, list[Any]] = {}
         #: Lower bounds on the optimal planner's costs (``redistribution_bounds``) instead.
         self._bounds = bounds
+        #: Where the matrices are filled: at once, or by the thread of :func:`_alongside` (the
+        #: matrices returned are filled once :meth:`_Jobs.wait` for them returns).
+        self.jobs = jobs if jobs is not None else _Jobs()
 
     def __call__(
         self,
@@ -272,19 +377,15 @@ class _Priced:
         key = (sources.set, targets.set, dtype)
         if key not in self._memo:
 
-            def kernel(
-                s: Sequence[Layout], t: Sequence[Layout], out: list[np.ndarray] | None
-            ) -> list[np.ndarray]:
+            def kernel(s: Sequence[Layout], t: Sequence[Layout], out: list[np.ndarray]) -> None:
                 if self._bounds:
                     bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
-                    planes = [bound, (~exact).astype(np.float64)]
-                    if out is not None:
-                        for plane, priced in zip(out, planes, strict=True):
-                            plane[...] = priced
-                    return planes
+                    for plane, priced in zip(out, [bound, ~exact], strict=True):
+                        plane[...] = priced
+                    return
                 # The kernel watches the time left itself: one large edge can take longer; it
                 # writes straight into ``out`` (no copy of its matrix).
-                costs = redistribution_costs(
+                redistribution_costs(
                     s,
                     t,
                     cluster,
@@ -292,9 +393,8 @@ class _Priced:
                     cost_model,
                     planner,
                     time_limit=left(deadline),
-                    out=None if out is None else out[0],
+                    out=out[0],
                 )
-                return [costs]
 
             near = self._near.setdefault(
                 (tuple(sources[0].shape), tuple(targets[0].shape), dtype), []
@@ -318,14 +418,12 @@ class _Priced:
         sources: _Side,
         targets: _Side,
         near: list[Any],
-        kernel: Callable[
-            [Sequence[Layout], Sequence[Layout], list[np.ndarray] | None], list[np.ndarray]
-        ],
+        kernel: Callable[[Sequence[Layout], Sequence[Layout], list[np.ndarray]], None],
     ) -> _Matrix:
         """The matrix of ``sources`` by ``targets``: the largest block of their pairs an earlier
         matrix of ``near`` holds read from it, the rest priced into the new matrix's blocks by
         ``kernel`` (the rows outside it against every target, then its rows against the targets
-        outside it; without blocks, ``kernel`` makes its own matrices)."""
+        outside it), each a job of :attr:`jobs`."""
         srcs, dsts = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
         # The first matrix sharing the most pairs; one that cannot share more than the best so
         # far (its sets' sizes bound its block) is not intersected.
@@ -335,8 +433,13 @@ class _Priced:
                 pairs = len(k[0] & sources.set) * len(k[1] & targets.set)
                 if pairs > shared:
                     shared, earlier = pairs, k
+        planes_count = 2 if self._bounds else 1
         if earlier is None:
-            return kernel(srcs, dsts, None), _numbered(srcs), _numbered(dsts)
+            # (Zeros, as the kernel's own matrices were: their pages are first touched by the
+            # kernel's threads.)
+            planes = [np.zeros((len(srcs), len(dsts))) for _ in range(planes_count)]
+            self.jobs.put(lambda: kernel(srcs, dsts, planes), planes)
+            return planes, _numbered(srcs), _numbered(dsts)
         old, old_row, old_col = self._memo[earlier]
         rows = [x for x in srcs if x in old_row]
         cols = [y for y in dsts if y in old_col]
@@ -348,12 +451,18 @@ class _Priced:
         srcs, dsts = rows + new_rows, cols + new_cols
         planes = [_fresh(len(srcs), len(dsts)) for _ in old]
         shared_block = np.ix_([old_row[x] for x in rows], [old_col[y] for y in cols])
-        for plane, before in zip(planes, old, strict=True):
-            plane[: len(rows), : len(cols)] = before[shared_block]
+
+        def read_shared() -> None:
+            for plane, before in zip(planes, old, strict=True):
+                plane[: len(rows), : len(cols)] = before[shared_block]
+
+        self.jobs.put(read_shared, [*planes, *old])
         if new_rows:
-            kernel(new_rows, dsts, [plane[len(rows) :] for plane in planes])
+            below = [plane[len(rows) :] for plane in planes]
+            self.jobs.put(lambda: kernel(new_rows, dsts, below), planes)
         if new_cols:
-            kernel(rows, new_cols, [plane[: len(rows), len(cols) :] for plane in planes])
+            right = [plane[: len(rows), len(cols) :] for plane in planes]
+            self.jobs.put(lambda: kernel(rows, new_cols, right), planes)
         return planes, _numbered(srcs), _numbered(dsts)
 
 
@@ -393,16 +502,21 @@ def _gathered(terms: list[tuple[_Term, bool]]) -> np.ndarray:
     return gathered_sum([(*term, back) for term, back in terms], out)
 
 
-def _edge_costs(sums: list[list[tuple[_Term, bool]]]) -> list[np.ndarray]:
+def _edge_costs(
+    sums: list[list[tuple[_Term, bool]]], jobs: _Jobs | None = None
+) -> list[np.ndarray]:
     """Each edge's cost matrix between its ends' layout classes, from its directions' terms
     (:func:`_directions`) summed in order, the forward first (:func:`_gathered`), once every edge
-    is priced: an edge whose first term reads a whole matrix of the memo in its own order, which
-    no later edge reads, is summed into that matrix in place. Each entry is the same sum to the
-    bit; jax_llama's edges would write 250 MB of new matrices, and first touching that memory was
-    most of what their sums cost."""
+    is handed to the memo (each once ``jobs``, the memo's, has filled its matrices): an edge whose
+    first term reads a whole matrix of the memo in its own order, which no later edge reads, is
+    summed into that matrix in place. Each entry is the same sum to the bit; jax_llama's edges
+    would write 250 MB of new matrices, and first touching that memory was most of what their
+    sums cost."""
     last = {id(term[0]): k for k, terms in enumerate(sums) for term, _ in terms}
     out = []
     for k, terms in enumerate(sums):
+        if jobs is not None:
+            jobs.wait([term[0] for term, _ in terms])
         (matrix, rows, cols), transposed = terms[0]
         if (
             not transposed
@@ -792,90 +906,100 @@ def build_tables(
         shared = distinct[key]
         ops[op.name] = shared if shared.op is op else replace(shared, op=op)
     t0 = time.perf_counter()
-    cache: dict[Any, tuple[np.ndarray, np.ndarray, int]] = {}
-    # Different operators can still give a tensor the same layout classes at both ends, and one
-    # direction of an edge can be another edge's (the gradient of a softmax's input is priced
-    # from the classes its output is priced to): each distinct matrix's terms, summed once all
-    # are priced (_edge_costs).
-    by_layouts: dict[Any, int] = {}
-    sums: list[list[tuple[_Term, bool]]] = []
-    priced = _Priced(bounded)
-    #: With bounds, per distinct matrix the rest of its _Bound.
-    partly: list[tuple[Any, ...]] = []
-    ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
-    keys: list[Any] = []
-    for edge in graph.edges:
-        key = (signature[edge.producer], signature[edge.consumer], edge.slot)
-        if key not in cache:
-            check(deadline, f"pricing the redistributions of tensor {edge.tensor!r}")
-            backward = training and graph.takes_gradient(graph.op(edge.consumer), edge.slot)
-            flowing = edge.producer in flows
-            # An end's classes serve every edge from (or into the same slot of) an operator of
-            # its signature, whose candidates are the same list.
-            out = ("out", signature[edge.producer], flowing, backward)
-            if out not in ends:
-                made = ops[edge.producer].candidates
-                outputs = [c.output for c in made]
-                ends[out] = _classes(
-                    outputs,
-                    outputs if backward else None,
-                    partial_dims(
-                        made[0].op, *splits[signature[edge.producer]], made[0].op.contracted
+
+    def edge_tables(jobs: _Jobs) -> tuple[list[EdgeTable], dict[int, _Bound]]:
+        cache: dict[Any, tuple[np.ndarray, np.ndarray, int]] = {}
+        # Different operators can still give a tensor the same layout classes at both ends, and
+        # one direction of an edge can be another edge's (the gradient of a softmax's input is
+        # priced from the classes its output is priced to): each distinct matrix's terms, summed
+        # once all are handed to the memo (_edge_costs).
+        by_layouts: dict[Any, int] = {}
+        sums: list[list[tuple[_Term, bool]]] = []
+        priced = _Priced(bounded, jobs)
+        #: With bounds, per distinct matrix the rest of its _Bound.
+        partly: list[tuple[Any, ...]] = []
+        ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
+        keys: list[Any] = []
+        for edge in graph.edges:
+            key = (signature[edge.producer], signature[edge.consumer], edge.slot)
+            if key not in cache:
+                check(deadline, f"pricing the redistributions of tensor {edge.tensor!r}")
+                backward = training and graph.takes_gradient(graph.op(edge.consumer), edge.slot)
+                flowing = edge.producer in flows
+                # An end's classes serve every edge from (or into the same slot of) an operator of
+                # its signature, whose candidates are the same list.
+                out = ("out", signature[edge.producer], flowing, backward)
+                if out not in ends:
+                    made = ops[edge.producer].candidates
+                    outputs = [c.output for c in made]
+                    ends[out] = _classes(
+                        outputs,
+                        outputs if backward else None,
+                        partial_dims(
+                            made[0].op, *splits[signature[edge.producer]], made[0].op.contracted
+                        )
+                        if flowing
+                        else None,
                     )
-                    if flowing
-                    else None,
-                )
-            into = ("in", signature[edge.consumer], edge.slot, backward)
-            if into not in ends:
-                taken = ops[edge.consumer].candidates
-                inputs = [c.inputs[edge.slot] for c in taken]
-                ends[into] = _classes(
-                    inputs,
-                    inputs if backward else None,
-                    None,
-                    partial_dims(
-                        taken[0].op,
-                        *splits[signature[edge.consumer]],
-                        taken[0].op.input_gradient_axes[edge.slot],
+                into = ("in", signature[edge.consumer], edge.slot, backward)
+                if into not in ends:
+                    taken = ops[edge.consumer].candidates
+                    inputs = [c.inputs[edge.slot] for c in taken]
+                    ends[into] = _classes(
+                        inputs,
+                        inputs if backward else None,
+                        None,
+                        partial_dims(
+                            taken[0].op,
+                            *splits[signature[edge.consumer]],
+                            taken[0].op.input_gradient_axes[edge.slot],
+                        )
+                        if backward
+                        else None,
                     )
-                    if backward
-                    else None,
-                )
-            (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
-            dtype = graph.tensors[edge.tensor].dtype_bytes
-            layouts = (tuple(src), tuple(dst), dtype)
-            if layouts not in by_layouts:
-                how = (cluster, dtype, cost_model, planner, deadline)
+                (src_cls, src), (dst_cls, dst) = ends[out], ends[into]
+                dtype = graph.tensors[edge.tensor].dtype_bytes
+                layouts = (tuple(src), tuple(dst), dtype)
+                if layouts not in by_layouts:
+                    how = (cluster, dtype, cost_model, planner, deadline)
 
-                def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> _Term:
-                    return priced(s, t, *how)
+                    def costs(s: list[Layout], t: list[Layout], how: tuple = how) -> _Term:
+                        return priced(s, t, *how)
 
-                by_layouts[layouts] = len(sums)
-                sums.append(_directions(costs, src, dst, backward))
-                if bounded:
+                    by_layouts[layouts] = len(sums)
+                    sums.append(_directions(costs, src, dst, backward))
+                    if bounded:
 
-                    def inexact(s: list[Layout], t: list[Layout], dtype: float = dtype) -> _Term:
-                        return priced.inexact(s, t, dtype)
+                        def inexact(
+                            s: list[Layout], t: list[Layout], dtype: float = dtype
+                        ) -> _Term:
+                            return priced.inexact(s, t, dtype)
 
-                    # Copies, read before _edge_costs may sum into the memo's matrices.
-                    parts = [_gathered([d]) for d in sums[-1]]
-                    known = [_gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)]
-                    if not backward:
-                        parts.append(np.zeros_like(parts[0]))
-                        known.append(np.ones(parts[0].shape, dtype=bool))
-                    partly.append((src, dst, backward, dtype, parts, known))
-            cache[key] = (src_cls, dst_cls, by_layouts[layouts])
-        keys.append(key)
-    summed = _edge_costs(sums)
-    edges = [
-        EdgeTable(edge, *cache[key][:2], summed[cache[key][2]])
-        for edge, key in zip(graph.edges, keys, strict=True)
-    ]
-    bounds = (
-        {id(cost): _Bound(cost, *rest) for cost, rest in zip(summed, partly, strict=True)}
-        if bounded
-        else {}
-    )
+                        # Copies, read before _edge_costs may sum into the memo's matrices.
+                        parts = [_gathered([d]) for d in sums[-1]]
+                        known = [
+                            _gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)
+                        ]
+                        if not backward:
+                            parts.append(np.zeros_like(parts[0]))
+                            known.append(np.ones(parts[0].shape, dtype=bool))
+                        partly.append((src, dst, backward, dtype, parts, known))
+                cache[key] = (src_cls, dst_cls, by_layouts[layouts])
+            keys.append(key)
+        summed = _edge_costs(sums, jobs)
+        edges = [
+            EdgeTable(edge, *cache[key][:2], summed[cache[key][2]])
+            for edge, key in zip(graph.edges, keys, strict=True)
+        ]
+        bounds = (
+            {id(cost): _Bound(cost, *rest) for cost, rest in zip(summed, partly, strict=True)}
+            if bounded
+            else {}
+        )
+        return edges, bounds
+
+    # Bounds are read as soon as they are priced (partly): those tables are priced in order.
+    edges, bounds = edge_tables(_Jobs()) if bounded else _alongside(edge_tables)
     timings["costs"] += time.perf_counter() - t0
 
     # A round's solve takes time in proportion to the edges' entries (reduced afresh), a pair's
