@@ -644,7 +644,7 @@ pub(crate) mod tests {
     }
 
     /// Every layout of each shape on each device matrix.
-    fn every_layout(shapes: &[&[u64]], matrices: &[&[u64]]) -> Vec<Layout> {
+    pub(crate) fn every_layout(shapes: &[&[u64]], matrices: &[&[u64]]) -> Vec<Layout> {
         let mut out = Vec::new();
         for &shape in shapes {
             for &matrix in matrices {

@@ -622,39 +622,67 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// A step of one kind as its price depends on it within one call of the kernel (one cluster,
-/// element size and cost model): the rank bits of its group, those of the dims holding distinct
-/// data, and its shard (its elements per device before it), which with the group and the kind
-/// make its volume.
-type StepKey = [u64; 3];
-
 /// The prices of the steps one thread of the kernel has met in one call, direct-mapped (a slot
 /// keeps the last step hashed to it), a table per kind: a step's price walks the cluster's levels
-/// and divides twice, and a table's steps repeat (a few groups, dims and shards). Keyed by the
-/// shard, not the volume, so that a step found needs no volume (and a kind known where Algorithm 1
-/// takes the step picks its table, not a key word).
+/// and divides twice, and a table's steps repeat (a few groups, dims and shards). A step's price
+/// depends on the rank bits of its group, those of the dims holding distinct data, and its shard
+/// (its elements per device before it, which with the group and the kind make its volume); the
+/// shard is the tensor's elements over the devices of the used dims, so for one tensor the count
+/// of used bits stands for it, and the three pack into one word ([`StepPrices::key`]). A kind
+/// known where Algorithm 1 takes the step picks its table, not a key word.
 struct StepPrices {
-    slots: Vec<(StepKey, f64)>,
+    slots: Vec<(u64, f64)>,
+    /// The tensor whose steps the table holds, by its elements (those of a call's runs).
+    elements: u64,
+    /// All ones if the cluster's rank bits fit a key ([`StepPrices::BITS`]), else 0: every key
+    /// is that of no step, and nothing is kept.
+    keys: u64,
 }
 
 impl StepPrices {
     /// Slots per kind, a power of two.
     const SLOTS: usize = 256;
+    /// Rank bits a key holds: those of clusters of up to 2^21 devices.
+    const BITS: u32 = 21;
 
-    /// No step: a step's group has bits (a unified device dim has two devices or more).
+    /// No step: a step's group has bits (a unified device dim has two devices or more), so no
+    /// key is 0.
     fn new() -> Self {
         let kinds = OpKind::CollectivePermute as usize + 1;
         StepPrices {
-            slots: vec![([0; 3], 0.0); kinds * Self::SLOTS],
+            slots: vec![(0, 0.0); kinds * Self::SLOTS],
+            elements: 0,
+            keys: 0,
         }
+    }
+
+    /// Ready for the steps of a run's pairs: its tensor of `elements` on `cluster`, emptied if
+    /// the table held another tensor's (the shard is not in the key).
+    fn prepare(&mut self, elements: u64, cluster: &Cluster) {
+        if self.elements != elements {
+            self.slots.fill((0, 0.0));
+            self.elements = elements;
+        }
+        self.keys = if cluster.num_devices() <= 1 << Self::BITS {
+            u64::MAX
+        } else {
+            0
+        };
+    }
+
+    /// A step's key: its group's and distinct dims' rank bits (under `2^BITS` when they fit)
+    /// and the count of used bits (at most `BITS`), side by side.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn key(group: u64, distinct: u64, used: u32) -> u64 {
+        group | distinct << Self::BITS | u64::from(used) << (2 * Self::BITS)
     }
 
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn slot(kind: OpKind, [group, distinct, shard]: StepKey) -> usize {
+    fn slot(kind: OpKind, key: u64) -> usize {
         const ODD: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mixed = group ^ distinct.rotate_left(24) ^ shard.wrapping_mul(ODD);
-        let hashed = (mixed.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize;
+        let hashed = (key.wrapping_mul(ODD) >> (64 - Self::SLOTS.trailing_zeros())) as usize;
         kind as usize * Self::SLOTS + hashed
     }
 }
@@ -679,14 +707,16 @@ impl Step for Pricer<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn step(&mut self, kind: OpKind, bits: u64, _: Option<usize>, _: Option<usize>, m: &Maps) {
-        let shard = self.elements >> m.used.count_ones();
+        let used = m.used.count_ones();
+        let shard = self.elements >> used;
         let moved = || volume(kind, 1 << bits.count_ones(), shard);
         // (A slice is free: nothing to look up.)
         if kind != OpKind::Slice {
             let distinct = m.used | m.partial;
-            let key = [bits, distinct, shard];
+            // (Key 0, that of no step, when the cluster's bits do not fit: priced every time.)
+            let key = StepPrices::key(bits, distinct, used) & self.prices.keys;
             let slot = &mut self.prices.slots[StepPrices::slot(kind, key)];
-            if slot.0 != key {
+            if key == 0 || slot.0 != key {
                 let price = group_step_cost(
                     kind,
                     bits,
@@ -781,6 +811,7 @@ fn priced_run(
         mut volumes,
     } = run;
     let elements = volumes.is_some();
+    scratch.prices.prepare(source.elements, cluster);
     for (k, (target, cost)) in targets.iter().zip(costs).enumerate() {
         let (priced, volume) = if twin != Some(k) && !stop.load(Relaxed) {
             priced(
@@ -1016,8 +1047,6 @@ mod tests {
     #[test]
     fn portable_kernel_costs_are_the_plans() {
         use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
-        use crate::plan::{plan_redistribution, Planner};
-        use crate::topology::Replicas;
 
         let mut layouts = layouts_of_96();
         layouts.extend(partial_sums_of(&layouts, 5));
@@ -1025,12 +1054,41 @@ mod tests {
         layouts.extend(partial_sums_of(&powers, 5));
         layouts.extend(powers);
         let levels = [(2, 60e9, 1e-6), (2, 12e9, 5e-6), (2, 3e9, 2e-5)];
-        let cluster = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
+        let priced = kernel_prices_as_plans(&layouts, &levels);
+        assert!(priced > 40_000, "{priced}");
+    }
+
+    /// On a cluster of 2^22 devices, whose rank bits do not fit a step's key (so no step price
+    /// is kept), the kernel prices every pair as its plan does.
+    #[test]
+    fn kernel_costs_past_the_keyed_devices_are_the_plans() {
+        use crate::batch::tests::{every_layout, partial_sums_of};
+
+        let shapes: [&[u64]; 3] = [&[1 << 24], &[1 << 12, 1 << 12], &[2, 1 << 11, 1 << 11]];
+        let matrices: [&[u64]; 4] = [
+            &[1 << 22],
+            &[2, 1 << 21],
+            &[1 << 21, 2],
+            &[1 << 11, 2, 1 << 10],
+        ];
+        let mut layouts = every_layout(&shapes, &matrices);
+        layouts.extend(partial_sums_of(&layouts, 1));
+        let levels = [(1 << 11, 60e9, 1e-6), (1 << 11, 3e9, 2e-5)];
+        let priced = kernel_prices_as_plans(&layouts, &levels);
+        assert!(priced > 10_000, "{priced}");
+    }
+
+    /// The pairs of `layouts` that plan, each priced by the kernel's portable form exactly as its
+    /// plan, under both cost models on the cluster of `levels` (a scratch per model: one call).
+    fn kernel_prices_as_plans(layouts: &[Layout], levels: &[(u64, f64, f64)]) -> usize {
+        use crate::plan::{plan_redistribution, Planner};
+        use crate::topology::Replicas;
+
+        let cluster = Cluster::hierarchy(levels, None, Replicas::Shared).unwrap();
         let prepared: Vec<Prepared<'_>> = layouts.iter().map(Prepared::new).collect();
         let never = AtomicBool::new(false);
         let mut priced = 0;
         for model in [CostModel::Topology, CostModel::Volume] {
-            // (A scratch prices the pairs of one call: one cluster, element size and model.)
             let mut scratch = Scratch {
                 bit_ops: false,
                 ..Scratch::default()
@@ -1057,7 +1115,7 @@ mod tests {
                 }
             }
         }
-        assert!(priced > 40_000, "{priced}");
+        priced
     }
 
     #[test]
