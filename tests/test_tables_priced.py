@@ -168,7 +168,7 @@ def test_an_edge_is_summed_into_a_matrix_only_when_nothing_later_reads_it():
     edges = [(src, [dst[0]], False), (src, dst, True), (src, dst, True)]
     sums = [tables._directions(price, *edge) for edge in edges]
     forward = sums[1][0][0][0]
-    part, first, last = tables._edge_costs(sums)
+    part, first, last = tables._edge_costs(sums, tables._Jobs())
     ahead = taps.redistribution_costs([one, two, partial], [two, whole, rows], *how)
     want = ahead + taps.redistribution_costs([one, partial, whole], [two, whole, rows], *how).T
     assert first.tobytes() == last.tobytes() == want.tobytes()

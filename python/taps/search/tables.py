@@ -502,9 +502,7 @@ def _gathered(terms: list[tuple[_Term, bool]]) -> np.ndarray:
     return gathered_sum([(*term, back) for term, back in terms], out)
 
 
-def _edge_costs(
-    sums: list[list[tuple[_Term, bool]]], jobs: _Jobs | None = None
-) -> list[np.ndarray]:
+def _edge_costs(sums: list[list[tuple[_Term, bool]]], jobs: _Jobs) -> list[np.ndarray]:
     """Each edge's cost matrix between its ends' layout classes, from its directions' terms
     (:func:`_directions`) summed in order, the forward first (:func:`_gathered`), once every edge
     is handed to the memo (each once ``jobs``, the memo's, has filled its matrices): an edge whose
@@ -515,8 +513,7 @@ def _edge_costs(
     last = {id(term[0]): k for k, terms in enumerate(sums) for term, _ in terms}
     out = []
     for k, terms in enumerate(sums):
-        if jobs is not None:
-            jobs.wait([term[0] for term, _ in terms])
+        jobs.wait([term[0] for term, _ in terms])
         (matrix, rows, cols), transposed = terms[0]
         if (
             not transposed
