@@ -421,7 +421,9 @@ impl<'o> Bounds<'o> {
         let order = &scratch.key.order;
         let matrix = scratch.matrices.of(self.objective, source);
         let buffers = std::mem::take(&mut scratch.space);
-        let space = Space::bounding_in((source, target, order), matrix, buffers);
+        // The dims some tensor dim may be split along: the key's columns together.
+        let allowed = scratch.key.may.iter().fold(0, |m, &c| m | c);
+        let space = Space::bounding_in((source, target, order, allowed), matrix, buffers);
         let start = State::in_order(source, order);
         let keep = mask_of(target.partial());
         let bound = space.remaining(&start, source.shard_size(), keep);
@@ -1292,7 +1294,16 @@ mod tests {
                     let want = fresh.remaining(&start, source.shard_size(), keep);
                     let matrix = matrices.of(objective, source);
                     let order: Vec<usize> = (0..source.ndim()).collect();
-                    let reused = Space::bounding_in((source, target, &order), matrix, buffers);
+                    let reused = Space::bounding_in(
+                        (
+                            source,
+                            target,
+                            &order,
+                            super::space::allowed_dims(source, target),
+                        ),
+                        matrix,
+                        buffers,
+                    );
                     let got = reused.remaining(&start, source.shard_size(), keep);
                     buffers = reused.into_buffers();
                     assert_eq!(got.to_bits(), want.to_bits(), "{a:?} -> {b:?}");

@@ -364,7 +364,7 @@ fn allowed_into(source: &Layout, target: &Layout, out: &mut Vec<u64>) {
 
 /// The device dims [`allowed`] gives some tensor dim to split (a mask), without the tensor dims:
 /// all a bound reads of it (working out every dim's mask was a tenth of a bound's space).
-fn allowed_dims(source: &Layout, target: &Layout) -> u64 {
+pub(super) fn allowed_dims(source: &Layout, target: &Layout) -> u64 {
     by_size(source, may_split(source, target))
         .filter(|&(d, _)| source.shape().iter().any(|&x| divides(d, x)))
         .fold(0, |m, (_, group)| m | group)
@@ -873,7 +873,7 @@ impl<'a> Space<'a> {
         let mut matrix = MatrixBounds::of(objective, source);
         let units = std::mem::take(&mut matrix.units);
         Self::bounding_on(
-            (source, target, None),
+            (source, target, None, allowed_dims(source, target)),
             &matrix,
             Cow::Owned(units),
             Buffers::default(),
@@ -884,14 +884,15 @@ impl<'a> Space<'a> {
     /// the dim at position `c`; its states in that order, [`State::in_order`]), without the
     /// sorted layouts (building them was a twentieth of the bounded tables' work), on the bounds
     /// of `source`'s device matrix ([`MatrixBounds`]), built in `buffers` (those of an earlier
-    /// space: [`Space::into_buffers`]). Only the target's map depends on the order.
+    /// space: [`Space::into_buffers`]), with `allowed` the pair's [`allowed_dims`]. Only the
+    /// target's map depends on the order.
     pub(super) fn bounding_in(
-        (source, target, order): (&'a Layout, &Layout, &[usize]),
+        (source, target, order, allowed): (&'a Layout, &Layout, &[usize], u64),
         matrix: &'a MatrixBounds,
         buffers: Buffers,
     ) -> Self {
         Self::bounding_on(
-            (source, target, Some(order)),
+            (source, target, Some(order), allowed),
             matrix,
             Cow::Borrowed(&matrix.units),
             buffers,
@@ -904,9 +905,10 @@ impl<'a> Space<'a> {
     }
 
     /// The space on `matrix`, the bounds of `source`'s device matrix, whose units are `entering`;
-    /// the tensor dims in `order` if given ([`Space::bounding_in`]).
+    /// the tensor dims in `order` if given ([`Space::bounding_in`]); `allowed` the pair's
+    /// [`allowed_dims`] (a caller that keyed the pair has them in its columns).
     fn bounding_on(
-        (source, target, order): (&'a Layout, &Layout, Option<&[usize]>),
+        (source, target, order, allowed): (&'a Layout, &Layout, Option<&[usize]>, u64),
         matrix: &MatrixBounds,
         entering: Cow<'a, [Unit]>,
         mut buf: Buffers,
@@ -922,7 +924,7 @@ impl<'a> Space<'a> {
         let permutable = (0..h)
             .filter(|&k| fixed >> k & 1 == 0 && same_size[k] & !fixed & !(1 << k) != 0)
             .fold(0u64, |m, k| m | 1 << k);
-        let splitting = splitting(allowed_dims(source, target), fixed, same_size);
+        let splitting = splitting(allowed, fixed, same_size);
         let partial = mask_of(source.partial());
         let goal = (0..h)
             .filter(|&k| buf.goal[k].is_some())
