@@ -374,6 +374,22 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
     }
 }
 
+/// [`tile`] of `MR_AVX2 x NR_AVX2` compiled for AVX2: the same additions and comparisons in the
+/// same order, four lanes at a time with non-destructive operands. A function of its own, not
+/// inlined into [`Job::passes`]: the closures there that call the tile are compiled for the
+/// baseline instruction set whatever function they sit in (two lanes, minima spilled to the stack).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn tile_avx2<const NAN: bool>(
+    xs: &[f64],
+    ys: &[f64],
+    out: &mut [f64],
+    ld: usize,
+    ahead: &mut [Lines<'_>; 2],
+) {
+    tile::<NAN, MR_AVX2, NR_AVX2>(xs, ys, out, ld, ahead);
+}
+
 /// [`tile`] of `MR512 x NR512` in AVX-512's registers of eight lanes, written out: the compiler
 /// does not keep the generic one's minima in registers for AVX-512. The same additions, and
 /// `least`'s choices: MINPD takes its second operand (`current`) unless the first is less, so on
@@ -453,19 +469,19 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// The job's block of the product (whole rows of `cols`) by the portable tile of `MR x NR`.
-    // Inlined into each caller, so that the AVX2 one compiles it (and `tile`) for AVX2.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
     fn portable<const MR: usize, const NR: usize>(&self, block: &mut [f64]) {
         self.passes::<MR, NR>(block, tile::<false, MR, NR>, tile::<true, MR, NR>);
     }
 
-    /// [`Job::portable`] compiled for AVX2: the same additions and comparisons in the same order,
-    /// four lanes at a time with non-destructive operands.
+    /// [`Job::portable`] by the tile compiled for AVX2 ([`tile_avx2`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    fn avx2<const MR: usize, const NR: usize>(&self, block: &mut [f64]) {
-        self.portable::<MR, NR>(block);
+    fn avx2(&self, block: &mut [f64]) {
+        self.passes::<MR_AVX2, NR_AVX2>(
+            block,
+            |x, y, out, ld, ahead| tile_avx2::<false>(x, y, out, ld, ahead),
+            |x, y, out, ld, ahead| tile_avx2::<true>(x, y, out, ld, ahead),
+        );
     }
 
     /// [`Job::portable`] by the AVX-512 tile.
@@ -626,7 +642,7 @@ fn product(x: Matrix<'_>, shift: Option<&[f64]>, y: Matrix<'_>, isa: Isa) -> Res
         }),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => tiled::<MR_AVX2, NR_AVX2>(x, shift, y, &mut out, |job, block| unsafe {
-            job.avx2::<MR_AVX2, NR_AVX2>(block);
+            job.avx2(block);
         }),
         _ => tiled::<MR_SSE2, NR_SSE2>(x, shift, y, &mut out, |job, block| {
             job.portable::<MR_SSE2, NR_SSE2>(block);
