@@ -375,9 +375,10 @@ fn tile<const NAN: bool, const MR: usize, const NR: usize>(
 }
 
 /// [`tile`] of `MR_AVX2 x NR_AVX2` compiled for AVX2: the same additions and comparisons in the
-/// same order, four lanes at a time with non-destructive operands. A function of its own, not
-/// inlined into [`Job::passes`]: the closures there that call the tile are compiled for the
-/// baseline instruction set whatever function they sit in (two lanes, minima spilled to the stack).
+/// same order, four lanes at a time with non-destructive operands. A function of its own: inlined
+/// into the closure [`Job::passes`] calls its tiles from, it would take that closure's instruction
+/// set, the baseline (a closure's is its defining function's, and `passes` has none of its own),
+/// and run on two lanes with its minima spilled to the stack.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn tile_avx2<const NAN: bool>(
