@@ -494,3 +494,92 @@ def test_products_take_the_last_round_only_for_equal_operands(monkeypatch):
     products.next_round()
     products.next_round()
     assert products(x, y) is not first
+
+
+def _fixed(problem: Problem, one: dict[str, int]) -> Problem:
+    """``problem`` with the operators of ``one`` fixed at that candidate, the other arrays the
+    same (as the optimal search's spare pairs fix the solver's operators)."""
+    pick = {v: np.array([i]) for v, i in one.items()}
+    return Problem(
+        {v: c[pick[v]] if v in pick else c for v, c in problem.node_cost.items()},
+        [
+            PairCost(
+                p.u,
+                p.w,
+                p.u_class[pick[p.u]] if p.u in pick else p.u_class,
+                p.w_class[pick[p.w]] if p.w in pick else p.w_class,
+                p.cost,
+            )
+            for p in problem.pairs
+        ],
+    )
+
+
+def _same_marginals(got, want) -> None:
+    assert (got is None) == (want is None)
+    if got is None:
+        return
+    assert got[0].keys() == want[0].keys()
+    for v, m in want[0].items():
+        np.testing.assert_array_equal(got[0][v], m)
+    assert len(got[1]) == len(want[1])
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(problems(), repeated_problems()), st.data())
+def test_pair_min_marginals_sharing_eliminations_and_products_are_the_fresh_ones(problem, data):
+    """The optimal search's spare pairs (tables._nearest), two rounds: the pair min-marginals of
+    the problem with some operators fixed, its reductions taking the eliminations of the whole
+    problem's (the same arrays elsewhere) and the products kept from the round before (some pair
+    costs changed in place since), are those computed afresh, to the bit."""
+    order = list(problem.node_cost)
+    products = reductions.Products()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reductions, "MEMO_RATIO", 0)  # every product kept
+        for _ in range(2):
+            memo: reductions.Memo = {}
+            whole = reduce([problem], order, products=products, memo=memo)
+            one = {
+                v: data.draw(st.integers(0, len(c) - 1))
+                for v, c in problem.node_cost.items()
+                if data.draw(st.booleans())
+            }
+            fixed = _fixed(problem, one)
+            got = reductions.pair_min_marginals(fixed, order, products, memo)
+            products.next_round()
+            _same_marginals(got, reductions.pair_min_marginals(fixed, order))
+            assert whole.cores  # alive until here: its arrays keep their addresses
+            # The next round: some pair costs priced anew, in place.
+            for p in problem.pairs:
+                if data.draw(st.booleans()):
+                    p.cost[...] = np.array(
+                        data.draw(
+                            st.lists(
+                                st.integers(0, 5).map(float),
+                                min_size=p.cost.size,
+                                max_size=p.cost.size,
+                            )
+                        )
+                    ).reshape(p.cost.shape)
+
+
+def test_eliminations_shared_with_the_whole_problem_see_the_fixed_operators():
+    """``d`` a leaf of ``v`` in the whole problem, fixed in the other: ``v``'s series between the
+    same arrays then has other node costs, so it is not the whole problem's (a memo keyed by the
+    arrays alone would take it)."""
+    rng = np.random.default_rng(1)
+    names = ["d", "v", "a", "b"]
+    node = {v: rng.integers(0, 5, 3).astype(float) for v in names}
+
+    def pair(u: str, w: str) -> PairCost:
+        return PairCost(u, w, np.arange(3), np.arange(3), rng.integers(0, 5, (3, 3)).astype(float))
+
+    problem = Problem(node, [pair("d", "v"), pair("a", "v"), pair("v", "b"), pair("a", "b")])
+    memo: reductions.Memo = {}
+    whole = reduce([problem], names, memo=memo)
+    assert [type(s).__name__ for s in whole.steps][:2] == ["_Leaf", "_Series"]
+    fixed = _fixed(problem, {"d": 2})
+    got = reductions.pair_min_marginals(fixed, names, None, memo)
+    _same_marginals(got, reductions.pair_min_marginals(fixed, names))

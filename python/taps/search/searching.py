@@ -272,7 +272,9 @@ def _search(
     # The optimal planner's tables hold lower bounds: an assignment whose edges are all priced
     # exactly costs no more than any other, each at most its bounded price (docs/search.md).
     # Each round changes a few pair costs, so the next solve takes the last one's reductions.
-    while tables.refine is not None and tables.refine(solution.choice):
+    # (The spare pairs' reductions take the solves' products, and leave theirs to the next.)
+    products = None if rounds is None else rounds.products
+    while tables.refine is not None and tables.refine(solution.choice, products):
         solution = solve(tables, limit, left(deadline), options, tie=tie, rounds=rounds)
     t1 = time.perf_counter()
     plan = Plan(

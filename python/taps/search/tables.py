@@ -42,7 +42,14 @@ from taps.search.prices import (
     partial_flows,
     reduced_operands,
 )
-from taps.solve.reductions import PairCost, Problem, pair_min_marginals, reduce
+from taps.solve.reductions import (
+    Memo,
+    PairCost,
+    Problem,
+    Products,
+    pair_min_marginals,
+    reduce,
+)
 from taps.solve.ties import Ties
 
 if TYPE_CHECKING:
@@ -97,8 +104,10 @@ class CostTables:
     timings: dict[str, float] = field(default_factory=dict)
     #: Bounded tables (:func:`build_tables`): prices exactly the next direction of each edge
     #: cost an assignment uses that is still a bound (the forward first; on large tables both,
-    #: and spare pairs, :func:`_refine`), True if there was one.
-    refine: Callable[[Mapping[str, int]], bool] | None = None
+    #: and spare pairs, :func:`_refine`), True if there was one. Its spare pairs' reductions
+    #: take their min-plus products by the :class:`Products` given (the rounds' solves': the
+    #: tables they reduce are the solve's, but for the pairs just priced).
+    refine: Callable[[Mapping[str, int], Products | None], bool] | None = None
 
     @property
     def num_aux_edges(self) -> int:
@@ -624,6 +633,7 @@ def _nearest(
     upper: float,
     count: int,
     tied: Sequence[Sequence[Sequence[str]]] = (),
+    products: Products | None = None,
 ) -> list[_ClassPair]:
     """The ``count`` class pairs still bounds (in a direction) of least min-marginal under
     ``upper`` (the cost of an assignment priced exactly: a pair whose least completion costs
@@ -633,12 +643,20 @@ def _nearest(
     ``bounds``. The min-marginals are those of the tied repeats (``tied``) taking one set of
     choices, as the solve takes them, with the operators the reductions leave to the solver at
     their candidate of ``choice`` (:func:`taps.solve.reductions.pair_min_marginals` needs a
-    problem the reductions take whole)."""
+    problem the reductions take whole). The two reductions take their min-plus products by
+    ``products`` (a fresh memo if None), which then keeps theirs for the next round
+    (:meth:`taps.solve.reductions.Products.next_round`)."""
+    if products is None:
+        products = Products()
     ties = Ties.of(list(problem.node_cost), tied) if tied else None
     folded = ties.fold([problem])[0] if ties is not None else problem
     rep = ties.representative if ties is not None else {v: v for v in problem.node_cost}
     order = list(folded.node_cost)
-    core = reduce([folded], order).cores[0]
+    # The problem with the solver's operators fixed is this one elsewhere: its reductions
+    # take this one's eliminations of the same arrays (``first`` alive meanwhile).
+    memo: Memo = {}
+    first = reduce([folded], order, products=products, memo=memo)
+    core = first.cores[0]
     one = {v: np.array([choice[v]]) for p in core.pairs for v in (p.u, p.w)}
     passed = pair_min_marginals(
         Problem(
@@ -655,7 +673,10 @@ def _nearest(
             ],
         ),
         order,
+        products,
+        memo,
     )
+    products.next_round()  # before the spare pairs are priced (in place)
     if passed is None:
         return []
     nodes, marginals = passed
@@ -676,21 +697,19 @@ def _nearest(
     keys = list(least)
     if not keys:
         return []
-    flat = np.concatenate(
-        [
-            np.where(
-                ~(bounds[k].exact[0] & bounds[k].exact[1]) & (least[k] < upper), least[k], np.inf
-            ).ravel()
-            for k in keys
-        ]
-    )
-    count = min(count, int(np.isfinite(flat).sum()))
+    starts = np.cumsum([0] + [least[k].size for k in keys])
+    # The pairs still bounds under ``upper``: their min-marginals and their places among the
+    # edges' entries in turn (the rest, inf, left out of the passes below).
+    kept = [(~(bounds[k].exact[0] & bounds[k].exact[1]) & (least[k] < upper)).ravel() for k in keys]
+    value = np.concatenate([least[k].ravel()[m] for k, m in zip(keys, kept, strict=True)])
+    place = np.concatenate([np.flatnonzero(m) + s for m, s in zip(kept, starts[:-1], strict=True)])
+    count = min(count, len(value))
     if count == 0:
         return []
-    cut = np.partition(flat, count - 1)[count - 1]
-    picked = np.flatnonzero(flat <= cut)
-    picked = picked[np.lexsort((picked, flat[picked]))][:count]
-    starts = np.cumsum([0] + [least[k].size for k in keys])
+    cut = np.partition(value, count - 1)[count - 1]
+    under = value <= cut
+    picked = place[under]
+    picked = picked[np.lexsort((picked, value[under]))][:count]
     out = []
     for x in picked.tolist():
         n = int(np.searchsorted(starts, x, side="right")) - 1
@@ -1007,7 +1026,7 @@ def build_tables(
     spare = spare if spare >= MIN_SPARE else 0
     best = np.inf  # the least cost of an assignment the rounds priced exactly
 
-    def refine(choice: Mapping[str, int]) -> bool:
+    def refine(choice: Mapping[str, int], products: Products | None = None) -> bool:
         pairs: dict[int, set[tuple[int, int]]] = {}
         for e in edges:
             i = int(e.source_class[choice[e.edge.producer]])
@@ -1020,7 +1039,7 @@ def build_tables(
             nonlocal best
             problem = _problem(ops, edges)
             best = min(best, problem.evaluate(choice))  # its pairs are exact now
-            return _nearest(problem, edges, bounds, choice, best, spare, graph.tied)
+            return _nearest(problem, edges, bounds, choice, best, spare, graph.tied, products)
 
         return _refine(chosen, exact, spare, nearest)
 

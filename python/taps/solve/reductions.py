@@ -266,9 +266,10 @@ def _digests(operands: tuple[np.ndarray, np.ndarray, np.ndarray | None]) -> tupl
 
 def _group_min(values: np.ndarray, classes: np.ndarray, count: int) -> np.ndarray:
     """Per class ``0..count-1``, the least of the rows of ``values`` whose candidate is in it
-    (inf for a class with no candidate)."""
+    (inf for a class with no candidate): ``values`` itself where each class is its one candidate
+    in order (the callers only read it)."""
     if in_order(classes, count):
-        return values.astype(np.float64)  # a candidate per class, in order: a copy
+        return np.asarray(values, dtype=np.float64)
     out = np.full((count, *values.shape[1:]), np.inf)
     if values.size == len(values):
         # One number per row (a node cost): scattered into the classes, three to seven times
@@ -405,18 +406,26 @@ def _series(
     return _pair(left.u, right.w, left.u_class, right.w_class, cost)
 
 
+#: The eliminations a reduction made, by their inputs' arrays (:func:`reduce`'s ``memo``).
+Memo = dict[tuple[object, ...], object]
+
+
 def reduce(
     objectives: Sequence[Problem],
     order: list[str],
     eliminable: Collection[str] | None = None,
     deadline: float | None = None,
     products: Products | None = None,
+    memo: Memo | None = None,
 ) -> Reduction:
     """Apply the reductions until none applies, visiting operators in ``order`` (deterministic).
     Only operators in ``eliminable`` (all if None) are eliminated; the others may still take in
     what is folded into them. Past ``deadline`` (checked before each operator),
     :class:`taps.errors.TimeLimitError`. ``products`` (a fresh memo if None) computes the
-    min-plus products; one kept across solves reuses the last solve's.
+    min-plus products; one kept across solves reuses the last solve's. ``memo`` (a fresh one
+    if None) holds the eliminations made, by the identities of their arrays: one shared with
+    another reduction takes its eliminations of the same arrays, while that reduction is alive
+    (it keeps them from being freed, their addresses taken) and no array changed in place.
 
     ``objectives`` are one problem, or two alike but for their costs to be minimised
     lexicographically (the second among the optima of the first)."""
@@ -432,7 +441,8 @@ def reduce(
     # node costs is made once (the result shared; no array is changed in place). Arrays are
     # known by their memory; every one keyed stays alive in ``seen``, so no other takes its
     # address.
-    memo: dict[tuple[object, ...], object] = {}
+    if memo is None:
+        memo = {}
     if products is None:
         products = Products()
 
@@ -697,13 +707,14 @@ def min_marginals(problem: Problem, order: list[str]) -> dict[str, np.ndarray] |
 
 
 def pair_min_marginals(
-    problem: Problem, order: list[str]
+    problem: Problem, order: list[str], products: Products | None = None, memo: Memo | None = None
 ) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
     """:func:`min_marginals`, and per pair cost of ``problem`` (in order) and pair of its
     classes the least cost of any assignment whose two ends take candidates of those classes
     (inf where no candidate is of one of them), by the same pass back keeping the outside of
-    every pair cost; None if the reductions leave pair costs for SCIP."""
-    passed = _pass_back(problem, order, True)
+    every pair cost; None if the reductions leave pair costs for SCIP. The reductions take their
+    min-plus products by ``products`` and their eliminations by ``memo`` (:func:`reduce`)."""
+    passed = _pass_back(problem, order, True, products, memo)
     if passed is None:
         return None
     marginal, outside = passed
@@ -711,14 +722,18 @@ def pair_min_marginals(
 
 
 def _pass_back(
-    problem: Problem, order: list[str], every: bool
+    problem: Problem,
+    order: list[str],
+    every: bool,
+    products: Products | None = None,
+    memo: Memo | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]] | None:
     """The min-marginals of :func:`min_marginals` and the outsides the pass back kept: of the
     pair costs that hold eliminated operators; with ``every`` also, per pair cost of
     ``problem``, its min-marginal per pair of its classes (of :func:`pair_min_marginals`: its
     outside taken per class pair as soon as it is known, which no other step reads, so that the
     outsides per candidate pair are not all held at once)."""
-    reduction = reduce([problem], order)
+    reduction = reduce([problem], order, products=products, memo=memo)
     core = reduction.cores[0]
     if core.pairs:
         return None
