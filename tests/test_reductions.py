@@ -496,25 +496,6 @@ def test_products_take_the_last_round_only_for_equal_operands(monkeypatch):
     assert products(x, y) is not first
 
 
-def _fixed(problem: Problem, one: dict[str, int]) -> Problem:
-    """``problem`` with the operators of ``one`` fixed at that candidate, the other arrays the
-    same (as the optimal search's spare pairs fix the solver's operators)."""
-    pick = {v: np.array([i]) for v, i in one.items()}
-    return Problem(
-        {v: c[pick[v]] if v in pick else c for v, c in problem.node_cost.items()},
-        [
-            PairCost(
-                p.u,
-                p.w,
-                p.u_class[pick[p.u]] if p.u in pick else p.u_class,
-                p.w_class[pick[p.w]] if p.w in pick else p.w_class,
-                p.cost,
-            )
-            for p in problem.pairs
-        ],
-    )
-
-
 def _same_marginals(got, want) -> None:
     assert (got is None) == (want is None)
     if got is None:
@@ -546,7 +527,7 @@ def test_pair_min_marginals_sharing_eliminations_and_products_are_the_fresh_ones
                 for v, c in problem.node_cost.items()
                 if data.draw(st.booleans())
             }
-            fixed = _fixed(problem, one)
+            fixed = problem.fixed(one)
             got = reductions.pair_min_marginals(fixed, order, products, memo)
             products.next_round()
             _same_marginals(got, reductions.pair_min_marginals(fixed, order))
@@ -580,6 +561,6 @@ def test_eliminations_shared_with_the_whole_problem_see_the_fixed_operators():
     memo: reductions.Memo = {}
     whole = reduce([problem], names, memo=memo)
     assert [type(s).__name__ for s in whole.steps][:2] == ["_Leaf", "_Series"]
-    fixed = _fixed(problem, {"d": 2})
+    fixed = problem.fixed({"d": 2})
     got = reductions.pair_min_marginals(fixed, names, None, memo)
     _same_marginals(got, reductions.pair_min_marginals(fixed, names))

@@ -657,25 +657,8 @@ def _nearest(
     memo: Memo = {}
     first = reduce([folded], order, products=products, memo=memo)
     core = first.cores[0]
-    one = {v: np.array([choice[v]]) for p in core.pairs for v in (p.u, p.w)}
-    passed = pair_min_marginals(
-        Problem(
-            {v: c[one[v]] if v in one else c for v, c in folded.node_cost.items()},
-            [
-                PairCost(
-                    p.u,
-                    p.w,
-                    p.u_class[one[p.u]] if p.u in one else p.u_class,
-                    p.w_class[one[p.w]] if p.w in one else p.w_class,
-                    p.cost,
-                )
-                for p in folded.pairs
-            ],
-        ),
-        order,
-        products,
-        memo,
-    )
+    solver = {v: choice[v] for p in core.pairs for v in (p.u, p.w)}
+    passed = pair_min_marginals(folded.fixed(solver), order, products, memo)
     products.next_round()  # before the spare pairs are priced (in place)
     if passed is None:
         return []
@@ -688,7 +671,7 @@ def _nearest(
         if u == w:
             # Both ends are one operator's candidate: its min-marginal at their classes.
             m = np.full(e.cost.shape, np.inf)
-            own = one.get(u, np.arange(len(folded.node_cost[u])))
+            own = np.array([solver[u]]) if u in solver else np.arange(len(folded.node_cost[u]))
             np.minimum.at(m, (e.source_class[own], e.target_class[own]), nodes[u])
         else:
             m = marginals[index[(u, w, id(e.source_class), id(e.target_class))]]

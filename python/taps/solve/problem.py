@@ -50,6 +50,26 @@ class Problem:
             total += float(p.cost[p.u_class[choice[p.u]], p.w_class[choice[p.w]]])
         return total
 
+    def fixed(self, one: Mapping[str, int]) -> Problem:
+        """This problem with each operator of ``one`` left only that candidate. Every other
+        array is this problem's own object, so a reduction that shares its memo of eliminations
+        with one of this problem (:func:`taps.solve.reductions.reduce`) takes them away from the
+        fixed operators."""
+        pick = {v: np.array([i]) for v, i in one.items()}
+        return Problem(
+            {v: c[pick[v]] if v in pick else c for v, c in self.node_cost.items()},
+            [
+                PairCost(
+                    p.u,
+                    p.w,
+                    p.u_class[pick[p.u]] if p.u in pick else p.u_class,
+                    p.w_class[pick[p.w]] if p.w in pick else p.w_class,
+                    p.cost,
+                )
+                for p in self.pairs
+            ],
+        )
+
 
 class Instance(Protocol):
     """What :func:`taps.solve.solve` decides: a problem, each operator's memory per candidate (one
