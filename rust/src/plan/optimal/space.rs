@@ -1019,7 +1019,8 @@ impl<'a> Space<'a> {
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
     ///   shard (only slices follow it, and an op moves at least half its larger shard);
     /// - the elements the devices of a unit need that none of them holds enter the unit
-    ///   ([`Space::entering`]); the partial sums' ops come on top;
+    ///   ([`Space::entering`]); the partial sums' ops come on top; or, while a unit lacks a
+    ///   coordinate of a dim still to be summed, everything it needs ([`Space::unsummed`]);
     /// - every split the goal does not have ends by an op of its own, and a split the goal
     ///   keeps on another device dim takes one op more ([`Space::removals`]); the partial sums'
     ///   ops come on top.
@@ -1069,7 +1070,7 @@ impl<'a> Space<'a> {
                 .zip(&self.buf.target_map)
                 .all(|(&m, &t)| m < 0 || m == t);
         let last = if sliced { 0.0 } else { self.least_last };
-        let bring = self.entering(state) + chained;
+        let bring = (self.entering(state) + chained).max(self.unsummed(sums));
         let removed = self.removals(state) + chained;
         most.max(sum).max(grow).max(last).max(bring).max(removed) * (1.0 - 1e-9)
     }
@@ -1148,6 +1149,25 @@ impl<'a> Space<'a> {
                     0.0
                 }
             })
+            .fold(0.0, f64::max)
+    }
+
+    /// A lower bound on the price of the steps to the goal while the device dims `sums` (a
+    /// mask) hold partial sums to go: a unit that lacks a coordinate of one of them holds no
+    /// element it needs summed (each needs a contribution from outside it), so all it needs
+    /// (`needed`, [`Space::entering`]'s) must come in, by ops of a level above it, each bringing
+    /// in no more than its price pays for at the fastest of them. A sum brings in at least one
+    /// value for each element it completes in the unit, and no other op completes one, so no op
+    /// lowers the dearest unit's lack by more than it brings in: the bound is consistent, and
+    /// once the sums are done it is [`Space::entering`]'s. It prices what [`Space::entering`]
+    /// leaves to the sums on top: the split a reduce-scatter across units makes, which another
+    /// op must end (AlexNet 64's partial pairs across nodes).
+    pub(super) fn unsummed(&self, sums: u64) -> f64 {
+        self.entering
+            .iter()
+            .zip(&self.buf.needed)
+            .filter(|(unit, _)| bits(sums).any(|k| unit.held[k] < 1.0))
+            .map(|(unit, &needed)| unit.latency + unit.rate * needed)
             .fold(0.0, f64::max)
     }
 
