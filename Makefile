@@ -55,7 +55,7 @@ bench-search: install ## The search stage by stage against the plain formulation
 lint: install ## cargo fmt, clippy (pedantic), ruff, mypy and the stub check (stubtest)
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
-	cargo clippy --features python -- -D warnings
+	cargo clippy --features python --lib --tests -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) -m mypy python/taps

@@ -966,10 +966,9 @@ pub(crate) mod tests {
         assert!(min_plus_one(m(2, 3, [3, 1]), None, m(2, 3, [3, 1])).is_err());
         assert!(min_plus_one(m(2, 0, [3, 1]), None, m(0, 3, [3, 1])).is_err());
         assert!(min_plus_one(m(3, 3, [3, 1]), None, m(3, 2, [2, 1])).is_err());
-        assert_eq!(
-            min_plus_one(m(0, 3, [3, 1]), None, m(3, 2, [2, 1])).unwrap(),
-            []
-        );
+        assert!(min_plus_one(m(0, 3, [3, 1]), None, m(3, 2, [2, 1]))
+            .unwrap()
+            .is_empty());
         // A shift of another length than the inner size.
         assert!(min_plus_one(m(2, 3, [3, 1]), Some(&[0.0; 2]), m(3, 2, [2, 1])).is_err());
     }

@@ -585,10 +585,10 @@ class _Bound:
 #: tables (:func:`_refine`'s ``spare``), if that comes to :data:`MIN_SPARE` or more (tables of at
 #: least 640,000 entries: a model family, not the paper's cases, whose rounds are as before): on
 #: Gemma 2's 6.5 million entries a round's solve and its spare pairs' min-marginals take about
-#: 0.7 s, as long as pricing some 500 pairs, and about 2,000 spare pairs a round took the fewest
-#: CPU seconds (docs/performance.md).
-ENTRIES_PER_SPARE_PAIR = 5_000
-MIN_SPARE = 128
+#: 0.7 s, as long as pricing some 1,500 pairs, and about 2,600 spare pairs a round took the
+#: fewest CPU seconds (docs/performance.md).
+ENTRIES_PER_SPARE_PAIR = 2_500
+MIN_SPARE = 256
 
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
 _ClassPair = tuple[_Bound, int, int]
