@@ -276,10 +276,9 @@ impl Problem {
                         dim(to.map(|to| pi[usize::from(to)])),
                         layout,
                     ),
-                    Step::Permute(_) => CommOp::permute(
-                        permutation(source.num_device_dims(), &before, &after),
-                        layout,
-                    ),
+                    Step::Permute(_) => {
+                        CommOp::permute(permutation(source, &before, &after), layout)
+                    }
                 };
                 (at, before) = (next, after);
                 op
@@ -925,25 +924,24 @@ mod tests {
 
     /// A permute's permutation, worked by hand: each dim that takes over a split is the image
     /// of the dim that gave it up, and a dim that gives up a split and takes none is the image of
-    /// one that takes a split from elsewhere (its replicated coordinates move there).
+    /// one of its size that takes a split from elsewhere (its replicated coordinates move
+    /// there); the last case, of AlexNet 64's, once paired dims of sizes 2 and 4 (by order).
     #[test]
     fn permutations_of_permutes() {
-        let state = |map: &[i8]| {
-            let mut full = [-1; MAX_DIMS];
-            full[..map.len()].copy_from_slice(map);
-            State {
-                map: full,
-                partial: 0,
-            }
-        };
-        let cases: [(&[i8], &[i8], &[usize]); 4] = [
-            (&[1, 0], &[0, 1], &[1, 0]),
-            (&[0, -1], &[1, -1], &[1, 0]),
-            (&[0, 1, -1], &[1, 2, -1], &[1, 2, 0]),
-            (&[2, -1, 0], &[0, -1, 2], &[2, 1, 0]),
+        let cases: [(&[u64], &[i64], &[i64], &[usize]); 5] = [
+            (&[2, 2], &[1, 0], &[0, 1], &[1, 0]),
+            (&[2, 2], &[0, -1], &[1, -1], &[1, 0]),
+            (&[2, 2, 2], &[0, 1, -1], &[1, 2, -1], &[1, 2, 0]),
+            (&[2, 2, 2], &[2, -1, 0], &[0, -1, 2], &[2, 1, 0]),
+            (&[2, 4, 4, 2], &[2, 3, -1], &[1, 0, -1], &[3, 2, 1, 0]),
         ];
-        for (before, after, want) in cases {
-            let got = permutation(want.len(), &state(before), &state(after));
+        for (matrix, before, after, want) in cases {
+            let shape = vec![16; before.len()];
+            let (a, b) = (
+                layout(&shape, matrix, before),
+                layout(&shape, matrix, after),
+            );
+            let got = permutation(&a, &State::of(&a), &State::of(&b));
             assert_eq!(got, want, "{before:?} -> {after:?}");
         }
     }
@@ -1611,7 +1609,10 @@ mod tests {
                 objective.price_on(kind, Over::Group(1 << k), volume, matrix, distinct)
             }
             Step::Permute(_) => {
-                let sigma = permutation(matrix.len(), state, next);
+                let sigma = permutation(space.template, state, next);
+                // A permutation of the devices: each dim to one of its size.
+                let size = |k: usize| space.template.dim_size(k);
+                assert!(sigma.iter().enumerate().all(|(k, &d)| size(k) == size(d)));
                 let over = Over::Permutation(&sigma);
                 objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
             }
@@ -1620,11 +1621,13 @@ mod tests {
 
     /// AlexNet 64's classifier pairs: `[128, 4096]` holding partial sums along one device dim
     /// (the sources of its exact-pair calls) to a split (their targets), on 64 devices in
-    /// nodes of 8 with shared replicas (bytes per element 2 and 4; with flat replicas the
-    /// bound, with or without [`Space::unsummed`](space::Space), fails the consistency check on
-    /// 10 of these pairs, on the device matrices `[2, 4, 4, 2]` and `[4, 2, 2, 4]`:
-    /// docs/performance.md, issue 23, h-a64bound49). The bound at the source never exceeds the least price of a plain Dijkstra, no step lowers it by more than it
-    /// prices, and A* finds that price; and on some of them the bound at the source is
+    /// nodes of 8 with either replica model (bytes per element 2 and 4; with flat replicas 10
+    /// of them, on the device matrices `[2, 4, 4, 2]` and `[4, 2, 2, 4]`, failed the
+    /// consistency check while a permute's freed dims were paired by order, not size,
+    /// [`permutation`](space::permutation), pricing a move of 7 blocks out of each node as 6:
+    /// docs/performance.md, issue 23, h-flat49). The bound at the source never exceeds the
+    /// least price of a plain Dijkstra, no step lowers it by more than it prices, and A* finds
+    /// that price; and on some of them the bound at the source is
     /// [`Space::unsummed`](space::Space) (a node lacking a coordinate of a sum lacks all it
     /// needs), the slow pairs' case.
     #[test]
@@ -1691,7 +1694,7 @@ mod tests {
             (&[64], &[-1, 0]),
         ];
         let levels = [(8, 60e9, 2e-6), (8, 6e9, 5e-6)];
-        let shared = Cluster::hierarchy(&levels, None, Replicas::Shared).unwrap();
+        let clusters = Replicas::ALL.map(|r| Cluster::hierarchy(&levels, None, r).unwrap());
         let (mut compared, mut unsummed) = (0, 0);
         for (matrix, map, sum) in sources {
             let a = Layout::with_partial(vec![128, 4096], matrix.to_vec(), map.to_vec(), vec![sum])
@@ -1699,9 +1702,9 @@ mod tests {
             for (matrix, map) in targets {
                 let b = layout(&[128, 4096], matrix, map);
                 let (a, b) = crate::unify::unify(&a, &b).unwrap();
-                for dtype_bytes in [2.0, 4.0] {
+                for (cluster, dtype_bytes) in clusters.iter().flat_map(|c| [(c, 2.0), (c, 4.0)]) {
                     let objective = Objective::Seconds {
-                        cluster: &shared,
+                        cluster,
                         dtype_bytes,
                     };
                     same_as_dijkstra(&a, &b, objective);

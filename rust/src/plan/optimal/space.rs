@@ -1214,7 +1214,7 @@ impl<'a> Space<'a> {
                 let n = self.template.ndim();
                 let mut sigma = [0; 64];
                 let sigma = &mut sigma[..self.buf.allowed.len()];
-                permutation_into(&state.map[..n], &next.map[..n], sigma);
+                permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
                 let price = || {
                     let over = Over::Permutation(sigma);
                     let distinct = |k: usize| distinct >> k & 1 == 1;
@@ -1403,19 +1403,19 @@ impl<'a> Space<'a> {
     }
 }
 
-/// The permutation of the `h` device dims a collective-permute from `before` to `after` makes:
-/// for each dim `k`, the dim that takes over its splits. The dims that give up a split and take
-/// none pass their (replicated) coordinates on to the dims that take a split from elsewhere.
-pub(super) fn permutation(h: usize, before: &State, after: &State) -> Vec<usize> {
-    let mut full = vec![0; h];
-    permutation_into(&before.map, &after.map, &mut full);
+/// The permutation of the device dims of `layout` a collective-permute from `before` to `after` makes: for each dim `k`, the dim that takes over
+/// its splits. The dims that give up a split and take none pass their (replicated) coordinates
+/// on to the dims that take a split from elsewhere, each to one of its own size.
+pub(super) fn permutation(layout: &Layout, before: &State, after: &State) -> Vec<usize> {
+    let mut full = vec![0; layout.num_device_dims()];
+    permutation_into(layout, &before.map, &after.map, &mut full);
     full
 }
 
 /// [`permutation`] of the maps `before` and `after` (as far as a layout's tensor dims go) into
 /// `full` (one entry per device dim), without allocating: the search prices a permute at every
 /// step that makes one.
-fn permutation_into(before: &[i8], after: &[i8], full: &mut [usize]) {
+fn permutation_into(layout: &Layout, before: &[i8], after: &[i8], full: &mut [usize]) {
     // The dim taking over each dim's split (`NONE` if it gives up none), and the dims that take
     // one over.
     const NONE: u8 = u8::MAX;
@@ -1428,7 +1428,9 @@ fn permutation_into(before: &[i8], after: &[i8], full: &mut [usize]) {
             taken_over |= 1 << d;
         }
     }
-    let mut sources = (0..h).filter(|&k| sigma[k] == NONE && taken_over >> k & 1 == 1);
+    let mut sources = (0..h)
+        .filter(|&k| sigma[k] == NONE && taken_over >> k & 1 == 1)
+        .fold(0u64, |m, k| m | 1 << k);
     for (k, out) in full.iter_mut().enumerate() {
         *out = if sigma[k] == NONE {
             k
@@ -1436,8 +1438,16 @@ fn permutation_into(before: &[i8], after: &[i8], full: &mut [usize]) {
             usize::from(sigma[k])
         };
     }
+    // Each to a source of its size (the splits handed on are of one size each, so the dims
+    // freed and those taken hold the same sizes): a dim sent to one of another size is no
+    // permutation of the devices, and was priced as fewer blocks than the move sends (6 of
+    // the 7 that leave each node of `[2, 4, 4, 2]` swapping dims 1 with 2 and 0 with 3).
     for d in (0..h).filter(|&d| sigma[d] != NONE && taken_over >> d & 1 == 0) {
-        full[sources.next().expect("as many sources as targets")] = d;
+        let k = bits(sources)
+            .find(|&k| layout.dim_size(k) == layout.dim_size(d))
+            .expect("a source of each size freed");
+        sources &= !(1 << k);
+        full[k] = d;
     }
 }
 
