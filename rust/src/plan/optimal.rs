@@ -928,7 +928,9 @@ mod tests {
     /// there); the last case, of AlexNet 64's, once paired dims of sizes 2 and 4 (by order).
     #[test]
     fn permutations_of_permutes() {
-        let cases: [(&[u64], &[i64], &[i64], &[usize]); 5] = [
+        // (device matrix, map before, map after, the permutation)
+        type Case<'c> = (&'c [u64], &'c [i64], &'c [i64], &'c [usize]);
+        let cases: [Case<'_>; 5] = [
             (&[2, 2], &[1, 0], &[0, 1], &[1, 0]),
             (&[2, 2], &[0, -1], &[1, -1], &[1, 0]),
             (&[2, 2, 2], &[0, 1, -1], &[1, 2, -1], &[1, 2, 0]),
