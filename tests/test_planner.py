@@ -229,6 +229,12 @@ def test_op_parts_that_fit_no_step_are_refused():
         taps.CommOp._from_parts("all_gather", 5, 0, None, None, lay)
     with pytest.raises(taps.LayoutError, match="not a step"):
         taps.CommOp._from_parts("collective_permute", 0, None, None, [0, 1], lay)
+    # Dims of sizes 2 and 4 swapped: no permute of the devices does that.
+    mixed = taps.Layout([8, 8], [2, 4], [0, 1])
+    with pytest.raises(taps.LayoutError, match="not a step"):
+        taps.CommOp._from_parts("collective_permute", 0, None, None, [1, 0], mixed)
+    swap = taps.CommOp._from_parts("collective_permute", 0, None, None, [1, 0], lay)
+    assert swap.permutation == [1, 0] and swap.group_size == 4
 
 
 @settings(max_examples=100)

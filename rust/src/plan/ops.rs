@@ -371,7 +371,8 @@ impl CommOp {
     ///
     /// # Errors
     /// [`Error::Layout`] if the dims do not fit `kind` and `layout` (an index out of range, a
-    /// tensor dim a kind has not or lacks, a permutation that is not one or moves nothing).
+    /// tensor dim a kind has not or lacks, a permutation that is not one, moves nothing, or
+    /// hands a dim's splits to a dim of another size).
     pub fn from_parts(
         kind: OpKind,
         device_dim: usize,
@@ -398,9 +399,15 @@ impl CommOp {
             (OpKind::CollectivePermute, Some(p)) => {
                 let mut sorted = p.clone();
                 sorted.sort_unstable();
-                (tensor_dim.is_none() && to.is_none() && sorted.into_iter().eq(0..n))
-                    .then(|| Self::permute(p, layout))
-                    .filter(|op| op.group() != 0 && op.device_dim == device_dim)
+                // A permute hands splits between dims of one size: any other map of dims moves
+                // no device's block to one device.
+                let sized = |(k, &t): (usize, &usize)| layout.dim_size(k) == layout.dim_size(t);
+                (tensor_dim.is_none()
+                    && to.is_none()
+                    && sorted.into_iter().eq(0..n)
+                    && p.iter().enumerate().all(sized))
+                .then(|| Self::permute(p, layout))
+                .filter(|op| op.group() != 0 && op.device_dim == device_dim)
             }
             (OpKind::CollectivePermute, None) | (_, Some(_)) => None,
             (_, None) => {
