@@ -1403,9 +1403,10 @@ impl<'a> Space<'a> {
     }
 }
 
-/// The permutation of the device dims of `layout` a collective-permute from `before` to `after` makes: for each dim `k`, the dim that takes over
-/// its splits. The dims that give up a split and take none pass their (replicated) coordinates
-/// on to the dims that take a split from elsewhere, each to one of its own size.
+/// The permutation of the device dims of `layout` a collective-permute from `before` to `after`
+/// makes: for each dim `k`, the dim that takes over its splits. The dims that give up a split and
+/// take none pass their (replicated) coordinates on to the dims that take a split from elsewhere,
+/// each to one of its own size.
 pub(super) fn permutation(layout: &Layout, before: &State, after: &State) -> Vec<usize> {
     let mut full = vec![0; layout.num_device_dims()];
     permutation_into(layout, &before.map, &after.map, &mut full);
