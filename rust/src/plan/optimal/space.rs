@@ -1163,6 +1163,10 @@ impl<'a> Space<'a> {
     /// leaves to the sums on top: the split a reduce-scatter across units makes, which another
     /// op must end (AlexNet 64's partial pairs across nodes).
     pub(super) fn unsummed(&self, sums: u64) -> f64 {
+        // Most layouts a search reaches hold no sums to go: no unit to visit.
+        if sums == 0 {
+            return 0.0;
+        }
         self.entering
             .iter()
             .zip(&self.buf.needed)
