@@ -2,8 +2,9 @@
 
 ``record CASE FILE``: one optimal search of ``CASE`` (as ``benches/optimal_rounds.py`` names
 them: ``gpt3``, a model family, or the start of a paper timing case's label) after a default one,
-with every call of ``redistribution_bounds`` (the bounded tables) and ``redistribution_pair_costs``
-(the rounds' exact pairs) pickled into ``FILE``. ``replay FILE bounds|pairs [PASSES]``: those
+with every call of ``redistribution_table_bounds`` (the bounded tables), ``redistribution_pair_bounds``
+(the full bounds of the rounds, ``tight``) and ``redistribution_pair_costs`` (the rounds' exact
+pairs) pickled into ``FILE``. ``replay FILE bounds|tight|pairs [PASSES]``: those
 calls made again in this process, ``PASSES`` times (each pass's ``dtype_bytes`` times
 ``1 + pass * 2^-40`` so that the planner's memos start empty; 0 passes: the loading alone, to
 subtract), then their CPU seconds and a digest of the first pass's results (equal across builds
@@ -31,12 +32,21 @@ import taps.search.tables as tables
 from optimal_rounds import case
 
 
+#: The kernels recorded, by what ``replay`` calls their calls.
+KERNELS = (
+    ("pairs", "redistribution_pair_costs"),
+    ("bounds", "redistribution_table_bounds"),
+    ("tight", "redistribution_pair_bounds"),
+)
+
+
 def record(name: str, path: str) -> None:
     graph, cluster = case(name)
     taps.search(graph, cluster)
-    calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {"pairs": [], "bounds": []}
-    kernels = (("pairs", "redistribution_pair_costs"), ("bounds", "redistribution_bounds"))
-    for which, attr in kernels:
+    calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {
+        which: [] for which, _ in KERNELS
+    }
+    for which, attr in KERNELS:
         kernel = getattr(tables, attr)
 
         def kept(*a: Any, _kernel: Any = kernel, _into: list = calls[which], **k: Any) -> Any:
@@ -50,7 +60,7 @@ def record(name: str, path: str) -> None:
         pickle.dump(calls, f)
     print(
         f"{name}: cost {result.cost!r}, {len(calls['bounds'])} bound calls, "
-        f"{len(calls['pairs'])} exact-pair calls -> {path}"
+        f"{len(calls['tight'])} full-bound calls, {len(calls['pairs'])} exact-pair calls -> {path}"
     )
 
 
@@ -59,16 +69,15 @@ def replay(path: str, which: str, passes: int) -> None:
         calls = pickle.load(f)[which]
     # Where the bytes per element are among the positional arguments.
     at = 3 if which == "bounds" else 2
+    kernel = getattr(core, dict(KERNELS)[which])
     digest = hashlib.sha256()
     t = time.process_time()
     for n in range(passes):
         for args, kwargs in calls:
             a = list(args)
             a[at] = _fresh(a[at], n)
-            if which == "pairs":
-                out: tuple[Any, ...] = (core.redistribution_pair_costs(*a, **kwargs),)
-            else:
-                out = core.redistribution_bounds(*a, **kwargs)
+            out = kernel(*a, **kwargs)
+            out = out if isinstance(out, tuple) else (out,)
             if n == 0:
                 for part in out:
                     digest.update(np.asarray(part).tobytes())
@@ -93,7 +102,7 @@ def main() -> None:
     rec.add_argument("file")
     rep = sub.add_parser("replay")
     rep.add_argument("file")
-    rep.add_argument("which", choices=("bounds", "pairs"))
+    rep.add_argument("which", choices=[which for which, _ in KERNELS])
     rep.add_argument("passes", type=int, nargs="?", default=1)
     args = parser.parse_args()
     warnings.simplefilter("ignore")

@@ -1,7 +1,9 @@
 """The optimal planner's rounds (docs/search.md, "Speed"): per case, one optimal search after a
 default one (so that the imports are warm and the optimal planner's memo of paths empty), its
 rounds (solves), the directed pairs its rounds priced exactly, the CPU seconds of those pairs, of
-the solves and of the bounded tables' bound calls, the whole search's CPU and wall seconds, its
+the solves, of the bounded tables' bound calls (cheap bounds) and of the full bounds the rounds
+gave the pairs that could be in an optimum (how many pairs), the whole search's CPU and wall
+seconds, its
 cost against the default plan's, and its plan's digest (equal across builds where the plans are).
 
 Cases: a model of ``benches/model_families.py`` on 8 x 8 (``gemma2``), ``gpt3`` (the GPT-3 layer
@@ -63,14 +65,15 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=1500.0)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    pairs, solves, bounds = [0.0, 0, 0], [0.0, 0, 0], [0.0, 0, 0]
+    pairs, solves, bounds, full = [0.0, 0, 0], [0.0, 0, 0], [0.0, 0, 0], [0.0, 0, 0]
     counted(tables, "redistribution_pair_costs", pairs, lambda s, *_: len(s))
-    counted(tables, "redistribution_bounds", bounds, lambda s, t, *_: len(s) * len(t))
+    counted(tables, "redistribution_table_bounds", bounds, lambda s, t, *_: len(s) * len(t))
+    counted(tables, "redistribution_pair_bounds", full, lambda s, *_: len(s))
     counted(searching, "solve", solves, lambda *_: 0)
     for name in args.cases:
         graph, cluster = case(name)
         default = taps.search(graph, cluster)
-        for stats in (pairs, solves, bounds):
+        for stats in (pairs, solves, bounds, full):
             stats[:] = [0.0, 0, 0]
         t, c = time.perf_counter(), time.process_time()
         result = taps.search(
@@ -80,7 +83,8 @@ def main() -> None:
         digest = plan_digest(result)
         print(
             f"{name}: {solves[1]} rounds, {pairs[2]:,} exact pairs {pairs[0]:.3f} s, solves "
-            f"{solves[0]:.3f} s, bounds {bounds[0]:.3f} s; total {cpu:.3f} s CPU, {wall:.3f} s "
+            f"{solves[0]:.3f} s, bounds {bounds[0]:.3f} s, {full[2]:,} full bounds {full[0]:.3f} "
+            f"s; total {cpu:.3f} s CPU, {wall:.3f} s "
             f"wall; cost {result.cost!r} ({100 * (result.cost / default.cost - 1):+.1f}% against "
             f"the default's {default.cost!r}), plan {digest}, load {os.getloadavg()[0]:.1f}",
             flush=True,

@@ -101,6 +101,11 @@ def test_pair_costs_are_each_pairs_cost(log2, data):
             assert got.tolist() == want
 
 
+def _unbounded(shape: tuple[int, int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    # A _Bound's Algorithm 1 costs (none known: infinite) and cheap flags (none cheap).
+    return [np.full(shape, np.inf)] * 2, [np.zeros(shape, dtype=bool) for _ in range(2)]
+
+
 def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
     # One class pair of a training edge, both directions bounded: the first round prices its
     # forward, the next its backward (the gradient's way back), then nothing is left; an edge
@@ -111,7 +116,9 @@ def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
     def bound() -> tables._Bound:
         parts = [np.array([[1.0]]), np.array([[2.0]])]
         exact = [np.array([[False]]), np.array([[False]])]
-        return tables._Bound(np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact)
+        return tables._Bound(
+            np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact, *_unbounded((1, 1))
+        )
 
     calls = []
 
@@ -141,7 +148,7 @@ def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
     exact = [np.zeros((3, 3), dtype=bool), np.zeros((3, 3), dtype=bool)]
     exact[0][0, 0] = True  # (0, 0)'s forward known: its backward is next
     rows = [(x, x) for x in layouts]
-    b = tables._Bound(np.full((3, 3), 2.0), rows, rows, True, 2.0, parts, exact)
+    b = tables._Bound(np.full((3, 3), 2.0), rows, rows, True, 2.0, parts, exact, *_unbounded((3, 3)))
     calls: list = []
 
     def price(sources, targets, sizes):
@@ -222,7 +229,8 @@ def test_nearest_pairs_are_the_least_min_marginals(graph, shape, count, slack, d
             j = e.target_class[assignment[e.edge.consumer]]
             want[id(e.cost)][i, j] = min(want[id(e.cost)][i, j], cost)
     upper = optimum * slack
-    got = tables._nearest(problem, bounded.edges, bounds, choice, upper, count, graph.tied)
+    least = tables._least(problem, bounded.edges, choice, graph.tied)
+    got = tables._nearest(least, bounds, upper, count)
     tol = 1e-9 * max(optimum, 1e-30)
     values = [want[id(b.cost)][i, j] for b, i, j in got]
     event(f"returned {min(len(got), 3)}, tied {bool(graph.tied)}")
@@ -248,7 +256,9 @@ def test_spare_pairs_price_both_directions_of_the_chosen_pairs():
     c, d = taps.Layout([8, 8], [8], [-1, -1]), taps.Layout([8, 8], [2, 4], [0, 1])
     parts = [np.array([[1.0]]), np.array([[2.0]])]
     exact = [np.array([[False]]), np.array([[False]])]
-    edge = tables._Bound(np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact)
+    edge = tables._Bound(
+        np.array([[3.0]]), [(a, c)], [(b, d)], True, 4.0, parts, exact, *_unbounded((1, 1))
+    )
     calls = []
 
     def price(sources, targets, sizes):
@@ -322,3 +332,70 @@ def test_paper_cases_with_spare_pairs_find_the_full_tables_optimum(label, entrie
         name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
     }
     assert full.evaluate(choice) == result.cost
+
+
+def test_tightening_gives_the_full_bound_to_the_cheap_pairs_under_the_upper_bound():
+    # A 3 x 3 training edge with cheap bounds on some pairs and directions: those whose
+    # min-marginal is under the upper bound get their full bound (and its exactness) by one
+    # call, each distinct directed pair once; the rest keep theirs.
+    layouts = [taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])]
+    layouts.append(taps.Layout([8, 8], [2, 4], [0, 1]))
+    rows = [(x, x) for x in layouts]
+    parts = [np.ones((3, 3)), np.full((3, 3), 2.0)]
+    exact = [np.zeros((3, 3), dtype=bool), np.zeros((3, 3), dtype=bool)]
+    upper, cheap = _unbounded((3, 3))
+    cheap[0][[0, 1, 2], [0, 1, 2]] = True  # the diagonal's forward
+    cheap[1][0, 2] = cheap[1][2, 0] = True
+    b = tables._Bound(np.full((3, 3), 3.0), rows, rows, True, 2.0, parts, exact, upper, cheap)
+    least = np.array([[1.0, 5.0, 2.0], [5.0, 9.0, 5.0], [4.0, 5.0, 3.0]])
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        return np.array([10.0, 20.0, 30.0, 40.0][: len(sources)]), np.array([False, True, False])
+
+    tables._tighten({id(b.cost): least}, {id(b.cost): b}, 4.0, price)
+    # Under 4: (0, 0) and (2, 2) forward, (0, 2) backward; (1, 1) at 9 and (2, 0) at 4 are not.
+    assert calls == [
+        [
+            (layouts[0], layouts[0], 2.0),
+            (layouts[2], layouts[2], 2.0),
+            (layouts[2], layouts[0], 2.0),
+        ]
+    ]
+    assert b.cost[0, 0] == 10.0 + 2.0 and b.cost[2, 2] == 20.0 + 2.0 and b.cost[0, 2] == 1.0 + 30.0
+    assert b.exact[0][2, 2] and not b.exact[0][0, 0] and not b.exact[1][0, 2]
+    assert not b.cheap[0][0, 0] and b.cheap[0][1, 1] and b.cheap[1][2, 0]
+    assert b.cost[1, 1] == 3.0 and b.cost[2, 0] == 3.0
+    tables._tighten({id(b.cost): least}, {id(b.cost): b}, 4.0, price)
+    assert len(calls) == 1  # nothing left under it
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    small_graphs(),
+    st.sampled_from(CLUSTERS),
+    st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+    st.sampled_from([0.0, 0.01, 1.0, np.inf]),
+)
+def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(graph, shape, scale, band):
+    # Cheap bounds made weaker (down to nothing), and the band of pairs given their full bounds
+    # from none to all under the upper bound: still the full tables' optimum, exactly priced.
+    cluster = paper_cluster(*shape)
+    assume(small_enough(graph, cluster, 200_000))
+    kernel = tables.redistribution_table_bounds
+
+    def weak(*args, **kwargs):
+        bound, exact, paper = kernel(*args, **kwargs)
+        return np.where(exact, bound, bound * scale), exact, paper
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables, "redistribution_table_bounds", weak)
+        patch.setattr(tables, "LAZY_BAND", band)
+        result = taps.search(graph, cluster, OPTIMAL)
+    full = build_tables(graph, cluster, OPTIMAL)
+    assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
+    choice = {
+        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
+    }
+    assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)

@@ -159,6 +159,20 @@ def _problem(ops: Mapping[str, OpTable], edges: Sequence[EdgeTable]) -> Problem:
     )
 
 
+def _dearer(
+    edges: Sequence[EdgeTable], bounds: Mapping[int, _Bound], choice: Mapping[str, int]
+) -> float:
+    """How much more than the tables' bounds the assignment ``choice`` costs at most."""
+    return sum(
+        float(
+            bounds[id(e.cost)].dearer(
+                e.source_class[choice[e.edge.producer]], e.target_class[choice[e.edge.consumer]]
+            )
+        )
+        for e in edges
+    )
+
+
 def _classes(
     forward: Sequence[Layout],
     backward: Sequence[Layout] | None,
@@ -388,8 +402,10 @@ class _Priced:
 
             def kernel(s: Sequence[Layout], t: Sequence[Layout], out: list[np.ndarray]) -> None:
                 if self._bounds:
-                    bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
-                    for plane, priced in zip(out, [bound, ~exact], strict=True):
+                    bound, exact, paper = redistribution_table_bounds(
+                        s, t, cluster, dtype, cost_model, cheap=LAZY
+                    )
+                    for plane, priced in zip(out, [bound, ~exact, paper], strict=True):
                         plane[...] = priced
                     return
                 # The kernel watches the time left itself: one large edge can take longer; it
@@ -418,6 +434,12 @@ class _Priced:
         sources, targets = _as_side(sources), _as_side(targets)
         return self._read((sources.set, targets.set, dtype), sources, targets, 1)
 
+    def paper(self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float) -> _Term:
+        """With bounds, of sets priced before: Algorithm 1's costs (at least the optimal
+        planner's)."""
+        sources, targets = _as_side(sources), _as_side(targets)
+        return self._read((sources.set, targets.set, dtype), sources, targets, 2)
+
     def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> _Term:
         planes, row, col = self._memo[key]
         return planes[plane], sources.positions(row), targets.positions(col)
@@ -442,7 +464,7 @@ class _Priced:
                 pairs = len(k[0] & sources.set) * len(k[1] & targets.set)
                 if pairs > shared:
                     shared, earlier = pairs, k
-        planes_count = 2 if self._bounds else 1
+        planes_count = 3 if self._bounds else 1
         if earlier is None:
             # (Zeros, as the kernel's own matrices were: their pages are first touched by the
             # kernel's threads.)
@@ -562,6 +584,10 @@ class _Bound:
     #: to move, or Algorithm 1's cost where the search's bound exceeds it).
     parts: list[np.ndarray]
     exact: list[np.ndarray]
+    #: Per direction, Algorithm 1's cost of each class pair: at least the optimal planner's.
+    upper: list[np.ndarray]
+    #: Per direction, whether each class pair's bound is the cheap one (:func:`_tighten`).
+    cheap: list[np.ndarray]
 
     def inexact(self, i: int, j: int) -> list[tuple[int, Layout, Layout]]:
         """The directions of class pair ``(i, j)`` still bounds, the forward first, each with
@@ -573,12 +599,22 @@ class _Bound:
             out.append((1, self.dst[j][1], self.src[i][1]))
         return out
 
-    def settle(self, direction: int, i: int, j: int, cost: float) -> None:
-        """Direction ``direction`` of class pair ``(i, j)`` costs ``cost`` exactly."""
+    def settle(self, direction: int, i: int, j: int, cost: float, exact: bool = True) -> None:
+        """Direction ``direction`` of class pair ``(i, j)`` costs ``cost`` exactly (or, not
+        ``exact``, at least ``cost``: the full bound in place of the cheap one)."""
         self.parts[direction][i, j] = cost
-        self.exact[direction][i, j] = True
+        self.exact[direction][i, j] = exact
+        self.cheap[direction][i, j] = False
         # Added as the full tables add them: the forward cost, then the backward.
         self.cost[i, j] = self.parts[0][i, j] + self.parts[1][i, j]
+
+    def dearer(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """At class pairs ``(i, j)``, how much more than its bound each may cost at most:
+        Algorithm 1's cost where a direction is not exact."""
+        return sum(
+            np.where(e[i, j], 0.0, u[i, j] - p[i, j])
+            for p, e, u in zip(self.parts, self.exact, self.upper, strict=True)
+        )
 
 
 #: The optimal search's rounds price one more directed pair per this many entries of the edges'
@@ -589,6 +625,31 @@ class _Bound:
 #: fewest CPU seconds (docs/performance.md).
 ENTRIES_PER_SPARE_PAIR = 2_500
 MIN_SPARE = 256
+
+#: Lazy bounds: the tables start from cheap bounds, and a round gives the full bound to the
+#: pairs that can be in an optimum (:func:`_tighten`).
+LAZY = True
+#: EMULATION (until the core's cheap kernel): the cheap bound as this part of the full one.
+CHEAP_SCALE = 0.85
+LAZY_BAND = 0.03
+
+
+def redistribution_table_bounds(
+    s: Sequence[Layout], t: Sequence[Layout], cluster: Cluster, dtype: float, cost_model: Any, cheap: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
+    paper = redistribution_costs(s, t, cluster, dtype, cost_model, "paper")
+    if cheap:
+        bound = np.where(exact, bound, bound * CHEAP_SCALE)
+    return bound, exact, paper
+
+
+def redistribution_pair_bounds(
+    s: Sequence[Layout], t: Sequence[Layout], dtypes: Sequence[float], cluster: Cluster, cost_model: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    out = [redistribution_bounds([a], [b], cluster, d, cost_model) for a, b, d in zip(s, t, dtypes)]
+    return np.array([o[0][0, 0] for o in out]), np.array([o[1][0, 0] for o in out])
+
 
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
 _ClassPair = tuple[_Bound, int, int]
@@ -618,34 +679,28 @@ def _refine(
     if not todo:
         return False
     _settle(todo, price)
-    if spare and nearest is not None:
+    if nearest is not None:
         more = [(b, i, j, *b.inexact(i, j)[0]) for b, i, j in nearest()[:spare]]
         if more:
             _settle(more, price)
     return True
 
 
-def _nearest(
+def _least(
     problem: Problem,
     edges: list[EdgeTable],
-    bounds: Mapping[int, _Bound],
     choice: Mapping[str, int],
-    upper: float,
-    count: int,
     tied: Sequence[Sequence[Sequence[str]]] = (),
     products: Products | None = None,
-) -> list[_ClassPair]:
-    """The ``count`` class pairs still bounds (in a direction) of least min-marginal under
-    ``upper`` (the cost of an assignment priced exactly: a pair whose least completion costs
-    more is in no optimum), least first, ties in the edges' order and by row: the pairs of the
-    cheapest assignments on the tables as they are, which the next rounds would pick.
-    ``problem`` is the tables' (:meth:`CostTables.problem`) on the ``edges`` and their
-    ``bounds``. The min-marginals are those of the tied repeats (``tied``) taking one set of
-    choices, as the solve takes them, with the operators the reductions leave to the solver at
-    their candidate of ``choice`` (:func:`taps.solve.reductions.pair_min_marginals` needs a
-    problem the reductions take whole). The two reductions take their min-plus products by
-    ``products`` (a fresh memo if None), which then keeps theirs for the next round
-    (:meth:`taps.solve.reductions.Products.next_round`)."""
+) -> dict[int, np.ndarray]:
+    """Per distinct cost matrix of the ``edges`` (by id), the min-marginal of each class pair:
+    the least cost of an assignment taking it, on the tables as they are. ``problem`` is the
+    tables' (:meth:`CostTables.problem`) on the ``edges``. The min-marginals are those of the
+    tied repeats (``tied``) taking one set of choices, as the solve takes them, with the
+    operators the reductions leave to the solver at their candidate of ``choice``
+    (:func:`taps.solve.reductions.pair_min_marginals` needs a problem the reductions take whole).
+    The two reductions take their min-plus products by ``products`` (a fresh memo if None),
+    which then keeps theirs for the next round (:meth:`taps.solve.reductions.Products.next_round`)."""
     if products is None:
         products = Products()
     ties = Ties.of(list(problem.node_cost), tied) if tied else None
@@ -659,9 +714,9 @@ def _nearest(
     core = first.cores[0]
     solver = {v: choice[v] for p in core.pairs for v in (p.u, p.w)}
     passed = pair_min_marginals(folded.fixed(solver), order, products, memo)
-    products.next_round()  # before the spare pairs are priced (in place)
+    products.next_round()  # before the pairs are priced (in place)
     if passed is None:
-        return []
+        return {}
     nodes, marginals = passed
     # A folded pair cost keeps the class arrays of the edges it stands for (Ties.fold).
     index = {(p.u, p.w, id(p.u_class), id(p.w_class)): k for k, p in enumerate(folded.pairs)}
@@ -677,8 +732,19 @@ def _nearest(
             m = marginals[index[(u, w, id(e.source_class), id(e.target_class))]]
         k = id(e.cost)
         least[k] = m if k not in least else np.minimum(least[k], m)
+    return least
+
+
+def _nearest(
+    least: Mapping[int, np.ndarray], bounds: Mapping[int, _Bound], upper: float, count: int
+) -> list[_ClassPair]:
+    """The ``count`` class pairs still bounds (in a direction) of least min-marginal (``least``,
+    :func:`_least`) under ``upper`` (the cost of an assignment priced exactly: a pair whose
+    least completion costs more is in no optimum), least first, ties in the edges' order and by
+    row: the pairs of the cheapest assignments on the tables as they are, which the next rounds
+    would pick."""
     keys = list(least)
-    if not keys:
+    if not keys or count == 0:
         return []
     starts = np.cumsum([0] + [least[k].size for k in keys])
     # The pairs still bounds under ``upper``: their min-marginals and their places among the
@@ -700,6 +766,37 @@ def _nearest(
         i, j = divmod(x - int(starts[n]), b.cost.shape[1])
         out.append((b, i, j))
     return out
+
+
+def _tighten(
+    least: Mapping[int, np.ndarray],
+    bounds: Mapping[int, _Bound],
+    upper: float,
+    price: Callable[[list[Layout], list[Layout], list[float]], tuple[np.ndarray, np.ndarray]],
+) -> None:
+    """The full bound, by one call of ``price`` (per directed layout pair and bytes per element,
+    its bound and whether that is its exact cost), in place of the cheap one of every direction
+    of a class pair whose min-marginal (``least``, :func:`_least`) is under ``upper`` (the cost
+    of some assignment at most): those that can be in an optimum, so that the next solves do
+    not pick them for a bound far below their cost. Which pairs get it changes no result, only
+    how many rounds there are."""
+    todo = []
+    for k, m in least.items():
+        b = bounds[k]
+        under = m < upper
+        for direction in (0, 1):
+            for i, j in zip(*np.nonzero(under & b.cheap[direction]), strict=True):
+                i, j = int(i), int(j)
+                s, t = (b.src[i][0], b.dst[j][0]) if direction == 0 else (b.dst[j][1], b.src[i][1])
+                todo.append((b, i, j, direction, s, t))
+    if not todo:
+        return
+    index: dict[tuple[Layout, Layout, float], int] = {}
+    at = [index.setdefault((s, t, b.dtype), len(index)) for b, _, _, _, s, t in todo]
+    keys = list(index)
+    bound, exact = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+    for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
+        b.settle(direction, i, j, float(bound[k]), bool(exact[k]))
 
 
 def _settle(
@@ -974,15 +1071,21 @@ def build_tables(
                         ) -> _Term:
                             return priced.inexact(s, t, dtype)
 
+                        def paper(s: list[Layout], t: list[Layout], dtype: float = dtype) -> _Term:
+                            return priced.paper(s, t, dtype)
+
                         # Copies, read before _edge_costs may sum into the memo's matrices.
                         parts = [_gathered([d]) for d in sums[-1]]
                         known = [
                             _gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)
                         ]
+                        upper = [_gathered([d]) for d in _directions(paper, src, dst, backward)]
                         if not backward:
                             parts.append(np.zeros_like(parts[0]))
                             known.append(np.ones(parts[0].shape, dtype=bool))
-                        partly.append((src, dst, backward, dtype, parts, known))
+                            upper.append(np.zeros_like(parts[0]))
+                        cheap = [~k if LAZY else np.zeros_like(k) for k in known]
+                        partly.append((src, dst, backward, dtype, parts, known, upper, cheap))
                 cache[key] = (src_cls, dst_cls, by_layouts[layouts])
             keys.append(key)
         summed = _edge_costs(sums, jobs)
@@ -1017,14 +1120,30 @@ def build_tables(
             pairs.setdefault(id(e.cost), set()).add((i, j))
         # Every edge's pairs priced at once: one call (two with spare) and one solve per round.
         chosen = [(bounds[k], p) for k, p in pairs.items()]
+        # A cheap bound chosen misled the solve: the pairs near it get their full bounds.
+        misled = LAZY and any(b.cheap[d][i, j] for b, p in chosen for i, j in p for d in (0, 1))
 
         def nearest() -> list[_ClassPair]:
             nonlocal best
+            if not spare and not misled:
+                return []
             problem = _problem(ops, edges)
-            best = min(best, problem.evaluate(choice))  # its pairs are exact now
-            return _nearest(problem, edges, bounds, choice, best, spare, graph.tied, products)
+            # At most what the assignment costs: exact where priced, else Algorithm 1's.
+            best = min(best, problem.evaluate(choice) + _dearer(edges, bounds, choice))
+            least = _least(problem, edges, choice, graph.tied, products)
+            if misled and least:
+                # The pairs within a band above the tables' optimum: those the next solves
+                # would pick; the band climbs with the optimum round by round.
+                floor = min(float(m.min()) for m in least.values())
+                _tighten(least, bounds, min(best, floor + LAZY_BAND * abs(floor)), tight)
+            return _nearest(least, bounds, best, spare)
 
         return _refine(chosen, exact, spare, nearest)
+
+    def tight(
+        s: list[Layout], t: list[Layout], dtypes: list[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return redistribution_pair_bounds(s, t, dtypes, cluster, cost_model)
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
         return redistribution_pair_costs(
