@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import strategies_gen as sg
 import taps
+from taps._core import redistribution_table_bounds
 from taps.search import tables
 
 CLUSTER = taps.Cluster(2, 4)
@@ -39,7 +40,7 @@ def pools(draw: Any) -> tuple[list[taps.Layout], list[taps.Layout]]:
 def _counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[taps.Layout, taps.Layout]]:
     """Every pair the tables' calls of the kernel price, in order."""
     asked: list[tuple[taps.Layout, taps.Layout]] = []
-    for name in ("redistribution_costs", "redistribution_bounds"):
+    for name in ("redistribution_costs", "redistribution_table_bounds"):
         kernel = getattr(tables, name)
 
         def count(s: Any, t: Any, *rest: Any, _kernel: Any = kernel, **kw: Any) -> Any:
@@ -72,9 +73,12 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
                 assert set(now) == {(a, b) for a in s for b in t} - {(a, b) for a in s0 for b in t0}
             lists.append((s, t))
             if how == "bounds":
-                want, exact = taps.redistribution_bounds(s, t, CLUSTER, 2.0, "topology")
+                want, exact, paper = redistribution_table_bounds(
+                    s, t, CLUSTER, 2.0, "topology", cheap=tables.LAZY
+                )
                 inexact = tables._gathered([(priced.inexact(s, t, 2.0), False)])
                 assert np.array_equal(inexact, ~exact)
+                assert np.array_equal(tables._gathered([(priced.paper(s, t, 2.0), False)]), paper)
             else:
                 want = taps.redistribution_costs(s, t, CLUSTER, 2.0, "topology", planner)
             assert (

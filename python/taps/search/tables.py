@@ -22,9 +22,10 @@ from taps._core import (
     allreduce_costs,
     gathered_sum,
     layout_classes,
-    redistribution_bounds,
     redistribution_costs,
+    redistribution_pair_bounds,
     redistribution_pair_costs,
+    redistribution_table_bounds,
 )
 from taps._support.deadline import check, left
 from taps.graph import Edge, Graph, Operator
@@ -380,7 +381,7 @@ class _Priced:
         #: The keys of ``_memo`` by the shapes of their layouts and the bytes per element: only
         #: layouts of one tensor can be equal.
         self._near: dict[Any, list[Any]] = {}
-        #: Lower bounds on the optimal planner's costs (``redistribution_bounds``) instead.
+        #: Lower bounds on the optimal planner's costs (``redistribution_table_bounds``) instead.
         self._bounds = bounds
         #: Where the matrices are filled: at once, or by the thread of :func:`_alongside` (the
         #: matrices returned are filled once :meth:`_Jobs.wait` for them returns).
@@ -599,9 +600,17 @@ class _Bound:
             out.append((1, self.dst[j][1], self.src[i][1]))
         return out
 
-    def settle(self, direction: int, i: int, j: int, cost: float, exact: bool = True) -> None:
-        """Direction ``direction`` of class pair ``(i, j)`` costs ``cost`` exactly (or, not
-        ``exact``, at least ``cost``: the full bound in place of the cheap one)."""
+    def settle(
+        self,
+        direction: int,
+        i: int | np.ndarray,
+        j: int | np.ndarray,
+        cost: float | np.ndarray,
+        exact: bool | np.ndarray = True,
+    ) -> None:
+        """Direction ``direction`` of class pair ``(i, j)`` (or of pairs, arrays) costs ``cost``
+        exactly (or, where not ``exact``, at least ``cost``: the full bound in place of the
+        cheap one)."""
         self.parts[direction][i, j] = cost
         self.exact[direction][i, j] = exact
         self.cheap[direction][i, j] = False
@@ -629,28 +638,9 @@ MIN_SPARE = 256
 #: Lazy bounds: the tables start from cheap bounds, and a round gives the full bound to the
 #: pairs that can be in an optimum (:func:`_tighten`).
 LAZY = True
-#: EMULATION (until the core's cheap kernel): the cheap bound as this part of the full one.
-CHEAP_SCALE = 0.85
-LAZY_BAND = 0.03
-
-
-def redistribution_table_bounds(
-    s: Sequence[Layout], t: Sequence[Layout], cluster: Cluster, dtype: float, cost_model: Any, cheap: bool = False
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    bound, exact = redistribution_bounds(s, t, cluster, dtype, cost_model)
-    paper = redistribution_costs(s, t, cluster, dtype, cost_model, "paper")
-    if cheap:
-        bound = np.where(exact, bound, bound * CHEAP_SCALE)
-    return bound, exact, paper
-
-
-def redistribution_pair_bounds(
-    s: Sequence[Layout], t: Sequence[Layout], dtypes: Sequence[float], cluster: Cluster, cost_model: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    out = [redistribution_bounds([a], [b], cluster, d, cost_model) for a, b, d in zip(s, t, dtypes)]
-    return np.array([o[0][0, 0] for o in out]), np.array([o[1][0, 0] for o in out])
-
-
+#: A round that chose a cheap bound gives the full bound to the pairs whose min-marginal is
+#: within this part of the tables' optimum above it (and under the upper bound).
+LAZY_BAND = 0.01
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
 _ClassPair = tuple[_Bound, int, int]
 
@@ -785,18 +775,26 @@ def _tighten(
         b = bounds[k]
         under = m < upper
         for direction in (0, 1):
-            for i, j in zip(*np.nonzero(under & b.cheap[direction]), strict=True):
-                i, j = int(i), int(j)
-                s, t = (b.src[i][0], b.dst[j][0]) if direction == 0 else (b.dst[j][1], b.src[i][1])
-                todo.append((b, i, j, direction, s, t))
+            rows, cols = np.nonzero(under & b.cheap[direction])
+            if len(rows):
+                ends = zip(rows.tolist(), cols.tolist(), strict=True)
+                if direction == 0:
+                    pairs = [(b.src[i][0], b.dst[j][0]) for i, j in ends]
+                else:
+                    pairs = [(b.dst[j][1], b.src[i][1]) for i, j in ends]
+                todo.append((b, direction, rows, cols, pairs))
     if not todo:
         return
+    # Each distinct directed pair once: edges of one tensor meet the same pairs.
     index: dict[tuple[Layout, Layout, float], int] = {}
-    at = [index.setdefault((s, t, b.dtype), len(index)) for b, _, _, _, s, t in todo]
+    at = [
+        np.array([index.setdefault((s, t, b.dtype), len(index)) for s, t in pairs])
+        for b, _, _, _, pairs in todo
+    ]
     keys = list(index)
     bound, exact = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
-    for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
-        b.settle(direction, i, j, float(bound[k]), bool(exact[k]))
+    for (b, direction, rows, cols, _), k in zip(todo, at, strict=True):
+        b.settle(direction, rows, cols, bound[k], exact[k])
 
 
 def _settle(
