@@ -42,7 +42,9 @@ __all__ = [
     "plan_redistribution",
     "redistribution_bounds",
     "redistribution_costs",
+    "redistribution_pair_bounds",
     "redistribution_pair_costs",
+    "redistribution_table_bounds",
     "strategy_arrays",
     "tensor_layouts",
     "unify",
@@ -520,6 +522,35 @@ def redistribution_bounds(
     target, without its searches: Algorithm 1's cost, or the search's bound at the source if
     less; and the matrix of whether each bound is the optimal planner's cost (nothing to move,
     or the search's bound exceeds Algorithm 1's cost). Topology model only."""
+
+def redistribution_table_bounds(
+    sources: Sequence[Layout],
+    targets: Sequence[Layout],
+    cluster: Cluster,
+    dtype_bytes: float = 2.0,
+    model: _CostModel = "topology",
+    cheap: bool = False,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """``redistribution_bounds``'s two matrices and the matrix of Algorithm 1's costs (the
+    ``"paper"`` planner's), which it works out first.
+
+    With ``cheap``, weaker bounds for a fraction of the work: the search's bound at the source
+    without the terms that need each pair's own bounds per device dim (the shard's growth, the
+    last op, the elements entering a unit and the splits' removals only), with no memo. Each is
+    at most the bound without ``cheap`` (so at most the optimal planner's cost), and exact
+    (Algorithm 1's cost) only where that one is. Topology model only."""
+
+def redistribution_pair_bounds(
+    sources: Sequence[Layout],
+    targets: Sequence[Layout],
+    dtype_bytes: Sequence[float],
+    cluster: Cluster,
+    model: _CostModel = "topology",
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The bound of each pair ``(sources[k], targets[k])`` of ``dtype_bytes[k]`` bytes per
+    element and whether it is exact, as ``redistribution_bounds`` (and
+    ``redistribution_table_bounds`` without ``cheap``) give them, bit for bit: pairs of many
+    tensors in one call, on all cores, on the bounds' memos. Topology model only."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

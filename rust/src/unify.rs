@@ -275,14 +275,22 @@ fn device_matrix_into(bounds: DeviceBounds, matrix: &mut Vec<u64>) {
 
 /// Appends to `map` the tensor map of the pieces on the device matrix of `bounds`.
 fn tensor_map_into(pieces: &[Piece], bounds: DeviceBounds, map: &mut Vec<i64>) {
-    map.extend(pieces.iter().map(|p| match p.split() {
+    map.extend(pieces.iter().map(|&p| map_entry(p, bounds)));
+}
+
+/// The map entry of `piece` on the device matrix of `bounds`: the device dim splitting it, -1 if
+/// none.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn map_entry(piece: Piece, bounds: DeviceBounds) -> i64 {
+    match piece.split() {
         None => -1,
         Some((lo, hi)) => {
             debug_assert!(bounds & 1 << lo != 0, "split starts on a device boundary");
             debug_assert_eq!((bounds >> (lo + 1)).trailing_zeros() + lo + 1, hi);
             i64::from((bounds & ((1 << lo) - 1)).count_ones())
         }
-    }));
+    }
 }
 
 /// The rank bits of the device dims holding partial sums.
@@ -302,17 +310,28 @@ fn partial_bounds(mask: u64) -> DeviceBounds {
 /// Appends to `dims` the device dims, on the matrix of `bounds`, whose bits are partial in
 /// `mask`.
 fn partial_dims_into(bounds: DeviceBounds, mask: u64, dims: &mut Vec<usize>) {
+    let mut rest = partial_dims(bounds, mask);
+    while rest != 0 {
+        dims.push(rest.trailing_zeros() as usize);
+        rest &= rest - 1;
+    }
+}
+
+/// The device dims, on the matrix of `bounds`, whose bits are partial in `mask` (a mask: a
+/// matrix of rank bits has fewer than 64 dims).
+fn partial_dims(bounds: DeviceBounds, mask: u64) -> u64 {
     let top = bounds.ilog2();
     let mut rest = bounds & ((1 << top) - 1);
-    let mut k = 0;
+    let (mut k, mut dims) = (0, 0);
     while rest != 0 {
         let lo = rest.trailing_zeros();
         if mask >> lo & 1 == 1 {
-            dims.push(k);
+            dims |= 1 << k;
         }
         rest &= rest - 1;
         k += 1;
     }
+    dims
 }
 
 /// The layout of `pieces` on the device matrix of `bounds`, the bits of `partial` holding partial
@@ -407,6 +426,20 @@ pub(crate) struct Unified {
     partial: (u64, u64),
 }
 
+/// What [`Unified::splits_into`] reads of a unified pair besides its splits.
+pub(crate) struct Splits {
+    /// The device dims holding partial sums in the first and in the second (masks).
+    pub(crate) partial: (u64, u64),
+    /// The elements per device in the first and in the second.
+    pub(crate) shards: (u64, u64),
+    /// The tensor's elements.
+    pub(crate) elements: u64,
+    /// The device dims splitting a tensor dim in the second (a mask).
+    pub(crate) target_dims: u64,
+    /// The tensor dims.
+    pub(crate) ndim: usize,
+}
+
 impl Unified {
     fn side(&self, side: Side) -> (&[Piece], u64) {
         match side {
@@ -425,6 +458,49 @@ impl Unified {
     pub fn layout_into(&self, side: Side, out: &mut Layout) {
         let (pieces, partial) = self.side(side);
         build_into(pieces, self.device, partial, out);
+    }
+
+    /// The unified pair as a bound reads it, without building its layouts
+    /// ([`Unified::layout_into`]'s): per tensor dim split in the first, the device dims splitting
+    /// it in each (the second's -1 if none), into `splits`, in the order of the dims; and the
+    /// rest in [`Splits`]. One pass over the dims, the unsplit ones (most of them) skipped.
+    ///
+    /// `dim_at` gives the device dim starting at each rank bit of the pair's device matrix (a
+    /// table, not a count of the boundaries below each split: the baseline x86-64 target counts
+    /// bits in a dozen instructions).
+    pub fn splits_into(&self, dim_at: &[i8; 64], splits: &mut Vec<(i8, i8)>) -> Splits {
+        splits.clear();
+        let (mut elements, mut split, mut target_dims) = (1u64, (0, 0), 0u64);
+        let entry = |x: Piece| {
+            debug_assert_eq!(
+                i64::from(dim_at[usize::from(x.lo)]),
+                map_entry(x, self.device)
+            );
+            dim_at[usize::from(x.lo)]
+        };
+        for (&p, &q) in self.first.iter().zip(&self.second) {
+            elements *= p.size;
+            if q.hi != 0 {
+                split.1 += u32::from(q.hi - q.lo);
+                target_dims |= 1 << entry(q);
+            }
+            if p.hi != 0 {
+                split.0 += u32::from(p.hi - p.lo);
+                splits.push((entry(p), if q.hi != 0 { entry(q) } else { -1 }));
+            }
+        }
+        // Most sides hold no partial sums: no device dim to visit.
+        let dims = |partial| match partial {
+            0 => 0,
+            _ => partial_dims(self.device, partial),
+        };
+        Splits {
+            partial: (dims(self.partial.0), dims(self.partial.1)),
+            shards: (elements >> split.0, elements >> split.1),
+            elements,
+            target_dims,
+            ndim: self.first.len(),
+        }
     }
 
     /// The rank bits of the partial dims of each side.

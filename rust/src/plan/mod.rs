@@ -130,11 +130,11 @@ pub(crate) fn shortest_plan_by<'p>(
 /// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms,
 /// prepared once each: [`paper::Prepared`]), without its search: the plan's ops outside the
 /// search at their price, the search's bound at its source for the rest (`lower_bound` of the
-/// unified pair, `None` if it makes no search problem: [`optimal::Bounds::bound`], which
-/// depends on the problem's key alone), in `scratch`'s buffers. Algorithm 1's ops between the
-/// unified pair are not built unless there is no search (the lined-up pair is what
-/// `paper::plan` makes; the caller has checked that the layouts are of one tensor on the
-/// cluster).
+/// unified pair lined up in `scratch`, `None` if it makes no search problem:
+/// [`optimal::Bounds::bound`], which depends on the problem's key alone, or a lower bound on
+/// it). Algorithm 1's ops between the unified pair are not built unless there is no search (the
+/// lined-up pair is what `paper::plan` makes; the caller has checked that the layouts are of
+/// one tensor on the cluster).
 ///
 /// # Errors
 /// As [`plan_redistribution`].
@@ -142,17 +142,17 @@ pub(crate) fn shortest_plan_bound(
     (a, b): (&paper::Prepared<'_>, &paper::Prepared<'_>),
     objective: Objective<'_>,
     scratch: &mut paper::LineUp,
-    lower_bound: impl FnOnce(&Layout, &Layout) -> Option<f64>,
+    lower_bound: impl FnOnce(&mut paper::LineUp) -> Option<f64>,
 ) -> Result<f64> {
     let (prelude, epilogue) = paper::lined_up_prepared(a, b, scratch)?;
-    let (source, target) = scratch.pair();
-    if let Some(bound) = lower_bound(source, target) {
+    if let Some(bound) = lower_bound(scratch) {
         // The ops outside the search. Scaled down by a hair: the plan's price adds its ops in
         // another order.
         let outside = objective.sum(prelude.iter().chain(&epilogue));
         return Ok((outside + bound) * (1.0 - 1e-12));
     }
     // The plan's price, its ops in order.
+    let (source, target) = scratch.pair();
     let ops = paper::unified_ops(source, target);
     Ok(objective.sum(prelude.iter().chain(&ops).chain(&epilogue)))
 }

@@ -29,9 +29,10 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 use super::ops::{CommOp, Objective};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
+use crate::unify::{DeviceBounds, Side, Unified};
 use space::{
     allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
-    Buffers, MatrixCache, Space, State, Step, MAX_DIMS,
+    Buffers, MatrixBounds, MatrixCache, Space, State, Step, MAX_DIMS,
 };
 
 struct Node {
@@ -139,7 +140,7 @@ impl KeyScratch {
     /// Works out the key of the unified pair `source` -> `target` and its order; `false` if they
     /// have too many dims for the search's masks.
     fn fill(&mut self, source: &Layout, target: &Layout) -> bool {
-        if source.ndim() > MAX_DIMS || source.num_device_dims() >= 64 {
+        if !searchable(source) {
             return false;
         }
         let KeyScratch {
@@ -183,6 +184,11 @@ impl KeyScratch {
     fn key(&self) -> Key {
         Key(self.words.as_slice().into())
     }
+}
+
+/// Whether the unified pair of `source` fits the search's masks (its tensor dims and device dims).
+fn searchable(source: &Layout) -> bool {
+    source.ndim() <= MAX_DIMS && source.num_device_dims() < 64
 }
 
 /// `layout` with its tensor dims in `order` (`order[c]` the dim at position `c`), in `out`'s
@@ -461,6 +467,44 @@ impl<'o> Bounds<'o> {
         }
         kept.extend(found);
     }
+}
+
+/// The buffers one thread works cheap bounds out in ([`cheap_bound`]), pair after pair, and the
+/// bounds of the device matrices it met. Its bounds are of one objective: a scratch serves one
+/// batch.
+#[derive(Default)]
+pub(crate) struct CheapScratch {
+    matrices: MatrixCache,
+    /// The bounds of each device matrix met, by its boundaries in rank bits: a word to hash, not
+    /// the matrix (looking the matrix up cost as much as the bound).
+    by_bounds: FxHashMap<DeviceBounds, Arc<MatrixBounds>>,
+    /// The pair's splits ([`Unified::splits_into`]).
+    splits: Vec<(i8, i8)>,
+}
+
+/// A lower bound on [`Bounds::bound`] of the unified pair `pair` under `objective` (`None` where
+/// that gives none: more tensor dims than the search takes; a matrix of rank bits has fewer than
+/// 64 device dims), cheaper: from the bounds of the device matrix alone, with no key and no
+/// memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts.
+pub(crate) fn cheap_bound(
+    pair: &Unified,
+    objective: Objective<'_>,
+    scratch: &mut CheapScratch,
+) -> Option<f64> {
+    let CheapScratch {
+        matrices,
+        by_bounds,
+        splits,
+    } = scratch;
+    let matrix = by_bounds.entry(pair.device()).or_insert_with(|| {
+        // Met for the first time on this thread: the matrix's layout, once.
+        Arc::clone(matrices.shared(objective, &pair.layout(Side::First)))
+    });
+    let read = pair.splits_into(matrix.dim_at(), splits);
+    if read.ndim > MAX_DIMS {
+        return None;
+    }
+    Some(matrix.cheap_bound(&read, splits))
 }
 
 /// Bounds of pairs of canonical forms already bounded ([`Pairs`]), by objective fingerprint: the

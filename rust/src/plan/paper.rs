@@ -462,6 +462,7 @@ pub(super) fn lined_up(
 ) -> Result<Redistribution> {
     let mut scratch = LineUp::default();
     let (prelude, epilogue) = lined_up_in(a, b, &mut scratch)?;
+    scratch.pair();
     let LineUp { source, target, .. } = scratch;
     if let Some((cluster, dtype_bytes)) = on {
         topology::check_dtype_bytes(dtype_bytes)?;
@@ -483,6 +484,10 @@ pub(crate) struct LineUp {
     unified: Unified,
     source: Layout,
     target: Layout,
+    /// Whether `source` and `target` are `unified`'s layouts: built when asked for
+    /// ([`LineUp::pair`]), as the cheap bounds read the unified pair without them (building
+    /// both was half the work of lining a pair up).
+    built: bool,
 }
 
 impl Default for LineUp {
@@ -491,14 +496,25 @@ impl Default for LineUp {
             unified: Unified::default(),
             source: Layout::scratch(),
             target: Layout::scratch(),
+            built: false,
         }
     }
 }
 
 impl LineUp {
-    /// The unified pair [`lined_up_in`] made last.
-    pub(super) fn pair(&self) -> (&Layout, &Layout) {
+    /// The layouts of the unified pair [`lined_up_in`] made last.
+    pub(crate) fn pair(&mut self) -> (&Layout, &Layout) {
+        if !self.built {
+            self.unified.layout_into(Side::First, &mut self.source);
+            self.unified.layout_into(Side::Second, &mut self.target);
+            self.built = true;
+        }
         (&self.source, &self.target)
+    }
+
+    /// The unified pair [`lined_up_in`] made last.
+    pub(crate) fn unified(&self) -> &Unified {
+        &self.unified
     }
 }
 
@@ -521,15 +537,9 @@ pub(crate) fn lined_up_prepared(
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
     // A pair that unifies by masks needs no cut, and no step around it.
     if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
-        let LineUp {
-            unified,
-            source,
-            target,
-        } = scratch;
-        if unify_bits_into((&a.start, x), (&b.start, y), unified) {
-            check_partial(unified.partial(), a.layout, b.layout)?;
-            unified.layout_into(Side::First, source);
-            unified.layout_into(Side::Second, target);
+        if unify_bits_into((&a.start, x), (&b.start, y), &mut scratch.unified) {
+            check_partial(scratch.unified.partial(), a.layout, b.layout)?;
+            scratch.built = false;
             return Ok((Vec::new(), Vec::new()));
         }
     }
@@ -543,14 +553,8 @@ fn line_up_into(
     known: Option<(&Start, &Start)>,
     scratch: &mut LineUp,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
-    let LineUp {
-        unified,
-        source,
-        target,
-    } = scratch;
-    let lined = line_up(a, b, known, unified)?;
-    unified.layout_into(Side::First, source);
-    unified.layout_into(Side::Second, target);
+    let lined = line_up(a, b, known, &mut scratch.unified)?;
+    scratch.built = false;
     Ok((lined.prelude, lined.epilogue))
 }
 

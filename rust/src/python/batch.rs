@@ -1,4 +1,5 @@
-//! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`,
+//! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`, the bounds
+//! (`redistribution_bounds`, `redistribution_table_bounds`, `redistribution_pair_bounds`),
 //! `allreduce_costs`, `gathered_sum`, `min_plus` and `min_plus_one`, on all cores with the GIL
 //! released, `first_equal` (one core, the GIL released) for the reductions' merges of equal
 //! rows, and `frontier_sum` (one core) for the memory-limited search.
@@ -198,6 +199,72 @@ pub(super) fn redistribution_bounds<'py>(
     })?;
     let bounds = Array2::from_shape_vec(shape, bounds).expect("one bound per pair");
     let exact = Array2::from_shape_vec(shape, exact).expect("one flag per pair");
+    Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
+}
+
+/// [`redistribution_bounds`]'s matrices, with `cheap` the cheaper and weaker bounds, and the
+/// matrix of Algorithm 1's costs ([`batch::redistribution_table_bounds`]).
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, cluster, dtype_bytes=Num::Fits(2.0), model="topology", cheap=false),
+    text_signature = "(sources, targets, cluster, dtype_bytes=2.0, model='topology', cheap=False)"
+)]
+#[allow(clippy::type_complexity)]
+pub(super) fn redistribution_table_bounds<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    cluster: &PyCluster,
+    dtype_bytes: Num<f64>,
+    model: &str,
+    cheap: bool,
+) -> PyResult<(
+    Bound<'py, PyArray2<f64>>,
+    Bound<'py, PyArray2<bool>>,
+    Bound<'py, PyArray2<f64>>,
+)> {
+    let (sources, targets) = (inners(&sources), inners(&targets));
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes.get("dtype_bytes", Error::Topology)?;
+    let model = CostModel::parse(model)?;
+    let shape = (sources.len(), targets.len());
+    let table = py.detach(|| {
+        batch::redistribution_table_bounds(&sources, &targets, &cluster, dtype_bytes, model, cheap)
+    })?;
+    let bounds = Array2::from_shape_vec(shape, table.bounds).expect("one bound per pair");
+    let exact = Array2::from_shape_vec(shape, table.exact).expect("one flag per pair");
+    let paper = Array2::from_shape_vec(shape, table.paper).expect("one cost per pair");
+    Ok((
+        bounds.into_pyarray(py),
+        exact.into_pyarray(py),
+        paper.into_pyarray(py),
+    ))
+}
+
+/// The bound of each pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element and
+/// whether it is exact, as [`redistribution_bounds`] gives them ([`batch::pair_bounds`]).
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, dtype_bytes, cluster, model="topology"),
+    text_signature = "(sources, targets, dtype_bytes, cluster, model='topology')"
+)]
+pub(super) fn redistribution_pair_bounds<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    dtype_bytes: Vec<Num<f64>>,
+    cluster: &PyCluster,
+    model: &str,
+) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<bool>>)> {
+    let (sources, targets) = (inners(&sources), inners(&targets));
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes
+        .iter()
+        .map(|b| b.get("dtype_bytes", Error::Topology))
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = CostModel::parse(model)?;
+    let (bounds, exact) =
+        py.detach(|| batch::pair_bounds(&sources, &targets, &dtype_bytes, &cluster, model))?;
     Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
 }
 

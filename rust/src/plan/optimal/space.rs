@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 use super::locked;
 use crate::layout::Layout;
 use crate::plan::ops::{volume, LeastRates, Objective, OpKind, Over};
+use crate::unify::Splits;
 
 /// The most tensor dims of a unified layout the search takes (a state is a fixed array, so that
 /// stepping allocates nothing).
@@ -565,6 +566,8 @@ pub(super) struct MatrixBounds {
     /// wide up to the third.
     unsplit: Vec<(f64, f64)>,
     unsplit_at: Vec<[usize; 3]>,
+    /// What [`MatrixBounds::cheap_bound`] reads instead of a pair's [`DimBounds`].
+    cheap: CheapRates,
     /// The bounds per device dim of the sources on the matrix ([`DimBounds`]) met so far, by
     /// their permutable, splitting, partial and partial target-split dims and their elements.
     dims: Mutex<FxHashMap<[u64; 5], Arc<DimBounds>>>,
@@ -598,12 +601,15 @@ impl MatrixBounds {
             unsplit.extend_from_slice(&rates);
             unsplit_at.push([start, wide, unsplit.len()]);
         }
+        let same_size = same_size(layout);
+        let cheap = CheapRates::of(layout, &least_rates, &same_size, &unsplit);
         MatrixBounds {
             least_rates,
             units,
-            same_size: same_size(layout),
+            same_size,
             unsplit,
             unsplit_at,
+            cheap,
             dims: Mutex::default(),
         }
     }
@@ -621,6 +627,199 @@ impl MatrixBounds {
         }
         map.insert(key, Arc::clone(&dims));
         dims
+    }
+}
+
+/// Rates below those a pair's [`DimBounds`] holds, whatever the pair on the matrix: the bound
+/// of [`MatrixBounds::cheap_bound`], with no [`DimBounds`] to work out or look up (a sixth of
+/// GPT-3's bound keys had one of their own, each worked out for a dozen pairs). A shard is at
+/// least the tensor over the dims splitting it, so the rates with every dim splitting (and for
+/// a group wider than one dim, as wide as the matrix) are at most those of any pair.
+#[derive(Debug)]
+struct CheapRates {
+    /// The distinct rates of `unsplit`: a pair's `DimBounds::rates` is a choice of them.
+    unsplit: Vec<(f64, f64)>,
+    /// Per device dim `k`, from `removal_at[k]` to `removal_at[k + 1]`: the distinct rates of a
+    /// collective of one dim of its size alone, every dim splitting (`DimBounds::removal`).
+    removal: Vec<(f64, f64)>,
+    removal_at: Vec<usize>,
+    /// Per device dim, the rate of a collective of it alone, every other dim splitting (the sum
+    /// of its partial sums: [`least_sum_op`]).
+    sum: Vec<(f64, f64)>,
+    /// The rates of an op whose group holds a device dim, every dim splitting
+    /// (`DimBounds::least`, a collective of the dim alone or a permute of several dims): per
+    /// class of dims of the same rates and size (a few per matrix: the pairs ask for the least
+    /// over the dims that are not fixed), the dims (a mask), where its rates lie in `moving`,
+    /// and the part of the tensor its collectives move at least (`collective`'s).
+    moving: Vec<(f64, f64)>,
+    moving_classes: Vec<(u64, std::ops::Range<usize>, f64)>,
+    /// Per device dim of `g` devices, the steps of a collective of it alone and the part of
+    /// the tensor it moves at least: `g-1`, `(g-1)/g`.
+    collective: Vec<(f64, f64)>,
+    /// Per rank bit, the device dim whose bits start there (-1 inside a dim, or past the
+    /// matrix): a unified pair's splits read off their rank bits ([`Unified::splits_into`](crate::unify::Unified::splits_into),
+    /// whose matrices are of powers of two; for others, every entry is -1 and unread).
+    dim_at: [i8; 64],
+}
+
+impl CheapRates {
+    /// The rates on a device matrix of `least_rates`, whose dims of one size are `same_size`
+    /// and whose rates with no dim splitting are `unsplit`.
+    fn of(
+        layout: &Layout,
+        least_rates: &LeastRates,
+        same_size: &[u64],
+        unsplit: &[(f64, f64)],
+    ) -> Self {
+        let h = same_size.len();
+        let every = if h < 64 { (1u64 << h) - 1 } else { u64::MAX };
+        // Equal rates give equal prices: one of each is enough for the least.
+        let push_distinct = |out: &mut Vec<(f64, f64)>, from: usize, rates: &[(f64, f64)]| {
+            for &rate in rates {
+                if !out[from..].contains(&rate) {
+                    out.push(rate);
+                }
+            }
+        };
+        let mut cheap = CheapRates {
+            unsplit: Vec::new(),
+            removal: Vec::new(),
+            removal_at: Vec::new(),
+            sum: Vec::new(),
+            moving: Vec::new(),
+            moving_classes: Vec::new(),
+            collective: Vec::new(),
+            dim_at: [-1; 64],
+        };
+        if layout.device_matrix().iter().all(|d| d.is_power_of_two()) {
+            let mut bit = 0;
+            for k in 0..h {
+                cheap.dim_at[bit] = k as i8;
+                bit += layout.dim_size(k).trailing_zeros() as usize;
+            }
+        }
+        push_distinct(&mut cheap.unsplit, 0, unsplit);
+        cheap.collective.extend((0..h).map(|k| {
+            let g = layout.dim_size(k) as f64;
+            (g - 1.0, (g - 1.0) / g)
+        }));
+        let mut rates = Vec::new();
+        let mut alone = Vec::with_capacity(h);
+        for k in 0..h {
+            least_rates.least_rates_into(k, 1 << k, every, &mut rates);
+            alone.push(rates.clone());
+            least_rates.least_rates_into(k, 1 << k, every & !(1 << k), &mut rates);
+            cheap.sum.extend_from_slice(&rates);
+            least_rates.least_rates_into(k, every, every, &mut rates);
+            let part = cheap.collective[k].1;
+            let moving = &cheap.moving;
+            let class = (cheap.moving_classes.iter_mut()).find(|(_, at, p)| {
+                p.to_bits() == part.to_bits() && moving[at.clone()] == rates[..]
+            });
+            if let Some((dims, ..)) = class {
+                *dims |= 1 << k;
+            } else {
+                let at = moving.len()..moving.len() + rates.len();
+                cheap.moving.extend_from_slice(&rates);
+                cheap.moving_classes.push((1 << k, at, part));
+            }
+        }
+        for &group in same_size {
+            let from = cheap.removal.len();
+            cheap.removal_at.push(from);
+            for d in bits(group) {
+                push_distinct(&mut cheap.removal, from, &alone[d]);
+            }
+        }
+        cheap.removal_at.push(cheap.removal.len());
+        debug_assert_eq!(cheap.sum.len(), h, "one level for a dim alone");
+        cheap
+    }
+}
+
+impl MatrixBounds {
+    /// Per rank bit, the device dim starting there on this matrix (of powers of two; -1 inside
+    /// a dim): what [`Unified::splits_into`](crate::unify::Unified::splits_into) reads a pair on it with.
+    pub(super) fn dim_at(&self) -> &[i8; 64] {
+        &self.cheap.dim_at
+    }
+
+    /// A lower bound on [`Space::remaining`] at the source of the unified pair `pair` on this
+    /// device matrix (what [`super::Bounds::bound`] gives the pair), from the matrix's bounds
+    /// alone ([`CheapRates`]): no key, no memo, no [`DimBounds`]. Of the five terms, the
+    /// largest `least` and the sum of the `share`s (which need the pair's [`DimBounds`]) are
+    /// left out; the others are each at most the space's: the shard's growth, the last op, the
+    /// elements entering a unit (or all it needs while sums to go are missing there) and the
+    /// splits' removals, on the [`CheapRates`], with the sums' ops priced apart (the least over
+    /// their orders is at least the sum of each on the smallest shard). The pair's tensor dims
+    /// stay in their order, not the key's, which can round a product or a sum otherwise: scaled
+    /// down by a hair more.
+    pub(super) fn cheap_bound(&self, pair: &Splits, splits: &[(i8, i8)]) -> f64 {
+        let cheap = &self.cheap;
+        let whole = pair.elements as f64;
+        let sums = pair.partial.0 & !pair.partial.1;
+        let chained = bits(sums)
+            .map(|k| {
+                let (steps, part) = cheap.collective[k];
+                least_stepped(&cheap.sum[k..=k], steps, part * whole)
+            })
+            .sum::<f64>();
+        let goal_shard = pair.shards.1 as f64;
+        let grow = cheapest(&cheap.unsplit, goal_shard - pair.shards.0 as f64) + chained;
+        let sliced = sums == 0 && splits.iter().all(|&(m, t)| m == t);
+        let last = if sliced {
+            0.0
+        } else {
+            cheapest(&cheap.unsplit, goal_shard / 2.0)
+        };
+        // [`Space::removals`] at the source: the splits are those of the source.
+        let (mut removed, mut wrong, mut fixed) = (0.0, false, 0u64);
+        for &(m, t) in splits {
+            let k = m as usize;
+            if t < 0 {
+                let (steps, part) = cheap.collective[k];
+                let group = &cheap.removal[cheap.removal_at[k]..cheap.removal_at[k + 1]];
+                removed += least_stepped(group, steps, part * whole);
+            } else if m != t {
+                wrong = true;
+            } else {
+                fixed |= 1 << k;
+            }
+        }
+        if wrong {
+            // An op of a dim that is not fixed: one step at least.
+            let moving = (cheap.moving_classes.iter())
+                .filter(|(dims, ..)| dims & !fixed != 0)
+                .map(|(_, at, part)| least_stepped(&cheap.moving[at.clone()], 1.0, part * whole))
+                .fold(f64::INFINITY, f64::min);
+            removed += moving;
+        }
+        // [`Space::entering`] and [`Space::unsummed`] at the source, unit by unit.
+        let (mut entering, mut unsummed) = (0.0, 0.0);
+        for unit in &self.units {
+            let needed = bits(pair.target_dims).fold(goal_shard, |n, k| n * unit.extents[k]);
+            if bits(sums).any(|k| unit.held[k] < 1.0) {
+                unsummed = f64::max(unsummed, unit.latency + unit.rate * needed);
+            }
+            let mut part = 1.0;
+            for &(m, t) in splits {
+                let s = m as usize;
+                if m == t || unit.held[s] >= 1.0 {
+                    continue;
+                }
+                if usize::try_from(t).is_ok_and(|t| unit.held[t] < 1.0) {
+                    part = 0.0;
+                    break;
+                }
+                part *= unit.held[s];
+            }
+            let lacking = needed * (1.0 - part);
+            if lacking > 0.0 {
+                entering = f64::max(entering, unit.latency + unit.rate * lacking);
+            }
+        }
+        let bring = (entering + chained).max(unsummed);
+        grow.max(last).max(bring).max(removed + chained) * (1.0 - 1e-9) * (1.0 - 1e-12)
     }
 }
 
@@ -667,6 +866,15 @@ impl MatrixCache {
     /// The bounds on layouts of `layout`'s device matrix under `objective` (the objective of every
     /// call on this cache).
     pub(super) fn of(&mut self, objective: Objective<'_>, layout: &Layout) -> &MatrixBounds {
+        self.shared(objective, layout)
+    }
+
+    /// [`MatrixCache::of`], shared.
+    pub(super) fn shared(
+        &mut self,
+        objective: Objective<'_>,
+        layout: &Layout,
+    ) -> &Arc<MatrixBounds> {
         let matrix = layout.device_matrix();
         if !self.matrices.contains_key(matrix) {
             let fingerprint = self
