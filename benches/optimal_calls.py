@@ -2,9 +2,10 @@
 
 ``record CASE FILE``: one optimal search of ``CASE`` (as ``benches/optimal_rounds.py`` names
 them: ``gpt3``, a model family, or the start of a paper timing case's label) after a default one,
-with every call of ``redistribution_table_bounds`` (the bounded tables), ``redistribution_pair_bounds``
-(the full bounds of the rounds, ``tight``) and ``redistribution_pair_costs`` (the rounds' exact
-pairs) pickled into ``FILE``. ``replay FILE bounds|tight|pairs [PASSES]``: those
+with every call of ``redistribution_table_bounds`` (the bounded tables),
+``redistribution_pair_bounds`` (the full bounds of the rounds, ``tight``) and
+``redistribution_pair_costs`` (the rounds' exact pairs) pickled into ``FILE``.
+``replay FILE bounds|tight|pairs [PASSES]``: those
 calls made again in this process, ``PASSES`` times (each pass's ``dtype_bytes`` times
 ``1 + pass * 2^-40`` so that the planner's memos start empty; 0 passes: the loading alone, to
 subtract), then their CPU seconds and a digest of the first pass's results (equal across builds
@@ -30,7 +31,6 @@ import taps
 import taps._core as core
 import taps.search.tables as tables
 from optimal_rounds import case
-
 
 #: The kernels recorded, by what ``replay`` calls their calls.
 KERNELS = (

@@ -148,7 +148,9 @@ def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
     exact = [np.zeros((3, 3), dtype=bool), np.zeros((3, 3), dtype=bool)]
     exact[0][0, 0] = True  # (0, 0)'s forward known: its backward is next
     rows = [(x, x) for x in layouts]
-    b = tables._Bound(np.full((3, 3), 2.0), rows, rows, True, 2.0, parts, exact, *_unbounded((3, 3)))
+    b = tables._Bound(
+        np.full((3, 3), 2.0), rows, rows, True, 2.0, parts, exact, *_unbounded((3, 3))
+    )
     calls: list = []
 
     def price(sources, targets, sizes):

@@ -74,7 +74,7 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
             lists.append((s, t))
             if how == "bounds":
                 want, exact, paper = redistribution_table_bounds(
-                    s, t, CLUSTER, 2.0, "topology", cheap=tables.LAZY
+                    s, t, CLUSTER, 2.0, "topology", cheap=True
                 )
                 inexact = tables._gathered([(priced.inexact(s, t, 2.0), False)])
                 assert np.array_equal(inexact, ~exact)
