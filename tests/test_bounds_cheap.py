@@ -86,9 +86,9 @@ def test_cheap_bounds_on_a_models_tables():
         moved += int(nonzero.sum())
         equal += int((cheap[nonzero] >= full[nonzero] * (1 - 1e-9)).sum())
         ratios.append(cheap[nonzero] / full[nonzero])
-    # Not vacuous: most equal the full bound (to its hair).
-    assert moved > 1000 and equal > moved / 2, (equal, moved)
-    assert np.concatenate(ratios).mean() > 0.7
+    # Not vacuous: nine in ten equal the full bound (to its hair), the mean ratio 0.976.
+    assert moved > 1000 and equal > 0.85 * moved, (equal, moved)
+    assert np.concatenate(ratios).mean() > 0.95
     order = rng.permutation(len(pairs))
     sources, targets, dtypes, want, want_exact = zip(*[pairs[k] for k in order], strict=True)
     got, got_exact = redistribution_pair_bounds(list(sources), list(targets), list(dtypes), cluster)

@@ -1088,7 +1088,7 @@ pub(crate) mod tests {
     /// layouts of 96 and 64 elements (by cuts and by masks), with partial sums, on clusters of
     /// two and three levels with latencies under both replica models; exact only where the
     /// full bound is, Algorithm 1's costs the same. And not vacuous: most equal the full bound
-    /// (to its hair), their mean over it 0.73 (a bound scaled down fails here too).
+    /// (to its hair), their mean over it 0.75 (a bound scaled down fails here too).
     #[test]
     fn cheap_bounds_lie_below_the_full_ones_and_the_costs() {
         let mut layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(4).collect();

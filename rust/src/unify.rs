@@ -436,6 +436,9 @@ pub(crate) struct Splits {
     pub(crate) elements: u64,
     /// The device dims splitting a tensor dim in the second (a mask).
     pub(crate) target_dims: u64,
+    /// The most factors of two of a tensor dim: a device dim (of a power of two) divides some
+    /// tensor dim iff it has no more.
+    pub(crate) twos: u32,
     /// The tensor dims.
     pub(crate) ndim: usize,
 }
@@ -470,7 +473,7 @@ impl Unified {
     /// bits in a dozen instructions).
     pub fn splits_into(&self, dim_at: &[i8; 64], splits: &mut Vec<(i8, i8)>) -> Splits {
         splits.clear();
-        let (mut elements, mut split, mut target_dims) = (1u64, (0, 0), 0u64);
+        let (mut elements, mut split, mut target_dims, mut twos) = (1u64, (0, 0), 0u64, 0);
         let entry = |x: Piece| {
             debug_assert_eq!(
                 i64::from(dim_at[usize::from(x.lo)]),
@@ -480,6 +483,7 @@ impl Unified {
         };
         for (&p, &q) in self.first.iter().zip(&self.second) {
             elements *= p.size;
+            twos = twos.max(p.size.trailing_zeros());
             if q.hi != 0 {
                 split.1 += u32::from(q.hi - q.lo);
                 target_dims |= 1 << entry(q);
@@ -499,6 +503,7 @@ impl Unified {
             shards: (elements >> split.0, elements >> split.1),
             elements,
             target_dims,
+            twos,
             ndim: self.first.len(),
         }
     }

@@ -32,7 +32,7 @@ use crate::layout::Layout;
 use crate::unify::{DeviceBounds, Side, Unified};
 use space::{
     allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
-    Buffers, MatrixBounds, MatrixCache, Space, State, Step, MAX_DIMS,
+    Buffers, CheapBuffers, MatrixBounds, MatrixCache, Space, State, Step, MAX_DIMS,
 };
 
 struct Node {
@@ -480,6 +480,7 @@ pub(crate) struct CheapScratch {
     by_bounds: FxHashMap<DeviceBounds, Arc<MatrixBounds>>,
     /// The pair's splits ([`Unified::splits_into`]).
     splits: Vec<(i8, i8)>,
+    buffers: CheapBuffers,
 }
 
 /// A lower bound on [`Bounds::bound`] of the unified pair `pair` under `objective` (`None` where
@@ -495,6 +496,7 @@ pub(crate) fn cheap_bound(
         matrices,
         by_bounds,
         splits,
+        buffers,
     } = scratch;
     let matrix = by_bounds.entry(pair.device()).or_insert_with(|| {
         // Met for the first time on this thread: the matrix's layout, once.
@@ -504,7 +506,7 @@ pub(crate) fn cheap_bound(
     if read.ndim > MAX_DIMS {
         return None;
     }
-    Some(matrix.cheap_bound(&read, splits))
+    Some(matrix.cheap_bound(&read, splits, buffers))
 }
 
 /// Bounds of pairs of canonical forms already bounded ([`Pairs`]), by objective fingerprint: the
