@@ -290,7 +290,10 @@ def test_bounds_refuse_the_volume_model():
 
 
 @pytest.mark.parametrize("label", ["AlexNet, 8 ", "AlexNet, 16 ", "Megatron-LM 1T"])
-def test_paper_cases_bounded_equals_full(label):
+@pytest.mark.parametrize("cheap_pairs", [1, tables.CHEAP_PAIRS])
+def test_paper_cases_bounded_equals_full(label, cheap_pairs, monkeypatch):
+    # Cheap bounds on every call (the full ones where a pair can matter) or on large calls only.
+    monkeypatch.setattr(tables, "CHEAP_PAIRS", cheap_pairs)
     (case,) = [
         t
         for t in timing_cases(False)
@@ -379,10 +382,14 @@ def test_tightening_gives_the_full_bound_to_the_cheap_pairs_under_the_upper_boun
     st.sampled_from(CLUSTERS),
     st.sampled_from([0.0, 0.3, 0.9, 1.0]),
     st.sampled_from([0.0, 0.01, 1.0, np.inf]),
+    st.sampled_from([1, tables.CHEAP_PAIRS]),
 )
-def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(graph, shape, scale, band):
-    # Cheap bounds made weaker (down to nothing), and the band of pairs given their full bounds
-    # from none to all under the upper bound: still the full tables' optimum, exactly priced.
+def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(
+    graph, shape, scale, band, cheap_pairs
+):
+    # Cheap bounds made weaker (down to nothing) on every call or the large ones, and the band of
+    # pairs given their full bounds from none to all under the upper bound: still the full
+    # tables' optimum, exactly priced.
     cluster = paper_cluster(*shape)
     assume(small_enough(graph, cluster, 200_000))
     kernel = tables.redistribution_table_bounds
@@ -394,6 +401,7 @@ def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(graph, sh
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tables, "redistribution_table_bounds", weak)
         patch.setattr(tables, "LAZY_BAND", band)
+        patch.setattr(tables, "CHEAP_PAIRS", cheap_pairs)
         result = taps.search(graph, cluster, OPTIMAL)
     full = build_tables(graph, cluster, OPTIMAL)
     assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)

@@ -73,12 +73,16 @@ def test_every_matrix_the_kernels_and_shared_pairs_not_priced_again(pool, data, 
                 assert set(now) == {(a, b) for a in s for b in t} - {(a, b) for a in s0 for b in t0}
             lists.append((s, t))
             if how == "bounds":
+                cheap = len(s) * len(t) >= tables.CHEAP_PAIRS
                 want, exact, paper = redistribution_table_bounds(
-                    s, t, CLUSTER, 2.0, "topology", cheap=True
+                    s, t, CLUSTER, 2.0, "topology", cheap=cheap
                 )
-                inexact = tables._gathered([(priced.inexact(s, t, 2.0), False)])
-                assert np.array_equal(inexact, ~exact)
-                assert np.array_equal(tables._gathered([(priced.paper(s, t, 2.0), False)]), paper)
+                planes = [
+                    tables._gathered([(priced.reader(2.0, k)(s, t), False)]) for k in (1, 2, 3)
+                ]
+                assert np.array_equal(planes[0], ~exact)
+                assert np.array_equal(planes[1], paper)
+                assert np.array_equal(planes[2], ~exact & cheap)
             else:
                 want = taps.redistribution_costs(s, t, CLUSTER, 2.0, "topology", planner)
             assert (

@@ -365,6 +365,19 @@ def _alongside(work: Callable[[_Jobs], _T]) -> _T:
     return out["value"]
 
 
+#: With bounds, what the planes of a matrix of :class:`_Priced` hold per pair: its bound, 1.0
+#: where that is not its exact cost, Algorithm 1's cost, and 1.0 where the bound is the cheap
+#: one (a kernel call of at least :data:`CHEAP_PAIRS` pairs).
+_PLANES = ("bound", "inexact", "paper", "cheap")
+
+#: A bound call of at least this many pairs gives them cheap bounds (the full bound where a
+#: pair can matter: :func:`_tighten`); a smaller one the full bound at once. The cheap bounds'
+#: extra rounds cost the paper's smallest cases (AlexNet on 8 and 16 devices: at most 1,521
+#: pairs a call) more than the full bounds did; AlexNet 64's calls have 8,649 pairs, GPT-3's
+#: layer's up to 37,947.
+CHEAP_PAIRS = 2_048
+
+
 class _Priced:
     """``redistribution_costs`` computed once per pair of layouts, in whatever order an edge lists
     them: the kernel prices each pair on its own, so the matrix of the sets in the order first
@@ -380,8 +393,8 @@ class _Priced:
         #: The keys of ``_memo`` by the shapes of their layouts and the bytes per element: only
         #: layouts of one tensor can be equal.
         self._near: dict[Any, list[Any]] = {}
-        #: Cheap lower bounds on the optimal planner's costs instead, with whether each is exact
-        #: and Algorithm 1's costs (``redistribution_table_bounds``: three planes).
+        #: Lower bounds on the optimal planner's costs instead (``redistribution_table_bounds``,
+        #: the planes of :data:`_PLANES`).
         self._bounds = bounds
         #: Where the matrices are filled: at once, or by the thread of :func:`_alongside` (the
         #: matrices returned are filled once :meth:`_Jobs.wait` for them returns).
@@ -403,10 +416,12 @@ class _Priced:
 
             def kernel(s: Sequence[Layout], t: Sequence[Layout], out: list[np.ndarray]) -> None:
                 if self._bounds:
+                    cheap = len(s) * len(t) >= CHEAP_PAIRS
                     bound, exact, paper = redistribution_table_bounds(
-                        s, t, cluster, dtype, cost_model, cheap=True
+                        s, t, cluster, dtype, cost_model, cheap=cheap
                     )
-                    for plane, priced in zip(out, [bound, ~exact, paper], strict=True):
+                    planes = [bound, ~exact, paper, ~exact if cheap else False]
+                    for plane, priced in zip(out, planes, strict=True):
                         plane[...] = priced
                     return
                 # The kernel watches the time left itself: one large edge can take longer; it
@@ -429,17 +444,14 @@ class _Priced:
             near.append(key)
         return self._read(key, sources, targets, 0)
 
-    def inexact(self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float) -> _Term:
-        """With bounds, of sets priced before: 1.0 where a pair's bound is not its exact
-        cost."""
-        sources, targets = _as_side(sources), _as_side(targets)
-        return self._read((sources.set, targets.set, dtype), sources, targets, 1)
+    def reader(self, dtype: float, plane: int) -> Callable[[list[Layout], list[Layout]], _Term]:
+        """With bounds, what reads plane ``plane`` (:data:`_PLANES`) of sets priced before."""
 
-    def paper(self, sources: Sequence[Layout], targets: Sequence[Layout], dtype: float) -> _Term:
-        """With bounds, of sets priced before: Algorithm 1's costs (at least the optimal
-        planner's)."""
-        sources, targets = _as_side(sources), _as_side(targets)
-        return self._read((sources.set, targets.set, dtype), sources, targets, 2)
+        def read(sources: list[Layout], targets: list[Layout]) -> _Term:
+            s, t = _as_side(sources), _as_side(targets)
+            return self._read((s.set, t.set, dtype), s, t, plane)
+
+        return read
 
     def _read(self, key: Any, sources: _Side, targets: _Side, plane: int) -> _Term:
         planes, row, col = self._memo[key]
@@ -465,7 +477,7 @@ class _Priced:
                 pairs = len(k[0] & sources.set) * len(k[1] & targets.set)
                 if pairs > shared:
                     shared, earlier = pairs, k
-        planes_count = 3 if self._bounds else 1
+        planes_count = len(_PLANES) if self._bounds else 1
         if earlier is None:
             # (Zeros, as the kernel's own matrices were: their pages are first touched by the
             # kernel's threads.)
@@ -1065,26 +1077,22 @@ def build_tables(
                     by_layouts[layouts] = len(sums)
                     sums.append(_directions(costs, src, dst, backward))
                     if bounded:
-
-                        def inexact(
-                            s: list[Layout], t: list[Layout], dtype: float = dtype
-                        ) -> _Term:
-                            return priced.inexact(s, t, dtype)
-
-                        def paper(s: list[Layout], t: list[Layout], dtype: float = dtype) -> _Term:
-                            return priced.paper(s, t, dtype)
-
                         # Copies, read before _edge_costs may sum into the memo's matrices.
                         parts = [_gathered([d]) for d in sums[-1]]
-                        known = [
-                            _gathered([d]) == 0 for d in _directions(inexact, src, dst, backward)
-                        ]
-                        upper = [_gathered([d]) for d in _directions(paper, src, dst, backward)]
+                        inexact, upper, cheap = (
+                            [
+                                _gathered([d])
+                                for d in _directions(priced.reader(dtype, k), src, dst, backward)
+                            ]
+                            for k in (1, 2, 3)
+                        )
+                        known = [m == 0 for m in inexact]
+                        cheap = [m != 0 for m in cheap]
                         if not backward:
                             parts.append(np.zeros_like(parts[0]))
                             known.append(np.ones(parts[0].shape, dtype=bool))
                             upper.append(np.zeros_like(parts[0]))
-                        cheap = [~k for k in known]
+                            cheap.append(np.zeros(parts[0].shape, dtype=bool))
                         partly.append((src, dst, backward, dtype, parts, known, upper, cheap))
                 cache[key] = (src_cls, dst_cls, by_layouts[layouts])
             keys.append(key)
