@@ -50,14 +50,14 @@ def test_cheap_bounds_lie_below_the_full_ones_and_the_optimal_cost(log2, data):
 def _recorded_tables(graph: taps.Graph, cluster: taps.Cluster) -> list[tuple[Any, ...]]:
     """The arguments of every bounded table an optimal search of ``graph`` asks for."""
     calls: list[tuple[Any, ...]] = []
-    kernel = tables.redistribution_bounds
+    kernel = tables.redistribution_table_bounds
 
     def kept(*args: Any, **kwargs: Any) -> Any:
         calls.append(args)
         return kernel(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tables, "redistribution_bounds", kept)
+        patch.setattr(tables, "redistribution_table_bounds", kept)
         taps.search(graph, cluster, taps.Pricing(planner="optimal"))
     return calls
 
