@@ -495,7 +495,7 @@ pub struct TableBounds {
 /// [`redistribution_bounds`], and Algorithm 1's cost of each pair (which it works out first);
 /// with `cheap`, a weaker bound at the source, at a tenth of the cost: the search's bound
 /// without the terms that need each pair's own bounds per device dim, worked out from the
-/// lined-up pair with no memo ([`optimal::cheap_bound`]). Each is at most the bound without
+/// lined-up pair with no memo (`optimal::cheap_bound`). Each is at most the bound without
 /// `cheap` (so at most the optimal planner's cost), and exact (Algorithm 1's cost) where it
 /// exceeds it.
 ///

@@ -441,6 +441,8 @@ pub(crate) struct Splits {
     pub(crate) twos: u32,
     /// The tensor dims.
     pub(crate) ndim: usize,
+    /// The pair's device matrix, by its boundaries in rank bits.
+    pub(crate) device: DeviceBounds,
 }
 
 impl Unified {
@@ -505,6 +507,7 @@ impl Unified {
             target_dims,
             twos,
             ndim: self.first.len(),
+            device: self.device,
         }
     }
 

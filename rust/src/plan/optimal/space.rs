@@ -257,7 +257,7 @@ fn sums(
 }
 
 /// The most device dims holding partial sums in a source whose sums' orders the bound tries
-/// ([`chains`]): `2^CHAINED` sets of sums to go.
+/// ([`chains_into`]): `2^CHAINED` sets of sums to go.
 const CHAINED: u32 = 4;
 
 /// For each set `P` of the dims of `partial` (if no more than [`CHAINED`]), a lower bound on the
@@ -624,6 +624,9 @@ pub(crate) struct CheapBuffers {
     rates: Vec<(f64, f64)>,
     /// The sums' chains ([`chains_into`]).
     chains: Vec<(u64, f64)>,
+    /// The least price of the sums to go, by device matrix (its rank-bit boundaries), sums,
+    /// splitting dims and elements.
+    chained: FxHashMap<[u64; 4], f64>,
 }
 
 /// Rates below those a pair's [`DimBounds`] holds, whatever the pair on the matrix: the bound
@@ -747,10 +750,10 @@ impl MatrixBounds {
     /// largest `least` and the sum of the `share`s (which need the pair's [`DimBounds`]) are
     /// left out; the others are each at most the space's: the shard's growth, the last op, the
     /// elements entering a unit (or all it needs while sums to go are missing there) and the
-    /// splits' removals, on the [`CheapRates`], with the sums' ops priced apart (the least over
-    /// their orders is at least the sum of each on the smallest shard). The pair's tensor dims
-    /// stay in their order, not the key's, which can round a product or a sum otherwise: scaled
-    /// down by a hair more.
+    /// splits' removals, on the [`CheapRates`], with the sums' ops on top as the space prices
+    /// them (their chains on the pair's splitting dims). The pair's tensor dims stay in their
+    /// order, not the key's, which can round a product or a sum otherwise: scaled down by a
+    /// hair more.
     pub(super) fn cheap_bound(
         &self,
         pair: &Splits,
@@ -786,19 +789,31 @@ impl MatrixBounds {
             let dividing = cheap.dividing[pair.twos.min(63) as usize];
             let allowed = (used | pair.target_dims | pair.partial.0) & dividing;
             let may = splitting(allowed, fixed, &self.same_size);
-            let CheapBuffers { rates, chains } = buffers;
-            let mut op = |k: usize, split: u64| {
-                self.least_rates.least_rates_into(k, 1 << k, split, rates);
-                let (steps, part) = cheap.collective[k];
-                least_stepped(rates, steps, part * whole)
-            };
-            // As the space's `chains` (over every partial dim there: a set of sums to go is
-            // worked out alike from its own subsets), or as its sum past [`CHAINED`].
-            chains_into(sums, may, &mut op, chains);
-            match chains.last() {
-                Some(&(_, least)) => least,
-                None => bits(sums).map(|k| op(k, may & !(1 << k))).sum::<f64>(),
-            }
+            let CheapBuffers {
+                rates,
+                chains,
+                chained,
+            } = buffers;
+            // Worked out once per matrix, sums, splitting dims and elements on a thread (a
+            // table's partial pairs share a few: working each out took a fifth of the cheap
+            // table's GPT-3 work).
+            *chained
+                .entry([pair.device, sums, may, pair.elements])
+                .or_insert_with(|| {
+                    let mut op = |k: usize, split: u64| {
+                        self.least_rates.least_rates_into(k, 1 << k, split, rates);
+                        let (steps, part) = cheap.collective[k];
+                        least_stepped(rates, steps, part * whole)
+                    };
+                    // As the space's `chains` (over every partial dim there: a set of sums to
+                    // go is worked out alike from its own subsets), or as its sum past
+                    // [`CHAINED`].
+                    chains_into(sums, may, &mut op, chains);
+                    match chains.last() {
+                        Some(&(_, least)) => least,
+                        None => bits(sums).map(|k| op(k, may & !(1 << k))).sum::<f64>(),
+                    }
+                })
         };
         let goal_shard = pair.shards.1 as f64;
         let grow = cheapest(&cheap.unsplit, goal_shard - pair.shards.0 as f64) + chained;
@@ -972,7 +987,7 @@ pub(super) struct DimBounds {
     /// for a dim the target does not split along, an all-reduce (twice a reduce-scatter), or a
     /// reduce-scatter and then an op that ends the split it made; `least_sum` otherwise.
     sum_ops: Vec<(f64, f64)>,
-    /// The least price of the sums to go, by their set ([`chains`]; none past [`CHAINED`]).
+    /// The least price of the sums to go, by their set ([`chains_into`]; none past [`CHAINED`]).
     chains: Vec<(u64, f64)>,
     /// Per device dim, a lower bound on an all-gather or all-to-all of any dim of its size (a
     /// collective of that dim alone, `g-1` steps moving `(g-1)/g` shards at least): the op
@@ -1803,7 +1818,7 @@ mod tests {
         assert!(tails > 100_000, "{tails}");
     }
 
-    /// The sums' chains ([`chains`]) are the least, over every order of each set of sums to go,
+    /// The sums' chains ([`chains_into`]) are the least, over every order of each set of sums to go,
     /// of its ops' bounds one after another, each on a shard split by the dims that are not
     /// sums to go and those summed before it (worked out here by trying every order): sources
     /// of one to four partial dims on every device matrix of 64 devices, on clusters of two and
