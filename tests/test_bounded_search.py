@@ -32,10 +32,16 @@ def test_bounded_search_equals_the_full_tables_brute_force(graph, shape):
     cluster = paper_cluster(*shape)
     assume(small_enough(graph, cluster, 200_000))
     result = taps.search(graph, cluster, OPTIMAL)
-    full = build_tables(graph, cluster, OPTIMAL)
     assert result.status == "optimal"
+    _is_the_full_tables_optimum(result, graph, cluster)
+
+
+def _is_the_full_tables_optimum(
+    result: taps.SearchResult, graph: taps.Graph, cluster: taps.Cluster
+) -> None:
+    # The full tables' brute-force optimum, and its plan priced on them is what it reports.
+    full = build_tables(graph, cluster, OPTIMAL)
     assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
-    # Its plan priced on the full tables is what it reports.
     choice = {
         name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
     }
@@ -54,12 +60,7 @@ def test_rounds_pricing_spare_pairs_find_the_full_tables_optimum(graph, shape, e
         patch.setattr(tables, "ENTRIES_PER_SPARE_PAIR", entries)
         patch.setattr(tables, "MIN_SPARE", 1)
         result = taps.search(graph, cluster, OPTIMAL)
-    full = build_tables(graph, cluster, OPTIMAL)
-    assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
-    choice = {
-        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
-    }
-    assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)
+    _is_the_full_tables_optimum(result, graph, cluster)
 
 
 @settings(max_examples=40, deadline=None)
@@ -403,9 +404,4 @@ def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(
         patch.setattr(tables, "LAZY_BAND", band)
         patch.setattr(tables, "CHEAP_PAIRS", cheap_pairs)
         result = taps.search(graph, cluster, OPTIMAL)
-    full = build_tables(graph, cluster, OPTIMAL)
-    assert result.cost == pytest.approx(_brute_force(full), rel=1e-9, abs=1e-18)
-    choice = {
-        name: full.ops[name].strategies.index(s) for name, s in result.plan.strategies.items()
-    }
-    assert full.evaluate(choice) == pytest.approx(result.cost, rel=1e-12, abs=1e-18)
+    _is_the_full_tables_optimum(result, graph, cluster)

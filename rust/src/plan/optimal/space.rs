@@ -536,6 +536,33 @@ pub(super) struct Unit {
     rate: f64,
 }
 
+impl Unit {
+    /// The price of bringing into the unit what it lacks of the `needed` elements its devices
+    /// need together ([`Space::entering`]'s term for one unit; 0 if it lacks none), the tensor
+    /// dims mapped as `maps` gives them: per dim, the device dim splitting it now and in the
+    /// goal (-1 for none).
+    fn lacking(&self, needed: f64, maps: impl IntoIterator<Item = (i8, i8)>) -> f64 {
+        let mut part = 1.0;
+        for (m, t) in maps {
+            let Ok(s) = usize::try_from(m) else { continue };
+            if m == t || self.held[s] >= 1.0 {
+                continue;
+            }
+            if usize::try_from(t).is_ok_and(|t| self.held[t] < 1.0) {
+                part = 0.0;
+                break;
+            }
+            part *= self.held[s];
+        }
+        let lacking = needed * (1.0 - part);
+        if lacking > 0.0 {
+            self.latency + self.rate * lacking
+        } else {
+            0.0
+        }
+    }
+}
+
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
 /// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
 /// [`Space::entering`]. Working them out again for every pair took about a sixth of bounding
@@ -838,22 +865,7 @@ impl MatrixBounds {
             if bits(sums).any(|k| unit.held[k] < 1.0) {
                 unsummed = f64::max(unsummed, unit.latency + unit.rate * needed);
             }
-            let mut part = 1.0;
-            for &(m, t) in splits {
-                let s = m as usize;
-                if m == t || unit.held[s] >= 1.0 {
-                    continue;
-                }
-                if usize::try_from(t).is_ok_and(|t| unit.held[t] < 1.0) {
-                    part = 0.0;
-                    break;
-                }
-                part *= unit.held[s];
-            }
-            let lacking = needed * (1.0 - part);
-            if lacking > 0.0 {
-                entering = f64::max(entering, unit.latency + unit.rate * lacking);
-            }
+            entering = f64::max(entering, unit.lacking(needed, splits.iter().copied()));
         }
         let bring = (entering + chained).max(unsummed);
         grow.max(last).max(bring).max(removed + chained) * (1.0 - 1e-9) * (1.0 - 1e-12)
@@ -1376,24 +1388,8 @@ impl<'a> Space<'a> {
             .iter()
             .zip(&self.buf.needed)
             .map(|(unit, &needed)| {
-                let mut part = 1.0;
-                for (&m, &t) in state.map[..n].iter().zip(&self.buf.target_map) {
-                    let Ok(s) = usize::try_from(m) else { continue };
-                    if m == t || unit.held[s] >= 1.0 {
-                        continue;
-                    }
-                    if usize::try_from(t).is_ok_and(|t| unit.held[t] < 1.0) {
-                        part = 0.0;
-                        break;
-                    }
-                    part *= unit.held[s];
-                }
-                let lacking = needed * (1.0 - part);
-                if lacking > 0.0 {
-                    unit.latency + unit.rate * lacking
-                } else {
-                    0.0
-                }
+                let maps = state.map[..n].iter().zip(&self.buf.target_map);
+                unit.lacking(needed, maps.map(|(&m, &t)| (m, t)))
             })
             .fold(0.0, f64::max)
     }
