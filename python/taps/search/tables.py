@@ -650,8 +650,8 @@ MIN_SPARE = 256
 #: Lazy bounds: the tables start from cheap bounds, and a round whose assignment took one gives
 #: the full bound to the pairs whose min-marginal is within this part of the tables' optimum
 #: above it (and under the upper bound): those the next solves would pick (:func:`_tighten`).
-#: GPT-3's layer on 1,024 devices: 1,557 of 192,421 pairs, 16 rounds against 12 on full bounds
-#: (docs/performance.md).
+#: GPT-3's layer on 1,024 devices: 133 of 192,421 pairs, and the same 12 rounds as on full
+#: bounds (docs/performance.md).
 LAZY_BAND = 0.01
 
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
