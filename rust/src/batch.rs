@@ -522,8 +522,7 @@ pub fn redistribution_table_bounds(
     // per pair) and each distinct pair of forms bounded once.
     let canon = |layouts: &[Layout]| {
         let forms: Vec<Layout> = layouts.par_iter().map(normalized).collect();
-        let (distinct, index) = dedupe(&forms);
-        (distinct.into_iter().cloned().collect::<Vec<_>>(), index)
+        dedupe_cloned(forms.iter())
     };
     let (csrc, csrc_index) = canon(sources);
     let (ctgt, ctgt_index) = canon(targets);

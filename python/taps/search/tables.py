@@ -329,6 +329,7 @@ class _Jobs:
 
 
 _T = TypeVar("_T")
+_P = TypeVar("_P")
 
 
 def _alongside(work: Callable[[_Jobs], _T]) -> _T:
@@ -799,14 +800,9 @@ def _tighten(
                 todo.append((b, direction, rows, cols, pairs))
     if not todo:
         return
-    # Each distinct directed pair once: edges of one tensor meet the same pairs.
     index: dict[tuple[Layout, Layout, float], int] = {}
-    at = [
-        np.array([index.setdefault((s, t, b.dtype), len(index)) for s, t in pairs])
-        for b, _, _, _, pairs in todo
-    ]
-    keys = list(index)
-    bound, exact = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+    at = [np.array([_at(index, s, t, b.dtype) for s, t in pairs]) for b, _, _, _, pairs in todo]
+    bound, exact = _priced(index, price)
     for (b, direction, rows, cols, _), where in zip(todo, at, strict=True):
         b.settle(direction, rows, cols, bound[where], exact[where])
 
@@ -816,13 +812,23 @@ def _settle(
     price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
 ) -> None:
     """Price every direction of ``todo`` by one call of ``price``."""
-    # Each distinct directed pair once: edges of one tensor meet the same pairs.
     index: dict[tuple[Layout, Layout, float], int] = {}
-    at = [index.setdefault((s, t, b.dtype), len(index)) for b, _, _, _, s, t in todo]
-    keys = list(index)
-    costs = price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+    at = [_at(index, s, t, b.dtype) for b, _, _, _, s, t in todo]
+    costs = _priced(index, price)
     for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
         b.settle(direction, i, j, float(costs[k]))
+
+
+def _at(index: dict[tuple[Layout, Layout, float], int], s: Layout, t: Layout, dtype: float) -> int:
+    """The position of directed pair ``s -> t`` of ``dtype`` bytes per element in ``index``,
+    added if new: each distinct pair is priced once (edges of one tensor meet the same pairs)."""
+    return index.setdefault((s, t, dtype), len(index))
+
+
+def _priced(index: dict[tuple[Layout, Layout, float], int], price: Callable[..., _P]) -> _P:
+    """``price`` of the pairs of ``index`` (:func:`_at`), in its order, by one call."""
+    keys = list(index)
+    return price([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
 
 
 def _reductions(
