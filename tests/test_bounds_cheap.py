@@ -104,3 +104,23 @@ def test_bounds_refuse_the_volume_model_and_mismatched_lists():
         redistribution_pair_bounds([layout], [layout], [2.0], cluster, model="volume")
     with pytest.raises(taps.TapsError):
         redistribution_pair_bounds([layout], [layout], [2.0, 2.0], cluster)
+
+
+def test_pair_bounds_stop_when_their_time_limit_runs_out():
+    """40,000 pairs of distributions on 64 devices take far longer than the 10 ms at which the
+    call first looks at the clock (Algorithm 1's costs, then the bounds a part at a time); a
+    limit of 0 stops it there, and a limit that is no number of seconds is refused."""
+    shape = [8, 16, 32, 64]
+    strategies = taps.enumerate_strategies(shape, 64)
+    layouts = list(dict.fromkeys(s.tensor_layout([0, 1, 2, 3], shape) for s in strategies))
+    sources = [a for a in layouts[:200] for _ in range(200)]
+    targets = layouts[-200:] * 200
+    cluster = taps.Cluster(8, 8)
+    with pytest.raises(
+        taps.TimeLimitError,
+        match=r"^the time limit ran out while bounding 40000 redistributions$",
+    ):
+        redistribution_pair_bounds(sources, targets, [2.0] * 40_000, cluster, time_limit=0.0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(taps.TimeLimitError, match="must be a non-negative number of seconds"):
+            redistribution_pair_bounds(sources[:1], targets[:1], [2.0], cluster, time_limit=bad)

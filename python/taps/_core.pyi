@@ -546,11 +546,15 @@ def redistribution_pair_bounds(
     dtype_bytes: Sequence[float],
     cluster: Cluster,
     model: _CostModel = "topology",
+    time_limit: float | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """The bound of each pair ``(sources[k], targets[k])`` of ``dtype_bytes[k]`` bytes per
     element and whether it is exact, as ``redistribution_bounds`` (and
     ``redistribution_table_bounds`` without ``cheap``) give them, bit for bit: pairs of many
-    tensors in one call, on all cores, on the bounds' memos. Topology model only."""
+    tensors in one call, on all cores, on the bounds' memos. Topology model only.
+
+    Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
+    milliseconds."""
 
 def allreduce_costs(
     degrees: npt.NDArray[np.int64],

@@ -633,25 +633,31 @@ fn canonical_bounds(
     Ok(bounds.into_iter().map(|(bound, _)| bound).collect())
 }
 
+/// The pairs [`pair_bounds_until`] bounds between two looks at `stop`: about 10 ms of one
+/// thread's full bounds (a few microseconds a pair), the interval at which a watched call looks
+/// for Ctrl-C and at the clock. (The tests bound pairs in parts of a few.)
+#[cfg(not(test))]
+const BOUNDS_PER_LOOK: usize = 4096;
+#[cfg(test)]
+const BOUNDS_PER_LOOK: usize = 64;
+
 /// Per pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element, the bound and
 /// whether it is exact that [`redistribution_bounds`] gives it: the pairs of many tensors in
 /// one call, in parallel over the pairs of each element size, on the memos of the tables (the
-/// search's rounds bound again, in full, the pairs whose cheap bounds could matter).
-///
-/// # Panics
-/// Never: nothing sets the flag that would stop Algorithm 1's costs.
+/// search's rounds bound again, in full, the pairs whose cheap bounds could matter); `None` once
+/// `stop` is set.
 ///
 /// # Errors
 /// As [`pair_costs_until`] and [`redistribution_bounds`].
-pub fn pair_bounds(
+pub fn pair_bounds_until(
     sources: &[Layout],
     targets: &[Layout],
     dtype_bytes: &[f64],
     cluster: &Cluster,
     model: CostModel,
-) -> Result<(Vec<f64>, Vec<bool>)> {
+    stop: &AtomicBool,
+) -> Result<Option<(Vec<f64>, Vec<bool>)>> {
     check_bounded(model)?;
-    let never = AtomicBool::new(false);
     let paper = pair_costs_until(
         sources,
         targets,
@@ -659,9 +665,11 @@ pub fn pair_bounds(
         cluster,
         model,
         Planner::Paper,
-        &never,
-    )?
-    .expect("never stopped");
+        stop,
+    )?;
+    let Some(paper) = paper else {
+        return Ok(None);
+    };
     let forms: Vec<(Layout, Layout)> = (sources.par_iter().zip(targets))
         .map(|(a, b)| (normalized(a), normalized(b)))
         .collect();
@@ -679,20 +687,28 @@ pub fn pair_bounds(
     }
     let mut bounds = vec![0.0; paper.len()];
     for (bits, pairs) in sizes {
-        let (csrc, src_index) = dedupe_cloned(pairs.iter().map(|&k| &forms[k].0));
-        let (ctgt, tgt_index) = dedupe_cloned(pairs.iter().map(|&k| &forms[k].1));
-        let wanted: Vec<(usize, usize)> = src_index.into_iter().zip(tgt_index).collect();
         let objective = objective(cluster, f64::from_bits(bits), model);
-        let found = canonical_bounds(objective, (&csrc, &ctgt), &wanted, false)?;
-        for (k, bound) in pairs.into_iter().zip(found) {
-            bounds[k] = bound;
+        // A bound depends on its pair alone: bounded a part at a time, `stop` looked at between.
+        for part in pairs.chunks(BOUNDS_PER_LOOK) {
+            if stop.load(Relaxed) {
+                return Ok(None);
+            }
+            let (csrc, src_index) = dedupe_cloned(part.iter().map(|&k| &forms[k].0));
+            let (ctgt, tgt_index) = dedupe_cloned(part.iter().map(|&k| &forms[k].1));
+            let wanted: Vec<(usize, usize)> = src_index.into_iter().zip(tgt_index).collect();
+            let found = canonical_bounds(objective, (&csrc, &ctgt), &wanted, false)?;
+            for (&k, bound) in part.iter().zip(found) {
+                bounds[k] = bound;
+            }
         }
     }
-    Ok(bounds
-        .iter()
-        .zip(&paper)
-        .map(|(&b, &c)| bounded(b, c))
-        .unzip())
+    Ok(Some(
+        bounds
+            .iter()
+            .zip(&paper)
+            .map(|(&b, &c)| bounded(b, c))
+            .unzip(),
+    ))
 }
 
 /// The distinct layouts of `layouts`, copied, and the index of each among them ([`dedupe`]).
@@ -1153,8 +1169,9 @@ pub(crate) mod tests {
     }
 
     /// The bounds of scattered pairs of several tensors and element sizes in one call
-    /// ([`pair_bounds`]) are those each pair's table gives it, bit for bit, whatever the memos
-    /// held (asked first, then again after the tables filled them).
+    /// ([`pair_bounds_until`], in parts of [`BOUNDS_PER_LOOK`]) are those each pair's table
+    /// gives it, bit for bit, whatever the memos held (asked first, then again after the tables
+    /// filled them); a call stopped first gives none.
     #[test]
     fn pair_bounds_are_the_tables_bit_for_bit() {
         let mut layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(5).collect();
@@ -1174,8 +1191,13 @@ pub(crate) mod tests {
         let levels = [(2, 71e9, 1.7e-6), (4, 5.3e9, 1.1e-5)];
         let cluster = Cluster::hierarchy(&levels, None, crate::topology::Replicas::Flat).unwrap();
         let model = CostModel::Topology;
+        let never = AtomicBool::new(false);
+        let bound = |bytes: &[f64], model| {
+            pair_bounds_until(&sources, &targets, bytes, &cluster, model, &never)
+        };
+        assert!(pairs.len() > 4 * BOUNDS_PER_LOOK, "{} pairs", pairs.len());
         for _ in 0..2 {
-            let (bounds, exact) = pair_bounds(&sources, &targets, &bytes, &cluster, model).unwrap();
+            let (bounds, exact) = bound(&bytes, model).unwrap().expect("not stopped");
             for (k, (a, b)) in pairs.iter().enumerate() {
                 let (one, two) = (std::slice::from_ref(*a), std::slice::from_ref(*b));
                 let (want, want_exact) =
@@ -1184,10 +1206,14 @@ pub(crate) mod tests {
                 assert_eq!(exact[k], want_exact[0], "{a:?} to {b:?}");
             }
         }
-        let volume = pair_bounds(&sources, &targets, &bytes, &cluster, CostModel::Volume);
-        assert!(matches!(volume, Err(Error::Topology(_))));
-        let short = pair_bounds(&sources, &targets, &bytes[1..], &cluster, model);
-        assert!(matches!(short, Err(Error::Shape(_))));
+        assert!(matches!(
+            bound(&bytes, CostModel::Volume),
+            Err(Error::Topology(_))
+        ));
+        assert!(matches!(bound(&bytes[1..], model), Err(Error::Shape(_))));
+        let stopped = AtomicBool::new(true);
+        let none = pair_bounds_until(&sources, &targets, &bytes, &cluster, model, &stopped);
+        assert!(none.unwrap().is_none());
     }
 
     #[test]

@@ -1158,7 +1158,9 @@ def build_tables(
     def tight(
         s: list[Layout], t: list[Layout], dtypes: list[float]
     ) -> tuple[np.ndarray, np.ndarray]:
-        return redistribution_pair_bounds(s, t, dtypes, cluster, cost_model)
+        return redistribution_pair_bounds(
+            s, t, dtypes, cluster, cost_model, time_limit=left(deadline)
+        )
 
     def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
         return redistribution_pair_costs(

@@ -242,11 +242,12 @@ pub(super) fn redistribution_table_bounds<'py>(
 }
 
 /// The bound of each pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes per element and
-/// whether it is exact, as [`redistribution_bounds`] gives them ([`batch::pair_bounds`]).
+/// whether it is exact, as [`redistribution_bounds`] gives them ([`batch::pair_bounds_until`]):
+/// one watched call; a [`Error::TimeLimit`] if `time_limit` seconds pass first.
 #[pyfunction]
 #[pyo3(
-    signature = (sources, targets, dtype_bytes, cluster, model="topology"),
-    text_signature = "(sources, targets, dtype_bytes, cluster, model='topology')"
+    signature = (sources, targets, dtype_bytes, cluster, model="topology", time_limit=None),
+    text_signature = "(sources, targets, dtype_bytes, cluster, model='topology', time_limit=None)"
 )]
 pub(super) fn redistribution_pair_bounds<'py>(
     py: Python<'py>,
@@ -255,6 +256,7 @@ pub(super) fn redistribution_pair_bounds<'py>(
     dtype_bytes: Vec<Num<f64>>,
     cluster: &PyCluster,
     model: &str,
+    time_limit: Option<Num<f64>>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<bool>>)> {
     let (sources, targets) = (inners(&sources), inners(&targets));
     let cluster = cluster.inner.clone();
@@ -263,8 +265,15 @@ pub(super) fn redistribution_pair_bounds<'py>(
         .map(|b| b.get("dtype_bytes", Error::Topology))
         .collect::<Result<Vec<_>, _>>()?;
     let model = CostModel::parse(model)?;
-    let (bounds, exact) =
-        py.detach(|| batch::pair_bounds(&sources, &targets, &dtype_bytes, &cluster, model))?;
+    let time_limit = seconds(time_limit)?;
+    let stop = AtomicBool::new(false);
+    let run = || batch::pair_bounds_until(&sources, &targets, &dtype_bytes, &cluster, model, &stop);
+    let what = || {
+        let n = sources.len();
+        format!("the time limit ran out while bounding {n} redistributions")
+    };
+    let found = watched(py, &stop, time_limit, what, run)??;
+    let (bounds, exact) = found.expect("nothing stopped the batch");
     Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
 }
 
