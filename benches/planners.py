@@ -2,12 +2,14 @@
 
 Columns (wall / CPU seconds, the CPU of every thread of the process): the paper's model
 (``step="forward"``, Algorithm 1), the training step with Algorithm 1 (the default) and with the
-optimal planner, each the median of ``--repeat`` runs after a warm-up
-(the optimal planner: one run after a warm-up with Algorithm 1, so that its memo of paths starts
-empty), and the ratio of the optimal planner's time to the default's. ``--against PYTHON`` also
-times the default search of another installation of taps (the interpreter of a virtualenv holding
-it, e.g. one built at the commit before the training step) on the same cases, for the ratio of
-today's default to it.
+optimal planner, each the median of ``--repeat`` runs after a warm-up (the optimal planner: one
+run after a warm-up with Algorithm 1, so that its memo of paths starts empty), and the ratio of
+the optimal planner's time to the default's; then each planner's first search in a fresh process
+(``--repeat`` processes each, taking turns, the median), as ``taps search`` runs it: no memo
+holds any of the case's pairs (a search of a small MLP on 4 devices loads the imports first), and
+the ratio. ``--against PYTHON`` also times the default search of another installation of taps
+(the interpreter of a virtualenv holding it, e.g. one built at the commit before the training
+step) on the same cases, for the ratio of today's default to it.
 
 Run: ``.venv/bin/python benches/planners.py`` (``--large`` adds the GPT-3 layer on 1024 devices,
 whose optimal-planner search takes minutes; ``--no-optimal`` skips that column; ``--only TEXT``
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -83,6 +86,41 @@ print(json.dumps([statistics.median(runs), statistics.median(cpu), result.cost])
 """
 
 
+#: Times the first search of the case ``build`` makes in this process (with ``{kwargs}``), after
+#: a search of a small MLP on 4 devices that loads the imports (its pairs are no pairs of the
+#: case's); prints the wall and CPU seconds and the cost as JSON.
+FIRST = """
+import json, time
+import taps
+warm = taps.Pricing(**{kwargs})
+taps.search(taps.models.mlp(), taps.Cluster(2, 2), warm)
+{build}
+t, c = time.perf_counter(), time.process_time()
+result = taps.search(graph, cluster, taps.Pricing(**{kwargs}))
+print(json.dumps([time.perf_counter() - t, time.process_time() - c, result.cost]))
+"""
+
+
+def first(case: Case, repeat: int) -> tuple[tuple[float, float, float], ...]:
+    """Per planner (Algorithm 1, then the optimal planner), the median wall and CPU seconds and
+    the cost of the first search of ``case`` in ``repeat`` fresh processes, the planners taking
+    turns."""
+    runs: list[list[list[float]]] = [[], []]
+    for _ in range(repeat):
+        for k, planner in enumerate(("paper", "optimal")):
+            code = FIRST.format(build=case.build, kwargs={"planner": planner})
+            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            runs[k].append(json.loads(out.stdout.decode().strip().splitlines()[-1]))
+    return tuple(
+        (
+            statistics.median(r[0] for r in rows),
+            statistics.median(r[1] for r in rows),
+            rows[0][2],
+        )
+        for rows in runs
+    )
+
+
 def timed(python: str, case: Case, repeat: int, **kwargs: str) -> tuple[float, float, float]:
     """Median wall and CPU seconds and the cost of ``repeat`` searches of ``case`` with
     ``kwargs`` under ``python``, after a warm-up (with Algorithm 1 when ``kwargs`` asks for the
@@ -116,6 +154,7 @@ def main() -> None:
     columns = ["case", "forward, Algorithm 1", "training, Algorithm 1", "ratio"]
     if not args.no_optimal:
         columns += ["training, optimal planner", "/ default", "its cost against Algorithm 1's"]
+        columns += ["first search: default", "first: optimal", "/ default"]
     if args.against:
         columns += ["default of --against", "default now / it"]
     for column in columns:
@@ -135,6 +174,8 @@ def main() -> None:
                 ratios(optimal, training),
                 f"{optimal[2] / training[2] - 1:+.1%}",
             ]
+            paper, best = first(case, args.repeat)
+            cells += [pair(paper), pair(best), ratios(best, paper)]
         if args.against:
             before = timed(args.against, case, args.repeat)
             cells += [pair(before), ratios(training, before)]
