@@ -437,6 +437,9 @@ pub fn pair_costs_until(
             dtype_bytes.len()
         )));
     }
+    if planner == Planner::Paper {
+        return paper_pair_costs(sources, targets, dtype_bytes, cluster, model, stop);
+    }
     let costs: Vec<Result<Option<f64>>> = (0..sources.len())
         .into_par_iter()
         .map(|k| {
@@ -458,6 +461,72 @@ pub fn pair_costs_until(
         .collect();
     // Collected in order first: the error reported is the first pair's, whichever thread met it.
     costs.into_iter().collect()
+}
+
+/// The pairs `k` that `keep`, by element size `dtype_bytes[k]` (bit for bit), in order: sizes
+/// as first met, the pairs of each in order.
+fn by_size(dtype_bytes: &[f64], keep: impl Fn(usize) -> bool) -> Vec<(f64, Vec<usize>)> {
+    let mut sizes: Vec<(f64, Vec<usize>)> = Vec::new();
+    for (k, &bytes) in dtype_bytes.iter().enumerate().filter(|&(k, _)| keep(k)) {
+        match sizes
+            .iter_mut()
+            .find(|(b, _)| b.to_bits() == bytes.to_bits())
+        {
+            Some((_, pairs)) => pairs.push(k),
+            None => sizes.push((bytes, vec![k])),
+        }
+    }
+    sizes
+}
+
+/// [`pair_costs_until`] under Algorithm 1 (checked as it checks them, pair by pair): what the
+/// pair kernel needs of each layout worked out once per distinct layout, then one pair a run
+/// ([`paper::run_costs`]), not a 1 x 1 table per pair (which took some 10 us a pair: the full
+/// bounds of the optimal search's rounds price tens of thousands).
+fn paper_pair_costs(
+    sources: &[Layout],
+    targets: &[Layout],
+    dtype_bytes: &[f64],
+    cluster: &Cluster,
+    model: CostModel,
+    stop: &AtomicBool,
+) -> Result<Option<Vec<f64>>> {
+    for ((a, b), &bytes) in sources.iter().zip(targets).zip(dtype_bytes) {
+        check_dtype_bytes(bytes)?;
+        cluster.check(a)?;
+        cluster.check(b)?;
+        check_same_tensor(a, b)?;
+    }
+    let (src, src_index) = dedupe(sources);
+    let (tgt, tgt_index) = dedupe(targets);
+    let prepared_src: Vec<paper::Prepared> =
+        src.par_iter().map(|l| paper::Prepared::new(l)).collect();
+    let prepared_tgt: Vec<paper::Prepared> =
+        tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
+    let mut costs = try_filled(sources.len(), 0.0, "the layout pairs' costs")?;
+    // A scratch's prices are of one element size: the pairs of each size apart.
+    for (bytes, pairs) in by_size(dtype_bytes, |_| true) {
+        let found = pairs
+            .par_iter()
+            .with_min_len(PAIRS_PER_JOB)
+            .map_init(paper::Scratch::default, |scratch, &k| {
+                let (i, j) = (src_index[k], tgt_index[k]);
+                let mut cost = 0.0;
+                let run = paper::Run {
+                    source: &prepared_src[i],
+                    targets: std::slice::from_ref(&prepared_tgt[j]),
+                    twin: (src[i] == tgt[j]).then_some(0),
+                    costs: std::slice::from_mut(&mut cost),
+                    volumes: None,
+                };
+                paper::run_costs(run, stop, cluster, bytes, model, scratch).map(|()| cost)
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        for (k, cost) in pairs.into_iter().zip(found) {
+            costs[k] = cost;
+        }
+    }
+    Ok((!stop.load(Relaxed)).then_some(costs))
 }
 
 /// Per pair of `sources` x `targets` (row-major), a lower bound on its cost under the optimal
@@ -673,21 +742,10 @@ pub fn pair_bounds_until(
     let forms: Vec<(Layout, Layout)> = (sources.par_iter().zip(targets))
         .map(|(a, b)| (normalized(a), normalized(b)))
         .collect();
-    // The pairs to bound by element size (an objective each), in order.
-    let mut sizes: Vec<(u64, Vec<usize>)> = Vec::new();
-    for (k, &cost) in paper.iter().enumerate() {
-        if cost == 0.0 {
-            continue;
-        }
-        let bits = dtype_bytes[k].to_bits();
-        match sizes.iter_mut().find(|(b, _)| *b == bits) {
-            Some((_, pairs)) => pairs.push(k),
-            None => sizes.push((bits, vec![k])),
-        }
-    }
     let mut bounds = vec![0.0; paper.len()];
-    for (bits, pairs) in sizes {
-        let objective = objective(cluster, f64::from_bits(bits), model);
+    // The pairs that move something, by element size (an objective each).
+    for (bytes, pairs) in by_size(dtype_bytes, |k| paper[k] != 0.0) {
+        let objective = objective(cluster, bytes, model);
         // A bound depends on its pair alone: bounded a part at a time, `stop` looked at between.
         for part in pairs.chunks(BOUNDS_PER_LOOK) {
             if stop.load(Relaxed) {
