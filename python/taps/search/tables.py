@@ -576,6 +576,32 @@ def _edge_costs(sums: list[list[tuple[_Term, bool]]], jobs: _Jobs) -> list[np.nd
     return out
 
 
+def _bound_parts(
+    jobs: _Jobs,
+    src: list[tuple[Layout, ...]],
+    dst: list[tuple[Layout, ...]],
+    backward: bool,
+    dtype: float,
+    terms: list[tuple[_Term, bool]],
+    planes: list[list[tuple[_Term, bool]]],
+) -> tuple[Any, ...]:
+    """The rest of a :class:`_Bound` past its cost matrix, read off the memo's planes once
+    ``jobs`` has priced them: per direction the bounds (``terms``), whether each is exact, and
+    Algorithm 1's costs and the cheap flags (``planes``, :data:`_PLANES` 1 to 3); a direction
+    the edge lacks is exact at 0."""
+    jobs.wait([term[0] for term, _ in terms] + [t[0] for p in planes for t, _ in p])
+    parts = [_gathered([d]) for d in terms]
+    inexact, upper, cheap = ([_gathered([d]) for d in p] for p in planes)
+    known = [m == 0 for m in inexact]
+    flags = [m != 0 for m in cheap]
+    if not backward:
+        parts.append(np.zeros_like(parts[0]))
+        known.append(np.ones(parts[0].shape, dtype=bool))
+        upper.append(np.zeros_like(parts[0]))
+        flags.append(np.zeros(parts[0].shape, dtype=bool))
+    return src, dst, backward, dtype, parts, known, upper, flags
+
+
 def _whole(positions: np.ndarray, n: int) -> bool:
     """Whether ``positions`` are 0, 1, ..., ``n - 1``: every row (or column) in its own order."""
     return len(positions) == n and bool((positions == np.arange(n)).all())
@@ -1030,7 +1056,8 @@ def build_tables(
         by_layouts: dict[Any, int] = {}
         sums: list[list[tuple[_Term, bool]]] = []
         priced = _Priced(bounded, jobs)
-        #: With bounds, per distinct matrix the rest of its _Bound.
+        #: With bounds, per distinct matrix what the rest of its _Bound is read from
+        #: (_bound_parts).
         partly: list[tuple[Any, ...]] = []
         ends: dict[Any, tuple[np.ndarray, list[tuple[Layout, ...]]]] = {}
         keys: list[Any] = []
@@ -1083,39 +1110,29 @@ def build_tables(
                     by_layouts[layouts] = len(sums)
                     sums.append(_directions(costs, src, dst, backward))
                     if bounded:
-                        # Copies, read before _edge_costs may sum into the memo's matrices.
-                        parts = [_gathered([d]) for d in sums[-1]]
-                        inexact, upper, cheap = (
-                            [
-                                _gathered([d])
-                                for d in _directions(priced.reader(dtype, k), src, dst, backward)
-                            ]
+                        # The other planes' terms, read once the memo has priced them.
+                        planes = [
+                            _directions(priced.reader(dtype, k), src, dst, backward)
                             for k in (1, 2, 3)
-                        )
-                        known = [m == 0 for m in inexact]
-                        cheap = [m != 0 for m in cheap]
-                        if not backward:
-                            parts.append(np.zeros_like(parts[0]))
-                            known.append(np.ones(parts[0].shape, dtype=bool))
-                            upper.append(np.zeros_like(parts[0]))
-                            cheap.append(np.zeros(parts[0].shape, dtype=bool))
-                        partly.append((src, dst, backward, dtype, parts, known, upper, cheap))
+                        ]
+                        partly.append((src, dst, backward, dtype, sums[-1], planes))
                 cache[key] = (src_cls, dst_cls, by_layouts[layouts])
             keys.append(key)
+        # Copies, read before _edge_costs may sum into the memo's matrices.
+        rests = [_bound_parts(jobs, *pending) for pending in partly]
         summed = _edge_costs(sums, jobs)
         edges = [
             EdgeTable(edge, *cache[key][:2], summed[cache[key][2]])
             for edge, key in zip(graph.edges, keys, strict=True)
         ]
         bounds = (
-            {id(cost): _Bound(cost, *rest) for cost, rest in zip(summed, partly, strict=True)}
+            {id(cost): _Bound(cost, *rest) for cost, rest in zip(summed, rests, strict=True)}
             if bounded
             else {}
         )
         return edges, bounds
 
-    # Bounds are read as soon as they are priced (partly): those tables are priced in order.
-    edges, bounds = edge_tables(_Jobs()) if bounded else _alongside(edge_tables)
+    edges, bounds = _alongside(edge_tables)
     timings["costs"] += time.perf_counter() - t0
 
     # A round's solve takes time in proportion to the edges' entries (reduced afresh), a pair's
