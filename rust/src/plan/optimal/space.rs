@@ -981,7 +981,7 @@ pub(crate) struct Buffers {
 pub(super) struct DimBounds {
     /// Per device dim, `(latency, price per element)` pairs bounding the price of any op whose
     /// group holds it, by the elements it moves ([`LeastRates::least_rates_into`]), every dim's in one
-    /// list (the bound reads only the least over all of them).
+    /// list (the bound reads only the least over all of them), but those another's bound.
     rates: Vec<(f64, f64)>,
     /// Per device dim, a lower bound on the price of any op whose group holds it.
     least: Vec<f64>,
@@ -1088,17 +1088,38 @@ impl DimBounds {
         sums(source, least_rates, (splitting, goal), rates, &mut dims);
         let op = |k, split| least_sum_op(source, least_rates, k, split, rates);
         chains_into(mask_of(source.partial()), splitting, op, &mut dims.chains);
-        // Per element moved, over any group.
+        // Per element moved, over any group. Only their least is read, at every search step
+        // ([`Space::remaining`]): a rate no lower in latency nor per element than another kept
+        // is never below it (rounding is monotone) and is left out (most dims share their
+        // levels' rates: AlexNet 64's lists held a few distinct ones among a dozen).
         for (k, &[start, wide, end]) in matrix.unsplit_at.iter().enumerate() {
             let rates = if spread(k) == 1 << k {
                 start..wide
             } else {
                 wide..end
             };
-            dims.rates.extend_from_slice(&matrix.unsplit[rates]);
+            for &(latency, rate) in &matrix.unsplit[rates] {
+                if (dims.rates.iter()).any(|&(l, r)| l <= latency && r <= rate) {
+                    continue;
+                }
+                dims.rates.retain(|&(l, r)| l < latency || r < rate);
+                dims.rates.push((latency, rate));
+            }
         }
         dims
     }
+}
+
+/// What [`Space::remaining`] reads off the splits of a layout that differ from the goal's
+/// ([`Space::removals`]).
+struct Misplaced {
+    /// The largest `least` and the sum of the `share`s of the device dims splitting them.
+    most: f64,
+    sum: f64,
+    /// The bound of [`Space::removals`].
+    removed: f64,
+    /// Whether every split is the goal's (slices alone may be left, but for sums).
+    sliced: bool,
 }
 
 /// The search space around one unified pair.
@@ -1285,24 +1306,13 @@ impl<'a> Space<'a> {
     ///
     /// Scaled down by a hair so that rounding never makes it exceed a true price.
     pub(super) fn remaining(&self, state: &State, shard: u64, keep: u64) -> f64 {
-        let n = self.template.ndim();
-        let bound = |k: usize| {
-            if self.buf.goal[k].is_none() {
-                (self.dims.least_leave[k], self.dims.share_leave[k])
-            } else {
-                (self.dims.least[k], self.dims.share[k])
-            }
-        };
         let sums = state.partial & !keep;
-        let misplaced = state.map[..n]
-            .iter()
-            .zip(&self.buf.target_map)
-            .filter(|(m, t)| m != t)
-            .filter_map(|(&m, _)| usize::try_from(m).ok())
-            .map(bound);
-        let (most, sum) = misplaced.fold((0.0, 0.0), |(most, sum), (least, share)| {
-            (f64::max(most, least), sum + share)
-        });
+        let Misplaced {
+            most,
+            sum,
+            removed,
+            sliced,
+        } = self.removals(state);
         // The sums' ops: each dim's (with the op ending a reduce-scatter's split), and all of
         // them in their cheapest order (the sum ops alone).
         let (most_sum, summed) = bits(sums)
@@ -1322,14 +1332,13 @@ impl<'a> Space<'a> {
         let most = most.max(most_sum).max(chained);
         let sum = sum + summed.max(chained);
         let grow = cheapest(&self.dims.rates, self.goal_shard - shard as f64) + chained;
-        let sliced = sums == 0
-            && state.map[..n]
-                .iter()
-                .zip(&self.buf.target_map)
-                .all(|(&m, &t)| m < 0 || m == t);
-        let last = if sliced { 0.0 } else { self.least_last };
+        let last = if sums == 0 && sliced {
+            0.0
+        } else {
+            self.least_last
+        };
         let bring = (self.entering(state) + chained).max(self.unsummed(sums));
-        let removed = self.removals(state) + chained;
+        let removed = removed + chained;
         most.max(sum).max(grow).max(last).max(bring).max(removed) * (1.0 - 1e-9)
     }
 
@@ -1347,22 +1356,41 @@ impl<'a> Space<'a> {
     /// `least_moving`), and sums, which end no split, come on top. Where latencies dominate
     /// (small tensors: Gemma 2's 2,048-element pairs on six size-2 dims), it counts the ops
     /// that the other bounds, each seeing the dearest op or the elements moved, do not.
-    fn removals(&self, state: &State) -> f64 {
+    ///
+    /// Worked out with the other terms of [`Space::remaining`] read off the splits of `state`
+    /// that differ from the goal's ([`Misplaced`]), in one pass over its map (three passes were
+    /// a tenth of the bound, which the search works out at every layout it reaches).
+    fn removals(&self, state: &State) -> Misplaced {
         let n = self.template.ndim();
-        let mut total = 0.0;
-        let mut wrong = false;
+        let (mut most, mut sum, mut removed, mut wrong) = (0.0, 0.0, 0.0, false);
+        let mut sliced = true;
         for (&m, &t) in state.map[..n].iter().zip(&self.buf.target_map) {
             let Ok(k) = usize::try_from(m) else { continue };
+            if m == t {
+                continue;
+            }
+            sliced = false;
+            let (least, share) = if self.buf.goal[k].is_none() {
+                (self.dims.least_leave[k], self.dims.share_leave[k])
+            } else {
+                (self.dims.least[k], self.dims.share[k])
+            };
+            most = f64::max(most, least);
+            sum += share;
             if t < 0 {
-                total += self.dims.removal[k];
-            } else if m != t {
+                removed += self.dims.removal[k];
+            } else {
                 wrong = true;
             }
         }
         if wrong {
-            total + self.least_moving
-        } else {
-            total
+            removed += self.least_moving;
+        }
+        Misplaced {
+            most,
+            sum,
+            removed,
+            sliced,
         }
     }
 
@@ -1457,27 +1485,31 @@ impl<'a> Space<'a> {
                     })
             }
             Step::Permute(_) => {
-                let n = self.template.ndim();
-                let mut sigma = [0; 64];
-                let sigma = &mut sigma[..self.buf.allowed.len()];
-                permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
-                let price = || {
+                let (n, h) = (self.template.ndim(), self.buf.allowed.len());
+                let price = |sigma: &[usize]| {
                     let over = Over::Permutation(sigma);
                     let distinct = |k: usize| distinct >> k & 1 == 1;
                     objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
                 };
+                if h > PACKED_DIMS {
+                    let mut sigma = [0; 64];
+                    let sigma = &mut sigma[..h];
+                    permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
+                    return price(sigma);
+                }
+                // (A word's worth of dims, not 64, zeroed at every permute priced.)
+                let mut sigma = [0; PACKED_DIMS];
+                let sigma = &mut sigma[..h];
+                permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
                 // Remembered by the permutation, packed a nibble a dim where it fits a word (a
                 // search prices the same few permutations of one shard over and over: pricing
                 // each was a tenth of the search).
-                if sigma.len() > PACKED_DIMS {
-                    return price();
-                }
                 let packed = sigma.iter().rev().fold(0usize, |word, &d| word << 4 | d);
                 let key = (OpKind::CollectivePermute, packed, shard, distinct);
                 if let Some(&known) = self.prices.borrow().get(&key) {
                     return known;
                 }
-                let priced = price();
+                let priced = price(sigma);
                 self.prices.borrow_mut().insert(key, priced);
                 priced
             }
@@ -1633,15 +1665,16 @@ impl<'a> Space<'a> {
         let i = rest.trailing_zeros() as usize;
         let rest = rest & (rest - 1);
         let k = state.map[i] as usize;
-        let options = self.buf.same_size[k] & !taken & !self.fixed;
-        for d in bits(options) {
-            if d == k || self.buf.goal[d] == Some(i) {
-                next[i] = d as i8;
-                let moved = if d == k { moved } else { moved | 1 << i };
-                self.assign(state, (next, deferred, moved), rest, taken | 1 << d, out);
-            }
+        // Its own dim or the one splitting it in the target (the map names each dim once: the
+        // one `d` whose goal is `i`), read off the map, not tested dim by dim.
+        let t = self.buf.target_map[i];
+        let wanted = 1 << k | u32::try_from(t).map_or(0, |t| 1 << t);
+        for d in bits(self.buf.same_size[k] & !taken & !self.fixed & wanted) {
+            next[i] = d as i8;
+            let moved = if d == k { moved } else { moved | 1 << i };
+            self.assign(state, (next, deferred, moved), rest, taken | 1 << d, out);
         }
-        if self.buf.target_map[i] < 0 {
+        if t < 0 {
             next[i] = -1;
             let (deferred, moved) = (deferred | 1 << i, moved | 1 << i);
             self.assign(state, (next, deferred, moved), rest, taken, out);
@@ -1873,6 +1906,88 @@ mod tests {
             }
         }
         assert!(checked > 500, "{checked}");
+    }
+
+    /// The rates a space keeps per element moved over any group ([`DimBounds`]'s `rates`, with
+    /// those another's bound left out) price every volume as the least over every device dim's
+    /// rates (a collective of the dim alone, or for a dim a permute may move, of a wider
+    /// group), bit for bit: sources of every map of two dims, with and without partial sums, on
+    /// every matrix of 64 devices, on clusters of two and three levels with latencies and
+    /// without, and one whose inner level is the slower per element but the quicker to start
+    /// (each level's rate is the least at some volume). And they are fewer: most dims share
+    /// their levels' rates.
+    #[test]
+    fn the_rates_kept_price_as_every_dims() {
+        let (mut checked, mut kept, mut all) = (0, 0, 0);
+        for levels in [
+            vec![(8, 60e9, 2e-6), (8, 6e9, 5e-6)],
+            vec![(8, 60e9, 0.0), (8, 6e9, 0.0)],
+            vec![(8, 6e9, 1e-7), (8, 60e9, 5e-5)],
+            vec![(2, 100e9, 1e-6), (8, 20e9, 2e-6), (4, 5e9, 8e-6)],
+        ] {
+            let cluster = Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap();
+            let objective = Objective::Seconds {
+                cluster: &cluster,
+                dtype_bytes: 2.0,
+            };
+            for matrix in matrices(64) {
+                let h = matrix.len() as i64;
+                let bounds = MatrixBounds::of(
+                    objective,
+                    &Layout::new(vec![64], matrix.clone(), vec![-1]).unwrap(),
+                );
+                for code in 0..(h + 1).pow(4) {
+                    let entry = |j: u32| code / (h + 1).pow(j) % (h + 1) - 1;
+                    let (src, tgt) = (vec![entry(0), entry(1)], vec![entry(2), entry(3)]);
+                    let (Ok(source), Ok(target)) = (
+                        Layout::new(vec![64, 64], matrix.clone(), src.clone()),
+                        Layout::new(vec![64, 64], matrix.clone(), tgt.clone()),
+                    ) else {
+                        continue;
+                    };
+                    let unused = (0..h as usize).find(|&k| !src.contains(&(k as i64)));
+                    let sources = [
+                        Some(source.clone()),
+                        unused.map(|k| source.with_state(src.clone(), vec![k])),
+                    ];
+                    for source in sources.into_iter().flatten() {
+                        let space = Space::bounding(&source, &target, objective);
+                        // Every dim's rates, as a space listed them before any was left out.
+                        let fixed = goal_and_fixed(&src, &tgt, h as usize, &mut Vec::new());
+                        let permutable = (0..h as usize)
+                            .filter(|&k| {
+                                fixed >> k & 1 == 0 && bounds.same_size[k] & !fixed & !(1 << k) != 0
+                            })
+                            .fold(0u64, |m, k| m | 1 << k);
+                        let every: Vec<(f64, f64)> = (0..h as usize)
+                            .flat_map(|k| {
+                                let [start, wide, end] = bounds.unsplit_at[k];
+                                let at = if permutable >> k & 1 == 1 {
+                                    wide..end
+                                } else {
+                                    start..wide
+                                };
+                                bounds.unsplit[at].to_vec()
+                            })
+                            .collect();
+                        for elements in [1.0, 3.0, 512.0, 4096.0, 1e5, 3e6, 1e9, 2f64.powi(40)] {
+                            let want = cheapest(&every, elements);
+                            let got = cheapest(&space.dims.rates, elements);
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{matrix:?} {src:?} {tgt:?} {elements}"
+                            );
+                            checked += 1;
+                        }
+                        kept += space.dims.rates.len();
+                        all += every.len();
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
+        assert!(2 * kept < all, "{kept} of {all}");
     }
 
     /// The device dims a bound lets split a tensor dim ([`allowed_dims`]) are those [`allowed`]
