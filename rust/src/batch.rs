@@ -594,13 +594,18 @@ fn canonical_bounds(
     let psrc: Vec<paper::Prepared> = csrc.par_iter().map(paper::Prepared::new).collect();
     let ptgt: Vec<paper::Prepared> = ctgt.par_iter().map(paper::Prepared::new).collect();
     if cheap {
+        // Each thread's matrices and chains kept across jobs and calls (under one objective).
+        let fingerprint = objective.fingerprint();
         return wanted
             .par_iter()
             .map_init(
-                || (paper::LineUp::default(), optimal::CheapScratch::default()),
+                || {
+                    let scratch = optimal::CheapScratch::kept(&fingerprint);
+                    (paper::LineUp::default(), scratch)
+                },
                 |(line_up, scratch), &(i, j)| {
                     shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
-                        optimal::cheap_bound(line_up.unified(), objective, scratch)
+                        optimal::cheap_bound(line_up.unified(), objective, &mut scratch.0)
                     })
                 },
             )
