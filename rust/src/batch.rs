@@ -605,7 +605,7 @@ fn canonical_bounds(
                 },
                 |(line_up, scratch), &(i, j)| {
                     shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
-                        optimal::cheap_bound(line_up.unified(), objective, &mut scratch.0)
+                        optimal::cheap_bound(line_up, objective, &mut scratch.0)
                     })
                 },
             )
@@ -1047,7 +1047,6 @@ pub(crate) mod tests {
                 cluster: &cluster,
                 dtype_bytes: bytes,
             };
-            let mut line_up = paper::LineUp::default();
             let mut out = Vec::new();
             for a in s {
                 for b in t {
@@ -1060,8 +1059,9 @@ pub(crate) mod tests {
                         continue;
                     }
                     let (a, b) = (normalized(a), normalized(b));
-                    let pair = (&paper::Prepared::new(&a), &paper::Prepared::new(&b));
-                    let bound = shortest_plan_bound(pair, objective, &mut line_up, |line_up| {
+                    let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
+                    let mut line_up = paper::LineUp::default();
+                    let bound = shortest_plan_bound((&a, &b), objective, &mut line_up, |line_up| {
                         let (s, t) = line_up.pair();
                         optimal::fresh_bound(s, t, objective)
                     })

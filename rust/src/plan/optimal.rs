@@ -27,9 +27,10 @@ use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::ops::{CommOp, Objective};
+use super::paper::LineUp;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::unify::{DeviceBounds, Side, Unified};
+use crate::unify::{DeviceBounds, Side};
 use space::{
     allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
     Buffers, CheapBuffers, MatrixBounds, MatrixCache, Space, State, Step, TensorPrices, MAX_DIMS,
@@ -530,12 +531,13 @@ impl CheapScratch {
     }
 }
 
-/// A lower bound on [`Bounds::bound`] of the unified pair `pair` under `objective` (`None` where
-/// that gives none: more tensor dims than the search takes; a matrix of rank bits has fewer than
-/// 64 device dims), cheaper: from the bounds of the device matrix alone, with no key and no
-/// memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts.
+/// A lower bound on [`Bounds::bound`] of the unified pair lined up in `pair` under `objective`
+/// (`None` where that gives none: more tensor dims than the search takes; a matrix of rank bits
+/// has fewer than 64 device dims), cheaper: from the bounds of the device matrix alone, with no
+/// key and no memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts (and,
+/// lined up by masks, without its pieces: [`LineUp::splits_into`]).
 pub(crate) fn cheap_bound(
-    pair: &Unified,
+    pair: &mut LineUp<'_>,
     objective: Objective<'_>,
     scratch: &mut CheapScratch,
 ) -> Option<f64> {
@@ -548,7 +550,7 @@ pub(crate) fn cheap_bound(
     } = scratch;
     let (matrix, prices) = by_bounds.entry(pair.device()).or_insert_with(|| {
         // Met for the first time on this thread: the matrix's layout, once.
-        let matrix = matrices.shared(objective, &pair.layout(Side::First));
+        let matrix = matrices.shared(objective, &pair.unified().layout(Side::First));
         (Arc::clone(matrix), TensorPrices::default())
     });
     let read = pair.splits_into(matrix.dim_at(), splits);
