@@ -659,7 +659,7 @@ pub(crate) struct CheapBuffers {
 /// What [`MatrixBounds::cheap_bound`] prices alike for every pair of one tensor on its matrix,
 /// worked out once per tensor (a call's pairs are of one): per device dim, the removal of a
 /// split along it alone; per class of [`CheapRates::moving`], its least op.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct TensorPrices {
     /// The tensor's elements (0 before the first).
     elements: u64,
@@ -808,9 +808,7 @@ impl MatrixBounds {
     ) -> f64 {
         let cheap = &self.cheap;
         let whole = pair.elements as f64;
-        if prices.elements != pair.elements {
-            self.tensor_prices(pair.elements, prices);
-        }
+        let prices = self.tensor_prices(pair.elements, prices);
         // [`Space::removals`] at the source: the splits are those of the source.
         let (mut removed, mut wrong, mut fixed, mut used) = (0.0, false, 0u64, 0u64);
         for &(m, t) in splits {
@@ -893,8 +891,12 @@ impl MatrixBounds {
 }
 
 impl MatrixBounds {
-    /// The [`TensorPrices`] of a tensor of `elements` elements on this matrix, into `out`.
-    fn tensor_prices(&self, elements: u64, out: &mut TensorPrices) {
+    /// The [`TensorPrices`] of a tensor of `elements` elements on this matrix, in `out`: worked
+    /// out again only if `out` holds another tensor's.
+    fn tensor_prices<'t>(&self, elements: u64, out: &'t mut TensorPrices) -> &'t TensorPrices {
+        if out.elements == elements {
+            return out;
+        }
         let cheap = &self.cheap;
         let whole = elements as f64;
         out.elements = elements;
@@ -910,6 +912,7 @@ impl MatrixBounds {
             (cheap.moving_classes.iter())
                 .map(|(_, at, part)| least_stepped(&cheap.moving[at.clone()], 1.0, part * whole)),
         );
+        out
     }
 }
 
@@ -1743,6 +1746,31 @@ fn permutation_into(layout: &Layout, before: &[i8], after: &[i8], full: &mut [us
 mod tests {
     use super::*;
     use crate::topology::{Cluster, Replicas};
+
+    /// A matrix's prices kept for one tensor are worked out again for another: kept across
+    /// tensors of 64, 96 and 64 elements, they are those worked out afresh for each (and
+    /// differ between the two).
+    #[test]
+    fn tensor_prices_follow_the_tensor() {
+        let levels = [(2, 60e9, 1e-6), (4, 12e9, 5e-6)];
+        let cluster = Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let layout = Layout::new(vec![96], vec![2, 4], vec![-1]).unwrap();
+        let matrix = MatrixBounds::of(objective, &layout);
+        let mut kept = TensorPrices::default();
+        let fresh = |elements| {
+            let mut fresh = TensorPrices::default();
+            matrix.tensor_prices(elements, &mut fresh);
+            fresh
+        };
+        assert_ne!(fresh(64).removal, fresh(96).removal);
+        for elements in [64, 96, 64] {
+            assert_eq!(matrix.tensor_prices(elements, &mut kept), &fresh(elements));
+        }
+    }
 
     /// Every device matrix of `devices` (a power of two) devices: its ordered factorisations
     /// into powers of two above one.
