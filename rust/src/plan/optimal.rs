@@ -495,8 +495,11 @@ thread_local! {
     static CHEAP: RefCell<CheapScratch> = RefCell::new(CheapScratch::default());
 }
 
-/// Past this many device matrices or chains a thread's [`CheapScratch`] is emptied.
-const CHEAP_KEPT: usize = 1 << 12;
+/// Past this many device matrices (as many as [`MatrixCache`]'s memo keeps under all objectives:
+/// the GPT-3 layer's tables meet 512), or this many sums' chains (a few words each), a thread's
+/// [`CheapScratch`] is emptied.
+const CHEAP_MATRICES: usize = 1 << 10;
+const CHEAP_CHAINS: usize = 1 << 14;
 
 /// A thread's [`CheapScratch`] taken for a job ([`CheapScratch::kept`]), given back to the thread
 /// when dropped.
@@ -513,13 +516,14 @@ impl Drop for KeptCheap {
 impl CheapScratch {
     /// This thread's scratch for a job of cheap bounds under the objective of `fingerprint`
     /// ([`Objective::fingerprint`]), with the matrices and chains it met under it before (a new
-    /// one under another objective, or past [`CHEAP_KEPT`]). A job on the thread while another
-    /// holds the scratch gets a new one.
+    /// one under another objective, or past [`CHEAP_MATRICES`] or [`CHEAP_CHAINS`]). A job on the
+    /// thread while another holds the scratch gets a new one.
     pub(crate) fn kept(fingerprint: &[u64]) -> KeptCheap {
         let scratch = CHEAP
             .try_with(|kept| std::mem::take(&mut *kept.borrow_mut()))
             .unwrap_or_default();
-        let full = scratch.by_bounds.len() > CHEAP_KEPT || scratch.buffers.held() > CHEAP_KEPT;
+        let full =
+            scratch.by_bounds.len() > CHEAP_MATRICES || scratch.buffers.held() > CHEAP_CHAINS;
         KeptCheap(if scratch.fingerprint == fingerprint && !full {
             scratch
         } else {
