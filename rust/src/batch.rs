@@ -663,13 +663,18 @@ fn canonical_bounds(
     let psrc: Vec<paper::Prepared> = csrc.par_iter().map(paper::Prepared::new).collect();
     let ptgt: Vec<paper::Prepared> = ctgt.par_iter().map(paper::Prepared::new).collect();
     if cheap {
+        // Each thread's matrices and chains kept across jobs and calls (under one objective).
+        let fingerprint = objective.fingerprint();
         return wanted
             .par_iter()
             .map_init(
-                || (paper::LineUp::default(), optimal::CheapScratch::default()),
+                || {
+                    let scratch = optimal::CheapScratch::kept(&fingerprint);
+                    (paper::LineUp::default(), scratch)
+                },
                 |(line_up, scratch), &(i, j)| {
                     shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
-                        optimal::cheap_bound(line_up.unified(), objective, scratch)
+                        optimal::cheap_bound(line_up, objective, &mut scratch.0)
                     })
                 },
             )
@@ -1116,7 +1121,6 @@ pub(crate) mod tests {
                 cluster: &cluster,
                 dtype_bytes: bytes,
             };
-            let mut line_up = paper::LineUp::default();
             let mut out = Vec::new();
             for a in s {
                 for b in t {
@@ -1129,8 +1133,9 @@ pub(crate) mod tests {
                         continue;
                     }
                     let (a, b) = (normalized(a), normalized(b));
-                    let pair = (&paper::Prepared::new(&a), &paper::Prepared::new(&b));
-                    let bound = shortest_plan_bound(pair, objective, &mut line_up, |line_up| {
+                    let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
+                    let mut line_up = paper::LineUp::default();
+                    let bound = shortest_plan_bound((&a, &b), objective, &mut line_up, |line_up| {
                         let (s, t) = line_up.pair();
                         optimal::fresh_bound(s, t, objective)
                     })
@@ -1154,6 +1159,56 @@ pub(crate) mod tests {
                 assert_eq!(batch(&others, &other_targets, bytes), want, "{bytes}");
             }
         }
+    }
+
+    /// The cheap tables, each thread keeping its scratch across jobs and calls (its matrices'
+    /// bounds, sums' chains and tensors' prices), bound every pair as a fresh scratch does, bit
+    /// for bit: calls alternating between two tensors (96 and 64 elements, with partial sums,
+    /// on the same device matrices) and two element sizes (two objectives), twice over.
+    #[test]
+    fn kept_cheap_scratch_bounds_as_a_fresh_one() {
+        // (Without latencies, a price tells the tensors apart.)
+        let levels = [(2, 60e9, 0.0), (2, 12e9, 0.0), (2, 3e9, 0.0)];
+        let cluster = Cluster::hierarchy(&levels, None, crate::topology::Replicas::Flat).unwrap();
+        let mut checked = 0;
+        for _ in 0..2 {
+            for layouts in [layouts_of_96(), layouts_of_64()] {
+                // (A target holds no partial sums its source does not.)
+                let targets: Vec<Layout> = layouts.into_iter().step_by(3).collect();
+                let mut sources = targets.clone();
+                sources.extend(partial_sums_of(&targets, 5));
+                for bytes in [2.0, 4.0] {
+                    let model = CostModel::Topology;
+                    let table = redistribution_table_bounds(
+                        &sources, &targets, &cluster, bytes, model, true,
+                    )
+                    .unwrap();
+                    let objective = Objective::Seconds {
+                        cluster: &cluster,
+                        dtype_bytes: bytes,
+                    };
+                    let pairs = (sources.iter()).flat_map(|a| targets.iter().map(move |b| (a, b)));
+                    for (k, (a, b)) in pairs.enumerate() {
+                        if table.paper[k] == 0.0 {
+                            continue;
+                        }
+                        let (a, b) = (normalized(a), normalized(b));
+                        let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
+                        let (mut line_up, mut fresh) =
+                            (paper::LineUp::default(), optimal::CheapScratch::default());
+                        let bound = shortest_plan_bound((&a, &b), objective, &mut line_up, |l| {
+                            optimal::cheap_bound(l, objective, &mut fresh)
+                        })
+                        .unwrap();
+                        let (want, exact) = bounded(bound, table.paper[k]);
+                        let got = (table.bounds[k].to_bits(), table.exact[k]);
+                        assert_eq!(got, (want.to_bits(), exact), "pair {k}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 20_000, "{checked}");
     }
 
     /// The cheap bounds ([`redistribution_table_bounds`] with `cheap`) are at most the full

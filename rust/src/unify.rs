@@ -427,6 +427,7 @@ pub(crate) struct Unified {
 }
 
 /// What [`Unified::splits_into`] reads of a unified pair besides its splits.
+#[derive(Debug, PartialEq)]
 pub(crate) struct Splits {
     /// The device dims holding partial sums in the first and in the second (masks).
     pub(crate) partial: (u64, u64),
@@ -894,46 +895,123 @@ pub(crate) fn unify_bits(
     Some(device)
 }
 
-/// [`try_unify`] of two layouts of one tensor by masks into `into`, every unified dim with its
-/// size (the one holding the odd factor with it): the starts and bits of each side. `false`,
-/// with `into` unchanged, if the pair does not unify by masks ([`Bits::meets`]).
-pub(crate) fn unify_bits_into(
-    (first, a): (&Start, &Bits),
-    (second, b): (&Start, &Bits),
-    into: &mut Unified,
-) -> bool {
-    if !a.meets(b) {
-        return false;
+/// Two layouts of one tensor unified by masks ([`Bits`]), their boundaries closed
+/// ([`closed_bounds`]) but their pieces not laid out: the cheap bounds read the pair off the
+/// masks ([`BitsPair::splits_into`]), and lay it out only for a layout of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BitsPair<'p> {
+    first: (&'p Start, &'p Bits),
+    second: (&'p Start, &'p Bits),
+    /// The unified pair's dim boundaries (element bits) and device boundaries (rank bits).
+    dims: u64,
+    device: DeviceBounds,
+}
+
+impl<'p> BitsPair<'p> {
+    /// The pair of the starts and bits of each side, if it unifies by masks ([`Bits::meets`]).
+    pub fn of(first: (&'p Start, &'p Bits), second: (&'p Start, &'p Bits)) -> Option<Self> {
+        if !first.1.meets(second.1) {
+            return None;
+        }
+        let (dims, device) = closed_bounds(first.1, second.1);
+        Some(BitsPair {
+            first,
+            second,
+            dims,
+            device,
+        })
     }
-    let (dims, device) = closed_bounds(a, b);
-    // The bit the odd factor sits at (any the two sides share: no boundary lies between them).
-    let odd = (a.odd & b.odd).trailing_zeros();
-    into.first.clear();
-    into.second.clear();
-    // Outermost first: the boundaries above bit 0, highest first.
-    let mut tops = dims & !1;
-    while tops != 0 {
-        // (`tops` is not 0.)
-        #[allow(clippy::manual_ilog2)]
-        let top = 63 - tops.leading_zeros();
-        tops &= !(1 << top);
-        let bottom = bottom_of(dims, top);
-        let size = if a.factor > 1 && (bottom..top).contains(&odd) {
-            a.factor << (top - bottom - 1)
-        } else {
-            1 << (top - bottom)
-        };
-        let run = bits_between(bottom, top);
-        let j = into.first.len();
-        for (side, pieces) in [(a, &mut into.first), (b, &mut into.second)] {
-            let split = side.split_of(run, top);
-            let range = (split != 0).then(|| (split.trailing_zeros(), 64 - split.leading_zeros()));
-            pieces.push(Piece::new(size, range, j));
+
+    /// The device boundaries of the unified pair.
+    pub fn device(&self) -> DeviceBounds {
+        self.device
+    }
+
+    /// The rank bits of the partial dims of each side ([`Unified::partial`]).
+    pub fn partial(&self) -> (u64, u64) {
+        (self.first.0.partial, self.second.0.partial)
+    }
+
+    /// Calls `each` with every unified dim, outermost first: its index, its size (the one holding
+    /// the odd factor with it) and the rank bits of its split on each side (0 where whole).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn each_dim(&self, mut each: impl FnMut(usize, u64, u64, u64)) {
+        let (a, b, dims) = (self.first.1, self.second.1, self.dims);
+        // The bit the odd factor sits at (any the two sides share: no boundary lies between them).
+        let odd = (a.odd & b.odd).trailing_zeros();
+        // Outermost first: the boundaries above bit 0, highest first.
+        let (mut tops, mut j) = (dims & !1, 0);
+        while tops != 0 {
+            // (`tops` is not 0.)
+            #[allow(clippy::manual_ilog2)]
+            let top = 63 - tops.leading_zeros();
+            tops &= !(1 << top);
+            let bottom = bottom_of(dims, top);
+            let size = if a.factor > 1 && (bottom..top).contains(&odd) {
+                a.factor << (top - bottom - 1)
+            } else {
+                1 << (top - bottom)
+            };
+            let run = bits_between(bottom, top);
+            each(j, size, a.split_of(run, top), b.split_of(run, top));
+            j += 1;
         }
     }
-    into.device = device;
-    into.partial = (first.partial, second.partial);
-    true
+
+    /// [`try_unify`] of the pair, by masks, into `into`: every unified dim with its size (the
+    /// one holding the odd factor with it).
+    pub fn unified_into(&self, into: &mut Unified) {
+        into.first.clear();
+        into.second.clear();
+        self.each_dim(|j, size, s, t| {
+            for (split, pieces) in [(s, &mut into.first), (t, &mut into.second)] {
+                let range =
+                    (split != 0).then(|| (split.trailing_zeros(), 64 - split.leading_zeros()));
+                pieces.push(Piece::new(size, range, j));
+            }
+        });
+        into.device = self.device;
+        into.partial = self.partial();
+    }
+
+    /// [`Unified::splits_into`] of the unified pair, read off the masks: no pieces built, and
+    /// the dims visited once (building the pieces and reading them back was most of lining a
+    /// pair up for a cheap bound).
+    pub fn splits_into(&self, dim_at: &[i8; 64], splits: &mut Vec<(i8, i8)>) -> Splits {
+        splits.clear();
+        let (mut elements, mut split, mut target_dims, mut twos, mut ndim) =
+            (1u64, (0, 0), 0u64, 0, 0);
+        // (A split's device dim starts at its lowest rank bit.)
+        let entry = |bits: u64| dim_at[bits.trailing_zeros() as usize & 63];
+        self.each_dim(|_, size, s, t| {
+            elements *= size;
+            twos = twos.max(size.trailing_zeros());
+            ndim += 1;
+            if t != 0 {
+                split.1 += t.count_ones();
+                target_dims |= 1 << entry(t);
+            }
+            if s != 0 {
+                split.0 += s.count_ones();
+                splits.push((entry(s), if t != 0 { entry(t) } else { -1 }));
+            }
+        });
+        let dims = |partial| match partial {
+            0 => 0,
+            _ => partial_dims(self.device, partial),
+        };
+        let partial = self.partial();
+        Splits {
+            partial: (dims(partial.0), dims(partial.1)),
+            shards: (elements >> split.0, elements >> split.1),
+            elements,
+            target_dims,
+            twos,
+            ndim,
+            device: self.device,
+        }
+    }
 }
 
 /// A dim of a reshaped view: size, map entry, and the original dim whose split it carries.
@@ -1266,14 +1344,16 @@ mod tests {
     }
 
     /// On tensors of `m * 2^e` elements, a pair unified by masks is unified as [`try_unify`] cuts
-    /// it (which unifies it as it is): the same two layouts, on every pair of the layouts of 96
-    /// and 48 elements on 8 devices, and of some with partial sums; the pairs it refuses are
-    /// those whose odd factors' bits do not meet, and those the cuts block are among them.
+    /// it (which unifies it as it is): the same two layouts, on every pair of the layouts of 96,
+    /// 48 and 64 elements on 8 devices, and of some with partial sums; the pairs it refuses are
+    /// those whose odd factors' bits do not meet, and those the cuts block are among them. Read
+    /// off the masks ([`BitsPair::splits_into`]), the pair is what a bound reads of its pieces.
     #[test]
     fn unification_by_masks_of_odd_counts_is_the_cuts() {
-        use crate::batch::tests::{layouts_of_96, partial_sums_of};
+        use crate::batch::tests::{layouts_of_64, layouts_of_96, partial_sums_of};
 
         let mut layouts = layouts_of_96();
+        layouts.extend(layouts_of_64());
         let more: [&[u64]; 4] = [&[48], &[3, 16], &[12, 4], &[2, 6, 4]];
         for shape in more {
             for (matrix, map) in [(&[8][..], &[0, -1, -1][..]), (&[2, 4], &[1, 0, -1])] {
@@ -1302,11 +1382,28 @@ mod tests {
                 let (Some(ba), Some(bb)) = (ba, bb) else {
                     continue;
                 };
-                if !unify_bits_into((sa, ba), (sb, bb), &mut masks) {
+                let Some(pair) = BitsPair::of((sa, ba), (sb, bb)) else {
                     refused += 1;
                     blocked += usize::from(cut.is_err());
                     continue;
+                };
+                pair.unified_into(&mut masks);
+                // Per rank bit, the device dim starting there (what the matrix's bounds give).
+                let (mut dim_at, mut k) = ([-1; 64], 0);
+                let mut rest = masks.device() & !(1 << masks.device().ilog2());
+                while rest != 0 {
+                    dim_at[rest.trailing_zeros() as usize] = k;
+                    rest &= rest - 1;
+                    k += 1;
                 }
+                let (mut got, mut want) = (Vec::new(), Vec::new());
+                assert_eq!(
+                    pair.splits_into(&dim_at, &mut got),
+                    masks.splits_into(&dim_at, &mut want),
+                    "{a:?}, {b:?}"
+                );
+                assert_eq!(got, want, "{a:?}, {b:?}");
+                assert_eq!(pair.device(), masks.device());
                 assert!(cut.is_ok(), "{a:?}, {b:?}");
                 by_masks += 1;
                 for side in [Side::First, Side::Second] {

@@ -138,11 +138,11 @@ pub(crate) fn shortest_plan_by<'p>(
 ///
 /// # Errors
 /// As [`plan_redistribution`].
-pub(crate) fn shortest_plan_bound(
-    (a, b): (&paper::Prepared<'_>, &paper::Prepared<'_>),
+pub(crate) fn shortest_plan_bound<'p>(
+    (a, b): (&'p paper::Prepared<'_>, &'p paper::Prepared<'_>),
     objective: Objective<'_>,
-    scratch: &mut paper::LineUp,
-    lower_bound: impl FnOnce(&mut paper::LineUp) -> Option<f64>,
+    scratch: &mut paper::LineUp<'p>,
+    lower_bound: impl FnOnce(&mut paper::LineUp<'p>) -> Option<f64>,
 ) -> Result<f64> {
     let (prelude, epilogue) = paper::lined_up_prepared(a, b, scratch)?;
     if let Some(bound) = lower_bound(scratch) {

@@ -27,12 +27,13 @@ use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::ops::{CommOp, Objective};
+use super::paper::LineUp;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::unify::{DeviceBounds, Side, Unified};
+use crate::unify::{DeviceBounds, Side};
 use space::{
     allowed, allowed_columns, canonical, mask_of, matching, permutation, runs, state_layout,
-    Buffers, CheapBuffers, MatrixBounds, MatrixCache, Space, State, Step, MAX_DIMS,
+    Buffers, CheapBuffers, MatrixBounds, MatrixCache, Space, State, Step, TensorPrices, MAX_DIMS,
 };
 
 struct Node {
@@ -470,25 +471,77 @@ impl<'o> Bounds<'o> {
 }
 
 /// The buffers one thread works cheap bounds out in ([`cheap_bound`]), pair after pair, and the
-/// bounds of the device matrices it met. Its bounds are of one objective: a scratch serves one
-/// batch.
+/// bounds of the device matrices it met. Its bounds are of one objective, that of `fingerprint`
+/// ([`Objective::fingerprint`]): a thread keeps its scratch across jobs and calls under one
+/// objective ([`CheapScratch::kept`]).
 #[derive(Default)]
 pub(crate) struct CheapScratch {
+    fingerprint: Vec<u64>,
     matrices: MatrixCache,
     /// The bounds of each device matrix met, by its boundaries in rank bits: a word to hash, not
     /// the matrix (looking the matrix up cost as much as the bound).
-    by_bounds: FxHashMap<DeviceBounds, Arc<MatrixBounds>>,
+    /// With each, its prices for the tensor met last on it.
+    by_bounds: FxHashMap<DeviceBounds, (Arc<MatrixBounds>, TensorPrices)>,
     /// The pair's splits ([`Unified::splits_into`]).
     splits: Vec<(i8, i8)>,
     buffers: CheapBuffers,
 }
 
-/// A lower bound on [`Bounds::bound`] of the unified pair `pair` under `objective` (`None` where
-/// that gives none: more tensor dims than the search takes; a matrix of rank bits has fewer than
-/// 64 device dims), cheaper: from the bounds of the device matrix alone, with no key and no
-/// memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts.
+thread_local! {
+    /// This thread's [`CheapScratch`] between jobs: each job made its own, and met each device
+    /// matrix (and each set of sums' chains) afresh: the GPT-3 layer's cheap tables looked the
+    /// matrices up, building a layout of each, in two jobs per call on one thread, and worked
+    /// the chains out again.
+    static CHEAP: RefCell<CheapScratch> = RefCell::new(CheapScratch::default());
+}
+
+/// Past this many device matrices (as many as [`MatrixCache`]'s memo keeps under all objectives:
+/// the GPT-3 layer's tables meet 512), or this many sums' chains (a few words each), a thread's
+/// [`CheapScratch`] is emptied.
+const CHEAP_MATRICES: usize = 1 << 10;
+const CHEAP_CHAINS: usize = 1 << 14;
+
+/// A thread's [`CheapScratch`] taken for a job ([`CheapScratch::kept`]), given back to the thread
+/// when dropped.
+pub(crate) struct KeptCheap(pub(crate) CheapScratch);
+
+impl Drop for KeptCheap {
+    fn drop(&mut self) {
+        let scratch = std::mem::take(&mut self.0);
+        // (Not at the thread's exit: its scratch is gone then.)
+        let _ = CHEAP.try_with(|kept| *kept.borrow_mut() = scratch);
+    }
+}
+
+impl CheapScratch {
+    /// This thread's scratch for a job of cheap bounds under the objective of `fingerprint`
+    /// ([`Objective::fingerprint`]), with the matrices and chains it met under it before (a new
+    /// one under another objective, or past [`CHEAP_MATRICES`] or [`CHEAP_CHAINS`]). A job on the
+    /// thread while another holds the scratch gets a new one.
+    pub(crate) fn kept(fingerprint: &[u64]) -> KeptCheap {
+        let scratch = CHEAP
+            .try_with(|kept| std::mem::take(&mut *kept.borrow_mut()))
+            .unwrap_or_default();
+        let full =
+            scratch.by_bounds.len() > CHEAP_MATRICES || scratch.buffers.held() > CHEAP_CHAINS;
+        KeptCheap(if scratch.fingerprint == fingerprint && !full {
+            scratch
+        } else {
+            CheapScratch {
+                fingerprint: fingerprint.to_vec(),
+                ..CheapScratch::default()
+            }
+        })
+    }
+}
+
+/// A lower bound on [`Bounds::bound`] of the unified pair lined up in `pair` under `objective`
+/// (`None` where that gives none: more tensor dims than the search takes; a matrix of rank bits
+/// has fewer than 64 device dims), cheaper: from the bounds of the device matrix alone, with no
+/// key and no memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts (and,
+/// lined up by masks, without its pieces: [`LineUp::splits_into`]).
 pub(crate) fn cheap_bound(
-    pair: &Unified,
+    pair: &mut LineUp<'_>,
     objective: Objective<'_>,
     scratch: &mut CheapScratch,
 ) -> Option<f64> {
@@ -497,16 +550,18 @@ pub(crate) fn cheap_bound(
         by_bounds,
         splits,
         buffers,
+        ..
     } = scratch;
-    let matrix = by_bounds.entry(pair.device()).or_insert_with(|| {
+    let (matrix, prices) = by_bounds.entry(pair.device()).or_insert_with(|| {
         // Met for the first time on this thread: the matrix's layout, once.
-        Arc::clone(matrices.shared(objective, &pair.layout(Side::First)))
+        let matrix = matrices.shared(objective, &pair.unified().layout(Side::First));
+        (Arc::clone(matrix), TensorPrices::default())
     });
     let read = pair.splits_into(matrix.dim_at(), splits);
     if read.ndim > MAX_DIMS {
         return None;
     }
-    Some(matrix.cheap_bound(&read, splits, buffers))
+    Some(matrix.cheap_bound(&read, splits, prices, buffers))
 }
 
 /// Bounds of pairs of canonical forms already bounded ([`Pairs`]), by objective fingerprint: the

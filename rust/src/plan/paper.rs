@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::topology::{self, rank_bits, Cluster, CostModel};
 use crate::unify::{
-    check_same_tensor, reshape_for, try_unify, unify_bits, unify_bits_into, Bits, DeviceBounds,
-    Reshaped, Side, Start, Unified,
+    check_same_tensor, reshape_for, try_unify, unify_bits, Bits, BitsPair, DeviceBounds, Reshaped,
+    Side, Splits, Start, Unified,
 };
 
 /// A unified layout as Algorithm 1 steps through it, in rank bits (a device dim of `d` devices
@@ -479,9 +479,12 @@ pub(super) fn lined_up(
 }
 
 /// The buffers the bounded tables line pairs up in, pair after pair (tens of thousands of them,
-/// each in the buffers of the last).
-pub(crate) struct LineUp {
+/// each in the buffers of the last), of layouts prepared for `'p` ([`lined_up_prepared`]).
+pub(crate) struct LineUp<'p> {
     unified: Unified,
+    /// The pair lined up last, if by masks: not laid out in `unified` until asked for
+    /// ([`LineUp::unified`]; the cheap bounds read it off the masks, [`LineUp::splits_into`]).
+    by_bits: Option<BitsPair<'p>>,
     source: Layout,
     target: Layout,
     /// Whether `source` and `target` are `unified`'s layouts: built when asked for
@@ -490,10 +493,11 @@ pub(crate) struct LineUp {
     built: bool,
 }
 
-impl Default for LineUp {
+impl Default for LineUp<'_> {
     fn default() -> Self {
         LineUp {
             unified: Unified::default(),
+            by_bits: None,
             source: Layout::scratch(),
             target: Layout::scratch(),
             built: false,
@@ -501,10 +505,11 @@ impl Default for LineUp {
     }
 }
 
-impl LineUp {
+impl LineUp<'_> {
     /// The layouts of the unified pair [`lined_up_in`] made last.
     pub(crate) fn pair(&mut self) -> (&Layout, &Layout) {
         if !self.built {
+            self.unified();
             self.unified.layout_into(Side::First, &mut self.source);
             self.unified.layout_into(Side::Second, &mut self.target);
             self.built = true;
@@ -513,8 +518,26 @@ impl LineUp {
     }
 
     /// The unified pair [`lined_up_in`] made last.
-    pub(crate) fn unified(&self) -> &Unified {
+    pub(crate) fn unified(&mut self) -> &Unified {
+        if let Some(pair) = self.by_bits.take() {
+            pair.unified_into(&mut self.unified);
+        }
         &self.unified
+    }
+
+    /// The device boundaries of the unified pair made last.
+    pub(crate) fn device(&self) -> DeviceBounds {
+        self.by_bits
+            .as_ref()
+            .map_or(self.unified.device(), BitsPair::device)
+    }
+
+    /// [`Unified::splits_into`] of the unified pair made last (off the masks if lined up so).
+    pub(crate) fn splits_into(&self, dim_at: &[i8; 64], splits: &mut Vec<(i8, i8)>) -> Splits {
+        match &self.by_bits {
+            Some(pair) => pair.splits_into(dim_at, splits),
+            None => self.unified.splits_into(dim_at, splits),
+        }
     }
 }
 
@@ -523,22 +546,23 @@ impl LineUp {
 pub(super) fn lined_up_in(
     a: &Layout,
     b: &Layout,
-    scratch: &mut LineUp,
+    scratch: &mut LineUp<'_>,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
     line_up_into(a, b, None, scratch)
 }
 
 /// [`lined_up_in`] of two layouts prepared once each, which the caller has checked are layouts
 /// of one tensor: the bounded tables line up every pair of their canonical forms.
-pub(crate) fn lined_up_prepared(
-    a: &Prepared<'_>,
-    b: &Prepared<'_>,
-    scratch: &mut LineUp,
+pub(crate) fn lined_up_prepared<'p>(
+    a: &'p Prepared<'_>,
+    b: &'p Prepared<'_>,
+    scratch: &mut LineUp<'p>,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
     // A pair that unifies by masks needs no cut, and no step around it.
     if let (Some(x), Some(y)) = (&a.bits, &b.bits) {
-        if unify_bits_into((&a.start, x), (&b.start, y), &mut scratch.unified) {
-            check_partial(scratch.unified.partial(), a.layout, b.layout)?;
+        if let Some(pair) = BitsPair::of((&a.start, x), (&b.start, y)) {
+            check_partial(pair.partial(), a.layout, b.layout)?;
+            scratch.by_bits = Some(pair);
             scratch.built = false;
             return Ok((Vec::new(), Vec::new()));
         }
@@ -551,9 +575,10 @@ fn line_up_into(
     a: &Layout,
     b: &Layout,
     known: Option<(&Start, &Start)>,
-    scratch: &mut LineUp,
+    scratch: &mut LineUp<'_>,
 ) -> Result<(Vec<CommOp>, Vec<CommOp>)> {
     let lined = line_up(a, b, known, &mut scratch.unified)?;
+    scratch.by_bits = None;
     scratch.built = false;
     Ok((lined.prelude, lined.epilogue))
 }

@@ -656,6 +656,24 @@ pub(crate) struct CheapBuffers {
     chained: FxHashMap<[u64; 4], f64>,
 }
 
+/// What [`MatrixBounds::cheap_bound`] prices alike for every pair of one tensor on its matrix,
+/// worked out once per tensor (a call's pairs are of one): per device dim, the removal of a
+/// split along it alone; per class of [`CheapRates::moving`], its least op.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct TensorPrices {
+    /// The tensor's elements (0 before the first).
+    elements: u64,
+    removal: Vec<f64>,
+    moving: Vec<f64>,
+}
+
+impl CheapBuffers {
+    /// The chains' prices kept.
+    pub(super) fn held(&self) -> usize {
+        self.chained.len()
+    }
+}
+
 /// Rates below those a pair's [`DimBounds`] holds, whatever the pair on the matrix: the bound
 /// of [`MatrixBounds::cheap_bound`], with no [`DimBounds`] to work out or look up (a sixth of
 /// GPT-3's bound keys had one of their own, each worked out for a dozen pairs). A shard is at
@@ -785,19 +803,19 @@ impl MatrixBounds {
         &self,
         pair: &Splits,
         splits: &[(i8, i8)],
+        prices: &mut TensorPrices,
         buffers: &mut CheapBuffers,
     ) -> f64 {
         let cheap = &self.cheap;
         let whole = pair.elements as f64;
+        let prices = self.tensor_prices(pair.elements, prices);
         // [`Space::removals`] at the source: the splits are those of the source.
         let (mut removed, mut wrong, mut fixed, mut used) = (0.0, false, 0u64, 0u64);
         for &(m, t) in splits {
             let k = m as usize;
             used |= 1 << k;
             if t < 0 {
-                let (steps, part) = cheap.collective[k];
-                let group = &cheap.removal[cheap.removal_at[k]..cheap.removal_at[k + 1]];
-                removed += least_stepped(group, steps, part * whole);
+                removed += prices.removal[k];
             } else if m != t {
                 wrong = true;
             } else {
@@ -852,9 +870,9 @@ impl MatrixBounds {
         };
         if wrong {
             // An op of a dim that is not fixed: one step at least.
-            let moving = (cheap.moving_classes.iter())
-                .filter(|(dims, ..)| dims & !fixed != 0)
-                .map(|(_, at, part)| least_stepped(&cheap.moving[at.clone()], 1.0, part * whole))
+            let moving = (cheap.moving_classes.iter().zip(&prices.moving))
+                .filter(|((dims, ..), _)| dims & !fixed != 0)
+                .map(|(_, &least)| least)
                 .fold(f64::INFINITY, f64::min);
             removed += moving;
         }
@@ -869,6 +887,32 @@ impl MatrixBounds {
         }
         let bring = (entering + chained).max(unsummed);
         grow.max(last).max(bring).max(removed + chained) * (1.0 - 1e-9) * (1.0 - 1e-12)
+    }
+}
+
+impl MatrixBounds {
+    /// The [`TensorPrices`] of a tensor of `elements` elements on this matrix, in `out`: worked
+    /// out again only if `out` holds another tensor's.
+    fn tensor_prices<'t>(&self, elements: u64, out: &'t mut TensorPrices) -> &'t TensorPrices {
+        if out.elements == elements {
+            return out;
+        }
+        let cheap = &self.cheap;
+        let whole = elements as f64;
+        out.elements = elements;
+        out.removal.clear();
+        out.removal.extend(
+            (cheap.collective.iter().enumerate()).map(|(k, &(steps, part))| {
+                let group = &cheap.removal[cheap.removal_at[k]..cheap.removal_at[k + 1]];
+                least_stepped(group, steps, part * whole)
+            }),
+        );
+        out.moving.clear();
+        out.moving.extend(
+            (cheap.moving_classes.iter())
+                .map(|(_, at, part)| least_stepped(&cheap.moving[at.clone()], 1.0, part * whole)),
+        );
+        out
     }
 }
 
@@ -1735,6 +1779,31 @@ fn permutation_into(layout: &Layout, before: &[i8], after: &[i8], full: &mut [us
 mod tests {
     use super::*;
     use crate::topology::{Cluster, Replicas};
+
+    /// A matrix's prices kept for one tensor are worked out again for another: kept across
+    /// tensors of 64, 96 and 64 elements, they are those worked out afresh for each (and
+    /// differ between the two).
+    #[test]
+    fn tensor_prices_follow_the_tensor() {
+        let levels = [(2, 60e9, 1e-6), (4, 12e9, 5e-6)];
+        let cluster = Cluster::hierarchy(&levels, None, Replicas::Flat).unwrap();
+        let objective = Objective::Seconds {
+            cluster: &cluster,
+            dtype_bytes: 2.0,
+        };
+        let layout = Layout::new(vec![96], vec![2, 4], vec![-1]).unwrap();
+        let matrix = MatrixBounds::of(objective, &layout);
+        let mut kept = TensorPrices::default();
+        let fresh = |elements| {
+            let mut fresh = TensorPrices::default();
+            matrix.tensor_prices(elements, &mut fresh);
+            fresh
+        };
+        assert_ne!(fresh(64).removal, fresh(96).removal);
+        for elements in [64, 96, 64] {
+            assert_eq!(matrix.tensor_prices(elements, &mut kept), &fresh(elements));
+        }
+    }
 
     /// Every device matrix of `devices` (a power of two) devices: its ordered factorisations
     /// into powers of two above one.
