@@ -578,17 +578,14 @@ def _edge_costs(sums: list[list[tuple[_Term, bool]]], jobs: _Jobs) -> list[np.nd
 
 def _bound_parts(
     jobs: _Jobs,
-    src: list[tuple[Layout, ...]],
-    dst: list[tuple[Layout, ...]],
     backward: bool,
-    dtype: float,
     terms: list[tuple[_Term, bool]],
     planes: list[list[tuple[_Term, bool]]],
-) -> tuple[Any, ...]:
-    """The rest of a :class:`_Bound` past its cost matrix, read off the memo's planes once
-    ``jobs`` has priced them: per direction the bounds (``terms``), whether each is exact, and
+) -> tuple[list[np.ndarray], ...]:
+    """Per direction, what a :class:`_Bound` holds past its cost matrix, read off the memo's
+    planes once ``jobs`` has priced them: the bounds (``terms``), whether each is exact, and
     Algorithm 1's costs and the cheap flags (``planes``, :data:`_PLANES` 1 to 3); a direction
-    the edge lacks is exact at 0."""
+    the edge lacks (not ``backward``) is exact at 0."""
     jobs.wait([term[0] for term, _ in terms] + [t[0] for p in planes for t, _ in p])
     parts = [_gathered([d]) for d in terms]
     inexact, upper, cheap = ([_gathered([d]) for d in p] for p in planes)
@@ -599,7 +596,7 @@ def _bound_parts(
         known.append(np.ones(parts[0].shape, dtype=bool))
         upper.append(np.zeros_like(parts[0]))
         flags.append(np.zeros(parts[0].shape, dtype=bool))
-    return src, dst, backward, dtype, parts, known, upper, flags
+    return parts, known, upper, flags
 
 
 def _whole(positions: np.ndarray, n: int) -> bool:
@@ -1119,7 +1116,10 @@ def build_tables(
                 cache[key] = (src_cls, dst_cls, by_layouts[layouts])
             keys.append(key)
         # Copies, read before _edge_costs may sum into the memo's matrices.
-        rests = [_bound_parts(jobs, *pending) for pending in partly]
+        rests = [
+            (src, dst, backward, dtype, *_bound_parts(jobs, backward, terms, planes))
+            for src, dst, backward, dtype, terms, planes in partly
+        ]
         summed = _edge_costs(sums, jobs)
         edges = [
             EdgeTable(edge, *cache[key][:2], summed[cache[key][2]])

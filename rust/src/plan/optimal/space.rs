@@ -1535,16 +1535,19 @@ impl<'a> Space<'a> {
                     let distinct = |k: usize| distinct >> k & 1 == 1;
                     objective.price_on(OpKind::CollectivePermute, over, shard, matrix, distinct)
                 };
+                // (A word's worth of dims, not 64, zeroed at every permute priced where they fit.)
+                let (mut packed_dims, mut all_dims);
+                let sigma: &mut [usize] = if h > PACKED_DIMS {
+                    all_dims = [0; 64];
+                    &mut all_dims[..h]
+                } else {
+                    packed_dims = [0; PACKED_DIMS];
+                    &mut packed_dims[..h]
+                };
+                permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
                 if h > PACKED_DIMS {
-                    let mut sigma = [0; 64];
-                    let sigma = &mut sigma[..h];
-                    permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
                     return price(sigma);
                 }
-                // (A word's worth of dims, not 64, zeroed at every permute priced.)
-                let mut sigma = [0; PACKED_DIMS];
-                let sigma = &mut sigma[..h];
-                permutation_into(self.template, &state.map[..n], &next.map[..n], sigma);
                 // Remembered by the permutation, packed a nibble a dim where it fits a word (a
                 // search prices the same few permutations of one shard over and over: pricing
                 // each was a tenth of the search).
