@@ -4,7 +4,7 @@
 them: ``gpt3``, a model family, or the start of a paper timing case's label) after a default one,
 with every call of ``redistribution_table_bounds`` (the bounded tables),
 ``redistribution_pair_bounds`` (the full bounds of the rounds, ``tight``) and
-``redistribution_pair_costs`` (the rounds' exact pairs) pickled into ``FILE``.
+``redistribution_pair_estimates`` (the rounds' pairs) pickled into ``FILE``.
 ``replay FILE bounds|tight|pairs [PASSES]``: those
 calls made again in this process, ``PASSES`` times (each pass's ``dtype_bytes`` times
 ``1 + pass * 2^-40`` so that the planner's memos start empty; 0 passes: the loading alone, to
@@ -34,7 +34,7 @@ from optimal_rounds import case
 
 #: The kernels recorded, by what ``replay`` calls their calls.
 KERNELS = (
-    ("pairs", "redistribution_pair_costs"),
+    ("pairs", "redistribution_pair_estimates"),
     ("bounds", "redistribution_table_bounds"),
     ("tight", "redistribution_pair_bounds"),
 )
@@ -60,7 +60,7 @@ def record(name: str, path: str) -> None:
         pickle.dump(calls, f)
     print(
         f"{name}: cost {result.cost!r}, {len(calls['bounds'])} bound calls, "
-        f"{len(calls['tight'])} full-bound calls, {len(calls['pairs'])} exact-pair calls -> {path}"
+        f"{len(calls['tight'])} full-bound calls, {len(calls['pairs'])} pair calls -> {path}"
     )
 
 

@@ -1,6 +1,7 @@
 """The optimal planner's rounds (docs/search.md, "Speed"): per case, one optimal search after a
 default one (so that the imports are warm and the optimal planner's memo of paths empty), its
-rounds (solves), the directed pairs its rounds priced exactly, the CPU seconds of those pairs, of
+rounds (solves), the directed pairs its rounds priced (a pair's first search stops short: each
+pricing counts), the CPU seconds of those pairs, of
 the solves, of the bounded tables' bound calls (cheap bounds) and of the full bounds the rounds
 gave the pairs that could be in an optimum (how many pairs), the whole search's CPU and wall
 seconds, its
@@ -66,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     pairs, solves, bounds, full = [0.0, 0, 0], [0.0, 0, 0], [0.0, 0, 0], [0.0, 0, 0]
-    counted(tables, "redistribution_pair_costs", pairs, lambda s, *_: len(s))
+    counted(tables, "redistribution_pair_estimates", pairs, lambda s, *_: len(s))
     counted(tables, "redistribution_table_bounds", bounds, lambda s, t, *_: len(s) * len(t))
     counted(tables, "redistribution_pair_bounds", full, lambda s, *_: len(s))
     counted(searching, "solve", solves, lambda *_: 0)
@@ -82,7 +83,7 @@ def main() -> None:
         cpu, wall = time.process_time() - c, time.perf_counter() - t
         digest = plan_digest(result)
         print(
-            f"{name}: {solves[1]} rounds, {pairs[2]:,} exact pairs {pairs[0]:.3f} s, solves "
+            f"{name}: {solves[1]} rounds, {pairs[2]:,} pairs priced {pairs[0]:.3f} s, solves "
             f"{solves[0]:.3f} s, bounds {bounds[0]:.3f} s, {full[2]:,} full bounds {full[0]:.3f} "
             f"s; total {cpu:.3f} s CPU, {wall:.3f} s "
             f"wall; cost {result.cost!r} ({100 * (result.cost / default.cost - 1):+.1f}% against "

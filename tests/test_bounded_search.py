@@ -13,7 +13,11 @@ from hypothesis import strategies as st
 import strategies_gen as sg
 import taps
 from graphs_gen import CLUSTERS, small_enough, small_graphs
-from taps._core import redistribution_pair_costs
+from taps._core import (
+    redistribution_pair_bounds,
+    redistribution_pair_costs,
+    redistribution_pair_estimates,
+)
 from taps.reproduce import DEVICES_PER_NODE, timing_cases
 from taps.reproduce.cases import paper_cluster
 from taps.search import tables
@@ -102,6 +106,46 @@ def test_pair_costs_are_each_pairs_cost(log2, data):
             assert got.tolist() == want
 
 
+def test_estimates_stop_a_partial_sums_search_short_and_rise_to_its_cost():
+    """AlexNet 64's pair from the first linear layer's partial sums over the nodes to the
+    second's input (its optimal plan: three reduce-scatters across nodes, two all-to-alls, a
+    permute and an all-gather; about 1,000 layouts expanded): the bound at the source at 0
+    layouts, higher bounds under the cost as the search may expand more, then the cost; refused
+    arguments get one line each. (On a cluster of its own: the searches' memo is the
+    process's, and a path another test remembered would end the search at once.)"""
+    cluster = taps.Cluster(8, 8, intra_latency=3e-6, inter_latency=6e-6)
+    source = taps.Layout([128, 4096], [8, 8], [-1, 0], partial=[1])
+    target = taps.Layout([128, 4096], [2, 32], [-1, 0])
+    pair = ([source], [target], [2.0])
+    got = [redistribution_pair_estimates(*pair, [n], cluster) for n in (0, 64, 512, None)]
+    (bound,), _ = redistribution_pair_bounds(*pair, cluster)
+    (cost,) = redistribution_pair_costs(*pair, cluster, planner="optimal")
+    (paper,) = redistribution_pair_costs(*pair, cluster)
+    assert bound < cost < paper
+    estimates = [float(e[0]) for e, _ in got]
+    assert [bool(x[0]) for _, x in got] == [False, False, False, True]
+    assert estimates[0] == bound and estimates[-1] == cost
+    assert estimates == sorted(estimates) and estimates[2] > bound
+    with pytest.raises(taps.TapsError, match=r"^expansions must be a count of layouts"):
+        redistribution_pair_estimates(*pair, [-1], cluster)
+    with pytest.raises(taps.TapsError, match=r"^1 pairs and 2 expansions: one per pair$"):
+        redistribution_pair_estimates(*pair, [1, 2], cluster)
+    with pytest.raises(taps.TopologyError, match="topology model only"):
+        redistribution_pair_estimates(*pair, [None], cluster, "volume")
+    # 100 searches of about 10 ms each (each element size its own objective) stop at once at a
+    # limit of 0, and remember no path: the pair is then priced in full as before.
+    sizes = [2.0 * (1 + k * 2**-30) for k in range(100)]
+    with pytest.raises(
+        taps.TimeLimitError, match=r"^the time limit ran out while pricing 100 redistributions$"
+    ):
+        redistribution_pair_estimates(
+            [source] * 100, [target] * 100, sizes, [None] * 100, cluster, time_limit=0.0
+        )
+    last = ([source], [target], sizes[-1:])
+    (again,), _ = redistribution_pair_estimates(*last, [None], cluster)
+    assert again < redistribution_pair_costs(*last, cluster)[0]  # not Algorithm 1's plan
+
+
 def _unbounded(shape: tuple[int, int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
     # A _Bound's Algorithm 1 costs (none known: infinite) and cheap flags (none cheap).
     return [np.full(shape, np.inf)] * 2, [np.zeros(shape, dtype=bool) for _ in range(2)]
@@ -125,7 +169,7 @@ def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
 
     def price(sources, targets, sizes):
         calls.append(list(zip(sources, targets, sizes, strict=True)))
-        return np.array([10.0 * len(calls)] * len(sources))
+        return np.array([10.0 * len(calls)] * len(sources)), np.ones(len(sources), dtype=bool)
 
     first, second = bound(), bound()
     chosen = [(first, {(0, 0)}), (second, {(0, 0)})]
@@ -137,6 +181,34 @@ def test_rounds_price_a_pairs_backward_only_once_it_is_picked_again():
     assert first.cost[0, 0] == 10.0 + 20.0
     assert not tables._refine(chosen, price)
     assert len(calls) == 2
+
+
+def test_a_pair_whose_search_stops_short_keeps_the_higher_bound_and_is_priced_again():
+    # The first pricing of a class pair's forward stops short: its bound rises to what the
+    # search left (never below the bound it had), it stays inexact, and the next round prices
+    # it again, in full.
+    a, b = taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])
+    parts = [np.array([[5.0]]), np.array([[0.0]])]
+    exact = [np.array([[False]]), np.array([[True]])]
+    edge = tables._Bound(
+        np.array([[5.0]]), [(a,)], [(b,)], False, 2.0, parts, exact, *_unbounded((1, 1))
+    )
+    answers = [([7.0], [False]), ([4.0], [False]), ([9.0], [True])]
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, strict=True)))
+        cost, done = answers[len(calls) - 1]
+        return np.array(cost), np.array(done)
+
+    assert tables._refine([(edge, {(0, 0)})], price)
+    assert edge.cost[0, 0] == 7.0 and not edge.exact[0][0, 0]
+    assert tables._refine([(edge, {(0, 0)})], price)
+    assert edge.cost[0, 0] == 7.0 and not edge.exact[0][0, 0]  # 4.0 is below what it had
+    assert tables._refine([(edge, {(0, 0)})], price)
+    assert edge.cost[0, 0] == 9.0 and edge.exact[0][0, 0]
+    assert not tables._refine([(edge, {(0, 0)})], price)
+    assert calls == [[(a, b)]] * 3
 
 
 def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
@@ -156,7 +228,7 @@ def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
 
     def price(sources, targets, sizes):
         calls.append(list(zip(sources, targets, strict=True)))
-        return np.array([10.0 * len(calls)] * len(sources))
+        return np.array([10.0 * len(calls)] * len(sources)), np.ones(len(sources), dtype=bool)
 
     def nearest():
         assert b.exact[0][1, 1] and b.exact[1][1, 1]
@@ -266,7 +338,7 @@ def test_spare_pairs_price_both_directions_of_the_chosen_pairs():
 
     def price(sources, targets, sizes):
         calls.append(list(zip(sources, targets, sizes, strict=True)))
-        return np.array([10.0, 20.0][: len(sources)])
+        return np.array([10.0, 20.0][: len(sources)]), np.ones(len(sources), dtype=bool)
 
     assert tables._refine([(edge, {(0, 0)})], price, 5)
     assert calls == [[(a, b, 4.0), (d, c, 4.0)]]

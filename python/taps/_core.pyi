@@ -44,6 +44,7 @@ __all__ = [
     "redistribution_costs",
     "redistribution_pair_bounds",
     "redistribution_pair_costs",
+    "redistribution_pair_estimates",
     "redistribution_table_bounds",
     "strategy_arrays",
     "tensor_layouts",
@@ -552,6 +553,25 @@ def redistribution_pair_bounds(
     element and whether it is exact, as ``redistribution_bounds`` (and
     ``redistribution_table_bounds`` without ``cheap``) give them, bit for bit: pairs of many
     tensors in one call, on all cores, on the bounds' memos. Topology model only.
+
+    Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
+    milliseconds."""
+
+def redistribution_pair_estimates(
+    sources: Sequence[Layout],
+    targets: Sequence[Layout],
+    dtype_bytes: Sequence[float],
+    expansions: Sequence[int | None],
+    cluster: Cluster,
+    model: _CostModel = "topology",
+    time_limit: float | None = None,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Per pair ``(sources[k], targets[k])`` of ``dtype_bytes[k]`` bytes per element, its cost
+    under the optimal planner (``redistribution_pair_costs``' bit for bit) and True; or, where
+    the pair's search expands ``expansions[k]`` layouts (None: no limit) without reaching the
+    target, a lower bound on that cost and False: the least estimate the search left, at least
+    ``redistribution_pair_bounds``' bound and at most Algorithm 1's cost. A search that ends
+    is remembered, one stopped short is not. Topology model only.
 
     Raises TimeLimitError if ``time_limit`` seconds pass first; Ctrl-C stops it within
     milliseconds."""

@@ -24,7 +24,7 @@ from taps._core import (
     layout_classes,
     redistribution_costs,
     redistribution_pair_bounds,
-    redistribution_pair_costs,
+    redistribution_pair_estimates,
     redistribution_table_bounds,
 )
 from taps._support.deadline import check, left
@@ -678,21 +678,34 @@ MIN_SPARE = 256
 #: bounds (docs/performance.md).
 LAZY_BAND = 0.01
 
+#: The layouts the search of a pair the rounds price for the first time may expand: past them,
+#: the least estimate the search left bounds the pair, and the next round searches it to the
+#: end only if its assignment picks the pair again. Of AlexNet 64's 173 pairs priced, 160 were
+#: dropped once priced, their searches most of the pricing; a bound nearer their cost drops
+#: most of them too. Searches that stop short and again in full took the fewest instructions
+#: there (docs/performance.md), at 512 rather than 128 or 256 or stopping again at 4x.
+FIRST_EXPANSIONS = 512
+
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
 _ClassPair = tuple[_Bound, int, int]
 
 
+#: What prices the pairs a round picks: per directed layout pair and bytes per element, its cost
+#: and True, or a lower bound on it and False where its search stopped short (the first time a
+#: pair is priced: :data:`FIRST_EXPANSIONS`).
+_Estimate = Callable[[list[Layout], list[Layout], list[float]], tuple[np.ndarray, np.ndarray]]
+
+
 def _refine(
     chosen: list[tuple[_Bound, set[tuple[int, int]]]],
-    price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
+    price: _Estimate,
     spare: int = 0,
     nearest: Callable[[], list[_ClassPair]] | None = None,
 ) -> bool:
-    """Price the chosen class pairs not yet exact by one call of ``price`` (per directed layout
-    pair and bytes per element, its cost: one watched call of the optimal planner per round, not
-    one per edge and direction); True if there was one. Without ``spare``, the next direction of
-    each (the forward first, the backward once the assignment picks the pair again: most pairs
-    priced are dropped after their first direction). With ``spare``, both directions (the
+    """Price the chosen class pairs not yet exact by one call of ``price`` (one watched call of
+    the optimal planner per round, not one per edge and direction); True if there was one.
+    Without ``spare``, the next direction of each (the forward first, the backward once the
+    assignment picks the pair again: most pairs priced are dropped after their first direction). With ``spare``, both directions (the
     assignment is then priced exactly); then, by a second call, the next direction of each class
     pair ``nearest`` gives once those are priced (at most ``spare``, each still a bound): where a
     solve costs more than pricing many pairs, the pairs the next rounds would pick are priced in
@@ -800,7 +813,7 @@ def _tighten(
     least: Mapping[int, np.ndarray],
     bounds: Mapping[int, _Bound],
     upper: float,
-    price: Callable[[list[Layout], list[Layout], list[float]], tuple[np.ndarray, np.ndarray]],
+    price: _Estimate,
 ) -> None:
     """The full bound, by one call of ``price`` (per directed layout pair and bytes per element,
     its bound and whether that is its exact cost), in place of the cheap one of every direction
@@ -830,16 +843,17 @@ def _tighten(
         b.settle(direction, rows, cols, bound[where], exact[where])
 
 
-def _settle(
-    todo: list[tuple[_Bound, int, int, int, Layout, Layout]],
-    price: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
-) -> None:
-    """Price every direction of ``todo`` by one call of ``price``."""
+def _settle(todo: list[tuple[_Bound, int, int, int, Layout, Layout]], price: _Estimate) -> None:
+    """Price every direction of ``todo`` by one call of ``price``: its cost, or a bound no lower
+    than the one it had where the search stopped short."""
     index: dict[tuple[Layout, Layout, float], int] = {}
     at = [_at(index, s, t, b.dtype) for b, _, _, _, s, t in todo]
-    costs = _priced(index, price)
+    costs, exact = _priced(index, price)
     for (b, i, j, direction, _, _), k in zip(todo, at, strict=True):
-        b.settle(direction, i, j, float(costs[k]))
+        cost = float(costs[k])
+        if not exact[k]:
+            cost = max(cost, float(b.parts[direction][i, j]))
+        b.settle(direction, i, j, cost, bool(exact[k]))
 
 
 def _at(index: dict[tuple[Layout, Layout, float], int], s: Layout, t: Layout, dtype: float) -> int:
@@ -1179,9 +1193,18 @@ def build_tables(
             s, t, dtypes, cluster, cost_model, time_limit=left(deadline)
         )
 
-    def exact(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
-        return redistribution_pair_costs(
-            s, t, dtypes, cluster, cost_model, planner, time_limit=left(deadline)
+    # A pair's first search stops after FIRST_EXPANSIONS layouts, a pair priced again is
+    # searched to the end (the pairs of this search, each with its bytes per element).
+    searched: set[tuple[Layout, Layout, float]] = set()
+
+    def exact(
+        s: list[Layout], t: list[Layout], dtypes: list[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        pairs = list(zip(s, t, dtypes, strict=True))
+        expansions = [None if p in searched else FIRST_EXPANSIONS for p in pairs]
+        searched.update(pairs)
+        return redistribution_pair_estimates(
+            s, t, dtypes, expansions, cluster, cost_model, time_limit=left(deadline)
         )
 
     return CostTables(graph, cluster, pricing, ops, edges, timings, refine if bounded else None)

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
 
 pub use ops::{CommOp, Objective, OpKind, Redistribution};
-use optimal::{Path, Problem};
+use optimal::{Path, Problem, Solved};
 
 use crate::error::{parse_name, Error, Result};
 use crate::layout::Layout;
@@ -155,6 +155,43 @@ pub(crate) fn shortest_plan_bound<'p>(
     let (source, target) = scratch.pair();
     let ops = paper::unified_ops(source, target);
     Ok(objective.sum(prelude.iter().chain(&ops).chain(&epilogue)))
+}
+
+/// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms)
+/// where its search expands `expansions` layouts without reaching the target: the plan's ops
+/// outside the search at their price, the least estimate the search left for the rest
+/// ([`optimal::solve_within`]). `None` where there is no search or it ends (its path is then
+/// remembered: [`solve`] finds it at once).
+///
+/// # Errors
+/// As [`plan_redistribution`].
+pub(crate) fn plan_bound_within(
+    a: &Layout,
+    b: &Layout,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+    expansions: usize,
+) -> Result<Option<f64>> {
+    let plan = paper::lined_up(a, b, None)?;
+    let Some(problem) = Problem::of(&plan.source, &plan.target) else {
+        return Ok(None);
+    };
+    let solved = optimal::solve_within(
+        &problem,
+        objective,
+        stop,
+        paper::unified_ops,
+        Some(expansions),
+    )?;
+    Ok(match solved {
+        Solved::Path(_) => None,
+        // Scaled down by a hair, as the bounds at the source are: the plan's price adds its
+        // ops in another order.
+        Solved::AtLeast(least) => {
+            let outside = objective.sum(plan.prelude.iter().chain(&plan.epilogue));
+            Some((outside + least) * (1.0 - 1e-12))
+        }
+    })
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).

@@ -327,13 +327,48 @@ pub(crate) fn solve(
     stop: &AtomicBool,
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
 ) -> Result<Path> {
+    match solve_within(problem, objective, stop, paper, None)? {
+        Solved::Path(path) => Ok(path),
+        // (No limit on the layouts expanded: the search ends.)
+        Solved::AtLeast(_) => unreachable!("an unlimited search stopped short"),
+    }
+}
+
+/// What [`solve_within`] ends with.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Solved {
+    /// The path [`solve`] gives.
+    Path(Path),
+    /// A lower bound on the price of every path cheaper than Algorithm 1's: the least estimate
+    /// left when the search had expanded as many layouts as it may.
+    AtLeast(f64),
+}
+
+/// [`solve`] expanding at most `expansions` layouts (`None`: no limit): the optimal search's
+/// rounds search a pair at most that far the first time they price it, as most pairs priced are
+/// then dropped and a bound nearer their cost drops them as well. A search stopped short is
+/// not remembered; a path found is.
+///
+/// # Errors
+/// As [`solve`].
+pub(crate) fn solve_within(
+    problem: &Problem,
+    objective: Objective<'_>,
+    stop: &AtomicBool,
+    paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
+    expansions: Option<usize>,
+) -> Result<Solved> {
     let key = (problem.key.clone(), objective.fingerprint());
     if let Some(path) = locked(&MEMO).as_ref().and_then(|m| m.get(&key)) {
-        return Ok(path.clone());
+        return Ok(Solved::Path(path.clone()));
     }
-    let path = search_or_paper(problem, objective, stop, paper)?;
+    let limits = (stop, expansions.unwrap_or(usize::MAX));
+    let path = match search_or_paper(problem, objective, limits, paper)? {
+        Solved::Path(path) => path,
+        short @ Solved::AtLeast(_) => return Ok(short),
+    };
     if stop.load(Relaxed) {
-        return Ok(path);
+        return Ok(Solved::Path(path));
     }
     let mut memo = locked(&MEMO);
     let map = memo.get_or_insert_with(FxHashMap::default);
@@ -341,7 +376,7 @@ pub(crate) fn solve(
         map.clear();
     }
     map.insert(key, path.clone());
-    Ok(path)
+    Ok(Solved::Path(path))
 }
 
 /// Bounds at the source worked out ([`Bounds`]), by objective fingerprint and key: the bounded
@@ -681,14 +716,16 @@ pub(crate) fn fresh_bound(
 fn search_or_paper(
     problem: &Problem,
     objective: Objective<'_>,
-    stop: &AtomicBool,
+    (stop, expansions): (&AtomicBool, usize),
     paper: impl FnOnce(&Layout, &Layout) -> Vec<CommOp>,
-) -> Result<Path> {
+) -> Result<Solved> {
     let (source, target) = (&problem.source, &problem.target);
     let paper = paper(source, target);
     let bound = paper.iter().fold(0.0, |t, op| objective.add(t, op));
-    Ok(
-        search(source, target, bound, objective, stop)?.unwrap_or_else(|| {
+    let path = match search(source, target, bound, objective, (stop, expansions))? {
+        Searched::Path(path) => path,
+        Searched::AtLeast(least) => return Ok(Solved::AtLeast(least)),
+        Searched::None => {
             let mut at = State::of(source);
             let steps = paper.iter().map(|op| {
                 let (kind, k, i, to) = (
@@ -704,8 +741,33 @@ fn search_or_paper(
             Path {
                 steps: steps.collect(),
             }
-        }),
-    )
+        }
+    };
+    Ok(Solved::Path(path))
+}
+
+/// What a search ends with.
+#[derive(Debug)]
+enum Searched {
+    /// The cheapest path under the bound.
+    Path(Path),
+    /// No path under the bound; or stopped, by the flag or at the most layouts it may hold.
+    None,
+    /// Stopped at the most layouts it may expand: every path under the bound prices at least
+    /// this, the least estimate left (the bound is consistent: the layouts come off the heap
+    /// in order of estimate, and every path passes through one left on it).
+    AtLeast(f64),
+}
+
+impl Searched {
+    /// The path, if one was found.
+    #[cfg(test)]
+    fn path(self) -> Option<Path> {
+        match self {
+            Searched::Path(path) => Some(path),
+            Searched::None | Searched::AtLeast(_) => None,
+        }
+    }
 }
 
 /// The buffers of one search, kept per thread from one search to the next: a batch runs
@@ -761,15 +823,14 @@ thread_local! {
 }
 
 /// A* from `source` to `target` among the paths cheaper than `bound`, to the cheapest (exact
-/// unless it holds [`MAX_LAYOUTS`] layouts); `None` if there is none, once `stop` is set or
-/// once it holds [`MAX_LAYOUTS`] layouts.
+/// unless it holds [`MAX_LAYOUTS`] layouts), expanding at most `expansions` layouts.
 fn search(
     source: &Layout,
     target: &Layout,
     bound: f64,
     objective: Objective<'_>,
-    stop: &AtomicBool,
-) -> Result<Option<Path>> {
+    (stop, expansions): (&AtomicBool, usize),
+) -> Result<Searched> {
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         let found = search_in(
@@ -777,7 +838,7 @@ fn search(
             (source, target),
             bound,
             objective,
-            (stop, MAX_LAYOUTS),
+            (stop, MAX_LAYOUTS, expansions),
         );
         if scratch.nodes.capacity() > SCRATCH_KEPT {
             *scratch = Scratch::default();
@@ -792,8 +853,8 @@ fn search_in(
     (source, target): (&Layout, &Layout),
     bound: f64,
     objective: Objective<'_>,
-    (stop, most): (&AtomicBool, usize),
-) -> Result<Option<Path>> {
+    (stop, most, expansions): (&AtomicBool, usize, usize),
+) -> Result<Searched> {
     let space = Space::new(source, target, objective);
     let goal = State::of(target);
     let keep = goal.partial;
@@ -810,7 +871,7 @@ fn search_in(
     // expanded, and a pair whose bound at the source meets it is done without a search.
     let bound = bound * (1.0 - TIE);
     if first >= bound {
-        return Ok(None);
+        return Ok(Searched::None);
     }
     heap.push(Queued {
         cost: first,
@@ -818,19 +879,24 @@ fn search_in(
         node: 0,
     });
     let mut expanded = 0usize;
-    while let Some(Queued { node, .. }) = heap.pop() {
+    while let Some(popped) = heap.pop() {
+        let node = popped.node;
         if nodes[node].done {
             continue;
+        }
+        if nodes[node].state == goal {
+            return Ok(Searched::Path(path_to(nodes, node, &space)));
+        }
+        if expanded == expansions {
+            // (No less than the bound at the source, whatever the rounding of the sums.)
+            return Ok(Searched::AtLeast(popped.cost.max(first)));
         }
         nodes[node].done = true;
         expanded += 1;
         // Checked now and then (and first): a caller stops a long batch (Ctrl-C) within
         // milliseconds.
         if expanded % 64 == 1 && stop.load(Relaxed) {
-            return Ok(None);
-        }
-        if nodes[node].state == goal {
-            return Ok(Some(path_to(nodes, node, &space)));
+            return Ok(Searched::None);
         }
         let state = nodes[node].state;
         let (cost, ops) = (nodes[node].cost, u32::from(nodes[node].ops) + 1);
@@ -884,7 +950,7 @@ fn search_in(
                     nodes[*id.get() as usize] = fresh;
                     *id.get() as usize
                 }
-                Entry::Vacant(_) if nodes.len() >= most => return Ok(None),
+                Entry::Vacant(_) if nodes.len() >= most => return Ok(Searched::None),
                 Entry::Vacant(vacant) => {
                     make_room(nodes, most)?;
                     nodes.push(fresh);
@@ -898,7 +964,7 @@ fn search_in(
             });
         }
     }
-    Ok(None)
+    Ok(Searched::None)
 }
 
 /// Room for one more of a search's `nodes` (holding at most `most`). Past the buffers kept,
@@ -1020,8 +1086,10 @@ mod tests {
             // The search alone, unbounded, on the sorted pair, its path mapped back.
             let problem = Problem::of(&a, &b).unwrap();
             let stop = AtomicBool::new(false);
-            let path = search(&problem.source, &problem.target, f64::INFINITY, objective, &stop)
+            let limits = (&stop, usize::MAX);
+            let path = search(&problem.source, &problem.target, f64::INFINITY, objective, limits)
                 .unwrap()
+                .path()
                 .expect("a path");
             let ops = problem.ops(&path, &a);
             let got = ops.iter().fold(0.0, |t, op| objective.add(t, op));
@@ -1489,7 +1557,7 @@ mod tests {
                     pair,
                     f64::INFINITY,
                     objective,
-                    (&stop, MAX_LAYOUTS),
+                    (&stop, MAX_LAYOUTS, usize::MAX),
                 )
                 .unwrap();
                 let states: std::collections::HashSet<State> =
@@ -1529,9 +1597,10 @@ mod tests {
                 (&a, &b),
                 f64::INFINITY,
                 objective,
-                (&stop, most),
+                (&stop, most, usize::MAX),
             )
-            .unwrap();
+            .unwrap()
+            .path();
             (found, scratch.nodes.len())
         };
         let (found, held) = run(usize::MAX);
@@ -1555,9 +1624,10 @@ mod tests {
                 (&a, &b),
                 bound,
                 Objective::Volume,
-                (&stop, usize::MAX),
+                (&stop, usize::MAX, usize::MAX),
             )
-            .unwrap();
+            .unwrap()
+            .path();
             (found, scratch.nodes.len())
         };
         let (found, held) = run(448.0);
@@ -1612,9 +1682,16 @@ mod tests {
     fn searched(problem: &Problem, a: &Layout, objective: Objective<'_>) -> f64 {
         let (source, target) = (&problem.source, &problem.target);
         let stop = AtomicBool::new(false);
-        let path = search(source, target, f64::INFINITY, objective, &stop)
-            .unwrap()
-            .expect("a path");
+        let path = search(
+            source,
+            target,
+            f64::INFINITY,
+            objective,
+            (&stop, usize::MAX),
+        )
+        .unwrap()
+        .path()
+        .expect("a path");
         let ops = problem.ops(&path, a);
         ops.iter().fold(0.0, |t, op| objective.add(t, op))
     }

@@ -1,5 +1,6 @@
 //! The batch cost kernels: `redistribution_costs`, `redistribution_pair_costs`, the bounds
 //! (`redistribution_bounds`, `redistribution_table_bounds`, `redistribution_pair_bounds`),
+//! `redistribution_pair_estimates`,
 //! `allreduce_costs`, `gathered_sum`, `min_plus` and `min_plus_one`, on all cores with the GIL
 //! released, `first_equal` (one core, the GIL released) for the reductions' merges of equal
 //! rows, and `frontier_sum` (one core) for the memory-limited search.
@@ -275,6 +276,71 @@ pub(super) fn redistribution_pair_bounds<'py>(
     let found = watched(py, &stop, time_limit, what, run)??;
     let (bounds, exact) = found.expect("nothing stopped the batch");
     Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
+}
+
+/// The optimal planner's cost of each pair `(sources[k], targets[k])` of `dtype_bytes[k]` bytes
+/// per element and true, or a lower bound on it and false where its search expands
+/// `expansions[k]` layouts (`None`: no limit) without reaching the target
+/// ([`batch::pair_estimates_until`]): one watched call; a [`Error::TimeLimit`] if `time_limit`
+/// seconds pass first.
+#[pyfunction]
+#[pyo3(
+    signature = (sources, targets, dtype_bytes, expansions, cluster, model="topology", time_limit=None),
+    text_signature = "(sources, targets, dtype_bytes, expansions, cluster, model='topology', time_limit=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn redistribution_pair_estimates<'py>(
+    py: Python<'py>,
+    sources: Vec<Bound<'py, PyLayout>>,
+    targets: Vec<Bound<'py, PyLayout>>,
+    dtype_bytes: Vec<Num<f64>>,
+    expansions: Vec<Option<Num<i64>>>,
+    cluster: &PyCluster,
+    model: &str,
+    time_limit: Option<Num<f64>>,
+) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<bool>>)> {
+    let (sources, targets) = (inners(&sources), inners(&targets));
+    let cluster = cluster.inner.clone();
+    let dtype_bytes = dtype_bytes
+        .iter()
+        .map(|b| b.get("dtype_bytes", Error::Topology))
+        .collect::<Result<Vec<_>, _>>()?;
+    let expansions = expansions
+        .iter()
+        .map(|e| {
+            let count = e.as_ref().map(|e| {
+                e.unsigned(
+                    "expansions",
+                    "a count of layouts (0 or more) or None",
+                    Error::Shape,
+                )
+            });
+            count
+                .transpose()
+                .map(|c| c.map(|c| usize::try_from(c).unwrap_or(usize::MAX)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = CostModel::parse(model)?;
+    let time_limit = seconds(time_limit)?;
+    let stop = AtomicBool::new(false);
+    let run = || {
+        batch::pair_estimates_until(
+            &sources,
+            &targets,
+            &dtype_bytes,
+            &expansions,
+            &cluster,
+            model,
+            &stop,
+        )
+    };
+    let what = || {
+        let n = sources.len();
+        format!("the time limit ran out while pricing {n} redistributions")
+    };
+    let found = watched(py, &stop, time_limit, what, run)??;
+    let (costs, exact) = found.expect("nothing stopped the batch");
+    Ok((costs.into_pyarray(py), exact.into_pyarray(py)))
 }
 
 /// The core's layouts of Python ones (copied: the work runs without the GIL).

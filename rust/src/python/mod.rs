@@ -72,6 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::redistribution_pair_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_table_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(batch::redistribution_pair_bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::redistribution_pair_estimates, m)?)?;
     m.add_function(wrap_pyfunction!(batch::allreduce_costs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::gathered_sum, m)?)?;
     m.add_function(wrap_pyfunction!(batch::min_plus, m)?)?;
