@@ -705,9 +705,10 @@ def _refine(
     """Price the chosen class pairs not yet exact by one call of ``price`` (one watched call of
     the optimal planner per round, not one per edge and direction); True if there was one.
     Without ``spare``, the next direction of each (the forward first, the backward once the
-    assignment picks the pair again: most pairs priced are dropped after their first direction). With ``spare``, both directions (the
-    assignment is then priced exactly); then, by a second call, the next direction of each class
-    pair ``nearest`` gives once those are priced (at most ``spare``, each still a bound): where a
+    assignment picks the pair again: most pairs priced are dropped after their first
+    direction). With ``spare``, both directions (the assignment is then priced exactly, but for
+    searches stopped short); then, by a second call, the next direction of each class pair
+    ``nearest`` gives once those are priced (at most ``spare``, each still a bound): where a
     solve costs more than pricing many pairs, the pairs the next rounds would pick are priced in
     this one."""
     todo = [
