@@ -1185,7 +1185,7 @@ def build_tables(
                 _tighten(least, bounds, min(best, floor + LAZY_BAND * abs(floor)), tight)
             return _nearest(least, bounds, best, spare)
 
-        return _refine(chosen, exact, spare, nearest)
+        return _refine(chosen, estimated, spare, nearest)
 
     def tight(
         s: list[Layout], t: list[Layout], dtypes: list[float]
@@ -1198,7 +1198,7 @@ def build_tables(
     # searched to the end (the pairs of this search, each with its bytes per element).
     searched: set[tuple[Layout, Layout, float]] = set()
 
-    def exact(
+    def estimated(
         s: list[Layout], t: list[Layout], dtypes: list[float]
     ) -> tuple[np.ndarray, np.ndarray]:
         pairs = list(zip(s, t, dtypes, strict=True))

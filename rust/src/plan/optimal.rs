@@ -335,7 +335,7 @@ pub(crate) fn solve(
 }
 
 /// What [`solve_within`] ends with.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) enum Solved {
     /// The path [`solve`] gives.
     Path(Path),
