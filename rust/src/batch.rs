@@ -174,7 +174,7 @@ fn paper_costs(
     let per_job = (PAIRS_PER_JOB / width.max(1)).max(1);
     pieces
         .par_chunks_mut(per_job)
-        .try_for_each_init(paper::Scratch::default, |scratch, job| {
+        .try_for_each_init(paper::Scratch::kept, |scratch, job| {
             for piece in job {
                 let (i, j) = (piece.row, piece.column);
                 let run = paper::Run {
@@ -184,7 +184,7 @@ fn paper_costs(
                     costs: &mut *piece.costs,
                     volumes: piece.volumes.as_deref_mut(),
                 };
-                paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch)?;
+                paper::run_costs(run, stop, cluster, dtype_bytes, model, scratch.get())?;
             }
             Ok::<_, Error>(())
         })
@@ -510,7 +510,7 @@ fn paper_pair_costs(
         let found = pairs
             .par_iter()
             .with_min_len(PAIRS_PER_JOB)
-            .map_init(paper::Scratch::default, |scratch, &k| {
+            .map_init(paper::Scratch::kept, |scratch, &k| {
                 let (i, j) = (src_index[k], tgt_index[k]);
                 let mut cost = 0.0;
                 let run = paper::Run {
@@ -520,7 +520,7 @@ fn paper_pair_costs(
                     costs: std::slice::from_mut(&mut cost),
                     volumes: None,
                 };
-                paper::run_costs(run, stop, cluster, bytes, model, scratch).map(|()| cost)
+                paper::run_costs(run, stop, cluster, bytes, model, scratch.get()).map(|()| cost)
             })
             .collect::<Result<Vec<f64>>>()?;
         for (k, cost) in pairs.into_iter().zip(found) {
@@ -1017,6 +1017,39 @@ pub(crate) mod tests {
             }
         }
         assert!(fallbacks > 0);
+    }
+
+    /// Each thread keeps its scratch, step prices and all, from one call to the next
+    /// ([`paper::Scratch::kept`]): calls that alternate clusters, element sizes and cost models
+    /// on one tensor's layouts (the step prices' keys are the same) each give the plans' costs
+    /// bit for bit, as a scratch that kept the last call's prices would not.
+    #[test]
+    fn kept_scratch_prices_each_call_on_its_own_cluster() {
+        let layouts: Vec<Layout> = layouts_of_64().into_iter().step_by(4).collect();
+        let n = layouts.len();
+        let two = Cluster::hierarchy(&[(4, 60e9, 1e-6), (2, 6e9, 5e-6)], None, Replicas::Flat);
+        let three = Cluster::hierarchy(&[(2, 40e9, 2e-6), (4, 4e9, 9e-6)], None, Replicas::Shared);
+        let clusters = [two.unwrap(), three.unwrap()];
+        for _ in 0..2 {
+            for (cluster, bytes, model) in [
+                (&clusters[0], 2.0, CostModel::Topology),
+                (&clusters[1], 2.0, CostModel::Topology),
+                (&clusters[1], 4.0, CostModel::Topology),
+                (&clusters[0], 4.0, CostModel::Volume),
+            ] {
+                let got =
+                    redistribution_costs(&layouts, &layouts, cluster, bytes, model, Planner::Paper)
+                        .unwrap();
+                for (i, a) in layouts.iter().enumerate() {
+                    for (j, b) in layouts.iter().enumerate() {
+                        let plan =
+                            plan_redistribution(a, b, Planner::Paper, Objective::Volume).unwrap();
+                        let want = plan.cost(cluster, bytes, model).unwrap();
+                        assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{a:?} to {b:?}");
+                    }
+                }
+            }
+        }
     }
 
     /// The kernel reads each step's group, distinct dims and shard off rank bits; the plan's ops
