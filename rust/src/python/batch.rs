@@ -28,7 +28,7 @@ use crate::minplus;
 use crate::pareto;
 use crate::plan::Planner;
 use crate::rows;
-use crate::topology::CostModel;
+use crate::topology::{Cluster, CostModel};
 
 /// The matrix of redistribution costs from each source to each target, on all cores; a
 /// [`Error::TimeLimit`] if `time_limit` seconds pass first. With `out` (a writable float64
@@ -150,28 +150,15 @@ pub(super) fn redistribution_pair_costs<'py>(
     time_limit: Option<Num<f64>>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let planner = Planner::parse(planner)?;
-    let (sources, targets) = (inners(&sources), inners(&targets));
-    let cluster = cluster.inner.clone();
-    let dtype_bytes = dtype_bytes
-        .iter()
-        .map(|b| b.get("dtype_bytes", Error::Topology))
-        .collect::<Result<Vec<_>, _>>()?;
-    let model = CostModel::parse(model)?;
-    let time_limit = seconds(time_limit)?;
+    let call = PairCall::of(&sources, &targets, &dtype_bytes, cluster, model, time_limit)?;
     let stop = AtomicBool::new(false);
     let run = || {
-        batch::pair_costs_until(
-            &sources,
-            &targets,
-            &dtype_bytes,
-            &cluster,
-            model,
-            planner,
-            &stop,
-        )
+        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        batch::pair_costs_until(s, t, b, &call.cluster, call.model, planner, &stop)
     };
-    let what = || format!("{} redistributions", sources.len());
-    let costs = priced(py, &stop, planner, sources.len(), time_limit, what, run)?;
+    let n = call.sources.len();
+    let what = || format!("{n} redistributions");
+    let costs = priced(py, &stop, planner, n, call.time_limit, what, run)?;
     Ok(costs.into_pyarray(py))
 }
 
@@ -259,21 +246,15 @@ pub(super) fn redistribution_pair_bounds<'py>(
     model: &str,
     time_limit: Option<Num<f64>>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<bool>>)> {
-    let (sources, targets) = (inners(&sources), inners(&targets));
-    let cluster = cluster.inner.clone();
-    let dtype_bytes = dtype_bytes
-        .iter()
-        .map(|b| b.get("dtype_bytes", Error::Topology))
-        .collect::<Result<Vec<_>, _>>()?;
-    let model = CostModel::parse(model)?;
-    let time_limit = seconds(time_limit)?;
+    let call = PairCall::of(&sources, &targets, &dtype_bytes, cluster, model, time_limit)?;
     let stop = AtomicBool::new(false);
-    let run = || batch::pair_bounds_until(&sources, &targets, &dtype_bytes, &cluster, model, &stop);
-    let what = || {
-        let n = sources.len();
-        format!("the time limit ran out while bounding {n} redistributions")
+    let run = || {
+        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        batch::pair_bounds_until(s, t, b, &call.cluster, call.model, &stop)
     };
-    let found = watched(py, &stop, time_limit, what, run)??;
+    let n = call.sources.len();
+    let what = || format!("the time limit ran out while bounding {n} redistributions");
+    let found = watched(py, &stop, call.time_limit, what, run)??;
     let (bounds, exact) = found.expect("nothing stopped the batch");
     Ok((bounds.into_pyarray(py), exact.into_pyarray(py)))
 }
@@ -299,12 +280,7 @@ pub(super) fn redistribution_pair_estimates<'py>(
     model: &str,
     time_limit: Option<Num<f64>>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<bool>>)> {
-    let (sources, targets) = (inners(&sources), inners(&targets));
-    let cluster = cluster.inner.clone();
-    let dtype_bytes = dtype_bytes
-        .iter()
-        .map(|b| b.get("dtype_bytes", Error::Topology))
-        .collect::<Result<Vec<_>, _>>()?;
+    let call = PairCall::of(&sources, &targets, &dtype_bytes, cluster, model, time_limit)?;
     let expansions = expansions
         .iter()
         .map(|e| {
@@ -320,27 +296,51 @@ pub(super) fn redistribution_pair_estimates<'py>(
                 .map(|c| c.map(|c| usize::try_from(c).unwrap_or(usize::MAX)))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let model = CostModel::parse(model)?;
-    let time_limit = seconds(time_limit)?;
     let stop = AtomicBool::new(false);
     let run = || {
-        batch::pair_estimates_until(
-            &sources,
-            &targets,
-            &dtype_bytes,
-            &expansions,
-            &cluster,
-            model,
-            &stop,
-        )
+        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        batch::pair_estimates_until(s, t, b, &expansions, &call.cluster, call.model, &stop)
     };
-    let what = || {
-        let n = sources.len();
-        format!("the time limit ran out while pricing {n} redistributions")
-    };
-    let found = watched(py, &stop, time_limit, what, run)??;
+    let n = call.sources.len();
+    let what = || format!("the time limit ran out while pricing {n} redistributions");
+    let found = watched(py, &stop, call.time_limit, what, run)??;
     let (costs, exact) = found.expect("nothing stopped the batch");
     Ok((costs.into_pyarray(py), exact.into_pyarray(py)))
+}
+
+/// The arguments every pair binding takes, converted: the layouts copied (the work runs without
+/// the GIL), each pair's element size, the cost model and the time limit checked.
+struct PairCall {
+    sources: Vec<Layout>,
+    targets: Vec<Layout>,
+    dtype_bytes: Vec<f64>,
+    cluster: Cluster,
+    model: CostModel,
+    time_limit: Option<f64>,
+}
+
+impl PairCall {
+    fn of(
+        sources: &[Bound<'_, PyLayout>],
+        targets: &[Bound<'_, PyLayout>],
+        dtype_bytes: &[Num<f64>],
+        cluster: &PyCluster,
+        model: &str,
+        time_limit: Option<Num<f64>>,
+    ) -> PyResult<Self> {
+        let dtype_bytes = dtype_bytes
+            .iter()
+            .map(|b| b.get("dtype_bytes", Error::Topology))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PairCall {
+            sources: inners(sources),
+            targets: inners(targets),
+            dtype_bytes,
+            cluster: cluster.inner.clone(),
+            model: CostModel::parse(model)?,
+            time_limit: seconds(time_limit)?,
+        })
+    }
 }
 
 /// The core's layouts of Python ones (copied: the work runs without the GIL).
