@@ -682,8 +682,9 @@ LAZY_BAND = 0.01
 #: the least estimate the search left bounds the pair, and the next round searches it to the
 #: end only if its assignment picks the pair again. Of AlexNet 64's 173 pairs priced, 160 were
 #: dropped once priced, their searches most of the pricing; a bound nearer their cost drops
-#: most of them too. Searches that stop short and again in full took the fewest instructions
-#: there (docs/performance.md), at 512 rather than 128 or 256 or stopping again at 4x.
+#: most of them too. Searches that stop short and then run in full took the fewest
+#: instructions there at 512 (docs/performance.md: 128 to 2,048 measured, and stopping at 256,
+#: then 4x as many each time).
 FIRST_EXPANSIONS = 512
 
 #: A class pair of a :class:`_Bound`: the bound and the pair's source and target classes.
