@@ -146,10 +146,7 @@ pub(crate) fn shortest_plan_bound<'p>(
 ) -> Result<f64> {
     let (prelude, epilogue) = paper::lined_up_prepared(a, b, scratch)?;
     if let Some(bound) = lower_bound(scratch) {
-        // The ops outside the search. Scaled down by a hair: the plan's price adds its ops in
-        // another order.
-        let outside = objective.sum(prelude.iter().chain(&epilogue));
-        return Ok((outside + bound) * (1.0 - 1e-12));
+        return Ok(with_outside(objective, (&prelude, &epilogue), bound));
     }
     // The plan's price, its ops in order.
     let (source, target) = scratch.pair();
@@ -185,13 +182,24 @@ pub(crate) fn plan_bound_within(
     )?;
     Ok(match solved {
         Solved::Path(_) => None,
-        // Scaled down by a hair, as the bounds at the source are: the plan's price adds its
-        // ops in another order.
-        Solved::AtLeast(least) => {
-            let outside = objective.sum(plan.prelude.iter().chain(&plan.epilogue));
-            Some((outside + least) * (1.0 - 1e-12))
-        }
+        Solved::AtLeast(least) => Some(with_outside(
+            objective,
+            (&plan.prelude, &plan.epilogue),
+            least,
+        )),
     })
+}
+
+/// A lower bound on a plan's price from `bound`, one on its search's part: the ops outside the
+/// search (`prelude` and `epilogue`) at their price added, scaled down by a hair (the plan's
+/// price adds its ops in another order).
+fn with_outside(
+    objective: Objective<'_>,
+    (prelude, epilogue): (&[CommOp], &[CommOp]),
+    bound: f64,
+) -> f64 {
+    let outside = objective.sum(prelude.iter().chain(epilogue));
+    (outside + bound) * (1.0 - 1e-12)
 }
 
 /// The search [`shortest_plan_by`] runs for `a` and `b` (`None` if it runs none).

@@ -757,7 +757,6 @@ impl StepPrices {
         if self.tag == 0 {
             self.slots.fill((0, 0.0));
         }
-        self.elements = 0;
     }
 
     /// A step's key: its group's and distinct dims' rank bits (under `2^BITS` when they fit)
