@@ -1814,7 +1814,7 @@ mod tests {
     /// docs/performance.md, issue 23, h-flat49). The bound at the source never exceeds the
     /// least price of a plain Dijkstra, no step lowers it by more than it prices, and A* finds
     /// that price; and on some of them the bound at the source is
-    /// [`Space::unsummed`](space::Space) (a node lacking a coordinate of a sum lacks all it
+    /// [`Space::bring`](space::Space) (a node lacking a coordinate of a sum lacks all it
     /// needs), the slow pairs' case.
     #[test]
     fn alexnet_64_partial_pairs_are_bounded_below_dijkstra() {
@@ -1895,7 +1895,8 @@ mod tests {
                     };
                     same_as_dijkstra(&a, &b, objective);
                     let (start, _) = bound_and_least(&a, &b, objective);
-                    let term = Space::new(&a, &b, objective).unsummed(State::of(&a).partial);
+                    let state = State::of(&a);
+                    let term = Space::new(&a, &b, objective).bring(&state, state.partial).1;
                     unsummed += usize::from(start.to_bits() == (term * (1.0 - 1e-9)).to_bits());
                     compared += 1;
                 }
@@ -1954,6 +1955,37 @@ mod tests {
             }
         }
         assert!(compared > 1000, "{compared}");
+    }
+
+    /// Every unit at once ([`Space::bring`]): where a device lacks more than its node, the
+    /// rest comes in at the faster rate on top of what the node brings in, a bound above the
+    /// dearest unit's alone on some pairs of 16 devices (two levels and three, flat replicas);
+    /// on those it never exceeds the least price, no step of a plain Dijkstra lowers it by
+    /// more than it prices, and the search finds that price.
+    #[test]
+    fn units_at_once_bound_above_the_dearest_alone() {
+        let (shape, matrix) = ([8u64, 4, 8, 2], [2u64, 2, 4]);
+        let (maps, clusters) = sixteen_devices(&shape, &matrix);
+        let mut above = 0;
+        for a in &maps {
+            for b in &maps {
+                let (a, b) = (layout(&shape, &matrix, a), layout(&shape, &matrix, b));
+                for cluster in clusters.iter().filter(|c| c.replicas() == Replicas::Flat) {
+                    let objective = Objective::Seconds {
+                        cluster,
+                        dtype_bytes: 2.0,
+                    };
+                    let space = Space::new(&a, &b, objective);
+                    let state = State::of(&a);
+                    let (all, _) = space.bring(&state, 0);
+                    if all > space.dearest_unit(&state) * (1.0 + 1e-9) {
+                        same_as_dijkstra(&a, &b, objective);
+                        above += 1;
+                    }
+                }
+            }
+        }
+        assert!(above > 0);
     }
 
     /// Gemma 2's pairs on six size-2 device dims of 8 x 8 V100s whose searches held the most

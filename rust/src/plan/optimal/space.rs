@@ -523,7 +523,7 @@ fn preferred(source: &Layout, target: &Layout, objective: Objective<'_>) -> Vec<
     order
 }
 
-/// A unit of devices the elements entering which bound the price ([`Space::entering`]), as the
+/// A unit of devices the elements entering which bound the price ([`Space::bring`]), as the
 /// cluster gives it on layouts of one device matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Unit {
@@ -537,11 +537,10 @@ pub(super) struct Unit {
 }
 
 impl Unit {
-    /// The price of bringing into the unit what it lacks of the `needed` elements its devices
-    /// need together ([`Space::entering`]'s term for one unit; 0 if it lacks none), the tensor
-    /// dims mapped as `maps` gives them: per dim, the device dim splitting it now and in the
-    /// goal (-1 for none).
-    fn lacking(&self, needed: f64, maps: impl IntoIterator<Item = (i8, i8)>) -> f64 {
+    /// The elements the unit lacks of the `needed` elements its devices need together
+    /// ([`Space::bring`]'s term for one unit), the tensor dims mapped as `maps` gives them:
+    /// per dim, the device dim splitting it now and in the goal (-1 for none).
+    fn lack(&self, needed: f64, maps: impl IntoIterator<Item = (i8, i8)>) -> f64 {
         let mut part = 1.0;
         for (m, t) in maps {
             let Ok(s) = usize::try_from(m) else { continue };
@@ -554,18 +553,53 @@ impl Unit {
             }
             part *= self.held[s];
         }
-        let lacking = needed * (1.0 - part);
-        if lacking > 0.0 {
-            self.latency + self.rate * lacking
-        } else {
-            0.0
+        needed * (1.0 - part)
+    }
+
+    /// Whether the unit lacks a coordinate of some device dim of `dims` (a mask).
+    fn lacks_any(&self, dims: u64) -> bool {
+        bits(dims).any(|k| self.held[k] < 1.0)
+    }
+}
+
+/// The least price of bringing elements into nested units at once ([`Space::bring`]): the
+/// units innermost first (a device, then a unit of each level), each with the elements it
+/// lacks, fed outermost first ([`Nested::add`]). An op of a level brings into every unit below
+/// it at most what its price pays for at that level's rate, so with `B_i` the elements ops
+/// bring into units of `i` or higher at the rate of `i` (the rates grow outward: a unit's is
+/// the fastest level above it), their least price is `sum_i B_i (r_i - r_{i-1})` over the
+/// suffix sums `B_i`, each at least the most any unit of `i` or higher lacks: a device lacking
+/// more than its node brings the rest in at the faster rate, where the dearest unit alone
+/// priced everything at one rate. One latency: that of the outermost unit lacking something
+/// (the op bringing into it pays at least that). Each op lowers the price by no more than it
+/// pays: the bound stays consistent.
+#[derive(Default)]
+struct Nested {
+    most: f64,
+    price: f64,
+    latency: Option<f64>,
+}
+
+impl Nested {
+    /// Unit `u` of `units`, lacking `lack` elements (the units past it added before).
+    fn add(&mut self, units: &[Unit], u: usize, lack: f64) {
+        let unit = &units[u];
+        if lack > 0.0 && self.latency.is_none() {
+            self.latency = Some(unit.latency);
         }
+        self.most = self.most.max(lack);
+        let inner = u.checked_sub(1).map_or(0.0, |v| units[v].rate);
+        self.price += self.most * (unit.rate - inner);
+    }
+
+    fn price(&self) -> f64 {
+        self.latency.map_or(0.0, |latency| latency + self.price)
     }
 }
 
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
 /// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
-/// [`Space::entering`]. Working them out again for every pair took about a sixth of bounding
+/// [`Space::bring`]. Working them out again for every pair took about a sixth of bounding
 /// one.
 pub(super) struct MatrixBounds {
     least_rates: LeastRates,
@@ -876,16 +910,16 @@ impl MatrixBounds {
                 .fold(f64::INFINITY, f64::min);
             removed += moving;
         }
-        // [`Space::entering`] and [`Space::unsummed`] at the source, unit by unit.
-        let (mut entering, mut unsummed) = (0.0, 0.0);
-        for unit in &self.units {
+        // [`Space::bring`] at the source, unit by unit.
+        let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
+        for (u, unit) in self.units.iter().enumerate().rev() {
             let needed = bits(pair.target_dims).fold(goal_shard, |n, k| n * unit.extents[k]);
-            if bits(sums).any(|k| unit.held[k] < 1.0) {
-                unsummed = f64::max(unsummed, unit.latency + unit.rate * needed);
-            }
-            entering = f64::max(entering, unit.lacking(needed, splits.iter().copied()));
+            let lack = unit.lack(needed, splits.iter().copied());
+            entering.add(&self.units, u, lack);
+            let whole = sums != 0 && unit.lacks_any(sums);
+            unsummed.add(&self.units, u, if whole { needed } else { lack });
         }
-        let bring = (entering + chained).max(unsummed);
+        let bring = (entering.price() + chained).max(unsummed.price());
         grow.max(last).max(bring).max(removed + chained) * (1.0 - 1e-9) * (1.0 - 1e-12)
     }
 }
@@ -1006,7 +1040,7 @@ pub(crate) struct Buffers {
     target_map: Vec<i8>,
     /// Per device dim, the device dims of the same size.
     same_size: Vec<u64>,
-    /// Per unit of [`Space::entering`], the elements the unit's devices need in the goal
+    /// Per unit of [`Space::bring`], the elements the unit's devices need in the goal
     /// together.
     needed: Vec<f64>,
     /// What building the rest works in: one op's rates.
@@ -1341,9 +1375,9 @@ impl<'a> Space<'a> {
     ///   size moves at least the difference; the partial sums' ops come on top;
     /// - unless slices alone reach the goal, the last other op moves at least half the goal's
     ///   shard (only slices follow it, and an op moves at least half its larger shard);
-    /// - the elements the devices of a unit need that none of them holds enter the unit
-    ///   ([`Space::entering`]); the partial sums' ops come on top; or, while a unit lacks a
-    ///   coordinate of a dim still to be summed, everything it needs ([`Space::unsummed`]);
+    /// - the elements the devices of a unit need that none of them holds enter the unit, every
+    ///   unit at once; the partial sums' ops come on top; or, while a unit lacks a coordinate
+    ///   of a dim still to be summed, everything it needs ([`Space::bring`]);
     /// - every split the goal does not have ends by an op of its own, and a split the goal
     ///   keeps on another device dim takes one op more ([`Space::removals`]); the partial sums'
     ///   ops come on top.
@@ -1381,7 +1415,8 @@ impl<'a> Space<'a> {
         } else {
             self.least_last
         };
-        let bring = (self.entering(state) + chained).max(self.unsummed(sums));
+        let (entering, unsummed) = self.bring(state, sums);
+        let bring = (entering + chained).max(unsummed);
         let removed = removed + chained;
         most.max(sum).max(grow).max(last).max(bring).max(removed) * (1.0 - 1e-9)
     }
@@ -1438,54 +1473,60 @@ impl<'a> Space<'a> {
         }
     }
 
-    /// A lower bound on the price of the ops other than sums from `state` to the goal: the
-    /// elements the devices of a unit need together that no device of the unit holds must be
-    /// brought into the unit ([`Objective::entering_rates`]: an op brings at most as many into
-    /// a unit, in all, as its price at the fastest level above the unit pays for), whichever
-    /// unit is the dearest. A unit holds `e_k` of the `d_k` coordinates of each device dim `k`
-    /// (an aligned block, independently of the other dims), so along a tensor dim `i` the goal
-    /// needs there, and the state holds there, an aligned interval: the part `e_t / d_t` of it
-    /// for the device dim `t` splitting it (all of it if none does). The unit needs and holds
-    /// the products of these intervals. If along some tensor dim both intervals are proper and
-    /// of different device dims, one of them lies outside the other in some unit: that unit
-    /// holds nothing it needs. Otherwise along every dim one interval holds the other (or they
-    /// are one), in every unit, and the unit holds the part of what it needs that is the
-    /// product, over the dims where the state's interval is the smaller, of that interval's
-    /// part. Sums, which bring no element (positions only), come on top. Each op lowers the
-    /// dearest unit's lack by at most what it brings into that unit: the bound is consistent.
-    /// With a device as the unit this is the elements a device lacks of its goal shard.
-    fn entering(&self, state: &State) -> f64 {
+    /// Lower bounds on the price of the steps from `state` to the goal: of the ops other than
+    /// sums, and of all of them while the device dims `sums` (a mask) hold partial sums to go.
+    ///
+    /// The first: the elements the devices of a unit need together that no device of the unit
+    /// holds must be brought into the unit ([`Objective::entering_rates`]: an op brings at most
+    /// as many into a unit, in all, as its price at the fastest level above the unit pays for),
+    /// every unit at once ([`Nested`]). A unit holds `e_k` of the `d_k` coordinates of each
+    /// device dim `k` (an aligned block, independently of the other dims), so along a tensor
+    /// dim `i` the goal needs there, and the state holds there, an aligned interval: the part
+    /// `e_t / d_t` of it for the device dim `t` splitting it (all of it if none does). The unit
+    /// needs and holds the products of these intervals. If along some tensor dim both intervals
+    /// are proper and of different device dims, one of them lies outside the other in some
+    /// unit: that unit holds nothing it needs. Otherwise along every dim one interval holds the
+    /// other (or they are one), in every unit, and the unit holds the part of what it needs
+    /// that is the product, over the dims where the state's interval is the smaller, of that
+    /// interval's part. Sums, which bring no element (positions only), come on top. With a
+    /// device as the unit this is the elements a device lacks of its goal shard.
+    ///
+    /// The second: a unit that lacks a coordinate of a sum holds no element it needs summed
+    /// (each needs a contribution from outside it), so all it needs must come in. A sum brings
+    /// in at least one value for each element it completes in the unit, and no other op
+    /// completes one, so no op lowers a unit's lack by more than it brings in: the bound is
+    /// consistent, and once the sums are done it is the first. It prices what the first leaves
+    /// to the sums on top: the split a reduce-scatter across units makes, which another op must
+    /// end (AlexNet 64's partial pairs across nodes).
+    pub(super) fn bring(&self, state: &State, sums: u64) -> (f64, f64) {
         let n = self.template.ndim();
-        self.entering
-            .iter()
-            .zip(&self.buf.needed)
-            .map(|(unit, &needed)| {
-                let maps = state.map[..n].iter().zip(&self.buf.target_map);
-                unit.lacking(needed, maps.map(|(&m, &t)| (m, t)))
-            })
-            .fold(0.0, f64::max)
+        let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
+        for (u, unit) in self.entering.iter().enumerate().rev() {
+            let needed = self.buf.needed[u];
+            let maps = state.map[..n].iter().zip(&self.buf.target_map);
+            let lack = unit.lack(needed, maps.map(|(&m, &t)| (m, t)));
+            entering.add(&self.entering, u, lack);
+            let whole = sums != 0 && unit.lacks_any(sums);
+            unsummed.add(&self.entering, u, if whole { needed } else { lack });
+        }
+        (entering.price(), unsummed.price())
     }
 
-    /// A lower bound on the price of the steps to the goal while the device dims `sums` (a
-    /// mask) hold partial sums to go: a unit that lacks a coordinate of one of them holds no
-    /// element it needs summed (each needs a contribution from outside it), so all it needs
-    /// (`needed`, [`Space::entering`]'s) must come in, by ops of a level above it, each bringing
-    /// in no more than its price pays for at the fastest of them. A sum brings in at least one
-    /// value for each element it completes in the unit, and no other op completes one, so no op
-    /// lowers the dearest unit's lack by more than it brings in: the bound is consistent, and
-    /// once the sums are done it is [`Space::entering`]'s. It prices what [`Space::entering`]
-    /// leaves to the sums on top: the split a reduce-scatter across units makes, which another
-    /// op must end (AlexNet 64's partial pairs across nodes).
-    pub(super) fn unsummed(&self, sums: u64) -> f64 {
-        // Most layouts a search reaches hold no sums to go: no unit to visit.
-        if sums == 0 {
-            return 0.0;
-        }
-        self.entering
-            .iter()
-            .zip(&self.buf.needed)
-            .filter(|(unit, _)| bits(sums).any(|k| unit.held[k] < 1.0))
-            .map(|(unit, &needed)| unit.latency + unit.rate * needed)
+    /// The dearest unit's price of bringing in what it lacks at `state`, alone: what
+    /// [`Space::bring`]'s first bound was before it took every unit at once.
+    #[cfg(test)]
+    pub(super) fn dearest_unit(&self, state: &State) -> f64 {
+        let n = self.template.ndim();
+        (self.entering.iter().zip(&self.buf.needed))
+            .map(|(unit, &needed)| {
+                let maps = state.map[..n].iter().zip(&self.buf.target_map);
+                let lack = unit.lack(needed, maps.map(|(&m, &t)| (m, t)));
+                if lack > 0.0 {
+                    unit.latency + unit.rate * lack
+                } else {
+                    0.0
+                }
+            })
             .fold(0.0, f64::max)
     }
 
