@@ -211,6 +211,51 @@ def test_a_pair_whose_search_stops_short_keeps_the_higher_bound_and_is_priced_ag
     assert calls == [[(a, b)]] * 3
 
 
+def test_a_priced_pair_settles_every_entry_of_the_same_pair():
+    # Priced through one class pair of one edge, a directed pair settles every entry holding it
+    # in the bounds given: the class pair of the same edge that differs only in its gradient,
+    # another edge's forward, and another edge's backward (the gradient's way back: d -> c is
+    # the pair c <- d); not an edge of other bytes per element. A bound priced short rises
+    # only where it was lower; an exact entry stays.
+    a, b = taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])
+    c, d = taps.Layout([8, 8], [8], [-1, -1]), taps.Layout([8, 8], [2, 4], [0, 1])
+
+    def bound(src, dst, dtype, forward, backward) -> tables._Bound:
+        shape = (len(src), len(dst))
+        parts = [np.full(shape, forward), np.full(shape, backward)]
+        exact = [np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)]
+        return tables._Bound(
+            parts[0] + parts[1], src, dst, True, dtype, parts, exact, *_unbounded(shape)
+        )
+
+    edge = bound([(a, c), (a, d)], [(b, d)], 4.0, 1.0, 2.0)
+    other = bound([(a, c)], [(b, c)], 4.0, 3.0, 0.5)
+    back = bound([(c, a)], [(c, b)], 4.0, 0.25, 0.5)  # its backward: b -> a
+    high = bound([(d, a)], [(d, b)], 4.0, 0.25, 3.0)
+    wide = bound([(a, c)], [(b, d)], 2.0, 1.0, 2.0)
+    every = [edge, other, back, high, wide]
+    answers = [([10.0], [True]), ([2.0], [False])]
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        cost, done = answers[len(calls) - 1]
+        return np.array(cost), np.array(done)
+
+    assert tables._refine([(edge, {(0, 0)})], price, every=every)
+    assert calls == [[(a, b, 4.0)]]
+    assert edge.parts[0].tolist() == [[10.0], [10.0]] and edge.exact[0].all()
+    assert other.parts[0][0, 0] == 10.0 and other.exact[0][0, 0]
+    assert edge.cost.tolist() == [[12.0], [12.0]] and other.cost[0, 0] == 10.5
+    assert not wide.exact[0].any() and wide.parts[0][0, 0] == 1.0
+    # b -> a, priced short at 2.0: back's backward rises from 0.5, high's stays at 3.0.
+    back.exact[0][:] = True
+    assert tables._refine([(back, {(0, 0)})], price, every=every)
+    assert calls[1] == [(b, a, 4.0)]
+    assert back.parts[1][0, 0] == 2.0 and not back.exact[1][0, 0] and back.cost[0, 0] == 2.25
+    assert high.parts[1][0, 0] == 3.0 and not high.exact[1][0, 0]
+
+
 def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
     # A 3 x 3 training edge, the assignment on (1, 1): both its directions priced first, then,
     # once they are, the next direction of each pair ``nearest`` gives, in its order, at most

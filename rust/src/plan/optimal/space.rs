@@ -597,6 +597,35 @@ impl Nested {
     }
 }
 
+/// [`Space::bring`]'s two bounds on `units` (each needing `needed` of it) from the splits
+/// `maps` gives (per tensor dim, the device dim splitting it now and in the goal) with the dims
+/// `sums` holding partial sums to go.
+fn bring<M: Iterator<Item = (i8, i8)>>(
+    units: &[Unit],
+    needed: impl Fn(usize, &Unit) -> f64,
+    maps: impl Fn() -> M,
+    sums: u64,
+) -> (f64, f64) {
+    let mut entering = Nested::default();
+    // Most layouts a search reaches hold no sums to go: then both are one.
+    if sums == 0 {
+        for (u, unit) in units.iter().enumerate().rev() {
+            entering.add(units, u, unit.lack(needed(u, unit), maps()));
+        }
+        let price = entering.price();
+        return (price, price);
+    }
+    let mut unsummed = Nested::default();
+    for (u, unit) in units.iter().enumerate().rev() {
+        let needed = needed(u, unit);
+        let lack = unit.lack(needed, maps());
+        entering.add(units, u, lack);
+        let whole = unit.lacks_any(sums);
+        unsummed.add(units, u, if whole { needed } else { lack });
+    }
+    (entering.price(), unsummed.price())
+}
+
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
 /// lower bounds on the ops' prices ([`Objective::least_rates_of`]) and the units of
 /// [`Space::bring`]. Working them out again for every pair took about a sixth of bounding
@@ -911,15 +940,10 @@ impl MatrixBounds {
             removed += moving;
         }
         // [`Space::bring`] at the source, unit by unit.
-        let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
-        for (u, unit) in self.units.iter().enumerate().rev() {
-            let needed = bits(pair.target_dims).fold(goal_shard, |n, k| n * unit.extents[k]);
-            let lack = unit.lack(needed, splits.iter().copied());
-            entering.add(&self.units, u, lack);
-            let whole = sums != 0 && unit.lacks_any(sums);
-            unsummed.add(&self.units, u, if whole { needed } else { lack });
-        }
-        let bring = (entering.price() + chained).max(unsummed.price());
+        let needed =
+            |_, unit: &Unit| bits(pair.target_dims).fold(goal_shard, |n, k| n * unit.extents[k]);
+        let (entering, unsummed) = bring(&self.units, needed, || splits.iter().copied(), sums);
+        let bring = (entering + chained).max(unsummed);
         grow.max(last).max(bring).max(removed + chained) * (1.0 - 1e-9) * (1.0 - 1e-12)
     }
 }
@@ -1500,16 +1524,11 @@ impl<'a> Space<'a> {
     /// end (AlexNet 64's partial pairs across nodes).
     pub(super) fn bring(&self, state: &State, sums: u64) -> (f64, f64) {
         let n = self.template.ndim();
-        let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
-        for (u, unit) in self.entering.iter().enumerate().rev() {
-            let needed = self.buf.needed[u];
+        let maps = || {
             let maps = state.map[..n].iter().zip(&self.buf.target_map);
-            let lack = unit.lack(needed, maps.map(|(&m, &t)| (m, t)));
-            entering.add(&self.entering, u, lack);
-            let whole = sums != 0 && unit.lacks_any(sums);
-            unsummed.add(&self.entering, u, if whole { needed } else { lack });
-        }
-        (entering.price(), unsummed.price())
+            maps.map(|(&m, &t)| (m, t))
+        };
+        bring(&self.entering, |u, _| self.buf.needed[u], maps, sums)
     }
 
     /// The dearest unit's price of bringing in what it lacks at `state`, alone: what
