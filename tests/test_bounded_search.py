@@ -233,7 +233,7 @@ def test_a_priced_pair_settles_every_entry_of_the_same_pair():
     back = bound([(c, a)], [(c, b)], 4.0, 0.25, 0.5)  # its backward: b -> a
     high = bound([(d, a)], [(d, b)], 4.0, 0.25, 3.0)
     wide = bound([(a, c)], [(b, d)], 2.0, 1.0, 2.0)
-    every = [edge, other, back, high, wide]
+    places = tables._Places([edge, other, back, high, wide])
     answers = [([10.0], [True]), ([2.0], [False])]
     calls = []
 
@@ -242,7 +242,7 @@ def test_a_priced_pair_settles_every_entry_of_the_same_pair():
         cost, done = answers[len(calls) - 1]
         return np.array(cost), np.array(done)
 
-    assert tables._refine([(edge, {(0, 0)})], price, every=every)
+    assert tables._refine([(edge, {(0, 0)})], price, places=places)
     assert calls == [[(a, b, 4.0)]]
     assert edge.parts[0].tolist() == [[10.0], [10.0]] and edge.exact[0].all()
     assert other.parts[0][0, 0] == 10.0 and other.exact[0][0, 0]
@@ -250,7 +250,7 @@ def test_a_priced_pair_settles_every_entry_of_the_same_pair():
     assert not wide.exact[0].any() and wide.parts[0][0, 0] == 1.0
     # b -> a, priced short at 2.0: back's backward rises from 0.5, high's stays at 3.0.
     back.exact[0][:] = True
-    assert tables._refine([(back, {(0, 0)})], price, every=every)
+    assert tables._refine([(back, {(0, 0)})], price, places=places)
     assert calls[1] == [(b, a, 4.0)]
     assert back.parts[1][0, 0] == 2.0 and not back.exact[1][0, 0] and back.cost[0, 0] == 2.25
     assert high.parts[1][0, 0] == 3.0 and not high.exact[1][0, 0]

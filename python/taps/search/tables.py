@@ -8,7 +8,7 @@ import mmap
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -661,21 +661,13 @@ class _Bound:
         # Added as the full tables add them: the forward cost, then the backward.
         self.cost[i, j] = self.parts[0][i, j] + self.parts[1][i, j]
 
-    def holding(self, s: Layout, t: Layout) -> Iterator[tuple[int, int, int]]:
-        """Every entry whose direction is the directed pair ``s -> t``: the direction, the row
-        and the column (a few: scalars, not arrays, are the cheaper). The backward's sources
-        are the targets' gradients."""
+    def ends(self) -> list[tuple[_Side, _Side]]:
+        """Per direction, the layouts of its sources (the rows of the forward, the columns of
+        the backward: the targets' gradients) and of its targets."""
         ends = [(_side(self.src, 0), _side(self.dst, 0))]
         if self.backward:
             ends.append((_side(self.dst, 1), _side(self.src, 1)))
-        for direction, (sources, targets) in enumerate(ends):
-            a, b = sources.where.get(s), targets.where.get(t)
-            if a is None or b is None:
-                continue
-            rows, cols = (a, b) if direction == 0 else (b, a)
-            for i in rows:
-                for j in cols:
-                    yield direction, i, j
+        return ends
 
     def dearer(self, i: int, j: int) -> float:
         """How much more than its bound class pair ``(i, j)`` costs at most: up to Algorithm 1's
@@ -684,6 +676,34 @@ class _Bound:
             0.0 if e[i, j] else float(u[i, j] - p[i, j])
             for p, e, u in zip(self.parts, self.exact, self.upper, strict=True)
         )
+
+
+class _Places:
+    """Where each directed layout pair lies in some bounds' matrices: every entry holding it,
+    in each direction (worked out once per search: a priced pair settles them all,
+    :func:`_settle`)."""
+
+    def __init__(self, bounds: Iterable[_Bound]) -> None:
+        #: Per source layout and bytes per element: each bound and direction holding it, the
+        #: rows (or columns) holding it, and the direction's targets.
+        self._at: dict[tuple[Layout, float], list[tuple[_Bound, int, list[int], _Side]]] = {}
+        for b in bounds:
+            for direction, (sources, targets) in enumerate(b.ends()):
+                for layout, at in sources.where.items():
+                    held = (b, direction, at, targets)
+                    self._at.setdefault((layout, b.dtype), []).append(held)
+
+    def of(self, s: Layout, t: Layout, dtype: float) -> Iterator[tuple[_Bound, int, int, int]]:
+        """Every entry of directed pair ``s -> t`` of ``dtype`` bytes per element: its bound,
+        direction, row and column (a few: scalars, not arrays, are the cheaper)."""
+        for b, direction, at, targets in self._at.get((s, dtype), ()):
+            other = targets.where.get(t)
+            if other is None:
+                continue
+            rows, cols = (at, other) if direction == 0 else (other, at)
+            for i in rows:
+                for j in cols:
+                    yield b, direction, i, j
 
 
 #: The optimal search's rounds price one more directed pair per this many entries of the edges'
@@ -726,7 +746,7 @@ def _refine(
     price: _Estimate,
     spare: int = 0,
     nearest: Callable[[], list[_ClassPair]] | None = None,
-    every: Sequence[_Bound] = (),
+    places: _Places | None = None,
 ) -> bool:
     """Price the chosen class pairs not yet exact by one call of ``price`` (one watched call of
     the optimal planner per round, not one per edge and direction); True if there was one.
@@ -736,7 +756,8 @@ def _refine(
     searches stopped short); then, by a second call, the next direction of each class pair
     ``nearest`` gives once those are priced (at most ``spare``, each still a bound): where a
     solve costs more than pricing many pairs, the pairs the next rounds would pick are priced in
-    this one. A pair priced settles its entries in ``every`` bound too (:func:`_settle`)."""
+    this one. A pair priced settles every entry of it in ``places`` too (:func:`_settle`; the
+    chosen bounds' if None)."""
     todo = [
         (b, i, j, *step)
         for b, pairs in chosen
@@ -745,11 +766,13 @@ def _refine(
     ]
     if not todo:
         return False
-    _settle(todo, price, every)
+    if places is None:
+        places = _Places(b for b, _ in chosen)
+    _settle(todo, price, places)
     if nearest is not None:
         more = [(b, i, j, *b.inexact(i, j)[0]) for b, i, j in nearest()[:spare]]
         if more:
-            _settle(more, price, every)
+            _settle(more, price, places)
     return True
 
 
@@ -871,31 +894,24 @@ def _tighten(
 
 
 def _settle(
-    todo: list[tuple[_Bound, int, int, int, Layout, Layout]],
-    price: _Estimate,
-    every: Sequence[_Bound] = (),
+    todo: list[tuple[_Bound, int, int, int, Layout, Layout]], price: _Estimate, places: _Places
 ) -> None:
     """Price every direction of ``todo`` by one call of ``price``: its cost, or a bound no lower
-    than the one it had where the search stopped short. So is every other entry of the same
-    pair in ``todo``'s bounds and ``every`` (other edges, and class pairs of one edge that
-    differ in the other direction): else a later solve picks it at its old bound, and a round
-    goes on pricing it again (AlexNet 64: 14 of 174 pairs)."""
+    than the one it had where the search stopped short; and so every other entry of the same
+    pair in ``places`` (other edges, and class pairs of one edge that differ in the other
+    direction): else a later solve picks it at its old bound, and a round goes on pricing it
+    again (AlexNet 64: 14 of 174 pairs)."""
     index: dict[tuple[Layout, Layout, float], int] = {}
     for b, _, _, _, s, t in todo:
         _at(index, s, t, b.dtype)
     costs, exact = _priced(index, price)
-    held = {id(b): b for b in [*every, *(b for b, *_ in todo)]}
-    by_dtype: dict[float, list[_Bound]] = {}
-    for b in held.values():
-        by_dtype.setdefault(b.dtype, []).append(b)
     for (s, t, dtype), k in index.items():
         cost, known = float(costs[k]), bool(exact[k])
-        for b in by_dtype[dtype]:
-            for direction, i, j in b.holding(s, t):
-                # An exact entry stays; a bound only rises.
-                if not b.exact[direction][i, j]:
-                    was = float(b.parts[direction][i, j])
-                    b.settle(direction, i, j, cost if known else max(was, cost), known)
+        for b, direction, i, j in places.of(s, t, dtype):
+            # An exact entry stays; a bound only rises.
+            if not b.exact[direction][i, j]:
+                was = float(b.parts[direction][i, j])
+                b.settle(direction, i, j, cost if known else max(was, cost), known)
 
 
 def _at(index: dict[tuple[Layout, Layout, float], int], s: Layout, t: Layout, dtype: float) -> int:
@@ -1198,8 +1214,12 @@ def build_tables(
     spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
     spare = spare if spare >= MIN_SPARE else 0
     best = np.inf  # the least cost of an assignment the rounds priced exactly
+    places: _Places | None = None  # the bounds' entries by pair, once a round needs them
 
     def refine(choice: Mapping[str, int], products: Products | None = None) -> bool:
+        nonlocal places
+        if places is None:
+            places = _Places(bounds.values())
         pairs: dict[int, set[tuple[int, int]]] = {}
         for e in edges:
             i = int(e.source_class[choice[e.edge.producer]])
@@ -1226,7 +1246,7 @@ def build_tables(
                 _tighten(least, bounds, min(best, floor + LAZY_BAND * abs(floor)), tight)
             return _nearest(least, bounds, best, spare)
 
-        return _refine(chosen, estimated, spare, nearest, list(bounds.values()))
+        return _refine(chosen, estimated, spare, nearest, places)
 
     def tight(
         s: list[Layout], t: list[Layout], dtypes: list[float]
