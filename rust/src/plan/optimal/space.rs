@@ -597,9 +597,9 @@ impl Nested {
     }
 }
 
-/// [`Space::bring`]'s two bounds on `units` (each needing `needed` of it) from the splits
-/// `maps` gives (per tensor dim, the device dim splitting it now and in the goal) with the dims
-/// `sums` holding partial sums to go.
+/// [`Space::bring`]'s two bounds on `units`, unit `u`'s devices needing `needed(u, unit)`
+/// elements together, from the splits `maps` gives (per tensor dim, the device dim splitting it
+/// now and in the goal), the dims `sums` holding partial sums to go.
 fn bring<M: Iterator<Item = (i8, i8)>>(
     units: &[Unit],
     needed: impl Fn(usize, &Unit) -> f64,
