@@ -1214,12 +1214,9 @@ def build_tables(
     spare = sum(e.cost.size for e in edges) // ENTRIES_PER_SPARE_PAIR
     spare = spare if spare >= MIN_SPARE else 0
     best = np.inf  # the least cost of an assignment the rounds priced exactly
-    places: _Places | None = None  # the bounds' entries by pair, once a round needs them
+    places = _Places(bounds.values())  # the bounds' entries by pair
 
     def refine(choice: Mapping[str, int], products: Products | None = None) -> bool:
-        nonlocal places
-        if places is None:
-            places = _Places(bounds.values())
         pairs: dict[int, set[tuple[int, int]]] = {}
         for e in edges:
             i = int(e.source_class[choice[e.edge.producer]])

@@ -153,7 +153,7 @@ pub(super) fn redistribution_pair_costs<'py>(
     let call = PairCall::of(&sources, &targets, &dtype_bytes, cluster, model, time_limit)?;
     let stop = AtomicBool::new(false);
     let run = || {
-        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        let (s, t, b) = call.pairs();
         batch::pair_costs_until(s, t, b, &call.cluster, call.model, planner, &stop)
     };
     let n = call.sources.len();
@@ -249,7 +249,7 @@ pub(super) fn redistribution_pair_bounds<'py>(
     let call = PairCall::of(&sources, &targets, &dtype_bytes, cluster, model, time_limit)?;
     let stop = AtomicBool::new(false);
     let run = || {
-        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        let (s, t, b) = call.pairs();
         batch::pair_bounds_until(s, t, b, &call.cluster, call.model, &stop)
     };
     let n = call.sources.len();
@@ -298,7 +298,7 @@ pub(super) fn redistribution_pair_estimates<'py>(
         .collect::<Result<Vec<_>, _>>()?;
     let stop = AtomicBool::new(false);
     let run = || {
-        let (s, t, b) = (&call.sources, &call.targets, &call.dtype_bytes);
+        let (s, t, b) = call.pairs();
         batch::pair_estimates_until(s, t, b, &expansions, &call.cluster, call.model, &stop)
     };
     let n = call.sources.len();
@@ -320,6 +320,11 @@ struct PairCall {
 }
 
 impl PairCall {
+    /// The sources, targets and element sizes, pair by pair.
+    fn pairs(&self) -> (&[Layout], &[Layout], &[f64]) {
+        (&self.sources, &self.targets, &self.dtype_bytes)
+    }
+
     fn of(
         sources: &[Bound<'_, PyLayout>],
         targets: &[Bound<'_, PyLayout>],

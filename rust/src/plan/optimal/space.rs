@@ -606,24 +606,26 @@ fn bring<M: Iterator<Item = (i8, i8)>>(
     maps: impl Fn() -> M,
     sums: u64,
 ) -> (f64, f64) {
-    let mut entering = Nested::default();
-    // Most layouts a search reaches hold no sums to go: then both are one.
-    if sums == 0 {
-        for (u, unit) in units.iter().enumerate().rev() {
-            entering.add(units, u, unit.lack(needed(u, unit), maps()));
-        }
-        let price = entering.price();
-        return (price, price);
-    }
-    let mut unsummed = Nested::default();
+    let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
     for (u, unit) in units.iter().enumerate().rev() {
         let needed = needed(u, unit);
         let lack = unit.lack(needed, maps());
         entering.add(units, u, lack);
-        let whole = unit.lacks_any(sums);
-        unsummed.add(units, u, if whole { needed } else { lack });
+        // Most layouts a search reaches hold no sums to go: then both are one.
+        if sums != 0 {
+            let whole = unit.lacks_any(sums);
+            unsummed.add(units, u, if whole { needed } else { lack });
+        }
     }
-    (entering.price(), unsummed.price())
+    let entering = entering.price();
+    (
+        entering,
+        if sums == 0 {
+            entering
+        } else {
+            unsummed.price()
+        },
+    )
 }
 
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
@@ -1523,23 +1525,23 @@ impl<'a> Space<'a> {
     /// to the sums on top: the split a reduce-scatter across units makes, which another op must
     /// end (AlexNet 64's partial pairs across nodes).
     pub(super) fn bring(&self, state: &State, sums: u64) -> (f64, f64) {
-        let n = self.template.ndim();
-        let maps = || {
-            let maps = state.map[..n].iter().zip(&self.buf.target_map);
-            maps.map(|(&m, &t)| (m, t))
-        };
+        let maps = || self.splits_at(state);
         bring(&self.entering, |u, _| self.buf.needed[u], maps, sums)
+    }
+
+    /// Per tensor dim, the device dim splitting it at `state` and in the goal (-1 for none).
+    fn splits_at<'s>(&'s self, state: &'s State) -> impl Iterator<Item = (i8, i8)> + 's {
+        let n = self.template.ndim();
+        (state.map[..n].iter().zip(&self.buf.target_map)).map(|(&m, &t)| (m, t))
     }
 
     /// The dearest unit's price of bringing in what it lacks at `state`, alone: what
     /// [`Space::bring`]'s first bound was before it took every unit at once.
     #[cfg(test)]
     pub(super) fn dearest_unit(&self, state: &State) -> f64 {
-        let n = self.template.ndim();
         (self.entering.iter().zip(&self.buf.needed))
             .map(|(unit, &needed)| {
-                let maps = state.map[..n].iter().zip(&self.buf.target_map);
-                let lack = unit.lack(needed, maps.map(|(&m, &t)| (m, t)));
+                let lack = unit.lack(needed, self.splits_at(state));
                 if lack > 0.0 {
                     unit.latency + unit.rate * lack
                 } else {
