@@ -606,26 +606,25 @@ fn bring<M: Iterator<Item = (i8, i8)>>(
     maps: impl Fn() -> M,
     sums: u64,
 ) -> (f64, f64) {
-    let (mut entering, mut unsummed) = (Nested::default(), Nested::default());
+    let mut entering = Nested::default();
+    // Most layouts a search reaches hold no sums to go: then both are one. (A loop of its own:
+    // one loop testing `sums` per unit cost GPT-3's cheap bounds 19 M instructions more.)
+    if sums == 0 {
+        for (u, unit) in units.iter().enumerate().rev() {
+            entering.add(units, u, unit.lack(needed(u, unit), maps()));
+        }
+        let price = entering.price();
+        return (price, price);
+    }
+    let mut unsummed = Nested::default();
     for (u, unit) in units.iter().enumerate().rev() {
         let needed = needed(u, unit);
         let lack = unit.lack(needed, maps());
         entering.add(units, u, lack);
-        // Most layouts a search reaches hold no sums to go: then both are one.
-        if sums != 0 {
-            let whole = unit.lacks_any(sums);
-            unsummed.add(units, u, if whole { needed } else { lack });
-        }
+        let whole = unit.lacks_any(sums);
+        unsummed.add(units, u, if whole { needed } else { lack });
     }
-    let entering = entering.price();
-    (
-        entering,
-        if sums == 0 {
-            entering
-        } else {
-            unsummed.price()
-        },
-    )
+    (entering.price(), unsummed.price())
 }
 
 /// What a bound reads of the cluster on layouts of one device matrix, whatever the pair: the
