@@ -256,6 +256,50 @@ def test_a_priced_pair_settles_every_entry_of_the_same_pair():
     assert high.parts[1][0, 0] == 3.0 and not high.exact[1][0, 0]
 
 
+def test_an_assignment_works_out_the_unknown_algorithm_1_costs_it_takes():
+    # The cheap tables leave most of Algorithm 1's costs unknown (NaN): the assignment's upper
+    # bound works out those of the directions it takes that are still bounds, distinct pairs
+    # once, in one call; known ones, exact directions and other class pairs are not asked for,
+    # and a second look asks nothing.
+    a, b = taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])
+    c, d = taps.Layout([8, 8], [8], [-1, -1]), taps.Layout([8, 8], [2, 4], [0, 1])
+
+    def bound(src, dst, upper) -> tables._Bound:
+        shape = (len(src), len(dst))
+        parts = [np.full(shape, 1.0), np.full(shape, 2.0)]
+        exact = [np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)]
+        cheap = [np.zeros(shape, dtype=bool) for _ in range(2)]
+        uppers = [np.array(u, dtype=float) for u in upper]
+        return tables._Bound(parts[0] + parts[1], src, dst, True, 4.0, parts, exact, uppers, cheap)
+
+    nan = np.nan
+    # Row 1, column 0 taken: forward a -> b unknown, backward b -> c known (5.0).
+    first = bound([(c, c), (a, c)], [(b, b)], [[[nan], [nan]], [[nan], [5.0]]])
+    # The same forward pair unknown, its backward exact; row 0 untouched.
+    second = bound([(d, d), (a, d)], [(b, c)], [[[nan], [nan]], [[nan], [nan]]])
+    second.exact[1][1, 0] = True
+
+    def edge(producer, consumer, bounds):
+        e = taps.graph.Edge(producer, consumer, 0, producer, (8, 8), (8, 8))
+        return tables.EdgeTable(e, np.array([0, 1]), np.array([0]), bounds.cost)
+
+    edges = [edge("p", "q", first), edge("p", "r", second)]
+    bounds = {id(first.cost): first, id(second.cost): second}
+    calls = []
+
+    def paper(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        return np.array([7.0] * len(sources))
+
+    choice = {"p": 1, "q": 0, "r": 0}
+    # first: (7 - 1) + (5 - 2); second: (7 - 1), its backward exact.
+    assert tables._dearer(edges, bounds, choice, paper) == 15.0
+    assert calls == [[(a, b, 4.0)]]
+    assert first.upper[0][1, 0] == 7.0 and second.upper[0][1, 0] == 7.0
+    assert np.isnan(first.upper[0][0, 0]) and np.isnan(second.upper[1][1, 0])
+    assert tables._dearer(edges, bounds, choice, paper) == 15.0 and len(calls) == 1
+
+
 def test_spare_pairs_are_the_next_direction_of_the_nearest_pairs():
     # A 3 x 3 training edge, the assignment on (1, 1): both its directions priced first, then,
     # once they are, the next direction of each pair ``nearest`` gives, in its order, at most

@@ -19,16 +19,18 @@ from taps.search import tables
 
 def _check_tables(sources: list, targets: list, cluster: taps.Cluster, dtype: float) -> tuple:
     """The cheap and full tables of one call, checked against each other, ``redistribution_bounds``
-    and Algorithm 1's costs; returned for more checks."""
-    cheap, cheap_exact, paper = redistribution_table_bounds(
+    and Algorithm 1's costs (the cheap tables work out only some: each bound lies under it all
+    the same); returned for more checks."""
+    cheap, cheap_exact, some = redistribution_table_bounds(
         sources, targets, cluster, dtype, cheap=True
     )
-    full, full_exact, paper_again = redistribution_table_bounds(sources, targets, cluster, dtype)
+    full, full_exact, paper = redistribution_table_bounds(sources, targets, cluster, dtype)
     want, want_exact = taps.redistribution_bounds(sources, targets, cluster, dtype)
     assert np.array_equal(full, want) and np.array_equal(full_exact, want_exact)
-    assert np.array_equal(paper, paper_again)
     assert np.array_equal(paper, taps.redistribution_costs(sources, targets, cluster, dtype))
-    assert (cheap >= 0).all() and (cheap <= full).all()
+    known = ~np.isnan(some)
+    assert np.array_equal(some[known], paper[known])
+    assert (cheap >= 0).all() and (cheap <= full).all() and (cheap <= paper).all()
     # Exact only where the full bound is, at the same value.
     assert full_exact[cheap_exact].all()
     assert np.array_equal(cheap[cheap_exact], full[cheap_exact])

@@ -539,7 +539,9 @@ def redistribution_table_bounds(
     without the terms that need each pair's own bounds per device dim (the shard's growth, the
     last op, the elements entering a unit and the splits' removals only), with no memo. Each is
     at most the bound without ``cheap`` (so at most the optimal planner's cost), and exact
-    (Algorithm 1's cost) only where that one is. Topology model only."""
+    (Algorithm 1's cost) only where that one is. Algorithm 1's cost is then worked out only
+    where the bound may exceed it: elsewhere the bound is one on every plan, exact where nothing
+    moves, and the cost NaN. Topology model only."""
 
 def redistribution_pair_bounds(
     sources: Sequence[Layout],

@@ -248,13 +248,9 @@ pub fn redistribution_costs_into(
             &widths[..widths.len().min(4)]
         )));
     }
-    check_dtype_bytes(dtype_bytes)?;
-    for layout in sources.iter().chain(targets) {
-        cluster.check(layout)?;
-    }
     let (src, src_index) = dedupe(sources);
     let (tgt, tgt_index) = dedupe(targets);
-    check_one_tensor(&src, &tgt)?;
+    check_batch((&src, &tgt), cluster, dtype_bytes)?;
     let priced = |distinct: &mut [&mut [f64]]| {
         let pairs = Pairs {
             src: &src,
@@ -281,6 +277,16 @@ pub fn redistribution_costs_into(
         }
     }
     Ok(true)
+}
+
+/// Checks that the distinct layouts `src` and `tgt` of a batch are of one tensor on `cluster`,
+/// and its bytes per element.
+fn check_batch((src, tgt): (&[&Layout], &[&Layout]), cluster: &Cluster, bytes: f64) -> Result<()> {
+    check_dtype_bytes(bytes)?;
+    for layout in src.iter().chain(tgt) {
+        cluster.check(layout)?;
+    }
+    check_one_tensor(src, tgt)
 }
 
 /// The distinct layouts of a batch, and what they are priced on.
@@ -500,34 +506,59 @@ fn paper_pair_costs(
     }
     let (src, src_index) = dedupe(sources);
     let (tgt, tgt_index) = dedupe(targets);
-    let prepared_src: Vec<paper::Prepared> =
-        src.par_iter().map(|l| paper::Prepared::new(l)).collect();
-    let prepared_tgt: Vec<paper::Prepared> =
-        tgt.par_iter().map(|l| paper::Prepared::new(l)).collect();
+    let prepared = prepared_pair(&src, &tgt);
     let mut costs = try_filled(sources.len(), 0.0, "the layout pairs' costs")?;
     // A scratch's prices are of one element size: the pairs of each size apart.
     for (bytes, pairs) in by_size(dtype_bytes, |_| true) {
-        let found = pairs
-            .par_iter()
-            .with_min_len(PAIRS_PER_JOB)
-            .map_init(paper::Scratch::kept, |scratch, &k| {
-                let (i, j) = (src_index[k], tgt_index[k]);
-                let mut cost = 0.0;
-                let run = paper::Run {
-                    source: &prepared_src[i],
-                    targets: std::slice::from_ref(&prepared_tgt[j]),
-                    twin: (src[i] == tgt[j]).then_some(0),
-                    costs: std::slice::from_mut(&mut cost),
-                    volumes: None,
-                };
-                paper::run_costs(run, stop, cluster, bytes, model, scratch.get()).map(|()| cost)
-            })
-            .collect::<Result<Vec<f64>>>()?;
+        let at: Vec<(usize, usize)> = pairs
+            .iter()
+            .map(|&k| (src_index[k], tgt_index[k]))
+            .collect();
+        let found = paper_costs_at(&prepared, &at, (cluster, bytes, model), stop)?;
         for (k, cost) in pairs.into_iter().zip(found) {
             costs[k] = cost;
         }
     }
     Ok((!stop.load(Relaxed)).then_some(costs))
+}
+
+/// What the pair kernel needs of each of the layouts `src` and `tgt`, worked out once per
+/// layout.
+fn prepared_pair<'l>(
+    src: &[&'l Layout],
+    tgt: &[&'l Layout],
+) -> (Vec<paper::Prepared<'l>>, Vec<paper::Prepared<'l>>) {
+    let prepare = |layouts: &[&'l Layout]| {
+        layouts
+            .par_iter()
+            .map(|l| paper::Prepared::new(l))
+            .collect()
+    };
+    (prepare(src), prepare(tgt))
+}
+
+/// Algorithm 1's cost of each pair `(i, j)` of `at` (source `i`, target `j` of `prepared`) of
+/// `bytes` bytes per element, one pair a run ([`paper::run_costs`]).
+fn paper_costs_at(
+    (src, tgt): &(Vec<paper::Prepared<'_>>, Vec<paper::Prepared<'_>>),
+    at: &[(usize, usize)],
+    (cluster, bytes, model): (&Cluster, f64, CostModel),
+    stop: &AtomicBool,
+) -> Result<Vec<f64>> {
+    at.par_iter()
+        .with_min_len(PAIRS_PER_JOB)
+        .map_init(paper::Scratch::kept, |scratch, &(i, j)| {
+            let mut cost = 0.0;
+            let run = paper::Run {
+                source: &src[i],
+                targets: std::slice::from_ref(&tgt[j]),
+                twin: (src[i].layout() == tgt[j].layout()).then_some(0),
+                costs: std::slice::from_mut(&mut cost),
+                volumes: None,
+            };
+            paper::run_costs(run, stop, cluster, bytes, model, scratch.get()).map(|()| cost)
+        })
+        .collect()
 }
 
 /// Per pair of `sources` x `targets` (row-major), a lower bound on its cost under the optimal
@@ -558,7 +589,7 @@ pub struct TableBounds {
     pub bounds: Vec<f64>,
     /// Per pair, whether the bound is that cost.
     pub exact: Vec<bool>,
-    /// Per pair, Algorithm 1's cost.
+    /// Per pair, Algorithm 1's cost; with cheap bounds, NaN where it was not worked out.
     pub paper: Vec<f64>,
 }
 
@@ -567,7 +598,11 @@ pub struct TableBounds {
 /// without the terms that need each pair's own bounds per device dim, worked out from the
 /// lined-up pair with no memo (`optimal::cheap_bound`). Each is at most the bound without
 /// `cheap` (so at most the optimal planner's cost), and exact (Algorithm 1's cost) where it
-/// exceeds it.
+/// exceeds it. The cheap bounds need Algorithm 1's cost only where the search's bound may
+/// exceed it (the canonical forms line up otherwise than the layouts as given): where a bound
+/// on every plan is near the search's, that one is the pair's bound, exact where nothing
+/// moves, and Algorithm 1's cost is left out (NaN); it is worked out for the rest alone (3% of
+/// a GPT-3 layer's pairs: Algorithm 1 of every pair was a third of the tables' work).
 ///
 /// # Errors
 /// As [`redistribution_bounds`].
@@ -580,14 +615,26 @@ pub fn redistribution_table_bounds(
     cheap: bool,
 ) -> Result<TableBounds> {
     check_bounded(model)?;
-    let paper = redistribution_costs(
-        sources,
-        targets,
-        cluster,
-        dtype_bytes,
-        model,
-        Planner::Paper,
-    )?;
+    // The cheap bounds need Algorithm 1's costs only where they may exceed them: worked out
+    // after the bounds, for those pairs alone.
+    let paper = if cheap {
+        check_batch(
+            (&dedupe(sources).0, &dedupe(targets).0),
+            cluster,
+            dtype_bytes,
+        )?;
+        None
+    } else {
+        let paper = redistribution_costs(
+            sources,
+            targets,
+            cluster,
+            dtype_bytes,
+            model,
+            Planner::Paper,
+        )?;
+        Some(paper)
+    };
     // The bound depends on the canonical forms alone: each layout is normalised once (not once
     // per pair) and each distinct pair of forms bounded once.
     let canon = |layouts: &[Layout]| {
@@ -598,9 +645,10 @@ pub fn redistribution_table_bounds(
     let (ctgt, ctgt_index) = canon(targets);
     let (width, cwidth) = (targets.len(), ctgt.len());
     let canonical = |k: usize| csrc_index[k / width] * cwidth + ctgt_index[k % width];
-    // Only the canonical pairs of some pair Algorithm 1 does not move for free are bounded.
-    let mut needed = vec![false; csrc.len() * cwidth];
-    for (k, &cost) in paper.iter().enumerate() {
+    // Only the canonical pairs of some pair Algorithm 1 does not move for free are bounded
+    // (every one where its costs are not known yet).
+    let mut needed = vec![paper.is_none(); csrc.len() * cwidth];
+    for (k, &cost) in paper.iter().flatten().enumerate() {
         if cost != 0.0 {
             needed[canonical(k)] = true;
         }
@@ -611,20 +659,80 @@ pub fn redistribution_table_bounds(
         .collect();
     let objective = objective(cluster, dtype_bytes, model);
     let found = canonical_bounds(objective, (&csrc, &ctgt), &wanted, cheap)?;
-    let mut bounds = vec![0.0; needed.len()];
+    let mut bounds = vec![(0.0, false); needed.len()];
     for (&(i, j), bound) in wanted.iter().zip(found) {
         bounds[i * cwidth + j] = bound;
     }
+    let paper = if let Some(paper) = paper {
+        paper
+    } else {
+        let pairs = sources.len() * width;
+        let at: Vec<usize> = (0..pairs).filter(|&k| !bounds[canonical(k)].1).collect();
+        paper_costs_of(sources, targets, &at, (cluster, dtype_bytes, model))?
+    };
     let (bounds, exact) = paper
         .iter()
         .enumerate()
-        .map(|(k, &cost)| bounded(bounds[canonical(k)], cost))
+        .map(|(k, &cost)| {
+            let bound = bounds[canonical(k)].0;
+            // Not worked out: the bound is at most Algorithm 1's cost, exact where nothing
+            // moves (only slices reach the target: any other step, so the last op, moves
+            // something).
+            if cost.is_nan() {
+                (bound, bound == 0.0)
+            } else {
+                bounded(bound, cost)
+            }
+        })
         .unzip();
     Ok(TableBounds {
         bounds,
         exact,
         paper,
     })
+}
+
+/// Per pair of `sources` x `targets` (row-major), Algorithm 1's cost where it is one of `at`
+/// (each pair's index), NaN elsewhere.
+///
+/// # Errors
+/// As [`redistribution_costs`].
+fn paper_costs_of(
+    sources: &[Layout],
+    targets: &[Layout],
+    at: &[usize],
+    (cluster, bytes, model): (&Cluster, f64, CostModel),
+) -> Result<Vec<f64>> {
+    let width = targets.len();
+    let mut paper = try_filled(sources.len() * width, f64::NAN, "the layout pairs' costs")?;
+    // Only the layouts of those pairs prepared, each once.
+    let (mut rows, mut columns) = (vec![usize::MAX; sources.len()], vec![usize::MAX; width]);
+    let (mut src, mut tgt) = (Vec::new(), Vec::new());
+    let mut pairs = Vec::with_capacity(at.len());
+    for &k in at {
+        let (i, j) = (k / width, k % width);
+        for (slot, out, layout) in [
+            (&mut rows[i], &mut src, &sources[i]),
+            (&mut columns[j], &mut tgt, &targets[j]),
+        ] {
+            if *slot == usize::MAX {
+                *slot = out.len();
+                out.push(layout);
+            }
+        }
+        pairs.push((rows[i], columns[j]));
+    }
+    let never = AtomicBool::new(false);
+    let costs = paper_costs_at(
+        &prepared_pair(&src, &tgt),
+        &pairs,
+        (cluster, bytes, model),
+        &never,
+    )?;
+    for (&k, cost) in at.iter().zip(costs) {
+        paper[k] = cost;
+    }
+    Ok(paper)
 }
 
 /// Lower bounds are priced under the topology model only (the volume's objective counts
@@ -652,13 +760,14 @@ fn bounded(bound: f64, cost: f64) -> (f64, bool) {
 /// `csrc[i]` -> `ctgt[j]` ([`shortest_plan_bound`]), in parallel over the pairs: with `cheap`,
 /// [`optimal::cheap_bound`]'s; else the search's bound at the source, by key ([`optimal::Bounds`])
 /// and by pair of forms ([`optimal::Pairs`]) remembered across calls (the cheap bounds are not:
-/// a memo would cost them more than it saves).
+/// a memo would cost them more than it saves). With each, whether it is also at most Algorithm
+/// 1's cost of any layouts of the two forms' distributions (some cheap bounds).
 fn canonical_bounds(
     objective: Objective<'_>,
     (csrc, ctgt): (&[Layout], &[Layout]),
     wanted: &[(usize, usize)],
     cheap: bool,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<(f64, bool)>> {
     // What lining up needs of each canonical form, worked out once per form (not once per
     // pair).
     let psrc: Vec<paper::Prepared> = csrc.par_iter().map(paper::Prepared::new).collect();
@@ -674,9 +783,17 @@ fn canonical_bounds(
                     (paper::LineUp::default(), scratch)
                 },
                 |(line_up, scratch), &(i, j)| {
-                    shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
-                        optimal::cheap_bound(line_up, objective, &mut scratch.0)
-                    })
+                    let mut any = false;
+                    let (bound, inside) =
+                        shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
+                            let (bound, below) =
+                                optimal::cheap_bound(line_up, objective, &mut scratch.0)?;
+                            any = below;
+                            Some(bound)
+                        })?;
+                    // (Ops outside the search, forced by lining up the canonical forms, may be
+                    // avoided by layouts that line up as they are.)
+                    Ok((bound, any && inside))
                 },
             )
             .collect();
@@ -693,7 +810,7 @@ fn canonical_bounds(
                 if let Some(bound) = pairs.get(i, j) {
                     return Ok((bound, false));
                 }
-                let bound =
+                let (bound, _) =
                     shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
                         let (source, target) = line_up.pair();
                         memo.bound(source, target, scratch)
@@ -705,7 +822,10 @@ fn canonical_bounds(
     memo.keep();
     let found = wanted.iter().zip(&bounds).filter(|(_, &(_, new))| new);
     pairs.keep(found.map(|(&(i, j), &(bound, _))| (i, j, bound)));
-    Ok(bounds.into_iter().map(|(bound, _)| bound).collect())
+    Ok(bounds
+        .into_iter()
+        .map(|(bound, _)| (bound, false))
+        .collect())
 }
 
 /// The pairs [`pair_bounds_until`] bounds between two looks at `stop`: about 10 ms of one
@@ -761,7 +881,7 @@ pub fn pair_bounds_until(
             let (ctgt, tgt_index) = dedupe_cloned(part.iter().map(|&k| &forms[k].1));
             let wanted: Vec<(usize, usize)> = src_index.into_iter().zip(tgt_index).collect();
             let found = canonical_bounds(objective, (&csrc, &ctgt), &wanted, false)?;
-            for (&k, bound) in part.iter().zip(found) {
+            for (&k, (bound, _)) in part.iter().zip(found) {
                 bounds[k] = bound;
             }
         }
@@ -1347,11 +1467,12 @@ pub(crate) mod tests {
                     let (a, b) = (normalized(a), normalized(b));
                     let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
                     let mut line_up = paper::LineUp::default();
-                    let bound = shortest_plan_bound((&a, &b), objective, &mut line_up, |line_up| {
-                        let (s, t) = line_up.pair();
-                        optimal::fresh_bound(s, t, objective)
-                    })
-                    .unwrap();
+                    let (bound, _) =
+                        shortest_plan_bound((&a, &b), objective, &mut line_up, |line_up| {
+                            let (s, t) = line_up.pair();
+                            optimal::fresh_bound(s, t, objective)
+                        })
+                        .unwrap();
                     out.push((bound.min(cost).to_bits(), bound > cost));
                 }
             }
@@ -1374,9 +1495,11 @@ pub(crate) mod tests {
     }
 
     /// The cheap tables, each thread keeping its scratch across jobs and calls (its matrices'
-    /// bounds, sums' chains and tensors' prices), bound every pair as a fresh scratch does, bit
-    /// for bit: calls alternating between two tensors (96 and 64 elements, with partial sums,
-    /// on the same device matrices) and two element sizes (two objectives), twice over.
+    /// bounds, sums' chains and all-reduces and tensors' prices), bound every pair as a fresh
+    /// scratch does, bit for bit, and work out Algorithm 1's cost only where the bound is not
+    /// below it on any layouts: calls alternating between two tensors (96 and 64 elements, with
+    /// partial sums, on the same device matrices) and two element sizes (two objectives), twice
+    /// over.
     #[test]
     fn kept_cheap_scratch_bounds_as_a_fresh_one() {
         // (Without latencies, a price tells the tensors apart.)
@@ -1399,22 +1522,39 @@ pub(crate) mod tests {
                         cluster: &cluster,
                         dtype_bytes: bytes,
                     };
+                    let costs = redistribution_costs(
+                        &sources,
+                        &targets,
+                        &cluster,
+                        bytes,
+                        model,
+                        Planner::Paper,
+                    )
+                    .unwrap();
                     let pairs = (sources.iter()).flat_map(|a| targets.iter().map(move |b| (a, b)));
                     for (k, (a, b)) in pairs.enumerate() {
-                        if table.paper[k] == 0.0 {
-                            continue;
-                        }
                         let (a, b) = (normalized(a), normalized(b));
                         let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
                         let (mut line_up, mut fresh) =
                             (paper::LineUp::default(), optimal::CheapScratch::default());
-                        let bound = shortest_plan_bound((&a, &b), objective, &mut line_up, |l| {
-                            optimal::cheap_bound(l, objective, &mut fresh)
-                        })
-                        .unwrap();
-                        let (want, exact) = bounded(bound, table.paper[k]);
+                        let mut any = false;
+                        let (bound, inside) =
+                            shortest_plan_bound((&a, &b), objective, &mut line_up, |l| {
+                                let (bound, below) =
+                                    optimal::cheap_bound(l, objective, &mut fresh)?;
+                                any = below;
+                                Some(bound)
+                            })
+                            .unwrap();
+                        let (want, exact, paper) = if any && inside {
+                            (bound, bound == 0.0, f64::NAN)
+                        } else {
+                            let (want, exact) = bounded(bound, costs[k]);
+                            (want, exact, costs[k])
+                        };
                         let got = (table.bounds[k].to_bits(), table.exact[k]);
                         assert_eq!(got, (want.to_bits(), exact), "pair {k}");
+                        assert_eq!(table.paper[k].to_bits(), paper.to_bits(), "pair {k}");
                         checked += 1;
                     }
                 }
@@ -1424,11 +1564,14 @@ pub(crate) mod tests {
     }
 
     /// The cheap bounds ([`redistribution_table_bounds`] with `cheap`) are at most the full
-    /// ones, which are at most the optimal planner's costs, pair by pair, bit for bit: on
+    /// ones, which are at most the optimal planner's costs, pair by pair, bit for bit, and at
+    /// most Algorithm 1's costs of the layouts as given, which they mostly leave out: on
     /// layouts of 96 and 64 elements (by cuts and by masks), with partial sums, on clusters of
-    /// two and three levels with latencies under both replica models; exact only where the
-    /// full bound is, Algorithm 1's costs the same. And not vacuous: most equal the full bound
-    /// (to its hair), their mean over it 0.75 (a bound scaled down fails here too).
+    /// two and three levels with latencies under both replica models (16 devices: one
+    /// distribution on several device matrices, whose canonical forms line up otherwise);
+    /// exact only where the full bound is, Algorithm 1's costs the same where worked out. And
+    /// not vacuous: most equal the full bound (to its hair), their mean over it 0.75 (a bound
+    /// scaled down fails here too).
     #[test]
     fn cheap_bounds_lie_below_the_full_ones_and_the_costs() {
         let mut layouts: Vec<Layout> = layouts_of_96().into_iter().step_by(4).collect();
@@ -1451,7 +1594,7 @@ pub(crate) mod tests {
             let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
             clusters.push((cluster, &wide));
         }
-        let (mut moved, mut equal, mut ratios) = (0, 0, 0.0);
+        let (mut moved, mut equal, mut ratios, mut computed) = (0, 0, 0.0, 0);
         for (cluster, layouts) in &clusters {
             for elements in [96, 64, 192] {
                 let tensor: Vec<Layout> = (layouts.iter())
@@ -1471,11 +1614,14 @@ pub(crate) mod tests {
                 let costs =
                     redistribution_costs(&tensor, &targets, cluster, 2.0, model, Planner::Optimal)
                         .unwrap();
-                assert_eq!(cheap.paper, full.paper);
                 for k in 0..costs.len() {
                     let (c, f) = (cheap.bounds[k], full.bounds[k]);
                     let pair = (&tensor[k / targets.len()], &targets[k % targets.len()]);
                     assert!(c <= f && f <= costs[k], "{pair:?}: {c} {f} {}", costs[k]);
+                    assert!(c <= full.paper[k], "{pair:?}: {c} {}", full.paper[k]);
+                    let paper = cheap.paper[k];
+                    assert!(paper.is_nan() || paper.to_bits() == full.paper[k].to_bits());
+                    computed += usize::from(!paper.is_nan());
                     if cheap.exact[k] {
                         assert!(full.exact[k] && c.to_bits() == f.to_bits(), "{pair:?}");
                     }
@@ -1491,6 +1637,12 @@ pub(crate) mod tests {
         assert!(moved > 5_000, "{moved}");
         assert!(2 * equal > moved, "{equal} of {moved} equal");
         assert!(mean > 0.65, "mean ratio {mean}");
+        // (3% of a GPT-3 layer's; here a third: tensors of a few elements, whose prices
+        // are mostly latencies.)
+        assert!(
+            2 * computed < moved,
+            "Algorithm 1 worked out for {computed} of {moved}"
+        );
     }
 
     /// The bounds of scattered pairs of several tensors and element sizes in one call

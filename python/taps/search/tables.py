@@ -24,6 +24,7 @@ from taps._core import (
     layout_classes,
     redistribution_costs,
     redistribution_pair_bounds,
+    redistribution_pair_costs,
     redistribution_pair_estimates,
     redistribution_table_bounds,
 )
@@ -161,16 +162,35 @@ def _problem(ops: Mapping[str, OpTable], edges: Sequence[EdgeTable]) -> Problem:
 
 
 def _dearer(
-    edges: Sequence[EdgeTable], bounds: Mapping[int, _Bound], choice: Mapping[str, int]
+    edges: Sequence[EdgeTable],
+    bounds: Mapping[int, _Bound],
+    choice: Mapping[str, int],
+    paper: Callable[[list[Layout], list[Layout], list[float]], np.ndarray],
 ) -> float:
-    """How much more than the tables' bounds the assignment ``choice`` costs at most."""
-    return sum(
-        bounds[id(e.cost)].dearer(
+    """How much more than the tables' bounds the assignment ``choice`` costs at most: up to
+    Algorithm 1's cost in each direction still a bound, worked out (by one call of ``paper``
+    per assignment) where the tables left it unknown (NaN: the cheap bounds need it only for
+    the pairs an assignment takes)."""
+    taken = [
+        (
+            bounds[id(e.cost)],
             int(e.source_class[choice[e.edge.producer]]),
             int(e.target_class[choice[e.edge.consumer]]),
         )
         for e in edges
-    )
+    ]
+    index: dict[tuple[Layout, Layout, float], int] = {}
+    todo = [
+        (b, direction, i, j, _at(index, s, t, b.dtype))
+        for b, i, j in taken
+        for direction, s, t in b.inexact(i, j)
+        if np.isnan(b.upper[direction][i, j])
+    ]
+    if todo:
+        costs = _priced(index, paper)
+        for b, direction, i, j, k in todo:
+            b.upper[direction][i, j] = costs[k]
+    return sum(b.dearer(i, j) for b, i, j in taken)
 
 
 def _classes(
@@ -381,10 +401,11 @@ _PLANES = ("bound", "inexact", "paper", "cheap")
 
 #: A bound call of at least this many pairs gives them cheap bounds (the full bound where a
 #: pair can matter: :func:`_tighten`); a smaller one the full bound at once. The cheap bounds'
-#: extra rounds cost the paper's smallest cases (AlexNet on 8 and 16 devices: at most 1,521
-#: pairs a call) more than the full bounds did; AlexNet 64's calls have 8,649 pairs, GPT-3's
-#: layer's up to 37,947.
-CHEAP_PAIRS = 2_048
+#: extra rounds cost the paper's smallest case (AlexNet on 8 devices, every call) more than the
+#: full bounds did; on AlexNet 16's larger calls (up to 1,521 pairs) Algorithm 1's costs, which
+#: only the full bounds need for every pair, cost more (142.5 M instructions against 150.7 M at
+#: 2,048). AlexNet 64's calls have up to 8,649 pairs, GPT-3's layer's up to 37,947.
+CHEAP_PAIRS = 1_024
 
 
 class _Priced:
@@ -629,7 +650,8 @@ class _Bound:
     #: to move, or Algorithm 1's cost where the search's bound exceeds it).
     parts: list[np.ndarray]
     exact: list[np.ndarray]
-    #: Per direction, Algorithm 1's cost of each class pair: at least the optimal planner's.
+    #: Per direction, Algorithm 1's cost of each class pair (at least the optimal planner's); NaN
+    #: where the cheap bounds did not need it, until an assignment takes it (:func:`_dearer`).
     upper: list[np.ndarray]
     #: Per direction, whether each class pair's bound is the cheap one (:func:`_tighten`).
     cheap: list[np.ndarray]
@@ -1234,7 +1256,7 @@ def build_tables(
                 return []
             problem = _problem(ops, edges)
             # At most what the assignment costs: exact where priced, else Algorithm 1's.
-            best = min(best, problem.evaluate(choice) + _dearer(edges, bounds, choice))
+            best = min(best, problem.evaluate(choice) + _dearer(edges, bounds, choice, paper))
             least = _least(problem, edges, choice, graph.tied, products)
             if misled and least:
                 # The pairs within a band above the tables' optimum: those the next solves
@@ -1244,6 +1266,11 @@ def build_tables(
             return _nearest(least, bounds, best, spare)
 
         return _refine(chosen, estimated, spare, nearest, places)
+
+    def paper(s: list[Layout], t: list[Layout], dtypes: list[float]) -> np.ndarray:
+        return redistribution_pair_costs(
+            s, t, dtypes, cluster, cost_model, "paper", time_limit=left(deadline)
+        )
 
     def tight(
         s: list[Layout], t: list[Layout], dtypes: list[float]

@@ -134,7 +134,8 @@ pub(crate) fn shortest_plan_by<'p>(
 /// [`optimal::Bounds::bound`], which depends on the problem's key alone, or a lower bound on
 /// it). Algorithm 1's ops between the unified pair are not built unless there is no search (the
 /// lined-up pair is what `paper::plan` makes; the caller has checked that the layouts are of
-/// one tensor on the cluster).
+/// one tensor on the cluster). With it, whether the plan has no ops outside the search and
+/// `lower_bound` gave a bound (not the plan's price).
 ///
 /// # Errors
 /// As [`plan_redistribution`].
@@ -143,15 +144,22 @@ pub(crate) fn shortest_plan_bound<'p>(
     objective: Objective<'_>,
     scratch: &mut paper::LineUp<'p>,
     lower_bound: impl FnOnce(&mut paper::LineUp<'p>) -> Option<f64>,
-) -> Result<f64> {
+) -> Result<(f64, bool)> {
     let (prelude, epilogue) = paper::lined_up_prepared(a, b, scratch)?;
     if let Some(bound) = lower_bound(scratch) {
-        return Ok(with_outside(objective, (&prelude, &epilogue), bound));
+        let inside = prelude.is_empty() && epilogue.is_empty();
+        return Ok((
+            with_outside(objective, (&prelude, &epilogue), bound),
+            inside,
+        ));
     }
     // The plan's price, its ops in order.
     let (source, target) = scratch.pair();
     let ops = paper::unified_ops(source, target);
-    Ok(objective.sum(prelude.iter().chain(&ops).chain(&epilogue)))
+    Ok((
+        objective.sum(prelude.iter().chain(&ops).chain(&epilogue)),
+        false,
+    ))
 }
 
 /// A lower bound on the price of [`shortest_plan_by`]'s plan of `a` and `b` (canonical forms)

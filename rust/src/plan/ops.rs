@@ -234,6 +234,18 @@ impl LeastRates {
         }
     }
 
+    /// [`LeastRates::least_rates_into`] of an op over any group of devices that differ in the
+    /// rank bits of `group` alone, the device dims of `splitting` left out of it
+    /// ([`MatrixRates::group_rates_into`]).
+    pub(crate) fn group_rates_into(&self, group: u64, splitting: u64, out: &mut Vec<(f64, f64)>) {
+        match self {
+            LeastRates::Volume(_) => self.least_rates_into(0, 0, splitting, out),
+            LeastRates::Seconds(rates, dtype_bytes) => {
+                rates.group_rates_into(group, splitting, *dtype_bytes, out);
+            }
+        }
+    }
+
     /// Where device dim `k`'s rates start among [`LeastRates::wide_rates_into`]'s.
     pub(crate) fn first_level(&self, k: usize) -> usize {
         match self {

@@ -574,12 +574,14 @@ impl CheapScratch {
 /// (`None` where that gives none: more tensor dims than the search takes; a matrix of rank bits
 /// has fewer than 64 device dims), cheaper: from the bounds of the device matrix alone, with no
 /// key and no memo ([`MatrixBounds::cheap_bound`]), read off the pair without its layouts (and,
-/// lined up by masks, without its pieces: [`LineUp::splits_into`]).
+/// lined up by masks, without its pieces: [`LineUp::splits_into`]); and whether it is also at
+/// most the price of Algorithm 1's plan of any layouts of the pair's two distributions (on a
+/// matrix of powers of two).
 pub(crate) fn cheap_bound(
     pair: &mut LineUp<'_>,
     objective: Objective<'_>,
     scratch: &mut CheapScratch,
-) -> Option<f64> {
+) -> Option<(f64, bool)> {
     let CheapScratch {
         matrices,
         by_bounds,

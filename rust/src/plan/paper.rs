@@ -679,6 +679,11 @@ pub(crate) struct Prepared<'a> {
 }
 
 impl<'a> Prepared<'a> {
+    /// The layout prepared.
+    pub(crate) fn layout(&self) -> &'a Layout {
+        self.layout
+    }
+
     pub fn new(layout: &'a Layout) -> Self {
         let start = Start::of(layout);
         let mut maps = Maps::default();

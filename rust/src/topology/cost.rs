@@ -398,6 +398,26 @@ impl MatrixRates {
         self.levels_into(first, last, spread, splitting, scale, out);
     }
 
+    /// [`MatrixRates::least_rates_into`] of a collective over a group of devices that differ in
+    /// the rank bits of `group` alone, whatever the device dims (any group, not only one of the
+    /// matrix's dims) but for those of `splitting`, which it leaves out: from the first level
+    /// whose units hold such a group. (A dim outside the group's counts at each level as one
+    /// outside `spread` there, so only the level the group reaches matters.) A group of one bit
+    /// starts at the innermost level.
+    pub(crate) fn group_rates_into(
+        &self,
+        group: u64,
+        splitting: u64,
+        scale: f64,
+        out: &mut Vec<(f64, f64)>,
+    ) {
+        let last = self.levels.len() - 1;
+        let first = (self.levels.iter())
+            .position(|l| crossing(group, u64::MAX, l.devices) == 0)
+            .unwrap_or(last);
+        self.levels_into(first, last, 0, splitting, scale, out);
+    }
+
     /// [`MatrixRates::least_rates_into`] for a `spread` of two dims or more, of every level:
     /// a level's rate does not depend on `k`, so `least_rates_into(k, spread, ..)` is
     /// `out[self.first_level(k)..]` for every dim `k` of `spread` (the bound asks this of most
