@@ -1593,6 +1593,10 @@ pub(crate) mod tests {
             let levels = [(4, 80e9, 2e-6), (4, 9e9, 7e-6)];
             let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
             clusters.push((cluster, &wide));
+            // A fitted cluster can have its fastest link behind the longest latency.
+            let levels = [(4, 80e9, 9e-6), (4, 9e9, 1e-6)];
+            let cluster = Cluster::hierarchy(&levels, None, replicas).unwrap();
+            clusters.push((cluster, &wide));
         }
         let (mut moved, mut equal, mut ratios, mut computed) = (0, 0, 0.0, 0);
         for (cluster, layouts) in &clusters {

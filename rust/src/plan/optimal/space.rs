@@ -1006,13 +1006,18 @@ impl MatrixBounds {
         // A split the target does not keep ends in an op over a group holding its rank bits
         // (a permute only hands it to others), each of `b` bits at least `b` steps
         // (`2^b - 1`): one step per factor of two of those splits, the ops moving at least
-        // `1 - 2^-n` of a shard, and a shard at least the tensor over every device.
+        // `1 - 2^-n` of a shard, and a shard at least the tensor over every device. (Several
+        // ops, maybe of several levels: the least latency and the least rate apart.)
         let leave = if plan.leaving == 0 {
             0.0
         } else {
             let share = 1.0 - half_power(plan.leaving);
             let smallest = whole * half_power(pair.device.ilog2());
-            least_stepped(&cheap.any, f64::from(plan.leaving), share * smallest)
+            let (latency, rate) = (cheap.any.iter())
+                .fold((f64::INFINITY, f64::INFINITY), |(l, r), &(a, b)| {
+                    (l.min(a), r.min(b))
+                });
+            latency * f64::from(plan.leaving) + rate * share * smallest
         };
         let entering = plan.entering;
         let any = (grow.max(last).max(entering)).max(plan.unsummed).max(leave);
