@@ -395,8 +395,9 @@ def _alongside(work: Callable[[_Jobs], _T]) -> _T:
 
 
 #: With bounds, what the planes of a matrix of :class:`_Priced` hold per pair: its bound, 1.0
-#: where that is not its exact cost, Algorithm 1's cost, and 1.0 where the bound is the cheap
-#: one (a kernel call of at least :data:`CHEAP_PAIRS` pairs).
+#: where that is not its exact cost, Algorithm 1's cost (NaN where the cheap bounds left it
+#: out), and 1.0 where the bound is the cheap one (a kernel call of at least
+#: :data:`CHEAP_PAIRS` pairs).
 _PLANES = ("bound", "inexact", "paper", "cheap")
 
 #: A bound call of at least this many pairs gives them cheap bounds (the full bound where a
