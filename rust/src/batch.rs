@@ -783,17 +783,7 @@ fn canonical_bounds(
                     (paper::LineUp::default(), scratch)
                 },
                 |(line_up, scratch), &(i, j)| {
-                    let mut any = false;
-                    let (bound, inside) =
-                        shortest_plan_bound((&psrc[i], &ptgt[j]), objective, line_up, |line_up| {
-                            let (bound, below) =
-                                optimal::cheap_bound(line_up, objective, &mut scratch.0)?;
-                            any = below;
-                            Some(bound)
-                        })?;
-                    // (Ops outside the search, forced by lining up the canonical forms, may be
-                    // avoided by layouts that line up as they are.)
-                    Ok((bound, any && inside))
+                    cheap_pair_bound((&psrc[i], &ptgt[j]), objective, line_up, &mut scratch.0)
                 },
             )
             .collect();
@@ -826,6 +816,29 @@ fn canonical_bounds(
         .into_iter()
         .map(|(bound, _)| (bound, false))
         .collect())
+}
+
+/// The cheap bound of the plan of canonical forms `a` -> `b` ([`shortest_plan_bound`] with
+/// [`optimal::cheap_bound`]), lined up in `line_up`, and whether it is also at most Algorithm
+/// 1's cost of any layouts of the two forms' distributions.
+///
+/// # Errors
+/// As [`shortest_plan_bound`].
+fn cheap_pair_bound<'p>(
+    (a, b): (&'p paper::Prepared<'_>, &'p paper::Prepared<'_>),
+    objective: Objective<'_>,
+    line_up: &mut paper::LineUp<'p>,
+    scratch: &mut optimal::CheapScratch,
+) -> Result<(f64, bool)> {
+    let mut any = false;
+    let (bound, inside) = shortest_plan_bound((a, b), objective, line_up, |line_up| {
+        let (bound, below) = optimal::cheap_bound(line_up, objective, scratch)?;
+        any = below;
+        Some(bound)
+    })?;
+    // (Ops outside the search, forced by lining up the canonical forms, may be avoided by
+    // layouts that line up as they are.)
+    Ok((bound, any && inside))
 }
 
 /// The pairs [`pair_bounds_until`] bounds between two looks at `stop`: about 10 ms of one
@@ -1537,16 +1550,10 @@ pub(crate) mod tests {
                         let (a, b) = (paper::Prepared::new(&a), paper::Prepared::new(&b));
                         let (mut line_up, mut fresh) =
                             (paper::LineUp::default(), optimal::CheapScratch::default());
-                        let mut any = false;
-                        let (bound, inside) =
-                            shortest_plan_bound((&a, &b), objective, &mut line_up, |l| {
-                                let (bound, below) =
-                                    optimal::cheap_bound(l, objective, &mut fresh)?;
-                                any = below;
-                                Some(bound)
-                            })
-                            .unwrap();
-                        let (want, exact, paper) = if any && inside {
+                        let (bound, below) =
+                            cheap_pair_bound((&a, &b), objective, &mut line_up, &mut fresh)
+                                .unwrap();
+                        let (want, exact, paper) = if below {
                             (bound, bound == 0.0, f64::NAN)
                         } else {
                             let (want, exact) = bounded(bound, costs[k]);

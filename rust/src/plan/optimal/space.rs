@@ -773,6 +773,9 @@ struct CheapRates {
     /// the tensor ([`LeastRates::group_rates_into`] of one rank bit): an op of any plan, on any
     /// devices, prices at least one of them. Empty unless the matrix is of powers of two.
     any: Vec<(f64, f64)>,
+    /// The least latency and the least rate of `any`, apart: what ops of several levels pay at
+    /// least per step and per element.
+    least: (f64, f64),
     /// Per rank bit, the device dim whose bits start there (-1 inside a dim, or past the
     /// matrix): a unified pair's splits read off their rank bits ([`Unified::splits_into`](crate::unify::Unified::splits_into),
     /// whose matrices are of powers of two; for others, every entry is -1 and unread).
@@ -808,10 +811,13 @@ impl CheapRates {
             dividing: [0; 64],
             twos: Vec::new(),
             any: Vec::new(),
+            least: (f64::INFINITY, f64::INFINITY),
             dim_at: [-1; 64],
         };
         if layout.device_matrix().iter().all(|d| d.is_power_of_two()) {
             least_rates.group_rates_into(1, 0, &mut cheap.any);
+            cheap.least =
+                (cheap.any.iter()).fold(cheap.least, |(l, r), &(a, b)| (l.min(a), r.min(b)));
             let mut bit = 0;
             for k in 0..h {
                 cheap.dim_at[bit] = k as i8;
@@ -1013,10 +1019,7 @@ impl MatrixBounds {
         } else {
             let share = 1.0 - half_power(plan.leaving);
             let smallest = whole * half_power(pair.device.ilog2());
-            let (latency, rate) = (cheap.any.iter())
-                .fold((f64::INFINITY, f64::INFINITY), |(l, r), &(a, b)| {
-                    (l.min(a), r.min(b))
-                });
+            let (latency, rate) = cheap.least;
             latency * f64::from(plan.leaving) + rate * share * smallest
         };
         let entering = plan.entering;
