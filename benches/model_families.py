@@ -12,8 +12,12 @@ lines over it are flagged.
     python benches/model_families.py tv_shufflenet    # some of them
     python benches/model_families.py --time-limit 30  # each search stopped after 30 s
     python benches/model_families.py swin --plans a.txt  # and its plan: diff two builds' files
+    python benches/model_families.py --planner both   # the optimal planner against the default
 
 A search whose limit runs out while its cost tables are built has no plan: its line says so.
+With ``--planner both`` each model is searched by the default planner and then by the optimal
+one (``taps.Pricing(planner="optimal")``), each in a fresh interpreter, and a third line gives
+the optimal search's time and cost against the default's (issue 23's target: within 2x).
 
 Prints one line per model: operators, convert time, search time (wall clock) and the CPU time
 of the search (all threads: the cost tables run on all cores, SCIP in a thread of its own), the
@@ -85,9 +89,9 @@ def builders() -> dict[str, Callable[[], taps.Graph]]:
     return out
 
 
-def measure(name: str, time_limit: float) -> dict[str, object]:
-    """Convert and search one model (in the calling process), the search stopped after
-    ``time_limit`` seconds."""
+def measure(name: str, time_limit: float, planner: str = "paper") -> dict[str, object]:
+    """Convert and search one model (in the calling process) with ``planner`` planning its
+    redistributions, the search stopped after ``time_limit`` seconds."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -96,7 +100,8 @@ def measure(name: str, time_limit: float) -> dict[str, object]:
     t1, c1 = time.perf_counter(), time.process_time()
     failed = ""
     try:
-        result = taps.search(graph, taps.Cluster(8, 8), time_limit=time_limit)
+        pricing = taps.Pricing(planner=planner)  # type: ignore[arg-type]
+        result = taps.search(graph, taps.Cluster(8, 8), pricing, time_limit=time_limit)
     except TimeLimitError as e:
         # No plan to return: the limit ran out in the cost tables.
         result, failed = None, f"no plan ({e})"
@@ -128,14 +133,22 @@ def main() -> None:
     parser.add_argument(
         "--plans", type=Path, help="write each model's cost and strategies to this file"
     )
+    parser.add_argument(
+        "--planner",
+        choices=("paper", "optimal", "both"),
+        default="paper",
+        help="the redistribution planner (default: paper, the default search's)",
+    )
     args = parser.parse_args()
     names = args.models or list(builders())
     plans: list[str] = []
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     over = []
     cpu: dict[str, float] = {}
-    for name in names:
-        out, peak_mib = in_fresh_process(measure, name, args.time_limit)
+    searched: dict[str, tuple[float, float]] = {}  # per model, the default's time and cost
+    planners = ["paper", "optimal"] if args.planner == "both" else [args.planner]
+    for name, planner in ((n, p) for n in names for p in planners):
+        out, peak_mib = in_fresh_process(measure, name, args.time_limit, planner)
         peak = peak_mib * 2**20
         slow = out["search"] > SECONDS or peak > PEAK_BYTES
         stages = ", ".join(
@@ -143,17 +156,27 @@ def main() -> None:
             for k, v in out["stages"].items()  # type: ignore[attr-defined]
             if k != "total"
         )
+        label = name if len(planners) == 1 else f"{name} ({planner})"
         print(
-            f"{name:22s} {out['operators']:4d} ops  convert {out['convert']:6.2f} s  "
+            f"{label:22s} {out['operators']:4d} ops  convert {out['convert']:6.2f} s  "
             f"search {out['search']:6.2f} s, CPU {out['cpu']:6.2f} s ({stages}; "
             f"SCIP operators {out['ilp']})  {out['status']}, cost {out['cost']:.6e}  "
             f"peak {peak / 1e9:.2f} GB{'  OVER TARGET' if slow else ''}",
             flush=True,
         )
         if slow:
-            over.append(name)
-        cpu[name] = float(out["cpu"])  # type: ignore[arg-type]
+            over.append(label)
+        cpu[label] = float(out["cpu"])  # type: ignore[arg-type]
         plans += out["plan"]  # type: ignore[arg-type]
+        seconds, cost = float(out["search"]), float(out["cost"])  # type: ignore[arg-type]
+        if planner == "optimal" and name in searched:
+            base, base_cost = searched[name]
+            print(
+                f"{'':22s} optimal / default: search {seconds / base:.2f}x, "
+                f"cost {100 * (cost / base_cost - 1):+.1f}%",
+                flush=True,
+            )
+        searched[name] = (seconds, cost)
     print(f"load average {os.getloadavg()[0]:.2f}")
     # By CPU time: the wall clock says more about the load than about the search.
     slowest = sorted(cpu, key=cpu.__getitem__, reverse=True)[:5]
