@@ -538,6 +538,36 @@ def test_tightening_gives_the_full_bound_to_the_cheap_pairs_under_the_upper_boun
     assert len(calls) == 1  # nothing left under it
 
 
+def test_tightening_takes_the_least_min_marginals_first_up_to_its_cap(monkeypatch):
+    # The same edge, all its pairs cheap in both directions, with at most three directed class
+    # pairs a round: the three of least min-marginal under the upper bound, a tie at the cut
+    # broken by the order the tables are read (the forward first, then by row).
+    layouts = [taps.Layout([8, 8], [8], [0, -1]), taps.Layout([8, 8], [8], [-1, 0])]
+    rows = [(x, x) for x in layouts]
+    parts = [np.ones((2, 2)), np.full((2, 2), 2.0)]
+    exact = [np.zeros((2, 2), dtype=bool), np.zeros((2, 2), dtype=bool)]
+    upper, _ = _unbounded((2, 2))
+    cheap = [np.ones((2, 2), dtype=bool), np.ones((2, 2), dtype=bool)]
+    b = tables._Bound(np.full((2, 2), 3.0), rows, rows, True, 2.0, parts, exact, upper, cheap)
+    least = np.array([[3.0, 1.0], [2.0, 9.0]])  # (1, 1) over the upper bound
+    calls = []
+
+    def price(sources, targets, sizes):
+        calls.append(list(zip(sources, targets, sizes, strict=True)))
+        return np.full(len(sources), 10.0), np.zeros(len(sources), dtype=bool)
+
+    monkeypatch.setattr(tables, "TIGHTEN_PAIRS", 3)
+    tables._tighten({id(b.cost): least}, {id(b.cost): b}, 4.0, price)
+    # 1 and 1 (both directions of (0, 1)), then 2 forward of (1, 0) before its backward.
+    assert b.cheap[0].tolist() == [[True, False], [False, True]]
+    assert b.cheap[1].tolist() == [[True, False], [True, True]]
+    assert calls == [[(layouts[0], layouts[1], 2.0), (layouts[1], layouts[0], 2.0)]]
+    tables._tighten({id(b.cost): least}, {id(b.cost): b}, 4.0, price)
+    # Then the rest under the upper bound: (1, 0) backward, (0, 0) both ways.
+    assert b.cheap[0].tolist() == [[False, False], [False, True]]
+    assert b.cheap[1].tolist() == [[False, False], [False, True]]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     small_graphs(),
@@ -545,13 +575,14 @@ def test_tightening_gives_the_full_bound_to_the_cheap_pairs_under_the_upper_boun
     st.sampled_from([0.0, 0.3, 0.9, 1.0]),
     st.sampled_from([0.0, 0.01, 1.0, np.inf]),
     st.sampled_from([1, tables.CHEAP_PAIRS]),
+    st.sampled_from([1, tables.TIGHTEN_PAIRS]),
 )
 def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(
-    graph, shape, scale, band, cheap_pairs
+    graph, shape, scale, band, cheap_pairs, tighten_pairs
 ):
     # Cheap bounds made weaker (down to nothing) on every call or the large ones, and the band of
-    # pairs given their full bounds from none to all under the upper bound: still the full
-    # tables' optimum, exactly priced.
+    # pairs given their full bounds from none to all under the upper bound, one pair a round or
+    # many: still the full tables' optimum, exactly priced.
     cluster = paper_cluster(*shape)
     assume(small_enough(graph, cluster, 200_000))
     kernel = tables.redistribution_table_bounds
@@ -564,5 +595,6 @@ def test_lazy_rounds_on_weak_cheap_bounds_find_the_full_tables_optimum(
         patch.setattr(tables, "redistribution_table_bounds", weak)
         patch.setattr(tables, "LAZY_BAND", band)
         patch.setattr(tables, "CHEAP_PAIRS", cheap_pairs)
+        patch.setattr(tables, "TIGHTEN_PAIRS", tighten_pairs)
         result = taps.search(graph, cluster, OPTIMAL)
     _is_the_full_tables_optimum(result, graph, cluster)
