@@ -171,11 +171,8 @@ def main() -> None:
         seconds, cost = float(out["search"]), float(out["cost"])  # type: ignore[arg-type]
         if planner == "optimal" and name in searched:
             base, base_cost = searched[name]
-            print(
-                f"{'':22s} optimal / default: search {seconds / base:.2f}x, "
-                f"cost {100 * (cost / base_cost - 1):+.1f}%",
-                flush=True,
-            )
+            saving = "no plan" if math.isnan(cost) else f"cost {100 * (cost / base_cost - 1):+.1f}%"
+            print(f"{'':22s} optimal / default: search {seconds / base:.2f}x, {saving}", flush=True)
         searched[name] = (seconds, cost)
     print(f"load average {os.getloadavg()[0]:.2f}")
     # By CPU time: the wall clock says more about the load than about the search.
