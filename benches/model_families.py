@@ -14,7 +14,8 @@ lines over it are flagged.
     python benches/model_families.py swin --plans a.txt  # and its plan: diff two builds' files
     python benches/model_families.py --planner both   # the optimal planner against the default
 
-A search whose limit runs out while its cost tables are built has no plan: its line says so.
+A search whose limit runs out while its cost tables are built (or, with the optimal planner, in
+its rounds) has no plan: its line says so.
 With ``--planner both`` each model is searched by the default planner and then by the optimal
 one (``taps.Pricing(planner="optimal")``), each in a fresh interpreter, and a third line gives
 the optimal search's time and cost against the default's (issue 23's target: within 2x).
@@ -103,7 +104,7 @@ def measure(name: str, time_limit: float, planner: str = "paper") -> dict[str, o
         pricing = taps.Pricing(planner=planner)  # type: ignore[arg-type]
         result = taps.search(graph, taps.Cluster(8, 8), pricing, time_limit=time_limit)
     except TimeLimitError as e:
-        # No plan to return: the limit ran out in the cost tables.
+        # No plan to return: the limit ran out in the cost tables (or the optimal rounds).
         result, failed = None, f"no plan ({e})"
     t2, c2 = time.perf_counter(), time.process_time()
     return {

@@ -747,7 +747,7 @@ LAZY_BAND = 0.01
 
 #: The most directed class pairs one round gives the full bound (:func:`_tighten`), those of least
 #: min-marginal first. Where compute dominates the step, the band holds nearly every pair: timm's
-#: Swin on 8 x 8 put 17.5 million in one round's call, whose lists and memos took more than 20 GB.
+#: Swin on 8 x 8 put 17.5 million in one round's call, whose lists and memos ran 24 GB out.
 #: Gemma 2's rounds give at most 48,015.
 TIGHTEN_PAIRS = 1 << 16
 
