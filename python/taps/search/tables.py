@@ -855,6 +855,15 @@ def _least(
     return least
 
 
+def _least_first(values: np.ndarray, count: int) -> np.ndarray:
+    """The positions of the ``count`` least of ``values`` (at least 1, at most their number),
+    least first, ties by position: a partition to the cut (linear: there can be millions), then
+    a sort of those at most at it."""
+    cut = np.partition(values, count - 1)[count - 1]
+    under = np.flatnonzero(values <= cut)
+    return under[np.lexsort((under, values[under]))][:count]
+
+
 def _nearest(
     least: Mapping[int, np.ndarray], bounds: Mapping[int, _Bound], upper: float, count: int
 ) -> list[_ClassPair]:
@@ -875,10 +884,7 @@ def _nearest(
     count = min(count, len(value))
     if count == 0:
         return []
-    cut = np.partition(value, count - 1)[count - 1]
-    under = value <= cut
-    picked = place[under]
-    picked = picked[np.lexsort((picked, value[under]))][:count]
+    picked = place[_least_first(value, count)]
     out = []
     for x in picked.tolist():
         n = int(np.searchsorted(starts, x, side="right")) - 1
@@ -913,20 +919,17 @@ def _tighten(
         return
     values = np.concatenate([f[4] for f in found])
     if len(values) > TIGHTEN_PAIRS:
-        # The least values, and of those at the cut the first ones (in linear time: the band
-        # can hold millions).
-        cut = np.partition(values, TIGHTEN_PAIRS - 1)[TIGHTEN_PAIRS - 1]
-        kept = values < cut
-        kept[np.flatnonzero(values == cut)[: TIGHTEN_PAIRS - int(kept.sum())]] = True
-        start, within = 0, []
-        for b, direction, rows, cols, m in found:
-            keep = kept[start : start + len(rows)]
-            start += len(rows)
-            if keep.any():
-                within.append((b, direction, rows[keep], cols[keep], m[keep]))
-        found = within
-    todo = []
+        kept = np.zeros(len(values), dtype=bool)
+        kept[_least_first(values, TIGHTEN_PAIRS)] = True
+    else:
+        kept = np.ones(len(values), dtype=bool)
+    todo, start = [], 0
     for b, direction, rows, cols, _ in found:
+        keep = kept[start : start + len(rows)]
+        start += len(rows)
+        if not keep.any():
+            continue
+        rows, cols = rows[keep], cols[keep]
         ends = zip(rows.tolist(), cols.tolist(), strict=True)
         if direction == 0:
             pairs = [(b.src[i][0], b.dst[j][0]) for i, j in ends]
